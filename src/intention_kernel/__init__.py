@@ -1,0 +1,137 @@
+"""intention-kernel: durable turns for conversational agents that act on the world.
+
+Every turn is one durable transaction: it cannot commit twice, external writes go
+through effect receipts so a retry never repeats them, writes wait for a human
+confirmation that survives restarts, and the result, the next checkpoint and the
+outbox events commit together.
+"""
+
+from __future__ import annotations
+
+from intention_kernel.agent import Agent
+from intention_kernel.capabilities import (
+    CancellationSignal,
+    Capability,
+    CapabilityContext,
+    CapabilityResult,
+    capability,
+)
+from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
+from intention_kernel.durability.base import RecordedDurability, Recorder
+from intention_kernel.effects import (
+    EffectAuthority,
+    EffectResult,
+    Receipt,
+    ReceiptStatus,
+    Resolution,
+)
+from intention_kernel.errors import (
+    CapabilityError,
+    CheckpointCompatibilityError,
+    CheckpointError,
+    CompilationError,
+    CorruptRecordError,
+    EffectError,
+    EffectNotAppliedError,
+    EffectUncertainError,
+    EffectUsageError,
+    EffectValueError,
+    FencedCommitError,
+    InterpretationError,
+    InvalidInputError,
+    InvalidRequestError,
+    KernelError,
+    ReceiptError,
+    ReceiptNotFoundError,
+    ReceiptStateError,
+    StoreError,
+    TenantMismatchError,
+    ThreadBusyError,
+    TurnConflictError,
+    UnknownCapabilityError,
+)
+from intention_kernel.facts import Evidence, Fact, FactRecord, FactRef
+from intention_kernel.interpretation import (
+    Answer,
+    CapabilitySpec,
+    Intent,
+    Interpretation,
+    InterpretationRequest,
+    Interpreter,
+    Rule,
+    RuleInterpreter,
+)
+from intention_kernel.kernel import Kernel
+from intention_kernel.turns import (
+    OutboxEvent,
+    StepResult,
+    StepStatus,
+    TurnCommit,
+    TurnResult,
+    TurnScope,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgendaItem",
+    "Agent",
+    "Answer",
+    "CancellationSignal",
+    "Capability",
+    "CapabilityContext",
+    "CapabilityError",
+    "CapabilityResult",
+    "CapabilitySpec",
+    "CheckpointCompatibilityError",
+    "CheckpointError",
+    "CompilationError",
+    "CorruptRecordError",
+    "EffectAuthority",
+    "EffectError",
+    "EffectNotAppliedError",
+    "EffectResult",
+    "EffectUncertainError",
+    "EffectUsageError",
+    "EffectValueError",
+    "Evidence",
+    "Fact",
+    "FactRecord",
+    "FactRef",
+    "FencedCommitError",
+    "Intent",
+    "Interaction",
+    "Interpretation",
+    "InterpretationError",
+    "InterpretationRequest",
+    "Interpreter",
+    "InvalidInputError",
+    "InvalidRequestError",
+    "Kernel",
+    "KernelCheckpoint",
+    "KernelError",
+    "Message",
+    "OutboxEvent",
+    "Receipt",
+    "ReceiptError",
+    "ReceiptNotFoundError",
+    "ReceiptStateError",
+    "ReceiptStatus",
+    "RecordedDurability",
+    "Recorder",
+    "Resolution",
+    "Rule",
+    "RuleInterpreter",
+    "StepResult",
+    "StepStatus",
+    "StoreError",
+    "TenantMismatchError",
+    "ThreadBusyError",
+    "TurnCommit",
+    "TurnConflictError",
+    "TurnResult",
+    "TurnScope",
+    "UnknownCapabilityError",
+    "__version__",
+    "capability",
+]

@@ -1,0 +1,130 @@
+"""Agent definitions and their compilation.
+
+``Agent(...)`` only records; :func:`compile_agent` (called by ``Kernel(...)``)
+checks the definition and computes its fingerprint: a stable hash of the
+agent's name, version and each capability's id, effect, confirmation mode and
+input schema. A stored checkpoint records the fingerprint it was written under;
+an agent loads it only if the fingerprint is its own or one it declares in
+``compatible_fingerprints``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from intention_kernel.capabilities import Capability
+from intention_kernel.errors import CompilationError
+from intention_kernel.interpretation import CapabilitySpec, Interpreter
+
+__all__ = ["Agent", "CompiledAgent", "compile_agent"]
+
+CAPABILITY_ID = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
+_EFFECTS = ("read", "write")
+_CONFIRMATIONS = ("none", "required", "capability")
+
+
+@dataclass(frozen=True)
+class Agent:
+    """An agent: a named, versioned set of capabilities and an interpreter.
+
+    ``max_messages`` bounds the conversation kept in the checkpoint.
+    ``compatible_fingerprints`` lists older fingerprints whose checkpoints this
+    agent may resume.
+    """
+
+    name: str
+    version: str
+    capabilities: Sequence[Capability]
+    interpreter: Interpreter
+    max_messages: int = 50
+    max_receipts: int = 100
+    compatible_fingerprints: Sequence[str] = field(default=())
+
+
+@dataclass(frozen=True)
+class CompiledAgent:
+    """A checked agent, ready for the runtime."""
+
+    agent: Agent
+    fingerprint: str
+    capabilities: Mapping[str, Capability]
+    catalog: tuple[CapabilitySpec, ...]
+    compatible: frozenset[str]
+
+
+def compile_agent(agent: Agent) -> CompiledAgent:
+    """Check an agent definition; raise :class:`CompilationError` listing every problem."""
+    problems: list[str] = []
+    if not agent.name:
+        problems.append("the agent needs a name")
+    if not agent.version:
+        problems.append("the agent needs a version")
+    if agent.max_messages < 2:
+        problems.append("max_messages must be at least 2")
+    if agent.max_receipts < 1:
+        problems.append("max_receipts must be at least 1")
+    if not callable(getattr(agent.interpreter, "interpret", None)):
+        problems.append("the interpreter needs an async interpret(request) method")
+    seen: dict[str, Capability] = {}
+    for cap in agent.capabilities:
+        if not isinstance(cap, Capability):
+            problems.append(f"{cap!r} is not a Capability (decorate it with @capability)")
+            continue
+        problems.extend(cap.definition_errors)
+        if not CAPABILITY_ID.fullmatch(cap.id):
+            problems.append(
+                f"capability ID {cap.id!r} must look like 'area.action' "
+                "(lower-case words joined by dots)"
+            )
+        if cap.id in seen:
+            problems.append(f"duplicate capability ID {cap.id!r}")
+        seen[cap.id] = cap
+        if cap.effect not in _EFFECTS:
+            problems.append(f"{cap.id}: effect must be 'read' or 'write', not {cap.effect!r}")
+        if cap.confirmation not in _CONFIRMATIONS:
+            problems.append(
+                f"{cap.id}: confirmation must be one of {_CONFIRMATIONS}, not {cap.confirmation!r}"
+            )
+        if cap.effect == "write" and cap.confirmation == "none":
+            problems.append(
+                f"{cap.id}: a write capability cannot use confirmation='none'; use 'required' "
+                "(the kernel asks) or 'capability' (the capability asks and validates the answer)"
+            )
+    if problems:
+        raise CompilationError(problems)
+    catalog = tuple(
+        CapabilitySpec(c.id, c.effect, c.confirmation, c.description, c.input_schema)
+        for c in agent.capabilities
+    )
+    return CompiledAgent(
+        agent=agent,
+        fingerprint=fingerprint(agent.name, agent.version, catalog),
+        capabilities=seen,
+        catalog=catalog,
+        compatible=frozenset(agent.compatible_fingerprints),
+    )
+
+
+def fingerprint(name: str, version: str, catalog: Sequence[CapabilitySpec]) -> str:
+    document = {
+        "name": name,
+        "version": version,
+        "capabilities": sorted(
+            (
+                {
+                    "id": c.id,
+                    "effect": c.effect,
+                    "confirmation": c.confirmation,
+                    "input_schema": c.input_schema,
+                }
+                for c in catalog
+            ),
+            key=lambda c: str(c["id"]),
+        ),
+    }
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:32]

@@ -1,0 +1,278 @@
+"""Capabilities: the operations an agent can run, and what they see while running.
+
+::
+
+    @capability("payments.charge", effect="write", description="Charge a payment intent")
+    async def charge(input: ChargeInput, ctx: CapabilityContext) -> CapabilityResult:
+        effect = await ctx.run_effect(f"charge:{input.payment_intent_id}",
+                                      lambda authority: provider.charge(...))
+        return CapabilityResult(value=effect.value, facts=[Fact("charge", effect.value)])
+
+``capability()`` only records the definition; ``Kernel(...)`` compiles and
+checks it. The handler's first parameter may be annotated with a pydantic model
+(input is validated against it) or ``dict``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import typing
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import pydantic
+
+from intention_kernel.errors import InvalidInputError
+from intention_kernel.facts import Fact, FactRecord
+
+if TYPE_CHECKING:
+    from intention_kernel.effects import EffectFn, EffectResult
+    from intention_kernel.interpretation import Answer
+
+__all__ = [
+    "CancellationSignal",
+    "Capability",
+    "CapabilityContext",
+    "CapabilityResult",
+    "ConfirmationMode",
+    "ConfirmationRequest",
+    "EffectKind",
+    "capability",
+]
+
+EffectKind = Literal["read", "write"]
+ConfirmationMode = Literal["none", "required", "capability"]
+
+Handler = Callable[[Any, "CapabilityContext"], Awaitable[Any]]
+PromptSource = str | Callable[[Any], str]
+
+
+class CancellationSignal:
+    """Cooperative cancellation for a running turn (``ctx.signal``).
+
+    Set when the turn is cancelled. Pass it to provider calls that can abort;
+    ``event`` is a :class:`threading.Event` for code running in worker threads.
+    """
+
+    __slots__ = ("event", "reason")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.event.is_set()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        self.reason = reason
+        self.event.set()
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmationRequest:
+    """A capability's own request for consent (``confirmation="capability"`` mode)."""
+
+    prompt: str
+    details: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityResult:
+    """What a capability returns: a value, facts to record and an optional reply."""
+
+    value: Any = None
+    facts: Sequence[Fact] = ()
+    reply: str | None = None
+    confirmation: ConfirmationRequest | None = None
+
+    @classmethod
+    def needs_confirmation(cls, prompt: str, details: Any = None) -> CapabilityResult:
+        """Ask the person before writing (only in ``confirmation="capability"`` mode).
+
+        The kernel opens an interaction; the answering turn calls the capability
+        again with the same input and ``ctx.answer`` set.
+        """
+        return cls(confirmation=ConfirmationRequest(prompt, details))
+
+
+class _EffectRunner(Protocol):
+    async def __call__(self, key: str, fn: EffectFn) -> EffectResult[Any]: ...
+
+
+class CapabilityContext:
+    """What a running capability sees of its turn.
+
+    Built by the kernel for each step; applications only read it and call
+    :meth:`run_effect` and :meth:`emit`.
+    """
+
+    __slots__ = (
+        "_emit",
+        "_run_effect",
+        "answer",
+        "capability_id",
+        "facts",
+        "signal",
+        "step_id",
+        "tenant_id",
+        "thread_id",
+        "turn_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        thread_id: str,
+        turn_id: str,
+        step_id: str,
+        tenant_id: str | None,
+        capability_id: str,
+        signal: CancellationSignal,
+        facts: Mapping[str, FactRecord],
+        answer: Answer | None,
+        run_effect: _EffectRunner,
+        emit: Callable[[str, Any], None],
+    ) -> None:
+        self.thread_id = thread_id
+        self.turn_id = turn_id
+        self.step_id = step_id
+        self.tenant_id = tenant_id
+        self.capability_id = capability_id
+        self.signal = signal
+        self.facts: Mapping[str, FactRecord] = MappingProxyType(dict(facts))
+        self.answer = answer
+        self._run_effect = run_effect
+        self._emit = emit
+
+    async def run_effect(self, key: str, fn: EffectFn) -> EffectResult[Any]:
+        """Run an external write at most once per ``key`` in this thread.
+
+        The stored key is ``"<capability_id>:<key>"``. A completed receipt for it
+        returns the original value without calling ``fn``; an uncertain one
+        raises ``EffectUncertainError``. ``fn`` receives an ``EffectAuthority``
+        and may be sync or async; its value must be JSON-serializable.
+        """
+        return await self._run_effect(key, fn)
+
+    def emit(self, type: str, payload: Any = None) -> None:
+        """Add an event to the turn's outbox (committed only if the turn commits)."""
+        self._emit(type, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """A recorded capability definition. Create it with :func:`capability`."""
+
+    id: str
+    effect: EffectKind
+    confirmation: ConfirmationMode
+    description: str
+    handler: Handler
+    input_model: type[pydantic.BaseModel] | None
+    prompt: PromptSource | None = None
+    definition_errors: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        """JSON schema of the input (an open object for ``dict`` inputs)."""
+        if self.input_model is None:
+            return {"type": "object"}
+        return self.input_model.model_json_schema()
+
+    def parse_input(self, raw: Any) -> tuple[Any, dict[str, Any]]:
+        """Validate raw input; return (handler argument, canonical JSON-able dict)."""
+        if not isinstance(raw, Mapping):
+            raise InvalidInputError(
+                f"input for {self.id} must be an object, got {type(raw).__name__}",
+                capability_id=self.id,
+            )
+        if self.input_model is None:
+            data = dict(raw)
+            return data, data
+        try:
+            model = self.input_model.model_validate(raw)
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(input)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise InvalidInputError(
+                f"invalid input for {self.id}: {problems}",
+                capability_id=self.id,
+                errors=[dict(e) for e in exc.errors(include_url=False)],
+            ) from exc
+        return model, model.model_dump(mode="json")
+
+    def render_prompt(self, parsed: Any, canonical: dict[str, Any]) -> str:
+        """The confirmation prompt shown before this write runs."""
+        if callable(self.prompt):
+            return self.prompt(parsed)
+        if isinstance(self.prompt, str):
+            return self.prompt.format(**canonical)
+        args = ", ".join(f"{k}={v!r}" for k, v in canonical.items())
+        what = self.description or self.id
+        return f"Confirm: {what} ({args})?"
+
+    async def __call__(self, input: Any, ctx: CapabilityContext) -> Any:
+        return await self.handler(input, ctx)
+
+
+def capability(
+    id: str,
+    *,
+    effect: EffectKind = "read",
+    confirmation: ConfirmationMode | None = None,
+    description: str | None = None,
+    prompt: PromptSource | None = None,
+) -> Callable[[Handler], Capability]:
+    """Declare a capability. Records only; ``Kernel(...)`` checks the definition.
+
+    ``confirmation`` defaults to ``"none"`` for reads and ``"required"`` for writes.
+    ``prompt`` is the confirmation prompt: a ``str.format`` template over the
+    input's fields, or a callable taking the validated input.
+    """
+
+    def decorate(handler: Handler) -> Capability:
+        errors: list[str] = []
+        if not inspect.iscoroutinefunction(handler):
+            errors.append(f"{id}: the handler must be an async function")
+        model, problem = _input_model(handler)
+        if problem:
+            errors.append(f"{id}: {problem}")
+        doc = inspect.getdoc(handler) or ""
+        return Capability(
+            id=id,
+            effect=effect,
+            confirmation=confirmation or ("required" if effect == "write" else "none"),
+            description=description if description is not None else doc.split("\n", 1)[0],
+            handler=handler,
+            input_model=model,
+            prompt=prompt,
+            definition_errors=tuple(errors),
+        )
+
+    return decorate
+
+
+def _input_model(handler: Handler) -> tuple[type[pydantic.BaseModel] | None, str | None]:
+    params = list(inspect.signature(handler).parameters.values())
+    if len(params) != 2:
+        return None, "the handler must take exactly (input, ctx)"
+    annotation: Any = params[0].annotation
+    if annotation is inspect.Parameter.empty:
+        return None, None
+    if isinstance(annotation, str):
+        try:
+            annotation = typing.get_type_hints(handler).get(params[0].name, annotation)
+        except Exception as exc:
+            return None, f"cannot resolve the input annotation {annotation!r}: {exc}"
+    origin = typing.get_origin(annotation) or annotation
+    if origin in (dict, Mapping, typing.Any):
+        return None, None
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation, None
+    return None, f"the input annotation must be a pydantic model or dict, not {annotation!r}"

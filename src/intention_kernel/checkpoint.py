@@ -1,0 +1,207 @@
+"""KernelCheckpoint: the canonical runtime state of a thread, and its codec.
+
+A checkpoint stores only what the kernel needs to continue a conversation:
+bounded messages, versioned facts with evidence, pending agenda items, the
+active interaction, an index of the thread's effect receipts, and the agent
+fingerprint and schema revision it was written under.
+
+Everything here is pure: encoding, decoding, migrating older schema revisions
+and deciding whether an agent may load a checkpoint. Adapters store the JSON
+that :func:`encode_checkpoint` returns and hand back what they read to
+:func:`decode_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pydantic
+
+from intention_kernel.effects import ReceiptStatus
+from intention_kernel.errors import CheckpointCompatibilityError, CorruptRecordError
+from intention_kernel.facts import FactRecord
+
+__all__ = [
+    "CHECKPOINT_MIGRATIONS",
+    "SCHEMA_REVISION",
+    "AgendaItem",
+    "Interaction",
+    "KernelCheckpoint",
+    "Message",
+    "Migration",
+    "ReceiptRef",
+    "check_compatible",
+    "decode_checkpoint",
+    "encode_checkpoint",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One entry of the bounded conversation."""
+
+    role: Literal["user", "assistant"]
+    content: str
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Interaction:
+    """A question the kernel is waiting for a person to answer.
+
+    ``kind`` is ``"confirmation"`` (the kernel holds a planned write until it is
+    accepted) or ``"capability"`` (the capability asked, and validates the answer
+    itself when it is called again).
+    """
+
+    id: str
+    kind: Literal["confirmation", "capability"]
+    capability_id: str
+    input: dict[str, Any]
+    prompt: str
+    details: Any = None
+    step_id: str = ""
+    turn_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AgendaItem:
+    """A planned operation that has not run yet: exactly what will run on acceptance."""
+
+    step_id: str
+    capability_id: str
+    input: dict[str, Any]
+    turn_id: str
+    interaction_id: str | None = None
+    status: Literal["awaiting_confirmation"] = "awaiting_confirmation"
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptRef:
+    """The checkpoint's index entry for an effect receipt (the adapter holds the full receipt)."""
+
+    key: str
+    id: str
+    status: ReceiptStatus
+    turn_id: str
+    step_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCheckpoint:
+    """The state a thread resumes from. ``version`` is 1 after the first committed turn."""
+
+    schema_revision: int
+    agent_fingerprint: str
+    version: int
+    messages: tuple[Message, ...] = ()
+    facts: dict[str, FactRecord] = field(default_factory=dict)
+    agenda: tuple[AgendaItem, ...] = ()
+    interaction: Interaction | None = None
+    receipts: tuple[ReceiptRef, ...] = ()
+
+
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+
+#: Ordered migrations of the stored checkpoint document. ``CHECKPOINT_MIGRATIONS[i]``
+#: turns revision ``i + 1`` into revision ``i + 2``; the current revision is therefore
+#: ``len(CHECKPOINT_MIGRATIONS) + 1``. Append, never edit or reorder.
+CHECKPOINT_MIGRATIONS: tuple[Migration, ...] = ()
+
+SCHEMA_REVISION = len(CHECKPOINT_MIGRATIONS) + 1
+
+_ADAPTER: pydantic.TypeAdapter[KernelCheckpoint] = pydantic.TypeAdapter(KernelCheckpoint)
+
+
+def encode_checkpoint(checkpoint: KernelCheckpoint) -> str:
+    """The checkpoint as compact JSON text."""
+    return _ADAPTER.dump_json(checkpoint).decode()
+
+
+def decode_checkpoint(
+    text: str | bytes,
+    *,
+    thread_id: str | None = None,
+    migrations: Sequence[Migration] = CHECKPOINT_MIGRATIONS,
+) -> KernelCheckpoint:
+    """Decode stored checkpoint JSON, migrating older schema revisions.
+
+    Raises :class:`CheckpointCompatibilityError` for a revision newer than the
+    migrations know, and :class:`CorruptRecordError` for anything that does not
+    decode into a valid checkpoint.
+    """
+    current = len(migrations) + 1
+    try:
+        if migrations is CHECKPOINT_MIGRATIONS:
+            # Fast path: the document is very likely current; validate straight from JSON.
+            try:
+                checkpoint = _ADAPTER.validate_json(text)
+            except pydantic.ValidationError:
+                checkpoint = None
+            if checkpoint is not None and checkpoint.schema_revision == current:
+                return checkpoint
+        document = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptRecordError(
+            f"stored checkpoint of thread {thread_id!r} is not valid JSON: {exc}",
+            thread_id=thread_id,
+        ) from exc
+    if not isinstance(document, dict) or not isinstance(document.get("schema_revision"), int):
+        raise CorruptRecordError(
+            f"stored checkpoint of thread {thread_id!r} has no integer schema_revision",
+            thread_id=thread_id,
+        )
+    revision: int = document["schema_revision"]
+    if revision > current:
+        raise CheckpointCompatibilityError(
+            f"checkpoint of thread {thread_id!r} has schema revision {revision}, newer than "
+            f"{current}, the newest this version of intention-kernel understands; upgrade "
+            "the library before serving this thread",
+            schema_revision=revision,
+            thread_id=thread_id,
+        )
+    if revision < 1:
+        raise CorruptRecordError(
+            f"stored checkpoint of thread {thread_id!r} has invalid schema revision {revision}",
+            thread_id=thread_id,
+        )
+    for migrate in migrations[revision - 1 :]:
+        document = migrate(document)
+    document["schema_revision"] = current
+    try:
+        return _ADAPTER.validate_python(document)
+    except pydantic.ValidationError as exc:
+        raise CorruptRecordError(
+            f"stored checkpoint of thread {thread_id!r} does not match schema revision "
+            f"{current}: {exc.error_count()} problem(s), first: {exc.errors()[0]['msg']} at "
+            f"{'.'.join(str(p) for p in exc.errors()[0]['loc'])}",
+            thread_id=thread_id,
+        ) from exc
+
+
+def check_compatible(
+    checkpoint: KernelCheckpoint,
+    *,
+    fingerprint: str,
+    compatible: Collection[str] = (),
+    thread_id: str | None = None,
+) -> None:
+    """Refuse a checkpoint written by an agent this one does not declare compatible.
+
+    This is the deploy-time check: a changed agent (a version bump included)
+    refuses old threads unless it lists their fingerprint in
+    ``Agent(compatible_fingerprints=[...])``.
+    """
+    stored = checkpoint.agent_fingerprint
+    if stored == fingerprint or stored in compatible:
+        return
+    raise CheckpointCompatibilityError(
+        f"thread {thread_id!r} was written by agent fingerprint {stored}, and this agent "
+        f"({fingerprint}) does not declare it compatible; add it to "
+        "Agent(compatible_fingerprints=[...]) if the old state is safe to resume",
+        fingerprint=stored,
+        thread_id=thread_id,
+    )

@@ -1,0 +1,131 @@
+"""The storage contract of intention-kernel, documented in one place.
+
+A **durability adapter** is the transaction boundary of a turn. The kernel calls
+``await durability.with_turn(scope, operation)``; for one ``thread_id`` the
+adapter must:
+
+1. serialize concurrent turns (across processes and hosts where the store is shared);
+2. load the latest checkpoint;
+3. return the stored result with ``replayed=True`` when the same ``turn_id`` was
+   already committed, without calling ``operation`` and without loading the
+   checkpoint; a different request under a committed ``turn_id`` raises
+   ``TurnConflictError``;
+4. expose durable effect coordination to the operation (``tx.run_effect``);
+5. atomically commit the result, the next checkpoint and the outbox events, with a
+   unique ``(thread_id, turn_id)`` and a fenced (compare-and-set) thread version.
+
+Effects (``tx.run_effect(key, fn, step_id=...)``), per ``(thread_id, key)``: a
+completed receipt returns the stored value without calling ``fn``; an uncertain
+receipt, or a prepared one left by an attempt that did not finish, raises
+``EffectUncertainError`` without calling ``fn``; otherwise ``prepared`` is persisted
+before ``fn`` runs and ``completed`` / ``failed`` / ``uncertain`` right after it.
+
+There are two ways to write an adapter:
+
+- implement :class:`Durability` directly (the protocol below), or
+- implement the small I/O-only :class:`~intention_kernel.durability.base.Recorder`
+  protocol and subclass :class:`~intention_kernel.durability.base.RecordedDurability`,
+  which applies every rule above in shared, tested code. The bundled adapters do this.
+
+Either way, run the conformance suite in :mod:`intention_kernel.testing.conformance`.
+
+Adapters: ``InMemoryDurability`` (``intention_kernel.testing``), ``SQLiteDurability``
+(``intention_kernel.durability.sqlite``), ``PostgresDurability``
+(``intention_kernel.durability.postgres``), or :func:`open_durability` with a URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
+from intention_kernel.turns import OutboxEvent, TurnCommit, TurnResult, TurnScope
+
+__all__ = ["Durability", "TurnOperation", "TurnTransaction", "open_durability"]
+
+
+class TurnTransaction(Protocol):
+    """What an operation sees inside ``with_turn``."""
+
+    @property
+    def scope(self) -> TurnScope: ...
+
+    @property
+    def checkpoint(self) -> KernelCheckpoint | None: ...
+
+    async def run_effect(self, key: str, fn: EffectFn, *, step_id: str) -> EffectResult[Any]: ...
+
+
+TurnOperation = Callable[[TurnTransaction], Awaitable[TurnCommit]]
+
+
+class Durability(Protocol):
+    """The contract every durability adapter fulfils."""
+
+    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult: ...
+
+    async def load_checkpoint(self, thread_id: str) -> KernelCheckpoint | None: ...
+
+    async def list_receipts(
+        self, thread_id: str | None = None, status: ReceiptStatus | str | None = None
+    ) -> list[Receipt]: ...
+
+    async def resolve_receipt(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        applied: bool,
+        value: Any = None,
+        note: str | None = None,
+        actor: str | None = None,
+    ) -> Receipt: ...
+
+    async def read_outbox(
+        self, thread_id: str | None = None, after: int | None = None, limit: int = 100
+    ) -> list[OutboxEvent]: ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+def open_durability(url: str) -> Durability:
+    """Build an adapter from a URL.
+
+    - ``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` → ``SQLiteDurability``
+    - ``postgresql://user@host:5432/db`` (or ``postgres://``) → ``PostgresDurability``
+    - ``memory://`` → ``InMemoryDurability`` (tests and examples only)
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(
+            f"not a durability URL: {url!r} (expected sqlite:///path.db or postgresql://...)"
+        )
+    scheme = scheme.lower()
+    if scheme == "sqlite":
+        from intention_kernel.durability.sqlite import SQLiteDurability
+
+        path = rest[1:] if rest.startswith("/") else rest
+        if not path:
+            raise ValueError(f"sqlite URL needs a path: {url!r} (sqlite:///file.db)")
+        return SQLiteDurability(path)
+    if scheme in ("postgresql", "postgres"):
+        from intention_kernel.durability.postgres import PostgresDurability
+
+        return PostgresDurability(url)
+    if scheme == "memory":
+        from intention_kernel.durability.memory import InMemoryDurability
+
+        return InMemoryDurability()
+    raise ValueError(f"unknown durability scheme {scheme!r} in {url!r}")

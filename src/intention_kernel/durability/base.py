@@ -1,0 +1,548 @@
+"""Shared turn and effect coordination over a small I/O-only ``Recorder``.
+
+:class:`RecordedDurability` implements the whole :class:`~intention_kernel.durability.Durability`
+contract once: locking order, replay, request digests, checkpoint decoding,
+the receipt state machine (from :mod:`intention_kernel.effects`), fencing and
+validation of what is committed. An adapter only provides a :class:`Recorder`
+that moves rows in and out of its store, each method one short transaction.
+
+Transactions per turn, by construction: one read (prior result + thread row),
+one write per effect state change (``prepared`` before the provider call, the
+outcome after it), and one commit (result + checkpoint + events). A turn with
+one write effect therefore costs three commits and no more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+from intention_kernel.checkpoint import KernelCheckpoint, decode_checkpoint, encode_checkpoint
+from intention_kernel.durability import TurnOperation
+from intention_kernel.effects import (
+    EffectAuthority,
+    EffectFn,
+    EffectPlan,
+    EffectResult,
+    Receipt,
+    ReceiptStatus,
+    plan_effect,
+    resolve,
+    settle,
+    utcnow,
+)
+from intention_kernel.errors import (
+    CorruptRecordError,
+    EffectNotAppliedError,
+    EffectUncertainError,
+    EffectUsageError,
+    InvalidRequestError,
+    KernelError,
+    ReceiptNotFoundError,
+    TenantMismatchError,
+    TurnConflictError,
+)
+from intention_kernel.turns import (
+    EventDraft,
+    OutboxEvent,
+    TurnCommit,
+    TurnResult,
+    TurnScope,
+    decode_result,
+    encode_result,
+)
+
+__all__ = [
+    "MAX_ID_LENGTH",
+    "RecordedDurability",
+    "Recorder",
+    "StoredThread",
+    "StoredTurn",
+    "TurnRecord",
+    "TurnStart",
+    "check_id",
+    "dump_value",
+    "load_value",
+]
+
+MAX_ID_LENGTH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTurn:
+    """A committed turn as stored: the request digest and the result JSON."""
+
+    request_digest: str | None
+    result: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredThread:
+    """A thread row. ``checkpoint`` is ``None`` while ``version`` is 0 (no committed turn)."""
+
+    version: int
+    tenant_id: str | None
+    checkpoint: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStart:
+    """What a turn reads before it runs: the prior result, or else the thread row."""
+
+    turn: StoredTurn | None
+    thread: StoredThread | None
+    thread_tenant_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """Everything one turn commits, in one transaction."""
+
+    thread_id: str
+    turn_id: str
+    tenant_id: str | None
+    request_digest: str | None
+    expected_version: int
+    version: int
+    result: str
+    checkpoint: str
+    schema_revision: int
+    fingerprint: str
+    events: Sequence[EventDraft]
+    created_at: datetime
+
+
+ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
+PlanFn = Callable[[Receipt | None], EffectPlan]
+
+
+class Recorder(Protocol):
+    """The I/O an adapter provides to :class:`RecordedDurability`.
+
+    Every method is one short transaction (or none). Conflicts are errors:
+    ``write_receipt`` and ``commit_turn`` compare-and-set and raise rather than
+    silently skipping.
+    """
+
+    async def open(self) -> None:
+        """Connect and create or migrate the schema. Called once, before anything else."""
+
+    async def close(self) -> None: ...
+
+    def lock(self, thread_id: str) -> AbstractAsyncContextManager[object]:
+        """Hold the thread's exclusive lock for the duration of the block.
+
+        Must exclude every other holder in every process sharing the store,
+        must be released if the holder dies, and must not hold a database
+        write transaction open while held. Raises ``ThreadBusyError`` after the
+        adapter's configured wait.
+        """
+        ...
+
+    async def begin_turn(self, thread_id: str, turn_id: str) -> TurnStart:
+        """Read the committed turn ``(thread_id, turn_id)``; only if absent, the thread row."""
+        ...
+
+    async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
+        """In one transaction: read the receipt, ``plan`` it, persist ``plan.write`` if any."""
+        ...
+
+    async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
+        """Replace ``expected`` by ``receipt`` if the stored one is still ``expected``
+        (same status and attempt); otherwise raise ``FencedCommitError``."""
+        ...
+
+    async def commit_turn(self, record: TurnRecord) -> None:
+        """Insert the turn, compare-and-set the thread version and append the events,
+        atomically. Raise ``FencedCommitError`` if the version moved."""
+        ...
+
+    async def read_thread(self, thread_id: str) -> StoredThread | None: ...
+
+    async def read_receipts(
+        self, thread_id: str | None, status: ReceiptStatus | None
+    ) -> list[Receipt]: ...
+
+    async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
+        """In one transaction: read the receipt, apply ``resolution`` (which raises for
+        a bad state), write the receipt and append the returned event."""
+        ...
+
+    async def read_outbox(
+        self, thread_id: str | None, after: int | None, limit: int
+    ) -> list[OutboxEvent]: ...
+
+
+def check_id(name: str, value: object) -> str:
+    """Thread, turn and tenant IDs: non-empty strings without NUL, at most 512 characters."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{name} must be a non-empty string, got {value!r}")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidRequestError(
+            f"{name} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}"
+        )
+    if "\x00" in value:
+        raise InvalidRequestError(f"{name} must not contain NUL characters")
+    return value
+
+
+def dump_value(value: Any) -> str:
+    """Strict JSON for values stored in receipts and events (no NaN, no objects)."""
+    return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
+def load_value(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+class _Transaction:
+    """The ``tx`` handed to an operation: scope, checkpoint and effect coordination."""
+
+    __slots__ = ("_checkpoint", "_closed", "_inflight", "_owner", "_scope")
+
+    def __init__(
+        self, owner: RecordedDurability, scope: TurnScope, checkpoint: KernelCheckpoint | None
+    ) -> None:
+        self._owner = owner
+        self._scope = scope
+        self._checkpoint = checkpoint
+        self._inflight: set[str] = set()
+        self._closed = False
+
+    @property
+    def scope(self) -> TurnScope:
+        return self._scope
+
+    @property
+    def checkpoint(self) -> KernelCheckpoint | None:
+        return self._checkpoint
+
+    async def run_effect(self, key: str, fn: EffectFn, *, step_id: str) -> EffectResult[Any]:
+        if self._closed:
+            raise EffectUsageError(
+                "run_effect called after the turn ended", key=key, thread_id=self._scope.thread_id
+            )
+        if not isinstance(key, str) or not key:
+            raise EffectUsageError("an effect key must be a non-empty string", key=str(key))
+        if key in self._inflight:
+            # A second concurrent call would read the first one's live `prepared`
+            # receipt and mark it uncertain; refuse it instead.
+            raise EffectUsageError(
+                f"effect {key!r} is already running in this turn",
+                key=key,
+                thread_id=self._scope.thread_id,
+                turn_id=self._scope.turn_id,
+            )
+        self._inflight.add(key)
+        try:
+            return await self._owner._run_effect(self._scope, key, fn, step_id)
+        finally:
+            self._inflight.discard(key)
+
+
+class RecordedDurability:
+    """A complete durability adapter over a :class:`Recorder`. Subclassed by each adapter."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self._opened = False
+        self._open_lock = asyncio.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def _ready(self) -> Recorder:
+        if not self._opened:
+            async with self._open_lock:
+                if not self._opened:
+                    await self._recorder.open()
+                    self._opened = True
+        return self._recorder
+
+    async def __aenter__(self) -> Self:
+        await self._ready()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._opened:
+            self._opened = False
+            await self._recorder.close()
+
+    # -- turns -------------------------------------------------------------------------------
+
+    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult:
+        check_id("thread_id", scope.thread_id)
+        check_id("turn_id", scope.turn_id)
+        if scope.tenant_id is not None:
+            check_id("tenant_id", scope.tenant_id)
+        recorder = await self._ready()
+        async with recorder.lock(scope.thread_id):
+            start = await recorder.begin_turn(scope.thread_id, scope.turn_id)
+            # A thread belongs to the tenant of its first committed turn. (A version-0
+            # row only carries operator events and has no owner yet.)
+            owned = start.turn is not None or (start.thread is not None and start.thread.version)
+            tenant = start.thread.tenant_id if start.thread else start.thread_tenant_id
+            if owned and tenant != scope.tenant_id:
+                raise TenantMismatchError(
+                    f"thread {scope.thread_id!r} does not belong to tenant {scope.tenant_id!r}",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                )
+            if start.turn is not None:
+                return self._replay(scope, start.turn)
+            thread = start.thread
+            checkpoint = None
+            if thread is not None and thread.checkpoint is not None:
+                checkpoint = decode_checkpoint(thread.checkpoint, thread_id=scope.thread_id)
+                if checkpoint.version != thread.version:
+                    raise CorruptRecordError(
+                        f"thread {scope.thread_id!r} is at version {thread.version} but its "
+                        f"checkpoint says {checkpoint.version}",
+                        thread_id=scope.thread_id,
+                    )
+            expected = thread.version if thread is not None else 0
+            tx = _Transaction(self, scope, checkpoint)
+            try:
+                commit = await operation(tx)
+            finally:
+                tx._closed = True
+            record = self._record(scope, expected, commit)
+            await recorder.commit_turn(record)
+            return commit.result
+
+    def _replay(self, scope: TurnScope, stored: StoredTurn) -> TurnResult:
+        if (
+            scope.request_digest is not None
+            and stored.request_digest is not None
+            and scope.request_digest != stored.request_digest
+        ):
+            raise TurnConflictError(
+                f"turn {scope.turn_id!r} of thread {scope.thread_id!r} was already committed "
+                "for a different request; use a new turn ID for a new request",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        return decode_result(stored.result, replayed=True, thread_id=scope.thread_id)
+
+    def _record(self, scope: TurnScope, expected: int, commit: TurnCommit) -> TurnRecord:
+        result, checkpoint = commit.result, commit.checkpoint
+        if not isinstance(commit, TurnCommit):
+            raise KernelError(f"operation must return a TurnCommit, got {type(commit).__name__}")
+        problems = []
+        if (result.thread_id, result.turn_id) != (scope.thread_id, scope.turn_id):
+            problems.append("the result names another thread or turn")
+        if checkpoint.version != expected + 1:
+            problems.append(f"checkpoint version {checkpoint.version} is not {expected + 1}")
+        if result.checkpoint_version != checkpoint.version:
+            problems.append("result.checkpoint_version differs from the checkpoint's version")
+        if result.replayed:
+            problems.append("a new result cannot be marked replayed")
+        if problems:
+            raise KernelError(
+                "refusing to commit an inconsistent turn: " + "; ".join(problems),
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        return TurnRecord(
+            thread_id=scope.thread_id,
+            turn_id=scope.turn_id,
+            tenant_id=scope.tenant_id,
+            request_digest=scope.request_digest,
+            expected_version=expected,
+            version=checkpoint.version,
+            result=encode_result(result),
+            checkpoint=encode_checkpoint(checkpoint),
+            schema_revision=checkpoint.schema_revision,
+            fingerprint=checkpoint.agent_fingerprint,
+            events=tuple(commit.events),
+            created_at=utcnow(),
+        )
+
+    # -- effects -----------------------------------------------------------------------------
+
+    async def _run_effect(
+        self, scope: TurnScope, key: str, fn: EffectFn, step_id: str
+    ) -> EffectResult[Any]:
+        recorder = self._recorder
+        now = utcnow()
+
+        def plan(existing: Receipt | None) -> EffectPlan:
+            return plan_effect(
+                existing,
+                thread_id=scope.thread_id,
+                key=key,
+                turn_id=scope.turn_id,
+                step_id=step_id,
+                now=now,
+            )
+
+        decided = await recorder.claim_effect(scope.thread_id, key, plan)
+        if decided.outcome == "replay":
+            assert decided.existing is not None
+            return EffectResult(decided.existing.value, decided.existing)
+        if decided.outcome == "fail_closed":
+            receipt = decided.write or decided.existing
+            assert receipt is not None
+            raise EffectUncertainError(
+                f"effect {key!r} on thread {scope.thread_id!r} may already have been applied "
+                f"(receipt {receipt.id} is uncertain); it will not be retried until an operator "
+                "resolves it",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+                key=key,
+                receipt=receipt,
+            )
+        prepared = decided.write
+        assert prepared is not None
+        authority = EffectAuthority(key, key, prepared.id, prepared.attempt)
+        try:
+            value = fn(authority)
+            if inspect.isawaitable(value):
+                value = await value
+        except EffectNotAppliedError as exc:
+            failed = settle(prepared, "failed", now=utcnow(), error=_describe(exc))
+            await _shielded(recorder.write_receipt(failed, prepared))
+            exc.thread_id, exc.turn_id, exc.key, exc.receipt = (
+                scope.thread_id,
+                scope.turn_id,
+                key,
+                failed,
+            )
+            raise
+        except (Exception, asyncio.CancelledError) as exc:
+            uncertain = settle(prepared, "uncertain", now=utcnow(), error=_describe(exc))
+            await _shielded(recorder.write_receipt(uncertain, prepared))
+            raise EffectUncertainError(
+                f"effect {key!r} on thread {scope.thread_id!r} failed with {_describe(exc)}; "
+                "it may have been applied, so it is recorded as uncertain",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+                key=key,
+                receipt=uncertain,
+            ) from exc
+        try:
+            stored = json.loads(dump_value(value))
+        except (TypeError, ValueError) as exc:
+            # The write happened but its value cannot be recorded; replaying it later
+            # could not return the same value, so fail closed for an operator.
+            uncertain = settle(
+                prepared,
+                "uncertain",
+                now=utcnow(),
+                error=f"the provider returned a value that is not JSON-serializable: {exc}",
+            )
+            await _shielded(recorder.write_receipt(uncertain, prepared))
+            raise EffectUncertainError(
+                f"effect {key!r} returned a value that cannot be stored ({exc}); recorded as "
+                "uncertain",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+                key=key,
+                receipt=uncertain,
+            ) from exc
+        completed = settle(prepared, "completed", now=utcnow(), value=stored)
+        await _shielded(recorder.write_receipt(completed, prepared))
+        return EffectResult(stored, completed)
+
+    # -- inspection and operations -----------------------------------------------------------
+
+    async def load_checkpoint(self, thread_id: str) -> KernelCheckpoint | None:
+        """The latest committed checkpoint of a thread, or ``None``."""
+        recorder = await self._ready()
+        thread = await recorder.read_thread(check_id("thread_id", thread_id))
+        if thread is None or thread.checkpoint is None:
+            return None
+        return decode_checkpoint(thread.checkpoint, thread_id=thread_id)
+
+    async def list_receipts(
+        self, thread_id: str | None = None, status: ReceiptStatus | str | None = None
+    ) -> list[Receipt]:
+        """The current receipt per ``(thread_id, key)``, oldest first."""
+        recorder = await self._ready()
+        wanted = ReceiptStatus(status) if status is not None else None
+        return await recorder.read_receipts(thread_id, wanted)
+
+    async def resolve_receipt(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        applied: bool,
+        value: Any = None,
+        note: str | None = None,
+        actor: str | None = None,
+    ) -> Receipt:
+        """Reconcile an uncertain receipt: the write was ``applied`` (later calls return
+        ``value``) or not (a later call may retry). Emits ``receipt.resolved``."""
+        recorder = await self._ready()
+        check_id("thread_id", thread_id)
+        stored_value = json.loads(dump_value(value)) if applied else None
+
+        def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
+            if existing is None:
+                raise ReceiptNotFoundError(
+                    f"no receipt for key {key!r} on thread {thread_id!r}",
+                    thread_id=thread_id,
+                    key=key,
+                )
+            resolved = resolve(
+                existing, applied=applied, value=stored_value, note=note, actor=actor, now=utcnow()
+            )
+            event = EventDraft(
+                "receipt.resolved",
+                {
+                    "key": key,
+                    "receipt_id": resolved.id,
+                    "applied": applied,
+                    "status": str(resolved.status),
+                    "previous_status": str(existing.status),
+                    "note": note,
+                    "actor": actor,
+                },
+            )
+            return resolved, event
+
+        async with recorder.lock(thread_id):
+            return await recorder.resolve_receipt(thread_id, key, resolution)
+
+    async def read_outbox(
+        self, thread_id: str | None = None, after: int | None = None, limit: int = 100
+    ) -> list[OutboxEvent]:
+        """Committed events in ``position`` order, after the given position."""
+        recorder = await self._ready()
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        return await recorder.read_outbox(thread_id, after, limit)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def _shielded(write: Any) -> None:
+    """Persist a receipt transition even if the surrounding task is being cancelled.
+
+    Losing this write would leave the receipt ``prepared``, which later fails
+    closed anyway, so correctness never depends on it; it keeps the state precise.
+    """
+    task = asyncio.ensure_future(write)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise

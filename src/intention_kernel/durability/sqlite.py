@@ -1,0 +1,598 @@
+"""SQLite durability: the embedded default, safe across processes on one file.
+
+Design, and why:
+
+- **WAL, ``synchronous=FULL`` by default.** Every commit is on disk before it is
+  acknowledged; readers never block the writer. ``NORMAL`` is offered for hosts
+  that accept losing the last commits on power loss (not on process crash).
+- **Per-thread serialization with an OS lock** (:mod:`._filelock`): no database
+  transaction is open while the interpreter or a capability runs, no extra
+  commit is spent on a lease, and a dead holder's lock vanishes with its process.
+- **Fenced commit.** The turn commit compares-and-sets the thread version and
+  inserts the ``(thread_id, turn_id)`` primary key; a turn that lost its claim
+  (it cannot, short of the lock file being deleted) would fail instead of
+  overwriting.
+- **One worker thread per adapter** runs every statement, one transaction per
+  hop, so the event loop never blocks on a disk flush. A hop is never
+  abandoned half-way: if the awaiting task is cancelled, the hop still finishes
+  before the thread lock is released.
+
+Transactions per turn: one read, one commit per effect state change
+(``prepared``, then the outcome), and one commit for result + checkpoint + events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from intention_kernel.durability._filelock import LockFile
+from intention_kernel.durability.base import (
+    PlanFn,
+    RecordedDurability,
+    ResolutionFn,
+    StoredThread,
+    StoredTurn,
+    TurnRecord,
+    TurnStart,
+    dump_value,
+    load_value,
+)
+from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, Resolution, utcnow
+from intention_kernel.errors import CorruptRecordError, FencedCommitError, KernelError, StoreError
+from intention_kernel.turns import EventDraft, OutboxEvent
+
+__all__ = ["SQLiteDurability"]
+
+T = TypeVar("T")
+
+#: Ordered schema migrations; the list index + 1 is the schema version recorded in
+#: ``ik_schema``. Append, never edit.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE ik_threads (
+        thread_id       TEXT PRIMARY KEY,
+        tenant_id       TEXT,
+        version         INTEGER NOT NULL,
+        schema_revision INTEGER,
+        fingerprint     TEXT,
+        checkpoint      TEXT,
+        next_seq        INTEGER NOT NULL,
+        updated_at      TEXT NOT NULL
+    );
+    CREATE TABLE ik_turns (
+        thread_id      TEXT NOT NULL,
+        turn_id        TEXT NOT NULL,
+        request_digest TEXT,
+        version        INTEGER NOT NULL,
+        result         TEXT NOT NULL,
+        created_at     TEXT NOT NULL,
+        PRIMARY KEY (thread_id, turn_id)
+    );
+    CREATE TABLE ik_receipts (
+        thread_id  TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        id         TEXT NOT NULL UNIQUE,
+        status     TEXT NOT NULL
+                   CHECK (status IN ('prepared', 'completed', 'failed', 'uncertain')),
+        turn_id    TEXT NOT NULL,
+        step_id    TEXT NOT NULL,
+        attempt    INTEGER NOT NULL,
+        value      TEXT,
+        error      TEXT,
+        resolution TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (thread_id, key)
+    );
+    CREATE INDEX ik_receipts_status ON ik_receipts (status);
+    CREATE TABLE ik_outbox (
+        position   INTEGER PRIMARY KEY AUTOINCREMENT,
+        id         TEXT NOT NULL UNIQUE,
+        thread_id  TEXT NOT NULL,
+        turn_id    TEXT,
+        seq        INTEGER NOT NULL,
+        type       TEXT NOT NULL,
+        payload    TEXT,
+        created_at TEXT NOT NULL,
+        UNIQUE (thread_id, seq)
+    );
+    """,
+)
+
+CREATE_SCHEMA_TABLE = (
+    "CREATE TABLE IF NOT EXISTS ik_schema (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+)
+SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
+INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (?, ?)"
+
+SELECT_TURN = """
+    SELECT t.request_digest, t.result, th.tenant_id
+    FROM ik_turns t LEFT JOIN ik_threads th ON th.thread_id = t.thread_id
+    WHERE t.thread_id = ? AND t.turn_id = ?
+"""
+SELECT_THREAD = "SELECT version, tenant_id, checkpoint FROM ik_threads WHERE thread_id = ?"
+
+RECEIPT_COLUMNS = (
+    "thread_id, key, id, status, turn_id, step_id, attempt, value, error, resolution, "
+    "created_at, updated_at"
+)
+SELECT_RECEIPT = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts WHERE thread_id = ? AND key = ?"
+INSERT_RECEIPT = f"INSERT INTO ik_receipts ({RECEIPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+# Compare-and-set: the receipt must still be in the state the caller last saw.
+UPDATE_RECEIPT = """
+    UPDATE ik_receipts
+    SET status = ?, turn_id = ?, step_id = ?, attempt = ?, value = ?, error = ?,
+        resolution = ?, updated_at = ?
+    WHERE thread_id = ? AND key = ? AND status = ? AND attempt = ?
+"""
+
+INSERT_TURN = """
+    INSERT INTO ik_turns (thread_id, turn_id, request_digest, version, result, created_at)
+    VALUES (?, ?, ?, ?, ?, ?)
+"""
+# First commit of a thread. A row may already exist at version 0 (operator events
+# only); anything above 0 means another turn committed first, so the WHERE refuses.
+INSERT_THREAD = """
+    INSERT INTO ik_threads (thread_id, tenant_id, version, schema_revision, fingerprint,
+                            checkpoint, next_seq, updated_at)
+    VALUES (:thread_id, :tenant_id, :version, :schema_revision, :fingerprint, :checkpoint,
+            1 + :events, :now)
+    ON CONFLICT (thread_id) DO UPDATE SET
+        tenant_id = excluded.tenant_id, version = excluded.version,
+        schema_revision = excluded.schema_revision, fingerprint = excluded.fingerprint,
+        checkpoint = excluded.checkpoint, next_seq = ik_threads.next_seq + :events,
+        updated_at = excluded.updated_at
+    WHERE ik_threads.version = 0
+    RETURNING next_seq
+"""
+# Later commits: fenced on the version this turn loaded.
+UPDATE_THREAD = """
+    UPDATE ik_threads
+    SET version = :version, schema_revision = :schema_revision, fingerprint = :fingerprint,
+        checkpoint = :checkpoint, next_seq = next_seq + :events, updated_at = :now
+    WHERE thread_id = :thread_id AND version = :expected
+    RETURNING next_seq
+"""
+# Operator events on a thread that may have no committed turn yet.
+BUMP_THREAD_SEQ = """
+    INSERT INTO ik_threads (thread_id, version, next_seq, updated_at) VALUES (?, 0, 2, ?)
+    ON CONFLICT (thread_id) DO UPDATE SET next_seq = ik_threads.next_seq + 1
+    RETURNING next_seq
+"""
+INSERT_EVENT = """
+    INSERT INTO ik_outbox (id, thread_id, turn_id, seq, type, payload, created_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
+"""
+OUTBOX_COLUMNS = "id, position, thread_id, turn_id, seq, type, payload, created_at"
+
+
+class _SQLiteRecorder:
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: Literal["FULL", "NORMAL"],
+        lock_timeout: float,
+        busy_timeout: float,
+    ) -> None:
+        self._path = path
+        self._synchronous = synchronous
+        self._lock_timeout = lock_timeout
+        self._busy_timeout_ms = int(busy_timeout * 1000)
+        self._conn: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._locks = LockFile(path + ".locks") if path != ":memory:" else None
+        self._memory_locks: dict[str, asyncio.Lock] = {}
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the worker thread; a started hop always runs to its end."""
+        executor, conn = self._executor, self._conn
+        if executor is None or conn is None:
+            raise KernelError("the SQLite adapter is closed")
+
+        def call() -> T:
+            try:
+                return fn(conn)
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise StoreError(
+                    f"SQLite error on {self._path}: {type(exc).__name__}: {exc}"
+                ) from exc
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise
+
+        future = asyncio.get_running_loop().run_in_executor(executor, call)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # Keep the thread lock until the statement is done, then honour the cancel.
+            await asyncio.wait([future])
+            raise
+
+    async def open(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ik-sqlite")
+
+        def connect() -> sqlite3.Connection:
+            directory = os.path.dirname(os.path.abspath(self._path))
+            if self._path != ":memory:" and not os.path.isdir(directory):
+                raise StoreError(f"directory of SQLite database {self._path!r} does not exist")
+            conn = sqlite3.connect(
+                self._path, isolation_level=None, check_same_thread=False, cached_statements=64
+            )
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            _migrate(conn)
+            return conn
+
+        try:
+            self._conn = await asyncio.get_running_loop().run_in_executor(self._executor, connect)
+        except (sqlite3.Error, StoreError) as exc:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(f"cannot open SQLite database {self._path!r}: {exc}") from exc
+        if self._locks is not None:
+            self._locks.open()
+
+    async def close(self) -> None:
+        conn, executor = self._conn, self._executor
+        self._conn = None
+        self._executor = None
+        if conn is not None and executor is not None:
+            await asyncio.get_running_loop().run_in_executor(executor, conn.close)
+        if executor is not None:
+            executor.shutdown(wait=True)
+        if self._locks is not None:
+            self._locks.close()
+
+    @asynccontextmanager
+    async def lock(self, thread_id: str) -> AsyncIterator[object]:
+        if self._locks is None:  # ":memory:" is private to this adapter
+            lock = self._memory_locks.setdefault(thread_id, asyncio.Lock())
+            async with lock:
+                yield lock
+            return
+        async with self._locks.hold(thread_id, self._lock_timeout):
+            yield thread_id
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    async def begin_turn(self, thread_id: str, turn_id: str) -> TurnStart:
+        def read(conn: sqlite3.Connection) -> TurnStart:
+            row = conn.execute(SELECT_TURN, (thread_id, turn_id)).fetchone()
+            if row is not None:
+                return TurnStart(StoredTurn(row[0], row[1]), None, row[2])
+            return TurnStart(None, _thread(conn.execute(SELECT_THREAD, (thread_id,)).fetchone()))
+
+        return await self._run(read)
+
+    async def read_thread(self, thread_id: str) -> StoredThread | None:
+        return await self._run(
+            lambda conn: _thread(conn.execute(SELECT_THREAD, (thread_id,)).fetchone())
+        )
+
+    async def commit_turn(self, record: TurnRecord) -> None:
+        now = record.created_at.isoformat()
+        params = {
+            "thread_id": record.thread_id,
+            "tenant_id": record.tenant_id,
+            "version": record.version,
+            "expected": record.expected_version,
+            "schema_revision": record.schema_revision,
+            "fingerprint": record.fingerprint,
+            "checkpoint": record.checkpoint,
+            "events": len(record.events),
+            "now": now,
+        }
+        rows = _event_rows(record.events, record.thread_id, record.turn_id, now)
+
+        def commit(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(
+                    INSERT_TURN,
+                    (
+                        record.thread_id,
+                        record.turn_id,
+                        record.request_digest,
+                        record.version,
+                        record.result,
+                        now,
+                    ),
+                )
+            except sqlite3.IntegrityError as exc:
+                conn.rollback()
+                raise _fenced(record, "the turn ID was committed by another worker") from exc
+            statement = INSERT_THREAD if record.expected_version == 0 else UPDATE_THREAD
+            returned = conn.execute(statement, params).fetchone()
+            if returned is None:
+                conn.rollback()
+                raise _fenced(record, "the thread version moved")
+            first_seq = returned[0] - len(rows)
+            conn.executemany(
+                INSERT_EVENT,
+                [(r[0], r[1], r[2], first_seq + i, r[3], r[4], r[5]) for i, r in enumerate(rows)],
+            )
+            conn.execute("COMMIT")
+
+        await self._run(commit)
+
+    # -- effects -------------------------------------------------------------------------------
+
+    async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
+        def claim(conn: sqlite3.Connection) -> EffectPlan:
+            # Under the thread lock nobody else writes this receipt, so the read needs
+            # no transaction and the write is one autocommitted statement.
+            existing = _receipt(conn.execute(SELECT_RECEIPT, (thread_id, key)).fetchone())
+            decided = plan(existing)
+            if decided.write is not None:
+                if existing is None:
+                    conn.execute(INSERT_RECEIPT, _receipt_row(decided.write))
+                else:
+                    _update_receipt(conn, decided.write, existing)
+            return decided
+
+        return await self._run(claim)
+
+    async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
+        await self._run(lambda conn: _update_receipt(conn, receipt, expected))
+
+    async def read_receipts(
+        self, thread_id: str | None, status: ReceiptStatus | None
+    ) -> list[Receipt]:
+        clauses, args = [], []
+        if thread_id is not None:
+            clauses.append("thread_id = ?")
+            args.append(thread_id)
+        if status is not None:
+            clauses.append("status = ?")
+            args.append(str(status))
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts {where} ORDER BY created_at, rowid"
+
+        def read(conn: sqlite3.Connection) -> list[Receipt]:
+            return [_require(_receipt(row)) for row in conn.execute(sql, args)]
+
+        return await self._run(read)
+
+    async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
+        def apply(conn: sqlite3.Connection) -> Receipt:
+            conn.execute("BEGIN IMMEDIATE")
+            existing = _receipt(conn.execute(SELECT_RECEIPT, (thread_id, key)).fetchone())
+            resolved, event = resolution(existing)
+            assert existing is not None
+            _update_receipt(conn, resolved, existing)
+            now = utcnow().isoformat()
+            seq = conn.execute(BUMP_THREAD_SEQ, (thread_id, now)).fetchone()[0] - 1
+            row = _event_rows([event], thread_id, None, now)[0]
+            conn.execute(INSERT_EVENT, (row[0], row[1], row[2], seq, row[3], row[4], row[5]))
+            conn.execute("COMMIT")
+            return resolved
+
+        return await self._run(apply)
+
+    # -- outbox --------------------------------------------------------------------------------
+
+    async def read_outbox(
+        self, thread_id: str | None, after: int | None, limit: int
+    ) -> list[OutboxEvent]:
+        sql = f"SELECT {OUTBOX_COLUMNS} FROM ik_outbox WHERE position > ?"
+        args: list[Any] = [after or 0]
+        if thread_id is not None:
+            sql += " AND thread_id = ?"
+            args.append(thread_id)
+        sql += " ORDER BY position LIMIT ?"
+        args.append(limit)
+
+        def read(conn: sqlite3.Connection) -> list[OutboxEvent]:
+            return [
+                OutboxEvent(
+                    id=r[0],
+                    position=r[1],
+                    thread_id=r[2],
+                    turn_id=r[3],
+                    seq=r[4],
+                    type=r[5],
+                    payload=load_value(r[6]),
+                    created_at=datetime.fromisoformat(r[7]),
+                )
+                for r in conn.execute(sql, args)
+            ]
+
+        return await self._run(read)
+
+
+class SQLiteDurability(RecordedDurability):
+    """Durability on one SQLite file, shared safely by any number of processes.
+
+    - ``synchronous``: ``"FULL"`` (default) flushes every commit; ``"NORMAL"``
+      may lose the last commits on power loss, never on a process crash.
+    - ``lock_timeout``: how long a turn waits for a busy thread before
+      ``ThreadBusyError``.
+    - ``busy_timeout``: how long a statement waits for SQLite's write lock.
+
+    The lock file ``<path>.locks`` sits beside the database; keep them on a local
+    file system (POSIX record locks are unreliable on network mounts).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        lock_timeout: float = 30.0,
+        busy_timeout: float = 30.0,
+    ) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
+        self.path = os.fspath(path)
+        super().__init__(
+            _SQLiteRecorder(
+                self.path,
+                synchronous=synchronous,
+                lock_timeout=lock_timeout,
+                busy_timeout=busy_timeout,
+            )
+        )
+
+
+# -- rows ------------------------------------------------------------------------------------
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Apply pending migrations; safe when several processes open the file at once."""
+    conn.execute(CREATE_SCHEMA_TABLE)
+    current = conn.execute(SELECT_SCHEMA_VERSION).fetchone()[0]
+    if current == len(MIGRATIONS):
+        return
+    # BEGIN IMMEDIATE takes the write lock, so only one process migrates; the others
+    # wait (busy_timeout), then see the new version and apply nothing.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = conn.execute(SELECT_SCHEMA_VERSION).fetchone()[0]
+        if current > len(MIGRATIONS):
+            raise StoreError(
+                f"database schema version {current} is newer than this library "
+                f"({len(MIGRATIONS)}); upgrade intention-kernel"
+            )
+        for version in range(current + 1, len(MIGRATIONS) + 1):
+            for statement in MIGRATIONS[version - 1].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(INSERT_SCHEMA_VERSION, (version, utcnow().isoformat()))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.rollback()
+        raise
+
+
+def _thread(row: Sequence[Any] | None) -> StoredThread | None:
+    if row is None:
+        return None
+    return StoredThread(version=row[0], tenant_id=row[1], checkpoint=row[2])
+
+
+def _fenced(record: TurnRecord, why: str) -> FencedCommitError:
+    return FencedCommitError(
+        f"turn {record.turn_id!r} of thread {record.thread_id!r} was not committed: {why} "
+        "while it ran",
+        thread_id=record.thread_id,
+        turn_id=record.turn_id,
+    )
+
+
+def _receipt_row(r: Receipt) -> tuple[Any, ...]:
+    return (
+        r.thread_id,
+        r.key,
+        r.id,
+        str(r.status),
+        r.turn_id,
+        r.step_id,
+        r.attempt,
+        None if r.value is None else dump_value(r.value),
+        r.error,
+        _dump_resolution(r.resolution),
+        (r.created_at or utcnow()).isoformat(),
+        (r.updated_at or utcnow()).isoformat(),
+    )
+
+
+def _update_receipt(conn: sqlite3.Connection, new: Receipt, expected: Receipt) -> None:
+    row = _receipt_row(new)
+    cursor = conn.execute(
+        UPDATE_RECEIPT,
+        (
+            row[3],
+            row[4],
+            row[5],
+            row[6],
+            row[7],
+            row[8],
+            row[9],
+            row[11],
+            new.thread_id,
+            new.key,
+            str(expected.status),
+            expected.attempt,
+        ),
+    )
+    if cursor.rowcount != 1:
+        raise FencedCommitError(
+            f"receipt {new.key!r} on thread {new.thread_id!r} changed while its effect ran",
+            thread_id=new.thread_id,
+            key=new.key,
+        )
+
+
+def _receipt(row: Sequence[Any] | None) -> Receipt | None:
+    if row is None:
+        return None
+    try:
+        return Receipt(
+            thread_id=row[0],
+            key=row[1],
+            id=row[2],
+            status=ReceiptStatus(row[3]),
+            turn_id=row[4],
+            step_id=row[5],
+            attempt=int(row[6]),
+            value=load_value(row[7]),
+            error=row[8],
+            resolution=_load_resolution(row[9]),
+            created_at=datetime.fromisoformat(row[10]),
+            updated_at=datetime.fromisoformat(row[11]),
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptRecordError(
+            f"receipt row for key {row[1]!r} on thread {row[0]!r} cannot be decoded: {exc}",
+            thread_id=row[0],
+            key=row[1],
+        ) from exc
+
+
+def _require(receipt: Receipt | None) -> Receipt:
+    assert receipt is not None
+    return receipt
+
+
+def _dump_resolution(resolution: Resolution | None) -> str | None:
+    if resolution is None:
+        return None
+    return dump_value(
+        {
+            "applied": resolution.applied,
+            "note": resolution.note,
+            "actor": resolution.actor,
+            "at": resolution.at.isoformat(),
+        }
+    )
+
+
+def _load_resolution(text: str | None) -> Resolution | None:
+    if text is None:
+        return None
+    data = load_value(text)
+    return Resolution(
+        data["applied"], data["note"], data["actor"], datetime.fromisoformat(data["at"])
+    )
+
+
+def _event_rows(
+    events: Sequence[EventDraft], thread_id: str, turn_id: str | None, now: str
+) -> list[tuple[Any, ...]]:
+    return [(e.id, thread_id, turn_id, e.type, dump_value(e.payload), now) for e in events]

@@ -1,0 +1,258 @@
+"""Effect receipts and the rules of ``run_effect``, as pure code.
+
+A write capability reaches the outside world only through ``run_effect(key, fn)``.
+For each ``(thread_id, key)`` there is exactly one receipt, which moves through
+explicit states::
+
+                 fn returns                 operator: applied
+    prepared ──────────────▶ completed ◀───────────────────────┐
+       │  │                                                    │
+       │  │ EffectNotAppliedError        any other exception,  │
+       │  └──────────────▶ failed        cancellation, or the  │
+       │                     │           attempt died          │
+       │                     │ retry     ──────────────▶ uncertain
+       │◀────────────────────┘                                 │
+                                                 operator: not applied → failed
+
+This module decides what a stored receipt means for a new call (:func:`plan_effect`)
+and builds every transition (:func:`settle`, :func:`resolve`). It does no I/O:
+every adapter persists what these functions return, so the rules hold for every
+store by construction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Generic, Literal, TypeVar
+
+from intention_kernel.errors import ReceiptStateError
+
+__all__ = [
+    "EffectAuthority",
+    "EffectFn",
+    "EffectPlan",
+    "EffectResult",
+    "Receipt",
+    "ReceiptStatus",
+    "Resolution",
+    "new_receipt_id",
+    "plan_effect",
+    "resolve",
+    "settle",
+]
+
+T = TypeVar("T")
+
+
+class ReceiptStatus(StrEnum):
+    """The state of an effect receipt. Compares equal to its string value."""
+
+    PREPARED = "prepared"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    UNCERTAIN = "uncertain"
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """An operator's reconciliation of an uncertain receipt."""
+
+    applied: bool
+    note: str | None
+    actor: str | None
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The durable record of one logical external write.
+
+    ``key`` is the stored key (``"<capability_id>:<key>"``); ``turn_id`` and
+    ``step_id`` name the latest attempt and are metadata, not part of the
+    deduplication key.
+    """
+
+    id: str
+    thread_id: str
+    key: str
+    status: ReceiptStatus
+    turn_id: str
+    step_id: str
+    attempt: int
+    value: Any = None
+    error: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    resolution: Resolution | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectAuthority:
+    """What an effect callback receives: the coordinated key and the prepared receipt.
+
+    ``idempotency_key`` equals ``key``. Pass it to the provider; thread and
+    tenant IDs are not part of it, so namespace it yourself if your provider's
+    idempotency keys are global.
+    """
+
+    key: str
+    idempotency_key: str
+    receipt_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class EffectResult(Generic[T]):
+    """The provider's value and the receipt that records it."""
+
+    value: T
+    receipt: Receipt
+
+
+EffectFn = Callable[[EffectAuthority], "Awaitable[Any] | Any"]
+
+
+@dataclass(frozen=True, slots=True)
+class EffectPlan:
+    """What a ``run_effect`` call must do, decided from the stored receipt.
+
+    ``write`` is the receipt to persist (in the same transaction that read
+    ``existing``) before acting on ``outcome``:
+
+    - ``replay``: a completed receipt exists; return it, do not call ``fn``;
+    - ``fail_closed``: the effect may have been applied; raise
+      ``EffectUncertainError`` without calling ``fn`` (``write`` turns an
+      abandoned ``prepared`` receipt into ``uncertain``);
+    - ``execute``: ``write`` is the new ``prepared`` receipt; call ``fn``.
+    """
+
+    outcome: Literal["replay", "fail_closed", "execute"]
+    existing: Receipt | None
+    write: Receipt | None
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_receipt_id() -> str:
+    return "rcpt_" + uuid.uuid4().hex
+
+
+def plan_effect(
+    existing: Receipt | None,
+    *,
+    thread_id: str,
+    key: str,
+    turn_id: str,
+    step_id: str,
+    now: datetime,
+    receipt_id: str | None = None,
+) -> EffectPlan:
+    """Decide what a call to ``run_effect`` means given the stored receipt.
+
+    Must be evaluated while holding the thread's lock: a ``prepared`` receipt
+    seen here belongs to an attempt that did not finish (its process died or
+    its turn was abandoned), so it is treated as possibly applied.
+    """
+    if existing is None:
+        prepared = Receipt(
+            id=receipt_id or new_receipt_id(),
+            thread_id=thread_id,
+            key=key,
+            status=ReceiptStatus.PREPARED,
+            turn_id=turn_id,
+            step_id=step_id,
+            attempt=1,
+            created_at=now,
+            updated_at=now,
+        )
+        return EffectPlan("execute", None, prepared)
+    status = existing.status
+    if status is ReceiptStatus.COMPLETED:
+        return EffectPlan("replay", existing, None)
+    if status is ReceiptStatus.UNCERTAIN:
+        return EffectPlan("fail_closed", existing, None)
+    if status is ReceiptStatus.PREPARED:
+        abandoned = replace(
+            existing,
+            status=ReceiptStatus.UNCERTAIN,
+            error="the attempt that prepared this effect did not finish; it may have been applied",
+            updated_at=now,
+        )
+        return EffectPlan("fail_closed", existing, abandoned)
+    # FAILED: the host proved the previous attempt was not applied; retry on the same receipt.
+    retry = replace(
+        existing,
+        status=ReceiptStatus.PREPARED,
+        turn_id=turn_id,
+        step_id=step_id,
+        attempt=existing.attempt + 1,
+        value=None,
+        error=None,
+        updated_at=now,
+    )
+    return EffectPlan("execute", existing, retry)
+
+
+def settle(
+    prepared: Receipt,
+    outcome: Literal["completed", "failed", "uncertain"],
+    *,
+    now: datetime,
+    value: Any = None,
+    error: str | None = None,
+) -> Receipt:
+    """The receipt after the provider call returned (``completed``) or raised."""
+    if prepared.status is not ReceiptStatus.PREPARED:
+        raise ReceiptStateError(
+            f"receipt {prepared.id} is {prepared.status}, only a prepared receipt can settle",
+            thread_id=prepared.thread_id,
+            key=prepared.key,
+            receipt=prepared,
+        )
+    return replace(
+        prepared,
+        status=ReceiptStatus(outcome),
+        value=value if outcome == "completed" else None,
+        error=error,
+        updated_at=now,
+    )
+
+
+def resolve(
+    existing: Receipt,
+    *,
+    applied: bool,
+    value: Any,
+    note: str | None,
+    actor: str | None,
+    now: datetime,
+) -> Receipt:
+    """An operator's reconciliation: an uncertain (or abandoned prepared) receipt
+    becomes ``completed`` (the write happened, later calls return ``value``) or
+    ``failed`` (it did not, a later call may retry).
+
+    Must be evaluated under the thread's lock, where a ``prepared`` receipt
+    belongs to an attempt that is no longer running.
+    """
+    if existing.status not in (ReceiptStatus.UNCERTAIN, ReceiptStatus.PREPARED):
+        raise ReceiptStateError(
+            f"receipt for {existing.key!r} on thread {existing.thread_id!r} is "
+            f"{existing.status}; only uncertain receipts can be resolved",
+            thread_id=existing.thread_id,
+            key=existing.key,
+            receipt=existing,
+        )
+    return replace(
+        existing,
+        status=ReceiptStatus.COMPLETED if applied else ReceiptStatus.FAILED,
+        value=value if applied else None,
+        error=existing.error if not applied else None,
+        updated_at=now,
+        resolution=Resolution(applied=applied, note=note, actor=actor, at=now),
+    )

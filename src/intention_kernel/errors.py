@@ -1,0 +1,251 @@
+"""The exception tree of intention-kernel.
+
+Every error the library raises derives from :class:`KernelError` and carries
+structured fields (``thread_id``, ``turn_id``, ``key``, ``receipt``) beside its
+message, so that hosts can react without parsing text::
+
+    KernelError
+    ├── CompilationError              Kernel(...) refused the agent definition
+    ├── CapabilityError               a step could not run (becomes a ``failed`` step)
+    │   ├── UnknownCapabilityError    the interpreter named a capability the agent lacks
+    │   └── InvalidInputError         capability input failed validation
+    ├── EffectError
+    │   ├── EffectUncertainError      the write may have happened; fail closed
+    │   ├── EffectNotAppliedError     raised by host code: the write provably did not happen
+    │   ├── EffectValueError          the provider value cannot be stored as JSON
+    │   └── EffectUsageError          run_effect misused (read capability, empty key)
+    ├── CheckpointError
+    │   ├── CheckpointCompatibilityError  newer schema revision or foreign fingerprint
+    │   └── CorruptRecordError        a stored row cannot be decoded
+    ├── InterpretationError           the interpreter raised or returned garbage; nothing committed
+    ├── InvalidRequestError           the turn request itself is malformed (IDs, message, answer)
+    ├── TurnConflictError             a committed turn ID delivered with another request
+    ├── ThreadBusyError               the thread's lock was not obtained in time
+    ├── FencedCommitError             the thread moved on while the turn ran; nothing committed
+    ├── TenantMismatchError           the thread belongs to another tenant
+    ├── ReceiptError
+    │   ├── ReceiptNotFoundError      no receipt for that (thread, key)
+    │   └── ReceiptStateError         the receipt is not in a state the operation accepts
+    └── StoreError                    the storage driver failed (translated at the adapter edge)
+
+Only :class:`EffectNotAppliedError` is meant to be raised by application code
+(from inside an effect callback); the rest are raised by the kernel and its
+adapters.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from intention_kernel.effects import Receipt
+
+__all__ = [
+    "CapabilityError",
+    "CheckpointCompatibilityError",
+    "CheckpointError",
+    "CompilationError",
+    "CorruptRecordError",
+    "EffectError",
+    "EffectNotAppliedError",
+    "EffectUncertainError",
+    "EffectUsageError",
+    "EffectValueError",
+    "FencedCommitError",
+    "InterpretationError",
+    "InvalidInputError",
+    "InvalidRequestError",
+    "KernelError",
+    "ReceiptError",
+    "ReceiptNotFoundError",
+    "ReceiptStateError",
+    "StoreError",
+    "TenantMismatchError",
+    "ThreadBusyError",
+    "TurnConflictError",
+    "UnknownCapabilityError",
+]
+
+
+class KernelError(Exception):
+    """Root of every error raised by intention-kernel."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        thread_id: str | None = None,
+        turn_id: str | None = None,
+        key: str | None = None,
+        receipt: Receipt | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.thread_id = thread_id
+        self.turn_id = turn_id
+        self.key = key
+        self.receipt = receipt
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class CompilationError(KernelError):
+    """The agent definition is invalid; raised by ``Kernel(...)``.
+
+    ``problems`` lists every problem found, not only the first.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("agent does not compile: " + "; ".join(problems))
+        self.problems = list(problems)
+
+
+class CapabilityError(KernelError):
+    """A step could not run. The kernel records it as a ``failed`` step."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        capability_id: str | None = None,
+        thread_id: str | None = None,
+        turn_id: str | None = None,
+    ) -> None:
+        super().__init__(message, thread_id=thread_id, turn_id=turn_id)
+        self.capability_id = capability_id
+
+
+class UnknownCapabilityError(CapabilityError):
+    """The interpreter asked for a capability the agent does not have."""
+
+
+class InvalidInputError(CapabilityError):
+    """Capability input failed validation against its schema.
+
+    ``errors`` holds the validator's structured error list.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        capability_id: str | None = None,
+        errors: list[dict[str, object]] | None = None,
+        thread_id: str | None = None,
+        turn_id: str | None = None,
+    ) -> None:
+        super().__init__(message, capability_id=capability_id, thread_id=thread_id, turn_id=turn_id)
+        self.errors = errors or []
+
+
+class EffectError(KernelError):
+    """Base of errors about durable external effects."""
+
+
+class EffectUncertainError(EffectError):
+    """The effect may have been applied; the receipt is ``uncertain``.
+
+    The adapter fails closed: later calls with the same key raise this error
+    too, without calling the provider, until an operator resolves the receipt
+    (``resolve_receipt``).
+    """
+
+
+class EffectNotAppliedError(EffectError):
+    """Raised by host code when it can prove that no write occurred.
+
+    The receipt is recorded as ``failed`` and a later call with the same key
+    may retry the write.
+    """
+
+    def __init__(self, message: str = "the effect was not applied") -> None:
+        super().__init__(message)
+
+
+class EffectValueError(EffectError):
+    """The provider returned a value that cannot be stored as JSON."""
+
+
+class EffectUsageError(EffectError):
+    """``run_effect`` was called where it is not allowed (for example by a read capability)."""
+
+
+class CheckpointError(KernelError):
+    """Base of errors about stored checkpoints."""
+
+
+class CheckpointCompatibilityError(CheckpointError):
+    """The stored checkpoint cannot be used by this agent.
+
+    Either its schema revision is newer than this library understands, or it was
+    written by an agent whose fingerprint this agent does not declare compatible.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        schema_revision: int | None = None,
+        fingerprint: str | None = None,
+        thread_id: str | None = None,
+    ) -> None:
+        super().__init__(message, thread_id=thread_id)
+        self.schema_revision = schema_revision
+        self.fingerprint = fingerprint
+
+
+class CorruptRecordError(CheckpointError):
+    """A stored row (checkpoint, result, receipt) cannot be decoded."""
+
+
+class InterpretationError(KernelError):
+    """The interpreter raised or returned an invalid interpretation.
+
+    Nothing ran and nothing was committed; the same delivery may be retried.
+    """
+
+
+class InvalidRequestError(KernelError, ValueError):
+    """The turn request is malformed: an empty or oversized ID, no message and no
+    answer, an answer of the wrong type. Nothing was read or written."""
+
+
+class TurnConflictError(KernelError):
+    """A committed turn ID was delivered again with a different request.
+
+    The stored result belongs to another request, so it is neither returned nor
+    is the new request run under the same turn ID.
+    """
+
+
+class ThreadBusyError(KernelError):
+    """The thread's lock could not be obtained within the configured wait."""
+
+
+class FencedCommitError(KernelError):
+    """The thread's version moved while the turn ran, so the commit was refused.
+
+    This only happens when the turn lost its claim on the thread; nothing was
+    committed and the turn may be retried with the same turn ID.
+    """
+
+
+class TenantMismatchError(KernelError):
+    """The thread exists under another tenant; it is neither read nor written."""
+
+
+class ReceiptError(KernelError):
+    """Base of errors about operator actions on receipts."""
+
+
+class ReceiptNotFoundError(ReceiptError):
+    """No receipt exists for that thread and key."""
+
+
+class ReceiptStateError(ReceiptError):
+    """The receipt is not in a state that permits the requested operation."""
+
+
+class StoreError(KernelError):
+    """The storage driver failed; the original exception is chained as ``__cause__``."""

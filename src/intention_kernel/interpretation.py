@@ -1,0 +1,157 @@
+"""Interpretation: turning a user message into intents and answers.
+
+An interpreter is any object with ``async interpret(request) -> Interpretation``:
+a language model behind a tool-calling API, a set of rules, or a script in
+tests. The kernel validates what it returns; an intent naming an unknown
+capability or carrying invalid input becomes a ``failed`` step, never a crash.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from intention_kernel.checkpoint import Interaction, Message
+from intention_kernel.facts import FactRecord
+
+__all__ = [
+    "Answer",
+    "CapabilitySpec",
+    "Decision",
+    "Intent",
+    "Interpretation",
+    "InterpretationRequest",
+    "Interpreter",
+    "Rule",
+    "RuleInterpreter",
+]
+
+Decision = Literal["accept", "reject"]
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """A request to run one capability with the given input."""
+
+    capability_id: str
+    input: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer to the active interaction.
+
+    ``interaction_id=None`` addresses whichever interaction is active; naming
+    another interaction is refused. ``value`` carries extra data for
+    capabilities that confirm on their own (``confirmation="capability"``).
+    """
+
+    interaction_id: str | None = None
+    decision: Decision = "accept"
+    value: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "interaction_id": self.interaction_id,
+            "decision": self.decision,
+            "value": self.value,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Interpretation:
+    """What an interpreter understood: an optional answer, intents in order, a reply."""
+
+    intents: Sequence[Intent] = ()
+    answer: Answer | Decision | None = None
+    reply: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilitySpec:
+    """One entry of the capability catalog an interpreter sees."""
+
+    id: str
+    effect: Literal["read", "write"]
+    confirmation: Literal["none", "required", "capability"]
+    description: str
+    input_schema: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class InterpretationRequest:
+    """Everything an interpreter may use to understand a message."""
+
+    thread_id: str
+    turn_id: str
+    message: str
+    messages: tuple[Message, ...]
+    facts: Mapping[str, FactRecord]
+    interaction: Interaction | None
+    catalog: tuple[CapabilitySpec, ...]
+
+
+@runtime_checkable
+class Interpreter(Protocol):
+    """Anything that can interpret a message."""
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation: ...
+
+
+InputBuilder = Callable[[re.Match[str]], Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One pattern of a :class:`RuleInterpreter`.
+
+    Exactly one of ``capability_id`` and ``answer`` is set. For an intent the
+    input is the pattern's named groups, or what ``input`` builds from the match.
+    """
+
+    pattern: str
+    capability_id: str | None = None
+    input: InputBuilder | Mapping[str, Any] | None = None
+    answer: Decision | None = None
+    reply: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.capability_id is None) == (self.answer is None):
+            raise ValueError("a Rule needs exactly one of capability_id and answer")
+
+
+class RuleInterpreter:
+    """An offline interpreter: regular expressions to intents and answers.
+
+    Rules are tried in order against the message (case-insensitive search); the
+    first match wins. An answer rule yields an answer even when nothing is
+    pending; the kernel then replies that there is nothing to answer.
+    """
+
+    def __init__(self, rules: Sequence[Rule], *, fallback_reply: str | None = None) -> None:
+        self._rules = [(re.compile(r.pattern, re.IGNORECASE), r) for r in rules]
+        self._fallback = fallback_reply
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        text = request.message.strip()
+        for pattern, rule in self._rules:
+            match = pattern.search(text)
+            if match is None:
+                continue
+            if rule.answer is not None:
+                return Interpretation(answer=rule.answer, reply=rule.reply)
+            assert rule.capability_id is not None
+            if callable(rule.input):
+                data = dict(rule.input(match))
+            elif rule.input is not None:
+                data = {**rule.input, **_groups(match)}
+            else:
+                data = _groups(match)
+            return Interpretation(intents=[Intent(rule.capability_id, data)], reply=rule.reply)
+        return Interpretation(reply=self._fallback)
+
+
+def _groups(match: re.Match[str]) -> dict[str, Any]:
+    return {k: v for k, v in match.groupdict().items() if v is not None}

@@ -1,0 +1,101 @@
+"""Kernel: one agent, one durability adapter, one durable turn at a time per thread.
+
+``Kernel(agent, durability)`` compiles the agent (raising ``CompilationError``);
+``await kernel.turn(...)`` runs one turn inside ``durability.with_turn``: a
+committed turn ID returns its stored result (``replayed=True``) and runs
+nothing; a new one interprets, answers, plans, executes and commits result,
+checkpoint and outbox events together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from intention_kernel.agent import Agent, CompiledAgent, compile_agent
+from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.durability import Durability, TurnTransaction
+from intention_kernel.durability.base import check_id
+from intention_kernel.errors import InvalidRequestError
+from intention_kernel.interpretation import Answer
+from intention_kernel.runtime import TurnRequest, run_turn
+from intention_kernel.turns import TurnCommit, TurnResult, TurnScope, request_digest
+
+__all__ = ["Kernel"]
+
+
+class Kernel:
+    """Runs an agent's turns durably.
+
+    ``max_message_chars`` bounds a user message; longer ones are refused with
+    ``InvalidRequestError`` before anything is read or written.
+    """
+
+    def __init__(
+        self, agent: Agent, durability: Durability, *, max_message_chars: int = 32_000
+    ) -> None:
+        self._compiled: CompiledAgent = compile_agent(agent)
+        self.agent = agent
+        self.durability = durability
+        self.max_message_chars = max_message_chars
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable hash of the agent's name, version and capability definitions."""
+        return self._compiled.fingerprint
+
+    async def turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        message: str | None = None,
+        answer: Answer | str | None = None,
+        *,
+        tenant_id: str | None = None,
+    ) -> TurnResult:
+        """Run (or replay) one turn.
+
+        ``turn_id`` must identify the user's delivery and stay the same across
+        transport retries: a committed ``turn_id`` returns the stored result, a
+        new one is a new turn. ``answer`` (an ``Answer``, ``"accept"`` or
+        ``"reject"``) answers the active interaction without interpretation.
+        """
+        check_id("thread_id", thread_id)
+        check_id("turn_id", turn_id)
+        if tenant_id is not None:
+            check_id("tenant_id", tenant_id)
+        resolved = _answer(answer)
+        if message is None and resolved is None:
+            raise InvalidRequestError("a turn needs a message, an answer, or both")
+        if message is not None:
+            if not isinstance(message, str):
+                raise InvalidRequestError(f"message must be a string, got {type(message).__name__}")
+            if len(message) > self.max_message_chars:
+                raise InvalidRequestError(
+                    f"message is {len(message)} characters long; the limit is "
+                    f"{self.max_message_chars}"
+                )
+        request = TurnRequest(message, resolved)
+        scope = TurnScope(
+            thread_id,
+            turn_id,
+            tenant_id,
+            request_digest(message, resolved.to_dict() if resolved else None),
+        )
+        compiled = self._compiled
+
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            return await run_turn(compiled, tx, request)
+
+        return await self.durability.with_turn(scope, operation)
+
+    async def checkpoint(self, thread_id: str) -> KernelCheckpoint | None:
+        """The thread's latest committed checkpoint (a convenience over the adapter)."""
+        return await self.durability.load_checkpoint(thread_id)
+
+
+def _answer(answer: Any) -> Answer | None:
+    if answer is None or isinstance(answer, Answer):
+        return answer
+    if answer in ("accept", "reject"):
+        return Answer(None, answer)
+    raise InvalidRequestError(f"answer must be 'accept', 'reject' or an Answer, got {answer!r}")

@@ -1,0 +1,65 @@
+"""Step 2: apply an answer to the active interaction, before any new intent.
+
+``"confirmation"`` interactions: ``accept`` runs exactly the stored agenda item
+(the input the person saw), ``reject`` cancels it. ``"capability"``
+interactions: the capability is called again with ``ctx.answer`` and decides
+for itself. An answer with nothing pending, or naming another interaction,
+runs nothing and the reply says why.
+"""
+
+from __future__ import annotations
+
+from intention_kernel.checkpoint import AgendaItem
+from intention_kernel.errors import CapabilityError, CorruptRecordError
+from intention_kernel.interpretation import Answer
+from intention_kernel.runtime.execute import execute
+from intention_kernel.runtime.state import TurnState
+from intention_kernel.turns import StepResult, StepStatus
+
+__all__ = ["handle_answer"]
+
+
+async def handle_answer(state: TurnState, answer: Answer) -> bool:
+    """Apply ``answer``; return ``False`` when it was refused (the turn runs nothing else)."""
+    active = state.interaction
+    if active is None:
+        state.replies.append("There is nothing waiting for an answer, so nothing was done.")
+        return False
+    if answer.interaction_id is not None and answer.interaction_id != active.id:
+        state.replies.append(
+            f"That answer is for {answer.interaction_id}, which is not the pending request "
+            f"({active.id}: {active.prompt}); nothing was done."
+        )
+        return False
+    resolution = "accepted" if answer.decision == "accept" else "rejected"
+    item = state.close_interaction(resolution)
+    if item is None:
+        raise CorruptRecordError(
+            f"thread {state.scope.thread_id!r} has interaction {active.id} but no agenda item "
+            "for it",
+            thread_id=state.scope.thread_id,
+        )
+    cap = state.agent.capabilities.get(item.capability_id)
+    if cap is None:
+        _record(
+            state, item, StepStatus.FAILED, f"capability {item.capability_id!r} no longer exists"
+        )
+        state.replies.append(f"Could not run {item.capability_id}: the agent no longer has it.")
+        return True
+    if active.kind == "confirmation" and answer.decision == "reject":
+        _record(state, item, StepStatus.REJECTED, None)
+        state.replies.append(f"Cancelled. ({active.prompt})")
+        return True
+    try:
+        parsed, _ = cap.parse_input(item.input)
+    except CapabilityError as exc:
+        _record(state, item, StepStatus.FAILED, str(exc))
+        state.replies.append(f"Could not run {item.capability_id}: {exc}")
+        return True
+    # "capability" mode hands the answer, accept or reject, to the capability to judge.
+    await execute(state, cap, item, parsed, answer if active.kind == "capability" else None)
+    return True
+
+
+def _record(state: TurnState, item: AgendaItem, status: StepStatus, error: str | None) -> None:
+    state.steps.append(StepResult(item.step_id, item.capability_id, status, None, error))

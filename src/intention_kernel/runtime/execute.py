@@ -1,0 +1,270 @@
+"""Step 4: run one capability for one agenda item and record what it produced.
+
+A step's failure never aborts the turn. What the handler raised decides the
+step's status (``EffectUncertainError`` → ``uncertain``, ``EffectNotAppliedError``
+or anything else → ``failed``); effect events are kept either way because the
+receipts they describe are real, while facts and custom events of a failed
+step are dropped. Task cancellation is the one thing that propagates: the
+turn is abandoned and nothing commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
+from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
+from intention_kernel.durability.base import dump_value
+from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
+from intention_kernel.errors import (
+    CapabilityError,
+    EffectNotAppliedError,
+    EffectUncertainError,
+    EffectUsageError,
+)
+from intention_kernel.facts import Evidence, FactRecord, FactRef
+from intention_kernel.interpretation import Answer
+from intention_kernel.runtime.state import TurnState
+from intention_kernel.turns import EventDraft, StepResult, StepStatus
+
+__all__ = ["execute"]
+
+
+async def execute(
+    state: TurnState,
+    cap: Capability,
+    item: AgendaItem,
+    parsed: Any,
+    answer: Answer | None = None,
+) -> StepResult:
+    """Run ``cap`` for ``item`` and fold the outcome into ``state``."""
+    step = _Step(state, cap, item)
+    ctx = CapabilityContext(
+        thread_id=state.scope.thread_id,
+        turn_id=state.scope.turn_id,
+        step_id=item.step_id,
+        tenant_id=state.scope.tenant_id,
+        capability_id=cap.id,
+        signal=state.signal,
+        facts=state.facts,
+        answer=answer,
+        run_effect=step.run_effect,
+        emit=step.emit,
+    )
+    try:
+        raw = await cap.handler(parsed, ctx)
+    except asyncio.CancelledError:
+        state.signal.cancel("the turn was cancelled")
+        raise
+    except EffectUncertainError as exc:
+        result = step.finish(StepStatus.UNCERTAIN, error=_describe(exc))
+    except (EffectNotAppliedError, CapabilityError) as exc:
+        result = step.finish(StepStatus.FAILED, error=_describe(exc))
+    except Exception as exc:
+        result = step.finish(StepStatus.FAILED, error=_describe(exc))
+    else:
+        result = step.complete(raw)
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        # The handler swallowed a cancellation (run_effect turns it into
+        # EffectUncertainError, as the contract says); the turn itself must still stop.
+        state.signal.cancel("the turn was cancelled")
+        raise asyncio.CancelledError
+    return result
+
+
+class _Step:
+    """Bookkeeping for one running step."""
+
+    def __init__(self, state: TurnState, cap: Capability, item: AgendaItem) -> None:
+        self.state = state
+        self.cap = cap
+        self.item = item
+        self.receipts: list[Receipt] = []
+        self.effect_events: list[EventDraft] = []
+        self.emitted: list[EventDraft] = []
+
+    # -- what the capability calls --------------------------------------------------------------
+
+    async def run_effect(self, key: str, fn: EffectFn) -> EffectResult[Any]:
+        cap, state = self.cap, self.state
+        if cap.effect != "write":
+            raise EffectUsageError(
+                f"{cap.id} is a read capability; only write capabilities may call run_effect",
+                thread_id=state.scope.thread_id,
+                turn_id=state.scope.turn_id,
+                key=key,
+            )
+        if not isinstance(key, str) or not key:
+            raise EffectUsageError(f"{cap.id}: an effect key must be a non-empty string")
+        full_key = f"{cap.id}:{key}"
+        try:
+            result = await state.tx.run_effect(full_key, fn, step_id=self.item.step_id)
+        except (EffectUncertainError, EffectNotAppliedError) as exc:
+            if exc.receipt is not None:
+                self._note(exc.receipt, attempted=exc.receipt.turn_id == state.scope.turn_id)
+            raise
+        self._note(result.receipt, attempted=True)
+        return result
+
+    def emit(self, type: str, payload: Any = None) -> None:
+        if not isinstance(type, str) or not type:
+            raise EffectUsageError(f"{self.cap.id}: an event type must be a non-empty string")
+        try:
+            dump_value(payload)
+        except (TypeError, ValueError) as exc:
+            raise EffectUsageError(
+                f"{self.cap.id}: payload of event {type!r} is not JSON-serializable: {exc}"
+            ) from exc
+        self.emitted.append(EventDraft(type, payload))
+
+    def _note(self, receipt: Receipt, *, attempted: bool) -> None:
+        """Index the receipt in the checkpoint and emit the matching effect event."""
+        state = self.state
+        known = state.receipts.pop(receipt.key, None)
+        state.receipts[receipt.key] = ReceiptRef(
+            receipt.key, receipt.id, receipt.status, receipt.turn_id, receipt.step_id
+        )
+        self.receipts.append(receipt)
+        status = receipt.status
+        if status is ReceiptStatus.COMPLETED and known is not None and known.status is status:
+            return  # already announced by the committed turn that completed it
+        payload = {
+            "key": receipt.key,
+            "receipt_id": receipt.id,
+            "capability_id": self.cap.id,
+            "step_id": receipt.step_id,
+            "attempt": receipt.attempt,
+            "status": str(status),
+        }
+        if status is not ReceiptStatus.COMPLETED:
+            payload["error"] = receipt.error
+            payload["attempted"] = attempted
+        self.effect_events.append(EventDraft(f"effect.{status}", payload))
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    def finish(
+        self, status: StepStatus, *, value: Any = None, error: str | None = None
+    ) -> StepResult:
+        step = StepResult(
+            step_id=self.item.step_id,
+            capability_id=self.cap.id,
+            status=status,
+            value=value,
+            error=error,
+            receipt_ids=tuple(dict.fromkeys(r.id for r in self.receipts)),
+        )
+        state = self.state
+        state.steps.append(step)
+        self.flush_effect_events()
+        if status is StepStatus.FAILED:
+            state.replies.append(f"Could not complete {self.cap.id}: {error}")
+        elif status is StepStatus.UNCERTAIN:
+            state.replies.append(
+                f"{self.cap.id} may or may not have taken effect, so it will not be retried "
+                "until someone checks it."
+            )
+        return step
+
+    def flush_effect_events(self) -> None:
+        """Effect events go out in every outcome: the receipts they describe are real."""
+        self.state.events.extend(self.effect_events)
+        self.effect_events.clear()
+
+    def complete(self, raw: Any) -> StepResult:
+        state, cap = self.state, self.cap
+        self.flush_effect_events()
+        result = raw if isinstance(raw, CapabilityResult) else CapabilityResult(value=raw)
+        if result.confirmation is not None and cap.confirmation != "capability":
+            return self.finish(
+                StepStatus.FAILED,
+                error=f"{cap.id} asked for confirmation, which needs confirmation='capability'",
+            )
+        try:
+            dump_value(result.value)
+        except (TypeError, ValueError) as exc:
+            return self.finish(
+                StepStatus.FAILED, error=f"the value is not JSON-serializable: {exc}"
+            )
+        try:
+            records = self._records(result)
+        except CapabilityError as exc:
+            return self.finish(StepStatus.FAILED, error=str(exc))
+        for record in records:
+            state.facts[record.key] = record
+            state.recorded.append(record)
+            state.emit(
+                "fact.recorded",
+                {"key": record.key, "version": record.version, "step_id": self.item.step_id},
+            )
+        state.events.extend(self.emitted)
+        if result.confirmation is not None:
+            interaction = Interaction(
+                id=state.new_interaction_id(),
+                kind="capability",
+                capability_id=cap.id,
+                input=self.item.input,
+                prompt=result.confirmation.prompt,
+                details=result.confirmation.details,
+                step_id=self.item.step_id,
+                turn_id=state.scope.turn_id,
+            )
+            item = AgendaItem(
+                self.item.step_id, cap.id, self.item.input, state.scope.turn_id, interaction.id
+            )
+            step = self.finish(StepStatus.AWAITING_CONFIRMATION, value=result.value)
+            state.open_interaction(item, interaction)
+            state.replies.append(result.confirmation.prompt)
+            return step
+        step = self.finish(StepStatus.COMPLETED, value=result.value)
+        if result.reply is not None:
+            state.replies.append(result.reply)
+        elif result.value is not None:
+            state.replies.append(f"{cap.description or cap.id}: {dump_value(result.value)}")
+        else:
+            state.replies.append(f"Done: {cap.description or cap.id}.")
+        return step
+
+    def _records(self, result: CapabilityResult) -> list[FactRecord]:
+        """Version each fact and pin its lineage; all or nothing."""
+        state = self.state
+        pending: dict[str, FactRecord] = {}
+        receipts = tuple(dict.fromkeys(r.id for r in self.receipts))
+        for fact in result.facts:
+            if not isinstance(fact.key, str) or not fact.key:
+                raise CapabilityError(f"{self.cap.id}: a fact key must be a non-empty string")
+            try:
+                dump_value(fact.value)
+            except (TypeError, ValueError) as exc:
+                raise CapabilityError(
+                    f"{self.cap.id}: fact {fact.key!r} is not JSON-serializable: {exc}"
+                ) from exc
+            lineage = []
+            for source in fact.derived_from:
+                known = pending.get(source) or state.facts.get(source)
+                if known is None:
+                    raise CapabilityError(
+                        f"{self.cap.id}: fact {fact.key!r} is derived from unknown fact {source!r}"
+                    )
+                lineage.append(FactRef(source, known.version))
+            previous = pending.get(fact.key) or state.facts.get(fact.key)
+            pending[fact.key] = FactRecord(
+                key=fact.key,
+                value=fact.value,
+                version=(previous.version if previous else 0) + 1,
+                evidence=Evidence(
+                    capability_id=self.cap.id,
+                    turn_id=state.scope.turn_id,
+                    step_id=self.item.step_id,
+                    receipt_ids=receipts,
+                    derived_from=tuple(lineage),
+                ),
+            )
+        return list(pending.values())
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

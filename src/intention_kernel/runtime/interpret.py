@@ -1,0 +1,79 @@
+"""Step 1: ask the interpreter what the message means, and check what it says."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from intention_kernel.errors import InterpretationError
+from intention_kernel.interpretation import (
+    Answer,
+    Intent,
+    Interpretation,
+    InterpretationRequest,
+)
+from intention_kernel.runtime.state import TurnState
+
+__all__ = ["interpret"]
+
+
+async def interpret(state: TurnState) -> Interpretation:
+    """The interpretation of this turn's message (none when only an answer was sent).
+
+    An interpreter that raises or returns something that is not an
+    ``Interpretation`` fails the turn with :class:`InterpretationError` before
+    anything ran or was written, so the same delivery can be retried.
+    """
+    message = state.request.message
+    if message is None:
+        return Interpretation()
+    request = InterpretationRequest(
+        thread_id=state.scope.thread_id,
+        turn_id=state.scope.turn_id,
+        message=message,
+        messages=state.previous.messages if state.previous else (),
+        facts=dict(state.facts),
+        interaction=state.interaction,
+        catalog=state.agent.catalog,
+    )
+    try:
+        result = await state.agent.agent.interpreter.interpret(request)
+    except Exception as exc:
+        raise InterpretationError(
+            f"the interpreter failed: {type(exc).__name__}: {exc}",
+            thread_id=state.scope.thread_id,
+            turn_id=state.scope.turn_id,
+        ) from exc
+    return _checked(result, state)
+
+
+def _checked(result: object, state: TurnState) -> Interpretation:
+    def bad(why: str) -> InterpretationError:
+        return InterpretationError(
+            f"the interpreter returned an invalid interpretation: {why}",
+            thread_id=state.scope.thread_id,
+            turn_id=state.scope.turn_id,
+        )
+
+    if not isinstance(result, Interpretation):
+        raise bad(f"expected an Interpretation, got {type(result).__name__}")
+    if isinstance(result.intents, (str, bytes)) or not isinstance(result.intents, Sequence):
+        raise bad("intents must be a sequence of Intent")
+    for intent in result.intents:
+        if not isinstance(intent, Intent):
+            raise bad(f"intents must be Intent objects, got {type(intent).__name__}")
+        if not isinstance(intent.input, Mapping):
+            # Bad input shape is the capability's problem: it becomes a failed step.
+            continue
+    if (
+        result.answer is not None
+        and not isinstance(result.answer, Answer)
+        and result.answer
+        not in (
+            "accept",
+            "reject",
+        )
+    ):
+        raise bad(f"answer must be 'accept', 'reject' or an Answer, got {result.answer!r}")
+    if result.reply is not None and not isinstance(result.reply, str):
+        raise bad("reply must be a string")
+    return result

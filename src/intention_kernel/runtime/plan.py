@@ -1,0 +1,55 @@
+"""Step 3: plan each intent onto the agenda, and run what needs no confirmation.
+
+A write with ``confirmation="required"`` is never run in the turn that proposes
+it: it is stored on the agenda, exactly as validated, and a confirmation
+interaction opens (superseding one that was pending). Everything else runs now.
+"""
+
+from __future__ import annotations
+
+from intention_kernel.checkpoint import AgendaItem, Interaction
+from intention_kernel.errors import CapabilityError, UnknownCapabilityError
+from intention_kernel.interpretation import Intent
+from intention_kernel.runtime.execute import execute
+from intention_kernel.runtime.state import TurnState
+from intention_kernel.turns import StepResult, StepStatus
+
+__all__ = ["plan_intent"]
+
+
+async def plan_intent(state: TurnState, intent: Intent) -> None:
+    step_id = state.next_step_id()
+    cap = state.agent.capabilities.get(intent.capability_id)
+    try:
+        if cap is None:
+            known = ", ".join(sorted(state.agent.capabilities)) or "none"
+            raise UnknownCapabilityError(
+                f"unknown capability {intent.capability_id!r} (this agent has: {known})",
+                capability_id=intent.capability_id,
+            )
+        parsed, canonical = cap.parse_input(intent.input)
+    except CapabilityError as exc:
+        state.steps.append(
+            StepResult(step_id, str(intent.capability_id), StepStatus.FAILED, None, str(exc))
+        )
+        state.replies.append(f"Could not run {intent.capability_id}: {exc}")
+        return
+    item = AgendaItem(step_id, cap.id, canonical, state.scope.turn_id)
+    if cap.effect == "write" and cap.confirmation == "required":
+        interaction = Interaction(
+            id=state.new_interaction_id(),
+            kind="confirmation",
+            capability_id=cap.id,
+            input=canonical,
+            prompt=cap.render_prompt(parsed, canonical),
+            step_id=step_id,
+            turn_id=state.scope.turn_id,
+        )
+        state.open_interaction(
+            AgendaItem(step_id, cap.id, canonical, state.scope.turn_id, interaction.id),
+            interaction,
+        )
+        state.steps.append(StepResult(step_id, cap.id, StepStatus.AWAITING_CONFIRMATION))
+        state.replies.append(interaction.prompt)
+        return
+    await execute(state, cap, item, parsed)

@@ -1,0 +1,58 @@
+"""Step 5: compose the reply, bound the conversation, and build the commit."""
+
+from __future__ import annotations
+
+from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint, Message
+from intention_kernel.interpretation import Interpretation
+from intention_kernel.runtime.state import TurnState
+from intention_kernel.turns import TurnCommit, TurnResult
+
+__all__ = ["finish"]
+
+FALLBACK_REPLY = "Sorry, I could not find anything to do for that."
+
+
+def finish(state: TurnState, interpretation: Interpretation) -> TurnCommit:
+    lines = [interpretation.reply] if interpretation.reply else []
+    lines.extend(state.replies)
+    reply = "\n".join(lines) if lines else FALLBACK_REPLY
+    scope, request, agent = state.scope, state.request, state.agent.agent
+    messages = list(state.previous.messages) if state.previous else []
+    if request.message is not None:
+        messages.append(Message("user", request.message, scope.turn_id))
+    elif request.answer is not None:
+        messages.append(Message("user", f"[{request.answer.decision}]", scope.turn_id))
+    messages.append(Message("assistant", reply, scope.turn_id))
+    version = (state.previous.version if state.previous else 0) + 1
+    receipts = list(state.receipts.values())[-agent.max_receipts :]
+    checkpoint = KernelCheckpoint(
+        schema_revision=SCHEMA_REVISION,
+        agent_fingerprint=state.agent.fingerprint,
+        version=version,
+        messages=tuple(messages[-agent.max_messages :]),
+        facts=state.facts,
+        agenda=tuple(state.agenda),
+        interaction=state.interaction,
+        receipts=tuple(receipts),
+    )
+    result = TurnResult(
+        thread_id=scope.thread_id,
+        turn_id=scope.turn_id,
+        replayed=False,
+        reply=reply,
+        interaction=state.interaction,
+        steps=tuple(state.steps),
+        facts=tuple(state.recorded),
+        checkpoint_version=version,
+    )
+    state.emit(
+        "turn.committed",
+        {
+            "version": version,
+            "steps": [
+                {"step_id": s.step_id, "capability_id": s.capability_id, "status": str(s.status)}
+                for s in state.steps
+            ],
+        },
+    )
+    return TurnCommit(result, checkpoint, tuple(state.events))

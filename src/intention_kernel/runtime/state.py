@@ -1,0 +1,117 @@
+"""The mutable state of one turn while its steps run.
+
+A ``TurnState`` starts from the loaded checkpoint (copied, never mutated) and
+accumulates what the turn produces: steps, recorded facts, outbox events,
+reply lines, the agenda and the active interaction. ``finish`` turns it into
+the next checkpoint and the result.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from intention_kernel.agent import CompiledAgent
+from intention_kernel.capabilities import CancellationSignal
+from intention_kernel.checkpoint import (
+    AgendaItem,
+    Interaction,
+    KernelCheckpoint,
+    ReceiptRef,
+    check_compatible,
+)
+from intention_kernel.durability import TurnTransaction
+from intention_kernel.facts import FactRecord
+from intention_kernel.interpretation import Answer
+from intention_kernel.turns import EventDraft, StepResult, TurnScope
+
+__all__ = ["TurnRequest", "TurnState"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """What the caller asked in this turn: a message, a structured answer, or both."""
+
+    message: str | None
+    answer: Answer | None
+
+
+class TurnState:
+    """Accumulates one turn's work; see the module docstring."""
+
+    def __init__(self, agent: CompiledAgent, tx: TurnTransaction, request: TurnRequest) -> None:
+        scope = tx.scope
+        previous = tx.checkpoint
+        if previous is not None:
+            check_compatible(
+                previous,
+                fingerprint=agent.fingerprint,
+                compatible=agent.compatible,
+                thread_id=scope.thread_id,
+            )
+        self.agent = agent
+        self.tx = tx
+        self.scope: TurnScope = scope
+        self.request = request
+        self.previous: KernelCheckpoint | None = previous
+        self.facts: dict[str, FactRecord] = dict(previous.facts) if previous else {}
+        self.agenda: list[AgendaItem] = list(previous.agenda) if previous else []
+        self.interaction: Interaction | None = previous.interaction if previous else None
+        self.receipts: dict[str, ReceiptRef] = (
+            {r.key: r for r in previous.receipts} if previous else {}
+        )
+        self.steps: list[StepResult] = []
+        self.recorded: list[FactRecord] = []
+        self.events: list[EventDraft] = []
+        self.replies: list[str] = []
+        self.signal = CancellationSignal()
+        self._step_count = 0
+
+    def next_step_id(self) -> str:
+        """A step ID unique in the thread: the turn ID and the step's number in it."""
+        self._step_count += 1
+        return f"{self.scope.turn_id}#{self._step_count}"
+
+    def emit(self, type: str, payload: Any) -> None:
+        self.events.append(EventDraft(type, payload))
+
+    def open_interaction(self, item: AgendaItem, interaction: Interaction) -> None:
+        """Make ``interaction`` the active one; a pending one is superseded."""
+        if self.interaction is not None:
+            self.close_interaction("superseded")
+        self.agenda.append(item)
+        self.interaction = interaction
+        self.emit(
+            "interaction.opened",
+            {
+                "interaction_id": interaction.id,
+                "kind": interaction.kind,
+                "capability_id": interaction.capability_id,
+                "step_id": interaction.step_id,
+                "prompt": interaction.prompt,
+            },
+        )
+
+    def close_interaction(self, resolution: str) -> AgendaItem | None:
+        """Resolve the active interaction and take its planned operation off the agenda."""
+        active = self.interaction
+        if active is None:
+            return None
+        item = next((a for a in self.agenda if a.interaction_id == active.id), None)
+        self.agenda = [a for a in self.agenda if a.interaction_id != active.id]
+        self.interaction = None
+        self.emit(
+            "interaction.resolved",
+            {
+                "interaction_id": active.id,
+                "capability_id": active.capability_id,
+                "step_id": active.step_id,
+                "resolution": resolution,
+            },
+        )
+        return item
+
+    @staticmethod
+    def new_interaction_id() -> str:
+        return "ix_" + uuid.uuid4().hex

@@ -1,0 +1,9 @@
+"""Testing kit: the in-memory adapter, a scripted interpreter, and the adapter
+conformance suite (:mod:`intention_kernel.testing.conformance`)."""
+
+from __future__ import annotations
+
+from intention_kernel.durability.memory import InMemoryDurability
+from intention_kernel.testing.scripted import ScriptedInterpreter
+
+__all__ = ["InMemoryDurability", "ScriptedInterpreter"]

@@ -1,0 +1,161 @@
+"""The turn boundary: what goes into a durable turn and what comes out of it.
+
+``TurnScope`` names the turn (thread, turn ID, tenant); ``TurnCommit`` is what
+an operation hands back to the adapter to commit atomically (result, next
+checkpoint, outbox events); ``TurnResult`` is what the caller sees, the same on
+a replay except for ``replayed=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import pydantic
+
+from intention_kernel.checkpoint import Interaction, KernelCheckpoint
+from intention_kernel.errors import CorruptRecordError
+from intention_kernel.facts import FactRecord
+
+__all__ = [
+    "EventDraft",
+    "OutboxEvent",
+    "StepResult",
+    "StepStatus",
+    "TurnCommit",
+    "TurnResult",
+    "TurnScope",
+    "decode_result",
+    "encode_result",
+    "request_digest",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnScope:
+    """Identity of one turn.
+
+    ``request_digest`` (set by the kernel) is stored with the committed result;
+    a later delivery of the same ``turn_id`` with another digest is refused with
+    ``TurnConflictError`` instead of being answered with this request's result.
+    """
+
+    thread_id: str
+    turn_id: str
+    tenant_id: str | None = None
+    request_digest: str | None = None
+
+
+class StepStatus(StrEnum):
+    """Outcome of one agenda item in a turn. Compares equal to its string value."""
+
+    COMPLETED = "completed"
+    AWAITING_CONFIRMATION = "awaiting_confirmation"
+    REJECTED = "rejected"
+    FAILED = "failed"
+    UNCERTAIN = "uncertain"
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One executed or planned agenda item of a turn."""
+
+    step_id: str
+    capability_id: str
+    status: StepStatus
+    value: Any = None
+    error: str | None = None
+    receipt_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """What a turn returns. A replay returns the stored result with ``replayed=True``."""
+
+    thread_id: str
+    turn_id: str
+    replayed: bool
+    reply: str
+    interaction: Interaction | None = None
+    steps: tuple[StepResult, ...] = ()
+    facts: tuple[FactRecord, ...] = ()
+    checkpoint_version: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-compatible dict; :meth:`from_dict` reverses it."""
+        result: dict[str, Any] = _RESULT.dump_python(self, mode="json")
+        return result
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TurnResult:
+        return _RESULT.validate_python(data)
+
+
+@dataclass(frozen=True, slots=True)
+class EventDraft:
+    """An outbox event produced by a turn, before the adapter numbers it."""
+
+    type: str
+    payload: Any = None
+    id: str = field(default_factory=lambda: "evt_" + uuid.uuid4().hex)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEvent:
+    """A committed outbox event.
+
+    ``id`` is unique (for consumer dedupe); ``position`` increases in commit
+    order across all threads (a relay's cursor); ``seq`` orders events within
+    a thread. ``turn_id`` is ``None`` for operator actions.
+    """
+
+    id: str
+    position: int
+    thread_id: str
+    turn_id: str | None
+    seq: int
+    type: str
+    payload: Any
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCommit:
+    """What an operation returns to ``with_turn``: committed together, or not at all."""
+
+    result: TurnResult
+    checkpoint: KernelCheckpoint
+    events: Sequence[EventDraft] = ()
+
+
+_RESULT: pydantic.TypeAdapter[TurnResult] = pydantic.TypeAdapter(TurnResult)
+
+
+def encode_result(result: TurnResult) -> str:
+    return _RESULT.dump_json(result).decode()
+
+
+def decode_result(text: str | bytes, *, replayed: bool, thread_id: str | None = None) -> TurnResult:
+    try:
+        result = _RESULT.validate_json(text)
+    except pydantic.ValidationError as exc:
+        raise CorruptRecordError(
+            f"stored turn result of thread {thread_id!r} cannot be decoded: "
+            f"{exc.errors()[0]['msg']}",
+            thread_id=thread_id,
+        ) from exc
+    return replace(result, replayed=replayed) if result.replayed != replayed else result
+
+
+def request_digest(message: str | None, answer: dict[str, Any] | None) -> str:
+    """A stable digest of what was asked in a turn, stored with its result."""
+    canonical = json.dumps(
+        {"message": message, "answer": answer}, sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
