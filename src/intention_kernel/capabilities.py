@@ -16,6 +16,7 @@ checks it. The handler's first parameter may be annotated with a pydantic model
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -240,7 +241,9 @@ def capability(
         errors: list[str] = []
         if not inspect.iscoroutinefunction(handler):
             errors.append(f"{id}: the handler must be an async function")
-        model, problem = _input_model(handler)
+        # String annotations (``from __future__ import annotations``) may name a model
+        # defined in the enclosing function; resolve them where the decorator is applied.
+        model, problem = _input_model(handler, sys._getframe(1).f_locals)
         if problem:
             errors.append(f"{id}: {problem}")
         doc = inspect.getdoc(handler) or ""
@@ -258,7 +261,9 @@ def capability(
     return decorate
 
 
-def _input_model(handler: Handler) -> tuple[type[pydantic.BaseModel] | None, str | None]:
+def _input_model(
+    handler: Handler, localns: Mapping[str, Any]
+) -> tuple[type[pydantic.BaseModel] | None, str | None]:
     params = list(inspect.signature(handler).parameters.values())
     if len(params) != 2:
         return None, "the handler must take exactly (input, ctx)"
@@ -267,7 +272,8 @@ def _input_model(handler: Handler) -> tuple[type[pydantic.BaseModel] | None, str
         return None, None
     if isinstance(annotation, str):
         try:
-            annotation = typing.get_type_hints(handler).get(params[0].name, annotation)
+            hints = typing.get_type_hints(handler, localns=dict(localns))
+            annotation = hints.get(params[0].name, annotation)
         except Exception as exc:
             return None, f"cannot resolve the input annotation {annotation!r}: {exc}"
     origin = typing.get_origin(annotation) or annotation

@@ -19,9 +19,12 @@ from intention_kernel.durability.base import dump_value
 from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
 from intention_kernel.errors import (
     CapabilityError,
+    CheckpointError,
     EffectNotAppliedError,
     EffectUncertainError,
     EffectUsageError,
+    FencedCommitError,
+    StoreError,
 )
 from intention_kernel.facts import Evidence, FactRecord, FactRef
 from intention_kernel.interpretation import Answer
@@ -29,6 +32,10 @@ from intention_kernel.runtime.state import TurnState
 from intention_kernel.turns import EventDraft, StepResult, StepStatus
 
 __all__ = ["execute"]
+
+# Failures of the store, not of the step: they abort the turn instead of becoming a
+# failed step, so a broken or corrupted store never gets a turn committed on top of it.
+_STORE_FAILURES = (StoreError, CheckpointError, FencedCommitError)
 
 
 async def execute(
@@ -57,6 +64,8 @@ async def execute(
     except asyncio.CancelledError:
         state.signal.cancel("the turn was cancelled")
         raise
+    except _STORE_FAILURES:
+        raise  # the store itself failed: abandon the turn, commit nothing
     except EffectUncertainError as exc:
         result = step.finish(StepStatus.UNCERTAIN, error=_describe(exc))
     except (EffectNotAppliedError, CapabilityError) as exc:

@@ -1,0 +1,813 @@
+"""The adapter conformance suite: one test per rule of "Durability and effects".
+
+Every durability adapter, bundled or third-party, proves itself by running this
+suite. Subclass :class:`DurabilityConformance` in a pytest module and provide
+the ``make_durability`` fixture (a factory returning a *new, unopened* adapter
+on the same store each time it is called)::
+
+    from intention_kernel.testing.conformance import DurabilityConformance
+
+    class TestMyAdapter(DurabilityConformance):
+        @pytest.fixture
+        def make_durability(self, tmp_path):
+            return lambda: MyAdapter(tmp_path / "store")
+
+Optionally provide ``tamper`` (see :class:`Tamper`) so the bad-row tests can
+write raw bytes into the store. Set ``persistent = False`` for adapters whose
+state does not outlive the instance (the restart tests then skip). The suite
+needs pytest-asyncio with ``asyncio_mode = "auto"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, Protocol
+
+import pytest
+
+from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint, encode_checkpoint
+from intention_kernel.durability import Durability, TurnTransaction
+from intention_kernel.effects import EffectAuthority, ReceiptStatus
+from intention_kernel.errors import (
+    CheckpointCompatibilityError,
+    CorruptRecordError,
+    EffectUncertainError,
+    KernelError,
+    ReceiptNotFoundError,
+    ReceiptStateError,
+    TenantMismatchError,
+    TurnConflictError,
+)
+from intention_kernel.interpretation import Answer
+from intention_kernel.kernel import Kernel
+from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.turns import StepStatus, TurnCommit, TurnResult, TurnScope
+
+__all__ = ["DurabilityConformance", "Tamper"]
+
+
+class Tamper(Protocol):
+    """Raw access to an adapter's store, for tests of corrupted and foreign rows."""
+
+    async def write_checkpoint_text(self, thread_id: str, text: str) -> None:
+        """Overwrite the stored checkpoint document of an existing thread."""
+        ...
+
+    async def write_receipt_status(self, thread_id: str, key: str, status: str) -> None:
+        """Overwrite the stored status of an existing receipt, bypassing any check."""
+        ...
+
+
+class DurabilityConformance:
+    """Subclass and provide ``make_durability``; see the module docstring."""
+
+    #: State outlives the adapter instance (reopening the store sees it).
+    persistent: ClassVar[bool] = True
+
+    # -- fixtures the subclass provides -------------------------------------------------------
+
+    @pytest.fixture
+    def make_durability(self) -> Callable[[], Durability]:
+        pytest.fail("subclass DurabilityConformance and provide a make_durability fixture")
+
+    @pytest.fixture
+    def tamper(self, durability: Durability) -> Tamper | None:
+        return None
+
+    # -- fixtures of the suite ----------------------------------------------------------------
+
+    @pytest.fixture
+    async def durability(
+        self, make_durability: Callable[[], Durability]
+    ) -> AsyncIterator[Durability]:
+        async with make_durability() as durability:
+            yield durability
+
+    @pytest.fixture
+    def provider(self) -> FakeProvider:
+        return FakeProvider()
+
+    @pytest.fixture
+    def kernel(self, durability: Durability, provider: FakeProvider) -> Kernel:
+        return Kernel(billing_agent(provider), durability)
+
+    # =========================================================================================
+    # Turn boundary: serialize, load, replay, effects, atomic commit
+    # =========================================================================================
+
+    async def test_concurrent_turns_on_one_thread_are_serialized(
+        self, durability: Durability
+    ) -> None:
+        inside = 0
+        overlaps = 0
+
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            nonlocal inside, overlaps
+            inside += 1
+            overlaps += inside > 1
+            await asyncio.sleep(0.005)
+            inside -= 1
+            return _commit(tx)
+
+        scopes = [TurnScope("t", f"turn-{i}") for i in range(8)]
+        results = await asyncio.gather(*(durability.with_turn(s, operation) for s in scopes))
+        assert overlaps == 0
+        assert sorted(r.checkpoint_version for r in results) == list(range(1, 9))
+
+    async def test_each_turn_loads_the_latest_checkpoint(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        await kernel.turn("t", "1", "balance 10")
+        await kernel.turn("t", "2", "balance 20")
+        result = await kernel.turn("t", "3", "balance 30")
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None
+        assert result.checkpoint_version == checkpoint.version == 3
+        assert checkpoint.facts["balance"].version == 3
+        assert checkpoint.facts["balance"].value == 30
+
+    async def test_committed_turn_replays_its_result_without_running_anything(
+        self, kernel: Kernel, provider: FakeProvider
+    ) -> None:
+        await kernel.turn("t", "1", "charge pi_1 500")
+        first = await kernel.turn("t", "2", "yes")
+        interpreter = kernel.agent.interpreter
+        calls_before = len(interpreter.calls)  # type: ignore[attr-defined]
+        again = await kernel.turn("t", "2", "yes")
+        assert again.replayed is True and first.replayed is False
+        assert again.to_dict() | {"replayed": False} == first.to_dict()
+        assert len(interpreter.calls) == calls_before  # type: ignore[attr-defined]
+        assert provider.calls() == 1
+
+    async def test_replay_does_not_load_the_checkpoint_even_after_the_agent_changed(
+        self, durability: Durability, provider: FakeProvider
+    ) -> None:
+        old = Kernel(billing_agent(provider, version="1"), durability)
+        first = await old.turn("t", "1", "balance")
+        new = Kernel(billing_agent(provider, version="2"), durability)
+        replayed = await new.turn("t", "1", "balance")
+        assert replayed.replayed and replayed.reply == first.reply
+        with pytest.raises(CheckpointCompatibilityError):
+            await new.turn("t", "2", "balance")
+
+    async def test_same_turn_id_with_a_different_request_is_refused(self, kernel: Kernel) -> None:
+        await kernel.turn("t", "1", "balance")
+        with pytest.raises(TurnConflictError) as caught:
+            await kernel.turn("t", "1", "charge pi_1 500")
+        assert caught.value.turn_id == "1"
+        with pytest.raises(TurnConflictError):
+            await kernel.turn("t", "1", answer="accept")
+
+    async def test_new_turn_id_for_the_same_message_is_a_new_turn(self, kernel: Kernel) -> None:
+        first = await kernel.turn("t", "delivery-1", "balance")
+        second = await kernel.turn("t", "delivery-1-retry-with-new-id", "balance")
+        assert not second.replayed
+        assert second.checkpoint_version == first.checkpoint_version + 1
+
+    async def test_concurrent_deliveries_of_one_turn_commit_once(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        results = await asyncio.gather(*(kernel.turn("t", "same", "balance") for _ in range(5)))
+        assert sorted(r.replayed for r in results) == [False, True, True, True, True]
+        assert len({json.dumps(r.to_dict() | {"replayed": 0}) for r in results}) == 1
+        committed = [e for e in await durability.read_outbox() if e.type == "turn.committed"]
+        assert len(committed) == 1
+
+    async def test_a_turn_that_fails_before_commit_leaves_nothing(
+        self, durability: Durability
+    ) -> None:
+        class Boom(Exception):
+            pass
+
+        async def failing(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("k", lambda a: {"ok": True}, step_id="s1")
+            raise Boom
+
+        with pytest.raises(Boom):
+            await durability.with_turn(TurnScope("t", "1"), failing)
+        assert await durability.load_checkpoint("t") is None
+        assert await durability.read_outbox() == []
+        # The same turn runs again, and the completed effect is not repeated.
+        calls: list[str] = []
+
+        def provider_call(authority: EffectAuthority) -> Any:
+            calls.append(authority.key)
+            return {"ok": 2}
+
+        async def succeeding(tx: TurnTransaction) -> TurnCommit:
+            effect = await tx.run_effect("k", provider_call, step_id="s1")
+            assert effect.value == {"ok": True}
+            return _commit(tx)
+
+        result = await durability.with_turn(TurnScope("t", "1"), succeeding)
+        assert result.checkpoint_version == 1 and calls == []
+
+    async def test_result_checkpoint_and_events_commit_together(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        result = await kernel.turn("t", "1", "balance 7")
+        checkpoint = await durability.load_checkpoint("t")
+        events = await durability.read_outbox(thread_id="t")
+        assert checkpoint is not None and checkpoint.version == result.checkpoint_version
+        assert [e.type for e in events] == ["fact.recorded", "turn.committed"]
+        assert {e.turn_id for e in events} == {"1"}
+        assert events[-1].payload["version"] == 1
+
+    async def test_result_round_trips_through_json(self, kernel: Kernel) -> None:
+        await kernel.turn("t", "1", "balance")
+        result = await kernel.turn("t", "2", "charge pi_1 500")
+        encoded = json.loads(json.dumps(result.to_dict()))
+        assert TurnResult.from_dict(encoded) == result
+        assert encoded["steps"][0]["status"] == "awaiting_confirmation"
+
+    # =========================================================================================
+    # Durable external effects
+    # =========================================================================================
+
+    async def test_effect_key_is_prefixed_with_the_capability_id(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        [authority] = provider.authorities
+        assert authority.key == authority.idempotency_key == "payments.charge:charge:pi_1"
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.key == authority.key and receipt.id == authority.receipt_id
+        assert receipt.status == "completed"  # statuses are str enums
+
+    async def test_same_effect_key_in_a_later_turn_returns_the_original_without_calling(
+        self, kernel: Kernel, provider: FakeProvider
+    ) -> None:
+        await kernel.turn("t", "1", "charge pi_1 500")
+        first = await kernel.turn("t", "2", "yes")
+        await kernel.turn("t", "3", "charge pi_1 500")
+        second = await kernel.turn("t", "4", "yes")
+        assert provider.calls() == 1
+        assert second.steps[0].value == first.steps[0].value
+        assert second.steps[0].receipt_ids == first.steps[0].receipt_ids
+
+    async def test_a_distinct_business_operation_uses_a_distinct_key(
+        self, kernel: Kernel, provider: FakeProvider
+    ) -> None:
+        for turn, pi in (("1", "pi_1"), ("3", "pi_2")):
+            await kernel.turn("t", turn, f"charge {pi} 500")
+            await kernel.turn("t", str(int(turn) + 1), "yes")
+        assert provider.ledger == ["payments.charge:charge:pi_1", "payments.charge:charge:pi_2"]
+
+    async def test_effect_keys_are_deduplicated_per_thread(
+        self, kernel: Kernel, provider: FakeProvider
+    ) -> None:
+        for thread in ("a", "b"):
+            await kernel.turn(thread, "1", "charge pi_1 500")
+            await kernel.turn(thread, "2", "yes")
+        assert provider.calls("payments.charge:charge:pi_1") == 2
+
+    async def test_turn_and_step_ids_are_receipt_metadata_not_part_of_the_key(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        await kernel.turn("t", "propose", "charge pi_1 500")
+        result = await kernel.turn("t", "accept", "yes")
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.turn_id == "accept"
+        assert receipt.step_id == result.steps[0].step_id
+        assert "accept" not in receipt.key and receipt.step_id not in receipt.key
+
+    async def test_preparation_is_durable_before_the_provider_is_called(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "block"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        running = asyncio.create_task(kernel.turn("t", "2", "yes"))
+        await asyncio.wait_for(provider.entered.wait(), 5)
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "prepared" and receipt.attempt == 1
+        provider.released.set()
+        result = await running
+        assert result.steps[0].status == StepStatus.COMPLETED
+
+    async def test_an_exception_after_the_write_makes_the_receipt_uncertain(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        result = await kernel.turn("t", "2", "yes")
+        [step] = result.steps
+        assert step.status == "uncertain"
+        assert "EffectUncertainError" in (step.error or "")
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == ReceiptStatus.UNCERTAIN
+        assert "TimeoutError" in (receipt.error or "")
+        types = [e.type for e in await durability.read_outbox(thread_id="t")]
+        assert "effect.uncertain" in types and "effect.completed" not in types
+        assert provider.calls() == 1
+
+    async def test_an_uncertain_receipt_is_not_retried(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        provider.behaviour["pi_1"] = "ok"
+        await kernel.turn("t", "3", "charge pi_1 500")
+        retry = await kernel.turn("t", "4", "yes")
+        assert retry.steps[0].status == StepStatus.UNCERTAIN
+        assert provider.calls() == 1
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "uncertain" and receipt.attempt == 1
+
+    async def test_not_applied_records_failed_and_permits_a_retry(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "not_applied"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        failed = await kernel.turn("t", "2", "yes")
+        assert failed.steps[0].status == StepStatus.FAILED
+        assert "EffectNotAppliedError" in (failed.steps[0].error or "")
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "failed"
+        provider.behaviour["pi_1"] = "ok"
+        await kernel.turn("t", "3", "charge pi_1 500")
+        retried = await kernel.turn("t", "4", "yes")
+        assert retried.steps[0].status == StepStatus.COMPLETED
+        [again] = await durability.list_receipts(thread_id="t")
+        assert again.status == "completed" and again.attempt == 2 and again.id == receipt.id
+        assert provider.calls() == 1
+        types = [e.type for e in await durability.read_outbox(thread_id="t")]
+        assert types.count("effect.failed") == 1 and types.count("effect.completed") == 1
+
+    async def test_a_prepared_receipt_of_an_attempt_that_died_becomes_uncertain(
+        self, durability: Durability
+    ) -> None:
+        class ProcessDied(BaseException):
+            """Stands in for the process dying while the provider call runs."""
+
+        def dies(authority: EffectAuthority) -> Any:
+            raise ProcessDied
+
+        async def first(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("k", dies, step_id="s1")
+            raise AssertionError("unreachable")
+
+        with pytest.raises(ProcessDied):
+            await durability.with_turn(TurnScope("t", "1"), first)
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "prepared"
+        called: list[str] = []
+
+        async def retry(tx: TurnTransaction) -> TurnCommit:
+            with pytest.raises(EffectUncertainError) as caught:
+                await tx.run_effect("k", lambda a: called.append("x"), step_id="s1")
+            assert caught.value.receipt is not None
+            assert caught.value.receipt.status == "uncertain"
+            return _commit(tx)
+
+        await durability.with_turn(TurnScope("t", "1"), retry)
+        assert called == []
+        [after] = await durability.list_receipts(thread_id="t")
+        assert after.status == "uncertain"
+
+    async def test_cancellation_during_the_provider_call_makes_the_receipt_uncertain(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "block"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        running = asyncio.create_task(kernel.turn("t", "2", "yes"))
+        await asyncio.wait_for(provider.entered.wait(), 5)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "uncertain" and "CancelledError" in (receipt.error or "")
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None and checkpoint.version == 1  # the turn did not commit
+        retry = await kernel.turn("t", "2", "yes")
+        assert retry.steps[0].status == StepStatus.UNCERTAIN
+        assert provider.calls() == 0
+
+    async def test_a_value_that_cannot_be_stored_fails_closed(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "unstorable"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        result = await kernel.turn("t", "2", "yes")
+        assert result.steps[0].status == StepStatus.UNCERTAIN
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "uncertain" and "JSON" in (receipt.error or "")
+
+    async def test_a_read_capability_cannot_run_effects(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        result = await kernel.turn("t", "1", "peek")
+        assert result.steps[0].status == StepStatus.FAILED
+        assert "read capability" in (result.steps[0].error or "")
+        assert provider.ledger == [] and await durability.list_receipts() == []
+
+    async def test_resolving_an_uncertain_receipt_as_applied_returns_its_value_later(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        key = "payments.charge:charge:pi_1"
+        resolved = await durability.resolve_receipt(
+            "t",
+            key,
+            applied=True,
+            value={"charge_id": "ch_found"},
+            note="seen in dashboard",
+            actor="ops@example.com",
+        )
+        assert resolved.status == "completed" and resolved.value == {"charge_id": "ch_found"}
+        assert resolved.resolution is not None and resolved.resolution.actor == "ops@example.com"
+        events = await durability.read_outbox(thread_id="t")
+        assert events[-1].type == "receipt.resolved" and events[-1].turn_id is None
+        await kernel.turn("t", "3", "charge pi_1 500")
+        later = await kernel.turn("t", "4", "yes")
+        assert later.steps[0].status == StepStatus.COMPLETED
+        assert later.steps[0].value == {"charge_id": "ch_found"}
+        assert provider.calls() == 1
+
+    async def test_resolving_an_uncertain_receipt_as_not_applied_permits_a_retry(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        await durability.resolve_receipt("t", "payments.charge:charge:pi_1", applied=False)
+        provider.behaviour["pi_1"] = "ok"
+        await kernel.turn("t", "3", "charge pi_1 500")
+        later = await kernel.turn("t", "4", "yes")
+        assert later.steps[0].status == StepStatus.COMPLETED
+        assert provider.calls() == 2
+
+    async def test_only_uncertain_receipts_can_be_resolved(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        events_before = await durability.read_outbox()
+        with pytest.raises(ReceiptStateError):
+            await durability.resolve_receipt("t", "payments.charge:charge:pi_1", applied=False)
+        with pytest.raises(ReceiptNotFoundError):
+            await durability.resolve_receipt("t", "payments.charge:charge:nope", applied=True)
+        [receipt] = await durability.list_receipts()
+        assert receipt.status == "completed"
+        assert await durability.read_outbox() == events_before
+
+    async def test_list_receipts_filters_by_thread_and_status(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_2"] = "lost_response"
+        for thread, pi in (("a", "pi_1"), ("b", "pi_2")):
+            await kernel.turn(thread, "1", f"charge {pi} 500")
+            await kernel.turn(thread, "2", "yes")
+        assert [r.thread_id for r in await durability.list_receipts()] == ["a", "b"]
+        assert [r.thread_id for r in await durability.list_receipts(status="uncertain")] == ["b"]
+        assert [
+            r.key for r in await durability.list_receipts(thread_id="a", status="completed")
+        ] == ["payments.charge:charge:pi_1"]
+
+    # =========================================================================================
+    # Confirmation
+    # =========================================================================================
+
+    async def test_a_required_write_is_not_executed_in_the_proposing_turn(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        result = await kernel.turn("t", "1", "charge pi_1 500")
+        assert provider.calls() == 0
+        assert result.steps[0].status == StepStatus.AWAITING_CONFIRMATION
+        interaction = result.interaction
+        assert interaction is not None and interaction.kind == "confirmation"
+        assert interaction.capability_id == "payments.charge"
+        assert interaction.input == {"payment_intent_id": "pi_1", "amount": 500}
+        assert interaction.prompt == "Charge 500 to pi_1?" and interaction.prompt in result.reply
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None and checkpoint.interaction == interaction
+        [item] = checkpoint.agenda
+        assert item.interaction_id == interaction.id and item.input == interaction.input
+        assert await durability.list_receipts() == []
+
+    async def test_an_accepted_answer_runs_exactly_the_stored_operation(
+        self, kernel: Kernel, provider: FakeProvider
+    ) -> None:
+        proposed = await kernel.turn("t", "1", "charge pi_1 500")
+        assert proposed.interaction is not None
+        accepted = await kernel.turn("t", "2", answer=Answer(proposed.interaction.id, "accept"))
+        [step] = accepted.steps
+        assert step.status == StepStatus.COMPLETED
+        assert step.step_id == proposed.steps[0].step_id
+        assert step.value["amount"] == 500
+        assert accepted.interaction is None and provider.calls() == 1
+
+    async def test_a_rejected_answer_cancels_the_operation(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        await kernel.turn("t", "1", "charge pi_1 500")
+        rejected = await kernel.turn("t", "2", "no")
+        assert rejected.steps[0].status == "rejected"
+        assert rejected.interaction is None and provider.calls() == 0
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None and checkpoint.agenda == () and checkpoint.interaction is None
+        again = await kernel.turn("t", "3", "yes")
+        assert again.steps == () and provider.calls() == 0
+
+    async def test_an_unrelated_question_is_answered_while_confirmation_is_pending(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        proposed = await kernel.turn("t", "1", "charge pi_1 500")
+        question = await kernel.turn("t", "2", "balance 99")
+        assert question.steps[0].status == StepStatus.COMPLETED
+        assert question.interaction == proposed.interaction
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None
+        assert checkpoint.interaction == proposed.interaction and len(checkpoint.agenda) == 1
+        assert checkpoint.facts["balance"].value == 99
+        accepted = await kernel.turn("t", "3", "yes")
+        assert accepted.steps[0].status == StepStatus.COMPLETED and provider.calls() == 1
+
+    async def test_an_answer_naming_another_interaction_runs_nothing(
+        self, kernel: Kernel, provider: FakeProvider
+    ) -> None:
+        proposed = await kernel.turn("t", "1", "charge pi_1 500")
+        refused = await kernel.turn("t", "2", answer=Answer("ix_other", "accept"))
+        assert refused.steps == () and provider.calls() == 0
+        assert "ix_other" in refused.reply and "nothing was done" in refused.reply
+        assert refused.interaction == proposed.interaction
+
+    async def test_an_answer_with_nothing_pending_runs_nothing(
+        self, kernel: Kernel, provider: FakeProvider
+    ) -> None:
+        result = await kernel.turn("t", "1", "yes and balance")
+        assert result.steps == () and "nothing" in result.reply.lower()
+        assert provider.calls() == 0
+
+    async def test_a_new_required_write_supersedes_the_pending_one(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        first = await kernel.turn("t", "1", "charge pi_1 500")
+        second = await kernel.turn("t", "2", "charge pi_2 700")
+        assert first.interaction is not None and second.interaction is not None
+        assert second.interaction.id != first.interaction.id
+        resolved = [
+            e.payload
+            for e in await durability.read_outbox(thread_id="t")
+            if e.type == "interaction.resolved"
+        ]
+        assert resolved == [
+            {
+                "interaction_id": first.interaction.id,
+                "capability_id": "payments.charge",
+                "step_id": first.steps[0].step_id,
+                "resolution": "superseded",
+            }
+        ]
+        await kernel.turn("t", "3", "yes")
+        assert provider.ledger == ["payments.charge:charge:pi_2"]
+
+    async def test_replaying_the_accepting_turn_runs_nothing_again(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        events = await durability.read_outbox()
+        for _ in range(3):
+            assert (await kernel.turn("t", "2", "yes")).replayed
+        assert provider.calls() == 1 and await durability.read_outbox() == events
+
+    async def test_a_pending_confirmation_survives_a_restart(
+        self, make_durability: Callable[[], Durability], provider: FakeProvider
+    ) -> None:
+        if not self.persistent:
+            pytest.skip("this adapter keeps no state across instances")
+        async with make_durability() as before:
+            proposed = await Kernel(billing_agent(provider), before).turn(
+                "t", "1", "charge pi_1 500"
+            )
+        async with make_durability() as after:
+            kernel = Kernel(billing_agent(provider), after)
+            accepted = await kernel.turn("t", "2", "yes")
+            assert accepted.steps[0].step_id == proposed.steps[0].step_id
+            assert accepted.steps[0].status == StepStatus.COMPLETED
+            assert (await kernel.turn("t", "2", "yes")).replayed
+        assert provider.calls() == 1
+
+    async def test_capability_mode_runs_then_validates_the_answer_before_writing(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        proposed = await kernel.turn("t", "1", "refund pi_1 100")
+        assert proposed.steps[0].status == StepStatus.AWAITING_CONFIRMATION
+        assert proposed.interaction is not None and proposed.interaction.kind == "capability"
+        assert proposed.interaction.details == {"amount": 100}
+        assert provider.calls() == 0
+        accepted = await kernel.turn("t", "2", "yes")
+        assert accepted.steps[0].status == StepStatus.COMPLETED
+        assert accepted.reply == "Refunded 100."
+        assert provider.ledger == ["payments.refund:refund:pi_1"]
+        await kernel.turn("t", "3", "refund pi_2 50")
+        declined = await kernel.turn("t", "4", "no")
+        assert declined.steps[0].status == StepStatus.COMPLETED
+        assert declined.reply == "Refund cancelled." and provider.calls() == 1
+
+    # =========================================================================================
+    # Checkpoint contents and compatibility
+    # =========================================================================================
+
+    async def test_checkpoint_holds_bounded_messages_facts_with_lineage_and_receipts(
+        self, durability: Durability, provider: FakeProvider
+    ) -> None:
+        kernel = Kernel(billing_agent(provider, max_messages=4), durability)
+        await kernel.turn("t", "1", "balance 500")
+        proposed = await kernel.turn("t", "2", "charge pi_1 500")
+        accepted = await kernel.turn("t", "3", "yes")
+        checkpoint = await durability.load_checkpoint("t")
+        assert isinstance(checkpoint, KernelCheckpoint)
+        assert checkpoint.schema_revision == SCHEMA_REVISION
+        assert checkpoint.agent_fingerprint == kernel.fingerprint
+        assert [m.turn_id for m in checkpoint.messages] == ["2", "2", "3", "3"]
+        charge = checkpoint.facts["charge.pi_1"]
+        assert charge.version == 1
+        evidence = charge.evidence
+        assert evidence.capability_id == "payments.charge"
+        assert (evidence.turn_id, evidence.step_id) == ("3", proposed.steps[0].step_id)
+        assert evidence.receipt_ids == accepted.steps[0].receipt_ids != ()
+        assert [(r.key, r.version) for r in evidence.derived_from] == [("balance", 1)]
+        assert [r.key for r in checkpoint.receipts] == ["payments.charge:charge:pi_1"]
+        assert accepted.facts == (charge,)
+
+    async def test_a_checkpoint_of_a_foreign_agent_is_refused_unless_declared_compatible(
+        self, durability: Durability, provider: FakeProvider
+    ) -> None:
+        v1 = Kernel(billing_agent(provider, version="1"), durability)
+        await v1.turn("t", "1", "balance")
+        v2 = Kernel(billing_agent(provider, version="2"), durability)
+        assert v2.fingerprint != v1.fingerprint
+        with pytest.raises(CheckpointCompatibilityError) as caught:
+            await v2.turn("t", "2", "balance")
+        assert caught.value.fingerprint == v1.fingerprint
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None and checkpoint.version == 1
+        v2_ok = Kernel(
+            billing_agent(provider, version="2", compatible_fingerprints=[v1.fingerprint]),
+            durability,
+        )
+        upgraded = await v2_ok.turn("t", "2", "balance")
+        assert upgraded.checkpoint_version == 2
+        stored = await durability.load_checkpoint("t")
+        assert stored is not None and stored.agent_fingerprint == v2_ok.fingerprint
+
+    async def test_a_checkpoint_of_a_newer_schema_revision_is_refused(
+        self, kernel: Kernel, durability: Durability, tamper: Tamper | None
+    ) -> None:
+        if tamper is None:
+            pytest.skip("this adapter provides no tamper fixture")
+        await kernel.turn("t", "1", "balance")
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None
+        document = json.loads(encode_checkpoint(checkpoint))
+        document["schema_revision"] = SCHEMA_REVISION + 1
+        await tamper.write_checkpoint_text("t", json.dumps(document))
+        events = await durability.read_outbox()
+        with pytest.raises(CheckpointCompatibilityError) as caught:
+            await kernel.turn("t", "2", "balance")
+        assert caught.value.schema_revision == SCHEMA_REVISION + 1
+        assert await durability.read_outbox() == events
+        assert (await kernel.turn("t", "1", "balance")).replayed  # replay needs no checkpoint
+
+    async def test_a_corrupted_checkpoint_row_is_a_typed_error_and_changes_nothing(
+        self,
+        kernel: Kernel,
+        durability: Durability,
+        tamper: Tamper | None,
+        provider: FakeProvider,
+    ) -> None:
+        if tamper is None:
+            pytest.skip("this adapter provides no tamper fixture")
+        await kernel.turn("t", "1", "charge pi_1 500")
+        for garbage in ('{"schema_revision": 1, "version": "x"', "[]", '{"schema_revision": 1}'):
+            await tamper.write_checkpoint_text("t", garbage)
+            events = await durability.read_outbox()
+            with pytest.raises(CorruptRecordError) as caught:
+                await kernel.turn("t", "2", "yes")
+            assert caught.value.thread_id == "t"
+            assert await durability.read_outbox() == events
+        assert provider.calls() == 0 and await durability.list_receipts() == []
+
+    async def test_a_receipt_row_in_an_unknown_state_is_a_typed_error(
+        self,
+        kernel: Kernel,
+        durability: Durability,
+        tamper: Tamper | None,
+        provider: FakeProvider,
+    ) -> None:
+        if tamper is None:
+            pytest.skip("this adapter provides no tamper fixture")
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        await tamper.write_receipt_status("t", "payments.charge:charge:pi_1", "exploded")
+        with pytest.raises(CorruptRecordError):
+            await durability.list_receipts()
+        await kernel.turn("t", "3", "charge pi_1 500")
+        with pytest.raises(CorruptRecordError):
+            await kernel.turn("t", "4", "yes")
+        assert provider.calls() == 1
+
+    # =========================================================================================
+    # Bad input from the model or the caller
+    # =========================================================================================
+
+    async def test_invalid_capability_input_is_a_failed_step_and_writes_nothing(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        result = await kernel.turn("t", "1", "charge nope -5")
+        [step] = result.steps
+        assert step.status == StepStatus.FAILED
+        assert "payment_intent_id" in (step.error or "") and "amount" in (step.error or "")
+        assert result.interaction is None and provider.calls() == 0
+        assert await durability.list_receipts() == []
+
+    async def test_an_unknown_capability_is_a_failed_step_and_runs_nothing(
+        self, kernel: Kernel, provider: FakeProvider
+    ) -> None:
+        result = await kernel.turn("t", "1", "ghost and balance")
+        assert [s.status for s in result.steps] == [StepStatus.FAILED, StepStatus.COMPLETED]
+        assert "unknown capability 'billing.ghost'" in (result.steps[0].error or "")
+        assert provider.calls() == 0
+
+    async def test_ids_are_stored_verbatim_and_bad_ids_refused(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        odd = "thread/ü 'quoted\"; DROP TABLE x;--\n" + "x" * 400
+        result = await kernel.turn(odd, "turn\t✓", "balance")
+        assert (result.thread_id, result.turn_id) == (odd, "turn\t✓")
+        assert (await kernel.turn(odd, "turn\t✓", "balance")).replayed
+        assert await durability.load_checkpoint(odd) is not None
+        for bad in ("", "x" * 5000, "nul\x00byte"):
+            with pytest.raises(KernelError):
+                await kernel.turn(bad, "1", "balance")
+
+    async def test_a_thread_of_one_tenant_is_refused_to_another(self, kernel: Kernel) -> None:
+        await kernel.turn("t", "1", "balance", tenant_id="acme")
+        with pytest.raises(TenantMismatchError):
+            await kernel.turn("t", "2", "balance", tenant_id="globex")
+        with pytest.raises(TenantMismatchError):
+            await kernel.turn("t", "1", "balance", tenant_id="globex")
+        assert (await kernel.turn("t", "2", "balance", tenant_id="acme")).checkpoint_version == 2
+
+    # =========================================================================================
+    # Outbox
+    # =========================================================================================
+
+    async def test_outbox_events_exist_only_for_committed_turns_in_order(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        await kernel.turn("a", "1", "charge pi_1 500")
+        await kernel.turn("b", "1", "balance")
+        await kernel.turn("a", "2", "yes")
+        await kernel.turn("a", "2", "yes")  # a replay adds nothing
+        events = await durability.read_outbox()
+        positions = [e.position for e in events]
+        assert positions == sorted(positions) and len(set(positions)) == len(positions)
+        assert len({e.id for e in events}) == len(events)
+        for thread in ("a", "b"):
+            seqs = [e.seq for e in events if e.thread_id == thread]
+            assert seqs == list(range(1, len(seqs) + 1))
+        committed = [(e.thread_id, e.turn_id) for e in events if e.type == "turn.committed"]
+        assert committed == [("a", "1"), ("b", "1"), ("a", "2")]
+        accepted = [e.type for e in events if (e.thread_id, e.turn_id) == ("a", "2")]
+        assert accepted == [
+            "interaction.resolved",
+            "effect.completed",
+            "fact.recorded",
+            "billing.charged",
+            "turn.committed",
+        ]
+
+    async def test_read_outbox_pages_by_position_and_filters_by_thread(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        for i in range(3):
+            await kernel.turn("a", str(i), "balance")
+            await kernel.turn("b", str(i), "balance")
+        everything = await durability.read_outbox(limit=1000)
+        first = await durability.read_outbox(limit=4)
+        rest = await durability.read_outbox(after=first[-1].position, limit=1000)
+        assert first + rest == everything
+        only_b = await durability.read_outbox(thread_id="b", limit=1000)
+        assert only_b == [e for e in everything if e.thread_id == "b"]
+
+
+def _commit(tx: TurnTransaction) -> TurnCommit:
+    """A minimal valid commit for raw ``with_turn`` tests."""
+    previous = tx.checkpoint
+    version = (previous.version if previous else 0) + 1
+    checkpoint = KernelCheckpoint(
+        schema_revision=SCHEMA_REVISION, agent_fingerprint="sha256:raw", version=version
+    )
+    result = TurnResult(
+        tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
+    )
+    return TurnCommit(result, checkpoint, ())

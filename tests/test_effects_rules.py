@@ -1,0 +1,79 @@
+"""The receipt state machine, as pure rules (every adapter persists what these return)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from intention_kernel.effects import Receipt, ReceiptStatus, plan_effect, resolve, settle
+from intention_kernel.errors import ReceiptStateError
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _plan(existing: Receipt | None):  # type: ignore[no-untyped-def]
+    return plan_effect(existing, thread_id="t", key="k", turn_id="turn", step_id="s", now=NOW)
+
+
+def _receipt(status: ReceiptStatus, attempt: int = 1) -> Receipt:
+    return Receipt("r1", "t", "k", status, "old", "s0", attempt, created_at=NOW, updated_at=NOW)
+
+
+def test_no_receipt_prepares_a_first_attempt() -> None:
+    plan = _plan(None)
+    assert plan.outcome == "execute"
+    assert plan.write is not None and plan.write.status == "prepared" and plan.write.attempt == 1
+
+
+def test_completed_replays_without_writing() -> None:
+    plan = _plan(_receipt(ReceiptStatus.COMPLETED))
+    assert (plan.outcome, plan.write) == ("replay", None)
+
+
+def test_uncertain_fails_closed() -> None:
+    assert _plan(_receipt(ReceiptStatus.UNCERTAIN)).outcome == "fail_closed"
+
+
+def test_abandoned_prepared_becomes_uncertain_and_fails_closed() -> None:
+    plan = _plan(_receipt(ReceiptStatus.PREPARED))
+    assert plan.outcome == "fail_closed"
+    assert plan.write is not None and plan.write.status == "uncertain"
+
+
+def test_failed_retries_on_the_same_receipt_with_the_next_attempt() -> None:
+    plan = _plan(_receipt(ReceiptStatus.FAILED, attempt=2))
+    assert plan.outcome == "execute"
+    assert plan.write is not None
+    assert (plan.write.id, plan.write.attempt, plan.write.turn_id) == ("r1", 3, "turn")
+
+
+@pytest.mark.parametrize("outcome", ["completed", "failed", "uncertain"])
+def test_only_prepared_receipts_settle(outcome: str) -> None:
+    settled = settle(_receipt(ReceiptStatus.PREPARED), outcome, now=NOW, value=1)  # type: ignore[arg-type]
+    assert settled.status == outcome
+    assert settled.value == (1 if outcome == "completed" else None)
+    with pytest.raises(ReceiptStateError):
+        settle(settled, "completed", now=NOW)
+
+
+@pytest.mark.parametrize("status", [ReceiptStatus.COMPLETED, ReceiptStatus.FAILED])
+def test_settled_receipts_cannot_be_resolved(status: ReceiptStatus) -> None:
+    with pytest.raises(ReceiptStateError):
+        resolve(_receipt(status), applied=True, value=None, note=None, actor=None, now=NOW)
+
+
+def test_resolution_records_who_and_why() -> None:
+    done = resolve(
+        _receipt(ReceiptStatus.UNCERTAIN),
+        applied=True,
+        value={"x": 1},
+        note="n",
+        actor="a",
+        now=NOW,
+    )
+    assert done.status == "completed" and done.value == {"x": 1}
+    assert done.resolution is not None and (done.resolution.note, done.resolution.actor) == (
+        "n",
+        "a",
+    )

@@ -1,0 +1,235 @@
+"""The turn runtime: interpretation, steps and their failures, replies."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from intention_kernel import (
+    Agent,
+    Answer,
+    CapabilityContext,
+    CapabilityResult,
+    Fact,
+    Intent,
+    Interpretation,
+    InterpretationError,
+    InvalidRequestError,
+    Kernel,
+    Rule,
+    RuleInterpreter,
+    StepStatus,
+    capability,
+)
+from intention_kernel.interpretation import InterpretationRequest
+from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
+from intention_kernel.testing.agents import FakeProvider, billing_agent
+
+
+def _kernel(*caps: Any, script: Any) -> tuple[Kernel, InMemoryDurability]:
+    durability = InMemoryDurability()
+    agent = Agent("t", "1", list(caps), ScriptedInterpreter(script))
+    return Kernel(agent, durability), durability
+
+
+async def test_an_interpreter_that_raises_commits_nothing_and_can_be_retried() -> None:
+    attempts = 0
+
+    def flaky(request: InterpretationRequest) -> Interpretation:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            raise ConnectionError("model unavailable")
+        return Interpretation(reply="hello")
+
+    kernel, durability = _kernel(script=flaky)
+    with pytest.raises(InterpretationError, match="model unavailable"):
+        await kernel.turn("t", "1", "hi")
+    assert await durability.load_checkpoint("t") is None
+    assert await durability.read_outbox() == []
+    assert (await kernel.turn("t", "1", "hi")).reply == "hello"
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        None,
+        "accept",
+        {"intents": []},
+        Interpretation(intents="billing.balance"),  # type: ignore[arg-type]
+        Interpretation(intents=[{"capability_id": "x"}]),
+        Interpretation(answer="maybe"),
+    ],  # type: ignore[list-item, arg-type]
+)
+async def test_an_interpreter_returning_garbage_is_a_typed_error(garbage: Any) -> None:
+    kernel, durability = _kernel(script=lambda request: garbage)
+    with pytest.raises(InterpretationError):
+        await kernel.turn("t", "1", "hi")
+    assert await durability.load_checkpoint("t") is None
+
+
+async def test_malformed_requests_are_refused_before_anything_runs() -> None:
+    kernel, durability = _kernel(script={})
+    with pytest.raises(InvalidRequestError):
+        await kernel.turn("t", "1")
+    with pytest.raises(InvalidRequestError):
+        await kernel.turn("t", "1", answer="maybe")
+    with pytest.raises(InvalidRequestError, match="limit"):
+        await kernel.turn("t", "1", "x" * 40_000)
+    assert await durability.load_checkpoint("t") is None
+
+
+async def test_capability_exceptions_become_failed_steps_and_the_turn_commits() -> None:
+    @capability("x.boom")
+    async def boom(input: dict[str, Any], ctx: CapabilityContext) -> None:
+        ctx.emit("x.should_not_appear", {})
+        raise RuntimeError("kaput")
+
+    @capability("x.ok")
+    async def ok(input: dict[str, Any], ctx: CapabilityContext) -> int:
+        return 7
+
+    script = {"go": Interpretation(intents=[Intent("x.boom"), Intent("x.ok")])}
+    kernel, durability = _kernel(boom, ok, script=script)
+    result = await kernel.turn("t", "1", "go")
+    assert [(s.status, s.error) for s in result.steps] == [
+        (StepStatus.FAILED, "RuntimeError: kaput"),
+        (StepStatus.COMPLETED, None),
+    ]
+    assert result.steps[1].value == 7
+    types = [e.type for e in await durability.read_outbox()]
+    assert types == ["turn.committed"]
+
+
+async def test_unstorable_values_and_bad_lineage_fail_the_step_and_record_nothing() -> None:
+    @capability("x.weird")
+    async def weird(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        return CapabilityResult(value={1, 2})
+
+    @capability("x.orphan")
+    async def orphan(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        return CapabilityResult(facts=[Fact("a", 1), Fact("b", 2, derived_from=("missing",))])
+
+    script = {"go": Interpretation(intents=[Intent("x.weird"), Intent("x.orphan")])}
+    kernel, durability = _kernel(weird, orphan, script=script)
+    result = await kernel.turn("t", "1", "go")
+    assert [s.status for s in result.steps] == [StepStatus.FAILED, StepStatus.FAILED]
+    assert "JSON" in (result.steps[0].error or "")
+    assert "unknown fact 'missing'" in (result.steps[1].error or "")
+    checkpoint = await durability.load_checkpoint("t")
+    assert checkpoint is not None and checkpoint.facts == {} and result.facts == ()
+
+
+async def test_needs_confirmation_outside_capability_mode_is_a_failed_step() -> None:
+    @capability("x.ask")
+    async def ask(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        return CapabilityResult.needs_confirmation("sure?")
+
+    kernel, _ = _kernel(ask, script={"go": Interpretation(intents=[Intent("x.ask")])})
+    result = await kernel.turn("t", "1", "go")
+    assert result.steps[0].status == StepStatus.FAILED and result.interaction is None
+
+
+async def test_the_context_describes_the_step() -> None:
+    seen: dict[str, Any] = {}
+
+    @capability("x.look")
+    async def look(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        seen.update(
+            thread=ctx.thread_id,
+            turn=ctx.turn_id,
+            step=ctx.step_id,
+            tenant=ctx.tenant_id,
+            cap=ctx.capability_id,
+            facts=dict(ctx.facts),
+            answer=ctx.answer,
+        )
+        with pytest.raises(TypeError):
+            ctx.facts["x"] = 1  # type: ignore[index]
+        return CapabilityResult(facts=[Fact("seen", True)])
+
+    kernel, _ = _kernel(look, script={"go": Interpretation(intents=[Intent("x.look")])})
+    await kernel.turn("th", "tu", "go", tenant_id="acme")
+    await kernel.turn("th", "tu2", "go", tenant_id="acme")
+    assert seen["thread"] == "th" and seen["turn"] == "tu2" and seen["step"] == "tu2#1"
+    assert seen["tenant"] == "acme" and seen["cap"] == "x.look" and seen["answer"] is None
+    assert seen["facts"]["seen"].value is True
+
+
+async def test_the_same_effect_key_cannot_run_twice_at_once_in_one_turn() -> None:
+    @capability("x.twice", effect="write", confirmation="capability")
+    async def twice(input: dict[str, Any], ctx: CapabilityContext) -> Any:
+        async def slow(authority: Any) -> int:
+            await asyncio.sleep(0.01)
+            return 1
+
+        results = await asyncio.gather(
+            ctx.run_effect("k", slow), ctx.run_effect("k", slow), return_exceptions=True
+        )
+        return [type(r).__name__ for r in results]
+
+    kernel, durability = _kernel(twice, script={"go": Interpretation(intents=[Intent("x.twice")])})
+    result = await kernel.turn("t", "1", "go")
+    assert sorted(result.steps[0].value) == ["EffectResult", "EffectUsageError"]
+    [receipt] = await durability.list_receipts()
+    assert receipt.status == "completed"
+
+
+async def test_an_answer_is_handled_before_the_intents_of_the_same_message() -> None:
+    provider = FakeProvider()
+    kernel = Kernel(billing_agent(provider), InMemoryDurability())
+    await kernel.turn("t", "1", "charge pi_1 500")
+    result = await kernel.turn("t", "2", "yes and charge pi_2 300")
+    assert [s.capability_id for s in result.steps] == ["payments.charge", "payments.charge"]
+    assert [s.status for s in result.steps] == [
+        StepStatus.COMPLETED,
+        StepStatus.AWAITING_CONFIRMATION,
+    ]
+    assert provider.ledger == ["payments.charge:charge:pi_1"]
+    assert (
+        result.interaction is not None and result.interaction.input["payment_intent_id"] == "pi_2"
+    )
+
+
+async def test_an_explicit_answer_needs_no_interpretation() -> None:
+    provider = FakeProvider()
+    agent = billing_agent(provider)
+    kernel = Kernel(agent, InMemoryDurability())
+    proposed = await kernel.turn("t", "1", "charge pi_1 500")
+    assert proposed.interaction is not None
+    calls = len(agent.interpreter.calls)  # type: ignore[attr-defined]
+    result = await kernel.turn("t", "2", answer=Answer(proposed.interaction.id))
+    assert result.steps[0].status == StepStatus.COMPLETED
+    assert len(agent.interpreter.calls) == calls  # type: ignore[attr-defined]
+
+
+async def test_rule_interpreter_maps_patterns_to_intents_and_answers() -> None:
+    interpreter = RuleInterpreter(
+        [
+            Rule(r"^(yes|confirm)\b", answer="accept"),
+            Rule(r"pay invoice (?P<invoice>\d+)", capability_id="billing.pay"),
+            Rule(r"balance", capability_id="billing.balance", input={"currency": "EUR"}),
+            Rule(
+                r"refund (?P<n>\d+)",
+                capability_id="billing.refund",
+                input=lambda m: {"amount": int(m["n"])},
+            ),
+        ],
+        fallback_reply="I only do billing.",
+    )
+
+    async def ask(message: str) -> Interpretation:
+        request = InterpretationRequest("t", "1", message, (), {}, None, ())
+        return await interpreter.interpret(request)
+
+    assert (await ask("Please pay invoice 42")).intents == [
+        Intent("billing.pay", {"invoice": "42"})
+    ]
+    assert (await ask("BALANCE?")).intents == [Intent("billing.balance", {"currency": "EUR"})]
+    assert (await ask("refund 5")).intents == [Intent("billing.refund", {"amount": 5})]
+    assert (await ask("yes please")).answer == "accept"
+    assert (await ask("weather?")) == Interpretation(reply="I only do billing.")
+    with pytest.raises(ValueError, match="exactly one"):
+        Rule("x")
