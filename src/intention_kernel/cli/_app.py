@@ -1,0 +1,54 @@
+"""The typer application: one root, and every command group registered on it.
+
+To add a group, write ``cli/<name>.py`` with a ``register(app)`` function and add
+it to :data:`GROUPS`. Importing this module needs the ``cli`` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+
+from intention_kernel import __version__
+from intention_kernel.cli import demo
+
+__all__ = ["GROUPS", "app"]
+
+#: Every command module, in the order ``--help`` lists them.
+GROUPS: tuple[Callable[[typer.Typer], None], ...] = (demo.register,)
+
+app = typer.Typer(
+    name="intention-kernel",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"intention-kernel {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Durable turns for conversational agents that act on the world.
+
+    Store commands take --db URL (sqlite:///path.db or postgresql://...).
+
+    Without it they use $INTENTION_KERNEL_DB, then sqlite:///intention-kernel.db.
+    """
+
+
+for register in GROUPS:
+    register(app)
