@@ -107,10 +107,15 @@ class EffectAuthority:
 
 @dataclass(frozen=True, slots=True)
 class EffectResult(Generic[T]):
-    """The provider's value and the receipt that records it."""
+    """The provider's value and the receipt that records it.
+
+    ``replayed`` is true when the value came from an existing completed receipt
+    and the provider was not called.
+    """
 
     value: T
     receipt: Receipt
+    replayed: bool = False
 
 
 EffectFn = Callable[[EffectAuthority], "Awaitable[Any] | Any"]

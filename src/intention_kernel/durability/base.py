@@ -393,7 +393,7 @@ class RecordedDurability:
         decided = await recorder.claim_effect(scope.thread_id, key, plan)
         if decided.outcome == "replay":
             assert decided.existing is not None
-            return EffectResult(decided.existing.value, decided.existing)
+            return EffectResult(decided.existing.value, decided.existing, replayed=True)
         if decided.outcome == "fail_closed":
             receipt = decided.write or decided.existing
             assert receipt is not None

@@ -316,6 +316,8 @@ class _SQLiteRecorder:
                 )
             except sqlite3.IntegrityError as exc:
                 conn.rollback()
+                if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+                    raise
                 raise _fenced(record, "the turn ID was committed by another worker") from exc
             statement = INSERT_THREAD if record.expected_version == 0 else UPDATE_THREAD
             returned = conn.execute(statement, params).fetchone()

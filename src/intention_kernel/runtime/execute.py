@@ -114,7 +114,10 @@ class _Step:
             if exc.receipt is not None:
                 self._note(exc.receipt, attempted=exc.receipt.turn_id == state.scope.turn_id)
             raise
-        self._note(result.receipt, attempted=True)
+        # effect.completed belongs to the turn that applied the write: this one, or an
+        # earlier attempt of this same turn that never committed (so never announced it).
+        announce = not result.replayed or result.receipt.turn_id == state.scope.turn_id
+        self._note(result.receipt, attempted=announce)
         return result
 
     def emit(self, type: str, payload: Any = None) -> None:
@@ -131,14 +134,14 @@ class _Step:
     def _note(self, receipt: Receipt, *, attempted: bool) -> None:
         """Index the receipt in the checkpoint and emit the matching effect event."""
         state = self.state
-        known = state.receipts.pop(receipt.key, None)
+        state.receipts.pop(receipt.key, None)  # re-insert: the index keeps recency order
         state.receipts[receipt.key] = ReceiptRef(
             receipt.key, receipt.id, receipt.status, receipt.turn_id, receipt.step_id
         )
         self.receipts.append(receipt)
         status = receipt.status
-        if status is ReceiptStatus.COMPLETED and known is not None and known.status is status:
-            return  # already announced by the committed turn that completed it
+        if status is ReceiptStatus.COMPLETED and not attempted:
+            return  # a deduplicated call: the turn that applied it announced it
         payload = {
             "key": receipt.key,
             "receipt_id": receipt.id,
@@ -172,8 +175,8 @@ class _Step:
             state.replies.append(f"Could not complete {self.cap.id}: {error}")
         elif status is StepStatus.UNCERTAIN:
             state.replies.append(
-                f"{self.cap.id} may or may not have taken effect, so it will not be retried "
-                "until someone checks it."
+                f"{self.cap.description or self.cap.id} may or may not have taken effect, so "
+                "it will not be retried until someone checks it."
             )
         return step
 

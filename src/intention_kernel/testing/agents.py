@@ -73,6 +73,7 @@ def billing_agent(
     *,
     version: str = "1",
     max_messages: int = 50,
+    max_receipts: int = 100,
     compatible_fingerprints: Sequence[str] = (),
     interpreter: ScriptedInterpreter | None = None,
 ) -> Agent:
@@ -132,6 +133,7 @@ def billing_agent(
         capabilities=[balance, charge, refund, peek],
         interpreter=interpreter or billing_interpreter(),
         max_messages=max_messages,
+        max_receipts=max_receipts,
         compatible_fingerprints=compatible_fingerprints,
     )
 

@@ -248,6 +248,23 @@ class DurabilityConformance:
         assert second.steps[0].value == first.steps[0].value
         assert second.steps[0].receipt_ids == first.steps[0].receipt_ids
 
+    async def test_effect_completed_is_announced_once_per_applied_write(
+        self, durability: Durability, provider: FakeProvider
+    ) -> None:
+        # A tiny receipt index in the checkpoint must not make a deduplicated call look new.
+        kernel = Kernel(billing_agent(provider, max_receipts=1), durability)
+        for turn, pi in enumerate(["pi_1", "pi_1", "pi_2", "pi_1"]):
+            await kernel.turn("t", f"propose-{turn}", f"charge {pi} 500")
+            result = await kernel.turn("t", f"accept-{turn}", "yes")
+            assert result.steps[0].status == StepStatus.COMPLETED
+        completed = [
+            e.payload["key"]
+            for e in await durability.read_outbox(limit=1000)
+            if e.type == "effect.completed"
+        ]
+        assert completed == ["payments.charge:charge:pi_1", "payments.charge:charge:pi_2"]
+        assert provider.calls() == 2
+
     async def test_a_distinct_business_operation_uses_a_distinct_key(
         self, kernel: Kernel, provider: FakeProvider
     ) -> None:
