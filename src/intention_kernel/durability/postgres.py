@@ -1,0 +1,776 @@
+"""PostgreSQL durability: many workers on many hosts sharing one database.
+
+Design, and why:
+
+- **Per-thread serialization with a session-level advisory lock** held on one
+  pooled connection for the whole turn. No transaction is open while the
+  interpreter or a capability runs (the session sits idle, holding only the
+  lock), and the server drops the lock the moment the session ends: a killed
+  worker frees its threads at once, a vanished host within about 25 seconds
+  (server-side TCP keepalives, set on every session).
+- **Every statement of a turn runs on that same connection.** A commit that
+  succeeds was therefore made by a session that still held the lock; if the
+  session died, the lock died with it and so does every later statement of
+  the turn, which then commits nothing. It also means one connection per
+  in-flight turn: a turn never waits for a second connection while holding
+  the first, so a full pool cannot deadlock.
+- **Fenced commit.** Result, checkpoint and events are one transaction that
+  inserts the ``(thread_id, turn_id)`` primary key and compares-and-sets the
+  thread version, exactly as the SQLite adapter does. A lost commit
+  acknowledgement is resolved by the retry, which finds the turn row and replays.
+- **Outbox positions in commit order.** A sequence is not commit-ordered in
+  PostgreSQL (position 5 can commit after 6, and a relay that saw 6 would skip
+  5 forever), so turns insert their events unnumbered and ``read_outbox``
+  first numbers every committed, unnumbered event from a counter row, one
+  numbering transaction at a time. Turn commits take no global lock.
+
+Transactions per turn: one read, one statement per effect state change, and
+one commit for result + checkpoint + events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.errors import UniqueViolation
+    from psycopg.pq import TransactionStatus
+    from psycopg.rows import TupleRow
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        "PostgresDurability needs psycopg 3 and psycopg-pool: "
+        "pip install 'intention-kernel[postgres]'"
+    ) from exc
+
+from intention_kernel.durability.base import (
+    PlanFn,
+    RecordedDurability,
+    ResolutionFn,
+    StoredThread,
+    StoredTurn,
+    TurnRecord,
+    TurnStart,
+    dump_value,
+    load_value,
+)
+from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, Resolution, utcnow
+from intention_kernel.errors import (
+    CorruptRecordError,
+    FencedCommitError,
+    KernelError,
+    StoreError,
+    ThreadBusyError,
+)
+from intention_kernel.turns import EventDraft, OutboxEvent
+
+__all__ = ["PostgresDurability"]
+
+T = TypeVar("T")
+Connection = psycopg.AsyncConnection[TupleRow]
+
+#: Ordered schema migrations, run inside the adapter's schema (``search_path``);
+#: the list index + 1 is the version recorded in ``ik_schema``. Append, never edit.
+#: JSON is stored as ``text``, not ``jsonb``: the codecs produce and parse text,
+#: so ``jsonb`` would only add a parse on write and a re-serialization on read
+#: (and reorder keys), for queries this adapter never makes.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE ik_threads (
+        thread_id text PRIMARY KEY, tenant_id text, version bigint NOT NULL,
+        schema_revision integer, fingerprint text, checkpoint text,
+        next_seq bigint NOT NULL, updated_at timestamptz NOT NULL
+    );
+    CREATE TABLE ik_turns (
+        thread_id text NOT NULL, turn_id text NOT NULL, request_digest text,
+        version bigint NOT NULL, result text NOT NULL, created_at timestamptz NOT NULL,
+        CONSTRAINT ik_turns_pkey PRIMARY KEY (thread_id, turn_id)
+    );
+    CREATE TABLE ik_receipts (
+        thread_id text NOT NULL, key text NOT NULL, id text NOT NULL UNIQUE,
+        status text NOT NULL CONSTRAINT ik_receipts_status_check
+            CHECK (status IN ('prepared', 'completed', 'failed', 'uncertain')),
+        turn_id text NOT NULL, step_id text NOT NULL, attempt integer NOT NULL,
+        value text, error text, resolution text,
+        created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL,
+        ordinal bigint GENERATED ALWAYS AS IDENTITY,
+        CONSTRAINT ik_receipts_pkey PRIMARY KEY (thread_id, key)
+    );
+    CREATE INDEX ik_receipts_status ON ik_receipts (status);
+    CREATE TABLE ik_outbox (
+        ord bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        position bigint UNIQUE,
+        id text NOT NULL UNIQUE, thread_id text NOT NULL, turn_id text,
+        seq bigint NOT NULL, type text NOT NULL, payload text,
+        created_at timestamptz NOT NULL,
+        UNIQUE (thread_id, seq)
+    );
+    CREATE INDEX ik_outbox_unsequenced ON ik_outbox (ord) WHERE position IS NULL;
+    CREATE TABLE ik_outbox_head (
+        singleton boolean PRIMARY KEY CHECK (singleton), position bigint NOT NULL
+    );
+    INSERT INTO ik_outbox_head VALUES (true, 0);
+    """,
+)
+
+CREATE_SCHEMA_TABLE = """
+    CREATE TABLE IF NOT EXISTS ik_schema (
+        version integer PRIMARY KEY, applied_at timestamptz NOT NULL
+    )
+"""
+HAS_SCHEMA_TABLE = "SELECT to_regclass('ik_schema') IS NOT NULL"
+SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
+INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (%s, now())"
+# Per session, once: our schema only (no surprise from a "$user" or public table),
+# and keepalives so that the server notices a vanished host (and drops its
+# advisory locks) within idle + interval * count = 25 s instead of hours.
+CONFIGURE_SESSION = """
+    SELECT set_config('search_path', %s, false),
+           set_config('tcp_keepalives_idle', '10', false),
+           set_config('tcp_keepalives_interval', '5', false),
+           set_config('tcp_keepalives_count', '3', false)
+"""
+
+TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
+UNLOCK = "SELECT pg_advisory_unlock(%s)"
+LOCK_XACT = "SELECT pg_advisory_xact_lock(%s)"
+
+# One round trip, one snapshot: the committed turn if any, else the thread row
+# (the checkpoint is not shipped for a replay, which never decodes it).
+BEGIN_TURN = """
+    SELECT t.request_digest, t.result, th.version, th.tenant_id,
+           CASE WHEN t.turn_id IS NULL THEN th.checkpoint END
+    FROM (SELECT 1) AS one
+    LEFT JOIN ik_threads th ON th.thread_id = %(thread_id)s
+    LEFT JOIN ik_turns t ON t.thread_id = %(thread_id)s AND t.turn_id = %(turn_id)s
+"""
+SELECT_THREAD = "SELECT version, tenant_id, checkpoint FROM ik_threads WHERE thread_id = %s"
+
+# In ``Receipt`` field order, so that a row maps onto the dataclass positionally.
+RECEIPT_COLUMNS = (
+    "id, thread_id, key, status, turn_id, step_id, attempt, value, error, "
+    "created_at, updated_at, resolution"
+)
+SELECT_RECEIPT = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts WHERE thread_id = %s AND key = %s"
+INSERT_RECEIPT = f"""
+    INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
+    VALUES (%(id)s, %(thread_id)s, %(key)s, %(status)s, %(turn_id)s, %(step_id)s,
+            %(attempt)s, %(value)s, %(error)s, %(created_at)s, %(updated_at)s, %(resolution)s)
+"""
+# Compare-and-set: the receipt must still be in the state the caller last saw.
+UPDATE_RECEIPT = """
+    UPDATE ik_receipts
+    SET status = %(status)s, turn_id = %(turn_id)s, step_id = %(step_id)s,
+        attempt = %(attempt)s, value = %(value)s, error = %(error)s,
+        resolution = %(resolution)s, updated_at = %(updated_at)s
+    WHERE thread_id = %(thread_id)s AND key = %(key)s
+      AND status = %(expected_status)s AND attempt = %(expected_attempt)s
+"""
+
+# First commit of a thread. A row may already exist at version 0 (operator events
+# only); anything above 0 means another turn committed first, so the WHERE refuses
+# (under READ COMMITTED a concurrent first commit is waited for, then re-checked).
+UPSERT_THREAD = """
+    INSERT INTO ik_threads (thread_id, tenant_id, version, schema_revision, fingerprint,
+                            checkpoint, next_seq, updated_at)
+    VALUES (%(thread_id)s, %(tenant_id)s, %(version)s, %(schema_revision)s, %(fingerprint)s,
+            %(checkpoint)s, 1 + %(events)s, %(created_at)s)
+    ON CONFLICT (thread_id) DO UPDATE SET
+        tenant_id = excluded.tenant_id, version = excluded.version,
+        schema_revision = excluded.schema_revision, fingerprint = excluded.fingerprint,
+        checkpoint = excluded.checkpoint, next_seq = ik_threads.next_seq + %(events)s,
+        updated_at = excluded.updated_at
+    WHERE ik_threads.version = 0
+    RETURNING next_seq
+"""
+# Later commits: fenced on the version (and owner) this turn loaded.
+UPDATE_THREAD = """
+    UPDATE ik_threads
+    SET version = %(version)s, schema_revision = %(schema_revision)s,
+        fingerprint = %(fingerprint)s, checkpoint = %(checkpoint)s,
+        next_seq = next_seq + %(events)s, updated_at = %(created_at)s
+    WHERE thread_id = %(thread_id)s AND version = %(expected_version)s
+      AND tenant_id IS NOT DISTINCT FROM %(tenant_id)s
+    RETURNING next_seq
+"""
+# A whole commit in one statement, hence one transaction and one round trip. The
+# turn and its events are inserted only from the thread row the compare-and-set
+# returned: a fenced commit writes nothing and returns no row; a turn ID committed
+# meanwhile violates ``ik_turns_pkey`` and aborts the statement. Parameters are
+# the ``TurnRecord`` fields, with ``events`` the count and ``event_*`` arrays.
+COMMIT_TURN = """
+    WITH thread AS ({thread}), turn AS (
+        INSERT INTO ik_turns (thread_id, turn_id, request_digest, version, result, created_at)
+        SELECT %(thread_id)s, %(turn_id)s, %(request_digest)s, %(version)s, %(result)s,
+               %(created_at)s
+        FROM thread
+    ), events AS (
+        INSERT INTO ik_outbox (id, thread_id, turn_id, seq, type, payload, created_at)
+        SELECT e.id, %(thread_id)s, %(turn_id)s, thread.next_seq - %(events)s + e.n - 1,
+               e.type, e.payload, %(created_at)s
+        FROM thread, unnest(%(event_ids)s::text[], %(event_types)s::text[],
+                            %(event_payloads)s::text[]) WITH ORDINALITY AS e(id, type, payload, n)
+        ORDER BY e.n  -- so that ``ord`` follows ``seq`` (see SEQUENCE_OUTBOX)
+    )
+    SELECT next_seq FROM thread
+"""
+COMMIT_FIRST_TURN = COMMIT_TURN.format(thread=UPSERT_THREAD)
+COMMIT_NEXT_TURN = COMMIT_TURN.format(thread=UPDATE_THREAD)
+# Operator events on a thread that may have no committed turn yet.
+BUMP_THREAD_SEQ = """
+    INSERT INTO ik_threads (thread_id, version, next_seq, updated_at) VALUES (%s, 0, 2, %s)
+    ON CONFLICT (thread_id) DO UPDATE SET next_seq = ik_threads.next_seq + 1
+    RETURNING next_seq
+"""
+# Events are born without a position; see SEQUENCE_OUTBOX.
+INSERT_EVENT = """
+    INSERT INTO ik_outbox (id, thread_id, turn_id, seq, type, payload, created_at)
+    VALUES (%s, %s, %s, %s, %s, %s, %s)
+"""
+HAS_UNSEQUENCED = "SELECT EXISTS (SELECT 1 FROM ik_outbox WHERE position IS NULL)"
+# The row lock on the counter makes numbering one transaction at a time. Each
+# later statement of a READ COMMITTED transaction takes a fresh snapshot, so it
+# sees every event committed before the previous numbering committed: positions
+# are handed out in blocks, each block after all earlier ones, and a reader's
+# snapshot always sees a prefix of the blocks. (REPEATABLE READ would break this:
+# its snapshot predates the wait for the lock.) Within a block, ``ord`` (insert
+# order) keeps each thread's events in ``seq`` order, since a thread's turns
+# commit one after another.
+LOCK_OUTBOX_HEAD = "SELECT position FROM ik_outbox_head FOR UPDATE"
+SEQUENCE_OUTBOX = """
+    WITH pending AS (
+        SELECT ord, row_number() OVER (ORDER BY ord) AS n
+        FROM ik_outbox WHERE position IS NULL ORDER BY ord LIMIT 10000
+    ), numbered AS (
+        UPDATE ik_outbox o SET position = %(head)s + pending.n
+        FROM pending WHERE o.ord = pending.ord
+        RETURNING o.position
+    )
+    UPDATE ik_outbox_head SET position = (SELECT max(position) FROM numbered)
+    WHERE EXISTS (SELECT 1 FROM numbered)
+"""
+OUTBOX_COLUMNS = "id, position, thread_id, turn_id, seq, type, payload, created_at"
+SELECT_OUTBOX = f"SELECT {OUTBOX_COLUMNS} FROM ik_outbox WHERE position > %(after)s"
+
+_IDLE = TransactionStatus.IDLE
+_FIRST_WAIT = 0.001
+_MAX_WAIT = 0.01
+
+
+def advisory_key(*parts: str) -> int:
+    """A signed 64-bit advisory lock key for ``parts`` (IDs never contain NUL)."""
+    text = "\x00".join(("intention_kernel", *parts))
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+@dataclass
+class _Held:
+    """A thread lock and the session holding it (``None`` once released).
+
+    ``mutex`` runs one hop at a time on the session, and makes the release wait for
+    a hop still running. Without it a transaction could interleave with another
+    hop's statements, and a late hop could run on the session after it went back
+    to the pool, inside whatever its next borrower is doing.
+    """
+
+    conn: Connection | None
+    mutex: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class _PostgresRecorder:
+    def __init__(
+        self, dsn: str, schema: str, lock_timeout: float, pool_size: tuple[int, int], timeout: float
+    ) -> None:
+        self._dsn, self._schema, self._lock_timeout = dsn, schema, lock_timeout
+        self._pool_size, self._pool_timeout = pool_size, timeout
+        self._opened: AsyncConnectionPool[Connection] | None = None
+        self._held: dict[str, _Held] = {}
+
+    @property
+    def _pool(self) -> AsyncConnectionPool[Connection]:
+        if self._opened is None:
+            raise KernelError("the PostgreSQL adapter is closed")
+        return self._opened
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    async def _configure(self, conn: Connection) -> None:
+        await conn.execute(CONFIGURE_SESSION, (sql.Identifier(self._schema).as_string(conn),))
+
+    async def _run(self, thread_id: str | None, hop: Callable[[Connection], Awaitable[T]]) -> T:
+        """Run ``hop`` on the session holding ``thread_id``'s lock, else on a pooled one
+        (then ``hop`` must be safe to repeat).
+
+        A started hop always runs to its end, even if the caller is cancelled: the
+        thread lock is released only once its last statement is settled.
+        """
+        task = asyncio.ensure_future(self._hop(thread_id, hop))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])
+            if not task.cancelled():
+                task.exception()  # retrieved, so that asyncio does not log it
+            raise
+
+    async def _hop(self, thread_id: str | None, hop: Callable[[Connection], Awaitable[T]]) -> T:
+        with _translated():
+            held = self._held.get(thread_id) if thread_id is not None else None
+            if held is not None:
+                async with held.mutex:
+                    if held.conn is not None:  # else the turn ended while this hop waited
+                        return await hop(held.conn)
+            # Idle pooled sessions may have died (server restart, terminated backend).
+            # The pool discards each broken one, so a repeatable hop tries the next,
+            # at most once per pooled session plus a fresh one.
+            for attempt in range(self._pool.max_size, -1, -1):
+                async with self._pool.connection() as conn:
+                    try:
+                        return await hop(conn)
+                    except psycopg.OperationalError:
+                        if not conn.broken or attempt == 0:
+                            raise
+            raise AssertionError("unreachable")
+
+    async def open(self) -> None:
+        pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+            self._dsn,
+            min_size=self._pool_size[0],
+            max_size=self._pool_size[1],
+            kwargs={"autocommit": True},
+            configure=self._configure,
+            timeout=self._pool_timeout,
+            open=False,
+            name=f"intention-kernel:{self._schema}",
+        )
+        with _translated():
+            try:
+                await pool.open(wait=True, timeout=self._pool_timeout)
+                async with pool.connection() as conn:
+                    await self._migrate(conn)
+            except BaseException as exc:
+                await pool.close()
+                if isinstance(exc, PoolTimeout):
+                    raise StoreError(
+                        f"cannot connect to PostgreSQL within {self._pool_timeout}s: {exc}"
+                    ) from exc
+                raise
+        self._opened = pool
+
+    async def _migrate(self, conn: Connection) -> None:
+        """Apply pending migrations; safe when several workers start at once."""
+        if await self._schema_version(conn) == len(MIGRATIONS):
+            return  # the common case: no lock, no DDL, no CREATE privilege needed
+        async with conn.transaction():
+            # One migrator per schema at a time; the others wait here, then find the
+            # new version and apply nothing. Without it two workers could both run
+            # migration 1 (or race on CREATE SCHEMA, which is not concurrency-safe).
+            await conn.execute(LOCK_XACT, (advisory_key("migrate", self._schema),))
+            await conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self._schema))
+            )
+            await conn.execute(CREATE_SCHEMA_TABLE)
+            for version in range(await self._schema_version(conn) + 1, len(MIGRATIONS) + 1):
+                await conn.execute(MIGRATIONS[version - 1])
+                await conn.execute(INSERT_SCHEMA_VERSION, (version,))
+
+    async def _schema_version(self, conn: Connection) -> int:
+        if not await _value(conn, HAS_SCHEMA_TABLE):
+            return 0
+        current = int(await _value(conn, SELECT_SCHEMA_VERSION))
+        if current > len(MIGRATIONS):
+            raise StoreError(
+                f"PostgreSQL schema {self._schema!r} is at version {current}, newer than this "
+                f"library ({len(MIGRATIONS)}); upgrade intention-kernel"
+            )
+        return current
+
+    async def close(self) -> None:
+        pool, self._opened = self._opened, None
+        if pool is not None:
+            await pool.close()
+
+    # -- the thread lock -----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lock(self, thread_id: str) -> AsyncIterator[object]:
+        key = advisory_key("thread", self._schema, thread_id)
+        with _translated():
+            conn = await self._acquire(thread_id, key)
+        held = self._held[thread_id] = _Held(conn)
+        try:
+            yield held
+        finally:
+            del self._held[thread_id]
+            # Shielded: a cancelled turn must still unlock (or close) the session
+            # before anything else can borrow it.
+            release = asyncio.ensure_future(self._release(held, key))
+            try:
+                await asyncio.shield(release)
+            except asyncio.CancelledError:
+                await asyncio.wait([release])  # unlike ``await``, never cancels it
+                raise
+
+    async def _acquire(self, thread_id: str, key: int) -> Connection:
+        """Poll ``pg_try_advisory_lock`` with backoff; return the session that got it.
+
+        Polling, not a blocking ``pg_advisory_lock``: an abandoned wait can never
+        leave a lock granted behind our back. Between polls the session goes back
+        to the pool, so turns queued on a hot thread cannot drain it.
+        """
+        deadline, wait = time.monotonic() + self._lock_timeout, _FIRST_WAIT
+        while True:
+            conn = await self._pool.getconn(max(deadline - time.monotonic(), 0.001))
+            try:
+                if await _value(conn, TRY_LOCK, key):
+                    return conn
+            except BaseException as exc:
+                dead = isinstance(exc, psycopg.OperationalError) and conn.broken
+                if not dead:
+                    # Interrupted mid-statement, the lock may have been granted: only a
+                    # closed session surely holds none, so this one never goes back.
+                    await conn.close()
+                await self._pool.putconn(conn)
+                if dead:  # a dead idle session (server restart) held no lock: try again
+                    continue
+                raise
+            await self._pool.putconn(conn)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ThreadBusyError(
+                    f"thread {thread_id!r} stayed locked by another turn for {self._lock_timeout}s",
+                    thread_id=thread_id,
+                )
+            await asyncio.sleep(min(wait * random.uniform(0.5, 1.0), remaining))
+            wait = min(wait * 2, _MAX_WAIT)
+
+    async def _release(self, held: _Held, key: int) -> None:
+        async with held.mutex:  # after any hop still running on the session
+            conn, held.conn = held.conn, None
+            assert conn is not None
+            try:
+                clean = await _value(conn, UNLOCK, key) and conn.info.transaction_status == _IDLE
+            except psycopg.Error:
+                clean = False  # the session is gone, and its lock with it
+            if not clean:
+                # A session that may still hold the lock must never go back to the pool:
+                # its next borrower would own this thread for as long as it lives.
+                await conn.close()
+            await self._pool.putconn(conn)
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    async def begin_turn(self, thread_id: str, turn_id: str) -> TurnStart:
+        async def read(conn: Connection) -> TurnStart:
+            cur = await conn.execute(BEGIN_TURN, {"thread_id": thread_id, "turn_id": turn_id})
+            digest, result, version, tenant_id, checkpoint = _one(await cur.fetchone())
+            if result is not None:
+                return TurnStart(StoredTurn(digest, result), None, tenant_id)
+            if version is None:
+                return TurnStart(None, None)
+            return TurnStart(None, StoredThread(version, tenant_id, checkpoint))
+
+        return await self._run(thread_id, read)
+
+    async def read_thread(self, thread_id: str) -> StoredThread | None:
+        async def read(conn: Connection) -> StoredThread | None:
+            row = await (await conn.execute(SELECT_THREAD, (thread_id,))).fetchone()
+            return None if row is None else StoredThread(*row)
+
+        return await self._run(None, read)
+
+    async def commit_turn(self, record: TurnRecord) -> None:
+        params = {f.name: getattr(record, f.name) for f in fields(record)}
+        params.update(
+            events=len(record.events),
+            event_ids=[e.id for e in record.events],
+            event_types=[e.type for e in record.events],
+            event_payloads=[dump_value(e.payload) for e in record.events],
+        )
+        statement = COMMIT_FIRST_TURN if record.expected_version == 0 else COMMIT_NEXT_TURN
+
+        async def commit(conn: Connection) -> None:
+            try:
+                committed = await (await conn.execute(statement, params)).fetchone()
+            except UniqueViolation as exc:
+                if exc.diag.constraint_name == "ik_turns_pkey":
+                    raise _fenced(record, "the turn ID was committed by another worker") from exc
+                raise
+            if committed is None:
+                raise _fenced(record, "the thread version moved")
+
+        await self._run(record.thread_id, commit)
+
+    # -- effects -------------------------------------------------------------------------------
+
+    async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
+        async def claim(conn: Connection) -> EffectPlan:
+            # No wrapping transaction: the write is one statement whose primary key
+            # (insert) or compare-and-set (update) refuses it if anyone wrote the
+            # receipt since the read, which under the thread lock nobody should.
+            existing = _receipt(
+                await (await conn.execute(SELECT_RECEIPT, (thread_id, key))).fetchone()
+            )
+            decided = plan(existing)
+            if decided.write is None:
+                return decided
+            if existing is not None:
+                await _update_receipt(conn, decided.write, existing)
+                return decided
+            try:
+                await conn.execute(INSERT_RECEIPT, _receipt_params(decided.write))
+            except UniqueViolation as exc:
+                if exc.diag.constraint_name == "ik_receipts_pkey":
+                    raise _receipt_moved(decided.write) from exc
+                raise
+            return decided
+
+        return await self._run(thread_id, claim)
+
+    async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
+        async def write(conn: Connection) -> None:
+            await _update_receipt(conn, receipt, expected)
+
+        await self._run(receipt.thread_id, write)
+
+    async def read_receipts(
+        self, thread_id: str | None, status: ReceiptStatus | None
+    ) -> list[Receipt]:
+        filters = {"thread_id": thread_id, "status": None if status is None else str(status)}
+        where = " AND ".join(f"{k} = %({k})s" for k, v in filters.items() if v is not None)
+        query = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts {where and 'WHERE ' + where} "
+        query += "ORDER BY created_at, ordinal"
+
+        async def read(conn: Connection) -> list[Receipt]:
+            rows = await (await conn.execute(query, filters)).fetchall()
+            return [_one(_receipt(row)) for row in rows]
+
+        return await self._run(None, read)
+
+    async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
+        async def apply(conn: Connection) -> Receipt:
+            async with conn.transaction():
+                cur = await conn.execute(SELECT_RECEIPT, (thread_id, key))
+                existing = _receipt(await cur.fetchone())
+                resolved, event = resolution(existing)
+                await _update_receipt(conn, resolved, _one(existing))
+                now = utcnow()
+                next_seq = await _value(conn, BUMP_THREAD_SEQ, thread_id, now)
+                await _insert_events(conn, thread_id, None, [event], next_seq, now)
+                return resolved
+
+        return await self._run(thread_id, apply)
+
+    # -- outbox --------------------------------------------------------------------------------
+
+    async def read_outbox(
+        self, thread_id: str | None, after: int | None, limit: int
+    ) -> list[OutboxEvent]:
+        query = SELECT_OUTBOX + (" AND thread_id = %(thread_id)s" if thread_id is not None else "")
+        query += " ORDER BY position LIMIT %(limit)s"
+        args = {"after": after or 0, "thread_id": thread_id, "limit": limit}
+
+        async def read(conn: Connection) -> list[OutboxEvent]:
+            # Number every event committed so far before reading, so that a caller
+            # sees its own committed turns. Repeating it after a lost ack is harmless.
+            if await _value(conn, HAS_UNSEQUENCED):
+                async with conn.transaction():
+                    head = await _value(conn, LOCK_OUTBOX_HEAD)
+                    await conn.execute(SEQUENCE_OUTBOX, {"head": head})
+            return [_event(row) for row in await (await conn.execute(query, args)).fetchall()]
+
+        return await self._run(None, read)
+
+
+class PostgresDurability(RecordedDurability):
+    """Durability on PostgreSQL, shared safely by any number of workers and hosts.
+
+    - ``dsn``: a libpq connection string or URL (``postgresql://user@host/db``).
+    - ``schema``: the PostgreSQL schema (namespace) holding the adapter's tables,
+      created and migrated on first use.
+    - ``lock_timeout``: how long a turn waits for a busy thread before
+      ``ThreadBusyError``.
+    - ``min_pool_size`` / ``max_pool_size``: the connection pool. Each in-flight
+      turn holds one session from its lock to its commit, so ``max_pool_size``
+      bounds the concurrent turns of this adapter.
+    - ``pool_timeout``: how long to wait to connect, or for a free session.
+
+    Session-level advisory locks need a real session per client: behind a pooler
+    such as PgBouncer, use session pooling, not transaction pooling.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "intention_kernel",
+        lock_timeout: float = 30.0,
+        min_pool_size: int = 1,
+        max_pool_size: int = 10,
+        pool_timeout: float = 30.0,
+    ) -> None:
+        if not schema or "\x00" in schema or len(schema.encode()) > 63:
+            raise ValueError(f"not a PostgreSQL schema name: {schema!r}")
+        if not 0 <= min_pool_size <= max_pool_size or max_pool_size < 1:
+            raise ValueError("need 0 <= min_pool_size <= max_pool_size and max_pool_size >= 1")
+        self.schema = schema
+        super().__init__(
+            _PostgresRecorder(
+                dsn, schema, lock_timeout, (min_pool_size, max_pool_size), pool_timeout
+            )
+        )
+
+
+# -- rows ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Driver errors become ``StoreError`` at the adapter's edge, by class."""
+    try:
+        yield
+    except PoolTimeout as exc:
+        raise StoreError(
+            f"no PostgreSQL session became available in time ({exc}); is the server up, "
+            "and is max_pool_size large enough for the concurrent turns?"
+        ) from exc
+    except psycopg.Error as exc:
+        raise StoreError(
+            f"PostgreSQL error {exc.sqlstate or ''}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+async def _value(conn: Connection, query: str, *args: Any) -> Any:
+    """The first column of the single row ``query`` returns."""
+    return _one(await (await conn.execute(query, args or None)).fetchone())[0]
+
+
+def _one(value: T | None) -> T:
+    assert value is not None
+    return value
+
+
+def _fenced(record: TurnRecord, why: str) -> FencedCommitError:
+    return FencedCommitError(
+        f"turn {record.turn_id!r} of thread {record.thread_id!r} was not committed: {why} "
+        "while it ran",
+        thread_id=record.thread_id,
+        turn_id=record.turn_id,
+    )
+
+
+def _receipt_moved(receipt: Receipt) -> FencedCommitError:
+    return FencedCommitError(
+        f"receipt {receipt.key!r} on thread {receipt.thread_id!r} changed while its effect ran",
+        thread_id=receipt.thread_id,
+        key=receipt.key,
+    )
+
+
+async def _insert_events(
+    conn: Connection,
+    thread_id: str,
+    turn_id: str | None,
+    events: Sequence[EventDraft],
+    next_seq: int,
+    now: datetime,
+) -> None:
+    """Append ``events``, numbered to end just before the thread's new ``next_seq``."""
+    first = next_seq - len(events)
+    rows = [
+        (e.id, thread_id, turn_id, first + i, e.type, dump_value(e.payload), now)
+        for i, e in enumerate(events)
+    ]
+    async with conn.cursor() as cur:
+        await cur.executemany(INSERT_EVENT, rows)
+
+
+def _receipt_params(r: Receipt) -> dict[str, Any]:
+    resolution = r.resolution and {
+        "applied": r.resolution.applied,
+        "note": r.resolution.note,
+        "actor": r.resolution.actor,
+        "at": r.resolution.at.isoformat(),
+    }
+    return {
+        "id": r.id,
+        "thread_id": r.thread_id,
+        "key": r.key,
+        "status": str(r.status),
+        "turn_id": r.turn_id,
+        "step_id": r.step_id,
+        "attempt": r.attempt,
+        "value": None if r.value is None else dump_value(r.value),
+        "error": r.error,
+        "created_at": r.created_at or utcnow(),
+        "updated_at": r.updated_at or utcnow(),
+        "resolution": None if resolution is None else dump_value(resolution),
+    }
+
+
+async def _update_receipt(conn: Connection, new: Receipt, expected: Receipt) -> None:
+    params = _receipt_params(new)
+    params.update(expected_status=str(expected.status), expected_attempt=expected.attempt)
+    if (await conn.execute(UPDATE_RECEIPT, params)).rowcount != 1:
+        raise _receipt_moved(new)
+
+
+def _receipt(row: Sequence[Any] | None) -> Receipt | None:
+    if row is None:
+        return None
+    try:
+        resolution = load_value(row[11])
+        if resolution is not None:
+            at = datetime.fromisoformat(resolution["at"])
+            resolution = Resolution(
+                resolution["applied"], resolution["note"], resolution["actor"], at
+            )
+        status, value = ReceiptStatus(row[3]), load_value(row[7])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptRecordError(
+            f"receipt row for key {row[2]!r} on thread {row[1]!r} cannot be decoded: {exc}",
+            thread_id=row[1],
+            key=row[2],
+        ) from exc
+    created, updated = _utc(row[9]), _utc(row[10])
+    return Receipt(
+        row[0],
+        row[1],
+        row[2],
+        status,
+        row[4],
+        row[5],
+        row[6],
+        value,
+        row[8],
+        created,
+        updated,
+        resolution,
+    )
+
+
+def _event(row: Sequence[Any]) -> OutboxEvent:
+    try:
+        payload = load_value(row[6])
+    except ValueError as exc:
+        raise CorruptRecordError(
+            f"outbox event {row[0]!r} of thread {row[2]!r} has a payload that is not JSON: {exc}",
+            thread_id=row[2],
+        ) from exc
+    return OutboxEvent(row[0], row[1], row[2], row[3], row[4], row[5], payload, _utc(row[7]))
+
+
+def _utc(value: datetime) -> datetime:
+    # timestamptz comes back in the session's time zone; normalize as utcnow() does.
+    return value.astimezone(UTC)

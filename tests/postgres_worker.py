@@ -1,0 +1,149 @@
+"""A worker process on a shared PostgreSQL store, driven by tests/test_postgres_processes.py.
+
+Run as ``python tests/postgres_worker.py '<json config>'``. Config:
+
+- ``dsn``, ``schema``: the store. ``ledger``: a schema holding the fake
+  provider's ``calls`` table; every provider call inserts one row (autocommit)
+  before it "answers", so the test counts real calls even when this process dies.
+- ``mode``:
+  - ``"turns"``: run ``turns`` (``[[thread_id, turn_id], ...]``) in order. Each
+    turn runs two effects: ``charge:<turn_id>`` (its own write) and
+    ``shared:<n>`` (a key several turns share, which must reach the provider
+    once per thread), then commits one event per effect and ``turn.committed``.
+    Every ``read_every`` turns it also reads the outbox (numbering events, as a
+    relay would). Prints one JSON line per turn: ``{"turn", "replayed"}`` or
+    ``{"turn", "error"}``.
+  - ``"hold"``: start a turn on ``thread``, create the ``ready`` file while
+    holding the thread lock, and wait forever (to be killed).
+  - ``"open"``: open the store (creating the schema) once the ``barrier`` file
+    exists, then exit.
+- ``arrived`` / ``barrier``: create ``arrived`` once ready (the store open, except
+  in ``"open"`` mode) and wait for ``barrier``, so that processes start together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint
+from intention_kernel.durability import TurnTransaction
+from intention_kernel.durability.postgres import PostgresDurability
+from intention_kernel.effects import EffectAuthority
+from intention_kernel.errors import EffectUncertainError, KernelError
+from intention_kernel.turns import EventDraft, TurnCommit, TurnResult, TurnScope
+
+
+def exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def touch(path: str) -> None:
+    Path(path).touch()
+
+
+async def wait_for_file(path: str) -> None:
+    deadline = time.monotonic() + 30
+    while not exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        await asyncio.sleep(0.002)
+
+
+class Provider:
+    """The fake payment provider: one committed row per call, then a slow answer."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], thread_id: str) -> None:
+        self.conn = conn
+        self.thread_id = thread_id
+
+    async def __call__(self, authority: EffectAuthority) -> dict[str, Any]:
+        await asyncio.sleep(random.uniform(0, 0.003))
+        await self.conn.execute(
+            "INSERT INTO calls (thread_id, key, pid) VALUES (%s, %s, %s)",
+            (self.thread_id, authority.key, os.getpid()),
+        )
+        await asyncio.sleep(random.uniform(0, 0.005))  # the answer is on its way
+        return {"charged": authority.key, "receipt": authority.receipt_id}
+
+
+async def effect_event(tx: TurnTransaction, key: str, provider: Provider) -> EventDraft:
+    try:
+        effect = await tx.run_effect(key, provider, step_id=key)
+    except EffectUncertainError as exc:
+        return EventDraft("effect.uncertain", {"key": key, "error": str(exc)[:80]})
+    return EventDraft("effect.completed", {"key": key, "value": effect.value})
+
+
+async def run_turns(config: dict[str, Any], durability: PostgresDurability) -> None:
+    ledger = await psycopg.AsyncConnection.connect(config["dsn"], autocommit=True)
+    await ledger.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(config["ledger"])))
+    for i, (thread_id, turn_id) in enumerate(config["turns"]):
+        provider = Provider(ledger, thread_id)
+
+        async def operation(tx: TurnTransaction, provider: Provider = provider) -> TurnCommit:
+            turn_id = tx.scope.turn_id
+            events = [
+                await effect_event(tx, f"charge:{turn_id}", provider),
+                await effect_event(tx, f"shared:{int(turn_id.split('-')[1]) % 4}", provider),
+            ]
+            version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
+            events.append(EventDraft("turn.committed", {"version": version}))
+            checkpoint = KernelCheckpoint(
+                schema_revision=SCHEMA_REVISION, agent_fingerprint="sha256:w", version=version
+            )
+            result = TurnResult(
+                tx.scope.thread_id, turn_id, False, "ok", checkpoint_version=version
+            )
+            return TurnCommit(result, checkpoint, events)
+
+        outcome: dict[str, Any] = {"turn": [thread_id, turn_id]}
+        try:
+            result = await durability.with_turn(TurnScope(thread_id, turn_id), operation)
+            outcome["replayed"] = result.replayed
+        except KernelError as exc:
+            outcome["error"] = f"{type(exc).__name__}: {exc}"
+        print(json.dumps(outcome), flush=True)
+        if config.get("read_every") and i % config["read_every"] == 0:
+            await durability.read_outbox(limit=50)
+    await ledger.close()
+
+
+async def arrive(config: dict[str, Any]) -> None:
+    if config.get("arrived"):
+        touch(config["arrived"])
+        await wait_for_file(config["barrier"])
+
+
+async def main(config: dict[str, Any]) -> None:
+    if config["mode"] == "open":
+        await arrive(config)
+    durability = PostgresDurability(
+        config["dsn"], schema=config["schema"], lock_timeout=config.get("lock_timeout", 20.0)
+    )
+    async with durability:
+        if config["mode"] != "open":
+            await arrive(config)
+        if config["mode"] == "turns":
+            await run_turns(config, durability)
+        elif config["mode"] == "hold":
+
+            async def hold(tx: TurnTransaction) -> TurnCommit:
+                touch(config["ready"])
+                await asyncio.Event().wait()
+                raise AssertionError("unreachable")
+
+            await durability.with_turn(TurnScope(config["thread"], "held"), hold)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(json.loads(sys.argv[1])))

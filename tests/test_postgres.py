@@ -1,0 +1,510 @@
+"""The PostgreSQL adapter runs the whole conformance suite, plus PostgreSQL specifics:
+the advisory lock, fencing, migrations, outbox positions and lost connections.
+
+Every test works in its own schema (a random name, dropped afterwards).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint
+from intention_kernel.durability import Durability, TurnTransaction, open_durability
+from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability, advisory_key
+from intention_kernel.effects import EffectAuthority
+from intention_kernel.errors import (
+    CorruptRecordError,
+    EffectUncertainError,
+    FencedCommitError,
+    StoreError,
+    ThreadBusyError,
+)
+from intention_kernel.testing.conformance import DurabilityConformance, Tamper
+from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
+
+pytestmark = pytest.mark.postgres
+
+
+@dataclass(frozen=True)
+class Store:
+    """A PostgreSQL schema of its own for one test."""
+
+    dsn: str
+    schema: str
+
+    def durability(self, **options: Any) -> PostgresDurability:
+        """An adapter whose sessions carry the schema name as ``application_name``."""
+        dsn = make_conninfo(self.dsn, application_name=self.schema)
+        return PostgresDurability(dsn, schema=self.schema, **options)
+
+    def execute(self, query: str, *args: object) -> list[tuple[Any, ...]]:
+        """Run one statement in the test's schema and return its rows."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+            cur = conn.execute(query.encode(), args or None)
+            return cur.fetchall() if cur.description else []
+
+    def lock_holder(self, thread_id: str) -> int | None:
+        """The backend PID holding the advisory lock of ``thread_id``, if any."""
+        key = advisory_key("thread", self.schema, thread_id)
+        rows = self.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+            " AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+            (key >> 32) & 0xFFFFFFFF,
+            key & 0xFFFFFFFF,
+        )
+        return rows[0][0] if rows else None
+
+    def advisory_locks(self) -> int:
+        """How many advisory locks this test's adapters hold."""
+        rows = self.execute(
+            "SELECT count(*) FROM pg_locks JOIN pg_stat_activity USING (pid) "
+            "WHERE locktype = 'advisory' AND application_name = %s",
+            self.schema,
+        )
+        return int(rows[0][0])
+
+    def terminate(self, pid: int) -> None:
+        self.execute("SELECT pg_terminate_backend(%s)", pid)
+
+
+@pytest.fixture
+def store(postgres_dsn: str) -> Iterator[Store]:
+    store = Store(postgres_dsn, "ik_test_" + uuid.uuid4().hex[:12])
+    yield store
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(store.schema))
+        )
+
+
+class _PostgresTamper:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def write_checkpoint_text(self, thread_id: str, text: str) -> None:
+        self._store.execute(
+            "UPDATE ik_threads SET checkpoint = %s WHERE thread_id = %s", text, thread_id
+        )
+
+    async def write_receipt_status(self, thread_id: str, key: str, status: str) -> None:
+        self._store.execute("ALTER TABLE ik_receipts DROP CONSTRAINT ik_receipts_status_check")
+        self._store.execute(
+            "UPDATE ik_receipts SET status = %s WHERE thread_id = %s AND key = %s",
+            status,
+            thread_id,
+            key,
+        )
+
+
+class TestPostgresDurability(DurabilityConformance):
+    @pytest.fixture
+    def make_durability(self, store: Store) -> Callable[[], Durability]:
+        return store.durability
+
+    @pytest.fixture
+    def tamper(self, durability: Durability, store: Store) -> Tamper | None:
+        return _PostgresTamper(store)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def commit_for(tx: TurnTransaction, events: tuple[EventDraft, ...] = ()) -> TurnCommit:
+    """A minimal valid commit for raw ``with_turn`` operations."""
+    version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
+    checkpoint = KernelCheckpoint(
+        schema_revision=SCHEMA_REVISION, agent_fingerprint="sha256:raw", version=version
+    )
+    result = TurnResult(
+        tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
+    )
+    return TurnCommit(result, checkpoint, events or (EventDraft("turn.committed", {"v": version}),))
+
+
+async def plain(tx: TurnTransaction) -> TurnCommit:
+    return commit_for(tx)
+
+
+class Gate:
+    """An operation that holds its turn (and the thread lock) until released."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.released = asyncio.Event()
+
+    async def __call__(self, tx: TurnTransaction) -> TurnCommit:
+        self.entered.set()
+        await self.released.wait()
+        return commit_for(tx)
+
+
+@asynccontextmanager
+async def no_lock(thread_id: str) -> AsyncIterator[object]:
+    yield thread_id
+
+
+async def read_all(durability: Durability, after: int | None = None) -> list[Any]:
+    events: list[Any] = []
+    while batch := await durability.read_outbox(
+        after=events[-1].position if events else after, limit=500
+    ):
+        events.extend(batch)
+    return events
+
+
+# -- schema ----------------------------------------------------------------------------------
+
+
+async def test_schema_is_created_once_in_its_own_namespace_and_versioned(store: Store) -> None:
+    for _ in range(2):
+        async with store.durability():
+            pass
+    versions = store.execute("SELECT version FROM ik_schema ORDER BY version")
+    assert [v for (v,) in versions] == list(range(1, len(MIGRATIONS) + 1))
+    tables = store.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+        "ORDER BY table_name",
+        store.schema,
+    )
+    assert [t for (t,) in tables] == [
+        "ik_outbox",
+        "ik_outbox_head",
+        "ik_receipts",
+        "ik_schema",
+        "ik_threads",
+        "ik_turns",
+    ]
+    times = store.execute(
+        "SELECT DISTINCT data_type FROM information_schema.columns "
+        "WHERE table_schema = %s AND data_type LIKE 'timestamp%%'",
+        store.schema,
+    )
+    assert times == [("timestamp with time zone",)]
+
+
+async def test_concurrent_first_opens_migrate_once(store: Store) -> None:
+    adapters = [store.durability() for _ in range(8)]
+    await asyncio.gather(*(a.__aenter__() for a in adapters))
+    await asyncio.gather(*(a.aclose() for a in adapters))
+    assert store.execute("SELECT count(*) FROM ik_schema") == [(len(MIGRATIONS),)]
+
+
+async def test_a_schema_from_a_newer_library_is_refused(store: Store) -> None:
+    async with store.durability():
+        pass
+    store.execute("INSERT INTO ik_schema VALUES (%s, now())", len(MIGRATIONS) + 1)
+    with pytest.raises(StoreError, match="newer than this library"):
+        async with store.durability():
+            pass
+
+
+async def test_open_durability_builds_postgres_from_a_url(postgres_dsn: str) -> None:
+    durability = open_durability(postgres_dsn)
+    assert isinstance(durability, PostgresDurability)
+    assert durability.schema == "intention_kernel"
+
+
+async def test_an_unreachable_server_is_a_store_error() -> None:
+    durability = PostgresDurability(
+        "postgresql://postgres@127.0.0.1:1/none?connect_timeout=1", pool_timeout=1.0
+    )
+    with pytest.raises(StoreError, match="cannot connect"):
+        await durability.__aenter__()
+
+
+def test_importing_without_psycopg_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "try:\n"
+        "    import intention_kernel.durability.postgres\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
+    )
+    assert "pip install 'intention-kernel[postgres]'" in out.stdout
+
+
+# -- the thread lock -------------------------------------------------------------------------
+
+
+async def test_the_advisory_lock_excludes_a_second_holder_until_its_session_dies(
+    store: Store,
+) -> None:
+    async with store.durability() as holder, store.durability(lock_timeout=0.3) as other:
+        gate = Gate()
+        held = asyncio.create_task(holder.with_turn(TurnScope("t", "first"), gate))
+        await asyncio.wait_for(gate.entered.wait(), 5)
+        started = time.monotonic()
+        with pytest.raises(ThreadBusyError) as busy:
+            await other.with_turn(TurnScope("t", "second"), plain)
+        assert busy.value.thread_id == "t"
+        assert time.monotonic() - started >= 0.3
+        # Another thread is not affected.
+        assert (await other.with_turn(TurnScope("u", "1"), plain)).checkpoint_version == 1
+
+        pid = store.lock_holder("t")
+        assert pid is not None
+        store.terminate(pid)  # the holder's session dies, and its lock with it
+        result = await other.with_turn(TurnScope("t", "second"), plain)
+        assert result.checkpoint_version == 1
+
+        gate.released.set()
+        with pytest.raises(StoreError):  # its lock is gone: nothing it does can commit
+            await held
+        assert (await holder.with_turn(TurnScope("t", "third"), plain)).checkpoint_version == 2
+    turns = store.execute("SELECT turn_id FROM ik_turns WHERE thread_id = 't' ORDER BY version")
+    assert turns == [("second",), ("third",)]
+
+
+async def test_no_session_is_returned_to_the_pool_holding_a_lock(store: Store) -> None:
+    async with store.durability(max_pool_size=2) as durability:
+        gate = Gate()
+        cancelled = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), gate))
+        await asyncio.wait_for(gate.entered.wait(), 5)
+        waiting = asyncio.create_task(durability.with_turn(TurnScope("t", "2"), plain))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert (await waiting).checkpoint_version == 1
+        for i in range(20):
+            await durability.with_turn(TurnScope(f"t{i % 3}", f"x{i}"), plain)
+        assert store.advisory_locks() == 0
+    async with store.durability(lock_timeout=0.2) as other:
+        assert (await other.with_turn(TurnScope("t", "3"), plain)).checkpoint_version == 2
+
+
+# -- fencing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prior_turns", "winner_turn_id"),
+    [(0, "winner"), (1, "winner"), (1, "stale")],
+    ids=["first-commit", "later-commit", "same-turn-id"],
+)
+async def test_a_stale_commit_is_fenced(
+    store: Store, monkeypatch: pytest.MonkeyPatch, prior_turns: int, winner_turn_id: str
+) -> None:
+    async with store.durability() as honest, store.durability() as rogue:
+        # The rogue adapter skips the thread lock, as if its session had been lost.
+        monkeypatch.setattr(rogue._recorder, "lock", no_lock)
+        for i in range(prior_turns):
+            await honest.with_turn(TurnScope("t", f"prior-{i}"), plain)
+        gate = Gate()
+        stale = asyncio.create_task(rogue.with_turn(TurnScope("t", "stale"), gate))
+        await asyncio.wait_for(gate.entered.wait(), 5)  # it has loaded the thread
+        winner = await honest.with_turn(TurnScope("t", winner_turn_id), plain)
+        assert winner.checkpoint_version == prior_turns + 1
+        gate.released.set()
+        with pytest.raises(FencedCommitError) as fenced:
+            await stale
+        assert (fenced.value.thread_id, fenced.value.turn_id) == ("t", "stale")
+        turns = store.execute("SELECT turn_id, version FROM ik_turns ORDER BY version")
+        assert turns == [(f"prior-{i}", i + 1) for i in range(prior_turns)] + [
+            (winner_turn_id, prior_turns + 1)
+        ]
+        events = await read_all(honest)
+        assert [e.turn_id for e in events] == [t for t, _ in turns]
+
+
+async def test_an_effect_whose_receipt_moved_while_it_ran_is_not_recorded_as_completed(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with store.durability() as honest, store.durability() as rogue:
+        monkeypatch.setattr(rogue._recorder, "lock", no_lock)
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def provider(authority: Any) -> dict[str, str]:
+            entered.set()
+            await release.wait()
+            return {"charged": authority.key}
+
+        async def slow_effect(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("charge", provider, step_id="s")
+            return commit_for(tx)
+
+        async def same_effect(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("charge", provider, step_id="s")
+            raise AssertionError("a prepared receipt must fail closed")
+
+        running = asyncio.create_task(rogue.with_turn(TurnScope("t", "1"), slow_effect))
+        await asyncio.wait_for(entered.wait(), 5)
+        with pytest.raises(EffectUncertainError, match="may already have been applied"):
+            await honest.with_turn(TurnScope("t", "2"), same_effect)
+        release.set()
+        with pytest.raises(FencedCommitError):
+            await running
+        [receipt] = await honest.list_receipts()
+        assert receipt.status == "uncertain"
+        assert await honest.load_checkpoint("t") is None
+
+
+async def test_effects_gathered_in_one_turn_share_its_session_safely(store: Store) -> None:
+    async def provider(authority: EffectAuthority) -> str:
+        await asyncio.sleep(0.01)
+        return authority.key
+
+    async def gathered(tx: TurnTransaction) -> TurnCommit:
+        keys = [f"k{i}" for i in range(6)]
+        effects = await asyncio.gather(*(tx.run_effect(k, provider, step_id=k) for k in keys))
+        assert [e.value for e in effects] == keys
+        return commit_for(tx)
+
+    async with store.durability() as durability:
+        await durability.with_turn(TurnScope("t", "1"), gathered)
+        receipts = await durability.list_receipts()
+    assert sorted((r.key, r.status) for r in receipts) == [(f"k{i}", "completed") for i in range(6)]
+
+
+# -- outbox positions ------------------------------------------------------------------------
+
+
+async def test_outbox_positions_never_skip_an_event_under_concurrent_committers(
+    store: Store,
+) -> None:
+    """A relay polling while many sessions commit sees every event exactly once.
+
+    A trigger sleeps after each event insert, so transactions commit long after
+    they wrote their events and in a different order: a position taken at insert
+    time (a sequence) would let the relay move past events that commit later.
+    """
+    adapters = [store.durability(max_pool_size=4) for _ in range(4)]
+    for adapter in adapters:
+        await adapter.__aenter__()
+    store.execute(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_sleep(random() * 0.02); RETURN NULL; END $$"
+    )
+    store.execute(
+        "CREATE TRIGGER slow_commit AFTER INSERT ON ik_outbox "
+        "FOR EACH STATEMENT EXECUTE FUNCTION slow_commit()"
+    )
+    relay, seen, done = adapters[0], list[OutboxEvent](), asyncio.Event()
+
+    async def poll() -> None:
+        while not done.is_set():
+            seen.extend(await read_all(relay, seen[-1].position if seen else None))
+            await asyncio.sleep(0.001)
+
+    async def committer(adapter: Durability, worker: int) -> None:
+        for i in range(12):
+            events = tuple(EventDraft("e", {"i": i, "n": n}) for n in range(3))
+
+            async def operation(tx: TurnTransaction, events: Any = events) -> TurnCommit:
+                return commit_for(tx, events)
+
+            await adapter.with_turn(TurnScope(f"t{worker}", f"{i}"), operation)
+
+    try:
+        polling = asyncio.create_task(poll())
+        await asyncio.gather(
+            *(committer(adapters[w % 4], w) for w in range(16)), *(read_all(a) for a in adapters)
+        )
+        done.set()
+        await polling
+        seen.extend(await read_all(relay, seen[-1].position if seen else None))
+    finally:
+        for adapter in adapters:
+            await adapter.aclose()
+    total = 16 * 12 * 3
+    assert [e.position for e in seen] == list(range(1, total + 1))
+    assert len({e.id for e in seen}) == total
+    for worker in range(16):
+        mine = [e for e in seen if e.thread_id == f"t{worker}"]
+        assert [e.seq for e in mine] == list(range(1, len(mine) + 1))
+        assert [(e.turn_id, e.payload["n"]) for e in mine] == [
+            (str(i), n) for i in range(12) for n in range(3)
+        ]
+
+
+async def test_a_corrupted_outbox_payload_is_a_typed_error(store: Store) -> None:
+    async with store.durability() as durability:
+        await durability.with_turn(TurnScope("t", "1"), plain)
+        store.execute("UPDATE ik_outbox SET payload = '{not json'")
+        with pytest.raises(CorruptRecordError):
+            await durability.read_outbox()
+
+
+# -- lost connections ------------------------------------------------------------------------
+
+
+async def test_a_connection_killed_before_commit_leaves_nothing_and_the_retry_works(
+    store: Store,
+) -> None:
+    calls: list[str] = []
+
+    def charge(authority: EffectAuthority) -> dict[str, int]:
+        calls.append(authority.key)
+        return {"ok": 1}
+
+    async def doomed(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("charge", charge, step_id="s")
+        pid = store.lock_holder("t")
+        assert pid is not None
+        store.terminate(pid)
+        return commit_for(tx)
+
+    async def retried(tx: TurnTransaction) -> TurnCommit:
+        effect = await tx.run_effect("charge", lambda a: calls.append("again"), step_id="s")
+        assert effect.value == {"ok": 1}
+        return commit_for(tx)
+
+    async with store.durability() as durability:
+        with pytest.raises(StoreError):
+            await durability.with_turn(TurnScope("t", "1"), doomed)
+        assert await durability.load_checkpoint("t") is None
+        assert await durability.read_outbox() == []
+        result = await durability.with_turn(TurnScope("t", "1"), retried)
+        assert (result.replayed, result.checkpoint_version) == (False, 1)
+        assert calls == ["charge"]
+        [receipt] = await durability.list_receipts()
+        assert receipt.status == "completed"
+
+
+async def test_a_lost_commit_acknowledgement_is_resolved_by_replay(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with store.durability() as durability:
+        recorder: Any = durability._recorder
+        real_commit = recorder.commit_turn
+
+        async def commit_then_lose_the_ack(record: Any) -> None:
+            await real_commit(record)
+            raise StoreError("connection lost while waiting for COMMIT")
+
+        monkeypatch.setattr(recorder, "commit_turn", commit_then_lose_the_ack)
+        with pytest.raises(StoreError):
+            await durability.with_turn(TurnScope("t", "1"), plain)
+        monkeypatch.undo()
+        replay = await durability.with_turn(TurnScope("t", "1"), plain)
+        assert (replay.replayed, replay.checkpoint_version) == (True, 1)
+
+
+async def test_the_pool_reconnects_after_every_session_was_dropped(store: Store) -> None:
+    async with store.durability(min_pool_size=3) as durability:
+        await durability.with_turn(TurnScope("t", "1"), plain)
+        dropped = store.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            store.schema,
+        )
+        assert len(dropped) >= 3
+        assert (await durability.load_checkpoint("t")) is not None
+        assert len(await durability.read_outbox()) == 1
+        assert await durability.list_receipts() == []
+        assert (await durability.with_turn(TurnScope("t", "2"), plain)).checkpoint_version == 2
