@@ -15,10 +15,12 @@ from intention_kernel.testing.conformance import DurabilityConformance, Tamper
 
 class _MemoryTamper:
     def __init__(self, durability: InMemoryDurability) -> None:
+        self._durability = durability
         self._state = durability._recorder._state  # type: ignore[attr-defined]
 
     async def write_checkpoint_text(self, thread_id: str, text: str) -> None:
         self._state.threads[thread_id].checkpoint = text
+        self._durability._checkpoints.clear()  # the shared instance must not trust its cache
 
     async def write_receipt_status(self, thread_id: str, key: str, status: str) -> None:
         receipt = self._state.receipts[(thread_id, key)]

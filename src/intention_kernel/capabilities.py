@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pydantic
 
+from intention_kernel._json import normalize
 from intention_kernel.errors import InvalidInputError
 from intention_kernel.facts import Fact, FactRecord
 
@@ -192,7 +193,12 @@ class Capability:
                 capability_id=self.id,
             )
         if self.input_model is None:
-            data = dict(raw)
+            try:
+                data = normalize(dict(raw))
+            except (TypeError, ValueError) as exc:
+                raise InvalidInputError(
+                    f"input for {self.id} is not JSON-serializable: {exc}", capability_id=self.id
+                ) from exc
             return data, data
         try:
             model = self.input_model.model_validate(raw)

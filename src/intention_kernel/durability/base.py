@@ -15,8 +15,9 @@ one write effect therefore costs three commits and no more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-import json
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from intention_kernel._json import dump_value, load_value, normalize
 from intention_kernel.checkpoint import KernelCheckpoint, decode_checkpoint, encode_checkpoint
 from intention_kernel.durability import TurnOperation
 from intention_kernel.effects import (
@@ -65,6 +67,7 @@ __all__ = [
     "Recorder",
     "StoredThread",
     "StoredTurn",
+    "ThreadOwner",
     "TurnRecord",
     "TurnStart",
     "check_id",
@@ -90,6 +93,17 @@ class StoredThread:
     version: int
     tenant_id: str | None
     checkpoint: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadOwner:
+    """Whom a thread belongs to: the tenant of its first committed turn (``None``: no tenant).
+
+    ``with_turn`` refuses a turn of any other tenant with ``TenantMismatchError``;
+    hosts apply the same rule to reads (see :meth:`RecordedDurability.thread_owner`).
+    """
+
+    tenant_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +160,15 @@ class Recorder(Protocol):
         """
         ...
 
-    async def begin_turn(self, thread_id: str, turn_id: str) -> TurnStart:
-        """Read the committed turn ``(thread_id, turn_id)``; only if absent, the thread row."""
+    async def begin_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> TurnStart:
+        """Read the committed turn ``(thread_id, turn_id)``; only if absent, the thread row.
+
+        When the thread's version equals ``known_version`` the caller already holds
+        that checkpoint: the recorder should leave ``StoredThread.checkpoint`` as
+        ``None`` instead of shipping and decoding the same document again.
+        """
         ...
 
     async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
@@ -191,15 +212,6 @@ def check_id(name: str, value: object) -> str:
     if "\x00" in value:
         raise InvalidRequestError(f"{name} must not contain NUL characters")
     return value
-
-
-def dump_value(value: Any) -> str:
-    """Strict JSON for values stored in receipts and events (no NaN, no objects)."""
-    return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-
-
-def load_value(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
 
 
 class _Transaction:
@@ -250,10 +262,18 @@ class _Transaction:
 class RecordedDurability:
     """A complete durability adapter over a :class:`Recorder`. Subclassed by each adapter."""
 
+    #: How many threads' latest checkpoints each adapter keeps decoded in memory.
+    CHECKPOINT_CACHE_SIZE = 1024
+
     def __init__(self, recorder: Recorder) -> None:
         self._recorder = recorder
         self._opened = False
         self._open_lock = asyncio.Lock()
+        # The checkpoint this adapter last committed or decoded, per thread. A turn whose
+        # stored version still matches reuses it instead of reading and decoding the
+        # whole document again; any other writer bumps the version, so a stale entry is
+        # never used. Entries are shared, never mutated: the runtime copies what it changes.
+        self._checkpoints: OrderedDict[str, KernelCheckpoint] = OrderedDict()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -291,7 +311,10 @@ class RecordedDurability:
             check_id("tenant_id", scope.tenant_id)
         recorder = await self._ready()
         async with recorder.lock(scope.thread_id):
-            start = await recorder.begin_turn(scope.thread_id, scope.turn_id)
+            cached = self._checkpoints.get(scope.thread_id)
+            start = await recorder.begin_turn(
+                scope.thread_id, scope.turn_id, cached.version if cached else None
+            )
             # A thread belongs to the tenant of its first committed turn. (A version-0
             # row only carries operator events and has no owner yet.)
             owned = start.turn is not None or (start.thread is not None and start.thread.version)
@@ -305,15 +328,7 @@ class RecordedDurability:
             if start.turn is not None:
                 return self._replay(scope, start.turn)
             thread = start.thread
-            checkpoint = None
-            if thread is not None and thread.checkpoint is not None:
-                checkpoint = decode_checkpoint(thread.checkpoint, thread_id=scope.thread_id)
-                if checkpoint.version != thread.version:
-                    raise CorruptRecordError(
-                        f"thread {scope.thread_id!r} is at version {thread.version} but its "
-                        f"checkpoint says {checkpoint.version}",
-                        thread_id=scope.thread_id,
-                    )
+            checkpoint = self._checkpoint(scope.thread_id, thread, cached)
             expected = thread.version if thread is not None else 0
             tx = _Transaction(self, scope, checkpoint)
             try:
@@ -322,7 +337,38 @@ class RecordedDurability:
                 tx._closed = True
             record = self._record(scope, expected, commit)
             await recorder.commit_turn(record)
+            self._remember(scope.thread_id, commit.checkpoint)
             return commit.result
+
+    def _checkpoint(
+        self, thread_id: str, thread: StoredThread | None, cached: KernelCheckpoint | None
+    ) -> KernelCheckpoint | None:
+        """The thread's current checkpoint: the cached one if still current, else decoded."""
+        if thread is None or not thread.version:
+            return None
+        if thread.checkpoint is None:
+            if cached is None or cached.version != thread.version:
+                raise CorruptRecordError(
+                    f"thread {thread_id!r} is at version {thread.version} but has no checkpoint",
+                    thread_id=thread_id,
+                )
+            return cached
+        checkpoint = decode_checkpoint(thread.checkpoint, thread_id=thread_id)
+        if checkpoint.version != thread.version:
+            raise CorruptRecordError(
+                f"thread {thread_id!r} is at version {thread.version} but its "
+                f"checkpoint says {checkpoint.version}",
+                thread_id=thread_id,
+            )
+        self._remember(thread_id, checkpoint)
+        return checkpoint
+
+    def _remember(self, thread_id: str, checkpoint: KernelCheckpoint) -> None:
+        cache = self._checkpoints
+        cache[thread_id] = checkpoint
+        cache.move_to_end(thread_id)
+        if len(cache) > self.CHECKPOINT_CACHE_SIZE:
+            cache.popitem(last=False)
 
     def _replay(self, scope: TurnScope, stored: StoredTurn) -> TurnResult:
         if (
@@ -435,7 +481,7 @@ class RecordedDurability:
                 receipt=uncertain,
             ) from exc
         try:
-            stored = json.loads(dump_value(value))
+            stored = normalize(value)
         except (TypeError, ValueError) as exc:
             # The write happened but its value cannot be recorded; replaying it later
             # could not return the same value, so fail closed for an operator.
@@ -468,6 +514,15 @@ class RecordedDurability:
             return None
         return decode_checkpoint(thread.checkpoint, thread_id=thread_id)
 
+    async def thread_owner(self, thread_id: str) -> ThreadOwner | None:
+        """The owner of a thread, or ``None`` while it has no committed turn (no checkpoint;
+        the first turn of any tenant claims it). Lets a host keep tenants' reads apart."""
+        recorder = await self._ready()
+        thread = await recorder.read_thread(check_id("thread_id", thread_id))
+        if thread is None or not thread.version:
+            return None
+        return ThreadOwner(thread.tenant_id)
+
     async def list_receipts(
         self, thread_id: str | None = None, status: ReceiptStatus | str | None = None
     ) -> list[Receipt]:
@@ -490,7 +545,7 @@ class RecordedDurability:
         ``value``) or not (a later call may retry). Emits ``receipt.resolved``."""
         recorder = await self._ready()
         check_id("thread_id", thread_id)
-        stored_value = json.loads(dump_value(value)) if applied else None
+        stored_value = normalize(value) if applied else None
 
         def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
             if existing is None:
@@ -544,5 +599,9 @@ async def _shielded(write: Any) -> None:
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
-        await task
+        # Wait without propagating further cancels into the write itself.
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([task])
+        task.result()
         raise

@@ -74,12 +74,17 @@ class _MemoryRecorder:
         finally:
             lock.release()
 
-    async def begin_turn(self, thread_id: str, turn_id: str) -> TurnStart:
+    async def begin_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> TurnStart:
         thread = self._state.threads.get(thread_id)
         stored = self._state.turns.get((thread_id, turn_id))
         if stored is not None:
             return TurnStart(stored, None, thread.tenant_id if thread else None)
-        return TurnStart(None, self._snapshot(thread))
+        snapshot = self._snapshot(thread)
+        if snapshot is not None and snapshot.version == known_version:
+            snapshot = replace(snapshot, checkpoint=None)
+        return TurnStart(None, snapshot)
 
     async def read_thread(self, thread_id: str) -> StoredThread | None:
         return self._snapshot(self._state.threads.get(thread_id))

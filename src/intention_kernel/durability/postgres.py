@@ -53,6 +53,12 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
         "pip install 'intention-kernel[postgres]'"
     ) from exc
 
+from intention_kernel.durability._rows import (
+    decode_event,
+    decode_receipt,
+    dump_optional,
+    dump_resolution,
+)
 from intention_kernel.durability.base import (
     PlanFn,
     RecordedDurability,
@@ -62,11 +68,9 @@ from intention_kernel.durability.base import (
     TurnRecord,
     TurnStart,
     dump_value,
-    load_value,
 )
-from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, Resolution, utcnow
+from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import (
-    CorruptRecordError,
     FencedCommitError,
     KernelError,
     StoreError,
@@ -149,7 +153,8 @@ LOCK_XACT = "SELECT pg_advisory_xact_lock(%s)"
 # (the checkpoint is not shipped for a replay, which never decodes it).
 BEGIN_TURN = """
     SELECT t.request_digest, t.result, th.version, th.tenant_id,
-           CASE WHEN t.turn_id IS NULL THEN th.checkpoint END
+           CASE WHEN t.turn_id IS NULL AND th.version IS DISTINCT FROM %(known_version)s
+                THEN th.checkpoint END
     FROM (SELECT 1) AS one
     LEFT JOIN ik_threads th ON th.thread_id = %(thread_id)s
     LEFT JOIN ik_turns t ON t.thread_id = %(thread_id)s AND t.turn_id = %(turn_id)s
@@ -471,9 +476,12 @@ class _PostgresRecorder:
 
     # -- turns ---------------------------------------------------------------------------------
 
-    async def begin_turn(self, thread_id: str, turn_id: str) -> TurnStart:
+    async def begin_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> TurnStart:
         async def read(conn: Connection) -> TurnStart:
-            cur = await conn.execute(BEGIN_TURN, {"thread_id": thread_id, "turn_id": turn_id})
+            params = {"thread_id": thread_id, "turn_id": turn_id, "known_version": known_version}
+            cur = await conn.execute(BEGIN_TURN, params)
             digest, result, version, tenant_id, checkpoint = _one(await cur.fetchone())
             if result is not None:
                 return TurnStart(StoredTurn(digest, result), None, tenant_id)
@@ -697,12 +705,6 @@ async def _insert_events(
 
 
 def _receipt_params(r: Receipt) -> dict[str, Any]:
-    resolution = r.resolution and {
-        "applied": r.resolution.applied,
-        "note": r.resolution.note,
-        "actor": r.resolution.actor,
-        "at": r.resolution.at.isoformat(),
-    }
     return {
         "id": r.id,
         "thread_id": r.thread_id,
@@ -711,11 +713,11 @@ def _receipt_params(r: Receipt) -> dict[str, Any]:
         "turn_id": r.turn_id,
         "step_id": r.step_id,
         "attempt": r.attempt,
-        "value": None if r.value is None else dump_value(r.value),
+        "value": dump_optional(r.value),
         "error": r.error,
         "created_at": r.created_at or utcnow(),
         "updated_at": r.updated_at or utcnow(),
-        "resolution": None if resolution is None else dump_value(resolution),
+        "resolution": dump_resolution(r.resolution),
     }
 
 
@@ -729,46 +731,33 @@ async def _update_receipt(conn: Connection, new: Receipt, expected: Receipt) -> 
 def _receipt(row: Sequence[Any] | None) -> Receipt | None:
     if row is None:
         return None
-    try:
-        resolution = load_value(row[11])
-        if resolution is not None:
-            at = datetime.fromisoformat(resolution["at"])
-            resolution = Resolution(
-                resolution["applied"], resolution["note"], resolution["actor"], at
-            )
-        status, value = ReceiptStatus(row[3]), load_value(row[7])
-    except (ValueError, TypeError, KeyError) as exc:
-        raise CorruptRecordError(
-            f"receipt row for key {row[2]!r} on thread {row[1]!r} cannot be decoded: {exc}",
-            thread_id=row[1],
-            key=row[2],
-        ) from exc
-    created, updated = _utc(row[9]), _utc(row[10])
-    return Receipt(
-        row[0],
-        row[1],
-        row[2],
-        status,
-        row[4],
-        row[5],
-        row[6],
-        value,
-        row[8],
-        created,
-        updated,
-        resolution,
+    return decode_receipt(
+        id=row[0],
+        thread_id=row[1],
+        key=row[2],
+        status=row[3],
+        turn_id=row[4],
+        step_id=row[5],
+        attempt=row[6],
+        value=row[7],
+        error=row[8],
+        created_at=_utc(row[9]),
+        updated_at=_utc(row[10]),
+        resolution=row[11],
     )
 
 
 def _event(row: Sequence[Any]) -> OutboxEvent:
-    try:
-        payload = load_value(row[6])
-    except ValueError as exc:
-        raise CorruptRecordError(
-            f"outbox event {row[0]!r} of thread {row[2]!r} has a payload that is not JSON: {exc}",
-            thread_id=row[2],
-        ) from exc
-    return OutboxEvent(row[0], row[1], row[2], row[3], row[4], row[5], payload, _utc(row[7]))
+    return decode_event(
+        id=row[0],
+        position=row[1],
+        thread_id=row[2],
+        turn_id=row[3],
+        seq=row[4],
+        type=row[5],
+        payload=row[6],
+        created_at=_utc(row[7]),
+    )
 
 
 def _utc(value: datetime) -> datetime:

@@ -33,6 +33,12 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from intention_kernel.durability._filelock import LockFile
+from intention_kernel.durability._rows import (
+    decode_event,
+    decode_receipt,
+    dump_optional,
+    dump_resolution,
+)
 from intention_kernel.durability.base import (
     PlanFn,
     RecordedDurability,
@@ -42,9 +48,8 @@ from intention_kernel.durability.base import (
     TurnRecord,
     TurnStart,
     dump_value,
-    load_value,
 )
-from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, Resolution, utcnow
+from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import CorruptRecordError, FencedCommitError, KernelError, StoreError
 from intention_kernel.turns import EventDraft, OutboxEvent
 
@@ -118,6 +123,11 @@ SELECT_TURN = """
     WHERE t.thread_id = ? AND t.turn_id = ?
 """
 SELECT_THREAD = "SELECT version, tenant_id, checkpoint FROM ik_threads WHERE thread_id = ?"
+# The checkpoint document only when the caller does not already hold this version.
+SELECT_THREAD_UNLESS_KNOWN = """
+    SELECT version, tenant_id, CASE WHEN version IS ? THEN NULL ELSE checkpoint END
+    FROM ik_threads WHERE thread_id = ?
+"""
 
 RECEIPT_COLUMNS = (
     "thread_id, key, id, status, turn_id, step_id, attempt, value, error, resolution, "
@@ -271,12 +281,15 @@ class _SQLiteRecorder:
 
     # -- turns ---------------------------------------------------------------------------------
 
-    async def begin_turn(self, thread_id: str, turn_id: str) -> TurnStart:
+    async def begin_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> TurnStart:
         def read(conn: sqlite3.Connection) -> TurnStart:
             row = conn.execute(SELECT_TURN, (thread_id, turn_id)).fetchone()
             if row is not None:
                 return TurnStart(StoredTurn(row[0], row[1]), None, row[2])
-            return TurnStart(None, _thread(conn.execute(SELECT_THREAD, (thread_id,)).fetchone()))
+            thread = conn.execute(SELECT_THREAD_UNLESS_KNOWN, (known_version, thread_id))
+            return TurnStart(None, _thread(thread.fetchone()))
 
         return await self._run(read)
 
@@ -402,14 +415,14 @@ class _SQLiteRecorder:
 
         def read(conn: sqlite3.Connection) -> list[OutboxEvent]:
             return [
-                OutboxEvent(
+                decode_event(
                     id=r[0],
                     position=r[1],
                     thread_id=r[2],
                     turn_id=r[3],
                     seq=r[4],
                     type=r[5],
-                    payload=load_value(r[6]),
+                    payload=r[6],
                     created_at=datetime.fromisoformat(r[7]),
                 )
                 for r in conn.execute(sql, args)
@@ -498,6 +511,7 @@ def _fenced(record: TurnRecord, why: str) -> FencedCommitError:
 
 
 def _receipt_row(r: Receipt) -> tuple[Any, ...]:
+    """Column values in ``RECEIPT_COLUMNS`` order."""
     return (
         r.thread_id,
         r.key,
@@ -506,9 +520,9 @@ def _receipt_row(r: Receipt) -> tuple[Any, ...]:
         r.turn_id,
         r.step_id,
         r.attempt,
-        None if r.value is None else dump_value(r.value),
+        dump_optional(r.value),
         r.error,
-        _dump_resolution(r.resolution),
+        dump_resolution(r.resolution),
         (r.created_at or utcnow()).isoformat(),
         (r.updated_at or utcnow()).isoformat(),
     )
@@ -518,20 +532,7 @@ def _update_receipt(conn: sqlite3.Connection, new: Receipt, expected: Receipt) -
     row = _receipt_row(new)
     cursor = conn.execute(
         UPDATE_RECEIPT,
-        (
-            row[3],
-            row[4],
-            row[5],
-            row[6],
-            row[7],
-            row[8],
-            row[9],
-            row[11],
-            new.thread_id,
-            new.key,
-            str(expected.status),
-            expected.attempt,
-        ),
+        (*row[3:10], row[11], new.thread_id, new.key, str(expected.status), expected.attempt),
     )
     if cursor.rowcount != 1:
         raise FencedCommitError(
@@ -545,53 +546,32 @@ def _receipt(row: Sequence[Any] | None) -> Receipt | None:
     if row is None:
         return None
     try:
-        return Receipt(
-            thread_id=row[0],
-            key=row[1],
-            id=row[2],
-            status=ReceiptStatus(row[3]),
-            turn_id=row[4],
-            step_id=row[5],
-            attempt=int(row[6]),
-            value=load_value(row[7]),
-            error=row[8],
-            resolution=_load_resolution(row[9]),
-            created_at=datetime.fromisoformat(row[10]),
-            updated_at=datetime.fromisoformat(row[11]),
-        )
-    except (ValueError, TypeError, KeyError) as exc:
+        created_at, updated_at = datetime.fromisoformat(row[10]), datetime.fromisoformat(row[11])
+    except (TypeError, ValueError) as exc:
         raise CorruptRecordError(
-            f"receipt row for key {row[1]!r} on thread {row[0]!r} cannot be decoded: {exc}",
+            f"receipt row for key {row[1]!r} on thread {row[0]!r} has a bad timestamp: {exc}",
             thread_id=row[0],
             key=row[1],
         ) from exc
+    return decode_receipt(
+        thread_id=row[0],
+        key=row[1],
+        id=row[2],
+        status=row[3],
+        turn_id=row[4],
+        step_id=row[5],
+        attempt=row[6],
+        value=row[7],
+        error=row[8],
+        resolution=row[9],
+        created_at=created_at,
+        updated_at=updated_at,
+    )
 
 
 def _require(receipt: Receipt | None) -> Receipt:
     assert receipt is not None
     return receipt
-
-
-def _dump_resolution(resolution: Resolution | None) -> str | None:
-    if resolution is None:
-        return None
-    return dump_value(
-        {
-            "applied": resolution.applied,
-            "note": resolution.note,
-            "actor": resolution.actor,
-            "at": resolution.at.isoformat(),
-        }
-    )
-
-
-def _load_resolution(text: str | None) -> Resolution | None:
-    if text is None:
-        return None
-    data = load_value(text)
-    return Resolution(
-        data["applied"], data["note"], data["actor"], datetime.fromisoformat(data["at"])
-    )
 
 
 def _event_rows(

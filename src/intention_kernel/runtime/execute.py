@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from intention_kernel._json import dump_value, normalize
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
-from intention_kernel.durability.base import dump_value
 from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
 from intention_kernel.errors import (
     CapabilityError,
@@ -195,7 +195,8 @@ class _Step:
                 error=f"{cap.id} asked for confirmation, which needs confirmation='capability'",
             )
         try:
-            dump_value(result.value)
+            value = normalize(result.value)
+            details = normalize(result.confirmation.details) if result.confirmation else None
         except (TypeError, ValueError) as exc:
             return self.finish(
                 StepStatus.FAILED, error=f"the value is not JSON-serializable: {exc}"
@@ -219,22 +220,22 @@ class _Step:
                 capability_id=cap.id,
                 input=self.item.input,
                 prompt=result.confirmation.prompt,
-                details=result.confirmation.details,
+                details=details,
                 step_id=self.item.step_id,
                 turn_id=state.scope.turn_id,
             )
             item = AgendaItem(
                 self.item.step_id, cap.id, self.item.input, state.scope.turn_id, interaction.id
             )
-            step = self.finish(StepStatus.AWAITING_CONFIRMATION, value=result.value)
+            step = self.finish(StepStatus.AWAITING_CONFIRMATION, value=value)
             state.open_interaction(item, interaction)
             state.replies.append(result.confirmation.prompt)
             return step
-        step = self.finish(StepStatus.COMPLETED, value=result.value)
+        step = self.finish(StepStatus.COMPLETED, value=value)
         if result.reply is not None:
             state.replies.append(result.reply)
-        elif result.value is not None:
-            state.replies.append(f"{cap.description or cap.id}: {dump_value(result.value)}")
+        elif value is not None:
+            state.replies.append(f"{cap.description or cap.id}: {dump_value(value)}")
         else:
             state.replies.append(f"Done: {cap.description or cap.id}.")
         return step
@@ -248,7 +249,7 @@ class _Step:
             if not isinstance(fact.key, str) or not fact.key:
                 raise CapabilityError(f"{self.cap.id}: a fact key must be a non-empty string")
             try:
-                dump_value(fact.value)
+                fact_value = normalize(fact.value)
             except (TypeError, ValueError) as exc:
                 raise CapabilityError(
                     f"{self.cap.id}: fact {fact.key!r} is not JSON-serializable: {exc}"
@@ -264,7 +265,7 @@ class _Step:
             previous = pending.get(fact.key) or state.facts.get(fact.key)
             pending[fact.key] = FactRecord(
                 key=fact.key,
-                value=fact.value,
+                value=fact_value,
                 version=(previous.version if previous else 0) + 1,
                 evidence=Evidence(
                     capability_id=self.cap.id,

@@ -52,7 +52,14 @@ class Tamper(Protocol):
     """Raw access to an adapter's store, for tests of corrupted and foreign rows."""
 
     async def write_checkpoint_text(self, thread_id: str, text: str) -> None:
-        """Overwrite the stored checkpoint document of an existing thread."""
+        """Overwrite the stored checkpoint document of an existing thread.
+
+        The suite then reads it through a new adapter from ``make_durability``: an
+        adapter may trust the checkpoint it committed itself while the stored version
+        is unchanged, so a same-version rewrite behind its back is seen on reopening.
+        (An adapter whose ``make_durability`` returns one shared instance must forget
+        such cached state here.)
+        """
         ...
 
     async def write_receipt_status(self, thread_id: str, key: str, status: str) -> None:
@@ -676,7 +683,12 @@ class DurabilityConformance:
         assert stored is not None and stored.agent_fingerprint == v2_ok.fingerprint
 
     async def test_a_checkpoint_of_a_newer_schema_revision_is_refused(
-        self, kernel: Kernel, durability: Durability, tamper: Tamper | None
+        self,
+        kernel: Kernel,
+        durability: Durability,
+        tamper: Tamper | None,
+        make_durability: Callable[[], Durability],
+        provider: FakeProvider,
     ) -> None:
         if tamper is None:
             pytest.skip("this adapter provides no tamper fixture")
@@ -687,17 +699,20 @@ class DurabilityConformance:
         document["schema_revision"] = SCHEMA_REVISION + 1
         await tamper.write_checkpoint_text("t", json.dumps(document))
         events = await durability.read_outbox()
-        with pytest.raises(CheckpointCompatibilityError) as caught:
-            await kernel.turn("t", "2", "balance")
-        assert caught.value.schema_revision == SCHEMA_REVISION + 1
-        assert await durability.read_outbox() == events
-        assert (await kernel.turn("t", "1", "balance")).replayed  # replay needs no checkpoint
+        async with make_durability() as reopened:
+            kernel = Kernel(billing_agent(provider), reopened)
+            with pytest.raises(CheckpointCompatibilityError) as caught:
+                await kernel.turn("t", "2", "balance")
+            assert caught.value.schema_revision == SCHEMA_REVISION + 1
+            assert await reopened.read_outbox() == events
+            assert (await kernel.turn("t", "1", "balance")).replayed  # needs no checkpoint
 
     async def test_a_corrupted_checkpoint_row_is_a_typed_error_and_changes_nothing(
         self,
         kernel: Kernel,
         durability: Durability,
         tamper: Tamper | None,
+        make_durability: Callable[[], Durability],
         provider: FakeProvider,
     ) -> None:
         if tamper is None:
@@ -706,10 +721,11 @@ class DurabilityConformance:
         for garbage in ('{"schema_revision": 1, "version": "x"', "[]", '{"schema_revision": 1}'):
             await tamper.write_checkpoint_text("t", garbage)
             events = await durability.read_outbox()
-            with pytest.raises(CorruptRecordError) as caught:
-                await kernel.turn("t", "2", "yes")
-            assert caught.value.thread_id == "t"
-            assert await durability.read_outbox() == events
+            async with make_durability() as reopened:
+                with pytest.raises(CorruptRecordError) as caught:
+                    await Kernel(billing_agent(provider), reopened).turn("t", "2", "yes")
+                assert caught.value.thread_id == "t"
+                assert await reopened.read_outbox() == events
         assert provider.calls() == 0 and await durability.list_receipts() == []
 
     async def test_a_receipt_row_in_an_unknown_state_is_a_typed_error(

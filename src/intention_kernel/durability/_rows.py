@@ -1,0 +1,104 @@
+"""Row codecs shared by the SQL adapters: receipts, resolutions and outbox events.
+
+Adapters differ in column order and driver types, not in what a stored value
+means; decoding lives here once, and every decoding failure becomes
+``CorruptRecordError`` naming the row.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from intention_kernel.durability.base import dump_value, load_value
+from intention_kernel.effects import Receipt, ReceiptStatus, Resolution
+from intention_kernel.errors import CorruptRecordError
+from intention_kernel.turns import OutboxEvent
+
+__all__ = ["decode_event", "decode_receipt", "dump_resolution", "dump_optional"]
+
+
+def dump_optional(value: Any) -> str | None:
+    """JSON text for a nullable value column (``None`` stays SQL NULL)."""
+    return None if value is None else dump_value(value)
+
+
+def dump_resolution(resolution: Resolution | None) -> str | None:
+    if resolution is None:
+        return None
+    return dump_value(
+        {
+            "applied": resolution.applied,
+            "note": resolution.note,
+            "actor": resolution.actor,
+            "at": resolution.at.isoformat(),
+        }
+    )
+
+
+def decode_receipt(
+    *,
+    id: str,
+    thread_id: str,
+    key: str,
+    status: str,
+    turn_id: str,
+    step_id: str,
+    attempt: int,
+    value: str | None,
+    error: str | None,
+    resolution: str | None,
+    created_at: datetime,
+    updated_at: datetime,
+) -> Receipt:
+    """A receipt from its stored columns (JSON as text, timestamps already parsed)."""
+    try:
+        resolved = load_value(resolution)
+        return Receipt(
+            id=id,
+            thread_id=thread_id,
+            key=key,
+            status=ReceiptStatus(status),
+            turn_id=turn_id,
+            step_id=step_id,
+            attempt=int(attempt),
+            value=load_value(value),
+            error=error,
+            created_at=created_at,
+            updated_at=updated_at,
+            resolution=None
+            if resolved is None
+            else Resolution(
+                resolved["applied"],
+                resolved["note"],
+                resolved["actor"],
+                datetime.fromisoformat(resolved["at"]),
+            ),
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptRecordError(
+            f"receipt row for key {key!r} on thread {thread_id!r} cannot be decoded: {exc}",
+            thread_id=thread_id,
+            key=key,
+        ) from exc
+
+
+def decode_event(
+    *,
+    id: str,
+    position: int,
+    thread_id: str,
+    turn_id: str | None,
+    seq: int,
+    type: str,
+    payload: str | None,
+    created_at: datetime,
+) -> OutboxEvent:
+    try:
+        data = load_value(payload)
+    except ValueError as exc:
+        raise CorruptRecordError(
+            f"outbox event {id!r} of thread {thread_id!r} has a payload that is not JSON: {exc}",
+            thread_id=thread_id,
+        ) from exc
+    return OutboxEvent(id, position, thread_id, turn_id, seq, type, data, created_at)
