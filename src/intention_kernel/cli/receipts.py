@@ -1,0 +1,182 @@
+"""``intention-kernel receipts``: inspect effect receipts and reconcile uncertain ones.
+
+An ``uncertain`` receipt is a write that may or may not have happened (the
+provider's answer was lost, the process died mid-call). The kernel refuses to
+retry it; an operator checks the provider and records the truth::
+
+    intention-kernel receipts list --status uncertain
+    intention-kernel receipts resolve THREAD KEY --applied --value '{"charge_id": "ch_1"}' \
+        --note "found in the provider dashboard"
+    intention-kernel receipts resolve THREAD KEY --not-applied --note "provider has no record"
+
+``--applied`` makes later calls return the value without calling the provider;
+``--not-applied`` lets a later call retry. The resolution is recorded on the
+receipt with who, when and why, and emitted as a ``receipt.resolved`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import socket
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from intention_kernel.cli._common import EXIT_FAILED, DbOption, refuse, resolve_db_url
+from intention_kernel.durability import open_durability
+from intention_kernel.effects import Receipt, ReceiptStatus
+from intention_kernel.errors import KernelError, ReceiptError
+
+__all__ = ["register"]
+
+STATUS_STYLE = {
+    "completed": "green",
+    "prepared": "yellow",
+    "failed": "red",
+    "uncertain": "bold red",
+}
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(
+        help="Inspect effect receipts and reconcile uncertain ones.", no_args_is_help=True
+    )
+    group.command("list")(list_receipts)
+    group.command("resolve")(resolve_receipt)
+    app.add_typer(group, name="receipts")
+
+
+def list_receipts(
+    db: DbOption = None,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help="Only this status: prepared, completed, failed, uncertain"),
+    ] = None,
+    thread: Annotated[str | None, typer.Option("--thread", help="Only this thread")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False,
+) -> None:
+    """List the current receipt of every effect key, oldest first."""
+    wanted = _status(status)
+    receipts = _run(resolve_db_url(db), lambda store: store.list_receipts(thread, wanted))
+    if as_json:
+        for receipt in receipts:
+            typer.echo(json.dumps(_as_dict(receipt), ensure_ascii=False))
+        return
+    table = Table(title=f"{len(receipts)} receipt(s)", title_justify="left")
+    for column in ("thread", "key", "status", "attempt", "turn", "step", "updated", "note"):
+        table.add_column(column, overflow="fold")
+    for r in receipts:
+        note = r.error or ""
+        if r.resolution is not None:
+            note = f"resolved by {r.resolution.actor or '?'}: {r.resolution.note or ''}"
+        table.add_row(
+            r.thread_id,
+            r.key,
+            f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]",
+            str(r.attempt),
+            r.turn_id,
+            r.step_id,
+            r.updated_at.isoformat(timespec="seconds") if r.updated_at else "",
+            note,
+        )
+    Console().print(table)
+
+
+def resolve_receipt(
+    thread: Annotated[str, typer.Argument(help="The thread ID")],
+    key: Annotated[str, typer.Argument(help="The stored effect key (capability_id:key)")],
+    applied: Annotated[
+        bool | None,
+        typer.Option(
+            "--applied/--not-applied",
+            help="Whether the write happened (check the provider first)",
+            show_default=False,
+        ),
+    ] = None,
+    note: Annotated[
+        str | None, typer.Option("--note", help="Why: what the provider shows (required)")
+    ] = None,
+    value: Annotated[
+        str | None,
+        typer.Option("--value", metavar="JSON", help="With --applied: the provider's result"),
+    ] = None,
+    actor: Annotated[
+        str | None, typer.Option("--actor", help="Who resolves it (default: user@host)")
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Record whether an uncertain write happened; later turns act on it."""
+    if applied is None:
+        refuse("say whether the write happened: --applied or --not-applied")
+    if not note:
+        refuse("--note is required: record why, for whoever looks at this receipt next")
+    if value is not None and not applied:
+        refuse("--value only makes sense with --applied")
+    parsed: Any = None
+    if value is not None:
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            refuse(f"--value is not JSON: {exc}")
+    who = actor or f"{getpass.getuser()}@{socket.gethostname()}"
+    receipt = _run(
+        resolve_db_url(db),
+        lambda store: store.resolve_receipt(
+            thread, key, applied=applied, value=parsed, note=note, actor=who
+        ),
+    )
+    Console().print(
+        f"[green]resolved[/] {receipt.key} on {receipt.thread_id}: now "
+        f"[{STATUS_STYLE[receipt.status]}]{receipt.status}[/] (by {who})"
+    )
+
+
+def _status(status: str | None) -> ReceiptStatus | None:
+    if status is None:
+        return None
+    try:
+        return ReceiptStatus(status)
+    except ValueError:
+        choices = ", ".join(s.value for s in ReceiptStatus)
+        refuse(f"unknown status {status!r}; use one of {choices}")
+
+
+def _run(url: str, action: Any) -> Any:
+    async def go() -> Any:
+        async with open_durability(url) as store:
+            return await action(store)
+
+    try:
+        return asyncio.run(go())
+    except ReceiptError as exc:
+        refuse(str(exc))
+    except (KernelError, ValueError) as exc:
+        refuse(str(exc), EXIT_FAILED)
+
+
+def _as_dict(r: Receipt) -> dict[str, Any]:
+    return {
+        "thread_id": r.thread_id,
+        "key": r.key,
+        "id": r.id,
+        "status": str(r.status),
+        "attempt": r.attempt,
+        "turn_id": r.turn_id,
+        "step_id": r.step_id,
+        "value": r.value,
+        "error": r.error,
+        "created_at": r.created_at.isoformat() if r.created_at else None,
+        "updated_at": r.updated_at.isoformat() if r.updated_at else None,
+        "resolution": None
+        if r.resolution is None
+        else {
+            "applied": r.resolution.applied,
+            "note": r.resolution.note,
+            "actor": r.resolution.actor,
+            "at": r.resolution.at.isoformat(),
+        },
+    }

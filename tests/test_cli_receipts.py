@@ -1,0 +1,146 @@
+"""``intention-kernel receipts``: listing and reconciling receipts from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from intention_kernel import Kernel
+from intention_kernel.cli._app import app
+from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.testing.agents import FakeProvider, billing_agent
+
+KEY = "payments.charge:charge:pi_lost"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """A store with one completed and one uncertain charge on thread t."""
+    path = tmp_path / "ops.db"
+
+    async def prepare() -> None:
+        provider = FakeProvider(behaviour={"pi_lost": "lost_response"})
+        async with SQLiteDurability(path) as durability:
+            kernel = Kernel(billing_agent(provider), durability)
+            for n, pi in enumerate(("pi_ok", "pi_lost")):
+                await kernel.turn("t", f"propose-{n}", f"charge {pi} 500")
+                await kernel.turn("t", f"accept-{n}", "yes")
+
+    asyncio.run(prepare())
+    return path
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "250"})
+    return result.exit_code, result.output
+
+
+def test_list_shows_every_receipt_and_filters_by_status(store: Path) -> None:
+    code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--json")
+    assert code == 0
+    rows = [json.loads(line) for line in output.splitlines()]
+    assert [(r["key"], r["status"]) for r in rows] == [
+        ("payments.charge:charge:pi_ok", "completed"),
+        (KEY, "uncertain"),
+    ]
+    code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--status", "uncertain")
+    assert code == 0
+    assert "pi_lost" in output and "pi_ok" not in output
+    code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--status", "weird")
+    assert code == 2 and "unknown status" in output
+
+
+def test_resolve_applied_records_who_and_why_and_later_turns_reuse_the_value(
+    store: Path,
+) -> None:
+    code, output = _cli(
+        "receipts",
+        "resolve",
+        "t",
+        KEY,
+        "--applied",
+        "--value",
+        '{"charge_id": "ch_9"}',
+        "--note",
+        "seen in dashboard",
+        "--actor",
+        "ops@example.com",
+        "--db",
+        f"sqlite:///{store}",
+    )
+    assert code == 0, output
+    assert "completed" in output
+
+    async def check() -> None:
+        provider = FakeProvider()
+        async with SQLiteDurability(store) as durability:
+            resolved = next(r for r in await durability.list_receipts() if r.key == KEY)
+            assert resolved.resolution is not None
+            assert (resolved.resolution.actor, resolved.resolution.note) == (
+                "ops@example.com",
+                "seen in dashboard",
+            )
+            events = await durability.read_outbox(thread_id="t", limit=1000)
+            assert events[-1].type == "receipt.resolved"
+            kernel = Kernel(billing_agent(provider), durability)
+            await kernel.turn("t", "propose-again", "charge pi_lost 500")
+            again = await kernel.turn("t", "accept-again", "yes")
+            assert again.steps[0].value == {"charge_id": "ch_9"}
+            assert provider.calls() == 0
+
+    asyncio.run(check())
+
+
+def test_resolve_refuses_bad_requests_and_changes_nothing(store: Path) -> None:
+    db = f"sqlite:///{store}"
+    cases = [
+        (
+            ["receipts", "resolve", "t", KEY, "--note", "x", "--db", db],
+            "--applied or --not-applied",
+        ),
+        (["receipts", "resolve", "t", KEY, "--applied", "--db", db], "--note is required"),
+        (
+            [
+                "receipts",
+                "resolve",
+                "t",
+                KEY,
+                "--applied",
+                "--note",
+                "x",
+                "--value",
+                "{",
+                "--db",
+                db,
+            ],
+            "not JSON",
+        ),
+        (
+            [
+                "receipts",
+                "resolve",
+                "t",
+                "payments.charge:charge:pi_ok",
+                "--not-applied",
+                "--note",
+                "x",
+                "--db",
+                db,
+            ],
+            "only uncertain receipts",
+        ),
+        (
+            ["receipts", "resolve", "t", "nope", "--applied", "--note", "x", "--db", db],
+            "no receipt",
+        ),
+    ]
+    for args, message in cases:
+        code, output = _cli(*args)
+        assert code == 2, (args, output)
+        assert message in " ".join(output.split()), (args, output)
+    code, output = _cli("receipts", "list", "--db", db, "--status", "uncertain", "--json")
+    assert [json.loads(line)["key"] for line in output.splitlines()] == [KEY]
