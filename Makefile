@@ -16,8 +16,9 @@ demo: $(STAMP)
 	$(BIN)/intention-kernel demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff format --check src tests examples
+	$(BIN)/mypy examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

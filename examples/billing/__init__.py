@@ -1,0 +1,1 @@
+"""The billing example: ``python -m examples.billing --db sqlite:///billing.db``."""

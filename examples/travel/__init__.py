@@ -1,0 +1,1 @@
+"""The travel example: ``python -m examples.travel --db sqlite:///travel.db``."""

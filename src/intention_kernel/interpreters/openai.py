@@ -1,0 +1,152 @@
+"""OpenAIInterpreter: a language model behind an OpenAI-compatible chat API.
+
+::
+
+    from intention_kernel.interpreters.openai import OpenAIInterpreter
+
+    async with OpenAIInterpreter("gpt-4o-mini") as interpreter:          # api.openai.com
+        agent = Agent(name="billing", version="1", capabilities=[...],
+                      interpreter=interpreter)
+
+    OpenAIInterpreter("llama3.1", base_url="http://127.0.0.1:11434/v1",  # any compatible
+                      api_key="unused")                                  # server
+
+Each turn is one ``chat.completions`` request. Every capability is offered as a
+function tool (``payments.charge`` ↔ ``payments__charge``: dots are not allowed
+in function names) whose parameters are its input JSON schema; while an
+interaction is active, ``answer_accept`` and ``answer_reject`` are offered too and
+the pending question is in the system message, with the thread's facts. The
+reply maps back: tool calls → intents in order, an answer tool → the answer to
+the active interaction, assistant text → the reply.
+
+What the model says never crashes a turn: an unknown function or arguments that
+are not JSON become ``failed`` steps with the kernel's error, and the turn
+commits. What the *server* does may: an API or transport error (a 500, a
+timeout, a refused connection) is raised after the SDK's own retries, the kernel
+turns it into ``InterpretationError``, nothing is committed, and the same
+delivery can be retried.
+
+Needs the ``openai`` extra: ``pip install 'intention-kernel[openai]'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Self, cast
+
+try:
+    import openai
+    from openai.types.chat import (
+        ChatCompletion,
+        ChatCompletionMessageParam,
+        ChatCompletionToolUnionParam,
+    )
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        "OpenAIInterpreter needs the official openai SDK: pip install 'intention-kernel[openai]'"
+    ) from exc
+
+from intention_kernel.interpretation import Interpretation, InterpretationRequest
+from intention_kernel.interpreters._chat import (
+    DEFAULT_SYSTEM_PROMPT,
+    chat_messages,
+    function_name,
+    interpretation_from_completion,
+    toolset,
+)
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "OpenAIInterpreter", "function_name"]
+
+
+class OpenAIInterpreter:
+    """Interprets messages with a model served by any OpenAI-compatible API.
+
+    - ``model``: the model name the server knows (``gpt-4o-mini``, ``llama3.1``...).
+    - ``client``: an ``openai.AsyncOpenAI`` to use (and not close); otherwise one is
+      built from ``base_url`` and ``api_key``, which the SDK falls back to
+      ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` for. A server that needs no key
+      accepts any ``api_key``.
+    - ``system_prompt``: the instructions; the facts and the pending question are
+      always appended to them.
+    - ``temperature``: sampling temperature (0: as repeatable as the server allows).
+    - ``timeout`` (seconds, per request) and ``max_retries`` (the SDK's retries of
+      connection errors, 408, 409, 429 and 5xx): applied to the given client too.
+
+    An async context manager: ``aclose()`` closes the client it built.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: openai.AsyncOpenAI | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        system_prompt: str | None = None,
+        temperature: float = 0,
+        timeout: float = 30.0,
+        max_retries: int = 2,
+    ) -> None:
+        if not model:
+            raise ValueError("OpenAIInterpreter needs a model name")
+        if client is not None and (base_url is not None or api_key is not None):
+            raise ValueError("pass either a client or base_url/api_key, not both")
+        if timeout <= 0 or max_retries < 0:
+            raise ValueError("timeout must be positive and max_retries not negative")
+        self.model = model
+        self.system_prompt = system_prompt or DEFAULT_SYSTEM_PROMPT
+        self.temperature = temperature
+        self._owns_client = client is None
+        if client is None:
+            self._client = openai.AsyncOpenAI(
+                base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries
+            )
+        else:
+            self._client = client.with_options(timeout=timeout, max_retries=max_retries)
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        tools = toolset(request.catalog, request.interaction)
+        # The wire dicts are exactly what the SDK would build from its TypedDicts.
+        messages = cast(
+            Iterable[ChatCompletionMessageParam], chat_messages(request, self.system_prompt)
+        )
+        offered = cast(Iterable[ChatCompletionToolUnionParam], tools.tools)
+        completion = await self._client.chat.completions.create(
+            model=self.model,
+            messages=messages,
+            temperature=self.temperature,
+            # Some servers refuse an empty tool list: offer none rather than [].
+            tools=offered if tools.tools else openai.omit,
+        )
+        # The SDK hands back whatever JSON a lenient server sent when it is no completion.
+        body = (
+            completion.to_dict(mode="json", warnings=False)
+            if isinstance(completion, ChatCompletion)
+            else completion
+        )
+        return interpretation_from_completion(
+            body,
+            tools,
+            thread_id=request.thread_id,
+            turn_id=request.turn_id,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if this interpreter built it."""
+        if self._owns_client:
+            await self._client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"OpenAIInterpreter(model={self.model!r}, base_url={str(self._client.base_url)!r})"

@@ -1,0 +1,203 @@
+"""The examples run in one command against SQLite and PostgreSQL, rules or a model.
+
+Each example is run as a user would run it (``python -m examples.<name>`` from the
+repository root, in a subprocess), twice on the same store and thread: the first
+run commits the conversation and calls the fake provider once per operation; the
+second replays every turn and calls nothing. With ``--llm`` the interpretation
+comes from recorded model responses served by the local OpenAI-compatible stub.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from openai_stub import OpenAIStub, running_stub
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_example(name: str, *args: str, env: dict[str, str] | None = None) -> str:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", f"examples.{name}", *args],
+        cwd=ROOT,
+        env={**clean, "PYTHONIOENCODING": "utf-8", **(env or {})},
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def summary(output: str) -> dict[str, int]:
+    line = next(line for line in output.splitlines() if line.startswith("summary: "))
+    return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", line)}
+
+
+def provider(output: str) -> dict[str, int]:
+    """``provider: <operation> charged|booked <n>x`` lines."""
+    return {m[1]: int(m[2]) for m in re.finditer(r"^provider: (\S+) \w+ (\d+)x$", output, re.M)}
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
+    """``--db`` and ``--thread`` arguments: a temporary SQLite file, or the test
+    PostgreSQL database with a thread of its own so that reruns never collide."""
+    thread = f"example-{uuid.uuid4().hex[:12]}"
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'example.db'}"
+    else:
+        url = request.getfixturevalue("postgres_dsn")
+    return ["--db", url, "--thread", thread]
+
+
+@pytest.fixture
+def stub() -> Iterator[OpenAIStub]:
+    with running_stub() as server:
+        yield server
+    assert server.unexpected == 0, "the example called the model more often than recorded"
+
+
+def llm_env(stub: OpenAIStub) -> dict[str, str]:
+    return {"OPENAI_BASE_URL": stub.base_url, "OPENAI_MODEL": "gpt-4o-mini"}
+
+
+# -- billing: confirmation="required" ------------------------------------------------------
+
+
+def check_billing(output: str) -> None:
+    assert summary(output) == {
+        "committed": 6,
+        "replayed": 1,
+        "failed_steps": 0,
+        "provider_calls": 1,
+    }
+    assert provider(output) == {"pi_acme_42": 1}
+    # The confirmation asked before the restart is still pending after it.
+    assert "[turn-3] waiting for an answer: Charge $125.00 to Acme Corp for invoice 42?" in output
+    assert "[turn-4] agent: Charged $125.00 for invoice 42 (charge ch_0001)." in output
+    assert "[turn-4] replayed: the stored result came back; nothing ran" in output
+    assert "[turn-6] agent: Invoice 42 was already charged in turn-4" in output
+
+
+def test_billing_example_charges_once_and_replays_on_a_rerun(store: list[str]) -> None:
+    first = run_example("billing", *store)
+    check_billing(first)
+
+    again = run_example("billing", *store)
+    assert summary(again) == {
+        "committed": 0,
+        "replayed": 7,
+        "failed_steps": 0,
+        "provider_calls": 0,
+    }
+
+
+def test_billing_example_with_a_model(tmp_path: Path, stub: OpenAIStub) -> None:
+    stub.queue(
+        "balance_42",
+        "example_billing_charge_42",
+        "balance_43",
+        "answer_accept",
+        "example_billing_charge_42",
+        "answer_accept",
+    )
+    output = run_example(
+        "billing", "--db", f"sqlite:///{tmp_path / 'b.db'}", "--llm", env=llm_env(stub)
+    )
+    assert "interpreter: OpenAIInterpreter" in output
+    check_billing(output)
+    assert stub.pending == 0
+    offered = [t["function"]["name"] for t in stub.requests[0]["tools"]]
+    assert offered == ["billing__balance", "payments__charge"]
+
+
+# -- travel: confirmation="capability" -----------------------------------------------------
+
+
+def check_travel(output: str) -> None:
+    assert summary(output) == {
+        "committed": 6,
+        "replayed": 1,
+        "failed_steps": 0,
+        "provider_calls": 2,
+    }
+    assert provider(output) == {"FR8412": 1, "TP538": 1}
+    # Under the policy's limit: booked in the proposing turn, without a question.
+    assert "[turn-2] agent: Booked FR8412 for Ada Lovelace at €79.00" in output
+    assert "[turn-3] step travel.book: awaiting_confirmation" in output
+    # The fare moved while the person thought: the acceptance books nothing.
+    assert "[turn-4] agent: The fare changed from €189.00 to €209.00 since you were asked" in output
+    assert "[turn-6] agent: Booked TP538 for Ada Lovelace at €209.00" in output
+    assert "[turn-6] replayed: the stored result came back; nothing ran" in output
+
+
+def test_travel_example_books_once_and_replays_on_a_rerun(store: list[str]) -> None:
+    first = run_example("travel", *store)
+    check_travel(first)
+
+    again = run_example("travel", *store)
+    assert summary(again) == {
+        "committed": 0,
+        "replayed": 7,
+        "failed_steps": 0,
+        "provider_calls": 0,
+    }
+
+
+def test_travel_example_with_a_model(tmp_path: Path, stub: OpenAIStub) -> None:
+    stub.queue(
+        "example_travel_search",
+        "example_travel_book_fr8412",
+        "example_travel_book_tp538",
+        "answer_accept",
+        "example_travel_book_tp538",
+        "answer_accept",
+    )
+    output = run_example(
+        "travel", "--db", f"sqlite:///{tmp_path / 't.db'}", "--llm", env=llm_env(stub)
+    )
+    check_travel(output)
+    assert stub.pending == 0
+    # The answer tools were offered exactly while the booking waited for consent.
+    offered = [[t["function"]["name"] for t in r["tools"]] for r in stub.requests]
+    assert ["answer_accept" in names for names in offered] == [
+        False,
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
+
+
+def test_llm_mode_without_a_model_name_says_what_to_set(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.billing",
+            "--db",
+            f"sqlite:///{tmp_path / 'x.db'}",
+            "--llm",
+        ],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "OPENAI_MODEL" in proc.stderr
