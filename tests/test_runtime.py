@@ -233,3 +233,26 @@ async def test_rule_interpreter_maps_patterns_to_intents_and_answers() -> None:
     assert (await ask("weather?")) == Interpretation(reply="I only do billing.")
     with pytest.raises(ValueError, match="exactly one"):
         Rule("x")
+
+
+async def test_an_intent_the_interpreter_could_not_build_is_a_failed_step() -> None:
+    provider = FakeProvider()
+    script = {
+        "go": Interpretation(
+            intents=[
+                Intent("payments.charge", error="arguments are not valid JSON"),
+                Intent("billing.nope", error="whatever"),
+            ]
+        )
+    }
+    kernel = Kernel(
+        billing_agent(provider, interpreter=ScriptedInterpreter(script)), InMemoryDurability()
+    )
+    result = await kernel.turn("t", "1", "go")
+    assert [s.status for s in result.steps] == [StepStatus.FAILED, StepStatus.FAILED]
+    assert result.steps[0].error == (
+        "invalid input for payments.charge: arguments are not valid JSON"
+    )
+    assert "unknown capability 'billing.nope'" in (result.steps[1].error or "")
+    assert result.interaction is None
+    assert provider.calls() == 0

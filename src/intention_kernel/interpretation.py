@@ -33,10 +33,16 @@ Decision = Literal["accept", "reject"]
 
 @dataclass(frozen=True, slots=True)
 class Intent:
-    """A request to run one capability with the given input."""
+    """A request to run one capability with the given input.
+
+    An interpreter that could not build the input (a model's tool-call arguments
+    that are not JSON, say) sets ``error`` instead: the kernel records a
+    ``failed`` step with that message and runs nothing.
+    """
 
     capability_id: str
     input: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

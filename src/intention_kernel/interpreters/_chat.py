@@ -25,7 +25,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from intention_kernel.checkpoint import Interaction
 from intention_kernel.errors import InterpretationError
@@ -201,7 +201,7 @@ def interpretation_from_completion(
             decisions.append(ANSWER_TOOLS[name])
             continue
         capability_id = tools.capability_id(name)
-        intents.append(Intent(capability_id, _input(capability_id, arguments)))
+        intents.append(_intent(capability_id, arguments))
     reply = _text(message.get("content")) or _text(message.get("refusal"))
     answer: Answer | None = None
     if len(set(decisions)) == 1:
@@ -235,20 +235,26 @@ def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return calls
 
 
-def _input(capability_id: str, arguments: Any) -> Mapping[str, Any]:
-    """Decoded arguments; anything else is passed on for the kernel to refuse."""
+def _intent(capability_id: str, arguments: Any) -> Intent:
+    """An intent from a tool call's raw arguments; undecodable ones carry the reason."""
     if isinstance(arguments, Mapping):
-        return arguments
+        return Intent(capability_id, arguments)
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-        return {}
+        return Intent(capability_id, {})
+    if not isinstance(arguments, str):
+        return Intent(
+            capability_id, error=f"the model's arguments are a {type(arguments).__name__}"
+        )
     try:
-        decoded = json.loads(arguments) if isinstance(arguments, str) else arguments
+        decoded = json.loads(arguments)
     except ValueError as exc:
-        log.warning("the model called %s with arguments that are not JSON: %s", capability_id, exc)
-        decoded = arguments
-    # Not an object (unparseable text, a list, a number): the kernel validates every
-    # input and turns this one into a failed step ("input ... must be an object").
-    return cast(Mapping[str, Any], decoded)
+        return Intent(capability_id, error=f"the model's arguments are not valid JSON: {exc}")
+    if not isinstance(decoded, Mapping):
+        return Intent(
+            capability_id,
+            error=f"the model's arguments are a JSON {type(decoded).__name__}, not an object",
+        )
+    return Intent(capability_id, decoded)
 
 
 def _text(value: Any) -> str | None:

@@ -8,7 +8,7 @@ interaction opens (superseding one that was pending). Everything else runs now.
 from __future__ import annotations
 
 from intention_kernel.checkpoint import AgendaItem, Interaction
-from intention_kernel.errors import CapabilityError, UnknownCapabilityError
+from intention_kernel.errors import CapabilityError, InvalidInputError, UnknownCapabilityError
 from intention_kernel.interpretation import Intent
 from intention_kernel.runtime.execute import execute
 from intention_kernel.runtime.state import TurnState
@@ -26,6 +26,10 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
             raise UnknownCapabilityError(
                 f"unknown capability {intent.capability_id!r} (this agent has: {known})",
                 capability_id=intent.capability_id,
+            )
+        if intent.error is not None:
+            raise InvalidInputError(
+                f"invalid input for {cap.id}: {intent.error}", capability_id=cap.id
             )
         parsed, canonical = cap.parse_input(intent.input)
     except CapabilityError as exc:
