@@ -12,12 +12,16 @@ from typing import Annotated
 import typer
 
 from intention_kernel import __version__
-from intention_kernel.cli import demo
+from intention_kernel.cli import demo, receipts, serve
 
 __all__ = ["GROUPS", "app"]
 
 #: Every command module, in the order ``--help`` lists them.
-GROUPS: tuple[Callable[[typer.Typer], None], ...] = (demo.register,)
+GROUPS: tuple[Callable[[typer.Typer], None], ...] = (
+    demo.register,
+    serve.register,
+    receipts.register,
+)
 
 app = typer.Typer(
     name="intention-kernel",

@@ -1,20 +1,28 @@
-"""Conventions shared by every command: the store URL, refusals, exit codes."""
+"""Conventions shared by every command: the store URL, the agent, refusals, exit codes."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
+import sys
 from collections.abc import Mapping
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from intention_kernel.agent import Agent
 
 __all__ = [
     "DB_ENV_VAR",
     "DEFAULT_DB_URL",
     "EXIT_FAILED",
     "EXIT_REFUSED",
+    "AgentOption",
     "DbOption",
+    "load_agent",
     "refuse",
     "resolve_db_url",
     "sqlite_path",
@@ -43,7 +51,57 @@ DbOption = Annotated[
     ),
 ]
 
+#: ``--agent module:attribute`` for commands that run an agent; pass it to :func:`load_agent`.
+AgentOption = Annotated[
+    str,
+    typer.Option(
+        "--agent",
+        metavar="MODULE:ATTR",
+        help="The agent: an Agent, or a zero-argument callable returning one (pkg.mod:agent)",
+        show_default=False,
+    ),
+]
+
 stderr = Console(stderr=True)
+
+
+def load_agent(spec: str) -> Agent:
+    """The agent named by ``module:attribute`` (dotted attributes allowed).
+
+    The attribute may be an ``Agent`` or a zero-argument callable returning one.
+    The current directory is importable, as with ``python -m``. Raises
+    ``ValueError`` with a message for a person on any problem.
+    """
+    from intention_kernel.agent import Agent
+
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"--agent must look like module:attribute, got {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r} for --agent {spec}: {exc}") from exc
+    for name in attribute.split("."):
+        try:
+            target = getattr(target, name)
+        except AttributeError:
+            raise ValueError(f"{spec}: {name!r} not found") from None
+    if isinstance(target, Agent):
+        return target
+    if not callable(target):
+        raise ValueError(f"{spec} is a {type(target).__name__}, not an Agent or a factory")
+    try:
+        inspect.signature(target).bind()
+    except TypeError as exc:
+        raise ValueError(f"{spec} must be callable without arguments: {exc}") from None
+    except ValueError:  # no signature to inspect (a builtin): just call it
+        pass
+    built = target()
+    if not isinstance(built, Agent):
+        raise ValueError(f"{spec}() returned a {type(built).__name__}, not an Agent")
+    return built
 
 
 def resolve_db_url(explicit: str | None, environ: Mapping[str, str] | None = None) -> str:

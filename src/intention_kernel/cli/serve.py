@@ -1,0 +1,119 @@
+"""``intention-kernel serve``: the HTTP host on uvicorn.
+
+Loads the agent (``--agent module:attr``), opens the store (``--db URL``), and
+serves :func:`intention_kernel.host.create_app` until interrupted; the store is
+closed on the way out. Needs the ``http`` extra besides ``cli``.
+
+Tokens: ``--token SECRET=TENANT`` (repeatable) turns authentication on; each
+token's turns run under its tenant and it sees only that tenant's threads.
+``--token SECRET=`` is a token without a tenant (an operator of tenant-less
+threads). Tokens on a command line are visible to local users (``ps``): prefer
+``$INTENTION_KERNEL_TOKENS`` (the same ``SECRET=TENANT`` pairs, comma-separated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from intention_kernel.cli._common import (
+    AgentOption,
+    DbOption,
+    load_agent,
+    refuse,
+    resolve_db_url,
+    stderr,
+)
+
+if TYPE_CHECKING:
+    from intention_kernel.agent import Agent
+
+__all__ = ["TOKENS_ENV_VAR", "parse_tokens", "register", "serve"]
+
+TOKENS_ENV_VAR = "INTENTION_KERNEL_TOKENS"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def serve(
+    agent: AgentOption,
+    db: DbOption = None,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port")] = 8000,
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on")] = "127.0.0.1",
+    token: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--token",
+            metavar="TOKEN=TENANT",
+            help=f"A bearer token and its tenant (repeatable; also ${TOKENS_ENV_VAR})",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Serve the agent over HTTP: turns, threads, receipts, /openapi.json and /console."""
+    try:
+        from intention_kernel.host import create_app  # noqa: F401
+    except ImportError as exc:
+        refuse(
+            f"serve needs the http extra ({exc.name} is missing): pip install "
+            "'intention-kernel[http]'"
+        )
+    try:
+        loaded = load_agent(agent)
+        pairs = list(token or [])
+        pairs += [p for p in os.environ.get(TOKENS_ENV_VAR, "").split(",") if p.strip()]
+        tokens = parse_tokens(pairs) if pairs else None
+    except ValueError as exc:
+        refuse(str(exc))
+    asyncio.run(_serve(loaded, resolve_db_url(db), host, port, tokens))
+
+
+def parse_tokens(pairs: list[str]) -> dict[str, str | None]:
+    """``["s3cret=acme", "ops="]`` → ``{"s3cret": "acme", "ops": None}``."""
+    tokens: dict[str, str | None] = {}
+    for pair in pairs:
+        secret, sep, tenant = pair.strip().partition("=")
+        if not sep or not secret:
+            raise ValueError(f"--token must look like TOKEN=TENANT, got {pair.split('=')[0]!r}=…")
+        if secret in tokens:
+            raise ValueError("a token is given twice")
+        tokens[secret] = tenant or None
+    return tokens
+
+
+async def _serve(
+    agent: Agent, url: str, host: str, port: int, tokens: dict[str, str | None] | None
+) -> None:
+    import uvicorn
+
+    from intention_kernel.durability import open_durability
+    from intention_kernel.errors import KernelError
+    from intention_kernel.host import create_app
+    from intention_kernel.kernel import Kernel
+
+    try:
+        durability = open_durability(url)
+        await durability.__aenter__()
+    except (KernelError, ValueError) as exc:
+        refuse(f"cannot open the store {url}: {exc}")
+    try:
+        try:
+            kernel = Kernel(agent, durability)
+            app = create_app(kernel, tokens=tokens)
+        except (KernelError, TypeError, ValueError) as exc:
+            refuse(str(exc))
+        auth = f"{len(tokens)} token(s)" if tokens else "no authentication"
+        stderr.print(
+            f"serving [bold]{agent.name}[/] v{agent.version} ({kernel.fingerprint}) from {url} "
+            f"on http://{host}:{port} · {auth} · console at /console",
+            highlight=False,
+        )
+        config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="info")
+        await uvicorn.Server(config).serve()
+    finally:
+        await durability.aclose()

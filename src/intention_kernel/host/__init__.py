@@ -1,0 +1,40 @@
+"""The HTTP host: serve a :class:`~intention_kernel.Kernel` as an ASGI app.
+
+Needs the ``http`` extra (``pip install 'intention-kernel[http]'``: starlette and
+uvicorn). ``create_app(kernel, tokens={...})`` returns a Starlette app; run it
+with any ASGI server, or ``intention-kernel serve --agent module:attr``.
+
+Endpoints (described by the app's own ``/openapi.json``):
+
+- ``POST /v1/threads/{thread_id}/turns``: one turn, ``{turn_id?, message?, answer?}``;
+  the turn ID may come from an ``Idempotency-Key`` header. 200 with the
+  ``TurnResult`` JSON, replays included (``Idempotency-Replayed: true``).
+- ``GET /v1/threads/{thread_id}``: version, messages, facts with evidence, the
+  pending interaction, the agenda.
+- ``GET /v1/receipts?thread_id=&status=`` and ``POST /v1/receipts/resolve``.
+- ``GET /healthz``, ``GET /openapi.json``, ``GET /problems[/{slug}]``, and the
+  operator console at ``GET /console``.
+
+Errors are ``application/problem+json`` (RFC 9457) with stable ``type`` URIs,
+mapped from the :class:`~intention_kernel.KernelError` tree by class:
+``invalid-request`` 422, ``malformed-request`` 400, ``unauthorized`` 401,
+``not-found`` 404 (also another tenant's thread), ``turn-conflict`` 409,
+``incompatible-checkpoint`` 409 (the thread needs a compatible agent, retrying
+cannot help), ``receipt-state`` 409, ``interpretation-failed`` 502,
+``thread-busy`` / ``turn-fenced`` / ``store-unavailable`` 503 with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+try:
+    import starlette  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "intention_kernel.host needs starlette and uvicorn: pip install 'intention-kernel[http]'",
+        name=exc.name,
+    ) from exc
+
+from intention_kernel.host._app import create_app
+from intention_kernel.host._problems import PROBLEM_TYPES, ProblemType
+
+__all__ = ["PROBLEM_TYPES", "ProblemType", "create_app"]

@@ -1,0 +1,97 @@
+"""Who is calling, and which threads they may see.
+
+With ``tokens`` (bearer token → tenant ID), every API request must carry
+``Authorization: Bearer <token>``; the token's tenant runs the turns, and the
+caller sees only threads that tenant owns (the core's rule for turns, applied to
+reads too). A token mapped to ``None`` is a caller without a tenant: it sees the
+threads created without one. Without ``tokens`` there is no authentication and
+every caller is that tenant-less caller.
+
+A thread belongs to the tenant of its first committed turn. Receipts of a thread
+with no committed turn yet have no owner; only a caller without a tenant sees them.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from starlette.requests import Request
+
+from intention_kernel.durability.base import ThreadOwner, check_id
+from intention_kernel.host._problems import HostProblem
+
+__all__ = ["Access", "OwnerLookup", "Principal"]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller: the tenant its turns run under, and the name recorded
+    as ``actor`` when it resolves a receipt."""
+
+    tenant_id: str | None
+    actor: str
+
+
+@runtime_checkable
+class OwnerLookup(Protocol):
+    """What tenant isolation needs from the store (``RecordedDurability`` has it)."""
+
+    async def thread_owner(self, thread_id: str) -> ThreadOwner | None: ...
+
+
+class Access:
+    """Authentication and per-thread visibility for one app."""
+
+    def __init__(self, tokens: Mapping[str, str | None] | None, durability: object) -> None:
+        self.enabled = tokens is not None
+        self._tokens: list[tuple[bytes, Principal]] = []
+        for token, tenant in (tokens or {}).items():
+            if not isinstance(token, str) or not token.strip() or token != token.strip():
+                raise ValueError("bearer tokens must be non-empty strings without outer spaces")
+            if tenant is not None:
+                check_id("tenant_id", tenant)
+            self._tokens.append((token.encode(), Principal(tenant, tenant or "operator")))
+        self._owners = durability if isinstance(durability, OwnerLookup) else None
+        if self.enabled and self._owners is None:
+            raise TypeError(
+                f"tenant isolation needs a store with thread_owner(); {type(durability).__name__} "
+                "has none (every RecordedDurability adapter has it)"
+            )
+
+    def authenticate(self, request: Request) -> Principal:
+        """The caller, or a 401 problem."""
+        if not self.enabled:
+            return Principal(None, "anonymous")
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            offered = token.strip().encode()
+            found: Principal | None = None
+            for known, principal in self._tokens:
+                # Compare against every token, in constant time, whatever matches.
+                if hmac.compare_digest(known, offered):
+                    found = principal
+            if found is not None:
+                return found
+        raise HostProblem(
+            "unauthorized",
+            "a valid bearer token is required",
+            headers={"WWW-Authenticate": 'Bearer realm="intention-kernel"'},
+        )
+
+    async def sees(
+        self, principal: Principal, thread_id: str, cache: dict[str, bool] | None = None
+    ) -> bool:
+        """Whether ``principal`` may read ``thread_id`` (and act on its receipts)."""
+        if cache is not None and thread_id in cache:
+            return cache[thread_id]
+        if self._owners is None:
+            visible = True
+        else:
+            owner = await self._owners.thread_owner(thread_id)
+            visible = (owner.tenant_id if owner else None) == principal.tenant_id
+        if cache is not None:
+            cache[thread_id] = visible
+        return visible

@@ -1,0 +1,130 @@
+"""``create_app``: the Starlette application that serves one kernel over HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from importlib import resources
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from intention_kernel.host._access import Access
+from intention_kernel.host._endpoints import Endpoints, guarded
+from intention_kernel.host._openapi import openapi_document
+from intention_kernel.host._problems import (
+    PROBLEM_TYPES,
+    HostProblem,
+    ProblemType,
+    problem_response,
+)
+from intention_kernel.kernel import Kernel
+
+__all__ = ["create_app"]
+
+#: The console's files, shipped as package data: name → media type.
+CONSOLE_ASSETS = {
+    "index.html": "text/html",
+    "console.js": "text/javascript",
+    "console.css": "text/css",
+}
+
+
+def create_app(kernel: Kernel, *, tokens: Mapping[str, str | None] | None = None) -> Starlette:
+    """An ASGI app serving ``kernel``: the turn API, inspection, reconciliation,
+    ``/openapi.json`` and the operator console at ``/console``.
+
+    ``tokens`` maps bearer tokens to tenant IDs (``None``: a caller without a
+    tenant). Without ``tokens`` the API is unauthenticated and tenant-less: put
+    it behind your own gateway. The app does not open or close the kernel's
+    store; the caller owns it (adapters open lazily on first use).
+    """
+    from intention_kernel import __version__
+
+    access = Access(tokens, kernel.durability)
+    api = Endpoints(kernel, access)
+    document = openapi_document(
+        version=__version__,
+        agent=kernel.agent.name,
+        max_message_chars=kernel.max_message_chars,
+        auth=access.enabled,
+    )
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
+    routes = [
+        # The turn route comes first: for a path both match, a wrong method then
+        # answers 405 with this route's Allow header.
+        Route("/v1/threads/{thread_id:path}/turns", guarded(api.post_turn), methods=["POST"]),
+        Route("/v1/threads/{thread_id:path}", guarded(api.get_thread), methods=["GET"]),
+        Route("/v1/receipts", guarded(api.list_receipts), methods=["GET"]),
+        Route("/v1/receipts/resolve", guarded(api.resolve_receipt), methods=["POST"]),
+        Route("/healthz", guarded(api.health), methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/problems", _problem_types, methods=["GET"]),
+        Route("/problems/{slug}", guarded(_problem_type), methods=["GET"]),
+        Route("/console", _console_asset("index.html"), methods=["GET"]),
+        *(
+            Route(f"/console/{name}", _console_asset(name), methods=["GET"])
+            for name in CONSOLE_ASSETS
+            if name != "index.html"
+        ),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_problem})
+
+
+def _describe(kind: ProblemType) -> dict[str, object]:
+    return {
+        "type": kind.uri,
+        "title": kind.title,
+        "status": kind.status,
+        "description": kind.description,
+    }
+
+
+async def _problem_types(request: Request) -> Response:
+    return JSONResponse([_describe(kind) for kind in PROBLEM_TYPES.values()])
+
+
+async def _problem_type(request: Request) -> Response:
+    kind = PROBLEM_TYPES.get(request.path_params["slug"])
+    if kind is None:
+        raise HostProblem("not-found", f"no problem type {request.path_params['slug']!r}")
+    return JSONResponse(_describe(kind))
+
+
+def _console_asset(name: str) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint serving one console file, read once from the package."""
+    body = resources.files("intention_kernel.host").joinpath("console").joinpath(name).read_bytes()
+    headers = {
+        "Cache-Control": "no-cache",
+        "X-Content-Type-Options": "nosniff",
+        # The console renders conversation text; it only ever inserts it as text, and
+        # this policy forbids inline and foreign scripts besides.
+        "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    }
+
+    async def serve(request: Request) -> Response:
+        return Response(body, media_type=CONSOLE_ASSETS[name], headers=headers)
+
+    return serve
+
+
+async def _http_problem(request: Request, exc: Exception) -> Response:
+    """Routing errors (no route, wrong method) as problem details."""
+    assert isinstance(exc, HTTPException)
+    slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code)
+    if slug is None:
+        slug = next(
+            (t.slug for t in PROBLEM_TYPES.values() if t.status == exc.status_code),
+            "internal-error",
+        )
+    detail = (
+        f"no route for {request.method} {request.url.path}"
+        if exc.status_code == 404
+        else str(exc.detail)
+    )
+    return problem_response(HostProblem(slug, detail, headers=exc.headers))

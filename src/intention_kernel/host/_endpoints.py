@@ -1,0 +1,182 @@
+"""The API endpoints: turns, threads, receipts, health.
+
+Each endpoint authenticates first, then validates, then calls the kernel or the
+store. Errors leave as :class:`HostProblem`; :func:`guarded` turns them (and any
+kernel error, mapped by class) into problem responses, so no endpoint answers
+with a bare 500.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from intention_kernel.checkpoint import check_compatible
+from intention_kernel.durability.base import check_id
+from intention_kernel.effects import ReceiptStatus
+from intention_kernel.errors import CheckpointCompatibilityError, KernelError
+from intention_kernel.host._access import Access
+from intention_kernel.host._problems import (
+    HostProblem,
+    problem_for,
+    problem_response,
+    receipt_not_found,
+    thread_not_found,
+)
+from intention_kernel.host._wire import (
+    Health,
+    ReceiptList,
+    ResolveBody,
+    ThreadView,
+    TurnBody,
+    dump,
+    read_body,
+)
+from intention_kernel.kernel import Kernel
+
+__all__ = ["REPLAYED_HEADER", "Endpoints", "guarded"]
+
+#: Set on every turn response: ``true`` when the stored result of a committed turn
+#: was returned and nothing ran.
+REPLAYED_HEADER = "Idempotency-Replayed"
+
+log = logging.getLogger("intention_kernel.host")
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+_STATUSES = tuple(status.value for status in ReceiptStatus)
+
+
+def guarded(endpoint: Endpoint) -> Endpoint:
+    """Answer every failure of ``endpoint`` with problem details."""
+
+    @functools.wraps(endpoint)
+    async def run(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except HostProblem as raised:
+            _log(request, raised)
+            return problem_response(raised)
+        except KernelError as error:
+            mapped = problem_for(error, thread_id=request.path_params.get("thread_id"))
+            mapped.__cause__ = error
+            _log(request, mapped)
+            return problem_response(mapped)
+        except Exception:
+            log.exception("%s %s failed", request.method, request.url.path)
+            detail = "an unexpected error occurred; see the server log"
+            thread_id = request.path_params.get("thread_id")
+            return problem_response(HostProblem("internal-error", detail, thread_id=thread_id))
+
+    return run
+
+
+def _log(request: Request, problem: HostProblem) -> None:
+    status = problem.type.status
+    if status == 503:
+        # Busy threads and store hiccups are expected under load; clients retry.
+        log.warning("%s %s: %s", request.method, request.url.path, problem.detail)
+    elif status >= 500:
+        cause = problem.__cause__ or problem
+        log.error("%s %s: %s", request.method, request.url.path, problem.detail, exc_info=cause)
+
+
+class Endpoints:
+    """The API of one kernel, behind one :class:`Access` policy."""
+
+    def __init__(self, kernel: Kernel, access: Access) -> None:
+        self.kernel = kernel
+        self.access = access
+
+    async def post_turn(self, request: Request) -> Response:
+        principal = self.access.authenticate(request)
+        thread_id: str = request.path_params["thread_id"]
+        body = await read_body(request, TurnBody)
+        turn_id = body.turn_id
+        header = request.headers.get("idempotency-key")
+        if header is not None:
+            if turn_id is not None and turn_id != header:
+                raise HostProblem(
+                    "malformed-request",
+                    "the body's turn_id differs from the Idempotency-Key header",
+                    thread_id=thread_id,
+                )
+            turn_id = header
+        if turn_id is None:
+            raise HostProblem(
+                "invalid-request",
+                "a turn needs a turn ID: the body's turn_id or an Idempotency-Key header "
+                "(keep it the same when retrying the delivery)",
+                thread_id=thread_id,
+            )
+        try:
+            result = await self.kernel.turn(
+                thread_id,
+                turn_id,
+                body.message,
+                body.resolved_answer(),
+                tenant_id=principal.tenant_id,
+            )
+        except KernelError as error:
+            raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
+        return JSONResponse(
+            result.to_dict(), headers={REPLAYED_HEADER: "true" if result.replayed else "false"}
+        )
+
+    async def get_thread(self, request: Request) -> Response:
+        principal = self.access.authenticate(request)
+        thread_id = check_id("thread_id", request.path_params["thread_id"])
+        if not await self.access.sees(principal, thread_id):
+            raise thread_not_found(thread_id)
+        checkpoint = await self.kernel.durability.load_checkpoint(thread_id)
+        if checkpoint is None:
+            raise thread_not_found(thread_id)
+        try:
+            check_compatible(
+                checkpoint,
+                fingerprint=self.kernel.fingerprint,
+                compatible=self.kernel.agent.compatible_fingerprints,
+            )
+            compatible = True
+        except CheckpointCompatibilityError:
+            compatible = False
+        return JSONResponse(dump(ThreadView.of(thread_id, checkpoint, compatible=compatible)))
+
+    async def list_receipts(self, request: Request) -> Response:
+        principal = self.access.authenticate(request)
+        thread_id = request.query_params.get("thread_id")
+        if thread_id is not None:
+            check_id("thread_id", thread_id)
+        status = request.query_params.get("status")
+        if status is not None and status not in _STATUSES:
+            raise HostProblem("invalid-request", f"status must be one of {', '.join(_STATUSES)}")
+        receipts = await self.kernel.durability.list_receipts(thread_id=thread_id, status=status)
+        seen: dict[str, bool] = {}
+        visible = [r for r in receipts if await self.access.sees(principal, r.thread_id, seen)]
+        return JSONResponse(dump(ReceiptList(tuple(visible))))
+
+    async def resolve_receipt(self, request: Request) -> Response:
+        principal = self.access.authenticate(request)
+        body = await read_body(request, ResolveBody)
+        if not await self.access.sees(principal, body.thread_id):
+            raise receipt_not_found(body.thread_id, body.key)
+        receipt = await self.kernel.durability.resolve_receipt(
+            body.thread_id,
+            body.key,
+            applied=body.applied,
+            value=body.value,
+            note=body.note,
+            actor=principal.actor,
+        )
+        return JSONResponse(dump(receipt))
+
+    async def health(self, request: Request) -> Response:
+        agent = self.kernel.agent
+        return JSONResponse(
+            dump(Health("ok", agent.name, agent.version, self.kernel.fingerprint)),
+            headers={"Cache-Control": "no-store"},
+        )

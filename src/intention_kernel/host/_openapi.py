@@ -1,0 +1,341 @@
+"""The host's OpenAPI 3.1 document, served at ``/openapi.json``.
+
+Request and response schemas are generated from the very models the host
+validates with and the kernel types it serializes (:mod:`._wire`,
+``TurnResult``), so the document cannot promise what the host does not do.
+Paths, parameters and problem responses are declared here, next to each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pydantic
+
+from intention_kernel.durability.base import MAX_ID_LENGTH
+from intention_kernel.effects import Receipt, ReceiptStatus
+from intention_kernel.host._problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
+from intention_kernel.host._wire import (
+    Health,
+    ReceiptList,
+    ResolveBody,
+    ThreadView,
+    TurnBody,
+)
+from intention_kernel.turns import TurnResult
+
+__all__ = ["openapi_document"]
+
+_REF = "#/components/schemas/{model}"
+_MODELS: tuple[tuple[str, Any, pydantic.json_schema.JsonSchemaMode], ...] = (
+    ("TurnBody", TurnBody, "validation"),
+    ("ResolveBody", ResolveBody, "validation"),
+    ("TurnResult", TurnResult, "serialization"),
+    ("ThreadView", ThreadView, "serialization"),
+    ("ReceiptList", ReceiptList, "serialization"),
+    ("Receipt", Receipt, "serialization"),
+    ("Health", Health, "serialization"),
+)
+
+ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": r"^[^\x00]*$"}
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Problem details (RFC 9457). `type` is stable; see /problems/{slug}.",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string", "enum": [t.uri for t in PROBLEM_TYPES.values()]},
+        "title": {"type": "string"},
+        "status": {"type": "integer", "minimum": 400, "maximum": 599},
+        "detail": {"type": "string"},
+        "thread_id": {"type": "string"},
+        "turn_id": {"type": "string"},
+        "key": {"type": "string"},
+        "errors": {
+            "type": "array",
+            "description": "Validation errors, one per problem in the request.",
+            "items": {
+                "type": "object",
+                "required": ["loc", "msg", "type"],
+                "properties": {
+                    "loc": {"type": "array", "items": {"type": ["string", "integer"]}},
+                    "msg": {"type": "string"},
+                    "type": {"type": "string"},
+                },
+            },
+        },
+    },
+}
+
+PROBLEM_TYPE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "description"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "description": {"type": "string"},
+    },
+}
+
+
+def openapi_document(
+    *, version: str, agent: str, max_message_chars: int, auth: bool
+) -> dict[str, Any]:
+    """The document for one app: ``auth`` adds the bearer scheme and 401 responses."""
+    schemas = _component_schemas(max_message_chars)
+    schemas["Problem"] = PROBLEM_SCHEMA
+    schemas["ProblemType"] = PROBLEM_TYPE_SCHEMA
+    api = _Api(auth)
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "intention-kernel host",
+            "version": version,
+            "description": (
+                f"Durable turns of the agent {agent!r}. A turn ID identifies one delivery: "
+                "resend the same request with the same turn ID after any failure and you get "
+                "the stored result (Idempotency-Replayed: true); nothing runs twice."
+            ),
+        },
+        "paths": {
+            "/v1/threads/{thread_id}/turns": {"post": api.post_turn()},
+            "/v1/threads/{thread_id}": {"get": api.get_thread()},
+            "/v1/receipts": {"get": api.list_receipts()},
+            "/v1/receipts/resolve": {"post": api.resolve_receipt()},
+            "/healthz": {"get": _plain("Liveness and the agent served", "Health")},
+            "/openapi.json": {"get": _document_op()},
+            "/problems": {"get": _problems_op()},
+            "/problems/{slug}": {"get": _problem_op()},
+            "/console": {"get": _asset_op("The operator console", "text/html")},
+            "/console/console.js": {"get": _asset_op("Console script", "text/javascript")},
+            "/console/console.css": {"get": _asset_op("Console styles", "text/css")},
+        },
+        "components": {"schemas": schemas},
+    }
+    if auth:
+        document["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "token → tenant"}
+        }
+    return document
+
+
+def _component_schemas(max_message_chars: int) -> dict[str, Any]:
+    inputs = [(name, mode, pydantic.TypeAdapter(cls)) for name, cls, mode in _MODELS]
+    _, definitions = pydantic.TypeAdapter.json_schemas(inputs, ref_template=_REF)
+    schemas: dict[str, Any] = definitions["$defs"]
+    message = schemas["TurnBody"]["properties"]["message"]
+    for branch in message["anyOf"]:
+        if branch.get("type") == "string":
+            branch["maxLength"] = max_message_chars
+    return schemas
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(model=name)}
+
+
+def _json(description: str, schema: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": _ref(schema)}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _problems(statuses: Iterable[int]) -> dict[str, Any]:
+    responses: dict[str, Any] = {}
+    for status in sorted(set(statuses)):
+        kinds = [t for t in PROBLEM_TYPES.values() if t.status == status]
+        schema = {
+            "allOf": [
+                _ref("Problem"),
+                {
+                    "properties": {
+                        "type": {"enum": [t.uri for t in kinds]},
+                        "status": {"const": status},
+                    }
+                },
+            ]
+        }
+        response: dict[str, Any] = {
+            "description": "; ".join(f"{t.title}: {t.description}" for t in kinds),
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": schema}},
+        }
+        if any(t.retry_after is not None for t in kinds):
+            response["headers"] = {
+                "Retry-After": {"description": "Seconds to wait", "schema": {"type": "string"}}
+            }
+        if status == 401:
+            response["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+        if status == 405:
+            response["headers"] = {"Allow": {"schema": {"type": "string"}}}
+        responses[str(status)] = response
+    return responses
+
+
+class _Api:
+    """The four API operations; ``auth`` adds security and 401."""
+
+    def __init__(self, auth: bool) -> None:
+        self.auth = auth
+
+    def _op(
+        self, op: dict[str, Any], ok: dict[str, Any], statuses: Iterable[int]
+    ) -> dict[str, Any]:
+        problems = set(statuses) | ({401} if self.auth else set())
+        op["responses"] = {"200": ok, **_problems(problems)}
+        if self.auth:
+            op["security"] = [{"bearer": []}]
+        return op
+
+    def post_turn(self) -> dict[str, Any]:
+        replayed = {
+            "Idempotency-Replayed": {
+                "description": "true when the stored result of a committed turn was returned",
+                "schema": {"type": "string", "enum": ["true", "false"]},
+            }
+        }
+        return self._op(
+            {
+                "operationId": "postTurn",
+                "summary": "Run (or replay) one turn",
+                "description": (
+                    "The turn ID comes from the body's turn_id or the Idempotency-Key header "
+                    "(both given and different: 400; neither: 422). A committed turn ID sent "
+                    "again with the same request returns the stored result; with another "
+                    "request, 409 turn-conflict."
+                ),
+                "parameters": [
+                    _path_id(),
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "required": False,
+                        "description": "The turn ID, if the body has none",
+                        "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+                    },
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("TurnBody")}},
+                },
+            },
+            _json("The turn's result (also for a replay)", "TurnResult", replayed),
+            (400, 404, 409, 413, 422, 500, 502, 503),
+        )
+
+    def get_thread(self) -> dict[str, Any]:
+        return self._op(
+            {
+                "operationId": "getThread",
+                "summary": "A thread's conversation, facts, interaction and agenda",
+                "parameters": [_path_id()],
+            },
+            _json("The thread's latest checkpoint", "ThreadView"),
+            (404, 409, 422, 500, 503),
+        )
+
+    def list_receipts(self) -> dict[str, Any]:
+        return self._op(
+            {
+                "operationId": "listReceipts",
+                "summary": "Effect receipts (the current one per thread and key), oldest first",
+                "parameters": [
+                    {"name": "thread_id", "in": "query", "required": False, "schema": ID_SCHEMA},
+                    {
+                        "name": "status",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": [s.value for s in ReceiptStatus]},
+                    },
+                ],
+            },
+            _json("Receipts of the caller's threads", "ReceiptList"),
+            (422, 500, 503),
+        )
+
+    def resolve_receipt(self) -> dict[str, Any]:
+        return self._op(
+            {
+                "operationId": "resolveReceipt",
+                "summary": "Reconcile an uncertain receipt (applied or not)",
+                "description": "The caller is recorded as the resolution's actor.",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("ResolveBody")}},
+                },
+            },
+            _json("The resolved receipt", "Receipt"),
+            (400, 404, 409, 413, 422, 500, 503),
+        )
+
+
+def _path_id() -> dict[str, Any]:
+    return {"name": "thread_id", "in": "path", "required": True, "schema": ID_SCHEMA}
+
+
+def _plain(summary: str, schema: str) -> dict[str, Any]:
+    return {"summary": summary, "security": [], "responses": {"200": _json(summary, schema)}}
+
+
+def _document_op() -> dict[str, Any]:
+    return {
+        "summary": "This document",
+        "security": [],
+        "responses": {
+            "200": {
+                "description": "OpenAPI 3.1",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
+        },
+    }
+
+
+def _problems_op() -> dict[str, Any]:
+    listing = {"type": "array", "items": _ref("ProblemType")}
+    return {
+        "summary": "Every problem type the host answers with",
+        "security": [],
+        "responses": {
+            "200": {
+                "description": "Problem types",
+                "content": {"application/json": {"schema": listing}},
+            }
+        },
+    }
+
+
+def _problem_op() -> dict[str, Any]:
+    return {
+        "summary": "One problem type (the target of a problem's `type` URI)",
+        "security": [],
+        "parameters": [
+            {
+                "name": "slug",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "enum": sorted(PROBLEM_TYPES)},
+            }
+        ],
+        "responses": {
+            "200": {
+                "description": "The problem type",
+                "content": {"application/json": {"schema": _ref("ProblemType")}},
+            },
+            **_problems([404]),
+        },
+    }
+
+
+def _asset_op(summary: str, media_type: str) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "security": [],
+        "responses": {
+            "200": {"description": summary, "content": {media_type: {"schema": {"type": "string"}}}}
+        },
+    }

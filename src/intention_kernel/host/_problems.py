@@ -1,0 +1,244 @@
+"""Problem details (RFC 9457): the host's only error format.
+
+Every error response is ``application/problem+json`` with a stable ``type`` URI
+from :data:`PROBLEM_TYPES` (served at ``/problems/<slug>``), its ``title`` and
+``status``, a ``detail`` for people, and ``thread_id`` / ``turn_id`` / ``key``
+where known. Kernel errors are mapped by class (:func:`problem_for`), never by
+their message text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from intention_kernel.errors import (
+    CheckpointCompatibilityError,
+    CorruptRecordError,
+    FencedCommitError,
+    InterpretationError,
+    InvalidRequestError,
+    KernelError,
+    ReceiptNotFoundError,
+    ReceiptStateError,
+    StoreError,
+    TenantMismatchError,
+    ThreadBusyError,
+    TurnConflictError,
+)
+
+__all__ = [
+    "PROBLEM_MEDIA_TYPE",
+    "PROBLEM_TYPES",
+    "HostProblem",
+    "ProblemType",
+    "problem_for",
+    "problem_response",
+    "receipt_not_found",
+    "thread_not_found",
+]
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+PROBLEM_BASE = "/problems/"
+
+
+@dataclass(frozen=True, slots=True)
+class ProblemType:
+    """One kind of error the host answers with; ``retry_after`` adds that header."""
+
+    slug: str
+    status: int
+    title: str
+    description: str
+    retry_after: int | None = None
+
+    @property
+    def uri(self) -> str:
+        return PROBLEM_BASE + self.slug
+
+
+def _types(*types: ProblemType) -> dict[str, ProblemType]:
+    return {t.slug: t for t in types}
+
+
+PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
+    ProblemType(
+        "malformed-request",
+        400,
+        "Malformed request",
+        "The body is not a JSON document, or the turn ID in the body differs from the "
+        "Idempotency-Key header.",
+    ),
+    ProblemType(
+        "unauthorized",
+        401,
+        "Unauthorized",
+        "A valid bearer token is required (Authorization: Bearer <token>).",
+    ),
+    ProblemType(
+        "not-found",
+        404,
+        "Not found",
+        "No such thread, receipt or route for this caller. A thread of another tenant is "
+        "reported exactly like one that does not exist.",
+    ),
+    ProblemType("method-not-allowed", 405, "Method not allowed", "See the Allow header."),
+    ProblemType(
+        "turn-conflict",
+        409,
+        "Turn ID already used",
+        "This turn ID was committed for a different request (message or answer). Use a new "
+        "turn ID for a new request; resend the same request to get the stored result.",
+    ),
+    ProblemType(
+        "incompatible-checkpoint",
+        409,
+        "Thread state is incompatible with this agent",
+        "The thread was written by an agent fingerprint this agent does not declare "
+        "compatible, or by a newer schema revision. Deploy a compatible agent; retrying "
+        "against this one cannot succeed.",
+    ),
+    ProblemType(
+        "receipt-state",
+        409,
+        "Receipt cannot be resolved",
+        "Only uncertain receipts (or ones prepared by a dead attempt) can be resolved.",
+    ),
+    ProblemType("payload-too-large", 413, "Payload too large", "The request body is too large."),
+    ProblemType(
+        "invalid-request",
+        422,
+        "Invalid request",
+        "The request is well-formed JSON but does not match the schema or the kernel's "
+        "rules (IDs, message length, answer). Nothing was read or written.",
+    ),
+    ProblemType(
+        "corrupt-record",
+        500,
+        "Stored record cannot be decoded",
+        "A stored checkpoint, result or receipt is corrupt. Nothing was written; an operator "
+        "must repair the store.",
+    ),
+    ProblemType(
+        "internal-error",
+        500,
+        "Internal error",
+        "An unexpected error; the server log has the details.",
+    ),
+    ProblemType(
+        "interpretation-failed",
+        502,
+        "Interpretation failed",
+        "The interpreter (the model) failed or returned garbage. Nothing ran and nothing was "
+        "committed: retry with the same turn ID.",
+    ),
+    ProblemType(
+        "thread-busy",
+        503,
+        "Thread busy",
+        "Another turn holds the thread. Retry with the same turn ID after Retry-After.",
+        retry_after=1,
+    ),
+    ProblemType(
+        "turn-fenced",
+        503,
+        "Thread moved during the turn",
+        "The turn lost its claim on the thread and nothing was committed. Retry with the "
+        "same turn ID.",
+        retry_after=1,
+    ),
+    ProblemType(
+        "store-unavailable",
+        503,
+        "Store unavailable",
+        "The durable store failed. Retry with the same turn ID after Retry-After.",
+        retry_after=5,
+    ),
+)
+
+#: Kernel errors by class; the most specific class in an error's MRO wins.
+_BY_ERROR: Mapping[type[KernelError], str] = {
+    InvalidRequestError: "invalid-request",
+    TurnConflictError: "turn-conflict",
+    TenantMismatchError: "not-found",
+    ReceiptNotFoundError: "not-found",
+    CheckpointCompatibilityError: "incompatible-checkpoint",
+    ReceiptStateError: "receipt-state",
+    CorruptRecordError: "corrupt-record",
+    InterpretationError: "interpretation-failed",
+    ThreadBusyError: "thread-busy",
+    FencedCommitError: "turn-fenced",
+    StoreError: "store-unavailable",
+}
+
+
+class HostProblem(Exception):
+    """Raised inside an endpoint to answer with a problem response."""
+
+    def __init__(
+        self,
+        slug: str,
+        detail: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **fields: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.type = PROBLEM_TYPES[slug]
+        self.detail = detail
+        self.headers = dict(headers or {})
+        self.fields = {name: value for name, value in fields.items() if value is not None}
+
+
+def thread_not_found(thread_id: str, turn_id: str | None = None) -> HostProblem:
+    """The one answer for an unknown thread and for another tenant's thread."""
+    return HostProblem(
+        "not-found", f"no thread {thread_id!r}", thread_id=thread_id, turn_id=turn_id
+    )
+
+
+def receipt_not_found(thread_id: str, key: str) -> HostProblem:
+    """The one answer for an unknown receipt and for a receipt of another tenant's thread."""
+    return HostProblem(
+        "not-found",
+        f"no receipt for key {key!r} on thread {thread_id!r}",
+        thread_id=thread_id,
+        key=key,
+    )
+
+
+def problem_for(error: KernelError, **known: str | None) -> HostProblem:
+    """The problem for a kernel error; ``known`` fills ``thread_id``/``turn_id`` it lacks."""
+    slug = next(
+        (_BY_ERROR[cls] for cls in type(error).__mro__ if cls in _BY_ERROR), "internal-error"
+    )
+    fields = {name: getattr(error, name, None) for name in ("thread_id", "turn_id", "key")}
+    for name, value in known.items():
+        fields[name] = fields.get(name) or value
+    # Word these exactly as the host words an unknown thread or receipt, so that another
+    # tenant learns nothing from the text either.
+    if isinstance(error, TenantMismatchError):
+        return thread_not_found(fields["thread_id"] or "", fields["turn_id"])
+    if isinstance(error, ReceiptNotFoundError):
+        return receipt_not_found(fields["thread_id"] or "", fields["key"] or "")
+    return HostProblem(slug, str(error), **fields)
+
+
+def problem_response(problem: HostProblem) -> JSONResponse:
+    kind = problem.type
+    body: dict[str, Any] = {
+        "type": kind.uri,
+        "title": kind.title,
+        "status": kind.status,
+        "detail": problem.detail,
+        **problem.fields,
+    }
+    headers = dict(problem.headers)
+    if kind.retry_after is not None:
+        headers.setdefault("Retry-After", str(kind.retry_after))
+    return JSONResponse(
+        body, status_code=kind.status, headers=headers, media_type=PROBLEM_MEDIA_TYPE
+    )

@@ -1,0 +1,181 @@
+"""The wire format: request bodies the host accepts and the views it answers with.
+
+Request bodies are strict pydantic models (no coercion, no unknown fields), and
+the OpenAPI document is generated from these same models, so what the schema
+promises and what the host accepts cannot drift apart. Responses reuse the
+kernel's own types (``TurnResult``, ``Receipt``, the checkpoint's records).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, StringConstraints
+from starlette.requests import Request
+
+from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
+from intention_kernel.durability.base import MAX_ID_LENGTH
+from intention_kernel.effects import Receipt
+from intention_kernel.facts import FactRecord
+from intention_kernel.host._problems import HostProblem
+from intention_kernel.interpretation import Answer
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "AnswerBody",
+    "Health",
+    "ReceiptList",
+    "ResolveBody",
+    "ThreadView",
+    "TurnBody",
+    "dump",
+    "read_body",
+]
+
+#: Request bodies larger than this are refused with 413 before parsing.
+MAX_BODY_BYTES = 1 << 20
+
+#: Thread, turn and tenant IDs, as ``check_id`` accepts them.
+Id = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=r"^[^\x00]*$")
+]
+
+
+class _Body(BaseModel):
+    # Strict: "true" is not a boolean and 1 is not a string, as the schema says.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+M = TypeVar("M", bound=_Body)
+
+
+class AnswerBody(_Body):
+    """An answer to a pending interaction (``interaction_id`` omitted: the active one)."""
+
+    interaction_id: Id | None = None
+    decision: Literal["accept", "reject"]
+    value: Any = None
+
+    def to_answer(self) -> Answer:
+        return Answer(self.interaction_id, self.decision, self.value)
+
+
+class TurnBody(_Body):
+    """One turn: a message, an answer, or both. The turn ID may come from the
+    ``Idempotency-Key`` header instead; keep it the same when retrying a delivery."""
+
+    # "A message, an answer, or both", said in the schema too.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["message"], "properties": {"message": {"type": "string"}}},
+                {"required": ["answer"], "properties": {"answer": {"not": {"type": "null"}}}},
+            ]
+        }
+    )
+
+    turn_id: Id | None = None
+    message: str | None = None
+    answer: Literal["accept", "reject"] | AnswerBody | None = None
+
+    def resolved_answer(self) -> Answer | str | None:
+        return self.answer.to_answer() if isinstance(self.answer, AnswerBody) else self.answer
+
+
+class ResolveBody(_Body):
+    """An operator's reconciliation of an uncertain receipt."""
+
+    thread_id: Id
+    key: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    applied: bool
+    value: Any = None
+    note: Annotated[str, StringConstraints(max_length=2000)] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadView:
+    """A thread's latest checkpoint, as an operator reads it.
+
+    ``compatible`` says whether this host's agent may continue the thread
+    (its fingerprint is this agent's or one it declares compatible).
+    """
+
+    thread_id: str
+    version: int
+    agent_fingerprint: str
+    compatible: bool
+    messages: tuple[Message, ...]
+    facts: tuple[FactRecord, ...]
+    interaction: Interaction | None
+    agenda: tuple[AgendaItem, ...]
+
+    @classmethod
+    def of(cls, thread_id: str, checkpoint: KernelCheckpoint, *, compatible: bool) -> ThreadView:
+        return cls(
+            thread_id=thread_id,
+            version=checkpoint.version,
+            agent_fingerprint=checkpoint.agent_fingerprint,
+            compatible=compatible,
+            messages=checkpoint.messages,
+            facts=tuple(checkpoint.facts[key] for key in sorted(checkpoint.facts)),
+            interaction=checkpoint.interaction,
+            agenda=checkpoint.agenda,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptList:
+    """The current receipt per (thread, key), oldest first."""
+
+    receipts: tuple[Receipt, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    status: Literal["ok"]
+    agent: str
+    agent_version: str
+    fingerprint: str
+
+
+_DUMPERS: dict[type[Any], pydantic.TypeAdapter[Any]] = {
+    cls: pydantic.TypeAdapter(cls) for cls in (ThreadView, ReceiptList, Receipt, Health)
+}
+
+
+def dump(value: ThreadView | ReceiptList | Receipt | Health) -> Any:
+    """The JSON-compatible form of a response view."""
+    return _DUMPERS[type(value)].dump_python(value, mode="json")
+
+
+async def read_body(request: Request, model: type[M]) -> M:
+    """Read and validate a JSON body: 413 when too large, 400 when not JSON, 422 when
+    it does not match ``model``."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise HostProblem("payload-too-large", f"the body exceeds {MAX_BODY_BYTES} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HostProblem("payload-too-large", f"the body exceeds {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    try:
+        return model.model_validate_json(b"".join(chunks))
+    except pydantic.ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        if any(error["type"] == "json_invalid" for error in errors):
+            raise HostProblem("malformed-request", "the body is not a JSON document") from None
+        raise HostProblem(
+            "invalid-request",
+            "; ".join(_describe(error) for error in errors[:5]),
+            errors=[{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors],
+        ) from None
+
+
+def _describe(error: Any) -> str:
+    where = ".".join(str(part) for part in error["loc"]) or "body"
+    return f"{where}: {error['msg']}"

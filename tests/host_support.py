@@ -1,0 +1,161 @@
+"""Support for the HTTP host tests: an in-process app and a real served process.
+
+- :func:`billing_agent` is a zero-argument factory for ``intention-kernel serve
+  --agent host_support:billing_agent``: the demo's billing agent, its fake payment
+  provider recording charges in ``$HOST_TEST_PROVIDER_DB``.
+- :func:`served` starts ``intention-kernel serve`` in a real process on a free
+  loopback port, waits until ``/healthz`` answers, and stops it afterwards.
+- :func:`serving_in_thread` serves an app on a free loopback port from a thread of
+  this process, so that a test keeps its hands on the agent's provider.
+- :func:`asgi_client` talks to an app in process, without a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+
+from intention_kernel import Agent
+from intention_kernel.demo import FakePaymentProvider, build_agent
+
+TESTS_DIR = Path(__file__).resolve().parent
+PROVIDER_ENV = "HOST_TEST_PROVIDER_DB"
+
+
+def billing_agent() -> Agent:
+    """The demo billing agent (for ``serve --agent``), provider file from the environment."""
+    return demo_agent(os.environ[PROVIDER_ENV])
+
+
+def demo_agent(provider_path: str | os.PathLike[str]) -> Agent:
+    """The demo billing agent, its provider recording in ``provider_path``."""
+    return build_agent(opened_provider(provider_path))
+
+
+def opened_provider(path: str | os.PathLike[str]) -> FakePaymentProvider:
+    """The demo's fake payment provider, its tables created (from synchronous code).
+
+    Runs in a worker thread: Playwright's sync API keeps an event loop running on
+    the main thread, where ``asyncio.run`` would refuse to start."""
+    provider = FakePaymentProvider(path)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(lambda: asyncio.run(provider.open())).result()
+    return provider
+
+
+@contextlib.asynccontextmanager
+async def asgi_client(app: Starlette, token: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://host.test", headers=headers
+    ) as client:
+        yield client
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def served(
+    db_path: Path,
+    *,
+    tokens: Mapping[str, str] | None = None,
+    log_path: Path | None = None,
+    startup_timeout: float = 30.0,
+) -> Iterator[str]:
+    """``intention-kernel serve`` on ``db_path`` (store and provider); yields its base URL."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    env[PROVIDER_ENV] = str(db_path)
+    env.pop("INTENTION_KERNEL_TOKENS", None)
+    log_path = log_path or db_path.with_suffix(".log")
+    for _attempt in range(3):
+        port = free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "intention_kernel",
+            "serve",
+            "--agent",
+            "host_support:billing_agent",
+            "--db",
+            f"sqlite:///{db_path}",
+            "--port",
+            str(port),
+        ]
+        for token, tenant in (tokens or {}).items():
+            command += ["--token", f"{token}={tenant}"]
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        base_url = f"http://127.0.0.1:{port}"
+        if _wait_healthy(process, base_url, startup_timeout):
+            break
+        _stop(process)  # the port was taken between free_port() and bind: try another
+    else:
+        raise RuntimeError(f"the host did not start; log:\n{log_path.read_text()}")
+    try:
+        yield base_url
+    finally:
+        _stop(process)
+
+
+@contextlib.contextmanager
+def serving_in_thread(app: Starlette, startup_timeout: float = 15.0) -> Iterator[str]:
+    """``app`` on uvicorn in a background thread; yields its base URL."""
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"uvicorn did not start on port {port}")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        try:
+            if httpx.get(f"{base_url}/healthz", timeout=1.0).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)  # uvicorn shuts down gracefully, the store closes
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)

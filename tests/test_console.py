@@ -1,0 +1,163 @@
+"""The operator console, end to end in headless Chromium (Debian's, driven by Playwright).
+
+The host serves the demo billing agent over real HTTP from a thread of this
+process, so each test can arm the fake provider (a lost response) before the
+browser acts. Without /usr/bin/chromium or the playwright package the browser
+tests skip with the reason, unless INTENTION_KERNEL_REQUIRE_SERVICES=1 (CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import service_unavailable
+from host_support import opened_provider, serving_in_thread
+from intention_kernel import Kernel
+from intention_kernel.demo import FakePaymentProvider, build_agent
+from intention_kernel.host import create_app
+from intention_kernel.testing import InMemoryDurability
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1280, "height": 860}
+#: Set to 1 to refresh the README's picture of the console from the screenshot test.
+UPDATE_DOCS = os.environ.get("INTENTION_KERNEL_UPDATE_DOCS") == "1"
+DOCS_PICTURE = Path(__file__).resolve().parent.parent / "docs" / "console.png"
+THREAD = "acct-acme"
+
+
+@dataclass
+class Host:
+    url: str
+    provider: FakePaymentProvider
+
+    def turn(self, turn_id: str, message: str) -> dict[str, Any]:
+        response = httpx.post(
+            f"{self.url}/v1/threads/{THREAD}/turns",
+            json={"turn_id": turn_id, "message": message},
+            timeout=30,
+        )
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[Host]:
+    provider = opened_provider(tmp_path / "provider.db")
+    kernel = Kernel(build_agent(provider), InMemoryDurability())
+    with serving_in_thread(create_app(kernel)) as url:
+        yield Host(url, provider)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        service_unavailable("Chromium", f"{CHROMIUM} is missing (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:
+        service_unavailable("Playwright", f"the playwright package is not installed: {exc}")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    context.close()
+    assert errors == [], f"the console raised in the browser: {errors}"
+
+
+def test_accepting_the_pending_confirmation_completes_the_charge(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "pay invoice 42")
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    expect(page.locator("#confirmation-prompt")).to_have_text(
+        "Charge $125.00 to payment intent pi_demo_42 for invoice 42? Reply yes or no."
+    )
+    page.get_by_role("button", name="Accept").click()
+    expect(page.locator("#steps")).to_contain_text("payments.charge")
+    expect(page.locator("#steps .badge.completed")).to_have_text("completed")
+    expect(page.locator("#confirmation")).to_be_hidden()
+    expect(page.locator("#messages")).to_contain_text("Charged $125.00 for invoice 42")
+    expect(page.locator("#facts")).to_contain_text("invoice.42.payment")
+    expect(page.locator("#facts")).to_contain_text("payments.charge · turn console-")
+
+
+def test_a_message_sent_from_the_console_is_a_turn(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    page.get_by_label("Message").fill("what do I owe on invoice 43?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#messages")).to_contain_text("Invoice 43 (Acme Corp): $49.99 due.")
+    expect(page.locator("#facts")).to_contain_text("invoice.43.amount_due_cents")
+
+
+def test_an_uncertain_receipt_is_reconciled_from_the_console(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    host.provider.simulate_lost_response("pi_demo_43")
+    host.turn("d1", "pay invoice 43")
+    assert host.turn("d2", "yes")["steps"][0]["status"] == "uncertain"
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    receipt = page.locator(".receipt", has_text="payments.charge:charge:pi_demo_43")
+    expect(receipt).to_contain_text("ProviderTimeout")
+    receipt.get_by_label("applied", exact=True).check()
+    charge = {"charge_id": "ch_000001", "amount_cents": 4999, "currency": "usd"}
+    receipt.get_by_label("value (JSON, if applied)").fill(json.dumps(charge))
+    receipt.get_by_label("note").fill("found in the provider dashboard")
+    receipt.get_by_role("button", name="Resolve").click()
+    expect(page.locator("#banner")).to_have_text(
+        "payments.charge:charge:pi_demo_43 is now completed."
+    )
+    expect(page.locator("#no-receipts")).to_be_visible()
+
+
+def test_screenshot_of_the_main_view(host: Host, page: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "what do I owe on invoice 42?")
+    host.provider.simulate_lost_response("pi_demo_43")
+    host.turn("d2", "pay invoice 43")
+    host.turn("d3", "yes")
+    host.turn("d4", "pay invoice 42")
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    expect(page.locator("#confirmation")).to_be_visible()
+    expect(page.locator(".receipt")).to_have_count(1)
+    picture = tmp_path / "console.png"
+    page.screenshot(path=str(picture))
+    data = picture.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (VIEWPORT["width"], VIEWPORT["height"])
+    assert len(data) > 40_000, "a console with content compresses to more than a blank page"
+    if UPDATE_DOCS:
+        shutil.copyfile(picture, DOCS_PICTURE)

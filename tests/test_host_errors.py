@@ -1,0 +1,211 @@
+"""Problem details for every failure, authentication, and tenant isolation over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from host_support import asgi_client
+from intention_kernel import (
+    CheckpointCompatibilityError,
+    CorruptRecordError,
+    FencedCommitError,
+    InterpretationError,
+    InvalidRequestError,
+    Kernel,
+    KernelError,
+    StoreError,
+    TenantMismatchError,
+    ThreadBusyError,
+    TurnConflictError,
+    TurnResult,
+    TurnScope,
+)
+from intention_kernel.durability import TurnOperation
+from intention_kernel.host import PROBLEM_TYPES, create_app
+from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
+from intention_kernel.testing.agents import FakeProvider, billing_agent
+
+TOKENS = {"tok-acme": "acme", "tok-globex": "globex", "tok-ops": None}
+
+
+class FailingDurability(InMemoryDurability):
+    """Raises ``error`` from every turn, as a store or the kernel might."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "slug"),
+    [
+        (InvalidRequestError("bad id"), 422, "invalid-request"),
+        (TurnConflictError("used"), 409, "turn-conflict"),
+        (TenantMismatchError("theirs", thread_id="t1"), 404, "not-found"),
+        (CheckpointCompatibilityError("newer"), 409, "incompatible-checkpoint"),
+        (CorruptRecordError("garbled"), 500, "corrupt-record"),
+        (InterpretationError("model down"), 502, "interpretation-failed"),
+        (ThreadBusyError("busy"), 503, "thread-busy"),
+        (FencedCommitError("moved"), 503, "turn-fenced"),
+        (StoreError("disk gone"), 503, "store-unavailable"),
+        (KernelError("inconsistent"), 500, "internal-error"),
+        (RuntimeError("secret internals"), 500, "internal-error"),
+    ],
+)
+async def test_every_error_is_a_problem_with_a_stable_type(
+    error: BaseException, status: int, slug: str
+) -> None:
+    kernel = Kernel(billing_agent(FakeProvider()), FailingDurability(error))
+    async with asgi_client(create_app(kernel)) as client:
+        response = await client.post("/v1/threads/t1/turns", json={"turn_id": "d1", "message": "x"})
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["type"] == f"/problems/{slug}"
+    assert problem["status"] == status
+    assert problem["title"] == PROBLEM_TYPES[slug].title
+    assert problem["thread_id"] == "t1"
+    if isinstance(error, KernelError):
+        assert problem["turn_id"] == "d1"
+    assert "secret internals" not in response.text
+    if status == 503:
+        assert int(response.headers["retry-after"]) >= 1
+
+
+async def test_a_busy_thread_is_503_with_retry_after() -> None:
+    provider = FakeProvider(behaviour={"pi_1": "block"})
+    kernel = Kernel(billing_agent(provider), InMemoryDurability(lock_timeout=0.05))
+    async with asgi_client(create_app(kernel)) as client:
+        url = "/v1/threads/t1/turns"
+        await client.post(url, json={"turn_id": "d1", "message": "charge pi_1 5"})
+        holder = asyncio.create_task(client.post(url, json={"turn_id": "d2", "answer": "accept"}))
+        await provider.entered.wait()
+        busy = await client.post(url, json={"turn_id": "d3", "message": "balance"})
+        provider.released.set()
+        assert (await holder).status_code == 200
+    assert busy.status_code == 503
+    assert busy.json()["type"] == "/problems/thread-busy"
+    assert busy.headers["retry-after"] == "1"
+
+
+async def test_a_thread_of_an_incompatible_agent_is_409_and_shown_incompatible() -> None:
+    store = InMemoryDurability()
+    old = Kernel(billing_agent(FakeProvider()), store)
+    await old.turn("t1", "d1", "balance")
+    new = Kernel(billing_agent(FakeProvider(), version="2"), store)
+    async with asgi_client(create_app(new)) as client:
+        response = await client.post("/v1/threads/t1/turns", json={"turn_id": "d2", "message": "x"})
+        thread = (await client.get("/v1/threads/t1")).json()
+    assert response.status_code == 409
+    assert response.json()["type"] == "/problems/incompatible-checkpoint"
+    assert thread["compatible"] is False
+    assert thread["agent_fingerprint"] == old.fingerprint
+
+
+async def test_an_interpreter_failure_is_502_and_commits_nothing() -> None:
+    def broken(request: object) -> object:
+        raise ConnectionError("model endpoint unreachable")
+
+    agent = billing_agent(FakeProvider(), interpreter=ScriptedInterpreter(broken))  # type: ignore[arg-type]
+    kernel = Kernel(agent, InMemoryDurability())
+    async with asgi_client(create_app(kernel)) as client:
+        response = await client.post("/v1/threads/t1/turns", json={"turn_id": "d1", "message": "x"})
+        after = await client.get("/v1/threads/t1")
+    assert response.status_code == 502
+    assert response.json()["type"] == "/problems/interpretation-failed"
+    assert after.status_code == 404
+
+
+async def test_routing_errors_are_problems_too() -> None:
+    kernel = Kernel(billing_agent(FakeProvider()), InMemoryDurability())
+    async with asgi_client(create_app(kernel)) as client:
+        missing = await client.get("/v2/anything")
+        wrong = await client.delete("/v1/threads/t1/turns")
+        types = await client.get("/problems")
+        described = [await client.get(t["type"]) for t in types.json()]
+    assert (missing.status_code, missing.json()["type"]) == (404, "/problems/not-found")
+    assert (wrong.status_code, wrong.json()["type"]) == (405, "/problems/method-not-allowed")
+    assert wrong.headers["allow"] == "POST"
+    assert [r.json()["title"] for r in described] == [t.title for t in PROBLEM_TYPES.values()]
+
+
+def test_importing_the_host_without_starlette_names_the_extra() -> None:
+    code = "import sys; sys.modules['starlette'] = None; import intention_kernel.host"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert run.returncode != 0
+    assert "pip install 'intention-kernel[http]'" in run.stderr
+
+
+# -- authentication and tenants --------------------------------------------------------------
+
+
+@pytest.fixture
+async def tenants() -> Kernel:
+    return Kernel(
+        billing_agent(FakeProvider(behaviour={"pi_9": "lost_response"})), InMemoryDurability()
+    )
+
+
+async def test_every_api_call_needs_a_known_bearer_token(tenants: Kernel) -> None:
+    app = create_app(tenants, tokens=TOKENS)
+    async with asgi_client(app) as anonymous, asgi_client(app, "wrong") as stranger:
+        for client in (anonymous, stranger):
+            response = await client.get("/v1/receipts")
+            assert response.status_code == 401
+            assert response.json()["type"] == "/problems/unauthorized"
+            assert response.headers["www-authenticate"].startswith("Bearer")
+        assert (await anonymous.get("/healthz")).status_code == 200
+        assert (await anonymous.get("/openapi.json")).status_code == 200
+        assert (await anonymous.get("/console")).status_code == 200
+
+
+async def test_a_tenant_never_sees_or_touches_another_tenants_thread(tenants: Kernel) -> None:
+    app = create_app(tenants, tokens=TOKENS)
+    async with asgi_client(app, "tok-acme") as acme, asgi_client(app, "tok-globex") as globex:
+        url = "/v1/threads/acct-1/turns"
+        await acme.post(url, json={"turn_id": "d1", "message": "charge pi_9 70"})
+        await acme.post(url, json={"turn_id": "d2", "answer": "accept"})
+        [receipt] = (await acme.get("/v1/receipts")).json()["receipts"]
+
+        theirs = await globex.get("/v1/threads/acct-1")
+        unknown = await globex.get("/v1/threads/acct-404")
+        assert theirs.status_code == unknown.status_code == 404
+        assert theirs.json()["detail"] == "no thread 'acct-1'"
+        posted = await globex.post(url, json={"turn_id": "g1", "message": "balance"})
+        assert posted.status_code == 404
+        assert posted.json()["detail"] == "no thread 'acct-1'"
+        assert (await globex.get("/v1/receipts")).json() == {"receipts": []}
+        body = {"thread_id": "acct-1", "key": receipt["key"], "applied": False}
+        refused = await globex.post("/v1/receipts/resolve", json=body)
+        assert refused.status_code == 404
+
+        resolved = await acme.post("/v1/receipts/resolve", json=body)
+        assert resolved.status_code == 200
+        assert resolved.json()["resolution"]["actor"] == "acme"
+    result = await tenants.turn("acct-1", "d9", "balance", tenant_id="acme")
+    assert result.reply == "You owe 4200."
+
+
+async def test_a_token_without_a_tenant_sees_only_threads_without_one(tenants: Kernel) -> None:
+    await tenants.turn("shared", "d1", "balance")
+    await tenants.turn("acme-only", "d1", "balance", tenant_id="acme")
+    app = create_app(tenants, tokens=TOKENS)
+    async with asgi_client(app, "tok-ops") as ops:
+        assert (await ops.get("/v1/threads/shared")).status_code == 200
+        assert (await ops.get("/v1/threads/acme-only")).status_code == 404
+
+
+def test_tokens_need_a_store_that_knows_thread_owners() -> None:
+    class Opaque:
+        pass
+
+    kernel = Kernel(billing_agent(FakeProvider()), Opaque())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="thread_owner"):
+        create_app(kernel, tokens=TOKENS)
