@@ -21,7 +21,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint
+from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint, encode_checkpoint
 from intention_kernel.durability import Durability, TurnTransaction, open_durability
 from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability, advisory_key
 from intention_kernel.effects import EffectAuthority
@@ -32,6 +32,8 @@ from intention_kernel.errors import (
     StoreError,
     ThreadBusyError,
 )
+from intention_kernel.kernel import Kernel
+from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper
 from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
 
@@ -181,6 +183,8 @@ async def test_schema_is_created_once_in_its_own_namespace_and_versioned(store: 
         store.schema,
     )
     assert [t for (t,) in tables] == [
+        "ik_facts",
+        "ik_messages",
         "ik_outbox",
         "ik_outbox_head",
         "ik_receipts",
@@ -210,6 +214,37 @@ async def test_a_schema_from_a_newer_library_is_refused(store: Store) -> None:
     with pytest.raises(StoreError, match="newer than this library"):
         async with store.durability():
             pass
+
+
+async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store) -> None:
+    provider = FakeProvider()
+    async with store.durability() as durability:
+        kernel = Kernel(billing_agent(provider, max_messages=4), durability)
+        for turn, text in enumerate(["balance 500", "charge pi_1 500", "yes"], start=1):
+            await kernel.turn("t", str(turn), text)
+        before = await durability.load_checkpoint("t")
+    assert before is not None
+    # What schema version 1 wrote: whole documents in ik_threads.checkpoint, no rows.
+    store.execute("UPDATE ik_threads SET checkpoint = %s", encode_checkpoint(before))
+    store.execute("DROP TABLE ik_messages, ik_facts")
+    store.execute("ALTER TABLE ik_threads DROP COLUMN message_seq")
+    store.execute("DELETE FROM ik_schema WHERE version > 1")
+
+    async with store.durability() as upgraded:
+        assert await upgraded.load_checkpoint("t") == before
+        kernel = Kernel(billing_agent(provider, max_messages=4), upgraded)
+        await kernel.turn("t", "4", "balance 20")
+        after = await upgraded.load_checkpoint("t")
+    assert after is not None and after.version == 4
+    assert after.facts["charge.pi_1"] == before.facts["charge.pi_1"]
+    assert [m.turn_id for m in after.messages] == ["3", "3", "4", "4"]
+    assert [v for (v,) in store.execute("SELECT version FROM ik_schema ORDER BY 1")] == list(
+        range(1, len(MIGRATIONS) + 1)
+    )
+    assert store.execute("SELECT count(*) FROM ik_messages") == [(4,)]
+    async with store.durability() as reopened:
+        assert await reopened.load_checkpoint("t") == after
+    assert provider.calls() == 1
 
 
 async def test_open_durability_builds_postgres_from_a_url(postgres_dsn: str) -> None:

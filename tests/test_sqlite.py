@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from intention_kernel.durability import Durability, open_durability
+from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint
+from intention_kernel.durability import Durability, TurnTransaction, open_durability
 from intention_kernel.durability.sqlite import MIGRATIONS, SQLiteDurability
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper
+from intention_kernel.turns import TurnCommit, TurnResult, TurnScope
 
 
 class _SQLiteTamper:
@@ -42,6 +46,59 @@ class TestSQLiteDurability(DurabilityConformance):
     @pytest.fixture
     def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
         return _SQLiteTamper(tmp_path / "kernel.db")
+
+
+class TestSQLiteDurabilityWithWritesOnTheWorkerThread(DurabilityConformance):
+    """``offload_writes=True``: every write hops, also when turns do not overlap."""
+
+    @pytest.fixture
+    def make_durability(self, tmp_path: Path) -> Callable[[], Durability]:
+        return lambda: SQLiteDurability(tmp_path / "kernel.db", offload_writes=True)
+
+    @pytest.fixture
+    def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
+        return _SQLiteTamper(tmp_path / "kernel.db")
+
+
+class TestSQLiteDurabilityWithWritesOnTheEventLoop(DurabilityConformance):
+    """``offload_writes=False``: no write hops, also when turns overlap."""
+
+    @pytest.fixture
+    def make_durability(self, tmp_path: Path) -> Callable[[], Durability]:
+        return lambda: SQLiteDurability(tmp_path / "kernel.db", offload_writes=False)
+
+    @pytest.fixture
+    def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
+        return _SQLiteTamper(tmp_path / "kernel.db")
+
+
+async def test_writes_hop_to_the_worker_thread_only_while_turns_overlap(tmp_path: Path) -> None:
+    """The default: inline while one turn runs; on the worker thread once turns overlap."""
+    hopped: list[bool] = []
+
+    def trace(sql: str) -> None:
+        hopped.append(threading.current_thread().name == "ik-sqlite")
+
+    async def slow(tx: TurnTransaction) -> TurnCommit:
+        await asyncio.sleep(0.02)  # a model call: other turns run meanwhile
+        version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
+        checkpoint = KernelCheckpoint(SCHEMA_REVISION, "sha256:raw", version)
+        result = TurnResult(
+            tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
+        )
+        return TurnCommit(result, checkpoint, ())
+
+    async with SQLiteDurability(tmp_path / "k.db") as store:
+        # The thread a statement runs on is not visible otherwise.
+        store._recorder._conn.set_trace_callback(trace)  # type: ignore[attr-defined]
+        await store.with_turn(TurnScope("a", "1"), slow)
+        alone, hopped[:] = set(hopped), []
+        await asyncio.gather(*(store.with_turn(TurnScope(t, "2"), slow) for t in "abc"))
+        together, hopped[:] = set(hopped), []
+        await store.with_turn(TurnScope("a", "3"), slow)
+        alone_again = set(hopped)
+    assert alone == alone_again == {False}
+    assert True in together
 
 
 async def test_schema_is_created_once_and_versioned(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Stored values must survive a round trip unchanged, so everything the kernel
 keeps is normalized through the same encoder that stores it: a tuple becomes a
 list on first use, not only after a replay, and a value that JSON cannot hold
-(a set, an object, NaN) is refused where it enters.
+(a set, an object, NaN, a string with a lone surrogate, which UTF-8 cannot
+encode) is refused where it enters.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ __all__ = ["dump_value", "load_value", "normalize"]
 
 
 def dump_value(value: Any) -> str:
-    """Compact strict JSON; raises ``TypeError``/``ValueError`` for what JSON cannot hold."""
-    return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    """Compact strict JSON; raises ``TypeError``/``ValueError`` for what JSON cannot hold,
+    or no store can (``UnicodeEncodeError``, a ``ValueError``, for a lone surrogate)."""
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():
+        text.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError
+    return text
 
 
 def load_value(text: str | None) -> Any:
@@ -25,6 +30,51 @@ def load_value(text: str | None) -> Any:
 
 def normalize(value: Any) -> Any:
     """``value`` as it will read back from the store (raises like :func:`dump_value`)."""
-    if value is None or isinstance(value, (str, bool, int)):
+    if isinstance(value, str):
+        if not value.isascii():
+            value.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError
         return value
-    return json.loads(dump_value(value))
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    plain = _plain(value, 4)
+    return json.loads(dump_value(value)) if plain is _NOT_PLAIN else plain
+
+
+_NOT_PLAIN: Any = object()
+_SCALARS = (str, int, bool, type(None))
+
+
+def _plain(value: Any, depth: int) -> Any:
+    """A copy of ``value`` if it is made only of dicts with ``str`` keys, lists and exact
+    ``str``/``int``/``bool``/``None`` (which JSON round-trips unchanged), else
+    ``_NOT_PLAIN``: the common small values skip an encode and a decode."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value if kind is not str or _storable(value) else _NOT_PLAIN
+    if depth == 0:
+        return _NOT_PLAIN
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str or not _storable(key):
+                return _NOT_PLAIN
+            item = _plain(item, depth - 1)
+            if item is _NOT_PLAIN:
+                return _NOT_PLAIN
+            out[key] = item
+        return out
+    if kind is list:
+        items = [_plain(item, depth - 1) for item in value]
+        return _NOT_PLAIN if any(item is _NOT_PLAIN for item in items) else items
+    return _NOT_PLAIN
+
+
+def _storable(text: str) -> bool:
+    """Whether UTF-8, hence every store, can hold ``text`` (not a lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -28,7 +28,7 @@ import pydantic
 
 from intention_kernel._json import normalize
 from intention_kernel.errors import InvalidInputError
-from intention_kernel.facts import Fact, FactRecord
+from intention_kernel.facts import Fact, FactRecord, FactTable
 
 if TYPE_CHECKING:
     from intention_kernel.effects import EffectFn, EffectResult
@@ -145,7 +145,10 @@ class CapabilityContext:
         self.tenant_id = tenant_id
         self.capability_id = capability_id
         self.signal = signal
-        self.facts: Mapping[str, FactRecord] = MappingProxyType(dict(facts))
+        # The runtime's FactTable is already a read-only view; copy anything else.
+        self.facts: Mapping[str, FactRecord] = (
+            facts if isinstance(facts, FactTable) else MappingProxyType(dict(facts))
+        )
         self.answer = answer
         self._run_effect = run_effect
         self._emit = emit

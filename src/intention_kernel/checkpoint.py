@@ -14,6 +14,7 @@ that :func:`encode_checkpoint` returns and hand back what they read to
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -31,11 +32,17 @@ __all__ = [
     "Interaction",
     "KernelCheckpoint",
     "Message",
+    "CoreEncoder",
     "Migration",
     "ReceiptRef",
+    "assemble_checkpoint",
     "check_compatible",
+    "continuation",
     "decode_checkpoint",
     "encode_checkpoint",
+    "encode_checkpoint_core",
+    "encode_fact",
+    "encode_message",
 ]
 
 
@@ -114,11 +121,107 @@ CHECKPOINT_MIGRATIONS: tuple[Migration, ...] = ()
 SCHEMA_REVISION = len(CHECKPOINT_MIGRATIONS) + 1
 
 _ADAPTER: pydantic.TypeAdapter[KernelCheckpoint] = pydantic.TypeAdapter(KernelCheckpoint)
+_MESSAGE: pydantic.TypeAdapter[Message] = pydantic.TypeAdapter(Message)
+_FACT: pydantic.TypeAdapter[FactRecord] = pydantic.TypeAdapter(FactRecord)
+_RECEIPT_REF: pydantic.TypeAdapter[ReceiptRef] = pydantic.TypeAdapter(ReceiptRef)
+_ROWS = frozenset(("messages", "facts"))
+_ROWS_AND_RECEIPTS = _ROWS | {"receipts"}
 
 
 def encode_checkpoint(checkpoint: KernelCheckpoint) -> str:
     """The checkpoint as compact JSON text."""
     return _ADAPTER.dump_json(checkpoint).decode()
+
+
+# Adapters store a checkpoint in pieces, so that a turn writes what it changed and not
+# the whole document: the small *core* (everything but messages and facts) in the
+# thread row, each message and each fact in a row of its own. Reading puts the pieces
+# back together into the document that ``decode_checkpoint`` reads.
+
+
+def encode_checkpoint_core(checkpoint: KernelCheckpoint) -> str:
+    """The checkpoint without its messages and facts, as compact JSON text."""
+    return _ADAPTER.dump_json(checkpoint, exclude=_ROWS).decode()  # type: ignore[arg-type]
+
+
+class CoreEncoder:
+    """Encodes the successive cores of one thread (see :func:`encode_checkpoint_core`).
+
+    The receipt index is most of a core (up to ``max_receipts`` entries) and a turn
+    changes one or two entries: the runtime carries the others over as the same
+    objects, so their JSON from the previous core is reused instead of encoded again.
+    """
+
+    __slots__ = ("_parts", "_refs")
+
+    def __init__(self) -> None:
+        # The last index encoded and its entries' JSON (holding the entries keeps them,
+        # and so their identity, alive).
+        self._refs: tuple[ReceiptRef, ...] = ()
+        self._parts: list[str] = []
+
+    def encode(self, checkpoint: KernelCheckpoint) -> str:
+        refs, previous = checkpoint.receipts, self._refs
+        appended = continuation(previous, refs)
+        if appended is not None:  # the usual turn: oldest entries dropped, new ones added
+            kept = len(refs) - len(appended)
+            parts = self._parts[len(previous) - kept :] + [_encode_ref(r) for r in appended]
+        else:  # an entry moved (a key used again): look each one up
+            known = {id(r): text for r, text in zip(previous, self._parts, strict=True)}
+            parts = [known.get(id(r)) or _encode_ref(r) for r in refs]
+        self._refs, self._parts = refs, parts
+        head = _ADAPTER.dump_json(checkpoint, exclude=_ROWS_AND_RECEIPTS).decode()  # type: ignore[arg-type]
+        return f'{head[:-1]},"receipts":[{",".join(parts)}]}}'
+
+
+def _encode_ref(ref: ReceiptRef) -> str:
+    return _RECEIPT_REF.dump_json(ref).decode()
+
+
+def continuation(previous: Sequence[Any], current: Sequence[Any]) -> Sequence[Any] | None:
+    """The entries ``current`` appends to what it keeps of ``previous`` (after dropping
+    some of its oldest), or ``None`` if it is not such a continuation. Compared by
+    identity: the runtime carries kept entries over as the same objects, so this costs
+    a few pointer compares."""
+    if not current:
+        return current
+    first = current[0]
+    start = next((i for i, item in enumerate(previous) if item is first), len(previous))
+    kept = len(previous) - start
+    if kept > len(current) or not all(map(operator.is_, previous[start:], current[:kept])):
+        return None
+    return current[kept:]
+
+
+def encode_message(message: Message) -> str:
+    return _MESSAGE.dump_json(message).decode()
+
+
+def encode_fact(record: FactRecord) -> str:
+    return _FACT.dump_json(record).decode()
+
+
+def assemble_checkpoint(
+    core: str, messages: Sequence[str], facts: Sequence[tuple[str, str]]
+) -> tuple[str, bool]:
+    """The whole checkpoint document from a stored core and its message and fact rows
+    (oldest message first; facts as ``(key, record JSON)`` in recording order).
+
+    Returns the document and whether it was stored in pieces. A core that holds its own
+    messages or facts is a whole document (written by an earlier version of the
+    library): it is returned as it is, rows ignored, and the second value is ``False``.
+    Anything that is not a JSON object is returned unchanged for ``decode_checkpoint``
+    to refuse.
+    """
+    try:
+        document = json.loads(core)
+    except ValueError:
+        return core, False
+    if not isinstance(document, dict) or not document or _ROWS & document.keys():
+        return core, False
+    facts_text = ",".join(f"{json.dumps(key, ensure_ascii=False)}:{body}" for key, body in facts)
+    head = core.rstrip()[:-1]
+    return f'{head},"messages":[{",".join(messages)}],"facts":{{{facts_text}}}}}', True
 
 
 def decode_checkpoint(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from intention_kernel._json import dump_value
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability, TurnTransaction
@@ -74,6 +75,8 @@ class Kernel:
                     f"message is {len(message)} characters long; the limit is "
                     f"{self.max_message_chars}"
                 )
+            if not message.isascii() and not _encodable(message):
+                raise InvalidRequestError("message is not valid Unicode text (a lone surrogate)")
         request = TurnRequest(message, resolved)
         scope = TurnScope(
             thread_id,
@@ -94,8 +97,27 @@ class Kernel:
 
 
 def _answer(answer: Any) -> Answer | None:
-    if answer is None or isinstance(answer, Answer):
+    if answer is None:
+        return None
+    if isinstance(answer, Answer):
+        if answer.decision not in ("accept", "reject"):
+            raise InvalidRequestError(
+                f"an answer's decision must be 'accept' or 'reject', got {answer.decision!r}"
+            )
+        try:
+            dump_value(answer.to_dict())
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"an answer must be JSON-serializable: {exc}") from exc
         return answer
     if answer in ("accept", "reject"):
         return Answer(None, answer)
     raise InvalidRequestError(f"answer must be 'accept', 'reject' or an Answer, got {answer!r}")
+
+
+def _encodable(text: str) -> bool:
+    """Whether a store can hold ``text``: UTF-8 cannot encode a lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -103,7 +103,7 @@ class EventDraft:
 
     type: str
     payload: Any = None
-    id: str = field(default_factory=lambda: "evt_" + uuid.uuid4().hex)
+    id: str = field(default_factory=lambda: "evt_" + os.urandom(16).hex())
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,13 @@ Transactions per turn, by construction: one read (prior result + thread row),
 one write per effect state change (``prepared`` before the provider call, the
 outcome after it), and one commit (result + checkpoint + events). A turn with
 one write effect therefore costs three commits and no more.
+
+A checkpoint is stored in pieces, so that a turn's cost does not grow with its
+thread: the thread row holds the small *core* (everything but messages and facts,
+see :func:`~intention_kernel.checkpoint.encode_checkpoint_core`), and each message
+and each fact has a row of its own. A commit writes the core, the messages the turn
+appended and the facts it changed (:class:`TurnRecord`); reading assembles the
+whole document again (:func:`~intention_kernel.checkpoint.assemble_checkpoint`).
 """
 
 from __future__ import annotations
@@ -25,8 +32,17 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from intention_kernel import _faults
 from intention_kernel._json import dump_value, load_value, normalize
-from intention_kernel.checkpoint import KernelCheckpoint, decode_checkpoint, encode_checkpoint
+from intention_kernel.checkpoint import (
+    CoreEncoder,
+    KernelCheckpoint,
+    assemble_checkpoint,
+    continuation,
+    decode_checkpoint,
+    encode_fact,
+    encode_message,
+)
 from intention_kernel.durability import TurnOperation
 from intention_kernel.effects import (
     EffectAuthority,
@@ -51,6 +67,7 @@ from intention_kernel.errors import (
     TenantMismatchError,
     TurnConflictError,
 )
+from intention_kernel.facts import DerivedFacts
 from intention_kernel.turns import (
     EventDraft,
     OutboxEvent,
@@ -62,6 +79,7 @@ from intention_kernel.turns import (
 )
 
 __all__ = [
+    "MAX_ID_BYTES",
     "MAX_ID_LENGTH",
     "RecordedDurability",
     "Recorder",
@@ -76,6 +94,9 @@ __all__ = [
 ]
 
 MAX_ID_LENGTH = 512
+#: IDs are keys of unique indexes; PostgreSQL refuses a btree entry over 2,704 bytes,
+#: and ``(thread_id, turn_id)`` of two 512-character IDs could reach 4,096.
+MAX_ID_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +109,19 @@ class StoredTurn:
 
 @dataclass(frozen=True, slots=True)
 class StoredThread:
-    """A thread row. ``checkpoint`` is ``None`` while ``version`` is 0 (no committed turn)."""
+    """A thread row and its checkpoint's rows.
+
+    ``checkpoint`` is the stored core document, ``None`` while ``version`` is 0 (no
+    committed turn). ``messages`` are the message rows, oldest first; ``facts`` the
+    fact rows as ``(key, record JSON)``, in the order their keys were first stored.
+    Both are empty when ``checkpoint`` is not shipped.
+    """
 
     version: int
     tenant_id: str | None
     checkpoint: str | None
+    messages: Sequence[str] = ()
+    facts: Sequence[tuple[str, str]] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +146,18 @@ class TurnStart:
 
 @dataclass(frozen=True, slots=True)
 class TurnRecord:
-    """Everything one turn commits, in one transaction."""
+    """Everything one turn commits, in one transaction.
+
+    The checkpoint comes as a difference with the stored one: ``checkpoint`` is the new
+    core document; ``messages`` are appended after the stored message rows (numbered
+    on from the thread's last message number), after which only the newest
+    ``keep_messages`` rows are kept: the ``trim_messages`` rows just older than those
+    are deleted (a bounded range, so that a store need not look at older ones);
+    ``facts`` are inserted or replace the row of their key (a replaced row keeps its
+    place in the order), ``removed_facts`` are deleted. With ``rewrite``, every message
+    and fact row of the thread is deleted first, and ``messages``/``facts`` are all of
+    them (the stored rows were not the base this difference was computed from).
+    """
 
     thread_id: str
     turn_id: str
@@ -131,6 +171,12 @@ class TurnRecord:
     fingerprint: str
     events: Sequence[EventDraft]
     created_at: datetime
+    messages: Sequence[str] = ()
+    keep_messages: int = 0
+    trim_messages: int = 0
+    facts: Sequence[tuple[str, str]] = ()
+    removed_facts: Sequence[str] = ()
+    rewrite: bool = False
 
 
 ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
@@ -163,16 +209,21 @@ class Recorder(Protocol):
     async def begin_turn(
         self, thread_id: str, turn_id: str, known_version: int | None
     ) -> TurnStart:
-        """Read the committed turn ``(thread_id, turn_id)``; only if absent, the thread row.
+        """Read the committed turn ``(thread_id, turn_id)``; only if absent, the thread row
+        with its message and fact rows (one consistent snapshot).
 
         When the thread's version equals ``known_version`` the caller already holds
         that checkpoint: the recorder should leave ``StoredThread.checkpoint`` as
-        ``None`` instead of shipping and decoding the same document again.
+        ``None`` and read no message or fact rows.
         """
         ...
 
     async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
-        """In one transaction: read the receipt, ``plan`` it, persist ``plan.write`` if any."""
+        """In one transaction: read the receipt, ``plan`` it, persist ``plan.write`` if any.
+
+        ``plan`` is pure: a recorder may first try ``plan(None).write`` as an insert
+        that does nothing if a receipt exists, and read and plan only then.
+        """
         ...
 
     async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
@@ -181,11 +232,14 @@ class Recorder(Protocol):
         ...
 
     async def commit_turn(self, record: TurnRecord) -> None:
-        """Insert the turn, compare-and-set the thread version and append the events,
-        atomically. Raise ``FencedCommitError`` if the version moved."""
+        """Insert the turn, compare-and-set the thread version, apply the checkpoint's
+        difference (see :class:`TurnRecord`) and append the events, atomically. Raise
+        ``FencedCommitError`` if the version moved."""
         ...
 
-    async def read_thread(self, thread_id: str) -> StoredThread | None: ...
+    async def read_thread(self, thread_id: str) -> StoredThread | None:
+        """The thread row with its message and fact rows, from one consistent snapshot."""
+        ...
 
     async def read_receipts(
         self, thread_id: str | None, status: ReceiptStatus | None
@@ -202,7 +256,8 @@ class Recorder(Protocol):
 
 
 def check_id(name: str, value: object) -> str:
-    """Thread, turn and tenant IDs: non-empty strings without NUL, at most 512 characters."""
+    """Thread, turn and tenant IDs: non-empty strings without NUL, at most 512 characters
+    and 1,024 bytes of UTF-8 (so no lone surrogate, which UTF-8 cannot encode)."""
     if not isinstance(value, str) or not value:
         raise InvalidRequestError(f"{name} must be a non-empty string, got {value!r}")
     if len(value) > MAX_ID_LENGTH:
@@ -211,6 +266,17 @@ def check_id(name: str, value: object) -> str:
         )
     if "\x00" in value:
         raise InvalidRequestError(f"{name} must not contain NUL characters")
+    if not value.isascii():
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise InvalidRequestError(
+                f"{name} is not valid Unicode text (it holds a lone surrogate)"
+            ) from None
+        if size > MAX_ID_BYTES:
+            raise InvalidRequestError(
+                f"{name} is {size} bytes long in UTF-8; the limit is {MAX_ID_BYTES}"
+            )
     return value
 
 
@@ -273,7 +339,10 @@ class RecordedDurability:
         # stored version still matches reuses it instead of reading and decoding the
         # whole document again; any other writer bumps the version, so a stale entry is
         # never used. Entries are shared, never mutated: the runtime copies what it changes.
+        # Each entry's rows are stored exactly, so the next commit may write a difference.
         self._checkpoints: OrderedDict[str, KernelCheckpoint] = OrderedDict()
+        # Per cached thread, the JSON of its core's receipt index entries, for the next core.
+        self._encoders: dict[str, CoreEncoder] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -311,6 +380,8 @@ class RecordedDurability:
             check_id("tenant_id", scope.tenant_id)
         recorder = await self._ready()
         async with recorder.lock(scope.thread_id):
+            if _faults.armed:
+                _faults.reach(_faults.AFTER_LOCK)
             cached = self._checkpoints.get(scope.thread_id)
             start = await recorder.begin_turn(
                 scope.thread_id, scope.turn_id, cached.version if cached else None
@@ -328,47 +399,64 @@ class RecordedDurability:
             if start.turn is not None:
                 return self._replay(scope, start.turn)
             thread = start.thread
-            checkpoint = self._checkpoint(scope.thread_id, thread, cached)
+            checkpoint, stored_in_rows = self._checkpoint(scope.thread_id, thread, cached)
+            if _faults.armed:
+                _faults.reach(_faults.AFTER_CHECKPOINT_LOAD)
             expected = thread.version if thread is not None else 0
             tx = _Transaction(self, scope, checkpoint)
             try:
                 commit = await operation(tx)
             finally:
                 tx._closed = True
-            record = self._record(scope, expected, commit)
+            try:
+                record = self._record(scope, expected, commit, checkpoint, stored_in_rows)
+            except ValueError as exc:  # pydantic's serialization errors included
+                raise KernelError(
+                    f"refusing to commit turn {scope.turn_id!r}: its result or checkpoint "
+                    f"cannot be stored: {_describe(exc)}",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                ) from exc
+            if _faults.armed:
+                _faults.reach(_faults.BEFORE_COMMIT)
             await recorder.commit_turn(record)
+            if _faults.armed:
+                _faults.reach(_faults.AFTER_COMMIT)
             self._remember(scope.thread_id, commit.checkpoint)
             return commit.result
 
     def _checkpoint(
         self, thread_id: str, thread: StoredThread | None, cached: KernelCheckpoint | None
-    ) -> KernelCheckpoint | None:
-        """The thread's current checkpoint: the cached one if still current, else decoded."""
+    ) -> tuple[KernelCheckpoint | None, bool]:
+        """The thread's current checkpoint (the cached one if still current, else decoded),
+        and whether its rows are stored exactly, so that a commit may write a difference."""
         if thread is None or not thread.version:
-            return None
+            return None, True
         if thread.checkpoint is None:
             if cached is None or cached.version != thread.version:
                 raise CorruptRecordError(
                     f"thread {thread_id!r} is at version {thread.version} but has no checkpoint",
                     thread_id=thread_id,
                 )
-            return cached
-        checkpoint = decode_checkpoint(thread.checkpoint, thread_id=thread_id)
+            return cached, True
+        checkpoint, stored_in_rows = _decode(thread_id, thread)
         if checkpoint.version != thread.version:
             raise CorruptRecordError(
                 f"thread {thread_id!r} is at version {thread.version} but its "
                 f"checkpoint says {checkpoint.version}",
                 thread_id=thread_id,
             )
-        self._remember(thread_id, checkpoint)
-        return checkpoint
+        if stored_in_rows:
+            self._remember(thread_id, checkpoint)
+        return checkpoint, stored_in_rows
 
     def _remember(self, thread_id: str, checkpoint: KernelCheckpoint) -> None:
         cache = self._checkpoints
         cache[thread_id] = checkpoint
         cache.move_to_end(thread_id)
         if len(cache) > self.CHECKPOINT_CACHE_SIZE:
-            cache.popitem(last=False)
+            forgotten, _ = cache.popitem(last=False)
+            self._encoders.pop(forgotten, None)
 
     def _replay(self, scope: TurnScope, stored: StoredTurn) -> TurnResult:
         if (
@@ -384,10 +472,17 @@ class RecordedDurability:
             )
         return decode_result(stored.result, replayed=True, thread_id=scope.thread_id)
 
-    def _record(self, scope: TurnScope, expected: int, commit: TurnCommit) -> TurnRecord:
-        result, checkpoint = commit.result, commit.checkpoint
+    def _record(
+        self,
+        scope: TurnScope,
+        expected: int,
+        commit: TurnCommit,
+        previous: KernelCheckpoint | None,
+        stored_in_rows: bool,
+    ) -> TurnRecord:
         if not isinstance(commit, TurnCommit):
             raise KernelError(f"operation must return a TurnCommit, got {type(commit).__name__}")
+        result, checkpoint = commit.result, commit.checkpoint
         problems = []
         if (result.thread_id, result.turn_id) != (scope.thread_id, scope.turn_id):
             problems.append("the result names another thread or turn")
@@ -403,6 +498,46 @@ class RecordedDurability:
                 thread_id=scope.thread_id,
                 turn_id=scope.turn_id,
             )
+        messages = checkpoint.messages
+        appended = (
+            continuation(previous.messages, messages) if stored_in_rows and previous else None
+        )
+        if not stored_in_rows or (previous is not None and appended is None):
+            # No stored base to compute a difference from: write every row anew.
+            return self._new_record(
+                scope,
+                expected,
+                commit,
+                messages=[encode_message(m) for m in messages],
+                keep_messages=len(messages),
+                facts=[(key, encode_fact(r)) for key, r in checkpoint.facts.items()],
+                rewrite=True,
+            )
+        kept = len(previous.messages) if previous else 0
+        if appended is None:  # the thread's first checkpoint
+            appended = messages
+        trimmed = max(kept + len(appended) - len(messages), 0)
+        changed, removed = _changed_facts(previous.facts if previous else {}, checkpoint.facts)
+        return self._new_record(
+            scope,
+            expected,
+            commit,
+            messages=[encode_message(m) for m in appended],
+            keep_messages=len(messages),
+            trim_messages=trimmed,
+            facts=[(key, encode_fact(checkpoint.facts[key])) for key in changed],
+            removed_facts=removed,
+        )
+
+    def _new_record(
+        self, scope: TurnScope, expected: int, commit: TurnCommit, **rows: Any
+    ) -> TurnRecord:
+        checkpoint = commit.checkpoint
+        encoder = self._encoders.get(scope.thread_id)
+        if encoder is None:
+            if len(self._encoders) >= self.CHECKPOINT_CACHE_SIZE:
+                self._encoders.clear()  # threads whose commits failed; rare
+            encoder = self._encoders[scope.thread_id] = CoreEncoder()
         return TurnRecord(
             thread_id=scope.thread_id,
             turn_id=scope.turn_id,
@@ -410,12 +545,13 @@ class RecordedDurability:
             request_digest=scope.request_digest,
             expected_version=expected,
             version=checkpoint.version,
-            result=encode_result(result),
-            checkpoint=encode_checkpoint(checkpoint),
+            result=encode_result(commit.result),
+            checkpoint=encoder.encode(checkpoint),
             schema_revision=checkpoint.schema_revision,
             fingerprint=checkpoint.agent_fingerprint,
             events=tuple(commit.events),
             created_at=utcnow(),
+            **rows,
         )
 
     # -- effects -----------------------------------------------------------------------------
@@ -454,6 +590,8 @@ class RecordedDurability:
             )
         prepared = decided.write
         assert prepared is not None
+        if _faults.armed:
+            _faults.reach(_faults.AFTER_RECEIPT_PREPARED)
         authority = EffectAuthority(key, key, prepared.id, prepared.attempt)
         try:
             value = fn(authority)
@@ -502,6 +640,8 @@ class RecordedDurability:
             ) from exc
         completed = settle(prepared, "completed", now=utcnow(), value=stored)
         await _shielded(recorder.write_receipt(completed, prepared))
+        if _faults.armed:
+            _faults.reach(_faults.AFTER_RECEIPT_COMPLETED)
         return EffectResult(stored, completed)
 
     # -- inspection and operations -----------------------------------------------------------
@@ -512,7 +652,7 @@ class RecordedDurability:
         thread = await recorder.read_thread(check_id("thread_id", thread_id))
         if thread is None or thread.checkpoint is None:
             return None
-        return decode_checkpoint(thread.checkpoint, thread_id=thread_id)
+        return _decode(thread_id, thread)[0]
 
     async def thread_owner(self, thread_id: str) -> ThreadOwner | None:
         """The owner of a thread, or ``None`` while it has no committed turn (no checkpoint;
@@ -584,8 +724,29 @@ class RecordedDurability:
         return await recorder.read_outbox(thread_id, after, limit)
 
 
+def _decode(thread_id: str, thread: StoredThread) -> tuple[KernelCheckpoint, bool]:
+    """The stored checkpoint, and whether it was stored in rows (else as one document)."""
+    assert thread.checkpoint is not None
+    text, stored_in_rows = assemble_checkpoint(thread.checkpoint, thread.messages, thread.facts)
+    return decode_checkpoint(text, thread_id=thread_id), stored_in_rows
+
+
+def _changed_facts(
+    previous: dict[str, Any], current: dict[str, Any]
+) -> tuple[Sequence[str], Sequence[str]]:
+    """Keys of ``current`` that are new or replaced since ``previous``, and removed keys."""
+    if current is previous:
+        return (), ()
+    if isinstance(current, DerivedFacts) and current.base is previous:
+        return current.changed, ()  # what the runtime recorded: no need to look at the rest
+    changed = [key for key, record in current.items() if previous.get(key) is not record]
+    return changed, [key for key in previous if key not in current]
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc)
+    if not text.isascii():  # stored as text: escape what UTF-8 cannot encode (a lone surrogate)
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

@@ -38,6 +38,8 @@ class _Thread:
     tenant_id: str | None = None
     checkpoint: str | None = None
     next_seq: int = 1
+    messages: list[str] = field(default_factory=list)
+    facts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,10 +83,9 @@ class _MemoryRecorder:
         stored = self._state.turns.get((thread_id, turn_id))
         if stored is not None:
             return TurnStart(stored, None, thread.tenant_id if thread else None)
-        snapshot = self._snapshot(thread)
-        if snapshot is not None and snapshot.version == known_version:
-            snapshot = replace(snapshot, checkpoint=None)
-        return TurnStart(None, snapshot)
+        if thread is not None and thread.version == known_version:
+            return TurnStart(None, StoredThread(thread.version, thread.tenant_id, None))
+        return TurnStart(None, self._snapshot(thread))
 
     async def read_thread(self, thread_id: str) -> StoredThread | None:
         return self._snapshot(self._state.threads.get(thread_id))
@@ -93,7 +94,13 @@ class _MemoryRecorder:
     def _snapshot(thread: _Thread | None) -> StoredThread | None:
         if thread is None:
             return None
-        return StoredThread(thread.version, thread.tenant_id, thread.checkpoint)
+        return StoredThread(
+            thread.version,
+            thread.tenant_id,
+            thread.checkpoint,
+            tuple(thread.messages),
+            tuple(thread.facts.items()),
+        )
 
     async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
         decided = plan(self._state.receipts.get((thread_id, key)))
@@ -135,6 +142,15 @@ class _MemoryRecorder:
         thread.version = record.version
         thread.checkpoint = record.checkpoint
         thread.tenant_id = record.tenant_id
+        if record.rewrite:
+            thread.messages.clear()
+            thread.facts.clear()
+        thread.messages.extend(record.messages)
+        if record.trim_messages or record.rewrite:
+            del thread.messages[: max(len(thread.messages) - record.keep_messages, 0)]
+        thread.facts.update(record.facts)
+        for key in record.removed_facts:
+            thread.facts.pop(key, None)
         self._append(record.thread_id, record.turn_id, record.events)
 
     def _append(self, thread_id: str, turn_id: str | None, events: Sequence[EventDraft]) -> None:

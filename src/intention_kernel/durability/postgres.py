@@ -53,6 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
         "pip install 'intention-kernel[postgres]'"
     ) from exc
 
+from intention_kernel import _faults
 from intention_kernel.durability._rows import (
     decode_event,
     decode_receipt,
@@ -125,6 +126,21 @@ MIGRATIONS: tuple[str, ...] = (
     );
     INSERT INTO ik_outbox_head VALUES (true, 0);
     """,
+    # 2: checkpoints in pieces (see the SQLite adapter's migration 2): the thread row
+    # keeps the core document, messages and facts get rows of their own. A checkpoint
+    # still stored whole is read as it is and split on its thread's next commit.
+    """
+    ALTER TABLE ik_threads ADD COLUMN message_seq bigint NOT NULL DEFAULT 0;
+    CREATE TABLE ik_messages (
+        thread_id text NOT NULL, seq bigint NOT NULL, body text NOT NULL,
+        CONSTRAINT ik_messages_pkey PRIMARY KEY (thread_id, seq)
+    );
+    CREATE TABLE ik_facts (
+        thread_id text NOT NULL, key text NOT NULL, body text NOT NULL,
+        ordinal bigint GENERATED ALWAYS AS IDENTITY,
+        CONSTRAINT ik_facts_pkey PRIMARY KEY (thread_id, key)
+    );
+    """,
 )
 
 CREATE_SCHEMA_TABLE = """
@@ -149,17 +165,37 @@ TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
 UNLOCK = "SELECT pg_advisory_unlock(%s)"
 LOCK_XACT = "SELECT pg_advisory_xact_lock(%s)"
 
-# One round trip, one snapshot: the committed turn if any, else the thread row
-# (the checkpoint is not shipped for a replay, which never decodes it).
-BEGIN_TURN = """
-    SELECT t.request_digest, t.result, th.version, th.tenant_id,
-           CASE WHEN t.turn_id IS NULL AND th.version IS DISTINCT FROM %(known_version)s
-                THEN th.checkpoint END
-    FROM (SELECT 1) AS one
-    LEFT JOIN ik_threads th ON th.thread_id = %(thread_id)s
-    LEFT JOIN ik_turns t ON t.thread_id = %(thread_id)s AND t.turn_id = %(turn_id)s
+# A thread's checkpoint rows: messages oldest first, facts as [key, body] pairs in
+# recording order (``ordinal`` survives an upsert). Scalar subqueries in a CASE run
+# only when the branch is taken.
+_ROWS = """
+    CASE WHEN {ship} THEN (SELECT array_agg(body ORDER BY seq) FROM ik_messages
+                           WHERE thread_id = {thread_id}) END,
+    CASE WHEN {ship} THEN (SELECT array_agg(ARRAY[key, body] ORDER BY ordinal) FROM ik_facts
+                           WHERE thread_id = {thread_id}) END
 """
-SELECT_THREAD = "SELECT version, tenant_id, checkpoint FROM ik_threads WHERE thread_id = %s"
+# One round trip, one snapshot: the committed turn if any, else the thread row and its
+# checkpoint rows (not shipped for a replay, which never decodes them, nor when the
+# caller holds this version already).
+BEGIN_TURN = (
+    """
+    WITH found AS (
+        SELECT t.request_digest, t.result, th.version, th.tenant_id, th.checkpoint,
+               t.turn_id IS NULL AND th.version IS DISTINCT FROM %(known_version)s AS ship
+        FROM (SELECT 1) AS one
+        LEFT JOIN ik_threads th ON th.thread_id = %(thread_id)s
+        LEFT JOIN ik_turns t ON t.thread_id = %(thread_id)s AND t.turn_id = %(turn_id)s
+    )
+    SELECT request_digest, result, version, tenant_id, CASE WHEN ship THEN checkpoint END,
+"""
+    + _ROWS.format(ship="ship", thread_id="%(thread_id)s")
+    + "FROM found"
+)
+SELECT_THREAD = (
+    "SELECT version, tenant_id, checkpoint,"
+    + _ROWS.format(ship="true", thread_id="%(thread_id)s")
+    + "FROM ik_threads WHERE thread_id = %(thread_id)s"
+)
 
 # In ``Receipt`` field order, so that a row maps onto the dataclass positionally.
 RECEIPT_COLUMNS = (
@@ -172,6 +208,10 @@ INSERT_RECEIPT = f"""
     VALUES (%(id)s, %(thread_id)s, %(key)s, %(status)s, %(turn_id)s, %(step_id)s,
             %(attempt)s, %(value)s, %(error)s, %(created_at)s, %(updated_at)s, %(resolution)s)
 """
+# The first call of an effect key, in one round trip: insert the planned receipt
+# unless one exists. Not a conflict hidden: no row inserted means the caller reads the
+# existing receipt and plans from it (``claim_effect``).
+INSERT_RECEIPT_IF_NEW = INSERT_RECEIPT + " ON CONFLICT (thread_id, key) DO NOTHING"
 # Compare-and-set: the receipt must still be in the state the caller last saw.
 UPDATE_RECEIPT = """
     UPDATE ik_receipts
@@ -187,32 +227,40 @@ UPDATE_RECEIPT = """
 # (under READ COMMITTED a concurrent first commit is waited for, then re-checked).
 UPSERT_THREAD = """
     INSERT INTO ik_threads (thread_id, tenant_id, version, schema_revision, fingerprint,
-                            checkpoint, next_seq, updated_at)
+                            checkpoint, next_seq, updated_at, message_seq)
     VALUES (%(thread_id)s, %(tenant_id)s, %(version)s, %(schema_revision)s, %(fingerprint)s,
-            %(checkpoint)s, 1 + %(events)s, %(created_at)s)
+            %(checkpoint)s, 1 + %(events)s, %(created_at)s, %(appended)s)
     ON CONFLICT (thread_id) DO UPDATE SET
         tenant_id = excluded.tenant_id, version = excluded.version,
         schema_revision = excluded.schema_revision, fingerprint = excluded.fingerprint,
         checkpoint = excluded.checkpoint, next_seq = ik_threads.next_seq + %(events)s,
-        updated_at = excluded.updated_at
+        updated_at = excluded.updated_at,
+        message_seq = ik_threads.message_seq + %(appended)s
     WHERE ik_threads.version = 0
-    RETURNING next_seq
+    RETURNING next_seq, message_seq
 """
 # Later commits: fenced on the version (and owner) this turn loaded.
 UPDATE_THREAD = """
     UPDATE ik_threads
     SET version = %(version)s, schema_revision = %(schema_revision)s,
         fingerprint = %(fingerprint)s, checkpoint = %(checkpoint)s,
-        next_seq = next_seq + %(events)s, updated_at = %(created_at)s
+        next_seq = next_seq + %(events)s, updated_at = %(created_at)s,
+        message_seq = message_seq + %(appended)s
     WHERE thread_id = %(thread_id)s AND version = %(expected_version)s
       AND tenant_id IS NOT DISTINCT FROM %(tenant_id)s
-    RETURNING next_seq
+    RETURNING next_seq, message_seq
 """
 # A whole commit in one statement, hence one transaction and one round trip. The
 # turn and its events are inserted only from the thread row the compare-and-set
 # returned: a fenced commit writes nothing and returns no row; a turn ID committed
 # meanwhile violates ``ik_turns_pkey`` and aborts the statement. Parameters are
-# the ``TurnRecord`` fields, with ``events`` the count and ``event_*`` arrays.
+# the ``TurnRecord`` fields, with ``events`` the count and ``event_*`` arrays, and
+# the checkpoint's rows as arrays (see ``TurnRecord``). The parts of one statement
+# share a snapshot: the deletes see only the rows stored before it, never the ones
+# it inserts; a rewrite deletes only the facts it does not upsert again, since one
+# statement must not both delete and insert the same row. Arrays go in binary
+# (``%(...)b``): the text format escapes every quote of every JSON element with a
+# regular expression, which cost more than the round trip.
 COMMIT_TURN = """
     WITH thread AS ({thread}), turn AS (
         INSERT INTO ik_turns (thread_id, turn_id, request_digest, version, result, created_at)
@@ -223,9 +271,39 @@ COMMIT_TURN = """
         INSERT INTO ik_outbox (id, thread_id, turn_id, seq, type, payload, created_at)
         SELECT e.id, %(thread_id)s, %(turn_id)s, thread.next_seq - %(events)s + e.n - 1,
                e.type, e.payload, %(created_at)s
-        FROM thread, unnest(%(event_ids)s::text[], %(event_types)s::text[],
-                            %(event_payloads)s::text[]) WITH ORDINALITY AS e(id, type, payload, n)
+        FROM thread, unnest(%(event_ids)b::text[], %(event_types)b::text[],
+                            %(event_payloads)b::text[]) WITH ORDINALITY AS e(id, type, payload, n)
         ORDER BY e.n  -- so that ``ord`` follows ``seq`` (see SEQUENCE_OUTBOX)
+    ), trimmed_messages AS (
+        -- A bounded range: the index is not walked through the dead entries that a
+        -- long thread's earlier trims leave until vacuum.
+        DELETE FROM ik_messages m USING thread
+        WHERE m.thread_id = %(thread_id)s
+          AND m.seq > thread.message_seq - %(keep_messages)s - %(trim_messages)s
+          AND m.seq <= thread.message_seq - %(keep_messages)s
+    ), rewritten_messages AS (
+        DELETE FROM ik_messages m USING thread
+        WHERE %(rewrite)s AND m.thread_id = %(thread_id)s
+    ), new_messages AS (
+        INSERT INTO ik_messages (thread_id, seq, body)
+        SELECT %(thread_id)s, thread.message_seq - %(appended)s + m.n, m.body
+        FROM thread, unnest(%(messages)b::text[]) WITH ORDINALITY AS m(body, n)
+    ), removed_facts AS (
+        DELETE FROM ik_facts f USING thread
+        WHERE f.thread_id = %(thread_id)s AND f.key = ANY(%(removed_facts)b::text[])
+    ), rewritten_facts AS (
+        -- Kept apart so that ``%(rewrite)s``, a row-independent condition, gates the
+        -- whole scan (a one-time filter): a turn never reads all of a thread's facts.
+        DELETE FROM ik_facts f USING thread
+        WHERE %(rewrite)s AND f.thread_id = %(thread_id)s
+          AND NOT f.key = ANY(%(fact_keys)b::text[])
+    ), new_facts AS (
+        INSERT INTO ik_facts (thread_id, key, body)
+        SELECT %(thread_id)s, f.key, f.body
+        FROM thread, unnest(%(fact_keys)b::text[], %(fact_bodies)b::text[])
+                     WITH ORDINALITY AS f(key, body, n)
+        ORDER BY f.n  -- so that ``ordinal`` follows the checkpoint's order
+        ON CONFLICT (thread_id, key) DO UPDATE SET body = excluded.body
     )
     SELECT next_seq FROM thread
 """
@@ -482,19 +560,20 @@ class _PostgresRecorder:
         async def read(conn: Connection) -> TurnStart:
             params = {"thread_id": thread_id, "turn_id": turn_id, "known_version": known_version}
             cur = await conn.execute(BEGIN_TURN, params)
-            digest, result, version, tenant_id, checkpoint = _one(await cur.fetchone())
+            digest, result, version, tenant_id, *stored = _one(await cur.fetchone())
             if result is not None:
                 return TurnStart(StoredTurn(digest, result), None, tenant_id)
             if version is None:
                 return TurnStart(None, None)
-            return TurnStart(None, StoredThread(version, tenant_id, checkpoint))
+            return TurnStart(None, _thread(version, tenant_id, *stored))
 
         return await self._run(thread_id, read)
 
     async def read_thread(self, thread_id: str) -> StoredThread | None:
         async def read(conn: Connection) -> StoredThread | None:
-            row = await (await conn.execute(SELECT_THREAD, (thread_id,))).fetchone()
-            return None if row is None else StoredThread(*row)
+            cur = await conn.execute(SELECT_THREAD, {"thread_id": thread_id})
+            row = await cur.fetchone()
+            return None if row is None else _thread(*row)
 
         return await self._run(None, read)
 
@@ -505,10 +584,18 @@ class _PostgresRecorder:
             event_ids=[e.id for e in record.events],
             event_types=[e.type for e in record.events],
             event_payloads=[dump_value(e.payload) for e in record.events],
+            appended=len(record.messages),
+            messages=list(record.messages),
+            fact_keys=[key for key, _ in record.facts],
+            fact_bodies=[body for _, body in record.facts],
+            removed_facts=list(record.removed_facts),
         )
+        del params["facts"]
         statement = COMMIT_FIRST_TURN if record.expected_version == 0 else COMMIT_NEXT_TURN
 
         async def commit(conn: Connection) -> None:
+            if _faults.armed:  # as the one-statement commit transaction is sent
+                _faults.reach(_faults.DURING_COMMIT)
             try:
                 committed = await (await conn.execute(statement, params)).fetchone()
             except UniqueViolation as exc:
@@ -524,6 +611,13 @@ class _PostgresRecorder:
 
     async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
         async def claim(conn: Connection) -> EffectPlan:
+            # Most keys are new: try what a first call writes, and read only if a
+            # receipt was there already.
+            first = plan(None)
+            if first.write is not None:
+                params = _receipt_params(first.write)
+                if (await conn.execute(INSERT_RECEIPT_IF_NEW, params)).rowcount == 1:
+                    return first
             # No wrapping transaction: the write is one statement whose primary key
             # (insert) or compare-and-set (update) refuses it if anyone wrote the
             # receipt since the read, which under the thread lock nobody should.
@@ -657,6 +751,17 @@ def _translated() -> Iterator[None]:
         raise StoreError(
             f"PostgreSQL error {exc.sqlstate or ''}: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _thread(
+    version: int,
+    tenant_id: str | None,
+    checkpoint: str | None,
+    messages: list[str] | None,
+    facts: list[list[str]] | None,
+) -> StoredThread:
+    pairs = [(key, body) for key, body in facts or ()]
+    return StoredThread(version, tenant_id, checkpoint, messages or (), pairs)
 
 
 async def _value(conn: Connection, query: str, *args: Any) -> Any:

@@ -46,7 +46,7 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
         )
         state.replies.append(f"Could not run {item.capability_id}: the agent no longer has it.")
         return True
-    if active.kind == "confirmation" and answer.decision == "reject":
+    if active.kind == "confirmation" and answer.decision != "accept":  # consent is never assumed
         _record(state, item, StepStatus.REJECTED, None)
         state.replies.append(f"Cancelled. ({active.prompt})")
         return True

@@ -117,25 +117,32 @@ class _Step:
         # effect.completed belongs to the turn that applied the write: this one, or an
         # earlier attempt of this same turn that never committed (so never announced it).
         announce = not result.replayed or result.receipt.turn_id == state.scope.turn_id
-        self._note(result.receipt, attempted=announce)
+        self._note(result.receipt, attempted=announce, created=not result.replayed)
         return result
 
     def emit(self, type: str, payload: Any = None) -> None:
         if not isinstance(type, str) or not type:
             raise EffectUsageError(f"{self.cap.id}: an event type must be a non-empty string")
         try:
-            dump_value(payload)
+            dump_value([type, payload])  # the type too: no store can hold a lone surrogate
         except (TypeError, ValueError) as exc:
             raise EffectUsageError(
                 f"{self.cap.id}: payload of event {type!r} is not JSON-serializable: {exc}"
             ) from exc
         self.emitted.append(EventDraft(type, payload))
 
-    def _note(self, receipt: Receipt, *, attempted: bool) -> None:
-        """Index the receipt in the checkpoint and emit the matching effect event."""
+    def _note(self, receipt: Receipt, *, attempted: bool, created: bool = False) -> None:
+        """Index the receipt in the checkpoint and emit the matching effect event.
+
+        ``created``: this very call prepared the receipt (its provider call ran now)."""
         state = self.state
-        state.receipts.pop(receipt.key, None)  # re-insert: the index keeps recency order
-        state.receipts[receipt.key] = ReceiptRef(
+        state.noted_receipts.pop(receipt.key, None)  # re-insert: the index keeps recency order
+        # A receipt this call created (attempt 1) is not in the loaded index, so the index
+        # needs no search for it. Its turn ID alone does not say so: an earlier attempt of
+        # this same turn may have created it and died, and another turn indexed it since.
+        if not (created and receipt.attempt == 1):
+            state.noted_known_receipt = True
+        state.noted_receipts[receipt.key] = ReceiptRef(
             receipt.key, receipt.id, receipt.status, receipt.turn_id, receipt.step_id
         )
         self.receipts.append(receipt)
@@ -206,7 +213,7 @@ class _Step:
         except CapabilityError as exc:
             return self.finish(StepStatus.FAILED, error=str(exc))
         for record in records:
-            state.facts[record.key] = record
+            state.facts._record(record)
             state.recorded.append(record)
             state.emit(
                 "fact.recorded",
@@ -280,4 +287,6 @@ class _Step:
 
 def _describe(exc: BaseException) -> str:
     text = str(exc)
+    if not text.isascii():  # stored as text: escape what UTF-8 cannot encode (a lone surrogate)
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -31,7 +31,7 @@ async def interpret(state: TurnState) -> Interpretation:
         turn_id=state.scope.turn_id,
         message=message,
         messages=state.previous.messages if state.previous else (),
-        facts=dict(state.facts),
+        facts=state.facts,
         interaction=state.interaction,
         catalog=state.agent.catalog,
     )
@@ -74,6 +74,15 @@ def _checked(result: object, state: TurnState) -> Interpretation:
         )
     ):
         raise bad(f"answer must be 'accept', 'reject' or an Answer, got {result.answer!r}")
+    if isinstance(result.answer, Answer) and result.answer.decision not in ("accept", "reject"):
+        raise bad(
+            f"an answer's decision must be 'accept' or 'reject', not {result.answer.decision!r}"
+        )
     if result.reply is not None and not isinstance(result.reply, str):
         raise bad("reply must be a string")
+    if result.reply is not None and not result.reply.isascii():
+        try:
+            result.reply.encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad("the reply is not valid Unicode text (a lone surrogate)") from None
     return result

@@ -24,16 +24,21 @@ def finish(state: TurnState, interpretation: Interpretation) -> TurnCommit:
         messages.append(Message("user", f"[{request.answer.decision}]", scope.turn_id))
     messages.append(Message("assistant", reply, scope.turn_id))
     version = (state.previous.version if state.previous else 0) + 1
-    receipts = list(state.receipts.values())[-agent.max_receipts :]
+    receipts, noted = state.receipts, state.noted_receipts
+    if state.noted_known_receipt:
+        receipts = (*(r for r in receipts if r.key not in noted), *noted.values())
+    elif noted:
+        receipts = (*receipts, *noted.values())
+    receipts = receipts[-agent.max_receipts :]
     checkpoint = KernelCheckpoint(
         schema_revision=SCHEMA_REVISION,
         agent_fingerprint=state.agent.fingerprint,
         version=version,
         messages=tuple(messages[-agent.max_messages :]),
-        facts=state.facts,
+        facts=state.facts._merged(),
         agenda=tuple(state.agenda),
         interaction=state.interaction,
-        receipts=tuple(receipts),
+        receipts=receipts,
     )
     result = TurnResult(
         thread_id=scope.thread_id,

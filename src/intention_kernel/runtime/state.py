@@ -22,7 +22,7 @@ from intention_kernel.checkpoint import (
     check_compatible,
 )
 from intention_kernel.durability import TurnTransaction
-from intention_kernel.facts import FactRecord
+from intention_kernel.facts import FactRecord, FactTable
 from intention_kernel.interpretation import Answer
 from intention_kernel.turns import EventDraft, StepResult, TurnScope
 
@@ -55,12 +55,15 @@ class TurnState:
         self.scope: TurnScope = scope
         self.request = request
         self.previous: KernelCheckpoint | None = previous
-        self.facts: dict[str, FactRecord] = dict(previous.facts) if previous else {}
+        # Overlaid, not copied: a long thread's facts cost nothing per turn until stored.
+        self.facts = FactTable(previous.facts if previous else {})
         self.agenda: list[AgendaItem] = list(previous.agenda) if previous else []
         self.interaction: Interaction | None = previous.interaction if previous else None
-        self.receipts: dict[str, ReceiptRef] = (
-            {r.key: r for r in previous.receipts} if previous else {}
-        )
+        # The receipt index: the loaded one, and the entries noted in this turn (which
+        # move to its end); ``finish`` merges them, so an untouched index is not copied.
+        self.receipts: tuple[ReceiptRef, ...] = previous.receipts if previous else ()
+        self.noted_receipts: dict[str, ReceiptRef] = {}
+        self.noted_known_receipt = False  # a noted key may already be in ``receipts``
         self.steps: list[StepResult] = []
         self.recorded: list[FactRecord] = []
         self.events: list[EventDraft] = []

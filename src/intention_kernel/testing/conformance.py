@@ -23,12 +23,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any, ClassVar, Protocol
 
 import pytest
 
-from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint, encode_checkpoint
-from intention_kernel.durability import Durability, TurnTransaction
+from intention_kernel.checkpoint import (
+    SCHEMA_REVISION,
+    KernelCheckpoint,
+    Message,
+    encode_checkpoint,
+)
+from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
 from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
@@ -831,6 +837,70 @@ class DurabilityConformance:
         assert first + rest == everything
         only_b = await durability.read_outbox(thread_id="b", limit=1000)
         assert only_b == [e for e in everything if e.thread_id == "b"]
+
+    # =========================================================================================
+    # Checkpoints stored by difference load back whole
+    # =========================================================================================
+
+    async def test_every_committed_checkpoint_loads_back_exactly(
+        self, durability: Durability, provider: FakeProvider
+    ) -> None:
+        """Adapters may store a checkpoint as a difference with the previous one; what
+        ``load_checkpoint`` returns must still be exactly what was committed, whatever
+        the operation changed: messages appended, trimmed or replaced, facts added,
+        replaced or removed, by the runtime or by hand."""
+        committed: list[KernelCheckpoint] = []
+        kernel = Kernel(billing_agent(provider, max_messages=4), _Capturing(durability, committed))
+        for turn, text in enumerate(["balance 5", "charge pi_1 5", "yes", "balance 7", "no"]):
+            await kernel.turn("t", f"k{turn}", text)
+            assert await durability.load_checkpoint("t") == committed[-1]
+
+        def edit(change: Callable[[KernelCheckpoint], dict[str, Any]]) -> TurnOperation:
+            async def operation(tx: TurnTransaction) -> TurnCommit:
+                previous = tx.checkpoint
+                assert previous is not None
+                checkpoint = replace(previous, version=previous.version + 1, **change(previous))
+                committed.append(checkpoint)
+                result = TurnResult(
+                    "t", tx.scope.turn_id, False, "ok", checkpoint_version=checkpoint.version
+                )
+                return TurnCommit(result, checkpoint, ())
+
+            return operation
+
+        by_hand = Message("user", "by hand", "h")
+        edits: list[Callable[[KernelCheckpoint], dict[str, Any]]] = [
+            lambda c: {"messages": (*c.messages[2:], by_hand)},  # trimmed and appended
+            lambda c: {"messages": (by_hand, *c.messages)},  # not a continuation
+            lambda c: {"messages": ()},
+            lambda c: {"facts": {**c.facts, "balance": replace(c.facts["balance"], value=1)}},
+            lambda c: {"facts": {k: v for k, v in c.facts.items() if k != "balance"}},
+            lambda c: {"messages": (by_hand,), "facts": {}},
+        ]
+        for i, change in enumerate(edits):
+            await durability.with_turn(TurnScope("t", f"h{i}"), edit(change))
+            assert await durability.load_checkpoint("t") == committed[-1]
+        await kernel.turn("t", "after", "balance 9")  # the runtime continues from them
+        assert await durability.load_checkpoint("t") == committed[-1]
+        assert [m.content for m in committed[-1].messages][:1] == ["by hand"]
+
+
+class _Capturing:
+    """Passes turns through to ``inner`` and keeps every checkpoint they commit."""
+
+    def __init__(self, inner: Durability, committed: list[KernelCheckpoint]) -> None:
+        self._inner, self._committed = inner, committed
+
+    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult:
+        async def capturing(tx: TurnTransaction) -> TurnCommit:
+            commit = await operation(tx)
+            self._committed.append(commit.checkpoint)
+            return commit
+
+        return await self._inner.with_turn(scope, capturing)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def _commit(tx: TurnTransaction) -> TurnCommit:

@@ -1,0 +1,81 @@
+"""Counting commits and statements instead of assuming them.
+
+SQLite: every connection opened in the process gets a trace callback (by wrapping
+``sqlite3.connect``, which LangGraph, DBOS's SQLAlchemy engine and our adapter all
+call). A *commit* is a transaction that wrote: an explicit ``BEGIN … COMMIT`` (or an
+outermost ``SAVEPOINT … RELEASE``) with at least one write statement in it, or a
+write statement run in autocommit mode. Read-only transactions write nothing to the
+WAL and are not counted.
+
+PostgreSQL: the server's next transaction ID before and after a block of turns,
+while no other client is busy. Only a transaction that writes is given an ID, so
+the difference is the number of writing transactions (commits or rollbacks); a
+read-only transaction costs none.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER", "WITH")
+
+
+class SQLiteCounter:
+    def __init__(self) -> None:
+        self.statements = 0
+        self.commits = 0
+
+    def trace(self) -> Any:
+        # tx: inside a transaction; outer: it was opened by a SAVEPOINT, so the
+        # outermost RELEASE commits it.
+        state = {"tx": False, "wrote": False, "savepoints": 0, "outer": False}
+
+        def callback(statement: str) -> None:
+            text = statement.lstrip().upper()
+            if text.startswith("--"):
+                return  # a statement run by a trigger, not by the client
+            self.statements += 1
+            if text.startswith("BEGIN"):
+                state.update(tx=True, wrote=False, outer=False)
+            elif text.startswith(("COMMIT", "END")):
+                self.commits += bool(state["wrote"])
+                state.update(tx=False, wrote=False, savepoints=0)
+            elif text.startswith("ROLLBACK") and not text.startswith("ROLLBACK TO"):
+                state.update(tx=False, wrote=False, savepoints=0)
+            elif text.startswith("SAVEPOINT"):
+                if not state["tx"]:
+                    state.update(tx=True, wrote=False, savepoints=0, outer=True)
+                state["savepoints"] += 1
+            elif text.startswith("RELEASE"):
+                state["savepoints"] -= 1
+                if state["savepoints"] <= 0 and state["outer"]:
+                    self.commits += bool(state["wrote"])
+                    state.update(tx=False, wrote=False, savepoints=0, outer=False)
+            elif text.startswith(WRITES) and not text.startswith("WITH RECURSIVE"):
+                if state["tx"]:
+                    state["wrote"] = True
+                else:
+                    self.commits += 1
+
+        return callback
+
+
+COUNTER = SQLiteCounter()
+
+
+def install_sqlite_trace() -> SQLiteCounter:
+    """Trace every SQLite connection this process opens from now on."""
+    original = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = original(*args, **kwargs)
+        conn.set_trace_callback(COUNTER.trace())
+        return conn
+
+    sqlite3.connect = connect  # type: ignore[assignment]
+    sqlite3.dbapi2.connect = connect  # type: ignore[attr-defined,assignment]
+    return COUNTER
+
+
+NEXT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"

@@ -1,0 +1,524 @@
+"""The benchmark coordinator: ``python -m bench [--quick]``.
+
+Phases, each comparing rows only within this run:
+
+1. Throughput. Every row (intention-kernel, the hand-written floor, LangGraph, DBOS;
+   on SQLite and PostgreSQL) runs in a worker process of its own. After a warm-up,
+   blocks run every row once, in an order rotated block by block, each for the same
+   number of turns round-robin over ten threads, then as many replays. A row's
+   ratio is the median over blocks of its turns/s over its floor's in the same block.
+2. Commits per turn, counted (see ``bench.counting``), and whether a resubmitted
+   turn ran its effect again.
+3. Cost growth: latency around the 10th, 1,000th and 10,000th turn of one thread
+   whose facts and messages grow, each against a fresh thread at the same moment,
+   with the checkpoint's stored size; the worker's peak RSS after the run.
+4. PostgreSQL scale-out: 1, 2, 4 and 8 worker processes on distinct threads against
+   as many floor processes, run alternately.
+
+Raw results go to ``bench/results/<UTC date>-<mode>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DSN = os.environ.get("INTENTION_KERNEL_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+SQLITE_ROWS = [
+    "ik-sqlite-full",
+    "ik-sqlite-full-offload",
+    "floor-sqlite-full",
+    "ik-sqlite-normal",
+    "ik-sqlite-normal-offload",
+    "floor-sqlite-normal",
+    "langgraph-sqlite",
+    "dbos-sqlite",
+]
+POSTGRES_ROWS = [
+    "ik-postgres",
+    "floor-postgres",
+    "floor-postgres-async",
+    "langgraph-postgres",
+    "dbos-postgres",
+]
+FLOOR = {
+    "ik-sqlite-full": "floor-sqlite-full",
+    "ik-sqlite-full-offload": "floor-sqlite-full",
+    "ik-sqlite-normal": "floor-sqlite-normal",
+    "ik-sqlite-normal-offload": "floor-sqlite-normal",
+    "langgraph-sqlite": "floor-sqlite-full",
+    "dbos-sqlite": "floor-sqlite-full",
+    "ik-postgres": "floor-postgres",
+    "floor-postgres-async": "floor-postgres",
+    "langgraph-postgres": "floor-postgres",
+    "dbos-postgres": "floor-postgres",
+}
+MODES = {
+    "quick": {
+        "warmup": 20,
+        "blocks": 6,
+        "block": 25,
+        "count": 20,
+        "growth": [10, 100, 1000],
+        "scale": [1, 2, 4, 8],
+        "rounds": 2,
+        "scale_turns": 40,
+    },
+    "full": {
+        "warmup": 50,
+        "blocks": 15,
+        "block": 60,
+        "count": 40,
+        "growth": [10, 1000, 10000],
+        "scale": [1, 2, 4, 8],
+        "rounds": 4,
+        "scale_turns": 150,
+    },
+}
+
+
+class Proc:
+    """A worker process running one row."""
+
+    def __init__(
+        self, row: str, base: argparse.Namespace, ident: str = "w0", trace: bool = False
+    ) -> None:
+        self.row = row
+        command = [
+            sys.executable,
+            "-m",
+            "bench.worker",
+            row,
+            "--dir",
+            base.dir,
+            "--dsn",
+            DSN,
+            "--schema",
+            base.schema,
+            "--ident",
+            ident,
+        ]
+        if trace:
+            command.append("--trace")
+        self.proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).parent.parent,
+        )
+
+    def send(self, op: str, **args: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+
+    def receive(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.row} died (exit {self.proc.wait()})")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        self.send(op, **args)
+        return self.receive()
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.call("stop")
+        self.proc.wait(timeout=60)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def throughput(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
+    procs = {row: Proc(row, args) for row in rows}
+    try:
+        for p in procs.values():
+            p.call("setup")
+            p.call("turns", count=mode["warmup"])
+            p.call("replays", count=5)
+        blocks: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
+        for b in range(mode["blocks"]):
+            order = rows[b % len(rows) :] + rows[: b % len(rows)]
+            for row in order:
+                done = procs[row].call("turns", count=mode["block"])
+                again = procs[row].call("replays", count=mode["block"])
+                blocks[row].append(
+                    {
+                        "tps": mode["block"] / done["wall"],
+                        "lat": done["lat"],
+                        "replay": again["lat"],
+                        "effects_rerun": again["effects_rerun"],
+                    }
+                )
+            print(f"  block {b + 1}/{mode['blocks']}", file=sys.stderr, flush=True)
+        rss = {row: procs[row].call("rss")["rss_kb"] for row in rows}
+    finally:
+        for p in procs.values():
+            p.stop()
+    out: dict[str, Any] = {}
+    for row in rows:
+        data = blocks[row]
+        lat = [x for block in data for x in block["lat"]]
+        replay = [x for block in data for x in block["replay"]]
+        out[row] = {
+            "tps_blocks": [block["tps"] for block in data],
+            "tps": statistics.median(block["tps"] for block in data),
+            "p50_ms": 1000 * statistics.median(lat),
+            "p99_ms": 1000 * _pct(lat, 0.99),
+            "replay_p50_ms": 1000 * statistics.median(replay),
+            "effects_rerun_on_resubmit": sum(block["effects_rerun"] for block in data),
+            "resubmits": len(replay),
+            "rss_kb": rss[row],
+        }
+        if row == "ik-postgres" and "floor-postgres-async" in blocks:
+            pairs = zip(data, blocks["floor-postgres-async"], strict=True)
+            out[row]["ratio_async_floor"] = statistics.median(a["tps"] / f["tps"] for a, f in pairs)
+        floor = FLOOR.get(row)
+        if floor in blocks:
+            ratios = [a["tps"] / f["tps"] for a, f in zip(data, blocks[floor], strict=True)]
+            out[row]["floor"] = floor
+            out[row]["ratio_blocks"] = ratios
+            out[row]["ratio"] = statistics.median(ratios)
+    return out
+
+
+def _next_xid() -> int:
+    import psycopg
+
+    from bench.counting import NEXT_XID
+
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        row = conn.execute(NEXT_XID).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def postgres_commits(rows: list[str], args: argparse.Namespace, count: int) -> dict[str, Any]:
+    """Transaction IDs are server-wide: other clients' writes land in a window too, so
+    each row is counted alone, over several windows, keeping the smallest."""
+    out = {}
+    for row in rows:
+        p = Proc(row, args, ident="count")
+        try:
+            p.call("setup")
+            p.call("turns", count=10)
+            turns, replays = [], []
+            for _ in range(3):
+                before = _next_xid()
+                p.call("turns", count=count)
+                middle = _next_xid()
+                p.call("replays", count=count)
+                turns.append((middle - before) / count)
+                replays.append((_next_xid() - middle) / count)
+        finally:
+            p.stop()
+        out[row] = {
+            "commits_per_turn": min(turns),
+            "commits_per_replay": min(replays),
+            "commits_counted_by": "PostgreSQL transaction IDs assigned (writing transactions),"
+            " the least of three windows",
+        }
+    return out
+
+
+def sqlite_commits(rows: list[str], args: argparse.Namespace, count: int) -> dict[str, Any]:
+    out = {}
+    for row in rows:
+        p = Proc(row, args, ident="count", trace=True)
+        try:
+            p.call("setup")
+            p.call("turns", count=10)
+            before = p.call("counters")
+            p.call("turns", count=count)
+            middle = p.call("counters")
+            p.call("replays", count=count)
+            after = p.call("counters")
+        finally:
+            p.stop()
+        out[row] = {
+            "commits_per_turn": (middle["commits"] - before["commits"]) / count,
+            "statements_per_turn": (middle["statements"] - before["statements"]) / count,
+            "commits_per_replay": (after["commits"] - middle["commits"]) / count,
+            "commits_counted_by": "sqlite3 trace callback (transactions that wrote)",
+        }
+    return out
+
+
+def growth(row: str, args: argparse.Namespace, points: list[int]) -> dict[str, Any]:
+    p = Proc(row, args, ident="growth")
+    try:
+        setup = p.call("setup")
+        result = p.call("growth", points=points)
+    finally:
+        p.stop()
+    first = result["points"][0]
+    for point in result["points"]:
+        point["vs_fresh"] = point["long_p50"] / point["fresh_p50"]
+        point["vs_first_raw"] = point["long_p50"] / first["long_p50"]
+    result["rss_after_setup_kb"] = setup["rss_kb"]
+    return result
+
+
+SCALE_GROUPS = {
+    "ik": "ik-postgres",
+    "floor": "floor-postgres",
+    "floor_async": "floor-postgres-async",
+}
+
+
+def scale_out(args: argparse.Namespace, mode: dict[str, Any]) -> list[dict[str, Any]]:
+    results = []
+    for workers in mode["scale"]:
+        groups = {
+            name: [Proc(row, args, ident=f"s{workers}-{k}") for k in range(workers)]
+            for name, row in SCALE_GROUPS.items()
+        }
+        try:
+            for procs in groups.values():
+                for p in procs:
+                    p.send("setup")
+                for p in procs:
+                    p.receive()
+                for p in procs:
+                    p.send("turns", count=10)
+                for p in procs:
+                    p.receive()
+            names = list(groups)
+            rounds: dict[str, list[float]] = {name: [] for name in names}
+            for r in range(mode["rounds"]):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    start_at = time.time() + 0.3
+                    for p in groups[name]:
+                        p.send("turns", count=mode["scale_turns"], start_at=start_at)
+                    ends = [p.receive()["end"] for p in groups[name]]
+                    rounds[name].append(workers * mode["scale_turns"] / (max(ends) - start_at))
+        finally:
+            for procs in groups.values():
+                for p in procs:
+                    p.stop()
+
+        def ratio(floor: str, rounds: dict[str, list[float]] = rounds) -> float:
+            pairs = zip(rounds["ik"], rounds[floor], strict=True)
+            return statistics.median(a / f for a, f in pairs)
+
+        results.append(
+            {
+                "workers": workers,
+                "ik_tps": statistics.median(rounds["ik"]),
+                "floor_tps": statistics.median(rounds["floor"]),
+                "floor_async_tps": statistics.median(rounds["floor_async"]),
+                "ratio": ratio("floor"),
+                "ratio_async": ratio("floor_async"),
+                "rounds": rounds,
+            }
+        )
+        print(f"  scale-out {workers} workers done", file=sys.stderr, flush=True)
+    return results
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
+    for dist in (
+        "intention-kernel",
+        "pydantic",
+        "psycopg",
+        "langgraph",
+        "langgraph-checkpoint-sqlite",
+        "langgraph-checkpoint-postgres",
+        "dbos",
+    ):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    with contextlib.suppress(Exception):
+        import psycopg
+
+        with psycopg.connect(DSN, autocommit=True) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            versions["postgresql"] = row[0] if row else "?"
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "versions": versions,
+    }
+
+
+def drop_schemas(prefix: str) -> None:
+    import psycopg
+
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (prefix + "%",)
+            )
+        ]
+        for name in names:
+            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = [
+        f"intention-kernel benchmarks — {results['date']} — {results['mode']} mode",
+        f"{results['machine']['cpu']}, {results['machine']['cores']} cores; "
+        + ", ".join(f"{k} {v}" for k, v in results["machine"]["versions"].items()),
+        "",
+    ]
+    lines.append(
+        "| row | turns/s | x floor | p50 ms | p99 ms | replay p50 ms | commits/turn "
+        "| statements/turn | resubmit re-ran the effect | does not guarantee |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    for row, r in results["throughput"].items():
+        counted = results["commits"].get(row, {})
+        commits = counted.get("commits_per_turn", r.get("commits_per_turn"))
+        statements = counted.get("statements_per_turn")
+        rerun = r["effects_rerun_on_resubmit"]
+        reran = f"yes ({rerun}/{r['resubmits']})" if rerun else "no"
+        lines.append(
+            f"| {row} | {r['tps']:.0f} | {r.get('ratio', 1.0):.2f} | {r['p50_ms']:.2f} "
+            f"| {r['p99_ms']:.2f} | {r['replay_p50_ms']:.2f} "
+            f"| {'' if commits is None else f'{commits:.1f}'} "
+            f"| {'' if statements is None else f'{statements:.1f}'} "
+            f"| {reran} "
+            f"| {results['caveats'].get(row.split('-')[0], '')} |"
+        )
+    ik_pg = results["throughput"].get("ik-postgres", {})
+    if "ratio_async_floor" in ik_pg:
+        lines += [
+            "",
+            f"ik-postgres against the floor written with psycopg's asyncio driver: "
+            f"x{ik_pg['ratio_async_floor']:.2f}",
+        ]
+    lines += [
+        "",
+        "Cost growth (one thread, a new fact and two messages per turn):",
+        "",
+        "| store | turn | p50 ms | x fresh thread now | x turn 10 (raw) | hot row bytes "
+        "| checkpoint bytes | facts |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row, g in results["growth"].items():
+        for p in g["points"]:
+            s = p["sizes"]
+            lines.append(
+                f"| {row} | {p['turn']} | {1000 * p['long_p50']:.2f} "
+                f"| {p['vs_fresh']:.2f} | {p['vs_first_raw']:.2f} | {s['core']} "
+                f"| {s['total']} | {s['fact_rows']} |"
+            )
+        lines.append(
+            f"| {row} | peak RSS after {g['turns']} turns: "
+            f"{g['rss_kb'] / 1024:.0f} MiB (after setup {g['rss_after_setup_kb'] / 1024:.0f}"
+            " MiB) | | | | | | |"
+        )
+    if results["scale_out"]:
+        lines += [
+            "",
+            "PostgreSQL scale-out (distinct threads per worker process):",
+            "",
+            "| workers | intention-kernel turns/s | floor turns/s | x floor "
+            "| async floor turns/s | x async floor |",
+            "|---|---|---|---|---|---|",
+        ]
+        for s in results["scale_out"]:
+            lines.append(
+                f"| {s['workers']} | {s['ik_tps']:.0f} | {s['floor_tps']:.0f} | {s['ratio']:.2f} "
+                f"| {s['floor_async_tps']:.0f} | {s['ratio_async']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a 1-2 minute run")
+    parser.add_argument("--no-peers", action="store_true", help="skip LangGraph and DBOS")
+    parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--only", choices=["throughput", "growth", "scale"], action="append")
+    parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
+    parser.add_argument("--label", default="", help="appended to the result file's name")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    mode_name = "quick" if args.quick else "full"
+    mode = MODES[mode_name]
+    phases = set(args.only or ["throughput", "growth", "scale"])
+    rows = SQLITE_ROWS + ([] if args.no_postgres else POSTGRES_ROWS)
+    if args.no_peers:
+        rows = [r for r in rows if r.startswith(("ik", "floor"))]
+    if args.rows:
+        rows = [r for r in args.rows.split(",") if r]
+    args.dir = tempfile.mkdtemp(prefix="ikbench-")
+    args.schema = f"ikbench_{os.getpid()}"
+    from bench.peers import DBOS_CAVEAT, LANGGRAPH_CAVEAT
+
+    results: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "mode": mode_name,
+        "settings": mode,
+        "machine": machine(),
+        "caveats": {"langgraph": LANGGRAPH_CAVEAT, "dbos": DBOS_CAVEAT},
+        "throughput": {},
+        "commits": {},
+        "growth": {},
+        "scale_out": [],
+    }
+    started = time.perf_counter()
+    try:
+        if "throughput" in phases:
+            print("throughput", file=sys.stderr, flush=True)
+            results["throughput"] = throughput(rows, args, mode)
+            results["commits"] = sqlite_commits(
+                [r for r in rows if "sqlite" in r], args, mode["count"]
+            )
+            results["commits"].update(
+                postgres_commits([r for r in rows if "postgres" in r], args, mode["count"])
+            )
+        if "growth" in phases:
+            print("growth", file=sys.stderr, flush=True)
+            for row in ["ik-sqlite-full"] + ([] if args.no_postgres else ["ik-postgres"]):
+                results["growth"][row] = growth(row, args, mode["growth"])
+        if "scale" in phases and not args.no_postgres:
+            print("scale-out", file=sys.stderr, flush=True)
+            results["scale_out"] = scale_out(args, mode)
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)
+        if not args.no_postgres:
+            drop_schemas(args.schema)
+    results["seconds"] = time.perf_counter() - started
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = out / f"{stamp}-{mode_name}{'-' + args.label if args.label else ''}.json"
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(report(results))
+    print(f"\nraw results: {path} ({results['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

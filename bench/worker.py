@@ -1,0 +1,252 @@
+"""One benchmark row in a process of its own, driven over a pipe by ``bench.run``.
+
+Reads one JSON command per line on stdin and answers one JSON line on the protocol
+descriptor (the original stdout; anything a library prints goes to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import sqlite3
+import statistics
+import sys
+import time
+from typing import Any
+
+from bench.workload import THREADS, FakeProvider, agent, message
+
+
+class KernelRow:
+    def __init__(
+        self,
+        store: str,
+        path: str,
+        dsn: str,
+        schema: str,
+        synchronous: str,
+        offload_writes: bool | None = None,
+    ) -> None:
+        self.store, self.path, self.dsn, self.schema = store, path, dsn, schema
+        self.synchronous, self.offload_writes = synchronous, offload_writes
+        self.provider = FakeProvider()
+
+    async def setup(self) -> None:
+        from intention_kernel import Kernel
+
+        if self.store == "sqlite":
+            from intention_kernel.durability.sqlite import SQLiteDurability
+
+            options: dict[str, Any] = {"synchronous": self.synchronous}
+            if self.offload_writes is not None:  # (also runs against older versions)
+                options["offload_writes"] = self.offload_writes
+            self.durability: Any = SQLiteDurability(self.path, **options)
+        else:
+            from intention_kernel.durability.postgres import PostgresDurability
+
+            self.durability = PostgresDurability(self.dsn, schema=self.schema)
+        await self.durability.__aenter__()
+        self.kernel = Kernel(agent(self.provider), self.durability)
+
+    async def close(self) -> None:
+        await self.durability.aclose()
+
+    async def turn(self, thread: str, n: int) -> None:
+        result = await self.kernel.turn(thread, str(n), message(n))
+        assert not result.replayed and result.steps[1].status == "completed", result
+
+    async def replay(self, thread: str, n: int) -> None:
+        result = await self.kernel.turn(thread, str(n), message(n))
+        assert result.replayed
+
+    def sizes(self, thread: str) -> dict[str, int]:
+        """Bytes stored for the thread's checkpoint: the hot row and everything."""
+        queries = {
+            "core": "SELECT length(checkpoint) FROM ik_threads WHERE thread_id = {p}",
+            "messages": "SELECT sum(length(body)) FROM ik_messages WHERE thread_id = {p}",
+            "facts": "SELECT sum(length(body)) FROM ik_facts WHERE thread_id = {p}",
+            "fact_rows": "SELECT count(*) FROM ik_facts WHERE thread_id = {p}",
+        }
+        out: dict[str, int] = {}
+        if self.store == "sqlite":
+            conn = sqlite3.connect(self.path)
+            for name, sql in queries.items():
+                try:
+                    out[name] = conn.execute(sql.format(p="?"), (thread,)).fetchone()[0] or 0
+                except sqlite3.OperationalError:
+                    out[name] = 0  # a schema without the table (the whole-document layout)
+            conn.close()
+        else:
+            import psycopg
+
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute(f'SET search_path = "{self.schema}"')
+                for name, sql in queries.items():
+                    try:
+                        row = conn.execute(sql.format(p="%s"), (thread,)).fetchone()
+                        out[name] = int(row[0] or 0) if row else 0
+                    except psycopg.errors.UndefinedTable:
+                        out[name] = 0
+        out["total"] = out["core"] + out["messages"] + out["facts"]
+        return out
+
+
+def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
+    from bench.floor import PostgresFloor, SQLiteFloor
+    from bench.peers import DBOSRow, LangGraphRow
+
+    path = os.path.join(directory, f"{name}.db")
+    kind, store, sync, *options = [*name.split("-"), "", ""]
+    if kind == "ik":
+        offload = True if "offload" in options else False if "inline" in options else None
+        return KernelRow(store, path, dsn, schema + "_ik", (sync or "full").upper(), offload)
+    if kind == "floor" and store == "sqlite":
+        return SQLiteFloor(path, sync.upper())
+    if kind == "floor":  # floor-postgres, floor-postgres-async
+        aio = sync == "async"
+        return PostgresFloor(dsn, schema + ("_floor_async" if aio else "_floor"), aio=aio)
+    if kind == "langgraph":
+        return LangGraphRow(store, path, dsn, schema + "_lg")
+    if kind == "dbos":
+        return DBOSRow(store, path, dsn, schema + "_dbos")
+    raise SystemExit(f"unknown row {name}")
+
+
+class Worker:
+    def __init__(self, row: Any, ident: str) -> None:
+        self.row, self.ident = row, ident
+        self.n = 0
+        self.committed: list[tuple[str, int]] = []
+
+    def thread(self, n: int) -> str:
+        return f"{self.ident}-t{n % THREADS}"
+
+    async def turns(self, count: int, start_at: float | None = None) -> dict[str, Any]:
+        if start_at is not None:
+            await asyncio.sleep(max(start_at - time.time(), 0))
+        latencies = []
+        start, t0 = time.time(), time.perf_counter()
+        for _ in range(count):
+            self.n += 1
+            thread = self.thread(self.n)
+            t = time.perf_counter()
+            await self.row.turn(thread, self.n)
+            latencies.append(time.perf_counter() - t)
+            self.committed.append((thread, self.n))
+        return {
+            "lat": latencies,
+            "wall": time.perf_counter() - t0,
+            "start": start,
+            "end": time.time(),
+        }
+
+    async def replays(self, count: int) -> dict[str, Any]:
+        calls = self.row.provider.calls
+        latencies = []
+        for thread, n in random.sample(self.committed, min(count, len(self.committed))):
+            t = time.perf_counter()
+            await self.row.replay(thread, n)
+            latencies.append(time.perf_counter() - t)
+        return {"lat": latencies, "effects_rerun": self.row.provider.calls - calls}
+
+    async def growth(self, points: list[int]) -> dict[str, Any]:
+        """Turn latency around the given turn numbers of one long thread, each against
+        turns 6-15 of a fresh thread run alternately at the same moment (the machine's
+        speed drifts too much to compare measurements minutes apart)."""
+        long, done, out = f"{self.ident}-long", 0, []
+        for point in points:
+            while done < point - 5:
+                done += 1
+                await self.row.turn(long, done)
+            control = f"{self.ident}-fresh-{point}"
+            for k in range(1, 6):
+                await self.row.turn(control, k)
+            long_lat, control_lat = [], []
+            for k in range(6, 16):
+                done += 1
+                t = time.perf_counter()
+                await self.row.turn(long, done)
+                long_lat.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                await self.row.turn(control, k)
+                control_lat.append(time.perf_counter() - t)
+            out.append(
+                {
+                    "turn": point,
+                    "long_p50": statistics.median(long_lat),
+                    "fresh_p50": statistics.median(control_lat),
+                    "sizes": self.row.sizes(long),
+                }
+            )
+        return {"points": out, "turns": done, "rss_kb": _rss()}
+
+
+def _rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+async def serve(args: argparse.Namespace, out: Any) -> None:
+    counter = None
+    if args.trace:
+        from bench.counting import install_sqlite_trace
+
+        counter = install_sqlite_trace()
+    row = make_row(args.row, args.dir, args.dsn, args.schema)
+    worker = Worker(row, args.ident)
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            break
+        command = json.loads(line)
+        op = command.pop("op")
+        answer: dict[str, Any]
+        if op == "setup":
+            await row.setup()
+            answer = {"rss_kb": _rss()}
+        elif op == "turns":
+            answer = await worker.turns(**command)
+        elif op == "replays":
+            answer = await worker.replays(**command)
+        elif op == "growth":
+            answer = await worker.growth(**command)
+        elif op == "counters":
+            answer = {
+                "statements": counter.statements if counter else None,
+                "commits": counter.commits if counter else None,
+                "effects": row.provider.calls,
+            }
+        elif op == "rss":
+            answer = {"rss_kb": _rss()}
+        elif op == "stop":
+            await row.close()
+            out.write(json.dumps({"ok": True}) + "\n")
+            out.flush()
+            break
+        else:
+            answer = {"error": f"unknown op {op}"}
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("row")
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--schema", required=True)
+    parser.add_argument("--ident", default="w0")
+    parser.add_argument("--trace", action="store_true")
+    args = parser.parse_args()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever a library prints must not reach the protocol
+    sys.stdout = sys.stderr
+    asyncio.run(serve(args, out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The work unit, shared by every row: one read, one write through an effect, one fact.
+
+A turn reads a balance (a read capability), charges a payment through an
+in-process fake provider (a write capability whose effect goes through
+``run_effect``), records the charge as a fact (a new key each turn, so facts grow
+with the thread) and appends the user message and the reply to the bounded
+conversation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from intention_kernel import (
+    Agent,
+    CapabilityContext,
+    CapabilityResult,
+    Fact,
+    Intent,
+    Interpretation,
+    capability,
+)
+from intention_kernel.interpretation import InterpretationRequest
+
+MAX_MESSAGES = 50
+THREADS = 10
+
+
+class FakeProvider:
+    """An in-process payment provider: returns a charge and counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def charge(self, payment_id: str, amount: int, idempotency_key: str) -> dict[str, Any]:
+        self.calls += 1
+        return {"charge_id": f"ch_{payment_id}", "amount": amount, "key": idempotency_key}
+
+
+def message(n: int) -> str:
+    return f"pay invoice {n}"
+
+
+def payment(n: int) -> str:
+    return f"pi_{n}"
+
+
+class Interpreter:
+    """Rules, not a model: the benchmark measures durability, not inference."""
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        n = request.message.rsplit(" ", 1)[1]
+        return Interpretation(
+            intents=[
+                Intent("account.balance", {}),
+                Intent("payments.charge", {"payment_id": f"pi_{n}", "amount": 100}),
+            ]
+        )
+
+
+def agent(provider: FakeProvider) -> Agent:
+    @capability("account.balance", description="Amount due")
+    async def balance(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        return CapabilityResult(value={"due": 4200}, reply="You owe 4200.")
+
+    # confirmation="capability": the capability decides, and a small charge needs none,
+    # so the write runs in the turn that asks for it.
+    @capability("payments.charge", effect="write", confirmation="capability")
+    async def charge(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        """Charge a payment."""
+        pid, amount = input["payment_id"], input["amount"]
+        effect = await ctx.run_effect(
+            f"charge:{pid}", lambda a: provider.charge(pid, amount, a.idempotency_key)
+        )
+        return CapabilityResult(
+            value=effect.value,
+            facts=[Fact(f"charge.{pid}", effect.value)],
+            reply=f"Charged {amount} to {pid}.",
+        )
+
+    return Agent(
+        name="bench",
+        version="1",
+        capabilities=[balance, charge],
+        interpreter=Interpreter(),
+        max_messages=MAX_MESSAGES,
+    )

@@ -1,0 +1,95 @@
+"""Named fault points inside a turn, for crash and chaos tests (private).
+
+The durable code paths call :func:`reach` at each point below, guarded by the
+module flag ``armed``::
+
+    if _faults.armed:
+        _faults.reach(_faults.BEFORE_COMMIT)
+
+so that, unless a test armed a fault, the whole mechanism costs one attribute
+read per point (a few per turn, tens of nanoseconds against a turn's hundreds of
+microseconds). Tests arm points through :mod:`intention_kernel.testing.faults`;
+nothing here reads the environment or any configuration: a worker process arms
+its faults explicitly.
+
+The points, in the order a turn with one external write reaches them:
+
+- ``after_lock``: the thread lock is held; nothing read yet.
+- ``after_checkpoint_load``: the prior-result check found none and the checkpoint
+  is loaded; the runtime has not started.
+- ``after_receipt_prepared``: ``prepared`` is durable; the provider was not called.
+- ``in_provider_after_write``: reached by the *test's* provider once its remote
+  write is durable, before it answers (the lost-response window).
+- ``after_receipt_completed``: ``completed`` and its value are durable.
+- ``before_commit``: the commit record is built; nothing of it is written.
+- ``during_commit``: inside the adapter's commit. On SQLite, within the commit
+  transaction after its statements and before ``COMMIT``. On PostgreSQL, whose
+  commit is a single statement (one implicit transaction), as the statement is
+  sent; a test makes the server hold that transaction open before its ``COMMIT``
+  (see ``tests/test_crash_matrix.py``) to die inside it.
+- ``after_commit``: the turn is committed; its result was not returned yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = [
+    "AFTER_CHECKPOINT_LOAD",
+    "AFTER_COMMIT",
+    "AFTER_LOCK",
+    "AFTER_RECEIPT_COMPLETED",
+    "AFTER_RECEIPT_PREPARED",
+    "BEFORE_COMMIT",
+    "DURING_COMMIT",
+    "IN_PROVIDER_AFTER_WRITE",
+    "POINTS",
+    "armed",
+    "reach",
+    "set_action",
+]
+
+AFTER_LOCK = "after_lock"
+AFTER_CHECKPOINT_LOAD = "after_checkpoint_load"
+AFTER_RECEIPT_PREPARED = "after_receipt_prepared"
+IN_PROVIDER_AFTER_WRITE = "in_provider_after_write"
+AFTER_RECEIPT_COMPLETED = "after_receipt_completed"
+BEFORE_COMMIT = "before_commit"
+DURING_COMMIT = "during_commit"
+AFTER_COMMIT = "after_commit"
+
+#: Every point, in the order a turn with one external write reaches them.
+POINTS: tuple[str, ...] = (
+    AFTER_LOCK,
+    AFTER_CHECKPOINT_LOAD,
+    AFTER_RECEIPT_PREPARED,
+    IN_PROVIDER_AFTER_WRITE,
+    AFTER_RECEIPT_COMPLETED,
+    BEFORE_COMMIT,
+    DURING_COMMIT,
+    AFTER_COMMIT,
+)
+
+#: True while at least one point has an action. The only thing the hot path reads.
+armed: bool = False
+
+_actions: dict[str, Callable[[str], None]] = {}
+
+
+def reach(point: str) -> None:
+    """Run the action armed at ``point``, if any (it may exit the process or raise)."""
+    action = _actions.get(point)
+    if action is not None:
+        action(point)
+
+
+def set_action(point: str, action: Callable[[str], None] | None) -> None:
+    """Arm (``action``) or disarm (``None``) one point; keeps ``armed`` up to date."""
+    global armed
+    if point not in POINTS:
+        raise ValueError(f"unknown fault point {point!r}; the points are {', '.join(POINTS)}")
+    if action is None:
+        _actions.pop(point, None)
+    else:
+        _actions[point] = action
+    armed = bool(_actions)
