@@ -1,10 +1,12 @@
-"""Shared fixtures: service discovery that skips locally and fails in CI."""
+"""Shared fixtures: service discovery that skips locally and fails in CI; the
+hypothesis profiles; the soak's size (``--soak-turns``)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REQUIRE_SERVICES = os.environ.get("INTENTION_KERNEL_REQUIRE_SERVICES") == "1"
 POSTGRES_DSN = os.environ.get(
@@ -34,3 +36,42 @@ def postgres_dsn() -> str:
     except psycopg.Error as exc:
         service_unavailable(f"PostgreSQL at {POSTGRES_DSN}", str(exc).strip())
     return POSTGRES_DSN
+
+
+# -- hypothesis: bounded for CI, deterministic there ----------------------------------------
+# "ci" (chosen when CI or INTENTION_KERNEL_REQUIRE_SERVICES is set) derandomizes, so that a
+# CI run is reproducible, and keeps no example database. "dev" explores new examples on
+# every run and remembers failing ones in .hypothesis/ (git-ignored). "thorough" is for a
+# long local run: pytest tests/test_model_check.py --hypothesis-profile=thorough
+_BOUNDED = {
+    "max_examples": 40,
+    "stateful_step_count": 25,
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow],
+}
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True, **_BOUNDED)
+settings.register_profile("dev", **_BOUNDED)
+settings.register_profile(
+    "thorough",
+    max_examples=1000,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("ci" if os.environ.get("CI") or REQUIRE_SERVICES else "dev")
+
+
+# -- the soak's size ---------------------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak-turns",
+        type=int,
+        default=None,
+        help="turns the soak tests deliver per store (default: a CI-sized run, see "
+        "tests/test_soak.py)",
+    )
+    parser.addoption(
+        "--soak-seed", type=int, default=None, help="seed of the soak's schedule and kills"
+    )

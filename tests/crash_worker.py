@@ -1,0 +1,66 @@
+"""One delivery of the billing agent in its own OS process, for tests/test_crash_matrix.py.
+
+Run as ``python tests/crash_worker.py '<json config>'``:
+
+- ``store``: :meth:`proving_support.Store.config` (SQLite file or PostgreSQL schema).
+- ``ledger``: the provider's ledger file (see :class:`proving_support.LedgerProvider`).
+- ``turns``: ``[{"thread_id", "turn_id", "message"}]``, run in order.
+- ``fault``: optional ``{"point", "action"}`` armed (for one pass) before the first
+  turn. ``action`` is ``"exit"`` (``os._exit(137)`` at the point), or ``"exit_when"``
+  with ``"file"``: at the point, start a thread that exits the process as soon as
+  ``file`` exists, and carry on (so that the process dies while the statement it
+  just sent is held open by the server).
+
+Each finished turn prints one JSON line: ``{"turn_id", "result"}`` with
+``TurnResult.to_dict()``, or ``{"turn_id", "error", "message"}`` for a ``KernelError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from intention_kernel import Kernel, KernelError
+from intention_kernel.testing import faults
+from intention_kernel.testing.agents import billing_agent
+from proving_support import LedgerProvider, open_store
+
+
+def exit_when(path: str) -> None:
+    def wait_then_exit() -> None:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        os._exit(faults.EXIT_STATUS)
+
+    threading.Thread(target=wait_then_exit, daemon=True).start()
+
+
+async def main(config: dict[str, Any]) -> None:
+    provider = LedgerProvider(path=config["ledger"])
+    async with open_store(config["store"]) as durability:
+        kernel = Kernel(billing_agent(provider), durability)
+        fault = config.get("fault")
+        if fault is not None:
+            if fault["action"] == "exit_when":
+                faults.inject(fault["point"], lambda point: exit_when(fault["file"]))
+            else:
+                faults.inject(fault["point"], fault["action"])
+        for turn in config["turns"]:
+            outcome: dict[str, Any] = {"turn_id": turn["turn_id"]}
+            try:
+                result = await kernel.turn(turn["thread_id"], turn["turn_id"], turn["message"])
+            except KernelError as exc:
+                outcome.update(error=type(exc).__name__, message=str(exc))
+            else:
+                outcome["result"] = result.to_dict()
+            print(json.dumps(outcome), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(json.loads(sys.argv[1])))

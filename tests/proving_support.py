@@ -1,0 +1,219 @@
+"""Shared kit of the proving-ground tests (crash matrix, model check, soak, bad input).
+
+- :class:`LedgerProvider`: the conformance suite's fake payment provider, made
+  durable: every call that reaches it appends one line to a ledger file *before* it
+  answers, so a test counts real provider calls by key even when the calling
+  process dies right after the call. It marks ``IN_PROVIDER_AFTER_WRITE`` there.
+- :class:`Store`: one SQLite file or one PostgreSQL schema under test, with what
+  the tests need around the adapter: a configuration that worker processes open
+  (:func:`open_store`), raw reads of every table (:meth:`Store.snapshot`, to prove
+  that a refused turn wrote nothing), and the committed turns.
+- :func:`read_ledger`, :func:`read_all_events`: the provider's calls and the outbox.
+
+Worker processes (``crash_worker.py``, ``soak_worker.py``) import this module too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from intention_kernel.durability import Durability
+from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.effects import EffectAuthority
+from intention_kernel.errors import EffectNotAppliedError
+from intention_kernel.testing import faults
+from intention_kernel.testing.agents import FakeProvider
+from intention_kernel.turns import OutboxEvent
+
+CHARGE = "payments.charge:charge:"
+
+
+def charge_key(payment_intent_id: str) -> str:
+    """The stored (and provider idempotency) key of the billing agent's charge."""
+    return CHARGE + payment_intent_id
+
+
+# -- the provider ----------------------------------------------------------------------------
+
+
+def append_line(path: str, record: dict[str, Any], *, sync: bool = True) -> None:
+    """Append one JSON line with one ``write`` (``O_APPEND``: lines of concurrent
+    processes never interleave); ``sync`` makes it survive a power cut too."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class LedgerProvider(FakeProvider):
+    """:class:`FakeProvider` whose every applied call is one line of the ``path`` file.
+
+    Behaviours per payment intent as in :class:`FakeProvider` (``ok``,
+    ``not_applied``, ``lost_response``); ``not_applied_once`` declines the receipt's
+    first attempt only. A charge's value names the payment intent and the attempt.
+    """
+
+    path: str = ""
+    sync: bool = True
+
+    async def charge(self, payment_intent_id: str, amount: int, authority: EffectAuthority) -> Any:
+        mode = self.behaviour.get(payment_intent_id, "ok")
+        self.authorities.append(authority)
+        if mode == "not_applied" or (mode == "not_applied_once" and authority.attempt == 1):
+            raise EffectNotAppliedError(f"card declined for {payment_intent_id}")
+        record = {
+            "key": authority.idempotency_key,
+            "receipt_id": authority.receipt_id,
+            "attempt": authority.attempt,
+            "pid": os.getpid(),
+        }
+        append_line(self.path, record, sync=self.sync)
+        self.ledger.append(authority.idempotency_key)
+        faults.reach(faults.IN_PROVIDER_AFTER_WRITE)  # applied; the answer is on its way
+        if mode == "lost_response":
+            raise TimeoutError("the provider did not answer in time")
+        return {"charge_id": f"ch_{payment_intent_id}_{authority.attempt}", "amount": amount}
+
+
+def read_ledger(path: str | Path) -> list[dict[str, Any]]:
+    """Every provider call recorded in a ledger file, in call order."""
+    if not os.path.exists(path):
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def ledger_keys(path: str | Path) -> list[str]:
+    return [call["key"] for call in read_ledger(path)]
+
+
+# -- the store -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Store:
+    """One store under test: a SQLite file, or a PostgreSQL schema of its own."""
+
+    kind: str  # "sqlite" or "postgres"
+    location: str  # the SQLite path, or the PostgreSQL DSN
+    schema: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.kind
+
+    def config(self) -> dict[str, str]:
+        """What a worker process needs to open this store (see :func:`open_store`)."""
+        return {"kind": self.kind, "location": self.location, "schema": self.schema}
+
+    def durability(self, **options: Any) -> Durability:
+        return open_store(self.config(), **options)
+
+    # -- raw access ----------------------------------------------------------------------------
+
+    def query(self, text: str, *args: object) -> list[tuple[Any, ...]]:
+        """One statement on the store itself (``%s`` placeholders on PostgreSQL, ``?`` on
+        SQLite), autocommitted."""
+        if self.kind == "sqlite":
+            with closing(sqlite3.connect(self.location, isolation_level=None)) as conn:
+                return conn.execute(text, args).fetchall()
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.location, autocommit=True) as pg:
+            pg.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+            cur = pg.execute(text.encode(), args or None)
+            return cur.fetchall() if cur.description else []
+
+    def tables(self) -> list[str]:
+        if self.kind == "sqlite":
+            rows = self.query(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'ik%'"
+            )
+        else:
+            rows = self.query(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                self.schema,
+            )
+        return sorted(name for (name,) in rows if name != "ik_schema")
+
+    def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Every row of every table of the adapter, sorted: equal snapshots mean that
+        nothing at all was written in between."""
+        return {
+            table: sorted(self.query(f"SELECT * FROM {table}"), key=repr) for table in self.tables()
+        }
+
+    def committed_turns(self) -> list[tuple[str, str, int]]:
+        """``(thread_id, turn_id, version)`` of every committed turn."""
+        rows = self.query("SELECT thread_id, turn_id, version FROM ik_turns")
+        return sorted((t, u, v) for t, u, v in rows)
+
+
+def open_store(config: dict[str, str], **options: Any) -> Durability:
+    """A new adapter on the store a :meth:`Store.config` describes."""
+    if config["kind"] == "sqlite":
+        return SQLiteDurability(config["location"], **options)
+    from intention_kernel.durability.postgres import PostgresDurability
+
+    return PostgresDurability(config["location"], schema=config["schema"], **options)
+
+
+def new_schema() -> str:
+    return "ik_test_" + uuid.uuid4().hex[:12]
+
+
+def drop_schema(dsn: str, schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+async def read_all_events(
+    durability: Durability, after: int | None = None, thread_id: str | None = None
+) -> list[OutboxEvent]:
+    """The whole outbox after ``after``, page by page, as a relay reads it."""
+    events: list[OutboxEvent] = []
+    while batch := await durability.read_outbox(
+        thread_id=thread_id, after=events[-1].position if events else after, limit=500
+    ):
+        events.extend(batch)
+    return events
+
+
+def assert_outbox_matches_commits(
+    events: Sequence[OutboxEvent], committed: Sequence[tuple[str, str, int]]
+) -> None:
+    """Events exist only for committed turns, one ``turn.committed`` each carrying its
+    version; positions strictly increase and each thread's ``seq`` runs 1, 2, 3..."""
+    versions = {(t, u): v for t, u, v in committed}
+    orphans = [
+        (e.thread_id, e.turn_id, e.type)
+        for e in events
+        if e.turn_id is not None and (e.thread_id, e.turn_id) not in versions
+    ]
+    assert orphans == [], "outbox events of turns that never committed"
+    announced = Counter(
+        (e.thread_id, e.turn_id, e.payload["version"]) for e in events if e.type == "turn.committed"
+    )
+    assert announced == Counter(committed)
+    positions = [e.position for e in events]
+    assert positions == sorted(set(positions))
+    assert len({e.id for e in events}) == len(events)
+    for thread_id in {e.thread_id for e in events}:
+        seqs = [e.seq for e in events if e.thread_id == thread_id]
+        assert seqs == list(range(1, len(seqs) + 1)), f"seq of {thread_id!r} has gaps"
