@@ -256,3 +256,20 @@ async def test_an_intent_the_interpreter_could_not_build_is_a_failed_step() -> N
     assert "unknown capability 'billing.nope'" in (result.steps[1].error or "")
     assert result.interaction is None
     assert provider.calls() == 0
+
+
+async def test_a_capability_asking_for_consent_can_record_facts_in_the_asking_turn() -> None:
+    @capability("x.quote", effect="write", confirmation="capability")
+    async def quote(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        if ctx.answer is None:
+            return CapabilityResult.needs_confirmation(
+                "Book at 120?", details={"price": 120}, facts=[Fact("quote", 120)]
+            )
+        return CapabilityResult(value=ctx.facts["quote"].value)
+
+    kernel, _ = _kernel(quote, script={"go": Interpretation(intents=[Intent("x.quote")])})
+    asked = await kernel.turn("t", "1", "go")
+    assert asked.steps[0].status == StepStatus.AWAITING_CONFIRMATION
+    assert [(f.key, f.value) for f in asked.facts] == [("quote", 120)]
+    answered = await kernel.turn("t", "2", answer="accept")
+    assert answered.steps[0].value == 120

@@ -122,8 +122,9 @@ def build_agent(
                 f"The fare is guaranteed until {until}. Reply yes or no."
             )
             # The quote is recorded in this turn, so the answering turn can check it.
-            asking = CapabilityResult.needs_confirmation(prompt, details=quote)
-            return replace(asking, facts=[Fact(quote_key, quote)])
+            return CapabilityResult.needs_confirmation(
+                prompt, details=quote, facts=[Fact(quote_key, quote)]
+            )
         if ctx.answer.decision != "accept":
             return CapabilityResult(reply=f"OK, {input.offer_id} was not booked.")
         shown = ctx.facts.get(quote_key)

@@ -92,13 +92,21 @@ class CapabilityResult:
     confirmation: ConfirmationRequest | None = None
 
     @classmethod
-    def needs_confirmation(cls, prompt: str, details: Any = None) -> CapabilityResult:
+    def needs_confirmation(
+        cls,
+        prompt: str,
+        details: Any = None,
+        *,
+        facts: Sequence[Fact] = (),
+        value: Any = None,
+    ) -> CapabilityResult:
         """Ask the person before writing (only in ``confirmation="capability"`` mode).
 
         The kernel opens an interaction; the answering turn calls the capability
-        again with the same input and ``ctx.answer`` set.
+        again with the same input and ``ctx.answer`` set. ``facts`` are recorded in
+        the asking turn (a quote the answer will be checked against, say).
         """
-        return cls(confirmation=ConfirmationRequest(prompt, details))
+        return cls(value=value, facts=facts, confirmation=ConfirmationRequest(prompt, details))
 
 
 class _EffectRunner(Protocol):
