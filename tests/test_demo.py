@@ -409,3 +409,21 @@ def test_sqlite_urls_and_paths_name_the_same_file() -> None:
     assert sqlite_path("sqlite:////tmp/demo.db") == "/tmp/demo.db"
     with pytest.raises(ValueError, match="not a SQLite store"):
         sqlite_path("postgresql://h/db")
+
+
+async def test_the_serve_factory_builds_a_working_agent_without_setup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from intention_kernel.cli._common import load_agent
+    from intention_kernel.demo.serve import PROVIDER_DB_ENV_VAR
+
+    ledger = tmp_path / "provider.db"
+    monkeypatch.setenv(PROVIDER_DB_ENV_VAR, str(ledger))
+    agent = load_agent("intention_kernel.demo:serve_agent")
+    async with SQLiteDurability(tmp_path / "app.db") as store:
+        kernel = Kernel(agent, store)
+        await kernel.turn("acct", "1", "pay invoice 42")
+        result = await kernel.turn("acct", "2", "yes")
+    assert result.steps[0].status == "completed"
+    with sqlite3.connect(ledger) as conn:
+        assert conn.execute("SELECT count(*) FROM demo_provider_charges").fetchone() == (1,)

@@ -11,7 +11,9 @@ Run it with ``intention-kernel demo``. Programmatically::
   every call in the same SQLite file;
 - :mod:`~intention_kernel.demo.scenes`: the scenes, played against a SQLite file;
 - :mod:`~intention_kernel.demo.transcript`: what a run returns, as data;
-- :mod:`~intention_kernel.demo.checks`: the guarantees verified from that data.
+- :mod:`~intention_kernel.demo.checks`: the guarantees verified from that data;
+- :func:`serve_agent`: the agent ready to serve (``intention-kernel serve --agent
+  intention_kernel.demo:serve_agent``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from intention_kernel.demo.provider import (
     ProviderTimeout,
 )
 from intention_kernel.demo.scenes import ACTOR, THREAD_ID, run_demo
+from intention_kernel.demo.serve import serve_agent
 from intention_kernel.demo.transcript import (
     Check,
     DemoRun,
@@ -64,4 +67,5 @@ __all__ = [
     "build_agent",
     "build_interpreter",
     "run_demo",
+    "serve_agent",
 ]

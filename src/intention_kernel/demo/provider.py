@@ -120,15 +120,11 @@ class FakePaymentProvider:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._lose_response_for: set[str] = set()
+        self._opened = False
 
     async def open(self) -> None:
-        """Create the provider's tables if they do not exist yet."""
-
-        def create(conn: sqlite3.Connection) -> None:
-            conn.execute(CREATE_CALLS)
-            conn.execute(CREATE_CHARGES)
-
-        await self._run(create)
+        """Create the provider's tables if they do not exist yet (also done on first use)."""
+        await self._run(lambda conn: None)
 
     def simulate_lost_response(self, payment_intent_id: str) -> None:
         """Arm a one-shot failure: the next charge of this payment intent is applied
@@ -225,6 +221,10 @@ class FakePaymentProvider:
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def call() -> T:
             with _connect(self.path) as conn:
+                if not self._opened:
+                    conn.execute(CREATE_CALLS)
+                    conn.execute(CREATE_CHARGES)
+                    self._opened = True
                 return fn(conn)
 
         return await asyncio.to_thread(call)
