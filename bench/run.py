@@ -67,6 +67,9 @@ FLOOR = {
     "langgraph-postgres": "floor-postgres",
     "dbos-postgres": "floor-postgres",
 }
+#: A row name ending so runs that row against the source tree given with ``--base``
+#: (its ``src`` imported first), interleaved with the current one: before/after in one run.
+BASE_SUFFIX = "@base"
 MODES = {
     "quick": {
         "warmup": 20,
@@ -108,18 +111,23 @@ class Proc:
             "--dsn",
             DSN,
             "--schema",
-            base.schema,
+            base.schema + ("_base" if row.endswith(BASE_SUFFIX) else ""),
             "--ident",
             ident,
         ]
         if trace:
             command.append("--trace")
+        env = None
+        if row.endswith(BASE_SUFFIX):
+            # The same row against another source tree, imported first.
+            env = {**os.environ, "PYTHONPATH": str(Path(base.base) / "src")}
         self.proc = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             cwd=Path(__file__).parent.parent,
+            env=env,
         )
 
     def send(self, op: str, **args: Any) -> None:
@@ -191,10 +199,10 @@ def throughput(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) 
             "resubmits": len(replay),
             "rss_kb": rss[row],
         }
-        if row == "ik-postgres" and "floor-postgres-async" in blocks:
+        if row.startswith("ik-postgres") and "floor-postgres-async" in blocks:
             pairs = zip(data, blocks["floor-postgres-async"], strict=True)
             out[row]["ratio_async_floor"] = statistics.median(a["tps"] / f["tps"] for a, f in pairs)
-        floor = FLOOR.get(row)
+        floor = FLOOR.get(row.removesuffix(BASE_SUFFIX))
         if floor in blocks:
             ratios = [a["tps"] / f["tps"] for a, f in zip(data, blocks[floor], strict=True)]
             out[row]["floor"] = floor
@@ -289,10 +297,13 @@ SCALE_GROUPS = {
 
 def scale_out(args: argparse.Namespace, mode: dict[str, Any]) -> list[dict[str, Any]]:
     results = []
+    scale_groups = dict(SCALE_GROUPS)
+    if args.base:
+        scale_groups["ik_base"] = "ik-postgres" + BASE_SUFFIX
     for workers in mode["scale"]:
         groups = {
             name: [Proc(row, args, ident=f"s{workers}-{k}") for k in range(workers)]
-            for name, row in SCALE_GROUPS.items()
+            for name, row in scale_groups.items()
         }
         try:
             for procs in groups.values():
@@ -322,17 +333,20 @@ def scale_out(args: argparse.Namespace, mode: dict[str, Any]) -> list[dict[str, 
             pairs = zip(rounds["ik"], rounds[floor], strict=True)
             return statistics.median(a / f for a, f in pairs)
 
-        results.append(
-            {
-                "workers": workers,
-                "ik_tps": statistics.median(rounds["ik"]),
-                "floor_tps": statistics.median(rounds["floor"]),
-                "floor_async_tps": statistics.median(rounds["floor_async"]),
-                "ratio": ratio("floor"),
-                "ratio_async": ratio("floor_async"),
-                "rounds": rounds,
-            }
-        )
+        level = {
+            "workers": workers,
+            "ik_tps": statistics.median(rounds["ik"]),
+            "floor_tps": statistics.median(rounds["floor"]),
+            "floor_async_tps": statistics.median(rounds["floor_async"]),
+            "ratio": ratio("floor"),
+            "ratio_async": ratio("floor_async"),
+            "rounds": rounds,
+        }
+        if "ik_base" in rounds:
+            pairs = zip(rounds["ik_base"], rounds["floor"], strict=True)
+            level["base_tps"] = statistics.median(rounds["ik_base"])
+            level["base_ratio"] = statistics.median(a / f for a, f in pairs)
+        results.append(level)
         print(f"  scale-out {workers} workers done", file=sys.stderr, flush=True)
     return results
 
@@ -448,9 +462,10 @@ def report(results: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|",
         ]
         for s in results["scale_out"]:
+            base = f" base {s['base_tps']:.0f}, x{s['base_ratio']:.2f} |" if "base_tps" in s else ""
             lines.append(
                 f"| {s['workers']} | {s['ik_tps']:.0f} | {s['floor_tps']:.0f} | {s['ratio']:.2f} "
-                f"| {s['floor_async_tps']:.0f} | {s['ratio_async']:.2f} |"
+                f"| {s['floor_async_tps']:.0f} | {s['ratio_async']:.2f} |{base}"
             )
     return "\n".join(lines)
 
@@ -463,6 +478,11 @@ def main() -> None:
     parser.add_argument("--only", choices=["throughput", "growth", "scale"], action="append")
     parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
     parser.add_argument("--label", default="", help="appended to the result file's name")
+    parser.add_argument(
+        "--base",
+        help=f"a source tree (with src/) to compare against: adds an '{BASE_SUFFIX}' twin of "
+        "each intention-kernel row (and a scale-out group), interleaved with the current code",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     mode_name = "quick" if args.quick else "full"
@@ -473,6 +493,8 @@ def main() -> None:
         rows = [r for r in rows if r.startswith(("ik", "floor"))]
     if args.rows:
         rows = [r for r in args.rows.split(",") if r]
+    if args.base:
+        rows += [r + BASE_SUFFIX for r in rows if r.startswith("ik-")]
     args.dir = tempfile.mkdtemp(prefix="ikbench-")
     args.schema = f"ikbench_{os.getpid()}"
     from bench.peers import DBOS_CAVEAT, LANGGRAPH_CAVEAT
@@ -501,7 +523,10 @@ def main() -> None:
             )
         if "growth" in phases:
             print("growth", file=sys.stderr, flush=True)
-            for row in ["ik-sqlite-full"] + ([] if args.no_postgres else ["ik-postgres"]):
+            grown = ["ik-sqlite-full"] + ([] if args.no_postgres else ["ik-postgres"])
+            if args.base:
+                grown = [r for row in grown for r in (row, row + BASE_SUFFIX)]
+            for row in grown:
                 results["growth"][row] = growth(row, args, mode["growth"])
         if "scale" in phases and not args.no_postgres:
             print("scale-out", file=sys.stderr, flush=True)

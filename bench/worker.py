@@ -100,7 +100,7 @@ def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
     from bench.peers import DBOSRow, LangGraphRow
 
     path = os.path.join(directory, f"{name}.db")
-    kind, store, sync, *options = [*name.split("-"), "", ""]
+    kind, store, sync, *options = [*name.removesuffix("@base").split("-"), "", ""]
     if kind == "ik":
         offload = True if "offload" in options else False if "inline" in options else None
         return KernelRow(store, path, dsn, schema + "_ik", (sync or "full").upper(), offload)

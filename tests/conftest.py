@@ -12,6 +12,7 @@ REQUIRE_SERVICES = os.environ.get("INTENTION_KERNEL_REQUIRE_SERVICES") == "1"
 POSTGRES_DSN = os.environ.get(
     "INTENTION_KERNEL_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test"
 )
+NATS_URL = os.environ.get("INTENTION_KERNEL_NATS_URL", "nats://127.0.0.1:4222")
 
 
 def service_unavailable(what: str, why: str) -> None:
@@ -36,6 +37,33 @@ def postgres_dsn() -> str:
     except psycopg.Error as exc:
         service_unavailable(f"PostgreSQL at {POSTGRES_DSN}", str(exc).strip())
     return POSTGRES_DSN
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> str:
+    """A reachable NATS server with JetStream (INTENTION_KERNEL_NATS_URL), or skip/fail."""
+    import asyncio
+
+    try:
+        import nats
+    except ImportError as exc:  # pragma: no cover - the dev extra installs it
+        service_unavailable("NATS", f"nats-py is not installed: {exc}")
+        raise
+
+    async def probe() -> None:
+        client = await nats.connect(
+            NATS_URL, connect_timeout=3, max_reconnect_attempts=0, allow_reconnect=False
+        )
+        try:
+            await client.jetstream().account_info()
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:
+        service_unavailable(f"NATS with JetStream at {NATS_URL}", f"{type(exc).__name__}: {exc}")
+    return NATS_URL
 
 
 # -- hypothesis: bounded for CI, deterministic there ----------------------------------------

@@ -99,6 +99,12 @@ def _downgrade_to_version_1(path: Path, checkpoints: dict[str, KernelCheckpoint]
         conn.execute("DROP TABLE ik_messages")
         conn.execute("DROP TABLE ik_facts")
         conn.execute("ALTER TABLE ik_threads DROP COLUMN message_seq")
+        # and what migration 3 added
+        conn.execute("DROP INDEX ik_outbox_unpublished")
+        for column in ("published_at", "attempts", "last_error", "retry_at"):
+            conn.execute(f"ALTER TABLE ik_outbox DROP COLUMN {column}")
+        conn.execute("ALTER TABLE ik_receipts DROP COLUMN announced")
+        conn.execute("ALTER TABLE ik_turns DROP COLUMN pruned_at")
         conn.execute("DELETE FROM ik_schema WHERE version > 1")
 
 
@@ -115,6 +121,9 @@ async def test_a_version_1_database_is_upgraded_and_its_threads_go_on(tmp_path: 
 
     async with SQLiteDurability(path) as upgraded:
         assert await upgraded.load_checkpoint("t") == before
+        # The charge's turn committed, so its effect.completed was announced.
+        [receipt] = await upgraded.list_receipts("t")
+        assert receipt.announced
         kernel = Kernel(billing_agent(provider, max_messages=4), upgraded)
         assert (await kernel.turn("t", "3", "yes")).replayed
         await kernel.turn("t", "4", "balance 20")  # reads the whole document, writes rows

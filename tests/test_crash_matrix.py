@@ -487,24 +487,43 @@ def test_the_fault_points_cost_one_flag_check_when_nothing_is_armed() -> None:
     assert per_turn < turn / 200  # under 0.5% of the cheapest turn there is
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (docs/guarantees.md): a write completed by a turn that never commits "
-    "is announced only if that same turn ID is delivered again",
+@pytest.mark.parametrize(
+    "point", [faults.AFTER_RECEIPT_COMPLETED, faults.BEFORE_COMMIT, faults.DURING_COMMIT]
 )
 async def test_a_write_applied_by_a_turn_that_never_committed_is_announced_once(
-    tmp_path: Path,
+    adapter: Store | None, point: str, tmp_path: Path
 ) -> None:
     """The accepting turn dies after its charge completed; the person's answer then arrives
-    under a new delivery ID, whose turn reuses the completed receipt. The charge happened
-    once, so the outbox should announce it once."""
-    async with InMemoryDurability() as durability:
-        provider = LedgerProvider(path=str(tmp_path / "provider.ledger"))
+    under a new delivery ID, whose turn reuses the completed receipt and announces it (the
+    receipt is marked announced in that turn's commit). The crashed delivery arriving at
+    last, through a restarted adapter, announces nothing more: the charge happened once,
+    and the outbox says so once."""
+    if adapter is None and point == faults.DURING_COMMIT:
+        pytest.skip("the in-memory commit is plain assignments, with nothing in between")
+    provider = LedgerProvider(path=str(tmp_path / "provider.ledger"), sync=False)
+    durability = adapter.durability() if adapter is not None else InMemoryDurability()
+    async with durability:
         kernel = Kernel(billing_agent(provider), durability)
         await kernel.turn(**propose())
-        with faults.injected(faults.AFTER_RECEIPT_COMPLETED), pytest.raises(faults.InjectedFault):
+        with faults.injected(point, "raise"), pytest.raises(faults.InjectedFault):
             await kernel.turn(**accept())
+        [receipt] = await durability.list_receipts(THREAD)
+        assert (receipt.status, receipt.announced) == ("completed", False)
         answered = await kernel.turn(THREAD, "accept-redelivered-under-a-new-id", "yes")
         assert answered.steps[0].status == "completed" and provider.calls() == 1
-        events = [e.type for e in await durability.read_outbox()]
-        assert events.count("effect.completed") == 1
+        [receipt] = await durability.list_receipts(THREAD)
+        assert receipt.announced
+        await kernel.turn(THREAD, "propose-again", "charge pi_1 500")
+        if adapter is not None:
+            await durability.aclose()
+            durability = adapter.durability()
+            kernel = Kernel(billing_agent(provider), durability)
+        async with durability:
+            await kernel.turn(THREAD, "accept-again", "yes")  # deduplicated: no event
+            await kernel.turn(**accept())  # the crashed delivery at last
+            events = await read_all_events(durability, thread_id=THREAD)
+    completed = [e for e in events if e.type == "effect.completed"]
+    assert [(e.turn_id, e.payload["key"]) for e in completed] == [
+        ("accept-redelivered-under-a-new-id", KEY)
+    ]
+    assert provider.calls() == 1

@@ -21,6 +21,7 @@ from intention_kernel import (
     TenantMismatchError,
     ThreadBusyError,
     TurnConflictError,
+    TurnExpiredError,
     TurnResult,
     TurnScope,
 )
@@ -48,6 +49,7 @@ class FailingDurability(InMemoryDurability):
     [
         (InvalidRequestError("bad id"), 422, "invalid-request"),
         (TurnConflictError("used"), 409, "turn-conflict"),
+        (TurnExpiredError("pruned"), 409, "turn-expired"),
         (TenantMismatchError("theirs", thread_id="t1"), 404, "not-found"),
         (CheckpointCompatibilityError("newer"), 409, "incompatible-checkpoint"),
         (CorruptRecordError("garbled"), 500, "corrupt-record"),

@@ -76,6 +76,7 @@ class ReceiptModel:
     attempt: int
     value: Any
     turn_id: str
+    announced: bool = False  # a committed event announced the applied write
 
 
 @dataclass
@@ -208,13 +209,15 @@ class ConversationMachine(RuleBasedStateMachine):
                 )
             value = {"charge_id": f"ch_{pi}_{attempt}", "amount": amount}
             receipt = model.receipts[key] = ReceiptModel("completed", attempt, value, turn_id)
+            receipt.announced = True
             events.append("effect.completed")
         elif receipt.status in ("uncertain", "prepared"):
             receipt.status = "uncertain"  # a dead attempt's "prepared" fails closed
             return Expected(
                 [("uncertain", None)], [*events, "effect.uncertain", "turn.committed"], None
             )
-        elif receipt.turn_id == turn_id:  # completed by an earlier attempt of this same turn
+        elif not receipt.announced:  # completed by a turn that never committed: announce it
+            receipt.announced = True
             events.append("effect.completed")
         model.record_fact(f"charge.{pi}", receipt.value)
         events += ["fact.recorded", "billing.charged", "turn.committed"]
@@ -333,6 +336,7 @@ class ConversationMachine(RuleBasedStateMachine):
         )
         receipt = self.threads[name].receipts[key]
         receipt.status, receipt.value = ("completed", value) if applied else ("failed", None)
+        receipt.announced = applied  # by the receipt.resolved event
         assert (resolved.status, resolved.attempt, resolved.value) == (
             receipt.status,
             receipt.attempt,
@@ -452,8 +456,9 @@ class ConversationMachine(RuleBasedStateMachine):
                 assert len(index) == len(set(index)), f"a key indexed twice: {index}"
                 assert set(index) <= set(model.receipts)
             receipts = self.harness.run(self.durability.list_receipts(thread_id))
-            assert {r.key: (str(r.status), r.attempt, r.value) for r in receipts} == {
-                key: (r.status, r.attempt, r.value) for key, r in model.receipts.items()
+            assert {r.key: (str(r.status), r.attempt, r.value, r.announced) for r in receipts} == {
+                key: (r.status, r.attempt, r.value, r.announced)
+                for key, r in model.receipts.items()
             }
             events = self.harness.run(self.durability.read_outbox(thread_id, limit=1000))
             assert len(events) == model.events

@@ -228,10 +228,19 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     store.execute("UPDATE ik_threads SET checkpoint = %s", encode_checkpoint(before))
     store.execute("DROP TABLE ik_messages, ik_facts")
     store.execute("ALTER TABLE ik_threads DROP COLUMN message_seq")
+    store.execute(
+        "ALTER TABLE ik_outbox DROP COLUMN published_at, DROP COLUMN attempts, "
+        "DROP COLUMN last_error, DROP COLUMN retry_at"
+    )
+    store.execute("ALTER TABLE ik_receipts DROP COLUMN announced")
+    store.execute("ALTER TABLE ik_turns DROP COLUMN pruned_at")
     store.execute("DELETE FROM ik_schema WHERE version > 1")
 
     async with store.durability() as upgraded:
         assert await upgraded.load_checkpoint("t") == before
+        # The charge's turn committed, so its effect.completed was announced.
+        [receipt] = await upgraded.list_receipts("t")
+        assert receipt.announced
         kernel = Kernel(billing_agent(provider, max_messages=4), upgraded)
         await kernel.turn("t", "4", "balance 20")
         after = await upgraded.load_checkpoint("t")

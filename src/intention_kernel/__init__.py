@@ -48,6 +48,7 @@ from intention_kernel.errors import (
     TenantMismatchError,
     ThreadBusyError,
     TurnConflictError,
+    TurnExpiredError,
     UnknownCapabilityError,
 )
 from intention_kernel.facts import Evidence, Fact, FactRecord, FactRef
@@ -129,6 +130,7 @@ __all__ = [
     "ThreadBusyError",
     "TurnCommit",
     "TurnConflictError",
+    "TurnExpiredError",
     "TurnResult",
     "TurnScope",
     "UnknownCapabilityError",

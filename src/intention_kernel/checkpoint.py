@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 
@@ -97,6 +97,18 @@ class ReceiptRef:
     step_id: str
 
 
+def _plain_facts(facts: Mapping[str, FactRecord]) -> dict[str, FactRecord]:
+    return facts if type(facts) is dict else dict(facts)
+
+
+#: A read-only mapping: a decoded checkpoint's facts are a dict, the runtime's next
+#: checkpoint shares them with its predecessor (``facts.DerivedFacts``).
+_Facts = Annotated[
+    Mapping[str, FactRecord],
+    pydantic.PlainSerializer(_plain_facts, return_type=dict[str, FactRecord]),
+]
+
+
 @dataclass(frozen=True, slots=True)
 class KernelCheckpoint:
     """The state a thread resumes from. ``version`` is 1 after the first committed turn."""
@@ -105,7 +117,7 @@ class KernelCheckpoint:
     agent_fingerprint: str
     version: int
     messages: tuple[Message, ...] = ()
-    facts: dict[str, FactRecord] = field(default_factory=dict)
+    facts: _Facts = field(default_factory=dict)
     agenda: tuple[AgendaItem, ...] = ()
     interaction: Interaction | None = None
     receipts: tuple[ReceiptRef, ...] = ()

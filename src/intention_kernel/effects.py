@@ -73,7 +73,10 @@ class Receipt:
 
     ``key`` is the stored key (``"<capability_id>:<key>"``); ``turn_id`` and
     ``step_id`` name the latest attempt and are metadata, not part of the
-    deduplication key.
+    deduplication key. ``announced`` is true once a committed event announced the
+    completed write (``effect.completed`` in the commit of the turn that first used
+    the completed receipt, or ``receipt.resolved`` for an operator's resolution), so
+    that each applied write is announced exactly once.
     """
 
     id: str
@@ -88,6 +91,7 @@ class Receipt:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     resolution: Resolution | None = None
+    announced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +204,7 @@ def plan_effect(
         value=None,
         error=None,
         updated_at=now,
+        announced=False,
     )
     return EffectPlan("execute", existing, retry)
 
@@ -260,4 +265,5 @@ def resolve(
         error=existing.error if not applied else None,
         updated_at=now,
         resolution=Resolution(applied=applied, note=note, actor=actor, at=now),
+        announced=applied,  # the receipt.resolved event committed with it announces the write
     )

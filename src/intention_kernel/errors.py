@@ -20,6 +20,7 @@ message, so that hosts can react without parsing text::
     ├── InterpretationError           the interpreter raised or returned garbage; nothing committed
     ├── InvalidRequestError           the turn request itself is malformed (IDs, message, answer)
     ├── TurnConflictError             a committed turn ID delivered with another request
+    ├── TurnExpiredError              a committed turn whose stored result was pruned (retention)
     ├── ThreadBusyError               the thread's lock was not obtained in time
     ├── FencedCommitError             the thread moved on while the turn ran; nothing committed
     ├── TenantMismatchError           the thread belongs to another tenant
@@ -63,6 +64,7 @@ __all__ = [
     "TenantMismatchError",
     "ThreadBusyError",
     "TurnConflictError",
+    "TurnExpiredError",
     "UnknownCapabilityError",
 ]
 
@@ -216,6 +218,14 @@ class TurnConflictError(KernelError):
 
     The stored result belongs to another request, so it is neither returned nor
     is the new request run under the same turn ID.
+    """
+
+
+class TurnExpiredError(KernelError):
+    """A committed turn ID was delivered again after retention (``prune``) dropped its result.
+
+    The turn stays committed, so it is never run again; its result can no longer be
+    returned. A very late transport retry gets this error instead of a second run.
     """
 
 

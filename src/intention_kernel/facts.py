@@ -58,21 +58,100 @@ class FactRecord:
     evidence: Evidence
 
 
-class DerivedFacts(dict[str, FactRecord]):
-    """A checkpoint's facts built from an earlier checkpoint's ``base`` facts by adding or
-    replacing the ``changed`` keys (none removed).
+_ABSENT: Any = object()
 
-    Lets an adapter store only the changed facts instead of comparing every fact of a
-    long thread. Like every checkpoint's facts, it must not be modified once built.
+
+class _Diff:
+    """A version's facts as those of the version ``then`` with ``changes`` applied in
+    order (``_ABSENT`` as the record: the key is not there)."""
+
+    __slots__ = ("changes", "then")
+
+    def __init__(self, changes: list[tuple[str, Any]], then: DerivedFacts) -> None:
+        self.changes = changes
+        self.then = then
+
+
+class DerivedFacts(Mapping[str, FactRecord]):
+    """A checkpoint's facts built from an earlier checkpoint's ``base`` facts by adding or
+    replacing the ``changed`` keys (none removed), without copying the others.
+
+    The versions derived from one another share a single dict (a persistent map, after
+    Baker's trick): one version holds the dict; each other holds the changes that turn
+    a neighbouring version into it. Reading a version that does not hold the dict first
+    moves the dict to it, applying the changes on the way, so that every version reads
+    as it was built, however many were derived since. Deriving a version from the latest
+    and reading the latest therefore cost what a turn changed, never what the thread
+    holds. ``changed`` lets an adapter store only the changed facts, and ``base`` shows
+    what they changed; it is dropped once a turn starts from this version, so that a
+    long thread does not keep every earlier version alive.
+
+    Read-only, like every checkpoint's facts; not safe to read from another OS thread
+    while a version of the same thread's facts is being derived or read.
     """
 
-    __slots__ = ("base", "changed")
+    __slots__ = ("_held", "base", "changed")
 
-    def __init__(self, base: dict[str, FactRecord], changes: dict[str, FactRecord]) -> None:
-        super().__init__(base)
-        self.update(changes)
-        self.base: dict[str, FactRecord] | None = base
+    def __init__(self, base: Mapping[str, FactRecord], changes: Mapping[str, FactRecord]) -> None:
+        # A plain dict may be shared by the checkpoint it was decoded for: copied, once.
+        data = base._dict() if isinstance(base, DerivedFacts) else dict(base)
+        undo = []
+        for key, record in changes.items():
+            undo.append((key, data.get(key, _ABSENT)))
+            data[key] = record
+        if isinstance(base, DerivedFacts):
+            undo.reverse()  # undone last change first: added keys leave from the end
+            base._held = _Diff(undo, self)
+        self._held: dict[str, FactRecord] | _Diff = data
+        self.base: Mapping[str, FactRecord] | None = base
         self.changed: tuple[str, ...] = tuple(changes)
+
+    def _dict(self) -> dict[str, FactRecord]:
+        """The shared dict, holding this version's facts (moved here if need be)."""
+        held = self._held
+        if type(held) is dict:
+            return held
+        path = []  # from this version to the one holding the dict
+        version = self
+        while isinstance(held, _Diff):
+            path.append(version)
+            version = held.then
+            held = version._held
+        data = held
+        for nearer in reversed(path):
+            diff = nearer._held
+            assert isinstance(diff, _Diff) and diff.then is version
+            undo = []
+            for key, record in diff.changes:
+                undo.append((key, data.get(key, _ABSENT)))
+                if record is _ABSENT:
+                    del data[key]
+                else:
+                    data[key] = record
+            undo.reverse()
+            version._held = _Diff(undo, nearer)
+            nearer._held = data
+            version = nearer
+        return data
+
+    def __getitem__(self, key: str) -> FactRecord:
+        return self._dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._dict().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._dict()
+
+    def __iter__(self) -> Iterator[str]:
+        # A copy of the keys: reading another version while iterating moves the dict.
+        return iter(list(self._dict()))
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+    def __repr__(self) -> str:
+        return f"DerivedFacts({self._dict()!r})"
 
 
 class FactTable(Mapping[str, FactRecord]):
@@ -85,7 +164,7 @@ class FactTable(Mapping[str, FactRecord]):
 
     __slots__ = ("_base", "_changes")
 
-    def __init__(self, base: dict[str, FactRecord]) -> None:
+    def __init__(self, base: Mapping[str, FactRecord]) -> None:
         if isinstance(base, DerivedFacts):
             # ``base`` was committed before a turn could start from it, so what it was
             # derived from is no longer needed; dropping it keeps a long thread from
@@ -115,8 +194,8 @@ class FactTable(Mapping[str, FactRecord]):
         """Record a new version (the runtime's only mutation)."""
         self._changes[record.key] = record
 
-    def _merged(self) -> dict[str, FactRecord]:
-        """The facts of the next checkpoint: the loaded dict itself when nothing changed."""
+    def _merged(self) -> Mapping[str, FactRecord]:
+        """The facts of the next checkpoint: the loaded ones themselves when nothing changed."""
         if not self._changes:
             return self._base
         return DerivedFacts(self._base, self._changes)

@@ -9,8 +9,10 @@ checkpoint and outbox events together.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from intention_kernel import _tracing
 from intention_kernel._json import dump_value
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.checkpoint import KernelCheckpoint
@@ -22,6 +24,8 @@ from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.turns import TurnCommit, TurnResult, TurnScope, request_digest
 
 __all__ = ["Kernel"]
+
+logger = logging.getLogger("intention_kernel.turn")
 
 
 class Kernel:
@@ -89,7 +93,26 @@ class Kernel:
         async def operation(tx: TurnTransaction) -> TurnCommit:
             return await run_turn(compiled, tx, request)
 
-        return await self.durability.with_turn(scope, operation)
+        if not _tracing.enabled():
+            result = await self.durability.with_turn(scope, operation)
+        else:
+            with _tracing.span(
+                "intention_kernel.turn", thread_id=thread_id, turn_id=turn_id, tenant_id=tenant_id
+            ) as span:
+                result = await self.durability.with_turn(scope, operation)
+                _tracing.annotate(
+                    span, replayed=result.replayed, checkpoint_version=result.checkpoint_version
+                )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "turn %r of thread %r %s (version %d)",
+                turn_id,
+                thread_id,
+                "replayed" if result.replayed else "committed",
+                result.checkpoint_version,
+                extra={"thread_id": thread_id, "turn_id": turn_id, "replayed": result.replayed},
+            )
+        return result
 
     async def checkpoint(self, thread_id: str) -> KernelCheckpoint | None:
         """The thread's latest committed checkpoint (a convenience over the adapter)."""

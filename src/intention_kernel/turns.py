@@ -127,11 +127,17 @@ class OutboxEvent:
 
 @dataclass(frozen=True, slots=True)
 class TurnCommit:
-    """What an operation returns to ``with_turn``: committed together, or not at all."""
+    """What an operation returns to ``with_turn``: committed together, or not at all.
+
+    ``announced`` lists the keys of completed receipts whose ``effect.completed``
+    event is among ``events``: the adapter marks them announced in the same
+    transaction, so that a later turn does not announce them again.
+    """
 
     result: TurnResult
     checkpoint: KernelCheckpoint
     events: Sequence[EventDraft] = ()
+    announced: Sequence[str] = ()
 
 
 _RESULT: pydantic.TypeAdapter[TurnResult] = pydantic.TypeAdapter(TurnResult)

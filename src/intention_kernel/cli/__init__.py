@@ -10,8 +10,9 @@ Layout, so that command groups can be added without touching the others:
 - :mod:`._common` holds the conventions every command shares: ``--db URL``
   (defaulting to ``$INTENTION_KERNEL_DB``, then ``sqlite:///intention-kernel.db``,
   resolved in :func:`~._common.resolve_db_url` only), refusals and exit codes;
-- one module per command or group (``demo.py``; later ``receipts.py``,
-  ``outbox.py``, ``check.py``, ``serve.py``), each exposing ``register(app)``.
+- one module per command or group (``demo.py``, ``serve.py``, ``receipts.py``,
+  ``outbox.py``, ``deploy.py`` for ``check`` and ``migrate``, ``prune.py``), each
+  exposing ``register(app)``.
 
 Exit status: 0 on success, 1 when a command ran and found a problem, 2 when a
 command refused its arguments or its store.

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from intention_kernel import __version__
-from intention_kernel.cli import demo, receipts, serve
+from intention_kernel.cli import demo, deploy, outbox, prune, receipts, serve
 
 __all__ = ["GROUPS", "app"]
 
@@ -21,6 +21,9 @@ GROUPS: tuple[Callable[[typer.Typer], None], ...] = (
     demo.register,
     serve.register,
     receipts.register,
+    outbox.register,
+    deploy.register,
+    prune.register,
 )
 
 app = typer.Typer(

@@ -169,6 +169,7 @@ def _as_dict(r: Receipt) -> dict[str, Any]:
         "step_id": r.step_id,
         "value": r.value,
         "error": r.error,
+        "announced": r.announced,
         "created_at": r.created_at.isoformat() if r.created_at else None,
         "updated_at": r.updated_at.isoformat() if r.updated_at else None,
         "resolution": None

@@ -50,6 +50,7 @@ def decode_receipt(
     resolution: str | None,
     created_at: datetime,
     updated_at: datetime,
+    announced: bool = False,
 ) -> Receipt:
     """A receipt from its stored columns (JSON as text, timestamps already parsed)."""
     try:
@@ -74,6 +75,7 @@ def decode_receipt(
                 resolved["actor"],
                 datetime.fromisoformat(resolved["at"]),
             ),
+            announced=bool(announced),
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise CorruptRecordError(

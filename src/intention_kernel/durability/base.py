@@ -25,16 +25,17 @@ import asyncio
 import contextlib
 import inspect
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-from intention_kernel import _faults
+from intention_kernel import _faults, _tracing
 from intention_kernel._json import dump_value, load_value, normalize
 from intention_kernel.checkpoint import (
+    SCHEMA_REVISION,
     CoreEncoder,
     KernelCheckpoint,
     assemble_checkpoint,
@@ -66,6 +67,7 @@ from intention_kernel.errors import (
     ReceiptNotFoundError,
     TenantMismatchError,
     TurnConflictError,
+    TurnExpiredError,
 )
 from intention_kernel.facts import DerivedFacts
 from intention_kernel.turns import (
@@ -81,6 +83,9 @@ from intention_kernel.turns import (
 __all__ = [
     "MAX_ID_BYTES",
     "MAX_ID_LENGTH",
+    "CheckpointRewrite",
+    "OutboxBacklog",
+    "OutboxDelivery",
     "RecordedDurability",
     "Recorder",
     "StoredThread",
@@ -101,10 +106,15 @@ MAX_ID_BYTES = 1024
 
 @dataclass(frozen=True, slots=True)
 class StoredTurn:
-    """A committed turn as stored: the request digest and the result JSON."""
+    """A committed turn as stored: the request digest and the result JSON.
+
+    ``expired``: retention dropped the result (``result`` is then empty); the turn is
+    still committed, so a late delivery is refused with ``TurnExpiredError``.
+    """
 
     request_digest: str | None
     result: str
+    expired: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +167,8 @@ class TurnRecord:
     place in the order), ``removed_facts`` are deleted. With ``rewrite``, every message
     and fact row of the thread is deleted first, and ``messages``/``facts`` are all of
     them (the stored rows were not the base this difference was computed from).
+    ``announced`` names completed receipts (by key) whose ``effect.completed`` event
+    is among ``events``: the commit marks them announced.
     """
 
     thread_id: str
@@ -177,6 +189,41 @@ class TurnRecord:
     facts: Sequence[tuple[str, str]] = ()
     removed_facts: Sequence[str] = ()
     rewrite: bool = False
+    announced: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRewrite:
+    """A thread's checkpoint written anew in place, at the same ``version`` (a schema
+    migration): the core, and every message and fact row (see :class:`TurnRecord`)."""
+
+    thread_id: str
+    version: int
+    checkpoint: str
+    schema_revision: int
+    fingerprint: str
+    messages: Sequence[str]
+    facts: Sequence[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxDelivery:
+    """An outbox event not yet published, and what the relay recorded about it: failed
+    ``attempts``, the ``last_error``, and the earliest time to try again (``retry_at``)."""
+
+    event: OutboxEvent
+    attempts: int = 0
+    last_error: str | None = None
+    retry_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxBacklog:
+    """The relay's lag: how many events are unpublished, since when, and which fail."""
+
+    unpublished: int
+    oldest_unpublished_at: datetime | None
+    failing: Sequence[OutboxDelivery]
 
 
 ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
@@ -253,6 +300,70 @@ class Recorder(Protocol):
     async def read_outbox(
         self, thread_id: str | None, after: int | None, limit: int
     ) -> list[OutboxEvent]: ...
+
+    # -- the outbox relay (intention_kernel.outbox) ------------------------------------------
+    # Publication state lives on each event row: ``published_at``, ``attempts``,
+    # ``last_error``, ``retry_at``. A thread's events are published in ``seq`` order by
+    # one relay at a time; a thread's first unpublished event blocks the ones after it.
+
+    def claim_outbox(self, thread_id: str) -> AbstractAsyncContextManager[bool]:
+        """Try, without waiting, to become the only relay publishing ``thread_id``; the
+        block receives whether it did. Excludes relays in every process sharing the
+        store (never turns), and is released if the holder dies."""
+        ...
+
+    async def pending_threads(self, now: datetime, limit: int) -> list[str]:
+        """Up to ``limit`` threads whose first unpublished event is due (its ``retry_at``
+        unset or not after ``now``), the oldest such event first."""
+        ...
+
+    async def read_unpublished(self, thread_id: str, limit: int) -> list[OutboxDelivery]:
+        """The thread's first ``limit`` unpublished events, in ``seq`` order: a prefix of
+        what is left to publish (an event is listed only after every earlier one)."""
+        ...
+
+    async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
+        """Record that the sink acknowledged these events of the thread."""
+        ...
+
+    async def mark_failed(
+        self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
+    ) -> None:
+        """Record a failed attempt: set ``attempts`` (an absolute count, so that a repeated
+        write is harmless), ``last_error`` and ``retry_at``."""
+        ...
+
+    async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog: ...
+
+    # -- deploy check, migration, retention (intention_kernel.operations) -------------------
+
+    async def scan_threads(
+        self, after: str | None, limit: int, below_revision: int | None
+    ) -> list[tuple[str, StoredThread]]:
+        """Up to ``limit`` threads with a checkpoint, in ``thread_id`` order after
+        ``after``, with their rows; only those whose stored schema revision is below
+        ``below_revision`` if given. Each thread is one consistent snapshot."""
+        ...
+
+    async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
+        """Replace the thread's checkpoint and all its rows if its version is still
+        ``rewrite.version``; otherwise raise ``FencedCommitError``. Called under the
+        thread's lock, in one short transaction."""
+        ...
+
+    async def prune_events(self, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` published events created before ``before`` (on a store
+        that numbers positions late, only numbered ones); return how many."""
+        ...
+
+    async def prune_turns(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> tuple[int, tuple[str, str] | None]:
+        """Scan the next ``limit`` committed turns after ``after`` in key order and drop
+        the result of those created before ``before``, keeping the turn's key and
+        request digest. Return how many were dropped and the last key scanned (``None``
+        when the scan reached the end)."""
+        ...
 
 
 def check_id(name: str, value: object) -> str:
@@ -338,7 +449,8 @@ class RecordedDurability:
         # The checkpoint this adapter last committed or decoded, per thread. A turn whose
         # stored version still matches reuses it instead of reading and decoding the
         # whole document again; any other writer bumps the version, so a stale entry is
-        # never used. Entries are shared, never mutated: the runtime copies what it changes.
+        # never used. Entries are shared and read as they were built: the runtime copies
+        # what it changes (the facts, a ``DerivedFacts`` that shares their storage).
         # Each entry's rows are stored exactly, so the next commit may write a difference.
         self._checkpoints: OrderedDict[str, KernelCheckpoint] = OrderedDict()
         # Per cached thread, the JSON of its core's receipt index entries, for the next core.
@@ -353,6 +465,17 @@ class RecordedDurability:
                     await self._recorder.open()
                     self._opened = True
         return self._recorder
+
+    async def recorder(self) -> Recorder:
+        """The opened recorder, for operations that work below the ``Durability`` contract
+        (the outbox relay, the deploy check, migrations, retention)."""
+        return await self._ready()
+
+    def forget_checkpoint(self, thread_id: str) -> None:
+        """Drop this adapter's decoded copy of the thread's checkpoint: an operation
+        rewrote it in place at the same version, so the version no longer tells."""
+        self._checkpoints.pop(thread_id, None)
+        self._encoders.pop(thread_id, None)
 
     async def __aenter__(self) -> Self:
         await self._ready()
@@ -419,7 +542,17 @@ class RecordedDurability:
                 ) from exc
             if _faults.armed:
                 _faults.reach(_faults.BEFORE_COMMIT)
-            await recorder.commit_turn(record)
+            if not _tracing.enabled():
+                await recorder.commit_turn(record)
+            else:
+                with _tracing.span(
+                    "intention_kernel.commit",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                    version=record.version,
+                    events=len(record.events),
+                ):
+                    await recorder.commit_turn(record)
             if _faults.armed:
                 _faults.reach(_faults.AFTER_COMMIT)
             self._remember(scope.thread_id, commit.checkpoint)
@@ -467,6 +600,13 @@ class RecordedDurability:
             raise TurnConflictError(
                 f"turn {scope.turn_id!r} of thread {scope.thread_id!r} was already committed "
                 "for a different request; use a new turn ID for a new request",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        if stored.expired:
+            raise TurnExpiredError(
+                f"turn {scope.turn_id!r} of thread {scope.thread_id!r} was committed, and its "
+                "result has since been pruned; it is not run again",
                 thread_id=scope.thread_id,
                 turn_id=scope.turn_id,
             )
@@ -551,6 +691,7 @@ class RecordedDurability:
             fingerprint=checkpoint.agent_fingerprint,
             events=tuple(commit.events),
             created_at=utcnow(),
+            announced=tuple(commit.announced),
             **rows,
         )
 
@@ -725,14 +866,23 @@ class RecordedDurability:
 
 
 def _decode(thread_id: str, thread: StoredThread) -> tuple[KernelCheckpoint, bool]:
-    """The stored checkpoint, and whether it was stored in rows (else as one document)."""
+    """The stored checkpoint, and whether its rows are exactly what a commit of it would
+    store: stored in rows (not as one document) and of the current schema revision (a
+    migrated checkpoint's rows are of an older shape, so its next commit rewrites them)."""
     assert thread.checkpoint is not None
-    text, stored_in_rows = assemble_checkpoint(thread.checkpoint, thread.messages, thread.facts)
-    return decode_checkpoint(text, thread_id=thread_id), stored_in_rows
+    core = thread.checkpoint
+    text, stored_in_rows = assemble_checkpoint(core, thread.messages, thread.facts)
+    # The core is encoded with ``schema_revision`` first; anything else is just not
+    # trusted as exact, which costs one full rewrite and is always safe.
+    exact = stored_in_rows and core.startswith(_CURRENT_CORE_PREFIX)
+    return decode_checkpoint(text, thread_id=thread_id), exact
+
+
+_CURRENT_CORE_PREFIX = f'{{"schema_revision":{SCHEMA_REVISION},'
 
 
 def _changed_facts(
-    previous: dict[str, Any], current: dict[str, Any]
+    previous: Mapping[str, Any], current: Mapping[str, Any]
 ) -> tuple[Sequence[str], Sequence[str]]:
     """Keys of ``current`` that are new or replaced since ``previous``, and removed keys."""
     if current is previous:

@@ -12,11 +12,16 @@ the state is not shared with any other process.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from intention_kernel.durability.base import (
+    CheckpointRewrite,
+    OutboxBacklog,
+    OutboxDelivery,
     PlanFn,
     RecordedDurability,
     ResolutionFn,
@@ -40,15 +45,31 @@ class _Thread:
     next_seq: int = 1
     messages: list[str] = field(default_factory=list)
     facts: dict[str, str] = field(default_factory=dict)
+    schema_revision: int | None = None
+
+
+@dataclass
+class _Delivery:
+    """An event's publication state (see ``Recorder.claim_outbox``)."""
+
+    published_at: datetime | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    retry_at: datetime | None = None
 
 
 @dataclass
 class _State:
     threads: dict[str, _Thread] = field(default_factory=dict)
     turns: dict[tuple[str, str], StoredTurn] = field(default_factory=dict)
+    turn_times: dict[tuple[str, str], datetime] = field(default_factory=dict)
     receipts: dict[tuple[str, str], Receipt] = field(default_factory=dict)
-    outbox: list[OutboxEvent] = field(default_factory=list)
+    outbox: list[OutboxEvent] = field(default_factory=list)  # in position order
+    # By event ID, once the relay recorded something about it (absent: never tried).
+    deliveries: dict[str, _Delivery] = field(default_factory=dict)
+    last_position: int = 0
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    relayed: set[str] = field(default_factory=set)  # threads claimed by a relay
 
 
 class _MemoryRecorder:
@@ -139,8 +160,10 @@ class _MemoryRecorder:
         state.turns[(record.thread_id, record.turn_id)] = StoredTurn(
             record.request_digest, record.result
         )
+        state.turn_times[(record.thread_id, record.turn_id)] = record.created_at
         thread.version = record.version
         thread.checkpoint = record.checkpoint
+        thread.schema_revision = record.schema_revision
         thread.tenant_id = record.tenant_id
         if record.rewrite:
             thread.messages.clear()
@@ -151,6 +174,10 @@ class _MemoryRecorder:
         thread.facts.update(record.facts)
         for key in record.removed_facts:
             thread.facts.pop(key, None)
+        for key in record.announced:
+            receipt = state.receipts.get((record.thread_id, key))
+            if receipt is not None and receipt.status is ReceiptStatus.COMPLETED:
+                state.receipts[(record.thread_id, key)] = replace(receipt, announced=True)
         self._append(record.thread_id, record.turn_id, record.events)
 
     def _append(self, thread_id: str, turn_id: str | None, events: Sequence[EventDraft]) -> None:
@@ -158,10 +185,11 @@ class _MemoryRecorder:
         thread = state.threads.setdefault(thread_id, _Thread())
         now = utcnow()
         for draft in events:
+            state.last_position += 1
             state.outbox.append(
                 OutboxEvent(
                     id=draft.id,
-                    position=len(state.outbox) + 1,
+                    position=state.last_position,
                     thread_id=thread_id,
                     turn_id=turn_id,
                     seq=thread.next_seq,
@@ -192,16 +220,142 @@ class _MemoryRecorder:
     async def read_outbox(
         self, thread_id: str | None, after: int | None, limit: int
     ) -> list[OutboxEvent]:
-        start = after or 0
-        selected = (
-            e for e in self._state.outbox[start:] if thread_id is None or e.thread_id == thread_id
-        )
+        outbox = self._state.outbox
+        start = bisect.bisect_right(outbox, after or 0, key=lambda e: e.position)
+        selected = (e for e in outbox[start:] if thread_id is None or e.thread_id == thread_id)
         out: list[OutboxEvent] = []
         for event in selected:
             out.append(replace(event))
             if len(out) >= limit:
                 break
         return out
+
+    # -- the outbox relay ----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def claim_outbox(self, thread_id: str) -> AsyncIterator[bool]:
+        relayed = self._state.relayed
+        if thread_id in relayed:
+            yield False
+            return
+        relayed.add(thread_id)
+        try:
+            yield True
+        finally:
+            relayed.discard(thread_id)
+
+    def _unpublished(self) -> list[tuple[OutboxEvent, _Delivery]]:
+        deliveries, untried = self._state.deliveries, _Delivery()
+        pairs = [(e, deliveries.get(e.id, untried)) for e in self._state.outbox]
+        return [(e, d) for e, d in pairs if d.published_at is None]
+
+    async def pending_threads(self, now: datetime, limit: int) -> list[str]:
+        heads: dict[str, _Delivery] = {}
+        for event, delivery in self._unpublished():
+            heads.setdefault(event.thread_id, delivery)
+        due = [t for t, d in heads.items() if d.retry_at is None or d.retry_at <= now]
+        return due[:limit]
+
+    async def read_unpublished(self, thread_id: str, limit: int) -> list[OutboxDelivery]:
+        found = [
+            OutboxDelivery(replace(e), d.attempts, d.last_error, d.retry_at)
+            for e, d in self._unpublished()
+            if e.thread_id == thread_id
+        ]
+        return sorted(found, key=lambda d: d.event.seq)[:limit]
+
+    async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
+        wanted = set(seqs)
+        for event in self._state.outbox:
+            if event.thread_id == thread_id and event.seq in wanted:
+                delivery = self._state.deliveries.setdefault(event.id, _Delivery())
+                if delivery.published_at is None:
+                    delivery.published_at = at
+
+    async def mark_failed(
+        self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
+    ) -> None:
+        for event in self._state.outbox:
+            if event.thread_id == thread_id and event.seq == seq:
+                delivery = self._state.deliveries.setdefault(event.id, _Delivery())
+                delivery.attempts, delivery.last_error = attempts, error
+                delivery.retry_at = retry_at
+
+    async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog:
+        unpublished = self._unpublished()
+        failing = [
+            OutboxDelivery(replace(e), d.attempts, d.last_error, d.retry_at)
+            for e, d in unpublished
+            if d.attempts
+        ]
+        return OutboxBacklog(
+            len(unpublished),
+            min((e.created_at for e, _ in unpublished), default=None),
+            failing[:failing_limit],
+        )
+
+    # -- deploy check, migration, retention ----------------------------------------------------
+
+    async def scan_threads(
+        self, after: str | None, limit: int, below_revision: int | None
+    ) -> list[tuple[str, StoredThread]]:
+        found: list[tuple[str, StoredThread]] = []
+        for thread_id in sorted(self._state.threads):
+            thread = self._state.threads[thread_id]
+            if (after is not None and thread_id <= after) or thread.checkpoint is None:
+                continue
+            revision = thread.schema_revision
+            if below_revision is not None and (revision is None or revision >= below_revision):
+                continue
+            snapshot = self._snapshot(thread)
+            assert snapshot is not None
+            found.append((thread_id, snapshot))
+            if len(found) >= limit:
+                break
+        return found
+
+    async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
+        thread = self._state.threads.get(rewrite.thread_id)
+        if thread is None or thread.version != rewrite.version:
+            raise FencedCommitError(
+                f"thread {rewrite.thread_id!r} moved on while its checkpoint was migrated",
+                thread_id=rewrite.thread_id,
+            )
+        thread.checkpoint = rewrite.checkpoint
+        thread.schema_revision = rewrite.schema_revision
+        thread.messages = list(rewrite.messages)
+        thread.facts = dict(rewrite.facts)
+
+    async def prune_events(self, before: datetime, limit: int) -> int:
+        state = self._state
+        doomed: set[str] = set()
+        for event in state.outbox:
+            if len(doomed) >= limit:
+                break
+            delivery = state.deliveries.get(event.id)
+            if (
+                delivery is not None
+                and delivery.published_at is not None
+                and event.created_at < before
+            ):
+                doomed.add(event.id)
+        state.outbox = [e for e in state.outbox if e.id not in doomed]
+        for event_id in doomed:
+            state.deliveries.pop(event_id, None)
+        return len(doomed)
+
+    async def prune_turns(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> tuple[int, tuple[str, str] | None]:
+        state = self._state
+        keys = sorted(k for k in state.turns if after is None or k > after)[:limit]
+        pruned = 0
+        for key in keys:
+            stored = state.turns[key]
+            if not stored.expired and state.turn_times[key] < before:
+                state.turns[key] = StoredTurn(stored.request_digest, "", expired=True)
+                pruned += 1
+        return pruned, (keys[-1] if len(keys) == limit else None)
 
 
 class InMemoryDurability(RecordedDurability):

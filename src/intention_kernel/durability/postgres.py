@@ -34,8 +34,9 @@ import asyncio
 import hashlib
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -61,6 +62,9 @@ from intention_kernel.durability._rows import (
     dump_resolution,
 )
 from intention_kernel.durability.base import (
+    CheckpointRewrite,
+    OutboxBacklog,
+    OutboxDelivery,
     PlanFn,
     RecordedDurability,
     ResolutionFn,
@@ -141,6 +145,22 @@ MIGRATIONS: tuple[str, ...] = (
         CONSTRAINT ik_facts_pkey PRIMARY KEY (thread_id, key)
     );
     """,
+    # 3: operations (see the SQLite adapter's migration 3): each event's publication
+    # state for the relay, with a partial index of what is left to publish; whether a
+    # completed receipt's write was announced (set for existing ones whose turn
+    # committed or that an operator resolved); turns whose result retention pruned.
+    """
+    ALTER TABLE ik_outbox ADD COLUMN published_at timestamptz,
+        ADD COLUMN attempts integer NOT NULL DEFAULT 0, ADD COLUMN last_error text,
+        ADD COLUMN retry_at timestamptz;
+    CREATE INDEX ik_outbox_unpublished ON ik_outbox (thread_id, seq)
+        WHERE published_at IS NULL;
+    ALTER TABLE ik_receipts ADD COLUMN announced boolean NOT NULL DEFAULT false;
+    UPDATE ik_receipts r SET announced = true
+    WHERE status = 'completed' AND (resolution IS NOT NULL OR EXISTS (
+        SELECT 1 FROM ik_turns t WHERE t.thread_id = r.thread_id AND t.turn_id = r.turn_id));
+    ALTER TABLE ik_turns ADD COLUMN pruned_at timestamptz;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = """
@@ -153,12 +173,19 @@ SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
 INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (%s, now())"
 # Per session, once: our schema only (no surprise from a "$user" or public table),
 # and keepalives so that the server notices a vanished host (and drops its
-# advisory locks) within idle + interval * count = 25 s instead of hours.
+# advisory locks) within idle + interval * count = 25 s instead of hours. And lz4,
+# where the server has it (PostgreSQL 14+ built with it), to compress what the
+# session writes out of line: a long thread's core (its receipt index, up to
+# ``max_receipts`` entries) is rewritten every turn, and the default pglz made that
+# update cost about ten times a short thread's. Values already stored keep their
+# method, and any server with lz4 reads both.
 CONFIGURE_SESSION = """
     SELECT set_config('search_path', %s, false),
            set_config('tcp_keepalives_idle', '10', false),
            set_config('tcp_keepalives_interval', '5', false),
-           set_config('tcp_keepalives_count', '3', false)
+           set_config('tcp_keepalives_count', '3', false),
+           (SELECT set_config(name, 'lz4', false) FROM pg_settings
+            WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals))
 """
 
 TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
@@ -180,13 +207,15 @@ _ROWS = """
 BEGIN_TURN = (
     """
     WITH found AS (
-        SELECT t.request_digest, t.result, th.version, th.tenant_id, th.checkpoint,
+        SELECT t.request_digest, t.result, t.pruned_at IS NOT NULL AS expired, th.version,
+               th.tenant_id, th.checkpoint,
                t.turn_id IS NULL AND th.version IS DISTINCT FROM %(known_version)s AS ship
         FROM (SELECT 1) AS one
         LEFT JOIN ik_threads th ON th.thread_id = %(thread_id)s
         LEFT JOIN ik_turns t ON t.thread_id = %(thread_id)s AND t.turn_id = %(turn_id)s
     )
-    SELECT request_digest, result, version, tenant_id, CASE WHEN ship THEN checkpoint END,
+    SELECT request_digest, result, expired, version, tenant_id,
+           CASE WHEN ship THEN checkpoint END,
 """
     + _ROWS.format(ship="ship", thread_id="%(thread_id)s")
     + "FROM found"
@@ -200,13 +229,14 @@ SELECT_THREAD = (
 # In ``Receipt`` field order, so that a row maps onto the dataclass positionally.
 RECEIPT_COLUMNS = (
     "id, thread_id, key, status, turn_id, step_id, attempt, value, error, "
-    "created_at, updated_at, resolution"
+    "created_at, updated_at, resolution, announced"
 )
 SELECT_RECEIPT = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts WHERE thread_id = %s AND key = %s"
 INSERT_RECEIPT = f"""
     INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
     VALUES (%(id)s, %(thread_id)s, %(key)s, %(status)s, %(turn_id)s, %(step_id)s,
-            %(attempt)s, %(value)s, %(error)s, %(created_at)s, %(updated_at)s, %(resolution)s)
+            %(attempt)s, %(value)s, %(error)s, %(created_at)s, %(updated_at)s, %(resolution)s,
+            %(announced)s)
 """
 # The first call of an effect key, in one round trip: insert the planned receipt
 # unless one exists. Not a conflict hidden: no row inserted means the caller reads the
@@ -217,7 +247,7 @@ UPDATE_RECEIPT = """
     UPDATE ik_receipts
     SET status = %(status)s, turn_id = %(turn_id)s, step_id = %(step_id)s,
         attempt = %(attempt)s, value = %(value)s, error = %(error)s,
-        resolution = %(resolution)s, updated_at = %(updated_at)s
+        resolution = %(resolution)s, updated_at = %(updated_at)s, announced = %(announced)s
     WHERE thread_id = %(thread_id)s AND key = %(key)s
       AND status = %(expected_status)s AND attempt = %(expected_attempt)s
 """
@@ -253,7 +283,20 @@ UPDATE_THREAD = """
 # A whole commit in one statement, hence one transaction and one round trip. The
 # turn and its events are inserted only from the thread row the compare-and-set
 # returned: a fenced commit writes nothing and returns no row; a turn ID committed
-# meanwhile violates ``ik_turns_pkey`` and aborts the statement. Parameters are
+# meanwhile violates ``ik_turns_pkey`` and aborts the statement.
+#
+# The commit also hands the thread lock over to its own transaction, which saves
+# the turn a separate UNLOCK round trip: it takes the same advisory key at
+# transaction level (granted at once, the session holding it already), then drops
+# the session-level hold. The server releases a transaction's locks only after its
+# commit is durable and visible to new snapshots (or after its rollback), so the
+# next holder of the thread always reads this turn. Dropping the session hold
+# before taking the transaction one would let another worker lock the thread and
+# read it without this commit (to be fenced later); the ``xact_lock`` CTE is
+# materialized, and the unlock reads it, so that the order is fixed. The unlock
+# also reads ``turn``, so that it runs only once the turn row is in: the usual
+# failure (the turn ID committed meanwhile) leaves the session lock as it was,
+# for ``_release``. ``released`` says whether the session hold was dropped. Parameters are
 # the ``TurnRecord`` fields, with ``events`` the count and ``event_*`` arrays, and
 # the checkpoint's rows as arrays (see ``TurnRecord``). The parts of one statement
 # share a snapshot: the deletes see only the rows stored before it, never the ones
@@ -262,11 +305,14 @@ UPDATE_THREAD = """
 # (``%(...)b``): the text format escapes every quote of every JSON element with a
 # regular expression, which cost more than the round trip.
 COMMIT_TURN = """
-    WITH thread AS ({thread}), turn AS (
+    WITH xact_lock AS MATERIALIZED (
+        SELECT pg_try_advisory_xact_lock(%(lock)s) AS held
+    ), thread AS ({thread}), turn AS (
         INSERT INTO ik_turns (thread_id, turn_id, request_digest, version, result, created_at)
         SELECT %(thread_id)s, %(turn_id)s, %(request_digest)s, %(version)s, %(result)s,
                %(created_at)s
         FROM thread
+        RETURNING true AS inserted
     ), events AS (
         INSERT INTO ik_outbox (id, thread_id, turn_id, seq, type, payload, created_at)
         SELECT e.id, %(thread_id)s, %(turn_id)s, thread.next_seq - %(events)s + e.n - 1,
@@ -289,8 +335,12 @@ COMMIT_TURN = """
         SELECT %(thread_id)s, thread.message_seq - %(appended)s + m.n, m.body
         FROM thread, unnest(%(messages)b::text[]) WITH ORDINALITY AS m(body, n)
     ), removed_facts AS (
+        -- Gated like the rewrites below: the statement runs on a generic plan, which
+        -- may scan all of the thread's facts for ``key = ANY(...)`` (it did, planned
+        -- while the table was small), so the usual empty list must not reach the scan.
         DELETE FROM ik_facts f USING thread
-        WHERE f.thread_id = %(thread_id)s AND f.key = ANY(%(removed_facts)b::text[])
+        WHERE cardinality(%(removed_facts)b::text[]) > 0 AND f.thread_id = %(thread_id)s
+          AND f.key = ANY(%(removed_facts)b::text[])
     ), rewritten_facts AS (
         -- Kept apart so that ``%(rewrite)s``, a row-independent condition, gates the
         -- whole scan (a one-time filter): a turn never reads all of a thread's facts.
@@ -304,8 +354,15 @@ COMMIT_TURN = """
                      WITH ORDINALITY AS f(key, body, n)
         ORDER BY f.n  -- so that ``ordinal`` follows the checkpoint's order
         ON CONFLICT (thread_id, key) DO UPDATE SET body = excluded.body
+    ), announced AS (
+        -- The effect.completed events of this commit announce these receipts.
+        UPDATE ik_receipts r SET announced = true FROM thread
+        WHERE r.thread_id = %(thread_id)s AND r.key = ANY(%(announced)b::text[])
+          AND r.status = 'completed'
     )
-    SELECT next_seq FROM thread
+    SELECT next_seq, (SELECT pg_advisory_unlock(%(lock)s) FROM xact_lock, turn
+                      WHERE xact_lock.held AND turn.inserted) AS released
+    FROM thread
 """
 COMMIT_FIRST_TURN = COMMIT_TURN.format(thread=UPSERT_THREAD)
 COMMIT_NEXT_TURN = COMMIT_TURN.format(thread=UPDATE_THREAD)
@@ -345,6 +402,83 @@ SEQUENCE_OUTBOX = """
 OUTBOX_COLUMNS = "id, position, thread_id, turn_id, seq, type, payload, created_at"
 SELECT_OUTBOX = f"SELECT {OUTBOX_COLUMNS} FROM ik_outbox WHERE position > %(after)s"
 
+# -- the relay (see ``Recorder.claim_outbox``) --
+# The relay publishes numbered events only (it numbers what is committed first): a
+# thread's numbered events are a prefix of its events by ``seq``, since numbering
+# follows ``ord`` and a thread's turns commit one after another. So every published
+# event has a position, and a consumer reading ``read_outbox`` sees it.
+PENDING_THREADS = """
+    SELECT o.thread_id FROM ik_outbox o
+    JOIN (SELECT thread_id, min(seq) AS seq FROM ik_outbox
+          WHERE published_at IS NULL AND position IS NOT NULL GROUP BY thread_id) h
+      ON o.thread_id = h.thread_id AND o.seq = h.seq
+    WHERE o.retry_at IS NULL OR o.retry_at <= %(now)s
+    ORDER BY o.position LIMIT %(limit)s
+"""
+SELECT_UNPUBLISHED = f"""
+    SELECT {OUTBOX_COLUMNS}, attempts, last_error, retry_at FROM ik_outbox
+    WHERE thread_id = %s AND published_at IS NULL AND position IS NOT NULL
+    ORDER BY seq LIMIT %s
+"""
+MARK_PUBLISHED = """
+    UPDATE ik_outbox SET published_at = %(at)s
+    WHERE thread_id = %(thread_id)s AND seq = ANY(%(seqs)s) AND published_at IS NULL
+"""
+MARK_FAILED = """
+    UPDATE ik_outbox SET attempts = %s, last_error = %s, retry_at = %s
+    WHERE thread_id = %s AND seq = %s AND published_at IS NULL
+"""
+SELECT_BACKLOG = "SELECT count(*), min(created_at) FROM ik_outbox WHERE published_at IS NULL"
+SELECT_FAILING = f"""
+    SELECT {OUTBOX_COLUMNS}, attempts, last_error, retry_at FROM ik_outbox
+    WHERE published_at IS NULL AND attempts > 0 ORDER BY ord LIMIT %s
+"""
+
+# -- deploy check, migration, retention --
+SCAN_THREADS = (
+    "SELECT th.thread_id, version, tenant_id, checkpoint,"
+    + _ROWS.format(ship="true", thread_id="th.thread_id")
+    + """FROM ik_threads th
+    WHERE th.thread_id > %(after)s AND version > 0 AND checkpoint IS NOT NULL
+      AND (%(below)s::integer IS NULL OR schema_revision < %(below)s::integer)
+    ORDER BY th.thread_id LIMIT %(limit)s"""
+)
+# Fenced on the version: a turn committed since the migration read the thread.
+REWRITE_THREAD = """
+    UPDATE ik_threads
+    SET checkpoint = %s, schema_revision = %s, fingerprint = %s, message_seq = message_seq + %s
+    WHERE thread_id = %s AND version = %s
+    RETURNING message_seq
+"""
+DELETE_MESSAGES = "DELETE FROM ik_messages WHERE thread_id = %s"
+INSERT_MESSAGES = """
+    INSERT INTO ik_messages (thread_id, seq, body)
+    SELECT %s, %s + m.n - 1, m.body FROM unnest(%s::text[]) WITH ORDINALITY AS m(body, n)
+"""
+DELETE_FACTS = "DELETE FROM ik_facts WHERE thread_id = %s"
+INSERT_FACTS = """
+    INSERT INTO ik_facts (thread_id, key, body)
+    SELECT %s, f.key, f.body FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS f(key, body, n)
+    ORDER BY f.n
+"""
+PRUNE_EVENTS = """
+    DELETE FROM ik_outbox WHERE ord IN (
+        SELECT ord FROM ik_outbox
+        WHERE published_at IS NOT NULL AND position IS NOT NULL AND created_at < %s
+        ORDER BY ord LIMIT %s)
+"""
+SCAN_TURNS = """
+    SELECT thread_id, turn_id FROM ik_turns
+    WHERE (thread_id, turn_id) > (%s, %s) ORDER BY thread_id, turn_id LIMIT %s
+"""
+# The turn row stays, so that a late delivery is refused (TurnExpiredError), not re-run.
+PRUNE_TURNS = """
+    UPDATE ik_turns t SET result = '', pruned_at = now()
+    FROM unnest(%s::text[], %s::text[]) AS k(thread_id, turn_id)
+    WHERE t.thread_id = k.thread_id AND t.turn_id = k.turn_id
+      AND t.pruned_at IS NULL AND t.created_at < %s
+"""
+
 _IDLE = TransactionStatus.IDLE
 _FIRST_WAIT = 0.001
 _MAX_WAIT = 0.01
@@ -364,11 +498,14 @@ class _Held:
     ``mutex`` runs one hop at a time on the session, and makes the release wait for
     a hop still running. Without it a transaction could interleave with another
     hop's statements, and a late hop could run on the session after it went back
-    to the pool, inside whatever its next borrower is doing.
+    to the pool, inside whatever its next borrower is doing. ``committed``: the
+    turn's commit released the session's hold (see COMMIT_TURN).
     """
 
     conn: Connection | None
+    key: int
     mutex: asyncio.Lock = field(default_factory=asyncio.Lock)
+    committed: bool = False
 
 
 class _PostgresRecorder:
@@ -395,19 +532,13 @@ class _PostgresRecorder:
         """Run ``hop`` on the session holding ``thread_id``'s lock, else on a pooled one
         (then ``hop`` must be safe to repeat).
 
-        A started hop always runs to its end, even if the caller is cancelled: the
-        thread lock is released only once its last statement is settled.
+        Runs in the caller's task, not shielded from its cancellation: psycopg settles a
+        statement interrupted in flight before the cancellation reaches us (it cancels
+        it on the server and waits for its end, or closes the session), and the hop
+        keeps the session's mutex until then, so the lock is never released under a
+        running statement. Each statement is atomic either way: an interrupted hop is
+        a crash between two statements, which every hop already tolerates.
         """
-        task = asyncio.ensure_future(self._hop(thread_id, hop))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            await asyncio.wait([task])
-            if not task.cancelled():
-                task.exception()  # retrieved, so that asyncio does not log it
-            raise
-
-    async def _hop(self, thread_id: str | None, hop: Callable[[Connection], Awaitable[T]]) -> T:
         with _translated():
             held = self._held.get(thread_id) if thread_id is not None else None
             if held is not None:
@@ -486,24 +617,42 @@ class _PostgresRecorder:
 
     # -- the thread lock -----------------------------------------------------------------------
 
+    def _thread_key(self, thread_id: str) -> int:
+        return advisory_key("thread", self._schema, thread_id)
+
     @asynccontextmanager
     async def lock(self, thread_id: str) -> AsyncIterator[object]:
-        key = advisory_key("thread", self._schema, thread_id)
+        key = self._thread_key(thread_id)
         with _translated():
             conn = await self._acquire(thread_id, key)
-        held = self._held[thread_id] = _Held(conn)
+        held = self._held[thread_id] = _Held(conn, key)
+        interrupted = True  # by a cancellation (or an exit): anything but an Exception
         try:
             yield held
+            interrupted = False
+        except Exception:
+            interrupted = False
+            raise
         finally:
-            del self._held[thread_id]
-            # Shielded: a cancelled turn must still unlock (or close) the session
-            # before anything else can borrow it.
-            release = asyncio.ensure_future(self._release(held, key))
-            try:
-                await asyncio.shield(release)
-            except asyncio.CancelledError:
-                await asyncio.wait([release])  # unlike ``await``, never cancels it
-                raise
+            # Another turn of this process may hold the thread already, if the commit
+            # released it (see COMMIT_TURN): only this turn's entry goes.
+            if self._held.get(thread_id) is held:
+                del self._held[thread_id]
+            if not interrupted and not held.mutex.locked():
+                # The usual end: no hop is running, so nothing here waits but UNLOCK,
+                # and a cancellation during it makes ``_release`` close the session.
+                await self._release(held, key, unlock=True)
+            else:
+                # Shielded, so that a cancelled turn (or one whose hops still run, which
+                # the release waits for) still closes or unlocks the session before
+                # anything else can borrow it. An interrupted turn's session is closed,
+                # not unlocked: nothing is sent on behalf of a task being cancelled.
+                release = asyncio.ensure_future(self._release(held, key, unlock=not interrupted))
+                try:
+                    await asyncio.shield(release)
+                except asyncio.CancelledError:
+                    await asyncio.wait([release])  # unlike ``await``, never cancels it
+                    raise
 
     async def _acquire(self, thread_id: str, key: int) -> Connection:
         """Poll ``pg_try_advisory_lock`` with backoff; return the session that got it.
@@ -538,19 +687,30 @@ class _PostgresRecorder:
             await asyncio.sleep(min(wait * random.uniform(0.5, 1.0), remaining))
             wait = min(wait * 2, _MAX_WAIT)
 
-    async def _release(self, held: _Held, key: int) -> None:
+    async def _release(self, held: _Held, key: int, *, unlock: bool) -> None:
+        """Give the session back to the pool without the thread lock: unlocked, or else
+        closed (the server drops a closed session's locks and rolls back whatever it
+        left open)."""
         async with held.mutex:  # after any hop still running on the session
             conn, held.conn = held.conn, None
             assert conn is not None
+            clean = False
             try:
-                clean = await _value(conn, UNLOCK, key) and conn.info.transaction_status == _IDLE
+                if unlock:
+                    if not held.committed:
+                        # False if the session did not hold it any more (a failed commit
+                        # may have released it): either way, it holds no lock now.
+                        await _value(conn, UNLOCK, key)
+                    clean = conn.info.transaction_status == _IDLE
             except psycopg.Error:
-                clean = False  # the session is gone, and its lock with it
-            if not clean:
-                # A session that may still hold the lock must never go back to the pool:
-                # its next borrower would own this thread for as long as it lives.
-                await conn.close()
-            await self._pool.putconn(conn)
+                pass  # the session is gone, and its lock with it
+            finally:
+                if not clean:
+                    # A session that may still hold the lock must never go back to the
+                    # pool: its next borrower would own this thread for as long as it
+                    # lives. (Neither closing nor returning a closed session waits.)
+                    await conn.close()
+                await self._pool.putconn(conn)
 
     # -- turns ---------------------------------------------------------------------------------
 
@@ -559,10 +719,10 @@ class _PostgresRecorder:
     ) -> TurnStart:
         async def read(conn: Connection) -> TurnStart:
             params = {"thread_id": thread_id, "turn_id": turn_id, "known_version": known_version}
-            cur = await conn.execute(BEGIN_TURN, params)
-            digest, result, version, tenant_id, *stored = _one(await cur.fetchone())
+            cur = await _execute(conn, BEGIN_TURN, params)
+            digest, result, expired, version, tenant_id, *stored = _one(await cur.fetchone())
             if result is not None:
-                return TurnStart(StoredTurn(digest, result), None, tenant_id)
+                return TurnStart(StoredTurn(digest, result, bool(expired)), None, tenant_id)
             if version is None:
                 return TurnStart(None, None)
             return TurnStart(None, _thread(version, tenant_id, *stored))
@@ -589,21 +749,26 @@ class _PostgresRecorder:
             fact_keys=[key for key, _ in record.facts],
             fact_bodies=[body for _, body in record.facts],
             removed_facts=list(record.removed_facts),
+            announced=list(record.announced),
         )
         del params["facts"]
         statement = COMMIT_FIRST_TURN if record.expected_version == 0 else COMMIT_NEXT_TURN
+        held = self._held.get(record.thread_id)
+        params["lock"] = held.key if held else self._thread_key(record.thread_id)
 
         async def commit(conn: Connection) -> None:
             if _faults.armed:  # as the one-statement commit transaction is sent
                 _faults.reach(_faults.DURING_COMMIT)
             try:
-                committed = await (await conn.execute(statement, params)).fetchone()
+                committed = await (await _execute(conn, statement, params)).fetchone()
             except UniqueViolation as exc:
                 if exc.diag.constraint_name == "ik_turns_pkey":
                     raise _fenced(record, "the turn ID was committed by another worker") from exc
                 raise
             if committed is None:
                 raise _fenced(record, "the thread version moved")
+            if held is not None and held.conn is conn and committed[1]:
+                held.committed = True
 
         await self._run(record.thread_id, commit)
 
@@ -616,13 +781,13 @@ class _PostgresRecorder:
             first = plan(None)
             if first.write is not None:
                 params = _receipt_params(first.write)
-                if (await conn.execute(INSERT_RECEIPT_IF_NEW, params)).rowcount == 1:
+                if (await _execute(conn, INSERT_RECEIPT_IF_NEW, params)).rowcount == 1:
                     return first
             # No wrapping transaction: the write is one statement whose primary key
             # (insert) or compare-and-set (update) refuses it if anyone wrote the
             # receipt since the read, which under the thread lock nobody should.
             existing = _receipt(
-                await (await conn.execute(SELECT_RECEIPT, (thread_id, key))).fetchone()
+                await (await _execute(conn, SELECT_RECEIPT, (thread_id, key))).fetchone()
             )
             decided = plan(existing)
             if decided.write is None:
@@ -631,7 +796,7 @@ class _PostgresRecorder:
                 await _update_receipt(conn, decided.write, existing)
                 return decided
             try:
-                await conn.execute(INSERT_RECEIPT, _receipt_params(decided.write))
+                await _execute(conn, INSERT_RECEIPT, _receipt_params(decided.write))
             except UniqueViolation as exc:
                 if exc.diag.constraint_name == "ik_receipts_pkey":
                     raise _receipt_moved(decided.write) from exc
@@ -694,6 +859,161 @@ class _PostgresRecorder:
 
         return await self._run(None, read)
 
+    async def _sequence(self, conn: Connection) -> None:
+        """Number every committed, unnumbered event (see SEQUENCE_OUTBOX)."""
+        if await _value(conn, HAS_UNSEQUENCED):
+            async with conn.transaction():
+                head = await _value(conn, LOCK_OUTBOX_HEAD)
+                await conn.execute(SEQUENCE_OUTBOX, {"head": head})
+
+    # -- the outbox relay ----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def claim_outbox(self, thread_id: str) -> AsyncIterator[bool]:
+        # A session advisory lock in a key space of its own ("relay", not "thread"):
+        # relays exclude each other on every host, never a turn, and the server drops
+        # a dead relay's claims with its session. Held on a session of its own, idle
+        # while the relay publishes; the relay's statements use other sessions.
+        key = advisory_key("relay", self._schema, thread_id)
+        with _translated():
+            conn = await self._pool.getconn()
+            try:
+                claimed = bool(await _value(conn, TRY_LOCK, key))
+            except BaseException:
+                await conn.close()  # interrupted mid-statement: it may hold the lock
+                await self._pool.putconn(conn)
+                raise
+        if not claimed:
+            await self._pool.putconn(conn)
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            release = asyncio.ensure_future(self._unclaim(conn, key))
+            try:
+                await asyncio.shield(release)
+            except asyncio.CancelledError:
+                await asyncio.wait([release])
+                raise
+
+    async def _unclaim(self, conn: Connection, key: int) -> None:
+        try:
+            clean = await _value(conn, UNLOCK, key) and conn.info.transaction_status == _IDLE
+        except psycopg.Error:
+            clean = False
+        if not clean:  # never pool a session that may still hold the claim
+            await conn.close()
+        await self._pool.putconn(conn)
+
+    async def pending_threads(self, now: datetime, limit: int) -> list[str]:
+        async def read(conn: Connection) -> list[str]:
+            await self._sequence(conn)
+            cur = await conn.execute(PENDING_THREADS, {"now": now, "limit": limit})
+            return [row[0] for row in await cur.fetchall()]
+
+        return await self._run(None, read)
+
+    async def read_unpublished(self, thread_id: str, limit: int) -> list[OutboxDelivery]:
+        async def read(conn: Connection) -> list[OutboxDelivery]:
+            cur = await conn.execute(SELECT_UNPUBLISHED, (thread_id, limit))
+            return [_delivery(row) for row in await cur.fetchall()]
+
+        return await self._run(None, read)
+
+    async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
+        params = {"at": at, "thread_id": thread_id, "seqs": list(seqs)}
+
+        async def mark(conn: Connection) -> None:
+            await conn.execute(MARK_PUBLISHED, params)
+
+        await self._run(None, mark)
+
+    async def mark_failed(
+        self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
+    ) -> None:
+        async def mark(conn: Connection) -> None:
+            await conn.execute(MARK_FAILED, (attempts, error, retry_at, thread_id, seq))
+
+        await self._run(None, mark)
+
+    async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog:
+        async def read(conn: Connection) -> OutboxBacklog:
+            async with conn.transaction():  # one snapshot for the count and the failures
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                count, oldest = _one(await (await conn.execute(SELECT_BACKLOG)).fetchone())
+                cur = await conn.execute(SELECT_FAILING, (failing_limit,))
+                failing = [_delivery(row) for row in await cur.fetchall()]
+            return OutboxBacklog(count, None if oldest is None else _utc(oldest), failing)
+
+        return await self._run(None, read)
+
+    # -- deploy check, migration, retention ----------------------------------------------------
+
+    async def scan_threads(
+        self, after: str | None, limit: int, below_revision: int | None
+    ) -> list[tuple[str, StoredThread]]:
+        params = {"after": after or "", "below": below_revision, "limit": limit}
+
+        async def read(conn: Connection) -> list[tuple[str, StoredThread]]:
+            rows = await (await conn.execute(SCAN_THREADS, params)).fetchall()
+            return [(row[0], _thread(*row[1:])) for row in rows]
+
+        return await self._run(None, read)
+
+    async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
+        thread_id, messages = rewrite.thread_id, list(rewrite.messages)
+
+        async def write(conn: Connection) -> None:
+            async with conn.transaction():
+                cur = await conn.execute(
+                    REWRITE_THREAD,
+                    (
+                        rewrite.checkpoint,
+                        rewrite.schema_revision,
+                        rewrite.fingerprint,
+                        len(messages),
+                        thread_id,
+                        rewrite.version,
+                    ),
+                )
+                returned = await cur.fetchone()
+                if returned is None:
+                    raise FencedCommitError(
+                        f"thread {thread_id!r} moved on while its checkpoint was migrated",
+                        thread_id=thread_id,
+                    )
+                await conn.execute(DELETE_MESSAGES, (thread_id,))
+                first = returned[0] - len(messages) + 1
+                await conn.execute(INSERT_MESSAGES, (thread_id, first, messages))
+                await conn.execute(DELETE_FACTS, (thread_id,))
+                keys = [key for key, _ in rewrite.facts]
+                bodies = [body for _, body in rewrite.facts]
+                await conn.execute(INSERT_FACTS, (thread_id, keys, bodies))
+
+        await self._run(thread_id, write)
+
+    async def prune_events(self, before: datetime, limit: int) -> int:
+        async def prune(conn: Connection) -> int:
+            await self._sequence(conn)  # only numbered events are deleted: number them
+            return (await conn.execute(PRUNE_EVENTS, (before, limit))).rowcount
+
+        return await self._run(None, prune)
+
+    async def prune_turns(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> tuple[int, tuple[str, str] | None]:
+        start = after or ("", "")
+
+        async def prune(conn: Connection) -> tuple[int, tuple[str, str] | None]:
+            keys = await (await conn.execute(SCAN_TURNS, (*start, limit))).fetchall()
+            threads, turns = [k[0] for k in keys], [k[1] for k in keys]
+            pruned = (await conn.execute(PRUNE_TURNS, (threads, turns, before))).rowcount
+            last = (keys[-1][0], keys[-1][1]) if len(keys) == limit else None
+            return pruned, last
+
+        return await self._run(None, prune)
+
 
 class PostgresDurability(RecordedDurability):
     """Durability on PostgreSQL, shared safely by any number of workers and hosts.
@@ -737,20 +1057,34 @@ class PostgresDurability(RecordedDurability):
 # -- rows ------------------------------------------------------------------------------------
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Driver errors become ``StoreError`` at the adapter's edge, by class."""
-    try:
-        yield
-    except PoolTimeout as exc:
-        raise StoreError(
-            f"no PostgreSQL session became available in time ({exc}); is the server up, "
-            "and is max_pool_size large enough for the concurrent turns?"
-        ) from exc
-    except psycopg.Error as exc:
-        raise StoreError(
-            f"PostgreSQL error {exc.sqlstate or ''}: {type(exc).__name__}: {exc}"
-        ) from exc
+class _Translated:
+    """Driver errors become ``StoreError`` at the adapter's edge, by class. (A class, not
+    a generator context manager: it wraps every statement of a turn.)"""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if isinstance(exc, PoolTimeout):
+            raise StoreError(
+                f"no PostgreSQL session became available in time ({exc}); is the server up, "
+                "and is max_pool_size large enough for the concurrent turns?"
+            ) from exc
+        if isinstance(exc, psycopg.Error):
+            raise StoreError(
+                f"PostgreSQL error {exc.sqlstate or ''}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+_TRANSLATED = _Translated()
+
+
+def _translated() -> _Translated:
+    return _TRANSLATED
 
 
 def _thread(
@@ -764,9 +1098,30 @@ def _thread(
     return StoredThread(version, tenant_id, checkpoint, messages or (), pairs)
 
 
+#: A cursor per session and statement, reused: a cursor that runs the same statement
+#: again keeps the dumpers and loaders it looked up for its parameters and columns,
+#: which ``conn.execute`` (a new cursor every time) looks up again for every statement.
+#: A session runs one statement at a time (see ``_Held``), so no cursor is shared.
+_cursors: weakref.WeakKeyDictionary[Connection, dict[str, psycopg.AsyncCursor[TupleRow]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _execute(
+    conn: Connection, query: str, params: Any = None
+) -> psycopg.AsyncCursor[TupleRow]:
+    cursors = _cursors.get(conn)
+    if cursors is None:
+        cursors = _cursors[conn] = {}
+    cur = cursors.get(query)
+    if cur is None:
+        cur = cursors[query] = conn.cursor()
+    return await cur.execute(query, params)
+
+
 async def _value(conn: Connection, query: str, *args: Any) -> Any:
     """The first column of the single row ``query`` returns."""
-    return _one(await (await conn.execute(query, args or None)).fetchone())[0]
+    return _one(await (await _execute(conn, query, args or None)).fetchone())[0]
 
 
 def _one(value: T | None) -> T:
@@ -823,13 +1178,14 @@ def _receipt_params(r: Receipt) -> dict[str, Any]:
         "created_at": r.created_at or utcnow(),
         "updated_at": r.updated_at or utcnow(),
         "resolution": dump_resolution(r.resolution),
+        "announced": r.announced,
     }
 
 
 async def _update_receipt(conn: Connection, new: Receipt, expected: Receipt) -> None:
     params = _receipt_params(new)
     params.update(expected_status=str(expected.status), expected_attempt=expected.attempt)
-    if (await conn.execute(UPDATE_RECEIPT, params)).rowcount != 1:
+    if (await _execute(conn, UPDATE_RECEIPT, params)).rowcount != 1:
         raise _receipt_moved(new)
 
 
@@ -849,6 +1205,7 @@ def _receipt(row: Sequence[Any] | None) -> Receipt | None:
         created_at=_utc(row[9]),
         updated_at=_utc(row[10]),
         resolution=row[11],
+        announced=row[12],
     )
 
 
@@ -863,6 +1220,11 @@ def _event(row: Sequence[Any]) -> OutboxEvent:
         payload=row[6],
         created_at=_utc(row[7]),
     )
+
+
+def _delivery(row: Sequence[Any]) -> OutboxDelivery:
+    """An unpublished event from its ``OUTBOX_COLUMNS`` and its publication state."""
+    return OutboxDelivery(_event(row), row[8], row[9], None if row[10] is None else _utc(row[10]))
 
 
 def _utc(value: datetime) -> datetime:

@@ -51,7 +51,7 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from intention_kernel import _faults
-from intention_kernel.durability._filelock import LockFile
+from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._rows import (
     decode_event,
     decode_receipt,
@@ -60,6 +60,9 @@ from intention_kernel.durability._rows import (
 )
 from intention_kernel.durability._worker import WorkerThread
 from intention_kernel.durability.base import (
+    CheckpointRewrite,
+    OutboxBacklog,
+    OutboxDelivery,
     PlanFn,
     RecordedDurability,
     ResolutionFn,
@@ -148,6 +151,25 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (thread_id, key)
     );
     """,
+    # 3: operations. Publication state of each outbox event for the relay (the partial
+    # index holds only what is left to publish, so it stays small while the relay keeps
+    # up); whether a completed receipt's write was announced, set for existing ones
+    # whose turn committed or that an operator resolved (the rule they were announced
+    # by); and retention: a turn whose result was pruned keeps its row, marked.
+    """
+    ALTER TABLE ik_outbox ADD COLUMN published_at TEXT;
+    ALTER TABLE ik_outbox ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE ik_outbox ADD COLUMN last_error TEXT;
+    ALTER TABLE ik_outbox ADD COLUMN retry_at TEXT;
+    CREATE INDEX ik_outbox_unpublished ON ik_outbox (thread_id, seq)
+        WHERE published_at IS NULL;
+    ALTER TABLE ik_receipts ADD COLUMN announced INTEGER NOT NULL DEFAULT 0;
+    UPDATE ik_receipts SET announced = 1
+    WHERE status = 'completed' AND (resolution IS NOT NULL OR EXISTS (
+        SELECT 1 FROM ik_turns t
+        WHERE t.thread_id = ik_receipts.thread_id AND t.turn_id = ik_receipts.turn_id));
+    ALTER TABLE ik_turns ADD COLUMN pruned_at TEXT;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (
@@ -157,7 +179,7 @@ SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
 INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (?, ?)"
 
 SELECT_TURN = """
-    SELECT t.request_digest, t.result, th.tenant_id
+    SELECT t.request_digest, t.result, th.tenant_id, t.pruned_at
     FROM ik_turns t LEFT JOIN ik_threads th ON th.thread_id = t.thread_id
     WHERE t.thread_id = ? AND t.turn_id = ?
 """
@@ -172,10 +194,10 @@ SELECT_THREAD_UNLESS_KNOWN = """
 
 RECEIPT_COLUMNS = (
     "thread_id, key, id, status, turn_id, step_id, attempt, value, error, resolution, "
-    "created_at, updated_at"
+    "created_at, updated_at, announced"
 )
 SELECT_RECEIPT = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts WHERE thread_id = ? AND key = ?"
-INSERT_RECEIPT = f"INSERT INTO ik_receipts ({RECEIPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+INSERT_RECEIPT = f"INSERT INTO ik_receipts ({RECEIPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 # The first call of an effect key in one statement: insert the planned receipt unless
 # one exists. Not a conflict hidden: no row inserted means the caller reads the
 # existing receipt and plans from it (``claim_effect``).
@@ -184,8 +206,13 @@ INSERT_RECEIPT_IF_NEW = INSERT_RECEIPT + " ON CONFLICT (thread_id, key) DO NOTHI
 UPDATE_RECEIPT = """
     UPDATE ik_receipts
     SET status = ?, turn_id = ?, step_id = ?, attempt = ?, value = ?, error = ?,
-        resolution = ?, updated_at = ?
+        resolution = ?, updated_at = ?, announced = ?
     WHERE thread_id = ? AND key = ? AND status = ? AND attempt = ?
+"""
+# In the turn's commit: the effect.completed events it carries announce these receipts.
+MARK_ANNOUNCED = """
+    UPDATE ik_receipts SET announced = 1
+    WHERE thread_id = ? AND key = ? AND status = 'completed'
 """
 
 INSERT_TURN = """
@@ -239,6 +266,64 @@ INSERT_EVENT = """
 """
 OUTBOX_COLUMNS = "id, position, thread_id, turn_id, seq, type, payload, created_at"
 
+# -- the relay (see ``Recorder.claim_outbox``) --
+# Threads whose first unpublished event is due, oldest first. The inner query walks
+# ik_outbox_unpublished only; the join finds each head by the (thread_id, seq) key.
+PENDING_THREADS = """
+    SELECT o.thread_id FROM ik_outbox o
+    JOIN (SELECT thread_id, min(seq) AS seq FROM ik_outbox
+          WHERE published_at IS NULL GROUP BY thread_id) h
+      ON o.thread_id = h.thread_id AND o.seq = h.seq
+    WHERE o.retry_at IS NULL OR o.retry_at <= ?
+    ORDER BY o.position LIMIT ?
+"""
+SELECT_UNPUBLISHED = f"""
+    SELECT {OUTBOX_COLUMNS}, attempts, last_error, retry_at FROM ik_outbox
+    WHERE thread_id = ? AND published_at IS NULL ORDER BY seq LIMIT ?
+"""
+MARK_PUBLISHED = """
+    UPDATE ik_outbox SET published_at = ?
+    WHERE thread_id = ? AND seq = ? AND published_at IS NULL
+"""
+MARK_FAILED = """
+    UPDATE ik_outbox SET attempts = ?, last_error = ?, retry_at = ?
+    WHERE thread_id = ? AND seq = ? AND published_at IS NULL
+"""
+SELECT_BACKLOG = "SELECT count(*), min(created_at) FROM ik_outbox WHERE published_at IS NULL"
+SELECT_FAILING = f"""
+    SELECT {OUTBOX_COLUMNS}, attempts, last_error, retry_at FROM ik_outbox
+    WHERE published_at IS NULL AND attempts > 0 ORDER BY position LIMIT ?
+"""
+
+# -- deploy check, migration, retention --
+SCAN_THREADS = """
+    SELECT thread_id, version, tenant_id, checkpoint FROM ik_threads
+    WHERE thread_id > ? AND version > 0 AND checkpoint IS NOT NULL
+      AND (? IS NULL OR schema_revision < ?)
+    ORDER BY thread_id LIMIT ?
+"""
+# Fenced on the version: a turn committed since the migration read the thread.
+REWRITE_THREAD = """
+    UPDATE ik_threads
+    SET checkpoint = ?, schema_revision = ?, fingerprint = ?, message_seq = message_seq + ?
+    WHERE thread_id = ? AND version = ?
+    RETURNING message_seq
+"""
+PRUNE_EVENTS = """
+    DELETE FROM ik_outbox WHERE position IN (
+        SELECT position FROM ik_outbox
+        WHERE published_at IS NOT NULL AND created_at < ? ORDER BY position LIMIT ?)
+"""
+SCAN_TURNS = """
+    SELECT thread_id, turn_id FROM ik_turns
+    WHERE (thread_id, turn_id) > (?, ?) ORDER BY thread_id, turn_id LIMIT ?
+"""
+# The turn row stays, so that a late delivery is refused (TurnExpiredError), not re-run.
+PRUNE_TURN = """
+    UPDATE ik_turns SET result = '', pruned_at = ?
+    WHERE thread_id = ? AND turn_id = ? AND pruned_at IS NULL AND created_at < ?
+"""
+
 
 class _SQLiteRecorder:
     def __init__(
@@ -260,6 +345,7 @@ class _SQLiteRecorder:
         self._worker: WorkerThread | None = None
         self._locks = LockFile(path + ".locks") if path != ":memory:" else None
         self._memory_locks: dict[str, asyncio.Lock] = {}
+        self._memory_relayed: set[str] = set()
         self._lockers = 0  # tasks holding or awaiting a thread lock of this adapter
         self._hops = 0  # calls submitted to the worker thread and not finished
 
@@ -389,7 +475,7 @@ class _SQLiteRecorder:
         def read(conn: sqlite3.Connection) -> TurnStart:
             row = conn.execute(SELECT_TURN, (thread_id, turn_id)).fetchone()
             if row is not None:
-                return TurnStart(StoredTurn(row[0], row[1]), None, row[2])
+                return TurnStart(StoredTurn(row[0], row[1], row[3] is not None), None, row[2])
             thread = conn.execute(SELECT_THREAD_UNLESS_KNOWN, (known_version, thread_id))
             found = _thread(thread.fetchone())
             if found is None or found.checkpoint is None:
@@ -466,6 +552,8 @@ class _SQLiteRecorder:
                 conn.execute(TRIM_MESSAGES, (thread_id, first_kept, last_trimmed))
             conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in record.facts])
             conn.executemany(DELETE_FACT, [(thread_id, k) for k in record.removed_facts])
+            if record.announced:
+                conn.executemany(MARK_ANNOUNCED, [(thread_id, k) for k in record.announced])
             first_seq = next_seq - len(rows)
             conn.executemany(
                 INSERT_EVENT,
@@ -552,21 +640,146 @@ class _SQLiteRecorder:
         args.append(limit)
 
         def read(conn: sqlite3.Connection) -> list[OutboxEvent]:
-            return [
-                decode_event(
-                    id=r[0],
-                    position=r[1],
-                    thread_id=r[2],
-                    turn_id=r[3],
-                    seq=r[4],
-                    type=r[5],
-                    payload=r[6],
-                    created_at=datetime.fromisoformat(r[7]),
-                )
-                for r in conn.execute(sql, args)
-            ]
+            return [_event(r) for r in conn.execute(sql, args)]
 
         return await self._read(read)
+
+    # -- the outbox relay ----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def claim_outbox(self, thread_id: str) -> AsyncIterator[bool]:
+        # A byte of the same lock file as the turns' locks, at another offset: relays
+        # exclude each other across processes, never a turn; the OS drops a dead
+        # relay's claims. (Thread IDs hold no NUL, so the tag cannot name a thread.)
+        locks = self._locks
+        if locks is None:  # ":memory:" is private to this adapter
+            if thread_id in self._memory_relayed:
+                yield False
+                return
+            self._memory_relayed.add(thread_id)
+            try:
+                yield True
+            finally:
+                self._memory_relayed.discard(thread_id)
+            return
+        offset = lock_offset("\x00relay\x00" + thread_id)
+        if not locks.try_acquire(offset):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            locks.release(offset)
+
+    async def pending_threads(self, now: datetime, limit: int) -> list[str]:
+        args = (_stamp(now), limit)
+        return await self._read(lambda c: [r[0] for r in c.execute(PENDING_THREADS, args)])
+
+    async def read_unpublished(self, thread_id: str, limit: int) -> list[OutboxDelivery]:
+        args = (thread_id, limit)
+        return await self._read(
+            lambda c: [_delivery(r) for r in c.execute(SELECT_UNPUBLISHED, args)]
+        )
+
+    async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
+        rows = [(_stamp(at), thread_id, seq) for seq in seqs]
+
+        def mark(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(MARK_PUBLISHED, rows)
+            conn.execute("COMMIT")
+
+        await self._run(mark)
+
+    async def mark_failed(
+        self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
+    ) -> None:
+        args = (attempts, error, _stamp(retry_at), thread_id, seq)
+        await self._run(lambda conn: conn.execute(MARK_FAILED, args))
+
+    async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog:
+        def read(conn: sqlite3.Connection) -> OutboxBacklog:
+            conn.execute("BEGIN")  # one snapshot for the count and the failing events
+            count, oldest = conn.execute(SELECT_BACKLOG).fetchone()
+            failing = [_delivery(r) for r in conn.execute(SELECT_FAILING, (failing_limit,))]
+            conn.execute("COMMIT")
+            return OutboxBacklog(count, _parse_time(oldest), failing)
+
+        return await self._read(read)
+
+    # -- deploy check, migration, retention ----------------------------------------------------
+
+    async def scan_threads(
+        self, after: str | None, limit: int, below_revision: int | None
+    ) -> list[tuple[str, StoredThread]]:
+        args = (after or "", below_revision, below_revision, limit)
+
+        def read(conn: sqlite3.Connection) -> list[tuple[str, StoredThread]]:
+            conn.execute("BEGIN")  # each thread and its rows from one snapshot
+            rows = conn.execute(SCAN_THREADS, args).fetchall()
+            found = [
+                (row[0], _with_rows(conn, row[0], StoredThread(row[1], row[2], row[3])))
+                for row in rows
+            ]
+            conn.execute("COMMIT")
+            return found
+
+        return await self._read(read)
+
+    async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
+        thread_id = rewrite.thread_id
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            returned = conn.execute(
+                REWRITE_THREAD,
+                (
+                    rewrite.checkpoint,
+                    rewrite.schema_revision,
+                    rewrite.fingerprint,
+                    len(rewrite.messages),
+                    thread_id,
+                    rewrite.version,
+                ),
+            ).fetchone()
+            if returned is None:
+                conn.rollback()
+                raise FencedCommitError(
+                    f"thread {thread_id!r} moved on while its checkpoint was migrated",
+                    thread_id=thread_id,
+                )
+            first = returned[0] - len(rewrite.messages) + 1
+            conn.execute(DELETE_MESSAGES, (thread_id,))
+            conn.executemany(
+                INSERT_MESSAGE,
+                [(thread_id, first + i, body) for i, body in enumerate(rewrite.messages)],
+            )
+            conn.execute(DELETE_FACTS, (thread_id,))
+            conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in rewrite.facts])
+            conn.execute("COMMIT")
+
+        await self._run(write)
+
+    async def prune_events(self, before: datetime, limit: int) -> int:
+        args = (_stamp(before), limit)
+        return int(await self._run(lambda conn: conn.execute(PRUNE_EVENTS, args).rowcount))
+
+    async def prune_turns(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> tuple[int, tuple[str, str] | None]:
+        start = after or ("", "")
+        cutoff, now = _stamp(before), _stamp(utcnow())
+
+        def prune(conn: sqlite3.Connection) -> tuple[int, tuple[str, str] | None]:
+            conn.execute("BEGIN IMMEDIATE")
+            keys = conn.execute(SCAN_TURNS, (*start, limit)).fetchall()
+            pruned = 0
+            for thread_id, turn_id in keys:
+                pruned += conn.execute(PRUNE_TURN, (now, thread_id, turn_id, cutoff)).rowcount
+            conn.execute("COMMIT")
+            return pruned, (tuple(keys[-1]) if len(keys) == limit else None)
+
+        return await self._run(prune)
 
 
 class SQLiteDurability(RecordedDurability):
@@ -678,6 +891,7 @@ def _receipt_row(r: Receipt) -> tuple[Any, ...]:
         dump_resolution(r.resolution),
         (r.created_at or utcnow()).isoformat(),
         (r.updated_at or utcnow()).isoformat(),
+        int(r.announced),
     )
 
 
@@ -685,7 +899,7 @@ def _update_receipt(conn: sqlite3.Connection, new: Receipt, expected: Receipt) -
     row = _receipt_row(new)
     cursor = conn.execute(
         UPDATE_RECEIPT,
-        (*row[3:10], row[11], new.thread_id, new.key, str(expected.status), expected.attempt),
+        (*row[3:10], *row[11:13], new.thread_id, new.key, str(expected.status), expected.attempt),
     )
     if cursor.rowcount != 1:
         raise FencedCommitError(
@@ -719,7 +933,37 @@ def _receipt(row: Sequence[Any] | None) -> Receipt | None:
         resolution=row[9],
         created_at=created_at,
         updated_at=updated_at,
+        announced=row[12],
     )
+
+
+def _stamp(moment: datetime) -> str:
+    """A timestamp as stored: ISO 8601 text, always with microseconds, so that text
+    order is time order."""
+    return moment.isoformat(timespec="microseconds")
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def _event(r: Sequence[Any]) -> OutboxEvent:
+    """An event from its ``OUTBOX_COLUMNS``."""
+    return decode_event(
+        id=r[0],
+        position=r[1],
+        thread_id=r[2],
+        turn_id=r[3],
+        seq=r[4],
+        type=r[5],
+        payload=r[6],
+        created_at=datetime.fromisoformat(r[7]),
+    )
+
+
+def _delivery(r: Sequence[Any]) -> OutboxDelivery:
+    """An unpublished event from its ``OUTBOX_COLUMNS`` and its publication state."""
+    return OutboxDelivery(_event(r), r[8], r[9], _parse_time(r[10]))
 
 
 def _require(receipt: Receipt | None) -> Receipt:

@@ -28,6 +28,7 @@ from intention_kernel.errors import (
     TenantMismatchError,
     ThreadBusyError,
     TurnConflictError,
+    TurnExpiredError,
 )
 
 __all__ = [
@@ -92,6 +93,13 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "Turn ID already used",
         "This turn ID was committed for a different request (message or answer). Use a new "
         "turn ID for a new request; resend the same request to get the stored result.",
+    ),
+    ProblemType(
+        "turn-expired",
+        409,
+        "Turn result expired",
+        "This turn ID was committed long ago and its result has since been pruned by "
+        "retention. It is not run again; use a new turn ID for a new request.",
     ),
     ProblemType(
         "incompatible-checkpoint",
@@ -163,6 +171,7 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
 _BY_ERROR: Mapping[type[KernelError], str] = {
     InvalidRequestError: "invalid-request",
     TurnConflictError: "turn-conflict",
+    TurnExpiredError: "turn-expired",
     TenantMismatchError: "not-found",
     ReceiptNotFoundError: "not-found",
     CheckpointCompatibilityError: "incompatible-checkpoint",

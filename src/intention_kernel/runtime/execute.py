@@ -11,8 +11,11 @@ turn is abandoned and nothing commits.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Coroutine
 from typing import Any
 
+from intention_kernel import _tracing
 from intention_kernel._json import dump_value, normalize
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
@@ -33,19 +36,53 @@ from intention_kernel.turns import EventDraft, StepResult, StepStatus
 
 __all__ = ["execute"]
 
+logger = logging.getLogger("intention_kernel.effect")
+
 # Failures of the store, not of the step: they abort the turn instead of becoming a
 # failed step, so a broken or corrupted store never gets a turn committed on top of it.
 _STORE_FAILURES = (StoreError, CheckpointError, FencedCommitError)
 
 
-async def execute(
+def execute(
     state: TurnState,
     cap: Capability,
     item: AgendaItem,
     parsed: Any,
     answer: Answer | None = None,
+) -> Coroutine[Any, Any, StepResult]:
+    """Run ``cap`` for ``item`` and fold the outcome into ``state`` (await the result).
+    An untraced turn runs the step directly, without a span's frame around it."""
+    if not state.traced:
+        return _execute(state, cap, item, parsed, answer)
+    return _traced(state, cap, item, parsed, answer)
+
+
+async def _traced(
+    state: TurnState,
+    cap: Capability,
+    item: AgendaItem,
+    parsed: Any,
+    answer: Answer | None,
 ) -> StepResult:
-    """Run ``cap`` for ``item`` and fold the outcome into ``state``."""
+    with _tracing.span(
+        "intention_kernel.step",
+        thread_id=state.scope.thread_id,
+        turn_id=state.scope.turn_id,
+        step_id=item.step_id,
+        capability_id=cap.id,
+    ) as span:
+        result = await _execute(state, cap, item, parsed, answer)
+        _tracing.annotate(span, step_status=str(result.status))
+    return result
+
+
+async def _execute(
+    state: TurnState,
+    cap: Capability,
+    item: AgendaItem,
+    parsed: Any,
+    answer: Answer | None,
+) -> StepResult:
     step = _Step(state, cap, item)
     ctx = CapabilityContext(
         thread_id=state.scope.thread_id,
@@ -108,16 +145,60 @@ class _Step:
         if not isinstance(key, str) or not key:
             raise EffectUsageError(f"{cap.id}: an effect key must be a non-empty string")
         full_key = f"{cap.id}:{key}"
-        try:
-            result = await state.tx.run_effect(full_key, fn, step_id=self.item.step_id)
-        except (EffectUncertainError, EffectNotAppliedError) as exc:
-            if exc.receipt is not None:
-                self._note(exc.receipt, attempted=exc.receipt.turn_id == state.scope.turn_id)
-            raise
-        # effect.completed belongs to the turn that applied the write: this one, or an
-        # earlier attempt of this same turn that never committed (so never announced it).
-        announce = not result.replayed or result.receipt.turn_id == state.scope.turn_id
-        self._note(result.receipt, attempted=announce, created=not result.replayed)
+        scope = state.scope
+        with (
+            _tracing.span(
+                "intention_kernel.effect",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+                step_id=self.item.step_id,
+                capability_id=cap.id,
+                key=full_key,
+            )
+            if state.traced
+            else _tracing.NOOP
+        ) as span:
+            try:
+                result = await state.tx.run_effect(full_key, fn, step_id=self.item.step_id)
+            except (EffectUncertainError, EffectNotAppliedError) as exc:
+                if exc.receipt is not None:
+                    if span is not None:
+                        receipt = exc.receipt
+                        _tracing.annotate(
+                            span, receipt_id=receipt.id, receipt_status=str(receipt.status)
+                        )
+                    self._note(exc.receipt, attempted=exc.receipt.turn_id == scope.turn_id)
+                    _log_failure(exc, exc.receipt, cap.id)
+                raise
+            if span is not None:
+                _tracing.annotate(
+                    span,
+                    receipt_id=result.receipt.id,
+                    receipt_status=str(result.receipt.status),
+                    replayed=result.replayed,
+                )
+        if not result.replayed and logger.isEnabledFor(logging.INFO):
+            receipt = result.receipt
+            logger.info(
+                "effect %r on thread %r applied (receipt %s, attempt %d)",
+                full_key,
+                scope.thread_id,
+                receipt.id,
+                receipt.attempt,
+                extra={
+                    "thread_id": scope.thread_id,
+                    "turn_id": scope.turn_id,
+                    "capability_id": cap.id,
+                    "receipt_id": receipt.id,
+                    "key": full_key,
+                },
+            )
+        # Each applied write is announced once: by the first committed turn that uses its
+        # completed receipt (the one that applied it, or, if that turn never committed,
+        # the next one). The commit marks the receipt announced in the same transaction.
+        receipt = result.receipt
+        announce = not receipt.announced and receipt.key not in state.announced
+        self._note(receipt, attempted=announce, created=not result.replayed)
         return result
 
     def emit(self, type: str, payload: Any = None) -> None:
@@ -147,8 +228,10 @@ class _Step:
         )
         self.receipts.append(receipt)
         status = receipt.status
-        if status is ReceiptStatus.COMPLETED and not attempted:
-            return  # a deduplicated call: the turn that applied it announced it
+        if status is ReceiptStatus.COMPLETED:
+            if not attempted:
+                return  # a deduplicated call: the write was announced already
+            state.announced[receipt.key] = None
         payload = {
             "key": receipt.key,
             "receipt_id": receipt.id,
@@ -283,6 +366,29 @@ class _Step:
                 ),
             )
         return list(pending.values())
+
+
+def _log_failure(exc: BaseException, receipt: Receipt, capability_id: str) -> None:
+    """An uncertain write is an operator's business: say so at WARNING."""
+    level = logging.WARNING if receipt.status is ReceiptStatus.UNCERTAIN else logging.INFO
+    if logger.isEnabledFor(level):
+        logger.log(
+            level,
+            "effect %r on thread %r is %s (receipt %s, attempt %d): %s",
+            receipt.key,
+            receipt.thread_id,
+            receipt.status,
+            receipt.id,
+            receipt.attempt,
+            exc,
+            extra={
+                "thread_id": receipt.thread_id,
+                "turn_id": receipt.turn_id,
+                "capability_id": capability_id,
+                "receipt_id": receipt.id,
+                "key": receipt.key,
+            },
+        )
 
 
 def _describe(exc: BaseException) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from intention_kernel import _tracing
 from intention_kernel.errors import InterpretationError
 from intention_kernel.interpretation import (
     Answer,
@@ -36,7 +37,16 @@ async def interpret(state: TurnState) -> Interpretation:
         catalog=state.agent.catalog,
     )
     try:
-        result = await state.agent.agent.interpreter.interpret(request)
+        with (
+            _tracing.span(
+                "intention_kernel.interpret",
+                thread_id=state.scope.thread_id,
+                turn_id=state.scope.turn_id,
+            )
+            if state.traced
+            else _tracing.NOOP
+        ):
+            result = await state.agent.agent.interpreter.interpret(request)
     except Exception as exc:
         raise InterpretationError(
             f"the interpreter failed: {type(exc).__name__}: {exc}",

@@ -60,4 +60,4 @@ def finish(state: TurnState, interpretation: Interpretation) -> TurnCommit:
             ],
         },
     )
-    return TurnCommit(result, checkpoint, tuple(state.events))
+    return TurnCommit(result, checkpoint, tuple(state.events), tuple(state.announced))

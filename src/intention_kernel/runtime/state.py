@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from intention_kernel import _tracing
 from intention_kernel.agent import CompiledAgent
 from intention_kernel.capabilities import CancellationSignal
 from intention_kernel.checkpoint import (
@@ -67,8 +68,11 @@ class TurnState:
         self.steps: list[StepResult] = []
         self.recorded: list[FactRecord] = []
         self.events: list[EventDraft] = []
+        # Keys of completed receipts whose effect.completed is among ``events``.
+        self.announced: dict[str, None] = {}
         self.replies: list[str] = []
         self.signal = CancellationSignal()
+        self.traced = _tracing.enabled()  # decided once per turn: spans cost nothing untraced
         self._step_count = 0
 
     def next_step_id(self) -> str:

@@ -35,6 +35,7 @@ from intention_kernel.checkpoint import (
     encode_checkpoint,
 )
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
+from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
@@ -48,6 +49,7 @@ from intention_kernel.errors import (
 )
 from intention_kernel.interpretation import Answer
 from intention_kernel.kernel import Kernel
+from intention_kernel.testing import faults
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.turns import StepStatus, TurnCommit, TurnResult, TurnScope
 
@@ -277,6 +279,27 @@ class DurabilityConformance:
         ]
         assert completed == ["payments.charge:charge:pi_1", "payments.charge:charge:pi_2"]
         assert provider.calls() == 2
+
+    async def test_a_write_applied_by_a_turn_that_never_committed_is_announced_by_the_next(
+        self, durability: Durability, kernel: Kernel, provider: FakeProvider
+    ) -> None:
+        if not isinstance(durability, RecordedDurability):
+            pytest.skip("the fault points are those of RecordedDurability")
+        await kernel.turn("t", "propose", "charge pi_1 500")
+        with faults.injected(faults.BEFORE_COMMIT, "raise"), pytest.raises(faults.InjectedFault):
+            await kernel.turn("t", "accept", "yes")  # the charge completed, the turn died
+        [receipt] = await durability.list_receipts("t")
+        assert (receipt.status, receipt.announced) == (ReceiptStatus.COMPLETED, False)
+        await kernel.turn("t", "accept-under-a-new-id", "yes")
+        [receipt] = await durability.list_receipts("t")
+        assert receipt.announced  # marked by the commit that carries its effect.completed
+        await kernel.turn("t", "accept", "yes")  # the dead delivery at last: nothing to announce
+        completed = [
+            e.turn_id
+            for e in await durability.read_outbox(limit=1000)
+            if e.type == "effect.completed"
+        ]
+        assert completed == ["accept-under-a-new-id"] and provider.calls() == 1
 
     async def test_a_distinct_business_operation_uses_a_distinct_key(
         self, kernel: Kernel, provider: FakeProvider

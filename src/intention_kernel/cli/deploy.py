@@ -1,0 +1,150 @@
+"""``intention-kernel check`` and ``migrate``: is the stored state safe for this deploy?
+
+::
+
+    intention-kernel check --agent myapp.agents:agent --db postgresql://...
+    intention-kernel migrate --db postgresql://... --batch 200
+
+``check`` reads every stored checkpoint, counts them by schema revision and agent
+fingerprint, and lists each thread the agent would refuse (a newer schema revision,
+a fingerprint it does not declare compatible, a record that does not decode); the
+exit status is 1 if there is any. Run it against the new agent before rolling it out.
+
+``migrate`` rewrites checkpoints of older schema revisions as the current one, in
+batches, one thread at a time under its own lock held only for a read and a short
+write, so live turns go on. It is resumable: run it again after an interruption.
+Run it once every worker runs the library that knows the new revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from intention_kernel.cli._common import (
+    EXIT_FAILED,
+    AgentOption,
+    DbOption,
+    load_agent,
+    refuse,
+    resolve_db_url,
+)
+from intention_kernel.durability import open_durability
+from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.errors import KernelError
+from intention_kernel.operations import (
+    CheckReport,
+    MigrationReport,
+    check_checkpoints,
+    migrate_checkpoints,
+)
+
+__all__ = ["register"]
+
+REASONS = {
+    "newer_revision": "newer schema revision",
+    "foreign_fingerprint": "undeclared fingerprint",
+    "corrupt": "corrupt",
+    "busy": "thread stayed busy",
+    "moved": "a turn committed meanwhile",
+}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("check")(check)
+    app.command("migrate")(migrate)
+
+
+def check(
+    agent: AgentOption,
+    db: DbOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
+) -> None:
+    """Report stored checkpoints by revision and fingerprint, and the threads AGENT refuses."""
+    try:
+        loaded = load_agent(agent)
+    except ValueError as exc:
+        refuse(str(exc))
+    report: CheckReport = _run(resolve_db_url(db), lambda s: check_checkpoints(s, loaded))
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "fingerprint": report.fingerprint,
+                    "threads": report.threads,
+                    "revisions": {str(k): v for k, v in report.revisions.items()},
+                    "fingerprints": {str(k): v for k, v in report.fingerprints.items()},
+                    "refused": [
+                        {"thread_id": r.thread_id, "reason": r.reason, "detail": r.detail}
+                        for r in report.refused
+                    ],
+                },
+                ensure_ascii=False,
+            )
+        )
+    else:
+        console = Console()
+        console.print(
+            f"{report.threads} stored checkpoint(s); agent fingerprint {report.fingerprint}",
+            highlight=False,
+        )
+        counts = Table(title="by schema revision and fingerprint", title_justify="left")
+        counts.add_column("schema revision / fingerprint", overflow="fold")
+        counts.add_column("threads", justify="right")
+        for revision, n in sorted(report.revisions.items(), key=lambda kv: str(kv[0])):
+            counts.add_row(f"revision {revision}", str(n))
+        for fingerprint, n in sorted(report.fingerprints.items(), key=lambda kv: str(kv[0])):
+            mark = " (this agent)" if fingerprint == report.fingerprint else ""
+            counts.add_row(f"{fingerprint}{mark}", str(n))
+        console.print(counts)
+        if report.ok:
+            console.print("[green]ok:[/] the agent accepts every stored thread")
+        else:
+            console.print(_refusals(report.refused, "refused by this agent"))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def migrate(
+    db: DbOption = None,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Threads selected at a time")] = 100,
+) -> None:
+    """Upgrade checkpoints of older schema revisions in place, in batches, resumably."""
+    report: MigrationReport = _run(
+        resolve_db_url(db), lambda s: migrate_checkpoints(s, batch=batch)
+    )
+    console = Console()
+    console.print(
+        f"migrated {report.migrated} thread(s) to schema revision {report.revision}",
+        highlight=False,
+    )
+    if report.failed:
+        console.print(_refusals(report.failed, "left as they were (run again to retry)"))
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _refusals(refused: Any, title: str) -> Table:
+    table = Table(title=f"{len(refused)} thread(s) {title}", title_justify="left")
+    for column in ("thread", "reason", "detail"):
+        table.add_column(column, overflow="fold")
+    for r in refused:
+        table.add_row(r.thread_id, REASONS.get(r.reason, r.reason), r.detail)
+    return table
+
+
+def _run(url: str, action: Any) -> Any:
+    async def go() -> Any:
+        async with open_durability(url) as store:
+            if not isinstance(store, RecordedDurability):
+                raise ValueError(f"{type(store).__name__} does not support operations commands")
+            return await action(store)
+
+    try:
+        return asyncio.run(go())
+    except (KernelError, ValueError) as exc:
+        refuse(str(exc), EXIT_FAILED)

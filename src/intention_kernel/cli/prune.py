@@ -1,0 +1,82 @@
+"""``intention-kernel prune``: retention for the outbox and turn results.
+
+::
+
+    intention-kernel prune --older-than 30d --db postgresql://...
+
+Deletes published outbox events and drops the stored results of turns created more
+than the given time ago (``90s``, ``15m``, ``12h``, ``30d``, ``2w``, or a sum such as
+``1d12h``), ``--batch`` rows per transaction, beside live turns. Each committed
+``(thread_id, turn_id)`` is kept: a very late retry of a pruned turn is refused
+(``TurnExpiredError``, HTTP 409 ``turn-expired``), never run again. Unpublished
+events and effect receipts are never pruned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import timedelta
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from intention_kernel.cli._common import EXIT_FAILED, DbOption, refuse, resolve_db_url
+from intention_kernel.durability import open_durability
+from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.errors import KernelError
+from intention_kernel.operations import PruneReport
+from intention_kernel.operations import prune as prune_store
+
+__all__ = ["parse_duration", "register"]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_PART = re.compile(r"(\d+)([smhdw])")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``1d12h``... as a ``timedelta``; ``ValueError`` otherwise."""
+    cleaned = text.strip().lower()
+    parts = _PART.findall(cleaned)
+    if not parts or "".join(n + u for n, u in parts) != cleaned:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30d, 12h, 90m, 1d12h)")
+    return timedelta(seconds=sum(int(n) * _UNITS[u] for n, u in parts))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("prune")(prune)
+
+
+def prune(
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than", metavar="AGE", help="e.g. 30d, 12h, 1d12h", show_default=False
+        ),
+    ],
+    db: DbOption = None,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Rows per transaction")] = 1000,
+) -> None:
+    """Delete published events and old turn results; committed turn IDs are kept."""
+    try:
+        age = parse_duration(older_than)
+    except ValueError as exc:
+        refuse(str(exc))
+    url = resolve_db_url(db)
+
+    async def go() -> PruneReport:
+        async with open_durability(url) as store:
+            if not isinstance(store, RecordedDurability):
+                raise ValueError(f"{type(store).__name__} does not support operations commands")
+            return await prune_store(store, older_than=age, batch=batch)
+
+    try:
+        report = asyncio.run(go())
+    except (KernelError, ValueError) as exc:
+        refuse(str(exc), EXIT_FAILED)
+    Console().print(
+        f"pruned {report.events} published event(s) and {report.turns} turn result(s) "
+        f"created before {report.cutoff.isoformat(timespec='seconds')}",
+        highlight=False,
+    )

@@ -1,0 +1,292 @@
+"""Operations on a store: the deploy check, checkpoint migrations and retention.
+
+Each works below the ``Durability`` contract, on a
+:class:`~intention_kernel.durability.base.RecordedDurability` (every bundled adapter),
+in batches of short transactions, so that it runs safely beside live turns:
+
+- :func:`check_checkpoints` reads every stored checkpoint and says which threads an
+  agent would refuse (a newer schema revision, a fingerprint it does not declare
+  compatible, a record that does not decode): run it before a deploy.
+- :func:`migrate_checkpoints` rewrites checkpoints of older schema revisions in place,
+  one thread at a time under that thread's lock (held for one read and one short
+  write), fenced on the thread's version. It is resumable: a thread is selected by its
+  stored revision, so a second run continues where the first stopped.
+- :func:`prune` deletes published outbox events and drops old turn results, keeping
+  each committed ``(thread_id, turn_id)``: a very late delivery of a pruned turn is
+  refused with :class:`~intention_kernel.errors.TurnExpiredError`, never run again.
+  Receipts are never pruned: they are what keeps a write from running twice.
+
+The decisions (what a stored checkpoint means for an agent) are the same pure
+functions the turns use (:mod:`intention_kernel.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from intention_kernel.agent import Agent, compile_agent
+from intention_kernel.checkpoint import (
+    CHECKPOINT_MIGRATIONS,
+    KernelCheckpoint,
+    Migration,
+    assemble_checkpoint,
+    check_compatible,
+    decode_checkpoint,
+    encode_checkpoint_core,
+    encode_fact,
+    encode_message,
+)
+from intention_kernel.durability.base import CheckpointRewrite, RecordedDurability, StoredThread
+from intention_kernel.effects import utcnow
+from intention_kernel.errors import (
+    CheckpointCompatibilityError,
+    CheckpointError,
+    CorruptRecordError,
+    FencedCommitError,
+    ThreadBusyError,
+)
+
+__all__ = [
+    "CheckReport",
+    "MigrationReport",
+    "PruneReport",
+    "RefusedThread",
+    "check_checkpoints",
+    "migrate_checkpoints",
+    "prune",
+]
+
+RefusalReason = Literal["newer_revision", "foreign_fingerprint", "corrupt", "busy", "moved"]
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedThread:
+    """A thread an agent would refuse (or a migration could not rewrite), and why."""
+
+    thread_id: str
+    reason: RefusalReason
+    detail: str
+    schema_revision: int | None = None
+    fingerprint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """What :func:`check_checkpoints` found: stored checkpoints counted by schema revision
+    and agent fingerprint, and the threads the agent would refuse."""
+
+    fingerprint: str
+    threads: int
+    revisions: dict[int | None, int]
+    fingerprints: dict[str | None, int]
+    refused: tuple[RefusedThread, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationReport:
+    """What :func:`migrate_checkpoints` did: threads rewritten, and those left as they were."""
+
+    revision: int
+    migrated: int = 0
+    failed: tuple[RefusedThread, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What :func:`prune` removed: events deleted and turn results dropped."""
+
+    cutoff: datetime
+    events: int = 0
+    turns: int = 0
+
+
+async def check_checkpoints(
+    store: RecordedDurability,
+    agent: Agent,
+    *,
+    batch: int = 500,
+    migrations: Sequence[Migration] = CHECKPOINT_MIGRATIONS,
+) -> CheckReport:
+    """Read every stored checkpoint and say which threads ``agent`` would refuse.
+
+    Counts are by the revision and fingerprint the stored document names (``None``
+    when it names none it can be read for). Nothing is written.
+    """
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    compiled = compile_agent(agent)
+    recorder = await store.recorder()
+    revisions: Counter[int | None] = Counter()
+    fingerprints: Counter[str | None] = Counter()
+    refused: list[RefusedThread] = []
+    after: str | None = None
+    while True:
+        rows = await recorder.scan_threads(after, batch, None)
+        for thread_id, thread in rows:
+            revision, fingerprint = _stamp(thread)
+            revisions[revision] += 1
+            fingerprints[fingerprint] += 1
+            try:
+                checkpoint = _decode(thread_id, thread, migrations)
+                check_compatible(
+                    checkpoint,
+                    fingerprint=compiled.fingerprint,
+                    compatible=compiled.compatible,
+                    thread_id=thread_id,
+                )
+            except CheckpointCompatibilityError as exc:
+                reason: RefusalReason = (
+                    "newer_revision" if exc.schema_revision is not None else "foreign_fingerprint"
+                )
+                refused.append(RefusedThread(thread_id, reason, str(exc), revision, fingerprint))
+            except CorruptRecordError as exc:
+                refused.append(RefusedThread(thread_id, "corrupt", str(exc), revision, fingerprint))
+        if len(rows) < batch:
+            break
+        after = rows[-1][0]
+    return CheckReport(
+        compiled.fingerprint,
+        sum(revisions.values()),
+        dict(revisions),
+        dict(fingerprints),
+        tuple(refused),
+    )
+
+
+async def migrate_checkpoints(
+    store: RecordedDurability,
+    *,
+    batch: int = 100,
+    migrations: Sequence[Migration] = CHECKPOINT_MIGRATIONS,
+) -> MigrationReport:
+    """Rewrite every checkpoint of an older schema revision as the current revision.
+
+    Threads are taken ``batch`` at a time; each is migrated under its own lock, held
+    for one read and one short write, so live turns wait at most that long. A thread
+    that moved on (a turn committed meanwhile), stayed busy, or cannot be decoded is
+    reported in ``failed`` and left as it was; run it again to retry those.
+    Run it once every worker runs the library that knows the new revision.
+    """
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    current = len(migrations) + 1
+    recorder = await store.recorder()
+    migrated, failed = 0, []
+    after: str | None = None
+    while True:
+        rows = await recorder.scan_threads(after, batch, current)
+        for thread_id, _ in rows:
+            try:
+                async with recorder.lock(thread_id):
+                    thread = await recorder.read_thread(thread_id)
+                    if thread is None or thread.checkpoint is None:
+                        continue
+                    revision, _ = _stamp(thread)
+                    if revision is not None and revision >= current:
+                        continue  # migrated meanwhile, by another run or a turn
+                    checkpoint = _decode(thread_id, thread, migrations)
+                    await recorder.rewrite_checkpoint(_rewrite(thread_id, checkpoint))
+                    store.forget_checkpoint(thread_id)
+                    migrated += 1
+            except ThreadBusyError as exc:
+                failed.append(RefusedThread(thread_id, "busy", str(exc)))
+            except FencedCommitError as exc:
+                failed.append(RefusedThread(thread_id, "moved", str(exc)))
+            except CheckpointError as exc:
+                reason: RefusalReason = (
+                    "newer_revision" if isinstance(exc, CheckpointCompatibilityError) else "corrupt"
+                )
+                failed.append(RefusedThread(thread_id, reason, str(exc)))
+        if len(rows) < batch:
+            break
+        after = rows[-1][0]
+    return MigrationReport(current, migrated, tuple(failed))
+
+
+async def prune(
+    store: RecordedDurability,
+    *,
+    older_than: timedelta,
+    batch: int = 1000,
+    now: datetime | None = None,
+) -> PruneReport:
+    """Delete published outbox events and drop turn results created before
+    ``now - older_than``, ``batch`` rows per transaction.
+
+    Unpublished events are kept whatever their age (the relay still owes them). A
+    pruned turn keeps its ``(thread_id, turn_id)`` and request digest: delivering it
+    again raises ``TurnExpiredError`` (or ``TurnConflictError`` for another request).
+    """
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    if older_than < timedelta(0):
+        raise ValueError("older_than must not be negative")
+    cutoff = (now or utcnow()) - older_than
+    recorder = await store.recorder()
+    events = turns = 0
+    while True:
+        deleted = await recorder.prune_events(cutoff, batch)
+        events += deleted
+        if deleted < batch:
+            break
+    after: tuple[str, str] | None = None
+    while True:
+        dropped, after = await recorder.prune_turns(cutoff, after, batch)
+        turns += dropped
+        if after is None:
+            break
+    return PruneReport(cutoff, events, turns)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _stamp(thread: StoredThread) -> tuple[int | None, str | None]:
+    """The schema revision and agent fingerprint the stored core names, if readable."""
+    try:
+        document = json.loads(thread.checkpoint or "")
+    except ValueError:
+        return None, None
+    if not isinstance(document, dict):
+        return None, None
+    revision, fingerprint = document.get("schema_revision"), document.get("agent_fingerprint")
+    return (
+        revision if isinstance(revision, int) and not isinstance(revision, bool) else None,
+        fingerprint if isinstance(fingerprint, str) else None,
+    )
+
+
+def _decode(
+    thread_id: str, thread: StoredThread, migrations: Sequence[Migration]
+) -> KernelCheckpoint:
+    assert thread.checkpoint is not None
+    text, _ = assemble_checkpoint(thread.checkpoint, thread.messages, thread.facts)
+    checkpoint = decode_checkpoint(text, thread_id=thread_id, migrations=migrations)
+    if checkpoint.version != thread.version:
+        raise CorruptRecordError(
+            f"thread {thread_id!r} is at version {thread.version} but its checkpoint says "
+            f"{checkpoint.version}",
+            thread_id=thread_id,
+        )
+    return checkpoint
+
+
+def _rewrite(thread_id: str, checkpoint: KernelCheckpoint) -> CheckpointRewrite:
+    return CheckpointRewrite(
+        thread_id=thread_id,
+        version=checkpoint.version,
+        checkpoint=encode_checkpoint_core(checkpoint),
+        schema_revision=checkpoint.schema_revision,
+        fingerprint=checkpoint.agent_fingerprint,
+        messages=[encode_message(m) for m in checkpoint.messages],
+        facts=[(key, encode_fact(record)) for key, record in checkpoint.facts.items()],
+    )

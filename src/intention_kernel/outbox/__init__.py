@@ -1,0 +1,52 @@
+"""The outbox relay: publish committed events to NATS JetStream, a webhook, or a function.
+
+::
+
+    from intention_kernel.outbox import NatsSink, OutboxRelay
+
+    async with SQLiteDurability("app.db") as store, OutboxRelay(
+        store, NatsSink("nats://127.0.0.1:4222", subject_prefix="billing")
+    ) as relay:
+        await relay.run()            # until cancelled; run_once() for one pass
+
+Each thread's events are published in ``seq`` order, each marked published only once
+the sink acknowledged it, at least once (sinks dedupe on ``event.id``); several relays
+on one database share the threads. See :mod:`intention_kernel.outbox._relay` for how,
+and :mod:`intention_kernel.outbox._webhook` for verifying webhook signatures.
+"""
+
+from __future__ import annotations
+
+from intention_kernel.durability.base import OutboxBacklog, OutboxDelivery
+from intention_kernel.outbox._nats import NatsSink, subject_for
+from intention_kernel.outbox._relay import OutboxRelay, RelayReport
+from intention_kernel.outbox._sinks import CallableSink, Sink, event_body, event_document
+from intention_kernel.outbox._webhook import (
+    EVENT_ID_HEADER,
+    EVENT_TYPE_HEADER,
+    SIGNATURE_HEADER,
+    WebhookError,
+    WebhookSink,
+    sign,
+    verify_signature,
+)
+
+__all__ = [
+    "EVENT_ID_HEADER",
+    "EVENT_TYPE_HEADER",
+    "SIGNATURE_HEADER",
+    "CallableSink",
+    "NatsSink",
+    "OutboxBacklog",
+    "OutboxDelivery",
+    "OutboxRelay",
+    "RelayReport",
+    "Sink",
+    "WebhookError",
+    "WebhookSink",
+    "event_body",
+    "event_document",
+    "sign",
+    "subject_for",
+    "verify_signature",
+]

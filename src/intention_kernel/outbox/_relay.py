@@ -1,0 +1,216 @@
+"""The outbox relay: committed events out to a sink, in each thread's order, at least once.
+
+How it works, and why:
+
+- **Publication state lives on the event rows** (``published_at``, ``attempts``,
+  ``last_error``, ``retry_at``), written by the relay in its own short transactions.
+  A relay keeps nothing in memory that a restart would lose: it starts again from
+  the first unpublished event of each thread.
+- **One relay per thread at a time.** Before publishing a thread's events the relay
+  claims the thread (``Recorder.claim_outbox``: an advisory lock on PostgreSQL, a
+  byte of the lock file on SQLite), never blocking turns, released when the relay
+  dies. The claim is what keeps two relays from interleaving one thread or
+  publishing event N+1 before N is acknowledged; relays on one database share the
+  threads between them.
+- **In order, acknowledged first.** A claimed thread's unpublished events are read
+  in ``seq`` order and published one after the other; each is marked published only
+  after the sink acknowledged it (those of one batch in one transaction, before the
+  claim is released). A crash between the acknowledgement and the mark republishes
+  the event: delivery is at least once, and sinks dedupe on the event ID.
+- **A failing event blocks its thread, not the others.** Its attempts, last error
+  and next try (exponential backoff with jitter) are recorded; the thread's later
+  events wait behind it, other threads go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Self
+
+from intention_kernel import _tracing
+from intention_kernel.durability.base import OutboxBacklog, RecordedDurability, Recorder
+from intention_kernel.effects import utcnow
+from intention_kernel.outbox._sinks import CallableSink, Sink
+from intention_kernel.turns import OutboxEvent
+
+__all__ = ["OutboxRelay", "RelayReport"]
+
+logger = logging.getLogger("intention_kernel.outbox")
+
+MAX_ERROR_CHARS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class RelayReport:
+    """What one pass of the relay did: events acknowledged, attempts that failed."""
+
+    published: int = 0
+    failed: int = 0
+
+    def __add__(self, other: RelayReport) -> RelayReport:
+        return RelayReport(self.published + other.published, self.failed + other.failed)
+
+
+class OutboxRelay:
+    """Publishes a store's committed outbox events to ``sink``.
+
+    - ``sink``: a :class:`~intention_kernel.outbox.Sink` (``NatsSink``, ``WebhookSink``)
+      or a function of the event, sync or async.
+    - ``batch_size``: events of one thread read and published per claim.
+    - ``threads_per_poll``: due threads looked up at a time.
+    - ``concurrency``: threads published at the same time (each holds a claim and, on
+      PostgreSQL, a pooled session while it does).
+    - ``poll_interval``: how long :meth:`run` sleeps when there is nothing to publish.
+    - ``retry_base`` / ``retry_max``: backoff of a failing event, in seconds: the
+      n-th failure waits ``retry_base * 2**(n-1)``, capped at ``retry_max``, with
+      jitter.
+
+    ``await relay.run_once()`` publishes everything due now; ``await relay.run()``
+    keeps doing so until cancelled or ``stop`` is set. The relay closes its sink on
+    :meth:`aclose` (it does not close the store).
+    """
+
+    def __init__(
+        self,
+        store: RecordedDurability,
+        sink: Sink | Callable[[OutboxEvent], Awaitable[Any] | Any],
+        *,
+        batch_size: int = 100,
+        threads_per_poll: int = 50,
+        concurrency: int = 4,
+        poll_interval: float = 1.0,
+        retry_base: float = 1.0,
+        retry_max: float = 300.0,
+    ) -> None:
+        if min(batch_size, threads_per_poll, concurrency) < 1:
+            raise ValueError("batch_size, threads_per_poll and concurrency must be at least 1")
+        if poll_interval < 0 or retry_base < 0 or retry_max < 0:
+            raise ValueError("poll_interval, retry_base and retry_max must not be negative")
+        self.store = store
+        self.sink: Sink = sink if isinstance(sink, Sink) else CallableSink(sink)
+        self.batch_size = batch_size
+        self.threads_per_poll = threads_per_poll
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.retry_base = retry_base
+        self.retry_max = retry_max
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.sink.aclose()
+
+    async def status(self, failing_limit: int = 20) -> OutboxBacklog:
+        """The lag: unpublished events, the oldest one's time, and failing events."""
+        recorder = await self.store.recorder()
+        return await recorder.outbox_backlog(failing_limit)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Publish until cancelled or ``stop`` is set, polling when idle."""
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            report = await self.run_once()
+            if report.published == 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_interval)
+
+    async def run_once(self) -> RelayReport:
+        """Publish every event that is due now; return what was published and what failed.
+
+        Threads claimed by another relay are left to it; a thread whose event failed
+        waits for its next try.
+        """
+        recorder = await self.store.recorder()
+        total = RelayReport()
+        passed: set[str] = set()  # claimed elsewhere, failed, or drained in this pass
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(thread_id: str) -> tuple[str, RelayReport, bool]:
+            async with gate:
+                return thread_id, *await self._relay_thread(recorder, thread_id)
+
+        while True:
+            due = await recorder.pending_threads(utcnow(), self.threads_per_poll + len(passed))
+            todo = [t for t in due if t not in passed][: self.threads_per_poll]
+            if not todo:
+                return total
+            for thread_id, report, more in await asyncio.gather(*(one(t) for t in todo)):
+                total += report
+                if not more:
+                    passed.add(thread_id)
+
+    async def _relay_thread(self, recorder: Recorder, thread_id: str) -> tuple[RelayReport, bool]:
+        """Publish the thread's next batch; return the outcome and whether more may be due."""
+        async with recorder.claim_outbox(thread_id) as claimed:
+            if not claimed:
+                return RelayReport(), False
+            pending = await recorder.read_unpublished(thread_id, self.batch_size)
+            if not pending or (pending[0].retry_at is not None and pending[0].retry_at > utcnow()):
+                return RelayReport(), False  # published or failed by another relay meanwhile
+            acked: list[int] = []
+            try:
+                for delivery in pending:
+                    event = delivery.event
+                    try:
+                        with _tracing.span(
+                            "intention_kernel.outbox.publish",
+                            thread_id=event.thread_id,
+                            event_id=event.id,
+                            event_type=event.type,
+                            seq=event.seq,
+                        ):
+                            await self.sink.publish(event)
+                    except Exception as exc:
+                        await self._failed(recorder, delivery.attempts + 1, event, exc)
+                        return RelayReport(len(acked), 1), False
+                    acked.append(event.seq)
+            finally:
+                if acked:  # even if cancelled: these were acknowledged
+                    mark = asyncio.ensure_future(
+                        recorder.mark_published(thread_id, acked, utcnow())
+                    )
+                    await asyncio.shield(mark)
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "published %d event(s) of thread %r",
+                    len(acked),
+                    thread_id,
+                    extra={"thread_id": thread_id},
+                )
+            return RelayReport(len(acked)), len(pending) == self.batch_size
+
+    async def _failed(
+        self, recorder: Recorder, attempts: int, event: OutboxEvent, exc: Exception
+    ) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        error = error.encode("utf-8", "backslashreplace").decode("utf-8")[:MAX_ERROR_CHARS]
+        delay = min(self.retry_max, self.retry_base * 2 ** min(attempts - 1, 32))
+        retry_at = utcnow() + timedelta(seconds=delay * random.uniform(0.5, 1.0))
+        await recorder.mark_failed(event.thread_id, event.seq, attempts, error, retry_at)
+        logger.warning(
+            "outbox event %s (%s, seq %d of thread %r) failed, attempt %d; next try at %s: %s",
+            event.id,
+            event.type,
+            event.seq,
+            event.thread_id,
+            attempts,
+            retry_at.isoformat(timespec="seconds"),
+            error,
+            extra={"thread_id": event.thread_id, "event_id": event.id, "attempts": attempts},
+        )

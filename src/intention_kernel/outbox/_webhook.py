@@ -1,0 +1,175 @@
+"""The HTTP webhook sink (extra ``webhook``: httpx), and how a receiver verifies it.
+
+Each event is one ``POST`` of :func:`~intention_kernel.outbox.event_body` (JSON) with:
+
+- ``Intention-Kernel-Event-Id``: the event ID (dedupe on it: delivery is at least once);
+- ``Intention-Kernel-Event-Type``: the event type;
+- ``Intention-Kernel-Signature: t=<unix seconds>,v1=<hex>``, where ``v1`` is
+  HMAC-SHA256 with the shared secret over ``"<t>." + body`` (the exact bytes sent).
+
+A receiver recomputes the HMAC over the raw body (before parsing it), compares in
+constant time, and refuses a timestamp older than its tolerance (five minutes by
+default), so that a captured request cannot be replayed later;
+:func:`verify_signature` does all three. Any 2xx answer acknowledges the event. A
+connection error, a timeout, 408, 425, 429 or a 5xx is retried with exponential
+backoff (``Retry-After`` honoured, up to ``max_backoff``); other answers fail at
+once. The relay then records the failure and tries again later, the thread's later
+events waiting behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from intention_kernel.outbox._sinks import event_body
+from intention_kernel.turns import OutboxEvent
+
+__all__ = [
+    "EVENT_ID_HEADER",
+    "EVENT_TYPE_HEADER",
+    "SIGNATURE_HEADER",
+    "WebhookError",
+    "WebhookSink",
+    "sign",
+    "verify_signature",
+]
+
+SIGNATURE_HEADER = "Intention-Kernel-Signature"
+EVENT_ID_HEADER = "Intention-Kernel-Event-Id"
+EVENT_TYPE_HEADER = "Intention-Kernel-Event-Type"
+_RETRYABLE = frozenset({408, 425, 429})
+
+
+class WebhookError(Exception):
+    """The endpoint did not acknowledge the event; ``status`` is its answer, if any."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _key(secret: str | bytes) -> bytes:
+    return secret.encode() if isinstance(secret, str) else secret
+
+
+def sign(secret: str | bytes, body: bytes, timestamp: int) -> str:
+    """The signature header value for ``body`` sent at ``timestamp`` (Unix seconds)."""
+    digest = hmac.new(_key(secret), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"t={timestamp},v1={digest.hexdigest()}"
+
+
+def verify_signature(
+    secret: str | bytes,
+    body: bytes,
+    header: str | None,
+    *,
+    tolerance: float = 300.0,
+    now: float | None = None,
+) -> bool:
+    """Whether ``header`` is a valid signature of ``body`` made within ``tolerance``
+    seconds of ``now`` (default: the current time). Use the raw request body."""
+    if not header:
+        return False
+    fields: dict[str, list[str]] = {}
+    for part in header.split(","):
+        name, _, value = part.strip().partition("=")
+        fields.setdefault(name, []).append(value)
+    try:
+        timestamp = int(fields["t"][0])
+    except (KeyError, ValueError):
+        return False
+    if abs((time.time() if now is None else now) - timestamp) > tolerance:
+        return False
+    expected = sign(secret, body, timestamp).rpartition("v1=")[2]
+    return any(hmac.compare_digest(expected, candidate) for candidate in fields.get("v1", ()))
+
+
+class WebhookSink:
+    """POSTs each event to ``url``, signed with ``secret``.
+
+    - ``timeout``: per request, in seconds.
+    - ``retries``: further attempts after a retryable failure, ``backoff`` seconds
+      apart at first and doubling (with jitter) up to ``max_backoff``.
+    - ``headers``: added to every request (an ``Authorization`` header, say).
+    - ``transport``: an ``httpx`` transport (``httpx.MockTransport`` in tests).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        secret: str | bytes,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        transport: Any = None,
+    ) -> None:
+        try:
+            import httpx
+        except ImportError as exc:
+            raise ImportError(
+                "WebhookSink needs httpx: pip install 'intention-kernel[webhook]'"
+            ) from exc
+        if not secret:
+            raise ValueError("a webhook needs a shared secret to sign its requests")
+        if retries < 0 or backoff < 0 or max_backoff < 0:
+            raise ValueError("retries, backoff and max_backoff must not be negative")
+        self.url = url
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._secret = _key(secret)
+        self._headers = dict(headers or {})
+        self._client = httpx.AsyncClient(timeout=timeout, transport=transport)
+
+    async def publish(self, event: OutboxEvent) -> None:
+        import httpx
+
+        body = event_body(event)
+        wait = self.backoff
+        for attempt in range(self.retries + 1):
+            headers = {
+                **self._headers,
+                "Content-Type": "application/json",
+                EVENT_ID_HEADER: event.id,
+                EVENT_TYPE_HEADER: event.type,
+                SIGNATURE_HEADER: sign(self._secret, body, int(time.time())),
+            }
+            retry_after: float | None = None
+            try:
+                response = await self._client.post(self.url, content=body, headers=headers)
+            except httpx.TransportError as exc:  # connection refused, reset, timed out
+                failure = WebhookError(f"{self.url}: {type(exc).__name__}: {exc}")
+            else:
+                status = response.status_code
+                if 200 <= status < 300:
+                    return
+                failure = WebhookError(f"{self.url} answered {status}", status)
+                if status not in _RETRYABLE and status < 500:
+                    raise failure
+                retry_after = _seconds(response.headers.get("Retry-After"))
+            if attempt == self.retries:
+                raise failure
+            pause = retry_after if retry_after is not None else wait * random.uniform(0.5, 1.0)
+            await asyncio.sleep(min(pause, self.max_backoff))
+            wait = min(wait * 2, self.max_backoff)
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _seconds(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (the HTTP-date form is not used by webhook receivers)."""
+    try:
+        return max(float(value), 0.0) if value is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,158 @@
+"""``intention-kernel outbox relay|status``, ``check``, ``migrate`` and ``prune`` on a real
+store, as an operator runs them. (The commands open the store with ``open_durability``;
+the PostgreSQL paths below them are covered by ``test_outbox_relay.py`` and
+``test_operations.py``.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import cli_outbox_sink
+from intention_kernel import Kernel, TurnExpiredError
+from intention_kernel.cli._app import app
+from intention_kernel.cli.prune import parse_duration
+from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.testing.agents import FakeProvider, billing_agent
+
+OLD_AGENT = "test_cli_operations:old_agent"
+NEW_AGENT = "test_cli_operations:new_agent"
+
+
+def old_agent() -> object:
+    return billing_agent(FakeProvider())
+
+
+def new_agent() -> object:
+    return billing_agent(FakeProvider(), version="2")
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[str]:
+    """A SQLite store with two threads of three turns each."""
+    path = tmp_path / "ops.db"
+
+    async def prepare() -> None:
+        async with SQLiteDurability(path) as store:
+            kernel = Kernel(billing_agent(FakeProvider()), store)
+            for thread in ("t1", "t2"):
+                await kernel.turn(thread, "1", "balance 100")
+                await kernel.turn(thread, "2", "charge pi_1 500")
+                await kernel.turn(thread, "3", "yes")
+
+    asyncio.run(prepare())
+    yield f"sqlite:///{path}"
+    cli_outbox_sink.received.clear()
+    cli_outbox_sink.refused_types.clear()
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "250"})
+    return result.exit_code, result.output
+
+
+def status(db: str) -> dict[str, object]:
+    code, output = cli("outbox", "status", "--db", db, "--json")
+    assert code == 0, output
+    document: dict[str, object] = json.loads(output)
+    return document
+
+
+def test_relay_once_publishes_to_a_callable_and_status_shows_lag_and_failures(db: str) -> None:
+    before = status(db)
+    assert before["unpublished"] and before["failing"] == []
+    assert isinstance(before["oldest_unpublished_age_seconds"], float)
+
+    cli_outbox_sink.refused_types.add("interaction.opened")
+    code, output = cli("outbox", "relay", "--db", db, "--to", "cli_outbox_sink:collect", "--once")
+    assert code == 1 and "2 failed attempt(s)" in output  # one per thread, exit status 1
+    failing = status(db)["failing"]
+    assert isinstance(failing, list)
+    assert [(f["thread_id"], f["type"], f["attempts"]) for f in failing] == [
+        ("t1", "interaction.opened", 1),
+        ("t2", "interaction.opened", 1),
+    ]
+    assert failing[0]["last_error"] == "ConnectionError: interaction.opened refused"
+    code, output = cli("outbox", "status", "--db", db)
+    assert code == 0 and "failing event(s)" in output and "interaction.opened" in output
+
+    published = len(cli_outbox_sink.received)
+    assert [e.seq for e in cli_outbox_sink.received if e.thread_id == "t1"] == [1, 2]
+    # Another pass while the sink still refuses: the failing events block their threads
+    # (retried, if their backoff is over, and refused again), nothing after them is sent.
+    code, output = cli("outbox", "relay", "--db", db, "--to", "cli_outbox_sink:collect", "--once")
+    assert code in (0, 1) and len(cli_outbox_sink.received) == published
+
+
+def test_relay_refuses_a_target_it_cannot_use(db: str) -> None:
+    for target, why in [
+        ("cli_outbox_sink:missing", "not found"),
+        ("no_such_module_here:f", "cannot import"),
+        ("ftp://example.com", "--to must be"),
+        ("https://hooks.example.test/ik", "shared secret"),
+    ]:
+        code, output = cli("outbox", "relay", "--db", db, "--to", target, "--once")
+        assert code == 2 and why in output, (target, output)
+
+
+def test_check_passes_for_the_agent_and_fails_listing_threads_for_a_changed_one(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    code, output = cli("check", "--db", db, "--agent", OLD_AGENT)
+    assert code == 0, output
+    assert "2 stored checkpoint(s)" in output and "accepts every stored thread" in output
+    code, output = cli("check", "--db", db, "--agent", NEW_AGENT, "--json")
+    assert code == 1
+    report = json.loads(output)
+    assert report["threads"] == 2 and report["revisions"] == {"1": 2}
+    assert [(r["thread_id"], r["reason"]) for r in report["refused"]] == [
+        ("t1", "foreign_fingerprint"),
+        ("t2", "foreign_fingerprint"),
+    ]
+    code, output = cli("check", "--db", db, "--agent", "nowhere:agent")
+    assert code == 2 and "cannot import" in output
+
+
+def test_migrate_with_every_checkpoint_current_migrates_nothing(db: str) -> None:
+    code, output = cli("migrate", "--db", db, "--batch", "1")
+    assert code == 0 and "migrated 0 thread(s) to schema revision 1" in output
+
+
+def test_prune_keeps_turn_ids_so_a_late_retry_is_refused(db: str) -> None:
+    code, output = cli("outbox", "relay", "--db", db, "--to", "cli_outbox_sink:collect", "--once")
+    assert code == 0, output
+    code, output = cli("prune", "--db", db, "--older-than", "30d")
+    assert code == 0 and "pruned 0 published event(s) and 0 turn result(s)" in output
+    code, output = cli("prune", "--db", db, "--older-than", "0s", "--batch", "2")
+    events = len(cli_outbox_sink.received)
+    assert code == 0 and f"pruned {events} published event(s) and 6 turn result(s)" in output
+    path = db.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM ik_turns").fetchone() == (6,)
+        assert conn.execute("SELECT count(*) FROM ik_outbox").fetchone() == (0,)
+
+    async def late_retry() -> None:
+        async with SQLiteDurability(path) as store:
+            with pytest.raises(TurnExpiredError):
+                await Kernel(billing_agent(FakeProvider()), store).turn("t1", "3", "yes")
+
+    asyncio.run(late_retry())
+    code, output = cli("prune", "--db", db, "--older-than", "soon")
+    assert code == 2 and "not a duration" in output
+
+
+def test_durations_read_as_an_operator_writes_them() -> None:
+    assert parse_duration("30d") == timedelta(days=30)
+    assert parse_duration("1d12h") == timedelta(hours=36)
+    assert parse_duration(" 90S ") == timedelta(seconds=90)
+    for bad in ("", "30", "d", "1x", "1d 2h", "-1d"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad)

@@ -1,0 +1,193 @@
+"""The relay's sinks: NATS JetStream against the real server (subjects per event type,
+the event ID as ``Nats-Msg-Id`` so the broker drops a republished event), and signed
+HTTP webhooks with retries (through httpx's mock transport)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+
+from intention_kernel import Kernel, OutboxEvent
+from intention_kernel.outbox import (
+    EVENT_ID_HEADER,
+    SIGNATURE_HEADER,
+    NatsSink,
+    OutboxRelay,
+    WebhookError,
+    WebhookSink,
+    event_document,
+    sign,
+    subject_for,
+    verify_signature,
+)
+from intention_kernel.testing import InMemoryDurability
+from intention_kernel.testing.agents import FakeProvider, billing_agent
+from proving_support import read_all_events
+
+SECRET = "s3cret-shared-with-the-receiver"
+
+
+async def committed_events(durability: InMemoryDurability) -> list[OutboxEvent]:
+    kernel = Kernel(billing_agent(FakeProvider()), durability)
+    await kernel.turn("t1", "1", "charge pi_1 500")
+    await kernel.turn("t1", "2", "yes")
+    await kernel.turn("t2", "1", "balance 3")
+    return await read_all_events(durability)
+
+
+# -- NATS JetStream ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def jetstream(nats_url: str) -> AsyncIterator[tuple[Any, str, str]]:
+    """A JetStream context, and a subject prefix and stream name of this test's own."""
+    import nats
+    from nats.js.errors import NotFoundError
+
+    client = await nats.connect(nats_url)
+    tag = uuid.uuid4().hex[:10]
+    prefix, stream = f"ik_test_{tag}", f"IK_TEST_{tag}"
+    try:
+        yield client.jetstream(), prefix, stream
+    finally:
+        try:
+            await client.jetstream().delete_stream(stream)
+        except NotFoundError:
+            pass  # the test never created it
+        finally:
+            await client.close()
+
+
+def test_subjects_are_the_event_type_under_the_prefix() -> None:
+    assert subject_for("billing", "turn.committed") == "billing.turn.committed"
+    assert subject_for("billing", "my app.*>..x") == "billing.my_app.__._.x"
+
+
+@pytest.mark.nats
+async def test_the_relay_publishes_to_jetstream_one_subject_per_type_deduplicated_by_id(
+    nats_url: str, jetstream: tuple[Any, str, str]
+) -> None:
+    js, prefix, stream = jetstream
+    async with InMemoryDurability() as durability:
+        events = await committed_events(durability)
+        sink = NatsSink(nats_url, subject_prefix=prefix, stream=stream)  # creates the stream
+        async with OutboxRelay(durability, sink) as relay:
+            assert (await relay.run_once()).published == len(events)
+            # A relay that crashed before marking republishes: the broker drops it.
+            await sink.publish(events[0])
+            await sink.publish(replace(events[1], payload={"changed": True}))
+    info = await js.stream_info(stream)
+    assert info.state.messages == len(events)
+    subscription = await js.pull_subscribe(f"{prefix}.>", durable=None, stream=stream)
+    messages = await subscription.fetch(len(events), timeout=5)
+    for message in messages:
+        await message.ack()
+    received = [(m.subject, m.headers["Nats-Msg-Id"], json.loads(m.data)) for m in messages]
+    for thread in ("t1", "t2"):  # each thread in its order; threads publish side by side
+        assert [(s, i, b) for s, i, b in received if b["thread_id"] == thread] == [
+            (f"{prefix}.{e.type}", e.id, event_document(e)) for e in events if e.thread_id == thread
+        ]
+
+
+@pytest.mark.nats
+async def test_a_missing_stream_is_a_failed_attempt_not_a_lost_event(
+    nats_url: str, jetstream: tuple[Any, str, str]
+) -> None:
+    _, prefix, stream = jetstream
+    async with InMemoryDurability() as durability:
+        events = await committed_events(durability)
+        unrouted = NatsSink(nats_url, subject_prefix=prefix, stream=stream, ensure_stream=False)
+        async with OutboxRelay(durability, unrouted, retry_base=0) as relay:
+            report = await relay.run_once()
+            assert (report.published, report.failed) == (0, 2)  # each thread's first event
+            assert (await relay.status()).unpublished == len(events)
+        async with OutboxRelay(
+            durability, NatsSink(nats_url, subject_prefix=prefix, stream=stream), retry_base=0
+        ) as relay:
+            assert (await relay.run_once()).published == len(events)
+
+
+# -- webhooks ----------------------------------------------------------------------------------
+
+
+def test_a_signature_verifies_only_for_the_same_body_secret_and_recent_time() -> None:
+    body = b'{"id":"evt_1"}'
+    header = sign(SECRET, body, 1_700_000_000)
+    assert verify_signature(SECRET, body, header, now=1_700_000_100)
+    assert not verify_signature(SECRET, body + b" ", header, now=1_700_000_100)
+    assert not verify_signature("another secret", body, header, now=1_700_000_100)
+    assert not verify_signature(SECRET, body, header, now=1_700_000_000 + 301)  # a replay
+    assert not verify_signature(SECRET, body, "t=oops,v1=00", now=1_700_000_000)
+    assert not verify_signature(SECRET, body, None)
+
+
+class Endpoint:
+    """A webhook receiver behind httpx's mock transport: it answers from a script, and
+    verifies what it accepts as a real receiver would."""
+
+    def __init__(self, answers: list[int] | None = None) -> None:
+        self.answers = list(answers or [])
+        self.accepted: list[dict[str, Any]] = []
+        self.requests = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        if self.answers:
+            status = self.answers.pop(0)
+            return httpx.Response(status, headers={"Retry-After": "0"} if status == 429 else {})
+        body = request.content
+        assert verify_signature(SECRET, body, request.headers[SIGNATURE_HEADER])
+        document = json.loads(body)
+        assert request.headers[EVENT_ID_HEADER] == document["id"]
+        self.accepted.append(document)
+        return httpx.Response(204)
+
+
+def webhook(endpoint: Endpoint) -> WebhookSink:
+    return WebhookSink(
+        "https://hooks.example.test/ik",
+        secret=SECRET,
+        backoff=0.0,
+        transport=httpx.MockTransport(endpoint),
+    )
+
+
+async def test_the_relay_posts_each_event_signed_and_retries_server_errors() -> None:
+    endpoint = Endpoint(answers=[503, 429])
+    async with InMemoryDurability() as durability:
+        events = await committed_events(durability)
+        async with OutboxRelay(durability, webhook(endpoint)) as relay:
+            assert (await relay.run_once()).published == len(events)
+    assert endpoint.accepted == [event_document(e) for e in events]
+    assert endpoint.requests == len(events) + 2  # the first event took three tries
+
+
+async def test_a_refused_webhook_fails_at_once_and_blocks_only_its_thread() -> None:
+    endpoint = Endpoint(answers=[400])
+    sink = webhook(endpoint)
+    async with InMemoryDurability() as durability:
+        events = await committed_events(durability)
+    with pytest.raises(WebhookError) as refused:
+        await sink.publish(events[0])
+    assert refused.value.status == 400 and endpoint.requests == 1
+    endpoint.answers = [500, 500, 500, 500]  # every retry of t1's first event fails
+    async with InMemoryDurability() as durability:
+        events = await committed_events(durability)
+        # One thread at a time, so that t1's four tries get the four errors.
+        async with OutboxRelay(durability, sink, concurrency=1) as relay:
+            report = await relay.run_once()
+            [failing] = (await relay.status()).failing
+    assert (report.failed, failing.event.thread_id, failing.last_error) == (
+        1,
+        "t1",
+        "WebhookError: https://hooks.example.test/ik answered 500",
+    )
+    assert [d["thread_id"] for d in endpoint.accepted] == ["t2"] * sum(
+        e.thread_id == "t2" for e in events
+    )
