@@ -15,6 +15,7 @@ read-only transaction costs none.
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
 from typing import Any
 
@@ -69,13 +70,53 @@ def install_sqlite_trace() -> SQLiteCounter:
     original = sqlite3.connect
 
     def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        conn = original(*args, **kwargs)
+        conn: sqlite3.Connection = original(*args, **kwargs)
         conn.set_trace_callback(COUNTER.trace())
         return conn
 
     sqlite3.connect = connect  # type: ignore[assignment]
-    sqlite3.dbapi2.connect = connect  # type: ignore[attr-defined,assignment]
+    sqlite3.dbapi2.connect = connect  # type: ignore[assignment]
     return COUNTER
+
+
+class PsycopgCounter:
+    """Statements sent through psycopg (sync and asyncio cursors, ``executemany``
+    counting each parameter set). Outside a pipeline, each is one round trip."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+
+
+PSYCOPG_COUNTER = PsycopgCounter()
+
+
+def install_psycopg_trace() -> PsycopgCounter:
+    """Count the statements of every psycopg cursor in this process from now on."""
+    import psycopg
+
+    def counted(method: Any, many: bool) -> Any:
+        if inspect.iscoroutinefunction(method):
+
+            async def run_async(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+                if many:
+                    params = list(params)
+                PSYCOPG_COUNTER.statements += len(params) if many else 1
+                return await method(self, query, params, **kw)
+
+            return run_async
+
+        def run(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            if many:
+                params = list(params)
+            PSYCOPG_COUNTER.statements += len(params) if many else 1
+            return method(self, query, params, **kw)
+
+        return run
+
+    for cls in (psycopg.Cursor, psycopg.AsyncCursor):
+        cls.execute = counted(cls.execute, False)  # type: ignore[method-assign]
+        cls.executemany = counted(cls.executemany, True)  # type: ignore[method-assign]
+    return PSYCOPG_COUNTER
 
 
 NEXT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"

@@ -12,6 +12,7 @@ import cProfile
 import os
 import pstats
 import tempfile
+import time
 from pathlib import Path
 
 from bench.run import DSN, drop_schemas
@@ -26,7 +27,9 @@ async def run(turns: int, store: str, synchronous: str, use_cprofile: bool) -> N
         worker = Worker(row, "p")
         await worker.turns(100)
         if use_cprofile:
-            profiler = cProfile.Profile()
+            # CPU time, not wall time: on a shared machine, waits and preemptions
+            # would otherwise land on whatever C call was running.
+            profiler = cProfile.Profile(time.process_time)
             profiler.enable()
             await worker.turns(turns)
             profiler.disable()
@@ -34,9 +37,9 @@ async def run(turns: int, store: str, synchronous: str, use_cprofile: bool) -> N
         else:
             from pyinstrument import Profiler
 
-            with Profiler(interval=0.0002, async_mode="disabled") as profiler:
+            with Profiler(interval=0.0002, async_mode="disabled") as sampler:
                 await worker.turns(turns)
-            print(profiler.output_text(unicode=True, color=False, show_all=False))
+            print(sampler.output_text(unicode=True, color=False, show_all=False))
         await row.close()
         if store == "postgres":
             drop_schemas(schema)

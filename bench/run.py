@@ -70,13 +70,14 @@ FLOOR = {
 #: A row name ending so runs that row against the source tree given with ``--base``
 #: (its ``src`` imported first), interleaved with the current one: before/after in one run.
 BASE_SUFFIX = "@base"
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "quick": {
         "warmup": 20,
         "blocks": 6,
         "block": 25,
         "count": 20,
         "growth": [10, 100, 1000],
+        "growth_pairs": 20,
         "scale": [1, 2, 4, 8],
         "rounds": 2,
         "scale_turns": 40,
@@ -87,6 +88,7 @@ MODES = {
         "block": 60,
         "count": 40,
         "growth": [10, 1000, 10000],
+        "growth_pairs": 60,
         "scale": [1, 2, 4, 8],
         "rounds": 4,
         "scale_turns": 150,
@@ -227,15 +229,17 @@ def postgres_commits(rows: list[str], args: argparse.Namespace, count: int) -> d
     each row is counted alone, over several windows, keeping the smallest."""
     out = {}
     for row in rows:
-        p = Proc(row, args, ident="count")
+        p = Proc(row, args, ident="count", trace=True)
         try:
             p.call("setup")
             p.call("turns", count=10)
-            turns, replays = [], []
+            turns, replays, statements = [], [], []
             for _ in range(3):
+                sent = p.call("counters")["pg_statements"]
                 before = _next_xid()
                 p.call("turns", count=count)
                 middle = _next_xid()
+                statements.append((p.call("counters")["pg_statements"] - sent) / count)
                 p.call("replays", count=count)
                 turns.append((middle - before) / count)
                 replays.append((_next_xid() - middle) / count)
@@ -246,6 +250,9 @@ def postgres_commits(rows: list[str], args: argparse.Namespace, count: int) -> d
             "commits_per_replay": min(replays),
             "commits_counted_by": "PostgreSQL transaction IDs assigned (writing transactions),"
             " the least of three windows",
+            "statements_per_turn": min(statements),
+            "statements_counted_by": "psycopg cursor executes (one round trip each, outside a"
+            " pipeline)",
         }
     return out
 
@@ -273,11 +280,11 @@ def sqlite_commits(rows: list[str], args: argparse.Namespace, count: int) -> dic
     return out
 
 
-def growth(row: str, args: argparse.Namespace, points: list[int]) -> dict[str, Any]:
+def growth(row: str, args: argparse.Namespace, points: list[int], pairs: int) -> dict[str, Any]:
     p = Proc(row, args, ident="growth")
     try:
         setup = p.call("setup")
-        result = p.call("growth", points=points)
+        result = p.call("growth", points=points, pairs=pairs)
     finally:
         p.stop()
     first = result["points"][0]
@@ -317,13 +324,18 @@ def scale_out(args: argparse.Namespace, mode: dict[str, Any]) -> list[dict[str, 
                     p.receive()
             names = list(groups)
             rounds: dict[str, list[float]] = {name: [] for name in names}
+            usage: dict[str, list[dict[str, float | None]]] = {name: [] for name in names}
             for r in range(mode["rounds"]):
                 for name in names[r % len(names) :] + names[: r % len(names)]:
                     start_at = time.time() + 0.3
                     for p in groups[name]:
                         p.send("turns", count=mode["scale_turns"], start_at=start_at)
-                    ends = [p.receive()["end"] for p in groups[name]]
-                    rounds[name].append(workers * mode["scale_turns"] / (max(ends) - start_at))
+                    time.sleep(max(start_at - time.time(), 0))
+                    before = cpu_sample()
+                    done = [p.receive() for p in groups[name]]
+                    turns = workers * mode["scale_turns"]
+                    rounds[name].append(turns / (max(d["end"] for d in done) - start_at))
+                    usage[name].append(cpu_usage(before, cpu_sample(), done, turns))
         finally:
             for procs in groups.values():
                 for p in procs:
@@ -341,6 +353,7 @@ def scale_out(args: argparse.Namespace, mode: dict[str, Any]) -> list[dict[str, 
             "ratio": ratio("floor"),
             "ratio_async": ratio("floor_async"),
             "rounds": rounds,
+            "cpu": {name: median_usage(usage[name]) for name in names},
         }
         if "ik_base" in rounds:
             pairs = zip(rounds["ik_base"], rounds["floor"], strict=True)
@@ -349,6 +362,56 @@ def scale_out(args: argparse.Namespace, mode: dict[str, Any]) -> list[dict[str, 
         results.append(level)
         print(f"  scale-out {workers} workers done", file=sys.stderr, flush=True)
     return results
+
+
+def cpu_sample() -> dict[str, float | None]:
+    """The machine's busy and total CPU time, and the CPU time of the PostgreSQL server's
+    processes when the server runs here (Linux ``/proc``), in seconds."""
+    sample: dict[str, float | None] = {"busy": None, "total": None, "server": None}
+    with contextlib.suppress(OSError, ValueError):
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        hz = os.sysconf("SC_CLK_TCK")
+        idle = ticks[3] + ticks[4]  # idle + iowait
+        sample.update(busy=(sum(ticks[:8]) - idle) / hz, total=sum(ticks[:8]) / hz)
+        server = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if (entry / "comm").read_text().startswith("postgres"):
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    server += int(fields[11]) + int(fields[12])
+        sample["server"] = server / hz if server else None
+    return sample
+
+
+def cpu_usage(
+    before: dict[str, float | None],
+    after: dict[str, float | None],
+    done: list[dict[str, Any]],
+    turns: int,
+) -> dict[str, float | None]:
+    """Per turn: the workers' CPU and the server's, in ms; and how busy the machine was
+    (all cores, 1.0 = every core busy all the time)."""
+
+    def delta(key: str) -> float | None:
+        a, b = before[key], after[key]
+        return None if a is None or b is None else b - a
+
+    busy, total, server = delta("busy"), delta("total"), delta("server")
+    return {
+        "client_ms": 1000 * sum(d["cpu"] for d in done) / turns,
+        "server_ms": None if server is None else 1000 * server / turns,
+        "machine_busy": None if busy is None or not total else busy / total,
+    }
+
+
+def median_usage(rounds: list[dict[str, float | None]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key in rounds[0]:
+        values = [r[key] for r in rounds if r[key] is not None]
+        out[key] = statistics.median(values) if values else None  # type: ignore[type-var]
+    return out
 
 
 def machine() -> dict[str, Any]:
@@ -433,9 +496,11 @@ def report(results: dict[str, Any]) -> str:
         ]
     lines += [
         "",
-        "Cost growth (one thread, a new fact and two messages per turn):",
+        "Cost growth (one thread, a new fact and two messages per turn; 'x turn 10, same"
+        " moment': against turns 6-15 of fresh threads run alternately with it; 'x own turn"
+        " 10': against this thread's 10th turn, minutes earlier, so drift included):",
         "",
-        "| store | turn | p50 ms | x fresh thread now | x turn 10 (raw) | hot row bytes "
+        "| store | turn | p50 ms | x turn 10, same moment | x own turn 10 | hot row bytes "
         "| checkpoint bytes | facts |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -458,14 +523,24 @@ def report(results: dict[str, Any]) -> str:
             "PostgreSQL scale-out (distinct threads per worker process):",
             "",
             "| workers | intention-kernel turns/s | floor turns/s | x floor "
-            "| async floor turns/s | x async floor |",
-            "|---|---|---|---|---|---|",
+            "| async floor turns/s | x async floor | CPU ms/turn, client + server: ik "
+            "/ floor / async floor | machine busy (ik rounds) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
+
+        def cpu(usage: dict[str, Any]) -> str:
+            server = usage.get("server_ms")
+            return f"{usage['client_ms']:.2f} + {'?' if server is None else f'{server:.2f}'}"
+
         for s in results["scale_out"]:
             base = f" base {s['base_tps']:.0f}, x{s['base_ratio']:.2f} |" if "base_tps" in s else ""
+            use = s.get("cpu", {})
+            busy = use.get("ik", {}).get("machine_busy")
             lines.append(
                 f"| {s['workers']} | {s['ik_tps']:.0f} | {s['floor_tps']:.0f} | {s['ratio']:.2f} "
-                f"| {s['floor_async_tps']:.0f} | {s['ratio_async']:.2f} |{base}"
+                f"| {s['floor_async_tps']:.0f} | {s['ratio_async']:.2f} "
+                f"| {' / '.join(cpu(use[g]) for g in ('ik', 'floor', 'floor_async') if g in use)} "
+                f"| {'' if busy is None else f'{busy:.0%}'} |{base}"
             )
     return "\n".join(lines)
 
@@ -527,7 +602,7 @@ def main() -> None:
             if args.base:
                 grown = [r for row in grown for r in (row, row + BASE_SUFFIX)]
             for row in grown:
-                results["growth"][row] = growth(row, args, mode["growth"])
+                results["growth"][row] = growth(row, args, mode["growth"], mode["growth_pairs"])
         if "scale" in phases and not args.no_postgres:
             print("scale-out", file=sys.stderr, flush=True)
             results["scale_out"] = scale_out(args, mode)

@@ -83,11 +83,11 @@ class KernelRow:
         else:
             import psycopg
 
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                conn.execute(f'SET search_path = "{self.schema}"')
+            with psycopg.connect(self.dsn, autocommit=True) as pg:
+                pg.execute(f'SET search_path = "{self.schema}"')
                 for name, sql in queries.items():
                     try:
-                        row = conn.execute(sql.format(p="%s"), (thread,)).fetchone()
+                        row = pg.execute(sql.format(p="%s"), (thread,)).fetchone()
                         out[name] = int(row[0] or 0) if row else 0
                     except psycopg.errors.UndefinedTable:
                         out[name] = 0
@@ -129,7 +129,7 @@ class Worker:
         if start_at is not None:
             await asyncio.sleep(max(start_at - time.time(), 0))
         latencies = []
-        start, t0 = time.time(), time.perf_counter()
+        start, t0, cpu = time.time(), time.perf_counter(), time.process_time()
         for _ in range(count):
             self.n += 1
             thread = self.thread(self.n)
@@ -140,6 +140,7 @@ class Worker:
         return {
             "lat": latencies,
             "wall": time.perf_counter() - t0,
+            "cpu": time.process_time() - cpu,
             "start": start,
             "end": time.time(),
         }
@@ -153,32 +154,39 @@ class Worker:
             latencies.append(time.perf_counter() - t)
         return {"lat": latencies, "effects_rerun": self.row.provider.calls - calls}
 
-    async def growth(self, points: list[int]) -> dict[str, Any]:
+    async def growth(self, points: list[int], pairs: int = 10) -> dict[str, Any]:
         """Turn latency around the given turn numbers of one long thread, each against
-        turns 6-15 of a fresh thread run alternately at the same moment (the machine's
-        speed drifts too much to compare measurements minutes apart)."""
+        turns 6-15 of fresh threads run alternately at the same moment (the machine's
+        speed drifts too much to compare measurements minutes apart): ``pairs`` turns
+        of each, in alternating order, a new fresh thread every ten turns."""
         long, done, out = f"{self.ident}-long", 0, []
         for point in points:
             while done < point - 5:
                 done += 1
                 await self.row.turn(long, done)
-            control = f"{self.ident}-fresh-{point}"
-            for k in range(1, 6):
-                await self.row.turn(control, k)
             long_lat, control_lat = [], []
-            for k in range(6, 16):
-                done += 1
-                t = time.perf_counter()
-                await self.row.turn(long, done)
-                long_lat.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                await self.row.turn(control, k)
-                control_lat.append(time.perf_counter() - t)
+            control, k = "", 15
+            for i in range(pairs):
+                if k == 15:  # turns 6-15 of a new fresh thread
+                    control, k = f"{self.ident}-fresh-{point}-{i}", 0
+                    for k in range(1, 6):
+                        await self.row.turn(control, k)
+                k += 1
+                for which in ("long", "fresh") if i % 2 else ("fresh", "long"):
+                    t = time.perf_counter()
+                    if which == "long":
+                        done += 1
+                        await self.row.turn(long, done)
+                        long_lat.append(time.perf_counter() - t)
+                    else:
+                        await self.row.turn(control, k)
+                        control_lat.append(time.perf_counter() - t)
             out.append(
                 {
                     "turn": point,
                     "long_p50": statistics.median(long_lat),
                     "fresh_p50": statistics.median(control_lat),
+                    "pairs": pairs,
                     "sizes": self.row.sizes(long),
                 }
             )
@@ -190,11 +198,11 @@ def _rss() -> int:
 
 
 async def serve(args: argparse.Namespace, out: Any) -> None:
-    counter = None
+    counter, pg_counter = None, None
     if args.trace:
-        from bench.counting import install_sqlite_trace
+        from bench.counting import install_psycopg_trace, install_sqlite_trace
 
-        counter = install_sqlite_trace()
+        counter, pg_counter = install_sqlite_trace(), install_psycopg_trace()
     row = make_row(args.row, args.dir, args.dsn, args.schema)
     worker = Worker(row, args.ident)
     loop = asyncio.get_running_loop()
@@ -217,6 +225,7 @@ async def serve(args: argparse.Namespace, out: Any) -> None:
         elif op == "counters":
             answer = {
                 "statements": counter.statements if counter else None,
+                "pg_statements": pg_counter.statements if pg_counter else None,
                 "commits": counter.commits if counter else None,
                 "effects": row.provider.calls,
             }

@@ -552,3 +552,26 @@ async def test_the_pool_reconnects_after_every_session_was_dropped(store: Store)
         assert len(await durability.read_outbox()) == 1
         assert await durability.list_receipts() == []
         assert (await durability.with_turn(TurnScope("t", "2"), plain)).checkpoint_version == 2
+
+
+def test_hot_path_statements_fit_psycopgs_query_cache() -> None:
+    """psycopg converts a query's placeholders once and caches it, but only for
+    queries of at most ``MAX_CACHED_STATEMENT_LENGTH`` characters: a longer commit
+    statement would be converted again at every turn."""
+    from psycopg import _queries
+
+    from intention_kernel.durability import postgres
+
+    hot = {
+        "BEGIN_TURN": postgres.BEGIN_TURN,
+        "COMMIT_FIRST_TURN": postgres.COMMIT_FIRST_TURN,
+        "COMMIT_NEXT_TURN": postgres.COMMIT_NEXT_TURN,
+        "INSERT_RECEIPT_IF_NEW": postgres.INSERT_RECEIPT_IF_NEW,
+        "UPDATE_RECEIPT": postgres.UPDATE_RECEIPT,
+    }
+    too_long = {
+        name: len(text)
+        for name, text in hot.items()
+        if len(text) > _queries.MAX_CACHED_STATEMENT_LENGTH
+    }
+    assert not too_long, too_long
