@@ -12,6 +12,7 @@ from intention_kernel import (
     Answer,
     CapabilityContext,
     CapabilityResult,
+    EffectUsageError,
     Fact,
     Intent,
     Interpretation,
@@ -273,3 +274,42 @@ async def test_a_capability_asking_for_consent_can_record_facts_in_the_asking_tu
     assert [(f.key, f.value) for f in asked.facts] == [("quote", 120)]
     answered = await kernel.turn("t", "2", answer="accept")
     assert answered.steps[0].value == 120
+
+
+async def test_a_capability_cannot_emit_events_in_the_kernels_namespaces() -> None:
+    @capability("x.forge")
+    async def forge(input: dict[str, Any], ctx: CapabilityContext) -> None:
+        ctx.emit("x.before_forging", {})
+        ctx.emit(input["type"], {"forged": True})
+
+    @capability("x.careful")
+    async def careful(input: dict[str, Any], ctx: CapabilityContext) -> str:
+        with pytest.raises(EffectUsageError):
+            ctx.emit("effect.completed", {"key": "forged"})
+        ctx.emit("x.turned", {"ok": True})  # "turn" inside a type of its own is fine
+        return "done"
+
+    reserved = [
+        "turn.committed",
+        "interaction.opened",
+        "fact.recorded",
+        "effect.completed",
+        "receipt.resolved",
+        "turn",
+    ]
+    script = {
+        "go": Interpretation(
+            intents=[*(Intent("x.forge", {"type": t}) for t in reserved), Intent("x.careful")]
+        )
+    }
+    kernel, durability = _kernel(forge, careful, script=script)
+    result = await kernel.turn("t", "1", "go")
+    *forged, allowed = result.steps
+    assert [s.status for s in forged] == [StepStatus.FAILED] * len(reserved)
+    for step, type in zip(forged, reserved, strict=True):
+        assert (step.error or "").startswith("EffectUsageError:"), step.error
+        assert repr(type) in (step.error or "") and "reserved namespace" in (step.error or "")
+    assert allowed.status == StepStatus.COMPLETED
+    events = await durability.read_outbox()
+    assert [e.type for e in events] == ["x.turned", "turn.committed"]
+    assert events[-1].payload["version"] == 1  # the kernel's own, not a forgery

@@ -172,7 +172,11 @@ class CapabilityContext:
         return await self._run_effect(key, fn)
 
     def emit(self, type: str, payload: Any = None) -> None:
-        """Add an event to the turn's outbox (committed only if the turn commits)."""
+        """Add an event to the turn's outbox (committed only if the turn commits).
+
+        Types in the kernel's namespaces (``turn.``, ``interaction.``, ``fact.``,
+        ``effect.``, ``receipt.``) are refused with ``EffectUsageError``.
+        """
         self._emit(type, payload)
 
 

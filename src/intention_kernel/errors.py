@@ -13,7 +13,8 @@ message, so that hosts can react without parsing text::
     │   ├── EffectUncertainError      the write may have happened; fail closed
     │   ├── EffectNotAppliedError     raised by host code: the write provably did not happen
     │   ├── EffectValueError          the provider value cannot be stored as JSON
-    │   └── EffectUsageError          run_effect misused (read capability, empty key)
+    │   └── EffectUsageError          run_effect or emit misused (read capability, empty key,
+    │                                 an event type in a kernel namespace)
     ├── CheckpointError
     │   ├── CheckpointCompatibilityError  newer schema revision or foreign fingerprint
     │   └── CorruptRecordError        a stored row cannot be decoded
@@ -170,7 +171,9 @@ class EffectValueError(EffectError):
 
 
 class EffectUsageError(EffectError):
-    """``run_effect`` was called where it is not allowed (for example by a read capability)."""
+    """``run_effect`` or ``emit`` was called where it is not allowed: ``run_effect`` by a
+    read capability or with an empty key, ``emit`` with an event type in one of the
+    kernel's namespaces (``turn.``, ``interaction.``, ``fact.``, ``effect.``, ``receipt.``)."""
 
 
 class CheckpointError(KernelError):

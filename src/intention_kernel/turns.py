@@ -24,6 +24,7 @@ from intention_kernel.errors import CorruptRecordError
 from intention_kernel.facts import FactRecord
 
 __all__ = [
+    "KERNEL_EVENT_NAMESPACES",
     "EventDraft",
     "OutboxEvent",
     "StepResult",
@@ -33,8 +34,21 @@ __all__ = [
     "TurnScope",
     "decode_result",
     "encode_result",
+    "kernel_event_namespace",
     "request_digest",
 ]
+
+#: Event types the kernel and its adapters emit live in these namespaces (``turn.committed``,
+#: ``effect.completed``, ``receipt.resolved``, ...). Consumers rely on them (one
+#: ``turn.committed`` per committed turn), so capabilities may not emit into them.
+KERNEL_EVENT_NAMESPACES = frozenset(("turn", "interaction", "fact", "effect", "receipt"))
+
+
+def kernel_event_namespace(type: str) -> str | None:
+    """The kernel namespace ``type`` belongs to (``"turn"`` for ``"turn.committed"`` and
+    for ``"turn"`` itself), or ``None`` if it is free for capabilities."""
+    namespace = type.split(".", 1)[0]
+    return namespace if namespace in KERNEL_EVENT_NAMESPACES else None
 
 
 @dataclass(frozen=True, slots=True)

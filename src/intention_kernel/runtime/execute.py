@@ -32,7 +32,7 @@ from intention_kernel.errors import (
 from intention_kernel.facts import Evidence, FactRecord, FactRef
 from intention_kernel.interpretation import Answer
 from intention_kernel.runtime.state import TurnState
-from intention_kernel.turns import EventDraft, StepResult, StepStatus
+from intention_kernel.turns import EventDraft, StepResult, StepStatus, kernel_event_namespace
 
 __all__ = ["execute"]
 
@@ -204,6 +204,15 @@ class _Step:
     def emit(self, type: str, payload: Any = None) -> None:
         if not isinstance(type, str) or not type:
             raise EffectUsageError(f"{self.cap.id}: an event type must be a non-empty string")
+        namespace = kernel_event_namespace(type)
+        if namespace is not None:
+            # A forged turn.committed or effect.completed would break what consumers rely
+            # on: one turn.committed per committed turn, one announcement per applied write.
+            raise EffectUsageError(
+                f"{self.cap.id}: event type {type!r} is in the kernel's reserved namespace "
+                f"'{namespace}.'; capabilities emit in a namespace of their own (such as "
+                f"'{self.cap.id.split('.', 1)[0]}.')"
+            )
         try:
             dump_value([type, payload])  # the type too: no store can hold a lone surrogate
         except (TypeError, ValueError) as exc:
