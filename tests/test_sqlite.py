@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -132,3 +133,46 @@ async def test_a_database_from_a_newer_library_is_refused(tmp_path: Path) -> Non
     with pytest.raises(StoreError, match="newer than this library"):
         async with SQLiteDurability(path):
             pass
+
+
+async def test_every_path_to_one_database_shares_its_thread_locks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A symlink or a relative path names the same file, so the same lock file: turns on
+    one thread through different paths are serialized, none is fenced after running."""
+    real = tmp_path / "data" / "kernel.db"
+    real.parent.mkdir()
+    link = tmp_path / "link.db"
+    link.symlink_to(real)
+    monkeypatch.chdir(tmp_path)
+    relative = Path("data") / ".." / "data" / "kernel.db"
+    inside = overlaps = 0
+
+    async def operation(tx: TurnTransaction) -> TurnCommit:
+        nonlocal inside, overlaps
+        inside += 1
+        overlaps += inside > 1
+        await asyncio.sleep(0.05)
+        inside -= 1
+        version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
+        checkpoint = KernelCheckpoint(SCHEMA_REVISION, "sha256:raw", version)
+        result = TurnResult(
+            tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
+        )
+        return TurnCommit(result, checkpoint, ())
+
+    async with (
+        SQLiteDurability(real) as a,
+        SQLiteDurability(link) as b,
+        SQLiteDurability(relative) as c,
+    ):
+        results = await asyncio.gather(
+            *(
+                store.with_turn(TurnScope("t", name), operation)
+                for store, name in ((a, "a"), (b, "b"), (c, "c"))
+            )
+        )
+    assert overlaps == 0
+    assert sorted(r.checkpoint_version for r in results) == [1, 2, 3]
+    locks = [f for _, _, files in os.walk(tmp_path) for f in files if f.endswith(".locks")]
+    assert locks == ["kernel.db.locks"]

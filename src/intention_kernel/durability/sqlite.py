@@ -343,7 +343,10 @@ class _SQLiteRecorder:
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._worker: WorkerThread | None = None
-        self._locks = LockFile(path + ".locks") if path != ":memory:" else None
+        # Named after the database's real path: two adapters that reach one file through
+        # a symlink or another relative path must share one lock file, or their turns
+        # on a thread would overlap (and the later commit be fenced after running).
+        self._locks = LockFile(os.path.realpath(path) + ".locks") if path != ":memory:" else None
         self._memory_locks: dict[str, asyncio.Lock] = {}
         self._memory_relayed: set[str] = set()
         self._lockers = 0  # tasks holding or awaiting a thread lock of this adapter
@@ -798,7 +801,8 @@ class SQLiteDurability(RecordedDurability):
       (a turn with one write saves six thread switches; for programs that run one
       turn at a time). Reads always run inline on a connection of their own.
 
-    The lock file ``<path>.locks`` sits beside the database; keep them on a local
+    The lock file ``<path>.locks`` sits beside the database's real file (symlinks
+    resolved, so every path to one database shares one lock file); keep them on a local
     file system (POSIX record locks are unreliable on network mounts).
     """
 
