@@ -313,3 +313,33 @@ async def test_a_capability_cannot_emit_events_in_the_kernels_namespaces() -> No
     events = await durability.read_outbox()
     assert [e.type for e in events] == ["x.turned", "turn.committed"]
     assert events[-1].payload["version"] == 1  # the kernel's own, not a forgery
+
+
+async def test_a_read_declared_required_waits_for_confirmation_like_a_write() -> None:
+    disclosed: list[str] = []
+
+    @capability("x.disclose", confirmation="required", prompt="Show the SSN of {person}?")
+    async def disclose(input: dict[str, Any], ctx: CapabilityContext) -> dict[str, str]:
+        disclosed.append(input["person"])
+        return {"ssn": "123-45-6789"}
+
+    script = {
+        "ssn ann": Interpretation(intents=[Intent("x.disclose", {"person": "ann"})]),
+        "ssn bob": Interpretation(intents=[Intent("x.disclose", {"person": "bob"})]),
+    }
+    kernel, durability = _kernel(disclose, script=script)
+    asked = await kernel.turn("t", "1", "ssn ann")
+    assert [s.status for s in asked.steps] == [StepStatus.AWAITING_CONFIRMATION]
+    assert asked.interaction is not None and asked.interaction.kind == "confirmation"
+    assert asked.reply == "Show the SSN of ann?" and disclosed == []
+    checkpoint = await durability.load_checkpoint("t")
+    assert checkpoint is not None and [a.input for a in checkpoint.agenda] == [{"person": "ann"}]
+    accepted = await kernel.turn("t", "2", answer="accept")
+    assert [(s.status, s.value) for s in accepted.steps] == [
+        (StepStatus.COMPLETED, {"ssn": "123-45-6789"})
+    ]
+    assert accepted.steps[0].step_id == asked.steps[0].step_id and disclosed == ["ann"]
+    await kernel.turn("t", "3", "ssn bob")
+    rejected = await kernel.turn("t", "4", answer="reject")
+    assert [s.status for s in rejected.steps] == [StepStatus.REJECTED]
+    assert disclosed == ["ann"] and rejected.interaction is None

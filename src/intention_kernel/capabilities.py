@@ -254,6 +254,8 @@ def capability(
     """Declare a capability. Records only; ``Kernel(...)`` checks the definition.
 
     ``confirmation`` defaults to ``"none"`` for reads and ``"required"`` for writes.
+    ``"required"`` holds any capability, read or write, until the person accepts;
+    ``"none"`` is refused for writes at compilation.
     ``prompt`` is the confirmation prompt: a ``str.format`` template over the
     input's fields, or a callable taking the validated input.
     """

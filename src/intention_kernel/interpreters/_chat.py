@@ -141,6 +141,8 @@ def _function(name: str, description: str, parameters: dict[str, Any]) -> dict[s
 def _describe(spec: CapabilitySpec) -> str:
     text = spec.description or spec.id
     if spec.effect == "read":
+        if spec.confirmation == "required":
+            return f"{text} (read-only; the user is asked to confirm before it runs)"
         return f"{text} (read-only)"
     if spec.confirmation == "required":
         return f"{text} (a write: the user is asked to confirm before it runs)"

@@ -1,8 +1,11 @@
 """Step 3: plan each intent onto the agenda, and run what needs no confirmation.
 
-A write with ``confirmation="required"`` is never run in the turn that proposes
-it: it is stored on the agenda, exactly as validated, and a confirmation
-interaction opens (superseding one that was pending). Everything else runs now.
+A capability with ``confirmation="required"`` is never run in the turn that
+proposes it: it is stored on the agenda, exactly as validated, and a
+confirmation interaction opens (superseding one that was pending). That is the
+default for writes; a read declared ``"required"`` (one the application wants
+consent for, say to disclose personal data) is held and asked the same way.
+Everything else runs now.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
         state.replies.append(f"Could not run {intent.capability_id}: {exc}")
         return
     item = AgendaItem(step_id, cap.id, canonical, state.scope.turn_id)
-    if cap.effect == "write" and cap.confirmation == "required":
+    if cap.confirmation == "required":  # a read too: the application asked for consent
         interaction = Interaction(
             id=state.new_interaction_id(),
             kind="confirmation",
