@@ -343,3 +343,38 @@ async def test_a_read_declared_required_waits_for_confirmation_like_a_write() ->
     rejected = await kernel.turn("t", "4", answer="reject")
     assert [s.status for s in rejected.steps] == [StepStatus.REJECTED]
     assert disclosed == ["ann"] and rejected.interaction is None
+
+
+async def test_a_write_superseded_in_its_own_turn_is_reported_rejected_not_awaiting() -> None:
+    provider = FakeProvider()
+    kernel = Kernel(billing_agent(provider), durability := InMemoryDurability())
+    result = await kernel.turn("t", "1", "charge pi_1 500 and charge pi_2 700")
+    first, second = result.steps
+    assert (first.status, second.status) == (
+        StepStatus.REJECTED,
+        StepStatus.AWAITING_CONFIRMATION,
+    )
+    assert first.error is not None and f"superseded by step {second.step_id}" in first.error
+    assert result.interaction is not None and result.interaction.step_id == second.step_id
+    assert result.reply.splitlines() == [
+        "Not asked, superseded by a later request: Charge 500 to pi_1?",
+        "Charge 700 to pi_2?",
+    ]
+    checkpoint = await durability.load_checkpoint("t")
+    assert checkpoint is not None and [a.step_id for a in checkpoint.agenda] == [second.step_id]
+    events = [(e.type, e.payload) for e in await durability.read_outbox()]
+    opened = [p for t, p in events if t == "interaction.opened"]
+    assert [p["step_id"] for p in opened] == [first.step_id, second.step_id]
+    assert [p for t, p in events if t == "interaction.resolved"] == [
+        {
+            "interaction_id": opened[0]["interaction_id"],
+            "capability_id": "payments.charge",
+            "step_id": first.step_id,
+            "resolution": "superseded",
+        }
+    ]
+    [(_, committed)] = [(t, p) for t, p in events if t == "turn.committed"]
+    assert [s["status"] for s in committed["steps"]] == ["rejected", "awaiting_confirmation"]
+    accepted = await kernel.turn("t", "2", "yes")
+    assert [s.step_id for s in accepted.steps] == [second.step_id]
+    assert provider.ledger == ["payments.charge:charge:pi_2"]

@@ -328,7 +328,6 @@ class _Step:
             )
             step = self.finish(StepStatus.AWAITING_CONFIRMATION, value=value)
             state.open_interaction(item, interaction)
-            state.replies.append(result.confirmation.prompt)
             return step
         step = self.finish(StepStatus.COMPLETED, value=value)
         if result.reply is not None:

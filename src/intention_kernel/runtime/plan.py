@@ -57,6 +57,5 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
             interaction,
         )
         state.steps.append(StepResult(step_id, cap.id, StepStatus.AWAITING_CONFIRMATION))
-        state.replies.append(interaction.prompt)
         return
     await execute(state, cap, item, parsed)

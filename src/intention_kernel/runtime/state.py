@@ -9,7 +9,7 @@ the next checkpoint and the result.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from intention_kernel import _tracing
@@ -25,7 +25,7 @@ from intention_kernel.checkpoint import (
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.facts import FactRecord, FactTable
 from intention_kernel.interpretation import Answer
-from intention_kernel.turns import EventDraft, StepResult, TurnScope
+from intention_kernel.turns import EventDraft, StepResult, StepStatus, TurnScope
 
 __all__ = ["TurnRequest", "TurnState"]
 
@@ -71,6 +71,8 @@ class TurnState:
         # Keys of completed receipts whose effect.completed is among ``events``.
         self.announced: dict[str, None] = {}
         self.replies: list[str] = []
+        # Where the prompt of each interaction opened in this turn is among ``replies``.
+        self._prompts: dict[str, int] = {}
         self.signal = CancellationSignal()
         self.traced = _tracing.enabled()  # decided once per turn: spans cost nothing untraced
         self._step_count = 0
@@ -84,11 +86,14 @@ class TurnState:
         self.events.append(EventDraft(type, payload))
 
     def open_interaction(self, item: AgendaItem, interaction: Interaction) -> None:
-        """Make ``interaction`` the active one; a pending one is superseded."""
+        """Make ``interaction`` the active one and ask its prompt; a pending one is
+        superseded (see :meth:`_supersede`)."""
         if self.interaction is not None:
-            self.close_interaction("superseded")
+            self._supersede(self.interaction, item)
         self.agenda.append(item)
         self.interaction = interaction
+        self._prompts[interaction.id] = len(self.replies)
+        self.replies.append(interaction.prompt)
         self.emit(
             "interaction.opened",
             {
@@ -99,6 +104,25 @@ class TurnState:
                 "prompt": interaction.prompt,
             },
         )
+
+    def _supersede(self, active: Interaction, by: AgendaItem) -> None:
+        """Resolve ``active`` as superseded by the operation ``by``. If it was opened by
+        an earlier step of this same turn, that step will never be answered: it is
+        reported ``rejected`` rather than ``awaiting_confirmation``, and its prompt is
+        not left in the reply as if it were still asked."""
+        self.close_interaction("superseded")
+        for index, step in enumerate(self.steps):
+            if step.step_id == active.step_id and step.status is StepStatus.AWAITING_CONFIRMATION:
+                self.steps[index] = replace(
+                    step,
+                    status=StepStatus.REJECTED,
+                    error=f"superseded by step {by.step_id} ({by.capability_id}), proposed "
+                    "later in the same turn; only the latest request waits for an answer",
+                )
+                break
+        line = self._prompts.pop(active.id, None)
+        if line is not None:
+            self.replies[line] = f"Not asked, superseded by a later request: {active.prompt}"
 
     def close_interaction(self, resolution: str) -> AgendaItem | None:
         """Resolve the active interaction and take its planned operation off the agenda."""
