@@ -73,6 +73,7 @@ def test_relay_once_publishes_to_a_callable_and_status_shows_lag_and_failures(db
     cli_outbox_sink.refused_types.add("interaction.opened")
     code, output = cli("outbox", "relay", "--db", db, "--to", "cli_outbox_sink:collect", "--once")
     assert code == 1 and "2 failed attempt(s)" in output  # one per thread, exit status 1
+    assert output.count("WARNING intention_kernel.outbox: outbox event") == 2  # on stderr
     failing = status(db)["failing"]
     assert isinstance(failing, list)
     assert [(f["thread_id"], f["type"], f["attempts"]) for f in failing] == [

@@ -353,6 +353,11 @@ def test_the_demo_command_prints_the_transcript_and_exits_0(tmp_path: Path) -> N
     assert re.search(r"provider calls\s*│\s*2\b", out)
     assert re.search(r"receipt\.resolved: 1\b", out)
     assert "FAIL" not in out
+    # The transcript is all there is: no raw log record (the library's WARNING about the
+    # uncertain charge, printed by Python's last-resort handler) interrupts it.
+    assert done.stderr == "", done.stderr
+    raw = [line for line in out.splitlines() if re.match(r"(effect '|WARNING|INFO)", line)]
+    assert raw == []
     # --db keeps the store; a second run recreates it from scratch.
     again = run_cli("demo", "--db", f"sqlite:///{db}")
     assert again.returncode == 0, again.stderr

@@ -8,6 +8,8 @@ outbox events commit together.
 
 from __future__ import annotations
 
+import logging
+
 from intention_kernel.agent import Agent
 from intention_kernel.capabilities import (
     CancellationSignal,
@@ -73,6 +75,11 @@ from intention_kernel.turns import (
 )
 
 __version__ = "0.1.0"
+
+# A library never prints on its own: without this, Python's last-resort handler writes
+# every WARNING (an uncertain write, say) raw on stderr of an application that did not
+# configure logging. Applications that do configure it see the records as before.
+logging.getLogger("intention_kernel").addHandler(logging.NullHandler())
 
 __all__ = [
     "AgendaItem",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import logging
 import os
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
 
 import typer
 from rich.console import Console
@@ -23,6 +25,7 @@ __all__ = [
     "AgentOption",
     "DbOption",
     "load_agent",
+    "log_warnings_to_stderr",
     "refuse",
     "resolve_db_url",
     "sqlite_path",
@@ -63,6 +66,39 @@ AgentOption = Annotated[
 ]
 
 stderr = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def log_warnings_to_stderr() -> Iterator[None]:
+    """Print the library's WARNING and ERROR records on stderr while a long-running
+    command (``serve``, ``outbox relay``) runs: it is an application, and the package
+    only installs a ``NullHandler``, so an uncertain write or a failing request would
+    otherwise go unseen. Short commands report through their own output instead."""
+    logger = logging.getLogger("intention_kernel")
+    handler = _StderrHandler()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record arrives (as Python's own
+    last-resort handler does), so a replaced stream is followed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setLevel(logging.WARNING)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass  # always sys.stderr
 
 
 def load_agent(spec: str) -> Agent:

@@ -30,7 +30,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from intention_kernel.cli._common import EXIT_FAILED, DbOption, refuse, resolve_db_url, stderr
+from intention_kernel.cli._common import (
+    EXIT_FAILED,
+    DbOption,
+    log_warnings_to_stderr,
+    refuse,
+    resolve_db_url,
+    stderr,
+)
 from intention_kernel.durability import open_durability
 from intention_kernel.durability.base import OutboxBacklog, RecordedDurability
 from intention_kernel.effects import utcnow
@@ -149,7 +156,8 @@ def relay(
             return await _run_until_stopped(outbox, poll)
 
     try:
-        total = asyncio.run(go())
+        with log_warnings_to_stderr():
+            total = asyncio.run(go())
     except (KernelError, ValueError) as exc:
         refuse(str(exc), EXIT_FAILED)
     Console().print(

@@ -23,6 +23,7 @@ from intention_kernel.cli._common import (
     AgentOption,
     DbOption,
     load_agent,
+    log_warnings_to_stderr,
     refuse,
     resolve_db_url,
     stderr,
@@ -70,7 +71,8 @@ def serve(
         tokens = parse_tokens(pairs) if pairs else None
     except ValueError as exc:
         refuse(str(exc))
-    asyncio.run(_serve(loaded, resolve_db_url(db), host, port, tokens))
+    with log_warnings_to_stderr():
+        asyncio.run(_serve(loaded, resolve_db_url(db), host, port, tokens))
 
 
 def parse_tokens(pairs: list[str]) -> dict[str, str | None]:
