@@ -40,6 +40,7 @@ from intention_kernel import (
     Kernel,
     KernelError,
     StepStatus,
+    TurnResult,
     capability,
 )
 from intention_kernel.durability import Durability
@@ -519,6 +520,27 @@ async def test_an_unknown_decision_from_an_interpreter_is_refused_and_never_runs
         checkpoint = await durability.load_checkpoint("t")
         assert checkpoint is not None and checkpoint.interaction is not None  # still pending
     assert provider.calls() == 0
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {},
+        None,
+        {"thread_id": "t", "turn_id": "1", "replayed": False, "reply": 3},
+        {"thread_id": "t", "turn_id": "1", "replayed": False, "reply": "", "steps": "x"},
+        {
+            "thread_id": "t",
+            "turn_id": "1",
+            "replayed": False,
+            "reply": "",
+            "steps": [{"step_id": "1#1", "capability_id": "a.b", "status": "exploded"}],
+        },
+    ],
+)
+def test_a_malformed_turn_result_document_is_a_typed_error(document: Any) -> None:
+    with pytest.raises(InvalidRequestError, match="not a TurnResult document"):
+        TurnResult.from_dict(document)
 
 
 async def test_ids_of_the_largest_accepted_size_commit_on_every_store(

@@ -19,7 +19,8 @@ message, so that hosts can react without parsing text::
     │   ├── CheckpointCompatibilityError  newer schema revision or foreign fingerprint
     │   └── CorruptRecordError        a stored row cannot be decoded
     ├── InterpretationError           the interpreter raised or returned garbage; nothing committed
-    ├── InvalidRequestError           the turn request itself is malformed (IDs, message, answer)
+    ├── InvalidRequestError           a request is malformed (turn IDs, message, answer; a
+    │                                 receipt filter or resolution; a TurnResult document)
     ├── TurnConflictError             a committed turn ID delivered with another request
     ├── TurnExpiredError              a committed turn whose stored result was pruned (retention)
     ├── ThreadBusyError               the thread's lock was not obtained in time
@@ -212,8 +213,10 @@ class InterpretationError(KernelError):
 
 
 class InvalidRequestError(KernelError, ValueError):
-    """The turn request is malformed: an empty or oversized ID, no message and no
-    answer, an answer of the wrong type. Nothing was read or written."""
+    """A request is malformed: a turn with an empty or oversized ID, no message and no
+    answer, or an answer of the wrong type; ``list_receipts`` with an unknown status;
+    ``resolve_receipt`` with a value that is not JSON (NaN, infinity); a document
+    ``TurnResult.from_dict`` cannot read. Nothing was read or written."""
 
 
 class TurnConflictError(KernelError):

@@ -20,7 +20,7 @@ from typing import Any
 import pydantic
 
 from intention_kernel.checkpoint import Interaction, KernelCheckpoint
-from intention_kernel.errors import CorruptRecordError
+from intention_kernel.errors import CorruptRecordError, InvalidRequestError
 from intention_kernel.facts import FactRecord
 
 __all__ = [
@@ -108,7 +108,16 @@ class TurnResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TurnResult:
-        return _RESULT.validate_python(data)
+        """The result :meth:`to_dict` returned; ``InvalidRequestError`` for anything else."""
+        try:
+            return _RESULT.validate_python(data)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(the document)"
+            raise InvalidRequestError(
+                f"not a TurnResult document: {exc.error_count()} problem(s), first: "
+                f"{first['msg']} at {where}"
+            ) from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -809,7 +809,9 @@ class RecordedDurability:
     ) -> list[Receipt]:
         """The current receipt per ``(thread_id, key)``, oldest first."""
         recorder = await self._ready()
-        wanted = ReceiptStatus(status) if status is not None else None
+        if thread_id is not None:
+            check_id("thread_id", thread_id)
+        wanted = _receipt_status(status) if status is not None else None
         return await recorder.read_receipts(thread_id, wanted)
 
     async def resolve_receipt(
@@ -823,10 +825,13 @@ class RecordedDurability:
         actor: str | None = None,
     ) -> Receipt:
         """Reconcile an uncertain receipt: the write was ``applied`` (later calls return
-        ``value``) or not (a later call may retry). Emits ``receipt.resolved``."""
+        ``value``) or not (a later call may retry). Emits ``receipt.resolved``.
+
+        A malformed request (a ``value`` that is not JSON, such as NaN or infinity) is
+        refused with ``InvalidRequestError`` before anything is read or written."""
         recorder = await self._ready()
         check_id("thread_id", thread_id)
-        stored_value = normalize(value) if applied else None
+        stored_value = _resolution_request(key, applied, value, note, actor)
 
         def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
             if existing is None:
@@ -861,8 +866,40 @@ class RecordedDurability:
         """Committed events in ``position`` order, after the given position."""
         recorder = await self._ready()
         if limit < 1:
-            raise ValueError("limit must be at least 1")
+            raise InvalidRequestError(f"limit must be at least 1, got {limit!r}")
         return await recorder.read_outbox(thread_id, after, limit)
+
+
+def _receipt_status(status: ReceiptStatus | str) -> ReceiptStatus:
+    try:
+        return ReceiptStatus(status)
+    except ValueError:
+        known = ", ".join(s.value for s in ReceiptStatus)
+        raise InvalidRequestError(
+            f"unknown receipt status {status!r}; expected one of {known}"
+        ) from None
+
+
+def _resolution_request(
+    key: object, applied: object, value: Any, note: object, actor: object
+) -> Any:
+    """Check what ``resolve_receipt`` was asked to store; the value as it will be stored."""
+    if not isinstance(key, str) or not key:
+        raise InvalidRequestError(f"key must be a non-empty string, got {key!r}")
+    if not isinstance(applied, bool):
+        raise InvalidRequestError(f"applied must be True or False, got {applied!r}")
+    for name, text in (("note", note), ("actor", actor)):
+        if text is not None and not isinstance(text, str):
+            raise InvalidRequestError(f"{name} must be a string, got {type(text).__name__}")
+    try:
+        normalize([key, note, actor])  # no store can hold a lone surrogate
+        return normalize(value) if applied else None
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(
+            f"cannot resolve receipt {key!r}: its value, key, note and actor must be JSON "
+            f"(no NaN, infinity, sets or objects): {_describe(exc)}",
+            key=key,
+        ) from exc
 
 
 def _decode(thread_id: str, thread: StoredThread) -> tuple[KernelCheckpoint, bool]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, ClassVar, Protocol
@@ -41,6 +42,7 @@ from intention_kernel.errors import (
     CheckpointCompatibilityError,
     CorruptRecordError,
     EffectUncertainError,
+    InvalidRequestError,
     KernelError,
     ReceiptNotFoundError,
     ReceiptStateError,
@@ -508,6 +510,27 @@ class DurabilityConformance:
         [receipt] = await durability.list_receipts()
         assert receipt.status == "completed"
         assert await durability.read_outbox() == events_before
+
+    async def test_malformed_receipt_requests_are_typed_errors_and_change_nothing(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        key = "payments.charge:charge:pi_1"
+        events = await durability.read_outbox()
+        with pytest.raises(InvalidRequestError, match="bogus"):
+            await durability.list_receipts(status="bogus")
+        for value in (math.inf, -math.inf, math.nan, {"amount": math.nan}, {1, 2}, object()):
+            with pytest.raises(InvalidRequestError, match="JSON"):
+                await durability.resolve_receipt("t", key, applied=True, value=value)
+        with pytest.raises(InvalidRequestError):
+            await durability.resolve_receipt("t", key, applied=True, note="\ud800")
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "uncertain" and receipt.resolution is None
+        assert await durability.read_outbox() == events
+        resolved = await durability.resolve_receipt("t", key, applied=True, value={"ok": 1})
+        assert resolved.status == "completed"  # the refusals held no lock and left no trace
 
     async def test_list_receipts_filters_by_thread_and_status(
         self, kernel: Kernel, durability: Durability, provider: FakeProvider
