@@ -88,7 +88,21 @@ class AgendaItem:
 
 @dataclass(frozen=True, slots=True)
 class ReceiptRef:
-    """The checkpoint's index entry for an effect receipt (the adapter holds the full receipt)."""
+    """The checkpoint's index entry for an effect receipt (the adapter holds the full receipt).
+
+    The index lists the receipts this thread's turns used, the most recently used last,
+    at most ``Agent.max_receipts`` of them. Each entry records the receipt as the last
+    turn that used it saw it: ``status`` is the status at that turn's commit, not
+    necessarily the receipt's current one. The adapter's receipt is the authority
+    (``list_receipts``; ``run_effect`` always reads it, never the index): an operator's
+    ``resolve_receipt`` changes that receipt, not the thread's committed checkpoints, and
+    the entry is brought up to date by the next turn that uses the key.
+
+    Why not rewrite the entry on resolution: a committed checkpoint is one document per
+    ``version`` (adapters keep the latest decoded and reuse it while the stored version
+    is unchanged, and commit later checkpoints as differences from it), so a same-version
+    rewrite would be undone by the next commit of any worker that holds the old one.
+    """
 
     key: str
     id: str
@@ -111,7 +125,11 @@ _Facts = Annotated[
 
 @dataclass(frozen=True, slots=True)
 class KernelCheckpoint:
-    """The state a thread resumes from. ``version`` is 1 after the first committed turn."""
+    """The state a thread resumes from. ``version`` is 1 after the first committed turn.
+
+    ``receipts`` is an index of the receipts the thread's turns used, each as its turn
+    saw it (see :class:`ReceiptRef`); ``list_receipts`` says what they are now.
+    """
 
     schema_revision: int
     agent_fingerprint: str

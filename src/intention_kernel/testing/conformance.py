@@ -484,6 +484,31 @@ class DurabilityConformance:
         assert later.steps[0].value == {"charge_id": "ch_found"}
         assert provider.calls() == 1
 
+    async def test_the_checkpoint_receipt_index_shows_what_its_turn_saw_until_used_again(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        """The adapter's receipt is the authority; a checkpoint's receipt index records
+        each receipt as the turn that last used it saw it (see ``ReceiptRef``)."""
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        key = "payments.charge:charge:pi_1"
+        before = await durability.load_checkpoint("t")
+        assert before is not None
+        [entry] = before.receipts
+        assert (entry.key, entry.status) == (key, "uncertain")
+        resolved = await durability.resolve_receipt("t", key, applied=True, value={"id": "ch"})
+        assert [r.status for r in await durability.list_receipts(thread_id="t")] == ["completed"]
+        assert await durability.load_checkpoint("t") == before  # committed state is kept
+        await kernel.turn("t", "3", "charge pi_1 500")
+        await kernel.turn("t", "4", "yes")
+        after = await durability.load_checkpoint("t")
+        assert after is not None
+        assert [(r.key, r.id, r.status) for r in after.receipts] == [
+            (key, resolved.id, "completed")
+        ]
+        assert provider.calls() == 1
+
     async def test_resolving_an_uncertain_receipt_as_not_applied_permits_a_retry(
         self, kernel: Kernel, durability: Durability, provider: FakeProvider
     ) -> None:
