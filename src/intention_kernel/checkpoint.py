@@ -38,6 +38,7 @@ __all__ = [
     "assemble_checkpoint",
     "check_compatible",
     "continuation",
+    "current_revision",
     "decode_checkpoint",
     "encode_checkpoint",
     "encode_checkpoint_core",
@@ -145,10 +146,19 @@ Migration = Callable[[dict[str, Any]], dict[str, Any]]
 
 #: Ordered migrations of the stored checkpoint document. ``CHECKPOINT_MIGRATIONS[i]``
 #: turns revision ``i + 1`` into revision ``i + 2``; the current revision is therefore
-#: ``len(CHECKPOINT_MIGRATIONS) + 1``. Append, never edit or reorder.
+#: ``len(CHECKPOINT_MIGRATIONS) + 1``. Append, never edit or reorder. Read each time a
+#: checkpoint is decoded or written (never copied at import), so that a test can
+#: register a migration (``monkeypatch.setattr``) and watch turns migrate on read.
 CHECKPOINT_MIGRATIONS: tuple[Migration, ...] = ()
 
+#: The revision this release of the library writes.
 SCHEMA_REVISION = len(CHECKPOINT_MIGRATIONS) + 1
+
+
+def current_revision() -> int:
+    """The revision checkpoints are written in: one past the registered migrations."""
+    return len(CHECKPOINT_MIGRATIONS) + 1
+
 
 _ADAPTER: pydantic.TypeAdapter[KernelCheckpoint] = pydantic.TypeAdapter(KernelCheckpoint)
 _MESSAGE: pydantic.TypeAdapter[Message] = pydantic.TypeAdapter(Message)
@@ -258,17 +268,21 @@ def decode_checkpoint(
     text: str | bytes,
     *,
     thread_id: str | None = None,
-    migrations: Sequence[Migration] = CHECKPOINT_MIGRATIONS,
+    migrations: Sequence[Migration] | None = None,
 ) -> KernelCheckpoint:
-    """Decode stored checkpoint JSON, migrating older schema revisions.
+    """Decode stored checkpoint JSON, migrating older schema revisions (by
+    ``migrations``, :data:`CHECKPOINT_MIGRATIONS` unless given).
 
     Raises :class:`CheckpointCompatibilityError` for a revision newer than the
     migrations know, and :class:`CorruptRecordError` for anything that does not
     decode into a valid checkpoint.
     """
+    registered = migrations is None
+    if migrations is None:
+        migrations = CHECKPOINT_MIGRATIONS
     current = len(migrations) + 1
     try:
-        if migrations is CHECKPOINT_MIGRATIONS:
+        if registered:
             # Fast path: the document is very likely current; validate straight from JSON.
             try:
                 checkpoint = _ADAPTER.validate_json(text)

@@ -31,11 +31,11 @@ from typing import Literal
 
 from intention_kernel.agent import Agent, compile_agent
 from intention_kernel.checkpoint import (
-    CHECKPOINT_MIGRATIONS,
     KernelCheckpoint,
     Migration,
     assemble_checkpoint,
     check_compatible,
+    current_revision,
     decode_checkpoint,
     encode_checkpoint_core,
     encode_fact,
@@ -114,7 +114,7 @@ async def check_checkpoints(
     agent: Agent,
     *,
     batch: int = 500,
-    migrations: Sequence[Migration] = CHECKPOINT_MIGRATIONS,
+    migrations: Sequence[Migration] | None = None,
 ) -> CheckReport:
     """Read every stored checkpoint and say which threads ``agent`` would refuse.
 
@@ -166,7 +166,7 @@ async def migrate_checkpoints(
     store: RecordedDurability,
     *,
     batch: int = 100,
-    migrations: Sequence[Migration] = CHECKPOINT_MIGRATIONS,
+    migrations: Sequence[Migration] | None = None,
 ) -> MigrationReport:
     """Rewrite every checkpoint of an older schema revision as the current revision.
 
@@ -178,7 +178,7 @@ async def migrate_checkpoints(
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
-    current = len(migrations) + 1
+    current = current_revision() if migrations is None else len(migrations) + 1
     recorder = await store.recorder()
     migrated, failed = 0, []
     after: str | None = None
@@ -266,7 +266,7 @@ def _stamp(thread: StoredThread) -> tuple[int | None, str | None]:
 
 
 def _decode(
-    thread_id: str, thread: StoredThread, migrations: Sequence[Migration]
+    thread_id: str, thread: StoredThread, migrations: Sequence[Migration] | None
 ) -> KernelCheckpoint:
     assert thread.checkpoint is not None
     text, _ = assemble_checkpoint(thread.checkpoint, thread.messages, thread.facts)

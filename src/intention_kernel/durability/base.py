@@ -35,11 +35,11 @@ from typing import Any, Protocol, Self
 from intention_kernel import _faults, _tracing
 from intention_kernel._json import dump_value, load_value, normalize
 from intention_kernel.checkpoint import (
-    SCHEMA_REVISION,
     CoreEncoder,
     KernelCheckpoint,
     assemble_checkpoint,
     continuation,
+    current_revision,
     decode_checkpoint,
     encode_fact,
     encode_message,
@@ -911,11 +911,8 @@ def _decode(thread_id: str, thread: StoredThread) -> tuple[KernelCheckpoint, boo
     text, stored_in_rows = assemble_checkpoint(core, thread.messages, thread.facts)
     # The core is encoded with ``schema_revision`` first; anything else is just not
     # trusted as exact, which costs one full rewrite and is always safe.
-    exact = stored_in_rows and core.startswith(_CURRENT_CORE_PREFIX)
+    exact = stored_in_rows and core.startswith(f'{{"schema_revision":{current_revision()},')
     return decode_checkpoint(text, thread_id=thread_id), exact
-
-
-_CURRENT_CORE_PREFIX = f'{{"schema_revision":{SCHEMA_REVISION},'
 
 
 def _changed_facts(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint, Message
+from intention_kernel.checkpoint import KernelCheckpoint, Message, current_revision
 from intention_kernel.interpretation import Interpretation
 from intention_kernel.runtime.state import TurnState
 from intention_kernel.turns import TurnCommit, TurnResult
@@ -31,7 +31,7 @@ def finish(state: TurnState, interpretation: Interpretation) -> TurnCommit:
         receipts = (*receipts, *noted.values())
     receipts = receipts[-agent.max_receipts :]
     checkpoint = KernelCheckpoint(
-        schema_revision=SCHEMA_REVISION,
+        schema_revision=current_revision(),
         agent_fingerprint=state.agent.fingerprint,
         version=version,
         messages=tuple(messages[-agent.max_messages :]),

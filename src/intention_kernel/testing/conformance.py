@@ -29,7 +29,9 @@ from typing import Any, ClassVar, Protocol
 
 import pytest
 
+from intention_kernel import checkpoint as checkpoint_codec
 from intention_kernel.checkpoint import (
+    CHECKPOINT_MIGRATIONS,
     SCHEMA_REVISION,
     KernelCheckpoint,
     Message,
@@ -783,6 +785,42 @@ class DurabilityConformance:
             assert caught.value.schema_revision == SCHEMA_REVISION + 1
             assert await reopened.read_outbox() == events
             assert (await kernel.turn("t", "1", "balance")).replayed  # needs no checkpoint
+
+    async def test_a_checkpoint_of_an_older_schema_revision_is_migrated_when_a_turn_loads_it(
+        self,
+        make_durability: Callable[[], Durability],
+        provider: FakeProvider,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        if not self.persistent:
+            pytest.skip("this adapter keeps no state across instances")
+        async with make_durability() as before:
+            await Kernel(billing_agent(provider), before).turn("t", "1", "balance 10")
+
+        def tag_messages(document: dict[str, Any]) -> dict[str, Any]:
+            """The next revision: messages of older revisions carry a marker."""
+            for message in document["messages"]:
+                message["content"] = "[old] " + message["content"]
+            return document
+
+        # This library, upgraded: one more revision, so the stored checkpoint is older.
+        monkeypatch.setattr(
+            checkpoint_codec, "CHECKPOINT_MIGRATIONS", (*CHECKPOINT_MIGRATIONS, tag_messages)
+        )
+        agent = billing_agent(provider)
+        old = ["[old] balance 10", "[old] You owe 10."]
+        async with make_durability() as after:
+            result = await Kernel(agent, after).turn("t", "2", "balance 20")
+            assert result.checkpoint_version == 2
+            [request] = agent.interpreter.calls  # type: ignore[attr-defined]
+            assert [m.content for m in request.messages] == old  # the turn saw it migrated
+            checkpoint = await after.load_checkpoint("t")
+            assert checkpoint is not None
+            assert checkpoint.schema_revision == SCHEMA_REVISION + 1
+            assert [m.content for m in checkpoint.messages] == [*old, "balance 20", "You owe 20."]
+        async with make_durability() as reopened:  # stored in the new revision: not again
+            stored = await reopened.load_checkpoint("t")
+            assert stored == checkpoint
 
     async def test_a_corrupted_checkpoint_row_is_a_typed_error_and_changes_nothing(
         self,
