@@ -88,3 +88,49 @@ def test_fingerprint_is_stable_and_changes_with_the_definition() -> None:
     c = Kernel(billing_agent(provider, version="2"), InMemoryDurability()).fingerprint
     assert a == b != c
     assert a.startswith("sha256:")
+
+
+class _Amount(pydantic.BaseModel):
+    amount: int
+
+
+class _AmountAsText(pydantic.BaseModel):
+    amount: str
+
+
+def _change_capability(
+    confirmation: Any = "required", *, effect: Any = "write", model: type | None = None
+) -> Any:
+    if model is None:
+
+        @capability("things.change", effect=effect, confirmation=confirmation)
+        async def change(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            return None
+
+        return change
+
+    @capability("things.change", effect=effect, confirmation=confirmation)
+    async def typed(input: model, ctx: CapabilityContext) -> None:  # type: ignore[valid-type]
+        return None
+
+    return typed
+
+
+def _fingerprint(*caps: Any) -> str:
+    return Kernel(_agent(*caps), InMemoryDurability()).fingerprint
+
+
+def test_fingerprint_changes_with_a_capabilitys_effect_confirmation_or_input_schema() -> None:
+    base = _fingerprint(read_things, _change_capability(model=_Amount))
+    assert _fingerprint(read_things, _change_capability(effect="read", model=_Amount)) != base
+    assert _fingerprint(read_things, _change_capability("capability", model=_Amount)) != base
+    assert _fingerprint(read_things, _change_capability(model=_AmountAsText)) != base
+    assert (
+        _fingerprint(read_things, _change_capability()) != base
+    )  # a dict input has another schema
+    assert _fingerprint(read_things, _change_capability(model=_Amount)) == base
+
+
+def test_fingerprint_does_not_depend_on_the_order_of_capabilities() -> None:
+    change = _change_capability(model=_Amount)
+    assert _fingerprint(read_things, change) == _fingerprint(change, read_things)
