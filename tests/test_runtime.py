@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from intention_kernel import (
     Agent,
     Answer,
+    CancellationSignal,
     CapabilityContext,
     CapabilityResult,
     EffectUsageError,
@@ -378,3 +380,41 @@ async def test_a_write_superseded_in_its_own_turn_is_reported_rejected_not_await
     accepted = await kernel.turn("t", "2", "yes")
     assert [s.step_id for s in accepted.steps] == [second.step_id]
     assert provider.ledger == ["payments.charge:charge:pi_2"]
+
+
+@pytest.mark.parametrize("effect", ["read", "write"])
+async def test_the_signal_is_set_when_the_turn_is_cancelled(effect: Any) -> None:
+    """A provider call in a worker thread outlives the cancelled await; ``ctx.signal`` is
+    how it learns to stop (also when ``run_effect`` turned the cancellation into an
+    uncertain receipt)."""
+    started = asyncio.Event()
+    stopped = threading.Event()
+    loop = asyncio.get_running_loop()
+
+    def provider(signal: CancellationSignal) -> str:
+        loop.call_soon_threadsafe(started.set)
+        if signal.event.wait(timeout=10):
+            stopped.set()
+        return "done"
+
+    mode: Any = "capability" if effect == "write" else "none"
+
+    @capability("x.slow", effect=effect, confirmation=mode)
+    async def slow(input: dict[str, Any], ctx: CapabilityContext) -> Any:
+        if effect == "read":
+            return await asyncio.to_thread(provider, ctx.signal)
+        done = await ctx.run_effect("k", lambda _: asyncio.to_thread(provider, ctx.signal))
+        return done.value
+
+    kernel, durability = _kernel(slow, script={"go": Interpretation(intents=[Intent("x.slow")])})
+    turn = asyncio.create_task(kernel.turn("t", "1", "go"))
+    await started.wait()
+    assert not stopped.is_set()
+    turn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    assert await asyncio.to_thread(stopped.wait, 5), "the worker thread was never told"
+    assert await durability.load_checkpoint("t") is None  # nothing committed
+    if effect == "write":
+        [receipt] = await durability.list_receipts()
+        assert receipt.status == "uncertain"
