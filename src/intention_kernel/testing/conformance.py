@@ -30,6 +30,8 @@ from typing import Any, ClassVar, Protocol
 import pytest
 
 from intention_kernel import checkpoint as checkpoint_codec
+from intention_kernel.agent import Agent
+from intention_kernel.capabilities import CapabilityContext, CapabilityResult, capability
 from intention_kernel.checkpoint import (
     CHECKPOINT_MIGRATIONS,
     SCHEMA_REVISION,
@@ -51,10 +53,11 @@ from intention_kernel.errors import (
     TenantMismatchError,
     TurnConflictError,
 )
-from intention_kernel.interpretation import Answer
+from intention_kernel.interpretation import Answer, Intent, Interpretation
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing import faults
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing.scripted import ScriptedInterpreter
 from intention_kernel.turns import StepStatus, TurnCommit, TurnResult, TurnScope
 
 __all__ = ["DurabilityConformance", "Tamper"]
@@ -696,6 +699,46 @@ class DurabilityConformance:
             assert accepted.steps[0].status == StepStatus.COMPLETED
             assert (await kernel.turn("t", "2", "yes")).replayed
         assert provider.calls() == 1
+
+    async def test_a_capability_mode_confirmation_survives_a_restart(
+        self, make_durability: Callable[[], Durability], provider: FakeProvider
+    ) -> None:
+        """The interaction and its agenda item outlive the adapter: the answering turn,
+        on a new instance, calls the capability again with ``ctx.answer`` set."""
+        if not self.persistent:
+            pytest.skip("this adapter keeps no state across instances")
+        answers: list[Answer | None] = []
+
+        @capability("payments.refund", effect="write", confirmation="capability")
+        async def refund(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            answers.append(ctx.answer)
+            if ctx.answer is None:
+                return CapabilityResult.needs_confirmation("Refund 100?", {"amount": 100})
+            if ctx.answer.decision != "accept" or ctx.answer.value != {"quote": "q1"}:
+                return CapabilityResult(reply="Refund cancelled.")
+            effect = await ctx.run_effect(
+                "refund:pi_1", lambda authority: provider.charge("pi_1", -100, authority)
+            )
+            return CapabilityResult(value=effect.value, reply="Refunded 100.")
+
+        def agent() -> Agent:
+            script = {"refund": Interpretation(intents=[Intent("payments.refund", {})])}
+            return Agent("refunds", "1", [refund], ScriptedInterpreter(script))
+
+        async with make_durability() as before:
+            proposed = await Kernel(agent(), before).turn("t", "1", "refund")
+        assert proposed.interaction is not None and proposed.interaction.kind == "capability"
+        async with make_durability() as after:
+            kernel = Kernel(agent(), after)
+            answer = Answer(proposed.interaction.id, "accept", {"quote": "q1"})
+            accepted = await kernel.turn("t", "2", answer=answer)
+            assert [(s.step_id, s.status) for s in accepted.steps] == [
+                (proposed.steps[0].step_id, StepStatus.COMPLETED)
+            ]
+            assert accepted.reply == "Refunded 100." and accepted.interaction is None
+            assert (await kernel.turn("t", "2", answer=answer)).replayed
+        assert answers == [None, answer]
+        assert provider.ledger == ["payments.refund:refund:pi_1"]
 
     async def test_capability_mode_runs_then_validates_the_answer_before_writing(
         self, kernel: Kernel, durability: Durability, provider: FakeProvider
