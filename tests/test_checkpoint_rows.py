@@ -104,6 +104,7 @@ def _downgrade_to_version_1(path: Path, checkpoints: dict[str, KernelCheckpoint]
         for column in ("published_at", "attempts", "last_error", "retry_at"):
             conn.execute(f"ALTER TABLE ik_outbox DROP COLUMN {column}")
         conn.execute("ALTER TABLE ik_receipts DROP COLUMN announced")
+        conn.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")  # migration 4
         conn.execute("ALTER TABLE ik_turns DROP COLUMN pruned_at")
         conn.execute("DELETE FROM ik_schema WHERE version > 1")
 

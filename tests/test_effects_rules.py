@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
 from intention_kernel.effects import Receipt, ReceiptStatus, plan_effect, resolve, settle
-from intention_kernel.errors import ReceiptStateError
+from intention_kernel.errors import ReceiptStateError, TenantMismatchError
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -77,3 +78,25 @@ def test_resolution_records_who_and_why() -> None:
         "n",
         "a",
     )
+
+
+@pytest.mark.parametrize("status", list(ReceiptStatus))
+def test_a_receipt_of_another_tenant_is_refused_whatever_its_state(status: ReceiptStatus) -> None:
+    acme = replace(_receipt(status), tenant_id="acme", value={"secret": 1})
+    for other in ("globex", None):
+        with pytest.raises(TenantMismatchError) as refused:
+            plan_effect(
+                acme, thread_id="t", key="k", turn_id="turn", step_id="s", now=NOW, tenant_id=other
+            )
+        assert refused.value.receipt is None
+    mine = plan_effect(
+        acme, thread_id="t", key="k", turn_id="turn", step_id="s", now=NOW, tenant_id="acme"
+    )
+    assert mine.existing == acme
+
+
+def test_a_new_receipt_records_the_tenant_of_its_turn() -> None:
+    plan = plan_effect(
+        None, thread_id="t", key="k", turn_id="turn", step_id="s", now=NOW, tenant_id="acme"
+    )
+    assert plan.write is not None and plan.write.tenant_id == "acme"

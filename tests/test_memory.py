@@ -1,4 +1,5 @@
-"""The in-memory adapter runs the whole conformance suite."""
+"""The in-memory adapter runs the whole conformance suite, plus the shared code's
+defence for recorders that cannot say who claimed a thread."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from intention_kernel.durability import Durability
+from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint
+from intention_kernel.durability import Durability, TurnTransaction
+from intention_kernel.durability.base import TurnStart
 from intention_kernel.effects import ReceiptStatus
+from intention_kernel.errors import TenantMismatchError
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper
+from intention_kernel.turns import TurnCommit, TurnResult, TurnScope
 
 
 class _MemoryTamper:
@@ -44,3 +49,55 @@ class TestInMemoryDurability(DurabilityConformance):
     def tamper(self, durability: Durability) -> Tamper | None:
         assert isinstance(durability, InMemoryDurability)
         return _MemoryTamper(durability)
+
+
+async def test_a_turn_shown_another_tenants_receipt_never_commits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The receipts' own tenant check, for a recorder that cannot say which tenant
+    claimed a thread (a third-party one, say): even an operation that catches the
+    refusal commits nothing, so the thread stays its first tenant's."""
+    durability = InMemoryDurability()
+    recorder = durability._recorder  # type: ignore[attr-defined]
+    begin_turn = recorder.begin_turn
+
+    async def without_claims(thread_id: str, turn_id: str, known: int | None) -> TurnStart:
+        return replace(await begin_turn(thread_id, turn_id, known), claimed_by=None)
+
+    monkeypatch.setattr(recorder, "begin_turn", without_claims)
+
+    async def acme(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("k", lambda a: {"secret": "acme"}, step_id="s")
+        raise RuntimeError("crashed before its commit")
+
+    with pytest.raises(RuntimeError):
+        await durability.with_turn(TurnScope("t", "1", tenant_id="acme"), acme)
+
+    async def globex(tx: TurnTransaction) -> TurnCommit:
+        with pytest.raises(TenantMismatchError) as refused:
+            await tx.run_effect("k", lambda a: {"secret": "globex"}, step_id="s")
+        assert refused.value.receipt is None  # nothing of acme's receipt is handed out
+        return commit_for(tx)
+
+    with pytest.raises(TenantMismatchError, match="nothing was committed"):
+        await durability.with_turn(TurnScope("t", "2", tenant_id="globex"), globex)
+    assert await durability.load_checkpoint("t") is None
+
+    async def acme_again(tx: TurnTransaction) -> TurnCommit:
+        effect = await tx.run_effect("k", lambda a: {"secret": "twice"}, step_id="s")
+        assert effect.value == {"secret": "acme"}
+        return commit_for(tx)
+
+    result = await durability.with_turn(TurnScope("t", "1", tenant_id="acme"), acme_again)
+    assert result.checkpoint_version == 1
+
+
+def commit_for(tx: TurnTransaction) -> TurnCommit:
+    version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
+    checkpoint = KernelCheckpoint(
+        schema_revision=SCHEMA_REVISION, agent_fingerprint="sha256:raw", version=version
+    )
+    result = TurnResult(
+        tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
+    )
+    return TurnCommit(result, checkpoint, ())

@@ -30,6 +30,7 @@ from intention_kernel.errors import (
     EffectUncertainError,
     FencedCommitError,
     StoreError,
+    TenantMismatchError,
     ThreadBusyError,
 )
 from intention_kernel.kernel import Kernel
@@ -232,7 +233,7 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
         "ALTER TABLE ik_outbox DROP COLUMN published_at, DROP COLUMN attempts, "
         "DROP COLUMN last_error, DROP COLUMN retry_at"
     )
-    store.execute("ALTER TABLE ik_receipts DROP COLUMN announced")
+    store.execute("ALTER TABLE ik_receipts DROP COLUMN announced, DROP COLUMN tenant_id")
     store.execute("ALTER TABLE ik_turns DROP COLUMN pruned_at")
     store.execute("DELETE FROM ik_schema WHERE version > 1")
 
@@ -254,6 +255,41 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     async with store.durability() as reopened:
         assert await reopened.load_checkpoint("t") == after
     assert provider.calls() == 1
+
+
+async def test_migration_4_gives_existing_receipts_their_threads_owner(store: Store) -> None:
+    """Receipts written before they carried a tenant: a committed thread's take its
+    owner, so that its tenant's later turns still replay them; a thread with no
+    committed turn cannot tell whose its receipts are, and refuses every tenant."""
+
+    def charge(expected: object) -> Callable[[TurnTransaction], Any]:
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            effect = await tx.run_effect("k", lambda a: {"v": 1}, step_id="s")
+            assert effect.value == expected
+            return commit_for(tx)
+
+        return operation
+
+    async def crash(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("k", lambda a: {"v": 2}, step_id="s")
+        raise RuntimeError("crashed before its commit")
+
+    async with store.durability() as durability:
+        await durability.with_turn(TurnScope("owned", "1", tenant_id="acme"), charge({"v": 1}))
+        with pytest.raises(RuntimeError):
+            await durability.with_turn(TurnScope("crashed", "1", tenant_id="acme"), crash)
+    store.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")  # what version 3 wrote
+    store.execute("DELETE FROM ik_schema WHERE version > 3")
+
+    async with store.durability() as upgraded:
+        owners = {r.thread_id: r.tenant_id for r in await upgraded.list_receipts()}
+        assert owners == {"owned": "acme", "crashed": None}
+        again = await upgraded.with_turn(
+            TurnScope("owned", "2", tenant_id="acme"), charge({"v": 1})
+        )
+        assert again.checkpoint_version == 2
+        with pytest.raises(TenantMismatchError):
+            await upgraded.with_turn(TurnScope("crashed", "1", tenant_id="acme"), charge({}))
 
 
 async def test_open_durability_builds_postgres_from_a_url(postgres_dsn: str) -> None:

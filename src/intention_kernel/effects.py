@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Generic, Literal, TypeVar
 
-from intention_kernel.errors import ReceiptStateError
+from intention_kernel.errors import ReceiptStateError, TenantMismatchError
 
 __all__ = [
     "EffectAuthority",
@@ -76,7 +76,9 @@ class Receipt:
     deduplication key. ``announced`` is true once a committed event announced the
     completed write (``effect.completed`` in the commit of the turn that first used
     the completed receipt, or ``receipt.resolved`` for an operator's resolution), so
-    that each applied write is announced exactly once.
+    that each applied write is announced exactly once. ``tenant_id`` is the tenant of
+    the turn that first prepared it (``None``: no tenant); it never changes, and no
+    turn of another tenant is shown the receipt (see :func:`plan_effect`).
     """
 
     id: str
@@ -92,6 +94,7 @@ class Receipt:
     updated_at: datetime | None = None
     resolution: Resolution | None = None
     announced: bool = False
+    tenant_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,13 +164,25 @@ def plan_effect(
     step_id: str,
     now: datetime,
     receipt_id: str | None = None,
+    tenant_id: str | None = None,
 ) -> EffectPlan:
     """Decide what a call to ``run_effect`` means given the stored receipt.
 
     Must be evaluated while holding the thread's lock: a ``prepared`` receipt
     seen here belongs to an attempt that did not finish (its process died or
     its turn was abandoned), so it is treated as possibly applied.
+
+    A receipt of another tenant (``tenant_id`` is the calling turn's) raises
+    ``TenantMismatchError``, whatever its state: its value is that tenant's
+    provider's answer, and even its state would tell what that tenant did.
     """
+    if existing is not None and existing.tenant_id != tenant_id:
+        raise TenantMismatchError(
+            f"effect {key!r} on thread {thread_id!r} was recorded for another tenant",
+            thread_id=thread_id,
+            turn_id=turn_id,
+            key=key,
+        )
     if existing is None:
         prepared = Receipt(
             id=receipt_id or new_receipt_id(),
@@ -179,6 +194,7 @@ def plan_effect(
             attempt=1,
             created_at=now,
             updated_at=now,
+            tenant_id=tenant_id,
         )
         return EffectPlan("execute", None, prepared)
     status = existing.status

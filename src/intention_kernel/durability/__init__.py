@@ -20,6 +20,13 @@ receipt, or a prepared one left by an attempt that did not finish, raises
 ``EffectUncertainError`` without calling ``fn``; otherwise ``prepared`` is persisted
 before ``fn`` runs and ``completed`` / ``failed`` / ``uncertain`` right after it.
 
+Tenants: a thread belongs to the tenant of its first durable write (its first
+committed turn or, before that, its first effect receipt); a turn of another tenant
+is refused with ``TenantMismatchError`` and is never shown that tenant's receipts.
+The inspection and operations methods (``load_checkpoint``, ``list_receipts``,
+``resolve_receipt``, ``read_outbox``) are operator-level: they see every tenant
+unless filtered (``list_receipts(tenant_id=...)``).
+
 There are two ways to write an adapter:
 
 - implement :class:`Durability` directly (the protocol below), or
@@ -70,7 +77,11 @@ class Durability(Protocol):
     async def load_checkpoint(self, thread_id: str) -> KernelCheckpoint | None: ...
 
     async def list_receipts(
-        self, thread_id: str | None = None, status: ReceiptStatus | str | None = None
+        self,
+        thread_id: str | None = None,
+        status: ReceiptStatus | str | None = None,
+        *,
+        tenant_id: str | None = None,
     ) -> list[Receipt]: ...
 
     async def resolve_receipt(

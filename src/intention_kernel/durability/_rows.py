@@ -51,6 +51,7 @@ def decode_receipt(
     created_at: datetime,
     updated_at: datetime,
     announced: bool = False,
+    tenant_id: str | None = None,
 ) -> Receipt:
     """A receipt from its stored columns (JSON as text, timestamps already parsed)."""
     try:
@@ -76,6 +77,7 @@ def decode_receipt(
                 datetime.fromisoformat(resolved["at"]),
             ),
             announced=bool(announced),
+            tenant_id=tenant_id,
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise CorruptRecordError(

@@ -136,10 +136,21 @@ class StoredThread:
 
 @dataclass(frozen=True, slots=True)
 class ThreadOwner:
-    """Whom a thread belongs to: the tenant of its first committed turn (``None``: no tenant).
+    """Whom a thread belongs to (``tenant_id`` ``None``: no tenant): the tenant of the
+    first durable write on it, which is its first committed turn or, before that, the
+    first effect receipt a turn prepared on it.
 
     ``with_turn`` refuses a turn of any other tenant with ``TenantMismatchError``;
     hosts apply the same rule to reads (see :meth:`RecordedDurability.thread_owner`).
+
+    Why a receipt claims the thread, and not only a commit: a first turn that prepared
+    (or completed) an effect and crashed before its commit leaves receipts on a thread
+    that has no committed turn. If the thread stayed unowned, a turn of another tenant
+    on the same thread ID could commit and take the thread (locking the first tenant
+    out of its own retry), and a ``run_effect`` with the same key would be shown the
+    first tenant's provider value. Each receipt records its tenant, and the thread's
+    earliest receipt is read in the same round trip as the rest of a turn's start, so
+    the claim costs no write and no round trip (see :attr:`TurnStart.claimed_by`).
     """
 
     tenant_id: str | None
@@ -147,11 +158,19 @@ class ThreadOwner:
 
 @dataclass(frozen=True, slots=True)
 class TurnStart:
-    """What a turn reads before it runs: the prior result, or else the thread row."""
+    """What a turn reads before it runs: the prior result, or else the thread row.
+
+    ``claimed_by``: only when there is no committed turn of this ID and the thread has
+    no committed turn (no row, or version 0), the tenant of the thread's earliest
+    receipt, or ``None`` if it has none. A recorder that cannot tell leaves it ``None``;
+    the receipts' own tenant check (:func:`~intention_kernel.effects.plan_effect`) then
+    still keeps their values from another tenant.
+    """
 
     turn: StoredTurn | None
     thread: StoredThread | None
     thread_tenant_id: str | None = None
+    claimed_by: ThreadOwner | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,8 +308,11 @@ class Recorder(Protocol):
         ...
 
     async def read_receipts(
-        self, thread_id: str | None, status: ReceiptStatus | None
-    ) -> list[Receipt]: ...
+        self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
+    ) -> list[Receipt]:
+        """The current receipts, oldest first, filtered by each argument that is not
+        ``None`` (``tenant_id`` on the receipt's own tenant column)."""
+        ...
 
     async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
         """In one transaction: read the receipt, apply ``resolution`` (which raises for
@@ -394,7 +416,7 @@ def check_id(name: str, value: object) -> str:
 class _Transaction:
     """The ``tx`` handed to an operation: scope, checkpoint and effect coordination."""
 
-    __slots__ = ("_checkpoint", "_closed", "_inflight", "_owner", "_scope")
+    __slots__ = ("_checkpoint", "_closed", "_inflight", "_owner", "_refused", "_scope")
 
     def __init__(
         self, owner: RecordedDurability, scope: TurnScope, checkpoint: KernelCheckpoint | None
@@ -404,6 +426,10 @@ class _Transaction:
         self._checkpoint = checkpoint
         self._inflight: set[str] = set()
         self._closed = False
+        # A receipt of another tenant was found: the turn must not commit, even if the
+        # operation caught the error (a capability's ``except Exception``, or the runtime
+        # turning it into a failed step), or it would take a thread that is not its own.
+        self._refused: TenantMismatchError | None = None
 
     @property
     def scope(self) -> TurnScope:
@@ -432,6 +458,9 @@ class _Transaction:
         self._inflight.add(key)
         try:
             return await self._owner._run_effect(self._scope, key, fn, step_id)
+        except TenantMismatchError as exc:
+            self._refused = exc
+            raise
         finally:
             self._inflight.discard(key)
 
@@ -509,11 +538,16 @@ class RecordedDurability:
             start = await recorder.begin_turn(
                 scope.thread_id, scope.turn_id, cached.version if cached else None
             )
-            # A thread belongs to the tenant of its first committed turn. (A version-0
-            # row only carries operator events and has no owner yet.)
-            owned = start.turn is not None or (start.thread is not None and start.thread.version)
-            tenant = start.thread.tenant_id if start.thread else start.thread_tenant_id
-            if owned and tenant != scope.tenant_id:
+            # A thread belongs to the tenant of its first committed turn, or before that
+            # to the tenant of its first receipt (see ThreadOwner). A version-0 row with
+            # no receipt only carries operator events and has no owner yet.
+            if start.turn is not None or (start.thread is not None and start.thread.version):
+                owner: ThreadOwner | None = ThreadOwner(
+                    start.thread.tenant_id if start.thread else start.thread_tenant_id
+                )
+            else:
+                owner = start.claimed_by
+            if owner is not None and owner.tenant_id != scope.tenant_id:
                 raise TenantMismatchError(
                     f"thread {scope.thread_id!r} does not belong to tenant {scope.tenant_id!r}",
                     thread_id=scope.thread_id,
@@ -531,6 +565,14 @@ class RecordedDurability:
                 commit = await operation(tx)
             finally:
                 tx._closed = True
+            if tx._refused is not None:
+                raise TenantMismatchError(
+                    f"turn {scope.turn_id!r} met a receipt of another tenant on thread "
+                    f"{scope.thread_id!r}; nothing was committed",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                    key=tx._refused.key,
+                ) from tx._refused
             try:
                 record = self._record(scope, expected, commit, checkpoint, stored_in_rows)
             except ValueError as exc:  # pydantic's serialization errors included
@@ -711,6 +753,7 @@ class RecordedDurability:
                 turn_id=scope.turn_id,
                 step_id=step_id,
                 now=now,
+                tenant_id=scope.tenant_id,
             )
 
         decided = await recorder.claim_effect(scope.thread_id, key, plan)
@@ -796,23 +839,37 @@ class RecordedDurability:
         return _decode(thread_id, thread)[0]
 
     async def thread_owner(self, thread_id: str) -> ThreadOwner | None:
-        """The owner of a thread, or ``None`` while it has no committed turn (no checkpoint;
-        the first turn of any tenant claims it). Lets a host keep tenants' reads apart."""
+        """The owner of a thread (see :class:`ThreadOwner`), or ``None`` while nothing
+        durable was written on it (the first turn of any tenant claims it). Lets a host
+        keep tenants' reads apart."""
         recorder = await self._ready()
         thread = await recorder.read_thread(check_id("thread_id", thread_id))
-        if thread is None or not thread.version:
-            return None
-        return ThreadOwner(thread.tenant_id)
+        if thread is not None and thread.version:
+            return ThreadOwner(thread.tenant_id)
+        # No committed turn: the thread's earliest receipt, if any, claimed it.
+        receipts = await recorder.read_receipts(thread_id, None)
+        return ThreadOwner(receipts[0].tenant_id) if receipts else None
 
     async def list_receipts(
-        self, thread_id: str | None = None, status: ReceiptStatus | str | None = None
+        self,
+        thread_id: str | None = None,
+        status: ReceiptStatus | str | None = None,
+        *,
+        tenant_id: str | None = None,
     ) -> list[Receipt]:
-        """The current receipt per ``(thread_id, key)``, oldest first."""
+        """The current receipt per ``(thread_id, key)``, oldest first.
+
+        Like every inspection and operations method, this is operator-level: it sees
+        every tenant's receipts unless ``tenant_id`` filters them (on the tenant stored
+        with each receipt; ``None`` does not filter).
+        """
         recorder = await self._ready()
         if thread_id is not None:
             check_id("thread_id", thread_id)
         wanted = _receipt_status(status) if status is not None else None
-        return await recorder.read_receipts(thread_id, wanted)
+        if tenant_id is None:
+            return await recorder.read_receipts(thread_id, wanted)
+        return await recorder.read_receipts(thread_id, wanted, check_id("tenant_id", tenant_id))
 
     async def resolve_receipt(
         self,

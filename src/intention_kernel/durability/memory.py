@@ -27,6 +27,7 @@ from intention_kernel.durability.base import (
     ResolutionFn,
     StoredThread,
     StoredTurn,
+    ThreadOwner,
     TurnRecord,
     TurnStart,
 )
@@ -64,6 +65,9 @@ class _State:
     turns: dict[tuple[str, str], StoredTurn] = field(default_factory=dict)
     turn_times: dict[tuple[str, str], datetime] = field(default_factory=dict)
     receipts: dict[tuple[str, str], Receipt] = field(default_factory=dict)
+    # The tenant of each thread's first receipt (``TurnStart.claimed_by``), so that a
+    # turn's start need not scan every receipt.
+    claims: dict[str, ThreadOwner] = field(default_factory=dict)
     outbox: list[OutboxEvent] = field(default_factory=list)  # in position order
     # By event ID, once the relay recorded something about it (absent: never tried).
     deliveries: dict[str, _Delivery] = field(default_factory=dict)
@@ -106,7 +110,8 @@ class _MemoryRecorder:
             return TurnStart(stored, None, thread.tenant_id if thread else None)
         if thread is not None and thread.version == known_version:
             return TurnStart(None, StoredThread(thread.version, thread.tenant_id, None))
-        return TurnStart(None, self._snapshot(thread))
+        claimed = None if thread and thread.version else self._state.claims.get(thread_id)
+        return TurnStart(None, self._snapshot(thread), claimed_by=claimed)
 
     async def read_thread(self, thread_id: str) -> StoredThread | None:
         return self._snapshot(self._state.threads.get(thread_id))
@@ -127,6 +132,7 @@ class _MemoryRecorder:
         decided = plan(self._state.receipts.get((thread_id, key)))
         if decided.write is not None:
             self._state.receipts[(thread_id, key)] = decided.write
+            self._state.claims.setdefault(thread_id, ThreadOwner(decided.write.tenant_id))
         return decided
 
     async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
@@ -201,13 +207,14 @@ class _MemoryRecorder:
             thread.next_seq += 1
 
     async def read_receipts(
-        self, thread_id: str | None, status: ReceiptStatus | None
+        self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
     ) -> list[Receipt]:
         found = [
             r
             for r in self._state.receipts.values()
             if (thread_id is None or r.thread_id == thread_id)
             and (status is None or r.status is status)
+            and (tenant_id is None or r.tenant_id == tenant_id)
         ]
         return sorted(found, key=lambda r: (r.created_at or utcnow(), r.id))
 

@@ -71,6 +71,7 @@ from intention_kernel.durability.base import (
     ResolutionFn,
     StoredThread,
     StoredTurn,
+    ThreadOwner,
     TurnRecord,
     TurnStart,
     dump_value,
@@ -162,6 +163,17 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT 1 FROM ik_turns t WHERE t.thread_id = r.thread_id AND t.turn_id = r.turn_id));
     ALTER TABLE ik_turns ADD COLUMN pruned_at timestamptz;
     """,
+    # 4: each receipt records its tenant (see the SQLite adapter's migration 4): a thread
+    # with no committed turn belongs to the tenant of its first receipt. Existing
+    # receipts of a committed thread take its owner; the others keep NULL, which
+    # refuses every tenant's turn on their thread (unknown fails closed). No index:
+    # ``list_receipts(tenant_id=...)`` is an operator's query, and every receipt write
+    # of the hot path would pay for one.
+    """
+    ALTER TABLE ik_receipts ADD COLUMN tenant_id text;
+    UPDATE ik_receipts r SET tenant_id = th.tenant_id FROM ik_threads th
+    WHERE th.thread_id = r.thread_id AND th.version > 0;
+    """,
 )
 
 
@@ -218,18 +230,25 @@ _ROWS = """
 """
 # One round trip, one snapshot: the committed turn if any, else the thread row and its
 # checkpoint rows (not shipped for a replay, which never decodes them, nor when the
-# caller holds this version already).
+# caller holds this version already). For a new turn on a thread with no committed
+# turn, also the tenant of its first receipt, as a one-element array (NULL: no
+# receipt), which claimed the thread (``TurnStart.claimed_by``): a probe of the
+# receipts' primary key that the first turn of each thread pays, and no other.
 BEGIN_TURN = (
     """
     WITH found AS (
         SELECT t.request_digest, t.result, t.pruned_at IS NOT NULL AS expired, th.version,
                th.tenant_id, th.checkpoint,
-               t.turn_id IS NULL AND th.version IS DISTINCT FROM %(known_version)s AS ship
+               t.turn_id IS NULL AND th.version IS DISTINCT FROM %(known_version)s AS ship,
+               t.turn_id IS NULL AND COALESCE(th.version, 0) = 0 AS unowned
         FROM (SELECT 1) AS one
         LEFT JOIN ik_threads th ON th.thread_id = %(thread_id)s
         LEFT JOIN ik_turns t ON t.thread_id = %(thread_id)s AND t.turn_id = %(turn_id)s
     )
     SELECT request_digest, result, expired, version, tenant_id,
+           CASE WHEN unowned THEN (SELECT ARRAY[r.tenant_id] FROM ik_receipts r
+                                   WHERE r.thread_id = %(thread_id)s
+                                   ORDER BY r.ordinal LIMIT 1) END,
            CASE WHEN ship THEN checkpoint END,
 """
     + _ROWS.format(ship="ship", thread_id="%(thread_id)s")
@@ -244,14 +263,14 @@ SELECT_THREAD = (
 # In ``Receipt`` field order, so that a row maps onto the dataclass positionally.
 RECEIPT_COLUMNS = (
     "id, thread_id, key, status, turn_id, step_id, attempt, value, error, "
-    "created_at, updated_at, resolution, announced"
+    "created_at, updated_at, resolution, announced, tenant_id"
 )
 SELECT_RECEIPT = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts WHERE thread_id = %s AND key = %s"
 INSERT_RECEIPT = f"""
     INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
     VALUES (%(id)s, %(thread_id)s, %(key)s, %(status)s, %(turn_id)s, %(step_id)s,
             %(attempt)s, %(value)s, %(error)s, %(created_at)s, %(updated_at)s, %(resolution)s,
-            %(announced)s)
+            %(announced)s, %(tenant_id)s)
 """
 # The first call of an effect key, in one round trip: insert the planned receipt
 # unless one exists. Not a conflict hidden: no row inserted means the caller reads the
@@ -739,12 +758,14 @@ class _PostgresRecorder:
         async def read(conn: Connection) -> TurnStart:
             params = {"thread_id": thread_id, "turn_id": turn_id, "known_version": known_version}
             cur = await _execute(conn, BEGIN_TURN, params)
-            digest, result, expired, version, tenant_id, *stored = _one(await cur.fetchone())
+            row = _one(await cur.fetchone())
+            digest, result, expired, version, tenant_id, claim, *stored = row
             if result is not None:
                 return TurnStart(StoredTurn(digest, result, bool(expired)), None, tenant_id)
+            claimed_by = None if claim is None else ThreadOwner(claim[0])
             if version is None:
-                return TurnStart(None, None)
-            return TurnStart(None, _thread(version, tenant_id, *stored))
+                return TurnStart(None, None, claimed_by=claimed_by)
+            return TurnStart(None, _thread(version, tenant_id, *stored), claimed_by=claimed_by)
 
         return await self._run(thread_id, read)
 
@@ -831,9 +852,13 @@ class _PostgresRecorder:
         await self._run(receipt.thread_id, write)
 
     async def read_receipts(
-        self, thread_id: str | None, status: ReceiptStatus | None
+        self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
     ) -> list[Receipt]:
-        filters = {"thread_id": thread_id, "status": None if status is None else str(status)}
+        filters = {
+            "thread_id": thread_id,
+            "status": None if status is None else str(status),
+            "tenant_id": tenant_id,
+        }
         where = " AND ".join(f"{k} = %({k})s" for k, v in filters.items() if v is not None)
         query = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts {where and 'WHERE ' + where} "
         query += "ORDER BY created_at, ordinal"
@@ -1198,6 +1223,7 @@ def _receipt_params(r: Receipt) -> dict[str, Any]:
         "updated_at": r.updated_at or utcnow(),
         "resolution": dump_resolution(r.resolution),
         "announced": r.announced,
+        "tenant_id": r.tenant_id,
     }
 
 
@@ -1225,6 +1251,7 @@ def _receipt(row: Sequence[Any] | None) -> Receipt | None:
         updated_at=_utc(row[10]),
         resolution=row[11],
         announced=row[12],
+        tenant_id=row[13],
     )
 
 

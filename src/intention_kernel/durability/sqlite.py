@@ -68,6 +68,7 @@ from intention_kernel.durability.base import (
     ResolutionFn,
     StoredThread,
     StoredTurn,
+    ThreadOwner,
     TurnRecord,
     TurnStart,
     dump_value,
@@ -170,6 +171,17 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE t.thread_id = ik_receipts.thread_id AND t.turn_id = ik_receipts.turn_id));
     ALTER TABLE ik_turns ADD COLUMN pruned_at TEXT;
     """,
+    # 4: each receipt records its tenant, the tenant of the turn that first prepared it
+    # (see ``ThreadOwner``: a thread with no committed turn belongs to the tenant of its
+    # first receipt). Existing receipts of a committed thread take its owner, the only
+    # tenant whose turns could write them; those of a thread with no committed turn
+    # keep NULL (no tenant), which refuses any tenant's turn there: unknown fails closed.
+    """
+    ALTER TABLE ik_receipts ADD COLUMN tenant_id TEXT;
+    UPDATE ik_receipts SET tenant_id = (
+        SELECT th.tenant_id FROM ik_threads th
+        WHERE th.thread_id = ik_receipts.thread_id AND th.version > 0);
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (
@@ -194,10 +206,12 @@ SELECT_THREAD_UNLESS_KNOWN = """
 
 RECEIPT_COLUMNS = (
     "thread_id, key, id, status, turn_id, step_id, attempt, value, error, resolution, "
-    "created_at, updated_at, announced"
+    "created_at, updated_at, announced, tenant_id"
 )
 SELECT_RECEIPT = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts WHERE thread_id = ? AND key = ?"
-INSERT_RECEIPT = f"INSERT INTO ik_receipts ({RECEIPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+INSERT_RECEIPT = f"INSERT INTO ik_receipts ({RECEIPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+# The tenant that claimed a thread with no committed turn: its first receipt's.
+SELECT_CLAIM = "SELECT tenant_id FROM ik_receipts WHERE thread_id = ? ORDER BY rowid LIMIT 1"
 # The first call of an effect key in one statement: insert the planned receipt unless
 # one exists. Not a conflict hidden: no row inserted means the caller reads the
 # existing receipt and plans from it (``claim_effect``).
@@ -481,7 +495,11 @@ class _SQLiteRecorder:
                 return TurnStart(StoredTurn(row[0], row[1], row[3] is not None), None, row[2])
             thread = conn.execute(SELECT_THREAD_UNLESS_KNOWN, (known_version, thread_id))
             found = _thread(thread.fetchone())
-            if found is None or found.checkpoint is None:
+            if found is None or not found.version:
+                claim = conn.execute(SELECT_CLAIM, (thread_id,)).fetchone()
+                owner = None if claim is None else ThreadOwner(claim[0])
+                return TurnStart(None, found, claimed_by=owner)
+            if found.checkpoint is None:
                 return TurnStart(None, found)
             # Not cached: read the rows too. Under the thread lock nobody writes them,
             # so no snapshot is needed (read_thread takes one: it runs without the lock).
@@ -596,7 +614,7 @@ class _SQLiteRecorder:
         await self._run(lambda conn: _update_receipt(conn, receipt, expected))
 
     async def read_receipts(
-        self, thread_id: str | None, status: ReceiptStatus | None
+        self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
     ) -> list[Receipt]:
         clauses, args = [], []
         if thread_id is not None:
@@ -605,6 +623,9 @@ class _SQLiteRecorder:
         if status is not None:
             clauses.append("status = ?")
             args.append(str(status))
+        if tenant_id is not None:
+            clauses.append("tenant_id = ?")
+            args.append(tenant_id)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts {where} ORDER BY created_at, rowid"
 
@@ -896,6 +917,7 @@ def _receipt_row(r: Receipt) -> tuple[Any, ...]:
         (r.created_at or utcnow()).isoformat(),
         (r.updated_at or utcnow()).isoformat(),
         int(r.announced),
+        r.tenant_id,
     )
 
 
@@ -938,6 +960,7 @@ def _receipt(row: Sequence[Any] | None) -> Receipt | None:
         created_at=created_at,
         updated_at=updated_at,
         announced=row[12],
+        tenant_id=row[13],
     )
 
 

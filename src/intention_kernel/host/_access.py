@@ -7,8 +7,10 @@ reads too). A token mapped to ``None`` is a caller without a tenant: it sees the
 threads created without one. Without ``tokens`` there is no authentication and
 every caller is that tenant-less caller.
 
-A thread belongs to the tenant of its first committed turn. Receipts of a thread
-with no committed turn yet have no owner; only a caller without a tenant sees them.
+A thread belongs to the tenant of its first durable write: its first committed
+turn or, before that, the first effect receipt a turn prepared on it (see
+``ThreadOwner``). A tenant's receipts are listed by the store's own filter, on the
+tenant each receipt records.
 """
 
 from __future__ import annotations

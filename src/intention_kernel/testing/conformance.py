@@ -948,6 +948,111 @@ class DurabilityConformance:
             await kernel.turn("t", "1", "balance", tenant_id="globex")
         assert (await kernel.turn("t", "2", "balance", tenant_id="acme")).checkpoint_version == 2
 
+    async def test_a_crashed_first_turns_receipts_are_never_shown_to_another_tenant(
+        self, durability: Durability
+    ) -> None:
+        """A first turn that completed a write and crashed before its commit leaves a
+        receipt on a thread with no committed turn: the receipt claims the thread."""
+        key = "payments.charge:charge:card"
+
+        async def acme_crashes(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect(key, lambda a: {"card": "acme's secret"}, step_id="s1")
+            raise _Crash
+
+        with pytest.raises(_Crash):
+            await durability.with_turn(TurnScope("t", "a1", tenant_id="acme"), acme_crashes)
+        seen: list[Any] = []
+
+        async def other_tenant(tx: TurnTransaction) -> TurnCommit:
+            effect = await tx.run_effect(key, lambda a: seen.append("called"), step_id="s1")
+            seen.append(effect.value)
+            return _commit(tx)
+
+        async def touches_nothing(tx: TurnTransaction) -> TurnCommit:
+            return _commit(tx)
+
+        for tenant in ("globex", None):
+            for operation in (other_tenant, touches_nothing):
+                with pytest.raises(TenantMismatchError):
+                    await durability.with_turn(TurnScope("t", "g1", tenant_id=tenant), operation)
+        assert seen == []
+        assert await durability.load_checkpoint("t") is None
+        if isinstance(durability, RecordedDurability):
+            owner = await durability.thread_owner("t")
+            assert owner is not None and owner.tenant_id == "acme"
+
+        async def acme_retries(tx: TurnTransaction) -> TurnCommit:
+            effect = await tx.run_effect(key, lambda a: seen.append("again"), step_id="s1")
+            assert (effect.replayed, effect.value) == (True, {"card": "acme's secret"})
+            return _commit(tx)
+
+        result = await durability.with_turn(TurnScope("t", "a1", tenant_id="acme"), acme_retries)
+        assert (result.replayed, result.checkpoint_version) == (False, 1)
+        assert seen == []
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert (receipt.status, receipt.tenant_id) == ("completed", "acme")
+        with pytest.raises(TenantMismatchError):
+            await durability.with_turn(TurnScope("t", "g2", tenant_id="globex"), other_tenant)
+
+    async def test_a_dead_first_attempt_stays_its_tenants_to_reconcile(
+        self, durability: Durability
+    ) -> None:
+        """Another tenant's turn neither runs the effect nor marks the abandoned
+        ``prepared`` receipt uncertain: it only learns that the thread is not its own."""
+
+        def dies(authority: EffectAuthority) -> Any:
+            raise _ProcessDied
+
+        async def acme_dies(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("k", dies, step_id="s1")
+            raise AssertionError("unreachable")
+
+        with pytest.raises(_ProcessDied):
+            await durability.with_turn(TurnScope("t", "a1", tenant_id="acme"), acme_dies)
+        called: list[str] = []
+
+        async def globex(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("k", lambda a: called.append("globex"), step_id="s1")
+            return _commit(tx)
+
+        with pytest.raises(TenantMismatchError):
+            await durability.with_turn(TurnScope("t", "g1", tenant_id="globex"), globex)
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert (receipt.status, receipt.tenant_id) == ("prepared", "acme")
+
+        async def acme_retries(tx: TurnTransaction) -> TurnCommit:
+            with pytest.raises(EffectUncertainError):
+                await tx.run_effect("k", lambda a: called.append("acme"), step_id="s1")
+            return _commit(tx)
+
+        await durability.with_turn(TurnScope("t", "a1", tenant_id="acme"), acme_retries)
+        assert called == []
+        [after] = await durability.list_receipts(thread_id="t")
+        assert (after.status, after.tenant_id) == ("uncertain", "acme")
+
+    async def test_list_receipts_filters_by_tenant(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        for thread, tenant, pi in (
+            ("a", "acme", "pi_1"),
+            ("b", "globex", "pi_2"),
+            ("c", None, "pi_3"),
+        ):
+            await kernel.turn(thread, "1", f"charge {pi} 500", tenant_id=tenant)
+            await kernel.turn(thread, "2", "yes", tenant_id=tenant)
+        everyone = await durability.list_receipts()  # operator-level: every tenant
+        assert [(r.thread_id, r.tenant_id) for r in everyone] == [
+            ("a", "acme"),
+            ("b", "globex"),
+            ("c", None),
+        ]
+        assert [r.thread_id for r in await durability.list_receipts(tenant_id="acme")] == ["a"]
+        assert [
+            r.thread_id
+            for r in await durability.list_receipts(status="completed", tenant_id="globex")
+        ] == ["b"]
+        assert await durability.list_receipts(thread_id="a", tenant_id="globex") == []
+
     # =========================================================================================
     # Outbox
     # =========================================================================================
@@ -1035,6 +1140,14 @@ class DurabilityConformance:
         await kernel.turn("t", "after", "balance 9")  # the runtime continues from them
         assert await durability.load_checkpoint("t") == committed[-1]
         assert [m.content for m in committed[-1].messages][:1] == ["by hand"]
+
+
+class _Crash(Exception):
+    """A turn's operation failing before its commit."""
+
+
+class _ProcessDied(BaseException):
+    """Stands in for the process dying while the provider call runs."""
 
 
 class _Capturing:
