@@ -144,3 +144,23 @@ def test_resolve_refuses_bad_requests_and_changes_nothing(store: Path) -> None:
         assert message in " ".join(output.split()), (args, output)
     code, output = _cli("receipts", "list", "--db", db, "--status", "uncertain", "--json")
     assert [json.loads(line)["key"] for line in output.splitlines()] == [KEY]
+
+
+def test_list_filters_by_tenant(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.db"
+
+    async def prepare() -> None:
+        async with SQLiteDurability(path) as durability:
+            kernel = Kernel(billing_agent(FakeProvider()), durability)
+            for thread, tenant in (("a", "acme"), ("g", "globex")):
+                await kernel.turn(thread, "1", "charge pi_1 5", tenant_id=tenant)
+                await kernel.turn(thread, "2", "yes", tenant_id=tenant)
+
+    asyncio.run(prepare())
+    db = f"sqlite:///{path}"
+    code, output = _cli("receipts", "list", "--db", db, "--json")
+    assert code == 0
+    assert [json.loads(line)["tenant_id"] for line in output.splitlines()] == ["acme", "globex"]
+    code, output = _cli("receipts", "list", "--db", db, "--tenant", "globex", "--json")
+    assert code == 0
+    assert [json.loads(line)["thread_id"] for line in output.splitlines()] == ["g"]

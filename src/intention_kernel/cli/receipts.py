@@ -57,11 +57,16 @@ def list_receipts(
         typer.Option("--status", help="Only this status: prepared, completed, failed, uncertain"),
     ] = None,
     thread: Annotated[str | None, typer.Option("--thread", help="Only this thread")] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Only this tenant's (default: every tenant's)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False,
 ) -> None:
     """List the current receipt of every effect key, oldest first."""
     wanted = _status(status)
-    receipts = _run(resolve_db_url(db), lambda store: store.list_receipts(thread, wanted))
+    receipts = _run(
+        resolve_db_url(db), lambda store: store.list_receipts(thread, wanted, tenant_id=tenant)
+    )
     if as_json:
         for receipt in receipts:
             typer.echo(json.dumps(_as_dict(receipt), ensure_ascii=False))
@@ -161,6 +166,7 @@ def _run(url: str, action: Any) -> Any:
 def _as_dict(r: Receipt) -> dict[str, Any]:
     return {
         "thread_id": r.thread_id,
+        "tenant_id": r.tenant_id,
         "key": r.key,
         "id": r.id,
         "status": str(r.status),
