@@ -7,6 +7,7 @@ Every test works in its own schema (a random name, dropped afterwards).
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -20,9 +21,16 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from typer.testing import CliRunner
 
 from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint, encode_checkpoint
-from intention_kernel.durability import Durability, TurnTransaction, open_durability
+from intention_kernel.cli._app import app as cli_app
+from intention_kernel.durability import (
+    Durability,
+    TurnTransaction,
+    _take_url_options,
+    open_durability,
+)
 from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability, advisory_key
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import (
@@ -160,6 +168,11 @@ async def no_lock(thread_id: str) -> AsyncIterator[object]:
     yield thread_id
 
 
+def with_query(dsn: str, query: str) -> str:
+    """``dsn`` (a URL) with ``query`` appended to its query string."""
+    return f"{dsn}{'&' if '?' in dsn else '?'}{query}"
+
+
 async def read_all(durability: Durability, after: int | None = None) -> list[Any]:
     events: list[Any] = []
     while batch := await durability.read_outbox(
@@ -292,10 +305,71 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(store: St
             await upgraded.with_turn(TurnScope("crashed", "1", tenant_id="acme"), charge({}))
 
 
-async def test_open_durability_builds_postgres_from_a_url(postgres_dsn: str) -> None:
-    durability = open_durability(postgres_dsn)
+async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:
+    """``schema`` and ``lock_timeout`` in the URL reach the adapter; every other query
+    parameter reaches libpq as it was written; the CLI opens the same store."""
+    assert open_durability(store.dsn).schema == "intention_kernel"  # the default
+    app_name = f"url {store.schema}"
+    url = with_query(
+        store.dsn, f"schema={store.schema}&lock_timeout=0.3&application_name=url%20{store.schema}"
+    )
+    durability = open_durability(url)
     assert isinstance(durability, PostgresDurability)
-    assert durability.schema == "intention_kernel"
+    assert durability.schema == store.schema
+
+    async def charge(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("charge", lambda a: {"id": "ch_1"}, step_id="s")
+        return commit_for(tx)
+
+    async with durability, store.durability() as holder:
+        assert (await durability.with_turn(TurnScope("t", "1"), charge)).checkpoint_version == 1
+        assert store.execute("SELECT turn_id FROM ik_turns") == [("1",)]  # in that schema
+        sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        assert store.execute(sessions, app_name)[0][0] >= 1
+        gate = Gate()
+        held = asyncio.create_task(holder.with_turn(TurnScope("t", "2"), gate))
+        await asyncio.wait_for(gate.entered.wait(), 5)
+        started = time.monotonic()
+        with pytest.raises(ThreadBusyError):
+            await durability.with_turn(TurnScope("t", "3"), plain)
+        assert 0.3 <= time.monotonic() - started < 5  # lock_timeout=0.3, not the default 30
+        gate.released.set()
+        await held
+
+    listed = await asyncio.to_thread(
+        CliRunner().invoke, cli_app, ["receipts", "list", "--db", url, "--json"]
+    )
+    assert listed.exit_code == 0, listed.output
+    assert [json.loads(line)["key"] for line in listed.output.splitlines()] == ["charge"]
+
+
+def test_adapter_parameters_in_a_url_are_taken_off_and_checked() -> None:
+    dsn, options = _take_url_options(
+        "postgresql://u@h/db?application_name=a%20b&schema=my%20app&options=-c%20x%3D1",
+        ("schema", "lock_timeout"),
+    )
+    assert dsn == "postgresql://u@h/db?application_name=a%20b&options=-c%20x%3D1"
+    assert options == {"schema": "my app"}
+    for bad, why in [
+        ("postgresql://h/db?schema=a&schema=b", "twice"),
+        ("postgresql://h/db?lock_timeout=soon", "number of seconds"),
+        ("postgresql://h/db?lock_timeout=-1", "number of seconds"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            open_durability(bad)
+
+
+def test_a_malformed_dsn_fails_at_once_with_a_store_error(postgres_dsn: str) -> None:
+    """Not a 30-second pool timeout that blames the server: libpq refuses these before
+    any connection is tried."""
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="understood by open_durability"):
+        PostgresDurability(with_query(postgres_dsn, "schema=billing"))
+    with pytest.raises(StoreError, match="not a valid PostgreSQL connection string"):
+        PostgresDurability(with_query(postgres_dsn, "no_such_option=1"))
+    with pytest.raises(StoreError, match="not a valid PostgreSQL connection string"):
+        open_durability("postgresql://[::1/db")
+    assert time.monotonic() - started < 1
 
 
 async def test_an_unreachable_server_is_a_store_error() -> None:

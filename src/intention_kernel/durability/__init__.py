@@ -43,9 +43,11 @@ Adapters: ``InMemoryDurability`` (``intention_kernel.testing``), ``SQLiteDurabil
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Collection
 from types import TracebackType
 from typing import Any, Protocol, Self
+from urllib.parse import unquote
 
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
@@ -115,7 +117,11 @@ def open_durability(url: str) -> Durability:
     """Build an adapter from a URL.
 
     - ``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` → ``SQLiteDurability``
-    - ``postgresql://user@host:5432/db`` (or ``postgres://``) → ``PostgresDurability``
+    - ``postgresql://user@host:5432/db`` (or ``postgres://``) → ``PostgresDurability``.
+      Two query parameters are the adapter's, not libpq's, and are removed before the
+      rest reaches libpq: ``schema`` (the PostgreSQL schema holding the tables) and
+      ``lock_timeout`` (seconds to wait for a busy thread), as in
+      ``postgresql://app@db/app?schema=billing&lock_timeout=5&sslmode=require``.
     - ``memory://`` → ``InMemoryDurability`` (tests and examples only)
     """
     scheme, sep, rest = url.partition("://")
@@ -132,11 +138,51 @@ def open_durability(url: str) -> Durability:
             raise ValueError(f"sqlite URL needs a path: {url!r} (sqlite:///file.db)")
         return SQLiteDurability(path)
     if scheme in ("postgresql", "postgres"):
-        from intention_kernel.durability.postgres import PostgresDurability
+        from intention_kernel.durability import postgres
 
-        return PostgresDurability(url)
+        dsn, options = _take_url_options(url, postgres.URL_OPTIONS)
+        timeout = options.get("lock_timeout")
+        return postgres.PostgresDurability(
+            dsn,
+            schema=options.get("schema", postgres.DEFAULT_SCHEMA),
+            lock_timeout=postgres.DEFAULT_LOCK_TIMEOUT
+            if timeout is None
+            else _seconds("lock_timeout", timeout),
+        )
     if scheme == "memory":
         from intention_kernel.durability.memory import InMemoryDurability
 
         return InMemoryDurability()
     raise ValueError(f"unknown durability scheme {scheme!r} in {url!r}")
+
+
+def _take_url_options(url: str, names: Collection[str]) -> tuple[str, dict[str, str]]:
+    """Split the query parameters called ``names`` off ``url``: the URL without them
+    (every other parameter kept byte for byte, so that libpq decodes it as it would
+    have) and their percent-decoded values. A parameter given twice is a ``ValueError``.
+    """
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, {}
+    kept: list[str] = []
+    taken: dict[str, str] = {}
+    for item in query.split("&"):
+        name, _, value = item.partition("=")
+        key = unquote(name)
+        if key not in names:
+            kept.append(item)
+        elif key in taken:
+            raise ValueError(f"the durability URL gives {key}= twice")
+        else:
+            taken[key] = unquote(value)
+    return base + ("?" + "&".join(kept) if kept else ""), taken
+
+
+def _seconds(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}= in the durability URL must be a number of seconds, got {text!r}")
+    return value

@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 try:
     import psycopg
     from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
     from psycopg.errors import UniqueViolation
     from psycopg.pq import TransactionStatus
     from psycopg.rows import TupleRow
@@ -56,6 +57,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from intention_kernel import _faults
+from intention_kernel.durability import _take_url_options
 from intention_kernel.durability._rows import (
     decode_event,
     decode_receipt,
@@ -86,6 +88,12 @@ from intention_kernel.errors import (
 from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = ["PostgresDurability"]
+
+DEFAULT_SCHEMA = "intention_kernel"
+DEFAULT_LOCK_TIMEOUT = 30.0
+#: Query parameters of a ``postgresql://`` URL that ``open_durability`` takes for the
+#: adapter (they are not libpq's, which refuses unknown ones).
+URL_OPTIONS = ("schema", "lock_timeout")
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[TupleRow]
@@ -1080,8 +1088,8 @@ class PostgresDurability(RecordedDurability):
         self,
         dsn: str,
         *,
-        schema: str = "intention_kernel",
-        lock_timeout: float = 30.0,
+        schema: str = DEFAULT_SCHEMA,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         min_pool_size: int = 1,
         max_pool_size: int = 10,
         pool_timeout: float = 30.0,
@@ -1090,12 +1098,30 @@ class PostgresDurability(RecordedDurability):
             raise ValueError(f"not a PostgreSQL schema name: {schema!r}")
         if not 0 <= min_pool_size <= max_pool_size or max_pool_size < 1:
             raise ValueError("need 0 <= min_pool_size <= max_pool_size and max_pool_size >= 1")
+        _check_dsn(dsn)
         self.schema = schema
         super().__init__(
             _PostgresRecorder(
                 dsn, schema, lock_timeout, (min_pool_size, max_pool_size), pool_timeout
             )
         )
+
+
+def _check_dsn(dsn: str) -> None:
+    """Refuse a connection string libpq cannot parse, at once: the pool would otherwise
+    retry it until ``pool_timeout`` and then report a server it could not reach."""
+    if "://" in dsn:
+        _, ours = _take_url_options(dsn, URL_OPTIONS)
+        if ours:
+            raise StoreError(
+                f"{', '.join(f'{name}=' for name in ours)} in a PostgreSQL URL is understood "
+                "by open_durability(); PostgresDurability takes it as an argument "
+                "(schema=..., lock_timeout=...), and libpq refuses it"
+            )
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise StoreError(f"not a valid PostgreSQL connection string: {str(exc).strip()}") from exc
 
 
 # -- rows ------------------------------------------------------------------------------------
