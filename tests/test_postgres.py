@@ -444,6 +444,33 @@ async def test_no_session_is_returned_to_the_pool_holding_a_lock(store: Store) -
         assert (await other.with_turn(TurnScope("t", "3"), plain)).checkpoint_version == 2
 
 
+async def test_every_session_asks_the_server_to_drop_it_after_25_seconds_of_silence(
+    store: Store,
+) -> None:
+    """A vanished host's sessions, and so its thread locks, are dropped by the server
+    within about 25 s: keepalives for an idle session, ``tcp_user_timeout`` for one with
+    unacknowledged data. This proves what every session tells the server; a vanished
+    host itself is not simulated (it needs packets dropped between two hosts: a proxy
+    in between would acknowledge them itself)."""
+    async with store.durability(min_pool_size=3, max_pool_size=3) as durability:
+        pool = durability._recorder._pool  # type: ignore[attr-defined]
+        await pool.wait()
+        sessions = [await pool.getconn() for _ in range(3)]
+        try:
+            for conn in sessions:
+                if (conn.info.host or "/").startswith("/"):
+                    pytest.skip("a Unix-socket session has no TCP settings")
+                cur = await conn.execute(
+                    "SELECT current_setting('tcp_keepalives_idle'), "
+                    "current_setting('tcp_keepalives_interval'), "
+                    "current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')"
+                )
+                assert await cur.fetchone() == ("10", "5", "3", "25000")  # seconds; ms
+        finally:
+            for conn in sessions:
+                await pool.putconn(conn)
+
+
 # -- fencing ---------------------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ Design, and why:
   interpreter or a capability runs (the session sits idle, holding only the
   lock), and the server drops the lock the moment the session ends: a killed
   worker frees its threads at once, a vanished host within about 25 seconds
-  (server-side TCP keepalives, set on every session).
+  (server-side TCP keepalives and ``tcp_user_timeout``, set on every session).
 - **Every statement of a turn runs on that same connection.** A commit that
   succeeds was therefore made by a session that still held the lock; if the
   session died, the lock died with it and so does every later statement of
@@ -208,7 +208,13 @@ SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
 INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (%s, now())"
 # Per session, once: our schema only (no surprise from a "$user" or public table),
 # and keepalives so that the server notices a vanished host (and drops its
-# advisory locks) within idle + interval * count = 25 s instead of hours. And lz4,
+# advisory locks) within idle + interval * count = 25 s instead of hours. Keepalives
+# probe only a connection with nothing in flight: if the host vanished while the
+# server was sending (a result, a notice), the kernel retransmits instead, for about
+# 15 minutes by default (tcp_retries2). ``tcp_user_timeout`` (PostgreSQL 12+, where
+# the server's platform has TCP_USER_TIMEOUT) bounds that to the same 25 s, and with
+# keepalives on it also closes an idle connection once 25 s of probes went unanswered.
+# (All four are ignored on a Unix socket, which has no remote host.) And lz4,
 # where the server has it (PostgreSQL 14+ built with it), to compress what the
 # session writes out of line: a long thread's core (its receipt index, up to
 # ``max_receipts`` entries) is rewritten every turn, and the default pglz made that
@@ -219,6 +225,8 @@ CONFIGURE_SESSION = """
            set_config('tcp_keepalives_idle', '10', false),
            set_config('tcp_keepalives_interval', '5', false),
            set_config('tcp_keepalives_count', '3', false),
+           (SELECT set_config(name, '25000', false) FROM pg_settings
+            WHERE name = 'tcp_user_timeout'),
            (SELECT set_config(name, 'lz4', false) FROM pg_settings
             WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals))
 """
