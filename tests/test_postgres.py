@@ -658,6 +658,81 @@ async def test_a_connection_killed_before_commit_leaves_nothing_and_the_retry_wo
         assert receipt.status == "completed"
 
 
+async def test_an_outcome_known_after_the_lock_session_died_is_still_recorded(
+    store: Store,
+) -> None:
+    """The lock's session dies during the provider call: the turn cannot commit, but
+    the completed write is recorded on another session, so the retried delivery replays
+    it instead of failing closed as uncertain. ``max_pool_size=1``: the dead session's
+    slot is given back first."""
+    calls: list[str] = []
+
+    def provider(authority: EffectAuthority) -> dict[str, bool]:
+        calls.append(authority.key)
+        if len(calls) == 1:
+            kill_and_wait(store, "t")
+        return {"charged": True}
+
+    async def charge(tx: TurnTransaction) -> TurnCommit:
+        effect = await tx.run_effect("charge", provider, step_id="s")
+        assert effect.value == {"charged": True}
+        return commit_for(tx)
+
+    async with store.durability(max_pool_size=1, pool_timeout=5) as durability:
+        with pytest.raises(StoreError):  # its lock is gone: the turn does not commit
+            await durability.with_turn(TurnScope("t", "1"), charge)
+        [receipt] = await durability.list_receipts()
+        assert (receipt.status, receipt.value) == ("completed", {"charged": True})
+        assert await durability.load_checkpoint("t") is None
+        retried = await durability.with_turn(TurnScope("t", "1"), charge)
+        assert (retried.replayed, retried.checkpoint_version) == (False, 1)
+        assert calls == ["charge"]
+        assert store.advisory_locks() == 0
+
+
+async def test_an_outcome_recorded_late_never_overwrites_what_another_turn_decided(
+    store: Store,
+) -> None:
+    """The same, but while the provider still runs another worker locks the thread and
+    finds the receipt prepared: it makes it uncertain, and the late write is refused."""
+    async with store.durability() as durability, store.durability() as other:
+        calls: list[str] = []
+
+        async def sees_it_prepared(tx: TurnTransaction) -> TurnCommit:
+            with pytest.raises(EffectUncertainError):
+                await tx.run_effect("charge", lambda a: calls.append("other"), step_id="s")
+            return commit_for(tx)
+
+        async def provider(authority: EffectAuthority) -> dict[str, bool]:
+            calls.append(authority.key)
+            kill_and_wait(store, "t")
+            await other.with_turn(TurnScope("t", "2"), sees_it_prepared)
+            return {"charged": True}
+
+        async def charge(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("charge", provider, step_id="s")
+            return commit_for(tx)
+
+        with pytest.raises(FencedCommitError):
+            await durability.with_turn(TurnScope("t", "1"), charge)
+        [receipt] = await durability.list_receipts()
+        assert receipt.status == "uncertain"
+        assert calls == ["charge"]
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None and checkpoint.version == 1  # the other turn's
+
+
+def kill_and_wait(store: Store, thread_id: str) -> None:
+    """Terminate the session holding ``thread_id``'s lock, and wait until it is gone."""
+    pid = store.lock_holder(thread_id)
+    assert pid is not None
+    store.terminate(pid)
+    deadline = time.monotonic() + 5
+    while store.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", pid):
+        assert time.monotonic() < deadline, "the terminated backend did not exit"
+        time.sleep(0.005)
+
+
 async def test_a_lost_commit_acknowledgement_is_resolved_by_replay(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -553,13 +553,17 @@ class _Held:
     a hop still running. Without it a transaction could interleave with another
     hop's statements, and a late hop could run on the session after it went back
     to the pool, inside whatever its next borrower is doing. ``committed``: the
-    turn's commit released the session's hold (see COMMIT_TURN).
+    turn's commit released the session's hold (see COMMIT_TURN). ``returned``: the
+    session died and was given back to the pool already (see ``_give_back_dead``);
+    ``conn`` stays the dead session, so that every later hop of the turn fails on it
+    and none runs on another session, which would not hold the lock.
     """
 
     conn: Connection | None
     key: int
     mutex: asyncio.Lock = field(default_factory=asyncio.Lock)
     committed: bool = False
+    returned: bool = False
 
 
 class _PostgresRecorder:
@@ -741,6 +745,18 @@ class _PostgresRecorder:
             await asyncio.sleep(min(wait * random.uniform(0.5, 1.0), remaining))
             wait = min(wait * 2, _MAX_WAIT)
 
+    async def _give_back_dead(self, held: _Held) -> bool:
+        """Whether the lock's session died; if so, give it back to the pool now (closed),
+        so that its slot can serve another session even when the pool is full."""
+        async with held.mutex:
+            conn = held.conn
+            if conn is None or held.returned or not conn.broken:
+                return held.returned
+            held.returned = True
+            await conn.close()
+            await self._pool.putconn(conn)
+            return True
+
     async def _release(self, held: _Held, key: int, *, unlock: bool) -> None:
         """Give the session back to the pool without the thread lock: unlocked, or else
         closed (the server drops a closed session's locks and rolls back whatever it
@@ -748,6 +764,8 @@ class _PostgresRecorder:
         async with held.mutex:  # after any hop still running on the session
             conn, held.conn = held.conn, None
             assert conn is not None
+            if held.returned:
+                return
             clean = False
             try:
                 if unlock:
@@ -865,7 +883,23 @@ class _PostgresRecorder:
         async def write(conn: Connection) -> None:
             await _update_receipt(conn, receipt, expected)
 
-        await self._run(receipt.thread_id, write)
+        thread_id = receipt.thread_id
+        try:
+            await self._run(thread_id, write)
+        except StoreError:
+            held = self._held.get(thread_id)
+            if held is None or not await self._give_back_dead(held):
+                raise
+            # The turn's session (and its lock) died, here typically during the provider
+            # call, so the outcome is known but was not recorded: left ``prepared``, the
+            # receipt would turn uncertain and a completed write would wait for an
+            # operator. Record it once more on another session. Without the lock this is
+            # still safe: the write compares-and-sets the status and attempt that this
+            # call prepared, so if a turn that locked the thread since found the receipt
+            # prepared and made it uncertain (or an operator resolved it), the write is
+            # refused (FencedCommitError) and the receipt stays as they left it. The turn
+            # itself cannot commit: its next statement fails on the dead session.
+            await self._run(None, _settle_again(receipt, expected))
 
     async def read_receipts(
         self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
@@ -1259,6 +1293,26 @@ def _receipt_params(r: Receipt) -> dict[str, Any]:
         "announced": r.announced,
         "tenant_id": r.tenant_id,
     }
+
+
+def _settle_again(new: Receipt, expected: Receipt) -> Callable[[Connection], Awaitable[None]]:
+    """The receipt write ``new`` over ``expected``, safe to repeat: a write found applied
+    already (its acknowledgement lost with a session) is not refused as a conflict."""
+
+    async def write(conn: Connection) -> None:
+        try:
+            await _update_receipt(conn, new, expected)
+        except FencedCommitError:
+            cur = await _execute(conn, SELECT_RECEIPT, (new.thread_id, new.key))
+            stored = _receipt(await cur.fetchone())
+            if stored is None or (stored.status, stored.attempt, stored.updated_at) != (
+                new.status,
+                new.attempt,
+                new.updated_at,
+            ):
+                raise
+
+    return write
 
 
 async def _update_receipt(conn: Connection, new: Receipt, expected: Receipt) -> None:
