@@ -45,6 +45,7 @@ from intention_kernel.kernel import Kernel
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper
 from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
+from tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
 
@@ -56,10 +57,11 @@ class Store:
     dsn: str
     schema: str
 
-    def durability(self, **options: Any) -> PostgresDurability:
-        """An adapter whose sessions carry the schema name as ``application_name``."""
+    def durability(self, via: TcpProxy | None = None, **options: Any) -> PostgresDurability:
+        """An adapter whose sessions carry the schema name as ``application_name``
+        (connected through ``via``, if given)."""
         dsn = make_conninfo(self.dsn, application_name=self.schema)
-        return PostgresDurability(dsn, schema=self.schema, **options)
+        return PostgresDurability(via.dsn(dsn) if via else dsn, schema=self.schema, **options)
 
     def execute(self, query: str, *args: object) -> list[tuple[Any, ...]]:
         """Run one statement in the test's schema and return its rows."""
@@ -722,6 +724,20 @@ async def test_an_outcome_recorded_late_never_overwrites_what_another_turn_decid
         assert checkpoint is not None and checkpoint.version == 1  # the other turn's
 
 
+async def retry_until_served(
+    durability: Durability, scope: TurnScope, operation: Callable[[TurnTransaction], Any]
+) -> TurnResult:
+    """Deliver a turn again and again while the store fails, for up to 30 seconds."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await durability.with_turn(scope, operation)
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
 def kill_and_wait(store: Store, thread_id: str) -> None:
     """Terminate the session holding ``thread_id``'s lock, and wait until it is gone."""
     pid = store.lock_holder(thread_id)
@@ -733,23 +749,113 @@ def kill_and_wait(store: Store, thread_id: str) -> None:
         time.sleep(0.005)
 
 
-async def test_a_lost_commit_acknowledgement_is_resolved_by_replay(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async with store.durability() as durability:
-        recorder: Any = durability._recorder
-        real_commit = recorder.commit_turn
+async def test_a_lost_commit_acknowledgement_is_resolved_by_replay(store: Store) -> None:
+    """A proxy lets the commit reach the server and drops the server's answer with the
+    connection: the turn is durable, the worker sees a connection error. The retry of
+    the same turn ID replays it; nothing runs twice and nothing is missing."""
+    calls: list[str] = []
 
-        async def commit_then_lose_the_ack(record: Any) -> None:
-            await real_commit(record)
-            raise StoreError("connection lost while waiting for COMMIT")
+    def provider(authority: EffectAuthority) -> dict[str, str]:
+        calls.append(authority.key)
+        return {"id": authority.key}
 
-        monkeypatch.setattr(recorder, "commit_turn", commit_then_lose_the_ack)
+    runs: list[str] = []
+
+    async def charge(tx: TurnTransaction) -> TurnCommit:
+        runs.append(tx.scope.turn_id)
+        await tx.run_effect(f"charge:{tx.scope.turn_id}", provider, step_id="s")
+        return commit_for(tx)
+
+    async with (
+        TcpProxy.to(store.dsn) as proxy,
+        store.durability(via=proxy, min_pool_size=2) as durability,
+    ):
+        await durability.with_turn(TurnScope("t", "1"), charge)
+        proxy.lose_reply_to(b"INSERT INTO ik_turns")
         with pytest.raises(StoreError):
-            await durability.with_turn(TurnScope("t", "1"), plain)
-        monkeypatch.undo()
-        replay = await durability.with_turn(TurnScope("t", "1"), plain)
-        assert (replay.replayed, replay.checkpoint_version) == (True, 1)
+            await durability.with_turn(TurnScope("t", "2"), charge)
+        assert proxy.lost_replies == 1
+        assert store.execute("SELECT turn_id FROM ik_turns ORDER BY version") == [
+            ("1",),
+            ("2",),
+        ]  # it did commit
+        retried = await durability.with_turn(TurnScope("t", "2"), charge)
+        assert (retried.replayed, retried.checkpoint_version) == (True, 2)
+        assert (await durability.with_turn(TurnScope("t", "3"), charge)).checkpoint_version == 3
+        events = await read_all(durability)
+        receipts = await durability.list_receipts()
+    assert runs == ["1", "2", "3"] and calls == ["charge:1", "charge:2", "charge:3"]
+    assert [(e.turn_id, e.position, e.seq) for e in events] == [(str(n), n, n) for n in (1, 2, 3)]
+    assert [(r.key, r.status) for r in receipts] == [
+        (f"charge:{n}", "completed") for n in (1, 2, 3)
+    ]
+    assert store.advisory_locks() == 0
+
+
+async def test_the_adapter_rides_out_a_server_restart(store: Store) -> None:
+    """A proxy closes every connection and refuses new ones for a while, as a restarting
+    server does, then accepts again. A turn in flight fails and commits nothing; a turn
+    while the server is down fails with ``StoreError`` within ``pool_timeout``; after
+    it, the same adapter (not a new one) serves the retried turn, and nothing
+    committed before is lost. (The pool reconnects with exponential backoff, so the
+    first deliveries after the outage may still fail; they are retried, as a host
+    would.)"""
+    calls: list[str] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    def provider(authority: EffectAuthority) -> dict[str, str]:
+        calls.append(authority.key)
+        return {"id": authority.key}
+
+    async def charge(tx: TurnTransaction) -> TurnCommit:
+        effect = await tx.run_effect(f"charge:{tx.scope.turn_id}", provider, step_id="s")
+        assert effect.value == {"id": f"charge:{tx.scope.turn_id}"}
+        if tx.scope.turn_id == "2" and not release.is_set():
+            entered.set()
+            await release.wait()
+        return commit_for(tx)
+
+    async with TcpProxy.to(store.dsn) as proxy:
+        options = {"min_pool_size": 3, "pool_timeout": 2.0, "lock_timeout": 2.0}
+        async with store.durability(via=proxy, **options) as durability:
+            await durability.with_turn(TurnScope("t", "1"), charge)
+            in_flight = asyncio.create_task(durability.with_turn(TurnScope("t", "2"), charge))
+            await asyncio.wait_for(entered.wait(), 5)
+
+            await proxy.down()  # the server goes away
+            release.set()
+            with pytest.raises(StoreError):
+                await in_flight
+            started = time.monotonic()
+            with pytest.raises(StoreError, match="no PostgreSQL session became available"):
+                await durability.with_turn(TurnScope("t", "2"), charge)
+            assert time.monotonic() - started < 10
+            with pytest.raises(StoreError):
+                await durability.read_outbox()
+
+            await proxy.up()  # and comes back
+            retried = await retry_until_served(durability, TurnScope("t", "2"), charge)
+            assert (retried.replayed, retried.checkpoint_version) == (False, 2)
+
+            proxy.cut()  # every idle pooled session dies again; reads come first
+            assert len(await read_all(durability)) == 2
+            assert (await durability.with_turn(TurnScope("t", "3"), charge)).checkpoint_version == 3
+            checkpoint = await durability.load_checkpoint("t")
+            receipts = await durability.list_receipts()
+            events = await read_all(durability)
+    assert proxy.cut_links >= 3
+    assert checkpoint is not None and checkpoint.version == 3
+    # charge:2 completed before the outage: the retried turn replayed it, no second call.
+    assert calls == ["charge:1", "charge:2", "charge:3"]
+    assert [(r.key, r.status) for r in receipts] == [
+        (f"charge:{n}", "completed") for n in (1, 2, 3)
+    ]
+    assert [(e.turn_id, e.position) for e in events] == [(str(n), n) for n in (1, 2, 3)]
+    assert store.execute("SELECT turn_id, version FROM ik_turns ORDER BY version") == [
+        ("1", 1),
+        ("2", 2),
+        ("3", 3),
+    ]
 
 
 async def test_the_pool_reconnects_after_every_session_was_dropped(store: Store) -> None:
