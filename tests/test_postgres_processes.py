@@ -171,33 +171,127 @@ async def test_a_killed_lock_holder_frees_its_thread_at_once(cluster: Cluster) -
         assert time.monotonic() - killed_at < 2.0
 
 
+class Worker:
+    """A ``turns`` worker whose report lines are read as they come."""
+
+    def __init__(self, process: asyncio.subprocess.Process, schedule: list[list[str]]) -> None:
+        self.process, self.schedule, self.pid = process, schedule, process.pid
+        self.outcomes: list[dict[str, Any]] = []
+        self.stderr = b""
+        self._reading = asyncio.gather(self._read_stdout(), self._read_stderr())
+
+    async def _read_stdout(self) -> None:
+        assert self.process.stdout is not None
+        while line := await self.process.stdout.readline():
+            self.outcomes.append(json.loads(line))
+
+    async def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        self.stderr = await self.process.stderr.read()
+
+    async def reported(self, count: int) -> None:
+        """Wait until the worker reported ``count`` turns (it is then running the next)."""
+        deadline = time.monotonic() + PROCESS_TIMEOUT
+        while len(self.outcomes) < count:
+            assert self.process.returncode is None, f"worker {self.pid} ended early"
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
+
+    async def finished(self) -> list[dict[str, Any]]:
+        await asyncio.wait_for(self.process.wait(), PROCESS_TIMEOUT)
+        await self._reading
+        assert self.process.returncode == 0, self.stderr.decode()
+        return self.outcomes
+
+    async def killed(self) -> list[list[str]]:
+        """SIGKILL it; what it had not reported yet (the turn it was in, and the rest)."""
+        self.process.kill()
+        await self.process.wait()
+        await self._reading
+        assert self.process.returncode == -9
+        return self.schedule[len(self.outcomes) :]
+
+
+def deal(
+    pairs: list[list[str]], n_workers: int, victims: set[int], rng: random.Random
+) -> tuple[list[list[list[str]]], list[list[int]]]:
+    """Each worker's schedule, and the positions in it of the pairs only it delivers.
+
+    Every pair goes to one worker; half of those not dealt to a victim go to a second
+    worker as well (any other, a victim included), which races the first on it. So a
+    victim's own pairs are delivered by nobody else: each is a fresh provider call when
+    it gets there, and what a victim that is not respawned leaves behind only the
+    recovery can commit.
+    """
+    shuffled = list(pairs)
+    rng.shuffle(shuffled)
+    schedules: list[list[list[str]]] = [[] for _ in range(n_workers)]
+    raced: set[tuple[str, str]] = set()
+    for i, pair in enumerate(shuffled):
+        first = i % n_workers
+        schedules[first].append(pair)
+        if first not in victims and rng.random() < 0.5:
+            second = rng.choice([w for w in range(n_workers) if w != first])
+            schedules[second].append(pair)
+            raced.add((pair[0], pair[1]))
+    for schedule in schedules:
+        rng.shuffle(schedule)
+    alone = [[i for i, p in enumerate(s) if (p[0], p[1]) not in raced] for s in schedules]
+    return schedules, alone
+
+
 @pytest.mark.timeout(120)
 async def test_racing_workers_killed_at_random_never_duplicate_anything(
     cluster: Cluster, rng: random.Random
 ) -> None:
-    threads, per_thread, n_workers, n_killed = 6, 20, 8, 3
+    """8 workers share 6 threads, each with part of the schedule (half of the turns
+    delivered by two workers at once). Four are SIGKILLed at spread-out points, each the
+    moment its provider call is logged, so mid-turn; two are respawned with what they
+    had not reported (a host redelivering), two are not, and a final recovery delivers
+    every turn once more. Then: every turn committed exactly once, versions gapless,
+    each effect key called at most once, and each turn's events exactly what its
+    receipts say."""
+    threads, per_thread, n_workers = 6, 20, 8
     pairs = [[f"th-{t}", f"turn-{n}"] for t in range(threads) for n in range(per_thread)]
-
-    def schedule() -> list[list[str]]:
-        mine = list(pairs)
-        rng.shuffle(mine)
-        return mine
+    victims = rng.sample(range(n_workers), 4)
+    respawned, finals = victims[:2], victims[2:]
+    schedules, alone = deal(pairs, n_workers, set(victims), rng)
 
     barrier = cluster.path("go")
-    workers = [
-        await cluster.spawn(
+    workers: list[Worker] = []
+    for i, schedule in enumerate(schedules):
+        process = await cluster.spawn(
             mode="turns",
-            turns=schedule(),
+            turns=schedule,
             read_every=7,
             arrived=cluster.path(f"arrived-{i}"),
             barrier=barrier,
         )
-        for i in range(n_workers)
-    ]
-    for i, process in enumerate(workers):
-        await cluster.wait_for_file(cluster.path(f"arrived-{i}"), process)
+        workers.append(Worker(process, schedule))
+    for i, worker in enumerate(workers):
+        await cluster.wait_for_file(cluster.path(f"arrived-{i}"), worker.process)
 
-    async with cluster.durability() as relay:
+    # Where each victim dies: after reporting this many turns, at its next provider
+    # call. Spread over the run, and early enough that three turns only it delivers (so
+    # three fresh calls) are still ahead: the kill comes at the first of them at the
+    # latest, or a call or two later if the poll below is slow, and a final victim still
+    # leaves at least one to the recovery.
+    def kill_point(worker: int, low: float, high: float) -> int:
+        size = len(schedules[worker])
+        return max(1, min(rng.randint(int(size * low), int(size * high)), alone[worker][-3]))
+
+    fractions = [(0.1, 0.3), (0.3, 0.5), (0.3, 0.5), (0.5, 0.8)]
+    kill_at = {v: kill_point(v, *fractions[i]) for i, v in enumerate(victims)}
+    left_behind: dict[int, list[list[str]]] = {}
+    respawns: list[Worker] = []
+
+    async with (
+        cluster.durability() as relay,
+        await psycopg.AsyncConnection.connect(cluster.dsn, autocommit=True) as ledger,
+    ):
+        await ledger.execute(
+            sql.SQL("SET search_path TO {}").format(sql.Identifier(cluster.ledger))
+        )
         seen: list[OutboxEvent] = []
         stop = asyncio.Event()
 
@@ -206,19 +300,29 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
                 seen.extend(await read_all(relay, seen[-1].position if seen else None))
                 await asyncio.sleep(0.002)
 
-        async def kill(process: asyncio.subprocess.Process) -> None:
-            await asyncio.sleep(rng.uniform(0.05, 1.5))
-            process.kill()
-            await process.communicate()
+        async def calls_by(pid: int) -> int:
+            cur = await ledger.execute("SELECT count(*) FROM calls WHERE pid = %s", (pid,))
+            return int((await cur.fetchone() or (0,))[0])
+
+        async def kill_mid_turn(victim: int) -> None:
+            worker = workers[victim]
+            await worker.reported(kill_at[victim])
+            before = await calls_by(worker.pid)
+            while await calls_by(worker.pid) == before:
+                assert worker.process.returncode is None, f"victim {victim} ended unkilled"
+            left_behind[victim] = await worker.killed()
+            if victim in respawned:  # redelivered by a new process, from where it stopped
+                process = await cluster.spawn(mode="turns", turns=left_behind[victim])
+                respawns.append(Worker(process, left_behind[victim]))
 
         started = time.monotonic()
         polling = asyncio.create_task(poll())
         touch(barrier)
-        victims = rng.sample(workers, n_killed)
-        await asyncio.gather(*(kill(v) for v in victims))
-        survivors = [await finish(w) for w in workers if w not in victims]
+        await asyncio.gather(*(kill_mid_turn(v) for v in victims))
+        survivors = [await w.finished() for i, w in enumerate(workers) if i not in victims]
+        redelivered = [await w.finished() for w in respawns]
         # Every delivery is retried until it commits, as a host would after a crash.
-        recovery = await finish(await cluster.spawn(mode="turns", turns=pairs))
+        recovery = await Worker(await cluster.spawn(mode="turns", turns=pairs), pairs).finished()
         stop.set()
         await polling
         seen.extend(await read_all(relay, seen[-1].position if seen else None))
@@ -228,11 +332,16 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
         receipts = await relay.list_receipts()
         checkpoints = {f"th-{t}": await relay.load_checkpoint(f"th-{t}") for t in range(threads)}
 
-    assert all(v.returncode == -9 for v in victims)
-    outcomes = [o for outcomes in survivors for o in outcomes] + recovery
+    outcomes = [o for report in survivors + redelivered for o in report] + recovery
     assert [o for o in outcomes if "error" in o] == []
     assert len(recovery) == len(pairs)
-    assert any(o["replayed"] for o in outcomes) and not all(o["replayed"] for o in outcomes)
+
+    # The recovery had work to do: turns that only a final victim delivered, and that it
+    # did not get to, were first committed by the recovery.
+    fresh = {(o["turn"][0], o["turn"][1]) for o in recovery if not o["replayed"]}
+    unfinished = {(p[0], p[1]) for v in finals for p in left_behind[v]}
+    assert fresh and fresh <= unfinished
+    assert any(o["replayed"] for o in outcomes)
 
     # Every (thread, turn) committed exactly once, each thread's versions gapless.
     turns = cluster.query(cluster.schema, "SELECT thread_id, turn_id, version FROM ik_turns")
@@ -244,21 +353,41 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
         assert checkpoint is not None and checkpoint.version == per_thread
 
     # No effect reached the provider twice; every call is accounted for by a receipt
-    # that is completed, or uncertain when the caller died before hearing back.
-    calls = cluster.query(cluster.ledger, "SELECT thread_id, key FROM calls")
-    uncertain = sum(r.status == "uncertain" for r in receipts)
-    print(f"{elapsed:.1f}s, {len(calls)} provider calls, {uncertain} uncertain receipts")
-    assert [c for c, n in Counter(calls).items() if n > 1] == []
+    # that is completed, or uncertain when the caller died before recording its answer.
+    calls = cluster.query(cluster.ledger, "SELECT thread_id, key, pid FROM calls")
+    called = Counter((thread, key) for thread, key, _ in calls)
+    assert [call for call, n in called.items() if n > 1] == []
     by_key = {(r.thread_id, r.key): r for r in receipts}
     assert len(by_key) == threads * (per_thread + 4)
     assert {r.status for r in receipts} <= {"completed", "uncertain"}
-    for call in calls:
-        assert by_key[call].status in ("completed", "uncertain")
-    completed = {k for k, r in by_key.items() if r.status == "completed"}
-    assert completed <= set(calls)
+    assert all((r.thread_id, r.key) in called for r in receipts if r.status == "completed")
+    victim_pids = {workers[v].pid for v in victims}
+    caller = {(thread, key): pid for thread, key, pid in calls}
+    uncertain = [k for k, r in by_key.items() if r.status == "uncertain"]
+    # Only a death makes one uncertain here (the provider never fails): if it was called
+    # at all, a victim called it.
+    assert all(caller[k] in victim_pids for k in uncertain if k in caller)
 
-    # The relay saw every event exactly once, in gapless positions; seq gapless per thread;
-    # one turn.committed per committed turn, carrying its version.
+    # The kills interrupted turns: a victim called the provider for a turn it never
+    # reported (it died inside it, between that call and the report).
+    reported = {
+        workers[v].pid: {(o["turn"][0], o["turn"][1]) for o in workers[v].outcomes} for v in victims
+    }
+    died_inside = [
+        (pid, thread, key)
+        for thread, key, pid in calls
+        if pid in reported
+        and key.startswith("charge:")
+        and (thread, key.removeprefix("charge:")) not in reported[pid]
+    ]
+    print(
+        f"{elapsed:.1f}s, {len(calls)} provider calls, {len(uncertain)} uncertain receipts, "
+        f"kills after {sorted(kill_at.values())} reports, {len(fresh)} turns left to the "
+        f"recovery, victims died inside {len(died_inside)} turns"
+    )
+    assert died_inside
+
+    # The relay saw every event exactly once, in gapless positions; seq gapless per thread.
     assert len(everything) == cluster.query(cluster.schema, "SELECT count(*) FROM ik_outbox")[0][0]
     assert seen == everything
     assert [e.position for e in seen] == list(range(1, len(seen) + 1))
@@ -266,11 +395,26 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
     for t in range(threads):
         seqs = [e.seq for e in seen if e.thread_id == f"th-{t}"]
         assert seqs == list(range(1, len(seqs) + 1))
-    committed = Counter(
-        (e.thread_id, e.turn_id, e.payload["version"]) for e in seen if e.type == "turn.committed"
-    )
-    assert committed == Counter((t, u, v) for t, u, v in turns)
-    assert len(seen) == 3 * len(turns)
+
+    # Per committed turn: one event per effect, saying what its receipt says, then
+    # turn.committed with the turn's version; consecutive; nothing else anywhere.
+    events: dict[tuple[str, str], list[OutboxEvent]] = {}
+    for event in seen:
+        assert event.turn_id is not None
+        events.setdefault((event.thread_id, event.turn_id), []).append(event)
+    assert set(events) == {(t, u) for t, u, _ in turns}
+    for thread, turn, version in turns:
+        mine = events[(thread, turn)]
+        keys = [f"charge:{turn}", f"shared:{int(turn.split('-')[1]) % 4}"]
+        stored = [by_key[(thread, key)] for key in keys]
+        assert [e.type for e in mine] == [f"effect.{r.status}" for r in stored] + ["turn.committed"]
+        assert [e.payload.get("key") for e in mine[:2]] == keys
+        for event, receipt in zip(mine[:2], stored, strict=True):
+            if receipt.status == "completed":
+                assert event.payload["value"] == receipt.value
+        assert mine[2].payload == {"version": version}
+        assert [e.seq for e in mine] == list(range(mine[0].seq, mine[0].seq + 3))
+
     locks = "SELECT count(*) FROM pg_locks JOIN pg_stat_activity USING (pid) "
     locks += "WHERE locktype = 'advisory' AND application_name = %s"
     assert cluster.query(cluster.schema, locks, cluster.schema) == [(0,)]
