@@ -23,6 +23,14 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from typer.testing import CliRunner
 
+from intention_kernel import (
+    Agent,
+    CapabilityContext,
+    CapabilityResult,
+    Intent,
+    Interpretation,
+    capability,
+)
 from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint, encode_checkpoint
 from intention_kernel.cli._app import app as cli_app
 from intention_kernel.durability import (
@@ -41,7 +49,9 @@ from intention_kernel.errors import (
     TenantMismatchError,
     ThreadBusyError,
 )
+from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.kernel import Kernel
+from intention_kernel.testing import ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper
 from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
@@ -471,6 +481,47 @@ async def test_every_session_asks_the_server_to_drop_it_after_25_seconds_of_sile
         finally:
             for conn in sessions:
                 await pool.putconn(conn)
+
+
+async def test_no_transaction_is_open_on_the_lock_session_while_the_model_or_a_capability_runs(
+    store: Store,
+) -> None:
+    """Seen from another connection (``pg_stat_activity``) while the interpreter, a
+    capability and its provider call run: the session holding the thread's lock is
+    ``idle``, with no transaction ID and no snapshot, so it blocks no vacuum and holds
+    no row lock however long the model or the provider takes."""
+    seen: dict[str, tuple[Any, ...]] = {}
+
+    def look(moment: str) -> None:
+        pid = store.lock_holder("t")
+        assert pid is not None, f"nobody holds the thread's lock during {moment}"
+        [row] = store.execute(
+            "SELECT state, backend_xid, backend_xmin FROM pg_stat_activity WHERE pid = %s", pid
+        )
+        seen[moment] = row
+
+    def interpret(request: InterpretationRequest) -> Interpretation:
+        look("the interpretation")
+        return Interpretation(intents=[Intent("probe.pay", {})])
+
+    def provider(authority: EffectAuthority) -> str:
+        look("the provider call")
+        return "paid"
+
+    @capability("probe.pay", effect="write", confirmation="required")
+    async def pay(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        look("the capability, before its effect")
+        effect = await ctx.run_effect("once", provider)
+        look("the capability, after its effect")
+        return CapabilityResult(value=effect.value)
+
+    async with store.durability() as durability:
+        kernel = Kernel(Agent("probe", "1", [pay], ScriptedInterpreter(interpret)), durability)
+        await kernel.turn("t", "1", "pay")
+        result = await kernel.turn("t", "2", answer="accept")
+    assert [step.status for step in result.steps] == ["completed"]
+    assert len(seen) == 4, seen
+    assert set(seen.values()) == {("idle", None, None)}, seen
 
 
 # -- fencing ---------------------------------------------------------------------------------
