@@ -1112,7 +1112,10 @@ class _PostgresRecorder:
 class PostgresDurability(RecordedDurability):
     """Durability on PostgreSQL, shared safely by any number of workers and hosts.
 
-    - ``dsn``: a libpq connection string or URL (``postgresql://user@host/db``).
+    - ``dsn``: a libpq connection string or URL (``postgresql://user@host/db``), parsed
+      at once: one libpq cannot parse raises ``StoreError`` here, not after
+      ``pool_timeout``. (``schema=`` and ``lock_timeout=`` as URL parameters are
+      :func:`~intention_kernel.durability.open_durability`'s; here they are arguments.)
     - ``schema``: the PostgreSQL schema (namespace) holding the adapter's tables,
       created and migrated on first use.
     - ``lock_timeout``: how long a turn waits for a busy thread before
@@ -1153,7 +1156,10 @@ def _check_dsn(dsn: str) -> None:
     """Refuse a connection string libpq cannot parse, at once: the pool would otherwise
     retry it until ``pool_timeout`` and then report a server it could not reach."""
     if "://" in dsn:
-        _, ours = _take_url_options(dsn, URL_OPTIONS)
+        try:
+            _, ours = _take_url_options(dsn, URL_OPTIONS)
+        except ValueError as exc:
+            raise StoreError(str(exc)) from exc
         if ours:
             raise StoreError(
                 f"{', '.join(f'{name}=' for name in ours)} in a PostgreSQL URL is understood "
