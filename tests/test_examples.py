@@ -51,15 +51,25 @@ def provider(output: str) -> dict[str, int]:
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[str]]:
     """``--db`` and ``--thread`` arguments: a temporary SQLite file, or the test
-    PostgreSQL database with a thread of its own so that reruns never collide."""
+    PostgreSQL database with a schema of its own (named in the URL, dropped afterwards),
+    so that runs never collide, nor meet a schema another library version migrated."""
     thread = f"example-{uuid.uuid4().hex[:12]}"
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'example.db'}"
-    else:
-        url = request.getfixturevalue("postgres_dsn")
-    return ["--db", url, "--thread", thread]
+        yield ["--db", f"sqlite:///{tmp_path / 'example.db'}", "--thread", thread]
+        return
+    import psycopg
+    from psycopg import sql
+
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = f"ik_test_{uuid.uuid4().hex[:12]}"
+    url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+    try:
+        yield ["--db", url, "--thread", thread]
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @pytest.fixture
