@@ -275,6 +275,46 @@ async def test_resolve_takes_booleans_only_as_booleans(client: httpx.AsyncClient
     assert response.json()["errors"][0]["loc"] == ["applied"]
 
 
+NON_FINITE = ["1e999", "-1e999", "NaN", "Infinity", "-Infinity", '{"amount": [1, 1e999]}']
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+async def test_a_resolution_value_that_json_cannot_hold_is_422_and_changes_nothing(
+    client: httpx.AsyncClient, provider: FakeProvider, value: str
+) -> None:
+    key = await uncertain_charge(client, provider, "t1")
+    body = f'{{"thread_id": "t1", "key": "{key}", "applied": true, "value": {value}}}'
+    response = await client.post(
+        "/v1/receipts/resolve", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["type"] == "/problems/invalid-request"
+    assert problem["errors"][0]["loc"] == ["value"]
+    assert "finite" in problem["detail"]
+    [receipt] = (await client.get("/v1/receipts", params={"thread_id": "t1"})).json()["receipts"]
+    assert receipt["status"] == "uncertain"
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+async def test_an_answer_value_that_json_cannot_hold_is_422(
+    client: httpx.AsyncClient, provider: FakeProvider, value: str
+) -> None:
+    await turn(client, "t1", "d1", message="charge pi_1 500")
+    body = f'{{"turn_id": "d2", "answer": {{"decision": "accept", "value": {value}}}}}'
+    response = await client.post(
+        "/v1/threads/t1/turns", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["type"] == "/problems/invalid-request"
+    assert ["answer", "AnswerBody", "value"] in [e["loc"] for e in problem["errors"]]
+    assert provider.calls() == 0
+    thread = (await client.get("/v1/threads/t1")).json()
+    assert thread["version"] == 1
+    assert thread["interaction"] is not None
+
+
 # -- the rest --------------------------------------------------------------------------------
 
 

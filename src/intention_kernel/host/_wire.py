@@ -8,11 +8,12 @@ kernel's own types (``TurnResult``, ``Receipt``, the checkpoint's records).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from starlette.requests import Request
 
 from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
@@ -43,6 +44,31 @@ Id = Annotated[
 ]
 
 
+def _finite(value: Any) -> Any:
+    """Refuse the numbers JSON cannot hold: the parser reads ``NaN``, ``Infinity`` and
+    overflowing literals (``1e999``) as non-finite floats, which no store can write."""
+    pending = [value]
+    while pending:  # iterative: the parser already bounds the depth, this adds no limit
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(
+                "numbers must be finite (JSON has no NaN or Infinity, and 1e999 overflows)"
+            )
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return value
+
+
+#: Any JSON value, as RFC 8259 defines it: finite numbers only.
+JsonValue = Annotated[
+    Any,
+    AfterValidator(_finite),
+    Field(description="Any JSON value (numbers must be finite)"),
+]
+
+
 class _Body(BaseModel):
     # Strict: "true" is not a boolean and 1 is not a string, as the schema says.
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -56,7 +82,7 @@ class AnswerBody(_Body):
 
     interaction_id: Id | None = None
     decision: Literal["accept", "reject"]
-    value: Any = None
+    value: JsonValue = None
 
     def to_answer(self) -> Answer:
         return Answer(self.interaction_id, self.decision, self.value)
@@ -90,7 +116,7 @@ class ResolveBody(_Body):
     thread_id: Id
     key: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     applied: bool
-    value: Any = None
+    value: JsonValue = None
     note: Annotated[str, StringConstraints(max_length=2000)] | None = None
 
 
