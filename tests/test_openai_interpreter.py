@@ -18,13 +18,23 @@ from typing import Any
 
 import openai
 import pytest
+from pydantic import BaseModel
 
-from intention_kernel import InterpretationError, Kernel, StepStatus
+from intention_kernel import (
+    Agent,
+    CapabilityContext,
+    CapabilityResult,
+    EffectAuthority,
+    InterpretationError,
+    Kernel,
+    StepStatus,
+    capability,
+)
 from intention_kernel.demo.billing import BalanceInput, ChargeInput, build_agent
 from intention_kernel.demo.provider import FakePaymentProvider
 from intention_kernel.facts import Evidence, FactRecord
 from intention_kernel.interpretation import CapabilitySpec, InterpretationRequest
-from intention_kernel.interpreters._chat import chat_messages, toolset
+from intention_kernel.interpreters._chat import MAX_ARGUMENTS_DEPTH, chat_messages, toolset
 from intention_kernel.interpreters.openai import OpenAIInterpreter, function_name
 from intention_kernel.testing import InMemoryDurability
 from openai_stub import OpenAIStub, recording, running_stub
@@ -137,6 +147,10 @@ async def test_answer_tools_are_offered_only_while_an_interaction_is_active(
     assert PROMPT_42 in system_message(offered)
     assert pending.interaction is not None
     assert pending.interaction.id in system_message(offered)
+    answer_tool = offered["tools"][2]["function"]
+    assert answer_tool["parameters"]["properties"] == {}, (
+        "a kernel-held confirmation takes no value"
+    )
 
     rejected = await billing.turn("d3", "no, not now", "answer_reject")
     assert [s.status for s in rejected.steps] == [StepStatus.REJECTED]
@@ -246,6 +260,152 @@ async def test_arguments_that_fail_the_schema_are_a_failed_step(billing: Billing
     )
     assert result.interaction is None
     assert await billing.charges() == 0
+
+
+async def test_a_tool_call_without_a_function_is_a_failed_step(billing: Billing) -> None:
+    result = await billing.turn("d1", "what do I owe on 43?", "tool_call_without_function")
+    nameless, balance = result.steps
+    assert nameless.status == StepStatus.FAILED
+    assert nameless.capability_id == ""
+    assert nameless.error == (
+        "the model's tool call call_11Xq3VfJ8bR2nT5kLw9pYcZ has no function (nothing to run) "
+        "(this agent has: billing.balance, payments.charge)"
+    )
+    assert result.reply.startswith("Could not run a tool call: the model's tool call")
+    assert (balance.capability_id, balance.status) == ("billing.balance", StepStatus.COMPLETED)
+    assert result.checkpoint_version == 1
+
+
+def with_arguments(arguments: Any) -> dict[str, Any]:
+    """The ``balance_42`` recording, its one tool call's arguments replaced."""
+    data = recording("balance_42")
+    data["body"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = arguments
+    return data
+
+
+def nested(depth: int) -> Any:
+    value: Any = "42"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        "[[" * 5000,  # the decoder's recursion gives out: formerly a RecursionError, a 502
+        '{"invoice_id": ' + "[" * 100 + '"42"' + "]" * 100 + "}",
+        {"invoice_id": nested(MAX_ARGUMENTS_DEPTH)},  # as an object, one level too deep
+    ],
+    ids=["string-5000", "string-101", "object-65"],
+)
+async def test_arguments_nested_too_deep_are_a_failed_step(
+    billing: Billing, arguments: Any
+) -> None:
+    billing.stub.queue_data([with_arguments(arguments)])
+    result = await billing.kernel.turn(THREAD, "d1", "what do I owe on invoice 42?")
+    (step,) = result.steps
+    assert (step.capability_id, step.status) == ("billing.balance", StepStatus.FAILED)
+    assert step.error == (
+        "invalid input for billing.balance: "
+        f"the model's arguments are nested more than {MAX_ARGUMENTS_DEPTH} deep"
+    )
+    assert result.checkpoint_version == 1
+
+
+async def test_arguments_sent_as_an_object_are_accepted(billing: Billing) -> None:
+    sent = recording("arguments_object")["body"]["choices"][0]["message"]["tool_calls"][0]
+    assert sent["function"]["arguments"] == {"invoice_id": "42"}, "some servers send an object"
+    result = await billing.turn("d1", "what do I owe on invoice 42?", "arguments_object")
+    assert [(s.capability_id, s.status) for s in result.steps] == [
+        ("billing.balance", StepStatus.COMPLETED)
+    ]
+    assert "Invoice 42 (Acme Corp): $125.00 due." in result.reply
+
+
+async def test_an_answer_whose_arguments_cannot_be_read_answers_nothing(
+    billing: Billing,
+) -> None:
+    await billing.turn("d1", "pay invoice 42", "charge_42")
+    garbled = recording("answer_accept")
+    garbled["body"]["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = "{oops"
+    billing.stub.queue_data([garbled])
+    result = await billing.kernel.turn(THREAD, "d2", "yes")
+    assert result.steps == ()
+    assert result.interaction is not None, "the charge must still be pending"
+    assert "could not tell whether you accept" in result.reply
+    assert await billing.charges() == 0
+
+
+# -- answers with a value, for a capability that confirms on its own -----------------------
+
+
+class TripInput(BaseModel):
+    offer_id: str
+
+
+def trips_agent(interpreter: OpenAIInterpreter, booked: list[Any]) -> Agent:
+    """``trips.book`` asks on its own and books only the quote the answer names."""
+
+    @capability(
+        "trips.book", effect="write", confirmation="capability", description="Book an offer"
+    )
+    async def book(input: TripInput, ctx: CapabilityContext) -> CapabilityResult:
+        quote = {"quote_id": f"q_{input.offer_id}_18900", "price_cents": 18_900}
+        if ctx.answer is None:
+            return CapabilityResult.needs_confirmation(
+                f"Book {input.offer_id} at €189.00?", details=quote
+            )
+        named = ctx.answer.value.get("quote_id") if isinstance(ctx.answer.value, dict) else None
+        if ctx.answer.decision != "accept" or named != quote["quote_id"]:
+            return CapabilityResult(value={"booked": False, "answer": ctx.answer.value})
+
+        def send(authority: EffectAuthority) -> dict[str, Any]:
+            booked.append(named)
+            return {"booked": True, "quote_id": named}
+
+        effect = await ctx.run_effect(f"book:{input.offer_id}", send)
+        return CapabilityResult(value=effect.value, reply=f"Booked {input.offer_id}.")
+
+    return Agent(name="trips", version="1", capabilities=[book], interpreter=interpreter)
+
+
+async def test_an_answer_tool_carries_a_value_to_a_capability_that_asks_itself(
+    stub: OpenAIStub,
+) -> None:
+    booked: list[Any] = []
+    async with OpenAIInterpreter(
+        MODEL, base_url=stub.base_url, api_key="k", max_retries=0, timeout=5
+    ) as interpreter:
+        kernel = Kernel(trips_agent(interpreter, booked), InMemoryDurability())
+        stub.queue("book_tp538")
+        proposed = await kernel.turn("trip-1", "d1", "book TP538")
+        assert proposed.interaction is not None
+        assert proposed.interaction.kind == "capability"
+
+        stub.queue("answer_accept_with_value")
+        accepted = await kernel.turn("trip-1", "d2", "yes, at that fare")
+        offered = stub.requests[-1]
+        tools = {tool["function"]["name"]: tool["function"] for tool in offered["tools"]}
+        for name in ("answer_accept", "answer_reject"):
+            assert set(tools[name]["parameters"]["properties"]) == {"value"}
+            assert "quote ID" in tools[name]["description"]
+        assert '"quote_id": "q_TP538_18900"' in system_message(offered), "details are context"
+
+        wrong = recording("answer_accept_with_value")
+        call = wrong["body"]["choices"][0]["message"]["tool_calls"][0]
+        call["function"]["arguments"] = '{"value": {"quote_id": "q_TP538_9900"}}'
+        stub.queue("book_tp538")
+        await kernel.turn("trip-2", "d1", "book TP538")
+        stub.queue_data([wrong])
+        refused = await kernel.turn("trip-2", "d2", "yes, the cheaper one")
+
+    assert [(s.capability_id, s.status) for s in accepted.steps] == [
+        ("trips.book", StepStatus.COMPLETED)
+    ]
+    assert accepted.steps[0].value == {"booked": True, "quote_id": "q_TP538_18900"}
+    assert refused.steps[0].value == {"booked": False, "answer": {"quote_id": "q_TP538_9900"}}
+    assert booked == ["q_TP538_18900"]
 
 
 # -- what the server gets wrong: nothing commits, the delivery can be retried --------------

@@ -37,7 +37,9 @@ class Intent:
 
     An interpreter that could not build the input (a model's tool-call arguments
     that are not JSON, say) sets ``error`` instead: the kernel records a
-    ``failed`` step with that message and runs nothing.
+    ``failed`` step with that message and runs nothing. One that could not even
+    tell which capability was meant (a tool call naming no function) leaves
+    ``capability_id`` empty and says why in ``error``.
     """
 
     capability_id: str

@@ -12,9 +12,11 @@ Three translations, each a plain function over dicts as they travel on the wire:
   :class:`~intention_kernel.Interpretation`.
 
 The last one never raises for what the model *said*: an unknown function becomes
-an intent for that (unknown) capability and arguments that are not JSON are passed
-on unparsed, so the kernel records a ``failed`` step with its own clear error. It
-raises only when the body is not a chat completion at all.
+an intent for that (unknown) capability, and a tool call that names no function or
+whose arguments cannot be read (not JSON, not an object, nested deeper than
+:data:`MAX_ARGUMENTS_DEPTH`) becomes an intent carrying the reason, so the kernel
+records a ``failed`` step with a clear error. It raises only when the body is not
+a chat completion at all.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from intention_kernel.interpretation import (
 __all__ = [
     "ANSWER_TOOLS",
     "DEFAULT_SYSTEM_PROMPT",
+    "MAX_ARGUMENTS_DEPTH",
     "Toolset",
     "capability_id_for",
     "chat_messages",
@@ -61,6 +64,15 @@ MAX_NAME = 64
 
 #: How much of the thread's facts goes into the system message (characters of JSON).
 MAX_FACTS_CHARS = 8_000
+
+#: How much of a pending request's details goes into the system message.
+MAX_DETAILS_CHARS = 2_000
+
+#: Tool-call arguments nested deeper than this (objects and arrays) are refused as a
+#: failed step. Real input schemas are a few levels deep; far deeper values exhaust
+#: the decoder's recursion (a RecursionError, formerly a 502) or could not be stored
+#: with the checkpoint.
+MAX_ARGUMENTS_DEPTH = 64
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an assistant that acts for the user through the tools provided. Call a tool "
@@ -113,22 +125,45 @@ def toolset(catalog: Sequence[CapabilitySpec], interaction: Interaction | None) 
         for spec in catalog
     ]
     if interaction is not None:
-        no_arguments = {"type": "object", "properties": {}, "additionalProperties": False}
-        tools.append(
-            _function(
-                "answer_accept",
-                f"The user accepts the pending request: {interaction.prompt}",
-                no_arguments,
-            )
-        )
-        tools.append(
-            _function(
-                "answer_reject",
-                f"The user declines the pending request: {interaction.prompt}",
-                no_arguments,
-            )
-        )
+        tools.extend(_answer_tools(interaction))
     return Toolset(tuple(tools), {name: cid for cid, name in names.items()}, interaction)
+
+
+def _answer_tools(interaction: Interaction) -> list[dict[str, Any]]:
+    """``answer_accept`` and ``answer_reject``. A capability that asked on its own
+    (``kind="capability"``) validates the answer itself and may want data with it
+    (which quote is accepted, say): for it both take an optional ``value``, passed on
+    as ``Answer.value``. A kernel-held confirmation has no use for one."""
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {},
+        "additionalProperties": False,
+    }
+    note = ""
+    if interaction.kind == "capability":
+        parameters["properties"]["value"] = {
+            "description": (
+                "Optional: data the pending request needs with the answer, such as the ID "
+                "of the quote the user accepts, taken from the request's details. Omit it "
+                "unless the user's message or the details call for it."
+            )
+        }
+        note = (
+            " Pass `value` only when the answer must carry data (for example the quote ID "
+            "from the request's details); it is handed to the request as the answer's value."
+        )
+    return [
+        _function(
+            "answer_accept",
+            f"The user accepts the pending request: {interaction.prompt}{note}",
+            parameters,
+        ),
+        _function(
+            "answer_reject",
+            f"The user declines the pending request: {interaction.prompt}{note}",
+            parameters,
+        ),
+    ]
 
 
 def _function(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
@@ -156,11 +191,18 @@ def chat_messages(request: InterpretationRequest, system_prompt: str) -> list[di
         context.append(_facts(request.facts))
     active = request.interaction
     if active is not None:
-        context.append(
+        pending = (
             f"A request is waiting for the user's answer (interaction {active.id}, "
             f"{active.capability_id}): {active.prompt}\n"
-            "If the user's message accepts it, call answer_accept; if it declines it, call "
-            "answer_reject; otherwise leave it pending and handle the message."
+        )
+        if active.kind == "capability" and active.details is not None:
+            details = json.dumps(active.details, default=str, ensure_ascii=False)
+            if len(details) > MAX_DETAILS_CHARS:
+                details = details[:MAX_DETAILS_CHARS] + " ... (truncated)"
+            pending += f"Its details (JSON): {details}\n"
+        context.append(
+            pending + "If the user's message accepts it, call answer_accept; if it declines "
+            "it, call answer_reject; otherwise leave it pending and handle the message."
         )
     messages: list[dict[str, Any]] = [{"role": "system", "content": "\n\n".join(context)}]
     messages.extend({"role": m.role, "content": m.content} for m in request.messages)
@@ -197,66 +239,131 @@ def interpretation_from_completion(
             turn_id=turn_id,
         )
     intents: list[Intent] = []
-    decisions: list[Decision] = []
-    for name, arguments in _calls(message):
-        if name in ANSWER_TOOLS:
-            decisions.append(ANSWER_TOOLS[name])
+    answers: list[Answer] = []
+    unreadable_answer = False
+    active = tools.interaction
+    for call in _calls(message):
+        if call.name in ANSWER_TOOLS:
+            arguments, error = _arguments(call.arguments)
+            if error is not None:
+                # Never guess what an answer to a write meant: ask again.
+                log.warning("the model's %s call is unreadable: %s", call.name, error)
+                unreadable_answer = True
+                continue
+            answers.append(
+                Answer(
+                    active.id if active is not None else None,
+                    ANSWER_TOOLS[call.name],
+                    arguments.get("value"),
+                )
+            )
             continue
-        capability_id = tools.capability_id(name)
-        intents.append(_intent(capability_id, arguments))
+        if call.error is not None:
+            intents.append(Intent(call.name, error=call.error))
+            continue
+        capability_id = tools.capability_id(call.name)
+        arguments, error = _arguments(call.arguments)
+        intents.append(
+            Intent(capability_id, error=error) if error else Intent(capability_id, arguments)
+        )
     reply = _text(message.get("content")) or _text(message.get("refusal"))
     answer: Answer | None = None
-    if len(set(decisions)) == 1:
-        active = tools.interaction
-        answer = Answer(active.id if active is not None else None, decisions[0])
-    elif decisions:
-        # Both answer tools at once: never guess "accept" for a write.
-        log.warning("the model both accepted and declined the pending request; ignoring both")
-        prompt = tools.interaction.prompt if tools.interaction is not None else ""
+    distinct = {json.dumps(a.to_dict(), sort_keys=True, default=repr) for a in answers}
+    if len(distinct) == 1 and not unreadable_answer:
+        answer = answers[0]
+    elif answers or unreadable_answer:
+        # Both answer tools at once, two different values, or arguments that cannot be
+        # read: never guess "accept" for a write.
+        log.warning("the model's answer to the pending request is ambiguous; ignoring it")
+        prompt = active.prompt if active is not None else ""
         reply = "\n".join(
             filter(None, [reply, f"I could not tell whether you accept. {prompt}".strip()])
         )
     return Interpretation(intents=intents, answer=answer, reply=reply or None)
 
 
-def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """``(function name, raw arguments)`` of every tool call, in order."""
-    calls: list[tuple[str, Any]] = []
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One tool call as sent: its function name and raw arguments, or why it has none."""
+
+    name: str
+    arguments: Any = None
+    error: str | None = None
+
+
+def _calls(message: Mapping[str, Any]) -> list[_Call]:
+    """Every tool call, in order; one that names no function is kept with the reason."""
+    calls: list[_Call] = []
     raw_calls = message.get("tool_calls")
-    for call in raw_calls if isinstance(raw_calls, list) else ():
+    for index, call in enumerate(raw_calls if isinstance(raw_calls, list) else ()):
         if not isinstance(call, Mapping):
+            calls.append(
+                _Call(
+                    "",
+                    error=f"the model's tool call #{index + 1} is a "
+                    f"{type(call).__name__}, not an object",
+                )
+            )
             continue
         # "function" tool calls; servers that also offer custom tools send "custom".
         function = call.get("function") or call.get("custom")
-        if isinstance(function, Mapping):
-            arguments = function.get("arguments", function.get("input"))
-            calls.append((str(function.get("name") or ""), arguments))
+        label = f"the model's tool call {call.get('id') or f'#{index + 1}'}"
+        if not isinstance(function, Mapping):
+            calls.append(_Call("", error=f"{label} has no function (nothing to run)"))
+            continue
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            calls.append(_Call("", error=f"{label} names no function (nothing to run)"))
+            continue
+        calls.append(_Call(name, function.get("arguments", function.get("input"))))
     legacy = message.get("function_call")  # the deprecated single-call form
     if not calls and isinstance(legacy, Mapping):
-        calls.append((str(legacy.get("name") or ""), legacy.get("arguments")))
+        name = legacy.get("name")
+        if isinstance(name, str) and name:
+            calls.append(_Call(name, legacy.get("arguments")))
+        else:
+            calls.append(_Call("", error="the model's function call names no function"))
     return calls
 
 
-def _intent(capability_id: str, arguments: Any) -> Intent:
-    """An intent from a tool call's raw arguments; undecodable ones carry the reason."""
-    if isinstance(arguments, Mapping):
-        return Intent(capability_id, arguments)
+def _arguments(arguments: Any) -> tuple[dict[str, Any], str | None]:
+    """A tool call's raw arguments as an object, or why they cannot be one. Most
+    servers send a JSON string; some send the object itself."""
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-        return Intent(capability_id, {})
-    if not isinstance(arguments, str):
-        return Intent(
-            capability_id, error=f"the model's arguments are a {type(arguments).__name__}"
+        return {}, None
+    if isinstance(arguments, str):
+        try:
+            decoded = json.loads(arguments)
+        except RecursionError:
+            return {}, f"the model's arguments are nested more than {MAX_ARGUMENTS_DEPTH} deep"
+        except ValueError as exc:
+            return {}, f"the model's arguments are not valid JSON: {exc}"
+        if not isinstance(decoded, Mapping):
+            return {}, f"the model's arguments are a JSON {type(decoded).__name__}, not an object"
+    elif isinstance(arguments, Mapping):
+        decoded = arguments
+    else:
+        return {}, f"the model's arguments are a {type(arguments).__name__}"
+    if _too_deep(decoded, MAX_ARGUMENTS_DEPTH):
+        return {}, f"the model's arguments are nested more than {MAX_ARGUMENTS_DEPTH} deep"
+    return dict(decoded), None
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests objects and arrays more than ``limit`` deep (iterative:
+    a recursive walk would fail on the very values it looks for)."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = (
+            item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else ()
         )
-    try:
-        decoded = json.loads(arguments)
-    except ValueError as exc:
-        return Intent(capability_id, error=f"the model's arguments are not valid JSON: {exc}")
-    if not isinstance(decoded, Mapping):
-        return Intent(
-            capability_id,
-            error=f"the model's arguments are a JSON {type(decoded).__name__}, not an object",
-        )
-    return Intent(capability_id, decoded)
+        for child in children:
+            if isinstance(child, (Mapping, list)):
+                if depth + 1 > limit:
+                    return True
+                pending.append((child, depth + 1))
+    return False
 
 
 def _text(value: Any) -> str | None:

@@ -15,13 +15,19 @@ Each turn is one ``chat.completions`` request. Every capability is offered as a
 function tool (``payments.charge`` ↔ ``payments__charge``: dots are not allowed
 in function names) whose parameters are its input JSON schema; while an
 interaction is active, ``answer_accept`` and ``answer_reject`` are offered too and
-the pending question is in the system message, with the thread's facts. The
-reply maps back: tool calls → intents in order, an answer tool → the answer to
-the active interaction, assistant text → the reply.
+the pending question is in the system message, with the thread's facts. For a
+capability that asks on its own (``confirmation="capability"``) the question's
+details are in the system message as well, and both answer tools take an
+optional ``value`` that becomes ``Answer.value``. The reply maps back: tool calls
+→ intents in order, an answer tool → the answer to the active interaction,
+assistant text → the reply. Arguments may arrive as a JSON string (OpenAI) or as
+an object (some compatible servers).
 
-What the model says never crashes a turn: an unknown function or arguments that
-are not JSON become ``failed`` steps with the kernel's error, and the turn
-commits. What the *server* does may: an API or transport error (a 500, a
+What the model says never crashes a turn: an unknown function, a tool call that
+names no function, arguments that are not JSON, not an object or nested more
+than 64 deep become ``failed`` steps with a clear error, and the turn commits;
+an answer whose arguments cannot be read answers nothing (the question is asked
+again). What the *server* does may: an API or transport error (a 500, a
 timeout, a refused connection) is raised after the SDK's own retries, the kernel
 turns it into ``InterpretationError``, nothing is committed, and the same
 delivery can be retried.

@@ -26,9 +26,13 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
     try:
         if cap is None:
             known = ", ".join(sorted(state.agent.capabilities)) or "none"
+            # An interpreter that could not even tell which capability was meant (a
+            # tool call naming no function) leaves the ID empty and says why in ``error``.
+            what = f"unknown capability {intent.capability_id!r}"
+            if not intent.capability_id and intent.error is not None:
+                what = intent.error
             raise UnknownCapabilityError(
-                f"unknown capability {intent.capability_id!r} (this agent has: {known})",
-                capability_id=intent.capability_id,
+                f"{what} (this agent has: {known})", capability_id=intent.capability_id
             )
         if intent.error is not None:
             raise InvalidInputError(
@@ -39,7 +43,7 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
         state.steps.append(
             StepResult(step_id, str(intent.capability_id), StepStatus.FAILED, None, str(exc))
         )
-        state.replies.append(f"Could not run {intent.capability_id}: {exc}")
+        state.replies.append(f"Could not run {intent.capability_id or 'a tool call'}: {exc}")
         return
     item = AgendaItem(step_id, cap.id, canonical, state.scope.turn_id)
     if cap.confirmation == "required":  # a read too: the application asked for consent
