@@ -8,6 +8,8 @@ tests skip with the reason, unless INTENTION_KERNEL_REQUIRE_SERVICES=1 (CI).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
 import shutil
@@ -25,7 +27,7 @@ from host_support import opened_provider, serving_in_thread
 from intention_kernel import Kernel
 from intention_kernel.demo import FakePaymentProvider, build_agent
 from intention_kernel.host import create_app
-from intention_kernel.testing import InMemoryDurability
+from intention_kernel.testing import InMemoryDurability, faults
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -59,6 +61,11 @@ class Host:
         response.raise_for_status()
         result: dict[str, Any] = response.json()
         return result
+
+    def charges(self) -> list[dict[str, Any]]:
+        """The charges the provider applied (from a worker thread: see opened_provider)."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(lambda: asyncio.run(self.provider.charges())).result()
 
 
 @pytest.fixture
@@ -109,6 +116,55 @@ def test_accepting_the_pending_confirmation_completes_the_charge(host: Host, pag
     expect(page.locator("#messages")).to_contain_text("Charged $125.00 for invoice 42")
     expect(page.locator("#facts")).to_contain_text("invoice.42.payment")
     expect(page.locator("#facts")).to_contain_text("payments.charge · turn console-")
+
+
+def test_rejecting_the_pending_confirmation_cancels_it_and_charges_nothing(
+    host: Host, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "pay invoice 42")
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    expect(page.locator("#confirmation")).to_be_visible()
+    page.get_by_role("button", name="Reject").click()
+    expect(page.locator("#steps .badge.rejected")).to_have_text("rejected")
+    expect(page.locator("#steps")).to_contain_text("payments.charge")
+    expect(page.locator("#confirmation")).to_be_hidden()
+    expect(page.locator("#messages")).to_contain_text("Cancelled. (Charge $125.00")
+    expect(page.locator("#version")).to_have_text("· v2")
+
+    thread = httpx.get(f"{host.url}/v1/threads/{THREAD}", timeout=30).json()
+    assert thread["interaction"] is None
+    assert thread["agenda"] == []
+    assert httpx.get(f"{host.url}/v1/receipts", timeout=30).json() == {"receipts": []}
+    assert host.charges() == []
+
+
+def test_a_receipt_left_prepared_by_a_dead_attempt_is_shown_and_resolved(
+    host: Host, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "pay invoice 43")
+    # The attempt dies right after the store recorded "prepared", before the provider
+    # was called: what a process killed mid-effect leaves behind.
+    with faults.injected(faults.AFTER_RECEIPT_PREPARED, "raise"):
+        died = httpx.post(
+            f"{host.url}/v1/threads/{THREAD}/turns",
+            json={"turn_id": "d2", "message": "yes"},
+            timeout=30,
+        )
+    assert died.status_code == 500
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    receipt = page.locator(".receipt", has_text="payments.charge:charge:pi_demo_43")
+    expect(receipt.locator(".badge")).to_have_text("prepared")
+    expect(receipt).to_contain_text("prepared by an attempt that did not finish · attempt 1")
+    receipt.get_by_label("not applied").check()
+    receipt.get_by_label("note").fill("no charge in the provider dashboard")
+    receipt.get_by_role("button", name="Resolve").click()
+    expect(page.locator("#banner")).to_have_text("payments.charge:charge:pi_demo_43 is now failed.")
+    expect(page.locator("#no-receipts")).to_be_visible()
+    assert host.charges() == []
 
 
 def test_a_message_sent_from_the_console_is_a_turn(host: Host, page: Any) -> None:

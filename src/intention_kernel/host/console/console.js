@@ -134,6 +134,15 @@ function renderFacts(facts) {
   );
 }
 
+// Why an operator is asked: an uncertain receipt says what went wrong; a prepared one
+// was left by an attempt that never reported back (the process died mid-effect).
+function receiptCause(receipt) {
+  if (receipt.error) return receipt.error;
+  return receipt.status === "prepared"
+    ? "prepared by an attempt that did not finish"
+    : "outcome unknown";
+}
+
 function renderReceipts(receipts) {
   $("no-receipts").hidden = receipts.length > 0;
   const template = $("receipt-template");
@@ -141,9 +150,13 @@ function renderReceipts(receipts) {
     ...receipts.map((receipt) => {
       const item = template.content.firstElementChild.cloneNode(true);
       item.dataset.key = receipt.key;
+      item.dataset.status = receipt.status;
       item.querySelector(".key").textContent = receipt.key;
+      const badge = item.querySelector(".badge");
+      badge.textContent = receipt.status;
+      badge.className = `badge ${receipt.status}`;
       item.querySelector(".error").textContent =
-        `${receipt.error || "outcome unknown"} · attempt ${receipt.attempt} · turn ${receipt.turn_id}`;
+        `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}`;
       item.querySelector("form").addEventListener("submit", (event) => {
         event.preventDefault();
         resolveReceipt(receipt, new FormData(event.target));
@@ -171,16 +184,33 @@ function setEnabled(enabled) {
   for (const id of ["message", "send", "accept", "reject", "refresh"]) $(id).disabled = !enabled;
 }
 
+// The receipts an operator can resolve: uncertain ones, and prepared ones left by an
+// attempt that died before it could record the outcome (the store resolves under the
+// thread's lock, so never one that a live attempt is still working on). Oldest first.
+const RESOLVABLE = ["uncertain", "prepared"];
+
+async function resolvableReceipts() {
+  const thread = encodeURIComponent(state.threadId);
+  const lists = await Promise.all(
+    RESOLVABLE.map((status) => api(`v1/receipts?thread_id=${thread}&status=${status}`)),
+  );
+  return lists
+    .flatMap((list) => list.receipts)
+    .sort((a, b) => {
+      const order = String(a.created_at || "").localeCompare(String(b.created_at || ""));
+      return order || a.key.localeCompare(b.key);
+    });
+}
+
 async function refresh() {
   if (!state.threadId) return;
-  const receiptsQuery = `v1/receipts?thread_id=${encodeURIComponent(state.threadId)}&status=uncertain`;
   try {
     const [thread, receipts] = await Promise.all([
       api(threadPath()).catch((error) => {
         if (error instanceof ProblemError && error.status === 404) return null;
         throw error;
       }),
-      api(receiptsQuery),
+      resolvableReceipts(),
     ]);
     $("empty-thread").hidden = Boolean(thread);
     $("empty-thread").textContent = "No turn on this thread yet: send the first message.";
@@ -188,7 +218,7 @@ async function refresh() {
     renderMessages(thread ? thread.messages : []);
     renderInteraction(thread ? thread.interaction : null);
     renderFacts(thread ? thread.facts : []);
-    renderReceipts(receipts.receipts);
+    renderReceipts(receipts);
     if (thread && !thread.compatible) {
       showBanner("This thread was written by an agent this host does not declare compatible.");
     }
