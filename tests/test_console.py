@@ -4,6 +4,13 @@ The host serves the demo billing agent over real HTTP from a thread of this
 process, so each test can arm the fake provider (a lost response) before the
 browser acts. Without /usr/bin/chromium or the playwright package the browser
 tests skip with the reason, unless INTENTION_KERNEL_REQUIRE_SERVICES=1 (CI).
+
+The main view is compared with ``tests/baselines/console-main.png`` (see
+``visual_support`` for how rendering is made repeatable and what tolerance
+applies). After an intended change of the console's look, regenerate the baseline
+and the README's picture, ``docs/console.png``, and commit both::
+
+    INTENTION_KERNEL_UPDATE_DOCS=1 pytest tests/test_console.py -k baseline
 """
 
 from __future__ import annotations
@@ -13,7 +20,6 @@ import concurrent.futures
 import json
 import os
 import shutil
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,7 @@ from intention_kernel import Kernel
 from intention_kernel.demo import FakePaymentProvider, build_agent
 from intention_kernel.host import create_app
 from intention_kernel.testing import InMemoryDurability, faults
+from visual_support import DEJAVU, compare, pinned_fontconfig, save_baseline
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -39,11 +46,16 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # Repeatable pixels for the baseline comparison.
+    "--force-color-profile=srgb",
+    "--font-render-hinting=none",
 ]
 VIEWPORT = {"width": 1280, "height": 860}
-#: Set to 1 to refresh the README's picture of the console from the screenshot test.
+#: Set to 1 to regenerate the screenshot baseline and the README's picture of the console.
 UPDATE_DOCS = os.environ.get("INTENTION_KERNEL_UPDATE_DOCS") == "1"
-DOCS_PICTURE = Path(__file__).resolve().parent.parent / "docs" / "console.png"
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "tests" / "baselines" / "console-main.png"
+DOCS_PICTURE = ROOT / "docs" / "console.png"
 THREAD = "acct-acme"
 
 
@@ -77,15 +89,20 @@ def host(tmp_path: Path) -> Iterator[Host]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if not CHROMIUM.exists():
         service_unavailable("Chromium", f"{CHROMIUM} is missing (apt-get install chromium)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as exc:
         service_unavailable("Playwright", f"the playwright package is not installed: {exc}")
+    env = dict(os.environ)
+    if DEJAVU.is_dir():  # the same fonts on every machine, whatever else is installed
+        env["FONTCONFIG_FILE"] = str(pinned_fontconfig(tmp_path_factory.mktemp("fonts")))
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, env=env
+        )
         yield browser
         browser.close()
 
@@ -197,9 +214,13 @@ def test_an_uncertain_receipt_is_reconciled_from_the_console(host: Host, page: A
     expect(page.locator("#no-receipts")).to_be_visible()
 
 
-def test_screenshot_of_the_main_view(host: Host, page: Any, tmp_path: Path) -> None:
+def test_the_main_view_matches_its_baseline(host: Host, page: Any, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
+    if not DEJAVU.is_dir():
+        service_unavailable(
+            "DejaVu fonts", f"{DEJAVU} is missing (apt-get install fonts-dejavu-core)"
+        )
     host.turn("d1", "what do I owe on invoice 42?")
     host.provider.simulate_lost_response("pi_demo_43")
     host.turn("d2", "pay invoice 43")
@@ -208,12 +229,18 @@ def test_screenshot_of_the_main_view(host: Host, page: Any, tmp_path: Path) -> N
     page.goto(f"{host.url}/console?thread={THREAD}")
     expect(page.locator("#confirmation")).to_be_visible()
     expect(page.locator(".receipt")).to_have_count(1)
-    picture = tmp_path / "console.png"
-    page.screenshot(path=str(picture))
-    data = picture.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    assert (width, height) == (VIEWPORT["width"], VIEWPORT["height"])
-    assert len(data) > 40_000, "a console with content compresses to more than a blank page"
+    expect(page.locator("#facts")).to_be_visible()
+    page.evaluate("document.fonts.ready.then(() => true)")
+    actual = tmp_path / "console-main.png"
+    page.screenshot(path=str(actual), animations="disabled", caret="hide")
+    browser = f"Chromium {page.context.browser.version}"
     if UPDATE_DOCS:
-        shutil.copyfile(picture, DOCS_PICTURE)
+        save_baseline(actual, BASELINE, browser)
+        shutil.copyfile(actual, DOCS_PICTURE)
+    assert BASELINE.exists(), f"no baseline at {BASELINE}: run with INTENTION_KERNEL_UPDATE_DOCS=1"
+    mismatch = compare(actual, BASELINE, tmp_path / "console-main-diff.png", browser)
+    assert mismatch is None, (
+        f"the console's main view no longer matches {BASELINE.relative_to(ROOT)}: {mismatch}. "
+        f"Screenshot: {actual}. If the change is intended, regenerate the baseline and "
+        "docs/console.png with INTENTION_KERNEL_UPDATE_DOCS=1 and commit them."
+    )
