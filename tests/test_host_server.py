@@ -3,25 +3,31 @@ fuzzing the app against its own ``/openapi.json``."""
 
 from __future__ import annotations
 
-import shutil
+import asyncio
+import contextlib
 import sqlite3
 import subprocess
 import sys
-import tempfile
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import count
 from pathlib import Path
 
 import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, seed, settings
+from schemathesis.config import SchemathesisConfig
+from schemathesis.schemas import BaseSchema
 
-from host_support import TESTS_DIR, demo_agent, served
+from host_support import TESTS_DIR, served
 from intention_kernel import Agent, Kernel
 from intention_kernel.cli._common import load_agent
 from intention_kernel.cli.serve import parse_tokens
 from intention_kernel.host import create_app
-from intention_kernel.testing import InMemoryDurability
+from intention_kernel.testing import InMemoryDurability, faults
+from intention_kernel.testing.agents import FakeProvider, billing_agent
 
 # -- a real process on loopback --------------------------------------------------------------
 
@@ -110,49 +116,143 @@ def test_tokens_map_secrets_to_tenants() -> None:
 
 
 # -- schemathesis against the app's own document -----------------------------------------
+# Two apps, each fuzzed against its own /openapi.json: one without authentication and
+# one with a bearer token bound to a tenant (sent with every case; schemathesis's
+# ignored_auth check then also proves that a missing or wrong token is refused with
+# 401). Each app's store is seeded with receipts an operator can resolve (uncertain,
+# and prepared by an attempt that died), and positive resolve cases are pointed at
+# them in turn, so that the success path (200) and the resolved-again refusal (409)
+# are exercised, not only 404. Positive turns get a turn ID of their own, so they run
+# instead of colliding as 409s. Bounded (max_examples) and seeded; the CI profile
+# derandomizes besides (tests/conftest.py).
+
+FUZZ_TOKEN = "fuzz-token-a"
+FUZZ_TENANT = "tenant-a"
+#: Resolvable receipts seeded per app: uncertain ones and ones left prepared.
+SEEDED_UNCERTAIN = 10
+SEEDED_PREPARED = 4
+RESOLVE_KEY = "payments.charge:charge:pi_9"
+
+
+@dataclass
+class FuzzTarget:
+    """One fuzzed app, the receipts seeded in its store, and what the cases hit."""
+
+    schema: BaseSchema
+    seeded: list[tuple[str, str]]
+    turn_ids: Iterator[str] = field(default_factory=lambda: (f"fuzz-{n}" for n in count(1)))
+    resolves: Iterator[int] = field(default_factory=count)
+    statuses: Counter[tuple[str, int]] = field(default_factory=Counter)
+
+
+def fuzz_target(tokens: dict[str, str | None] | None) -> FuzzTarget:
+    provider = FakeProvider(behaviour={"pi_9": "lost_response"})
+    kernel = Kernel(billing_agent(provider), InMemoryDurability(lock_timeout=5.0))
+    tenant = FUZZ_TENANT if tokens else None
+
+    async def seed() -> list[tuple[str, str]]:
+        threads = []
+        for n in range(SEEDED_UNCERTAIN + SEEDED_PREPARED):
+            thread = f"seeded-{n}"
+            await kernel.turn(thread, "seed-1", "charge pi_9 700", tenant_id=tenant)
+            if n < SEEDED_UNCERTAIN:
+                result = await kernel.turn(thread, "seed-2", "yes", tenant_id=tenant)
+                assert result.steps[0].status == "uncertain"
+            else:
+                with (
+                    faults.injected(faults.AFTER_RECEIPT_PREPARED, "raise"),
+                    contextlib.suppress(faults.InjectedFault),
+                ):
+                    await kernel.turn(thread, "seed-2", "yes", tenant_id=tenant)
+            threads.append((thread, RESOLVE_KEY))
+        statuses = Counter(r.status.value for r in await kernel.durability.list_receipts())
+        assert statuses == {"uncertain": SEEDED_UNCERTAIN, "prepared": SEEDED_PREPARED}
+        return threads
+
+    # The token goes through schemathesis's auth configuration, not a fixed header: it
+    # then leaves it out of the negative cases that test a missing Authorization header,
+    # and its ignored_auth check knows the token is valid and probes without one.
+    config = SchemathesisConfig.from_dict(
+        {"auth": {"openapi": {"bearer": {"bearer": FUZZ_TOKEN}}}} if tokens else {}
+    )
+    app = create_app(kernel, tokens=tokens)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
+    return FuzzTarget(schema, asyncio.run(seed()))
 
 
 # Module level, as schemathesis parametrizes at collection time: one test per operation.
-_FUZZ_DIR = Path(tempfile.mkdtemp(prefix="ik-host-fuzz-"))
-_FUZZ_APP = create_app(
-    Kernel(demo_agent(_FUZZ_DIR / "provider.db"), InMemoryDurability(lock_timeout=5.0))
-)
-schema = schemathesis.openapi.from_asgi("/openapi.json", _FUZZ_APP)
+OPEN = fuzz_target(None)
+WITH_TOKENS = fuzz_target({FUZZ_TOKEN: FUZZ_TENANT, "fuzz-token-b": "tenant-b"})
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _remove_fuzz_dir() -> Iterator[None]:
-    yield
-    shutil.rmtree(_FUZZ_DIR, ignore_errors=True)
-
-
-@schema.parametrize()
-@seed(20261129)
-@settings(
+FUZZ_SETTINGS = settings(
     max_examples=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-def test_the_app_keeps_every_promise_of_its_openapi_document(case: schemathesis.Case) -> None:
+
+
+def keeps_its_promises(target: FuzzTarget, case: schemathesis.Case) -> None:
     """No 5xx, every response as documented, schema-invalid requests refused and
     schema-valid ones accepted."""
-    if (
-        case.operation.path.endswith("/turns")
-        and case.meta
-        and case.meta.generation.mode.is_positive
-    ):
-        one_turn_id(case)
-    case.call_and_validate()
+    positive = bool(case.meta and case.meta.generation.mode.is_positive)
+    path = case.operation.path
+    if positive and path.endswith("/turns"):
+        own_turn_id(case, next(target.turn_ids))
+    if positive and path == "/v1/receipts/resolve" and isinstance(case.body, dict):
+        # Every other case resolves a seeded receipt: the first time 200, then 409.
+        n = next(target.resolves)
+        if n % 2 == 0:
+            thread_id, key = target.seeded[(n // 2) % len(target.seeded)]
+            case.body.update(thread_id=thread_id, key=key)
+    response = case.call_and_validate()
+    target.statuses[(path, response.status_code)] += 1
 
 
-def one_turn_id(case: schemathesis.Case) -> None:
+@OPEN.schema.parametrize()
+@seed(20261129)
+@FUZZ_SETTINGS
+def test_the_open_app_keeps_every_promise_of_its_openapi_document(
+    case: schemathesis.Case,
+) -> None:
+    keeps_its_promises(OPEN, case)
+
+
+@WITH_TOKENS.schema.parametrize()
+@seed(20261130)
+@FUZZ_SETTINGS
+def test_the_app_with_tokens_keeps_every_promise_of_its_openapi_document(
+    case: schemathesis.Case,
+) -> None:
+    keeps_its_promises(WITH_TOKENS, case)
+
+
+@pytest.mark.parametrize("target", [OPEN, WITH_TOKENS], ids=["open", "tokens"])
+def test_the_fuzzing_reached_the_resolve_success_path(
+    target: FuzzTarget, request: pytest.FixtureRequest
+) -> None:
+    """The fuzz tests above (run first, in file order) resolved seeded receipts and were
+    refused when resolving them again, and ran turns rather than colliding."""
+    resolved = {status for (path, status) in target.statuses if path == "/v1/receipts/resolve"}
+    if not resolved:
+        pytest.skip("the resolve operation was not fuzzed in this run (deselected)")
+    assert {200, 409} <= resolved, target.statuses
+    turns = Counter(
+        {status: n for (path, status), n in target.statuses.items() if path.endswith("/turns")}
+    )
+    if turns:
+        assert turns[200] > turns[409], turns
+
+
+def own_turn_id(case: schemathesis.Case, turn_id: str) -> None:
     """Apply the one rule of a turn that OpenAPI cannot state: the turn ID comes from the
-    body or the Idempotency-Key header, and not two different ones (otherwise 400/422)."""
-    headers = case.headers if case.headers is not None else {}
-    header = headers.get("Idempotency-Key")
+    body or the Idempotency-Key header, and not two different ones (otherwise 400/422).
+    Every positive case gets a turn ID of its own: a reused one would be a 409 conflict."""
     if not isinstance(case.body, dict):
         return
-    if case.body.get("turn_id") is None and header is None:
-        case.body["turn_id"] = "fuzz-turn"
-    elif case.body.get("turn_id") is not None and header is not None:
-        del headers["Idempotency-Key"]
+    headers = case.headers if case.headers is not None else {}
+    if headers.get("Idempotency-Key") is not None:
+        case.body.pop("turn_id", None)
+        headers["Idempotency-Key"] = turn_id
+        case.headers = headers
+    else:
+        case.body["turn_id"] = turn_id
