@@ -432,3 +432,14 @@ async def test_the_serve_factory_builds_a_working_agent_without_setup(
     assert result.steps[0].status == "completed"
     with sqlite3.connect(ledger) as conn:
         assert conn.execute("SELECT count(*) FROM demo_provider_charges").fetchone() == (1,)
+
+
+def test_the_serve_factory_puts_its_provider_beside_a_sqlite_store() -> None:
+    from intention_kernel.demo.serve import PROVIDER_DB_ENV_VAR, provider_path
+
+    assert provider_path("sqlite:////srv/app/app.db", {}) == Path("/srv/app/app.demo-provider.db")
+    assert provider_path("sqlite:///data/app.db", {}) == Path("data/app.demo-provider.db")
+    assert provider_path("postgresql://h/db", {}) == Path("demo-provider.db")
+    assert provider_path(None, {}) == Path("demo-provider.db")
+    chosen = {PROVIDER_DB_ENV_VAR: "/var/lib/ledger.db"}
+    assert provider_path("sqlite:///app.db", chosen) == Path("/var/lib/ledger.db")

@@ -109,6 +109,25 @@ def test_an_agent_may_be_an_object_or_a_zero_argument_factory(
         load_agent("my_agents:missing")
 
 
+def test_a_factory_that_takes_db_url_is_given_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOST_TEST_PROVIDER_DB", str(tmp_path / "p.db"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "url_agents.py").write_text(
+        "import host_support\nseen = []\n"
+        "def factory(db_url=None):\n"
+        "    seen.append(db_url)\n"
+        "    return host_support.billing_agent()\n"
+    )
+    import url_agents
+
+    assert isinstance(load_agent("url_agents:factory", db_url="sqlite:///app.db"), Agent)
+    assert isinstance(load_agent("url_agents:factory"), Agent)
+    assert isinstance(load_agent("host_support:billing_agent", db_url="sqlite:///app.db"), Agent)
+    assert url_agents.seen == ["sqlite:///app.db", None]
+
+
 def test_tokens_map_secrets_to_tenants() -> None:
     assert parse_tokens(["a=acme", "b=", " c=globex "]) == {"a": "acme", "b": None, "c": "globex"}
     with pytest.raises(ValueError, match="twice"):

@@ -101,12 +101,14 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass  # always sys.stderr
 
 
-def load_agent(spec: str) -> Agent:
+def load_agent(spec: str, *, db_url: str | None = None) -> Agent:
     """The agent named by ``module:attribute`` (dotted attributes allowed).
 
-    The attribute may be an ``Agent`` or a zero-argument callable returning one.
-    The current directory is importable, as with ``python -m``. Raises
-    ``ValueError`` with a message for a person on any problem.
+    The attribute may be an ``Agent`` or a callable returning one, called without
+    arguments, or with ``db_url=`` (the store the command uses) when it takes a
+    parameter of that name: a factory that keeps files of its own can put them
+    beside the store. The current directory is importable, as with ``python -m``.
+    Raises ``ValueError`` with a message for a person on any problem.
     """
     from intention_kernel.agent import Agent
 
@@ -128,16 +130,28 @@ def load_agent(spec: str) -> Agent:
         return target
     if not callable(target):
         raise ValueError(f"{spec} is a {type(target).__name__}, not an Agent or a factory")
+    arguments: dict[str, str] = {}
     try:
-        inspect.signature(target).bind()
-    except TypeError as exc:
-        raise ValueError(f"{spec} must be callable without arguments: {exc}") from None
+        signature = inspect.signature(target)
     except ValueError:  # no signature to inspect (a builtin): just call it
         pass
-    built = target()
+    else:
+        parameter = signature.parameters.get("db_url")
+        if db_url is not None and parameter is not None and parameter.kind in _BY_KEYWORD:
+            arguments["db_url"] = db_url
+        try:
+            signature.bind(**arguments)
+        except TypeError as exc:
+            raise ValueError(
+                f"{spec} must be callable without arguments (or with db_url only): {exc}"
+            ) from None
+    built = target(**arguments)
     if not isinstance(built, Agent):
         raise ValueError(f"{spec}() returned a {type(built).__name__}, not an Agent")
     return built
+
+
+_BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
 def resolve_db_url(explicit: str | None, environ: Mapping[str, str] | None = None) -> str:

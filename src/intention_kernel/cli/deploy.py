@@ -66,11 +66,12 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
 ) -> None:
     """Report stored checkpoints by revision and fingerprint, and the threads AGENT refuses."""
+    url = resolve_db_url(db)
     try:
-        loaded = load_agent(agent)
+        loaded = load_agent(agent, db_url=url)
     except ValueError as exc:
         refuse(str(exc))
-    report: CheckReport = _run(resolve_db_url(db), lambda s: check_checkpoints(s, loaded))
+    report: CheckReport = _run(url, lambda s: check_checkpoints(s, loaded))
     if as_json:
         typer.echo(
             json.dumps(

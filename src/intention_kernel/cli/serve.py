@@ -4,6 +4,11 @@ Loads the agent (``--agent module:attr``), opens the store (``--db URL``), and
 serves :func:`intention_kernel.host.create_app` until interrupted; the store is
 closed on the way out. Needs the ``http`` extra besides ``cli``.
 
+The agent factory is called with ``db_url=`` when it takes that parameter (see
+:func:`~intention_kernel.cli._common.load_agent`). ``--lock-timeout SECONDS`` bounds
+how long a turn waits for a thread another turn holds before the host answers 503
+``thread-busy`` with ``Retry-After`` (default: the store's, 30 s).
+
 Tokens: ``--token SECRET=TENANT`` (repeatable) turns authentication on; each
 token's turns run under its tenant and it sees only that tenant's threads.
 ``--token SECRET=`` is a token without a tenant (an operator of tenant-less
@@ -26,13 +31,15 @@ from intention_kernel.cli._common import (
     log_warnings_to_stderr,
     refuse,
     resolve_db_url,
+    sqlite_path,
     stderr,
 )
 
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
+    from intention_kernel.durability import Durability
 
-__all__ = ["TOKENS_ENV_VAR", "parse_tokens", "register", "serve"]
+__all__ = ["TOKENS_ENV_VAR", "open_store", "parse_tokens", "register", "serve"]
 
 TOKENS_ENV_VAR = "INTENTION_KERNEL_TOKENS"
 
@@ -55,6 +62,17 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    lock_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--lock-timeout",
+            metavar="SECONDS",
+            min=0.0,
+            help="How long a turn waits for a busy thread before 503 thread-busy "
+            "(default: the store's, 30)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve the agent over HTTP: turns, threads, receipts, /openapi.json and /console."""
     try:
@@ -64,15 +82,16 @@ def serve(
             f"serve needs the http extra ({exc.name} is missing): pip install "
             "'intention-kernel[http]'"
         )
+    url = resolve_db_url(db)
     try:
-        loaded = load_agent(agent)
+        loaded = load_agent(agent, db_url=url)
         pairs = list(token or [])
         pairs += [p for p in os.environ.get(TOKENS_ENV_VAR, "").split(",") if p.strip()]
         tokens = parse_tokens(pairs) if pairs else None
     except ValueError as exc:
         refuse(str(exc))
     with log_warnings_to_stderr():
-        asyncio.run(_serve(loaded, resolve_db_url(db), host, port, tokens))
+        asyncio.run(_serve(loaded, url, host, port, tokens, lock_timeout))
 
 
 def parse_tokens(pairs: list[str]) -> dict[str, str | None]:
@@ -88,18 +107,42 @@ def parse_tokens(pairs: list[str]) -> dict[str, str | None]:
     return tokens
 
 
+def open_store(url: str, lock_timeout: float | None = None) -> Durability:
+    """The store at ``url``, as ``open_durability`` opens it, with ``lock_timeout`` if
+    given (the URL rules are ``open_durability``'s)."""
+    from intention_kernel.durability import open_durability
+
+    durability = open_durability(url)
+    if lock_timeout is None:
+        return durability
+    from intention_kernel.durability.memory import InMemoryDurability
+    from intention_kernel.durability.sqlite import SQLiteDurability
+
+    if isinstance(durability, SQLiteDurability):
+        return SQLiteDurability(sqlite_path(url), lock_timeout=lock_timeout)
+    if isinstance(durability, InMemoryDurability):
+        return InMemoryDurability(lock_timeout=lock_timeout)
+    from intention_kernel.durability.postgres import PostgresDurability
+
+    return PostgresDurability(url, lock_timeout=lock_timeout)
+
+
 async def _serve(
-    agent: Agent, url: str, host: str, port: int, tokens: dict[str, str | None] | None
+    agent: Agent,
+    url: str,
+    host: str,
+    port: int,
+    tokens: dict[str, str | None] | None,
+    lock_timeout: float | None,
 ) -> None:
     import uvicorn
 
-    from intention_kernel.durability import open_durability
     from intention_kernel.errors import KernelError
     from intention_kernel.host import create_app
     from intention_kernel.kernel import Kernel
 
     try:
-        durability = open_durability(url)
+        durability = open_store(url, lock_timeout)
         await durability.__aenter__()
     except (KernelError, ValueError) as exc:
         refuse(f"cannot open the store {url}: {exc}")
