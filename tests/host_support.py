@@ -2,9 +2,11 @@
 
 - :func:`billing_agent` is a zero-argument factory for ``intention-kernel serve
   --agent host_support:billing_agent``: the demo's billing agent, its fake payment
-  provider recording charges in ``$HOST_TEST_PROVIDER_DB``.
+  provider recording charges in ``$HOST_TEST_PROVIDER_DB`` and losing the response
+  to the first charge of each payment intent in ``$HOST_TEST_LOST_RESPONSES``.
 - :func:`served` starts ``intention-kernel serve`` in a real process on a free
-  loopback port, waits until ``/healthz`` answers, and stops it afterwards.
+  loopback port (on a SQLite file or any store URL), waits until ``/healthz``
+  answers, and stops it afterwards.
 - :func:`serving_in_thread` serves an app on a free loopback port from a thread of
   this process, so that a test keeps its hands on the agent's provider.
 - :func:`asgi_client` talks to an app in process, without a socket.
@@ -22,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -34,16 +36,15 @@ from intention_kernel.demo import FakePaymentProvider, build_agent
 
 TESTS_DIR = Path(__file__).resolve().parent
 PROVIDER_ENV = "HOST_TEST_PROVIDER_DB"
+LOST_RESPONSES_ENV = "HOST_TEST_LOST_RESPONSES"
 
 
 def billing_agent() -> Agent:
     """The demo billing agent (for ``serve --agent``), provider file from the environment."""
-    return demo_agent(os.environ[PROVIDER_ENV])
-
-
-def demo_agent(provider_path: str | os.PathLike[str]) -> Agent:
-    """The demo billing agent, its provider recording in ``provider_path``."""
-    return build_agent(opened_provider(provider_path))
+    provider = opened_provider(os.environ[PROVIDER_ENV])
+    for payment_intent_id in filter(None, os.environ.get(LOST_RESPONSES_ENV, "").split(",")):
+        provider.simulate_lost_response(payment_intent_id)
+    return build_agent(provider)
 
 
 def opened_provider(path: str | os.PathLike[str]) -> FakePaymentProvider:
@@ -75,18 +76,35 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def served(
-    db_path: Path,
+    store: Path | str,
     *,
+    provider: Path | None = None,
+    agent: str = "host_support:billing_agent",
     tokens: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
     log_path: Path | None = None,
     startup_timeout: float = 30.0,
 ) -> Iterator[str]:
-    """``intention-kernel serve`` on ``db_path`` (store and provider); yields its base URL."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
-    env[PROVIDER_ENV] = str(db_path)
-    env.pop("INTENTION_KERNEL_TOKENS", None)
-    log_path = log_path or db_path.with_suffix(".log")
+    """``intention-kernel serve --agent AGENT`` on ``store`` (a SQLite file, or a store
+    URL); yields its base URL. The billing agent's provider records in ``provider``,
+    by default the SQLite store's own file. ``args`` are more options for serve,
+    ``env`` more environment variables."""
+    url = f"sqlite:///{store}" if isinstance(store, Path) else store
+    if provider is None:
+        if not isinstance(store, Path):
+            raise ValueError("a store URL needs a provider file")
+        provider = store
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(TESTS_DIR), environ.get("PYTHONPATH")])
+    )
+    environ[PROVIDER_ENV] = str(provider)
+    for name in ("INTENTION_KERNEL_TOKENS", "INTENTION_KERNEL_DEMO_PROVIDER_DB"):
+        environ.pop(name, None)
+    environ.update(env or {})
+    log_path = log_path or provider.with_suffix(".log")
     for _attempt in range(3):
         port = free_port()
         command = [
@@ -95,16 +113,19 @@ def served(
             "intention_kernel",
             "serve",
             "--agent",
-            "host_support:billing_agent",
+            agent,
             "--db",
-            f"sqlite:///{db_path}",
+            url,
             "--port",
             str(port),
+            *args,
         ]
         for token, tenant in (tokens or {}).items():
             command += ["--token", f"{token}={tenant}"]
         with log_path.open("ab") as log:
-            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                command, env=environ, cwd=cwd, stdout=log, stderr=subprocess.STDOUT
+            )
         base_url = f"http://127.0.0.1:{port}"
         if _wait_healthy(process, base_url, startup_timeout):
             break
