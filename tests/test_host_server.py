@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 import subprocess
 import sys
@@ -79,13 +80,27 @@ def test_served_host_with_tokens_refuses_anonymous_calls(tmp_path: Path) -> None
         (["--agent", "host_support:served"], "without arguments"),
         (["--agent", "host_support:billing_agent", "--token", "nosecret"], "TOKEN=TENANT"),
         (["--agent", "host_support:billing_agent", "--db", "mysql://x"], "unknown durability"),
+        (
+            [
+                "--agent",
+                "host_support:billing_agent",
+                "--db",
+                "postgresql://h/db?lock_timeout=5",
+                "--lock-timeout",
+                "1",
+            ],
+            "lock_timeout= twice",
+        ),
     ],
 )
 def test_serve_refuses_a_bad_agent_token_or_store(
     arguments: list[str], message: str, tmp_path: Path
 ) -> None:
     command = [sys.executable, "-m", "intention_kernel", "serve", "--port", "1", *arguments]
-    env = {"PYTHONPATH": str(TESTS_DIR), "HOST_TEST_PROVIDER_DB": str(tmp_path / "p.db")}
+    # The caller's PYTHONPATH too, so that a checkout run without installing is the code
+    # under test.
+    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+    env = {"PYTHONPATH": path, "HOST_TEST_PROVIDER_DB": str(tmp_path / "p.db")}
     run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert run.returncode == 2
     assert message in " ".join(run.stderr.split())

@@ -109,7 +109,8 @@ def parse_tokens(pairs: list[str]) -> dict[str, str | None]:
 
 def open_store(url: str, lock_timeout: float | None = None) -> Durability:
     """The store at ``url``, as ``open_durability`` opens it, with ``lock_timeout`` if
-    given (the URL rules are ``open_durability``'s)."""
+    given: a PostgreSQL URL takes it as its ``lock_timeout=`` parameter (so the URL
+    may not give one too); the other adapters take it as an argument."""
     from intention_kernel.durability import open_durability
 
     durability = open_durability(url)
@@ -122,9 +123,7 @@ def open_store(url: str, lock_timeout: float | None = None) -> Durability:
         return SQLiteDurability(sqlite_path(url), lock_timeout=lock_timeout)
     if isinstance(durability, InMemoryDurability):
         return InMemoryDurability(lock_timeout=lock_timeout)
-    from intention_kernel.durability.postgres import PostgresDurability
-
-    return PostgresDurability(url, lock_timeout=lock_timeout)
+    return open_durability(f"{url}{'&' if '?' in url else '?'}lock_timeout={lock_timeout}")
 
 
 async def _serve(
