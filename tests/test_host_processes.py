@@ -3,8 +3,9 @@ loopback, on SQLite and on PostgreSQL.
 
 Tenant isolation with bearer tokens bound to tenants, receipts listed and resolved,
 a thread held by another process answering 503 with Retry-After, and the console.
-On PostgreSQL the store is the shared test database, so every thread and tenant
-name carries a fresh run ID.
+On PostgreSQL each test has a schema of its own (named in the ``--db`` URL, dropped
+afterwards), so that what other tests left in the test database, or a schema another
+library version migrated, cannot change what the host shows.
 """
 
 from __future__ import annotations
@@ -32,11 +33,20 @@ CHARGE_43 = "payments.charge:charge:pi_demo_43"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'host.db'}"
+        yield f"sqlite:///{tmp_path / 'host.db'}"
+        return
+    import psycopg
+    from psycopg import sql
+
     dsn: str = request.getfixturevalue("postgres_dsn")
-    return dsn
+    schema = f"ik_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @pytest.fixture
