@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sqlite3
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -101,6 +103,26 @@ def test_relay_refuses_a_target_it_cannot_use(db: str) -> None:
     ]:
         code, output = cli("outbox", "relay", "--db", db, "--to", target, "--once")
         assert code == 2 and why in output, (target, output)
+
+
+def test_relay_once_to_an_unreachable_nats_server_fails_in_seconds_without_tracebacks(
+    db: str,
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    code, output = cli("outbox", "relay", "--db", db, "--to", f"nats://127.0.0.1:{port}", "--once")
+    elapsed = time.monotonic() - started
+    assert elapsed < 15, f"took {elapsed:.1f}s"  # nats-py's defaults: four minutes
+    assert code == 1 and "published 0 event(s); 2 failed attempt(s)" in output, output
+    assert "Traceback" not in output
+    failing = status(db)["failing"]
+    assert isinstance(failing, list) and len(failing) == 2
+    assert all(
+        f["last_error"].startswith(f"NatsError: cannot connect to NATS at nats://127.0.0.1:{port}")
+        for f in failing
+    ), failing
 
 
 def test_check_passes_for_the_agent_and_fails_listing_threads_for_a_changed_one(

@@ -4,7 +4,11 @@ HTTP webhooks with retries (through httpx's mock transport)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -17,6 +21,7 @@ from intention_kernel import Kernel, OutboxEvent
 from intention_kernel.outbox import (
     EVENT_ID_HEADER,
     SIGNATURE_HEADER,
+    NatsError,
     NatsSink,
     OutboxRelay,
     WebhookError,
@@ -111,6 +116,147 @@ async def test_a_missing_stream_is_a_failed_attempt_not_a_lost_event(
             durability, NatsSink(nats_url, subject_prefix=prefix, stream=stream), retry_base=0
         ) as relay:
             assert (await relay.run_once()).published == len(events)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+async def test_an_unreachable_nats_server_fails_each_attempt_in_seconds_and_logs_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    async with InMemoryDurability() as durability:
+        events = await committed_events(durability)
+        sink = NatsSink(url, reconnect_wait=0.2)
+        with caplog.at_level(logging.DEBUG):
+            async with OutboxRelay(durability, sink, retry_base=0) as relay:
+                started = time.monotonic()
+                report = await relay.run_once()
+                elapsed = time.monotonic() - started
+                failing = (await relay.status()).failing
+    # nats-py's defaults took minutes here (60 attempts, 2 s apart, per thread).
+    assert elapsed < 15, f"an unreachable server took {elapsed:.1f}s to fail"
+    assert (report.published, report.failed) == (0, 2)  # each thread's first event
+    assert {d.event.thread_id for d in failing} == {"t1", "t2"}
+    for delivery in failing:
+        assert delivery.attempts == 1
+        assert delivery.last_error is not None
+        assert delivery.last_error.startswith(f"NatsError: cannot connect to NATS at {url}")
+        assert "ConnectionRefusedError" in delivery.last_error
+    assert len(events) > 2
+    assert [r for r in caplog.records if r.name.startswith("nats")] == []
+    assert [r for r in caplog.records if r.exc_info] == []  # no tracebacks
+    outbox = [r for r in caplog.records if r.name == "intention_kernel.outbox"]
+    sink_warnings = [r for r in outbox if r.levelno == logging.WARNING and "NATS at" in r.msg]
+    assert len(sink_warnings) == 1, [r.getMessage() for r in sink_warnings]
+    assert sink_warnings[0].url == url  # type: ignore[attr-defined]
+    relay_warnings = [r for r in outbox if r.levelno == logging.WARNING and r not in sink_warnings]
+    assert len(relay_warnings) == 2  # one per failed event
+    direct = NatsSink(url, reconnect_attempts=1, reconnect_wait=0)
+    with pytest.raises(NatsError, match="cannot connect to NATS"):
+        await direct.publish(events[0])  # every attempt tries again, and fails again
+    with pytest.raises(NatsError, match="cannot connect to NATS"):
+        await direct.publish(events[0])
+    await direct.aclose()
+    with pytest.raises(ValueError, match="reconnect_attempts"):
+        NatsSink(url, reconnect_attempts=0)  # nats-py would read it as "forever"
+
+
+class Proxy:
+    """A TCP proxy in front of the NATS server, to cut the sink off and let it back."""
+
+    def __init__(self, target: str) -> None:
+        host, _, port = target.removeprefix("nats://").partition(":")
+        self.target = (host, int(port))
+        self.port = free_port()
+        self.server: asyncio.Server | None = None
+        self.pipes: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in list(self.pipes):
+            writer.close()
+        await self.server.wait_closed()
+        self.server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        self.pipes |= {writer, upstream_writer}
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pump(reader, upstream_writer), pump(upstream_reader, writer))
+
+
+@pytest.mark.nats
+async def test_a_sink_whose_connection_nats_closed_reconnects_and_delivery_resumes(
+    nats_url: str, jetstream: tuple[Any, str, str]
+) -> None:
+    js, prefix, stream = jetstream
+    proxy = Proxy(nats_url)
+    await proxy.start()
+    sink = NatsSink(
+        proxy.url,
+        subject_prefix=prefix,
+        stream=stream,
+        timeout=1.0,
+        reconnect_attempts=1,
+        reconnect_wait=0.1,
+    )
+    async with InMemoryDurability() as durability:
+        kernel = Kernel(billing_agent(FakeProvider()), durability)
+        await kernel.turn("t1", "1", "balance 1")
+        async with OutboxRelay(durability, sink, retry_base=0) as relay:
+            first = (await relay.run_once()).published
+            assert first > 0
+            # An outage longer than the sink's reconnection attempts: nats-py gives up
+            # and closes its client for good.
+            await proxy.stop()
+            await kernel.turn("t1", "2", "balance 2")
+            errors: list[str] = []
+            for _ in range(50):
+                report = await relay.run_once()
+                assert report.published == 0
+                [failing] = (await relay.status()).failing
+                assert failing.last_error is not None
+                errors.append(failing.last_error)
+                if "cannot connect to NATS" in failing.last_error:
+                    break  # the closed client was dropped and a new connection tried
+                await asyncio.sleep(0.1)
+            assert "cannot connect to NATS" in errors[-1], errors
+            assert all(e.startswith("NatsError: ") for e in errors), errors
+            await proxy.start()  # the server is reachable again
+            report = await relay.run_once()
+            assert (report.published, report.failed) == (
+                len(await read_all_events(durability)) - first,
+                0,
+            )
+            assert (await relay.status()).unpublished == 0
+            total = len(await read_all_events(durability))
+    await proxy.stop()
+    info = await js.stream_info(stream)
+    assert info.state.messages == total
 
 
 # -- webhooks ----------------------------------------------------------------------------------
