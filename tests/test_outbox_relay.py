@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from intention_kernel import Kernel, OutboxEvent
+from intention_kernel import Kernel, OutboxEvent, StoreError
 from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.durability.base import Recorder as StoreRecorder
+from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.outbox import OutboxRelay
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
@@ -239,3 +242,122 @@ async def test_run_keeps_publishing_new_events_until_stopped() -> None:
         await asyncio.wait_for(running, 5)
     assert [e.seq for e in sink.seen] == list(range(1, len(sink.seen) + 1))
     assert [e.turn_id for e in sink.seen if e.type == "turn.committed"] == ["0", "1", "2"]
+
+
+# -- PostgreSQL sessions -----------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("pool", "concurrency"), [(1, 4), (2, 2), (2, 8), (3, 16)])
+async def test_a_relay_with_more_claims_than_pooled_sessions_completes_on_postgres(
+    postgres_dsn: str, pool: int, concurrency: int
+) -> None:
+    """Each claim holds a session; its reads and marks run on that session, and claims
+    beyond the pool queue for one, so no concurrency can exhaust the pool (a claim
+    borrowing a second session for its reads deadlocked at concurrency >= pool / 2)."""
+    schema = new_schema()
+    threads = tuple(f"t-{n}" for n in range(12))
+    try:
+        async with PostgresDurability(
+            postgres_dsn, schema=schema, max_pool_size=pool, pool_timeout=3
+        ) as durability:
+            await converse(durability, threads)
+            committed = await read_all_events(durability)
+            sink = Recorder(delay=0.002)  # long enough for the claims to overlap
+            relay = OutboxRelay(durability, sink, batch_size=2, concurrency=concurrency)
+            report = await asyncio.wait_for(relay.run_once(), 60)
+            assert (report.published, report.failed) == (len(committed), 0)
+            for thread, seqs in sink.by_thread().items():
+                assert seqs == list(range(1, len(seqs) + 1)), thread
+            assert (await relay.status()).unpublished == 0
+    finally:
+        drop_schema(postgres_dsn, schema)
+
+
+@pytest.mark.postgres
+async def test_a_turn_on_the_relays_adapter_commits_while_every_claim_is_busy(
+    postgres_dsn: str,
+) -> None:
+    """The claims leave one pooled session to the application's turns."""
+    schema = new_schema()
+    try:
+        async with PostgresDurability(
+            postgres_dsn, schema=schema, max_pool_size=2, pool_timeout=3
+        ) as durability:
+            await converse(durability, tuple(f"t-{n}" for n in range(6)))
+            publishing, release = asyncio.Event(), asyncio.Event()
+
+            async def stalled(event: OutboxEvent) -> None:
+                publishing.set()
+                await release.wait()
+
+            relay = OutboxRelay(durability, stalled, concurrency=8)
+            running = asyncio.create_task(relay.run_once())
+            await publishing.wait()
+            kernel = Kernel(billing_agent(FakeProvider()), durability)
+            result = await asyncio.wait_for(kernel.turn("other", "1", "balance 3"), 10)
+            assert result.checkpoint_version == 1
+            release.set()
+            assert (await asyncio.wait_for(running, 30)).failed == 0
+    finally:
+        drop_schema(postgres_dsn, schema)
+
+
+# -- store errors ------------------------------------------------------------------------------
+
+
+class FlakyRecorder:
+    """A recorder whose relay methods fail as a test says, and otherwise pass through."""
+
+    def __init__(self, inner: StoreRecorder) -> None:
+        self.inner = inner
+        self.fail_polls = 0  # pending_threads calls that fail before the store "recovers"
+        self.fail_marks: set[str] = set()  # threads whose mark_published fails
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def pending_threads(self, now: datetime, limit: int) -> list[str]:
+        if self.fail_polls:
+            self.fail_polls -= 1
+            raise StoreError("SQLite error on kernel.db: OperationalError: disk I/O error")
+        return await self.inner.pending_threads(now, limit)
+
+    async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
+        if thread_id in self.fail_marks:
+            raise StoreError(f"the store refused the mark of {thread_id}")
+        await self.inner.mark_published(thread_id, seqs, at)
+
+
+async def flaky(durability: RecordedDurability, monkeypatch: pytest.MonkeyPatch) -> FlakyRecorder:
+    wrapper = FlakyRecorder(await durability.recorder())
+
+    async def recorder() -> Any:
+        return wrapper
+
+    monkeypatch.setattr(durability, "recorder", recorder)
+    return wrapper
+
+
+async def test_a_store_error_in_one_thread_stops_the_others_before_the_pass_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with InMemoryDurability() as durability:
+        await converse(durability)
+        store = await flaky(durability, monkeypatch)
+        store.fail_marks.add("t-a")
+        stalled, stopped = asyncio.Event(), asyncio.Event()
+
+        async def sink(event: OutboxEvent) -> None:
+            if event.thread_id != "t-a":
+                stalled.set()
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    stopped.set()
+                    raise
+
+        relay = OutboxRelay(durability, sink, concurrency=3)
+        with pytest.raises(StoreError, match="refused the mark of t-a"):
+            await relay.run_once()  # the error itself, not an ExceptionGroup
+        assert stalled.is_set() and stopped.is_set()  # no sibling left publishing

@@ -566,6 +566,16 @@ class _Held:
     returned: bool = False
 
 
+@dataclass
+class _Claim:
+    """A relay's claim of a thread and the session holding it (``None`` once released);
+    ``mutex`` runs one statement at a time on it, and makes the release wait for one
+    still running (the same reasons as :class:`_Held`)."""
+
+    conn: Connection | None
+    mutex: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
 class _PostgresRecorder:
     def __init__(
         self, dsn: str, schema: str, lock_timeout: float, pool_size: tuple[int, int], timeout: float
@@ -574,6 +584,8 @@ class _PostgresRecorder:
         self._pool_size, self._pool_timeout = pool_size, timeout
         self._opened: AsyncConnectionPool[Connection] | None = None
         self._held: dict[str, _Held] = {}
+        self._claims: dict[str, _Claim] = {}  # see claim_outbox
+        self._claim_slots = asyncio.Semaphore(max(1, pool_size[1] - 1))
 
     @property
     def _pool(self) -> AsyncConnectionPool[Connection]:
@@ -966,39 +978,63 @@ class _PostgresRecorder:
     async def claim_outbox(self, thread_id: str) -> AsyncIterator[bool]:
         # A session advisory lock in a key space of its own ("relay", not "thread"):
         # relays exclude each other on every host, never a turn, and the server drops
-        # a dead relay's claims with its session. Held on a session of its own, idle
-        # while the relay publishes; the relay's statements use other sessions.
+        # a dead relay's claims with its session.
+        #
+        # The claim's reads and marks run on the session holding it (``_on_claim``):
+        # were they to borrow other sessions, claims holding every pooled session
+        # would wait on one another for a session none gives back, until PoolTimeout.
+        # And at most max_pool_size - 1 claims hold sessions at once (the rest queue
+        # here, without a timeout), leaving one for the relay's polls and the turns
+        # of an application sharing the adapter, whatever the relay's concurrency.
         key = advisory_key("relay", self._schema, thread_id)
-        with _translated():
-            conn = await self._pool.getconn()
-            try:
-                claimed = bool(await _value(conn, TRY_LOCK, key))
-            except BaseException:
-                await conn.close()  # interrupted mid-statement: it may hold the lock
+        async with self._claim_slots:
+            with _translated():
+                conn = await self._pool.getconn()
+                try:
+                    claimed = bool(await _value(conn, TRY_LOCK, key))
+                except BaseException:
+                    await conn.close()  # interrupted mid-statement: it may hold the lock
+                    await self._pool.putconn(conn)
+                    raise
+            if not claimed:
                 await self._pool.putconn(conn)
-                raise
-        if not claimed:
-            await self._pool.putconn(conn)
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            release = asyncio.ensure_future(self._unclaim(conn, key))
+                yield False
+                return
+            claim = self._claims[thread_id] = _Claim(conn)
             try:
-                await asyncio.shield(release)
-            except asyncio.CancelledError:
-                await asyncio.wait([release])
-                raise
+                yield True
+            finally:
+                if self._claims.get(thread_id) is claim:
+                    del self._claims[thread_id]
+                release = asyncio.ensure_future(self._unclaim(claim, key))
+                try:
+                    await asyncio.shield(release)
+                except asyncio.CancelledError:
+                    await asyncio.wait([release])
+                    raise
 
-    async def _unclaim(self, conn: Connection, key: int) -> None:
-        try:
-            clean = await _value(conn, UNLOCK, key) and conn.info.transaction_status == _IDLE
-        except psycopg.Error:
-            clean = False
-        if not clean:  # never pool a session that may still hold the claim
-            await conn.close()
-        await self._pool.putconn(conn)
+    async def _unclaim(self, claim: _Claim, key: int) -> None:
+        async with claim.mutex:  # after a read or mark still running on the session
+            conn, claim.conn = claim.conn, None
+            assert conn is not None
+            try:
+                clean = await _value(conn, UNLOCK, key) and conn.info.transaction_status == _IDLE
+            except psycopg.Error:
+                clean = False
+            if not clean:  # never pool a session that may still hold the claim
+                await conn.close()
+            await self._pool.putconn(conn)
+
+    async def _on_claim(self, thread_id: str, hop: Callable[[Connection], Awaitable[T]]) -> T:
+        """Run ``hop`` on the session holding this adapter's claim of ``thread_id``; if
+        there is none (or it was just released), on a pooled one."""
+        claim = self._claims.get(thread_id)
+        if claim is not None:
+            with _translated():
+                async with claim.mutex:
+                    if claim.conn is not None:
+                        return await hop(claim.conn)
+        return await self._run(None, hop)
 
     async def pending_threads(self, now: datetime, limit: int) -> list[str]:
         async def read(conn: Connection) -> list[str]:
@@ -1013,7 +1049,7 @@ class _PostgresRecorder:
             cur = await conn.execute(SELECT_UNPUBLISHED, (thread_id, limit))
             return [_delivery(row) for row in await cur.fetchall()]
 
-        return await self._run(None, read)
+        return await self._on_claim(thread_id, read)
 
     async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
         params = {"at": at, "thread_id": thread_id, "seqs": list(seqs)}
@@ -1021,7 +1057,7 @@ class _PostgresRecorder:
         async def mark(conn: Connection) -> None:
             await conn.execute(MARK_PUBLISHED, params)
 
-        await self._run(None, mark)
+        await self._on_claim(thread_id, mark)
 
     async def mark_failed(
         self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
@@ -1029,7 +1065,7 @@ class _PostgresRecorder:
         async def mark(conn: Connection) -> None:
             await conn.execute(MARK_FAILED, (attempts, error, retry_at, thread_id, seq))
 
-        await self._run(None, mark)
+        await self._on_claim(thread_id, mark)
 
     async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog:
         async def read(conn: Connection) -> OutboxBacklog:

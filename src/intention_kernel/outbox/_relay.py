@@ -66,7 +66,8 @@ class OutboxRelay:
     - ``batch_size``: events of one thread read and published per claim.
     - ``threads_per_poll``: due threads looked up at a time.
     - ``concurrency``: threads published at the same time (each holds a claim and, on
-      PostgreSQL, a pooled session while it does).
+      PostgreSQL, a pooled session while it does; claims beyond ``max_pool_size - 1``
+      wait for one, so any concurrency works with any pool).
     - ``poll_interval``: how long :meth:`run` sleeps when there is nothing to publish.
     - ``retry_base`` / ``retry_max``: backoff of a failing event, in seconds: the
       n-th failure waits ``retry_base * 2**(n-1)``, capped at ``retry_max``, with
@@ -150,7 +151,19 @@ class OutboxRelay:
             todo = [t for t in due if t not in passed][: self.threads_per_poll]
             if not todo:
                 return total
-            for thread_id, report, more in await asyncio.gather(*(one(t) for t in todo)):
+            # A task group, so that a store error in one thread cancels the others (each
+            # marks what its sink acknowledged first) before the pass ends with it; with
+            # gather they would go on publishing behind the caller's back.
+            errors: list[BaseException] = []
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(one(t)) for t in todo]
+            except BaseExceptionGroup as failed:
+                errors = list(failed.exceptions)
+            if errors:
+                raise errors[0]  # as itself, with its cause: callers catch StoreError
+            for task in tasks:
+                thread_id, report, more = task.result()
                 total += report
                 if not more:
                     passed.add(thread_id)
