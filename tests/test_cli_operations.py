@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,11 +23,13 @@ import pytest
 from typer.testing import CliRunner
 
 import cli_outbox_sink
+import intention_kernel
 from intention_kernel import Kernel, TurnExpiredError
 from intention_kernel.cli._app import app
 from intention_kernel.cli.prune import parse_duration
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from proving_support import read_all_events
 
 OLD_AGENT = "test_cli_operations:old_agent"
 NEW_AGENT = "test_cli_operations:new_agent"
@@ -92,6 +99,82 @@ def test_relay_once_publishes_to_a_callable_and_status_shows_lag_and_failures(db
     # (retried, if their backoff is over, and refused again), nothing after them is sent.
     code, output = cli("outbox", "relay", "--db", db, "--to", "cli_outbox_sink:collect", "--once")
     assert code in (0, 1) and len(cli_outbox_sink.received) == published
+
+
+def relay_process(db: str, log: Path, errors: Path, *extra: str) -> subprocess.Popen[str]:
+    """``intention-kernel outbox relay`` in a process of its own, delivering to ``log``,
+    its stderr to ``errors``."""
+    tests = str(Path(__file__).parent)
+    source = str(Path(intention_kernel.__file__).parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([source, tests, os.environ.get("PYTHONPATH", "")]),
+        "IK_RELAY_LOG": str(log),
+    }
+    command = [sys.executable, "-m", "intention_kernel", "outbox", "relay", "--db", db]
+    with errors.open("w") as stderr:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [*command, "--to", "relay_log_sink:deliver", "--poll", "0.05", *extra],
+            env=env,
+            stderr=stderr,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+
+def wait_until(condition: Callable[[], bool], process: subprocess.Popen[str], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        if process.poll() is not None:
+            out, _ = process.communicate()
+            pytest.fail(f"the relay exited ({process.returncode}) before {what}:\n{out}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def logged(log: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.mark.slow
+def test_a_running_relay_survives_a_store_error_and_publishes_what_comes_after(
+    db: str, tmp_path: Path
+) -> None:
+    path = db.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        (before,) = conn.execute("SELECT count(*) FROM ik_outbox").fetchone()
+    log, errors = tmp_path / "delivered.jsonl", tmp_path / "relay.err"
+    relay = relay_process(db, log, errors)
+    try:
+        wait_until(lambda: len(logged(log)) == before, relay, "the backlog was published")
+        # The store fails under the relay: every pass now errors (no such table).
+        with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            conn.execute("ALTER TABLE ik_outbox RENAME TO ik_outbox_away")
+        wait_until(lambda: "pass failed" in errors.read_text(), relay, "the error was logged")
+        time.sleep(0.2)
+        assert relay.poll() is None, "the relay died on a store error"
+        with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            conn.execute("ALTER TABLE ik_outbox_away RENAME TO ik_outbox")
+
+        async def later_turn() -> int:
+            async with SQLiteDurability(path) as store:
+                await Kernel(billing_agent(FakeProvider()), store).turn("t1", "4", "balance 1")
+                return len(await read_all_events(store))
+
+        total = asyncio.run(later_turn())
+        wait_until(lambda: len(logged(log)) == total, relay, "the later turn was published")
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        out, _ = relay.communicate(timeout=20)
+    err = errors.read_text()
+    assert relay.returncode == 0, err
+    assert "outbox relay pass failed" in err and "no such table: ik_outbox" in err, err
+    assert "recovered after" in err and "Traceback" not in err, err
+    assert f"published {total} event(s); 0 failed attempt(s)" in out
+    delivered = logged(log)
+    assert len({d["id"] for d in delivered}) == len(delivered) == total  # each once
 
 
 def test_relay_refuses_a_target_it_cannot_use(db: str) -> None:

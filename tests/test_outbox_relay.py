@@ -5,6 +5,7 @@ sharing one store without interleaving a thread. On every adapter."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -17,7 +18,7 @@ from intention_kernel import Kernel, OutboxEvent, StoreError
 from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.durability.base import Recorder as StoreRecorder
 from intention_kernel.durability.postgres import PostgresDurability
-from intention_kernel.outbox import OutboxRelay
+from intention_kernel.outbox import OutboxRelay, RelayReport
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from proving_support import Store, drop_schema, new_schema, read_all_events
@@ -361,3 +362,33 @@ async def test_a_store_error_in_one_thread_stops_the_others_before_the_pass_rais
         with pytest.raises(StoreError, match="refused the mark of t-a"):
             await relay.run_once()  # the error itself, not an ExceptionGroup
         assert stalled.is_set() and stopped.is_set()  # no sibling left publishing
+
+
+async def test_run_logs_a_store_error_and_carries_on_after_a_backoff(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with InMemoryDurability() as durability:
+        await converse(durability)
+        committed = await read_all_events(durability)
+        store = await flaky(durability, monkeypatch)
+        store.fail_polls = 2
+        sink = Recorder()
+        stop = asyncio.Event()
+        passes: list[RelayReport] = []
+
+        def on_pass(report: RelayReport) -> None:
+            passes.append(report)
+            stop.set()  # everything due is published in one pass
+
+        relay = OutboxRelay(durability, sink, poll_interval=0.01, retry_base=0.01)
+        with caplog.at_level(logging.WARNING, logger="intention_kernel.outbox"):
+            total = await asyncio.wait_for(relay.run(stop, on_pass=on_pass), 10)
+    assert total == RelayReport(len(committed), 0) and passes == [total]
+    assert sorted((e.thread_id, e.seq) for e in sink.seen) == sorted(
+        (e.thread_id, e.seq) for e in committed
+    )
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.attempts for r in errors] == [1, 2]  # type: ignore[attr-defined]
+    assert all("disk I/O error" in r.getMessage() and not r.exc_info for r in errors)
+    [recovered] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "recovered after 2 failed pass(es)" in recovered.getMessage()

@@ -7,10 +7,12 @@
     intention-kernel outbox relay --to myapp.events:publish --once
     intention-kernel outbox status
 
-``relay`` runs until interrupted (SIGINT or SIGTERM finish the batch in hand), or
-makes one pass with ``--once`` (exit status 1 if an event failed). Any number of
-relays may run on one PostgreSQL database: they share the threads. ``status`` shows
-how many events wait, since when, and the events that keep failing.
+``relay`` runs until interrupted (SIGINT or SIGTERM let the pass in hand finish),
+or makes one pass with ``--once`` (exit status 1 if an event failed). A running relay
+outlives store errors (a database restart, say): each is logged and the pass retried
+after a backoff. Any number of relays may run on one database (PostgreSQL, or a
+SQLite file on one host): they share the threads. ``status`` shows how many events
+wait, since when, and the events that keep failing.
 """
 
 from __future__ import annotations
@@ -148,12 +150,16 @@ def relay(
         async with (
             open_durability(url) as store,
             OutboxRelay(
-                _recorded(store), sink, batch_size=batch, concurrency=concurrency
+                _recorded(store),
+                sink,
+                batch_size=batch,
+                concurrency=concurrency,
+                poll_interval=poll,
             ) as outbox,
         ):
             if once:
                 return await outbox.run_once()
-            return await _run_until_stopped(outbox, poll)
+            return await _run_until_stopped(outbox)
 
     try:
         with log_warnings_to_stderr():
@@ -167,26 +173,23 @@ def relay(
         raise typer.Exit(EXIT_FAILED)
 
 
-async def _run_until_stopped(outbox: OutboxRelay, poll: float) -> RelayReport:
+async def _run_until_stopped(outbox: OutboxRelay) -> RelayReport:
+    """``OutboxRelay.run`` until SIGINT or SIGTERM, printing each busy pass. A store
+    error does not end it: the relay logs it and tries again after its backoff."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, stop.set)
-    total = RelayReport()
-    while not stop.is_set():
-        report = await outbox.run_once()
-        total += report
-        if report.published or report.failed:
-            stderr.print(
-                f"{utcnow().isoformat(timespec='seconds')} published {report.published}, "
-                f"failed {report.failed}",
-                highlight=False,
-            )
-        if not report.published:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), poll)
-    return total
+
+    def progress(report: RelayReport) -> None:
+        stderr.print(
+            f"{utcnow().isoformat(timespec='seconds')} published {report.published}, "
+            f"failed {report.failed}",
+            highlight=False,
+        )
+
+    return await outbox.run(stop, on_pass=progress)
 
 
 def status(

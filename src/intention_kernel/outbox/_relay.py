@@ -37,6 +37,7 @@ from typing import Any, Self
 from intention_kernel import _tracing
 from intention_kernel.durability.base import OutboxBacklog, RecordedDurability, Recorder
 from intention_kernel.effects import utcnow
+from intention_kernel.errors import StoreError
 from intention_kernel.outbox._sinks import CallableSink, Sink
 from intention_kernel.turns import OutboxEvent
 
@@ -45,6 +46,9 @@ __all__ = ["OutboxRelay", "RelayReport"]
 logger = logging.getLogger("intention_kernel.outbox")
 
 MAX_ERROR_CHARS = 2000
+#: The shortest pause of :meth:`OutboxRelay.run` after a store error (``retry_base``
+#: may be 0 in tests): a store that stays down is never polled in a busy loop.
+_MIN_STORE_PAUSE = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +75,7 @@ class OutboxRelay:
     - ``poll_interval``: how long :meth:`run` sleeps when there is nothing to publish.
     - ``retry_base`` / ``retry_max``: backoff of a failing event, in seconds: the
       n-th failure waits ``retry_base * 2**(n-1)``, capped at ``retry_max``, with
-      jitter.
+      jitter. :meth:`run` waits the same way after a store error.
 
     ``await relay.run_once()`` publishes everything due now; ``await relay.run()``
     keeps doing so until cancelled or ``stop`` is set. The relay closes its sink on
@@ -122,14 +126,53 @@ class OutboxRelay:
         recorder = await self.store.recorder()
         return await recorder.outbox_backlog(failing_limit)
 
-    async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Publish until cancelled or ``stop`` is set, polling when idle."""
+    async def run(
+        self,
+        stop: asyncio.Event | None = None,
+        *,
+        on_pass: Callable[[RelayReport], object] | None = None,
+    ) -> RelayReport:
+        """Publish until cancelled or ``stop`` is set, polling when idle; return the total.
+
+        A store error (the database restarting, no pooled session in time) does not end
+        it: it is logged at ERROR on ``intention_kernel.outbox`` and the pass is tried
+        again after the relay's backoff (``retry_base`` doubling, capped at
+        ``retry_max``), until a pass succeeds. ``on_pass`` is called with the report of
+        each pass that published or failed something.
+        """
         stop = stop or asyncio.Event()
+        total = RelayReport()
+        errors = 0
         while not stop.is_set():
-            report = await self.run_once()
+            try:
+                report = await self.run_once()
+            except StoreError as exc:
+                errors += 1
+                pause = max(_MIN_STORE_PAUSE, self._backoff(errors))
+                logger.error(
+                    "outbox relay pass failed (%d in a row); retrying in %.1fs: %s",
+                    errors,
+                    pause,
+                    _describe(exc),
+                    extra={"attempts": errors, "retry_in": pause},
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), pause)
+                continue
+            if errors:
+                logger.warning(
+                    "outbox relay recovered after %d failed pass(es)",
+                    errors,
+                    extra={"attempts": errors},
+                )
+                errors = 0
+            total += report
+            if on_pass is not None and (report.published or report.failed):
+                on_pass(report)
             if report.published == 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.poll_interval)
+        return total
 
     async def run_once(self) -> RelayReport:
         """Publish every event that is due now; return what was published and what failed.
@@ -208,13 +251,15 @@ class OutboxRelay:
                 )
             return RelayReport(len(acked)), len(pending) == self.batch_size
 
+    def _backoff(self, failures: int) -> float:
+        """Seconds before the next try after ``failures`` failures in a row."""
+        return min(self.retry_max, self.retry_base * 2.0 ** min(failures - 1, 32))
+
     async def _failed(
         self, recorder: Recorder, attempts: int, event: OutboxEvent, exc: Exception
     ) -> None:
-        error = f"{type(exc).__name__}: {exc}"
-        error = error.encode("utf-8", "backslashreplace").decode("utf-8")[:MAX_ERROR_CHARS]
-        delay = min(self.retry_max, self.retry_base * 2 ** min(attempts - 1, 32))
-        retry_at = utcnow() + timedelta(seconds=delay * random.uniform(0.5, 1.0))
+        error = _describe(exc)[:MAX_ERROR_CHARS]
+        retry_at = utcnow() + timedelta(seconds=self._backoff(attempts) * random.uniform(0.5, 1.0))
         await recorder.mark_failed(event.thread_id, event.seq, attempts, error, retry_at)
         logger.warning(
             "outbox event %s (%s, seq %d of thread %r) failed, attempt %d; next try at %s: %s",
@@ -227,3 +272,9 @@ class OutboxRelay:
             error,
             extra={"thread_id": event.thread_id, "event_id": event.id, "attempts": attempts},
         )
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message``, storable as text (a lone surrogate escaped)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
