@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from datetime import timedelta
@@ -27,6 +28,7 @@ import intention_kernel
 from intention_kernel import Kernel, TurnExpiredError
 from intention_kernel.cli._app import app
 from intention_kernel.cli.prune import parse_duration
+from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from proving_support import read_all_events
@@ -253,6 +255,99 @@ def test_prune_keeps_turn_ids_so_a_late_retry_is_refused(db: str) -> None:
     asyncio.run(late_retry())
     code, output = cli("prune", "--db", db, "--older-than", "soon")
     assert code == 2 and "not a duration" in output
+
+
+# -- a store that does not exist --------------------------------------------------------------
+
+OPERATIONS = {
+    "check": ["check", "--agent", OLD_AGENT],
+    "migrate": ["migrate"],
+    "prune": ["prune", "--older-than", "30d"],
+    "outbox status": ["outbox", "status"],
+    "outbox relay": ["outbox", "relay", "--to", "cli_outbox_sink:collect", "--once"],
+    "receipts list": ["receipts", "list"],
+    "receipts resolve": ["receipts", "resolve", "t1", "k", "--applied", "--note", "seen"],
+}
+
+
+@pytest.mark.parametrize("command", list(OPERATIONS.values()), ids=list(OPERATIONS))
+def test_operations_commands_refuse_a_sqlite_path_where_no_store_exists_and_create_nothing(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    typo = tmp_path / "typo.db"
+    code, output = cli(*command, "--db", f"sqlite:///{typo}")
+    assert code == 2, output
+    assert f"no SQLite store at '{typo}': the file does not exist" in output
+    assert "never create a store" in output
+    assert list(tmp_path.iterdir()) == []  # no database, no lock file
+
+    other = tmp_path / "other.db"  # another application's database
+    with closing(sqlite3.connect(other)) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    before = other.read_bytes()
+    code, output = cli(*command, "--db", f"sqlite:///{other}")
+    assert code == 2 and "is not an intention-kernel store" in output, output
+    assert other.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+def test_check_of_a_store_without_checkpoints_warns_and_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    path = tmp_path / "empty.db"
+
+    async def create() -> None:
+        async with SQLiteDurability(path) as store:
+            await store.list_receipts()  # opens it: the schema exists, no turn yet
+
+    asyncio.run(create())
+    code, output = cli("check", "--db", f"sqlite:///{path}", "--agent", OLD_AGENT)
+    assert code == 0, output
+    assert "0 stored checkpoint(s)" in output and "accepts every stored thread" not in output
+    assert "warning: the store holds no checkpoint" in output
+    code, output = cli("check", "--db", f"sqlite:///{path}", "--agent", OLD_AGENT, "--json")
+    assert code == 0 and "warning" in output  # on stderr, beside the JSON
+
+
+@pytest.mark.postgres
+def test_operations_commands_refuse_a_postgres_database_without_a_store(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+    from psycopg import sql
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    name = "ik_test_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = postgres_dsn.rsplit("/", 1)[0] + "/" + name
+    try:
+        for label, command in OPERATIONS.items():
+            code, output = cli(*command, "--db", url)
+            assert code == 2, (label, output)
+            assert "no intention-kernel store in schema 'intention_kernel'" in output, label
+        with psycopg.connect(url) as conn:
+            found = conn.execute(
+                "SELECT count(*) FROM pg_namespace WHERE nspname = 'intention_kernel'"
+            ).fetchone()
+        assert found == (0,)  # nothing was created
+
+        async def create() -> None:
+            async with PostgresDurability(url) as store:
+                await store.list_receipts()
+
+        asyncio.run(create())
+        code, output = cli("check", "--db", url, "--agent", OLD_AGENT)
+        assert code == 0 and "warning: the store holds no checkpoint" in output, output
+        code, output = cli("outbox", "status", "--db", url)
+        assert code == 0 and "unpublished: 0 event(s)" in output, output
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def test_durations_read_as_an_operator_writes_them() -> None:

@@ -1,4 +1,11 @@
-"""Conventions shared by every command: the store URL, the agent, refusals, exit codes."""
+"""Conventions shared by every command: the store URL, the agent, refusals, exit codes.
+
+Operations commands (``check``, ``migrate``, ``prune``, ``outbox``, ``receipts``) open
+their store with :func:`existing_store`, which refuses a store that does not exist yet
+(exit status 2) instead of letting the adapter create one: a mistyped ``--db`` would
+otherwise report an empty, healthy store. Only turns (``serve``, the application)
+create a store.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,10 @@ import importlib
 import inspect
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
 
 import typer
@@ -16,6 +25,7 @@ from rich.console import Console
 
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
+    from intention_kernel.durability import Durability
 
 __all__ = [
     "DB_ENV_VAR",
@@ -24,6 +34,7 @@ __all__ = [
     "EXIT_REFUSED",
     "AgentOption",
     "DbOption",
+    "existing_store",
     "load_agent",
     "log_warnings_to_stderr",
     "refuse",
@@ -183,3 +194,62 @@ def refuse(message: str, code: int = EXIT_REFUSED) -> NoReturn:
     """Print ``message`` on stderr and exit non-zero."""
     stderr.print(f"[bold red]refused:[/] {message}", highlight=False)
     raise typer.Exit(code)
+
+
+#: Whether a PostgreSQL schema holds an intention-kernel store: its migrations table,
+#: the first thing an adapter creates. (Read here, before the adapter opens, because
+#: opening creates the schema.)
+HAS_POSTGRES_STORE = "SELECT to_regclass(format('%%I.ik_schema', %s::text)) IS NOT NULL"
+#: The same for a SQLite file, read through a read-only connection.
+HAS_SQLITE_STORE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ik_schema'"
+
+
+def existing_store(url: str) -> Durability:
+    """The adapter (not yet opened) for the store at ``url``; refuses (exit status 2) a
+    URL that names no store yet: a SQLite file that does not exist or holds no
+    intention-kernel tables, or a PostgreSQL schema the adapter never created.
+    Nothing is created either way. (A PostgreSQL server that cannot be reached is
+    left to the adapter to report.)"""
+    from intention_kernel.durability import open_durability
+
+    try:
+        store = open_durability(url)
+    except ValueError as exc:
+        refuse(str(exc))
+    problem = _missing_store(store, url)
+    if problem is not None:
+        refuse(f"{problem}; operations commands never create a store (check --db)")
+    return store
+
+
+def _missing_store(store: object, url: str) -> str | None:
+    from intention_kernel.durability.sqlite import SQLiteDurability
+
+    if isinstance(store, SQLiteDurability):
+        path = store.path
+        if path == ":memory:":
+            return None
+        if not os.path.isfile(path):
+            return f"no SQLite store at {path!r}: the file does not exist"
+        try:
+            uri = Path(path).absolute().as_uri() + "?mode=ro"
+            with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+                found = conn.execute(HAS_SQLITE_STORE).fetchone()
+        except sqlite3.Error as exc:
+            return f"{path!r} cannot be read as a SQLite store ({exc})"
+        return None if found else f"{path!r} is not an intention-kernel store (no ik_schema table)"
+    if url.partition("://")[0].lower() not in ("postgresql", "postgres"):
+        return None
+    import psycopg
+
+    from intention_kernel.durability.postgres import PostgresDurability
+
+    assert isinstance(store, PostgresDurability)
+    try:
+        with psycopg.connect(url, connect_timeout=10, autocommit=True) as conn:
+            row = conn.execute(HAS_POSTGRES_STORE, (store.schema,)).fetchone()
+    except psycopg.Error:
+        return None  # unreachable, refused...: the adapter says so when it opens
+    if row is None or not row[0]:
+        return f"the PostgreSQL database has no intention-kernel store in schema {store.schema!r}"
+    return None

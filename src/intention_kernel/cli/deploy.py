@@ -9,6 +9,8 @@
 fingerprint, and lists each thread the agent would refuse (a newer schema revision,
 a fingerprint it does not declare compatible, a record that does not decode); the
 exit status is 1 if there is any. Run it against the new agent before rolling it out.
+A store without any checkpoint passes with a warning (exit status 0); a store that
+does not exist is refused (exit status 2), as by every operations command.
 
 ``migrate`` rewrites checkpoints of older schema revisions as the current one, in
 batches, one thread at a time under its own lock held only for a read and a short
@@ -30,11 +32,12 @@ from intention_kernel.cli._common import (
     EXIT_FAILED,
     AgentOption,
     DbOption,
+    existing_store,
     load_agent,
     refuse,
     resolve_db_url,
+    stderr,
 )
-from intention_kernel.durability import open_durability
 from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.errors import KernelError
 from intention_kernel.operations import (
@@ -103,10 +106,16 @@ def check(
             mark = " (this agent)" if fingerprint == report.fingerprint else ""
             counts.add_row(f"{fingerprint}{mark}", str(n))
         console.print(counts)
-        if report.ok:
-            console.print("[green]ok:[/] the agent accepts every stored thread")
-        else:
+        if not report.ok:
             console.print(_refusals(report.refused, "refused by this agent"))
+        elif report.threads:
+            console.print("[green]ok:[/] the agent accepts every stored thread")
+    if report.threads == 0:  # the store exists (see existing_store), but is it the right one?
+        stderr.print(
+            "[bold yellow]warning:[/] the store holds no checkpoint: nothing was checked "
+            "(is --db the store your workers use?)",
+            highlight=False,
+        )
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
 
@@ -139,8 +148,10 @@ def _refusals(refused: Any, title: str) -> Table:
 
 
 def _run(url: str, action: Any) -> Any:
+    opened = existing_store(url)
+
     async def go() -> Any:
-        async with open_durability(url) as store:
+        async with opened as store:
             if not isinstance(store, RecordedDurability):
                 raise ValueError(f"{type(store).__name__} does not support operations commands")
             return await action(store)

@@ -35,12 +35,12 @@ from rich.table import Table
 from intention_kernel.cli._common import (
     EXIT_FAILED,
     DbOption,
+    existing_store,
     log_warnings_to_stderr,
     refuse,
     resolve_db_url,
     stderr,
 )
-from intention_kernel.durability import open_durability
 from intention_kernel.durability.base import OutboxBacklog, RecordedDurability
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import KernelError
@@ -144,11 +144,11 @@ def relay(
         sink = load_sink(to, subject_prefix=subject_prefix, stream=stream, secret=secret)
     except (ValueError, ImportError) as exc:
         refuse(str(exc))
-    url = resolve_db_url(db)
+    opened = existing_store(resolve_db_url(db))
 
     async def go() -> RelayReport:
         async with (
-            open_durability(url) as store,
+            opened as store,
             OutboxRelay(
                 _recorded(store),
                 sink,
@@ -200,10 +200,10 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
 ) -> None:
     """Show the relay's lag: unpublished events, the oldest one's age, failing events."""
-    url = resolve_db_url(db)
+    opened = existing_store(resolve_db_url(db))
 
     async def go() -> OutboxBacklog:
-        async with open_durability(url) as store:
+        async with opened as store:
             recorder = await _recorded(store).recorder()
             return await recorder.outbox_backlog(failing)
 

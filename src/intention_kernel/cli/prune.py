@@ -22,8 +22,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from intention_kernel.cli._common import EXIT_FAILED, DbOption, refuse, resolve_db_url
-from intention_kernel.durability import open_durability
+from intention_kernel.cli._common import (
+    EXIT_FAILED,
+    DbOption,
+    existing_store,
+    refuse,
+    resolve_db_url,
+)
 from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.errors import KernelError
 from intention_kernel.operations import PruneReport
@@ -63,10 +68,10 @@ def prune(
         age = parse_duration(older_than)
     except ValueError as exc:
         refuse(str(exc))
-    url = resolve_db_url(db)
+    opened = existing_store(resolve_db_url(db))
 
     async def go() -> PruneReport:
-        async with open_durability(url) as store:
+        async with opened as store:
             if not isinstance(store, RecordedDurability):
                 raise ValueError(f"{type(store).__name__} does not support operations commands")
             return await prune_store(store, older_than=age, batch=batch)

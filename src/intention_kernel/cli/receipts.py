@@ -26,8 +26,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from intention_kernel.cli._common import EXIT_FAILED, DbOption, refuse, resolve_db_url
-from intention_kernel.durability import open_durability
+from intention_kernel.cli._common import (
+    EXIT_FAILED,
+    DbOption,
+    existing_store,
+    refuse,
+    resolve_db_url,
+)
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.errors import KernelError, ReceiptError
 
@@ -151,8 +156,10 @@ def _status(status: str | None) -> ReceiptStatus | None:
 
 
 def _run(url: str, action: Any) -> Any:
+    opened = existing_store(url)
+
     async def go() -> Any:
-        async with open_durability(url) as store:
+        async with opened as store:
             return await action(store)
 
     try:
