@@ -5,6 +5,8 @@ HTTP webhooks with retries (through httpx's mock transport)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import socket
@@ -273,6 +275,62 @@ def test_a_signature_verifies_only_for_the_same_body_secret_and_recent_time() ->
     assert not verify_signature(SECRET, body, None)
 
 
+def test_the_signature_is_hmac_sha256_over_timestamp_dot_body_as_computed_independently() -> None:
+    secret, t = b"whsec_test_vector", 1_700_000_000
+    body = b'{"id":"evt_1","type":"turn.committed"}'
+    digest = hmac.new(secret, f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    # The same vector from openssl: printf '1700000000.{"id":"evt_1","type":"turn.committed"}'
+    #   | openssl dgst -sha256 -hmac whsec_test_vector
+    assert digest == "28a7e19a02b8af95f8d7f3bfbba4bf0a4b8b00eb240f06fc3c8eaead33796543"
+    header = f"t={t},v1={digest}"
+    assert sign(secret, body, t) == header
+    assert sign(secret.decode(), body, t) == header  # a str secret is its UTF-8 bytes
+    assert verify_signature(secret, body, header, now=t)
+    assert verify_signature(secret, body, header, now=t + 300)  # within the tolerance
+    assert verify_signature(secret, body, f"t={t},v1={'0' * 64},v1={digest}", now=t)  # rotation
+
+
+def test_an_altered_timestamp_or_body_or_an_old_timestamp_is_refused() -> None:
+    secret, t = b"whsec_test_vector", 1_700_000_000
+    body = b'{"id":"evt_1","type":"turn.committed"}'
+    digest = hmac.new(secret, f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    # The timestamp moved (a replay made to look fresh), with the captured signature:
+    assert not verify_signature(secret, body, f"t={t + 60},v1={digest}", now=t + 60)
+    # The body changed by one byte, or was re-serialized:
+    header = f"t={t},v1={digest}"
+    assert not verify_signature(secret, body.replace(b"evt_1", b"evt_2"), header, now=t)
+    assert not verify_signature(secret, json.dumps(json.loads(body)).encode(), header, now=t)
+    # A genuine signature, too old (or from too far ahead): refused.
+    assert not verify_signature(secret, body, header, now=t + 301)
+    assert not verify_signature(secret, body, header, now=t - 301)
+    assert not verify_signature(secret, body, header, now=t + 3600, tolerance=600)
+    assert not verify_signature(secret, body, f"v1={digest}", now=t)  # no timestamp
+
+
+async def test_the_sink_signs_the_exact_bytes_it_posts() -> None:
+    seen: list[httpx.Request] = []
+
+    def receive(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200)
+
+    sink = WebhookSink(
+        "https://hooks.example.test/ik", secret=SECRET, transport=httpx.MockTransport(receive)
+    )
+    async with InMemoryDurability() as durability:
+        events = await committed_events(durability)
+    before = int(time.time())
+    await sink.publish(events[0])
+    await sink.aclose()
+    [request] = seen
+    fields = dict(part.split("=", 1) for part in request.headers[SIGNATURE_HEADER].split(","))
+    t = int(fields["t"])
+    assert before <= t <= time.time()
+    expected = hmac.new(SECRET.encode(), f"{t}.".encode() + request.content, hashlib.sha256)
+    assert fields["v1"] == expected.hexdigest()
+    assert json.loads(request.content) == event_document(events[0])
+
+
 class Endpoint:
     """A webhook receiver behind httpx's mock transport: it answers from a script, and
     verifies what it accepts as a real receiver would."""
@@ -302,6 +360,109 @@ def webhook(endpoint: Endpoint) -> WebhookSink:
         backoff=0.0,
         transport=httpx.MockTransport(endpoint),
     )
+
+
+class Pauses:
+    """The ``sleep`` of a sink under test: records each delay instead of waiting."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def scripted(*answers: int | Exception, retry_after: str | None = None) -> httpx.MockTransport:
+    """A transport answering from a script: a status, or an exception raised instead."""
+    script = list(answers)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        step = script.pop(0) if script else 204
+        if isinstance(step, Exception):
+            raise step
+        headers = {"Retry-After": retry_after} if retry_after is not None and step != 204 else {}
+        return httpx.Response(step, headers=headers)
+
+    return httpx.MockTransport(answer)
+
+
+async def an_event() -> OutboxEvent:
+    async with InMemoryDurability() as durability:
+        return (await committed_events(durability))[0]
+
+
+async def test_a_connection_error_is_retried_after_a_backoff() -> None:
+    pauses = Pauses()
+    refused = httpx.ConnectError("connection refused")
+    sink = WebhookSink(
+        "https://hooks.example.test/ik",
+        secret=SECRET,
+        backoff=2.0,
+        transport=scripted(refused, refused),
+        sleep=pauses,
+    )
+    await sink.publish(await an_event())  # the third attempt is acknowledged
+    await sink.aclose()
+    assert len(pauses.delays) == 2
+    assert 1.0 <= pauses.delays[0] <= 2.0 and 2.0 <= pauses.delays[1] <= 4.0
+
+
+async def test_retries_back_off_exponentially_with_jitter_up_to_max_backoff() -> None:
+    pauses = Pauses()
+    sink = WebhookSink(
+        "https://hooks.example.test/ik",
+        secret=SECRET,
+        retries=6,
+        backoff=1.0,
+        max_backoff=10.0,
+        transport=scripted(503, 500, 502, 504, 503, 408),
+        sleep=pauses,
+    )
+    await sink.publish(await an_event())
+    await sink.aclose()
+    ceilings = [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]  # doubling, then capped
+    assert len(pauses.delays) == len(ceilings)
+    for delay, ceiling in zip(pauses.delays, ceilings, strict=True):
+        assert ceiling / 2 <= delay <= ceiling, pauses.delays
+
+
+async def test_retry_after_is_honoured_and_capped_at_max_backoff() -> None:
+    pauses = Pauses()
+    event = await an_event()
+    for retry_after, expected in (("3", 3.0), ("120", 10.0), ("0", 0.0)):
+        sink = WebhookSink(
+            "https://hooks.example.test/ik",
+            secret=SECRET,
+            max_backoff=10.0,
+            transport=scripted(429, retry_after=retry_after),
+            sleep=pauses,
+        )
+        await sink.publish(event)
+        await sink.aclose()
+        assert pauses.delays.pop() == expected and pauses.delays == []
+
+
+async def test_the_last_failure_is_raised_once_the_retries_are_spent_and_a_4xx_at_once() -> None:
+    pauses = Pauses()
+    event = await an_event()
+    sink = WebhookSink(
+        "https://hooks.example.test/ik",
+        secret=SECRET,
+        retries=2,
+        transport=scripted(500, 500, 503),
+        sleep=pauses,
+    )
+    with pytest.raises(WebhookError) as failed:
+        await sink.publish(event)
+    assert failed.value.status == 503 and len(pauses.delays) == 2
+    await sink.aclose()
+    sink = WebhookSink(
+        "https://hooks.example.test/ik", secret=SECRET, transport=scripted(404), sleep=pauses
+    )
+    with pytest.raises(WebhookError, match="answered 404"):
+        await sink.publish(event)
+    assert len(pauses.delays) == 2  # no retry of a refusal
+    await sink.aclose()
 
 
 async def test_the_relay_posts_each_event_signed_and_retries_server_errors() -> None:

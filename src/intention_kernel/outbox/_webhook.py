@@ -24,7 +24,7 @@ import hashlib
 import hmac
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from intention_kernel.outbox._sinks import event_body
@@ -98,6 +98,12 @@ class WebhookSink:
       apart at first and doubling (with jitter) up to ``max_backoff``.
     - ``headers``: added to every request (an ``Authorization`` header, say).
     - ``transport``: an ``httpx`` transport (``httpx.MockTransport`` in tests).
+    - ``sleep``: how the sink waits between attempts (``asyncio.sleep``; tests pass a
+      function that records the delays instead).
+
+    The n-th retry waits ``backoff * 2**(n-1)`` seconds, capped at ``max_backoff``,
+    times a jitter in ``[0.5, 1]``; an answer with ``Retry-After`` waits what it says,
+    capped at ``max_backoff`` too.
     """
 
     def __init__(
@@ -111,6 +117,7 @@ class WebhookSink:
         max_backoff: float = 10.0,
         headers: Mapping[str, str] | None = None,
         transport: Any = None,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         try:
             import httpx
@@ -128,6 +135,7 @@ class WebhookSink:
         self.max_backoff = max_backoff
         self._secret = _key(secret)
         self._headers = dict(headers or {})
+        self._sleep = sleep
         self._client = httpx.AsyncClient(timeout=timeout, transport=transport)
 
     async def publish(self, event: OutboxEvent) -> None:
@@ -159,7 +167,7 @@ class WebhookSink:
             if attempt == self.retries:
                 raise failure
             pause = retry_after if retry_after is not None else wait * random.uniform(0.5, 1.0)
-            await asyncio.sleep(min(pause, self.max_backoff))
+            await self._sleep(min(pause, self.max_backoff))
             wait = min(wait * 2, self.max_backoff)
         raise AssertionError("unreachable")
 
