@@ -15,7 +15,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from intention_kernel import Kernel, _tracing
+from intention_kernel import Kernel, OutboxEvent, _tracing
+from intention_kernel.outbox import OutboxRelay
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 
@@ -117,3 +118,109 @@ async def test_a_replay_is_one_turn_span_and_an_uncertain_write_an_error_span(
         "payments.charge",
     )
     assert warning.receipt_id.startswith("rcpt_")  # type: ignore[attr-defined]
+    assert warning.step_id == effect.attributes[P + "step_id"]  # type: ignore[attr-defined]
+
+
+async def test_interpret_and_commit_spans_name_the_thread_and_turn_and_the_commit_its_version(
+    exporter: InMemorySpanExporter,
+) -> None:
+    async with InMemoryDurability() as durability:
+        kernel = Kernel(billing_agent(FakeProvider()), durability)
+        await kernel.turn("t1", "first", "balance 100")
+        exporter.clear()
+        result = await kernel.turn("t1", "second", "charge pi_1 500")
+        committed = [e for e in await durability.read_outbox("t1") if e.turn_id == "second"]
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    interpret, commit = spans["intention_kernel.interpret"], spans["intention_kernel.commit"]
+    assert interpret.attributes is not None and commit.attributes is not None
+    assert dict(interpret.attributes) == {P + "thread_id": "t1", P + "turn_id": "second"}
+    assert dict(commit.attributes) == {
+        P + "thread_id": "t1",
+        P + "turn_id": "second",
+        P + "version": result.checkpoint_version,
+        P + "events": len(committed),
+    }
+    assert result.checkpoint_version == 2 and len(committed) >= 2  # turn.committed and more
+
+
+async def test_the_relay_records_one_publish_span_per_event_and_logs_a_failure_with_its_fields(
+    exporter: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with InMemoryDurability() as durability:
+        kernel = Kernel(billing_agent(FakeProvider()), durability)
+        await kernel.turn("t1", "1", "balance 100")
+        await kernel.turn("t2", "1", "balance 7")
+        events = await durability.read_outbox()
+        refused = next(e for e in events if e.thread_id == "t2")
+
+        async def sink(event: OutboxEvent) -> None:
+            if event.id == refused.id:
+                raise ConnectionError("broker down")
+
+        exporter.clear()
+        with caplog.at_level(logging.WARNING, logger="intention_kernel.outbox"):
+            report = await OutboxRelay(durability, sink, retry_base=1).run_once()
+    published = [e for e in events if e.thread_id == "t1"]
+    assert (report.published, report.failed) == (len(published), 1)
+    finished = exporter.get_finished_spans()
+    spans = [s for s in finished if s.name == "intention_kernel.outbox.publish"]
+    assert len(spans) == len(published) + 1  # t2 stops at its first event
+    by_event = {s.attributes[P + "event_id"]: s for s in spans if s.attributes is not None}
+    for event in [*published, refused]:
+        span = by_event[event.id]
+        assert dict(span.attributes or {}) == {
+            P + "thread_id": event.thread_id,
+            P + "event_id": event.id,
+            P + "event_type": event.type,
+            P + "seq": event.seq,
+        }
+    failed = by_event[refused.id]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert [e.name for e in failed.events] == ["exception"]
+    assert all(by_event[e.id].status.status_code is StatusCode.UNSET for e in published)
+    [warning] = [r for r in caplog.records if r.name == "intention_kernel.outbox"]
+    assert warning.levelno == logging.WARNING
+    fields = {
+        name: getattr(warning, name)
+        for name in ("thread_id", "turn_id", "event_id", "event_type", "seq", "attempts", "error")
+    }
+    assert fields == {
+        "thread_id": "t2",
+        "turn_id": "1",
+        "event_id": refused.id,
+        "event_type": refused.type,
+        "seq": 1,
+        "attempts": 1,
+        "error": "ConnectionError: broker down",
+    }
+    assert warning.retry_at.tzinfo is not None  # type: ignore[attr-defined]
+    assert refused.id in warning.getMessage() and "broker down" in warning.getMessage()
+
+
+async def test_an_applied_write_is_logged_at_info_with_its_capability_step_and_receipt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with InMemoryDurability() as durability:
+        kernel = Kernel(billing_agent(FakeProvider()), durability)
+        await kernel.turn("t1", "propose", "charge pi_1 500")
+        with caplog.at_level(logging.DEBUG, logger="intention_kernel"):
+            result = await kernel.turn("t1", "accept", "yes")
+        [receipt] = await durability.list_receipts("t1")
+    [applied] = [r for r in caplog.records if r.name == "intention_kernel.effect"]
+    assert applied.levelno == logging.INFO and "applied" in applied.getMessage()
+    [step] = result.steps
+    assert {
+        name: getattr(applied, name)
+        for name in ("thread_id", "turn_id", "step_id", "capability_id", "receipt_id", "key")
+    } == {
+        "thread_id": "t1",
+        "turn_id": "accept",
+        "step_id": step.step_id,
+        "capability_id": "payments.charge",
+        "receipt_id": receipt.id,
+        "key": receipt.key,
+    }
+    # A turn is logged at DEBUG only, once: one line per turn, not per step.
+    [turn] = [r for r in caplog.records if r.name == "intention_kernel.turn"]
+    assert turn.levelno == logging.DEBUG
+    assert (turn.thread_id, turn.turn_id, turn.replayed) == ("t1", "accept", False)  # type: ignore[attr-defined]

@@ -270,7 +270,16 @@ class OutboxRelay:
             attempts,
             retry_at.isoformat(timespec="seconds"),
             error,
-            extra={"thread_id": event.thread_id, "event_id": event.id, "attempts": attempts},
+            extra={
+                "thread_id": event.thread_id,
+                "turn_id": event.turn_id,
+                "event_id": event.id,
+                "event_type": event.type,
+                "seq": event.seq,
+                "attempts": attempts,
+                "retry_at": retry_at,
+                "error": error,
+            },
         )
 
 

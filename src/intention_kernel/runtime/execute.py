@@ -188,6 +188,7 @@ class _Step:
                 extra={
                     "thread_id": scope.thread_id,
                     "turn_id": scope.turn_id,
+                    "step_id": self.item.step_id,
                     "capability_id": cap.id,
                     "receipt_id": receipt.id,
                     "key": full_key,
@@ -392,6 +393,7 @@ def _log_failure(exc: BaseException, receipt: Receipt, capability_id: str) -> No
             extra={
                 "thread_id": receipt.thread_id,
                 "turn_id": receipt.turn_id,
+                "step_id": receipt.step_id,
                 "capability_id": capability_id,
                 "receipt_id": receipt.id,
                 "key": receipt.key,
