@@ -131,7 +131,8 @@ def test_resolve_refuses_bad_requests_and_changes_nothing(store: Path) -> None:
                 "--db",
                 db,
             ],
-            "only uncertain receipts",
+            "is completed; only an uncertain receipt, or a prepared one left by an attempt "
+            "that did not finish, can be resolved",
         ),
         (
             ["receipts", "resolve", "t", "nope", "--applied", "--note", "x", "--db", db],

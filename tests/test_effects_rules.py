@@ -60,8 +60,20 @@ def test_only_prepared_receipts_settle(outcome: str) -> None:
 
 @pytest.mark.parametrize("status", [ReceiptStatus.COMPLETED, ReceiptStatus.FAILED])
 def test_settled_receipts_cannot_be_resolved(status: ReceiptStatus) -> None:
-    with pytest.raises(ReceiptStateError):
+    with pytest.raises(ReceiptStateError) as refused:
         resolve(_receipt(status), applied=True, value=None, note=None, actor=None, now=NOW)
+    # The message names both states that can be resolved (SPEC: uncertain, or prepared by
+    # an attempt that did not finish), not only the first.
+    assert str(refused.value).endswith(
+        f"is {status}; only an uncertain receipt, or a prepared one left by an attempt that "
+        "did not finish, can be resolved"
+    )
+
+
+@pytest.mark.parametrize("status", [ReceiptStatus.UNCERTAIN, ReceiptStatus.PREPARED])
+def test_uncertain_and_abandoned_prepared_receipts_can_be_resolved(status: ReceiptStatus) -> None:
+    done = resolve(_receipt(status), applied=False, value=None, note="no", actor="ops", now=NOW)
+    assert done.status == ReceiptStatus.FAILED and done.resolution is not None
 
 
 def test_resolution_records_who_and_why() -> None:

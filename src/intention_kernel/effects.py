@@ -269,7 +269,8 @@ def resolve(
     if existing.status not in (ReceiptStatus.UNCERTAIN, ReceiptStatus.PREPARED):
         raise ReceiptStateError(
             f"receipt for {existing.key!r} on thread {existing.thread_id!r} is "
-            f"{existing.status}; only uncertain receipts can be resolved",
+            f"{existing.status}; only an uncertain receipt, or a prepared one left by an "
+            "attempt that did not finish, can be resolved",
             thread_id=existing.thread_id,
             key=existing.key,
             receipt=existing,
