@@ -223,3 +223,36 @@ async def test_prune_drops_old_results_and_published_events_and_refuses_late_ret
         result = await kernel.turn("t-a", "4", "balance 5")
         assert result.checkpoint_version == 4
         assert (await kernel.turn("t-a", "4", "balance 5")).replayed
+
+
+async def test_prune_does_not_read_again_the_turns_it_pruned_before(
+    store: Store | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run reads only the turns that still hold a result: the second of two runs
+    makes one store call for the turns however many are stored (it used to walk every
+    turn key again, a batch per call)."""
+    async with adapter(store) as durability:
+        kernel = Kernel(billing_agent(FakeProvider()), durability)
+        for thread in ("t-a", "t-b", "t-c"):
+            await converse(kernel, thread)
+        recorder = await durability.recorder()
+        calls: list[tuple[int, tuple[str, str] | None]] = []
+        original = recorder.prune_turns
+
+        async def counted(before: Any, after: Any, limit: int) -> Any:
+            outcome = await original(before, after, limit)
+            calls.append(outcome)
+            return outcome
+
+        monkeypatch.setattr(recorder, "prune_turns", counted)
+        first = await prune(durability, older_than=timedelta(0), batch=2)
+        assert first.turns == 9 and [n for n, _ in calls] == [2, 2, 2, 2, 1]
+        calls.clear()
+        again = await prune(durability, older_than=timedelta(0), batch=2)
+        assert again.turns == 0 and calls == [(0, None)]
+        calls.clear()
+        await kernel.turn("t-b", "4", "balance 1")
+        later = await prune(durability, older_than=timedelta(0), batch=2)
+        assert later.turns == 1 and calls == [(1, None)]
+        with pytest.raises(TurnExpiredError):
+            await kernel.turn("t-b", "4", "balance 1")

@@ -381,10 +381,10 @@ class Recorder(Protocol):
     async def prune_turns(
         self, before: datetime, after: tuple[str, str] | None, limit: int
     ) -> tuple[int, tuple[str, str] | None]:
-        """Scan the next ``limit`` committed turns after ``after`` in key order and drop
-        the result of those created before ``before``, keeping the turn's key and
-        request digest. Return how many were dropped and the last key scanned (``None``
-        when the scan reached the end)."""
+        """Drop the result of the first ``limit`` turns after ``after`` in key order that
+        were created before ``before`` and still hold one, keeping each turn's key and
+        request digest. Return how many were dropped and the last key dropped (``None``
+        when fewer than ``limit`` were left). Turns pruned before are not read again."""
         ...
 
 

@@ -355,14 +355,14 @@ class _MemoryRecorder:
         self, before: datetime, after: tuple[str, str] | None, limit: int
     ) -> tuple[int, tuple[str, str] | None]:
         state = self._state
-        keys = sorted(k for k in state.turns if after is None or k > after)[:limit]
-        pruned = 0
+        keys = sorted(
+            k
+            for k, stored in state.turns.items()
+            if (after is None or k > after) and not stored.expired and state.turn_times[k] < before
+        )[:limit]
         for key in keys:
-            stored = state.turns[key]
-            if not stored.expired and state.turn_times[key] < before:
-                state.turns[key] = StoredTurn(stored.request_digest, "", expired=True)
-                pruned += 1
-        return pruned, (keys[-1] if len(keys) == limit else None)
+            state.turns[key] = StoredTurn(state.turns[key].request_digest, "", expired=True)
+        return len(keys), (keys[-1] if len(keys) == limit else None)
 
 
 class InMemoryDurability(RecordedDurability):

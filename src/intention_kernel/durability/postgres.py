@@ -521,16 +521,19 @@ PRUNE_EVENTS = """
         WHERE published_at IS NOT NULL AND position IS NOT NULL AND created_at < %s
         ORDER BY ord LIMIT %s)
 """
-SCAN_TURNS = """
-    SELECT thread_id, turn_id FROM ik_turns
-    WHERE (thread_id, turn_id) > (%s, %s) ORDER BY thread_id, turn_id LIMIT %s
-"""
 # The turn row stays, so that a late delivery is refused (TurnExpiredError), not re-run.
+# Only turns that still hold a result are selected, after the cursor: a run never reads
+# (nor ships) the keys of turns pruned before. (An index on the unpruned turns would
+# spare the server its walk of the key index too, at the price of one more index write
+# per committed turn; retention runs from cron, turns all day.) ``t.pruned_at IS NULL``
+# again in the UPDATE: a concurrent prune that took the row first is not counted twice.
 PRUNE_TURNS = """
     UPDATE ik_turns t SET result = '', pruned_at = now()
-    FROM unnest(%s::text[], %s::text[]) AS k(thread_id, turn_id)
-    WHERE t.thread_id = k.thread_id AND t.turn_id = k.turn_id
-      AND t.pruned_at IS NULL AND t.created_at < %s
+    FROM (SELECT thread_id, turn_id FROM ik_turns
+          WHERE (thread_id, turn_id) > (%s, %s) AND pruned_at IS NULL AND created_at < %s
+          ORDER BY thread_id, turn_id LIMIT %s) k
+    WHERE t.thread_id = k.thread_id AND t.turn_id = k.turn_id AND t.pruned_at IS NULL
+    RETURNING t.thread_id, t.turn_id
 """
 
 _IDLE = TransactionStatus.IDLE
@@ -1136,11 +1139,9 @@ class _PostgresRecorder:
         start = after or ("", "")
 
         async def prune(conn: Connection) -> tuple[int, tuple[str, str] | None]:
-            keys = await (await conn.execute(SCAN_TURNS, (*start, limit))).fetchall()
-            threads, turns = [k[0] for k in keys], [k[1] for k in keys]
-            pruned = (await conn.execute(PRUNE_TURNS, (threads, turns, before))).rowcount
-            last = (keys[-1][0], keys[-1][1]) if len(keys) == limit else None
-            return pruned, last
+            cur = await conn.execute(PRUNE_TURNS, (*start, before, limit))
+            keys = [(row[0], row[1]) for row in await cur.fetchall()]
+            return len(keys), (max(keys) if len(keys) == limit else None)
 
         return await self._run(None, prune)
 

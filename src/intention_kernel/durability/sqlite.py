@@ -328,14 +328,16 @@ PRUNE_EVENTS = """
         SELECT position FROM ik_outbox
         WHERE published_at IS NOT NULL AND created_at < ? ORDER BY position LIMIT ?)
 """
-SCAN_TURNS = """
-    SELECT thread_id, turn_id FROM ik_turns
-    WHERE (thread_id, turn_id) > (?, ?) ORDER BY thread_id, turn_id LIMIT ?
-"""
 # The turn row stays, so that a late delivery is refused (TurnExpiredError), not re-run.
-PRUNE_TURN = """
+# Only turns that still hold a result are selected, after the cursor: a run never reads
+# the keys of turns pruned before (see the PostgreSQL adapter for why no index).
+PRUNE_TURNS = """
     UPDATE ik_turns SET result = '', pruned_at = ?
-    WHERE thread_id = ? AND turn_id = ? AND pruned_at IS NULL AND created_at < ?
+    WHERE rowid IN (
+        SELECT rowid FROM ik_turns
+        WHERE (thread_id, turn_id) > (?, ?) AND pruned_at IS NULL AND created_at < ?
+        ORDER BY thread_id, turn_id LIMIT ?)
+    RETURNING thread_id, turn_id
 """
 
 
@@ -795,13 +797,9 @@ class _SQLiteRecorder:
         cutoff, now = _stamp(before), _stamp(utcnow())
 
         def prune(conn: sqlite3.Connection) -> tuple[int, tuple[str, str] | None]:
-            conn.execute("BEGIN IMMEDIATE")
-            keys = conn.execute(SCAN_TURNS, (*start, limit)).fetchall()
-            pruned = 0
-            for thread_id, turn_id in keys:
-                pruned += conn.execute(PRUNE_TURN, (now, thread_id, turn_id, cutoff)).rowcount
-            conn.execute("COMMIT")
-            return pruned, (tuple(keys[-1]) if len(keys) == limit else None)
+            rows = conn.execute(PRUNE_TURNS, (now, *start, cutoff, limit)).fetchall()
+            keys = [(row[0], row[1]) for row in rows]
+            return len(keys), (max(keys) if len(keys) == limit else None)
 
         return await self._run(prune)
 
