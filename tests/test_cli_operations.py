@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -97,10 +97,19 @@ def test_relay_once_publishes_to_a_callable_and_status_shows_lag_and_failures(db
 
     published = len(cli_outbox_sink.received)
     assert [e.seq for e in cli_outbox_sink.received if e.thread_id == "t1"] == [1, 2]
-    # Another pass while the sink still refuses: the failing events block their threads
-    # (retried, if their backoff is over, and refused again), nothing after them is sent.
+    # A pass before the failing events are due again tries nothing: exit status 0.
     code, output = cli("outbox", "relay", "--db", db, "--to", "cli_outbox_sink:collect", "--once")
-    assert code in (0, 1) and len(cli_outbox_sink.received) == published
+    if time.time() < min(datetime.fromisoformat(f["retry_at"]).timestamp() for f in failing):
+        assert code == 0 and "published 0 event(s); 0 failed attempt(s)" in output, output
+    # Once they are due, a pass while the sink still refuses retries each, is refused
+    # again (exit status 1), and sends nothing after them: they block their threads.
+    due = max(datetime.fromisoformat(f["retry_at"]) for f in failing)
+    time.sleep(max(0.0, due.timestamp() - time.time()) + 0.01)
+    code, output = cli("outbox", "relay", "--db", db, "--to", "cli_outbox_sink:collect", "--once")
+    assert code == 1 and "published 0 event(s); 2 failed attempt(s)" in output, output
+    assert len(cli_outbox_sink.received) == published
+    again = status(db)["failing"]
+    assert isinstance(again, list) and [f["attempts"] for f in again] == [2, 2]
 
 
 def relay_process(db: str, log: Path, errors: Path, *extra: str) -> subprocess.Popen[str]:
