@@ -6,6 +6,7 @@ the PostgreSQL paths below them are covered by ``test_outbox_relay.py`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -25,9 +26,13 @@ from typer.testing import CliRunner
 
 import cli_outbox_sink
 import intention_kernel
-from intention_kernel import Kernel, TurnExpiredError
+import revision_two
+from intention_kernel import Kernel, KernelCheckpoint, TurnExpiredError
 from intention_kernel.cli._app import app
+from intention_kernel.cli._common import existing_store
 from intention_kernel.cli.prune import parse_duration
+from intention_kernel.durability import open_durability
+from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
@@ -241,6 +246,204 @@ def test_check_passes_for_the_agent_and_fails_listing_threads_for_a_changed_one(
 def test_migrate_with_every_checkpoint_current_migrates_nothing(db: str) -> None:
     code, output = cli("migrate", "--db", db, "--batch", "1")
     assert code == 0 and "migrated 0 thread(s) to schema revision 1" in output
+
+
+# -- migrate, with an injected newer revision (tests/revision_two.py) -------------------------
+
+
+async def stored_checkpoints(url: str) -> dict[str, tuple[int, KernelCheckpoint]]:
+    """Each thread's stored schema revision (as its row says) and its checkpoint, loaded
+    as a worker loads it (with revision two installed in this process)."""
+    async with existing_store(url) as store:
+        assert isinstance(store, RecordedDurability)
+        recorder = await store.recorder()
+        rows = await recorder.scan_threads(None, 1000, None)
+        found: dict[str, tuple[int, KernelCheckpoint]] = {}
+        for thread_id, thread in rows:
+            assert thread.checkpoint is not None
+            revision = json.loads(thread.checkpoint)["schema_revision"]
+            loaded = await store.load_checkpoint(thread_id)
+            assert loaded is not None
+            found[thread_id] = (revision, loaded)
+        return found
+
+
+def assert_tagged_once(checkpoint: KernelCheckpoint, old_turns: set[str]) -> None:
+    """Messages of turns committed before the migration carry the tag exactly once; the
+    others (committed at revision two) none."""
+    assert checkpoint.messages
+    for message in checkpoint.messages:
+        tags = message.content.count(revision_two.TAG)
+        assert tags == (1 if message.turn_id in old_turns else 0), message
+
+
+def test_migrate_rewrites_the_older_revision_in_batches_and_the_threads_then_load(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    revision_two.install(monkeypatch.setattr)
+    code, output = cli("check", "--db", db, "--agent", OLD_AGENT, "--json")
+    assert code == 0 and json.loads(output)["revisions"] == {"1": 2}  # older, accepted
+    code, output = cli("migrate", "--db", db, "--batch", "1")
+    assert code == 0, output
+    assert f"migrated 2 thread(s) to schema revision {revision_two.REVISION}" in output
+    stored = asyncio.run(stored_checkpoints(db))
+    assert {t: r for t, (r, _) in stored.items()} == {"t1": 2, "t2": 2}
+    for _, checkpoint in stored.values():
+        assert checkpoint.version == 3
+        assert_tagged_once(checkpoint, {"1", "2", "3"})
+    code, output = cli("migrate", "--db", db)
+    assert code == 0 and "migrated 0 thread(s)" in output  # nothing twice
+    code, output = cli("check", "--db", db, "--agent", OLD_AGENT, "--json")
+    assert code == 0 and json.loads(output)["revisions"] == {"2": 2}
+
+    async def next_turn() -> int:
+        async with SQLiteDurability(db.removeprefix("sqlite:///")) as store:
+            result = await Kernel(billing_agent(FakeProvider()), store).turn("t1", "4", "balance 1")
+            return result.checkpoint_version
+
+    assert asyncio.run(next_turn()) == 4
+
+
+def revision_two_process(*args: str, **env: str) -> list[str]:
+    return [sys.executable, str(Path(__file__).parent / "revision_two.py"), *args]
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    tests = str(Path(__file__).parent)
+    source = str(Path(intention_kernel.__file__).parents[1])
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([source, tests, os.environ.get("PYTHONPATH", "")]),
+        **extra,
+    }
+
+
+async def seed(url: str, threads: list[str], turns: int) -> None:
+    async with open_durability(url) as store:
+        kernel = Kernel(billing_agent(FakeProvider()), store)
+        for thread in threads:
+            for n in range(1, turns + 1):
+                await kernel.turn(thread, str(n), f"balance {n}")
+
+
+@pytest.mark.slow
+def test_migrate_interrupted_after_a_batch_finishes_when_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    threads = [f"t-{n}" for n in range(5)]
+    asyncio.run(seed(url, threads, 2))
+    migrate = revision_two_process("cli", "migrate", "--db", url, "--batch", "2")
+    killed = subprocess.run(
+        migrate, env=worker_env(IK_MIGRATE_KILL_AT="3"), capture_output=True, text=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr  # as it migrated the 3rd thread
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    revision_two.install(monkeypatch.setattr)
+    halfway = asyncio.run(stored_checkpoints(url))
+    assert {t: r for t, (r, _) in halfway.items()} == {
+        "t-0": 2,
+        "t-1": 2,  # the first batch was committed, thread by thread
+        "t-2": 1,
+        "t-3": 1,
+        "t-4": 1,
+    }
+    resumed = subprocess.run(migrate, env=worker_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "migrated 3 thread(s) to schema revision 2" in resumed.stdout
+    for revision, checkpoint in asyncio.run(stored_checkpoints(url)).values():
+        assert (revision, checkpoint.version) == (2, 2)
+        assert_tagged_once(checkpoint, {"1", "2"})  # none migrated twice
+
+
+@contextlib.contextmanager
+def new_database(dsn: str) -> Iterator[str]:
+    """A PostgreSQL database of this test's own (the CLI uses the default schema)."""
+    import psycopg
+    from psycopg import sql
+
+    name = "ik_test_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield dsn.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_migrate_beside_a_process_committing_turns_on_the_same_threads(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """The committing process meets the migration halfway through the threads: turns
+    commit before, while and after their thread is migrated. Nothing is lost, each
+    message is migrated once, every version follows the committed turns, and every
+    thread loads."""
+    with contextlib.ExitStack() as stack:
+        if kind == "sqlite":
+            url = f"sqlite:///{tmp_path / 'ops.db'}"
+        else:
+            url = stack.enter_context(new_database(request.getfixturevalue("postgres_dsn")))
+        threads = [f"t-{n:02d}" for n in range(30)]
+        asyncio.run(seed(url, threads, 2))
+        ready, started, stop = tmp_path / "ready", tmp_path / "started", tmp_path / "stop"
+        config = {
+            "url": url,
+            "wait_for": str(ready),
+            "threads": threads,
+            "first_turn": 3,
+            "pause": 0.005,
+            "started": str(started),
+            "stop": str(stop),
+        }
+        committed_log = tmp_path / "committed.jsonl"
+        with committed_log.open("w") as out:
+            committer = subprocess.Popen(
+                revision_two_process("turns", json.dumps(config)),
+                env=worker_env(),
+                stdout=out,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        migrate = subprocess.run(
+            revision_two_process("cli", "migrate", "--db", url, "--batch", "4"),
+            env=worker_env(
+                IK_MIGRATE_READY=str(ready),  # migrating t-00, and holding its lock
+                IK_MIGRATE_WAIT_FOR=str(started),  # until a turn committed on t-29
+                IK_MIGRATE_DELAY="0.005",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        stop.touch()
+        _, errors = committer.communicate(timeout=60)
+        assert committer.returncode == 0, errors
+        assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+        migrated = int(migrate.stdout.split("migrated ")[1].split(" ")[0])
+        # Turns migrated the threads they reached first; the command, the others.
+        assert 0 < migrated < len(threads), migrate.stdout
+
+        committed = [json.loads(line) for line in committed_log.read_text().splitlines()]
+        monkeypatch.syspath_prepend(str(Path(__file__).parent))
+        revision_two.install(monkeypatch.setattr)
+        stored = asyncio.run(stored_checkpoints(url))
+        assert sorted(stored) == threads
+        for thread in threads:
+            mine = [c for c in committed if c["thread_id"] == thread]
+            # Each committed turn got the next version: none lost, none overwritten.
+            assert [c["version"] for c in mine] == list(range(3, 3 + len(mine)))
+            revision, checkpoint = stored[thread]
+            assert (revision, checkpoint.version) == (2, 2 + len(mine))
+            assert_tagged_once(checkpoint, {"1", "2"})
+            assert [m.turn_id for m in checkpoint.messages if m.role == "user"] == [
+                str(n) for n in range(1, 3 + len(mine))
+            ]
 
 
 def test_prune_keeps_turn_ids_so_a_late_retry_is_refused(db: str) -> None:
