@@ -15,12 +15,13 @@ Worker processes (``crash_worker.py``, ``soak_worker.py``) import this module to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,6 +174,41 @@ def open_store(config: dict[str, str], **options: Any) -> Durability:
 
 def new_schema() -> str:
     return "ik_test_" + uuid.uuid4().hex[:12]
+
+
+@contextlib.contextmanager
+def new_database(dsn: str) -> Iterator[str]:
+    """The URL of a PostgreSQL database of the caller's own, dropped afterwards: for
+    commands and processes that open ``open_durability(url)``, whose schema is the
+    default one."""
+    import psycopg
+    from psycopg import sql
+
+    name = "ik_test_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield dsn.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def process_env(**extra: str) -> dict[str, str]:
+    """The environment of a worker or CLI process: this library's source and the tests
+    directory first on ``PYTHONPATH`` (so that the worktree under test is what runs,
+    and ``module:callable`` targets in tests/ import), and ``extra``."""
+    import intention_kernel
+
+    source = str(Path(intention_kernel.__file__).parents[1])
+    tests = str(Path(__file__).parent)
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([source, tests, os.environ.get("PYTHONPATH", "")]),
+        **extra,
+    }
 
 
 def drop_schema(dsn: str, schema: str) -> None:

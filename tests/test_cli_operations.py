@@ -8,14 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from datetime import datetime, timedelta
@@ -25,7 +23,6 @@ import pytest
 from typer.testing import CliRunner
 
 import cli_outbox_sink
-import intention_kernel
 import revision_two
 from intention_kernel import Kernel, KernelCheckpoint, TurnExpiredError
 from intention_kernel.cli._app import app
@@ -36,7 +33,7 @@ from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from proving_support import read_all_events
+from proving_support import new_database, process_env, read_all_events
 
 OLD_AGENT = "test_cli_operations:old_agent"
 NEW_AGENT = "test_cli_operations:new_agent"
@@ -120,13 +117,7 @@ def test_relay_once_publishes_to_a_callable_and_status_shows_lag_and_failures(db
 def relay_process(db: str, log: Path, errors: Path, *extra: str) -> subprocess.Popen[str]:
     """``intention-kernel outbox relay`` in a process of its own, delivering to ``log``,
     its stderr to ``errors``."""
-    tests = str(Path(__file__).parent)
-    source = str(Path(intention_kernel.__file__).parents[1])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([source, tests, os.environ.get("PYTHONPATH", "")]),
-        "IK_RELAY_LOG": str(log),
-    }
+    env = process_env(IK_RELAY_LOG=str(log))
     command = [sys.executable, "-m", "intention_kernel", "outbox", "relay", "--db", db]
     with errors.open("w") as stderr:  # the child keeps its own descriptor
         return subprocess.Popen(
@@ -305,18 +296,8 @@ def test_migrate_rewrites_the_older_revision_in_batches_and_the_threads_then_loa
     assert asyncio.run(next_turn()) == 4
 
 
-def revision_two_process(*args: str, **env: str) -> list[str]:
+def revision_two_process(*args: str) -> list[str]:
     return [sys.executable, str(Path(__file__).parent / "revision_two.py"), *args]
-
-
-def worker_env(**extra: str) -> dict[str, str]:
-    tests = str(Path(__file__).parent)
-    source = str(Path(intention_kernel.__file__).parents[1])
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([source, tests, os.environ.get("PYTHONPATH", "")]),
-        **extra,
-    }
 
 
 async def seed(url: str, threads: list[str], turns: int) -> None:
@@ -336,7 +317,7 @@ def test_migrate_interrupted_after_a_batch_finishes_when_run_again(
     asyncio.run(seed(url, threads, 2))
     migrate = revision_two_process("cli", "migrate", "--db", url, "--batch", "2")
     killed = subprocess.run(
-        migrate, env=worker_env(IK_MIGRATE_KILL_AT="3"), capture_output=True, text=True
+        migrate, env=process_env(IK_MIGRATE_KILL_AT="3"), capture_output=True, text=True
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # as it migrated the 3rd thread
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
@@ -349,30 +330,12 @@ def test_migrate_interrupted_after_a_batch_finishes_when_run_again(
         "t-3": 1,
         "t-4": 1,
     }
-    resumed = subprocess.run(migrate, env=worker_env(), capture_output=True, text=True)
+    resumed = subprocess.run(migrate, env=process_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "migrated 3 thread(s) to schema revision 2" in resumed.stdout
     for revision, checkpoint in asyncio.run(stored_checkpoints(url)).values():
         assert (revision, checkpoint.version) == (2, 2)
         assert_tagged_once(checkpoint, {"1", "2"})  # none migrated twice
-
-
-@contextlib.contextmanager
-def new_database(dsn: str) -> Iterator[str]:
-    """A PostgreSQL database of this test's own (the CLI uses the default schema)."""
-    import psycopg
-    from psycopg import sql
-
-    name = "ik_test_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield dsn.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 @pytest.mark.slow
@@ -405,14 +368,14 @@ def test_migrate_beside_a_process_committing_turns_on_the_same_threads(
         with committed_log.open("w") as out:
             committer = subprocess.Popen(
                 revision_two_process("turns", json.dumps(config)),
-                env=worker_env(),
+                env=process_env(),
                 stdout=out,
                 stderr=subprocess.PIPE,
                 text=True,
             )
         migrate = subprocess.run(
             revision_two_process("cli", "migrate", "--db", url, "--batch", "4"),
-            env=worker_env(
+            env=process_env(
                 IK_MIGRATE_READY=str(ready),  # migrating t-00, and holding its lock
                 IK_MIGRATE_WAIT_FOR=str(started),  # until a turn committed on t-29
                 IK_MIGRATE_DELAY="0.005",
@@ -528,14 +491,9 @@ def test_operations_commands_refuse_a_postgres_database_without_a_store(
     postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import psycopg
-    from psycopg import sql
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    name = "ik_test_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(postgres_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = postgres_dsn.rsplit("/", 1)[0] + "/" + name
-    try:
+    with new_database(postgres_dsn) as url:
         for label, command in OPERATIONS.items():
             code, output = cli(*command, "--db", url)
             assert code == 2, (label, output)
@@ -555,11 +513,6 @@ def test_operations_commands_refuse_a_postgres_database_without_a_store(
         assert code == 0 and "warning: the store holds no checkpoint" in output, output
         code, output = cli("outbox", "status", "--db", url)
         assert code == 0 and "unpublished: 0 event(s)" in output, output
-    finally:
-        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def test_durations_read_as_an_operator_writes_them() -> None:
