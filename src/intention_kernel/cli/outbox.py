@@ -140,11 +140,11 @@ def relay(
     ] = 1.0,
 ) -> None:
     """Publish committed events, each thread in order, at least once."""
+    opened = existing_store(resolve_db_url(db))
     try:
         sink = load_sink(to, subject_prefix=subject_prefix, stream=stream, secret=secret)
     except (ValueError, ImportError) as exc:
         refuse(str(exc))
-    opened = existing_store(resolve_db_url(db))
 
     async def go() -> RelayReport:
         async with (
