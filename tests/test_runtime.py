@@ -418,3 +418,64 @@ async def test_the_signal_is_set_when_the_turn_is_cancelled(effect: Any) -> None
     if effect == "write":
         [receipt] = await durability.list_receipts()
         assert receipt.status == "uncertain"
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"x": value}
+    return value
+
+
+@pytest.mark.parametrize("levels", [65, 5000])
+async def test_input_nested_too_deep_is_a_failed_step_and_nothing_is_asked(levels: int) -> None:
+    """Far deeper than any schema, from any interpreter: a clear failed step, never a
+    RecursionError from the encoders that would store it with the checkpoint."""
+    from pydantic import BaseModel
+
+    class Payload(BaseModel):
+        data: dict[str, Any]
+
+    @capability("a.loose", effect="write")
+    async def loose(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        raise AssertionError("never called")
+
+    @capability("a.typed", effect="write")
+    async def typed(input: Payload, ctx: CapabilityContext) -> CapabilityResult:
+        raise AssertionError("never called")
+
+    deep = _nested(levels)
+    kernel, durability = _kernel(
+        loose,
+        typed,
+        script=lambda request: Interpretation(
+            intents=[Intent("a.loose", deep), Intent("a.typed", {"data": deep})]
+        ),
+    )
+    result = await kernel.turn("t", "1", "go")
+    assert [(s.status, s.error) for s in result.steps] == [
+        (
+            StepStatus.FAILED,
+            "input for a.loose is not JSON-serializable: value is nested more than 64 levels deep",
+        ),
+        (StepStatus.FAILED, "input for a.typed is nested more than 64 levels deep"),
+    ]
+    assert result.interaction is None
+    checkpoint = await durability.load_checkpoint("t")
+    assert checkpoint is not None and checkpoint.agenda == ()
+
+
+async def test_input_at_the_nesting_limit_is_accepted() -> None:
+    seen: list[Any] = []
+
+    @capability("a.read")
+    async def read(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        seen.append(input)
+        return CapabilityResult(value=1)
+
+    kernel, _ = _kernel(
+        read, script=lambda r: Interpretation(intents=[Intent("a.read", _nested(64))])
+    )
+    result = await kernel.turn("t", "1", "go")
+    assert result.steps[0].status == StepStatus.COMPLETED
+    assert seen == [_nested(64)]

@@ -10,9 +10,15 @@ encode) is refused where it enters.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["dump_value", "load_value", "normalize"]
+__all__ = ["MAX_NESTING", "dump_value", "load_value", "normalize", "too_deep"]
+
+#: Values nested deeper than this (objects and arrays) are refused where they enter.
+#: Real inputs are a few levels deep; far deeper ones exhaust the recursion of the
+#: JSON encoders that store them (a ``RecursionError``, not a clear refusal).
+MAX_NESTING = 64
 
 
 def dump_value(value: Any) -> str:
@@ -37,7 +43,32 @@ def normalize(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int)):
         return value
     plain = _plain(value, 4)
-    return json.loads(dump_value(value)) if plain is _NOT_PLAIN else plain
+    if plain is not _NOT_PLAIN:
+        return plain
+    if too_deep(value, MAX_NESTING):
+        raise ValueError(f"value is nested more than {MAX_NESTING} levels deep")
+    return json.loads(dump_value(value))
+
+
+def too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests objects and arrays (dicts, lists, tuples) more than
+    ``limit`` deep. Iterative: a recursive walk would fail on the very values it
+    looks for."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        for child in children:
+            if isinstance(child, (Mapping, list, tuple)):
+                if depth + 1 > limit:
+                    return True
+                pending.append((child, depth + 1))
+    return False
 
 
 _NOT_PLAIN: Any = object()

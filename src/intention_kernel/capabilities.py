@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pydantic
 
-from intention_kernel._json import normalize
+from intention_kernel._json import MAX_NESTING, normalize, too_deep
 from intention_kernel.errors import InvalidInputError
 from intention_kernel.facts import Fact, FactRecord, FactTable
 
@@ -215,6 +215,11 @@ class Capability:
                     f"input for {self.id} is not JSON-serializable: {exc}", capability_id=self.id
                 ) from exc
             return data, data
+        if too_deep(raw, MAX_NESTING):
+            raise InvalidInputError(
+                f"input for {self.id} is nested more than {MAX_NESTING} levels deep",
+                capability_id=self.id,
+            )
         try:
             model = self.input_model.model_validate(raw)
         except pydantic.ValidationError as exc:

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from intention_kernel._json import MAX_NESTING, too_deep
 from intention_kernel.checkpoint import Interaction
 from intention_kernel.errors import InterpretationError
 from intention_kernel.facts import FactRecord
@@ -72,7 +73,7 @@ MAX_DETAILS_CHARS = 2_000
 #: failed step. Real input schemas are a few levels deep; far deeper values exhaust
 #: the decoder's recursion (a RecursionError, formerly a 502) or could not be stored
 #: with the checkpoint.
-MAX_ARGUMENTS_DEPTH = 64
+MAX_ARGUMENTS_DEPTH = MAX_NESTING
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an assistant that acts for the user through the tools provided. Call a tool "
@@ -344,26 +345,9 @@ def _arguments(arguments: Any) -> tuple[dict[str, Any], str | None]:
         decoded = arguments
     else:
         return {}, f"the model's arguments are a {type(arguments).__name__}"
-    if _too_deep(decoded, MAX_ARGUMENTS_DEPTH):
+    if too_deep(decoded, MAX_ARGUMENTS_DEPTH):
         return {}, f"the model's arguments are nested more than {MAX_ARGUMENTS_DEPTH} deep"
     return dict(decoded), None
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests objects and arrays more than ``limit`` deep (iterative:
-    a recursive walk would fail on the very values it looks for)."""
-    pending: list[tuple[Any, int]] = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        children = (
-            item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else ()
-        )
-        for child in children:
-            if isinstance(child, (Mapping, list)):
-                if depth + 1 > limit:
-                    return True
-                pending.append((child, depth + 1))
-    return False
 
 
 def _text(value: Any) -> str | None:
