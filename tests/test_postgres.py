@@ -49,6 +49,7 @@ from intention_kernel.errors import (
     TenantMismatchError,
     ThreadBusyError,
 )
+from intention_kernel.facts import Evidence, FactRecord
 from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing import ScriptedInterpreter
@@ -242,6 +243,12 @@ async def test_a_schema_from_a_newer_library_is_refused(store: Store) -> None:
             pass
 
 
+#: Back to the receipt index of schema versions 1-4, for tests of older databases.
+UNDO_MIGRATION_5 = (
+    "DROP INDEX ik_receipts_unsettled; CREATE INDEX ik_receipts_status ON ik_receipts (status)"
+)
+
+
 async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store) -> None:
     provider = FakeProvider()
     async with store.durability() as durability:
@@ -260,6 +267,7 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     )
     store.execute("ALTER TABLE ik_receipts DROP COLUMN announced, DROP COLUMN tenant_id")
     store.execute("ALTER TABLE ik_turns DROP COLUMN pruned_at")
+    store.execute(UNDO_MIGRATION_5)
     store.execute("DELETE FROM ik_schema WHERE version > 1")
 
     async with store.durability() as upgraded:
@@ -277,6 +285,16 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
         range(1, len(MIGRATIONS) + 1)
     )
     assert store.execute("SELECT count(*) FROM ik_messages") == [(4,)]
+    indexes = store.execute(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'ik_receipts'"
+        " ORDER BY 1",
+        store.schema,
+    )
+    assert [i for (i,) in indexes] == [
+        "ik_receipts_id_key",
+        "ik_receipts_pkey",
+        "ik_receipts_unsettled",
+    ]
     async with store.durability() as reopened:
         assert await reopened.load_checkpoint("t") == after
     assert provider.calls() == 1
@@ -304,6 +322,7 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(store: St
         with pytest.raises(RuntimeError):
             await durability.with_turn(TurnScope("crashed", "1", tenant_id="acme"), crash)
     store.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")  # what version 3 wrote
+    store.execute(UNDO_MIGRATION_5)
     store.execute("DELETE FROM ik_schema WHERE version > 3")
 
     async with store.durability() as upgraded:
@@ -944,3 +963,80 @@ def test_hot_path_statements_fit_psycopgs_query_cache() -> None:
         if len(text) > _queries.MAX_CACHED_STATEMENT_LENGTH
     }
     assert not too_long, too_long
+
+
+def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from _plan_nodes(child)
+
+
+async def test_a_commits_generic_plan_probes_receipts_and_facts_by_key_not_by_thread(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit statement runs on a generic plan once prepared. Each key it touches
+    (a receipt it announces, a fact it removes) must be one primary-key probe, never a
+    walk over the thread's rows with the key as a filter: that cost grew with the
+    thread (300 receipts read per commit at turn 300). Checked on the plan PostgreSQL
+    really executes, with ``plan_cache_mode = force_generic_plan``."""
+    from intention_kernel.durability import postgres
+
+    async with store.durability() as durability:
+        for n in range(40):  # a thread with 40 receipts and facts
+            await durability.with_turn(TurnScope("long", f"t{n}"), _charge_and_record(n))
+        captured: dict[str, Any] = {}
+        execute = postgres._execute
+
+        async def capture(conn: Any, query: str, params: Any) -> Any:
+            if query is postgres.COMMIT_NEXT_TURN:
+                captured.update(params)
+                raise RuntimeError("captured")
+            return await execute(conn, query, params)
+
+        monkeypatch.setattr(postgres, "_execute", capture)
+        with pytest.raises(RuntimeError, match="captured"):
+            await durability.with_turn(TurnScope("long", "last"), _charge_and_record(0, drop=7))
+    # The captured commit announces a write (turn 0's receipt, reused) and removes a fact.
+    assert captured["announced"] == ["k0"] and captured["removed_facts"] == ["fact.7"]
+
+    with psycopg.connect(store.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        with conn.transaction(force_rollback=True):
+            cur = conn.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + postgres.COMMIT_NEXT_TURN, captured
+            )
+            row = cur.fetchone()
+    assert row is not None
+    (document,) = row
+    nodes = list(_plan_nodes(document[0]["Plan"]))
+    probes = [n for n in nodes if n.get("Relation Name") in ("ik_receipts", "ik_facts")]
+    assert {n["Relation Name"] for n in probes} == {"ik_receipts", "ik_facts"}
+    walked = {
+        n["Relation Name"]: n.get("Rows Removed by Filter")
+        for n in probes
+        if n.get("Rows Removed by Filter")
+    }
+    assert walked == {}
+
+
+def _charge_and_record(n: int, drop: int | None = None) -> Callable[[TurnTransaction], Any]:
+    """A raw turn that runs the effect ``k{n}``, announces it, records ``fact.{n}`` and
+    removes ``fact.{drop}``."""
+
+    async def operation(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect(f"k{n}", lambda authority: {"n": n}, step_id="s")
+        facts = dict(tx.checkpoint.facts) if tx.checkpoint else {}
+        evidence = Evidence("c.charge", tx.scope.turn_id, "s")
+        facts[f"fact.{n}"] = FactRecord(f"fact.{n}", n, 1, evidence)
+        if drop is not None:
+            del facts[f"fact.{drop}"]
+        version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
+        checkpoint = KernelCheckpoint(SCHEMA_REVISION, "sha256:raw", version, facts=facts)
+        result = TurnResult(
+            tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
+        )
+        event = EventDraft("effect.completed", {"key": f"k{n}"})
+        return TurnCommit(result, checkpoint, (event,), announced=(f"k{n}",))
+
+    return operation

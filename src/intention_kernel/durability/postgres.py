@@ -182,6 +182,17 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE ik_receipts r SET tenant_id = th.tenant_id FROM ik_threads th
     WHERE th.thread_id = r.thread_id AND th.version > 0;
     """,
+    # 5: the index on every receipt's status becomes one of the unsettled receipts only
+    # (what an operator lists: uncertain ones, and prepared ones a dead attempt left).
+    # The full index cost a new entry at every status change, grew with every receipt
+    # ever written, and the generic plan of UPDATE_RECEIPT walked it (all the prepared
+    # receipts) instead of the primary key; a partial index cannot serve ``status = $n``
+    # in a generic plan, so the compare-and-set always probes the primary key.
+    """
+    DROP INDEX ik_receipts_status;
+    CREATE INDEX ik_receipts_unsettled ON ik_receipts (status)
+        WHERE status IN ('prepared', 'uncertain');
+    """,
 )
 
 
@@ -385,12 +396,12 @@ COMMIT_TURN = """
         SELECT %(thread_id)s, thread.message_seq - %(appended)s + m.n, m.body
         FROM thread, unnest(%(messages)b::text[]) WITH ORDINALITY AS m(body, n)
     ), removed_facts AS (
-        -- Gated like the rewrites below: the statement runs on a generic plan, which
-        -- may scan all of the thread's facts for ``key = ANY(...)`` (it did, planned
-        -- while the table was small), so the usual empty list must not reach the scan.
-        DELETE FROM ik_facts f USING thread
-        WHERE cardinality(%(removed_facts)b::text[]) > 0 AND f.thread_id = %(thread_id)s
-          AND f.key = ANY(%(removed_facts)b::text[])
+        -- Keys joined from ``unnest``, not ``f.key = ANY(...)``: the statement runs on
+        -- a generic plan, which took ``ANY`` as a filter over every fact of the thread
+        -- (a cost growing with the thread); a join probes the primary key once per key,
+        -- and an empty list probes nothing.
+        DELETE FROM ik_facts f USING thread, unnest(%(removed_facts)b::text[]) AS gone(key)
+        WHERE f.thread_id = %(thread_id)s AND f.key = gone.key
     ), rewritten_facts AS (
         -- Kept apart so that ``%(rewrite)s``, a row-independent condition, gates the
         -- whole scan (a one-time filter): a turn never reads all of a thread's facts.
@@ -406,13 +417,13 @@ COMMIT_TURN = """
         ON CONFLICT (thread_id, key) DO UPDATE SET body = excluded.body
     ), announced AS (
         -- The effect.completed events of this commit announce these receipts (only
-        -- completed ones: any other is not announced, and stays so). No condition on
-        -- ``status`` in the WHERE: with one, the generic plan read ik_receipts_status,
-        -- every completed receipt of every thread, at each commit; and gated like
-        -- removed_facts, for the turns that announce nothing.
-        UPDATE ik_receipts r SET announced = r.status = 'completed' FROM thread
-        WHERE cardinality(%(announced)b::text[]) > 0 AND r.thread_id = %(thread_id)s
-          AND r.key = ANY(%(announced)b::text[])
+        -- completed ones: any other is not announced, and stays so). Keys joined like
+        -- removed_facts: with ``r.key = ANY(...)`` the generic plan scanned every
+        -- receipt of the thread at each commit (hundreds of rows by turn 300). No
+        -- condition on ``status``: with one, it read an index of every receipt's status.
+        UPDATE ik_receipts r SET announced = r.status = 'completed'
+        FROM thread, unnest(%(announced)b::text[]) AS said(key)
+        WHERE r.thread_id = %(thread_id)s AND r.key = said.key
     )
     SELECT next_seq, (SELECT pg_advisory_unlock(%(lock)s) FROM xact_lock, turn
                       WHERE xact_lock.held AND turn.inserted) AS released
