@@ -40,7 +40,7 @@ from intention_kernel.durability import (
     open_durability,
 )
 from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability, advisory_key
-from intention_kernel.effects import EffectAuthority
+from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (
     CorruptRecordError,
     EffectUncertainError,
@@ -1040,3 +1040,31 @@ def _charge_and_record(n: int, drop: int | None = None) -> Callable[[TurnTransac
         return TurnCommit(result, checkpoint, (event,), announced=(f"k{n}",))
 
     return operation
+
+
+async def test_sessions_plan_generically_and_listing_unsettled_receipts_uses_its_index(
+    store: Store,
+) -> None:
+    """Every session runs generic plans (the server otherwise re-planned the commit at
+    each turn), and the operator's query for uncertain receipts still reads the partial
+    index of unsettled receipts under that mode, not every receipt ever written."""
+    from intention_kernel.durability.postgres import receipts_query
+
+    async with store.durability(max_pool_size=1) as durability:
+        for n in range(30):
+            await durability.with_turn(TurnScope(f"t{n}", "1"), _charge_and_record(n))
+        assert await durability.list_receipts(status="uncertain") == []
+        pool = durability._recorder._pool  # type: ignore[attr-defined]
+        async with pool.connection() as conn:
+            mode = await (
+                await conn.execute("SELECT current_setting('plan_cache_mode')")
+            ).fetchone()
+            assert mode == ("force_generic_plan",)
+            await conn.execute("SET enable_seqscan = off")  # a small table: judge the index
+            query, params = receipts_query(None, ReceiptStatus.UNCERTAIN, None)
+            cur = await conn.execute(("EXPLAIN (FORMAT JSON) " + query).encode(), params)
+            row = await cur.fetchone()
+            await conn.execute("RESET enable_seqscan")
+    assert row is not None
+    indexes = {n.get("Index Name") for n in _plan_nodes(row[0][0]["Plan"])}
+    assert "ik_receipts_unsettled" in indexes
