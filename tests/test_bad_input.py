@@ -6,9 +6,10 @@ is read before and after (:meth:`proving_support.Store.snapshot`) and compared.
 What the conformance suite (run by every adapter) and ``tests/test_runtime.py``
 already prove is not repeated here; see ``docs/guarantees.md`` for the map. This
 module adds: rows corrupted in every table that holds a turn's state (truncated
-JSON included), interpreters that raise or return garbage on the real stores,
-provider values and errors that no store can hold, enormous messages, and IDs with
-odd characters and lengths.
+JSON included), capability input that fails validation (whose turn commits a failed
+step, and nothing but that commit is written), interpreters that raise or return
+garbage on the real stores, provider values and errors that no store can hold,
+enormous messages, and IDs with odd characters and lengths.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import math
 import random
 import sqlite3
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from intention_kernel import (
     Kernel,
     KernelError,
     StepStatus,
+    StoreError,
     TurnResult,
     capability,
 )
@@ -204,7 +207,7 @@ async def test_a_corrupted_row_is_a_typed_error_and_nothing_is_written(
             meet = reopened.read_outbox(limit=1000)
         with pytest.raises(corruption.error) as caught:
             await meet
-        assert caught.value.thread_id in ("t", None)
+        assert caught.value.thread_id == "t"
         if corruption.probe != "replay":  # committed turns still replay: no checkpoint needed
             assert (await kernel.turn("t", "2", "yes")).replayed
     assert store.snapshot() == before
@@ -226,11 +229,76 @@ async def test_checkpoint_text_that_is_not_utf8_is_a_typed_error_and_nothing_is_
 
     before = raw_snapshot()
     async with store.durability() as reopened:
-        with pytest.raises(KernelError) as caught:
+        with pytest.raises(StoreError) as caught:
             await Kernel(billing_agent(provider), reopened).turn("t", "5", "yes")
-        assert caught.value.thread_id in ("t", None)
+        # The driver refuses the read itself, at the adapter edge, before any row reaches
+        # the code that knows which thread it belongs to: a StoreError without a thread.
+        assert type(caught.value) is StoreError and caught.value.thread_id is None
     assert raw_snapshot() == before
     assert ledger_keys(provider.path) == [charge_key("pi_1")]
+
+
+# -- capability input that fails validation --------------------------------------------------
+
+
+def changed_rows(
+    before: dict[str, list[tuple[Any, ...]]], after: dict[str, list[tuple[Any, ...]]]
+) -> dict[str, tuple[int, int]]:
+    """Per table whose rows changed: (rows gone, rows new); a changed row counts in both."""
+    changes = {}
+    for table in sorted(set(before) | set(after)):
+        old = Counter(map(repr, before.get(table, [])))
+        new = Counter(map(repr, after.get(table, [])))
+        if old != new:
+            changes[table] = ((old - new).total(), (new - old).total())
+    return changes
+
+
+INVALID_INPUT = {
+    # A write that needs confirmation, proposed with input its model refuses: it is never
+    # planned, so nothing awaits a confirmation for it (the pending one stays).
+    "required-write-bad-fields": ("charge nope -5", ["payment_intent_id", "amount"]),
+    "required-write-missing-field": ("charge pi_9", ["amount"]),
+    # A write that confirms on its own ("capability" mode) never runs its handler.
+    "capability-mode-write": ("refund pi_1 -5", ["amount"]),
+}
+
+
+@pytest.mark.parametrize("case", INVALID_INPUT)
+async def test_capability_input_that_fails_validation_is_a_failed_step_and_writes_no_effect(
+    store: Store, provider: LedgerProvider, case: str
+) -> None:
+    """The turn commits (a failed step does not abort it), and that commit is all that is
+    written: its result, the thread's next version and its two messages, one
+    ``turn.committed``; no receipt, no fact, no provider call, the pending confirmation
+    untouched."""
+    message, fields = INVALID_INPUT[case]
+    async with store.durability() as durability:
+        kernel = Kernel(billing_agent(provider), durability)
+        await history(kernel)
+        events = await read_all_events(durability)
+        before = store.snapshot()
+        result = await kernel.turn("t", "5", message)
+        changed = changed_rows(before, store.snapshot())
+        [step] = result.steps
+        assert step.status == StepStatus.FAILED and step.receipt_ids == ()
+        assert all(field in (step.error or "") for field in fields), step.error
+        assert result.interaction is not None and result.interaction.input == {
+            "payment_intent_id": "pi_1",
+            "amount": 500,
+        }
+        new_events = await read_all_events(durability, after=events[-1].position)
+        assert [(e.turn_id, e.type) for e in new_events] == [("5", "turn.committed")]
+        assert new_events[0].payload["steps"] == [
+            {"step_id": step.step_id, "capability_id": step.capability_id, "status": "failed"}
+        ]
+    assert changed == {
+        "ik_messages": (0, 2),
+        "ik_outbox": (0, 1),
+        "ik_threads": (1, 1),
+        "ik_turns": (0, 1),
+    }
+    assert ledger_keys(provider.path) == [charge_key("pi_1")]  # turn 2's charge only
 
 
 # -- an interpreter that raises or returns garbage -------------------------------------------
