@@ -1,15 +1,16 @@
-"""One delivery of the billing agent in its own OS process, for tests/test_crash_matrix.py.
+"""One delivery of the proving agent in its own OS process, for tests/test_crash_matrix.py.
 
 Run as ``python tests/crash_worker.py '<json config>'``:
 
 - ``store``: :meth:`proving_support.Store.config` (SQLite file or PostgreSQL schema).
 - ``ledger``: the provider's ledger file (see :class:`proving_support.LedgerProvider`).
 - ``turns``: ``[{"thread_id", "turn_id", "message"}]``, run in order.
-- ``fault``: optional ``{"point", "action"}`` armed (for one pass) before the first
-  turn. ``action`` is ``"exit"`` (``os._exit(137)`` at the point), or ``"exit_when"``
-  with ``"file"``: at the point, start a thread that exits the process as soon as
-  ``file`` exists, and carry on (so that the process dies while the statement it
-  just sent is held open by the server).
+- ``fault``: optional ``{"point", "action", "skip"}`` armed (for one pass, after
+  ``skip`` passes through the point, default 0) before the first turn. ``action`` is
+  ``"exit"`` (``os._exit(137)`` at the point), or ``"exit_when"`` with ``"file"``: at
+  the point, start a thread that exits the process as soon as ``file`` exists, and
+  carry on (so that the process dies while the statement it just sent is held open by
+  the server).
 
 Each finished turn prints one JSON line: ``{"turn_id", "result"}`` with
 ``TurnResult.to_dict()``, or ``{"turn_id", "error", "message"}`` for a ``KernelError``.
@@ -27,8 +28,7 @@ from typing import Any
 
 from intention_kernel import Kernel, KernelError
 from intention_kernel.testing import faults
-from intention_kernel.testing.agents import billing_agent
-from proving_support import LedgerProvider, open_store
+from proving_support import LedgerProvider, open_store, proving_agent
 
 
 def exit_when(path: str) -> None:
@@ -44,13 +44,13 @@ def exit_when(path: str) -> None:
 async def main(config: dict[str, Any]) -> None:
     provider = LedgerProvider(path=config["ledger"])
     async with open_store(config["store"]) as durability:
-        kernel = Kernel(billing_agent(provider), durability)
+        kernel = Kernel(proving_agent(provider), durability)
         fault = config.get("fault")
         if fault is not None:
             if fault["action"] == "exit_when":
                 faults.inject(fault["point"], lambda point: exit_when(fault["file"]))
             else:
-                faults.inject(fault["point"], fault["action"])
+                faults.inject(fault["point"], fault["action"], skip=fault.get("skip", 0))
         for turn in config["turns"]:
             outcome: dict[str, Any] = {"turn_id": turn["turn_id"]}
             try:

@@ -9,6 +9,9 @@
   (:func:`open_store`), raw reads of every table (:meth:`Store.snapshot`, to prove
   that a refused turn wrote nothing), and the committed turns.
 - :func:`read_ledger`, :func:`read_all_events`: the provider's calls and the outbox.
+- :func:`proving_agent`: the billing agent plus ``payments.pay``, a write that pays at
+  once (``"capability"`` mode), so that a thread's first turn writes and one turn can
+  run two effects.
 
 Worker processes (``crash_worker.py``, ``soak_worker.py``) import this module too.
 """
@@ -27,20 +30,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pydantic
+
+from intention_kernel import (
+    Agent,
+    CapabilityContext,
+    CapabilityResult,
+    Fact,
+    Intent,
+    Interpretation,
+    capability,
+)
 from intention_kernel.durability import Durability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import EffectNotAppliedError
+from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.testing import faults
-from intention_kernel.testing.agents import FakeProvider
+from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.turns import OutboxEvent
 
 CHARGE = "payments.charge:charge:"
+PAY = "payments.pay:charge:"
 
 
 def charge_key(payment_intent_id: str) -> str:
     """The stored (and provider idempotency) key of the billing agent's charge."""
     return CHARGE + payment_intent_id
+
+
+def pay_key(payment_intent_id: str) -> str:
+    """The stored key of :func:`proving_agent`'s immediate payment."""
+    return PAY + payment_intent_id
 
 
 # -- the provider ----------------------------------------------------------------------------
@@ -98,6 +119,61 @@ def read_ledger(path: str | Path) -> list[dict[str, Any]]:
 
 def ledger_keys(path: str | Path) -> list[str]:
     return [call["key"] for call in read_ledger(path)]
+
+
+# -- the agent -------------------------------------------------------------------------------
+
+
+class PayInput(pydantic.BaseModel):
+    payment_intent_id: str = pydantic.Field(pattern=r"^pi_\w+$")
+    amount: int = pydantic.Field(gt=0)
+
+
+class _PayOrBilling:
+    """``pay pi_1 100`` (``and pay pi_2 200``...): one ``payments.pay`` intent each;
+    anything else as the billing agent's interpreter reads it."""
+
+    def __init__(self, billing: Agent) -> None:
+        self.billing = billing.interpreter
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        parts = [part.split() for part in request.message.split(" and ")]
+        if not all(len(words) == 3 and words[0] == "pay" for words in parts):
+            return await self.billing.interpret(request)
+        return Interpretation(
+            intents=[
+                Intent("payments.pay", {"payment_intent_id": pi, "amount": int(amount)})
+                for _, pi, amount in parts
+            ]
+        )
+
+
+def proving_agent(provider: FakeProvider) -> Agent:
+    """The billing agent, plus ``payments.pay``: a write in ``"capability"`` mode whose
+    capability decides that a small payment needs no consent and pays at once, so that
+    it runs in the turn that asks for it (a thread's first turn included)."""
+    billing = billing_agent(provider)
+
+    @capability(
+        "payments.pay", effect="write", confirmation="capability", description="Pay at once"
+    )
+    async def pay(input: PayInput, ctx: CapabilityContext) -> CapabilityResult:
+        pi = input.payment_intent_id
+        effect = await ctx.run_effect(
+            f"charge:{pi}", lambda authority: provider.charge(pi, input.amount, authority)
+        )
+        return CapabilityResult(
+            value=effect.value,
+            facts=[Fact(f"paid.{pi}", effect.value)],
+            reply=f"Paid {input.amount} to {pi}.",
+        )
+
+    return Agent(
+        name="billing",
+        version="1",
+        capabilities=[*billing.capabilities, pay],
+        interpreter=_PayOrBilling(billing),
+    )
 
 
 # -- the store -------------------------------------------------------------------------------

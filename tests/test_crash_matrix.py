@@ -2,10 +2,13 @@
 the same delivery, retried by a new process, gets exactly what the source document
 requires at that point.
 
-The turn is the acceptance of a confirmed charge (one external write). A real
-worker process (``tests/crash_worker.py``) runs it and dies at the fault point
-(``os._exit``: no cleanup of any kind); a new process then retries the same
-delivery. At each point the outcome is fixed:
+Three turns die (see :data:`SCENARIOS`): the acceptance of a confirmed charge (the
+thread's second turn, one external write), a thread's very first turn paying at once
+(a ``"capability"``-mode write: the first-commit path, which creates the thread), and a
+turn with two external writes, dying between them. A real worker process
+(``tests/crash_worker.py``) runs the turn and dies at the fault point (``os._exit``: no
+cleanup of any kind); a new process then retries the same delivery. At each point the
+outcome of each write is fixed:
 
 - ``after_lock``, ``after_checkpoint_load``: nothing was written; the retry runs
   the turn again and the provider is called once;
@@ -18,9 +21,18 @@ delivery. At each point the outcome is fixed:
   stored value, no call);
 - ``after_commit``: the turn committed; the retry replays the stored result;
 
-and in every case the provider's ledger holds each key at most once, the outbox
-holds events of committed turns only, and an operator's reconciliation of an
-uncertain receipt lets the business go on without a second charge.
+and, for the two writes, a death after the first completed leaves the second to the
+retry (which runs it once), while a death inside the second's provider window fails
+the second closed and deduplicates the first. In every case the provider's ledger
+holds each key at most once, the outbox holds events of committed turns only, and an
+operator's reconciliation of an uncertain receipt lets the business go on without a
+second charge.
+
+``during_commit`` dies inside the commit transaction, every row written and nothing
+committed: on SQLite the point is inside the open transaction; on PostgreSQL, whose
+commit is one statement, the server is made to hold that statement's transaction
+open (a deferred trigger waits for a lock the test holds) while the worker dies, or,
+in process, while the test terminates the adapter's session.
 
 The same matrix runs in process with ``"raise"`` faults on every adapter
 (including the in-memory one), which also proves that an adapter instance that
@@ -33,10 +45,12 @@ import ast
 import asyncio
 import json
 import sys
+import threading
 import time
 import zlib
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +59,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from intention_kernel import Kernel
+from intention_kernel import Kernel, StoreError
 from intention_kernel.durability import Durability
 from intention_kernel.testing import InMemoryDurability, faults
 from intention_kernel.testing.agents import billing_agent
@@ -57,6 +71,8 @@ from proving_support import (
     drop_schema,
     ledger_keys,
     new_schema,
+    pay_key,
+    proving_agent,
     read_all_events,
 )
 
@@ -68,30 +84,92 @@ CHARGED = {"charge_id": "ch_pi_1_1", "amount": 500}
 
 
 @dataclass(frozen=True)
-class Expected:
+class Scenario:
+    """A delivery that dies, on a thread the turns ``before`` prepared."""
+
+    name: str
+    thread: str
+    before: tuple[tuple[str, str], ...]  # (turn ID, message), committed first
+    turn: tuple[str, str]  # the delivery that dies, then is retried
+    effects: tuple[tuple[str, Any], ...]  # (key, value once completed), in the turn's order
+    pending: dict[str, Any] | None  # the confirmation the turn answers
+    again: tuple[tuple[str, str], ...]  # later turns asking for the same writes again
+
+    def request(self) -> dict[str, str]:
+        return {"thread_id": self.thread, "turn_id": self.turn[0], "message": self.turn[1]}
+
+    @property
+    def keys(self) -> list[str]:
+        return [key for key, _ in self.effects]
+
+    def commits(self, committed: bool) -> list[tuple[str, str, int]]:
+        """``(thread, turn, version)`` of the committed turns, with the dying one or not."""
+        turns = [*self.before, *([self.turn] if committed else [])]
+        return [(self.thread, turn_id, i + 1) for i, (turn_id, _) in enumerate(turns)]
+
+
+def paid(pi: str, amount: int, attempt: int = 1) -> dict[str, Any]:
+    return {"charge_id": f"ch_{pi}_{attempt}", "amount": amount}
+
+
+CHARGE_ON_ACCEPTANCE = Scenario(
+    "charge",
+    THREAD,
+    before=(("propose", "charge pi_1 500"),),
+    turn=("accept", "yes"),
+    effects=((KEY, CHARGED),),
+    pending={"payment_intent_id": "pi_1", "amount": 500},
+    again=(("propose-again", "charge pi_1 500"), ("accept-again", "yes")),
+)
+FIRST_TURN = Scenario(
+    "first-turn",
+    "th-first",
+    before=(),
+    turn=("pay", "pay pi_1 100"),
+    effects=((pay_key("pi_1"), paid("pi_1", 100)),),
+    pending=None,
+    again=(("pay-again", "pay pi_1 100"),),
+)
+TWO_EFFECTS = Scenario(
+    "two-effects",
+    "th-two",
+    before=(("ask", "balance 7"),),
+    turn=("pay-both", "pay pi_1 100 and pay pi_2 200"),
+    effects=((pay_key("pi_1"), paid("pi_1", 100)), (pay_key("pi_2"), paid("pi_2", 200))),
+    pending=None,
+    again=(("pay-both-again", "pay pi_1 100 and pay pi_2 200"),),
+)
+SCENARIOS = (CHARGE_ON_ACCEPTANCE, FIRST_TURN, TWO_EFFECTS)
+
+
+@dataclass(frozen=True)
+class Outcome:
     """What a turn that died at a point leaves behind, and what its retry returns."""
 
-    receipt_left: str | None  # the receipt's status right after the death
-    called: bool  # whether the provider was called before the death
-    committed: bool  # whether the dead turn had committed
-    replayed: bool  # whether the retry replays
-    step: str  # the retried turn's step status
-    calls: int  # provider calls, all processes together, once the retry is done
+    left: tuple[str | None, ...]  # each write's receipt status right after the death
+    called: tuple[bool, ...]  # whether each write reached the provider before the death
+    committed: bool  # whether the dead turn had committed (then its retry replays)
+    steps: tuple[str, ...]  # the retried turn's step status, one per write
+
+    def calls(self, keys: list[str]) -> Counter[str]:
+        """Provider calls per key once the retry is done: before the death, or by the
+        retry when nothing was left behind."""
+        return Counter(
+            key
+            for key, left, called, step in zip(
+                keys, self.left, self.called, self.steps, strict=True
+            )
+            if called or (left is None and step == "completed")
+        )
 
 
-RUNS_AGAIN = Expected(None, False, committed=False, replayed=False, step="completed", calls=1)
-FAILS_CLOSED_UNCALLED = Expected(
-    "prepared", False, committed=False, replayed=False, step="uncertain", calls=0
-)
-FAILS_CLOSED_CALLED = Expected(
-    "prepared", True, committed=False, replayed=False, step="uncertain", calls=1
-)
-DEDUPLICATED = Expected(
-    "completed", True, committed=False, replayed=False, step="completed", calls=1
-)
-REPLAYED = Expected("completed", True, committed=True, replayed=True, step="completed", calls=1)
+RUNS_AGAIN = Outcome((None,), (False,), committed=False, steps=("completed",))
+FAILS_CLOSED_UNCALLED = Outcome(("prepared",), (False,), committed=False, steps=("uncertain",))
+FAILS_CLOSED_CALLED = Outcome(("prepared",), (True,), committed=False, steps=("uncertain",))
+DEDUPLICATED = Outcome(("completed",), (True,), committed=False, steps=("completed",))
+REPLAYED = Outcome(("completed",), (True,), committed=True, steps=("completed",))
 
-EXPECTED = {
+ONE_WRITE = {
     faults.AFTER_LOCK: RUNS_AGAIN,
     faults.AFTER_CHECKPOINT_LOAD: RUNS_AGAIN,
     faults.AFTER_RECEIPT_PREPARED: FAILS_CLOSED_UNCALLED,
@@ -101,7 +179,47 @@ EXPECTED = {
     faults.DURING_COMMIT: DEDUPLICATED,
     faults.AFTER_COMMIT: REPLAYED,
 }
-assert tuple(EXPECTED) == faults.POINTS
+assert tuple(ONE_WRITE) == faults.POINTS
+
+
+@dataclass(frozen=True)
+class Case:
+    scenario: Scenario
+    point: str
+    outcome: Outcome
+    skip: int = 0  # passes through the point that survive before the one that dies
+    label: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.scenario.name}-{self.label or self.point}"
+
+
+CASES = [
+    *(Case(CHARGE_ON_ACCEPTANCE, point, ONE_WRITE[point]) for point in faults.POINTS),
+    *(Case(FIRST_TURN, point, ONE_WRITE[point]) for point in faults.POINTS),
+    Case(
+        TWO_EFFECTS,
+        faults.AFTER_RECEIPT_COMPLETED,
+        Outcome(("completed", None), (True, False), False, ("completed", "completed")),
+        label="between-the-writes",
+    ),
+    Case(
+        TWO_EFFECTS,
+        faults.AFTER_RECEIPT_PREPARED,
+        Outcome(("completed", "prepared"), (True, False), False, ("completed", "uncertain")),
+        skip=1,
+        label="second-prepared",
+    ),
+    Case(
+        TWO_EFFECTS,
+        faults.IN_PROVIDER_AFTER_WRITE,
+        Outcome(("completed", "prepared"), (True, True), False, ("completed", "uncertain")),
+        skip=1,
+        label="in-the-second-provider-call",
+    ),
+]
+CASE_IDS = [case.id for case in CASES]
 
 
 def propose() -> dict[str, str]:
@@ -109,7 +227,7 @@ def propose() -> dict[str, str]:
 
 
 def accept() -> dict[str, str]:
-    return {"thread_id": THREAD, "turn_id": "accept", "message": "yes"}
+    return CHARGE_ON_ACCEPTANCE.request()
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -167,22 +285,35 @@ async def processes(store: Store, tmp_path: Path) -> AsyncIterator[Processes]:
         await process.communicate()
 
 
+async def prepare(durability: Durability, scenario: Scenario, ledger: Path) -> None:
+    kernel = Kernel(proving_agent(LedgerProvider(path=str(ledger), sync=False)), durability)
+    for turn_id, message in scenario.before:
+        await kernel.turn(scenario.thread, turn_id, message)
+
+
 # -- what every case checks ------------------------------------------------------------------
 
 
-async def check_after_the_death(durability: Durability, ledger: Path, expected: Expected) -> None:
-    assert Counter(ledger_keys(ledger)) == ({KEY: 1} if expected.called else {})
-    receipts = await durability.list_receipts(THREAD)
+async def check_after_the_death(durability: Durability, ledger: Path, case: Case) -> None:
+    scenario, outcome = case.scenario, case.outcome
+    called = Counter(k for k, c in zip(scenario.keys, outcome.called, strict=True) if c)
+    assert Counter(ledger_keys(ledger)) == called
+    receipts = await durability.list_receipts(scenario.thread)
     left = [(r.key, r.status, r.attempt) for r in receipts]
-    assert left == ([(KEY, expected.receipt_left, 1)] if expected.receipt_left else [])
-    checkpoint = await durability.load_checkpoint(THREAD)
-    assert checkpoint is not None
-    assert checkpoint.version == (2 if expected.committed else 1)
-    if not expected.committed:  # the confirmation is still pending: nothing consumed it
-        assert checkpoint.interaction is not None
-        assert checkpoint.interaction.input == {"payment_intent_id": "pi_1", "amount": 500}
-    committed = [(THREAD, "propose", 1)] + ([(THREAD, "accept", 2)] if expected.committed else [])
-    assert_outbox_matches_commits(await read_all_events(durability), committed)
+    assert left == [
+        (key, status, 1) for key, status in zip(scenario.keys, outcome.left, strict=True) if status
+    ]
+    checkpoint = await durability.load_checkpoint(scenario.thread)
+    version = len(scenario.before) + outcome.committed
+    if version == 0:  # the thread's first turn never committed: there is no thread
+        assert checkpoint is None
+    else:
+        assert checkpoint is not None and checkpoint.version == version
+    if scenario.pending is not None and not outcome.committed:  # nothing consumed it
+        assert checkpoint is not None and checkpoint.interaction is not None
+        assert checkpoint.interaction.input == scenario.pending
+    events = await read_all_events(durability)
+    assert_outbox_matches_commits(events, scenario.commits(outcome.committed))
 
 
 async def check_the_retry(
@@ -190,88 +321,99 @@ async def check_the_retry(
     store: Store | None,
     ledger: Path,
     retried: dict[str, Any],
-    expected: Expected,
+    case: Case,
 ) -> None:
-    """The retry's result, the receipt, the outbox and the ledger, once the dust settled."""
-    assert retried["replayed"] is expected.replayed
-    assert retried["checkpoint_version"] == 2
-    assert retried["interaction"] is None  # the acceptance was consumed, exactly once
-    [step] = retried["steps"]
-    assert step["status"] == expected.step
-    [receipt] = await durability.list_receipts(THREAD)
-    assert (receipt.key, receipt.attempt) == (KEY, 1)
-    assert receipt.status == ("uncertain" if expected.step == "uncertain" else "completed")
-    assert step["receipt_ids"] == [receipt.id]
-    if expected.step == "completed":
-        assert step["value"] == receipt.value == CHARGED
-    else:
-        assert step["error"].startswith("EffectUncertainError")
+    """The retry's result, the receipts, the outbox and the ledger, once the dust settled."""
+    scenario, outcome = case.scenario, case.outcome
+    assert retried["replayed"] is outcome.committed
+    assert retried["checkpoint_version"] == len(scenario.before) + 1
+    assert retried["interaction"] is None  # an acceptance was consumed, exactly once
+    steps = retried["steps"]
+    assert [step["status"] for step in steps] == list(outcome.steps)
+    receipts = {r.key: r for r in await durability.list_receipts(scenario.thread)}
+    assert sorted(receipts) == sorted(scenario.keys)
+    for (key, value), step in zip(scenario.effects, steps, strict=True):
+        receipt = receipts[key]
+        assert receipt.attempt == 1
+        assert receipt.status == ("uncertain" if step["status"] == "uncertain" else "completed")
+        assert step["receipt_ids"] == [receipt.id]
+        if step["status"] == "completed":
+            assert step["value"] == receipt.value == value
+        else:
+            assert step["error"].startswith("EffectUncertainError")
 
     calls = Counter(ledger_keys(ledger))
-    assert sum(calls.values()) == expected.calls
-    assert all(n == 1 for n in calls.values()), f"a key reached the provider twice: {calls}"
+    assert calls == outcome.calls(scenario.keys), f"provider calls {calls}"
     if store is not None:
-        assert store.committed_turns() == [(THREAD, "accept", 2), (THREAD, "propose", 1)]
+        assert store.committed_turns() == sorted(scenario.commits(True))
     events = await read_all_events(durability)
-    assert_outbox_matches_commits(events, [(THREAD, "propose", 1), (THREAD, "accept", 2)])
-    effect_events = [(e.turn_id, e.type) for e in events if e.type.startswith("effect.")]
-    announced = "effect.uncertain" if expected.step == "uncertain" else "effect.completed"
-    assert effect_events == [("accept", announced)]
+    assert_outbox_matches_commits(events, scenario.commits(True))
+    effect_events = [
+        (e.turn_id, e.type, e.payload["key"]) for e in events if e.type.startswith("effect.")
+    ]
+    announced = [
+        (scenario.turn[0], "effect.uncertain" if step == "uncertain" else "effect.completed", key)
+        for key, step in zip(scenario.keys, outcome.steps, strict=True)
+    ]
+    assert effect_events == announced
 
 
-async def reconcile_and_go_on(durability: Durability, ledger: Path, expected: Expected) -> None:
-    """An operator reconciles an uncertain receipt from the provider's records; then the
-    same payment intent is charged again without reaching the provider a second time."""
+async def reconcile_and_go_on(durability: Durability, ledger: Path, case: Case) -> None:
+    """An operator reconciles each uncertain receipt from the provider's records; then the
+    same writes are asked for again, without reaching the provider a second time."""
+    scenario, outcome = case.scenario, case.outcome
     provider = LedgerProvider(path=str(ledger))
-    kernel = Kernel(billing_agent(provider), durability)
-    if expected.step == "uncertain":
-        applied = KEY in ledger_keys(ledger)
-        resolved = await durability.resolve_receipt(
-            THREAD, KEY, applied=applied, value=CHARGED if applied else None, actor="ops"
-        )
-        assert resolved.status == ("completed" if applied else "failed")
-    await kernel.turn(THREAD, "propose-again", "charge pi_1 500")
-    again = await kernel.turn(THREAD, "accept-again", "yes")
-    [step] = again.steps
-    assert step.status == "completed"
-    assert step.value in (CHARGED, {"charge_id": "ch_pi_1_2", "amount": 500})
-    assert Counter(ledger_keys(ledger)) == {KEY: 1}  # charged once, whatever happened
+    kernel = Kernel(proving_agent(provider), durability)
+    for (key, value), step in zip(scenario.effects, outcome.steps, strict=True):
+        if step == "uncertain":
+            applied = key in ledger_keys(ledger)
+            resolved = await durability.resolve_receipt(
+                scenario.thread, key, applied=applied, value=value if applied else None, actor="ops"
+            )
+            assert resolved.status == ("completed" if applied else "failed")
+    for turn_id, message in scenario.again:
+        again = await kernel.turn(scenario.thread, turn_id, message)
+    assert [step.status for step in again.steps] == ["completed"] * len(scenario.effects)
+    for (_, value), step in zip(scenario.effects, again.steps, strict=True):
+        assert step.value in (value, dict(value, charge_id=value["charge_id"][:-1] + "2"))
+    # Charged once per key, whatever happened.
+    assert Counter(ledger_keys(ledger)) == Counter(scenario.keys)
 
 
 # -- real processes, really dying ------------------------------------------------------------
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", faults.POINTS)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 async def test_a_process_dying_at_a_fault_point_is_recovered_by_retrying_the_delivery(
-    store: Store, processes: Processes, point: str
+    store: Store, processes: Processes, case: Case
 ) -> None:
-    expected = EXPECTED[point]
+    scenario = case.scenario
     async with store.durability() as durability:
-        proposed = await Kernel(
-            billing_agent(LedgerProvider(path=str(processes.ledger))), durability
-        ).turn(**propose())
-        assert proposed.interaction is not None
+        await prepare(durability, scenario, processes.ledger)
 
-    if store.kind == "postgres" and point == faults.DURING_COMMIT:
-        await die_inside_the_postgres_commit(store, processes, server_notices=True)
+    if store.kind == "postgres" and case.point == faults.DURING_COMMIT:
+        await die_inside_the_postgres_commit(
+            store, processes, scenario.request(), server_notices=True
+        )
     else:
-        crashed = await processes.spawn([accept()], fault={"point": point, "action": "exit"})
+        fault = {"point": case.point, "action": "exit", "skip": case.skip}
+        crashed = await processes.spawn([scenario.request()], fault=fault)
         assert await finish(crashed, faults.EXIT_STATUS) == []
 
     async with store.durability() as durability:
-        await check_after_the_death(durability, processes.ledger, expected)
+        await check_after_the_death(durability, processes.ledger, case)
 
-    [outcome] = await finish(await processes.spawn([accept()]))
+    [outcome] = await finish(await processes.spawn([scenario.request()]))
     retried = outcome["result"]
     async with store.durability() as durability:
-        await check_the_retry(durability, store, processes.ledger, retried, expected)
+        await check_the_retry(durability, store, processes.ledger, retried, case)
         # A third delivery, here: the stored result again, nothing runs.
         provider = LedgerProvider(path=str(processes.ledger))
-        third = await Kernel(billing_agent(provider), durability).turn(**accept())
+        third = await Kernel(proving_agent(provider), durability).turn(**scenario.request())
         assert third.to_dict() == dict(retried, replayed=True)
         assert provider.calls() == 0
-        await reconcile_and_go_on(durability, processes.ledger, expected)
+        await reconcile_and_go_on(durability, processes.ledger, case)
 
 
 @pytest.mark.slow
@@ -285,17 +427,16 @@ async def test_a_process_dying_inside_a_postgres_commit_the_server_then_complete
     schema = new_schema()
     store = Store("postgres", make_conninfo(postgres_dsn, application_name=schema), schema)
     processes = Processes(store, tmp_path / "provider.ledger", [])
+    case = Case(CHARGE_ON_ACCEPTANCE, faults.DURING_COMMIT, REPLAYED, label="server-completes")
     try:
         async with store.durability() as durability:
-            await Kernel(
-                billing_agent(LedgerProvider(path=str(processes.ledger))), durability
-            ).turn(**propose())
-        await die_inside_the_postgres_commit(store, processes, server_notices=False)
+            await prepare(durability, case.scenario, processes.ledger)
+        await die_inside_the_postgres_commit(store, processes, accept(), server_notices=False)
         async with store.durability() as durability:
-            await check_after_the_death(durability, processes.ledger, REPLAYED)
+            await check_after_the_death(durability, processes.ledger, case)
         [outcome] = await finish(await processes.spawn([accept()]))
         async with store.durability() as durability:
-            await check_the_retry(durability, store, processes.ledger, outcome["result"], REPLAYED)
+            await check_the_retry(durability, store, processes.ledger, outcome["result"], case)
     finally:
         for process in processes.running:
             if process.returncode is None:
@@ -315,55 +456,98 @@ STALL_COMMITS = """
     CREATE CONSTRAINT TRIGGER ik_test_stall AFTER INSERT ON ik_turns
         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ik_test_stall();
 """
+WAITING_INSIDE_THE_COMMIT = (
+    "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+    " AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+)
+SESSIONS = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
 
 
-async def die_inside_the_postgres_commit(
-    store: Store, processes: Processes, *, server_notices: bool
-) -> None:
-    """Kill a worker while the server holds its commit transaction open, every row of
-    the turn written and ``COMMIT`` not yet done.
+@contextmanager
+def stalled_commits(store: Store, dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """Make the server hold open the commit transaction of sessions that opted in with
+    ``ik_test.stall=on``, after all of the commit statement's work and before its end.
 
-    A deferred trigger on ``ik_turns`` (fired at commit time, after all the
-    statement's work) waits for an advisory lock this test holds, in sessions
-    that opted in with ``ik_test.stall=on``. Once the worker's session waits there,
-    the worker's ``DURING_COMMIT`` fault exits the process. With
-    ``client_connection_check_interval`` set (``server_notices``), the server
-    notices the dead client while waiting and rolls the transaction back.
-    """
+    A deferred trigger on ``ik_turns`` (fired at commit time, after every row of the
+    turn is written) waits for an advisory lock that the connection yielded here holds
+    until the block ends."""
     stall_lock = zlib.crc32(store.schema.encode())  # this test's own advisory lock key
     store.query(STALL_COMMITS.format(lock=stall_lock))
-    name = store.schema + "_victim"
+    try:
+        with psycopg.connect(dsn, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (stall_lock,))
+            yield holder
+            holder.execute("SELECT pg_advisory_unlock_all()")
+    finally:
+        store.query("DROP TRIGGER ik_test_stall ON ik_turns")
+        store.query("DROP FUNCTION ik_test_stall()")
+
+
+def stalling(store: Store, name: str, *, server_notices: bool = True) -> Store:
+    """The same store, through sessions named ``name`` that opted in to the stall."""
     options = "-c ik_test.stall=on"
     if server_notices:
         options += " -c client_connection_check_interval=50"
-    stalled = Store(
-        "postgres",
-        make_conninfo(store.location, application_name=name, options=options),
-        store.schema,
-    )
+    conninfo = make_conninfo(store.location, application_name=name, options=options)
+    return Store("postgres", conninfo, store.schema)
+
+
+async def die_inside_the_postgres_commit(
+    store: Store, processes: Processes, request: dict[str, str], *, server_notices: bool
+) -> None:
+    """Kill a worker while the server holds its commit transaction open, every row of
+    the turn written and ``COMMIT`` not yet done (see :func:`stalled_commits`).
+
+    Once the worker's session waits there, the worker's ``DURING_COMMIT`` fault (armed
+    as the statement is sent) exits the process. With ``client_connection_check_interval``
+    set (``server_notices``), the server notices the dead client while waiting and rolls
+    the transaction back; without it, the orphaned session commits once the lock is free.
+    """
+    name = store.schema + "_victim"
     go = str(processes.ledger) + ".die"
-    with psycopg.connect(store.location, autocommit=True) as holder:
-        holder.execute("SELECT pg_advisory_lock(%s)", (stall_lock,))
+    with stalled_commits(store, store.location) as holder:
         crashed = await processes.spawn(
-            [accept()],
-            store=stalled,
+            [request],
+            store=stalling(store, name, server_notices=server_notices),
             fault={"point": faults.DURING_COMMIT, "action": "exit_when", "file": go},
         )
-        waiting = (
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-            " AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
-        )
-        await until(lambda: holder.execute(waiting, (name,)).fetchone() == (1,), crashed)
+        await until(lambda: holder.execute(WAITING_INSIDE_THE_COMMIT, (name,)).fetchone(), crashed)
         touch(go)
         assert await finish(crashed, faults.EXIT_STATUS) == []
         if server_notices:
-            gone = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-            await until(lambda: holder.execute(gone, (name,)).fetchone() == (0,), None)
-        holder.execute("SELECT pg_advisory_unlock(%s)", (stall_lock,))
-        if not server_notices:  # the orphaned session commits once the lock is free
-            gone = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
-            await until(lambda: holder.execute(gone, (name,)).fetchone() == (0,), None)
-    store.query("DROP TRIGGER ik_test_stall ON ik_turns")
+            await until(lambda: holder.execute(SESSIONS, (name,)).fetchone() == (0,), None)
+        holder.execute("SELECT pg_advisory_unlock_all()")
+        await until(lambda: holder.execute(SESSIONS, (name,)).fetchone() == (0,), None)
+
+
+async def lose_the_session_inside_the_postgres_commit(
+    store: Store, kernel: Kernel, request: dict[str, str], name: str
+) -> None:
+    """In process: the adapter's session is terminated by the server while it holds the
+    commit transaction open (see :func:`stalled_commits`), as a crashed host's would be.
+    Nothing of the commit survives, and the turn raises the adapter's ``StoreError``."""
+
+    def terminate_once_inside_the_commit(base: str) -> None:
+        with psycopg.connect(base, autocommit=True) as watcher:
+            deadline = time.monotonic() + 30
+            while (row := watcher.execute(WAITING_INSIDE_THE_COMMIT, (name,)).fetchone()) is None:
+                assert time.monotonic() < deadline, "the commit never reached the stall"
+                time.sleep(0.005)
+            watcher.execute("SELECT pg_terminate_backend(%s)", row)
+
+    base = make_conninfo(store.location, application_name="", options="")
+    with stalled_commits(store, base):
+        watchers: list[threading.Thread] = []
+
+        def watch(point: str) -> None:  # at DURING_COMMIT: the statement is about to be sent
+            watchers.append(threading.Thread(target=terminate_once_inside_the_commit, args=(base,)))
+            watchers[-1].start()
+
+        with faults.injected(faults.DURING_COMMIT, watch) as fault, pytest.raises(StoreError):
+            await kernel.turn(**request)
+        assert fault.fired == 1
+        for watcher in watchers:
+            watcher.join(30)
 
 
 def touch(path: str) -> None:
@@ -404,30 +588,47 @@ def store_postgres(postgres_dsn: str) -> Iterator[Store]:
     drop_schema(postgres_dsn, schema)
 
 
-@pytest.mark.parametrize("point", faults.POINTS)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 async def test_a_turn_raising_at_a_fault_point_leaves_the_store_as_a_crash_would(
-    adapter: Store | None, point: str, tmp_path: Path
+    adapter: Store | None, case: Case, tmp_path: Path
 ) -> None:
+    """On PostgreSQL, ``during_commit`` is the adapter's session terminated by the server
+    inside the commit transaction (a raised fault there would only precede the
+    statement, which is ``before_commit`` again)."""
+    scenario, point = case.scenario, case.point
     if adapter is None and point == faults.DURING_COMMIT:
         pytest.skip("the in-memory commit is plain assignments, with nothing in between")
-    expected = EXPECTED[point]
+    in_flight = adapter is not None and adapter.kind == "postgres" and point == faults.DURING_COMMIT
+    victim = adapter.schema + "_victim" if adapter is not None else ""
+    if in_flight:
+        assert adapter is not None
+        adapter = stalling(adapter, victim)
     ledger = tmp_path / "provider.ledger"
     durability = adapter.durability() if adapter is not None else InMemoryDurability()
     async with durability:
+        await prepare(durability, scenario, ledger)
         provider = LedgerProvider(path=str(ledger), sync=False)
-        kernel = Kernel(billing_agent(provider), durability)
-        await kernel.turn(**propose())
-        with faults.injected(point, "raise") as fault, pytest.raises(faults.InjectedFault) as died:
-            await kernel.turn(**accept())
-        assert died.value.point == point and fault.fired == 1
-        await check_after_the_death(durability, ledger, expected)
-        retried = await kernel.turn(**accept())  # the same adapter instance
-        await check_the_retry(durability, adapter, ledger, retried.to_dict(), expected)
+        kernel = Kernel(proving_agent(provider), durability)
+        if in_flight:
+            assert adapter is not None
+            await lose_the_session_inside_the_postgres_commit(
+                adapter, kernel, scenario.request(), victim
+            )
+        else:
+            with (
+                faults.injected(point, "raise", skip=case.skip) as fault,
+                pytest.raises(faults.InjectedFault) as died,
+            ):
+                await kernel.turn(**scenario.request())
+            assert died.value.point == point and fault.fired == 1
+        await check_after_the_death(durability, ledger, case)
+        retried = await kernel.turn(**scenario.request())  # the same adapter instance
+        await check_the_retry(durability, adapter, ledger, retried.to_dict(), case)
     if adapter is not None:  # and a fresh instance agrees
         async with adapter.durability() as reopened:
-            again = await Kernel(billing_agent(provider), reopened).turn(**accept())
+            again = await Kernel(proving_agent(provider), reopened).turn(**scenario.request())
             assert again.to_dict() == dict(retried.to_dict(), replayed=True)
-            await reconcile_and_go_on(reopened, ledger, expected)
+            await reconcile_and_go_on(reopened, ledger, case)
 
 
 @pytest.mark.parametrize(
