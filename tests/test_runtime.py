@@ -479,3 +479,118 @@ async def test_input_at_the_nesting_limit_is_accepted() -> None:
     result = await kernel.turn("t", "1", "go")
     assert result.steps[0].status == StepStatus.COMPLETED
     assert seen == [_nested(64)]
+
+
+async def test_outbox_events_carry_the_payloads_consumers_rely_on() -> None:
+    """Each kernel event's payload, field by field: what a consumer of the outbox reads to
+    follow facts (key and version), effects (key, receipt, attempt, status) and turns."""
+    provider = FakeProvider(behaviour={"pi_2": "lost_response", "pi_3": "not_applied"})
+    durability = InMemoryDurability()
+    kernel = Kernel(billing_agent(provider), durability)
+    await kernel.turn("t", "1", "balance 10")
+    await kernel.turn("t", "2", "balance 20")
+    proposed = await kernel.turn("t", "3", "charge pi_1 500")
+    accepted = await kernel.turn("t", "4", "yes")
+    await kernel.turn("t", "5", "charge pi_2 300")
+    lost = await kernel.turn("t", "6", "yes")
+    await kernel.turn("t", "7", "charge pi_3 200")
+    declined = await kernel.turn("t", "8", "yes")
+    await durability.resolve_receipt("t", "payments.charge:charge:pi_2", applied=False, actor="ops")
+    receipts = {r.key.rsplit(":", 1)[1]: r for r in await durability.list_receipts("t")}
+    events = await durability.read_outbox("t", limit=1000)
+    by_turn: dict[str | None, list[tuple[str, Any]]] = {}
+    for event in events:
+        by_turn.setdefault(event.turn_id, []).append((event.type, event.payload))
+
+    def committed(version: int, *steps: tuple[str, str, str]) -> tuple[str, Any]:
+        return (
+            "turn.committed",
+            {
+                "version": version,
+                "steps": [{"step_id": s, "capability_id": c, "status": st} for s, c, st in steps],
+            },
+        )
+
+    assert by_turn["1"] == [
+        ("fact.recorded", {"key": "balance", "version": 1, "step_id": "1#1"}),
+        committed(1, ("1#1", "billing.balance", "completed")),
+    ]
+    assert by_turn["2"][0] == ("fact.recorded", {"key": "balance", "version": 2, "step_id": "2#1"})
+    interaction = proposed.interaction
+    assert interaction is not None
+    assert by_turn["3"] == [
+        (
+            "interaction.opened",
+            {
+                "interaction_id": interaction.id,
+                "kind": "confirmation",
+                "capability_id": "payments.charge",
+                "step_id": "3#1",
+                "prompt": "Charge 500 to pi_1?",
+            },
+        ),
+        committed(3, ("3#1", "payments.charge", "awaiting_confirmation")),
+    ]
+    charge = receipts["pi_1"]
+    assert accepted.steps[0].receipt_ids == (charge.id,)
+    assert by_turn["4"] == [
+        (
+            "interaction.resolved",
+            {
+                "interaction_id": interaction.id,
+                "capability_id": "payments.charge",
+                "step_id": "3#1",
+                "resolution": "accepted",
+            },
+        ),
+        (
+            "effect.completed",
+            {
+                "key": "payments.charge:charge:pi_1",
+                "receipt_id": charge.id,
+                "capability_id": "payments.charge",
+                "step_id": "3#1",
+                "attempt": 1,
+                "status": "completed",
+            },
+        ),
+        ("fact.recorded", {"key": "charge.pi_1", "version": 1, "step_id": "3#1"}),
+        ("billing.charged", {"payment_intent_id": "pi_1"}),
+        committed(4, ("3#1", "payments.charge", "completed")),
+    ]
+    uncertain = next(p for t, p in by_turn["6"] if t == "effect.uncertain")
+    assert lost.steps[0].receipt_ids == (receipts["pi_2"].id,)
+    assert uncertain == {
+        "key": "payments.charge:charge:pi_2",
+        "receipt_id": receipts["pi_2"].id,
+        "capability_id": "payments.charge",
+        "step_id": "5#1",
+        "attempt": 1,
+        "status": "uncertain",
+        "error": "TimeoutError: the provider did not answer in time",
+        "attempted": True,
+    }
+    failed = next(p for t, p in by_turn["8"] if t == "effect.failed")
+    assert declined.steps[0].status == StepStatus.FAILED
+    assert failed == {
+        "key": "payments.charge:charge:pi_3",
+        "receipt_id": receipts["pi_3"].id,
+        "capability_id": "payments.charge",
+        "step_id": "7#1",
+        "attempt": 1,
+        "status": "failed",
+        "error": "EffectNotAppliedError: card declined for pi_3",
+        "attempted": True,
+    }
+    [(kind, resolved)] = by_turn[None]
+    assert kind == "receipt.resolved"
+    assert resolved == {
+        "key": "payments.charge:charge:pi_2",
+        "receipt_id": receipts["pi_2"].id,
+        "applied": False,
+        "status": "failed",
+        "previous_status": "uncertain",
+        "note": None,
+        "actor": "ops",
+    }
+    assert [e.type for e in events].count("turn.committed") == 8
