@@ -13,8 +13,9 @@ Run as ``python tests/soak_worker.py '<json config>'``:
 
 Every thread is walked in order, each turn delivered until it returns, so that a
 thread's turns commit in schedule order whichever process commits them. One
-JSON line per delivery: ``{"t", "u", "replayed", "digest"}`` (the digest of the
-result without its ``replayed`` flag), ``{"t", "u", "refused"}`` for a refused
+JSON line per delivery: ``{"t", "u", "replayed", "digest", "steps"}`` (the digest of
+the result without its ``replayed`` flag; each step's capability and status),
+``{"t", "u", "refused"}`` for a refused
 conflicting request, or ``{"t", "u", "error"}`` for anything unexpected.
 """
 
@@ -75,6 +76,7 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
                             "u": turn,
                             "replayed": result.replayed,
                             "digest": digest(result),
+                            "steps": [[s.capability_id, str(s.status)] for s in result.steps],
                         }
                     )
                 if rng.random() < config["conflicts"]:

@@ -1,26 +1,33 @@
 """The soak: thousands of turns, several processes, random kills and duplicate deliveries,
-on SQLite and PostgreSQL, ending in an audit of everything the store and the provider
-saw.
+on SQLite and PostgreSQL, ending in an audit of everything the store, the provider and
+the outbox relay saw.
 
 Each conversation thread has a script (charges proposed then accepted, rejected or
 left pending over a question; charges of payment intents seen before; declines
 that a later attempt retries; lost provider responses). Worker processes
 (``tests/soak_worker.py``) each walk every thread, several at a time, so that
 deliveries of one turn race across processes; they also send duplicates and
-conflicting requests on purpose. Meanwhile the test SIGKILLs a random worker every
-fraction of a second and starts a replacement, some of which are armed to die at a
-durable fault point. A relay follows the outbox the whole time. Finally one
-worker delivers everything once more (the retries a host does after a crash),
-operators reconcile every uncertain receipt, and the audit checks, and prints:
+conflicting requests on purpose. Meanwhile the library's own outbox relay
+(:class:`~intention_kernel.outbox.OutboxRelay`, in ``tests/relay_worker.py``)
+publishes to a file. The test SIGKILLs a random worker (now and then the relay) at
+moments spread over the whole run, by the share of turns committed so far, and
+starts a replacement, some armed to die at a durable fault point. Finally one worker
+delivers everything once more (the retries a host does after a crash), operators
+reconcile every uncertain receipt, the relay drains, and the audit checks, and
+prints:
 
-- every scheduled turn committed exactly once, in schedule order (version = position);
+- every scheduled turn committed once, in schedule order (version = position);
 - every redelivery answered with the committed result, every conflicting request
   refused, nothing else failed;
+- each turn's outcome as its schedule allows: an accepted charge completed, or
+  uncertain (a lost response, or a death in the provider window), or declined; the
+  same payment intent deduplicated or failing closed later on; a rejected or
+  pending charge never run;
 - each provider key called at most once, every call accounted for by a receipt;
-- every event delivered to the relay exactly once, in order, and only for
-  committed turns; one ``turn.committed`` per turn; one ``effect.completed`` per
-  applied write;
-- every checkpoint at its thread's last turn; no lock left behind.
+- every committed event delivered by the relay at least once (again only after a
+  relay died), each thread's events in ``seq`` order; one ``turn.committed`` per
+  turn; one ``effect.completed`` per applied write; the outbox in commit order;
+- every checkpoint at its thread's last turn; no lock left behind, on either store.
 
 Size: ``pytest tests/test_soak.py --soak-turns 20000`` for a longer run (default
 :data:`CI_TURNS`); ``--soak-seed`` replays a schedule. Deselect with ``-m "not soak"``.
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -43,11 +51,12 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from intention_kernel.durability import Durability
+from intention_kernel.outbox import OutboxRelay
 from intention_kernel.testing import faults
-from intention_kernel.turns import OutboxEvent
 from proving_support import (
     CHARGE,
     Store,
+    charge_key,
     drop_schema,
     new_schema,
     read_all_events,
@@ -57,12 +66,16 @@ from proving_support import (
 pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.timeout(600)]
 
 WORKER = Path(__file__).with_name("soak_worker.py")
+RELAY = Path(__file__).with_name("relay_worker.py")
 CI_TURNS = 2400
 THREADS = 16
 WORKERS = 4
 TASKS = 4
-KILL_WINDOW = 0.5  # of the expected run time, in which workers are killed
+KILLS_PER_TURN = 1 / 200  # about a dozen in the CI run
+KILLED_UNTIL = 0.9  # of the scheduled turns committed: kills are spread up to there
+RELAY_KILLS = 0.2  # of the kills, aimed at the relay
 REPLACEMENTS_WITH_A_FAULT = 0.4
+RANDOM_SIGKILL = "random SIGKILL"
 
 
 # -- the schedule ----------------------------------------------------------------------------
@@ -99,6 +112,10 @@ def schedule(turns: int, rng: random.Random) -> dict[str, Any]:
     return {"threads": threads, "behaviour": behaviour}
 
 
+def turn_id(index: int) -> str:
+    return f"turn-{index + 1:04d}"
+
+
 # -- processes -------------------------------------------------------------------------------
 
 
@@ -106,6 +123,8 @@ def schedule(turns: int, rng: random.Random) -> dict[str, Any]:
 class Worker:
     process: asyncio.subprocess.Process
     fault: dict[str, Any] | None
+    relay: bool = False
+    killed_at: float | None = None  # share of the turns committed when the test killed it
     lines: list[dict[str, Any]] = field(default_factory=list)
     reader: asyncio.Task[None] | None = None
 
@@ -124,6 +143,15 @@ class Worker:
         )
         return status
 
+    @property
+    def death(self) -> str | None:
+        """How this process died: at its fault point, by the test's SIGKILL, or not."""
+        if self.process.returncode == faults.EXIT_STATUS and self.fault:
+            return str(self.fault["point"])
+        if self.process.returncode == -9:
+            return RANDOM_SIGKILL
+        return None
+
 
 @dataclass
 class Soak:
@@ -131,10 +159,25 @@ class Soak:
     root: Path
     rng: random.Random
     workers: list[Worker] = field(default_factory=list)
+    relays: list[Worker] = field(default_factory=list)
 
     @property
     def ledger(self) -> Path:
         return self.root / "provider.ledger"
+
+    @property
+    def sink(self) -> Path:
+        return self.root / "relay.sink"
+
+    async def start(self, script: Path, config: dict[str, Any]) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(script),
+            json.dumps(config),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            limit=1 << 20,
+        )
 
     async def spawn(
         self,
@@ -153,18 +196,25 @@ class Soak:
             "conflicts": conflicts,
             "fault": fault,
         }
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(WORKER),
-            json.dumps(config),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            limit=1 << 20,
-        )
-        worker = Worker(process, fault)
+        worker = Worker(await self.start(WORKER, config), fault)
         worker.reader = asyncio.create_task(worker.read())
         self.workers.append(worker)
         return worker
+
+    async def spawn_relay(self) -> Worker:
+        config = {
+            "store": self.store.config(),
+            "sink": str(self.sink),
+            "stop": str(self.root / "relay.stop"),
+        }
+        relay = Worker(await self.start(RELAY, config), None, relay=True)
+        relay.reader = asyncio.create_task(relay.read())
+        self.relays.append(relay)
+        return relay
+
+    def committed(self) -> int:
+        [(n,)] = self.store.query("SELECT count(*) FROM ik_turns")
+        return int(n)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -185,7 +235,7 @@ async def soak(store: Store, tmp_path: Path, request: pytest.FixtureRequest) -> 
     print(f"soak seed: {seed} (--soak-seed {seed} replays this schedule)")
     soak = Soak(store, tmp_path, random.Random(seed))
     yield soak
-    for worker in soak.workers:  # never leave a process behind, even on failure
+    for worker in [*soak.workers, *soak.relays]:  # never leave a process behind
         if worker.process.returncode is None:
             worker.process.kill()
         await worker.process.wait()
@@ -203,86 +253,113 @@ async def test_soak_with_random_kills_and_duplicate_deliveries_loses_and_duplica
     plan = schedule(turns, soak.rng)
     (soak.root / "schedule.json").write_text(json.dumps(plan))
     scheduled = {
-        (t, f"turn-{i + 1:04d}"): i + 1 for t, ms in plan["threads"].items() for i in range(len(ms))
+        (t, turn_id(i)): i + 1 for t, ms in plan["threads"].items() for i in range(len(ms))
     }
+    report: list[str] = []
 
-    async with store.durability() as relay:  # creates the schema before the workers race
-        seen: list[OutboxEvent] = []
-        stop = asyncio.Event()
-
-        async def follow() -> None:  # a relay following the outbox while workers commit
-            while not stop.is_set():
-                seen.extend(await read_all_events(relay, seen[-1].position if seen else None))
-                await asyncio.sleep(0.02)
-
+    async with store.durability() as durability:  # creates the schema before the workers race
         started = time.monotonic()
-        following = asyncio.create_task(follow())
+        await soak.spawn_relay()
         for _ in range(WORKERS):
             await soak.spawn()
-        kills, armed = await kill_at_random(soak, turns)
+        await kill_through_the_run(soak, len(scheduled))
         for worker in list(soak.workers):
             await worker.wait()
         walked = time.monotonic() - started
         recovery = await soak.spawn(duplicates=0.0, conflicts=0.0)  # every delivery, once more
         assert await recovery.wait() == 0
-        stop.set()
-        await following
-        seen.extend(await read_all_events(relay, seen[-1].position if seen else None))
-        elapsed = time.monotonic() - started
 
-        audit = await run_audit(store, relay, soak, plan, scheduled, seen, recovery)
-        audit.insert(
-            0,
-            f"{len(scheduled)} turns on {THREADS} threads by {len(soak.workers)} "
-            f"processes in {elapsed:.1f}s; {kills} killed at random, "
-            f"{armed} replacements armed to die at a fault point (all walks done after "
-            f"{walked:.1f}s, then one more walk delivering everything again)",
-        )
+        audit_turns(store, soak, scheduled, recovery, report)
+        uncertain = await audit_outcomes(durability, soak, plan, recovery, report)
+        await reconcile(durability, soak, uncertain, report)
+        (soak.root / "relay.stop").touch()  # the relay drains what is left, and stops
+        for relay in soak.relays:
+            await relay.wait()
+        assert soak.relays[-1].lines == [{"unpublished": 0}]
+        elapsed = time.monotonic() - started
+        await audit_outbox(durability, soak, plan, report)
+        await audit_the_end(durability, store, soak, plan, report)
+
+    deaths = Counter(w.death for w in [*soak.workers, *soak.relays] if w.death)
+    report.insert(
+        0,
+        f"{len(scheduled)} turns on {THREADS} threads by {len(soak.workers)} worker and "
+        f"{len(soak.relays)} relay processes in {elapsed:.1f}s (all walks done after "
+        f"{walked:.1f}s, then one more walk delivering everything again)",
+    )
+    kills = sorted(w.killed_at for w in [*soak.workers, *soak.relays] if w.killed_at is not None)
+    report.insert(
+        1,
+        "deaths: "
+        + ", ".join(f"{n} {phase}" for phase, n in sorted(deaths.items()))
+        + f"; the test's kills came with {', '.join(f'{k:.0%}' for k in kills)} of the turns "
+        f"committed ({sum(1 for r in soak.relays if r.death)} of them the relay's)",
+    )
     with capsys.disabled():
         print(f"\n-- soak audit ({store.kind}) " + "-" * 40)
-        for line in audit:
+        for line in report:
             print("  " + line)
 
 
-async def kill_at_random(soak: Soak, turns: int) -> tuple[int, int]:
-    """SIGKILL a random running worker every so often, and start a replacement (some
-    armed to die at a fault point), until half the expected run is over."""
-    kills = 0
-    deadline = time.monotonic() + max(4.0, turns * 0.004) * KILL_WINDOW
-    while time.monotonic() < deadline:
-        await asyncio.sleep(soak.rng.uniform(0.2, 0.8))
+async def kill_through_the_run(soak: Soak, total: int) -> None:
+    """SIGKILL a random running worker (sometimes the relay) at moments spread over the
+    run by progress: each when a random share of the turns, up to :data:`KILLED_UNTIL`,
+    has committed. Every worker that dies meanwhile (killed, or at its own fault point)
+    is replaced, some replacements armed to die at a fault point."""
+    moments = sorted(
+        soak.rng.uniform(0.02, KILLED_UNTIL) for _ in range(max(6, round(total * KILLS_PER_TURN)))
+    )
+    replaced: set[int] = set()
+
+    async def replace_the_dead() -> None:
+        for worker in list(soak.workers):
+            if worker.process.returncode is not None and id(worker) not in replaced:
+                replaced.add(id(worker))
+                if worker.process.returncode != 0:  # a finished walk needs no successor
+                    fault = None
+                    if soak.rng.random() < REPLACEMENTS_WITH_A_FAULT:
+                        point, skip = soak.rng.choice(faults.POINTS), soak.rng.randrange(0, 30)
+                        fault = {"point": point, "skip": skip}
+                    await soak.spawn(fault=fault)
+
+    for moment in moments:
+        while (done := soak.committed()) < moment * total:
+            await replace_the_dead()
+            if not any(w.process.returncode is None for w in soak.workers):
+                return  # every walk is over (the rest of the schedule was replays)
+            await asyncio.sleep(0.05)
+        if soak.rng.random() < RELAY_KILLS:
+            relay = soak.relays[-1]
+            relay.process.kill()
+            relay.killed_at = done / total
+            await relay.wait()
+            await soak.spawn_relay()
+            continue
         running = [w for w in soak.workers if w.process.returncode is None]
         if not running:
-            break
+            return
         victim = soak.rng.choice(running)
         victim.process.kill()
         await victim.wait()
-        kills += 1
-        fault = None
-        if soak.rng.random() < REPLACEMENTS_WITH_A_FAULT:
-            fault = {"point": soak.rng.choice(faults.POINTS), "skip": soak.rng.randrange(0, 30)}
-        await soak.spawn(fault=fault)
-    return kills, sum(1 for w in soak.workers if w.fault)
+        if victim.process.returncode == -9:  # not exited at its own fault point first
+            victim.killed_at = done / total
+        await replace_the_dead()
 
 
 # -- the audit -------------------------------------------------------------------------------
 
 
-async def run_audit(
+def audit_turns(
     store: Store,
-    durability: Durability,
     soak: Soak,
-    plan: dict[str, Any],
     scheduled: dict[tuple[str, str], int],
-    seen: list[OutboxEvent],
-    recovery: Any,
-) -> list[str]:
-    report: list[str] = []
-    statuses = Counter(w.process.returncode for w in soak.workers)
-    faulted = sum(1 for w in soak.workers if w.fault and w.process.returncode == faults.EXIT_STATUS)
-
+    recovery: Worker,
+    report: list[str],
+) -> None:
     # Turns: every scheduled turn committed once, at its place in its thread.
-    committed = {(t, u): v for t, u, v in store.committed_turns()}
+    rows = store.committed_turns()
+    assert len(rows) == len({(t, u) for t, u, _ in rows})
+    committed = {(t, u): v for t, u, v in rows}
     assert committed == scheduled
     report.append(
         f"turns committed: {len(committed)} of {len(scheduled)} scheduled, each once, "
@@ -307,58 +384,160 @@ async def run_audit(
         f"the committed result; {refused} conflicting requests refused; 0 errors"
     )
 
-    # Provider: each key at most once, every call accounted for by a receipt.
-    calls = Counter(call["key"] for call in read_ledger(soak.ledger))
-    assert [key for key, n in calls.items() if n > 1] == []
+
+async def audit_outcomes(
+    durability: Durability, soak: Soak, plan: dict[str, Any], recovery: Worker, report: list[str]
+) -> list[str]:
+    """Each turn's outcome against its schedule, the receipts and the provider's ledger;
+    returns the keys of the uncertain receipts."""
+    steps = {(o["t"], o["u"]): [tuple(s) for s in o["steps"]] for o in recovery.lines}
+    charge = "payments.charge"
+    outcome: dict[str, str] = {}  # payment intent -> its latest acceptance's outcome
+    failures: Counter[str] = Counter()  # payment intent -> declined acceptances
+    accepted: set[str] = set()
+    rejected: set[str] = set()
+    by_death = 0  # uncertain though the provider would have answered
+    for thread_id, messages in plan["threads"].items():
+        pending: str | None = None
+        for index, message in enumerate(messages):
+            got = steps[(thread_id, turn_id(index))]
+            words = message.split()
+            if words[0] == "charge":
+                assert got == [(charge, "awaiting_confirmation")], (thread_id, index, got)
+                pending = words[1]
+            elif words[0] == "balance":
+                assert got == [("billing.balance", "completed")], (thread_id, index, got)
+            elif pending is None:
+                assert got == [], (thread_id, index, got)  # an answer with nothing pending
+            elif words[0] == "no":
+                assert got == [(charge, "rejected")], (thread_id, index, got)
+                rejected.add(pending)
+                pending = None
+            else:
+                [(capability, status)] = got
+                mode = plan["behaviour"][pending]
+                before = outcome.get(pending)
+                if before in ("completed", "uncertain"):  # deduplicated, or failing closed
+                    allowed = {before}
+                elif mode == "lost_response":
+                    allowed = {"uncertain"}
+                elif mode == "not_applied_once" and failures[pending] == 0:
+                    # Declined at its first attempt; completed if that attempt's turn died
+                    # and its retry ran the second attempt (checked on the receipt below).
+                    allowed = {"failed", "uncertain", "completed"}
+                else:
+                    allowed = {"completed", "uncertain"}
+                assert capability == charge and status in allowed, (thread_id, index, got)
+                if status == "uncertain" and before is None and allowed != {"uncertain"}:
+                    by_death += 1
+                failures[pending] += status == "failed"
+                outcome[pending] = status
+                accepted.add(pending)
+                pending = None
+
+    # Receipts: one per accepted payment intent, in its latest outcome; none for the others.
     receipts = {(r.thread_id, r.key): r for r in await durability.list_receipts()}
     by_key = {key: r for (_, key), r in receipts.items()}  # keys are unique across threads
     assert len(by_key) == len(receipts)
+    assert {key: str(r.status) for key, r in by_key.items()} == {
+        charge_key(pi): status for pi, status in outcome.items()
+    }
+
+    for pi, status in outcome.items():
+        receipt = by_key[charge_key(pi)]
+        if status == "completed":  # the value of the attempt that was applied
+            assert receipt.value["charge_id"] == f"ch_{pi}_{receipt.attempt}"
+            assert receipt.attempt >= (2 if plan["behaviour"][pi] == "not_applied_once" else 1)
+
+    # Provider: each key at most once, every call accounted for by a receipt.
+    calls = Counter(call["key"] for call in read_ledger(soak.ledger))
+    assert [key for key, n in calls.items() if n > 1] == [], "a key reached the provider twice"
+    assert all(key.startswith(CHARGE) for key in calls)
     assert all(by_key[key].status in ("completed", "uncertain") for key in calls)
     completed = {key for key, r in by_key.items() if r.status == "completed"}
     assert completed <= set(calls)
     uncertain = sorted(key for key, r in by_key.items() if r.status == "uncertain")
-    failed = sum(1 for r in by_key.values() if r.status == "failed")
+    never_run = rejected - accepted
+    assert not {charge_key(pi) for pi in never_run} & (set(calls) | set(by_key))
     report.append(
-        f"provider: {len(calls)} keys called, each exactly once; receipts: {len(completed)} "
-        f"completed, {len(uncertain)} uncertain (lost responses and deaths in the provider "
-        f"window), {failed} declined and not retried"
+        f"outcomes as scheduled: {len(accepted)} payment intents accepted, {len(completed)} "
+        f"completed, {len(uncertain)} uncertain ({by_death} of them after a death in the "
+        f"provider window, the rest lost responses), {sum(failures.values())} declined; "
+        f"{len(never_run)} only rejected, never run"
     )
-
-    # Outbox: seen by the relay exactly once, in order, only for committed turns.
-    everything = await read_all_events(durability)
-    assert seen == everything
-    positions = [e.position for e in seen]
-    assert positions == sorted(set(positions)) and len({e.id for e in seen}) == len(seen)
-    if store.kind == "postgres":
-        assert positions == list(range(1, len(seen) + 1))
-    orphans = [
-        e for e in seen if e.turn_id is not None and (e.thread_id, e.turn_id) not in committed
-    ]
-    assert orphans == []
-    announced = Counter(
-        (e.thread_id, e.turn_id, e.payload["version"]) for e in seen if e.type == "turn.committed"
-    )
-    assert announced == Counter((t, u, v) for (t, u), v in committed.items())
-    for thread_id in plan["threads"]:
-        seqs = [e.seq for e in seen if e.thread_id == thread_id]
-        assert seqs == list(range(1, len(seqs) + 1))
-    applied = Counter(e.payload["key"] for e in seen if e.type == "effect.completed")
-    assert all(n == 1 for n in applied.values())
-    assert set(applied) == completed
     report.append(
-        f"events: {len(seen)} delivered to the relay exactly once, in commit order; "
-        f"{len(announced)} turn.committed, {len(applied)} effect.completed (one per applied write)"
+        f"provider: {len(calls)} keys called, none twice; every call accounted for by a "
+        "completed or uncertain receipt"
     )
+    return uncertain
 
-    # Reconciliation: an operator settles every uncertain receipt from the provider's records.
+
+async def reconcile(
+    durability: Durability, soak: Soak, uncertain: list[str], report: list[str]
+) -> None:
+    """An operator settles every uncertain receipt from the provider's records."""
+    calls = {call["key"] for call in read_ledger(soak.ledger)}
+    threads = {r.key: r.thread_id for r in await durability.list_receipts(status="uncertain")}
+    assert sorted(threads) == uncertain
     for key in uncertain:
-        receipt = by_key[key]
         value = {"charge_id": "ch_reconciled", "amount": 0} if key in calls else None
-        await durability.resolve_receipt(receipt.thread_id, key, applied=key in calls, value=value)
+        await durability.resolve_receipt(threads[key], key, applied=key in calls, value=value)
     assert await durability.list_receipts(status="uncertain") == []
     report.append(f"reconciled: {len(uncertain)} uncertain receipts, none left")
 
-    # Checkpoints and locks.
+
+async def audit_outbox(
+    durability: Durability, soak: Soak, plan: dict[str, Any], report: list[str]
+) -> None:
+    everything = await read_all_events(durability)
+    positions = [e.position for e in everything]
+    assert positions == sorted(set(positions)) and len({e.id for e in everything}) == len(
+        everything
+    )
+    if soak.store.kind == "postgres":
+        assert positions == list(range(1, len(everything) + 1))
+    scheduled = {(t, turn_id(i)) for t, ms in plan["threads"].items() for i in range(len(ms))}
+    assert [
+        e for e in everything if e.turn_id is not None and (e.thread_id, e.turn_id) not in scheduled
+    ] == []
+    announced = Counter((e.thread_id, e.turn_id) for e in everything if e.type == "turn.committed")
+    assert set(announced) == scheduled and set(announced.values()) == {1}
+    for thread_id in plan["threads"]:
+        seqs = [e.seq for e in everything if e.thread_id == thread_id]
+        assert seqs == list(range(1, len(seqs) + 1))
+    applied = Counter(e.payload["key"] for e in everything if e.type == "effect.completed")
+    assert set(applied.values()) <= {1}, "an applied write announced twice"
+    resolved = {e.payload["key"] for e in everything if e.type == "receipt.resolved"}
+    completed = {
+        r.key for r in await durability.list_receipts(status="completed") if r.key not in resolved
+    }
+    assert set(applied) == completed
+
+    # The relay: every committed event delivered at least once, each thread in seq order;
+    # an event again only from a later relay process (one killed before marking it).
+    delivered = [json.loads(line) for line in soak.sink.read_text().splitlines()]
+    assert Counter(d["id"] for d in delivered).keys() == {e.id for e in everything}
+    assert len({(d["id"], d["pid"]) for d in delivered}) == len(delivered)
+    for thread_id in plan["threads"]:
+        first = list(dict.fromkeys(d["seq"] for d in delivered if d["thread_id"] == thread_id))
+        assert first == [e.seq for e in everything if e.thread_id == thread_id]
+    again = len(delivered) - len(everything)
+    if not any(r.death for r in soak.relays):
+        assert again == 0
+    backlog = await OutboxRelay(durability, lambda event: None).status()
+    assert backlog.unpublished == 0
+    report.append(
+        f"events: {len(everything)} committed, in commit order, each delivered by "
+        f"OutboxRelay at least once and in its thread's order ({again} again after relay "
+        f"deaths), none left unpublished; {len(announced)} turn.committed (one per turn), "
+        f"{len(applied)} effect.completed (one per write applied by a turn), {len(resolved)} "
+        "receipt.resolved"
+    )
+
+
+async def audit_the_end(
+    durability: Durability, store: Store, soak: Soak, plan: dict[str, Any], report: list[str]
+) -> None:
     for thread_id, messages in plan["threads"].items():
         checkpoint = await durability.load_checkpoint(thread_id)
         assert checkpoint is not None and checkpoint.version == len(messages)
@@ -369,10 +548,29 @@ async def run_audit(
             store.schema,
         )
         assert locks == [(0,)]
+        where = "no advisory lock held by any session of the store"
+    else:
+        held = sqlite_record_locks(store.location + ".locks")
+        assert held in ([], None), f"record locks still held on the lock file: {held}"
+        where = (
+            "no record lock held on the lock file (/proc/locks)"
+            if held is not None
+            else "(/proc/locks unavailable: lock file not checked)"
+        )
+    statuses = Counter(w.process.returncode for w in soak.workers)
     report.append(
-        f"checkpoints: {len(plan['threads'])} threads at their last turn; no lock left; "
-        f"processes: {statuses[-9]} SIGKILLed, {faulted} exited at a fault point, "
-        f"{statuses[0]} finished"
+        f"checkpoints: {len(plan['threads'])} threads at their last turn; {where}; "
+        f"worker exits: {statuses[-9]} SIGKILLed, {statuses[faults.EXIT_STATUS]} at a fault "
+        f"point, {statuses[0]} finished"
     )
-    assert all(key.startswith(CHARGE) for key in calls)
-    return report
+
+
+def sqlite_record_locks(path: str) -> list[str] | None:
+    """Every POSIX record lock any process holds on ``path`` (Linux ``/proc/locks``), or
+    ``None`` where the kernel does not list them."""
+    if not os.path.exists("/proc/locks"):
+        return None
+    stat = os.stat(path)
+    inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    with open("/proc/locks") as locks:
+        return [line.strip() for line in locks if inode in line.split()]
