@@ -8,8 +8,26 @@ request, and with another one), operator reconciliations (valid and refused),
 turns that crash at a fault point (``"raise"`` faults) and their later
 redelivery, and adapter restarts. A small reference model, written from the
 source document's rules and nothing else, predicts each turn's result, and after
-every step the store must agree with it: results, receipts, checkpoint (version,
-pending confirmation, agenda, facts), outbox and the provider's ledger.
+every step the store must agree with it, field by field:
+
+- each result: its steps (capability, status, value), reply, recorded facts
+  (key, value, version), checkpoint version and pending confirmation; a turn that
+  died after its commit is checked when its redelivery replays it;
+- the checkpoint: version, pending confirmation and agenda, facts, the bounded
+  messages (both sides of every committed turn, the last ``MAX_MESSAGES``), and the
+  receipt index (keys, statuses and turns, in recency order, the last
+  ``MAX_RECEIPTS``), all exactly;
+- the receipts (status, attempt, value, announced), the provider's ledger, and the
+  whole outbox of each thread: every event's type, turn and the payload fields a
+  consumer relies on (``fact.recorded`` key and version, ``effect.*`` key, attempt,
+  status, ``turn.committed`` version and steps, ...).
+
+Rules are weighted towards the paths a uniform walk seldom takes (a crash inside
+the provider window of a charge that would call the provider, an acceptance that
+meets a dead attempt's ``prepared`` receipt, a crash right after committing a
+charge), and the run records which (fault point, path) combinations it met: the
+test fails if one of :func:`required_paths` never occurred, so a budget or a rule
+change cannot quietly stop exploring them.
 
 The run is bounded for CI by the hypothesis profile (``tests/conftest.py``):
 deterministic in CI, fresh examples on every local run; ``--hypothesis-profile=
@@ -20,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +65,7 @@ from intention_kernel import (
 from intention_kernel.durability import Durability
 from intention_kernel.testing import InMemoryDurability, faults
 from intention_kernel.testing.agents import billing_agent
+from intention_kernel.turns import OutboxEvent
 from proving_support import LedgerProvider, Store, charge_key, drop_schema, new_schema
 
 T = TypeVar("T")
@@ -53,6 +73,8 @@ T = TypeVar("T")
 THREADS = ("a", "b")
 PAYMENT_INTENTS = ("pi_1", "pi_2", "pi_3")
 BEHAVIOURS = ("ok", "ok", "not_applied", "lost_response")
+MAX_MESSAGES = 6  # small, so that every example bounds the conversation
+MAX_RECEIPTS = 2  # smaller than the payment intents, so that the index is bounded too
 ALWAYS_REACHED = (
     faults.AFTER_LOCK,
     faults.AFTER_CHECKPOINT_LOAD,
@@ -65,6 +87,52 @@ REACHED_WHEN_CALLING = (
     faults.IN_PROVIDER_AFTER_WRITE,
     faults.AFTER_RECEIPT_COMPLETED,
 )
+CALLS = "calls the provider"  # the path of an acceptance whose charge reaches the provider
+
+CHARGE = "payments.charge"
+BALANCE = "billing.balance"
+NOTHING_PENDING = "There is nothing waiting for an answer, so nothing was done."
+UNCERTAIN_REPLY = (
+    "Charge a payment intent may or may not have taken effect, so it will not be retried "
+    "until someone checks it."
+)
+
+# The payload fields of each event type that the model predicts (the others are IDs).
+PAYLOAD_FIELDS = {
+    "turn.committed": ("version", "steps"),
+    "interaction.opened": ("kind", "capability_id", "prompt"),
+    "interaction.resolved": ("capability_id", "resolution"),
+    "fact.recorded": ("key", "version"),
+    "effect.completed": ("key", "attempt", "status"),
+    "effect.failed": ("key", "attempt", "status", "attempted"),
+    "effect.uncertain": ("key", "attempt", "status", "attempted"),
+    "billing.charged": ("payment_intent_id",),
+    "receipt.resolved": ("key", "applied", "status", "previous_status"),
+}
+
+Event = tuple[str | None, str, dict[str, Any]]  # turn, type, predicted payload fields
+
+
+def project(event: OutboxEvent) -> Event:
+    payload = {name: event.payload[name] for name in PAYLOAD_FIELDS[event.type]}
+    if event.type == "turn.committed":
+        payload["steps"] = [(s["capability_id"], s["status"]) for s in payload["steps"]]
+    return event.turn_id, event.type, payload
+
+
+def prompt(pi: str, amount: int) -> str:
+    return f"Charge {amount} to {pi}?"
+
+
+def summary(result: TurnResult) -> dict[str, Any]:
+    """What the model predicts of a result."""
+    return {
+        "version": result.checkpoint_version,
+        "reply": result.reply,
+        "steps": [(s.capability_id, str(s.status), s.value) for s in result.steps],
+        "facts": [(f.key, f.value, f.version) for f in result.facts],
+        "pending": None if result.interaction is None else result.interaction.input,
+    }
 
 
 # -- the reference model ---------------------------------------------------------------------
@@ -75,8 +143,15 @@ class ReceiptModel:
     status: str
     attempt: int
     value: Any
-    turn_id: str
+    turn_id: str  # the turn of the receipt's latest attempt
     announced: bool = False  # a committed event announced the applied write
+
+
+@dataclass
+class Committed:
+    message: str
+    expected: dict[str, Any]  # the result's summary, as the model predicted it
+    result: dict[str, Any] | None  # the result as first returned; None if never returned
 
 
 @dataclass
@@ -86,36 +161,42 @@ class ThreadModel:
     version: int = 0
     pending: tuple[str, int] | None = None  # the charge awaiting confirmation
     receipts: dict[str, ReceiptModel] = field(default_factory=dict)
+    index: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (status, turn)
     facts: dict[str, tuple[Any, int]] = field(default_factory=dict)  # key -> (value, version)
-    committed: dict[str, tuple[str, dict[str, Any] | None]] = field(default_factory=dict)
+    messages: list[tuple[str, str, str]] = field(default_factory=list)  # role, content, turn
+    committed: dict[str, Committed] = field(default_factory=dict)
     in_doubt: list[str] = field(default_factory=list)  # crashed deliveries, uncommitted
-    events: int = 0
+    events: list[Event] = field(default_factory=list)
     turns: int = 0
-
-    def record_fact(self, key: str, value: Any) -> None:
-        version = self.facts[key][1] + 1 if key in self.facts else 1
-        self.facts[key] = (value, version)
 
 
 @dataclass
 class Expected:
-    """One turn's predicted outcome: step statuses and values, and its event types."""
+    """One turn's predicted outcome, before its commit. ``noted``: the receipts its steps
+    touched, in order; ``facts``: (key, value) recorded; ``events``: all but the final
+    ``turn.committed``."""
 
-    steps: list[tuple[str, Any]]
-    events: list[str]
     pending: tuple[str, int] | None
+    steps: list[tuple[str, str, Any]] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+    facts: list[tuple[str, Any]] = field(default_factory=list)
+    noted: list[str] = field(default_factory=list)
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 # -- the machine -----------------------------------------------------------------------------
 
 
 class Harness:
-    """One event loop and one store for a whole test; one adapter per example."""
+    """One event loop and one store for a whole test; one adapter per example. ``paths``
+    counts the (rule or fault point, path) combinations met over the whole run."""
 
     def __init__(self, store: Store | None, ledger: Path) -> None:
         self.store = store
         self.ledger = ledger
         self.loop = asyncio.new_event_loop()
+        self.paths: Counter[tuple[str, str]] = Counter()
+        self.steps = 0
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coroutine)
@@ -130,6 +211,39 @@ class Harness:
         self.loop.close()
 
 
+def required_paths(store: Store | None) -> set[tuple[str, str]]:
+    """What every run must have met at least once: a death at every fault point of an
+    acceptance that calls the provider (the in-memory commit has no "during"), every state
+    an acceptance can meet, a replay of a turn that died after its commit, and both
+    reconciliations."""
+    crashes = [p for p in faults.POINTS if store is not None or p != faults.DURING_COMMIT]
+    return {
+        *((point, CALLS) for point in crashes),
+        ("accept", "new"),
+        ("accept", "failed: retried"),
+        ("accept", "completed: deduplicated"),
+        ("accept", "completed by a turn that never committed"),
+        ("accept", "uncertain: fails closed"),
+        ("accept", "prepared by a dead attempt: fails closed"),
+        ("accept", "nothing pending"),
+        ("redeliver", "a turn that died after its commit"),
+        ("reconcile", "applied"),
+        ("reconcile", "not applied"),
+    }
+
+
+def dies_at(point: str) -> Callable[..., None]:
+    """A scenario rule: :meth:`ConversationMachine.charge_that_dies` at ``point``."""
+
+    @precondition(lambda self: self.fresh_charges())
+    @rule(data=st.data(), then=st.sampled_from(BEHAVIOURS))
+    def scenario(self: ConversationMachine, data: st.DataObject, then: str) -> None:
+        self.charge_that_dies(*self.draw_a_fresh_charge(data), point, then)
+
+    scenario.__name__ = scenario.__qualname__ = f"a_charge_dies_at_{point}"
+    return scenario
+
+
 class ConversationMachine(RuleBasedStateMachine):
     harness: Harness  # set by the test before running
 
@@ -138,7 +252,7 @@ class ConversationMachine(RuleBasedStateMachine):
         self.prefix = uuid.uuid4().hex[:8]  # examples share the store, never a thread
         self.provider = LedgerProvider(path=str(self.harness.ledger), sync=False)
         self.durability = self.harness.open()
-        self.kernel = Kernel(billing_agent(self.provider), self.durability)
+        self.kernel = self.new_kernel()
         self.threads = {name: ThreadModel() for name in THREADS}
         self.ledger: list[str] = []
 
@@ -147,6 +261,14 @@ class ConversationMachine(RuleBasedStateMachine):
         self.harness.run(self.durability.aclose())
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def new_kernel(self) -> Kernel:
+        agent = billing_agent(self.provider, max_messages=MAX_MESSAGES, max_receipts=MAX_RECEIPTS)
+        return Kernel(agent, self.durability)
+
+    def met(self, what: str, path: str) -> None:
+        """Count a (rule or fault point, path) combination this run met."""
+        self.harness.paths[(what, path)] += 1
 
     def tid(self, name: str) -> str:
         return f"{self.prefix}-{name}"
@@ -159,29 +281,52 @@ class ConversationMachine(RuleBasedStateMachine):
     def deliver(self, name: str, turn_id: str, message: str) -> TurnResult:
         return self.harness.run(self.kernel.turn(self.tid(name), turn_id, message))
 
+    def record_fact(self, model: ThreadModel, key: str, value: Any, expected: Expected) -> None:
+        version = model.facts[key][1] + 1 if key in model.facts else 1
+        model.facts[key] = (value, version)
+        expected.facts.append((key, value))
+        expected.events.append(("fact.recorded", {"key": key, "version": version}))
+
     def commit(
         self, name: str, turn_id: str, message: str, result: TurnResult | None, expected: Expected
     ) -> None:
-        """Fold a committed turn into the model, checking its result and its events."""
+        """Fold a committed turn into the model, and check its result (if it returned one)
+        and its events."""
         model = self.threads[name]
         model.version += 1
         model.pending = expected.pending
-        model.events += len(expected.events)
-        model.committed[turn_id] = (message, result.to_dict() if result else None)
+        reply = "\n".join(expected.replies) or "Sorry, I could not find anything to do for that."
+        predicted = {
+            "version": model.version,
+            "reply": reply,
+            "steps": expected.steps,
+            "facts": [(k, v, model.facts[k][1]) for k, v in expected.facts],
+            "pending": None
+            if expected.pending is None
+            else {"payment_intent_id": expected.pending[0], "amount": expected.pending[1]},
+        }
+        steps = [(capability, status) for capability, status, _ in expected.steps]
+        events: list[Event] = [(turn_id, t, p) for t, p in expected.events]
+        events.append((turn_id, "turn.committed", {"version": model.version, "steps": steps}))
+        model.events.extend(events)
+        model.messages += [("user", message, turn_id), ("assistant", reply, turn_id)]
+        del model.messages[:-MAX_MESSAGES]
+        for key in expected.noted:
+            receipt = model.receipts[key]
+            model.index.pop(key, None)  # the index keeps recency order
+            model.index[key] = (receipt.status, receipt.turn_id)
+        for key in list(model.index)[:-MAX_RECEIPTS]:
+            del model.index[key]
+        model.committed[turn_id] = Committed(
+            message, predicted, result.to_dict() if result is not None else None
+        )
         if turn_id in model.in_doubt:
             model.in_doubt.remove(turn_id)
         if result is not None:
             assert not result.replayed
-            assert result.checkpoint_version == model.version
-            assert [(s.status, s.value) for s in result.steps] == expected.steps, result
-            if expected.pending is None:
-                assert result.interaction is None
-            else:
-                assert result.interaction is not None
-                pi, amount = expected.pending
-                assert result.interaction.input == {"payment_intent_id": pi, "amount": amount}
-        events = self.harness.run(self.durability.read_outbox(self.tid(name), limit=1000))
-        assert [e.type for e in events if e.turn_id == turn_id] == expected.events
+            assert summary(result) == predicted, result
+        outbox = self.harness.run(self.durability.read_outbox(self.tid(name), limit=1000))
+        assert [project(e) for e in outbox if e.turn_id == turn_id] == events
 
     # -- what the source document says each turn does ----------------------------------------
 
@@ -189,39 +334,67 @@ class ConversationMachine(RuleBasedStateMachine):
         """Accepting: the pending charge runs exactly once per key, whatever came before."""
         model = self.threads[name]
         if model.pending is None:
-            return Expected([], ["turn.committed"], None)
+            self.met("accept", "nothing pending")
+            return Expected(None, replies=[NOTHING_PENDING])
         pi, amount = model.pending
         key = charge_key(pi)
         receipt = model.receipts.get(key)
-        events = ["interaction.resolved"]
+        expected = Expected(None, noted=[key])
+        expected.events.append(
+            ("interaction.resolved", {"capability_id": CHARGE, "resolution": "accepted"})
+        )
+
+        def effect(status: str, receipt: ReceiptModel) -> None:
+            payload: dict[str, Any] = {"key": key, "attempt": receipt.attempt, "status": status}
+            if status != "completed":
+                payload["attempted"] = receipt.turn_id == turn_id
+            expected.events.append((f"effect.{status}", payload))
+
         if receipt is None or receipt.status == "failed":
+            self.met("accept", "new" if receipt is None else "failed: retried")
             attempt = receipt.attempt + 1 if receipt else 1
             if behaviour == "not_applied":
-                model.receipts[key] = ReceiptModel("failed", attempt, None, turn_id)
-                return Expected(
-                    [("failed", None)], [*events, "effect.failed", "turn.committed"], None
+                receipt = model.receipts[key] = ReceiptModel("failed", attempt, None, turn_id)
+                effect("failed", receipt)
+                expected.steps.append((CHARGE, "failed", None))
+                expected.replies.append(
+                    f"Could not complete {CHARGE}: EffectNotAppliedError: card declined for {pi}"
                 )
+                return expected
             self.ledger.append(key)
             if behaviour == "lost_response":
-                model.receipts[key] = ReceiptModel("uncertain", attempt, None, turn_id)
-                return Expected(
-                    [("uncertain", None)], [*events, "effect.uncertain", "turn.committed"], None
-                )
+                receipt = model.receipts[key] = ReceiptModel("uncertain", attempt, None, turn_id)
+                effect("uncertain", receipt)
+                expected.steps.append((CHARGE, "uncertain", None))
+                expected.replies.append(UNCERTAIN_REPLY)
+                return expected
             value = {"charge_id": f"ch_{pi}_{attempt}", "amount": amount}
             receipt = model.receipts[key] = ReceiptModel("completed", attempt, value, turn_id)
             receipt.announced = True
-            events.append("effect.completed")
+            effect("completed", receipt)
         elif receipt.status in ("uncertain", "prepared"):
-            receipt.status = "uncertain"  # a dead attempt's "prepared" fails closed
-            return Expected(
-                [("uncertain", None)], [*events, "effect.uncertain", "turn.committed"], None
+            self.met(
+                "accept",
+                "uncertain: fails closed"
+                if receipt.status == "uncertain"
+                else "prepared by a dead attempt: fails closed",
             )
+            receipt.status = "uncertain"  # a dead attempt's "prepared" fails closed
+            effect("uncertain", receipt)
+            expected.steps.append((CHARGE, "uncertain", None))
+            expected.replies.append(UNCERTAIN_REPLY)
+            return expected
         elif not receipt.announced:  # completed by a turn that never committed: announce it
+            self.met("accept", "completed by a turn that never committed")
             receipt.announced = True
-            events.append("effect.completed")
-        model.record_fact(f"charge.{pi}", receipt.value)
-        events += ["fact.recorded", "billing.charged", "turn.committed"]
-        return Expected([("completed", receipt.value)], events, None)
+            effect("completed", receipt)
+        else:
+            self.met("accept", "completed: deduplicated")
+        self.record_fact(model, f"charge.{pi}", receipt.value, expected)
+        expected.events.append(("billing.charged", {"payment_intent_id": pi}))
+        expected.steps.append((CHARGE, "completed", receipt.value))
+        expected.replies.append(f"Charged {amount} to {pi}.")
+        return expected
 
     # -- rules -----------------------------------------------------------------------------
 
@@ -233,13 +406,19 @@ class ConversationMachine(RuleBasedStateMachine):
     def propose(self, name: str, pi: str, amount: int) -> None:
         model = self.threads[name]
         turn_id, message = self.new_turn(name), f"charge {pi} {amount}"
-        superseded = ["interaction.resolved"] if model.pending else []
         result = self.deliver(name, turn_id, message)
-        expected = Expected(
-            [("awaiting_confirmation", None)],
-            [*superseded, "interaction.opened", "turn.committed"],
-            (pi, amount),
+        expected = Expected((pi, amount), replies=[prompt(pi, amount)])
+        if model.pending:
+            expected.events.append(
+                ("interaction.resolved", {"capability_id": CHARGE, "resolution": "superseded"})
+            )
+        expected.events.append(
+            (
+                "interaction.opened",
+                {"kind": "confirmation", "capability_id": CHARGE, "prompt": prompt(pi, amount)},
+            )
         )
+        expected.steps.append((CHARGE, "awaiting_confirmation", None))
         self.commit(name, turn_id, message, result, expected)
 
     @rule(
@@ -263,17 +442,36 @@ class ConversationMachine(RuleBasedStateMachine):
         result = self.deliver(name, turn_id, "yes")
         self.commit(name, turn_id, "yes", result, expected)
 
+    def dead_attempts(self) -> list[str]:
+        """Threads whose pending charge meets a ``prepared`` receipt of a dead attempt."""
+        return [
+            name
+            for name, model in self.threads.items()
+            if model.pending is not None
+            and getattr(model.receipts.get(charge_key(model.pending[0])), "status", None)
+            == "prepared"
+        ]
+
+    @precondition(lambda self: self.dead_attempts())
+    @rule(data=st.data(), behaviour=st.sampled_from(BEHAVIOURS))
+    def accept_after_a_dead_attempt(self, data: st.DataObject, behaviour: str) -> None:
+        """The person answers again after the accepting turn died inside the provider
+        window: the charge must fail closed, whatever the provider would say now."""
+        self.accept(data.draw(st.sampled_from(self.dead_attempts())), behaviour)
+
     @rule(name=st.sampled_from(THREADS))
     def reject(self, name: str) -> None:
         model = self.threads[name]
         turn_id = self.new_turn(name)
         result = self.deliver(name, turn_id, "no")
         if model.pending is None:
-            expected = Expected([], ["turn.committed"], None)
+            expected = Expected(None, replies=[NOTHING_PENDING])
         else:
-            expected = Expected(
-                [("rejected", None)], ["interaction.resolved", "turn.committed"], None
+            expected = Expected(None, replies=[f"Cancelled. ({prompt(*model.pending)})"])
+            expected.events.append(
+                ("interaction.resolved", {"capability_id": CHARGE, "resolution": "rejected"})
             )
+            expected.steps.append((CHARGE, "rejected", None))
         self.commit(name, turn_id, "no", result, expected)
 
     @rule(name=st.sampled_from(THREADS), due=st.integers(1, 9999))
@@ -281,10 +479,9 @@ class ConversationMachine(RuleBasedStateMachine):
         model = self.threads[name]
         turn_id, message = self.new_turn(name), f"balance {due}"
         result = self.deliver(name, turn_id, message)
-        model.record_fact("balance", due)
-        expected = Expected(
-            [("completed", {"due": due})], ["fact.recorded", "turn.committed"], model.pending
-        )
+        expected = Expected(model.pending, replies=[f"You owe {due}."])
+        expected.steps.append((BALANCE, "completed", {"due": due}))
+        self.record_fact(model, "balance", due, expected)
         self.commit(name, turn_id, message, result, expected)
 
     @precondition(lambda self: any(m.committed for m in self.threads.values()))
@@ -294,24 +491,44 @@ class ConversationMachine(RuleBasedStateMachine):
         if elsewhere:
             self.restart()
         name = data.draw(st.sampled_from([n for n in THREADS if self.threads[n].committed]))
-        model = self.threads[name]
-        turn_id = data.draw(st.sampled_from(sorted(model.committed)))
-        message, stored = model.committed[turn_id]
+        self.redeliver_turn(name, data.draw(st.sampled_from(sorted(self.threads[name].committed))))
+
+    def redeliver_turn(self, name: str, turn_id: str) -> None:
+        committed = self.threads[name].committed[turn_id]
         calls = len(self.provider.ledger)
-        replayed = self.deliver(name, turn_id, message)
+        replayed = self.deliver(name, turn_id, committed.message)
         assert replayed.replayed
-        if stored is None:  # committed by a turn that crashed before answering
-            model.committed[turn_id] = (message, dict(replayed.to_dict(), replayed=False))
+        if committed.result is None:  # committed by a turn that died before answering
+            self.met("redeliver", "a turn that died after its commit")
+            assert summary(replayed) == committed.expected, replayed
+            committed.result = dict(replayed.to_dict(), replayed=False)
         else:
-            assert replayed.to_dict() == dict(stored, replayed=True)
+            assert replayed.to_dict() == dict(committed.result, replayed=True)
         assert len(self.provider.ledger) == calls
+
+    def unanswered(self) -> list[tuple[str, str]]:
+        """(thread, turn) of committed turns whose result was never returned."""
+        return [
+            (name, turn_id)
+            for name in THREADS
+            for turn_id, committed in sorted(self.threads[name].committed.items())
+            if committed.result is None
+        ]
+
+    @precondition(lambda self: self.unanswered())
+    @rule(data=st.data())
+    def redeliver_a_turn_that_died_after_its_commit(self, data: st.DataObject) -> None:
+        """The host retries the delivery whose worker died after committing it: the
+        replay must be the result the model predicted for that turn."""
+        name, turn_id = data.draw(st.sampled_from(self.unanswered()))
+        self.redeliver_turn(name, turn_id)
 
     @precondition(lambda self: any(m.committed for m in self.threads.values()))
     @rule(data=st.data())
     def redeliver_another_request(self, data: st.DataObject) -> None:
         name = data.draw(st.sampled_from([n for n in THREADS if self.threads[n].committed]))
         turn_id = data.draw(st.sampled_from(sorted(self.threads[name].committed)))
-        message = self.threads[name].committed[turn_id][0]
+        message = self.threads[name].committed[turn_id].message
         with pytest.raises(TurnConflictError):
             self.deliver(name, turn_id, "balance 1" if message != "balance 1" else "no")
 
@@ -330,11 +547,16 @@ class ConversationMachine(RuleBasedStateMachine):
     def reconcile(self, data: st.DataObject, applied: bool) -> None:
         """An operator resolves an uncertain receipt from the provider's records."""
         name, key = data.draw(st.sampled_from(self.resolvable()))
+        self.resolve(name, key, applied=applied)
+
+    def resolve(self, name: str, key: str, *, applied: bool) -> None:
+        self.met("reconcile", "applied" if applied else "not applied")
         value = {"charge_id": "ch_found_by_ops", "amount": 1} if applied else None
         resolved = self.harness.run(
             self.durability.resolve_receipt(self.tid(name), key, applied=applied, value=value)
         )
         receipt = self.threads[name].receipts[key]
+        previous = receipt.status
         receipt.status, receipt.value = ("completed", value) if applied else ("failed", None)
         receipt.announced = applied  # by the receipt.resolved event
         assert (resolved.status, resolved.attempt, resolved.value) == (
@@ -342,7 +564,18 @@ class ConversationMachine(RuleBasedStateMachine):
             receipt.attempt,
             receipt.value,
         )
-        self.threads[name].events += 1  # receipt.resolved
+        self.threads[name].events.append(
+            (
+                None,
+                "receipt.resolved",
+                {
+                    "key": key,
+                    "applied": applied,
+                    "status": receipt.status,
+                    "previous_status": previous,
+                },
+            )
+        )
 
     @rule(name=st.sampled_from(THREADS), pi=st.sampled_from(PAYMENT_INTENTS))
     def reconcile_refused(self, name: str, pi: str) -> None:
@@ -365,6 +598,10 @@ class ConversationMachine(RuleBasedStateMachine):
         pi = model.pending[0] if model.pending else None
         receipt = model.receipts.get(charge_key(pi)) if pi else None
         calls_provider = pi is not None and (receipt is None or receipt.status == "failed")
+        if calls_provider:
+            self.met(point, CALLS)
+        else:
+            self.met(point, "nothing pending" if pi is None else f"meets {receipt.status}")  # type: ignore[union-attr]
         turn_id = self.new_turn(name)
         if pi is not None:
             self.provider.behaviour[pi] = "ok"
@@ -402,6 +639,79 @@ class ConversationMachine(RuleBasedStateMachine):
         value = {"charge_id": f"ch_{pi}_{attempt}", "amount": model.pending[1]}
         model.receipts[key] = ReceiptModel("completed", attempt, value, turn_id)
 
+    def fresh_charges(self) -> list[tuple[str, str]]:
+        """(thread, payment intent) whose acceptance would call the provider."""
+        return [
+            (name, pi)
+            for name in THREADS
+            for pi in PAYMENT_INTENTS
+            if getattr(self.threads[name].receipts.get(charge_key(pi)), "status", "failed")
+            == "failed"
+        ]
+
+    # -- scenarios: short conversations that take the paths a uniform walk seldom takes -----
+    # Each is a rule of its own with no choice of fault point (hypothesis draws a rule's
+    # arguments far less evenly than it seems), on a charge whose acceptance reaches the
+    # provider. The test also plays each once before the walk (see TOUR).
+
+    def draw_a_fresh_charge(self, data: st.DataObject) -> tuple[str, str, int]:
+        name, pi = data.draw(st.sampled_from(self.fresh_charges()))
+        return name, pi, data.draw(st.sampled_from([100, 250]))
+
+    def charge_that_dies(self, name: str, pi: str, amount: int, point: str, then: str) -> None:
+        """Propose a charge, let its acceptance die at ``point``, then go on as a host or
+        a person would: the host retries the same delivery; after a death with
+        ``prepared`` or ``completed`` durable, the person's answer arrives again under a
+        new delivery ID (the provider would now behave as ``then``), and must fail
+        closed, or reuse the completed receipt."""
+        self.propose(name, pi, amount)
+        self.crash_while_accepting(name, point)
+        if point == faults.AFTER_COMMIT:
+            self.redeliver_turn(name, f"turn-{self.threads[name].turns}")
+        elif point in REACHED_WHEN_CALLING:
+            self.accept(name, then)
+        else:
+            self.redeliver_crashed_turn(name, self.threads[name].in_doubt[-1])
+
+    def charge_declined_then_tried_again(self, name: str, pi: str, amount: int, then: str) -> None:
+        """The provider declines (not applied): the receipt is ``failed``, and the next
+        acceptance of the same charge calls the provider again, as the next attempt of
+        the same receipt."""
+        self.propose(name, pi, amount)
+        self.accept(name, "not_applied")
+        self.propose(name, pi, amount)
+        self.accept(name, then)
+
+    def charge_lost_then_reconciled(self, name: str, pi: str, amount: int, applied: bool) -> None:
+        """A lost response fails closed on the next acceptance; an operator resolves it,
+        and the charge goes on (the stored value, or a second attempt)."""
+        self.propose(name, pi, amount)
+        self.accept(name, "lost_response")
+        self.propose(name, pi, amount)
+        self.accept(name, "ok")  # fails closed
+        self.resolve(name, charge_key(pi), applied=applied)
+        self.propose(name, pi, amount)
+        self.accept(name, "ok")
+
+    die_after_the_lock = dies_at(faults.AFTER_LOCK)
+    die_after_loading_the_checkpoint = dies_at(faults.AFTER_CHECKPOINT_LOAD)
+    die_after_preparing_the_receipt = dies_at(faults.AFTER_RECEIPT_PREPARED)
+    die_in_the_provider_after_its_write = dies_at(faults.IN_PROVIDER_AFTER_WRITE)
+    die_after_completing_the_receipt = dies_at(faults.AFTER_RECEIPT_COMPLETED)
+    die_before_the_commit = dies_at(faults.BEFORE_COMMIT)
+    die_during_the_commit = dies_at(faults.DURING_COMMIT)
+    die_after_the_commit = dies_at(faults.AFTER_COMMIT)
+
+    @precondition(lambda self: self.fresh_charges())
+    @rule(data=st.data(), then=st.sampled_from(BEHAVIOURS))
+    def decline_then_try_again(self, data: st.DataObject, then: str) -> None:
+        self.charge_declined_then_tried_again(*self.draw_a_fresh_charge(data), then)
+
+    @precondition(lambda self: self.fresh_charges())
+    @rule(data=st.data(), applied=st.booleans())
+    def lose_a_response_then_reconcile(self, data: st.DataObject, applied: bool) -> None:
+        self.charge_lost_then_reconciled(*self.draw_a_fresh_charge(data), applied)
+
     @precondition(lambda self: any(m.in_doubt for m in self.threads.values()))
     @rule(data=st.data(), elsewhere=st.booleans())
     def redeliver_a_crashed_turn(self, data: st.DataObject, elsewhere: bool) -> None:
@@ -410,7 +720,9 @@ class ConversationMachine(RuleBasedStateMachine):
         if elsewhere:
             self.restart()
         name = data.draw(st.sampled_from([n for n in THREADS if self.threads[n].in_doubt]))
-        turn_id = data.draw(st.sampled_from(self.threads[name].in_doubt))
+        self.redeliver_crashed_turn(name, data.draw(st.sampled_from(self.threads[name].in_doubt)))
+
+    def redeliver_crashed_turn(self, name: str, turn_id: str) -> None:
         pending = self.threads[name].pending
         if pending is not None:
             self.provider.behaviour[pending[0]] = "ok"
@@ -423,12 +735,13 @@ class ConversationMachine(RuleBasedStateMachine):
             return  # the in-memory adapter's state is the instance
         self.harness.run(self.durability.aclose())
         self.durability = self.harness.open()
-        self.kernel = Kernel(billing_agent(self.provider), self.durability)
+        self.kernel = self.new_kernel()
 
     # -- after every step ------------------------------------------------------------------
 
     @invariant()
     def the_store_agrees_with_the_model(self) -> None:
+        self.harness.steps += 1
         assert self.provider.ledger == self.ledger  # each key at most once, never behind
         for name, model in self.threads.items():
             thread_id = self.tid(name)
@@ -451,21 +764,18 @@ class ConversationMachine(RuleBasedStateMachine):
                     ]
                 facts = {key: (r.value, r.version) for key, r in checkpoint.facts.items()}
                 assert facts == model.facts
-                # The checkpoint's receipt index: one entry per key, none of another thread.
-                index = [r.key for r in checkpoint.receipts]
-                assert len(index) == len(set(index)), f"a key indexed twice: {index}"
-                assert set(index) <= set(model.receipts)
+                messages = [(m.role, m.content, m.turn_id) for m in checkpoint.messages]
+                assert messages == model.messages
+                index = [(r.key, (str(r.status), r.turn_id)) for r in checkpoint.receipts]
+                assert index == list(model.index.items())
             receipts = self.harness.run(self.durability.list_receipts(thread_id))
             assert {r.key: (str(r.status), r.attempt, r.value, r.announced) for r in receipts} == {
                 key: (r.status, r.attempt, r.value, r.announced)
                 for key, r in model.receipts.items()
             }
             events = self.harness.run(self.durability.read_outbox(thread_id, limit=1000))
-            assert len(events) == model.events
+            assert [project(e) for e in events] == model.events
             assert [e.seq for e in events] == list(range(1, len(events) + 1))
-            assert {e.turn_id for e in events} <= {*model.committed, None}
-            committed = [e.turn_id for e in events if e.type == "turn.committed"]
-            assert sorted(committed) == sorted(model.committed)
 
 
 # -- one test per adapter --------------------------------------------------------------------
@@ -488,8 +798,44 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]
         drop_schema(store.location, schema)  # type: ignore[union-attr]
 
 
+# Every scenario once, each on threads of its own, before the walk: so that every run,
+# whatever hypothesis draws, checks each required path against the model.
+TOUR: tuple[Callable[[ConversationMachine], None], ...] = (
+    *(
+        lambda machine, point=point: machine.charge_that_dies("a", "pi_1", 100, point, "ok")
+        for point in faults.POINTS
+    ),
+    lambda machine: machine.charge_declined_then_tried_again("a", "pi_1", 100, "ok"),
+    lambda machine: machine.charge_lost_then_reconciled("a", "pi_1", 100, applied=True),
+    lambda machine: machine.charge_lost_then_reconciled("a", "pi_1", 100, applied=False),
+    lambda machine: machine.accept("a", "ok"),  # nothing pending
+)
+
+
 def test_random_conversations_match_the_reference_model(harness: Harness) -> None:
-    machine: Callable[[], ConversationMachine] = type(  # a subclass bound to this store
+    machine: type[ConversationMachine] = type(  # a subclass bound to this store
         "Machine", (ConversationMachine,), {"harness": harness}
     )
+    required = required_paths(harness.store)
+    for play in TOUR:
+        toured = machine()
+        try:
+            play(toured)
+            toured.the_store_agrees_with_the_model()
+        finally:
+            toured.teardown()
+    missing = required - set(harness.paths)
+    assert not missing, f"the tour never met {sorted(missing)}"
+
+    harness.paths.clear()
     run_state_machine_as_test(machine, settings=settings())
+    met = sorted(f"{what} / {path}: {n}" for (what, path), n in harness.paths.items())
+    print(f"{harness.steps} checks of the store; the walk met:\n  " + "\n  ".join(met))
+    missing = required - set(harness.paths)
+    # The CI profile draws the same walk each run: there, a rule or budget change that
+    # stops the walk reaching a path fails. A random local walk may miss one by chance
+    # (the tour checked it anyway), which is reported, not failed.
+    if settings().derandomize:
+        assert not missing, f"the walk never met {sorted(missing)}; it met:\n" + "\n".join(met)
+    elif missing:
+        print(f"this random walk never met {sorted(missing)} (the tour did)")
