@@ -92,6 +92,20 @@ settings.load_profile("ci" if os.environ.get("CI") or REQUIRE_SERVICES else "dev
 # -- the soak's size ---------------------------------------------------------------------------
 
 
+SOAK_TIMEOUT = 600  # seconds, for the CI-sized soak (tests/test_soak.py)
+SOAK_CI_TURNS = 2400
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A longer soak (``--soak-turns``) gets a timeout in proportion."""
+    turns = config.getoption("--soak-turns")
+    if turns and turns > SOAK_CI_TURNS:
+        timeout = SOAK_TIMEOUT * turns // SOAK_CI_TURNS
+        for item in items:
+            if item.get_closest_marker("soak"):
+                item.add_marker(pytest.mark.timeout(timeout), append=False)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--soak-turns",

@@ -63,7 +63,7 @@ from proving_support import (
     read_ledger,
 )
 
-pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.timeout(600)]  # see conftest
 
 WORKER = Path(__file__).with_name("soak_worker.py")
 RELAY = Path(__file__).with_name("relay_worker.py")
@@ -72,6 +72,7 @@ THREADS = 16
 WORKERS = 4
 TASKS = 4
 KILLS_PER_TURN = 1 / 200  # about a dozen in the CI run
+MAX_KILLS = 40  # each replacement walks every thread from its start again (replays)
 KILLED_UNTIL = 0.9  # of the scheduled turns committed: kills are spread up to there
 RELAY_KILLS = 0.2  # of the kills, aimed at the relay
 REPLACEMENTS_WITH_A_FAULT = 0.4
@@ -306,9 +307,8 @@ async def kill_through_the_run(soak: Soak, total: int) -> None:
     run by progress: each when a random share of the turns, up to :data:`KILLED_UNTIL`,
     has committed. Every worker that dies meanwhile (killed, or at its own fault point)
     is replaced, some replacements armed to die at a fault point."""
-    moments = sorted(
-        soak.rng.uniform(0.02, KILLED_UNTIL) for _ in range(max(6, round(total * KILLS_PER_TURN)))
-    )
+    kills = min(max(6, round(total * KILLS_PER_TURN)), MAX_KILLS)
+    moments = sorted(soak.rng.uniform(0.02, KILLED_UNTIL) for _ in range(kills))
     replaced: set[int] = set()
 
     async def replace_the_dead() -> None:
