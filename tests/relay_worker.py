@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.outbox import OutboxRelay
 from intention_kernel.turns import OutboxEvent
 from proving_support import append_line, open_store
@@ -54,10 +55,9 @@ async def main(config: dict[str, Any]) -> None:
         await asyncio.to_thread(wait_for_the_stop_file)
         stop.set()
 
-    async with (
-        open_store(config["store"]) as store,
-        OutboxRelay(store, publish, poll_interval=POLL_INTERVAL) as relay,
-    ):
+    store = open_store(config["store"])
+    assert isinstance(store, RecordedDurability)  # every bundled adapter is one
+    async with store, OutboxRelay(store, publish, poll_interval=POLL_INTERVAL) as relay:
         watching = asyncio.create_task(watch())
         await relay.run(stop)
         await watching

@@ -364,8 +364,8 @@ async def reconcile_and_go_on(durability: Durability, ledger: Path, case: Case) 
     scenario, outcome = case.scenario, case.outcome
     provider = LedgerProvider(path=str(ledger))
     kernel = Kernel(proving_agent(provider), durability)
-    for (key, value), step in zip(scenario.effects, outcome.steps, strict=True):
-        if step == "uncertain":
+    for (key, value), status in zip(scenario.effects, outcome.steps, strict=True):
+        if status == "uncertain":
             applied = key in ledger_keys(ledger)
             resolved = await durability.resolve_receipt(
                 scenario.thread, key, applied=applied, value=value if applied else None, actor="ops"
@@ -374,8 +374,8 @@ async def reconcile_and_go_on(durability: Durability, ledger: Path, case: Case) 
     for turn_id, message in scenario.again:
         again = await kernel.turn(scenario.thread, turn_id, message)
     assert [step.status for step in again.steps] == ["completed"] * len(scenario.effects)
-    for (_, value), step in zip(scenario.effects, again.steps, strict=True):
-        assert step.value in (value, dict(value, charge_id=value["charge_id"][:-1] + "2"))
+    for (_, value), result in zip(scenario.effects, again.steps, strict=True):
+        assert result.value in (value, dict(value, charge_id=value["charge_id"][:-1] + "2"))
     # Charged once per key, whatever happened.
     assert Counter(ledger_keys(ledger)) == Counter(scenario.keys)
 

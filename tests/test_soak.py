@@ -51,6 +51,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from intention_kernel.durability import Durability
+from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.outbox import OutboxRelay
 from intention_kernel.testing import faults
 from proving_support import (
@@ -524,6 +525,7 @@ async def audit_outbox(
     again = len(delivered) - len(everything)
     if not any(r.death for r in soak.relays):
         assert again == 0
+    assert isinstance(durability, RecordedDurability)
     backlog = await OutboxRelay(durability, lambda event: None).status()
     assert backlog.unpublished == 0
     report.append(
