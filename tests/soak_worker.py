@@ -10,6 +10,8 @@ Run as ``python tests/soak_worker.py '<json config>'``:
   with the same request (must replay) or with another one (must be refused).
 - ``fault``: optional ``{"point", "skip"}``: die (``os._exit(137)``) the
   ``skip + 1``-th time a turn of this process reaches ``point``.
+- ``resume``: start each thread at its last committed turn (delivered again) rather
+  than at its first, as a host restarted after a crash retries what was in flight.
 
 Every thread is walked in order, each turn delivered until it returns, so that a
 thread's turns commit in schedule order whichever process commits them. One
@@ -65,7 +67,13 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
                     await asyncio.sleep(rng.uniform(0, 0.01))
 
         async def walk(thread_id: str) -> None:
+            start = 0
+            if config.get("resume"):  # from the thread's last committed turn, delivered again
+                checkpoint = await durability.load_checkpoint(thread_id)
+                start = max(checkpoint.version - 1, 0) if checkpoint else 0
             for index, message in enumerate(schedule["threads"][thread_id]):
+                if index < start:
+                    continue
                 turn = turn_id(index)
                 copies = 2 if rng.random() < config["duplicates"] else 1
                 for _ in range(copies):

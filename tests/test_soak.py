@@ -11,7 +11,8 @@ conflicting requests on purpose. Meanwhile the library's own outbox relay
 (:class:`~intention_kernel.outbox.OutboxRelay`, in ``tests/relay_worker.py``)
 publishes to a file. The test SIGKILLs a random worker (now and then the relay) at
 moments spread over the whole run, by the share of turns committed so far, and
-starts a replacement, some armed to die at a durable fault point. Finally one worker
+starts a replacement, some armed to die at a durable fault point; a replacement takes
+each thread up at its last committed turn, delivered again. Finally one worker
 delivers everything once more (the retries a host does after a crash), operators
 reconcile every uncertain receipt, the relay drains, and the audit checks, and
 prints:
@@ -39,6 +40,7 @@ import asyncio
 import json
 import os
 import random
+import sqlite3
 import sys
 import time
 from collections import Counter
@@ -47,7 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from intention_kernel.durability import Durability
@@ -72,8 +76,8 @@ CI_TURNS = 2400
 THREADS = 16
 WORKERS = 4
 TASKS = 4
-KILLS_PER_TURN = 1 / 200  # about a dozen in the CI run
-MAX_KILLS = 40  # each replacement walks every thread from its start again (replays)
+KILLS_PER_TURN = 1 / 300  # eight in the CI run
+MAX_KILLS = 40
 KILLED_UNTIL = 0.9  # of the scheduled turns committed: kills are spread up to there
 RELAY_KILLS = 0.2  # of the kills, aimed at the relay
 REPLACEMENTS_WITH_A_FAULT = 0.4
@@ -162,6 +166,7 @@ class Soak:
     rng: random.Random
     workers: list[Worker] = field(default_factory=list)
     relays: list[Worker] = field(default_factory=list)
+    progress: Any = None  # the connection committed() reads on
 
     @property
     def ledger(self) -> Path:
@@ -187,8 +192,10 @@ class Soak:
         fault: dict[str, Any] | None = None,
         duplicates: float = 0.1,
         conflicts: float = 0.02,
+        resume: bool = False,
     ) -> Worker:
         config = {
+            "resume": resume,
             "store": self.store.config(),
             "ledger": str(self.ledger),
             "schedule": str(self.root / "schedule.json"),
@@ -215,8 +222,19 @@ class Soak:
         return relay
 
     def committed(self) -> int:
-        [(n,)] = self.store.query("SELECT count(*) FROM ik_turns")
-        return int(n)
+        """Turns committed so far, on one connection kept for the whole soak (a new
+        PostgreSQL session per look would cost the server a process each time)."""
+        if self.progress is None:
+            if self.store.kind == "sqlite":
+                self.progress = sqlite3.connect(self.store.location, isolation_level=None)
+            else:
+                self.progress = psycopg.connect(self.store.location, autocommit=True)
+                self.progress.execute(
+                    sql.SQL("SET search_path TO {}").format(sql.Identifier(self.store.schema))
+                )
+        row = self.progress.execute("SELECT count(*) FROM ik_turns").fetchone()
+        assert row is not None
+        return int(row[0])
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -237,6 +255,8 @@ async def soak(store: Store, tmp_path: Path, request: pytest.FixtureRequest) -> 
     print(f"soak seed: {seed} (--soak-seed {seed} replays this schedule)")
     soak = Soak(store, tmp_path, random.Random(seed))
     yield soak
+    if soak.progress is not None:
+        soak.progress.close()
     for worker in [*soak.workers, *soak.relays]:  # never leave a process behind
         if worker.process.returncode is None:
             worker.process.kill()
@@ -321,14 +341,14 @@ async def kill_through_the_run(soak: Soak, total: int) -> None:
                     if soak.rng.random() < REPLACEMENTS_WITH_A_FAULT:
                         point, skip = soak.rng.choice(faults.POINTS), soak.rng.randrange(0, 30)
                         fault = {"point": point, "skip": skip}
-                    await soak.spawn(fault=fault)
+                    await soak.spawn(fault=fault, resume=True)
 
     for moment in moments:
         while (done := soak.committed()) < moment * total:
             await replace_the_dead()
             if not any(w.process.returncode is None for w in soak.workers):
                 return  # every walk is over (the rest of the schedule was replays)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
         if soak.rng.random() < RELAY_KILLS:
             relay = soak.relays[-1]
             relay.process.kill()
