@@ -287,6 +287,26 @@ def process_env(**extra: str) -> dict[str, str]:
     }
 
 
+def make_sql_store(kind: str, request: Any, tmp_path: Path) -> Iterator[Store]:
+    """A fixture body: a SQLite file (``"sqlite"``) or a PostgreSQL schema of its own
+    (``"postgres"``), dropped after the test."""
+    if kind == "sqlite":
+        yield Store("sqlite", str(tmp_path / "kernel.db"))
+        return
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = new_schema()
+    yield Store("postgres", dsn, schema)
+    drop_schema(dsn, schema)
+
+
+def make_store(kind: str, request: Any, tmp_path: Path) -> Iterator[Store | None]:
+    """Like :func:`make_sql_store`, and ``None`` for ``"memory"`` (the in-memory adapter)."""
+    if kind == "memory":
+        yield None
+    else:
+        yield from make_sql_store(kind, request, tmp_path)
+
+
 def drop_schema(dsn: str, schema: str) -> None:
     import psycopg
     from psycopg import sql

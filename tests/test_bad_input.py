@@ -54,9 +54,9 @@ from proving_support import (
     LedgerProvider,
     Store,
     charge_key,
-    drop_schema,
     ledger_keys,
-    new_schema,
+    make_sql_store,
+    make_store,
     read_all_events,
 )
 
@@ -65,13 +65,7 @@ LONE_SURROGATE = "\ud800"
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        yield Store("sqlite", str(tmp_path / "kernel.db"))
-        return
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = new_schema()
-    yield Store("postgres", dsn, schema)
-    drop_schema(dsn, schema)
+    yield from make_sql_store(request.param, request, tmp_path)
 
 
 @pytest.fixture
@@ -359,15 +353,7 @@ UNSTORABLE = {
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store | None]:
     """``None`` for the in-memory adapter: every adapter must agree on what fails."""
-    if request.param == "memory":
-        yield None
-    elif request.param == "sqlite":
-        yield Store("sqlite", str(tmp_path / "kernel.db"))
-    else:
-        dsn: str = request.getfixturevalue("postgres_dsn")
-        schema = new_schema()
-        yield Store("postgres", dsn, schema)
-        drop_schema(dsn, schema)
+    yield from make_store(request.param, request, tmp_path)
 
 
 def adapter(store: Store | None) -> Durability:

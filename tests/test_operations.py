@@ -19,32 +19,23 @@ from intention_kernel.operations import check_checkpoints, migrate_checkpoints, 
 from intention_kernel.outbox import OutboxRelay
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from proving_support import Store, drop_schema, new_schema, read_all_events
+from proving_support import (
+    Store,
+    make_sql_store,
+    make_store,
+    read_all_events,
+)
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store | None]:
     """``None`` for the in-memory adapter."""
-    if request.param == "memory":
-        yield None
-    elif request.param == "sqlite":
-        yield Store("sqlite", str(tmp_path / "kernel.db"))
-    else:
-        dsn: str = request.getfixturevalue("postgres_dsn")
-        schema = new_schema()
-        yield Store("postgres", dsn, schema)
-        drop_schema(dsn, schema)
+    yield from make_store(request.param, request, tmp_path)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        yield Store("sqlite", str(tmp_path / "kernel.db"))
-        return
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = new_schema()
-    yield Store("postgres", dsn, schema)
-    drop_schema(dsn, schema)
+    yield from make_sql_store(request.param, request, tmp_path)
 
 
 def adapter(store: Store | None, **options: Any) -> RecordedDurability:

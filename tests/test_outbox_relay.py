@@ -21,7 +21,14 @@ from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.outbox import OutboxRelay, RelayReport
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from proving_support import Store, drop_schema, new_schema, read_all_events
+from proving_support import (
+    Store,
+    drop_schema,
+    make_sql_store,
+    make_store,
+    new_schema,
+    read_all_events,
+)
 
 THREADS = ("t-a", "t-b", "t-c")
 
@@ -29,28 +36,14 @@ THREADS = ("t-a", "t-b", "t-c")
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store | None]:
     """``None`` for the in-memory adapter."""
-    if request.param == "memory":
-        yield None
-    elif request.param == "sqlite":
-        yield Store("sqlite", str(tmp_path / "kernel.db"))
-    else:
-        dsn: str = request.getfixturevalue("postgres_dsn")
-        schema = new_schema()
-        yield Store("postgres", dsn, schema)
-        drop_schema(dsn, schema)
+    yield from make_store(request.param, request, tmp_path)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def restartable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """A store that outlives its adapter. (Not the in-memory one: its state lives and
     dies with the instance, so a restart of the relay there would prove nothing.)"""
-    if request.param == "sqlite":
-        yield Store("sqlite", str(tmp_path / "kernel.db"))
-        return
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = new_schema()
-    yield Store("postgres", dsn, schema)
-    drop_schema(dsn, schema)
+    yield from make_sql_store(request.param, request, tmp_path)
 
 
 def adapter(store: Store | None) -> RecordedDurability:
