@@ -35,12 +35,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import EffectUncertainError, KernelError
-from intention_kernel.turns import EventDraft, TurnCommit, TurnResult, TurnScope
+from intention_kernel.testing.conformance import commit_for
+from intention_kernel.turns import EventDraft, TurnCommit, TurnScope
 
 
 def exists(path: str) -> bool:
@@ -100,13 +100,7 @@ async def run_turns(config: dict[str, Any], durability: PostgresDurability) -> N
             ]
             version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
             events.append(EventDraft("turn.committed", {"version": version}))
-            checkpoint = KernelCheckpoint(
-                schema_revision=SCHEMA_REVISION, agent_fingerprint="sha256:w", version=version
-            )
-            result = TurnResult(
-                tx.scope.thread_id, turn_id, False, "ok", checkpoint_version=version
-            )
-            return TurnCommit(result, checkpoint, events)
+            return commit_for(tx, events)
 
         outcome: dict[str, Any] = {"turn": [thread_id, turn_id]}
         try:

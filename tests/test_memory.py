@@ -8,14 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint
 from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.durability.base import TurnStart
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import TenantMismatchError
 from intention_kernel.testing import InMemoryDurability
-from intention_kernel.testing.conformance import DurabilityConformance, Tamper
-from intention_kernel.turns import TurnCommit, TurnResult, TurnScope
+from intention_kernel.testing.conformance import DurabilityConformance, Tamper, commit_for
+from intention_kernel.turns import TurnCommit, TurnScope
 
 
 class _MemoryTamper:
@@ -90,14 +89,3 @@ async def test_a_turn_shown_another_tenants_receipt_never_commits(
 
     result = await durability.with_turn(TurnScope("t", "1", tenant_id="acme"), acme_again)
     assert result.checkpoint_version == 1
-
-
-def commit_for(tx: TurnTransaction) -> TurnCommit:
-    version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
-    checkpoint = KernelCheckpoint(
-        schema_revision=SCHEMA_REVISION, agent_fingerprint="sha256:raw", version=version
-    )
-    result = TurnResult(
-        tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
-    )
-    return TurnCommit(result, checkpoint, ())

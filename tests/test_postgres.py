@@ -31,7 +31,7 @@ from intention_kernel import (
     Interpretation,
     capability,
 )
-from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint, encode_checkpoint
+from intention_kernel.checkpoint import encode_checkpoint
 from intention_kernel.cli._app import app as cli_app
 from intention_kernel.durability import (
     Durability,
@@ -55,6 +55,7 @@ from intention_kernel.kernel import Kernel
 from intention_kernel.testing import ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper
+from intention_kernel.testing.conformance import commit_for as minimal_commit
 from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
 from tcp_proxy import TcpProxy
 
@@ -148,15 +149,9 @@ class TestPostgresDurability(DurabilityConformance):
 
 
 def commit_for(tx: TurnTransaction, events: tuple[EventDraft, ...] = ()) -> TurnCommit:
-    """A minimal valid commit for raw ``with_turn`` operations."""
+    """The conformance kit's minimal commit, with a ``turn.committed`` event by default."""
     version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
-    checkpoint = KernelCheckpoint(
-        schema_revision=SCHEMA_REVISION, agent_fingerprint="sha256:raw", version=version
-    )
-    result = TurnResult(
-        tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
-    )
-    return TurnCommit(result, checkpoint, events or (EventDraft("turn.committed", {"v": version}),))
+    return minimal_commit(tx, events or (EventDraft("turn.committed", {"v": version}),))
 
 
 async def plain(tx: TurnTransaction) -> TurnCommit:
@@ -1031,13 +1026,8 @@ def _charge_and_record(n: int, drop: int | None = None) -> Callable[[TurnTransac
         facts[f"fact.{n}"] = FactRecord(f"fact.{n}", n, 1, evidence)
         if drop is not None:
             del facts[f"fact.{drop}"]
-        version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
-        checkpoint = KernelCheckpoint(SCHEMA_REVISION, "sha256:raw", version, facts=facts)
-        result = TurnResult(
-            tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
-        )
         event = EventDraft("effect.completed", {"key": f"k{n}"})
-        return TurnCommit(result, checkpoint, (event,), announced=(f"k{n}",))
+        return minimal_commit(tx, (event,), facts=facts, announced=(f"k{n}",))
 
     return operation
 

@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 
-from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint
 from intention_kernel.durability import Durability, TurnTransaction, open_durability
 from intention_kernel.durability.sqlite import MIGRATIONS, SQLiteDurability
 from intention_kernel.errors import TenantMismatchError
-from intention_kernel.testing.conformance import DurabilityConformance, Tamper
-from intention_kernel.turns import TurnCommit, TurnResult, TurnScope
+from intention_kernel.testing.conformance import DurabilityConformance, Tamper, commit_for
+from intention_kernel.turns import TurnCommit, TurnScope
 
 
 class _SQLiteTamper:
@@ -84,12 +83,7 @@ async def test_writes_hop_to_the_worker_thread_only_while_turns_overlap(tmp_path
 
     async def slow(tx: TurnTransaction) -> TurnCommit:
         await asyncio.sleep(0.02)  # a model call: other turns run meanwhile
-        version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
-        checkpoint = KernelCheckpoint(SCHEMA_REVISION, "sha256:raw", version)
-        result = TurnResult(
-            tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
-        )
-        return TurnCommit(result, checkpoint, ())
+        return commit_for(tx)
 
     async with SQLiteDurability(tmp_path / "k.db") as store:
         # The thread a statement runs on is not visible otherwise.
@@ -156,12 +150,7 @@ async def test_every_path_to_one_database_shares_its_thread_locks(
         overlaps += inside > 1
         await asyncio.sleep(0.05)
         inside -= 1
-        version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
-        checkpoint = KernelCheckpoint(SCHEMA_REVISION, "sha256:raw", version)
-        result = TurnResult(
-            tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
-        )
-        return TurnCommit(result, checkpoint, ())
+        return commit_for(tx)
 
     async with (
         SQLiteDurability(real) as a,
@@ -208,14 +197,7 @@ def _charge(expected: object) -> Callable[[TurnTransaction], Any]:
     async def operation(tx: TurnTransaction) -> TurnCommit:
         effect = await tx.run_effect("k", lambda a: {"v": 1}, step_id="s")
         assert effect.value == expected
-        version = (tx.checkpoint.version if tx.checkpoint else 0) + 1
-        checkpoint = KernelCheckpoint(
-            schema_revision=SCHEMA_REVISION, agent_fingerprint="sha256:raw", version=version
-        )
-        result = TurnResult(
-            tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
-        )
-        return TurnCommit(result, checkpoint, ())
+        return commit_for(tx)
 
     return operation
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, Protocol
 
@@ -53,14 +53,15 @@ from intention_kernel.errors import (
     TenantMismatchError,
     TurnConflictError,
 )
+from intention_kernel.facts import FactRecord
 from intention_kernel.interpretation import Answer, Intent, Interpretation
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing import faults
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.testing.scripted import ScriptedInterpreter
-from intention_kernel.turns import StepStatus, TurnCommit, TurnResult, TurnScope
+from intention_kernel.turns import EventDraft, StepStatus, TurnCommit, TurnResult, TurnScope
 
-__all__ = ["DurabilityConformance", "Tamper"]
+__all__ = ["DurabilityConformance", "Tamper", "commit_for"]
 
 
 class Tamper(Protocol):
@@ -131,7 +132,7 @@ class DurabilityConformance:
             overlaps += inside > 1
             await asyncio.sleep(0.005)
             inside -= 1
-            return _commit(tx)
+            return commit_for(tx)
 
         scopes = [TurnScope("t", f"turn-{i}") for i in range(8)]
         results = await asyncio.gather(*(durability.with_turn(s, operation) for s in scopes))
@@ -221,7 +222,7 @@ class DurabilityConformance:
         async def succeeding(tx: TurnTransaction) -> TurnCommit:
             effect = await tx.run_effect("k", provider_call, step_id="s1")
             assert effect.value == {"ok": True}
-            return _commit(tx)
+            return commit_for(tx)
 
         result = await durability.with_turn(TurnScope("t", "1"), succeeding)
         assert result.checkpoint_version == 1 and calls == []
@@ -400,18 +401,7 @@ class DurabilityConformance:
     async def test_a_prepared_receipt_of_an_attempt_that_died_becomes_uncertain(
         self, durability: Durability
     ) -> None:
-        class ProcessDied(BaseException):
-            """Stands in for the process dying while the provider call runs."""
-
-        def dies(authority: EffectAuthority) -> Any:
-            raise ProcessDied
-
-        async def first(tx: TurnTransaction) -> TurnCommit:
-            await tx.run_effect("k", dies, step_id="s1")
-            raise AssertionError("unreachable")
-
-        with pytest.raises(ProcessDied):
-            await durability.with_turn(TurnScope("t", "1"), first)
+        await _die_in_the_provider_call(durability, TurnScope("t", "1"))
         [receipt] = await durability.list_receipts(thread_id="t")
         assert receipt.status == "prepared"
         called: list[str] = []
@@ -421,7 +411,7 @@ class DurabilityConformance:
                 await tx.run_effect("k", lambda a: called.append("x"), step_id="s1")
             assert caught.value.receipt is not None
             assert caught.value.receipt.status == "uncertain"
-            return _commit(tx)
+            return commit_for(tx)
 
         await durability.with_turn(TurnScope("t", "1"), retry)
         assert called == []
@@ -966,10 +956,10 @@ class DurabilityConformance:
         async def other_tenant(tx: TurnTransaction) -> TurnCommit:
             effect = await tx.run_effect(key, lambda a: seen.append("called"), step_id="s1")
             seen.append(effect.value)
-            return _commit(tx)
+            return commit_for(tx)
 
         async def touches_nothing(tx: TurnTransaction) -> TurnCommit:
-            return _commit(tx)
+            return commit_for(tx)
 
         for tenant in ("globex", None):
             for operation in (other_tenant, touches_nothing):
@@ -984,7 +974,7 @@ class DurabilityConformance:
         async def acme_retries(tx: TurnTransaction) -> TurnCommit:
             effect = await tx.run_effect(key, lambda a: seen.append("again"), step_id="s1")
             assert (effect.replayed, effect.value) == (True, {"card": "acme's secret"})
-            return _commit(tx)
+            return commit_for(tx)
 
         result = await durability.with_turn(TurnScope("t", "a1", tenant_id="acme"), acme_retries)
         assert (result.replayed, result.checkpoint_version) == (False, 1)
@@ -1000,20 +990,12 @@ class DurabilityConformance:
         """Another tenant's turn neither runs the effect nor marks the abandoned
         ``prepared`` receipt uncertain: it only learns that the thread is not its own."""
 
-        def dies(authority: EffectAuthority) -> Any:
-            raise _ProcessDied
-
-        async def acme_dies(tx: TurnTransaction) -> TurnCommit:
-            await tx.run_effect("k", dies, step_id="s1")
-            raise AssertionError("unreachable")
-
-        with pytest.raises(_ProcessDied):
-            await durability.with_turn(TurnScope("t", "a1", tenant_id="acme"), acme_dies)
+        await _die_in_the_provider_call(durability, TurnScope("t", "a1", tenant_id="acme"))
         called: list[str] = []
 
         async def globex(tx: TurnTransaction) -> TurnCommit:
             await tx.run_effect("k", lambda a: called.append("globex"), step_id="s1")
-            return _commit(tx)
+            return commit_for(tx)
 
         with pytest.raises(TenantMismatchError):
             await durability.with_turn(TurnScope("t", "g1", tenant_id="globex"), globex)
@@ -1023,7 +1005,7 @@ class DurabilityConformance:
         async def acme_retries(tx: TurnTransaction) -> TurnCommit:
             with pytest.raises(EffectUncertainError):
                 await tx.run_effect("k", lambda a: called.append("acme"), step_id="s1")
-            return _commit(tx)
+            return commit_for(tx)
 
         await durability.with_turn(TurnScope("t", "a1", tenant_id="acme"), acme_retries)
         assert called == []
@@ -1150,6 +1132,21 @@ class _ProcessDied(BaseException):
     """Stands in for the process dying while the provider call runs."""
 
 
+async def _die_in_the_provider_call(durability: Durability, scope: TurnScope) -> None:
+    """A turn whose process dies inside the provider call of effect ``k``: it leaves
+    that receipt ``prepared`` and commits nothing."""
+
+    def dies(authority: EffectAuthority) -> Any:
+        raise _ProcessDied
+
+    async def operation(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("k", dies, step_id="s1")
+        raise AssertionError("unreachable")
+
+    with pytest.raises(_ProcessDied):
+        await durability.with_turn(scope, operation)
+
+
 class _Capturing:
     """Passes turns through to ``inner`` and keeps every checkpoint they commit."""
 
@@ -1168,14 +1165,25 @@ class _Capturing:
         return getattr(self._inner, name)
 
 
-def _commit(tx: TurnTransaction) -> TurnCommit:
-    """A minimal valid commit for raw ``with_turn`` tests."""
+def commit_for(
+    tx: TurnTransaction,
+    events: Sequence[EventDraft] = (),
+    *,
+    facts: Mapping[str, FactRecord] | None = None,
+    announced: Sequence[str] = (),
+) -> TurnCommit:
+    """A minimal valid commit for raw ``with_turn`` operations: the next version of the
+    thread, with ``events``, ``facts`` (none by default) and ``announced`` keys. For
+    adapter authors' own tests, beside the suite."""
     previous = tx.checkpoint
     version = (previous.version if previous else 0) + 1
     checkpoint = KernelCheckpoint(
-        schema_revision=SCHEMA_REVISION, agent_fingerprint="sha256:raw", version=version
+        schema_revision=SCHEMA_REVISION,
+        agent_fingerprint="sha256:raw",
+        version=version,
+        facts=dict(facts or {}),
     )
     result = TurnResult(
         tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
     )
-    return TurnCommit(result, checkpoint, ())
+    return TurnCommit(result, checkpoint, tuple(events), tuple(announced))
