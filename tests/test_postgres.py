@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -39,6 +40,7 @@ from intention_kernel.durability import (
     _take_url_options,
     open_durability,
 )
+from intention_kernel.durability.base import lock_and_begin
 from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability, advisory_key
 from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (
@@ -174,6 +176,13 @@ class Gate:
 @asynccontextmanager
 async def no_lock(thread_id: str) -> AsyncIterator[object]:
     yield thread_id
+
+
+def skip_the_lock(monkeypatch: pytest.MonkeyPatch, durability: PostgresDurability) -> None:
+    """Make ``durability`` start its turns without the thread lock, as if its session
+    had been lost: a plain read (``begin_turn``) instead of ``start_turn``."""
+    monkeypatch.setattr(durability._recorder, "lock", no_lock)
+    monkeypatch.setattr(durability, "_start_turn", partial(lock_and_begin, durability._recorder))
 
 
 def with_query(dsn: str, query: str) -> str:
@@ -452,6 +461,32 @@ async def test_the_advisory_lock_excludes_a_second_holder_until_its_session_dies
     assert turns == [("second",), ("third",)]
 
 
+async def test_a_replay_takes_no_lock_and_waits_for_no_turn(store: Store) -> None:
+    """A turn starts in one statement (``ik_start_turn``): a committed turn comes back
+    without the thread lock, so its retry is answered while another turn holds the
+    thread, and nothing is left locked; a new turn on that thread still waits."""
+    async with store.durability() as holder, store.durability(lock_timeout=0.3) as other:
+        done = await holder.with_turn(TurnScope("t", "done"), plain)
+        gate = Gate()
+        held = asyncio.create_task(holder.with_turn(TurnScope("t", "running"), gate))
+        await asyncio.wait_for(gate.entered.wait(), 5)
+        holding = store.lock_holder("t")
+        assert holding is not None
+        started = time.monotonic()
+        again = await other.with_turn(TurnScope("t", "done"), plain)
+        assert again.replayed and again.turn_id == "done" and not done.replayed
+        assert time.monotonic() - started < 0.3  # not a wait for the lock
+        assert store.lock_holder("t") == holding  # the replay took no lock
+        with pytest.raises(ThreadBusyError):
+            await other.with_turn(TurnScope("t", "new"), plain)
+        gate.released.set()
+        assert (await held).checkpoint_version == 2
+        # The turn that waited for the lock reads what the holder committed before it
+        # let go (the second query of ik_start_turn takes its own snapshot).
+        assert (await other.with_turn(TurnScope("t", "new"), plain)).checkpoint_version == 3
+    assert store.advisory_locks() == 0
+
+
 async def test_no_session_is_returned_to_the_pool_holding_a_lock(store: Store) -> None:
     async with store.durability(max_pool_size=2) as durability:
         gate = Gate()
@@ -551,7 +586,7 @@ async def test_a_stale_commit_is_fenced(
 ) -> None:
     async with store.durability() as honest, store.durability() as rogue:
         # The rogue adapter skips the thread lock, as if its session had been lost.
-        monkeypatch.setattr(rogue._recorder, "lock", no_lock)
+        skip_the_lock(monkeypatch, rogue)
         for i in range(prior_turns):
             await honest.with_turn(TurnScope("t", f"prior-{i}"), plain)
         gate = Gate()
@@ -575,7 +610,7 @@ async def test_an_effect_whose_receipt_moved_while_it_ran_is_not_recorded_as_com
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with store.durability() as honest, store.durability() as rogue:
-        monkeypatch.setattr(rogue._recorder, "lock", no_lock)
+        skip_the_lock(monkeypatch, rogue)
         entered, release = asyncio.Event(), asyncio.Event()
 
         async def provider(authority: Any) -> dict[str, str]:

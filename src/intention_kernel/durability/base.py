@@ -25,10 +25,11 @@ import asyncio
 import contextlib
 import inspect
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -249,12 +250,31 @@ ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
 PlanFn = Callable[[Receipt | None], EffectPlan]
 
 
+StartTurnFn = Callable[[str, str, int | None], AbstractAsyncContextManager[TurnStart]]
+
+
+@asynccontextmanager
+async def lock_and_begin(
+    recorder: Recorder, thread_id: str, turn_id: str, known_version: int | None
+) -> AsyncIterator[TurnStart]:
+    """A turn's start for a recorder with no ``start_turn``: the lock, then
+    ``begin_turn``, and the lock held for the block."""
+    async with recorder.lock(thread_id):
+        yield await recorder.begin_turn(thread_id, turn_id, known_version)
+
+
 class Recorder(Protocol):
     """The I/O an adapter provides to :class:`RecordedDurability`.
 
     Every method is one short transaction (or none). Conflicts are errors:
     ``write_receipt`` and ``commit_turn`` compare-and-set and raise rather than
     silently skipping.
+
+    A recorder may also provide ``start_turn(thread_id, turn_id, known_version)``,
+    an async context manager that does what ``lock`` and then ``begin_turn`` do, in
+    fewer round trips, and may leave the lock untaken when it found the committed
+    turn (a replay writes nothing). Without it, a turn starts with
+    :func:`lock_and_begin`.
     """
 
     async def open(self) -> None:
@@ -473,6 +493,8 @@ class RecordedDurability:
 
     def __init__(self, recorder: Recorder) -> None:
         self._recorder = recorder
+        starter: StartTurnFn | None = getattr(recorder, "start_turn", None)
+        self._start_turn: StartTurnFn = starter or partial(lock_and_begin, recorder)
         self._opened = False
         self._open_lock = asyncio.Lock()
         # The checkpoint this adapter last committed or decoded, per thread. A turn whose
@@ -531,13 +553,13 @@ class RecordedDurability:
         if scope.tenant_id is not None:
             check_id("tenant_id", scope.tenant_id)
         recorder = await self._ready()
-        async with recorder.lock(scope.thread_id):
+        # The version of the checkpoint held here, read before the lock: if another turn
+        # of this process commits meanwhile, the recorder ships the newer checkpoint.
+        cached = self._checkpoints.get(scope.thread_id)
+        known = cached.version if cached else None
+        async with self._start_turn(scope.thread_id, scope.turn_id, known) as start:
             if _faults.armed:
                 _faults.reach(_faults.AFTER_LOCK)
-            cached = self._checkpoints.get(scope.thread_id)
-            start = await recorder.begin_turn(
-                scope.thread_id, scope.turn_id, cached.version if cached else None
-            )
             # A thread belongs to the tenant of its first committed turn, or before that
             # to the tenant of its first receipt (see ThreadOwner). A version-0 row with
             # no receipt only carries operator events and has no owner yet.
