@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import threading
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from intention_kernel import (
     Agent,
@@ -29,6 +33,7 @@ from intention_kernel import (
 from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.turns import request_digest
 
 
 def _kernel(*caps: Any, script: Any) -> tuple[Kernel, InMemoryDurability]:
@@ -594,3 +599,21 @@ async def test_outbox_events_carry_the_payloads_consumers_rely_on() -> None:
         "actor": "ops",
     }
     assert [e.type for e in events].count("turn.committed") == 8
+
+
+# -- the request digest ----------------------------------------------------------------------
+
+
+@given(message=st.none() | st.text())
+def test_the_request_digest_of_a_turn_without_an_answer_is_the_canonical_one(
+    message: str | None,
+) -> None:
+    """Stored turns carry the digest of ``{"answer": ..., "message": ...}`` as canonical
+    JSON; the shortcut for a turn without an answer must produce the same text, or a
+    retried delivery of an older turn would be refused as a different request."""
+    canonical = json.dumps(
+        {"message": message, "answer": None}, sort_keys=True, separators=(",", ":")
+    )
+    assert request_digest(message, None) == hashlib.sha256(canonical.encode()).hexdigest()
+    answered = {"interaction_id": "i", "value": message}
+    assert request_digest(message, answered) != request_digest(message, None)

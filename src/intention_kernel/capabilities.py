@@ -59,19 +59,36 @@ class CancellationSignal:
     ``event`` is a :class:`threading.Event` for code running in worker threads.
     """
 
-    __slots__ = ("event", "reason")
+    __slots__ = ("_event", "reason")
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        # Made when first asked for: most turns are never cancelled and no capability
+        # waits on the event, and a threading.Event (a Condition and its lock) costs
+        # more to make than the rest of a capability call's bookkeeping.
+        self._event: threading.Event | None = None
         self.reason: str | None = None
 
     @property
+    def event(self) -> threading.Event:
+        event = self._event
+        if event is None:
+            with _EVENT_CREATION:  # a worker thread and the loop may ask at once
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+        return event
+
+    @property
     def cancelled(self) -> bool:
-        return self.event.is_set()
+        event = self._event
+        return event is not None and event.is_set()
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.reason = reason
         self.event.set()
+
+
+_EVENT_CREATION = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,8 +183,17 @@ def decode_result(text: str | bytes, *, replayed: bool, thread_id: str | None = 
 
 
 def request_digest(message: str | None, answer: dict[str, Any] | None) -> str:
-    """A stable digest of what was asked in a turn, stored with its result."""
-    canonical = json.dumps(
-        {"message": message, "answer": answer}, sort_keys=True, separators=(",", ":")
-    )
+    """A stable digest of what was asked in a turn, stored with its result.
+
+    The digest of the canonical JSON ``{"answer": ..., "message": ...}`` (sorted keys,
+    no spaces), which stored turns carry: it must never change. A turn without an
+    answer (most of them) builds the same text from its message alone, which skips
+    the encoder's generic walk (``test_turns.py`` checks the two agree).
+    """
+    if answer is None:
+        canonical = '{"answer":null,"message":' + json.dumps(message) + "}"
+    else:
+        canonical = json.dumps(
+            {"message": message, "answer": answer}, sort_keys=True, separators=(",", ":")
+        )
     return hashlib.sha256(canonical.encode()).hexdigest()
