@@ -606,6 +606,53 @@ async def test_a_stale_commit_is_fenced(
         assert [e.turn_id for e in events] == [t for t, _ in turns]
 
 
+async def test_an_outcome_write_held_up_on_the_server_survives_the_turns_cancellation(
+    store: Store,
+) -> None:
+    """Unlike SQLite's hops, a PostgreSQL statement does not outlive a cancellation of
+    its caller (psycopg cancels it on the server), so the adapter writes a receipt's
+    outcome in a task of its own. Here the write waits for a row lock another session
+    holds while the turn is cancelled: it still lands once the lock goes."""
+    loop = asyncio.get_running_loop()
+    running: list[asyncio.Task[TurnResult]] = []
+    blocker = await psycopg.AsyncConnection.connect(store.dsn, autocommit=True)
+
+    def provider(authority: EffectAuthority) -> dict[str, str]:
+        loop.call_soon(running[0].cancel)  # lands while the outcome write waits
+        return {"charged": authority.key}
+
+    try:
+        async with store.durability() as durability:
+            original = durability._recorder.claim_effect  # type: ignore[attr-defined]
+
+            async def claim_then_lock(thread_id: str, key: str, plan: Any) -> Any:
+                # The receipt is prepared (committed): lock its row for 0.3 s.
+                decided = await original(thread_id, key, plan)
+                await blocker.execute("BEGIN")
+                await blocker.execute(
+                    sql.SQL("SELECT 1 FROM {}.ik_receipts WHERE thread_id = 't' FOR UPDATE").format(
+                        sql.Identifier(store.schema)
+                    )
+                )
+                loop.call_later(0.3, lambda: asyncio.ensure_future(blocker.execute("ROLLBACK")))
+                return decided
+
+            durability._recorder.claim_effect = claim_then_lock  # type: ignore[attr-defined]
+
+            async def op(tx: TurnTransaction) -> TurnCommit:
+                await tx.run_effect("charge", provider, step_id="s")
+                return commit_for(tx)
+
+            running.append(asyncio.create_task(durability.with_turn(TurnScope("t", "1"), op)))
+            with pytest.raises(asyncio.CancelledError):
+                await running[0]
+            [receipt] = await durability.list_receipts(thread_id="t")
+            assert receipt.status == "completed", receipt
+            assert receipt.value == {"charged": "charge"}
+    finally:
+        await blocker.close()
+
+
 async def test_an_effect_whose_receipt_moved_while_it_ran_is_not_recorded_as_completed(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -77,6 +77,9 @@ class _State:
 
 
 class _MemoryRecorder:
+    #: ``write_receipt`` never suspends, so no cancellation can interrupt it.
+    finishes_writes_when_cancelled = True
+
     def __init__(self, lock_timeout: float) -> None:
         self._state = _State()
         self._lock_timeout = lock_timeout

@@ -342,6 +342,9 @@ PRUNE_TURNS = """
 
 
 class _SQLiteRecorder:
+    #: ``_run`` never lets a cancellation through before its hop ends (see there).
+    finishes_writes_when_cancelled = True
+
     def __init__(
         self,
         path: str,

@@ -21,6 +21,7 @@ needs pytest-asyncio with ``asyncio_mode = "auto"``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -435,6 +436,33 @@ class DurabilityConformance:
         retry = await kernel.turn("t", "2", "yes")
         assert retry.steps[0].status == StepStatus.UNCERTAIN
         assert provider.calls() == 0
+
+    async def test_a_cancellation_while_the_outcome_is_written_still_records_it(
+        self, durability: Durability
+    ) -> None:
+        """The provider answered; the turn is cancelled as its outcome is being written.
+        The write still ends (``completed``, never left ``prepared``, which would fail
+        closed for an operator), whether or not the turn got to commit."""
+        loop = asyncio.get_running_loop()
+        running: list[asyncio.Task[TurnResult]] = []
+        calls: list[str] = []
+
+        def provider(authority: EffectAuthority) -> dict[str, str]:
+            calls.append(authority.key)
+            loop.call_soon(running[0].cancel)  # lands at the write's first suspension
+            return {"charged": authority.key}
+
+        async def charge(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("charge", provider, step_id="s")
+            return commit_for(tx)
+
+        running.append(asyncio.create_task(durability.with_turn(TurnScope("t", "1"), charge)))
+        with contextlib.suppress(asyncio.CancelledError):
+            await running[0]
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "completed" and receipt.value == {"charged": "charge"}
+        again = await durability.with_turn(TurnScope("t", "1"), charge)
+        assert again.turn_id == "1" and calls == ["charge"]  # never run twice
 
     async def test_a_value_that_cannot_be_stored_fails_closed(
         self, kernel: Kernel, durability: Durability, provider: FakeProvider
