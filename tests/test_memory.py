@@ -3,6 +3,7 @@ defence for recorders that cannot say who claimed a thread."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -11,7 +12,7 @@ import pytest
 from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.durability.base import TurnStart
 from intention_kernel.effects import ReceiptStatus
-from intention_kernel.errors import TenantMismatchError
+from intention_kernel.errors import TenantMismatchError, ThreadBusyError
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper, commit_for
 from intention_kernel.turns import TurnCommit, TurnScope
@@ -89,3 +90,31 @@ async def test_a_turn_shown_another_tenants_receipt_never_commits(
 
     result = await durability.with_turn(TurnScope("t", "1", tenant_id="acme"), acme_again)
     assert result.checkpoint_version == 1
+
+
+async def test_a_busy_thread_is_waited_for_then_refused_after_the_lock_timeout() -> None:
+    """An uncontended lock is taken at once; a contended one is waited for, up to
+    ``lock_timeout`` (``ThreadBusyError``), and taken as soon as it is free."""
+    durability = InMemoryDurability(lock_timeout=0.2)
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def held(tx: TurnTransaction) -> TurnCommit:
+        entered.set()
+        await release.wait()
+        return commit_for(tx)
+
+    first = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
+    await asyncio.wait_for(entered.wait(), 5)
+    with pytest.raises(ThreadBusyError) as busy:
+        await durability.with_turn(TurnScope("t", "2"), commit_for_turn)
+    assert busy.value.thread_id == "t"
+    assert (await durability.with_turn(TurnScope("u", "1"), commit_for_turn)).turn_id == "1"
+    waiting = asyncio.create_task(durability.with_turn(TurnScope("t", "2"), commit_for_turn))
+    await asyncio.sleep(0.05)
+    release.set()
+    assert (await first).checkpoint_version == 1
+    assert (await waiting).checkpoint_version == 2
+
+
+async def commit_for_turn(tx: TurnTransaction) -> TurnCommit:
+    return commit_for(tx)

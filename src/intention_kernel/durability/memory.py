@@ -94,7 +94,10 @@ class _MemoryRecorder:
     async def lock(self, thread_id: str) -> AsyncIterator[object]:
         lock = self._state.locks.setdefault(thread_id, asyncio.Lock())
         try:
-            await asyncio.wait_for(lock.acquire(), self._lock_timeout)
+            if lock.locked():  # wait_for runs the wait in a task: only when there is one
+                await asyncio.wait_for(lock.acquire(), self._lock_timeout)
+            else:
+                await lock.acquire()  # granted at once
         except TimeoutError:
             raise ThreadBusyError(
                 f"thread {thread_id!r} stayed busy for {self._lock_timeout}s", thread_id=thread_id
