@@ -12,6 +12,8 @@
 - :func:`proving_agent`: the billing agent plus ``payments.pay``, a write that pays at
   once (``"capability"`` mode), so that a thread's first turn writes and one turn can
   run two effects.
+- :func:`migration_4_gives_receipts_their_owner`: the receipts' tenant migration, the
+  same on both SQL adapters but for how each goes back to schema version 3.
 
 Worker processes (``crash_worker.py``, ``soak_worker.py``) import this module too.
 """
@@ -24,13 +26,14 @@ import os
 import sqlite3
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pydantic
+import pytest
 
 from intention_kernel import (
     Agent,
@@ -41,14 +44,15 @@ from intention_kernel import (
     Interpretation,
     capability,
 )
-from intention_kernel.durability import Durability
+from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.effects import EffectAuthority
-from intention_kernel.errors import EffectNotAppliedError
+from intention_kernel.errors import EffectNotAppliedError, TenantMismatchError
 from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.testing import faults
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from intention_kernel.turns import OutboxEvent
+from intention_kernel.testing.conformance import commit_for
+from intention_kernel.turns import OutboxEvent, TurnCommit, TurnScope
 
 CHARGE = "payments.charge:charge:"
 PAY = "payments.pay:charge:"
@@ -305,6 +309,43 @@ def make_store(kind: str, request: Any, tmp_path: Path) -> Iterator[Store | None
         yield None
     else:
         yield from make_sql_store(kind, request, tmp_path)
+
+
+async def migration_4_gives_receipts_their_owner(
+    open_durability: Callable[[], Durability], back_to_version_3: Callable[[], None]
+) -> None:
+    """Receipts written before they carried a tenant: a committed thread's take its
+    owner, so that its tenant's later turns still replay them; a thread with no
+    committed turn cannot tell whose its receipts are, and refuses every tenant.
+    ``back_to_version_3`` makes the store look as schema version 3 wrote it."""
+
+    def charge(expected: object) -> Callable[[TurnTransaction], Any]:
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            effect = await tx.run_effect("k", lambda a: {"v": 1}, step_id="s")
+            assert effect.value == expected
+            return commit_for(tx)
+
+        return operation
+
+    async def crash(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("k", lambda a: {"v": 2}, step_id="s")
+        raise RuntimeError("crashed before its commit")
+
+    async with open_durability() as durability:
+        await durability.with_turn(TurnScope("owned", "1", tenant_id="acme"), charge({"v": 1}))
+        with pytest.raises(RuntimeError):
+            await durability.with_turn(TurnScope("crashed", "1", tenant_id="acme"), crash)
+    back_to_version_3()
+
+    async with open_durability() as upgraded:
+        owners = {r.thread_id: r.tenant_id for r in await upgraded.list_receipts()}
+        assert owners == {"owned": "acme", "crashed": None}
+        again = await upgraded.with_turn(
+            TurnScope("owned", "2", tenant_id="acme"), charge({"v": 1})
+        )
+        assert again.checkpoint_version == 2
+        with pytest.raises(TenantMismatchError):
+            await upgraded.with_turn(TurnScope("crashed", "1", tenant_id="acme"), charge({}))
 
 
 def drop_schema(dsn: str, schema: str) -> None:

@@ -48,7 +48,6 @@ from intention_kernel.errors import (
     EffectUncertainError,
     FencedCommitError,
     StoreError,
-    TenantMismatchError,
     ThreadBusyError,
 )
 from intention_kernel.facts import Evidence, FactRecord
@@ -59,6 +58,7 @@ from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper
 from intention_kernel.testing.conformance import commit_for as minimal_commit
 from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
+from proving_support import migration_4_gives_receipts_their_owner
 from tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
@@ -305,39 +305,12 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
 
 
 async def test_migration_4_gives_existing_receipts_their_threads_owner(store: Store) -> None:
-    """Receipts written before they carried a tenant: a committed thread's take its
-    owner, so that its tenant's later turns still replay them; a thread with no
-    committed turn cannot tell whose its receipts are, and refuses every tenant."""
+    def back_to_version_3() -> None:
+        store.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")
+        store.execute(UNDO_MIGRATION_5)
+        store.execute("DELETE FROM ik_schema WHERE version > 3")
 
-    def charge(expected: object) -> Callable[[TurnTransaction], Any]:
-        async def operation(tx: TurnTransaction) -> TurnCommit:
-            effect = await tx.run_effect("k", lambda a: {"v": 1}, step_id="s")
-            assert effect.value == expected
-            return commit_for(tx)
-
-        return operation
-
-    async def crash(tx: TurnTransaction) -> TurnCommit:
-        await tx.run_effect("k", lambda a: {"v": 2}, step_id="s")
-        raise RuntimeError("crashed before its commit")
-
-    async with store.durability() as durability:
-        await durability.with_turn(TurnScope("owned", "1", tenant_id="acme"), charge({"v": 1}))
-        with pytest.raises(RuntimeError):
-            await durability.with_turn(TurnScope("crashed", "1", tenant_id="acme"), crash)
-    store.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")  # what version 3 wrote
-    store.execute(UNDO_MIGRATION_5)
-    store.execute("DELETE FROM ik_schema WHERE version > 3")
-
-    async with store.durability() as upgraded:
-        owners = {r.thread_id: r.tenant_id for r in await upgraded.list_receipts()}
-        assert owners == {"owned": "acme", "crashed": None}
-        again = await upgraded.with_turn(
-            TurnScope("owned", "2", tenant_id="acme"), charge({"v": 1})
-        )
-        assert again.checkpoint_version == 2
-        with pytest.raises(TenantMismatchError):
-            await upgraded.with_turn(TurnScope("crashed", "1", tenant_id="acme"), charge({}))
+    await migration_4_gives_receipts_their_owner(store.durability, back_to_version_3)
 
 
 async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:
@@ -607,7 +580,7 @@ async def test_a_stale_commit_is_fenced(
 
 
 async def test_an_outcome_write_held_up_on_the_server_survives_the_turns_cancellation(
-    store: Store,
+    store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Unlike SQLite's hops, a PostgreSQL statement does not outlive a cancellation of
     its caller (psycopg cancels it on the server), so the adapter writes a receipt's
@@ -615,6 +588,7 @@ async def test_an_outcome_write_held_up_on_the_server_survives_the_turns_cancell
     holds while the turn is cancelled: it still lands once the lock goes."""
     loop = asyncio.get_running_loop()
     running: list[asyncio.Task[TurnResult]] = []
+    unlocking: list[asyncio.Task[Any]] = []  # held, so that no task is collected mid-way
     blocker = await psycopg.AsyncConnection.connect(store.dsn, autocommit=True)
 
     def provider(authority: EffectAuthority) -> dict[str, str]:
@@ -634,10 +608,13 @@ async def test_an_outcome_write_held_up_on_the_server_survives_the_turns_cancell
                         sql.Identifier(store.schema)
                     )
                 )
-                loop.call_later(0.3, lambda: asyncio.ensure_future(blocker.execute("ROLLBACK")))
+                loop.call_later(0.3, lambda: unlocking.append(loop.create_task(rollback())))
                 return decided
 
-            durability._recorder.claim_effect = claim_then_lock  # type: ignore[attr-defined]
+            async def rollback() -> None:
+                await blocker.execute("ROLLBACK")
+
+            monkeypatch.setattr(durability._recorder, "claim_effect", claim_then_lock)
 
             async def op(tx: TurnTransaction) -> TurnCommit:
                 await tx.run_effect("charge", provider, step_id="s")
@@ -649,6 +626,7 @@ async def test_an_outcome_write_held_up_on_the_server_survives_the_turns_cancell
             [receipt] = await durability.list_receipts(thread_id="t")
             assert receipt.status == "completed", receipt
             assert receipt.value == {"charged": "charge"}
+            await asyncio.gather(*unlocking)
     finally:
         await blocker.close()
 

@@ -8,15 +8,14 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from intention_kernel.durability import Durability, TurnTransaction, open_durability
 from intention_kernel.durability.sqlite import MIGRATIONS, SQLiteDurability
-from intention_kernel.errors import TenantMismatchError
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper, commit_for
 from intention_kernel.turns import TurnCommit, TurnScope
+from proving_support import migration_4_gives_receipts_their_owner
 
 
 class _SQLiteTamper:
@@ -170,38 +169,11 @@ async def test_every_path_to_one_database_shares_its_thread_locks(
 
 
 async def test_migration_4_gives_existing_receipts_their_threads_owner(tmp_path: Path) -> None:
-    """Receipts written before they carried a tenant: a committed thread's take its
-    owner, so that its tenant's later turns still replay them; a thread with no
-    committed turn cannot tell whose its receipts are, and refuses every tenant."""
     path = tmp_path / "k.db"
-    async with SQLiteDurability(path) as store:
-        await store.with_turn(TurnScope("owned", "1", tenant_id="acme"), _charge({"v": 1}))
-        with pytest.raises(RuntimeError):
-            await store.with_turn(TurnScope("crashed", "1", tenant_id="acme"), _crash)
-    with sqlite3.connect(path) as conn:  # what schema version 3 wrote
-        conn.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")
-        conn.execute("DELETE FROM ik_schema WHERE version > 3")
 
-    async with SQLiteDurability(path) as upgraded:
-        owners = {r.thread_id: r.tenant_id for r in await upgraded.list_receipts()}
-        assert owners == {"owned": "acme", "crashed": None}
-        again = await upgraded.with_turn(
-            TurnScope("owned", "2", tenant_id="acme"), _charge({"v": 1})
-        )
-        assert again.checkpoint_version == 2
-        with pytest.raises(TenantMismatchError):
-            await upgraded.with_turn(TurnScope("crashed", "1", tenant_id="acme"), _charge({}))
+    def back_to_version_3() -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")
+            conn.execute("DELETE FROM ik_schema WHERE version > 3")
 
-
-def _charge(expected: object) -> Callable[[TurnTransaction], Any]:
-    async def operation(tx: TurnTransaction) -> TurnCommit:
-        effect = await tx.run_effect("k", lambda a: {"v": 1}, step_id="s")
-        assert effect.value == expected
-        return commit_for(tx)
-
-    return operation
-
-
-async def _crash(tx: TurnTransaction) -> TurnCommit:
-    await tx.run_effect("k", lambda a: {"v": 2}, step_id="s")
-    raise RuntimeError("crashed before its commit")
+    await migration_4_gives_receipts_their_owner(lambda: SQLiteDurability(path), back_to_version_3)
