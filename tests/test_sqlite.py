@@ -97,6 +97,52 @@ async def test_writes_hop_to_the_worker_thread_only_while_turns_overlap(tmp_path
     assert True in together
 
 
+async def test_reads_use_the_writers_connection_only_while_no_write_can_be_on_the_worker(
+    tmp_path: Path,
+) -> None:
+    """A turn's start reads on the writer's connection (its page cache is current) while
+    writes run inline; while a write hop is inside its transaction on the worker thread,
+    a read goes to the read-only connection and sees only what is committed."""
+    from intention_kernel.testing import faults
+
+    on_writer: list[str] = []
+
+    def trace(sql: str) -> None:
+        if threading.current_thread() is threading.main_thread():
+            on_writer.append(sql)
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold(_: str) -> None:  # the worker thread, inside the commit transaction
+        held.set()
+        assert release.wait(10)
+
+    async with SQLiteDurability(tmp_path / "k.db") as store:
+
+        async def slow(tx: TurnTransaction) -> TurnCommit:
+            await asyncio.sleep(0.02)  # overlap the two turns, so that writes hop
+            return commit_for(tx)
+
+        store._recorder._conn.set_trace_callback(trace)  # type: ignore[attr-defined]
+        await store.with_turn(TurnScope("a", "1"), slow)
+        assert any("FROM ik_turns" in sql for sql in on_writer)  # the turn start: inline
+
+        with faults.injected(faults.DURING_COMMIT, hold):
+            turns = asyncio.gather(
+                store.with_turn(TurnScope("a", "2"), slow),
+                store.with_turn(TurnScope("b", "1"), slow),
+            )
+            assert await asyncio.to_thread(held.wait, 10)
+            on_writer.clear()
+            seen = await store.load_checkpoint("a")
+            in_flight = await store.load_checkpoint("b")
+            assert on_writer == []  # both reads ran on the reader connection
+            release.set()
+            await turns
+        assert seen is not None and seen.version in (1, 2)  # committed states only
+        assert in_flight is None or in_flight.version == 1
+
+
 async def test_schema_is_created_once_and_versioned(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
     for _ in range(2):

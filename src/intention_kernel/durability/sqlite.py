@@ -18,10 +18,13 @@ Design, and why:
   worker thread and the event loop never blocks on one. A hop is never abandoned
   half-way: if the awaiting task is cancelled, the hop still finishes before the
   thread lock is released. Reads (the start of a turn, replays, inspection) run on
-  the event loop itself, on a read-only connection of their own: in WAL mode a
-  reader never waits for a writer and never flushes, so a read costs tens of
-  microseconds, less than the two thread switches of a hop. (A separate
-  connection, because the writer's may be inside a transaction on the worker.)
+  the event loop itself: in WAL mode a reader never waits for a writer and never
+  flushes, so a read costs tens of microseconds, less than the two thread switches
+  of a hop. They run on a read-only connection of their own while writes may be on
+  the worker (the writer's connection may be inside a transaction there), else on
+  the writer's connection, whose page cache holds what it just wrote: a second
+  connection reads again every page a write changed, which made the start of a
+  turn take half as long again.
   ``:memory:`` has only the one connection, so there reads hop too.
 - **By default a write hops only when turns overlap.** While the adapter runs a
   single turn (a CLI, a script, a worker serving one conversation at a time),
@@ -394,8 +397,7 @@ class _SQLiteRecorder:
                     conn.rollback()
                 raise
 
-        offload = self._offload_writes
-        if offload is False or (offload is None and self._lockers <= 1 and not self._hops):
+        if self._inline():
             return call()
         future = worker.submit(call)
         self._hops += 1
@@ -407,15 +409,26 @@ class _SQLiteRecorder:
             await asyncio.wait([future])
             raise
 
+    def _inline(self) -> bool:
+        """Whether a write runs on the event loop now rather than on the worker thread
+        (see the module docstring)."""
+        offload = self._offload_writes
+        return offload is False or (offload is None and self._lockers <= 1 and not self._hops)
+
     def _hop_done(self, _: object) -> None:
         self._hops -= 1
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run the read-only ``fn`` inline on the reader connection (see the module
-        docstring); on ``:memory:``, which has no second connection, hop."""
+        """Run the read-only ``fn`` inline: on the writer's connection when writes run
+        inline, else on the reader connection (see the module docstring); on
+        ``:memory:``, which has no second connection, hop."""
         conn = self._reader
         if conn is None:
             return await self._run(fn)
+        if self._inline() and self._conn is not None:
+            # No hop in flight, and none can start before ``fn`` returns: it runs
+            # without an await, so the writer's connection is free (see the docstring).
+            conn = self._conn
         try:
             return fn(conn)
         except sqlite3.Error as exc:
