@@ -23,8 +23,8 @@ Design, and why:
   of a hop. They run on a read-only connection of their own while writes may be on
   the worker (the writer's connection may be inside a transaction there), else on
   the writer's connection, whose page cache holds what it just wrote: a second
-  connection reads again every page a write changed, which made the start of a
-  turn take half as long again.
+  connection reads again every page a write changed, which made the two reads that
+  start a turn cost more than twice as much.
   ``:memory:`` has only the one connection, so there reads hop too.
 - **By default a write hops only when turns overlap.** While the adapter runs a
   single turn (a CLI, a script, a worker serving one conversation at a time),
