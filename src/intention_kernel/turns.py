@@ -188,7 +188,7 @@ def request_digest(message: str | None, answer: dict[str, Any] | None) -> str:
     The digest of the canonical JSON ``{"answer": ..., "message": ...}`` (sorted keys,
     no spaces), which stored turns carry: it must never change. A turn without an
     answer (most of them) builds the same text from its message alone, which skips
-    the encoder's generic walk (``test_turns.py`` checks the two agree).
+    the encoder's generic walk (``tests/test_runtime.py`` checks the two agree).
     """
     if answer is None:
         canonical = '{"answer":null,"message":' + json.dumps(message) + "}"
