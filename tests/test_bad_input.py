@@ -137,6 +137,15 @@ def unknown_receipt_state(store: Store) -> None:
         conn.execute("UPDATE ik_receipts SET status = 'exploded'")
 
 
+def unreadable_announcements(store: Store) -> None:
+    """The keys that turn 2 (which completed and announced the charge) lists as
+    announced, made unreadable: torn JSON in SQLite, a NULL key in PostgreSQL's array."""
+    if store.kind == "postgres":
+        store.query("UPDATE ik_turns SET announced = ARRAY[NULL]::text[] WHERE turn_id = '2'")
+        return
+    truncate_rows("ik_turns", "announced", "turn_id = '2'")(store)
+
+
 @dataclass(frozen=True)
 class Corruption:
     tamper: Callable[[Store], None]
@@ -169,6 +178,7 @@ CORRUPTIONS = {
     "receipt-value-truncated": Corruption(
         truncate_rows("ik_receipts", "value"), CorruptRecordError
     ),
+    "turn-announcements-unreadable": Corruption(unreadable_announcements, CorruptRecordError),
     "turn-result-truncated": Corruption(
         truncate_rows("ik_turns", "result", "turn_id = '3'"), CorruptRecordError, probe="replay"
     ),

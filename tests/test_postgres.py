@@ -251,6 +251,7 @@ async def test_a_schema_from_a_newer_library_is_refused(store: Store) -> None:
 UNDO_MIGRATION_5 = (
     "DROP INDEX ik_receipts_unsettled; CREATE INDEX ik_receipts_status ON ik_receipts (status)"
 )
+UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
 
 
 async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store) -> None:
@@ -272,6 +273,7 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     store.execute("ALTER TABLE ik_receipts DROP COLUMN announced, DROP COLUMN tenant_id")
     store.execute("ALTER TABLE ik_turns DROP COLUMN pruned_at")
     store.execute(UNDO_MIGRATION_5)
+    store.execute(UNDO_MIGRATION_7)
     store.execute("DELETE FROM ik_schema WHERE version > 1")
 
     async with store.durability() as upgraded:
@@ -308,6 +310,7 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(store: St
     def back_to_version_3() -> None:
         store.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")
         store.execute(UNDO_MIGRATION_5)
+        store.execute(UNDO_MIGRATION_7)
         store.execute("DELETE FROM ik_schema WHERE version > 3")
 
     await migration_4_gives_receipts_their_owner(store.durability, back_to_version_3)

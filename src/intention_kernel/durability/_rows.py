@@ -7,6 +7,7 @@ means; decoding lives here once, and every decoding failure becomes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -52,10 +53,24 @@ def decode_receipt(
     updated_at: datetime,
     announced: bool = False,
     tenant_id: str | None = None,
+    announced_by_turn: str | Sequence[str] | None = None,
 ) -> Receipt:
-    """A receipt from its stored columns (JSON as text, timestamps already parsed)."""
+    """A receipt from its stored columns (JSON as text, timestamps already parsed).
+
+    ``announced_by_turn`` is what the committed turn named by the receipt's
+    ``turn_id`` announced (keys; a JSON array as text where the store has no arrays),
+    ``None`` if that turn never committed: a receipt that turn completed and announced
+    is announced without a mark in its own row (see ``TurnRecord.mark_announced``).
+    """
     try:
         resolved = load_value(resolution)
+        if not announced and announced_by_turn is not None and status == "completed":
+            keys = announced_by_turn
+            if isinstance(keys, str):
+                keys = load_value(keys)
+            if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+                raise ValueError("the announcing turn's keys are not a list of strings")
+            announced = key in keys
         return Receipt(
             id=id,
             thread_id=thread_id,

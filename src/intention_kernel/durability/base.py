@@ -188,7 +188,11 @@ class TurnRecord:
     and fact row of the thread is deleted first, and ``messages``/``facts`` are all of
     them (the stored rows were not the base this difference was computed from).
     ``announced`` names completed receipts (by key) whose ``effect.completed`` event
-    is among ``events``: the commit marks them announced.
+    is among ``events``. A receipt that this turn ID completed is announced by the turn
+    row itself: an adapter may store the keys with it and read a receipt as announced
+    when the turn named by its ``turn_id`` committed and lists its key (one write fewer
+    per effect). Those in ``mark_announced``, completed under another turn ID (one that
+    never committed), must be marked announced in their own row by the commit.
     """
 
     thread_id: str
@@ -210,6 +214,7 @@ class TurnRecord:
     removed_facts: Sequence[str] = ()
     rewrite: bool = False
     announced: Sequence[str] = ()
+    mark_announced: Sequence[str] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,7 +444,15 @@ def check_id(name: str, value: object) -> str:
 class _Transaction:
     """The ``tx`` handed to an operation: scope, checkpoint and effect coordination."""
 
-    __slots__ = ("_checkpoint", "_closed", "_inflight", "_owner", "_refused", "_scope")
+    __slots__ = (
+        "_checkpoint",
+        "_closed",
+        "_inflight",
+        "_owner",
+        "_receipt_turns",
+        "_refused",
+        "_scope",
+    )
 
     def __init__(
         self, owner: RecordedDurability, scope: TurnScope, checkpoint: KernelCheckpoint | None
@@ -453,6 +466,8 @@ class _Transaction:
         # operation caught the error (a capability's ``except Exception``, or the runtime
         # turning it into a failed step), or it would take a thread that is not its own.
         self._refused: TenantMismatchError | None = None
+        # The turn ID each receipt this turn met was completed under (see TurnRecord).
+        self._receipt_turns: dict[str, str] = {}
 
     @property
     def scope(self) -> TurnScope:
@@ -480,7 +495,9 @@ class _Transaction:
             )
         self._inflight.add(key)
         try:
-            return await self._owner._run_effect(self._scope, key, fn, step_id)
+            result = await self._owner._run_effect(self._scope, key, fn, step_id)
+            self._receipt_turns[result.receipt.key] = result.receipt.turn_id
+            return result
         except TenantMismatchError as exc:
             self._refused = exc
             raise
@@ -604,7 +621,7 @@ class RecordedDurability:
                     key=tx._refused.key,
                 ) from tx._refused
             try:
-                record = self._record(scope, expected, commit, checkpoint, stored_in_rows)
+                record = self._record(scope, expected, commit, checkpoint, stored_in_rows, tx)
             except ValueError as exc:  # pydantic's serialization errors included
                 raise KernelError(
                     f"refusing to commit turn {scope.turn_id!r}: its result or checkpoint "
@@ -691,6 +708,7 @@ class RecordedDurability:
         commit: TurnCommit,
         previous: KernelCheckpoint | None,
         stored_in_rows: bool,
+        tx: _Transaction,
     ) -> TurnRecord:
         if not isinstance(commit, TurnCommit):
             raise KernelError(f"operation must return a TurnCommit, got {type(commit).__name__}")
@@ -720,6 +738,7 @@ class RecordedDurability:
                 scope,
                 expected,
                 commit,
+                tx,
                 messages=[encode_message(m) for m in messages],
                 keep_messages=len(messages),
                 facts=[(key, encode_fact(r)) for key, r in checkpoint.facts.items()],
@@ -734,6 +753,7 @@ class RecordedDurability:
             scope,
             expected,
             commit,
+            tx,
             messages=[encode_message(m) for m in appended],
             keep_messages=len(messages),
             trim_messages=trimmed,
@@ -742,9 +762,14 @@ class RecordedDurability:
         )
 
     def _new_record(
-        self, scope: TurnScope, expected: int, commit: TurnCommit, **rows: Any
+        self, scope: TurnScope, expected: int, commit: TurnCommit, tx: _Transaction, **rows: Any
     ) -> TurnRecord:
         checkpoint = commit.checkpoint
+        announced = tuple(commit.announced)
+        # A key this transaction did not meet through run_effect is marked too: only a
+        # receipt known to carry this turn ID may rely on the turn row.
+        turns, turn_id = tx._receipt_turns, scope.turn_id
+        marks = tuple(k for k in announced if turns.get(k) != turn_id) if announced else ()
         encoder = self._encoders.get(scope.thread_id)
         if encoder is None:
             if len(self._encoders) >= self.CHECKPOINT_CACHE_SIZE:
@@ -763,7 +788,8 @@ class RecordedDurability:
             fingerprint=checkpoint.agent_fingerprint,
             events=tuple(commit.events),
             created_at=utcnow(),
-            announced=tuple(commit.announced),
+            announced=announced,
+            mark_announced=marks,
             **rows,
         )
 

@@ -185,6 +185,14 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT th.tenant_id FROM ik_threads th
         WHERE th.thread_id = ik_receipts.thread_id AND th.version > 0);
     """,
+    # 5: a turn row lists the receipts its effect.completed events announced (a JSON
+    # array of keys, NULL for none): a receipt that the turn named by its ``turn_id``
+    # completed and announced needs no mark of its own (see ``TurnRecord``), which
+    # saves a statement and a page per effect in every commit. Existing receipts keep
+    # their marks.
+    """
+    ALTER TABLE ik_turns ADD COLUMN announced TEXT;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (
@@ -211,7 +219,15 @@ RECEIPT_COLUMNS = (
     "thread_id, key, id, status, turn_id, step_id, attempt, value, error, resolution, "
     "created_at, updated_at, announced, tenant_id"
 )
-SELECT_RECEIPT = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts WHERE thread_id = ? AND key = ?"
+# Receipts as read: the row, and what the turn named by its turn_id announced (NULL
+# if that turn did not commit), found by the turns' primary key.
+READ_RECEIPTS = (
+    "SELECT "
+    + ", ".join(f"r.{c.strip()}" for c in RECEIPT_COLUMNS.split(","))
+    + ", t.announced FROM ik_receipts r LEFT JOIN ik_turns t"
+    " ON t.thread_id = r.thread_id AND t.turn_id = r.turn_id"
+)
+SELECT_RECEIPT = f"{READ_RECEIPTS} WHERE r.thread_id = ? AND r.key = ?"
 INSERT_RECEIPT = f"INSERT INTO ik_receipts ({RECEIPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 # The tenant that claimed a thread with no committed turn: its first receipt's.
 SELECT_CLAIM = "SELECT tenant_id FROM ik_receipts WHERE thread_id = ? ORDER BY rowid LIMIT 1"
@@ -226,15 +242,17 @@ UPDATE_RECEIPT = """
         resolution = ?, updated_at = ?, announced = ?
     WHERE thread_id = ? AND key = ? AND status = ? AND attempt = ?
 """
-# In the turn's commit: the effect.completed events it carries announce these receipts.
+# In the turn's commit: the effect.completed events it carries announce these receipts,
+# completed under another turn ID (see ``TurnRecord.mark_announced``).
 MARK_ANNOUNCED = """
     UPDATE ik_receipts SET announced = 1
     WHERE thread_id = ? AND key = ? AND status = 'completed'
 """
 
 INSERT_TURN = """
-    INSERT INTO ik_turns (thread_id, turn_id, request_digest, version, result, created_at)
-    VALUES (?, ?, ?, ?, ?, ?)
+    INSERT INTO ik_turns (thread_id, turn_id, request_digest, version, result, created_at,
+                          announced)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
 """
 # First commit of a thread. A row may already exist at version 0 (operator events
 # only); anything above 0 means another turn committed first, so the WHERE refuses.
@@ -551,6 +569,7 @@ class _SQLiteRecorder:
         }
         rows = _event_rows(record.events, record.thread_id, record.turn_id, now)
         thread_id = record.thread_id
+        announced = dump_value(list(record.announced)) if record.announced else None
 
         def commit(conn: sqlite3.Connection) -> None:
             conn.execute("BEGIN IMMEDIATE")
@@ -564,6 +583,7 @@ class _SQLiteRecorder:
                         record.version,
                         record.result,
                         now,
+                        announced,
                     ),
                 )
             except sqlite3.IntegrityError as exc:
@@ -591,8 +611,8 @@ class _SQLiteRecorder:
                 conn.execute(TRIM_MESSAGES, (thread_id, first_kept, last_trimmed))
             conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in record.facts])
             conn.executemany(DELETE_FACT, [(thread_id, k) for k in record.removed_facts])
-            if record.announced:
-                conn.executemany(MARK_ANNOUNCED, [(thread_id, k) for k in record.announced])
+            if record.mark_announced:
+                conn.executemany(MARK_ANNOUNCED, [(thread_id, k) for k in record.mark_announced])
             first_seq = next_seq - len(rows)
             conn.executemany(
                 INSERT_EVENT,
@@ -636,16 +656,16 @@ class _SQLiteRecorder:
     ) -> list[Receipt]:
         clauses, args = [], []
         if thread_id is not None:
-            clauses.append("thread_id = ?")
+            clauses.append("r.thread_id = ?")
             args.append(thread_id)
         if status is not None:
-            clauses.append("status = ?")
+            clauses.append("r.status = ?")
             args.append(str(status))
         if tenant_id is not None:
-            clauses.append("tenant_id = ?")
+            clauses.append("r.tenant_id = ?")
             args.append(tenant_id)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = f"SELECT {RECEIPT_COLUMNS} FROM ik_receipts {where} ORDER BY created_at, rowid"
+        sql = f"{READ_RECEIPTS} {where} ORDER BY r.created_at, r.rowid"
 
         def read(conn: sqlite3.Connection) -> list[Receipt]:
             return [_require(_receipt(row)) for row in conn.execute(sql, args)]
@@ -975,6 +995,7 @@ def _receipt(row: Sequence[Any] | None) -> Receipt | None:
         updated_at=updated_at,
         announced=row[12],
         tenant_id=row[13],
+        announced_by_turn=row[14],
     )
 
 

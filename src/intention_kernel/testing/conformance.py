@@ -310,6 +310,60 @@ class DurabilityConformance:
         ]
         assert completed == ["accept-under-a-new-id"] and provider.calls() == 1
 
+    async def test_a_turn_id_delivered_again_announces_only_the_receipts_it_reached(
+        self, durability: Durability
+    ) -> None:
+        """A receipt completed under a turn ID is announced by that turn's commit only if
+        the commit says so: a second delivery of the ID that does not reach the receipt
+        (the model planned another write) leaves it to the next turn that does, and one
+        that reaches it announces it (an adapter may record that in the turn row alone)."""
+
+        class Died(Exception):
+            pass
+
+        async def completes_then_dies(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("k", lambda a: {"ok": 1}, step_id="s1")
+            raise Died
+
+        async def reaches_another(tx: TurnTransaction) -> TurnCommit:
+            other = await tx.run_effect("other", lambda a: {"ok": 3}, step_id="s2")
+            key = other.receipt.key
+            return commit_for(tx, [EventDraft("effect.completed", {"key": key})], announced=[key])
+
+        seen: list[bool] = []
+
+        async def reaches(tx: TurnTransaction) -> TurnCommit:
+            effect = await tx.run_effect("k", lambda a: {"ok": 2}, step_id="s1")
+            assert effect.replayed and effect.value == {"ok": 1}
+            seen.append(effect.receipt.announced)
+            if effect.receipt.announced:
+                return commit_for(tx)
+            key = effect.receipt.key
+            return commit_for(tx, [EventDraft("effect.completed", {"key": key})], announced=[key])
+
+        async def announced(thread_id: str) -> bool:
+            receipts = {r.key: r for r in await durability.list_receipts(thread_id)}
+            receipt = receipts["k"]
+            assert receipt.status == ReceiptStatus.COMPLETED and receipt.turn_id == "1"
+            return receipt.announced
+
+        for thread_id, second_delivery in (("missed", reaches_another), ("reached", reaches)):
+            with pytest.raises(Died):
+                await durability.with_turn(TurnScope(thread_id, "1"), completes_then_dies)
+            await durability.with_turn(TurnScope(thread_id, "1"), second_delivery)
+            assert await announced(thread_id) is (second_delivery is reaches)
+            await durability.with_turn(TurnScope(thread_id, "2"), reaches)
+            assert await announced(thread_id)
+            await durability.with_turn(TurnScope(thread_id, "3"), reaches)
+        # Missed: turn 2 announced it, turn 3 saw it announced. Reached: turn 1 did.
+        assert seen == [False, True, False, True, True]
+        completed = [
+            (e.thread_id, e.turn_id)
+            for e in await durability.read_outbox(limit=1000)
+            if e.type == "effect.completed"
+        ]
+        assert completed == [("missed", "1"), ("missed", "2"), ("reached", "1")]
+
     async def test_a_distinct_business_operation_uses_a_distinct_key(
         self, kernel: Kernel, provider: FakeProvider
     ) -> None:
