@@ -125,7 +125,16 @@ def _turn_documents(
             },
         ),
         ("fact.recorded", {"key": fact["key"], "version": 1, "step_id": step}),
-        ("turn.committed", {"version": state.version, "steps": []}),
+        (
+            "turn.committed",
+            {
+                "version": state.version,
+                "steps": [
+                    {k: step[k] for k in ("step_id", "capability_id", "status")}
+                    for step in result["steps"]
+                ],
+            },
+        ),
     ]
     return {
         "result": json.dumps(result, separators=(",", ":")),

@@ -21,10 +21,15 @@ __all__ = ["MAX_NESTING", "dump_value", "load_value", "normalize", "too_deep"]
 MAX_NESTING = 64
 
 
+# One strict compact encoder for every stored value, built once: ``json.dumps`` with
+# options builds an encoder per call, which costs more than encoding a small value.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
 def dump_value(value: Any) -> str:
     """Compact strict JSON; raises ``TypeError``/``ValueError`` for what JSON cannot hold,
     or no store can (``UnicodeEncodeError``, a ``ValueError``, for a lone surrogate)."""
-    text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    text = _ENCODER.encode(value)
     if not text.isascii():
         text.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError
     return text
