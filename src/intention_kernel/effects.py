@@ -262,6 +262,19 @@ def settle(
     )
 
 
+def is_settlement(new: Receipt, expected: Receipt) -> bool:
+    """Whether ``new`` is ``expected`` settled (see :func:`settle`): only its status,
+    value, error and update time differ, so that a store may write just those."""
+    return (
+        new.turn_id == expected.turn_id
+        and new.step_id == expected.step_id
+        and new.attempt == expected.attempt
+        and new.resolution is None
+        and expected.resolution is None
+        and new.announced == expected.announced
+    )
+
+
 _OUTCOMES = {
     "completed": ReceiptStatus.COMPLETED,
     "failed": ReceiptStatus.FAILED,

@@ -78,7 +78,7 @@ from intention_kernel.durability.base import (
     TurnStart,
     dump_value,
 )
-from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
+from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, is_settlement, utcnow
 from intention_kernel.errors import (
     FencedCommitError,
     KernelError,
@@ -374,6 +374,14 @@ UPDATE_RECEIPT = """
     SET status = %(status)s, turn_id = %(turn_id)s, step_id = %(step_id)s,
         attempt = %(attempt)s, value = %(value)s, error = %(error)s,
         resolution = %(resolution)s, updated_at = %(updated_at)s, announced = %(announced)s
+    WHERE thread_id = %(thread_id)s AND key = %(key)s
+      AND status = %(expected_status)s AND attempt = %(expected_attempt)s
+"""
+# The outcome of an attempt (see ``is_settlement``): the same compare-and-set, writing
+# (and sending) only what an outcome changes.
+SETTLE_RECEIPT = """
+    UPDATE ik_receipts
+    SET status = %(status)s, value = %(value)s, error = %(error)s, updated_at = %(updated_at)s
     WHERE thread_id = %(thread_id)s AND key = %(key)s
       AND status = %(expected_status)s AND attempt = %(expected_attempt)s
 """
@@ -1502,9 +1510,20 @@ def _settle_again(new: Receipt, expected: Receipt) -> Callable[[Connection], Awa
 
 
 async def _update_receipt(conn: Connection, new: Receipt, expected: Receipt) -> None:
-    params = _receipt_params(new)
-    params.update(expected_status=str(expected.status), expected_attempt=expected.attempt)
-    if (await _execute(conn, UPDATE_RECEIPT, params)).rowcount != 1:
+    if is_settlement(new, expected):
+        statement = SETTLE_RECEIPT
+        params: dict[str, Any] = {
+            "status": new.status.value,
+            "value": dump_optional(new.value),
+            "error": new.error,
+            "updated_at": new.updated_at or utcnow(),
+            "thread_id": new.thread_id,
+            "key": new.key,
+        }
+    else:
+        statement, params = UPDATE_RECEIPT, _receipt_params(new)
+    params.update(expected_status=expected.status.value, expected_attempt=expected.attempt)
+    if (await _execute(conn, statement, params)).rowcount != 1:
         raise _receipt_moved(new)
 
 

@@ -49,8 +49,9 @@ import asyncio
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
+from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from intention_kernel import _faults
@@ -75,8 +76,9 @@ from intention_kernel.durability.base import (
     TurnRecord,
     TurnStart,
     dump_value,
+    lock_and_begin,
 )
-from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
+from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, is_settlement, utcnow
 from intention_kernel.errors import CorruptRecordError, FencedCommitError, KernelError, StoreError
 from intention_kernel.turns import EventDraft, OutboxEvent
 
@@ -240,6 +242,12 @@ UPDATE_RECEIPT = """
     UPDATE ik_receipts
     SET status = ?, turn_id = ?, step_id = ?, attempt = ?, value = ?, error = ?,
         resolution = ?, updated_at = ?, announced = ?
+    WHERE thread_id = ? AND key = ? AND status = ? AND attempt = ?
+"""
+# The outcome of an attempt (see ``is_settlement``): the same compare-and-set, writing
+# only what an outcome changes.
+SETTLE_RECEIPT = """
+    UPDATE ik_receipts SET status = ?, value = ?, error = ?, updated_at = ?
     WHERE thread_id = ? AND key = ? AND status = ? AND attempt = ?
 """
 # In the turn's commit: the effect.completed events it carries announce these receipts,
@@ -521,6 +529,14 @@ class _SQLiteRecorder:
             self._lockers -= 1
 
     # -- turns ---------------------------------------------------------------------------------
+
+    def start_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> AbstractAsyncContextManager[TurnStart]:
+        """``lock`` then ``begin_turn``, as one context manager: a plain object while the
+        thread's lock is free at once, the usual case (three nested generator-based
+        ones cost a turn ~4 µs), else :func:`lock_and_begin`, which waits."""
+        return _StartTurn(self, thread_id, turn_id, known_version)
 
     async def begin_turn(
         self, thread_id: str, turn_id: str, known_version: int | None
@@ -884,6 +900,52 @@ class SQLiteDurability(RecordedDurability):
         )
 
 
+class _StartTurn:
+    """See ``_SQLiteRecorder.start_turn``."""
+
+    __slots__ = ("_args", "_offset", "_recorder", "_waiting")
+
+    def __init__(
+        self, recorder: _SQLiteRecorder, thread_id: str, turn_id: str, known: int | None
+    ) -> None:
+        self._recorder, self._args = recorder, (thread_id, turn_id, known)
+        self._offset: int | None = None  # the lock byte held, on the fast path
+        self._waiting: AbstractAsyncContextManager[TurnStart] | None = None
+
+    async def __aenter__(self) -> TurnStart:
+        recorder, (thread_id, turn_id, known) = self._recorder, self._args
+        locks = recorder._locks
+        offset = lock_offset(thread_id)
+        if locks is None or not locks.try_acquire(offset):
+            self._waiting = lock_and_begin(recorder, thread_id, turn_id, known)
+            return await self._waiting.__aenter__()
+        recorder._lockers += 1  # no await since the lock was taken: counted as held
+        self._offset = offset
+        try:
+            return await recorder.begin_turn(thread_id, turn_id, known)
+        except BaseException:
+            self._release()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._waiting is not None:
+            return await self._waiting.__aexit__(exc_type, exc, tb)
+        self._release()
+        return None
+
+    def _release(self) -> None:
+        offset, self._offset = self._offset, None
+        locks = self._recorder._locks
+        if offset is not None and locks is not None:
+            locks.release(offset)
+            self._recorder._lockers -= 1
+
+
 # -- rows ------------------------------------------------------------------------------------
 
 
@@ -956,11 +1018,21 @@ def _receipt_row(r: Receipt) -> tuple[Any, ...]:
 
 
 def _update_receipt(conn: sqlite3.Connection, new: Receipt, expected: Receipt) -> None:
-    row = _receipt_row(new)
-    cursor = conn.execute(
-        UPDATE_RECEIPT,
-        (*row[3:10], *row[11:13], new.thread_id, new.key, str(expected.status), expected.attempt),
-    )
+    fence = (new.thread_id, new.key, expected.status.value, expected.attempt)
+    if is_settlement(new, expected):
+        cursor = conn.execute(
+            SETTLE_RECEIPT,
+            (
+                new.status.value,
+                dump_optional(new.value),
+                new.error,
+                (new.updated_at or utcnow()).isoformat(),
+                *fence,
+            ),
+        )
+    else:
+        row = _receipt_row(new)
+        cursor = conn.execute(UPDATE_RECEIPT, (*row[3:10], *row[11:13], *fence))
     if cursor.rowcount != 1:
         raise FencedCommitError(
             f"receipt {new.key!r} on thread {new.thread_id!r} changed while its effect ran",
