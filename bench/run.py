@@ -85,7 +85,10 @@ MODES: dict[str, dict[str, Any]] = {
     "full": {
         "warmup": 50,
         "blocks": 15,
-        "block": 60,
+        # Each block spans several of SQLite's WAL checkpoints (one every ~35 turns, a
+        # few ms each) and the kernel's warm-up after the other rows ran; with 60-turn
+        # blocks both weighed on each block's ratio (see README.md, "Block length").
+        "block": 200,
         "count": 40,
         "growth": [10, 1000, 10000],
         "growth_pairs": 60,
@@ -558,10 +561,18 @@ def main() -> None:
         help=f"a source tree (with src/) to compare against: adds an '{BASE_SUFFIX}' twin of "
         "each intention-kernel row (and a scale-out group), interleaved with the current code",
     )
+    parser.add_argument(
+        "--block",
+        type=int,
+        help="turns per row and block in the throughput table (default: "
+        "the mode's, 200 in full mode)",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     mode_name = "quick" if args.quick else "full"
-    mode = MODES[mode_name]
+    mode = dict(MODES[mode_name])
+    if args.block:
+        mode["block"] = args.block
     phases = set(args.only or ["throughput", "growth", "scale"])
     rows = SQLITE_ROWS + ([] if args.no_postgres else POSTGRES_ROWS)
     if args.no_peers:
