@@ -16,7 +16,24 @@ from intention_kernel.effects import Receipt, ReceiptStatus, Resolution
 from intention_kernel.errors import CorruptRecordError
 from intention_kernel.turns import OutboxEvent
 
-__all__ = ["decode_event", "decode_receipt", "dump_resolution", "dump_optional"]
+__all__ = [
+    "decode_event",
+    "decode_receipt",
+    "dump_optional",
+    "dump_resolution",
+    "select_receipts",
+]
+
+
+def select_receipts(columns: str) -> str:
+    """The SELECT of receipts as read, for both SQL adapters: ``columns`` of the receipt
+    row (``r``), then what the turn named by its ``turn_id`` announced (``NULL`` if that
+    turn did not commit), found by the turns' primary key. Filters and order name ``r.``."""
+    selected = ", ".join(f"r.{c.strip()}" for c in columns.split(","))
+    return (
+        f"SELECT {selected}, t.announced FROM ik_receipts r"
+        " LEFT JOIN ik_turns t ON t.thread_id = r.thread_id AND t.turn_id = r.turn_id"
+    )
 
 
 def dump_optional(value: Any) -> str | None:

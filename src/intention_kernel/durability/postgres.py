@@ -63,6 +63,7 @@ from intention_kernel.durability._rows import (
     decode_receipt,
     dump_optional,
     dump_resolution,
+    select_receipts,
 )
 from intention_kernel.durability.base import (
     CheckpointRewrite,
@@ -349,14 +350,7 @@ RECEIPT_COLUMNS = (
     "id, thread_id, key, status, turn_id, step_id, attempt, value, error, "
     "created_at, updated_at, resolution, announced, tenant_id"
 )
-# Receipts as read: the row, and what the turn named by its turn_id announced (NULL
-# if that turn did not commit), found by the turns' primary key.
-READ_RECEIPTS = (
-    "SELECT "
-    + ", ".join(f"r.{c.strip()}" for c in RECEIPT_COLUMNS.split(","))
-    + ", t.announced FROM ik_receipts r LEFT JOIN ik_turns t"
-    " ON t.thread_id = r.thread_id AND t.turn_id = r.turn_id"
-)
+READ_RECEIPTS = select_receipts(RECEIPT_COLUMNS)
 SELECT_RECEIPT = f"{READ_RECEIPTS} WHERE r.thread_id = %s AND r.key = %s"
 INSERT_RECEIPT = f"""
     INSERT INTO ik_receipts ({RECEIPT_COLUMNS})

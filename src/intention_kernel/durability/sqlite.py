@@ -61,6 +61,7 @@ from intention_kernel.durability._rows import (
     decode_receipt,
     dump_optional,
     dump_resolution,
+    select_receipts,
 )
 from intention_kernel.durability._worker import WorkerThread
 from intention_kernel.durability.base import (
@@ -221,14 +222,7 @@ RECEIPT_COLUMNS = (
     "thread_id, key, id, status, turn_id, step_id, attempt, value, error, resolution, "
     "created_at, updated_at, announced, tenant_id"
 )
-# Receipts as read: the row, and what the turn named by its turn_id announced (NULL
-# if that turn did not commit), found by the turns' primary key.
-READ_RECEIPTS = (
-    "SELECT "
-    + ", ".join(f"r.{c.strip()}" for c in RECEIPT_COLUMNS.split(","))
-    + ", t.announced FROM ik_receipts r LEFT JOIN ik_turns t"
-    " ON t.thread_id = r.thread_id AND t.turn_id = r.turn_id"
-)
+READ_RECEIPTS = select_receipts(RECEIPT_COLUMNS)
 SELECT_RECEIPT = f"{READ_RECEIPTS} WHERE r.thread_id = ? AND r.key = ?"
 INSERT_RECEIPT = f"INSERT INTO ik_receipts ({RECEIPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 # The tenant that claimed a thread with no committed turn: its first receipt's.
