@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, closing
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,6 @@ from intention_kernel import (
     Kernel,
     capability,
 )
-from intention_kernel.durability.base import lock_and_begin
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.interpretation import InterpretationRequest
 
@@ -463,10 +461,8 @@ async def test_stale_commit_is_fenced(
         SQLiteDurability(cluster.db) as honest,
         SQLiteDurability(cluster.db) as rogue,
     ):
-        # The rogue adapter skips the thread lock, as if the lock file had been deleted:
-        # a plain read (``begin_turn``) instead of ``start_turn``.
+        # The rogue adapter skips the thread lock, as if the lock file had been deleted.
         monkeypatch.setattr(rogue._recorder, "lock", no_lock)
-        monkeypatch.setattr(rogue, "_start_turn", partial(lock_and_begin, rogue._recorder))
         honest_kernel, rogue_kernel = Kernel(agent, honest), Kernel(agent, rogue)
         for i in range(prior_turns):
             await honest_kernel.turn("th-fence", f"prior-{i}", "balance?")

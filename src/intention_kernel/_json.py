@@ -77,33 +77,26 @@ def too_deep(value: Any, limit: int) -> bool:
 
 
 _NOT_PLAIN: Any = object()
+_SCALARS = (str, int, bool, type(None))
 
 
 def _plain(value: Any, depth: int) -> Any:
     """A copy of ``value`` if it is made only of dicts with ``str`` keys, lists and exact
     ``str``/``int``/``bool``/``None`` (which JSON round-trips unchanged), else
-    ``_NOT_PLAIN``: the common small values skip an encode and a decode. (Scalars inside
-    a dict are checked in place: most values are one dict of scalars.)"""
+    ``_NOT_PLAIN``: the common small values skip an encode and a decode."""
     kind = type(value)
-    if kind is str:
-        return value if value.isascii() or _storable(value) else _NOT_PLAIN
-    if kind is int or kind is bool or value is None:
-        return value
+    if kind in _SCALARS:
+        return value if kind is not str or _storable(value) else _NOT_PLAIN
     if depth == 0:
         return _NOT_PLAIN
     if kind is dict:
         out = {}
         for key, item in value.items():
-            if type(key) is not str or not (key.isascii() or _storable(key)):
+            if type(key) is not str or not _storable(key):
                 return _NOT_PLAIN
-            of = type(item)
-            if of is str:
-                if not (item.isascii() or _storable(item)):
-                    return _NOT_PLAIN
-            elif not (of is int or of is bool or item is None):
-                item = _plain(item, depth - 1)
-                if item is _NOT_PLAIN:
-                    return _NOT_PLAIN
+            item = _plain(item, depth - 1)
+            if item is _NOT_PLAIN:
+                return _NOT_PLAIN
             out[key] = item
         return out
     if kind is list:

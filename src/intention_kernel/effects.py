@@ -241,24 +241,12 @@ def settle(
             key=prepared.key,
             receipt=prepared,
         )
-    # Built field by field: ``dataclasses.replace`` costs several times more, once per
-    # effect of every turn.
-    p = prepared
-    return Receipt(
-        id=p.id,
-        thread_id=p.thread_id,
-        key=p.key,
-        status=_OUTCOMES[outcome],
-        turn_id=p.turn_id,
-        step_id=p.step_id,
-        attempt=p.attempt,
+    return replace(
+        prepared,
+        status=ReceiptStatus(outcome),
         value=value if outcome == "completed" else None,
         error=error,
-        created_at=p.created_at,
         updated_at=now,
-        resolution=p.resolution,
-        announced=p.announced,
-        tenant_id=p.tenant_id,
     )
 
 
@@ -273,13 +261,6 @@ def is_settlement(new: Receipt, expected: Receipt) -> bool:
         and expected.resolution is None
         and new.announced == expected.announced
     )
-
-
-_OUTCOMES = {
-    "completed": ReceiptStatus.COMPLETED,
-    "failed": ReceiptStatus.FAILED,
-    "uncertain": ReceiptStatus.UNCERTAIN,
-}
 
 
 def resolve(

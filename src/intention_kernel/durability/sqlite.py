@@ -49,9 +49,8 @@ import asyncio
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
-from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from intention_kernel import _faults
@@ -77,7 +76,6 @@ from intention_kernel.durability.base import (
     TurnRecord,
     TurnStart,
     dump_value,
-    lock_and_begin,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, is_settlement, utcnow
 from intention_kernel.errors import CorruptRecordError, FencedCommitError, KernelError, StoreError
@@ -524,14 +522,6 @@ class _SQLiteRecorder:
 
     # -- turns ---------------------------------------------------------------------------------
 
-    def start_turn(
-        self, thread_id: str, turn_id: str, known_version: int | None
-    ) -> AbstractAsyncContextManager[TurnStart]:
-        """``lock`` then ``begin_turn``, as one context manager: a plain object while the
-        thread's lock is free at once, the usual case (three nested generator-based
-        ones cost a turn ~4 µs), else :func:`lock_and_begin`, which waits."""
-        return _StartTurn(self, thread_id, turn_id, known_version)
-
     async def begin_turn(
         self, thread_id: str, turn_id: str, known_version: int | None
     ) -> TurnStart:
@@ -892,52 +882,6 @@ class SQLiteDurability(RecordedDurability):
                 offload_writes=offload_writes,
             )
         )
-
-
-class _StartTurn:
-    """See ``_SQLiteRecorder.start_turn``."""
-
-    __slots__ = ("_args", "_offset", "_recorder", "_waiting")
-
-    def __init__(
-        self, recorder: _SQLiteRecorder, thread_id: str, turn_id: str, known: int | None
-    ) -> None:
-        self._recorder, self._args = recorder, (thread_id, turn_id, known)
-        self._offset: int | None = None  # the lock byte held, on the fast path
-        self._waiting: AbstractAsyncContextManager[TurnStart] | None = None
-
-    async def __aenter__(self) -> TurnStart:
-        recorder, (thread_id, turn_id, known) = self._recorder, self._args
-        locks = recorder._locks
-        offset = lock_offset(thread_id)
-        if locks is None or not locks.try_acquire(offset):
-            self._waiting = lock_and_begin(recorder, thread_id, turn_id, known)
-            return await self._waiting.__aenter__()
-        recorder._lockers += 1  # no await since the lock was taken: counted as held
-        self._offset = offset
-        try:
-            return await recorder.begin_turn(thread_id, turn_id, known)
-        except BaseException:
-            self._release()
-            raise
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        if self._waiting is not None:
-            return await self._waiting.__aexit__(exc_type, exc, tb)
-        self._release()
-        return None
-
-    def _release(self) -> None:
-        offset, self._offset = self._offset, None
-        locks = self._recorder._locks
-        if offset is not None and locks is not None:
-            locks.release(offset)
-            self._recorder._lockers -= 1
 
 
 # -- rows ------------------------------------------------------------------------------------
