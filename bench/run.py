@@ -15,6 +15,9 @@ Phases, each comparing rows only within this run:
 4. PostgreSQL scale-out: 1, 2, 4 and 8 worker processes on distinct threads against
    as many floor processes, run alternately.
 
+A row name ending in ``@uvloop`` runs its worker on uvloop's event loop (what
+``intention-kernel serve`` runs on where installed) instead of asyncio's.
+
 Raw results go to ``bench/results/<UTC date>-<mode>.json``.
 """
 
@@ -50,6 +53,7 @@ SQLITE_ROWS = [
 ]
 POSTGRES_ROWS = [
     "ik-postgres",
+    "ik-postgres@uvloop",
     "floor-postgres",
     "floor-postgres-async",
     "langgraph-postgres",
@@ -70,6 +74,15 @@ FLOOR = {
 #: A row name ending so runs that row against the source tree given with ``--base``
 #: (its ``src`` imported first), interleaved with the current one: before/after in one run.
 BASE_SUFFIX = "@base"
+#: A row name ending so runs that row's worker on uvloop's event loop instead of asyncio's.
+UVLOOP_SUFFIX = "@uvloop"
+
+
+def plain(row: str) -> str:
+    """The row without its suffixes: ``ik-postgres@uvloop@base`` is an ``ik-postgres``."""
+    return row.split("@", 1)[0]
+
+
 MODES: dict[str, dict[str, Any]] = {
     "quick": {
         "warmup": 20,
@@ -116,7 +129,8 @@ class Proc:
             "--dsn",
             DSN,
             "--schema",
-            base.schema + ("_base" if row.endswith(BASE_SUFFIX) else ""),
+            # Rows that differ only by suffix must not share turns.
+            base.schema + "".join(f"_{suffix}" for suffix in row.split("@")[1:]),
             "--ident",
             ident,
         ]
@@ -207,7 +221,7 @@ def throughput(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) 
         if row.startswith("ik-postgres") and "floor-postgres-async" in blocks:
             pairs = zip(data, blocks["floor-postgres-async"], strict=True)
             out[row]["ratio_async_floor"] = statistics.median(a["tps"] / f["tps"] for a, f in pairs)
-        floor = FLOOR.get(row.removesuffix(BASE_SUFFIX))
+        floor = FLOOR.get(plain(row))
         if floor in blocks:
             ratios = [a["tps"] / f["tps"] for a, f in zip(data, blocks[floor], strict=True)]
             out[row]["floor"] = floor
@@ -302,6 +316,7 @@ SCALE_GROUPS = {
     "ik": "ik-postgres",
     "floor": "floor-postgres",
     "floor_async": "floor-postgres-async",
+    "ik_uvloop": "ik-postgres" + UVLOOP_SUFFIX,
 }
 
 
@@ -344,8 +359,8 @@ def scale_out(args: argparse.Namespace, mode: dict[str, Any]) -> list[dict[str, 
                 for p in procs:
                     p.stop()
 
-        def ratio(floor: str, rounds: dict[str, list[float]] = rounds) -> float:
-            pairs = zip(rounds["ik"], rounds[floor], strict=True)
+        def ratio(floor: str, row: str = "ik", rounds: dict[str, list[float]] = rounds) -> float:
+            pairs = zip(rounds[row], rounds[floor], strict=True)
             return statistics.median(a / f for a, f in pairs)
 
         level = {
@@ -355,6 +370,9 @@ def scale_out(args: argparse.Namespace, mode: dict[str, Any]) -> list[dict[str, 
             "floor_async_tps": statistics.median(rounds["floor_async"]),
             "ratio": ratio("floor"),
             "ratio_async": ratio("floor_async"),
+            "uvloop_tps": statistics.median(rounds["ik_uvloop"]),
+            "uvloop_ratio": ratio("floor", "ik_uvloop"),
+            "uvloop_ratio_async": ratio("floor_async", "ik_uvloop"),
             "rounds": rounds,
             "cpu": {name: median_usage(usage[name]) for name in names},
         }
@@ -490,12 +508,16 @@ def report(results: dict[str, Any]) -> str:
             f"| {reran} "
             f"| {results['caveats'].get(row.split('-')[0], '')} |"
         )
-    ik_pg = results["throughput"].get("ik-postgres", {})
-    if "ratio_async_floor" in ik_pg:
+    against_async = [
+        f"{row} x{r['ratio_async_floor']:.2f}"
+        for row, r in results["throughput"].items()
+        if "ratio_async_floor" in r
+    ]
+    if against_async:
         lines += [
             "",
-            f"ik-postgres against the floor written with psycopg's asyncio driver: "
-            f"x{ik_pg['ratio_async_floor']:.2f}",
+            "intention-kernel against the floor written with psycopg's asyncio driver "
+            "(on asyncio's loop): " + ", ".join(against_async),
         ]
     lines += [
         "",
@@ -525,10 +547,11 @@ def report(results: dict[str, Any]) -> str:
             "",
             "PostgreSQL scale-out (distinct threads per worker process):",
             "",
-            "| workers | intention-kernel turns/s | floor turns/s | x floor "
-            "| async floor turns/s | x async floor | CPU ms/turn, client + server: ik "
-            "/ floor / async floor | machine busy (ik rounds) |",
-            "|---|---|---|---|---|---|---|---|",
+            "| workers | floor turns/s | intention-kernel turns/s | x floor "
+            "| on uvloop turns/s | x floor | async floor turns/s | x async floor (asyncio, uvloop) "
+            "| CPU ms/turn, client + server: ik / ik on uvloop / floor / async floor "
+            "| machine busy (ik rounds) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
 
         def cpu(usage: dict[str, Any]) -> str:
@@ -539,10 +562,13 @@ def report(results: dict[str, Any]) -> str:
             base = f" base {s['base_tps']:.0f}, x{s['base_ratio']:.2f} |" if "base_tps" in s else ""
             use = s.get("cpu", {})
             busy = use.get("ik", {}).get("machine_busy")
+            groups = ("ik", "ik_uvloop", "floor", "floor_async")
             lines.append(
-                f"| {s['workers']} | {s['ik_tps']:.0f} | {s['floor_tps']:.0f} | {s['ratio']:.2f} "
-                f"| {s['floor_async_tps']:.0f} | {s['ratio_async']:.2f} "
-                f"| {' / '.join(cpu(use[g]) for g in ('ik', 'floor', 'floor_async') if g in use)} "
+                f"| {s['workers']} | {s['floor_tps']:.0f} | {s['ik_tps']:.0f} | {s['ratio']:.2f} "
+                f"| {s['uvloop_tps']:.0f} | {s['uvloop_ratio']:.2f} "
+                f"| {s['floor_async_tps']:.0f} "
+                f"| {s['ratio_async']:.2f}, {s['uvloop_ratio_async']:.2f} "
+                f"| {' / '.join(cpu(use[g]) for g in groups if g in use)} "
                 f"| {'' if busy is None else f'{busy:.0%}'} |{base}"
             )
     return "\n".join(lines)

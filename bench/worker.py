@@ -100,7 +100,7 @@ def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
     from bench.peers import DBOSRow, LangGraphRow
 
     path = os.path.join(directory, f"{name}.db")
-    kind, store, sync, *options = [*name.removesuffix("@base").split("-"), "", ""]
+    kind, store, sync, *options = [*name.split("@", 1)[0].split("-"), "", ""]
     if kind == "ik":
         offload = True if "offload" in options else False if "inline" in options else None
         return KernelRow(store, path, dsn, schema + "_ik", (sync or "full").upper(), offload)
@@ -254,7 +254,12 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever a library prints must not reach the protocol
     sys.stdout = sys.stderr
-    asyncio.run(serve(args, out))
+    if "@uvloop" in args.row:
+        import uvloop
+
+        uvloop.run(serve(args, out))
+    else:
+        asyncio.run(serve(args, out))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ hypothesis profiles; the soak's size (``--soak-turns``)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -117,3 +119,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--soak-seed", type=int, default=None, help="seed of the soak's schedule and kills"
     )
+
+
+#: The conformance suites that also run on uvloop's event loop, which ``serve`` uses
+#: where it is installed: the adapters' waits, cancellations and shields must hold on
+#: both loops.
+_ON_BOTH_LOOPS = ("TestPostgresDurability", "TestSQLiteDurability")
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    loops: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+    cls = getattr(item, "cls", None)
+    if cls is not None and cls.__name__ in _ON_BOTH_LOOPS:
+        try:
+            import uvloop
+        except ImportError:  # the http extra installs it, except on Windows
+            pass
+        else:
+            loops["uvloop"] = uvloop.new_event_loop
+    return loops

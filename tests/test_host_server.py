@@ -71,6 +71,46 @@ def test_served_host_with_tokens_refuses_anonymous_calls(tmp_path: Path) -> None
         assert authorized.json() == {"receipts": []}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "loop"), [((), "uvloop"), (("--loop", "asyncio"), "asyncio")], ids=["auto", "asyncio"]
+)
+def test_serve_runs_on_uvloop_where_installed_or_on_the_loop_it_is_told(
+    tmp_path: Path, args: tuple[str, ...], loop: str
+) -> None:
+    pytest.importorskip("uvloop", reason="the http extra installs uvloop except on Windows")
+    log = tmp_path / "host.log"
+    with served(tmp_path / "host.db", args=args, log_path=log) as base_url:
+        turn = httpx.post(
+            f"{base_url}/v1/threads/acct-acme/turns",
+            json={"turn_id": "t1", "message": "pay invoice 42"},
+            timeout=30,
+        )
+        assert turn.status_code == 200
+        assert turn.json()["interaction"]["prompt"].startswith("Charge $125.00")
+    started = " ".join(log.read_text().split())
+    assert f"· {loop} event loop ·" in started
+
+
+def test_serve_refuses_loop_uvloop_when_uvloop_is_missing(tmp_path: Path) -> None:
+    # A sitecustomize that makes ``import uvloop`` fail, as on a machine without it.
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['uvloop'] = None\n")
+    command = [sys.executable, "-m", "intention_kernel", "serve", "--port", "1"]
+    command += ["--agent", "host_support:billing_agent", "--loop", "uvloop"]
+    path = os.pathsep.join(
+        filter(None, [str(blocker), str(TESTS_DIR), os.environ.get("PYTHONPATH")])
+    )
+    env = {"PYTHONPATH": path, "HOST_TEST_PROVIDER_DB": str(tmp_path / "p.db")}
+    run = subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60, check=False
+    )
+    assert run.returncode == 2
+    assert "--loop uvloop needs uvloop" in " ".join(run.stderr.split())
+    assert not (tmp_path / "intention-kernel.db").exists()  # refused before opening a store
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
