@@ -106,7 +106,9 @@ MODES: dict[str, dict[str, Any]] = {
         "growth": [10, 1000, 10000],
         "growth_pairs": 60,
         "scale": [1, 2, 4, 8],
-        "rounds": 4,
+        # Rounds are short (150 turns per worker); eight make each level's median
+        # steadier on a machine whose speed drifts between rounds.
+        "rounds": 8,
         "scale_turns": 150,
     },
 }
