@@ -124,7 +124,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: The conformance suites that also run on uvloop's event loop, which ``serve`` uses
 #: where it is installed: the adapters' waits, cancellations and shields must hold on
 #: both loops.
-_ON_BOTH_LOOPS = ("TestPostgresDurability", "TestSQLiteDurability")
+_ON_BOTH_LOOPS = (
+    "TestPostgresDurability",
+    "TestSQLiteDurability",
+    "TestSQLiteDurabilityWithWritesOnTheWorkerThread",
+)
 
 
 def pytest_asyncio_loop_factories(
