@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from bench.run import UVLOOP_SUFFIX, plain
 from bench.workload import THREADS, FakeProvider, agent, message
 
 
@@ -100,7 +101,7 @@ def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
     from bench.peers import DBOSRow, LangGraphRow
 
     path = os.path.join(directory, f"{name}.db")
-    kind, store, sync, *options = [*name.split("@", 1)[0].split("-"), "", ""]
+    kind, store, sync, *options = [*plain(name).split("-"), "", ""]
     if kind == "ik":
         offload = True if "offload" in options else False if "inline" in options else None
         return KernelRow(store, path, dsn, schema + "_ik", (sync or "full").upper(), offload)
@@ -254,7 +255,7 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever a library prints must not reach the protocol
     sys.stdout = sys.stderr
-    if "@uvloop" in args.row:
+    if UVLOOP_SUFFIX in args.row:
         import uvloop
 
         uvloop.run(serve(args, out))

@@ -1504,18 +1504,9 @@ def _settle_again(new: Receipt, expected: Receipt) -> Callable[[Connection], Awa
 
 
 async def _update_receipt(conn: Connection, new: Receipt, expected: Receipt) -> None:
-    if is_settlement(new, expected):
-        statement = SETTLE_RECEIPT
-        params: dict[str, Any] = {
-            "status": new.status.value,
-            "value": dump_optional(new.value),
-            "error": new.error,
-            "updated_at": new.updated_at or utcnow(),
-            "thread_id": new.thread_id,
-            "key": new.key,
-        }
-    else:
-        statement, params = UPDATE_RECEIPT, _receipt_params(new)
+    # Each statement takes the parameters it names.
+    statement = SETTLE_RECEIPT if is_settlement(new, expected) else UPDATE_RECEIPT
+    params = _receipt_params(new)
     params.update(expected_status=expected.status.value, expected_attempt=expected.attempt)
     if (await _execute(conn, statement, params)).rowcount != 1:
         raise _receipt_moved(new)

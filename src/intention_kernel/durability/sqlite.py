@@ -956,20 +956,12 @@ def _receipt_row(r: Receipt) -> tuple[Any, ...]:
 
 
 def _update_receipt(conn: sqlite3.Connection, new: Receipt, expected: Receipt) -> None:
+    row = _receipt_row(new)
     fence = (new.thread_id, new.key, expected.status.value, expected.attempt)
     if is_settlement(new, expected):
-        cursor = conn.execute(
-            SETTLE_RECEIPT,
-            (
-                new.status.value,
-                dump_optional(new.value),
-                new.error,
-                (new.updated_at or utcnow()).isoformat(),
-                *fence,
-            ),
-        )
+        # status, value, error, updated_at
+        cursor = conn.execute(SETTLE_RECEIPT, (row[3], row[7], row[8], row[11], *fence))
     else:
-        row = _receipt_row(new)
         cursor = conn.execute(UPDATE_RECEIPT, (*row[3:10], *row[11:13], *fence))
     if cursor.rowcount != 1:
         raise FencedCommitError(
