@@ -49,9 +49,9 @@ if TYPE_CHECKING:
 __all__ = [
     "TOKENS_ENV_VAR",
     "Loop",
+    "loop_runner",
     "open_store",
     "parse_tokens",
-    "loop_runner",
     "register",
     "serve",
 ]
