@@ -1008,10 +1008,11 @@ def test_hot_path_statements_fit_psycopgs_query_cache() -> None:
 
     from intention_kernel.durability import postgres
 
+    every_part = frozenset(postgres.COMMIT_PARTS)  # the longest commit statements
     hot = {
         "BEGIN_TURN": postgres.BEGIN_TURN,
-        "COMMIT_FIRST_TURN": postgres.COMMIT_FIRST_TURN,
-        "COMMIT_NEXT_TURN": postgres.COMMIT_NEXT_TURN,
+        "commit of a first turn": postgres.commit_statement(True, every_part),
+        "commit of a later turn": postgres.commit_statement(False, every_part),
         "INSERT_RECEIPT_IF_NEW": postgres.INSERT_RECEIPT_IF_NEW,
         "UPDATE_RECEIPT": postgres.UPDATE_RECEIPT,
     }
@@ -1043,11 +1044,13 @@ async def test_a_commits_generic_plan_probes_receipts_and_facts_by_key_not_by_th
         for n in range(40):  # a thread with 40 receipts and facts
             await durability.with_turn(TurnScope("long", f"t{n}"), _charge_and_record(n))
         captured: dict[str, Any] = {}
+        statement: list[str] = []
         execute = postgres._execute
 
         async def capture(conn: Any, query: str, params: Any) -> Any:
-            if query is postgres.COMMIT_NEXT_TURN:
+            if query.startswith("WITH xact_lock"):
                 captured.update(params)
+                statement.append(query)
                 raise RuntimeError("captured")
             return await execute(conn, query, params)
 
@@ -1056,14 +1059,15 @@ async def test_a_commits_generic_plan_probes_receipts_and_facts_by_key_not_by_th
             await durability.with_turn(TurnScope("long", "last"), _charge_and_record(0, drop=7))
     # The captured commit announces a write (turn 0's receipt, reused) and removes a fact.
     assert captured["announced"] == ["k0"] and captured["removed_facts"] == ["fact.7"]
+    # ... so its statement has the parts that do both (a usual commit leaves them out).
+    assert len(statement) == 1
+    assert " removed_facts AS (" in statement[0] and " announced AS (" in statement[0]
 
     with psycopg.connect(store.dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
         conn.execute("SET plan_cache_mode = force_generic_plan")
         with conn.transaction(force_rollback=True):
-            cur = conn.execute(
-                "EXPLAIN (ANALYZE, FORMAT JSON) " + postgres.COMMIT_NEXT_TURN, captured
-            )
+            cur = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement[0], captured)
             row = cur.fetchone()
     assert row is not None
     (document,) = row

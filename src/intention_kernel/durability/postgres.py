@@ -31,6 +31,7 @@ one commit for result + checkpoint + events.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import random
 import re
@@ -432,7 +433,11 @@ UPDATE_THREAD = """
 # statement must not both delete and insert the same row. Arrays go in binary
 # (``%(...)b``): the text format escapes every quote of every JSON element with a
 # regular expression, which cost more than the round trip.
-COMMIT_TURN = """
+#
+# A part with nothing to do in a given turn is left out of its statement (see
+# ``commit_statement``): the server starts every part of a statement it runs, even
+# one whose input is an empty array, and a usual turn needs five of the ten.
+COMMIT_HEAD = """
     WITH xact_lock AS MATERIALIZED (
         SELECT pg_try_advisory_xact_lock(%(lock)s) AS held
     ), thread AS ({thread}), turn AS (
@@ -449,63 +454,97 @@ COMMIT_TURN = """
         FROM thread, unnest(%(event_ids)b::text[], %(event_types)b::text[],
                             %(event_payloads)b::text[]) WITH ORDINALITY AS e(id, type, payload, n)
         ORDER BY e.n  -- so that ``ord`` follows ``seq`` (see SEQUENCE_OUTBOX)
-    ), trimmed_messages AS (
-        -- A bounded range: the index is not walked through the dead entries that a
-        -- long thread's earlier trims leave until vacuum.
+    )"""
+# Each optional part, in statement order, under the name of what calls for it.
+COMMIT_PARTS = {
+    # A bounded range: the index is not walked through the dead entries that a long
+    # thread's earlier trims leave until vacuum.
+    "trim": """, trimmed_messages AS (
         DELETE FROM ik_messages m USING thread
         WHERE m.thread_id = %(thread_id)s
           AND m.seq > thread.message_seq - %(keep_messages)s - %(trim_messages)s
           AND m.seq <= thread.message_seq - %(keep_messages)s
-    ), rewritten_messages AS (
-        DELETE FROM ik_messages m USING thread
-        WHERE %(rewrite)s AND m.thread_id = %(thread_id)s
-    ), new_messages AS (
+    )""",
+    "rewrite_messages": """, rewritten_messages AS (
+        DELETE FROM ik_messages m USING thread WHERE m.thread_id = %(thread_id)s
+    )""",
+    "messages": """, new_messages AS (
         INSERT INTO ik_messages (thread_id, seq, body)
         SELECT %(thread_id)s, thread.message_seq - %(appended)s + m.n, m.body
         FROM thread, unnest(%(messages)b::text[]) WITH ORDINALITY AS m(body, n)
-    ), removed_facts AS (
-        -- One primary-key probe per key, found in a LATERAL subquery whose LIMIT keeps
-        -- the planner from flattening it: the statement runs on a generic plan, and
-        -- with ``f.key = ANY(...)`` (a filter) or a plain join (a hash of the thread's
-        -- rows, planned while the table was small) it read every fact of the thread at
-        -- each commit, a cost growing with the thread. An empty list probes nothing.
+    )""",
+    # One primary-key probe per key, found in a LATERAL subquery whose LIMIT keeps the
+    # planner from flattening it: the statement runs on a generic plan, and with
+    # ``f.key = ANY(...)`` (a filter) or a plain join (a hash of the thread's rows,
+    # planned while the table was small) it read every fact of the thread at each
+    # commit, a cost growing with the thread.
+    "removed_facts": """, removed_facts AS (
         DELETE FROM ik_facts f
         USING thread, unnest(%(removed_facts)b::text[]) AS gone(key), LATERAL (
             SELECT ctid FROM ik_facts WHERE thread_id = %(thread_id)s AND key = gone.key
             LIMIT 1) AS found
         WHERE f.ctid = found.ctid
-    ), rewritten_facts AS (
-        -- Kept apart so that ``%(rewrite)s``, a row-independent condition, gates the
-        -- whole scan (a one-time filter): a turn never reads all of a thread's facts.
+    )""",
+    "rewrite_facts": """, rewritten_facts AS (
         DELETE FROM ik_facts f USING thread
-        WHERE %(rewrite)s AND f.thread_id = %(thread_id)s
-          AND NOT f.key = ANY(%(fact_keys)b::text[])
-    ), new_facts AS (
+        WHERE f.thread_id = %(thread_id)s AND NOT f.key = ANY(%(fact_keys)b::text[])
+    )""",
+    "facts": """, new_facts AS (
         INSERT INTO ik_facts (thread_id, key, body)
         SELECT %(thread_id)s, f.key, f.body
         FROM thread, unnest(%(fact_keys)b::text[], %(fact_bodies)b::text[])
                      WITH ORDINALITY AS f(key, body, n)
         ORDER BY f.n  -- so that ``ordinal`` follows the checkpoint's order
         ON CONFLICT (thread_id, key) DO UPDATE SET body = excluded.body
-    ), announced AS (
-        -- The effect.completed events of this commit announce these receipts, which
-        -- another turn ID completed (the turn row announces the others, see
-        -- ``TurnRecord``); only completed ones: any other is not announced, and stays
-        -- so. Probed like removed_facts: the generic plan of ``r.key = ANY(...)`` or of
-        -- a plain join read every receipt of the thread at each commit (800 rows by
-        -- turn 8,000).
+    )""",
+    # The effect.completed events of this commit announce these receipts, which another
+    # turn ID completed (the turn row announces the others, see ``TurnRecord``); only
+    # completed ones: any other is not announced, and stays so. Probed like
+    # removed_facts: the generic plan of ``r.key = ANY(...)`` or of a plain join read
+    # every receipt of the thread at each commit (800 rows by turn 8,000).
+    "mark_announced": """, announced AS (
         UPDATE ik_receipts r SET announced = r.status = 'completed'
         FROM thread, unnest(%(mark_announced)b::text[]) AS said(key), LATERAL (
             SELECT ctid FROM ik_receipts WHERE thread_id = %(thread_id)s AND key = said.key
             LIMIT 1) AS found
         WHERE r.ctid = found.ctid
-    )
+    )""",
+}
+COMMIT_TAIL = """
     SELECT next_seq, (SELECT pg_advisory_unlock(%(lock)s) FROM xact_lock, turn
                       WHERE xact_lock.held AND turn.inserted) AS released
     FROM thread
 """
-COMMIT_FIRST_TURN = _compact(COMMIT_TURN.format(thread=UPSERT_THREAD))
-COMMIT_NEXT_TURN = _compact(COMMIT_TURN.format(thread=UPDATE_THREAD))
+
+
+@functools.cache
+def commit_statement(first: bool, parts: frozenset[str]) -> str:
+    """The commit of a thread's first turn (``first``) or of a later one, with the
+    optional ``parts`` (keys of ``COMMIT_PARTS``) that the turn needs."""
+    unknown = parts - COMMIT_PARTS.keys()
+    if unknown:
+        raise ValueError(f"unknown commit parts: {sorted(unknown)}")
+    head = COMMIT_HEAD.format(thread=UPSERT_THREAD if first else UPDATE_THREAD)
+    body = "".join(text for name, text in COMMIT_PARTS.items() if name in parts)
+    return _compact(head + body + COMMIT_TAIL)
+
+
+def _commit_parts(record: TurnRecord) -> frozenset[str]:
+    return frozenset(
+        name
+        for name, needed in (
+            ("trim", record.trim_messages > 0),
+            ("rewrite_messages", record.rewrite),
+            ("messages", bool(record.messages)),
+            ("removed_facts", bool(record.removed_facts)),
+            ("rewrite_facts", record.rewrite),
+            ("facts", bool(record.facts)),
+            ("mark_announced", bool(record.mark_announced)),
+        )
+        if needed
+    )
+
+
 # Operator events on a thread that may have no committed turn yet.
 BUMP_THREAD_SEQ = """
     INSERT INTO ik_threads (thread_id, version, next_seq, updated_at) VALUES (%s, 0, 2, %s)
@@ -982,7 +1021,7 @@ class _PostgresRecorder:
             mark_announced=list(record.mark_announced),
         )
         del params["facts"]
-        statement = COMMIT_FIRST_TURN if record.expected_version == 0 else COMMIT_NEXT_TURN
+        statement = commit_statement(record.expected_version == 0, _commit_parts(record))
         held = self._held.get(record.thread_id)
         params["lock"] = held.key if held else self._thread_key(record.thread_id)
 
