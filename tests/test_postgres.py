@@ -1082,6 +1082,81 @@ async def test_a_commits_generic_plan_probes_receipts_and_facts_by_key_not_by_th
     assert walked == {}
 
 
+async def test_every_combination_of_commit_parts_runs_and_writes_what_its_parts_name(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit statement leaves out the parts a turn has nothing for, so a turn runs one
+    of many statements. Each of them, on a real commit's parameters (a message appended,
+    a fact recorded, one removed, a receipt to mark announced, a rewrite, a trim), must be
+    valid SQL that writes exactly what its parts name: rolled back afterwards."""
+    from itertools import combinations
+
+    from intention_kernel.durability import postgres
+
+    async with store.durability() as durability:
+        for n in range(3):
+            await durability.with_turn(TurnScope("t", f"t{n}"), _charge_and_record(n))
+        captured: dict[str, Any] = {}
+        execute = postgres._execute
+
+        async def capture(conn: Any, query: str, params: Any) -> Any:
+            if query.startswith("WITH xact_lock"):
+                captured.update(params)
+                raise RuntimeError("captured")
+            return await execute(conn, query, params)
+
+        monkeypatch.setattr(postgres, "_execute", capture)
+        with pytest.raises(RuntimeError, match="captured"):
+            await durability.with_turn(TurnScope("t", "last"), _charge_and_record(0, drop=1))
+    assert captured["removed_facts"] == ["fact.1"] and captured["fact_keys"] == ["fact.0"]
+    # Every part with something to do: a message appended, the oldest one trimmed (one
+    # kept), and turn 0's receipt marked announced (as if turn 0 had never committed).
+    captured.update(
+        messages=["m"], appended=1, keep_messages=1, trim_messages=1, mark_announced=["k0"]
+    )
+    names = list(postgres.COMMIT_PARTS)
+    counted = (
+        "SELECT (SELECT count(*) FROM ik_messages), (SELECT count(*) FROM ik_facts),"
+        " (SELECT count(*) FROM ik_facts WHERE key = 'fact.1'),"
+        " (SELECT count(*) FROM ik_receipts WHERE announced)"
+    )
+    with psycopg.connect(store.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
+        conn.execute("INSERT INTO ik_messages VALUES ('t', 0, 'old')")  # for the trim
+        before = _one_row(conn, counted)
+        assert before[0] >= 1 and before[1] == 3 and before[2] == 1
+        for size in range(len(names) + 1):
+            for chosen in combinations(names, size):
+                parts = frozenset(chosen)
+                statement = postgres.commit_statement(False, parts)
+                with conn.transaction(force_rollback=True):
+                    row = conn.execute(statement, captured).fetchone()
+                    assert row is not None, parts  # the version matched: committed
+                    messages, facts, removed_left, announced = _one_row(conn, counted)
+                if "rewrite_messages" in parts:
+                    expected_messages = int("messages" in parts)
+                else:
+                    expected_messages = before[0] + ("messages" in parts) - ("trim" in parts)
+                assert messages == expected_messages, parts
+                if "rewrite_facts" in parts:  # all but the turn's own (fact.0, stored)
+                    expected_facts = 1
+                else:
+                    expected_facts = before[1] - ("removed_facts" in parts)
+                assert facts == expected_facts, parts
+                assert removed_left == int(not {"removed_facts", "rewrite_facts"} & parts)
+                assert announced == before[3] + ("mark_announced" in parts), parts
+                with conn.transaction(force_rollback=True):  # a first turn's, refused
+                    first = postgres.commit_statement(True, parts)
+                    assert conn.execute(first, captured).fetchone() is None, parts
+        assert _one_row(conn, counted) == before  # every statement was rolled back
+
+
+def _one_row(conn: psycopg.Connection[Any], query: str) -> tuple[Any, ...]:
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
 def _charge_and_record(n: int, drop: int | None = None) -> Callable[[TurnTransaction], Any]:
     """A raw turn that runs the effect ``k{n}``, announces it, records ``fact.{n}`` and
     removes ``fact.{drop}``."""
