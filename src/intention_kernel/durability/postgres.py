@@ -436,7 +436,8 @@ UPDATE_THREAD = """
 #
 # A part with nothing to do in a given turn is left out of its statement (see
 # ``commit_statement``): the server starts every part of a statement it runs, even
-# one whose input is an empty array, and a usual turn needs five of the ten.
+# one whose input is an empty array, and a usual turn writes through six of the ten
+# writing parts (no fact removed, no rewrite, no receipt of another turn to mark).
 COMMIT_HEAD = """
     WITH xact_lock AS MATERIALIZED (
         SELECT pg_try_advisory_xact_lock(%(lock)s) AS held
