@@ -1038,36 +1038,23 @@ async def test_a_commits_generic_plan_probes_receipts_and_facts_by_key_not_by_th
     walk over the thread's rows with the key as a filter: that cost grew with the
     thread (300 receipts read per commit at turn 300). Checked on the plan PostgreSQL
     really executes, with ``plan_cache_mode = force_generic_plan``."""
-    from intention_kernel.durability import postgres
 
     async with store.durability() as durability:
         for n in range(40):  # a thread with 40 receipts and facts
             await durability.with_turn(TurnScope("long", f"t{n}"), _charge_and_record(n))
-        captured: dict[str, Any] = {}
-        statement: list[str] = []
-        execute = postgres._execute
-
-        async def capture(conn: Any, query: str, params: Any) -> Any:
-            if query.startswith("WITH xact_lock"):
-                captured.update(params)
-                statement.append(query)
-                raise RuntimeError("captured")
-            return await execute(conn, query, params)
-
-        monkeypatch.setattr(postgres, "_execute", capture)
-        with pytest.raises(RuntimeError, match="captured"):
-            await durability.with_turn(TurnScope("long", "last"), _charge_and_record(0, drop=7))
+        statement, captured = await _captured_commit(
+            durability, monkeypatch, TurnScope("long", "last"), _charge_and_record(0, drop=7)
+        )
     # The captured commit announces a write (turn 0's receipt, reused) and removes a fact.
     assert captured["announced"] == ["k0"] and captured["removed_facts"] == ["fact.7"]
     # ... so its statement has the parts that do both (a usual commit leaves them out).
-    assert len(statement) == 1
-    assert " removed_facts AS (" in statement[0] and " announced AS (" in statement[0]
+    assert " removed_facts AS (" in statement and " announced AS (" in statement
 
     with psycopg.connect(store.dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
         conn.execute("SET plan_cache_mode = force_generic_plan")
         with conn.transaction(force_rollback=True):
-            cur = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement[0], captured)
+            cur = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, captured)
             row = cur.fetchone()
     assert row is not None
     (document,) = row
@@ -1096,18 +1083,9 @@ async def test_every_combination_of_commit_parts_runs_and_writes_what_its_parts_
     async with store.durability() as durability:
         for n in range(3):
             await durability.with_turn(TurnScope("t", f"t{n}"), _charge_and_record(n))
-        captured: dict[str, Any] = {}
-        execute = postgres._execute
-
-        async def capture(conn: Any, query: str, params: Any) -> Any:
-            if query.startswith("WITH xact_lock"):
-                captured.update(params)
-                raise RuntimeError("captured")
-            return await execute(conn, query, params)
-
-        monkeypatch.setattr(postgres, "_execute", capture)
-        with pytest.raises(RuntimeError, match="captured"):
-            await durability.with_turn(TurnScope("t", "last"), _charge_and_record(0, drop=1))
+        _, captured = await _captured_commit(
+            durability, monkeypatch, TurnScope("t", "last"), _charge_and_record(0, drop=1)
+        )
     assert captured["removed_facts"] == ["fact.1"] and captured["fact_keys"] == ["fact.0"]
     # Every part with something to do: a message appended, the oldest one trimmed (one
     # kept), and turn 0's receipt marked announced (as if turn 0 had never committed).
@@ -1149,6 +1127,33 @@ async def test_every_combination_of_commit_parts_runs_and_writes_what_its_parts_
                     first = postgres.commit_statement(True, parts)
                     assert conn.execute(first, captured).fetchone() is None, parts
         assert _one_row(conn, counted) == before  # every statement was rolled back
+
+
+async def _captured_commit(
+    durability: PostgresDurability,
+    monkeypatch: pytest.MonkeyPatch,
+    scope: TurnScope,
+    operation: Callable[[TurnTransaction], Any],
+) -> tuple[str, dict[str, Any]]:
+    """The commit statement and parameters of the turn ``operation`` would commit,
+    stopped before they reach the server."""
+    from intention_kernel.durability import postgres
+
+    captured: list[tuple[str, dict[str, Any]]] = []
+    execute = postgres._execute
+
+    async def capture(conn: Any, query: str, params: Any) -> Any:
+        if query.startswith("WITH xact_lock"):
+            captured.append((query, dict(params)))
+            raise RuntimeError("captured")
+        return await execute(conn, query, params)
+
+    monkeypatch.setattr(postgres, "_execute", capture)
+    with pytest.raises(RuntimeError, match="captured"):
+        await durability.with_turn(scope, operation)
+    monkeypatch.setattr(postgres, "_execute", execute)
+    (commit,) = captured
+    return commit
 
 
 def _one_row(conn: psycopg.Connection[Any], query: str) -> tuple[Any, ...]:
