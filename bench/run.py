@@ -15,6 +15,8 @@ Phases, each comparing rows only within this run:
 4. PostgreSQL scale-out: 1, 2, 4 and 8 worker processes on distinct threads against
    as many floor processes, run alternately.
 
+The report ends with the issue's targets, each judged on this run's figures (``targets``).
+
 A row name ending in ``@uvloop`` runs its worker on uvloop's event loop (what
 ``intention-kernel serve`` runs on where installed) instead of asyncio's.
 
