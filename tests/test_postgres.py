@@ -1111,17 +1111,15 @@ async def test_every_combination_of_commit_parts_runs_and_writes_what_its_parts_
                     row = conn.execute(statement, captured).fetchone()
                     assert row is not None, parts  # the version matched: committed
                     messages, facts, removed_left, announced = _one_row(conn, counted)
-                if "rewrite_messages" in parts:
+                if "rewrite" in parts:
                     expected_messages = int("messages" in parts)
                 else:
                     expected_messages = before[0] + ("messages" in parts) - ("trim" in parts)
                 assert messages == expected_messages, parts
-                if "rewrite_facts" in parts:  # all but the turn's own (fact.0, stored)
-                    expected_facts = 1
-                else:
-                    expected_facts = before[1] - ("removed_facts" in parts)
+                # A rewrite keeps only the turn's own fact (fact.0, stored already).
+                expected_facts = 1 if "rewrite" in parts else before[1] - ("removed_facts" in parts)
                 assert facts == expected_facts, parts
-                assert removed_left == int(not {"removed_facts", "rewrite_facts"} & parts)
+                assert removed_left == int(not {"removed_facts", "rewrite"} & parts)
                 assert announced == before[3] + ("mark_announced" in parts), parts
                 with conn.transaction(force_rollback=True):  # a first turn's, refused
                     first = postgres.commit_statement(True, parts)

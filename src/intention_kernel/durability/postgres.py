@@ -466,8 +466,13 @@ COMMIT_PARTS = {
           AND m.seq > thread.message_seq - %(keep_messages)s - %(trim_messages)s
           AND m.seq <= thread.message_seq - %(keep_messages)s
     )""",
-    "rewrite_messages": """, rewritten_messages AS (
+    # Every message and fact row of the thread goes, but the facts the turn writes again
+    # (see above): ``messages`` and ``facts`` are all of them.
+    "rewrite": """, rewritten_messages AS (
         DELETE FROM ik_messages m USING thread WHERE m.thread_id = %(thread_id)s
+    ), rewritten_facts AS (
+        DELETE FROM ik_facts f USING thread
+        WHERE f.thread_id = %(thread_id)s AND NOT f.key = ANY(%(fact_keys)b::text[])
     )""",
     "messages": """, new_messages AS (
         INSERT INTO ik_messages (thread_id, seq, body)
@@ -485,10 +490,6 @@ COMMIT_PARTS = {
             SELECT ctid FROM ik_facts WHERE thread_id = %(thread_id)s AND key = gone.key
             LIMIT 1) AS found
         WHERE f.ctid = found.ctid
-    )""",
-    "rewrite_facts": """, rewritten_facts AS (
-        DELETE FROM ik_facts f USING thread
-        WHERE f.thread_id = %(thread_id)s AND NOT f.key = ANY(%(fact_keys)b::text[])
     )""",
     "facts": """, new_facts AS (
         INSERT INTO ik_facts (thread_id, key, body)
@@ -535,10 +536,9 @@ def _commit_parts(record: TurnRecord) -> frozenset[str]:
         name
         for name, needed in (
             ("trim", record.trim_messages > 0),
-            ("rewrite_messages", record.rewrite),
+            ("rewrite", record.rewrite),
             ("messages", bool(record.messages)),
             ("removed_facts", bool(record.removed_facts)),
-            ("rewrite_facts", record.rewrite),
             ("facts", bool(record.facts)),
             ("mark_announced", bool(record.mark_announced)),
         )
