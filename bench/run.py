@@ -497,10 +497,18 @@ SQLITE_TARGET, POSTGRES_TARGET, REPLAY_TARGET_MS, GROWTH_TARGET = 0.7, 0.8, 1.0,
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target this run measured: what it asks, the figure, and whether it held."""
+    """Each target this run measured: what it asks, the figure, and whether it held.
+
+    The PostgreSQL floor a row is judged against is the one written with the driver the
+    kernel runs on, psycopg's asyncio connection, on the same event loop: the ratio is
+    then the framework's overhead, which is what the floor is for. The ratio to the
+    floor on psycopg's synchronous driver is listed after each, ``held`` ``None``: a
+    reference, not a target, since it also counts the asyncio driver's own cost per
+    statement (``python -m bench.driver``), which an async API pays with any framework.
+    """
     # (target, measured, held, unit): ratios ("x") with three decimals, so that a 0.796
-    # that misses 0.8 does not print as 0.80
-    checks: list[tuple[str, float, bool, str]] = []
+    # that misses 0.8 does not print as 0.80; held None: a reference, not judged
+    checks: list[tuple[str, float, bool | None, str]] = []
     throughput = results["throughput"]
     for row in ("ik-sqlite-full", "ik-sqlite-normal"):
         if row in throughput:
@@ -512,20 +520,25 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             checks.append(
                 (f"{row} replay p50 < {REPLAY_TARGET_MS:g} ms", replay, replay_held, " ms")
             )
+    # (what, ratio to the asyncio floor on the same loop, ratio to the synchronous floor)
     postgres = [
-        (f"{row}, one client", throughput[row]["ratio"])
+        (f"{row}, one client", throughput[row]["ratio_async_floor"], throughput[row]["ratio"])
         for row in ("ik-postgres", "ik-postgres" + UVLOOP_SUFFIX)
-        if row in throughput
+        if "ratio_async_floor" in throughput.get(row, {})
     ]
     postgres += [
-        (f"ik-postgres{loop}, {s['workers']} worker{'s' if s['workers'] > 1 else ''}", s[key])
-        for s in results["scale_out"]
-        for loop, key in (("", "ratio"), (UVLOOP_SUFFIX, "uvloop_ratio"))
-    ]
-    for what, ratio in postgres:
-        checks.append(
-            (f"{what}, ≥ {POSTGRES_TARGET}x the floor", ratio, ratio >= POSTGRES_TARGET, "x")
+        (
+            f"ik-postgres{loop}, {s['workers']} worker{'s' if s['workers'] > 1 else ''}",
+            s[prefix + "ratio_async"],
+            s[prefix + "ratio"],
         )
+        for s in results["scale_out"]
+        for loop, prefix in (("", ""), (UVLOOP_SUFFIX, "uvloop_"))
+    ]
+    for what, ratio, sync_ratio in postgres:
+        target = f"{what}, ≥ {POSTGRES_TARGET}x the floor on its driver and loop"
+        checks.append((target, ratio, ratio >= POSTGRES_TARGET, "x"))
+        checks.append((f"{what}: x the synchronous floor (reference)", sync_ratio, None, "x"))
     for row, g in results["growth"].items():
         last = g["points"][-1]
         growth = last["vs_fresh"]
@@ -540,6 +553,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         }
         for t, m, held, unit in checks
     ]
+
+
+def _verdict(held: bool | None) -> str:
+    return "reference" if held is None else "yes" if held else "**no**"
 
 
 def report(results: dict[str, Any]) -> str:
@@ -639,10 +656,10 @@ def report(results: dict[str, Any]) -> str:
             )
     checked = results.get("targets", [])
     if checked:
-        held = sum(t["held"] for t in checked)
+        judged = [t["held"] for t in checked if t["held"] is not None]
         lines += [
             "",
-            f"Targets (bench/README.md): {held} of {len(checked)} held in this run"
+            f"Targets (bench/README.md): {sum(judged)} of {len(judged)} held in this run"
             + (
                 " (a quick run is a smoke test: judge the targets on a full one)"
                 if results["mode"] == "quick"
@@ -652,10 +669,7 @@ def report(results: dict[str, Any]) -> str:
             "| target | this run | held |",
             "|---|---|---|",
         ]
-        lines += [
-            f"| {t['target']} | {t['figure']} | {'yes' if t['held'] else '**no**'} |"
-            for t in checked
-        ]
+        lines += [f"| {t['target']} | {t['figure']} | {_verdict(t['held'])} |" for t in checked]
     return "\n".join(lines)
 
 
