@@ -97,6 +97,8 @@ __all__ = [
     "check_id",
     "dump_value",
     "load_value",
+    "owner_of",
+    "owns",
 ]
 
 MAX_ID_LENGTH = 512
@@ -152,9 +154,31 @@ class ThreadOwner:
     first tenant's provider value. Each receipt records its tenant, and the thread's
     earliest receipt is read in the same round trip as the rest of a turn's start, so
     the claim costs no write and no round trip (see :attr:`TurnStart.claimed_by`).
+
+    Once something durable is written on a thread its owner never changes, so a caller
+    that decides on the same snapshot (or under the same lock) as its read or its
+    write cannot be fooled by a first turn of another tenant still running: see
+    :func:`owns`, which every use of this rule goes through.
     """
 
     tenant_id: str | None
+
+
+def owner_of(thread: StoredThread | None, claimed_by: ThreadOwner | None) -> ThreadOwner | None:
+    """The owner of a thread (see :class:`ThreadOwner`) from what one snapshot shows: the
+    tenant of its committed turns if it has one, else ``claimed_by`` (the tenant of its
+    earliest receipt, or ``None`` if it has none)."""
+    if thread is not None and thread.version:
+        return ThreadOwner(thread.tenant_id)
+    return claimed_by
+
+
+def owns(owner: ThreadOwner | None, tenant_id: str | None) -> bool:
+    """The tenant-ownership rule: whether a caller of ``tenant_id`` (``None``: no tenant)
+    may act on a thread whose owner is ``owner``. A thread is its owner's alone. A thread
+    nobody owns yet is free for any tenant's first durable write; it has no checkpoint
+    and no receipt, so a read of it shows nothing whoever asks."""
+    return owner is None or owner.tenant_id == tenant_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,13 +612,13 @@ class RecordedDurability:
             # A thread belongs to the tenant of its first committed turn, or before that
             # to the tenant of its first receipt (see ThreadOwner). A version-0 row with
             # no receipt only carries operator events and has no owner yet.
-            if start.turn is not None or (start.thread is not None and start.thread.version):
+            if start.turn is not None:
                 owner: ThreadOwner | None = ThreadOwner(
                     start.thread.tenant_id if start.thread else start.thread_tenant_id
                 )
             else:
-                owner = start.claimed_by
-            if owner is not None and owner.tenant_id != scope.tenant_id:
+                owner = owner_of(start.thread, start.claimed_by)
+            if not owns(owner, scope.tenant_id):
                 raise TenantMismatchError(
                     f"thread {scope.thread_id!r} does not belong to tenant {scope.tenant_id!r}",
                     thread_id=scope.thread_id,
@@ -886,25 +910,42 @@ class RecordedDurability:
 
     # -- inspection and operations -----------------------------------------------------------
 
-    async def load_checkpoint(self, thread_id: str) -> KernelCheckpoint | None:
-        """The latest committed checkpoint of a thread, or ``None``."""
+    async def load_checkpoint(
+        self, thread_id: str, *, owner: ThreadOwner | None = None
+    ) -> KernelCheckpoint | None:
+        """The latest committed checkpoint of a thread, or ``None``.
+
+        With ``owner``, only for a caller of that tenant (``ThreadOwner(None)``: a caller
+        without one): a thread it may not see (:func:`owns`) reads as ``None``, exactly
+        like a missing one. The owner is judged on the snapshot the checkpoint comes
+        from; judged on an earlier read, a first turn of another tenant committing in
+        between would be shown to the caller."""
         recorder = await self._ready()
         thread = await recorder.read_thread(check_id("thread_id", thread_id))
         if thread is None or thread.checkpoint is None:
+            return None
+        if owner is not None and not owns(owner_of(thread, None), owner.tenant_id):
             return None
         return _decode(thread_id, thread)[0]
 
     async def thread_owner(self, thread_id: str) -> ThreadOwner | None:
         """The owner of a thread (see :class:`ThreadOwner`), or ``None`` while nothing
-        durable was written on it (the first turn of any tenant claims it). Lets a host
-        keep tenants' reads apart."""
+        durable was written on it (the first turn of any tenant claims it).
+
+        Two reads, so the answer may be older than the caller's next read: a caller
+        that then reads or acts on the thread decides with ``owner=`` instead
+        (:meth:`load_checkpoint`, :meth:`resolve_receipt`)."""
         recorder = await self._ready()
-        thread = await recorder.read_thread(check_id("thread_id", thread_id))
+        return await self._owner(recorder, check_id("thread_id", thread_id))
+
+    @staticmethod
+    async def _owner(recorder: Recorder, thread_id: str) -> ThreadOwner | None:
+        thread = await recorder.read_thread(thread_id)
         if thread is not None and thread.version:
-            return ThreadOwner(thread.tenant_id)
+            return owner_of(thread, None)
         # No committed turn: the thread's earliest receipt, if any, claimed it.
         receipts = await recorder.read_receipts(thread_id, None)
-        return ThreadOwner(receipts[0].tenant_id) if receipts else None
+        return owner_of(thread, ThreadOwner(receipts[0].tenant_id) if receipts else None)
 
     async def list_receipts(
         self,
@@ -936,23 +977,37 @@ class RecordedDurability:
         value: Any = None,
         note: str | None = None,
         actor: str | None = None,
+        owner: ThreadOwner | None = None,
     ) -> Receipt:
         """Reconcile an uncertain receipt: the write was ``applied`` (later calls return
         ``value``) or not (a later call may retry). Emits ``receipt.resolved``.
+
+        With ``owner``, only for a caller of that tenant (``ThreadOwner(None)``: a caller
+        without one): a receipt on a thread it may not act on (:func:`owns`) raises
+        ``ReceiptNotFoundError``, exactly like a missing one. The thread's owner is
+        judged under the thread's lock, which every turn holds from before its first
+        write to its commit, and the receipt's own tenant in the transaction that
+        resolves it; judged before the lock, a first turn of another tenant still
+        running could make the receipt afterwards and have it resolved.
 
         A malformed request (a ``value`` that is not JSON, such as NaN or infinity) is
         refused with ``InvalidRequestError`` before anything is read or written."""
         recorder = await self._ready()
         check_id("thread_id", thread_id)
         stored_value = _resolution_request(key, applied, value, note, actor)
+        if owner is not None and owner.tenant_id is not None:
+            check_id("tenant_id", owner.tenant_id)
+
+        def missing() -> ReceiptNotFoundError:
+            return ReceiptNotFoundError(
+                f"no receipt for key {key!r} on thread {thread_id!r}", thread_id=thread_id, key=key
+            )
 
         def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
             if existing is None:
-                raise ReceiptNotFoundError(
-                    f"no receipt for key {key!r} on thread {thread_id!r}",
-                    thread_id=thread_id,
-                    key=key,
-                )
+                raise missing()
+            if owner is not None and not owns(ThreadOwner(existing.tenant_id), owner.tenant_id):
+                raise missing()
             resolved = resolve(
                 existing, applied=applied, value=stored_value, note=note, actor=actor, now=utcnow()
             )
@@ -971,6 +1026,10 @@ class RecordedDurability:
             return resolved, event
 
         async with recorder.lock(thread_id):
+            if owner is not None and not owns(
+                await self._owner(recorder, thread_id), owner.tenant_id
+            ):
+                raise missing()
             return await recorder.resolve_receipt(thread_id, key, resolution)
 
     async def read_outbox(

@@ -11,6 +11,12 @@ A thread belongs to the tenant of its first durable write: its first committed
 turn or, before that, the first effect receipt a turn prepared on it (see
 ``ThreadOwner``). A tenant's receipts are listed by the store's own filter, on the
 tenant each receipt records.
+
+Reading a thread and resolving a receipt go through :meth:`Access.load_checkpoint`
+and :meth:`Access.resolve_receipt`, which hand the caller's tenant to the store: the
+store decides on the snapshot it reads, or under the thread's lock. Asked first and
+acted on later, the answer could be stale: while another tenant's first turn runs,
+its thread has no owner yet.
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from starlette.requests import Request
 
-from intention_kernel.durability.base import ThreadOwner, check_id
+from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.durability import Durability
+from intention_kernel.durability.base import ThreadOwner, check_id, owns
+from intention_kernel.effects import Receipt
 from intention_kernel.host._problems import HostProblem
 
 __all__ = ["Access", "OwnerLookup", "Principal"]
@@ -43,11 +52,27 @@ class OwnerLookup(Protocol):
 
     async def thread_owner(self, thread_id: str) -> ThreadOwner | None: ...
 
+    async def load_checkpoint(
+        self, thread_id: str, *, owner: ThreadOwner | None = None
+    ) -> KernelCheckpoint | None: ...
+
+    async def resolve_receipt(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        applied: bool,
+        value: Any = None,
+        note: str | None = None,
+        actor: str | None = None,
+        owner: ThreadOwner | None = None,
+    ) -> Receipt: ...
+
 
 class Access:
     """Authentication and per-thread visibility for one app."""
 
-    def __init__(self, tokens: Mapping[str, str | None] | None, durability: object) -> None:
+    def __init__(self, tokens: Mapping[str, str | None] | None, durability: Durability) -> None:
         self.enabled = tokens is not None
         self._tokens: list[tuple[bytes, Principal]] = []
         for token, tenant in (tokens or {}).items():
@@ -56,6 +81,7 @@ class Access:
             if tenant is not None:
                 check_id("tenant_id", tenant)
             self._tokens.append((token.encode(), Principal(tenant, tenant or "operator")))
+        self._durability = durability
         self._owners = durability if isinstance(durability, OwnerLookup) else None
         if self.enabled and self._owners is None:
             raise TypeError(
@@ -86,14 +112,50 @@ class Access:
     async def sees(
         self, principal: Principal, thread_id: str, cache: dict[str, bool] | None = None
     ) -> bool:
-        """Whether ``principal`` may read ``thread_id`` (and act on its receipts)."""
+        """Whether ``principal`` may see the receipts of ``thread_id`` in a listing.
+
+        Asked after the receipts were read: a listed receipt claimed its thread, whose
+        owner then never changes, so the answer cannot be stale for it."""
         if cache is not None and thread_id in cache:
             return cache[thread_id]
         if self._owners is None:
             visible = True
         else:
-            owner = await self._owners.thread_owner(thread_id)
-            visible = (owner.tenant_id if owner else None) == principal.tenant_id
+            visible = owns(await self._owners.thread_owner(thread_id), principal.tenant_id)
         if cache is not None:
             cache[thread_id] = visible
         return visible
+
+    async def load_checkpoint(
+        self, principal: Principal, thread_id: str
+    ) -> KernelCheckpoint | None:
+        """The thread's checkpoint if ``principal`` may read it, else ``None``."""
+        if self._owners is None or not self.enabled:
+            return await self._durability.load_checkpoint(thread_id)
+        return await self._owners.load_checkpoint(thread_id, owner=ThreadOwner(principal.tenant_id))
+
+    async def resolve_receipt(
+        self,
+        principal: Principal,
+        thread_id: str,
+        key: str,
+        *,
+        applied: bool,
+        value: Any,
+        note: str | None,
+    ) -> Receipt:
+        """Resolve a receipt of a thread ``principal`` may act on, recording it as the
+        actor; any other raises ``ReceiptNotFoundError`` like a missing one."""
+        if self._owners is None or not self.enabled:
+            return await self._durability.resolve_receipt(
+                thread_id, key, applied=applied, value=value, note=note, actor=principal.actor
+            )
+        return await self._owners.resolve_receipt(
+            thread_id,
+            key,
+            applied=applied,
+            value=value,
+            note=note,
+            actor=principal.actor,
+            owner=ThreadOwner(principal.tenant_id),
+        )

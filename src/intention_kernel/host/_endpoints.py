@@ -24,7 +24,6 @@ from intention_kernel.host._problems import (
     HostProblem,
     problem_for,
     problem_response,
-    receipt_not_found,
     thread_not_found,
 )
 from intention_kernel.host._wire import (
@@ -130,9 +129,7 @@ class Endpoints:
     async def get_thread(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
         thread_id = check_id("thread_id", request.path_params["thread_id"])
-        if not await self.access.sees(principal, thread_id):
-            raise thread_not_found(thread_id)
-        checkpoint = await self.kernel.durability.load_checkpoint(thread_id)
+        checkpoint = await self.access.load_checkpoint(principal, thread_id)
         if checkpoint is None:
             raise thread_not_found(thread_id)
         try:
@@ -166,15 +163,13 @@ class Endpoints:
     async def resolve_receipt(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
         body = await read_body(request, ResolveBody)
-        if not await self.access.sees(principal, body.thread_id):
-            raise receipt_not_found(body.thread_id, body.key)
-        receipt = await self.kernel.durability.resolve_receipt(
+        receipt = await self.access.resolve_receipt(
+            principal,
             body.thread_id,
             body.key,
             applied=body.applied,
             value=body.value,
             note=body.note,
-            actor=principal.actor,
         )
         return JSONResponse(dump(receipt))
 

@@ -41,7 +41,7 @@ from intention_kernel.checkpoint import (
     encode_checkpoint,
 )
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
-from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.durability.base import RecordedDurability, ThreadOwner
 from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
@@ -1116,6 +1116,67 @@ class DurabilityConformance:
             for r in await durability.list_receipts(status="completed", tenant_id="globex")
         ] == ["b"]
         assert await durability.list_receipts(thread_id="a", tenant_id="globex") == []
+
+    async def test_a_read_or_a_resolution_for_a_tenant_shows_only_that_tenants_thread(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        if not isinstance(durability, RecordedDurability):
+            pytest.skip("owner= is RecordedDurability's")
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500", tenant_id="acme")
+        await kernel.turn("t", "2", "yes", tenant_id="acme")
+        key = "payments.charge:charge:pi_1"
+        for other in ("globex", None):
+            assert await durability.load_checkpoint("t", owner=ThreadOwner(other)) is None
+            with pytest.raises(ReceiptNotFoundError):
+                await durability.resolve_receipt(
+                    "t", key, applied=False, note="n", owner=ThreadOwner(other)
+                )
+        [untouched] = await durability.list_receipts(thread_id="t")
+        assert (untouched.status, untouched.resolution) == (ReceiptStatus.UNCERTAIN, None)
+        mine = await durability.load_checkpoint("t", owner=ThreadOwner("acme"))
+        assert mine is not None and mine.version == 2
+        resolved = await durability.resolve_receipt(
+            "t", key, applied=False, note="n", actor="ops", owner=ThreadOwner("acme")
+        )
+        assert resolved.status == ReceiptStatus.FAILED
+        await kernel.turn("u", "1", "balance")
+        assert await durability.load_checkpoint("u", owner=ThreadOwner("acme")) is None
+        assert await durability.load_checkpoint("u", owner=ThreadOwner(None)) is not None
+
+    async def test_a_resolution_for_another_tenant_racing_a_first_turn_is_refused(
+        self, durability: Durability
+    ) -> None:
+        """While acme's first turn runs its thread has no owner; a tenant-less caller's
+        resolution, sent meanwhile, is still refused once the turn made the receipt."""
+        if not isinstance(durability, RecordedDurability):
+            pytest.skip("owner= is RecordedDurability's")
+        entered, released = asyncio.Event(), asyncio.Event()
+
+        async def lost(authority: EffectAuthority) -> None:
+            raise TimeoutError("the provider's answer was lost")
+
+        async def first_turn(tx: TurnTransaction) -> TurnCommit:
+            entered.set()
+            await released.wait()
+            with pytest.raises(EffectUncertainError):
+                await tx.run_effect("k", lost, step_id="s1")
+            return commit_for(tx)
+
+        turn = asyncio.create_task(
+            durability.with_turn(TurnScope("t", "a1", tenant_id="acme"), first_turn)
+        )
+        await entered.wait()
+        resolving = asyncio.create_task(
+            durability.resolve_receipt("t", "k", applied=False, note="n", owner=ThreadOwner(None))
+        )
+        await asyncio.sleep(0)
+        released.set()
+        await turn
+        with pytest.raises(ReceiptNotFoundError):
+            await resolving
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert (receipt.status, receipt.tenant_id) == (ReceiptStatus.UNCERTAIN, "acme")
 
     # =========================================================================================
     # Outbox
