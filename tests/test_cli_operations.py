@@ -441,7 +441,9 @@ OPERATIONS = {
     "outbox status": ["outbox", "status"],
     "outbox relay": ["outbox", "relay", "--to", "cli_outbox_sink:collect", "--once"],
     "receipts list": ["receipts", "list"],
-    "receipts resolve": ["receipts", "resolve", "t1", "k", "--applied", "--note", "seen"],
+    "receipts resolve": [
+        *("receipts", "resolve", "t1", "k", "--applied", "--value", "{}", "--note", "seen")
+    ],
 }
 
 

@@ -135,8 +135,20 @@ def test_resolve_refuses_bad_requests_and_changes_nothing(store: Path) -> None:
             "that did not finish, can be resolved",
         ),
         (
-            ["receipts", "resolve", "t", "nope", "--applied", "--note", "x", "--db", db],
+            ["receipts", "resolve", "t", "nope", "--not-applied", "--note", "x", "--db", db],
             "no receipt",
+        ),
+        (
+            ["receipts", "resolve", "t", KEY, "--applied", "--note", "x", "--db", db],
+            "--applied needs --value JSON",
+        ),
+        (
+            ["receipts", "resolve", "t", KEY, "--not-applied", "--note", " \t", "--db", db],
+            "--note is required",
+        ),
+        (
+            ["receipts", "resolve", "t", KEY, "--not-applied", "--value", "1", "--note", "x"],
+            "--value only makes sense with --applied",
         ),
     ]
     for args, message in cases:
@@ -145,6 +157,15 @@ def test_resolve_refuses_bad_requests_and_changes_nothing(store: Path) -> None:
         assert message in " ".join(output.split()), (args, output)
     code, output = _cli("receipts", "list", "--db", db, "--status", "uncertain", "--json")
     assert [json.loads(line)["key"] for line in output.splitlines()] == [KEY]
+
+
+def test_resolve_applied_with_an_explicit_null_value_is_recorded(store: Path) -> None:
+    args = ["receipts", "resolve", "t", KEY, "--applied", "--value", "null", "--note", "none"]
+    code, output = _cli(*args, "--db", f"sqlite:///{store}")
+    assert code == 0, output
+    code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--json")
+    [resolved] = [json.loads(line) for line in output.splitlines() if KEY in line]
+    assert (resolved["status"], resolved["value"]) == ("completed", None)
 
 
 def test_list_filters_by_tenant(tmp_path: Path) -> None:

@@ -259,7 +259,7 @@ async def test_resolving_an_uncertain_receipt_lets_the_next_turn_replay_it(
 
 
 async def test_resolving_an_unknown_receipt_is_404(client: httpx.AsyncClient) -> None:
-    body = {"thread_id": "t1", "key": "payments.charge:charge:pi_0", "applied": False}
+    body = {"thread_id": "t1", "key": "payments.charge:charge:pi_0", "applied": False, "note": "n"}
     response = await client.post("/v1/receipts/resolve", json=body)
     assert response.status_code == 404
     assert (
@@ -278,12 +278,53 @@ async def test_resolve_takes_booleans_only_as_booleans(client: httpx.AsyncClient
 NON_FINITE = ["1e999", "-1e999", "NaN", "Infinity", "-Infinity", '{"amount": [1, 1e999]}']
 
 
+RESOLUTIONS_REFUSED = {
+    "no note": ({"applied": False}, ["note"], "Field required"),
+    "an empty note": ({"applied": False, "note": ""}, ["note"], "at least 1 character"),
+    "a blank note": ({"applied": False, "note": " \t\n"}, ["note"], "pattern"),
+    "applied without a value": ({"applied": True, "note": "n"}, [], "needs a value"),
+    "not applied with a value": (
+        {"applied": False, "value": {"id": "ch"}, "note": "n"},
+        [],
+        "takes no value",
+    ),
+}
+
+
+@pytest.mark.parametrize("extra", list(RESOLUTIONS_REFUSED.values()), ids=list(RESOLUTIONS_REFUSED))
+async def test_a_resolution_without_a_note_or_an_applied_one_without_a_value_is_422(
+    client: httpx.AsyncClient, provider: FakeProvider, extra: tuple[dict, list, str]
+) -> None:
+    fields, loc, message = extra
+    key = await uncertain_charge(client, provider, "t1")
+    response = await client.post(
+        "/v1/receipts/resolve", json={"thread_id": "t1", "key": key, **fields}
+    )
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["type"] == "/problems/invalid-request"
+    assert problem["errors"][0]["loc"] == loc
+    assert message in problem["detail"]
+    [receipt] = (await client.get("/v1/receipts", params={"thread_id": "t1"})).json()["receipts"]
+    assert (receipt["status"], receipt["resolution"]) == ("uncertain", None)
+
+
+async def test_an_applied_resolution_may_say_the_provider_returned_null(
+    client: httpx.AsyncClient, provider: FakeProvider
+) -> None:
+    key = await uncertain_charge(client, provider, "t1")
+    body = {"thread_id": "t1", "key": key, "applied": True, "value": None, "note": "returns none"}
+    response = await client.post("/v1/receipts/resolve", json=body)
+    assert response.status_code == 200, response.text
+    assert (response.json()["status"], response.json()["value"]) == ("completed", None)
+
+
 @pytest.mark.parametrize("value", NON_FINITE)
 async def test_a_resolution_value_that_json_cannot_hold_is_422_and_changes_nothing(
     client: httpx.AsyncClient, provider: FakeProvider, value: str
 ) -> None:
     key = await uncertain_charge(client, provider, "t1")
-    body = f'{{"thread_id": "t1", "key": "{key}", "applied": true, "value": {value}}}'
+    body = f'{{"thread_id": "t1", "key": "{key}", "applied": true, "value": {value}, "note": "n"}}'
     response = await client.post(
         "/v1/receipts/resolve", content=body, headers={"Content-Type": "application/json"}
     )

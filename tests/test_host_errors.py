@@ -26,11 +26,16 @@ from intention_kernel import (
     TurnScope,
 )
 from intention_kernel.durability import TurnOperation
-from intention_kernel.host import PROBLEM_TYPES, create_app
+from intention_kernel.host import PROBLEM_TYPES, Principal, create_app
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 
-TOKENS = {"tok-acme": "acme", "tok-globex": "globex", "tok-ops": None}
+TOKENS = {
+    "tok-acme": Principal("alice@acme.example", "acme", "operator"),
+    "tok-globex": Principal("gina@globex.example", "globex", "operator"),
+    "tok-ops": Principal("oscar@example.com", None, "operator"),
+    "tok-acme-chat": "acme",  # a chat front end: a user of acme
+}
 
 
 class FailingDurability(InMemoryDurability):
@@ -184,13 +189,13 @@ async def test_a_tenant_never_sees_or_touches_another_tenants_thread(tenants: Ke
         assert posted.status_code == 404
         assert posted.json()["detail"] == "no thread 'acct-1'"
         assert (await globex.get("/v1/receipts")).json() == {"receipts": []}
-        body = {"thread_id": "acct-1", "key": receipt["key"], "applied": False}
+        body = {"thread_id": "acct-1", "key": receipt["key"], "applied": False, "note": "n"}
         refused = await globex.post("/v1/receipts/resolve", json=body)
         assert refused.status_code == 404
 
         resolved = await acme.post("/v1/receipts/resolve", json=body)
         assert resolved.status_code == 200
-        assert resolved.json()["resolution"]["actor"] == "acme"
+        assert resolved.json()["resolution"]["actor"] == "alice@acme.example"
     result = await tenants.turn("acct-1", "d9", "balance", tenant_id="acme")
     assert result.reply == "You owe 4200."
 
@@ -204,6 +209,45 @@ async def test_a_token_without_a_tenant_sees_only_threads_without_one(tenants: K
         assert (await ops.get("/v1/threads/acme-only")).status_code == 404
 
 
+async def test_a_user_token_runs_turns_and_reads_but_may_not_list_or_resolve_receipts(
+    tenants: Kernel,
+) -> None:
+    app = create_app(tenants, tokens=TOKENS)
+    async with asgi_client(app, "tok-acme-chat") as chat, asgi_client(app, "tok-acme") as ops:
+        url = "/v1/threads/acct-1/turns"
+        assert (
+            await chat.post(url, json={"turn_id": "d1", "message": "charge pi_9 70"})
+        ).is_success
+        accepted = await chat.post(url, json={"turn_id": "d2", "answer": "accept"})
+        assert accepted.json()["steps"][0]["status"] == "uncertain"
+        assert (await chat.get("/v1/threads/acct-1")).json()["version"] == 2
+        key = "payments.charge:charge:pi_9"
+        body = {"thread_id": "acct-1", "key": key, "applied": False, "note": "none"}
+        for refused in (
+            await chat.get("/v1/receipts"),
+            await chat.get("/v1/receipts", params={"thread_id": "acct-1"}),
+            await chat.post("/v1/receipts/resolve", json=body),
+        ):
+            assert refused.status_code == 403
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.json()["type"] == "/problems/forbidden"
+            assert "needs an operator token" in refused.json()["detail"]
+        [receipt] = (await ops.get("/v1/receipts")).json()["receipts"]
+        assert (receipt["status"], receipt["resolution"]) == ("uncertain", None)
+        resolved = await ops.post("/v1/receipts/resolve", json=body)
+        assert resolved.json()["resolution"]["actor"] == "alice@acme.example"
+
+
+def test_a_principal_needs_a_name_and_a_known_role() -> None:
+    for name in ("", "  "):
+        with pytest.raises(ValueError, match="needs a name"):
+            Principal(name, "acme", "operator")
+    with pytest.raises(ValueError, match="'user' or 'operator'"):
+        Principal("alice", "acme", "admin")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="NUL"):
+        Principal("alice", "ac\x00me")
+
+
 def test_tokens_need_a_store_that_knows_thread_owners() -> None:
     class Opaque:
         pass
@@ -211,3 +255,21 @@ def test_tokens_need_a_store_that_knows_thread_owners() -> None:
     kernel = Kernel(billing_agent(FakeProvider()), Opaque())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="thread_owner"):
         create_app(kernel, tokens=TOKENS)
+
+
+async def test_the_openapi_document_says_what_needs_an_operator_and_a_note(
+    tenants: Kernel,
+) -> None:
+    async with asgi_client(create_app(tenants, tokens=TOKENS)) as anonymous:
+        document = (await anonymous.get("/openapi.json")).json()
+    paths = document["paths"]
+    assert "403" in paths["/v1/receipts"]["get"]["responses"]
+    assert "403" in paths["/v1/receipts/resolve"]["post"]["responses"]
+    assert "403" not in paths["/v1/threads/{thread_id}/turns"]["post"]["responses"]
+    assert "403" not in paths["/v1/threads/{thread_id}"]["get"]["responses"]
+    body = document["components"]["schemas"]["ResolveBody"]
+    assert "note" in body["required"]
+    assert {"properties": {"applied": {"const": True}}, "required": ["value"]} in body["anyOf"]
+    async with asgi_client(create_app(tenants)) as open_app:
+        unauthenticated = (await open_app.get("/openapi.json")).json()["paths"]
+    assert "403" not in unauthenticated["/v1/receipts/resolve"]["post"]["responses"]

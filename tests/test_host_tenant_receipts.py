@@ -28,13 +28,17 @@ from intention_kernel import (
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.base import RecordedDurability, StoredThread
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.host import create_app
+from intention_kernel.host import Principal, create_app
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.turns import TurnCommit
 
-TOKENS = {"tok-acme": "acme", "tok-globex": "globex", "tok-ops": None}
+TOKENS = {
+    "tok-acme": Principal("alice@acme.example", "acme", "operator"),
+    "tok-globex": Principal("gina@globex.example", "globex", "operator"),
+    "tok-ops": Principal("oscar@example.com", None, "operator"),
+}
 
 
 async def test_receipts_of_a_crashed_first_turn_are_its_tenants_only() -> None:
@@ -62,7 +66,7 @@ async def test_receipts_of_a_crashed_first_turn_are_its_tenants_only() -> None:
         assert [r["thread_id"] for r in theirs] == ["acct-2"]
         assert (await globex.get("/v1/receipts?thread_id=acct-1")).json() == {"receipts": []}
         assert (await ops.get("/v1/receipts")).json() == {"receipts": []}
-        body = {"thread_id": "acct-1", "key": mine[0]["key"], "applied": False}
+        body = {"thread_id": "acct-1", "key": mine[0]["key"], "applied": False, "note": "n"}
         assert (await globex.post("/v1/receipts/resolve", json=body)).status_code == 404
         assert (await ops.post("/v1/receipts/resolve", json=body)).status_code == 404
 

@@ -9,8 +9,9 @@ retry it; an operator checks the provider and records the truth::
         --note "found in the provider dashboard"
     intention-kernel receipts resolve THREAD KEY --not-applied --note "provider has no record"
 
-``--applied`` makes later calls return the value without calling the provider;
-``--not-applied`` lets a later call retry. The resolution is recorded on the
+``--applied`` makes later calls return the value without calling the provider, so
+it needs ``--value`` (``--value null`` if the provider returned nothing);
+``--not-applied`` lets a later call retry. ``--note`` is required. The resolution is recorded on the
 receipt with who, when and why, and emitted as a ``receipt.resolved`` event.
 """
 
@@ -112,7 +113,11 @@ def resolve_receipt(
     ] = None,
     value: Annotated[
         str | None,
-        typer.Option("--value", metavar="JSON", help="With --applied: the provider's result"),
+        typer.Option(
+            "--value",
+            metavar="JSON",
+            help="With --applied (required there): the provider's result; null if none",
+        ),
     ] = None,
     actor: Annotated[
         str | None, typer.Option("--actor", help="Who resolves it (default: user@host)")
@@ -122,10 +127,16 @@ def resolve_receipt(
     """Record whether an uncertain write happened; later turns act on it."""
     if applied is None:
         refuse("say whether the write happened: --applied or --not-applied")
-    if not note:
+    if not note or not note.strip():
         refuse("--note is required: record why, for whoever looks at this receipt next")
     if value is not None and not applied:
         refuse("--value only makes sense with --applied")
+    if applied and value is None:
+        # Later uses of the receipt get this value in place of a provider call, for good.
+        refuse(
+            "--applied needs --value JSON: the provider's result, which later uses of this "
+            "receipt get instead of a call (--value null if it returned nothing)"
+        )
     parsed: Any = None
     if value is not None:
         try:

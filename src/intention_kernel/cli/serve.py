@@ -9,11 +9,22 @@ The agent factory is called with ``db_url=`` when it takes that parameter (see
 how long a turn waits for a thread another turn holds before the host answers 503
 ``thread-busy`` with ``Retry-After`` (default: the store's, 30 s).
 
-Tokens: ``--token SECRET=TENANT`` (repeatable) turns authentication on; each
-token's turns run under its tenant and it sees only that tenant's threads.
-``--token SECRET=`` is a token without a tenant (an operator of tenant-less
-threads). Tokens on a command line are visible to local users (``ps``): prefer
-``$INTENTION_KERNEL_TOKENS`` (the same ``SECRET=TENANT`` pairs, comma-separated).
+Tokens (repeatable) turn authentication on; each stands for a principal with a
+name, a tenant and a role (see :class:`intention_kernel.host.Principal`)::
+
+    --token SECRET=TENANT                                 a user of TENANT
+    --token 'SECRET=TENANT;role=operator;principal=NAME'  an operator of TENANT
+    --token 'SECRET=;role=operator;principal=NAME'        an operator without a tenant
+
+A ``user`` (a chat front end) posts turns under its tenant and reads that tenant's
+threads; an ``operator`` also lists and resolves its receipts, recorded as NAME.
+After the tenant come ``;``-separated attributes: ``role`` (``user``, the default,
+or ``operator``) and ``principal`` (the name; a user's defaults to its tenant). A
+token without a tenant must name its principal: ``SECRET=`` alone, which once was a
+tenant-less operator, is refused rather than silently made a user. A tenant ID that
+holds ``;`` cannot be given this way (use ``create_app``). Tokens on a command line
+are visible to local users (``ps``): prefer ``$INTENTION_KERNEL_TOKENS`` (the same
+specifications, comma-separated).
 
 Event loop: ``--loop auto`` (the default) runs the host on uvloop where it is
 installed (the ``http`` extra installs it, except on Windows), else on asyncio's;
@@ -45,6 +56,7 @@ from intention_kernel.cli._common import (
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
     from intention_kernel.durability import Durability
+    from intention_kernel.host import Principal
 
 __all__ = [
     "TOKENS_ENV_VAR",
@@ -94,8 +106,10 @@ def serve(
         list[str] | None,
         typer.Option(
             "--token",
-            metavar="TOKEN=TENANT",
-            help=f"A bearer token and its tenant (repeatable; also ${TOKENS_ENV_VAR})",
+            metavar="TOKEN=TENANT[;role=operator;principal=NAME]",
+            help="A bearer token, its tenant and, after ';', its role (user, the default, "
+            "or operator: may list and resolve receipts) and principal (the name recorded "
+            f"as actor). Repeatable; also ${TOKENS_ENV_VAR}, comma-separated",
             show_default=False,
         ),
     ] = None,
@@ -140,16 +154,57 @@ def serve(
         run(_serve(loaded, url, host, port, tokens, lock_timeout))
 
 
-def parse_tokens(pairs: list[str]) -> dict[str, str | None]:
-    """``["s3cret=acme", "ops="]`` → ``{"s3cret": "acme", "ops": None}``."""
-    tokens: dict[str, str | None] = {}
-    for pair in pairs:
-        secret, sep, tenant = pair.strip().partition("=")
+def parse_tokens(specs: list[str]) -> dict[str, Principal]:
+    """``["s3cret=acme", "k7=acme;role=operator;principal=alice"]`` → ``{"s3cret":
+    Principal("acme", "acme", "user"), "k7": Principal("alice", "acme", "operator")}``.
+
+    Error messages never repeat a secret."""
+    from intention_kernel.host import Principal
+
+    tokens: dict[str, Principal] = {}
+    for spec in specs:
+        secret, sep, rest = spec.strip().partition("=")
         if not sep or not secret:
-            raise ValueError(f"--token must look like TOKEN=TENANT, got {pair.split('=')[0]!r}=…")
+            raise ValueError(
+                "--token must look like TOKEN=TENANT or "
+                f"'TOKEN=TENANT;role=operator;principal=NAME', got {secret[:2]!r}…"
+            )
         if secret in tokens:
             raise ValueError("a token is given twice")
-        tokens[secret] = tenant or None
+        tenant, *attributes = rest.split(";")
+        given: dict[str, str] = {}
+        for attribute in attributes:
+            name, has_value, value = attribute.partition("=")
+            name = name.strip()
+            if name not in ("role", "principal") or not has_value:
+                raise ValueError(
+                    f"--token {secret[:2]}…: unknown attribute {attribute!r} after the tenant "
+                    "(only role=user|operator and principal=NAME; a tenant ID holding ';' "
+                    "cannot be given on the command line)"
+                )
+            if name in given:
+                raise ValueError(f"--token {secret[:2]}…: {name}= is given twice")
+            given[name] = value.strip()
+        if given.get("principal") == "":
+            raise ValueError(f"--token {secret[:2]}…: principal= needs a name")
+        role = given.get("role", "user")
+        principal = given.get("principal") or tenant
+        if not principal:
+            raise ValueError(
+                f"--token {secret[:2]}…= has no tenant and names no principal: say whom it "
+                "stands for, e.g. 'TOKEN=;role=operator;principal=NAME' (a token without a "
+                "tenant used to be an operator; roles are now explicit)"
+            )
+        if role == "operator" and "principal" not in given:
+            raise ValueError(
+                f"--token {secret[:2]}…: an operator names its principal (principal=NAME), "
+                "the person recorded as the actor of what it resolves"
+            )
+        if role not in ("user", "operator"):
+            raise ValueError(f"--token {secret[:2]}…: role is user or operator, not {role!r}")
+        tokens[secret] = Principal(
+            principal, tenant or None, "operator" if role == "operator" else "user"
+        )
     return tokens
 
 
@@ -177,7 +232,7 @@ async def _serve(
     url: str,
     host: str,
     port: int,
-    tokens: dict[str, str | None] | None,
+    tokens: dict[str, Principal] | None,
     lock_timeout: float | None,
 ) -> None:
     import uvicorn
@@ -197,7 +252,11 @@ async def _serve(
             app = create_app(kernel, tokens=tokens)
         except (KernelError, TypeError, ValueError) as exc:
             refuse(str(exc))
-        auth = f"{len(tokens)} token(s)" if tokens else "no authentication"
+        if tokens:
+            operators = sum(1 for p in tokens.values() if p.role == "operator")
+            auth = f"{len(tokens)} token(s), {operators} of them operator(s)"
+        else:
+            auth = "no authentication"
         loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
         stderr.print(
             f"serving [bold]{agent.name}[/] v{agent.version} ({kernel.fingerprint}) from {url} "

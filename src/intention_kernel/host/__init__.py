@@ -2,7 +2,10 @@
 
 Needs the ``http`` extra (``pip install 'intention-kernel[http]'``: starlette and
 uvicorn). ``create_app(kernel, tokens={...})`` returns a Starlette app; run it
-with any ASGI server, or ``intention-kernel serve --agent module:attr``.
+with any ASGI server, or ``intention-kernel serve --agent module:attr``. Tokens
+stand for a :class:`Principal`: a ``user`` posts turns and reads its tenant's
+threads, an ``operator`` also lists and resolves receipts (403 ``forbidden``
+otherwise), recorded by name as the actor.
 
 Endpoints (described by the app's own ``/openapi.json``):
 
@@ -18,7 +21,7 @@ Endpoints (described by the app's own ``/openapi.json``):
 Errors are ``application/problem+json`` (RFC 9457) with stable ``type`` URIs,
 mapped from the :class:`~intention_kernel.KernelError` tree by class:
 ``invalid-request`` 422, ``malformed-request`` 400, ``unauthorized`` 401,
-``not-found`` 404 (also another tenant's thread), ``turn-conflict`` 409,
+``forbidden`` 403, ``not-found`` 404 (also another tenant's thread), ``turn-conflict`` 409,
 ``incompatible-checkpoint`` 409 (the thread needs a compatible agent, retrying
 cannot help), ``receipt-state`` 409, ``interpretation-failed`` 502,
 ``thread-busy`` / ``turn-fenced`` / ``store-unavailable`` 503 with ``Retry-After``.
@@ -34,7 +37,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         name=exc.name,
     ) from exc
 
+from intention_kernel.host._access import Principal, Role
 from intention_kernel.host._app import create_app
 from intention_kernel.host._problems import PROBLEM_TYPES, ProblemType
 
-__all__ = ["PROBLEM_TYPES", "ProblemType", "create_app"]
+__all__ = ["PROBLEM_TYPES", "Principal", "ProblemType", "Role", "create_app"]

@@ -1,11 +1,18 @@
-"""Who is calling, and which threads they may see.
+"""Who is calling, what their role lets them do, and which threads they may see.
 
-With ``tokens`` (bearer token → tenant ID), every API request must carry
-``Authorization: Bearer <token>``; the token's tenant runs the turns, and the
-caller sees only threads that tenant owns (the core's rule for turns, applied to
-reads too). A token mapped to ``None`` is a caller without a tenant: it sees the
-threads created without one. Without ``tokens`` there is no authentication and
-every caller is that tenant-less caller.
+With ``tokens`` (bearer token → :class:`Principal`), every API request must carry
+``Authorization: Bearer <token>``. A principal has a name, a tenant and a role:
+
+- ``user`` (a chat front end, say) posts turns, which run under its tenant, and
+  reads that tenant's threads;
+- ``operator`` (a person) may also list and resolve that tenant's receipts, and is
+  recorded by name as the resolution's actor.
+
+Anything else a role may not do is answered 403 ``forbidden``. A token mapped to a
+bare tenant ID (or ``None``, no tenant) is a ``user`` of it named after it. A
+principal without a tenant sees the threads created without one. Without
+``tokens`` there is no authentication and every caller is ``anonymous``, an
+operator without a tenant.
 
 A thread belongs to the tenant of its first durable write: its first committed
 turn or, before that, the first effect receipt a turn prepared on it (see
@@ -24,7 +31,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from starlette.requests import Request
 
@@ -32,18 +39,45 @@ from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability
 from intention_kernel.durability.base import ThreadOwner, check_id, owns
 from intention_kernel.effects import Receipt
+from intention_kernel.errors import KernelError
 from intention_kernel.host._problems import HostProblem
 
-__all__ = ["Access", "OwnerLookup", "Principal"]
+__all__ = ["ROLES", "Access", "OwnerLookup", "Principal", "Role"]
+
+Role = Literal["user", "operator"]
+ROLES: tuple[Role, ...] = ("user", "operator")
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """An authenticated caller: the tenant its turns run under, and the name recorded
-    as ``actor`` when it resolves a receipt."""
+    """Whom a bearer token stands for: ``name`` (recorded as the actor of what it
+    resolves), the ``tenant_id`` its turns run under (``None``: no tenant) and its
+    ``role``: a ``user`` posts turns and reads its tenant's threads; an ``operator``
+    also lists and resolves their receipts."""
 
-    tenant_id: str | None
-    actor: str
+    name: str
+    tenant_id: str | None = None
+    role: Role = "user"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError("a principal needs a name (recorded as the actor of resolutions)")
+        if self.role not in ROLES:
+            raise ValueError(f"a principal's role is 'user' or 'operator', not {self.role!r}")
+        try:
+            check_id("principal", self.name)
+            if self.tenant_id is not None:
+                check_id("tenant_id", self.tenant_id)
+        except KernelError as exc:
+            raise ValueError(str(exc)) from None
+
+    @property
+    def actor(self) -> str:
+        return self.name
+
+
+#: Every caller when the app has no tokens.
+ANONYMOUS = Principal("anonymous", None, "operator")
 
 
 @runtime_checkable
@@ -72,15 +106,19 @@ class OwnerLookup(Protocol):
 class Access:
     """Authentication and per-thread visibility for one app."""
 
-    def __init__(self, tokens: Mapping[str, str | None] | None, durability: Durability) -> None:
+    def __init__(
+        self, tokens: Mapping[str, Principal | str | None] | None, durability: Durability
+    ) -> None:
         self.enabled = tokens is not None
         self._tokens: list[tuple[bytes, Principal]] = []
-        for token, tenant in (tokens or {}).items():
+        for token, granted in (tokens or {}).items():
             if not isinstance(token, str) or not token.strip() or token != token.strip():
                 raise ValueError("bearer tokens must be non-empty strings without outer spaces")
-            if tenant is not None:
-                check_id("tenant_id", tenant)
-            self._tokens.append((token.encode(), Principal(tenant, tenant or "operator")))
+            if not isinstance(granted, Principal):
+                if granted is not None:
+                    check_id("tenant_id", granted)
+                granted = Principal(granted or "user", granted, "user")
+            self._tokens.append((token.encode(), granted))
         self._durability = durability
         self._owners = durability if isinstance(durability, OwnerLookup) else None
         if self.enabled and self._owners is None:
@@ -92,7 +130,7 @@ class Access:
     def authenticate(self, request: Request) -> Principal:
         """The caller, or a 401 problem."""
         if not self.enabled:
-            return Principal(None, "anonymous")
+            return ANONYMOUS
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             offered = token.strip().encode()
@@ -108,6 +146,14 @@ class Access:
             "a valid bearer token is required",
             headers={"WWW-Authenticate": 'Bearer realm="intention-kernel"'},
         )
+
+    def require_operator(self, principal: Principal, action: str) -> None:
+        """Refuse ``action`` with 403 unless ``principal`` is an operator."""
+        if principal.role != "operator":
+            raise HostProblem(
+                "forbidden",
+                f"{action} needs an operator token; this token's role is {principal.role!r}",
+            )
 
     async def sees(
         self, principal: Principal, thread_id: str, cache: dict[str, bool] | None = None

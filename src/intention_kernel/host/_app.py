@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from intention_kernel.host._access import Access
+from intention_kernel.host._access import Access, Principal
 from intention_kernel.host._endpoints import Endpoints, guarded
 from intention_kernel.host._openapi import openapi_document
 from intention_kernel.host._problems import (
@@ -32,14 +32,19 @@ CONSOLE_ASSETS = {
 }
 
 
-def create_app(kernel: Kernel, *, tokens: Mapping[str, str | None] | None = None) -> Starlette:
+def create_app(
+    kernel: Kernel, *, tokens: Mapping[str, Principal | str | None] | None = None
+) -> Starlette:
     """An ASGI app serving ``kernel``: the turn API, inspection, reconciliation,
     ``/openapi.json`` and the operator console at ``/console``.
 
-    ``tokens`` maps bearer tokens to tenant IDs (``None``: a caller without a
-    tenant). Without ``tokens`` the API is unauthenticated and tenant-less: put
-    it behind your own gateway. The app does not open or close the kernel's
-    store; the caller owns it (adapters open lazily on first use).
+    ``tokens`` maps bearer tokens to a :class:`Principal` (name, tenant, role), or
+    to a bare tenant ID (``None``: no tenant) for a ``user`` of that tenant: it
+    posts turns and reads the tenant's threads; listing and resolving receipts
+    needs an ``operator``. Without ``tokens`` the API is unauthenticated and
+    tenant-less, every caller an operator: put it behind your own gateway. The app
+    does not open or close the kernel's store; the caller owns it (adapters open
+    lazily on first use).
     """
     from intention_kernel import __version__
 

@@ -145,6 +145,7 @@ class Endpoints:
 
     async def list_receipts(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
+        self.access.require_operator(principal, "listing receipts")
         thread_id = request.query_params.get("thread_id")
         if thread_id is not None:
             check_id("thread_id", thread_id)
@@ -162,6 +163,7 @@ class Endpoints:
 
     async def resolve_receipt(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
+        self.access.require_operator(principal, "resolving a receipt")
         body = await read_body(request, ResolveBody)
         receipt = await self.access.resolve_receipt(
             principal,

@@ -116,7 +116,15 @@ def openapi_document(
     }
     if auth:
         document["components"]["securitySchemes"] = {
-            "bearer": {"type": "http", "scheme": "bearer", "description": "token → tenant"}
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": (
+                    "token → principal: a name, a tenant and a role; a user posts turns "
+                    "and reads its tenant's threads, an operator also lists and resolves "
+                    "receipts"
+                ),
+            }
         }
     return document
 
@@ -184,9 +192,17 @@ class _Api:
         self.auth = auth
 
     def _op(
-        self, op: dict[str, Any], ok: dict[str, Any], statuses: Iterable[int]
+        self,
+        op: dict[str, Any],
+        ok: dict[str, Any],
+        statuses: Iterable[int],
+        *,
+        operator: bool = False,
     ) -> dict[str, Any]:
+        """``operator``: a token of another role is refused with 403."""
         problems = set(statuses) | ({401} if self.auth else set())
+        if self.auth and operator:
+            problems.add(403)
         op["responses"] = {"200": ok, **_problems(problems)}
         if self.auth:
             op["security"] = [{"bearer": []}]
@@ -256,6 +272,7 @@ class _Api:
             },
             _json("Receipts of the caller's threads", "ReceiptList"),
             (422, 500, 503),
+            operator=True,
         )
 
     def resolve_receipt(self) -> dict[str, Any]:
@@ -263,7 +280,12 @@ class _Api:
             {
                 "operationId": "resolveReceipt",
                 "summary": "Reconcile an uncertain receipt (applied or not)",
-                "description": "The caller is recorded as the resolution's actor.",
+                "description": (
+                    "The caller (an operator token's principal, or `anonymous` without "
+                    "tokens) is recorded as the resolution's actor, with the note. "
+                    "`applied: true` needs `value`, what later uses of the receipt get "
+                    "(`null` if the provider returned nothing); `applied: false` takes none."
+                ),
                 "requestBody": {
                     "required": True,
                     "content": {"application/json": {"schema": _ref("ResolveBody")}},
@@ -271,6 +293,7 @@ class _Api:
             },
             _json("The resolved receipt", "Receipt"),
             (400, 404, 409, 413, 422, 500, 503),
+            operator=True,
         )
 
 

@@ -80,6 +80,13 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "A valid bearer token is required (Authorization: Bearer <token>).",
     ),
     ProblemType(
+        "forbidden",
+        403,
+        "Forbidden",
+        "This token's role may not do this: listing and resolving receipts needs an "
+        "operator token. Nothing was read or written.",
+    ),
+    ProblemType(
         "not-found",
         404,
         "Not found",

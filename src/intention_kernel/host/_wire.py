@@ -110,14 +110,44 @@ class TurnBody(_Body):
         return self.answer.to_answer() if isinstance(self.answer, AnswerBody) else self.answer
 
 
+#: What the schema says of a resolution's value, beside what the fields say: applied,
+#: it must be given (``null`` included); not applied, it may only be ``null``.
+_RESOLUTION_VALUE: dict[str, pydantic.JsonValue] = {
+    "anyOf": [
+        {"properties": {"applied": {"const": True}}, "required": ["value"]},
+        {"properties": {"applied": {"const": False}, "value": {"type": "null"}}},
+    ]
+}
+
+
 class ResolveBody(_Body):
-    """An operator's reconciliation of an uncertain receipt."""
+    """An operator's reconciliation of an uncertain receipt.
+
+    ``applied: true`` needs ``value``, the provider's result, which every later use
+    of the receipt gets in place of a call (``null`` if it returned nothing): left
+    out, later uses would get ``null`` for good. ``note`` says why, for whoever looks
+    at the receipt next; it must hold more than white space."""
+
+    # Python's regular expressions, which the schema's generators and validators use
+    # too, so that the host and its document agree on what white space is.
+    model_config = ConfigDict(regex_engine="python-re", json_schema_extra=_RESOLUTION_VALUE)
 
     thread_id: Id
     key: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     applied: bool
     value: JsonValue = None
-    note: Annotated[str, StringConstraints(max_length=2000)] | None = None
+    note: Annotated[str, StringConstraints(min_length=1, max_length=2000, pattern=r"\S")]
+
+    @pydantic.model_validator(mode="after")
+    def _value_goes_with_applied(self) -> ResolveBody:
+        if self.applied and "value" not in self.model_fields_set:
+            raise ValueError(
+                "applied: true needs a value, the provider's result that later uses of the "
+                "receipt get (null if it returned nothing)"
+            )
+        if not self.applied and self.value is not None:
+            raise ValueError("applied: false takes no value (null or none)")
+        return self
 
 
 @dataclass(frozen=True, slots=True)
