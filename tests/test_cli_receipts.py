@@ -159,6 +159,19 @@ def test_resolve_refuses_bad_requests_and_changes_nothing(store: Path) -> None:
     assert [json.loads(line)["key"] for line in output.splitlines()] == [KEY]
 
 
+def test_resolve_of_a_key_without_its_capability_prefix_suggests_the_stored_key(
+    store: Path,
+) -> None:
+    args = ["receipts", "resolve", "t", "charge:pi_lost", "--not-applied", "--note", "none"]
+    code, output = _cli(*args, "--db", f"sqlite:///{store}")
+    assert code == 2, output
+    assert f"did you mean {KEY!r}?" in " ".join(output.split())
+    code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--json")
+    assert [json.loads(line)["status"] for line in output.splitlines() if KEY in line] == [
+        "uncertain"
+    ]
+
+
 def test_resolve_applied_with_an_explicit_null_value_is_recorded(store: Path) -> None:
     args = ["receipts", "resolve", "t", KEY, "--applied", "--value", "null", "--note", "none"]
     code, output = _cli(*args, "--db", f"sqlite:///{store}")

@@ -268,6 +268,18 @@ async def test_resolving_an_unknown_receipt_is_404(client: httpx.AsyncClient) ->
     )
 
 
+async def test_resolving_a_key_without_its_capability_prefix_names_the_stored_key(
+    client: httpx.AsyncClient, provider: FakeProvider
+) -> None:
+    key = await uncertain_charge(client, provider, "t1")
+    body = {"thread_id": "t1", "key": "charge:pi_9", "applied": False, "note": "n"}
+    response = await client.post("/v1/receipts/resolve", json=body)
+    assert (response.status_code, response.json()["type"]) == (404, "/problems/not-found")
+    assert response.json()["detail"] == (
+        f"no receipt for key 'charge:pi_9' on thread 't1'; did you mean {key!r}?"
+    )
+
+
 async def test_resolve_takes_booleans_only_as_booleans(client: httpx.AsyncClient) -> None:
     body = {"thread_id": "t1", "key": "k", "applied": "yes"}
     response = await client.post("/v1/receipts/resolve", json=body)

@@ -69,6 +69,15 @@ async def test_receipts_of_a_crashed_first_turn_are_its_tenants_only() -> None:
         body = {"thread_id": "acct-1", "key": mine[0]["key"], "applied": False, "note": "n"}
         assert (await globex.post("/v1/receipts/resolve", json=body)).status_code == 404
         assert (await ops.post("/v1/receipts/resolve", json=body)).status_code == 404
+        # Another tenant is never offered the thread's keys.
+        bare = {**body, "key": mine[0]["key"].partition(":")[2]}
+        for other in (globex, ops):
+            hidden = await other.post("/v1/receipts/resolve", json=bare)
+            assert (
+                hidden.json()["detail"] == f"no receipt for key {bare['key']!r} on thread 'acct-1'"
+            )
+        offered = await acme.post("/v1/receipts/resolve", json=bare)
+        assert offered.json()["detail"].endswith(f"; did you mean {mine[0]['key']!r}?")
 
 
 # -- a first turn in flight ------------------------------------------------------------------

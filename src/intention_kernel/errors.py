@@ -256,7 +256,21 @@ class ReceiptError(KernelError):
 
 
 class ReceiptNotFoundError(ReceiptError):
-    """No receipt exists for that thread and key."""
+    """No receipt exists for that thread and key.
+
+    ``suggestions``: stored keys of the thread that the caller may have meant (the key
+    given without its capability prefix), already named in the message."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        thread_id: str | None = None,
+        key: str | None = None,
+        suggestions: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, thread_id=thread_id, key=key)
+        self.suggestions = suggestions
 
 
 class ReceiptStateError(ReceiptError):

@@ -97,8 +97,10 @@ __all__ = [
     "check_id",
     "dump_value",
     "load_value",
+    "missing_receipt_message",
     "owner_of",
     "owns",
+    "suggest_keys",
 ]
 
 MAX_ID_LENGTH = 512
@@ -998,9 +1000,12 @@ class RecordedDurability:
         if owner is not None and owner.tenant_id is not None:
             check_id("tenant_id", owner.tenant_id)
 
-        def missing() -> ReceiptNotFoundError:
+        def missing(suggestions: tuple[str, ...] = ()) -> ReceiptNotFoundError:
             return ReceiptNotFoundError(
-                f"no receipt for key {key!r} on thread {thread_id!r}", thread_id=thread_id, key=key
+                missing_receipt_message(thread_id, key, suggestions),
+                thread_id=thread_id,
+                key=key,
+                suggestions=suggestions,
             )
 
         def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
@@ -1030,7 +1035,18 @@ class RecordedDurability:
                 await self._owner(recorder, thread_id), owner.tenant_id
             ):
                 raise missing()
-            return await recorder.resolve_receipt(thread_id, key, resolution)
+            try:
+                return await recorder.resolve_receipt(thread_id, key, resolution)
+            except ReceiptNotFoundError:
+                # Still under the lock, on a thread the caller may act on: only receipts
+                # it may see are offered (a receipt's own tenant is the thread's).
+                receipts = await recorder.read_receipts(thread_id, None)
+                visible = [
+                    r.key
+                    for r in receipts
+                    if owner is None or owns(ThreadOwner(r.tenant_id), owner.tenant_id)
+                ]
+                raise missing(suggest_keys(key, visible)) from None
 
     async def read_outbox(
         self, thread_id: str | None = None, after: int | None = None, limit: int = 100
@@ -1040,6 +1056,21 @@ class RecordedDurability:
         if limit < 1:
             raise InvalidRequestError(f"limit must be at least 1, got {limit!r}")
         return await recorder.read_outbox(thread_id, after, limit)
+
+
+def suggest_keys(key: str, stored: Sequence[str]) -> tuple[str, ...]:
+    """The stored keys ``key`` may have meant: the same key with its capability prefix
+    (a receipt is stored as ``capability_id:key``, and an operator may copy the key a
+    capability passed to ``run_effect``)."""
+    return tuple(k for k in stored if k != key and k.partition(":")[2] == key)
+
+
+def missing_receipt_message(thread_id: str, key: str, suggestions: Sequence[str] = ()) -> str:
+    """How a missing receipt is reported, with the keys that were perhaps meant."""
+    text = f"no receipt for key {key!r} on thread {thread_id!r}"
+    if suggestions:
+        text += "; did you mean " + " or ".join(repr(k) for k in suggestions) + "?"
+    return text
 
 
 def _receipt_status(status: ReceiptStatus | str) -> ReceiptStatus:

@@ -9,12 +9,13 @@ their message text.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import JSONResponse
 
+from intention_kernel.durability.base import missing_receipt_message
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
     CorruptRecordError,
@@ -216,11 +217,12 @@ def thread_not_found(thread_id: str, turn_id: str | None = None) -> HostProblem:
     )
 
 
-def receipt_not_found(thread_id: str, key: str) -> HostProblem:
-    """The one answer for an unknown receipt and for a receipt of another tenant's thread."""
+def receipt_not_found(thread_id: str, key: str, suggestions: Sequence[str] = ()) -> HostProblem:
+    """The one answer for an unknown receipt and for a receipt of another tenant's thread
+    (whose keys the store never suggests)."""
     return HostProblem(
         "not-found",
-        f"no receipt for key {key!r} on thread {thread_id!r}",
+        missing_receipt_message(thread_id, key, suggestions),
         thread_id=thread_id,
         key=key,
     )
@@ -239,7 +241,7 @@ def problem_for(error: KernelError, **known: str | None) -> HostProblem:
     if isinstance(error, TenantMismatchError):
         return thread_not_found(fields["thread_id"] or "", fields["turn_id"])
     if isinstance(error, ReceiptNotFoundError):
-        return receipt_not_found(fields["thread_id"] or "", fields["key"] or "")
+        return receipt_not_found(fields["thread_id"] or "", fields["key"] or "", error.suggestions)
     return HostProblem(slug, str(error), **fields)
 
 

@@ -599,6 +599,37 @@ class DurabilityConformance:
         assert later.steps[0].status == StepStatus.COMPLETED
         assert provider.calls() == 2
 
+    async def test_a_key_without_its_capability_prefix_is_refused_with_the_stored_key(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        events_before = await durability.read_outbox()
+        with pytest.raises(ReceiptNotFoundError) as refused:
+            await durability.resolve_receipt("t", "charge:pi_1", applied=False, note="n")
+        assert refused.value.suggestions == ("payments.charge:charge:pi_1",)
+        assert str(refused.value) == (
+            "no receipt for key 'charge:pi_1' on thread 't'; "
+            "did you mean 'payments.charge:charge:pi_1'?"
+        )
+        with pytest.raises(ReceiptNotFoundError) as unknown:
+            await durability.resolve_receipt("t", "charge:pi_2", applied=False, note="n")
+        assert unknown.value.suggestions == ()
+        [receipt] = await durability.list_receipts()
+        assert (receipt.status, receipt.resolution) == ("uncertain", None)
+        assert await durability.read_outbox() == events_before
+        if isinstance(durability, RecordedDurability):
+            for other in ("acme", None):
+                await kernel.turn("g", "1", "charge pi_1 500", tenant_id="globex")
+                await kernel.turn("g", "2", "yes", tenant_id="globex")
+                with pytest.raises(ReceiptNotFoundError) as hidden:
+                    await durability.resolve_receipt(
+                        "g", "charge:pi_1", applied=False, note="n", owner=ThreadOwner(other)
+                    )
+                assert hidden.value.suggestions == ()
+                assert "did you mean" not in str(hidden.value)
+
     async def test_only_uncertain_receipts_can_be_resolved(
         self, kernel: Kernel, durability: Durability
     ) -> None:
