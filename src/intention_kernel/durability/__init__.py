@@ -25,7 +25,11 @@ committed turn or, before that, its first effect receipt); a turn of another ten
 is refused with ``TenantMismatchError`` and is never shown that tenant's receipts.
 The inspection and operations methods (``load_checkpoint``, ``list_receipts``,
 ``resolve_receipt``, ``read_outbox``) are operator-level: they see every tenant
-unless filtered (``list_receipts(tenant_id=...)``).
+unless filtered (``list_receipts(tenant_id=...)``). ``RecordedDurability`` also takes
+``owner=ThreadOwner(tenant_id)`` on ``load_checkpoint`` and ``resolve_receipt``: a
+thread of another owner then reads as missing, decided on the snapshot read or under
+the thread's lock, so that a host acting for a tenant is never shown another tenant's
+first turn while it runs.
 
 There are two ways to write an adapter:
 

@@ -123,8 +123,9 @@ class Access:
         self._owners = durability if isinstance(durability, OwnerLookup) else None
         if self.enabled and self._owners is None:
             raise TypeError(
-                f"tenant isolation needs a store with thread_owner(); {type(durability).__name__} "
-                "has none (every RecordedDurability adapter has it)"
+                "tenant isolation needs a store with thread_owner() and owner= on "
+                f"load_checkpoint() and resolve_receipt(); {type(durability).__name__} has "
+                "none (every RecordedDurability adapter has them)"
             )
 
     def authenticate(self, request: Request) -> Principal:
