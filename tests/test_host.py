@@ -293,7 +293,7 @@ NON_FINITE = ["1e999", "-1e999", "NaN", "Infinity", "-Infinity", '{"amount": [1,
 RESOLUTIONS_REFUSED = {
     "no note": ({"applied": False}, ["note"], "Field required"),
     "an empty note": ({"applied": False, "note": ""}, ["note"], "at least 1 character"),
-    "a blank note": ({"applied": False, "note": " \t\n"}, ["note"], "pattern"),
+    "a blank note": ({"applied": False, "note": " \t\n"}, ["note"], "only white space"),
     "applied without a value": ({"applied": True, "note": "n"}, [], "needs a value"),
     "not applied with a value": (
         {"applied": False, "value": {"id": "ch"}, "note": "n"},

@@ -9,6 +9,7 @@ kernel's own types (``TurnResult``, ``Receipt``, the checkpoint's records).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -110,6 +111,18 @@ class TurnBody(_Body):
         return self.answer.to_answer() if isinstance(self.answer, AnswerBody) else self.answer
 
 
+#: A note must hold more than white space. Checked with Python's regular expressions,
+#: which the schema's generators and validators use too, so that the host and its
+#: document agree on what white space is.
+_NOT_BLANK = re.compile(r"\S")
+
+
+def _says_something(note: str) -> str:
+    if not _NOT_BLANK.search(note):
+        raise ValueError("the note must say why (it holds only white space)")
+    return note
+
+
 #: What the schema says of a resolution's value, beside what the fields say: applied,
 #: it must be given (``null`` included); not applied, it may only be ``null``.
 _RESOLUTION_VALUE: dict[str, pydantic.JsonValue] = {
@@ -128,15 +141,18 @@ class ResolveBody(_Body):
     out, later uses would get ``null`` for good. ``note`` says why, for whoever looks
     at the receipt next; it must hold more than white space."""
 
-    # Python's regular expressions, which the schema's generators and validators use
-    # too, so that the host and its document agree on what white space is.
-    model_config = ConfigDict(regex_engine="python-re", json_schema_extra=_RESOLUTION_VALUE)
+    model_config = ConfigDict(json_schema_extra=_RESOLUTION_VALUE)
 
     thread_id: Id
     key: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     applied: bool
     value: JsonValue = None
-    note: Annotated[str, StringConstraints(min_length=1, max_length=2000, pattern=r"\S")]
+    note: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=2000),
+        AfterValidator(_says_something),
+        Field(json_schema_extra={"pattern": _NOT_BLANK.pattern}),
+    ]
 
     @pydantic.model_validator(mode="after")
     def _value_goes_with_applied(self) -> ResolveBody:
