@@ -244,3 +244,32 @@ def test_the_main_view_matches_its_baseline(host: Host, page: Any, tmp_path: Pat
         f"Screenshot: {actual}. If the change is intended, regenerate the baseline and "
         "docs/console.png with INTENTION_KERNEL_UPDATE_DOCS=1 and commit them."
     )
+
+
+def test_a_page_of_another_origin_cannot_accept_a_pending_charge(host: Host, page: Any) -> None:
+    """The attack itself, in a real browser: a page served from another origin (another
+    port of the same machine) posts an acceptance with ``no-cors`` and ``text/plain``,
+    which needs no preflight. The host refuses it; nothing is charged."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    async def lure(request: Any) -> HTMLResponse:
+        return HTMLResponse("<!doctype html><title>cat pictures</title>")
+
+    host.turn("d1", "pay invoice 42")
+    with serving_in_thread(Starlette(routes=[Route("/", lure)])) as elsewhere:
+        page.goto(elsewhere)
+        page.evaluate(
+            """async (target) => {
+                await fetch(target, {
+                    method: "POST", mode: "no-cors",
+                    headers: {"Content-Type": "text/plain"},
+                    body: JSON.stringify({turn_id: "forged", answer: "accept"}),
+                });
+            }""",
+            f"{host.url}/v1/threads/{THREAD}/turns",
+        )
+    thread = httpx.get(f"{host.url}/v1/threads/{THREAD}", timeout=30).json()
+    assert thread["version"] == 1 and thread["interaction"] is not None
+    assert host.charges() == []

@@ -249,7 +249,7 @@ def fuzz_target(tokens: dict[str, str | None] | None) -> FuzzTarget:
     config = SchemathesisConfig.from_dict(
         {"auth": {"openapi": {"bearer": {"bearer": FUZZ_TOKEN}}}} if tokens else {}
     )
-    app = create_app(kernel, tokens=tokens)
+    app = create_app(kernel, tokens=tokens, allowed_hosts=["testserver"])  # schemathesis's Host
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
     return FuzzTarget(schema, asyncio.run(seed()))
 

@@ -18,10 +18,16 @@ Endpoints (described by the app's own ``/openapi.json``):
 Errors are ``application/problem+json`` (RFC 9457) with stable ``type`` URIs,
 mapped from the :class:`~intention_kernel.KernelError` tree by class:
 ``invalid-request`` 422, ``malformed-request`` 400, ``unauthorized`` 401,
-``not-found`` 404 (also another tenant's thread), ``turn-conflict`` 409,
+``not-found`` 404 (also another tenant's thread), ``method-not-allowed`` 405,
+``unsupported-media-type`` 415 (a body that is not ``application/json``),
+``turn-conflict`` 409,
 ``incompatible-checkpoint`` 409 (the thread needs a compatible agent, retrying
 cannot help), ``receipt-state`` 409, ``interpretation-failed`` 502,
 ``thread-busy`` / ``turn-fenced`` / ``store-unavailable`` 503 with ``Retry-After``.
+
+Before any endpoint, the request guard answers ``host-not-allowed`` 400 for a
+``Host`` the app does not serve and ``cross-origin`` 403 for a browser request of
+another origin without a bearer token (see :mod:`intention_kernel.host._guard`).
 """
 
 from __future__ import annotations

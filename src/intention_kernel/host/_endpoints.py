@@ -77,8 +77,10 @@ def guarded(endpoint: Endpoint) -> Endpoint:
 
 def _log(request: Request, problem: HostProblem) -> None:
     status = problem.type.status
-    if status == 503:
-        # Busy threads and store hiccups are expected under load; clients retry.
+    if status in (502, 503):
+        # Handled failures: busy threads and store hiccups are expected under load, and a
+        # failing interpreter is its own service's fault; clients retry. One line each:
+        # a traceback would only show the host's own mapping code.
         log.warning("%s %s: %s", request.method, request.url.path, problem.detail)
     elif status >= 500:
         cause = problem.__cause__ or problem

@@ -68,6 +68,10 @@ PROBLEM_SCHEMA: dict[str, Any] = {
     },
 }
 
+#: What the request guard answers on any path: a Host the app does not serve (400), a
+#: browser request from another origin without a token (403).
+GUARD_STATUSES = (400, 403)
+
 PROBLEM_TYPE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["type", "title", "status", "description"],
@@ -186,7 +190,7 @@ class _Api:
     def _op(
         self, op: dict[str, Any], ok: dict[str, Any], statuses: Iterable[int]
     ) -> dict[str, Any]:
-        problems = set(statuses) | ({401} if self.auth else set())
+        problems = set(statuses) | set(GUARD_STATUSES) | ({401} if self.auth else set())
         op["responses"] = {"200": ok, **_problems(problems)}
         if self.auth:
             op["security"] = [{"bearer": []}]
@@ -225,7 +229,7 @@ class _Api:
                 },
             },
             _json("The turn's result (also for a replay)", "TurnResult", replayed),
-            (400, 404, 409, 413, 422, 500, 502, 503),
+            (400, 404, 409, 413, 415, 422, 500, 502, 503),
         )
 
     def get_thread(self) -> dict[str, Any]:
@@ -270,7 +274,7 @@ class _Api:
                 },
             },
             _json("The resolved receipt", "Receipt"),
-            (400, 404, 409, 413, 422, 500, 503),
+            (400, 404, 409, 413, 415, 422, 500, 503),
         )
 
 
@@ -279,7 +283,11 @@ def _path_id() -> dict[str, Any]:
 
 
 def _plain(summary: str, schema: str) -> dict[str, Any]:
-    return {"summary": summary, "security": [], "responses": {"200": _json(summary, schema)}}
+    return {
+        "summary": summary,
+        "security": [],
+        "responses": {"200": _json(summary, schema), **_problems(GUARD_STATUSES)},
+    }
 
 
 def _document_op() -> dict[str, Any]:
@@ -290,7 +298,8 @@ def _document_op() -> dict[str, Any]:
             "200": {
                 "description": "OpenAPI 3.1",
                 "content": {"application/json": {"schema": {"type": "object"}}},
-            }
+            },
+            **_problems(GUARD_STATUSES),
         },
     }
 
@@ -304,7 +313,8 @@ def _problems_op() -> dict[str, Any]:
             "200": {
                 "description": "Problem types",
                 "content": {"application/json": {"schema": listing}},
-            }
+            },
+            **_problems(GUARD_STATUSES),
         },
     }
 
@@ -326,7 +336,7 @@ def _problem_op() -> dict[str, Any]:
                 "description": "The problem type",
                 "content": {"application/json": {"schema": _ref("ProblemType")}},
             },
-            **_problems([404]),
+            **_problems([404, *GUARD_STATUSES]),
         },
     }
 
@@ -336,6 +346,10 @@ def _asset_op(summary: str, media_type: str) -> dict[str, Any]:
         "summary": summary,
         "security": [],
         "responses": {
-            "200": {"description": summary, "content": {media_type: {"schema": {"type": "string"}}}}
+            "200": {
+                "description": summary,
+                "content": {media_type: {"schema": {"type": "string"}}},
+            },
+            **_problems(GUARD_STATUSES),
         },
     }

@@ -24,6 +24,7 @@ from intention_kernel.host._problems import HostProblem
 from intention_kernel.interpretation import Answer
 
 __all__ = [
+    "JSON_MEDIA_TYPE",
     "MAX_BODY_BYTES",
     "AnswerBody",
     "Health",
@@ -34,6 +35,8 @@ __all__ = [
     "dump",
     "read_body",
 ]
+
+JSON_MEDIA_TYPE = "application/json"
 
 #: Request bodies larger than this are refused with 413 before parsing.
 MAX_BODY_BYTES = 1 << 20
@@ -177,8 +180,19 @@ def dump(value: ThreadView | ReceiptList | Receipt | Health) -> Any:
 
 
 async def read_body(request: Request, model: type[M]) -> M:
-    """Read and validate a JSON body: 413 when too large, 400 when not JSON, 422 when
-    it does not match ``model``."""
+    """Read and validate a JSON body: 415 when not sent as ``application/json``, 413
+    when too large, 400 when not JSON, 422 when it does not match ``model``.
+
+    The media type is checked because the parser would read JSON from any body: a
+    browser sends ``text/plain`` (or a form) from any page without a preflight, and
+    ``application/json`` only after one."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != JSON_MEDIA_TYPE:
+        raise HostProblem(
+            "unsupported-media-type",
+            f"the body must be sent as Content-Type: {JSON_MEDIA_TYPE}, got {media_type or 'none'}",
+            headers={"Accept": JSON_MEDIA_TYPE},  # RFC 9110: what a 415 would take
+        )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise HostProblem("payload-too-large", f"the body exceeds {MAX_BODY_BYTES} bytes")
