@@ -82,6 +82,7 @@ def create_app(
         ),
         Route("/v1/threads/{thread_id:path}", guarded(api.get_thread), methods=["GET"]),
         Route("/v1/receipts", guarded(api.list_receipts), methods=["GET"]),
+        Route("/v1/interactions", guarded(api.list_interactions), methods=["GET"]),
         Route("/v1/receipts/resolve", guarded(api.resolve_receipt), methods=["POST"]),
         Route("/healthz", guarded(api.health), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),

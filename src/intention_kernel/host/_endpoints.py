@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol, runtime_checkable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from intention_kernel.checkpoint import check_compatible
-from intention_kernel.durability.base import check_id
+from intention_kernel.durability.base import PendingInteraction, ThreadOwner, check_id
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import CheckpointCompatibilityError, KernelError
 from intention_kernel.host._access import Access
@@ -29,6 +30,7 @@ from intention_kernel.host._problems import (
 )
 from intention_kernel.host._wire import (
     Health,
+    InteractionList,
     ReceiptList,
     ResolveBody,
     ThreadView,
@@ -49,6 +51,19 @@ log = logging.getLogger("intention_kernel.host")
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 _STATUSES = tuple(status.value for status in ReceiptStatus)
+
+#: How many pending interactions one ``GET /v1/interactions`` answers at most.
+MAX_INTERACTIONS = 500
+
+
+@runtime_checkable
+class InteractionLister(Protocol):
+    """What the queue of pending interactions needs from the store
+    (``RecordedDurability`` has it)."""
+
+    async def pending_interactions(
+        self, *, owner: ThreadOwner | None = None, after: str | None = None, limit: int = 100
+    ) -> list[PendingInteraction]: ...
 
 
 def guarded(endpoint: Endpoint) -> Endpoint:
@@ -164,6 +179,29 @@ class Endpoints:
             seen: dict[str, bool] = {}
             receipts = [r for r in receipts if await self.access.sees(principal, r.thread_id, seen)]
         return JSONResponse(dump(ReceiptList(tuple(receipts))))
+
+    async def list_interactions(self, request: Request) -> Response:
+        principal = self.access.authenticate(request)
+        text = request.query_params.get("limit", "100")
+        if not text.isdigit() or not 1 <= int(text) <= MAX_INTERACTIONS:
+            raise HostProblem(
+                "invalid-request", f"limit must be an integer from 1 to {MAX_INTERACTIONS}"
+            )
+        limit = int(text)
+        after = request.query_params.get("after")
+        if after is not None:
+            check_id("after", after)
+        store = self.kernel.durability
+        if not isinstance(store, InteractionLister):
+            raise HostProblem(
+                "not-found", f"{type(store).__name__} cannot list interactions across threads"
+            )
+        # The caller's tenant only, the same rule as for reading a thread (Access.sees).
+        found = await store.pending_interactions(
+            owner=ThreadOwner(principal.tenant_id), after=after, limit=limit
+        )
+        following = found[-1].thread_id if len(found) == limit else None
+        return JSONResponse(dump(InteractionList(tuple(found), following)))
 
     async def resolve_receipt(self, request: Request) -> Response:
         principal = self.access.authenticate(request)

@@ -18,6 +18,7 @@ from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.host._problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
 from intention_kernel.host._wire import (
     Health,
+    InteractionList,
     ReceiptList,
     ResolveBody,
     ThreadView,
@@ -34,6 +35,7 @@ _MODELS: tuple[tuple[str, Any, pydantic.json_schema.JsonSchemaMode], ...] = (
     ("TurnResult", TurnResult, "serialization"),
     ("ThreadView", ThreadView, "serialization"),
     ("ReceiptList", ReceiptList, "serialization"),
+    ("InteractionList", InteractionList, "serialization"),
     ("Receipt", Receipt, "serialization"),
     ("Health", Health, "serialization"),
 )
@@ -107,6 +109,7 @@ def openapi_document(
             "/v1/threads/{thread_id}/turns": {"post": api.post_turn()},
             "/v1/threads/{thread_id}": {"get": api.get_thread()},
             "/v1/receipts": {"get": api.list_receipts()},
+            "/v1/interactions": {"get": api.list_interactions()},
             "/v1/receipts/resolve": {"post": api.resolve_receipt()},
             "/healthz": {"get": _plain("Liveness and the agent served", "Health")},
             "/openapi.json": {"get": _document_op()},
@@ -260,6 +263,28 @@ class _Api:
             },
             _json("Receipts of the caller's threads", "ReceiptList"),
             (422, 500, 503),
+        )
+
+    def list_interactions(self) -> dict[str, Any]:
+        return self._op(
+            {
+                "operationId": "listInteractions",
+                "summary": "Pending interactions (confirmations) across the caller's threads",
+                "description": (
+                    "In thread ID order, at most `limit`; pass `next_after` as `after` to read on."
+                ),
+                "parameters": [
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 500},
+                    },
+                    {"name": "after", "in": "query", "required": False, "schema": ID_SCHEMA},
+                ],
+            },
+            _json("Pending interactions of the caller's threads", "InteractionList"),
+            (404, 422, 500, 503),
         )
 
     def resolve_receipt(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from starlette.requests import Request
 
 from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
-from intention_kernel.durability.base import MAX_ID_LENGTH
+from intention_kernel.durability.base import MAX_ID_LENGTH, PendingInteraction
 from intention_kernel.effects import Receipt
 from intention_kernel.facts import FactRecord
 from intention_kernel.host._problems import HostProblem
@@ -28,6 +28,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "AnswerBody",
     "Health",
+    "InteractionList",
     "ReceiptList",
     "ResolveBody",
     "ThreadView",
@@ -162,6 +163,15 @@ class ReceiptList:
 
 
 @dataclass(frozen=True, slots=True)
+class InteractionList:
+    """Pending interactions of the caller's threads, in thread ID order. ``next_after``:
+    pass it as ``after`` to read on (``None``: there are no more)."""
+
+    interactions: tuple[PendingInteraction, ...]
+    next_after: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     status: Literal["ok"]
     agent: str
@@ -170,11 +180,12 @@ class Health:
 
 
 _DUMPERS: dict[type[Any], pydantic.TypeAdapter[Any]] = {
-    cls: pydantic.TypeAdapter(cls) for cls in (ThreadView, ReceiptList, Receipt, Health)
+    cls: pydantic.TypeAdapter(cls)
+    for cls in (ThreadView, ReceiptList, Receipt, Health, InteractionList)
 }
 
 
-def dump(value: ThreadView | ReceiptList | Receipt | Health) -> Any:
+def dump(value: ThreadView | ReceiptList | Receipt | Health | InteractionList) -> Any:
     """The JSON-compatible form of a response view."""
     return _DUMPERS[type(value)].dump_python(value, mode="json")
 
