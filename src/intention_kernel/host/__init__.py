@@ -12,6 +12,8 @@ Endpoints (described by the app's own ``/openapi.json``):
 - ``GET /v1/threads/{thread_id}``: version, messages, facts with evidence, the
   pending interaction, the agenda.
 - ``GET /v1/receipts?thread_id=&status=`` and ``POST /v1/receipts/resolve``.
+- ``GET /v1/interactions?limit=&after=``: pending confirmations across the caller's
+  threads (the console's queue).
 - ``GET /healthz``, ``GET /openapi.json``, ``GET /problems[/{slug}]``, and the
   operator console at ``GET /console``.
 
