@@ -122,6 +122,23 @@ async def test_a_cross_origin_request_without_a_token_is_403_and_accepts_nothing
     await still_pending(client, provider)
 
 
+async def test_a_form_posted_from_another_site_is_403_although_it_navigates(
+    client: httpx.AsyncClient, provider: FakeProvider
+) -> None:
+    await pending_charge(client)
+    form = {
+        "Sec-Fetch-Site": "cross-site",
+        "Sec-Fetch-Mode": "navigate",
+        "Content-Type": "text/plain",
+    }
+    response = await client.post(
+        TURNS, content=b'{"turn_id": "d2", "answer": "accept"}', headers=form
+    )
+    assert response.status_code == 403
+    assert response.json()["type"] == "/problems/cross-origin"
+    await still_pending(client, provider)
+
+
 async def test_a_request_from_the_hosts_own_origin_is_served(
     client: httpx.AsyncClient, provider: FakeProvider
 ) -> None:
