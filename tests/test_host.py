@@ -149,14 +149,18 @@ async def test_a_request_the_schema_or_the_kernel_refuses_is_422(
 
 
 async def test_a_body_that_is_not_json_is_400(client: httpx.AsyncClient) -> None:
-    response = await client.post("/v1/threads/t1/turns", content=b"{not json")
+    response = await client.post(
+        "/v1/threads/t1/turns", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 400
     assert response.json()["type"] == "/problems/malformed-request"
 
 
 async def test_a_body_over_the_limit_is_413(client: httpx.AsyncClient) -> None:
     body = b'{"message": "' + b"x" * (1 << 20) + b'"}'
-    response = await client.post("/v1/threads/t1/turns", content=body)
+    response = await client.post(
+        "/v1/threads/t1/turns", content=body, headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 413
     assert response.json()["type"] == "/problems/payload-too-large"
 
@@ -398,9 +402,11 @@ async def test_the_openapi_document_describes_every_route(client: httpx.AsyncCli
     assert set(turn_op["responses"]) == {
         "200",
         "400",
+        "403",
         "404",
         "409",
         "413",
+        "415",
         "422",
         "500",
         "502",

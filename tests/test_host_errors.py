@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -263,13 +264,22 @@ async def test_the_openapi_document_says_what_needs_an_operator_and_a_note(
     async with asgi_client(create_app(tenants, tokens=TOKENS)) as anonymous:
         document = (await anonymous.get("/openapi.json")).json()
     paths = document["paths"]
-    assert "403" in paths["/v1/receipts"]["get"]["responses"]
-    assert "403" in paths["/v1/receipts/resolve"]["post"]["responses"]
-    assert "403" not in paths["/v1/threads/{thread_id}/turns"]["post"]["responses"]
-    assert "403" not in paths["/v1/threads/{thread_id}"]["get"]["responses"]
+
+    def refusals(path: str, method: str, at: Any = None) -> list[str]:
+        """The problem types an operation declares for 403."""
+        responses = (at or paths)[path][method]["responses"]
+        schema = responses["403"]["content"]["application/problem+json"]["schema"]
+        return [uri.rsplit("/", 1)[-1] for uri in schema["allOf"][1]["properties"]["type"]["enum"]]
+
+    assert "forbidden" in refusals("/v1/receipts", "get")
+    assert "forbidden" in refusals("/v1/receipts/resolve", "post")
+    assert "forbidden" in refusals("/v1/interactions", "get")
+    # Every operation may meet the request guard's 403; only the role's is limited.
+    assert refusals("/v1/threads/{thread_id}/turns", "post") == ["cross-origin"]
+    assert refusals("/v1/threads/{thread_id}", "get") == ["cross-origin"]
     body = document["components"]["schemas"]["ResolveBody"]
     assert "note" in body["required"]
     assert {"properties": {"applied": {"const": True}}, "required": ["value"]} in body["anyOf"]
     async with asgi_client(create_app(tenants)) as open_app:
         unauthenticated = (await open_app.get("/openapi.json")).json()["paths"]
-    assert "403" not in unauthenticated["/v1/receipts/resolve"]["post"]["responses"]
+    assert refusals("/v1/receipts/resolve", "post", unauthenticated) == ["cross-origin"]

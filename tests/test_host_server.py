@@ -289,7 +289,7 @@ def fuzz_target(tokens: dict[str, Principal | str | None] | None) -> FuzzTarget:
     config = SchemathesisConfig.from_dict(
         {"auth": {"openapi": {"bearer": {"bearer": FUZZ_TOKEN}}}} if tokens else {}
     )
-    app = create_app(kernel, tokens=tokens)
+    app = create_app(kernel, tokens=tokens, allowed_hosts=["testserver"])  # schemathesis's Host
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
     return FuzzTarget(schema, asyncio.run(seed()))
 

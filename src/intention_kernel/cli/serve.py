@@ -26,6 +26,14 @@ holds ``;`` cannot be given this way (use ``create_app``). Tokens on a command l
 are visible to local users (``ps``): prefer ``$INTENTION_KERNEL_TOKENS`` (the same
 specifications, comma-separated).
 
+Who may call: without tokens, the host trusts every caller that reaches it, so it
+listens only on a loopback address unless ``--insecure`` says that this is meant
+(``--host 0.0.0.0`` without ``--token`` refuses to start). It answers only requests
+whose ``Host`` is a loopback name, the address it listens on, or a name given with
+``--allowed-host`` (repeatable; ``*.example.com`` for subdomains, ``*`` for any): a
+DNS-rebinding page sends its own name. Browser requests from another origin need a
+bearer token (see :mod:`intention_kernel.host._guard`).
+
 Event loop: ``--loop auto`` (the default) runs the host on uvloop where it is
 installed (the ``http`` extra installs it, except on Windows), else on asyncio's;
 ``--loop asyncio`` and ``--loop uvloop`` choose. On uvloop, psycopg's asyncio driver
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import ipaddress
 import os
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any
@@ -61,6 +70,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TOKENS_ENV_VAR",
     "Loop",
+    "allowed_hosts",
     "loop_runner",
     "open_store",
     "parse_tokens",
@@ -124,6 +134,24 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            metavar="NAME",
+            help="Another name clients reach the host by (repeatable; *.example.com, or * "
+            "for any); loopback names are always allowed",
+            show_default=False,
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Listen on a non-loopback address without --token (anyone who reaches it "
+            "may run turns and resolve receipts)",
+        ),
+    ] = False,
     loop: Annotated[
         Loop,
         typer.Option(
@@ -144,14 +172,42 @@ def serve(
         )
     url = resolve_db_url(db)
     try:
-        loaded = load_agent(agent, db_url=url)
         pairs = list(token or [])
         pairs += [p for p in os.environ.get(TOKENS_ENV_VAR, "").split(",") if p.strip()]
         tokens = parse_tokens(pairs) if pairs else None
+        hosts = allowed_hosts(host, allowed_host or [])
+    except ValueError as exc:
+        refuse(str(exc))
+    from intention_kernel.host._guard import is_loopback
+
+    if tokens is None and not insecure and not is_loopback(host):
+        refuse(
+            f"--host {host} is not a loopback address and no --token is given: anyone who "
+            "can reach it could run turns and resolve receipts. Give tokens (--token or "
+            f"${TOKENS_ENV_VAR}), or --insecure if a gateway in front authenticates callers."
+        )
+    try:
+        loaded = load_agent(agent, db_url=url)
     except ValueError as exc:
         refuse(str(exc))
     with log_warnings_to_stderr():
-        run(_serve(loaded, url, host, port, tokens, lock_timeout))
+        run(_serve(loaded, url, host, port, tokens, lock_timeout, hosts))
+
+
+def allowed_hosts(bound: str, given: list[str]) -> list[str]:
+    """The names the host answers to besides the loopback ones: ``given``, and the
+    address it listens on when that is one address (not ``0.0.0.0`` or ``::``), which
+    clients reaching it by that address send as their ``Host``."""
+    from intention_kernel.host._guard import check_host_patterns
+
+    hosts = list(check_host_patterns(given))
+    try:
+        address = ipaddress.ip_address(bound.strip("[]"))
+    except ValueError:
+        address = None
+    if address is not None and not address.is_unspecified:
+        hosts += check_host_patterns([str(address)])
+    return hosts
 
 
 def parse_tokens(specs: list[str]) -> dict[str, Principal]:
@@ -234,6 +290,7 @@ async def _serve(
     port: int,
     tokens: dict[str, Principal] | None,
     lock_timeout: float | None,
+    hosts: list[str],
 ) -> None:
     import uvicorn
 
@@ -249,7 +306,7 @@ async def _serve(
     try:
         try:
             kernel = Kernel(agent, durability)
-            app = create_app(kernel, tokens=tokens)
+            app = create_app(kernel, tokens=tokens, allowed_hosts=hosts)
         except (KernelError, TypeError, ValueError) as exc:
             refuse(str(exc))
         if tokens:
@@ -257,10 +314,12 @@ async def _serve(
             auth = f"{len(tokens)} token(s), {operators} of them operator(s)"
         else:
             auth = "no authentication"
+        names = ", ".join(["loopback", *hosts])
         loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
         stderr.print(
             f"serving [bold]{agent.name}[/] v{agent.version} ({kernel.fingerprint}) from {url} "
-            f"on http://{host}:{port} · {auth} · {loop} event loop · console at /console",
+            f"on http://{host}:{port} · {auth} · answers Host {names} · {loop} event loop · "
+            "console at /console",
             highlight=False,
         )
         config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="info")

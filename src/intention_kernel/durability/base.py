@@ -37,6 +37,7 @@ from intention_kernel import _faults, _tracing
 from intention_kernel._json import dump_value, load_value, normalize
 from intention_kernel.checkpoint import (
     CoreEncoder,
+    Interaction,
     KernelCheckpoint,
     assemble_checkpoint,
     continuation,
@@ -82,11 +83,13 @@ from intention_kernel.turns import (
 )
 
 __all__ = [
+    "INTERACTION_MARKER",
     "MAX_ID_BYTES",
     "MAX_ID_LENGTH",
     "CheckpointRewrite",
     "OutboxBacklog",
     "OutboxDelivery",
+    "PendingInteraction",
     "RecordedDurability",
     "Recorder",
     "StoredThread",
@@ -107,6 +110,14 @@ MAX_ID_LENGTH = 512
 #: IDs are keys of unique indexes; PostgreSQL refuses a btree entry over 2,704 bytes,
 #: and ``(thread_id, turn_id)`` of two 512-character IDs could reach 4,096.
 MAX_ID_BYTES = 1024
+
+#: Text that every stored checkpoint core with an active interaction contains: the
+#: compact JSON the codec writes puts ``"interaction":{`` at its top level, and JSON
+#: escapes every quote inside a string, so it can appear nowhere else but as an object
+#: under an ``interaction`` key nested deeper (a capability's input, say). A recorder
+#: selects threads by it without parsing each core (``read_interactions``), and
+#: :meth:`RecordedDurability.pending_interactions` decodes the few it selects.
+INTERACTION_MARKER = '"interaction":{'
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +288,17 @@ class OutboxBacklog:
     failing: Sequence[OutboxDelivery]
 
 
+@dataclass(frozen=True, slots=True)
+class PendingInteraction:
+    """A thread's active interaction (a confirmation waiting for a person), as of its
+    latest committed checkpoint (``version``); ``tenant_id`` is the thread's owner."""
+
+    thread_id: str
+    tenant_id: str | None
+    version: int
+    interaction: Interaction
+
+
 ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
 PlanFn = Callable[[Receipt | None], EffectPlan]
 
@@ -419,6 +441,16 @@ class Recorder(Protocol):
         """Up to ``limit`` threads with a checkpoint, in ``thread_id`` order after
         ``after``, with their rows; only those whose stored schema revision is below
         ``below_revision`` if given. Each thread is one consistent snapshot."""
+        ...
+
+    async def read_interactions(
+        self, after: str | None, limit: int, owner: ThreadOwner | None
+    ) -> list[tuple[str, StoredThread]]:
+        """Up to ``limit`` threads with a committed checkpoint whose stored core contains
+        :data:`INTERACTION_MARKER`, in ``thread_id`` order after ``after``, owned by
+        ``owner`` if given (``ThreadOwner(None)``: threads without a tenant). Each with
+        its core only, no message or fact rows. Every thread with an active interaction
+        is among them; a few without may be too (the caller decodes each)."""
         ...
 
     async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
@@ -948,6 +980,45 @@ class RecordedDurability:
         # No committed turn: the thread's earliest receipt, if any, claimed it.
         receipts = await recorder.read_receipts(thread_id, None)
         return owner_of(thread, ThreadOwner(receipts[0].tenant_id) if receipts else None)
+
+    async def pending_interactions(
+        self, *, owner: ThreadOwner | None = None, after: str | None = None, limit: int = 100
+    ) -> list[PendingInteraction]:
+        """Up to ``limit`` threads whose latest checkpoint has an active interaction (a
+        pending confirmation), in ``thread_id`` order after ``after`` (pass the last one
+        to read on). Only the threads of ``owner`` if given: ``ThreadOwner("acme")``,
+        or ``ThreadOwner(None)`` for threads without a tenant; ``None`` sees every
+        tenant, like every operations method.
+
+        The store selects candidates by text (:data:`INTERACTION_MARKER`) and each is
+        decoded here, so the answer is exactly the decoded checkpoints' interactions; a
+        candidate that is corrupt raises ``CorruptRecordError`` naming its thread. The
+        cost grows with the number of threads (each core is searched, none parsed): an
+        operator's query, not a turn's."""
+        recorder = await self._ready()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidRequestError(f"limit must be a positive integer, got {limit!r}")
+        if after is not None:
+            check_id("thread_id", after)
+        if owner is not None and owner.tenant_id is not None:
+            check_id("tenant_id", owner.tenant_id)
+        found: list[PendingInteraction] = []
+        cursor = after
+        while len(found) < limit:
+            wanted = limit - len(found)
+            page = await recorder.read_interactions(cursor, wanted, owner)
+            for thread_id, thread in page:
+                checkpoint = _decode(thread_id, thread)[0]
+                if checkpoint.interaction is not None:  # not a nested "interaction" key
+                    found.append(
+                        PendingInteraction(
+                            thread_id, thread.tenant_id, checkpoint.version, checkpoint.interaction
+                        )
+                    )
+            if len(page) < wanted:
+                break
+            cursor = page[-1][0]
+        return found
 
     async def list_receipts(
         self,

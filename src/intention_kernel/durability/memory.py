@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from intention_kernel.durability.base import (
+    INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,
     OutboxDelivery,
@@ -323,6 +324,27 @@ class _MemoryRecorder:
             snapshot = self._snapshot(thread)
             assert snapshot is not None
             found.append((thread_id, snapshot))
+            if len(found) >= limit:
+                break
+        return found
+
+    async def read_interactions(
+        self, after: str | None, limit: int, owner: ThreadOwner | None
+    ) -> list[tuple[str, StoredThread]]:
+        found: list[tuple[str, StoredThread]] = []
+        for thread_id in sorted(self._state.threads):
+            thread = self._state.threads[thread_id]
+            if (
+                (after is not None and thread_id <= after)
+                or not thread.version
+                or thread.checkpoint is None
+                or INTERACTION_MARKER not in thread.checkpoint
+                or (owner is not None and thread.tenant_id != owner.tenant_id)
+            ):
+                continue
+            found.append(
+                (thread_id, StoredThread(thread.version, thread.tenant_id, thread.checkpoint))
+            )
             if len(found) >= limit:
                 break
         return found

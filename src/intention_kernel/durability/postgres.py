@@ -67,6 +67,7 @@ from intention_kernel.durability._rows import (
     select_receipts,
 )
 from intention_kernel.durability.base import (
+    INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,
     OutboxDelivery,
@@ -623,6 +624,15 @@ SCAN_THREADS = (
       AND (%(below)s::integer IS NULL OR schema_revision < %(below)s::integer)
     ORDER BY th.thread_id LIMIT %(limit)s"""
 )
+# Candidates for the threads with an active interaction (see INTERACTION_MARKER): a
+# text search of each core, no JSON parsed (a ``::json`` cast would parse every core,
+# and one corrupt core would fail the whole query without naming its thread).
+SELECT_INTERACTIONS = """
+    SELECT thread_id, version, tenant_id, checkpoint FROM ik_threads
+    WHERE thread_id > %(after)s AND version > 0 AND strpos(checkpoint, %(marker)s) > 0
+      AND (NOT %(owned)s::boolean OR tenant_id IS NOT DISTINCT FROM %(tenant)s::text)
+    ORDER BY thread_id LIMIT %(limit)s
+"""
 # Fenced on the version: a turn committed since the migration read the thread.
 REWRITE_THREAD = """
     UPDATE ik_threads
@@ -1265,6 +1275,23 @@ class _PostgresRecorder:
         async def read(conn: Connection) -> list[tuple[str, StoredThread]]:
             rows = await (await conn.execute(SCAN_THREADS, params)).fetchall()
             return [(row[0], _thread(*row[1:])) for row in rows]
+
+        return await self._run(None, read)
+
+    async def read_interactions(
+        self, after: str | None, limit: int, owner: ThreadOwner | None
+    ) -> list[tuple[str, StoredThread]]:
+        params = {
+            "after": after or "",
+            "marker": INTERACTION_MARKER,
+            "owned": owner is not None,
+            "tenant": owner.tenant_id if owner else None,
+            "limit": limit,
+        }
+
+        async def read(conn: Connection) -> list[tuple[str, StoredThread]]:
+            rows = await (await conn.execute(SELECT_INTERACTIONS, params)).fetchall()
+            return [(row[0], StoredThread(row[1], row[2], row[3])) for row in rows]
 
         return await self._run(None, read)
 

@@ -64,6 +64,7 @@ from intention_kernel.durability._rows import (
 )
 from intention_kernel.durability._worker import WorkerThread
 from intention_kernel.durability.base import (
+    INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,
     OutboxDelivery,
@@ -335,6 +336,14 @@ SCAN_THREADS = """
     SELECT thread_id, version, tenant_id, checkpoint FROM ik_threads
     WHERE thread_id > ? AND version > 0 AND checkpoint IS NOT NULL
       AND (? IS NULL OR schema_revision < ?)
+    ORDER BY thread_id LIMIT ?
+"""
+# Candidates for the threads with an active interaction (see INTERACTION_MARKER): a
+# text search of each core, no JSON parsed; ``tenant_id IS ?`` matches NULL too.
+SELECT_INTERACTIONS = """
+    SELECT thread_id, version, tenant_id, checkpoint FROM ik_threads
+    WHERE thread_id > ? AND version > 0 AND instr(checkpoint, ?) > 0
+      AND (NOT ? OR tenant_id IS ?)
     ORDER BY thread_id LIMIT ?
 """
 # Fenced on the version: a turn committed since the migration read the thread.
@@ -785,6 +794,23 @@ class _SQLiteRecorder:
             ]
             conn.execute("COMMIT")
             return found
+
+        return await self._read(read)
+
+    async def read_interactions(
+        self, after: str | None, limit: int, owner: ThreadOwner | None
+    ) -> list[tuple[str, StoredThread]]:
+        args = (
+            after or "",
+            INTERACTION_MARKER,
+            owner is not None,
+            owner.tenant_id if owner else None,
+            limit,
+        )
+
+        def read(conn: sqlite3.Connection) -> list[tuple[str, StoredThread]]:
+            rows = conn.execute(SELECT_INTERACTIONS, args).fetchall()
+            return [(row[0], StoredThread(row[1], row[2], row[3])) for row in rows]
 
         return await self._read(read)
 

@@ -75,6 +75,14 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "Idempotency-Key header.",
     ),
     ProblemType(
+        "host-not-allowed",
+        400,
+        "Host not allowed",
+        "The Host header names a host this server was not told it serves (a DNS rebinding "
+        "attack sends the attacker's name). It answers the loopback names and those given "
+        "with --allowed-host.",
+    ),
+    ProblemType(
         "unauthorized",
         401,
         "Unauthorized",
@@ -86,6 +94,13 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "Forbidden",
         "This token's role may not do this: listing and resolving receipts needs an "
         "operator token. Nothing was read or written.",
+    ),
+    ProblemType(
+        "cross-origin",
+        403,
+        "Cross-origin request refused",
+        "A page of another origin (Origin, or Sec-Fetch-Site cross-site or same-site) sent "
+        "this request without a bearer token. Nothing was read or written.",
     ),
     ProblemType(
         "not-found",
@@ -124,6 +139,13 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "Only uncertain receipts (or ones prepared by a dead attempt) can be resolved.",
     ),
     ProblemType("payload-too-large", 413, "Payload too large", "The request body is too large."),
+    ProblemType(
+        "unsupported-media-type",
+        415,
+        "Unsupported media type",
+        "A request body must be sent as Content-Type: application/json. Nothing was read "
+        "or written.",
+    ),
     ProblemType(
         "invalid-request",
         422,

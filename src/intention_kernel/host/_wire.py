@@ -18,16 +18,18 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from starlette.requests import Request
 
 from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
-from intention_kernel.durability.base import MAX_ID_LENGTH
+from intention_kernel.durability.base import MAX_ID_LENGTH, PendingInteraction
 from intention_kernel.effects import Receipt
 from intention_kernel.facts import FactRecord
 from intention_kernel.host._problems import HostProblem
 from intention_kernel.interpretation import Answer
 
 __all__ = [
+    "JSON_MEDIA_TYPE",
     "MAX_BODY_BYTES",
     "AnswerBody",
     "Health",
+    "InteractionList",
     "ReceiptList",
     "ResolveBody",
     "ThreadView",
@@ -35,6 +37,8 @@ __all__ = [
     "dump",
     "read_body",
 ]
+
+JSON_MEDIA_TYPE = "application/json"
 
 #: Request bodies larger than this are refused with 413 before parsing.
 MAX_BODY_BYTES = 1 << 20
@@ -205,6 +209,15 @@ class ReceiptList:
 
 
 @dataclass(frozen=True, slots=True)
+class InteractionList:
+    """Pending interactions of the caller's threads, in thread ID order. ``next_after``:
+    pass it as ``after`` to read on (``None``: there are no more)."""
+
+    interactions: tuple[PendingInteraction, ...]
+    next_after: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     status: Literal["ok"]
     agent: str
@@ -213,18 +226,30 @@ class Health:
 
 
 _DUMPERS: dict[type[Any], pydantic.TypeAdapter[Any]] = {
-    cls: pydantic.TypeAdapter(cls) for cls in (ThreadView, ReceiptList, Receipt, Health)
+    cls: pydantic.TypeAdapter(cls)
+    for cls in (ThreadView, ReceiptList, Receipt, Health, InteractionList)
 }
 
 
-def dump(value: ThreadView | ReceiptList | Receipt | Health) -> Any:
+def dump(value: ThreadView | ReceiptList | Receipt | Health | InteractionList) -> Any:
     """The JSON-compatible form of a response view."""
     return _DUMPERS[type(value)].dump_python(value, mode="json")
 
 
 async def read_body(request: Request, model: type[M]) -> M:
-    """Read and validate a JSON body: 413 when too large, 400 when not JSON, 422 when
-    it does not match ``model``."""
+    """Read and validate a JSON body: 415 when not sent as ``application/json``, 413
+    when too large, 400 when not JSON, 422 when it does not match ``model``.
+
+    The media type is checked because the parser would read JSON from any body: a
+    browser sends ``text/plain`` (or a form) from any page without a preflight, and
+    ``application/json`` only after one."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != JSON_MEDIA_TYPE:
+        raise HostProblem(
+            "unsupported-media-type",
+            f"the body must be sent as Content-Type: {JSON_MEDIA_TYPE}, got {media_type or 'none'}",
+            headers={"Accept": JSON_MEDIA_TYPE},  # RFC 9110: what a 415 would take
+        )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise HostProblem("payload-too-large", f"the body exceeds {MAX_BODY_BYTES} bytes")

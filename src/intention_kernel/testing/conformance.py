@@ -1209,6 +1209,79 @@ class DurabilityConformance:
         [receipt] = await durability.list_receipts(thread_id="t")
         assert (receipt.status, receipt.tenant_id) == (ReceiptStatus.UNCERTAIN, "acme")
 
+    async def test_pending_interactions_lists_open_confirmations_across_threads_by_owner(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        if not isinstance(durability, RecordedDurability):
+            pytest.skip("pending_interactions is RecordedDurability's")
+        for thread, tenant, pi in (
+            ("a", "acme", "pi_1"),
+            ("b", "globex", "pi_2"),
+            ("c", None, "pi_3"),
+            ("d", "acme", "pi_4"),
+            ("f", "acme", "pi_6"),
+        ):
+            await kernel.turn(thread, "1", f"charge {pi} 500", tenant_id=tenant)
+        await kernel.turn("d", "2", "yes", tenant_id="acme")  # answered: nothing pending
+        await kernel.turn("e", "1", "balance", tenant_id="acme")  # never asked
+
+        async def decoy(tx: TurnTransaction) -> TurnCommit:
+            # A core holding an "interaction" object deeper down, and no interaction.
+            commit = commit_for(tx)
+            held = checkpoint_codec.AgendaItem("s1", "x.y", {"interaction": {"id": "i"}}, "1")
+            return replace(commit, checkpoint=replace(commit.checkpoint, agenda=(held,)))
+
+        for thread in ("a0", "b0", "c0"):
+            await durability.with_turn(TurnScope(thread, "1", tenant_id="acme"), decoy)
+
+        every = await durability.pending_interactions()
+        assert [(p.thread_id, p.tenant_id, p.version) for p in every] == [
+            ("a", "acme", 1),
+            ("b", "globex", 1),
+            ("c", None, 1),
+            ("f", "acme", 1),
+        ]
+        [first, *_] = every
+        checkpoint = await durability.load_checkpoint("a")
+        assert checkpoint is not None and first.interaction == checkpoint.interaction
+        assert first.interaction.kind == "confirmation"
+        assert first.interaction.capability_id == "payments.charge"
+
+        acme = await durability.pending_interactions(owner=ThreadOwner("acme"))
+        assert [p.thread_id for p in acme] == ["a", "f"]
+        untenanted = await durability.pending_interactions(owner=ThreadOwner(None))
+        assert [p.thread_id for p in untenanted] == ["c"]
+        # Bounded, and paged on by thread ID; the decoys never take a place in a page.
+        assert [p.thread_id for p in await durability.pending_interactions(limit=1)] == ["a"]
+        page = await durability.pending_interactions(owner=ThreadOwner("acme"), limit=1)
+        assert [p.thread_id for p in page] == ["a"]
+        rest = await durability.pending_interactions(
+            owner=ThreadOwner("acme"), after=page[-1].thread_id, limit=1
+        )
+        assert [p.thread_id for p in rest] == ["f"]
+        assert await durability.pending_interactions(after="f") == []
+        for bad in (0, -1, True):
+            with pytest.raises(InvalidRequestError):
+                await durability.pending_interactions(limit=bad)
+        with pytest.raises(InvalidRequestError):
+            await durability.pending_interactions(after="")
+
+    async def test_pending_interactions_names_a_corrupt_candidate(
+        self,
+        kernel: Kernel,
+        tamper: Tamper | None,
+        make_durability: Callable[[], Durability],
+    ) -> None:
+        if tamper is None:
+            pytest.skip("this adapter provides no tamper fixture")
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await tamper.write_checkpoint_text("t", '{"interaction":{"id": 1')
+        async with make_durability() as reopened:
+            assert isinstance(reopened, RecordedDurability)
+            with pytest.raises(CorruptRecordError) as caught:
+                await reopened.pending_interactions()
+        assert caught.value.thread_id == "t"
+
     # =========================================================================================
     # Outbox
     # =========================================================================================
