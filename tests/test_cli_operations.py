@@ -522,3 +522,12 @@ def test_durations_read_as_an_operator_writes_them() -> None:
     for bad in ("", "30", "d", "1x", "1d 2h", "-1d"):
         with pytest.raises(ValueError, match="not a duration"):
             parse_duration(bad)
+
+
+def test_prune_refuses_an_age_that_reaches_back_before_year_one(db: str) -> None:
+    for age in ("1000000000d", "999999999d", "3000000w"):
+        code, output = cli("prune", "--db", db, "--older-than", age)
+        assert code == 2, output
+        assert f"not a duration: {age!r} reaches back before year 1" in output
+        assert "Traceback" not in output and "OverflowError" not in output
+    assert status(db)["unpublished"]  # nothing was pruned
