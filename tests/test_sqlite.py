@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sqlite3
 import threading
@@ -228,3 +229,14 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(tmp_path:
             conn.execute("DELETE FROM ik_schema WHERE version > 3")
 
     await migration_4_gives_receipts_their_owner(lambda: SQLiteDurability(path), back_to_version_3)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])
+@pytest.mark.parametrize("option", ["lock_timeout", "busy_timeout"])
+def test_a_wait_that_never_ends_or_is_negative_is_refused(
+    option: str, value: float, tmp_path: Path
+) -> None:
+    """NaN compares false with every deadline, so it would wait forever, as infinity does."""
+    with pytest.raises(ValueError, match=option):
+        SQLiteDurability(tmp_path / "k.db", **{option: value})
+    assert list(tmp_path.iterdir()) == []

@@ -186,3 +186,15 @@ def _seconds(name: str, text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name}= in the durability URL must be a number of seconds, got {text!r}")
     return value
+
+
+def _check_seconds(name: str, value: float) -> float:
+    """``value`` if it is a finite, non-negative number of seconds; ``ValueError`` otherwise.
+
+    Every adapter checks its waits with this: NaN compares false with everything, so a
+    wait of NaN seconds never ends, and neither does an infinite one."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    return float(value)

@@ -58,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from intention_kernel import _faults
-from intention_kernel.durability import _take_url_options
+from intention_kernel.durability import _check_seconds, _take_url_options
 from intention_kernel.durability._rows import (
     decode_event,
     decode_receipt,
@@ -919,8 +919,22 @@ class _PostgresRecorder:
         to the pool, so turns queued on a hot thread cannot drain it.
         """
         deadline, wait = time.monotonic() + self._lock_timeout, _FIRST_WAIT
+        seen_busy = False
         while True:
-            conn = await self._pool.getconn(max(deadline - time.monotonic(), 0.001))
+            # The wait for a session has its own bound, ``pool_timeout``: were it the
+            # lock's, a short ``lock_timeout`` would fail turns on idle threads while
+            # the pool opens a session for them. Once the thread was seen busy, a poll
+            # waits for a session only until the lock's deadline, which then means busy.
+            remaining = deadline - time.monotonic()
+            bounded = seen_busy and remaining < self._pool_timeout
+            try:
+                conn = await self._pool.getconn(
+                    max(remaining, 0.001) if bounded else self._pool_timeout
+                )
+            except PoolTimeout:
+                if bounded:
+                    raise self._busy(thread_id) from None
+                raise
             try:
                 got = await attempt(conn)
             except BaseException as exc:
@@ -938,14 +952,18 @@ class _PostgresRecorder:
             await self._pool.putconn(conn)
             if got is not None:
                 return None, got[1]
+            seen_busy = True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ThreadBusyError(
-                    f"thread {thread_id!r} stayed locked by another turn for {self._lock_timeout}s",
-                    thread_id=thread_id,
-                )
+                raise self._busy(thread_id)
             await asyncio.sleep(min(wait * random.uniform(0.5, 1.0), remaining))
             wait = min(wait * 2, _MAX_WAIT)
+
+    def _busy(self, thread_id: str) -> ThreadBusyError:
+        return ThreadBusyError(
+            f"thread {thread_id!r} stayed locked by another turn for {self._lock_timeout}s",
+            thread_id=thread_id,
+        )
 
     async def _give_back_dead(self, held: _Held) -> bool:
         """Whether the lock's session died; if so, give it back to the pool now (closed),
@@ -1334,7 +1352,12 @@ class PostgresDurability(RecordedDurability):
     - ``min_pool_size`` / ``max_pool_size``: the connection pool. Each in-flight
       turn holds one session from its lock to its commit, so ``max_pool_size``
       bounds the concurrent turns of this adapter.
-    - ``pool_timeout``: how long to wait to connect, or for a free session.
+    - ``pool_timeout``: how long to wait to connect, or for a free session; a turn's
+      wait for a session is bounded by this, not by ``lock_timeout``, so a turn on an
+      idle thread never fails because the pool was busy for less.
+
+    Both are finite, non-negative seconds (``pool_timeout`` more than 0); NaN,
+    infinity and negative values are refused with ``ValueError``.
 
     Session-level advisory locks need a real session per client: behind a pooler
     such as PgBouncer, use session pooling, not transaction pooling.
@@ -1354,6 +1377,9 @@ class PostgresDurability(RecordedDurability):
             raise ValueError(f"not a PostgreSQL schema name: {schema!r}")
         if not 0 <= min_pool_size <= max_pool_size or max_pool_size < 1:
             raise ValueError("need 0 <= min_pool_size <= max_pool_size and max_pool_size >= 1")
+        lock_timeout = _check_seconds("lock_timeout", lock_timeout)
+        if not _check_seconds("pool_timeout", pool_timeout):
+            raise ValueError("pool_timeout must be more than 0 seconds")
         _check_dsn(dsn)
         self.schema = schema
         super().__init__(

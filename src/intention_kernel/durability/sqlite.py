@@ -54,6 +54,7 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from intention_kernel import _faults
+from intention_kernel.durability import _check_seconds
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._rows import (
     decode_event,
@@ -848,6 +849,8 @@ class SQLiteDurability(RecordedDurability):
     - ``lock_timeout``: how long a turn waits for a busy thread before
       ``ThreadBusyError``.
     - ``busy_timeout``: how long a statement waits for SQLite's write lock.
+      Both are finite, non-negative seconds; NaN, infinity and negative values are
+      refused with ``ValueError``.
     - ``offload_writes``: where write transactions run. ``None`` (default): on the
       event loop while the adapter runs one turn at a time, on the adapter's worker
       thread as soon as turns overlap, so that a disk flush or another process's
@@ -872,6 +875,8 @@ class SQLiteDurability(RecordedDurability):
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
+        lock_timeout = _check_seconds("lock_timeout", lock_timeout)
+        busy_timeout = _check_seconds("busy_timeout", busy_timeout)
         self.path = os.fspath(path)
         super().__init__(
             _SQLiteRecorder(
