@@ -35,8 +35,12 @@ from intention_kernel import (
     Kernel,
     capability,
 )
+from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.effects import ReceiptStatus
 from intention_kernel.interpretation import InterpretationRequest
+from intention_kernel.testing.conformance import commit_for
+from intention_kernel.turns import TurnCommit, TurnScope
 
 WORKER = Path(__file__).with_name("sqlite_worker.py")
 CRASH_STATUS = 137  # what the worker exits with when it simulates a crash
@@ -493,3 +497,71 @@ async def test_stale_commit_is_fenced(
         else:
             assert (again.replayed, again.checkpoint_version) == (False, prior_turns + 2)
     await assert_outbox_holds_only_committed_turns(cluster)
+
+
+# -- the event loop --------------------------------------------------------------------------
+
+#: Holds the database's write lock (``BEGIN IMMEDIATE``) until a line arrives on stdin.
+WRITE_LOCK_HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
+"""
+
+
+@pytest.mark.parametrize("write", ["commit", "effect"])
+async def test_a_write_lock_held_by_another_process_never_stalls_the_event_loop(
+    write: str, tmp_path: Path
+) -> None:
+    """With one turn in flight its writes run inline; when another process holds the
+    database's write lock, the write waits on the worker thread instead, and the event
+    loop keeps serving everything else (reads, replays, any task) meanwhile."""
+    path = tmp_path / "k.db"
+    async with SQLiteDurability(path, busy_timeout=10) as store:
+
+        async def first(tx: TurnTransaction) -> TurnCommit:
+            return commit_for(tx)
+
+        await store.with_turn(TurnScope("other", "1"), first)
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            WRITE_LOCK_HOLDER,
+            str(path),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert holder.stdin is not None and holder.stdout is not None
+        reached = asyncio.Event()
+
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            reached.set()
+            if write == "effect":
+                await tx.run_effect("charge:1", lambda authority: {"ok": True}, step_id="s1")
+            return commit_for(tx)  # nothing awaited from here to the commit's first write
+
+        try:
+            line = await asyncio.wait_for(holder.stdout.readline(), PROCESS_TIMEOUT)
+            assert line == b"locked\n"
+            turn = asyncio.create_task(store.with_turn(TurnScope("t", "1"), operation))
+            # The turn ran to its write (which met the lock) before this task resumes.
+            await reached.wait()
+            for _ in range(100):  # the loop runs other tasks, round after round
+                await asyncio.sleep(0)
+            assert not turn.done(), turn.exception() if turn.done() else None
+            checkpoint = await store.load_checkpoint("other")
+            replay = await store.with_turn(TurnScope("other", "1"), first)
+            assert checkpoint is not None and checkpoint.version == 1 and replay.replayed
+            assert not turn.done()  # still waiting for the other process's lock
+        finally:
+            holder.stdin.write(b"release\n")
+            await holder.stdin.drain()
+            assert await asyncio.wait_for(holder.wait(), PROCESS_TIMEOUT) == 0
+        result = await asyncio.wait_for(turn, PROCESS_TIMEOUT)
+        assert result.checkpoint_version == 1 and not result.replayed
+        if write == "effect":
+            [receipt] = await store.list_receipts("t")
+            assert receipt.status == ReceiptStatus.COMPLETED and receipt.value == {"ok": True}

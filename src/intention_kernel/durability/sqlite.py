@@ -33,8 +33,10 @@ Design, and why:
   inline. As soon as a second turn (or an operator call) holds or awaits a thread
   lock, writes go to the worker thread so that the other turns keep running. A
   write never runs inline while a hop is still in flight, so the one writer
-  connection is never used by two threads at once. ``offload_writes=True`` or
-  ``False`` forces either behaviour.
+  connection is never used by two threads at once. Inline, nothing waits for a lock:
+  when another connection holds the write lock, the write goes to the worker thread,
+  which waits up to ``busy_timeout``, so a lock held elsewhere never stalls the event
+  loop. ``offload_writes=True`` or ``False`` forces either behaviour.
 - **Checkpoints in pieces.** The thread row holds the checkpoint's core; messages
   and facts have rows of their own, written only when a turn appends or changes
   them, so a turn costs the same on the 10,000th turn of a thread as on the 10th.
@@ -381,6 +383,7 @@ class _SQLiteRecorder:
         self._synchronous = synchronous
         self._lock_timeout = lock_timeout
         self._busy_timeout_ms = int(busy_timeout * 1000)
+        self._writer_waits = True  # the writer's busy timeout is set (see _wait_for_locks)
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._worker: WorkerThread | None = None
@@ -397,27 +400,55 @@ class _SQLiteRecorder:
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on the worker thread, or inline (see the module docstring); a
-        started hop always runs to its end."""
-        worker, conn = self._worker, self._conn
-        if worker is None or conn is None:
-            raise KernelError("the SQLite adapter is closed")
+        started hop always runs to its end.
 
-        def call() -> T:
+        Inline, no statement waits for another connection's write lock: the writer's
+        busy timeout is 0 there, and a busy database hands the call to the worker
+        thread, which waits for it. Without that, a lock held by another process would
+        stall the event loop, and every other task of the process, for up to
+        ``busy_timeout``. The call starts again from its first statement on the worker
+        only if it wrote nothing (a busy error comes from the statement that needs the
+        write lock, and each call writes in one transaction or one statement, last).
+        """
+        conn = self._conn
+        if self._worker is None or conn is None:
+            raise KernelError("the SQLite adapter is closed")
+        if self._inline():
+            self._wait_for_locks(conn, False)
+            changes = conn.total_changes
             try:
                 return fn(conn)
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.rollback()
-                raise StoreError(
-                    f"SQLite error on {self._path}: {type(exc).__name__}: {exc}"
-                ) from exc
+                if not (_is_busy(exc) and conn.total_changes == changes):
+                    raise self._error(exc) from exc
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise
+        return await self._hop(fn)
+
+    async def _hop(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the worker thread, waiting up to ``busy_timeout`` for the write
+        lock; a started hop always runs to its end."""
+        worker, conn = self._worker, self._conn
+        if worker is None or conn is None:
+            raise KernelError("the SQLite adapter is closed")
+
+        def call() -> T:
+            self._wait_for_locks(conn, True)
+            try:
+                return fn(conn)
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise self._error(exc) from exc
             except BaseException:
                 if conn.in_transaction:
                     conn.rollback()
                 raise
 
-        if self._inline():
-            return call()
         future = worker.submit(call)
         self._hops += 1
         future.add_done_callback(self._hop_done)
@@ -427,6 +458,17 @@ class _SQLiteRecorder:
             # Keep the thread lock until the statement is done, then honour the cancel.
             await asyncio.wait([future])
             raise
+
+    def _wait_for_locks(self, conn: sqlite3.Connection, waits: bool) -> None:
+        """Give the writer's connection its busy timeout (on the worker) or none (inline).
+        Only ever called where the connection is free: inline with no hop in flight, or
+        on the worker thread; so the flag always says what the connection has."""
+        if self._writer_waits is not waits:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms if waits else 0}")
+            self._writer_waits = waits
+
+    def _error(self, exc: sqlite3.Error) -> KernelError:
+        return StoreError(f"SQLite error on {self._path}: {type(exc).__name__}: {exc}")
 
     def _inline(self) -> bool:
         """Whether a write runs on the event loop now rather than on the worker thread
@@ -440,7 +482,9 @@ class _SQLiteRecorder:
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run the read-only ``fn`` inline: on the writer's connection when writes run
         inline, else on the reader connection (see the module docstring); on
-        ``:memory:``, which has no second connection, hop."""
+        ``:memory:``, which has no second connection, hop. Neither connection waits
+        inline: a read the database keeps busy (a WAL reader rarely is; another process
+        holding it in exclusive locking mode) runs again on the worker thread."""
         conn = self._reader
         if conn is None:
             return await self._run(fn)
@@ -448,13 +492,16 @@ class _SQLiteRecorder:
             # No hop in flight, and none can start before ``fn`` returns: it runs
             # without an await, so the writer's connection is free (see the docstring).
             conn = self._conn
+            self._wait_for_locks(conn, False)
         try:
             return fn(conn)
         except sqlite3.Error as exc:
-            raise StoreError(f"SQLite error on {self._path}: {type(exc).__name__}: {exc}") from exc
+            if not _is_busy(exc):
+                raise self._error(exc) from exc
         finally:
             if conn.in_transaction:
                 conn.rollback()
+        return await self._hop(fn)
 
     async def open(self) -> None:
         self._worker = WorkerThread("ik-sqlite")
@@ -482,10 +529,10 @@ class _SQLiteRecorder:
             raise StoreError(f"cannot open SQLite database {self._path!r}: {exc}") from exc
         if self._path != ":memory:":
             try:
+                # No busy timeout: it is only used inline (see _read).
                 self._reader = sqlite3.connect(
-                    self._path, isolation_level=None, check_same_thread=False
+                    self._path, timeout=0, isolation_level=None, check_same_thread=False
                 )
-                self._reader.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
                 self._reader.execute("PRAGMA query_only = 1")
             except sqlite3.Error as exc:
                 await self.close()
@@ -917,6 +964,12 @@ def _migrate(conn: sqlite3.Connection) -> None:
     except BaseException:
         conn.rollback()
         raise
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused a lock that another connection holds (``SQLITE_BUSY`` and
+    its extended codes)."""
+    return (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def _thread(row: Sequence[Any] | None) -> StoredThread | None:
