@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,9 +27,11 @@ from intention_kernel import (
     TurnScope,
 )
 from intention_kernel.durability import TurnOperation
+from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.host import PROBLEM_TYPES, create_app
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from proving_support import damage_sqlite_table
 
 TOKENS = {"tok-acme": "acme", "tok-globex": "globex", "tok-ops": None}
 
@@ -211,3 +214,22 @@ def test_tokens_need_a_store_that_knows_thread_owners() -> None:
     kernel = Kernel(billing_agent(FakeProvider()), Opaque())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="thread_owner"):
         create_app(kernel, tokens=TOKENS)
+
+
+async def test_a_damaged_sqlite_store_is_500_corrupt_not_503_retry(tmp_path: Path) -> None:
+    """Retrying cannot help: the answer must not tell the client to retry (no 503, no
+    Retry-After), but that the store needs repair."""
+    path = tmp_path / "app.db"
+    async with SQLiteDurability(path) as store:
+        await Kernel(billing_agent(FakeProvider()), store).turn("t1", "d1", "balance")
+    damage_sqlite_table(path, "ik_threads")
+    async with SQLiteDurability(path) as store:
+        kernel = Kernel(billing_agent(FakeProvider()), store)
+        async with asgi_client(create_app(kernel)) as client:
+            turn = await client.post("/v1/threads/t1/turns", json={"turn_id": "d2", "message": "x"})
+            thread = await client.get("/v1/threads/t1")
+    for response in (turn, thread):
+        assert response.status_code == 500, response.text
+        assert response.json()["type"] == "/problems/corrupt-record"
+        assert "is damaged" in response.json()["detail"]
+        assert "retry-after" not in response.headers

@@ -35,6 +35,7 @@ __all__ = [
     "AgentOption",
     "DbOption",
     "existing_store",
+    "fail",
     "load_agent",
     "log_warnings_to_stderr",
     "refuse",
@@ -194,6 +195,15 @@ def refuse(message: str, code: int = EXIT_REFUSED) -> NoReturn:
     """Print ``message`` on stderr and exit non-zero."""
     stderr.print(f"[bold red]refused:[/] {message}", highlight=False)
     raise typer.Exit(code)
+
+
+def fail(error: Exception) -> NoReturn:
+    """Report an error a command met on its store: a damaged store (or a row no command
+    can read) is refused with exit status 2, as a store that does not exist is, since
+    running the command again cannot help; any other error is exit status 1."""
+    from intention_kernel.errors import CorruptRecordError
+
+    refuse(str(error), EXIT_REFUSED if isinstance(error, CorruptRecordError) else EXIT_FAILED)
 
 
 #: Whether a PostgreSQL schema holds an intention-kernel store: its migrations table,

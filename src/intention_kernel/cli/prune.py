@@ -23,9 +23,9 @@ import typer
 from rich.console import Console
 
 from intention_kernel.cli._common import (
-    EXIT_FAILED,
     DbOption,
     existing_store,
+    fail,
     refuse,
     resolve_db_url,
 )
@@ -84,7 +84,7 @@ def prune(
     try:
         report = asyncio.run(go())
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
+        fail(exc)
     Console().print(
         f"pruned {report.events} published event(s) and {report.turns} turn result(s) "
         f"created before {report.cutoff.isoformat(timespec='seconds')}",

@@ -48,6 +48,7 @@ Transactions per turn: one read, one commit per effect state change
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -81,7 +82,13 @@ from intention_kernel.durability.base import (
     dump_value,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, is_settlement, utcnow
-from intention_kernel.errors import CorruptRecordError, FencedCommitError, KernelError, StoreError
+from intention_kernel.errors import (
+    CorruptRecordError,
+    CorruptStoreError,
+    FencedCommitError,
+    KernelError,
+    StoreError,
+)
 from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = ["SQLiteDurability"]
@@ -398,7 +405,7 @@ class _SQLiteRecorder:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None = None) -> T:
         """Run ``fn`` on the worker thread, or inline (see the module docstring); a
         started hop always runs to its end.
 
@@ -409,6 +416,7 @@ class _SQLiteRecorder:
         ``busy_timeout``. The call starts again from its first statement on the worker
         only if it wrote nothing (a busy error comes from the statement that needs the
         write lock, and each call writes in one transaction or one statement, last).
+        ``thread_id`` names the thread in the error when a row read is corrupt.
         """
         conn = self._conn
         if self._worker is None or conn is None:
@@ -422,14 +430,18 @@ class _SQLiteRecorder:
                 if conn.in_transaction:
                     conn.rollback()
                 if not (_is_busy(exc) and conn.total_changes == changes):
-                    raise self._error(exc) from exc
+                    raise self._error(exc, thread_id) from exc
+            except UnicodeDecodeError as exc:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise self._not_utf8(exc, thread_id) from exc
             except BaseException:
                 if conn.in_transaction:
                     conn.rollback()
                 raise
-        return await self._hop(fn)
+        return await self._hop(fn, thread_id)
 
-    async def _hop(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _hop(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None) -> T:
         """Run ``fn`` on the worker thread, waiting up to ``busy_timeout`` for the write
         lock; a started hop always runs to its end."""
         worker, conn = self._worker, self._conn
@@ -443,7 +455,11 @@ class _SQLiteRecorder:
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.rollback()
-                raise self._error(exc) from exc
+                raise self._error(exc, thread_id) from exc
+            except UnicodeDecodeError as exc:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise self._not_utf8(exc, thread_id) from exc
             except BaseException:
                 if conn.in_transaction:
                     conn.rollback()
@@ -467,8 +483,24 @@ class _SQLiteRecorder:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms if waits else 0}")
             self._writer_waits = waits
 
-    def _error(self, exc: sqlite3.Error) -> KernelError:
+    def _error(self, exc: sqlite3.Error, thread_id: str | None = None) -> KernelError:
+        """A driver error at the adapter's edge: a damaged file is ``CorruptStoreError``
+        (not transient: the host must not answer "retry"), the rest ``StoreError``."""
+        if _is_corrupt(exc):
+            return CorruptStoreError(
+                f"SQLite database {self._path!r} is damaged: {exc}; restore it from a backup",
+                thread_id=thread_id,
+            )
         return StoreError(f"SQLite error on {self._path}: {type(exc).__name__}: {exc}")
+
+    def _not_utf8(self, exc: UnicodeDecodeError, thread_id: str | None) -> CorruptRecordError:
+        where = f"of thread {thread_id!r} " if thread_id is not None else ""
+        return CorruptRecordError(
+            f"a row {where}in SQLite database {self._path!r} holds text that is not UTF-8 "
+            f"({exc.reason} at byte {exc.start}); it was written by something else than "
+            "intention-kernel",
+            thread_id=thread_id,
+        )
 
     def _inline(self) -> bool:
         """Whether a write runs on the event loop now rather than on the worker thread
@@ -479,7 +511,7 @@ class _SQLiteRecorder:
     def _hop_done(self, _: object) -> None:
         self._hops -= 1
 
-    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _read(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None = None) -> T:
         """Run the read-only ``fn`` inline: on the writer's connection when writes run
         inline, else on the reader connection (see the module docstring); on
         ``:memory:``, which has no second connection, hop. Neither connection waits
@@ -487,7 +519,7 @@ class _SQLiteRecorder:
         holding it in exclusive locking mode) runs again on the worker thread."""
         conn = self._reader
         if conn is None:
-            return await self._run(fn)
+            return await self._run(fn, thread_id)
         if self._inline() and self._conn is not None:
             # No hop in flight, and none can start before ``fn`` returns: it runs
             # without an await, so the writer's connection is free (see the docstring).
@@ -497,11 +529,13 @@ class _SQLiteRecorder:
             return fn(conn)
         except sqlite3.Error as exc:
             if not _is_busy(exc):
-                raise self._error(exc) from exc
+                raise self._error(exc, thread_id) from exc
+        except UnicodeDecodeError as exc:
+            raise self._not_utf8(exc, thread_id) from exc
         finally:
             if conn.in_transaction:
                 conn.rollback()
-        return await self._hop(fn)
+        return await self._hop(fn, thread_id)
 
     async def open(self) -> None:
         self._worker = WorkerThread("ik-sqlite")
@@ -513,10 +547,15 @@ class _SQLiteRecorder:
             conn = sqlite3.connect(
                 self._path, isolation_level=None, check_same_thread=False, cached_statements=64
             )
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            _migrate(conn)
+            try:
+                conn.text_factory = _TEXT
+                conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+                _migrate(conn)
+            except BaseException:
+                conn.close()
+                raise
             return conn
 
         try:
@@ -526,19 +565,32 @@ class _SQLiteRecorder:
             self._worker = None
             if isinstance(exc, StoreError):
                 raise
-            raise StoreError(f"cannot open SQLite database {self._path!r}: {exc}") from exc
-        if self._path != ":memory:":
-            try:
+            raise self._open_error(exc) from exc
+        try:
+            if self._path != ":memory:":
                 # No busy timeout: it is only used inline (see _read).
                 self._reader = sqlite3.connect(
                     self._path, timeout=0, isolation_level=None, check_same_thread=False
                 )
+                self._reader.text_factory = _TEXT
                 self._reader.execute("PRAGMA query_only = 1")
-            except sqlite3.Error as exc:
-                await self.close()
-                raise StoreError(f"cannot open SQLite database {self._path!r}: {exc}") from exc
-        if self._locks is not None:
-            self._locks.open()
+            if self._locks is not None:
+                self._locks.open()
+        except (sqlite3.Error, OSError) as exc:
+            # A read-only directory (or file system) can still open a database whose
+            # -wal and -shm files a crash left behind, and then refuse the lock file.
+            await self.close()
+            raise self._open_error(exc) from exc
+
+    def _open_error(self, exc: sqlite3.Error | OSError) -> KernelError:
+        if isinstance(exc, OSError):
+            return StoreError(
+                f"cannot open SQLite database {self._path!r}: its lock file "
+                f"{exc.filename!r} cannot be opened for writing: {exc.strerror}"
+            )
+        if _is_corrupt(exc):
+            return self._error(exc)
+        return StoreError(f"cannot open SQLite database {self._path!r}: {exc}")
 
     async def close(self) -> None:
         conn, worker, reader = self._conn, self._worker, self._reader
@@ -589,7 +641,7 @@ class _SQLiteRecorder:
             # so no snapshot is needed (read_thread takes one: it runs without the lock).
             return TurnStart(None, _with_rows(conn, thread_id, found))
 
-        return await self._read(read)
+        return await self._read(read, thread_id)
 
     async def read_thread(self, thread_id: str) -> StoredThread | None:
         def read(conn: sqlite3.Connection) -> StoredThread | None:
@@ -599,7 +651,7 @@ class _SQLiteRecorder:
             conn.execute("COMMIT")
             return found
 
-        return await self._read(read)
+        return await self._read(read, thread_id)
 
     async def commit_turn(self, record: TurnRecord) -> None:
         now = record.created_at.isoformat()
@@ -670,7 +722,7 @@ class _SQLiteRecorder:
                 _faults.reach(_faults.DURING_COMMIT)
             conn.execute("COMMIT")
 
-        await self._run(commit)
+        await self._run(commit, thread_id)
 
     # -- effects -------------------------------------------------------------------------------
 
@@ -694,10 +746,10 @@ class _SQLiteRecorder:
                     _update_receipt(conn, decided.write, existing)
             return decided
 
-        return await self._run(claim)
+        return await self._run(claim, thread_id)
 
     async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
-        await self._run(lambda conn: _update_receipt(conn, receipt, expected))
+        await self._run(lambda c: _update_receipt(c, receipt, expected), receipt.thread_id)
 
     async def read_receipts(
         self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
@@ -718,7 +770,7 @@ class _SQLiteRecorder:
         def read(conn: sqlite3.Connection) -> list[Receipt]:
             return [_require(_receipt(row)) for row in conn.execute(sql, args)]
 
-        return await self._read(read)
+        return await self._read(read, thread_id)
 
     async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
         def apply(conn: sqlite3.Connection) -> Receipt:
@@ -734,7 +786,7 @@ class _SQLiteRecorder:
             conn.execute("COMMIT")
             return resolved
 
-        return await self._run(apply)
+        return await self._run(apply, thread_id)
 
     # -- outbox --------------------------------------------------------------------------------
 
@@ -788,7 +840,7 @@ class _SQLiteRecorder:
     async def read_unpublished(self, thread_id: str, limit: int) -> list[OutboxDelivery]:
         args = (thread_id, limit)
         return await self._read(
-            lambda c: [_delivery(r) for r in c.execute(SELECT_UNPUBLISHED, args)]
+            lambda c: [_delivery(r) for r in c.execute(SELECT_UNPUBLISHED, args)], thread_id
         )
 
     async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
@@ -868,7 +920,7 @@ class _SQLiteRecorder:
             conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in rewrite.facts])
             conn.execute("COMMIT")
 
-        await self._run(write)
+        await self._run(write, thread_id)
 
     async def prune_events(self, before: datetime, limit: int) -> int:
         args = (_stamp(before), limit)
@@ -964,6 +1016,19 @@ def _migrate(conn: sqlite3.Connection) -> None:
     except BaseException:
         conn.rollback()
         raise
+
+
+def _is_corrupt(exc: sqlite3.Error) -> bool:
+    """Whether SQLite found the file damaged: a malformed page or a truncated file
+    (``SQLITE_CORRUPT``), or a file that is not a database (``SQLITE_NOTADB``)."""
+    code = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+    return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+#: Decodes stored text strictly, so that text that is not UTF-8 raises
+#: ``UnicodeDecodeError`` (a class the adapter translates) rather than the driver's
+#: ``OperationalError``, which only its message would tell from a failing statement.
+_TEXT = functools.partial(str, encoding="utf-8")
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
