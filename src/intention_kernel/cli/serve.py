@@ -36,21 +36,19 @@ from intention_kernel.cli._common import (
     DbOption,
     load_agent,
     log_warnings_to_stderr,
+    open_store,
     refuse,
     resolve_db_url,
-    sqlite_path,
     stderr,
 )
 
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
-    from intention_kernel.durability import Durability
 
 __all__ = [
     "TOKENS_ENV_VAR",
     "Loop",
     "loop_runner",
-    "open_store",
     "parse_tokens",
     "register",
     "serve",
@@ -153,25 +151,6 @@ def parse_tokens(pairs: list[str]) -> dict[str, str | None]:
     return tokens
 
 
-def open_store(url: str, lock_timeout: float | None = None) -> Durability:
-    """The store at ``url``, as ``open_durability`` opens it, with ``lock_timeout`` if
-    given: a PostgreSQL URL takes it as its ``lock_timeout=`` parameter (so the URL
-    may not give one too); the other adapters take it as an argument."""
-    from intention_kernel.durability import open_durability
-
-    durability = open_durability(url)
-    if lock_timeout is None:
-        return durability
-    from intention_kernel.durability.memory import InMemoryDurability
-    from intention_kernel.durability.sqlite import SQLiteDurability
-
-    if isinstance(durability, SQLiteDurability):
-        return SQLiteDurability(sqlite_path(url), lock_timeout=lock_timeout)
-    if isinstance(durability, InMemoryDurability):
-        return InMemoryDurability(lock_timeout=lock_timeout)
-    return open_durability(f"{url}{'&' if '?' in url else '?'}lock_timeout={lock_timeout}")
-
-
 async def _serve(
     agent: Agent,
     url: str,
@@ -182,14 +161,19 @@ async def _serve(
 ) -> None:
     import uvicorn
 
+    from intention_kernel.durability.base import RecordedDurability
     from intention_kernel.errors import KernelError
     from intention_kernel.host import create_app
     from intention_kernel.kernel import Kernel
 
+    durability = open_store(url, lock_timeout=lock_timeout)
     try:
-        durability = open_store(url, lock_timeout)
+        # One connection first: an unreachable server is one message at once, not the
+        # pool's retries (each logged) until its connect timeout.
+        if isinstance(durability, RecordedDurability):
+            await durability.exists()
         await durability.__aenter__()
-    except (KernelError, ValueError) as exc:
+    except KernelError as exc:
         refuse(f"cannot open the store {url}: {exc}")
     try:
         try:

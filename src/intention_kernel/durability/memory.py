@@ -91,6 +91,9 @@ class _MemoryRecorder:
     async def close(self) -> None:
         return None
 
+    async def exists(self) -> bool:
+        return True  # the store is this object: it exists once built
+
     @asynccontextmanager
     async def lock(self, thread_id: str) -> AsyncIterator[object]:
         lock = self._state.locks.setdefault(thread_id, asyncio.Lock())

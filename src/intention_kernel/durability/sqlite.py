@@ -48,12 +48,14 @@ Transactions per turn: one read, one commit per effect state change
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from intention_kernel import _faults
@@ -210,6 +212,7 @@ CREATE_SCHEMA_TABLE = (
     "CREATE TABLE IF NOT EXISTS ik_schema (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
 )
 SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
+HAS_SCHEMA_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ik_schema'"
 INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (?, ?)"
 
 SELECT_TURN = """
@@ -591,6 +594,27 @@ class _SQLiteRecorder:
         if _is_corrupt(exc):
             return self._error(exc)
         return StoreError(f"cannot open SQLite database {self._path!r}: {exc}")
+
+    async def exists(self) -> bool:
+        if self._path == ":memory:":
+            return True  # private to this adapter, like the in-memory one
+
+        def probe() -> bool:
+            if not os.path.isfile(self._path):
+                return False
+            # Read-only and without waiting, so that nothing is created, not even -wal.
+            uri = Path(self._path).absolute().as_uri() + "?mode=ro"
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=0)) as conn:
+                return conn.execute(HAS_SCHEMA_TABLE).fetchone() is not None
+
+        try:
+            return await asyncio.to_thread(probe)
+        except sqlite3.Error as exc:
+            if _is_corrupt(exc):
+                raise self._error(exc) from exc
+            raise StoreError(
+                f"{self._path!r} cannot be read as a SQLite store: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def close(self) -> None:
         conn, worker, reader = self._conn, self._worker, self._reader
