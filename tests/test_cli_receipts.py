@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from intention_kernel import Kernel
 from intention_kernel.cli._app import app
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from proving_support import damage_sqlite_table
 
 KEY = "payments.charge:charge:pi_lost"
 
@@ -199,3 +201,25 @@ def test_list_filters_by_tenant(tmp_path: Path) -> None:
     code, output = _cli("receipts", "list", "--db", db, "--tenant", "globex", "--json")
     assert code == 0
     assert [json.loads(line)["thread_id"] for line in output.splitlines()] == ["g"]
+
+
+@pytest.mark.parametrize("damage", ["page", "not utf-8"])
+def test_a_damaged_store_is_refused_with_one_message(damage: str, store: Path) -> None:
+    """Not exit status 1 as for a passing store failure, nor a traceback: the store needs
+    repair, and running the command again cannot help."""
+    if damage == "page":
+        damage_sqlite_table(store, "ik_receipts")
+        expected = "is damaged"
+    else:
+        with sqlite3.connect(store) as conn:
+            conn.execute("UPDATE ik_receipts SET error = CAST(X'ff' AS TEXT) WHERE key = ?", (KEY,))
+        expected = "of thread 't' in SQLite database"
+    for command in (["list"], ["list", "--json"], ["list", "--thread", "t"]):
+        code, output = _cli("receipts", *command, "--db", f"sqlite:///{store}")
+        if damage == "not utf-8" and "--thread" not in command:
+            expected_here = "holds text that is not UTF-8"  # every thread was read
+        else:
+            expected_here = expected
+        assert code == 2, output
+        assert expected_here in output and "Traceback" not in output
+        assert output.count("refused:") == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,9 +28,11 @@ from intention_kernel import (
     TurnScope,
 )
 from intention_kernel.durability import TurnOperation
+from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.host import PROBLEM_TYPES, Principal, create_app
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from proving_support import damage_sqlite_table
 
 TOKENS = {
     "tok-acme": Principal("alice@acme.example", "acme", "operator"),
@@ -283,3 +286,22 @@ async def test_the_openapi_document_says_what_needs_an_operator_and_a_note(
     async with asgi_client(create_app(tenants)) as open_app:
         unauthenticated = (await open_app.get("/openapi.json")).json()["paths"]
     assert refusals("/v1/receipts/resolve", "post", unauthenticated) == ["cross-origin"]
+
+
+async def test_a_damaged_sqlite_store_is_500_corrupt_not_503_retry(tmp_path: Path) -> None:
+    """Retrying cannot help: the answer must not tell the client to retry (no 503, no
+    Retry-After), but that the store needs repair."""
+    path = tmp_path / "app.db"
+    async with SQLiteDurability(path) as store:
+        await Kernel(billing_agent(FakeProvider()), store).turn("t1", "d1", "balance")
+    damage_sqlite_table(path, "ik_threads")
+    async with SQLiteDurability(path) as store:
+        kernel = Kernel(billing_agent(FakeProvider()), store)
+        async with asgi_client(create_app(kernel)) as client:
+            turn = await client.post("/v1/threads/t1/turns", json={"turn_id": "d2", "message": "x"})
+            thread = await client.get("/v1/threads/t1")
+    for response in (turn, thread):
+        assert response.status_code == 500, response.text
+        assert response.json()["type"] == "/problems/corrupt-record"
+        assert "is damaged" in response.json()["detail"]
+        assert "retry-after" not in response.headers

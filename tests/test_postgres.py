@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import time
@@ -435,6 +436,40 @@ async def test_the_advisory_lock_excludes_a_second_holder_until_its_session_dies
         assert (await holder.with_turn(TurnScope("t", "third"), plain)).checkpoint_version == 2
     turns = store.execute("SELECT turn_id FROM ik_turns WHERE thread_id = 't' ORDER BY version")
     assert turns == [("second",), ("third",)]
+
+
+async def test_a_zero_lock_timeout_bounds_only_the_wait_for_a_busy_thread(store: Store) -> None:
+    """``lock_timeout=0`` is no wait for a busy thread, not no wait for a session: turns
+    on idle threads commit while the pool opens sessions for them, and a busy thread
+    raises ``ThreadBusyError``, never ``StoreError``."""
+    async with store.durability(lock_timeout=0, min_pool_size=1, max_pool_size=6) as durability:
+        gate = Gate()
+        held = asyncio.create_task(durability.with_turn(TurnScope("busy", "1"), gate))
+        await asyncio.wait_for(gate.entered.wait(), 5)
+        results = await asyncio.gather(
+            *(durability.with_turn(TurnScope(f"idle-{n}", "1"), plain) for n in range(4)),
+            return_exceptions=True,
+        )
+        assert [getattr(r, "checkpoint_version", r) for r in results] == [1, 1, 1, 1]
+        busy = await asyncio.gather(
+            *(durability.with_turn(TurnScope("busy", f"2-{n}"), plain) for n in range(4)),
+            return_exceptions=True,
+        )
+        assert [type(b) for b in busy] == [ThreadBusyError] * 4
+        gate.released.set()
+        assert (await held).checkpoint_version == 1
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])
+@pytest.mark.parametrize("option", ["lock_timeout", "pool_timeout"])
+def test_a_wait_that_never_ends_or_is_negative_is_refused(
+    option: str, value: float, postgres_dsn: str
+) -> None:
+    with pytest.raises(ValueError, match=option):
+        PostgresDurability(postgres_dsn, **{option: value})
+    if option == "lock_timeout":
+        with pytest.raises(ValueError, match=option):
+            open_durability(with_query(postgres_dsn, f"lock_timeout={value}"))
 
 
 async def test_a_replay_takes_no_lock_and_waits_for_no_turn(store: Store) -> None:

@@ -33,6 +33,7 @@ from intention_kernel.cli._common import (
     AgentOption,
     DbOption,
     existing_store,
+    fail,
     load_agent,
     refuse,
     resolve_db_url,
@@ -159,4 +160,4 @@ def _run(url: str, action: Any) -> Any:
     try:
         return asyncio.run(go())
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
+        fail(exc)

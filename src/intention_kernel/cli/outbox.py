@@ -36,6 +36,7 @@ from intention_kernel.cli._common import (
     EXIT_FAILED,
     DbOption,
     existing_store,
+    fail,
     log_warnings_to_stderr,
     refuse,
     resolve_db_url,
@@ -165,7 +166,7 @@ def relay(
         with log_warnings_to_stderr():
             total = asyncio.run(go())
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
+        fail(exc)
     Console().print(
         f"published {total.published} event(s); {total.failed} failed attempt(s)", highlight=False
     )
@@ -210,7 +211,7 @@ def status(
     try:
         backlog = asyncio.run(go())
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
+        fail(exc)
     now = utcnow()
     oldest = backlog.oldest_unpublished_at
     age = (now - oldest).total_seconds() if oldest is not None else None

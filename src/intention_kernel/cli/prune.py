@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from intention_kernel.cli._common import (
-    EXIT_FAILED,
     DbOption,
     existing_store,
+    fail,
     refuse,
     resolve_db_url,
 )
@@ -46,7 +46,12 @@ def parse_duration(text: str) -> timedelta:
     parts = _PART.findall(cleaned)
     if not parts or "".join(n + u for n, u in parts) != cleaned:
         raise ValueError(f"not a duration: {text!r} (use e.g. 30d, 12h, 90m, 1d12h)")
-    return timedelta(seconds=sum(int(n) * _UNITS[u] for n, u in parts))
+    try:
+        age = timedelta(seconds=sum(int(n) * _UNITS[u] for n, u in parts))
+        datetime.now(UTC) - age  # the cutoff must be a date: not before year 1
+    except OverflowError:  # also past timedelta's 999,999,999 days
+        raise ValueError(f"not a duration: {text!r} reaches back before year 1") from None
+    return age
 
 
 def register(app: typer.Typer) -> None:
@@ -79,7 +84,7 @@ def prune(
     try:
         report = asyncio.run(go())
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
+        fail(exc)
     Console().print(
         f"pruned {report.events} published event(s) and {report.turns} turn result(s) "
         f"created before {report.cutoff.isoformat(timespec='seconds')}",

@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.table import Table
 
 from intention_kernel.cli._common import (
-    EXIT_FAILED,
     DbOption,
     existing_store,
+    fail,
     refuse,
     resolve_db_url,
 )
@@ -178,7 +178,7 @@ def _run(url: str, action: Any) -> Any:
     except ReceiptError as exc:
         refuse(str(exc))
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
+        fail(exc)
 
 
 def _as_dict(r: Receipt) -> dict[str, Any]:

@@ -56,15 +56,14 @@ from intention_kernel.cli._common import (
     DbOption,
     load_agent,
     log_warnings_to_stderr,
+    open_store,
     refuse,
     resolve_db_url,
-    sqlite_path,
     stderr,
 )
 
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
-    from intention_kernel.durability import Durability
     from intention_kernel.host import Principal
 
 __all__ = [
@@ -72,7 +71,6 @@ __all__ = [
     "Loop",
     "allowed_hosts",
     "loop_runner",
-    "open_store",
     "parse_tokens",
     "register",
     "serve",
@@ -264,25 +262,6 @@ def parse_tokens(specs: list[str]) -> dict[str, Principal]:
     return tokens
 
 
-def open_store(url: str, lock_timeout: float | None = None) -> Durability:
-    """The store at ``url``, as ``open_durability`` opens it, with ``lock_timeout`` if
-    given: a PostgreSQL URL takes it as its ``lock_timeout=`` parameter (so the URL
-    may not give one too); the other adapters take it as an argument."""
-    from intention_kernel.durability import open_durability
-
-    durability = open_durability(url)
-    if lock_timeout is None:
-        return durability
-    from intention_kernel.durability.memory import InMemoryDurability
-    from intention_kernel.durability.sqlite import SQLiteDurability
-
-    if isinstance(durability, SQLiteDurability):
-        return SQLiteDurability(sqlite_path(url), lock_timeout=lock_timeout)
-    if isinstance(durability, InMemoryDurability):
-        return InMemoryDurability(lock_timeout=lock_timeout)
-    return open_durability(f"{url}{'&' if '?' in url else '?'}lock_timeout={lock_timeout}")
-
-
 async def _serve(
     agent: Agent,
     url: str,
@@ -294,14 +273,19 @@ async def _serve(
 ) -> None:
     import uvicorn
 
+    from intention_kernel.durability.base import RecordedDurability
     from intention_kernel.errors import KernelError
     from intention_kernel.host import create_app
     from intention_kernel.kernel import Kernel
 
+    durability = open_store(url, lock_timeout=lock_timeout)
     try:
-        durability = open_store(url, lock_timeout)
+        # One connection first: an unreachable server is one message at once, not the
+        # pool's retries (each logged) until its connect timeout.
+        if isinstance(durability, RecordedDurability):
+            await durability.exists()
         await durability.__aenter__()
-    except (KernelError, ValueError) as exc:
+    except KernelError as exc:
         refuse(f"cannot open the store {url}: {exc}")
     try:
         try:

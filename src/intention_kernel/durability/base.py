@@ -338,6 +338,12 @@ class Recorder(Protocol):
 
     async def close(self) -> None: ...
 
+    async def exists(self) -> bool:
+        """Whether the store already holds this recorder's schema, without creating
+        anything; callable before ``open``. Raises ``StoreError`` when the store cannot
+        be reached."""
+        ...
+
     def lock(self, thread_id: str) -> AbstractAsyncContextManager[object]:
         """Hold the thread's exclusive lock for the duration of the block.
 
@@ -622,6 +628,17 @@ class RecordedDurability:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    async def exists(self) -> bool:
+        """Whether the store already holds this adapter's schema; creates nothing.
+
+        Opening an adapter creates its schema, so a tool that must not create a store
+        (the operations commands) asks this first, and a mistyped URL is refused
+        instead of shown as an empty store. Raises ``StoreError`` when the store cannot
+        be reached, ``CorruptStoreError`` when it is damaged."""
+        if self._opened:
+            return True
+        return await self._recorder.exists()
 
     async def aclose(self) -> None:
         if self._opened:

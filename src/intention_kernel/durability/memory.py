@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from intention_kernel.durability import _check_seconds
 from intention_kernel.durability.base import (
     INTERACTION_MARKER,
     CheckpointRewrite,
@@ -90,6 +91,9 @@ class _MemoryRecorder:
 
     async def close(self) -> None:
         return None
+
+    async def exists(self) -> bool:
+        return True  # the store is this object: it exists once built
 
     @asynccontextmanager
     async def lock(self, thread_id: str) -> AsyncIterator[object]:
@@ -397,8 +401,8 @@ class InMemoryDurability(RecordedDurability):
     """Durability for tests and examples; state lives only in this process.
 
     ``lock_timeout`` bounds how long a turn waits for a busy thread before
-    ``ThreadBusyError``.
+    ``ThreadBusyError``: finite, non-negative seconds (``ValueError`` otherwise).
     """
 
     def __init__(self, *, lock_timeout: float = 30.0) -> None:
-        super().__init__(_MemoryRecorder(lock_timeout))
+        super().__init__(_MemoryRecorder(_check_seconds("lock_timeout", lock_timeout)))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import math
 import random
 import re
 import time
@@ -58,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from intention_kernel import _faults
-from intention_kernel.durability import _take_url_options
+from intention_kernel.durability import _check_seconds, _take_url_options
 from intention_kernel.durability._rows import (
     decode_event,
     decode_receipt,
@@ -305,6 +306,8 @@ CREATE_SCHEMA_TABLE = """
     )
 """
 HAS_SCHEMA_TABLE = "SELECT to_regclass('ik_schema') IS NOT NULL"
+# The same from a session whose search_path was not set (``exists``).
+HAS_STORE = "SELECT to_regclass(format('%%I.ik_schema', %s::text)) IS NOT NULL"
 SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
 INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (%s, now())"
 # Per session, once: our schema only (no surprise from a "$user" or public table),
@@ -732,10 +735,24 @@ class _Claim:
 
 class _PostgresRecorder:
     def __init__(
-        self, dsn: str, schema: str, lock_timeout: float, pool_size: tuple[int, int], timeout: float
+        self,
+        dsn: str,
+        schema: str,
+        lock_timeout: float,
+        pool_size: tuple[int, int],
+        timeout: float,
+        connect_timeout: float | None,
     ) -> None:
         self._dsn, self._schema, self._lock_timeout = dsn, schema, lock_timeout
         self._pool_size, self._pool_timeout = pool_size, timeout
+        self._open_timeout = timeout if connect_timeout is None else connect_timeout
+        # libpq's own bound on one connection attempt (whole seconds, at least 2), else a
+        # server that drops packets holds each attempt until the system's TCP timeout.
+        self._connect_kwargs: dict[str, Any] = (
+            {}
+            if connect_timeout is None
+            else {"connect_timeout": max(2, math.ceil(connect_timeout))}
+        )
         self._opened: AsyncConnectionPool[Connection] | None = None
         self._held: dict[str, _Held] = {}
         self._claims: dict[str, _Claim] = {}  # see claim_outbox
@@ -786,7 +803,7 @@ class _PostgresRecorder:
             self._dsn,
             min_size=self._pool_size[0],
             max_size=self._pool_size[1],
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **self._connect_kwargs},
             configure=self._configure,
             timeout=self._pool_timeout,
             open=False,
@@ -794,17 +811,33 @@ class _PostgresRecorder:
         )
         with _translated():
             try:
-                await pool.open(wait=True, timeout=self._pool_timeout)
+                await pool.open(wait=True, timeout=self._open_timeout)
                 async with pool.connection() as conn:
                     await self._migrate(conn)
             except BaseException as exc:
                 await pool.close()
                 if isinstance(exc, PoolTimeout):
                     raise StoreError(
-                        f"cannot connect to PostgreSQL within {self._pool_timeout}s: {exc}"
+                        f"cannot connect to PostgreSQL within {self._open_timeout}s: {exc}"
                     ) from exc
                 raise
         self._opened = pool
+
+    async def exists(self) -> bool:
+        """Asked on a session of its own, outside the pool: opening the pool is what
+        creates the schema."""
+        if self._opened is not None:
+            return True
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self._dsn, autocommit=True, connect_timeout=max(2, math.ceil(self._open_timeout))
+            )
+        except psycopg.Error as exc:
+            lines = "; ".join(line.strip() for line in str(exc).strip().splitlines())
+            raise StoreError(f"cannot connect to PostgreSQL: {lines}") from exc
+        with _translated():
+            async with conn:
+                return bool(await _value(conn, HAS_STORE, self._schema))
 
     async def _migrate(self, conn: Connection) -> None:
         """Apply pending migrations; safe when several workers start at once."""
@@ -929,8 +962,22 @@ class _PostgresRecorder:
         to the pool, so turns queued on a hot thread cannot drain it.
         """
         deadline, wait = time.monotonic() + self._lock_timeout, _FIRST_WAIT
+        seen_busy = False
         while True:
-            conn = await self._pool.getconn(max(deadline - time.monotonic(), 0.001))
+            # The wait for a session has its own bound, ``pool_timeout``: were it the
+            # lock's, a short ``lock_timeout`` would fail turns on idle threads while
+            # the pool opens a session for them. Once the thread was seen busy, a poll
+            # waits for a session only until the lock's deadline, which then means busy.
+            remaining = deadline - time.monotonic()
+            bounded = seen_busy and remaining < self._pool_timeout
+            try:
+                conn = await self._pool.getconn(
+                    max(remaining, 0.001) if bounded else self._pool_timeout
+                )
+            except PoolTimeout:
+                if bounded:
+                    raise self._busy(thread_id) from None
+                raise
             try:
                 got = await attempt(conn)
             except BaseException as exc:
@@ -948,14 +995,18 @@ class _PostgresRecorder:
             await self._pool.putconn(conn)
             if got is not None:
                 return None, got[1]
+            seen_busy = True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ThreadBusyError(
-                    f"thread {thread_id!r} stayed locked by another turn for {self._lock_timeout}s",
-                    thread_id=thread_id,
-                )
+                raise self._busy(thread_id)
             await asyncio.sleep(min(wait * random.uniform(0.5, 1.0), remaining))
             wait = min(wait * 2, _MAX_WAIT)
+
+    def _busy(self, thread_id: str) -> ThreadBusyError:
+        return ThreadBusyError(
+            f"thread {thread_id!r} stayed locked by another turn for {self._lock_timeout}s",
+            thread_id=thread_id,
+        )
 
     async def _give_back_dead(self, held: _Held) -> bool:
         """Whether the lock's session died; if so, give it back to the pool now (closed),
@@ -1361,7 +1412,16 @@ class PostgresDurability(RecordedDurability):
     - ``min_pool_size`` / ``max_pool_size``: the connection pool. Each in-flight
       turn holds one session from its lock to its commit, so ``max_pool_size``
       bounds the concurrent turns of this adapter.
-    - ``pool_timeout``: how long to wait to connect, or for a free session.
+    - ``pool_timeout``: how long to wait for a free session (and, unless
+      ``connect_timeout`` is given, to connect); a turn's wait for a session is bounded
+      by this, not by ``lock_timeout``, so a turn on an idle thread never fails because
+      the pool was busy for less.
+    - ``connect_timeout``: how long opening the adapter waits to reach the server, and
+      libpq's bound on each connection attempt (whole seconds, at least 2); the CLI
+      passes a short one, so that an unreachable server is reported at once.
+
+    Each is finite, non-negative seconds (``pool_timeout`` and ``connect_timeout``
+    more than 0); NaN, infinity and negative values are refused with ``ValueError``.
 
     Session-level advisory locks need a real session per client: behind a pooler
     such as PgBouncer, use session pooling, not transaction pooling.
@@ -1376,16 +1436,27 @@ class PostgresDurability(RecordedDurability):
         min_pool_size: int = 1,
         max_pool_size: int = 10,
         pool_timeout: float = 30.0,
+        connect_timeout: float | None = None,
     ) -> None:
         if not schema or "\x00" in schema or len(schema.encode()) > 63:
             raise ValueError(f"not a PostgreSQL schema name: {schema!r}")
         if not 0 <= min_pool_size <= max_pool_size or max_pool_size < 1:
             raise ValueError("need 0 <= min_pool_size <= max_pool_size and max_pool_size >= 1")
+        lock_timeout = _check_seconds("lock_timeout", lock_timeout)
+        if not _check_seconds("pool_timeout", pool_timeout):
+            raise ValueError("pool_timeout must be more than 0 seconds")
+        if connect_timeout is not None and not _check_seconds("connect_timeout", connect_timeout):
+            raise ValueError("connect_timeout must be more than 0 seconds")
         _check_dsn(dsn)
         self.schema = schema
         super().__init__(
             _PostgresRecorder(
-                dsn, schema, lock_timeout, (min_pool_size, max_pool_size), pool_timeout
+                dsn,
+                schema,
+                lock_timeout,
+                (min_pool_size, max_pool_size),
+                pool_timeout,
+                connect_timeout,
             )
         )
 

@@ -157,8 +157,8 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "corrupt-record",
         500,
         "Stored record cannot be decoded",
-        "A stored checkpoint, result or receipt is corrupt. Nothing was written; an operator "
-        "must repair the store.",
+        "A stored checkpoint, result or receipt is corrupt, or the store's file itself is "
+        "damaged. Retrying cannot help. Nothing was written; an operator must repair the store.",
     ),
     ProblemType(
         "internal-error",
