@@ -29,8 +29,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from intention_kernel.cli._common import (
     EXIT_FAILED,
@@ -41,6 +40,7 @@ from intention_kernel.cli._common import (
     resolve_db_url,
     stderr,
 )
+from intention_kernel.cli._render import console, print_records
 from intention_kernel.durability.base import OutboxBacklog, RecordedDurability
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import KernelError
@@ -166,9 +166,7 @@ def relay(
             total = asyncio.run(go())
     except (KernelError, ValueError) as exc:
         refuse(str(exc), EXIT_FAILED)
-    Console().print(
-        f"published {total.published} event(s); {total.failed} failed attempt(s)", highlight=False
-    )
+    console().print(f"published {total.published} event(s); {total.failed} failed attempt(s)")
     if once and total.failed:
         raise typer.Exit(EXIT_FAILED)
 
@@ -185,8 +183,7 @@ async def _run_until_stopped(outbox: OutboxRelay) -> RelayReport:
     def progress(report: RelayReport) -> None:
         stderr.print(
             f"{utcnow().isoformat(timespec='seconds')} published {report.published}, "
-            f"failed {report.failed}",
-            highlight=False,
+            f"failed {report.failed}"
         )
 
     return await outbox.run(stop, on_pass=progress)
@@ -234,25 +231,30 @@ def status(
         }
         typer.echo(json.dumps(document, ensure_ascii=False))
         return
-    console = Console()
+    out = console()
     lag = "none" if age is None else f"oldest {_age(age)} old ({_when(oldest)})"
-    console.print(f"unpublished: {backlog.unpublished} event(s); {lag}", highlight=False)
+    out.print(f"unpublished: {backlog.unpublished} event(s); {lag}")
     if not backlog.failing:
-        console.print("failing: none", highlight=False)
+        out.print("failing: none")
         return
-    table = Table(title=f"{len(backlog.failing)} failing event(s)", title_justify="left")
-    for column in ("thread", "seq", "type", "attempts", "next try", "last error"):
-        table.add_column(column, overflow="fold")
-    for d in backlog.failing:
-        table.add_row(
-            d.event.thread_id,
-            str(d.event.seq),
-            d.event.type,
-            str(d.attempts),
-            _when(d.retry_at),
-            d.last_error or "",
-        )
-    console.print(table)
+    print_records(
+        out,
+        f"{len(backlog.failing)} failing event(s)",
+        ("thread", "seq", "type", "attempts", "next try", "last error"),
+        [
+            (
+                Text(d.event.thread_id),
+                Text(str(d.event.seq)),
+                Text(d.event.type),
+                Text(str(d.attempts)),
+                Text(_when(d.retry_at)),
+                Text(d.last_error or ""),
+            )
+            for d in backlog.failing
+        ],
+        whole=("thread", "seq", "type"),
+        free="last error",
+    )
 
 
 def _recorded(store: object) -> RecordedDurability:

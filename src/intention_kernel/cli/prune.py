@@ -20,7 +20,6 @@ from datetime import timedelta
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from intention_kernel.cli._common import (
     EXIT_FAILED,
@@ -29,6 +28,7 @@ from intention_kernel.cli._common import (
     refuse,
     resolve_db_url,
 )
+from intention_kernel.cli._render import console
 from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.errors import KernelError
 from intention_kernel.operations import PruneReport
@@ -80,8 +80,7 @@ def prune(
         report = asyncio.run(go())
     except (KernelError, ValueError) as exc:
         refuse(str(exc), EXIT_FAILED)
-    Console().print(
+    console().print(
         f"pruned {report.events} published event(s) and {report.turns} turn result(s) "
-        f"created before {report.cutoff.isoformat(timespec='seconds')}",
-        highlight=False,
+        f"created before {report.cutoff.isoformat(timespec='seconds')}"
     )

@@ -23,8 +23,7 @@ import socket
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from intention_kernel.cli._common import (
     EXIT_FAILED,
@@ -33,17 +32,11 @@ from intention_kernel.cli._common import (
     refuse,
     resolve_db_url,
 )
+from intention_kernel.cli._render import console, print_records, status_text
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.errors import KernelError, ReceiptError
 
 __all__ = ["register"]
-
-STATUS_STYLE = {
-    "completed": "green",
-    "prepared": "yellow",
-    "failed": "red",
-    "uncertain": "bold red",
-}
 
 
 def register(app: typer.Typer) -> None:
@@ -76,24 +69,31 @@ def list_receipts(
         for receipt in receipts:
             typer.echo(json.dumps(_as_dict(receipt), ensure_ascii=False))
         return
-    table = Table(title=f"{len(receipts)} receipt(s)", title_justify="left")
-    for column in ("thread", "key", "status", "attempt", "turn", "step", "updated", "note"):
-        table.add_column(column, overflow="fold")
+    rows = []
     for r in receipts:
         note = r.error or ""
         if r.resolution is not None:
             note = f"resolved by {r.resolution.actor or '?'}: {r.resolution.note or ''}"
-        table.add_row(
-            r.thread_id,
-            r.key,
-            f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]",
-            str(r.attempt),
-            r.turn_id,
-            r.step_id,
-            r.updated_at.isoformat(timespec="seconds") if r.updated_at else "",
-            note,
+        rows.append(
+            (
+                Text(r.thread_id),
+                Text(r.key),
+                status_text(r.status),
+                Text(str(r.attempt)),
+                Text(r.turn_id),
+                Text(r.step_id),
+                Text(r.updated_at.isoformat(timespec="seconds") if r.updated_at else ""),
+                Text(note),
+            )
         )
-    Console().print(table)
+    print_records(
+        console(),
+        f"{len(receipts)} receipt(s)",
+        ("thread", "key", "status", "attempt", "turn", "step", "updated", "note"),
+        rows,
+        whole=("key", "status"),
+        free="note",
+    )
 
 
 def resolve_receipt(
@@ -139,9 +139,13 @@ def resolve_receipt(
             thread, key, applied=applied, value=parsed, note=note, actor=who
         ),
     )
-    Console().print(
-        f"[green]resolved[/] {receipt.key} on {receipt.thread_id}: now "
-        f"[{STATUS_STYLE[receipt.status]}]{receipt.status}[/] (by {who})"
+    console().print(
+        Text.assemble(
+            ("resolved", "green"),
+            f" {receipt.key} on {receipt.thread_id}: now ",
+            status_text(receipt.status),
+            f" (by {who})",
+        )
     )
 
 

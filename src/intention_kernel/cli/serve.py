@@ -30,6 +30,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.text import Text
 
 from intention_kernel.cli._common import (
     AgentOption,
@@ -200,9 +201,12 @@ async def _serve(
         auth = f"{len(tokens)} token(s)" if tokens else "no authentication"
         loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
         stderr.print(
-            f"serving [bold]{agent.name}[/] v{agent.version} ({kernel.fingerprint}) from {url} "
-            f"on http://{host}:{port} · {auth} · {loop} event loop · console at /console",
-            highlight=False,
+            Text.assemble(
+                "serving ",
+                (agent.name, "bold"),
+                f" v{agent.version} ({kernel.fingerprint}) from {url} on http://{host}:{port}"
+                f" · {auth} · {loop} event loop · console at /console",
+            )
         )
         config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="info")
         await uvicorn.Server(config).serve()
