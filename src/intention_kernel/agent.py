@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from intention_kernel.capabilities import Capability
 from intention_kernel.errors import CompilationError
-from intention_kernel.interpretation import CapabilitySpec, Interpreter
+from intention_kernel.interpretation import CapabilitySpec, Interpreter, RuleInterpreter
 
 __all__ = ["Agent", "CompiledAgent", "compile_agent"]
 
@@ -94,6 +94,15 @@ def compile_agent(agent: Agent) -> CompiledAgent:
                 f"{cap.id}: a write capability cannot use confirmation='none'; use 'required' "
                 "(the kernel asks) or 'capability' (the capability asks and validates the answer)"
             )
+    if isinstance(agent.interpreter, RuleInterpreter):
+        # Caught here rather than as a failed step at the first matching message.
+        for rule in agent.interpreter.rules:
+            if rule.capability_id is not None and rule.capability_id not in seen:
+                known = ", ".join(sorted(seen)) or "none"
+                problems.append(
+                    f"rule {rule.pattern!r} names capability {rule.capability_id!r}, which "
+                    f"the agent does not have (it has: {known})"
+                )
     if problems:
         raise CompilationError(problems)
     catalog = tuple(
