@@ -32,6 +32,7 @@ from rich.text import Text
 
 from intention_kernel import Receipt, StepResult, StepStatus
 from intention_kernel.cli._common import EXIT_FAILED, refuse, sqlite_path
+from intention_kernel.cli._help import Command
 from intention_kernel.demo import (
     DemoRun,
     OperatorAction,
@@ -65,7 +66,7 @@ RECEIPT_STYLE = {
 
 
 def register(app: typer.Typer) -> None:
-    app.command("demo")(demo)
+    app.command("demo", cls=Command)(demo)
 
 
 def demo(

@@ -38,6 +38,7 @@ from intention_kernel.cli._common import (
     resolve_db_url,
     stderr,
 )
+from intention_kernel.cli._help import Command
 from intention_kernel.cli._render import console, print_records, table
 from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.errors import KernelError
@@ -60,8 +61,8 @@ REASONS = {
 
 
 def register(app: typer.Typer) -> None:
-    app.command("check")(check)
-    app.command("migrate")(migrate)
+    app.command("check", cls=Command)(check)
+    app.command("migrate", cls=Command)(migrate)
 
 
 def check(
@@ -125,7 +126,9 @@ def check(
 
 def migrate(
     db: DbOption = None,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Threads selected at a time")] = 100,
+    batch: Annotated[
+        int, typer.Option("--batch", metavar="N", min=1, help="Threads selected at a time")
+    ] = 100,
 ) -> None:
     """Upgrade checkpoints of older schema revisions in place, in batches, resumably."""
     report: MigrationReport = _run(

@@ -7,6 +7,13 @@
     intention-kernel outbox relay --to myapp.events:publish --once
     intention-kernel outbox status
 
+A ``module:callable`` target is called once per event, as
+``fn(event: OutboxEvent) -> None`` or ``async def fn(event) -> None``: returning
+acknowledges the event, raising fails the attempt (retried with backoff, blocking
+only that thread). Delivery is at least once, so the function dedupes on
+``event.id``. An object with ``async publish(event)`` and ``async aclose()``
+(:class:`~intention_kernel.outbox.Sink`) is used as it is.
+
 ``relay`` runs until interrupted (SIGINT or SIGTERM let the pass in hand finish),
 or makes one pass with ``--once`` (exit status 1 if an event failed). A running relay
 outlives store errors (a database restart, say): each is logged and the pass retried
@@ -40,6 +47,7 @@ from intention_kernel.cli._common import (
     resolve_db_url,
     stderr,
 )
+from intention_kernel.cli._help import Command, Group
 from intention_kernel.cli._render import console, print_records
 from intention_kernel.durability.base import OutboxBacklog, RecordedDurability
 from intention_kernel.effects import utcnow
@@ -56,9 +64,10 @@ def register(app: typer.Typer) -> None:
     group = typer.Typer(
         help="Relay committed outbox events to NATS, a webhook or a function; show the lag.",
         no_args_is_help=True,
+        cls=Group,
     )
-    group.command("relay")(relay)
-    group.command("status")(status)
+    group.command("relay", cls=Command)(relay)
+    group.command("status", cls=Command)(status)
     app.add_typer(group, name="outbox")
 
 
@@ -110,33 +119,49 @@ def relay(
         typer.Option(
             "--to",
             metavar="TARGET",
-            help="nats://host:4222, http(s)://webhook or module:callable",
+            help=(
+                "nats://host:4222, http(s)://webhook or module:callable. The callable is "
+                "def fn(event: intention_kernel.OutboxEvent) -> None (or async def), called "
+                "once per event: returning acknowledges it, raising fails the attempt "
+                "(retried later); it may see an event again, so dedupe on event.id. "
+                "An object with async publish(event) and aclose() is used as a Sink."
+            ),
             show_default=False,
         ),
     ],
     db: DbOption = None,
     subject_prefix: Annotated[
-        str, typer.Option("--subject-prefix", help="NATS: subjects are PREFIX.<event type>")
+        str,
+        typer.Option(
+            "--subject-prefix", metavar="PREFIX", help="NATS: subjects are PREFIX.<event type>"
+        ),
     ] = "intention_kernel",
     stream: Annotated[
-        str, typer.Option("--stream", help="NATS: the JetStream stream (created if missing)")
+        str,
+        typer.Option(
+            "--stream", metavar="NAME", help="NATS: the JetStream stream (created if missing)"
+        ),
     ] = "INTENTION_KERNEL",
     secret: Annotated[
         str | None,
         typer.Option(
             "--secret",
+            metavar="SECRET",
             envvar=SECRET_ENV_VAR,
             help=f"Webhook: the shared HMAC secret (default: ${SECRET_ENV_VAR})",
             show_default=False,
         ),
     ] = None,
     once: Annotated[bool, typer.Option("--once", help="Publish what is due, then exit")] = False,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Events per thread claim")] = 100,
+    batch: Annotated[
+        int, typer.Option("--batch", metavar="N", min=1, help="Events per thread claim")
+    ] = 100,
     concurrency: Annotated[
-        int, typer.Option("--concurrency", min=1, help="Threads published at once")
+        int, typer.Option("--concurrency", metavar="N", min=1, help="Threads published at once")
     ] = 4,
     poll: Annotated[
-        float, typer.Option("--poll", min=0.0, help="Seconds between polls when idle")
+        float,
+        typer.Option("--poll", metavar="SECONDS", min=0.0, help="Seconds between polls when idle"),
     ] = 1.0,
 ) -> None:
     """Publish committed events, each thread in order, at least once."""
@@ -192,7 +217,7 @@ async def _run_until_stopped(outbox: OutboxRelay) -> RelayReport:
 def status(
     db: DbOption = None,
     failing: Annotated[
-        int, typer.Option("--failing", min=0, help="How many failing events to list")
+        int, typer.Option("--failing", metavar="N", min=0, help="How many failing events to list")
     ] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
 ) -> None:

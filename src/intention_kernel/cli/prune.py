@@ -28,6 +28,7 @@ from intention_kernel.cli._common import (
     refuse,
     resolve_db_url,
 )
+from intention_kernel.cli._help import Command
 from intention_kernel.cli._render import console
 from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.errors import KernelError
@@ -50,7 +51,7 @@ def parse_duration(text: str) -> timedelta:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("prune")(prune)
+    app.command("prune", cls=Command)(prune)
 
 
 def prune(
@@ -61,7 +62,9 @@ def prune(
         ),
     ],
     db: DbOption = None,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Rows per transaction")] = 1000,
+    batch: Annotated[
+        int, typer.Option("--batch", metavar="N", min=1, help="Rows per transaction")
+    ] = 1000,
 ) -> None:
     """Delete published events and old turn results; committed turn IDs are kept."""
     try:

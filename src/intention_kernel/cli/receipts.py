@@ -32,6 +32,7 @@ from intention_kernel.cli._common import (
     refuse,
     resolve_db_url,
 )
+from intention_kernel.cli._help import Command, Group
 from intention_kernel.cli._render import console, print_records, status_text
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.errors import KernelError, ReceiptError
@@ -41,10 +42,12 @@ __all__ = ["register"]
 
 def register(app: typer.Typer) -> None:
     group = typer.Typer(
-        help="Inspect effect receipts and reconcile uncertain ones.", no_args_is_help=True
+        help="Inspect effect receipts and reconcile uncertain ones.",
+        no_args_is_help=True,
+        cls=Group,
     )
-    group.command("list")(list_receipts)
-    group.command("resolve")(resolve_receipt)
+    group.command("list", cls=Command)(list_receipts)
+    group.command("resolve", cls=Command)(resolve_receipt)
     app.add_typer(group, name="receipts")
 
 
@@ -52,11 +55,20 @@ def list_receipts(
     db: DbOption = None,
     status: Annotated[
         str | None,
-        typer.Option("--status", help="Only this status: prepared, completed, failed, uncertain"),
+        typer.Option(
+            "--status",
+            metavar="STATUS",
+            help="Only this status: prepared, completed, failed, uncertain",
+        ),
     ] = None,
-    thread: Annotated[str | None, typer.Option("--thread", help="Only this thread")] = None,
+    thread: Annotated[
+        str | None, typer.Option("--thread", metavar="THREAD", help="Only this thread")
+    ] = None,
     tenant: Annotated[
-        str | None, typer.Option("--tenant", help="Only this tenant's (default: every tenant's)")
+        str | None,
+        typer.Option(
+            "--tenant", metavar="TENANT", help="Only this tenant's (default: every tenant's)"
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False,
 ) -> None:
@@ -97,25 +109,29 @@ def list_receipts(
 
 
 def resolve_receipt(
-    thread: Annotated[str, typer.Argument(help="The thread ID")],
-    key: Annotated[str, typer.Argument(help="The stored effect key (capability_id:key)")],
+    thread: Annotated[str, typer.Argument(metavar="THREAD", help="The thread ID")],
+    key: Annotated[
+        str, typer.Argument(metavar="KEY", help="The stored effect key (capability_id:key)")
+    ],
     applied: Annotated[
         bool | None,
         typer.Option(
             "--applied/--not-applied",
-            help="Whether the write happened (check the provider first)",
+            help="Whether the write happened (check the provider first) \\[required]",
             show_default=False,
         ),
     ] = None,
     note: Annotated[
-        str | None, typer.Option("--note", help="Why: what the provider shows (required)")
+        str | None,
+        typer.Option("--note", metavar="TEXT", help="Why: what the provider shows \\[required]"),
     ] = None,
     value: Annotated[
         str | None,
         typer.Option("--value", metavar="JSON", help="With --applied: the provider's result"),
     ] = None,
     actor: Annotated[
-        str | None, typer.Option("--actor", help="Who resolves it (default: user@host)")
+        str | None,
+        typer.Option("--actor", metavar="WHO", help="Who resolves it (default: user@host)"),
     ] = None,
     db: DbOption = None,
 ) -> None:

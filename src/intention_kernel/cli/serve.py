@@ -42,6 +42,7 @@ from intention_kernel.cli._common import (
     sqlite_path,
     stderr,
 )
+from intention_kernel.cli._help import Command
 
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
@@ -83,14 +84,18 @@ def loop_runner(loop: Loop) -> Callable[[Coroutine[Any, Any, None]], None]:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    app.command("serve", cls=Command)(serve)
 
 
 def serve(
     agent: AgentOption,
     db: DbOption = None,
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port")] = 8000,
-    host: Annotated[str, typer.Option("--host", help="Interface to listen on")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", metavar="PORT", min=0, max=65535, help="TCP port")
+    ] = 8000,
+    host: Annotated[
+        str, typer.Option("--host", metavar="HOST", help="Interface to listen on")
+    ] = "127.0.0.1",
     token: Annotated[
         list[str] | None,
         typer.Option(
@@ -115,6 +120,7 @@ def serve(
         Loop,
         typer.Option(
             "--loop",
+            metavar="auto|asyncio|uvloop",
             case_sensitive=False,
             help="The event loop: uvloop where installed (auto), or asyncio's",
         ),
