@@ -443,3 +443,32 @@ def test_the_serve_factory_puts_its_provider_beside_a_sqlite_store() -> None:
     assert provider_path(None, {}) == Path("demo-provider.db")
     chosen = {PROVIDER_DB_ENV_VAR: "/var/lib/ledger.db"}
     assert provider_path("sqlite:///app.db", chosen) == Path("/var/lib/ledger.db")
+
+
+def _make_plan(target: str, venv: Path) -> list[str]:
+    """The commands ``make <target>`` would run with ``.venv`` at ``venv`` (``make -n``)."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        ["make", "-n", "-C", str(root), target, f"VENV={venv}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return [line for line in proc.stdout.splitlines() if "pip install" in line]
+
+
+def test_make_demo_installs_only_the_cli_extra_and_make_test_then_installs_the_rest(
+    tmp_path: Path,
+) -> None:
+    venv = tmp_path / "venv"
+    assert _make_plan("demo", venv) == [
+        f"{venv}/bin/python -m pip install --quiet --upgrade pip",
+        f"{venv}/bin/python -m pip install --quiet -e '.[cli]'",
+    ]
+    # After `make demo` (its venv and its stamp exist), `make test` installs dev.
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    (venv / ".demo-installed").touch()
+    assert _make_plan("test", venv) == [f"{venv}/bin/python -m pip install --quiet -e '.[dev]'"]
+    assert _make_plan("demo", venv) == []
