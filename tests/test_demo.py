@@ -171,6 +171,13 @@ def test_a_lost_response_is_uncertain_fails_closed_and_is_reconciled(demo_run: D
     assert refused.provider_calls_delta == 0
     assert [str(r.status) for r in refused.receipts] == ["uncertain"]
     assert "EffectUncertainError" in (refused.result.steps[0].error or "")
+    # The person reads the billing agent's own words (BillingReplies), the machine the error.
+    for view in (lost, refused):
+        assert view.result.reply == (
+            "I could not tell whether the payment went through: the payment provider did not "
+            "answer. To be safe I will not try it again until someone has checked with the "
+            "provider."
+        )
     (action,) = [s for s in scene.steps if isinstance(s, OperatorAction)]
     assert [r.key for r in action.uncertain] == [f"payments.charge:charge:{PI_43}"]
     assert action.provider_record is not None
@@ -244,6 +251,9 @@ async def test_a_definite_provider_refusal_is_recorded_failed_and_may_be_retried
         refused = await kernel.turn("t", "2", "yes")
         assert [str(s.status) for s in refused.steps] == ["failed"]
         assert "EffectNotAppliedError" in (refused.steps[0].error or "")
+        assert refused.reply == (
+            "The payment did not go through and nothing was charged. You can ask again."
+        )
         (receipt,) = await durability.list_receipts("t")
         assert receipt.status == "failed"
         # failed (not uncertain): a later attempt calls the provider again.
