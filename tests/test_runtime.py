@@ -734,3 +734,19 @@ def test_replies_that_are_not_a_replies_object_are_refused_at_compilation() -> N
     agent = dataclasses.replace(billing_agent(FakeProvider()), replies=object())  # type: ignore[arg-type]
     with pytest.raises(CompilationError, match="replies must be a Replies"):
         Kernel(agent, InMemoryDurability())
+
+
+async def test_the_default_confirmation_prompt_is_a_question_without_python_reprs() -> None:
+    @capability("orders.refund", effect="write", description="Refund an order in full")
+    async def refund(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        return CapabilityResult()
+
+    script = {
+        "refund": Interpretation([Intent("orders.refund", {"order_id": "o_1", "lines": [1, 2]})]),
+        "bare": Interpretation([Intent("orders.refund", {})]),
+    }
+    kernel, _ = _kernel(refund, script=script)
+    asked = await kernel.turn("t", "1", "refund")
+    assert asked.reply == "Refund an order in full (order_id: o_1, lines: [1,2])? Reply yes or no."
+    bare = await kernel.turn("t", "2", "bare")
+    assert bare.reply == "Refund an order in full? Reply yes or no."
