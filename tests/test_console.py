@@ -151,7 +151,7 @@ def test_rejecting_the_pending_confirmation_cancels_it_and_charges_nothing(
     expect(page.locator("#steps .badge.rejected")).to_have_text("rejected")
     expect(page.locator("#steps")).to_contain_text("payments.charge")
     expect(page.locator("#confirmation")).to_be_hidden()
-    expect(page.locator("#messages")).to_contain_text("Cancelled. (Charge $125.00")
+    expect(page.locator("#messages")).to_contain_text("Cancelled: nothing was done.")
     expect(page.locator("#version")).to_have_text("· v2")
 
     thread = httpx.get(f"{host.url}/v1/threads/{THREAD}", timeout=30).json()

@@ -66,6 +66,7 @@ from intention_kernel.interpretation import (
     RuleInterpreter,
 )
 from intention_kernel.kernel import Kernel
+from intention_kernel.replies import Replies
 from intention_kernel.turns import (
     OutboxEvent,
     StepResult,
@@ -129,6 +130,7 @@ __all__ = [
     "ReceiptStatus",
     "RecordedDurability",
     "Recorder",
+    "Replies",
     "Resolution",
     "Rule",
     "RuleInterpreter",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pydantic
 
-from intention_kernel._json import MAX_NESTING, normalize, too_deep
+from intention_kernel._json import MAX_NESTING, dump_value, normalize, too_deep
 from intention_kernel.errors import InvalidInputError
 from intention_kernel.facts import Fact, FactRecord, FactTable
 
@@ -257,9 +257,12 @@ class Capability:
             return self.prompt(parsed)
         if isinstance(self.prompt, str):
             return self.prompt.format(**canonical)
-        args = ", ".join(f"{k}={v!r}" for k, v in canonical.items())
+        # For a person: text as it is, other values as JSON, never Python reprs.
+        args = ", ".join(
+            f"{k}: {v if isinstance(v, str) else dump_value(v)}" for k, v in canonical.items()
+        )
         what = self.description or self.id
-        return f"Confirm: {what} ({args})?"
+        return f"{what} ({args})? Reply yes or no." if args else f"{what}? Reply yes or no."
 
     async def __call__(self, input: Any, ctx: CapabilityContext) -> Any:
         return await self.handler(input, ctx)

@@ -20,7 +20,9 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
 
 import typer
-from rich.console import Console
+from rich.text import Text
+
+from intention_kernel.cli._render import console
 
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
@@ -85,7 +87,7 @@ AgentOption = Annotated[
     ),
 ]
 
-stderr = Console(stderr=True)
+stderr = console(stderr=True)
 
 
 @contextlib.contextmanager
@@ -202,7 +204,7 @@ def sqlite_path(value: str) -> str:
 
 def refuse(message: str, code: int = EXIT_REFUSED) -> NoReturn:
     """Print ``message`` on stderr and exit non-zero."""
-    stderr.print(f"[bold red]refused:[/] {message}", highlight=False)
+    stderr.print(Text.assemble(("refused:", "bold red"), " ", message))
     raise typer.Exit(code)
 
 

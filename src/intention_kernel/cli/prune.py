@@ -20,7 +20,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from intention_kernel.cli._common import (
     DbOption,
@@ -29,6 +28,8 @@ from intention_kernel.cli._common import (
     refuse,
     resolve_db_url,
 )
+from intention_kernel.cli._help import Command
+from intention_kernel.cli._render import console
 from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.errors import KernelError
 from intention_kernel.operations import PruneReport
@@ -55,7 +56,7 @@ def parse_duration(text: str) -> timedelta:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("prune")(prune)
+    app.command("prune", cls=Command)(prune)
 
 
 def prune(
@@ -66,7 +67,9 @@ def prune(
         ),
     ],
     db: DbOption = None,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Rows per transaction")] = 1000,
+    batch: Annotated[
+        int, typer.Option("--batch", metavar="N", min=1, help="Rows per transaction")
+    ] = 1000,
 ) -> None:
     """Delete published events and old turn results; committed turn IDs are kept."""
     try:
@@ -85,8 +88,7 @@ def prune(
         report = asyncio.run(go())
     except (KernelError, ValueError) as exc:
         fail(exc)
-    Console().print(
+    console().print(
         f"pruned {report.events} published event(s) and {report.turns} turn result(s) "
-        f"created before {report.cutoff.isoformat(timespec='seconds')}",
-        highlight=False,
+        f"created before {report.cutoff.isoformat(timespec='seconds')}"
     )

@@ -50,6 +50,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.text import Text
 
 from intention_kernel.cli._common import (
     AgentOption,
@@ -61,6 +62,7 @@ from intention_kernel.cli._common import (
     resolve_db_url,
     stderr,
 )
+from intention_kernel.cli._help import Command
 
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
@@ -102,14 +104,18 @@ def loop_runner(loop: Loop) -> Callable[[Coroutine[Any, Any, None]], None]:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    app.command("serve", cls=Command)(serve)
 
 
 def serve(
     agent: AgentOption,
     db: DbOption = None,
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port")] = 8000,
-    host: Annotated[str, typer.Option("--host", help="Interface to listen on")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", metavar="PORT", min=0, max=65535, help="TCP port")
+    ] = 8000,
+    host: Annotated[
+        str, typer.Option("--host", metavar="HOST", help="Interface to listen on")
+    ] = "127.0.0.1",
     token: Annotated[
         list[str] | None,
         typer.Option(
@@ -154,6 +160,7 @@ def serve(
         Loop,
         typer.Option(
             "--loop",
+            metavar="auto|asyncio|uvloop",
             case_sensitive=False,
             help="The event loop: uvloop where installed (auto), or asyncio's",
         ),
@@ -301,10 +308,12 @@ async def _serve(
         names = ", ".join(["loopback", *hosts])
         loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
         stderr.print(
-            f"serving [bold]{agent.name}[/] v{agent.version} ({kernel.fingerprint}) from {url} "
-            f"on http://{host}:{port} · {auth} · answers Host {names} · {loop} event loop · "
-            "console at /console",
-            highlight=False,
+            Text.assemble(
+                "serving ",
+                (agent.name, "bold"),
+                f" v{agent.version} ({kernel.fingerprint}) from {url} on http://{host}:{port}"
+                f" · {auth} · answers Host {names} · {loop} event loop · console at /console",
+            )
         )
         config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="info")
         await uvicorn.Server(config).serve()

@@ -106,9 +106,9 @@ async def _execute(
     except EffectUncertainError as exc:
         result = step.finish(StepStatus.UNCERTAIN, error=_describe(exc))
     except (EffectNotAppliedError, CapabilityError) as exc:
-        result = step.finish(StepStatus.FAILED, error=_describe(exc))
+        result = step.finish(StepStatus.FAILED, error=_describe(exc), cause=exc)
     except Exception as exc:
-        result = step.finish(StepStatus.FAILED, error=_describe(exc))
+        result = step.finish(StepStatus.FAILED, error=_describe(exc), cause=exc)
     else:
         result = step.complete(raw)
     task = asyncio.current_task()
@@ -258,8 +258,15 @@ class _Step:
     # -- outcomes -----------------------------------------------------------------------------
 
     def finish(
-        self, status: StepStatus, *, value: Any = None, error: str | None = None
+        self,
+        status: StepStatus,
+        *,
+        value: Any = None,
+        error: str | None = None,
+        cause: BaseException | None = None,
     ) -> StepResult:
+        """Record the step. The reply line is the person's (``Agent.replies``); the
+        technical detail goes to ``error`` only. ``cause`` is what made a step fail."""
         step = StepResult(
             step_id=self.item.step_id,
             capability_id=self.cap.id,
@@ -271,13 +278,12 @@ class _Step:
         state = self.state
         state.steps.append(step)
         self.flush_effect_events()
+        replies = state.agent.agent.replies
         if status is StepStatus.FAILED:
-            state.replies.append(f"Could not complete {self.cap.id}: {error}")
+            failure = cause if cause is not None else CapabilityError(error or "failed")
+            state.replies.append(replies.failed(self.cap, step, failure))
         elif status is StepStatus.UNCERTAIN:
-            state.replies.append(
-                f"{self.cap.description or self.cap.id} may or may not have taken effect, so "
-                "it will not be retried until someone checks it."
-            )
+            state.replies.append(replies.uncertain(self.cap, step))
         return step
 
     def flush_effect_events(self) -> None:
@@ -333,10 +339,8 @@ class _Step:
         step = self.finish(StepStatus.COMPLETED, value=value)
         if result.reply is not None:
             state.replies.append(result.reply)
-        elif value is not None:
-            state.replies.append(f"{cap.description or cap.id}: {dump_value(value)}")
         else:
-            state.replies.append(f"Done: {cap.description or cap.id}.")
+            state.replies.append(state.agent.agent.replies.done(cap, value))
         return step
 
     def _records(self, result: CapabilityResult) -> list[FactRecord]:

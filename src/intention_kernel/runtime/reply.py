@@ -9,14 +9,12 @@ from intention_kernel.turns import TurnCommit, TurnResult
 
 __all__ = ["finish"]
 
-FALLBACK_REPLY = "Sorry, I could not find anything to do for that."
-
 
 def finish(state: TurnState, interpretation: Interpretation) -> TurnCommit:
     lines = [interpretation.reply] if interpretation.reply else []
     lines.extend(state.replies)
-    reply = "\n".join(lines) if lines else FALLBACK_REPLY
     scope, request, agent = state.scope, state.request, state.agent.agent
+    reply = "\n".join(lines) if lines else agent.replies.nothing_to_do()
     messages = list(state.previous.messages) if state.previous else []
     if request.message is not None:
         messages.append(Message("user", request.message, scope.turn_id))
