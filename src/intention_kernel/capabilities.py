@@ -249,7 +249,14 @@ class Capability:
                 capability_id=self.id,
                 errors=[dict(e) for e in exc.errors(include_url=False)],
             ) from exc
-        return model, model.model_dump(mode="json")
+        try:
+            # A field may hold what no store can read back (an integer too long, say).
+            canonical = normalize(model.model_dump(mode="json"))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(
+                f"invalid input for {self.id}: {exc}", capability_id=self.id
+            ) from exc
+        return model, canonical
 
     def render_prompt(self, parsed: Any, canonical: dict[str, Any]) -> str:
         """The confirmation prompt shown before this write runs."""

@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 from intention_kernel import _faults, _tracing
-from intention_kernel._json import dump_value, load_value, normalize
+from intention_kernel._json import dump_value, load_value, normalize, storable_text, text_problem
 from intention_kernel.checkpoint import (
     CoreEncoder,
     KernelCheckpoint,
@@ -484,6 +484,18 @@ class _Transaction:
             )
         if not isinstance(key, str) or not key:
             raise EffectUsageError("an effect key must be a non-empty string", key=str(key))
+        problem = text_problem(key) or (
+            "it is not a non-empty string"
+            if not isinstance(step_id, str) or not step_id
+            else text_problem(step_id)
+        )
+        if problem is not None:  # both are stored in text columns of their own
+            raise EffectUsageError(
+                f"effect {key!r} (step {step_id!r}) cannot be recorded: {problem}",
+                key=key,
+                thread_id=self._scope.thread_id,
+                turn_id=self._scope.turn_id,
+            )
         if key in self._inflight:
             # A second concurrent call would read the first one's live `prepared`
             # receipt and mark it uncertain; refuse it instead.
@@ -999,6 +1011,9 @@ def _resolution_request(
     """Check what ``resolve_receipt`` was asked to store; the value as it will be stored."""
     if not isinstance(key, str) or not key:
         raise InvalidRequestError(f"key must be a non-empty string, got {key!r}")
+    problem = text_problem(key)
+    if problem is not None:  # no receipt can have it, and PostgreSQL cannot even look it up
+        raise InvalidRequestError(f"key {key!r} cannot name a receipt: {problem}", key=key)
     if not isinstance(applied, bool):
         raise InvalidRequestError(f"applied must be True or False, got {applied!r}")
     for name, text in (("note", note), ("actor", actor)):
@@ -1041,9 +1056,9 @@ def _changed_facts(
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    if not text.isascii():  # stored as text: escape what UTF-8 cannot encode (a lone surrogate)
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    # A receipt's error is stored as text: NUL (which PostgreSQL text cannot hold) and
+    # lone surrogates (which UTF-8 cannot encode) are escaped, the same on every store.
+    text = storable_text(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

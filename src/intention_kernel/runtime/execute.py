@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from intention_kernel import _tracing
-from intention_kernel._json import dump_value, normalize
+from intention_kernel._json import dump_value, normalize, storable_text, text_problem
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
 from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
@@ -214,8 +214,13 @@ class _Step:
                 f"'{namespace}.'; capabilities emit in a namespace of their own (such as "
                 f"'{self.cap.id.split('.', 1)[0]}.')"
             )
+        problem = text_problem(type)
+        if problem is not None:  # stored in a text column of its own, not as JSON
+            raise EffectUsageError(
+                f"{self.cap.id}: event type {type!r} cannot be stored: {problem}"
+            )
         try:
-            dump_value([type, payload])  # the type too: no store can hold a lone surrogate
+            payload = normalize(payload)
         except (TypeError, ValueError) as exc:
             raise EffectUsageError(
                 f"{self.cap.id}: payload of event {type!r} is not JSON-serializable: {exc}"
@@ -347,6 +352,11 @@ class _Step:
         for fact in result.facts:
             if not isinstance(fact.key, str) or not fact.key:
                 raise CapabilityError(f"{self.cap.id}: a fact key must be a non-empty string")
+            problem = text_problem(fact.key)
+            if problem is not None:  # a fact's row is keyed by it, in a text column
+                raise CapabilityError(
+                    f"{self.cap.id}: fact key {fact.key!r} cannot be stored: {problem}"
+                )
             try:
                 fact_value = normalize(fact.value)
             except (TypeError, ValueError) as exc:
@@ -402,7 +412,5 @@ def _log_failure(exc: BaseException, receipt: Receipt, capability_id: str) -> No
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    if not text.isascii():  # stored as text: escape what UTF-8 cannot encode (a lone surrogate)
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = storable_text(str(exc))  # NUL and lone surrogates escaped, as in a receipt's error
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

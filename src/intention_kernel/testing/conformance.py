@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Protocol
 import pytest
 
 from intention_kernel import checkpoint as checkpoint_codec
+from intention_kernel._json import MAX_INT_DIGITS
 from intention_kernel.agent import Agent
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult, capability
 from intention_kernel.checkpoint import (
@@ -54,7 +55,7 @@ from intention_kernel.errors import (
     TenantMismatchError,
     TurnConflictError,
 )
-from intention_kernel.facts import FactRecord
+from intention_kernel.facts import Fact, FactRecord
 from intention_kernel.interpretation import Answer, Intent, Interpretation
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing import faults
@@ -1118,6 +1119,139 @@ class DurabilityConformance:
         assert await durability.list_receipts(thread_id="a", tenant_id="globex") == []
 
     # =========================================================================================
+    # Values and names no store can hold or read back
+    # =========================================================================================
+
+    async def test_an_integer_no_store_can_read_back_is_refused_where_it_enters(
+        self, durability: Durability, make_durability: Callable[[], Durability]
+    ) -> None:
+        """An integer longer than Python (and pydantic) parse from JSON would commit and
+        then make its thread unreadable: it is refused where any unstorable value is, a
+        failed step (an uncertain one for a provider's value, which was applied), the
+        same on every store. The longest integer allowed reads back after a reopen."""
+        too_long: int = 10**MAX_INT_DIGITS
+        longest: int = 1 - too_long  # MAX_INT_DIGITS nines, negative
+        provider_calls: list[str] = []
+
+        @capability("edges.fact")
+        async def fact(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            return CapabilityResult(facts=[Fact("n", too_long)])
+
+        @capability("edges.value")
+        async def value(input: dict[str, Any], ctx: CapabilityContext) -> int:
+            return too_long
+
+        @capability("edges.emit")
+        async def emit(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            ctx.emit("edges.big", {"n": [too_long]})
+
+        @capability("edges.charge", effect="write", confirmation="capability")
+        async def charge(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            def provider(authority: EffectAuthority) -> dict[str, int]:
+                provider_calls.append(authority.key)
+                return {"n": too_long}
+
+            await ctx.run_effect("k", provider)
+
+        @capability("edges.longest")
+        async def keep(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            return CapabilityResult(value=longest, facts=[Fact("n", {"n": (longest,)})])
+
+        kernel = _edges_kernel(durability, fact, value, emit, charge, keep)
+        for name in ("edges.fact", "edges.value", "edges.emit"):
+            [step] = (await kernel.turn(name, "1", name)).steps
+            assert step.status == StepStatus.FAILED and "digits" in (step.error or ""), name
+        [step] = (await kernel.turn("edges.charge", "1", "edges.charge")).steps
+        assert step.status == StepStatus.UNCERTAIN and "digits" in (step.error or "")
+        [receipt] = await durability.list_receipts(thread_id="edges.charge")
+        assert receipt.status == "uncertain" and "digits" in (receipt.error or "")
+        assert provider_calls == ["edges.charge:k"]  # applied, and never called again
+        with pytest.raises(InvalidRequestError):
+            await kernel.turn("edges.value", "2", answer=Answer(value=too_long))
+        with pytest.raises(InvalidRequestError, match="digits"):
+            await durability.resolve_receipt(
+                "edges.charge", "edges.charge:k", applied=True, value=too_long
+            )
+        kept = await kernel.turn("edges.longest", "1", "edges.longest")
+        assert kept.steps[0].value == longest
+        async with make_durability() as reopened:
+            again = _edges_kernel(reopened, fact, value, emit, charge, keep)
+            for name in ("edges.fact", "edges.value", "edges.emit", "edges.charge"):
+                assert (await again.turn(name, "1", name)).replayed
+                assert (await again.turn(name, "later", "nothing")).checkpoint_version == 2
+            assert (await again.turn("edges.longest", "1", "edges.longest")).replayed
+            checkpoint = await reopened.load_checkpoint("edges.longest")
+            assert checkpoint is not None
+            assert checkpoint.facts["n"].value == {"n": [longest]}
+        assert provider_calls == ["edges.charge:k"]
+
+    async def test_nul_in_a_key_or_an_event_type_is_refused_and_in_error_text_escaped(
+        self, durability: Durability, make_durability: Callable[[], Durability]
+    ) -> None:
+        """PostgreSQL text cannot hold NUL: keys and event types holding one are refused
+        before anything is written (a failed step, not a store error answered "retry"
+        forever), and a provider's error text is stored with NUL escaped, on every
+        store alike."""
+        calls: list[str] = []
+
+        def provider(authority: EffectAuthority) -> None:
+            calls.append(authority.key)
+            raise TimeoutError("lost\x00reply")
+
+        @capability("edges.key", effect="write", confirmation="capability")
+        async def bad_key(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            await ctx.run_effect("a\x00b", provider)
+
+        @capability("edges.type")
+        async def bad_type(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            ctx.emit("edges.\x00", {"ok": "a\x00b in a payload is JSON, and fine"})
+
+        @capability("edges.fact")
+        async def bad_fact(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            return CapabilityResult(facts=[Fact("k\x00", 1)])
+
+        @capability("edges.error", effect="write", confirmation="capability")
+        async def error_text(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            await ctx.run_effect("k", provider)
+            raise AssertionError("unreachable")
+
+        @capability("edges.payload")
+        async def payload(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            ctx.emit("edges.nul", {"text": "a\x00b"})
+            return CapabilityResult(value="a\x00b", facts=[Fact("text", "a\x00b")])
+
+        kernel = _edges_kernel(durability, bad_key, bad_type, bad_fact, error_text, payload)
+        for name, error in (
+            ("edges.key", "EffectUsageError"),
+            ("edges.type", "EffectUsageError"),
+            ("edges.fact", "NUL"),
+        ):
+            [step] = (await kernel.turn(name, "1", name)).steps
+            assert step.status == StepStatus.FAILED, name
+            assert error in (step.error or "") and "NUL" in (step.error or ""), name
+            assert await durability.list_receipts(thread_id=name) == []
+        assert calls == []
+        [step] = (await kernel.turn("edges.error", "1", "edges.error")).steps
+        assert step.status == StepStatus.UNCERTAIN
+        [receipt] = await durability.list_receipts(thread_id="edges.error")
+        assert receipt.error == "TimeoutError: lost\\x00reply"
+        result = await kernel.turn("edges.payload", "1", "edges.payload")
+        assert result.steps[0].value == "a\x00b"  # inside JSON values, NUL is kept
+        with pytest.raises(InvalidRequestError, match="NUL"):
+            await durability.resolve_receipt("edges.error", "edges.error:\x00", applied=False)
+        async with make_durability() as reopened:
+            [again] = await reopened.list_receipts(thread_id="edges.error")
+            assert again.error == receipt.error
+            checkpoint = await reopened.load_checkpoint("edges.payload")
+            assert checkpoint is not None and checkpoint.facts["text"].value == "a\x00b"
+        [nul] = [
+            e
+            for e in await durability.read_outbox(thread_id="edges.payload")
+            if e.type == "edges.nul"
+        ]
+        assert nul.payload == {"text": "a\x00b"}
+
+    # =========================================================================================
     # Outbox
     # =========================================================================================
 
@@ -1204,6 +1338,25 @@ class DurabilityConformance:
         await kernel.turn("t", "after", "balance 9")  # the runtime continues from them
         assert await durability.load_checkpoint("t") == committed[-1]
         assert [m.content for m in committed[-1].messages][:1] == ["by hand"]
+
+
+def _edges_kernel(durability: Durability, *capabilities: Any) -> Kernel:
+    """A kernel whose interpreter runs the capability a message names (with no input),
+    and nothing for any other message."""
+    ids = {c.id for c in capabilities}
+
+    def interpret(request: Any) -> Interpretation:
+        if request.message in ids:
+            return Interpretation([Intent(request.message, {})])
+        return Interpretation([])
+
+    agent = Agent(
+        name="edges",
+        version="1",
+        capabilities=list(capabilities),
+        interpreter=ScriptedInterpreter(interpret),
+    )
+    return Kernel(agent, durability)
 
 
 class _Crash(Exception):
