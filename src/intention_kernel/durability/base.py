@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -447,6 +448,7 @@ class _Transaction:
     __slots__ = (
         "_checkpoint",
         "_closed",
+        "_idle",
         "_inflight",
         "_owner",
         "_receipt_turns",
@@ -460,7 +462,9 @@ class _Transaction:
         self._owner = owner
         self._scope = scope
         self._checkpoint = checkpoint
-        self._inflight: set[str] = set()
+        # The effect calls still running, by key, with the task running each.
+        self._inflight: dict[str, asyncio.Task[Any] | None] = {}
+        self._idle: asyncio.Event | None = None  # made by ``settle`` only when it must wait
         self._closed = False
         # A receipt of another tenant was found: the turn must not commit, even if the
         # operation caught the error (a capability's ``except Exception``, or the runtime
@@ -505,7 +509,7 @@ class _Transaction:
                 thread_id=self._scope.thread_id,
                 turn_id=self._scope.turn_id,
             )
-        self._inflight.add(key)
+        self._inflight[key] = asyncio.current_task()
         try:
             result = await self._owner._run_effect(self._scope, key, fn, step_id)
             self._receipt_turns[result.receipt.key] = result.receipt.turn_id
@@ -514,7 +518,44 @@ class _Transaction:
             self._refused = exc
             raise
         finally:
-            self._inflight.discard(key)
+            del self._inflight[key]
+            if not self._inflight and self._idle is not None:
+                self._idle.set()
+
+    async def settle(self, *, cancel: bool) -> None:
+        """Close the transaction to new effect calls and wait until every call still
+        running (in a task the operation left behind) has recorded its outcome; with
+        ``cancel``, cancel them first (each then records ``uncertain``).
+
+        Called before the turn leaves the thread's lock. Without it, a call that outlived
+        its operation would leave its receipt ``prepared`` under a free lock while its
+        provider call still runs: the next holder (a turn, or an operator resolving it as
+        not applied) would take a live attempt for a dead one.
+        """
+        self._closed = True
+        if not self._inflight:
+            return
+        if cancel:
+            self._cancel_inflight()
+        idle = self._idle = asyncio.Event()
+        interrupted = False
+        while self._inflight:
+            try:
+                await idle.wait()
+            except asyncio.CancelledError:
+                # The receipts first, then the cancellation: the calls are cancelled too,
+                # so that the wait ends as soon as each has recorded ``uncertain``.
+                if not interrupted and not cancel:
+                    self._cancel_inflight()
+                interrupted = True
+        if interrupted:
+            raise asyncio.CancelledError
+
+    def _cancel_inflight(self) -> None:
+        current = asyncio.current_task()
+        for task in self._inflight.values():
+            if task is not None and task is not current:
+                task.cancel()
 
 
 class RecordedDurability:
@@ -622,8 +663,10 @@ class RecordedDurability:
             tx = _Transaction(self, scope, checkpoint)
             try:
                 commit = await operation(tx)
-            finally:
-                tx._closed = True
+            except BaseException:
+                await tx.settle(cancel=True)
+                raise
+            await tx.settle(cancel=False)
             if tx._refused is not None:
                 raise TenantMismatchError(
                     f"turn {scope.turn_id!r} met a receipt of another tenant on thread "
@@ -845,10 +888,14 @@ class RecordedDurability:
         if _faults.armed:
             _faults.reach(_faults.AFTER_RECEIPT_PREPARED)
         authority = EffectAuthority(key, key, prepared.id, prepared.attempt)
+        cancelled_after_return = False
         try:
-            value = fn(authority)
-            if inspect.isawaitable(value):
-                value = await value
+            if _is_async(fn):
+                value = await fn(authority)
+            else:
+                value, cancelled_after_return = await _call_in_thread(fn, authority)
+                if inspect.isawaitable(value):  # a sync function (a lambda) wrapping a coroutine
+                    value = await value
         except EffectNotAppliedError as exc:
             failed = settle(prepared, "failed", now=utcnow(), error=_describe(exc))
             await self._settle(recorder.write_receipt(failed, prepared))
@@ -892,6 +939,8 @@ class RecordedDurability:
             ) from exc
         completed = settle(prepared, "completed", now=utcnow(), value=stored)
         await self._settle(recorder.write_receipt(completed, prepared))
+        if cancelled_after_return:
+            raise asyncio.CancelledError  # delivered now that the outcome is recorded
         if _faults.armed:
             _faults.reach(_faults.AFTER_RECEIPT_COMPLETED)
         return EffectResult(stored, completed)
@@ -1060,6 +1109,57 @@ def _describe(exc: BaseException) -> str:
     # lone surrogates (which UTF-8 cannot encode) are escaped, the same on every store.
     text = storable_text(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_async(fn: EffectFn) -> bool:
+    """Whether ``fn`` is an async function (or an object with an async ``__call__``):
+    it runs on the event loop. Anything else may block, so it runs in a thread."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = type(fn).__call__  # a function's is a slot wrapper, never a coroutine function
+    return inspect.iscoroutinefunction(call)
+
+
+class _ThreadCall:
+    """A sync effect function's call in a worker thread, and whether it returned."""
+
+    __slots__ = ("returned", "value")
+
+    def __init__(self) -> None:
+        self.returned = False
+        self.value: Any = None
+
+    def __call__(self, fn: EffectFn, authority: EffectAuthority) -> Any:
+        value = fn(authority)
+        self.value, self.returned = value, True  # ``value`` first: a reader checks ``returned``
+        return value
+
+
+async def _call_in_thread(fn: EffectFn, authority: EffectAuthority) -> tuple[Any, bool]:
+    """Call a sync effect function in the loop's default executor, in a copy of the
+    caller's context (as ``asyncio.to_thread`` does), and return its value and whether
+    the caller was cancelled after it returned.
+
+    A blocking provider SDK would otherwise stall every turn of the process. A
+    cancellation while the call runs raises at once and the thread runs on unheard:
+    the receipt becomes ``uncertain`` (whatever the call does later, it is never
+    recorded, so never ``failed``). One that lands after the call returned, before the
+    loop took its value, must not throw a known outcome away: the value is returned, and
+    the caller records it before it lets the cancellation through. A call still queued
+    for a thread is cancelled with the future and never starts.
+    """
+    call = _ThreadCall()
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    try:
+        return await loop.run_in_executor(None, context.run, call, fn, authority), False
+    except asyncio.CancelledError:
+        value = call.value
+        if not call.returned or inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never started: nothing ran, and no "never awaited" warning
+            raise
+        return value, True
 
 
 async def _awaited(write: Any) -> None:

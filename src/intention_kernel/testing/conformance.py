@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import math
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, Protocol
@@ -47,7 +49,9 @@ from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
     CorruptRecordError,
+    EffectNotAppliedError,
     EffectUncertainError,
+    EffectUsageError,
     InvalidRequestError,
     KernelError,
     ReceiptNotFoundError,
@@ -1117,6 +1121,182 @@ class DurabilityConformance:
             for r in await durability.list_receipts(status="completed", tenant_id="globex")
         ] == ["b"]
         assert await durability.list_receipts(thread_id="a", tenant_id="globex") == []
+
+    # =========================================================================================
+    # Effect calls that outlive their step, and sync provider calls
+    # =========================================================================================
+
+    async def test_writes_gathered_in_one_step_are_each_announced_even_when_one_fails(
+        self, durability: Durability
+    ) -> None:
+        """One call of a gathered pair fails while the other is still in its provider
+        call: the step waits for it, so the write it applied is announced with the step
+        (the step's events were flushed before it ended, and it never was)."""
+        other_running, handler_ended = asyncio.Event(), asyncio.Event()
+
+        async def applied(authority: EffectAuthority) -> dict[str, str]:
+            other_running.set()
+            await handler_ended.wait()  # still running when the handler gives up
+            return {"charged": authority.key}
+
+        async def declined(authority: EffectAuthority) -> None:
+            await other_running.wait()
+            raise EffectNotAppliedError("declined")
+
+        @capability("edges.pair", effect="write", confirmation="capability")
+        async def pair(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            try:
+                await asyncio.gather(ctx.run_effect("a", applied), ctx.run_effect("b", declined))
+            finally:
+                handler_ended.set()
+
+        result = await _edges_kernel(durability, pair).turn("t", "1", "edges.pair")
+        [step] = result.steps
+        assert step.status == StepStatus.FAILED and "declined" in (step.error or "")
+        receipts = {r.key: r for r in await durability.list_receipts(thread_id="t")}
+        applied_receipt = receipts["edges.pair:a"]
+        assert (applied_receipt.status, applied_receipt.announced) == ("completed", True)
+        assert receipts["edges.pair:b"].status == "failed"
+        effects = [
+            (e.type, e.payload["key"])
+            for e in await durability.read_outbox(thread_id="t")
+            if e.type.startswith("effect.")
+        ]
+        assert sorted(effects) == [
+            ("effect.completed", "edges.pair:a"),
+            ("effect.failed", "edges.pair:b"),
+        ]
+        assert applied_receipt.id in step.receipt_ids
+
+    async def test_an_effect_left_behind_by_its_step_is_refused_before_the_provider_is_called(
+        self, durability: Durability
+    ) -> None:
+        """A call from a task the capability did not await would be applied with nothing
+        left to announce it: it is refused before its receipt is prepared, and so is an
+        event emitted after the step ended."""
+        calls: list[str] = []
+        left_behind: list[asyncio.Task[Any]] = []
+
+        async def provider(authority: EffectAuthority) -> str:
+            calls.append(authority.key)
+            return "applied"
+
+        async def late(ctx: CapabilityContext) -> None:
+            await asyncio.sleep(0)
+            with pytest.raises(EffectUsageError, match="after step"):
+                ctx.emit("edges.late", {})
+            await ctx.run_effect("late", provider)
+
+        @capability("edges.background", effect="write", confirmation="capability")
+        async def background(input: dict[str, Any], ctx: CapabilityContext) -> str:
+            left_behind.append(asyncio.create_task(late(ctx)))
+            return "returned at once"
+
+        result = await _edges_kernel(durability, background).turn("t", "1", "edges.background")
+        assert result.steps[0].status == StepStatus.COMPLETED
+        with pytest.raises(EffectUsageError, match="after step"):
+            await left_behind[0]
+        assert calls == [] and await durability.list_receipts(thread_id="t") == []
+        types = [e.type for e in await durability.read_outbox(thread_id="t")]
+        assert not any(t.startswith("effect.") or t == "edges.late" for t in types)
+
+    async def test_a_turn_keeps_its_lock_until_every_effect_it_started_has_ended(
+        self, durability: Durability
+    ) -> None:
+        """An operation that fails while an effect it started still runs (in a task of
+        its own) does not leave that receipt ``prepared`` under a free lock, where the
+        next holder would take it for a dead attempt's: the call is cancelled, and its
+        receipt is ``uncertain`` by the time ``with_turn`` raises."""
+        entered = asyncio.Event()
+        left_behind: list[asyncio.Task[Any]] = []
+
+        async def provider(authority: EffectAuthority) -> str:
+            entered.set()
+            await asyncio.Event().wait()  # a provider call that has not answered
+            raise AssertionError("unreachable")
+
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            left_behind.append(asyncio.create_task(tx.run_effect("k", provider, step_id="s")))
+            await entered.wait()
+            raise _Crash
+
+        with pytest.raises(_Crash):
+            await durability.with_turn(TurnScope("t", "1"), operation)
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "uncertain" and "CancelledError" in (receipt.error or "")
+        with pytest.raises(EffectUncertainError):
+            await left_behind[0]
+
+    async def test_a_sync_effect_function_runs_off_the_event_loop(
+        self, durability: Durability
+    ) -> None:
+        """A sync provider SDK blocks its own turn only: while one turn's sync call waits,
+        a turn on another thread completes. The call sees the caller's context."""
+        request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+        entered, release = threading.Event(), threading.Event()
+        seen: list[tuple[str, bool]] = []
+
+        def blocking(authority: EffectAuthority) -> dict[str, str]:
+            entered.set()
+            released = release.wait(30)  # a bound, so that a blocked loop fails, not hangs
+            seen.append((request_id.get("unset"), released))
+            return {"charged": authority.key}
+
+        @capability("edges.sync", effect="write", confirmation="capability")
+        async def sync_write(input: dict[str, Any], ctx: CapabilityContext) -> Any:
+            request_id.set(f"req-{ctx.turn_id}")
+            return (await ctx.run_effect("k", blocking)).value
+
+        @capability("edges.read")
+        async def read(input: dict[str, Any], ctx: CapabilityContext) -> str:
+            return "read"
+
+        kernel = _edges_kernel(durability, sync_write, read)
+        blocked = asyncio.create_task(kernel.turn("a", "1", "edges.sync"))
+        assert await asyncio.to_thread(entered.wait, 30)
+        other = await kernel.turn("b", "1", "edges.read")
+        finished_meanwhile = not release.is_set() and not blocked.done()
+        release.set()
+        result = await blocked
+        assert other.steps[0].status == StepStatus.COMPLETED and finished_meanwhile
+        assert result.steps[0].status == StepStatus.COMPLETED
+        assert result.steps[0].value == {"charged": "edges.sync:k"}
+        assert seen == [("req-1", True)]
+
+    async def test_a_cancelled_turn_whose_sync_provider_call_still_runs_records_uncertain(
+        self, durability: Durability
+    ) -> None:
+        """The turn is cancelled while its sync provider call runs in its thread: the
+        receipt is ``uncertain`` at once, and stays so whatever the call does later
+        (here it proves nothing was applied, too late to be believed)."""
+        entered, release, ended = threading.Event(), threading.Event(), threading.Event()
+
+        def blocking(authority: EffectAuthority) -> None:
+            entered.set()
+            try:
+                release.wait(30)
+                raise EffectNotAppliedError("declined, after the turn was cancelled")
+            finally:
+                ended.set()
+
+        @capability("edges.sync", effect="write", confirmation="capability")
+        async def sync_write(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            await ctx.run_effect("k", blocking)
+
+        kernel = _edges_kernel(durability, sync_write)
+        running = asyncio.create_task(kernel.turn("t", "1", "edges.sync"))
+        assert await asyncio.to_thread(entered.wait, 30)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "uncertain" and not ended.is_set()
+        release.set()
+        assert await asyncio.to_thread(ended.wait, 30)
+        await asyncio.sleep(0.01)  # let anything the finished thread scheduled run
+        [after] = await durability.list_receipts(thread_id="t")
+        assert after.status == "uncertain"
+        assert await durability.load_checkpoint("t") is None
 
     # =========================================================================================
     # Values and names no store can hold or read back
