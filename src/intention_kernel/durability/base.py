@@ -284,6 +284,12 @@ class Recorder(Protocol):
     even when the calling task is cancelled (it never suspends, or waits for its own
     hop before letting the cancellation through), may say so with a true
     ``finishes_writes_when_cancelled``; otherwise each write runs in a task of its own.
+
+    A recorder whose thread lock can be lost while the process that took it lives on
+    (a database session that dies while the turn's provider call still runs) must say
+    so with a true ``attempts_outlive_lock``: a ``prepared`` receipt found under its
+    lock may then belong to a live attempt, and is not resolvable as not applied (see
+    :func:`~intention_kernel.effects.resolve`).
     """
 
     async def open(self) -> None:
@@ -1006,6 +1012,7 @@ class RecordedDurability:
         recorder = await self._ready()
         check_id("thread_id", thread_id)
         stored_value = _resolution_request(key, applied, value, note, actor)
+        attempts_outlive_lock: bool = getattr(recorder, "attempts_outlive_lock", False)
 
         def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
             if existing is None:
@@ -1015,7 +1022,13 @@ class RecordedDurability:
                     key=key,
                 )
             resolved = resolve(
-                existing, applied=applied, value=stored_value, note=note, actor=actor, now=utcnow()
+                existing,
+                applied=applied,
+                value=stored_value,
+                note=note,
+                actor=actor,
+                now=utcnow(),
+                attempt_may_run=attempts_outlive_lock,
             )
             event = EventDraft(
                 "receipt.resolved",
