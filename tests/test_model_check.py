@@ -550,6 +550,17 @@ class ConversationMachine(RuleBasedStateMachine):
         self.resolve(name, key, applied=applied)
 
     def resolve(self, name: str, key: str, *, applied: bool) -> None:
+        receipt = self.threads[name].receipts[key]
+        store = self.harness.store
+        if not applied and receipt.status == "prepared" and store and store.kind == "postgres":
+            # A PostgreSQL lock dies with its session while the worker may live on: a
+            # prepared receipt may be a live attempt's, never resolvable as not applied.
+            self.met("reconcile", "not applied refused: prepared on PostgreSQL")
+            with pytest.raises(ReceiptStateError, match="may still be running"):
+                self.harness.run(
+                    self.durability.resolve_receipt(self.tid(name), key, applied=False)
+                )
+            return
         self.met("reconcile", "applied" if applied else "not applied")
         value = {"charge_id": "ch_found_by_ops", "amount": 1} if applied else None
         resolved = self.harness.run(

@@ -48,6 +48,7 @@ from intention_kernel.errors import (
     CorruptRecordError,
     EffectUncertainError,
     FencedCommitError,
+    ReceiptStateError,
     StoreError,
     ThreadBusyError,
 )
@@ -885,6 +886,48 @@ async def test_an_outcome_recorded_late_never_overwrites_what_another_turn_decid
         assert calls == ["charge"]
         checkpoint = await durability.load_checkpoint("t")
         assert checkpoint is not None and checkpoint.version == 1  # the other turn's
+
+
+async def test_a_receipt_whose_attempt_may_still_run_cannot_be_resolved_as_not_applied(
+    store: Store,
+) -> None:
+    """The lock's session is killed while the provider call runs: the live ``prepared``
+    receipt now sits under a free lock, as a dead attempt's would. An operator (another
+    worker) is refused "not applied", which would let a retry call the provider a
+    second time; the live attempt then records its outcome and the retry replays it."""
+    calls: list[str] = []
+    killed, release = asyncio.Event(), asyncio.Event()
+
+    async def provider(authority: EffectAuthority) -> dict[str, bool]:
+        calls.append(authority.key)
+        if len(calls) == 1:
+            await asyncio.to_thread(kill_and_wait, store, "t")
+            killed.set()
+            await release.wait()  # still charging while the operator looks
+        return {"charged": True}
+
+    async def charge(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("charge", provider, step_id="s")
+        return commit_for(tx)
+
+    async with store.durability() as durability, store.durability() as operator:
+        running = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), charge))
+        await asyncio.wait_for(killed.wait(), 10)
+        [receipt] = await operator.list_receipts(thread_id="t")
+        assert receipt.status == "prepared"
+        with pytest.raises(ReceiptStateError, match="may still be running"):
+            await operator.resolve_receipt("t", "charge", applied=False, note="not seen yet")
+        [still] = await operator.list_receipts(thread_id="t")
+        assert (still.status, still.resolution) == ("prepared", None)
+        assert [e.type for e in await operator.read_outbox(thread_id="t")] == []
+        release.set()
+        with pytest.raises(StoreError):  # its lock is gone: the turn does not commit
+            await running
+        [receipt] = await operator.list_receipts(thread_id="t")
+        assert (receipt.status, receipt.value) == ("completed", {"charged": True})
+        retried = await durability.with_turn(TurnScope("t", "1"), charge)
+        assert (retried.replayed, retried.checkpoint_version) == (False, 1)
+    assert calls == ["charge"]
 
 
 async def retry_until_served(

@@ -184,7 +184,19 @@ class CapabilityContext:
         The stored key is ``"<capability_id>:<key>"``. A completed receipt for it
         returns the original value without calling ``fn``; an uncertain one
         raises ``EffectUncertainError``. ``fn`` receives an ``EffectAuthority``
-        and may be sync or async; its value must be JSON-serializable.
+        and may be sync or async; its value must be JSON that every store can read
+        back (no integer of more than 4,300 digits, say).
+
+        An async ``fn`` runs on the event loop. A sync one (a ``lambda`` included) runs
+        in a worker thread of the loop's default executor, in a copy of this context,
+        so that a blocking provider SDK holds up only this turn; an awaitable it
+        returns is awaited on the loop. If the turn is cancelled while a sync call
+        runs, the receipt is recorded ``uncertain`` at once (the thread cannot be
+        stopped, and what it does later is not recorded): give it ``signal.event``.
+
+        Await the call before the capability returns: a step ends when all of its
+        effect calls have ended, and a call made after that is refused with
+        ``EffectUsageError`` before ``fn`` is called (nothing could announce it).
         """
         return await self._run_effect(key, fn)
 
@@ -249,7 +261,14 @@ class Capability:
                 capability_id=self.id,
                 errors=[dict(e) for e in exc.errors(include_url=False)],
             ) from exc
-        return model, model.model_dump(mode="json")
+        try:
+            # A field may hold what no store can read back (an integer too long, say).
+            canonical = normalize(model.model_dump(mode="json"))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(
+                f"invalid input for {self.id}: {exc}", capability_id=self.id
+            ) from exc
+        return model, canonical
 
     def render_prompt(self, parsed: Any, canonical: dict[str, Any]) -> str:
         """The confirmation prompt shown before this write runs."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -34,7 +35,7 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 from intention_kernel import _faults, _tracing
-from intention_kernel._json import dump_value, load_value, normalize
+from intention_kernel._json import dump_value, load_value, normalize, storable_text, text_problem
 from intention_kernel.checkpoint import (
     CoreEncoder,
     Interaction,
@@ -331,6 +332,12 @@ class Recorder(Protocol):
     even when the calling task is cancelled (it never suspends, or waits for its own
     hop before letting the cancellation through), may say so with a true
     ``finishes_writes_when_cancelled``; otherwise each write runs in a task of its own.
+
+    A recorder whose thread lock can be lost while the process that took it lives on
+    (a database session that dies while the turn's provider call still runs) must say
+    so with a true ``attempts_outlive_lock``: a ``prepared`` receipt found under its
+    lock may then belong to a live attempt, and is not resolvable as not applied (see
+    :func:`~intention_kernel.effects.resolve`).
     """
 
     async def open(self) -> None:
@@ -511,6 +518,7 @@ class _Transaction:
     __slots__ = (
         "_checkpoint",
         "_closed",
+        "_idle",
         "_inflight",
         "_owner",
         "_receipt_turns",
@@ -524,7 +532,9 @@ class _Transaction:
         self._owner = owner
         self._scope = scope
         self._checkpoint = checkpoint
-        self._inflight: set[str] = set()
+        # The effect calls still running, by key, with the task running each.
+        self._inflight: dict[str, asyncio.Task[Any] | None] = {}
+        self._idle: asyncio.Event | None = None  # made by ``settle`` only when it must wait
         self._closed = False
         # A receipt of another tenant was found: the turn must not commit, even if the
         # operation caught the error (a capability's ``except Exception``, or the runtime
@@ -548,6 +558,18 @@ class _Transaction:
             )
         if not isinstance(key, str) or not key:
             raise EffectUsageError("an effect key must be a non-empty string", key=str(key))
+        problem = text_problem(key) or (
+            "it is not a non-empty string"
+            if not isinstance(step_id, str) or not step_id
+            else text_problem(step_id)
+        )
+        if problem is not None:  # both are stored in text columns of their own
+            raise EffectUsageError(
+                f"effect {key!r} (step {step_id!r}) cannot be recorded: {problem}",
+                key=key,
+                thread_id=self._scope.thread_id,
+                turn_id=self._scope.turn_id,
+            )
         if key in self._inflight:
             # A second concurrent call would read the first one's live `prepared`
             # receipt and mark it uncertain; refuse it instead.
@@ -557,7 +579,7 @@ class _Transaction:
                 thread_id=self._scope.thread_id,
                 turn_id=self._scope.turn_id,
             )
-        self._inflight.add(key)
+        self._inflight[key] = asyncio.current_task()
         try:
             result = await self._owner._run_effect(self._scope, key, fn, step_id)
             self._receipt_turns[result.receipt.key] = result.receipt.turn_id
@@ -566,7 +588,44 @@ class _Transaction:
             self._refused = exc
             raise
         finally:
-            self._inflight.discard(key)
+            del self._inflight[key]
+            if not self._inflight and self._idle is not None:
+                self._idle.set()
+
+    async def settle(self, *, cancel: bool) -> None:
+        """Close the transaction to new effect calls and wait until every call still
+        running (in a task the operation left behind) has recorded its outcome; with
+        ``cancel``, cancel them first (each then records ``uncertain``).
+
+        Called before the turn leaves the thread's lock. Without it, a call that outlived
+        its operation would leave its receipt ``prepared`` under a free lock while its
+        provider call still runs: the next holder (a turn, or an operator resolving it as
+        not applied) would take a live attempt for a dead one.
+        """
+        self._closed = True
+        if not self._inflight:
+            return
+        if cancel:
+            self._cancel_inflight()
+        idle = self._idle = asyncio.Event()
+        interrupted = False
+        while self._inflight:
+            try:
+                await idle.wait()
+            except asyncio.CancelledError:
+                # The receipts first, then the cancellation: the calls are cancelled too,
+                # so that the wait ends as soon as each has recorded ``uncertain``.
+                if not interrupted and not cancel:
+                    self._cancel_inflight()
+                interrupted = True
+        if interrupted:
+            raise asyncio.CancelledError
+
+    def _cancel_inflight(self) -> None:
+        current = asyncio.current_task()
+        for task in self._inflight.values():
+            if task is not None and task is not current:
+                task.cancel()
 
 
 class RecordedDurability:
@@ -685,8 +744,10 @@ class RecordedDurability:
             tx = _Transaction(self, scope, checkpoint)
             try:
                 commit = await operation(tx)
-            finally:
-                tx._closed = True
+            except BaseException:
+                await tx.settle(cancel=True)
+                raise
+            await tx.settle(cancel=False)
             if tx._refused is not None:
                 raise TenantMismatchError(
                     f"turn {scope.turn_id!r} met a receipt of another tenant on thread "
@@ -908,10 +969,14 @@ class RecordedDurability:
         if _faults.armed:
             _faults.reach(_faults.AFTER_RECEIPT_PREPARED)
         authority = EffectAuthority(key, key, prepared.id, prepared.attempt)
+        cancelled_after_return = False
         try:
-            value = fn(authority)
-            if inspect.isawaitable(value):
-                value = await value
+            if _is_async(fn):
+                value = await fn(authority)
+            else:
+                value, cancelled_after_return = await _call_in_thread(fn, authority)
+                if inspect.isawaitable(value):  # a sync function (a lambda) wrapping a coroutine
+                    value = await value
         except EffectNotAppliedError as exc:
             failed = settle(prepared, "failed", now=utcnow(), error=_describe(exc))
             await self._settle(recorder.write_receipt(failed, prepared))
@@ -955,6 +1020,8 @@ class RecordedDurability:
             ) from exc
         completed = settle(prepared, "completed", now=utcnow(), value=stored)
         await self._settle(recorder.write_receipt(completed, prepared))
+        if cancelled_after_return:
+            raise asyncio.CancelledError  # delivered now that the outcome is recorded
         if _faults.armed:
             _faults.reach(_faults.AFTER_RECEIPT_COMPLETED)
         return EffectResult(stored, completed)
@@ -1096,13 +1163,21 @@ class RecordedDurability:
                 suggestions=suggestions,
             )
 
+        attempts_outlive_lock: bool = getattr(recorder, "attempts_outlive_lock", False)
+
         def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
             if existing is None:
                 raise missing()
             if owner is not None and not owns(ThreadOwner(existing.tenant_id), owner.tenant_id):
                 raise missing()
             resolved = resolve(
-                existing, applied=applied, value=stored_value, note=note, actor=actor, now=utcnow()
+                existing,
+                applied=applied,
+                value=stored_value,
+                note=note,
+                actor=actor,
+                now=utcnow(),
+                attempt_may_run=attempts_outlive_lock,
             )
             event = EventDraft(
                 "receipt.resolved",
@@ -1177,6 +1252,9 @@ def _resolution_request(
     """Check what ``resolve_receipt`` was asked to store; the value as it will be stored."""
     if not isinstance(key, str) or not key:
         raise InvalidRequestError(f"key must be a non-empty string, got {key!r}")
+    problem = text_problem(key)
+    if problem is not None:  # no receipt can have it, and PostgreSQL cannot even look it up
+        raise InvalidRequestError(f"key {key!r} cannot name a receipt: {problem}", key=key)
     if not isinstance(applied, bool):
         raise InvalidRequestError(f"applied must be True or False, got {applied!r}")
     for name, text in (("note", note), ("actor", actor)):
@@ -1219,10 +1297,61 @@ def _changed_facts(
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    if not text.isascii():  # stored as text: escape what UTF-8 cannot encode (a lone surrogate)
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    # A receipt's error is stored as text: NUL (which PostgreSQL text cannot hold) and
+    # lone surrogates (which UTF-8 cannot encode) are escaped, the same on every store.
+    text = storable_text(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_async(fn: EffectFn) -> bool:
+    """Whether ``fn`` is an async function (or an object with an async ``__call__``):
+    it runs on the event loop. Anything else may block, so it runs in a thread."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = type(fn).__call__  # a function's is a slot wrapper, never a coroutine function
+    return inspect.iscoroutinefunction(call)
+
+
+class _ThreadCall:
+    """A sync effect function's call in a worker thread, and whether it returned."""
+
+    __slots__ = ("returned", "value")
+
+    def __init__(self) -> None:
+        self.returned = False
+        self.value: Any = None
+
+    def __call__(self, fn: EffectFn, authority: EffectAuthority) -> Any:
+        value = fn(authority)
+        self.value, self.returned = value, True  # ``value`` first: a reader checks ``returned``
+        return value
+
+
+async def _call_in_thread(fn: EffectFn, authority: EffectAuthority) -> tuple[Any, bool]:
+    """Call a sync effect function in the loop's default executor, in a copy of the
+    caller's context (as ``asyncio.to_thread`` does), and return its value and whether
+    the caller was cancelled after it returned.
+
+    A blocking provider SDK would otherwise stall every turn of the process. A
+    cancellation while the call runs raises at once and the thread runs on unheard:
+    the receipt becomes ``uncertain`` (whatever the call does later, it is never
+    recorded, so never ``failed``). One that lands after the call returned, before the
+    loop took its value, must not throw a known outcome away: the value is returned, and
+    the caller records it before it lets the cancellation through. A call still queued
+    for a thread is cancelled with the future and never starts.
+    """
+    call = _ThreadCall()
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    try:
+        return await loop.run_in_executor(None, context.run, call, fn, authority), False
+    except asyncio.CancelledError:
+        value = call.value
+        if not call.returned or inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never started: nothing ran, and no "never awaited" warning
+            raise
+        return value, True
 
 
 async def _awaited(write: Any) -> None:

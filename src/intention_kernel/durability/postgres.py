@@ -734,6 +734,11 @@ class _Claim:
 
 
 class _PostgresRecorder:
+    # The thread lock dies with its session, and a session can die (killed by an
+    # administrator, cut by the network) while its worker's provider call still runs:
+    # a ``prepared`` receipt under the lock may be a live attempt's.
+    attempts_outlive_lock = True
+
     def __init__(
         self,
         dsn: str,
