@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from intention_kernel import _tracing
-from intention_kernel._json import dump_value, normalize, storable_text, text_problem
+from intention_kernel._json import normalize, storable_text, text_problem
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
 from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
