@@ -63,8 +63,9 @@ def test_help_marks_required_options_and_arguments() -> None:
     assert "Usage: intention-kernel receipts resolve [OPTIONS] {THREAD} {KEY}" in resolve, resolve
     for option in ("THREAD", "KEY", "--applied", "--note"):
         assert "[required]" in option_row(resolve, option), option
+    # --value is required only with --applied, which its help says in words.
     for option in ("--value", "--actor", "--db"):
-        assert "required" not in option_row(resolve, option), option
+        assert "[required]" not in option_row(resolve, option), option
     # Typer stars a required option at the start of its row.
     assert option_row(help_page("outbox", "relay"), "--to").startswith("│ *  --to ")
     assert option_row(help_page("serve"), "--agent").startswith("│ *  --agent ")
