@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: demo test lint typecheck unit bench bench-quick clean
+.PHONY: demo test lint typecheck unit model-check bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,12 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest
 
-test: lint typecheck unit
+# The turn protocol, model-checked with SPIN (models/turn_protocol.pml): the exhaustive
+# verification and every mutant, pan built in build/model-check/ (needs spin and cc).
+model-check:
+	$(PYTHON) models/check_protocol.py
+
+test: lint typecheck model-check unit
 
 # Benchmarks against the hand-written floor, LangGraph and DBOS (needs PostgreSQL at
 # $$INTENTION_KERNEL_POSTGRES_DSN, default postgresql://postgres@127.0.0.1:5432/test).
@@ -52,4 +57,4 @@ bench-quick: $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/model-check

@@ -1,0 +1,190 @@
+"""Model-check the turn protocol (models/turn_protocol.pml) with SPIN.
+
+``python3 models/check_protocol.py`` runs the exhaustive verification of the model
+(assertions, then the LTL claim), then each mutant, and prints for every run the
+states stored, the depth reached, the memory and the seconds. It exits non-zero if
+the model has a counterexample (its trail printed with ``spin -t -p``) or a mutant
+has none. pan is compiled into ``build/model-check/`` (git-ignored). Needs ``spin``
+and ``cc``. Standard library only, so that ``make model-check`` needs no venv.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "turn_protocol.pml"
+BUILD = ROOT / "build" / "model-check"
+
+#: pan's memory bound (MB): a run that needs more stops as incomplete, and fails.
+MEMORY_LIMIT_MB = 3000
+#: pan's search depth bound; the model's deepest path is under 200 steps.
+MAX_DEPTH = 200_000
+
+
+@dataclass(frozen=True)
+class Run:
+    """One verification: ``defines`` for spin and cc; ``ltl`` checks the LTL claim
+    (acceptance cycles under weak fairness) instead of the assertions alone;
+    ``expect`` is the property a mutant must break (``None``: none may break)."""
+
+    name: str
+    defines: tuple[str, ...] = ()
+    ltl: bool = False
+    expect: str | None = None
+
+
+#: The protocol: its assertions (safety), then its LTL claim. The LTL run lets dead
+#: sessions' locks be dropped late, by the reaper, and bounds the operator at one
+#: resolution (the claim is about the lock, which more resolutions only hold longer).
+MODEL_RUNS = (
+    Run("protocol"),
+    Run("protocol-ltl", ("-DLOCK_RELEASE_DELAYED", "-DMAX_RESOLVE=1"), ltl=True),
+)
+
+#: Each mutant, and the property whose assertion (or claim) it must break.
+MUTANT_RUNS = (
+    Run("no-fence", ("-DNO_FENCE",), expect="(seen==total_commits)"),
+    Run("retried-prepared", ("-DRETRY_PREPARED",), expect="(applied_since_na<=1)"),
+    Run("no-lock", ("-DNO_LOCK",), expect="(applied_since_na<=1)"),
+    Run("tenant-outside-lock", ("-DTENANT_OUTSIDE_LOCK",), expect="(rtenant==principal)"),
+    Run("live-resolve", ("-DLIVE_RESOLVE",), expect="(applied_since_na<=1)"),
+    Run(
+        "lock-outlives-holder",
+        ("-DLOCK_RELEASE_DELAYED", "-DLOCK_OUTLIVES_HOLDER", "-DMAX_RESOLVE=1"),
+        ltl=True,
+        expect="acceptance cycle",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Result:
+    run: Run
+    states: int
+    depth: int
+    memory_mb: float
+    seconds: float
+    complete: bool
+    violation: str | None  # pan's line naming the counterexample, if any
+    report: str
+    trail: str
+
+    def summary(self) -> str:
+        if self.violation:
+            found = f"counterexample: {self.violation}"
+        elif self.complete:
+            found = "exhaustive, no counterexample"
+        else:
+            found = "INCOMPLETE search (memory or depth bound reached)"
+        return (
+            f"{self.run.name:22} {self.states:>11,} states  depth {self.depth:>4}  "
+            f"{self.memory_mb:8.1f} MB  {self.seconds:6.1f} s  {found}"
+        )
+
+
+def tools_missing() -> list[str]:
+    """The tools a run needs that are not on the PATH."""
+    return [tool for tool in ("spin", "cc") if shutil.which(tool) is None]
+
+
+def fault_labels(text: str | None = None) -> set[str]:
+    """The model's crash labels: each label placed on a POINT or COMMIT_POINT."""
+    source = MODEL.read_text() if text is None else text
+    return set(re.findall(r"^\s*([a-z_]+):\s*(?:POINT|COMMIT_POINT)\b", source, re.MULTILINE))
+
+
+def verify(run: Run, build: Path = BUILD) -> Result:
+    """Generate, compile and run pan for ``run``; on a counterexample, its trail."""
+    work = build / run.name
+    work.mkdir(parents=True, exist_ok=True)
+    model = work / MODEL.name
+    shutil.copyfile(MODEL, model)
+    for stale in work.glob("*.trail"):
+        stale.unlink()
+    defines = list(run.defines)
+    subprocess.run(["spin", *defines, "-a", model.name], cwd=work, check=True, capture_output=True)
+    flags = ["-O2", f"-DMEMLIM={MEMORY_LIMIT_MB}", "-DCOLLAPSE", *defines]
+    flags += ["-DNFAIR=3"] if run.ltl else ["-DSAFETY", "-DNOCLAIM"]
+    subprocess.run(["cc", *flags, "-o", "pan", "pan.c"], cwd=work, check=True, capture_output=True)
+    options = [f"-m{MAX_DEPTH}"] + (["-a", "-f"] if run.ltl else [])
+    started = time.monotonic()
+    done = subprocess.run(["./pan", *options], cwd=work, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    report = done.stdout + done.stderr
+    violation = next(
+        (
+            line.strip()
+            for line in report.splitlines()
+            if line.startswith("pan:")
+            and any(
+                kind in line for kind in ("assertion violated", "acceptance cycle", "end state")
+            )
+        ),
+        None,
+    )
+    trail = ""
+    if list(work.glob("*.trail")):
+        shown = subprocess.run(
+            ["spin", *defines, "-t", "-p", "-g", model.name],
+            cwd=work,
+            capture_output=True,
+            text=True,
+        )
+        trail = shown.stdout
+    return Result(
+        run=run,
+        states=_number(r"([\d.e+]+) states, stored", report),
+        depth=_number(r"depth reached (\d+)", report),
+        memory_mb=float(_match(r"([\d.]+)\s+total actual memory usage", report) or 0),
+        seconds=seconds,
+        complete=violation is not None or "Search not completed" not in report,
+        violation=violation,
+        report=report,
+        trail=trail,
+    )
+
+
+def _match(pattern: str, text: str) -> str | None:
+    found = re.search(pattern, text)
+    return found.group(1) if found else None
+
+
+def _number(pattern: str, text: str) -> int:
+    found = _match(pattern, text)
+    return int(float(found)) if found else 0
+
+
+def main() -> int:
+    missing = tools_missing()
+    if missing:
+        print(f"model-check needs {' and '.join(missing)} on the PATH", file=sys.stderr)
+        return 2
+    failed = False
+    for run in MODEL_RUNS:
+        result = verify(run)
+        print(result.summary(), flush=True)
+        if result.violation or not result.complete:
+            failed = True
+            print(result.report)
+            print(result.trail or "(no trail)")
+    for run in MUTANT_RUNS:
+        result = verify(run)
+        print(result.summary(), flush=True)
+        if result.violation is None or run.expect not in result.violation:
+            failed = True
+            print(f"mutant {run.name} should break {run.expect}, got: {result.violation}")
+            print(result.report)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("LC_ALL", "C")
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The turn protocol's SPIN model (models/turn_protocol.pml): it has no counterexample,
+each mutant has one for the property it breaks, and its crash labels are the
+library's fault points.
+
+This is not tests/test_model_check.py (a hypothesis check of the adapters against a
+reference model): here SPIN explores every interleaving of the protocol itself.
+The runs need ``spin`` and ``cc``: they skip without them locally, and fail without
+them when INTENTION_KERNEL_REQUIRE_SERVICES=1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from conftest import service_unavailable
+from intention_kernel import _faults
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_checker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "check_protocol", ROOT / "models" / "check_protocol.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+checker = _load_checker()
+
+
+@pytest.fixture
+def build(tmp_path: Path) -> Path:
+    missing = checker.tools_missing()
+    if missing:
+        service_unavailable("SPIN", f"{' and '.join(missing)} not on the PATH")
+    return tmp_path
+
+
+def test_the_models_crash_labels_are_exactly_the_libraries_fault_points() -> None:
+    assert checker.fault_labels() == set(_faults.POINTS)
+
+
+def test_a_crash_label_missing_from_the_model_is_noticed() -> None:
+    source = checker.MODEL.read_text()
+    assert "during_commit: COMMIT_POINT" in source
+    without = source.replace("during_commit: COMMIT_POINT", "COMMIT_POINT")
+    assert checker.fault_labels(without) == set(_faults.POINTS) - {_faults.DURING_COMMIT}
+
+
+def test_the_turn_protocol_has_no_counterexample_under_any_interleaving(build: Path) -> None:
+    result = checker.verify(checker.MODEL_RUNS[0], build)
+    print(result.summary())
+    assert result.violation is None, result.trail
+    assert result.complete, result.report
+    assert result.states > 1_000_000, result.report  # the whole space, not a stub
+
+
+@pytest.mark.parametrize("run", checker.MUTANT_RUNS, ids=lambda run: run.name)
+def test_each_mutant_of_the_protocol_has_a_counterexample_for_the_property_it_breaks(
+    run: Any, build: Path
+) -> None:
+    result = checker.verify(run, build)
+    print(result.summary())
+    assert result.violation is not None, result.report
+    assert run.expect in result.violation, result.violation
+    assert result.trail, "pan wrote no trail to replay"
