@@ -12,10 +12,16 @@ __all__ = ["finish"]
 FALLBACK_REPLY = "Sorry, I could not find anything to do for that."
 
 
-def finish(state: TurnState, interpretation: Interpretation) -> TurnCommit:
-    lines = [interpretation.reply] if interpretation.reply else []
-    lines.extend(state.replies)
-    reply = "\n".join(lines) if lines else FALLBACK_REPLY
+def finish(
+    state: TurnState, interpretation: Interpretation, *, reply: str | None = None
+) -> TurnCommit:
+    """The commit of the turn. Its reply is ``reply`` when given (a turn of several
+    rounds, see :mod:`~intention_kernel.runtime.rounds`); otherwise the interpretation's
+    text followed by the kernel's account of each step."""
+    if reply is None:
+        lines = [interpretation.reply] if interpretation.reply else []
+        lines.extend(state.replies)
+        reply = "\n".join(lines) if lines else FALLBACK_REPLY
     scope, request, agent = state.scope, state.request, state.agent.agent
     messages = list(state.previous.messages) if state.previous else []
     if request.message is not None:
