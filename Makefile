@@ -1,18 +1,28 @@
-# Two commands on a fresh clone: `make demo` and `make test`. Both create .venv first.
+# Two commands on a fresh clone: `make demo` and `make test`. Both create .venv first;
+# the demo installs only the CLI extra, the tests the whole dev toolchain.
 PYTHON ?= python3
-VENV   := .venv
+VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo-installed
 
 .PHONY: demo test lint typecheck unit bench bench-quick clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The demo needs the library and its CLI only. After `make demo`, `make test` still
+# installs the dev toolchain: its stamp is its own.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[cli]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/intention-kernel demo
 
 lint: $(STAMP)

@@ -63,7 +63,7 @@ async def asgi_client(app: Starlette, token: str | None = None) -> AsyncIterator
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(
-        transport=transport, base_url="http://host.test", headers=headers
+        transport=transport, base_url="http://localhost", headers=headers
     ) as client:
         yield client
 

@@ -390,3 +390,16 @@ def assert_outbox_matches_commits(
     for thread_id in {e.thread_id for e in events}:
         seqs = [e.seq for e in events if e.thread_id == thread_id]
         assert seqs == list(range(1, len(seqs) + 1)), f"seq of {thread_id!r} has gaps"
+
+
+def damage_sqlite_table(path: str | Path, table: str) -> None:
+    """Overwrite the root page of ``table`` in the (closed) SQLite file at ``path`` with
+    garbage, as a failing disk would: the schema stays readable, that table does not."""
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every page in the main file
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,))
+        root = root[0]
+    with open(path, "r+b") as file:
+        file.seek((root - 1) * page_size)
+        file.write(b"\xff" * page_size)

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from datetime import datetime, timedelta
@@ -26,14 +28,14 @@ import cli_outbox_sink
 import revision_two
 from intention_kernel import Kernel, KernelCheckpoint, TurnExpiredError
 from intention_kernel.cli._app import app
-from intention_kernel.cli._common import existing_store
 from intention_kernel.cli.prune import parse_duration
 from intention_kernel.durability import open_durability
 from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from proving_support import new_database, process_env, read_all_events
+from proving_support import drop_schema, new_database, process_env, read_all_events
 
 OLD_AGENT = "test_cli_operations:old_agent"
 NEW_AGENT = "test_cli_operations:new_agent"
@@ -245,7 +247,7 @@ def test_migrate_with_every_checkpoint_current_migrates_nothing(db: str) -> None
 async def stored_checkpoints(url: str) -> dict[str, tuple[int, KernelCheckpoint]]:
     """Each thread's stored schema revision (as its row says) and its checkpoint, loaded
     as a worker loads it (with revision two installed in this process)."""
-    async with existing_store(url) as store:
+    async with open_durability(url) as store:
         assert isinstance(store, RecordedDurability)
         recorder = await store.recorder()
         rows = await recorder.scan_threads(None, 1000, None)
@@ -441,7 +443,9 @@ OPERATIONS = {
     "outbox status": ["outbox", "status"],
     "outbox relay": ["outbox", "relay", "--to", "cli_outbox_sink:collect", "--once"],
     "receipts list": ["receipts", "list"],
-    "receipts resolve": ["receipts", "resolve", "t1", "k", "--applied", "--note", "seen"],
+    "receipts resolve": [
+        *("receipts", "resolve", "t1", "k", "--applied", "--value", "{}", "--note", "seen")
+    ],
 }
 
 
@@ -522,3 +526,126 @@ def test_durations_read_as_an_operator_writes_them() -> None:
     for bad in ("", "30", "d", "1x", "1d 2h", "-1d"):
         with pytest.raises(ValueError, match="not a duration"):
             parse_duration(bad)
+
+
+def test_prune_refuses_an_age_that_reaches_back_before_year_one(db: str) -> None:
+    for age in ("1000000000d", "999999999d", "3000000w"):
+        code, output = cli("prune", "--db", db, "--older-than", age)
+        assert code == 2, output
+        assert f"not a duration: {age!r} reaches back before year 1" in output
+        assert "Traceback" not in output and "OverflowError" not in output
+    assert status(db)["unpublished"]  # nothing was pruned
+
+
+@pytest.mark.postgres
+def test_a_mistyped_postgres_schema_is_refused_and_never_created(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``?schema=`` is the adapter's, not libpq's: the probe used to hand it to libpq,
+    took the refusal for an unreachable server, and the adapter then created the
+    mistyped schema and reported an empty store."""
+    import psycopg
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    with new_database(postgres_dsn) as url:
+
+        async def create() -> None:
+            async with PostgresDurability(url, schema="billing") as store:
+                await store.list_receipts()
+
+        asyncio.run(create())
+        for label, command in OPERATIONS.items():
+            code, output = cli(*command, "--db", f"{url}?schema=biling")
+            assert code == 2, (label, output)
+            assert "no intention-kernel store in schema 'biling'" in output, label
+        with psycopg.connect(url) as conn:
+            schemas = conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'bil%' ORDER BY 1"
+            ).fetchall()
+        assert schemas == [("billing",)]  # nothing was created
+        code, output = cli("outbox", "status", "--db", f"{url}?schema=billing")
+        assert code == 0 and "unpublished: 0 event(s)" in output, output
+
+
+@pytest.mark.postgres
+async def test_exists_says_whether_the_schema_is_there_and_creates_nothing(
+    postgres_dsn: str,
+) -> None:
+    schema = "ik_exists_" + uuid.uuid4().hex[:8]
+    store = PostgresDurability(postgres_dsn, schema=schema)
+    try:
+        assert await store.exists() is False
+        assert await store.exists() is False  # asking twice created nothing either
+        async with store:
+            assert await store.exists() is True
+        assert await PostgresDurability(postgres_dsn, schema=schema).exists() is True
+    finally:
+        drop_schema(postgres_dsn, schema)
+
+
+def test_sqlite_and_memory_stores_say_whether_they_exist(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    assert asyncio.run(SQLiteDurability(path).exists()) is False
+    assert list(tmp_path.iterdir()) == []
+    path.write_bytes(b"")  # an empty file is a database without tables
+    assert asyncio.run(SQLiteDurability(path).exists()) is False
+    path.unlink()
+
+    async def create() -> None:
+        async with SQLiteDurability(path):
+            pass
+
+    asyncio.run(create())
+    assert asyncio.run(SQLiteDurability(path).exists()) is True
+    assert asyncio.run(InMemoryDurability().exists()) is True
+
+
+def test_a_plain_path_is_a_sqlite_store_for_every_command(
+    db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    absolute = db.removeprefix("sqlite:///")
+    monkeypatch.chdir(tmp_path)
+    relative = "./" + os.path.relpath(absolute, tmp_path)
+    for path in (absolute, relative):
+        for label, command in OPERATIONS.items():
+            if label == "receipts resolve":
+                continue  # no such receipt: refused with exit status 2 either way
+            code, output = cli(*command, "--db", path)
+            assert code in (0, 1), (label, path, output)  # relay: 1 if the sink refused
+            assert "not a durability URL" not in output and "refused" not in output, output
+    code, output = cli("receipts", "list", "--db", relative, "--json")
+    assert code == 0 and len(output.splitlines()) == 2  # one charge on each thread
+
+
+@pytest.mark.parametrize("server", ["refusing", "silent"])
+def test_an_unreachable_postgres_server_is_one_message_and_exit_2(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed port and a server that accepts but never answers: one line, no
+    traceback, no retry warnings, and bounded by the commands' short connect timeout
+    (not the pool's 30 s)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        if server == "silent":
+            listener.listen(8)  # the kernel completes handshakes; nobody ever speaks
+        port = listener.getsockname()[1]
+        url = f"postgresql://postgres@127.0.0.1:{port}/none"
+        serve = ["serve", "--agent", OLD_AGENT, "--port", "0"]
+        for command in (OPERATIONS["receipts list"], OPERATIONS["outbox status"], serve):
+            started = time.monotonic()
+            done = subprocess.run(
+                [sys.executable, "-m", "intention_kernel", *command, "--db", url],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**process_env(), "COLUMNS": "1000"},
+                cwd=Path(__file__).parent,
+                check=False,
+            )
+            assert done.returncode == 2, done.stderr
+            assert done.stderr.count("\n") == 1, done.stderr
+            assert done.stderr.startswith("refused: "), done.stderr
+            assert "cannot connect to PostgreSQL" in done.stderr
+            assert time.monotonic() - started < 25  # the connect timeout, not a pool's 30 s

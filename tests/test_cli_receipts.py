@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from intention_kernel import Kernel
 from intention_kernel.cli._app import app
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from proving_support import damage_sqlite_table
 
 KEY = "payments.charge:charge:pi_lost"
 
@@ -135,8 +137,20 @@ def test_resolve_refuses_bad_requests_and_changes_nothing(store: Path) -> None:
             "that did not finish, can be resolved",
         ),
         (
-            ["receipts", "resolve", "t", "nope", "--applied", "--note", "x", "--db", db],
+            ["receipts", "resolve", "t", "nope", "--not-applied", "--note", "x", "--db", db],
             "no receipt",
+        ),
+        (
+            ["receipts", "resolve", "t", KEY, "--applied", "--note", "x", "--db", db],
+            "--applied needs --value JSON",
+        ),
+        (
+            ["receipts", "resolve", "t", KEY, "--not-applied", "--note", " \t", "--db", db],
+            "--note is required",
+        ),
+        (
+            ["receipts", "resolve", "t", KEY, "--not-applied", "--value", "1", "--note", "x"],
+            "--value only makes sense with --applied",
         ),
     ]
     for args, message in cases:
@@ -145,6 +159,28 @@ def test_resolve_refuses_bad_requests_and_changes_nothing(store: Path) -> None:
         assert message in " ".join(output.split()), (args, output)
     code, output = _cli("receipts", "list", "--db", db, "--status", "uncertain", "--json")
     assert [json.loads(line)["key"] for line in output.splitlines()] == [KEY]
+
+
+def test_resolve_of_a_key_without_its_capability_prefix_suggests_the_stored_key(
+    store: Path,
+) -> None:
+    args = ["receipts", "resolve", "t", "charge:pi_lost", "--not-applied", "--note", "none"]
+    code, output = _cli(*args, "--db", f"sqlite:///{store}")
+    assert code == 2, output
+    assert f"did you mean {KEY!r}?" in " ".join(output.split())
+    code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--json")
+    assert [json.loads(line)["status"] for line in output.splitlines() if KEY in line] == [
+        "uncertain"
+    ]
+
+
+def test_resolve_applied_with_an_explicit_null_value_is_recorded(store: Path) -> None:
+    args = ["receipts", "resolve", "t", KEY, "--applied", "--value", "null", "--note", "none"]
+    code, output = _cli(*args, "--db", f"sqlite:///{store}")
+    assert code == 0, output
+    code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--json")
+    [resolved] = [json.loads(line) for line in output.splitlines() if KEY in line]
+    assert (resolved["status"], resolved["value"]) == ("completed", None)
 
 
 def test_list_filters_by_tenant(tmp_path: Path) -> None:
@@ -165,3 +201,25 @@ def test_list_filters_by_tenant(tmp_path: Path) -> None:
     code, output = _cli("receipts", "list", "--db", db, "--tenant", "globex", "--json")
     assert code == 0
     assert [json.loads(line)["thread_id"] for line in output.splitlines()] == ["g"]
+
+
+@pytest.mark.parametrize("damage", ["page", "not utf-8"])
+def test_a_damaged_store_is_refused_with_one_message(damage: str, store: Path) -> None:
+    """Not exit status 1 as for a passing store failure, nor a traceback: the store needs
+    repair, and running the command again cannot help."""
+    if damage == "page":
+        damage_sqlite_table(store, "ik_receipts")
+        expected = "is damaged"
+    else:
+        with sqlite3.connect(store) as conn:
+            conn.execute("UPDATE ik_receipts SET error = CAST(X'ff' AS TEXT) WHERE key = ?", (KEY,))
+        expected = "of thread 't' in SQLite database"
+    for command in (["list"], ["list", "--json"], ["list", "--thread", "t"]):
+        code, output = _cli("receipts", *command, "--db", f"sqlite:///{store}")
+        if damage == "not utf-8" and "--thread" not in command:
+            expected_here = "holds text that is not UTF-8"  # every thread was read
+        else:
+            expected_here = expected
+        assert code == 2, output
+        assert expected_here in output and "Traceback" not in output
+        assert output.count("refused:") == 1

@@ -13,6 +13,8 @@ from intention_kernel import (
     CapabilityResult,
     CompilationError,
     Kernel,
+    Rule,
+    RuleInterpreter,
     capability,
 )
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
@@ -134,3 +136,20 @@ def test_fingerprint_changes_with_a_capabilitys_effect_confirmation_or_input_sch
 def test_fingerprint_does_not_depend_on_the_order_of_capabilities() -> None:
     change = _change_capability(model=_Amount)
     assert _fingerprint(read_things, change) == _fingerprint(change, read_things)
+
+
+def test_a_rule_naming_a_capability_the_agent_lacks_is_refused_at_compilation() -> None:
+    rules = RuleInterpreter(
+        [
+            Rule(r"^yes\b", answer="accept"),
+            Rule(r"things", capability_id="things.read"),
+            Rule(r"refund", capability_id="things.refund"),
+        ]
+    )
+    with pytest.raises(CompilationError) as caught:
+        Kernel(Agent("a", "1", [read_things], rules), InMemoryDurability())
+    assert caught.value.problems == [
+        "rule 'refund' names capability 'things.refund', which the agent does not have "
+        "(it has: things.read)"
+    ]
+    Kernel(Agent("a", "1", [read_things], RuleInterpreter(rules.rules[:2])), InMemoryDurability())

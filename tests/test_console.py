@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,11 @@ from conftest import service_unavailable
 from host_support import opened_provider, serving_in_thread
 from intention_kernel import Kernel
 from intention_kernel.demo import FakePaymentProvider, build_agent
+from intention_kernel.facts import Evidence, FactRecord
 from intention_kernel.host import create_app
 from intention_kernel.testing import InMemoryDurability, faults
+from intention_kernel.testing.conformance import commit_for
+from intention_kernel.turns import TurnScope
 from visual_support import DEJAVU, compare, pinned_fontconfig, save_baseline
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -63,10 +66,11 @@ THREAD = "acct-acme"
 class Host:
     url: str
     provider: FakePaymentProvider
+    kernel: Kernel
 
-    def turn(self, turn_id: str, message: str) -> dict[str, Any]:
+    def turn(self, turn_id: str, message: str, thread: str = THREAD) -> dict[str, Any]:
         response = httpx.post(
-            f"{self.url}/v1/threads/{THREAD}/turns",
+            f"{self.url}/v1/threads/{thread}/turns",
             json={"turn_id": turn_id, "message": message},
             timeout=30,
         )
@@ -85,7 +89,7 @@ def host(tmp_path: Path) -> Iterator[Host]:
     provider = opened_provider(tmp_path / "provider.db")
     kernel = Kernel(build_agent(provider), InMemoryDurability())
     with serving_in_thread(create_app(kernel)) as url:
-        yield Host(url, provider)
+        yield Host(url, provider, kernel)
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +151,7 @@ def test_rejecting_the_pending_confirmation_cancels_it_and_charges_nothing(
     expect(page.locator("#steps .badge.rejected")).to_have_text("rejected")
     expect(page.locator("#steps")).to_contain_text("payments.charge")
     expect(page.locator("#confirmation")).to_be_hidden()
-    expect(page.locator("#messages")).to_contain_text("Cancelled. (Charge $125.00")
+    expect(page.locator("#messages")).to_contain_text("Cancelled: nothing was done.")
     expect(page.locator("#version")).to_have_text("· v2")
 
     thread = httpx.get(f"{host.url}/v1/threads/{THREAD}", timeout=30).json()
@@ -244,3 +248,261 @@ def test_the_main_view_matches_its_baseline(host: Host, page: Any, tmp_path: Pat
         f"Screenshot: {actual}. If the change is intended, regenerate the baseline and "
         "docs/console.png with INTENTION_KERNEL_UPDATE_DOCS=1 and commit them."
     )
+
+
+def test_a_page_of_another_origin_cannot_accept_a_pending_charge(host: Host, page: Any) -> None:
+    """The attack itself, in a real browser: a page served from another origin (another
+    port of the same machine) posts an acceptance with ``no-cors`` and ``text/plain``,
+    which needs no preflight. The host refuses it; nothing is charged."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    async def lure(request: Any) -> HTMLResponse:
+        return HTMLResponse("<!doctype html><title>cat pictures</title>")
+
+    host.turn("d1", "pay invoice 42")
+    with serving_in_thread(Starlette(routes=[Route("/", lure)])) as elsewhere:
+        page.goto(elsewhere)
+        page.evaluate(
+            """async (target) => {
+                await fetch(target, {
+                    method: "POST", mode: "no-cors",
+                    headers: {"Content-Type": "text/plain"},
+                    body: JSON.stringify({turn_id: "forged", answer: "accept"}),
+                });
+            }""",
+            f"{host.url}/v1/threads/{THREAD}/turns",
+        )
+    thread = httpx.get(f"{host.url}/v1/threads/{THREAD}", timeout=30).json()
+    assert thread["version"] == 1 and thread["interaction"] is not None
+    assert host.charges() == []
+
+
+# -- the queue: the landing view -------------------------------------------------------------
+
+
+def seed_queue(host: Host) -> None:
+    """Three threads that need an operator: an uncertain write, a write left prepared by
+    an attempt that died, and a confirmation waiting for an answer; and a quiet one."""
+    host.provider.simulate_lost_response("pi_demo_43")
+    host.turn("d1", "pay invoice 43", thread="acct-uncertain")
+    assert host.turn("d2", "yes", thread="acct-uncertain")["steps"][0]["status"] == "uncertain"
+    host.turn("d1", "pay invoice 42", thread="acct-prepared")
+    with faults.injected(faults.AFTER_RECEIPT_PREPARED, "raise"):
+        died = httpx.post(
+            f"{host.url}/v1/threads/acct-prepared/turns",
+            json={"turn_id": "d2", "message": "yes"},
+            timeout=30,
+        )
+    assert died.status_code == 500
+    host.turn("d1", "pay invoice 42", thread="acct-waiting")
+    host.turn("d1", "what do I owe on invoice 42?", thread="acct-quiet")
+
+
+def test_the_landing_view_queues_what_needs_an_operator_across_threads(
+    host: Host, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    seed_queue(host)
+    page.goto(f"{host.url}/console")
+    expect(page.locator("#main")).to_be_hidden()
+    receipts = page.locator("#queue-receipts .queue-item")
+    expect(receipts).to_have_count(2)
+    uncertain = receipts.filter(has_text="acct-uncertain")
+    expect(uncertain.locator(".badge")).to_have_text("uncertain")
+    expect(uncertain).to_contain_text("payments.charge:charge:pi_demo_43")
+    prepared = receipts.filter(has_text="acct-prepared")
+    expect(prepared.locator(".badge")).to_have_text("prepared")
+    expect(prepared).to_contain_text("prepared by an attempt that did not finish")
+    # The attempt that died while accepting committed nothing: its thread still waits.
+    pending = page.locator("#queue-interactions .queue-item")
+    expect(pending).to_have_count(2)
+    expect(pending.nth(0)).to_contain_text("Open thread acct-prepared")
+    waiting = pending.filter(has_text="acct-waiting")
+    expect(waiting).to_contain_text("Charge $125.00 to payment intent pi_demo_42")
+    expect(page.locator("#queue")).not_to_contain_text("acct-quiet")
+
+    waiting.get_by_role("link", name="Open thread acct-waiting").click()
+    expect(page).to_have_url(f"{host.url}/console?thread=acct-waiting")
+    expect(page.locator("#queue")).to_be_hidden()
+    expect(page.locator("#confirmation")).to_be_visible()
+    page.get_by_role("button", name="Accept").click()
+    expect(page.locator("#steps .badge.completed")).to_have_text("completed")
+
+    page.get_by_role("link", name="intention-kernel").click()
+    expect(page.locator("#queue-interactions .queue-item")).to_have_count(1)
+    uncertain.get_by_role("link", name="Open thread acct-uncertain").click()
+    expect(page.locator(".receipt .badge")).to_have_text("uncertain")
+
+
+def test_the_queue_with_nothing_to_do_says_so(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "what do I owe on invoice 42?")
+    page.goto(f"{host.url}/console")
+    expect(page.locator("#queue-no-receipts")).to_be_visible()
+    expect(page.locator("#queue-no-interactions")).to_be_visible()
+
+
+# -- the reconcile form ----------------------------------------------------------------------
+
+
+def uncertain_receipt(host: Host, page: Any) -> Any:
+    host.provider.simulate_lost_response("pi_demo_43")
+    host.turn("d1", "pay invoice 43")
+    host.turn("d2", "yes")
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    return page.locator(".receipt", has_text="payments.charge:charge:pi_demo_43")
+
+
+def requests_to_resolve(page: Any) -> list[str]:
+    sent: list[str] = []
+    page.on(
+        "request",
+        lambda request: sent.append(request.url) if "receipts/resolve" in request.url else None,
+    )
+    return sent
+
+
+def test_invalid_json_is_refused_in_the_page_and_the_input_is_kept(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    receipt = uncertain_receipt(host, page)
+    sent = requests_to_resolve(page)
+    receipt.get_by_label("applied", exact=True).check()
+    receipt.get_by_label("value (JSON, if applied)").fill('{"charge_id": ch_000001}')
+    receipt.get_by_label("note").fill("found in the provider dashboard")
+    receipt.get_by_role("button", name="Resolve").click()
+    expect(receipt.locator(".form-error")).to_contain_text("invalid JSON")
+    expect(page.locator("#banner")).to_be_hidden()  # nothing blames the host
+    expect(receipt.get_by_label("value (JSON, if applied)")).to_have_value(
+        '{"charge_id": ch_000001}'
+    )
+    page.get_by_role("button", name="Refresh").click()  # a re-render keeps it too
+    expect(receipt.get_by_label("note")).to_have_value("found in the provider dashboard")
+    expect(receipt.get_by_label("value (JSON, if applied)")).to_have_value(
+        '{"charge_id": ch_000001}'
+    )
+    expect(receipt.get_by_label("applied", exact=True)).to_be_checked()
+    assert sent == []
+    assert httpx.get(f"{host.url}/v1/receipts", timeout=30).json()["receipts"][0]["status"] == (
+        "uncertain"
+    )
+
+
+def test_the_form_requires_a_note_and_a_value_for_an_applied_write(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    receipt = uncertain_receipt(host, page)
+    sent = requests_to_resolve(page)
+    error = receipt.locator(".form-error")
+    receipt.get_by_label("not applied").check()
+    receipt.get_by_role("button", name="Resolve").click()
+    expect(error).to_contain_text("Write a note")
+    receipt.get_by_label("applied", exact=True).check()
+    receipt.get_by_label("note").fill("found in the provider dashboard")
+    receipt.get_by_role("button", name="Resolve").click()
+    expect(error).to_contain_text("An applied write needs its value")
+    assert sent == []
+    # An explicit null is a value: the write returned nothing.
+    receipt.get_by_label("value (JSON, if applied)").fill("null")
+    receipt.get_by_role("button", name="Resolve").click()
+    expect(page.locator("#banner")).to_have_text(
+        "payments.charge:charge:pi_demo_43 is now completed."
+    )
+    assert len(sent) == 1
+    [resolved] = httpx.get(f"{host.url}/v1/receipts", timeout=30).json()["receipts"]
+    assert (resolved["status"], resolved["value"]) == ("completed", None)
+
+
+def test_a_resolution_the_host_refuses_keeps_the_input_and_shows_the_problem(
+    host: Host, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    receipt = uncertain_receipt(host, page)
+    note = "checked the provider dashboard " * 80  # over the host's 2,000 characters
+    receipt.get_by_label("not applied").check()
+    receipt.get_by_label("note").fill(note)
+    receipt.get_by_role("button", name="Resolve").click()
+    expect(page.locator("#banner")).to_contain_text("Invalid request")
+    expect(receipt.get_by_label("note")).to_have_value(note)
+    expect(receipt.get_by_label("not applied")).to_be_checked()
+    [still] = httpx.get(f"{host.url}/v1/receipts", timeout=30).json()["receipts"]
+    assert still["status"] == "uncertain"
+
+
+# -- long values, wide and narrow ------------------------------------------------------------
+
+
+LONG_VALUE = {
+    "charge_id": "ch_" + "7" * 180,
+    "lines": [{"sku": f"sku-{n:04d}", "description": "x" * 60, "cents": n} for n in range(30)],
+}
+LONG_KEY = "invoice." + "9" * 90 + ".payment"
+
+
+def long_fact(host: Host) -> None:
+    """A committed thread holding a long JSON fact under a long key (a raw commit with
+    this host's fingerprint, so that the thread shows as its own)."""
+    record = FactRecord(LONG_KEY, LONG_VALUE, 1, Evidence("payments.charge", "d1", "d1#1"))
+
+    async def operation(tx: Any) -> Any:
+        commit = commit_for(tx, facts={LONG_KEY: record})
+        checkpoint = replace(commit.checkpoint, agent_fingerprint=host.kernel.fingerprint)
+        return replace(commit, checkpoint=checkpoint)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(
+            lambda: asyncio.run(
+                host.kernel.durability.with_turn(TurnScope(THREAD, "d1"), operation)
+            )
+        ).result()
+
+
+@pytest.mark.parametrize("width", [1280, 375])
+def test_a_long_json_fact_stays_inside_the_page(
+    host: Host, browser: Any, tmp_path: Path, width: int
+) -> None:
+    from playwright.sync_api import expect
+
+    long_fact(host)
+    context = browser.new_context(viewport={"width": width, "height": 860}, device_scale_factor=1)
+    try:
+        page = context.new_page()
+        page.goto(f"{host.url}/console?thread={THREAD}")
+        expect(page.locator("#facts")).to_contain_text("ch_777")
+        page.screenshot(path=str(tmp_path / f"console-{width}.png"), full_page=True)
+        overflow = page.evaluate(
+            """() => {
+                const facts = document.querySelector("#facts");
+                const card = facts.closest(".card").getBoundingClientRect();
+                const cells = [...document.querySelectorAll("#facts td, #facts pre, #facts code")];
+                return {
+                    page: document.documentElement.scrollWidth - window.innerWidth,
+                    cells: cells.filter((c) => c.getBoundingClientRect().right > card.right + 0.5)
+                        .map((c) => c.tagName),
+                };
+            }"""
+        )
+        assert overflow == {"page": 0, "cells": []}, f"screenshot: {tmp_path}"
+    finally:
+        context.close()
+
+
+def test_the_queue_fits_a_phone(host: Host, browser: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    seed_queue(host)
+    context = browser.new_context(viewport={"width": 375, "height": 860}, device_scale_factor=1)
+    try:
+        page = context.new_page()
+        page.goto(f"{host.url}/console")
+        expect(page.locator("#queue-receipts .queue-item")).to_have_count(2)
+        page.screenshot(path=str(tmp_path / "queue-375.png"), full_page=True)
+        width = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert width == 0, f"screenshot: {tmp_path}"
+    finally:
+        context.close()

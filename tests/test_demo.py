@@ -171,6 +171,13 @@ def test_a_lost_response_is_uncertain_fails_closed_and_is_reconciled(demo_run: D
     assert refused.provider_calls_delta == 0
     assert [str(r.status) for r in refused.receipts] == ["uncertain"]
     assert "EffectUncertainError" in (refused.result.steps[0].error or "")
+    # The person reads the billing agent's own words (BillingReplies), the machine the error.
+    for view in (lost, refused):
+        assert view.result.reply == (
+            "I could not tell whether the payment went through: the payment provider did not "
+            "answer. To be safe I will not try it again until someone has checked with the "
+            "provider."
+        )
     (action,) = [s for s in scene.steps if isinstance(s, OperatorAction)]
     assert [r.key for r in action.uncertain] == [f"payments.charge:charge:{PI_43}"]
     assert action.provider_record is not None
@@ -244,6 +251,9 @@ async def test_a_definite_provider_refusal_is_recorded_failed_and_may_be_retried
         refused = await kernel.turn("t", "2", "yes")
         assert [str(s.status) for s in refused.steps] == ["failed"]
         assert "EffectNotAppliedError" in (refused.steps[0].error or "")
+        assert refused.reply == (
+            "The payment did not go through and nothing was charged. You can ask again."
+        )
         (receipt,) = await durability.list_receipts("t")
         assert receipt.status == "failed"
         # failed (not uncertain): a later attempt calls the provider again.
@@ -443,3 +453,32 @@ def test_the_serve_factory_puts_its_provider_beside_a_sqlite_store() -> None:
     assert provider_path(None, {}) == Path("demo-provider.db")
     chosen = {PROVIDER_DB_ENV_VAR: "/var/lib/ledger.db"}
     assert provider_path("sqlite:///app.db", chosen) == Path("/var/lib/ledger.db")
+
+
+def _make_plan(target: str, venv: Path) -> list[str]:
+    """The commands ``make <target>`` would run with ``.venv`` at ``venv`` (``make -n``)."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        ["make", "-n", "-C", str(root), target, f"VENV={venv}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return [line for line in proc.stdout.splitlines() if "pip install" in line]
+
+
+def test_make_demo_installs_only_the_cli_extra_and_make_test_then_installs_the_rest(
+    tmp_path: Path,
+) -> None:
+    venv = tmp_path / "venv"
+    assert _make_plan("demo", venv) == [
+        f"{venv}/bin/python -m pip install --quiet --upgrade pip",
+        f"{venv}/bin/python -m pip install --quiet -e '.[cli]'",
+    ]
+    # After `make demo` (its venv and its stamp exist), `make test` installs dev.
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    (venv / ".demo-installed").touch()
+    assert _make_plan("test", venv) == [f"{venv}/bin/python -m pip install --quiet -e '.[dev]'"]
+    assert _make_plan("demo", venv) == []

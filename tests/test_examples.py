@@ -211,3 +211,87 @@ def test_llm_mode_without_a_model_name_says_what_to_set(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert "OPENAI_MODEL" in proc.stderr
+
+
+def test_the_quickstart_asks_charges_once_and_replays_when_run_again(tmp_path: Path) -> None:
+    """``python examples/quickstart.py URL``, as the README shows it, from another
+    directory: the charge waits for "yes", runs once, and a second run replays both
+    deliveries without calling the provider."""
+    url = f"sqlite:///{tmp_path / 'quickstart.db'}"
+
+    def run() -> list[str]:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "quickstart.py"), url],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()
+
+    assert run() == [
+        "delivery-1: Charge 12500 cents to pi_42? Reply yes or no. (replayed=False)",
+        "delivery-2: Charged 125.00 (charge ch_pi_42). (replayed=False)",
+        "provider calls in this run: 1",
+    ]
+    assert run() == [
+        "delivery-1: Charge 12500 cents to pi_42? Reply yes or no. (replayed=True)",
+        "delivery-2: Charged 125.00 (charge ch_pi_42). (replayed=True)",
+        "provider calls in this run: 0",
+    ]
+
+
+@pytest.mark.slow
+def test_the_built_wheel_installs_into_a_fresh_venv_and_imports(tmp_path: Path) -> None:
+    """``python -m build`` makes a wheel that installs on its own, as the README says
+    (its dependencies come from the registry), with the console script."""
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(ROOT)],
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    (wheel,) = dist.glob("intention_kernel-*-py3-none-any.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", f"{wheel}[cli]"],
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    probe = (
+        "import intention_kernel, intention_kernel.durability.sqlite, intention_kernel.cli._app; "
+        "print(intention_kernel.__version__, intention_kernel.__file__)"
+    )
+    shown = subprocess.run(
+        [str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert shown[0] == wheel.name.split("-")[1]
+    assert Path(shown[1]).is_relative_to(venv), "imported from the checkout, not the wheel"
+    version = subprocess.run(
+        [str(venv / "bin" / "intention-kernel"), "--version"], capture_output=True, text=True
+    )
+    assert version.stdout.strip() == f"intention-kernel {shown[0]}", version
+    # The quick start runs against the installed wheel too.
+    quick = subprocess.run(
+        [str(python), str(ROOT / "examples" / "quickstart.py"), f"sqlite:///{tmp_path}/q.db"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert quick.returncode == 0 and "provider calls in this run: 1" in quick.stdout, quick
+
+
+def test_the_readmes_first_code_block_is_the_quickstart_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    first = re.search(r"```python\n(.*?)```", readme, re.S)
+    assert first is not None
+    source = (ROOT / "examples" / "quickstart.py").read_text(encoding="utf-8")
+    block = first.group(1)
+    assert block.startswith("import asyncio\n") and source.endswith(block)

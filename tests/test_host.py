@@ -149,14 +149,18 @@ async def test_a_request_the_schema_or_the_kernel_refuses_is_422(
 
 
 async def test_a_body_that_is_not_json_is_400(client: httpx.AsyncClient) -> None:
-    response = await client.post("/v1/threads/t1/turns", content=b"{not json")
+    response = await client.post(
+        "/v1/threads/t1/turns", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 400
     assert response.json()["type"] == "/problems/malformed-request"
 
 
 async def test_a_body_over_the_limit_is_413(client: httpx.AsyncClient) -> None:
     body = b'{"message": "' + b"x" * (1 << 20) + b'"}'
-    response = await client.post("/v1/threads/t1/turns", content=body)
+    response = await client.post(
+        "/v1/threads/t1/turns", content=body, headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 413
     assert response.json()["type"] == "/problems/payload-too-large"
 
@@ -259,12 +263,24 @@ async def test_resolving_an_uncertain_receipt_lets_the_next_turn_replay_it(
 
 
 async def test_resolving_an_unknown_receipt_is_404(client: httpx.AsyncClient) -> None:
-    body = {"thread_id": "t1", "key": "payments.charge:charge:pi_0", "applied": False}
+    body = {"thread_id": "t1", "key": "payments.charge:charge:pi_0", "applied": False, "note": "n"}
     response = await client.post("/v1/receipts/resolve", json=body)
     assert response.status_code == 404
     assert (
         response.json()["detail"]
         == "no receipt for key 'payments.charge:charge:pi_0' on thread 't1'"
+    )
+
+
+async def test_resolving_a_key_without_its_capability_prefix_names_the_stored_key(
+    client: httpx.AsyncClient, provider: FakeProvider
+) -> None:
+    key = await uncertain_charge(client, provider, "t1")
+    body = {"thread_id": "t1", "key": "charge:pi_9", "applied": False, "note": "n"}
+    response = await client.post("/v1/receipts/resolve", json=body)
+    assert (response.status_code, response.json()["type"]) == (404, "/problems/not-found")
+    assert response.json()["detail"] == (
+        f"no receipt for key 'charge:pi_9' on thread 't1'; did you mean {key!r}?"
     )
 
 
@@ -278,12 +294,53 @@ async def test_resolve_takes_booleans_only_as_booleans(client: httpx.AsyncClient
 NON_FINITE = ["1e999", "-1e999", "NaN", "Infinity", "-Infinity", '{"amount": [1, 1e999]}']
 
 
+RESOLUTIONS_REFUSED = {
+    "no note": ({"applied": False}, ["note"], "Field required"),
+    "an empty note": ({"applied": False, "note": ""}, ["note"], "at least 1 character"),
+    "a blank note": ({"applied": False, "note": " \t\n"}, ["note"], "only white space"),
+    "applied without a value": ({"applied": True, "note": "n"}, [], "needs a value"),
+    "not applied with a value": (
+        {"applied": False, "value": {"id": "ch"}, "note": "n"},
+        [],
+        "takes no value",
+    ),
+}
+
+
+@pytest.mark.parametrize("extra", list(RESOLUTIONS_REFUSED.values()), ids=list(RESOLUTIONS_REFUSED))
+async def test_a_resolution_without_a_note_or_an_applied_one_without_a_value_is_422(
+    client: httpx.AsyncClient, provider: FakeProvider, extra: tuple[dict, list, str]
+) -> None:
+    fields, loc, message = extra
+    key = await uncertain_charge(client, provider, "t1")
+    response = await client.post(
+        "/v1/receipts/resolve", json={"thread_id": "t1", "key": key, **fields}
+    )
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["type"] == "/problems/invalid-request"
+    assert problem["errors"][0]["loc"] == loc
+    assert message in problem["detail"]
+    [receipt] = (await client.get("/v1/receipts", params={"thread_id": "t1"})).json()["receipts"]
+    assert (receipt["status"], receipt["resolution"]) == ("uncertain", None)
+
+
+async def test_an_applied_resolution_may_say_the_provider_returned_null(
+    client: httpx.AsyncClient, provider: FakeProvider
+) -> None:
+    key = await uncertain_charge(client, provider, "t1")
+    body = {"thread_id": "t1", "key": key, "applied": True, "value": None, "note": "returns none"}
+    response = await client.post("/v1/receipts/resolve", json=body)
+    assert response.status_code == 200, response.text
+    assert (response.json()["status"], response.json()["value"]) == ("completed", None)
+
+
 @pytest.mark.parametrize("value", NON_FINITE)
 async def test_a_resolution_value_that_json_cannot_hold_is_422_and_changes_nothing(
     client: httpx.AsyncClient, provider: FakeProvider, value: str
 ) -> None:
     key = await uncertain_charge(client, provider, "t1")
-    body = f'{{"thread_id": "t1", "key": "{key}", "applied": true, "value": {value}}}'
+    body = f'{{"thread_id": "t1", "key": "{key}", "applied": true, "value": {value}, "note": "n"}}'
     response = await client.post(
         "/v1/receipts/resolve", content=body, headers={"Content-Type": "application/json"}
     )
@@ -345,9 +402,11 @@ async def test_the_openapi_document_describes_every_route(client: httpx.AsyncCli
     assert set(turn_op["responses"]) == {
         "200",
         "400",
+        "403",
         "404",
         "409",
         "413",
+        "415",
         "422",
         "500",
         "502",

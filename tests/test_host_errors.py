@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,11 +28,18 @@ from intention_kernel import (
     TurnScope,
 )
 from intention_kernel.durability import TurnOperation
-from intention_kernel.host import PROBLEM_TYPES, create_app
+from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.host import PROBLEM_TYPES, Principal, create_app
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from proving_support import damage_sqlite_table
 
-TOKENS = {"tok-acme": "acme", "tok-globex": "globex", "tok-ops": None}
+TOKENS = {
+    "tok-acme": Principal("alice@acme.example", "acme", "operator"),
+    "tok-globex": Principal("gina@globex.example", "globex", "operator"),
+    "tok-ops": Principal("oscar@example.com", None, "operator"),
+    "tok-acme-chat": "acme",  # a chat front end: a user of acme
+}
 
 
 class FailingDurability(InMemoryDurability):
@@ -184,13 +193,13 @@ async def test_a_tenant_never_sees_or_touches_another_tenants_thread(tenants: Ke
         assert posted.status_code == 404
         assert posted.json()["detail"] == "no thread 'acct-1'"
         assert (await globex.get("/v1/receipts")).json() == {"receipts": []}
-        body = {"thread_id": "acct-1", "key": receipt["key"], "applied": False}
+        body = {"thread_id": "acct-1", "key": receipt["key"], "applied": False, "note": "n"}
         refused = await globex.post("/v1/receipts/resolve", json=body)
         assert refused.status_code == 404
 
         resolved = await acme.post("/v1/receipts/resolve", json=body)
         assert resolved.status_code == 200
-        assert resolved.json()["resolution"]["actor"] == "acme"
+        assert resolved.json()["resolution"]["actor"] == "alice@acme.example"
     result = await tenants.turn("acct-1", "d9", "balance", tenant_id="acme")
     assert result.reply == "You owe 4200."
 
@@ -204,6 +213,45 @@ async def test_a_token_without_a_tenant_sees_only_threads_without_one(tenants: K
         assert (await ops.get("/v1/threads/acme-only")).status_code == 404
 
 
+async def test_a_user_token_runs_turns_and_reads_but_may_not_list_or_resolve_receipts(
+    tenants: Kernel,
+) -> None:
+    app = create_app(tenants, tokens=TOKENS)
+    async with asgi_client(app, "tok-acme-chat") as chat, asgi_client(app, "tok-acme") as ops:
+        url = "/v1/threads/acct-1/turns"
+        assert (
+            await chat.post(url, json={"turn_id": "d1", "message": "charge pi_9 70"})
+        ).is_success
+        accepted = await chat.post(url, json={"turn_id": "d2", "answer": "accept"})
+        assert accepted.json()["steps"][0]["status"] == "uncertain"
+        assert (await chat.get("/v1/threads/acct-1")).json()["version"] == 2
+        key = "payments.charge:charge:pi_9"
+        body = {"thread_id": "acct-1", "key": key, "applied": False, "note": "none"}
+        for refused in (
+            await chat.get("/v1/receipts"),
+            await chat.get("/v1/receipts", params={"thread_id": "acct-1"}),
+            await chat.post("/v1/receipts/resolve", json=body),
+        ):
+            assert refused.status_code == 403
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.json()["type"] == "/problems/forbidden"
+            assert "needs an operator token" in refused.json()["detail"]
+        [receipt] = (await ops.get("/v1/receipts")).json()["receipts"]
+        assert (receipt["status"], receipt["resolution"]) == ("uncertain", None)
+        resolved = await ops.post("/v1/receipts/resolve", json=body)
+        assert resolved.json()["resolution"]["actor"] == "alice@acme.example"
+
+
+def test_a_principal_needs_a_name_and_a_known_role() -> None:
+    for name in ("", "  "):
+        with pytest.raises(ValueError, match="needs a name"):
+            Principal(name, "acme", "operator")
+    with pytest.raises(ValueError, match="'user' or 'operator'"):
+        Principal("alice", "acme", "admin")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="NUL"):
+        Principal("alice", "ac\x00me")
+
+
 def test_tokens_need_a_store_that_knows_thread_owners() -> None:
     class Opaque:
         pass
@@ -211,3 +259,49 @@ def test_tokens_need_a_store_that_knows_thread_owners() -> None:
     kernel = Kernel(billing_agent(FakeProvider()), Opaque())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="thread_owner"):
         create_app(kernel, tokens=TOKENS)
+
+
+async def test_the_openapi_document_says_what_needs_an_operator_and_a_note(
+    tenants: Kernel,
+) -> None:
+    async with asgi_client(create_app(tenants, tokens=TOKENS)) as anonymous:
+        document = (await anonymous.get("/openapi.json")).json()
+    paths = document["paths"]
+
+    def refusals(path: str, method: str, at: Any = None) -> list[str]:
+        """The problem types an operation declares for 403."""
+        responses = (at or paths)[path][method]["responses"]
+        schema = responses["403"]["content"]["application/problem+json"]["schema"]
+        return [uri.rsplit("/", 1)[-1] for uri in schema["allOf"][1]["properties"]["type"]["enum"]]
+
+    assert "forbidden" in refusals("/v1/receipts", "get")
+    assert "forbidden" in refusals("/v1/receipts/resolve", "post")
+    assert "forbidden" in refusals("/v1/interactions", "get")
+    # Every operation may meet the request guard's 403; only the role's is limited.
+    assert refusals("/v1/threads/{thread_id}/turns", "post") == ["cross-origin"]
+    assert refusals("/v1/threads/{thread_id}", "get") == ["cross-origin"]
+    body = document["components"]["schemas"]["ResolveBody"]
+    assert "note" in body["required"]
+    assert {"properties": {"applied": {"const": True}}, "required": ["value"]} in body["anyOf"]
+    async with asgi_client(create_app(tenants)) as open_app:
+        unauthenticated = (await open_app.get("/openapi.json")).json()["paths"]
+    assert refusals("/v1/receipts/resolve", "post", unauthenticated) == ["cross-origin"]
+
+
+async def test_a_damaged_sqlite_store_is_500_corrupt_not_503_retry(tmp_path: Path) -> None:
+    """Retrying cannot help: the answer must not tell the client to retry (no 503, no
+    Retry-After), but that the store needs repair."""
+    path = tmp_path / "app.db"
+    async with SQLiteDurability(path) as store:
+        await Kernel(billing_agent(FakeProvider()), store).turn("t1", "d1", "balance")
+    damage_sqlite_table(path, "ik_threads")
+    async with SQLiteDurability(path) as store:
+        kernel = Kernel(billing_agent(FakeProvider()), store)
+        async with asgi_client(create_app(kernel)) as client:
+            turn = await client.post("/v1/threads/t1/turns", json={"turn_id": "d2", "message": "x"})
+            thread = await client.get("/v1/threads/t1")
+    for response in (turn, thread):
+        assert response.status_code == 500, response.text
+        assert response.json()["type"] == "/problems/corrupt-record"
+        assert "is damaged" in response.json()["detail"]
+        assert "retry-after" not in response.headers

@@ -78,12 +78,18 @@ def test_a_tenant_never_reads_or_writes_another_tenants_thread(
     # Tenant-prefixed thread IDs, as the README recommends: IDs are one namespace.
     ours, theirs = f"{acme}/acct", f"{globex}/acct"
     provider = tmp_path / "provider.db"
-    tokens = {"tok-acme": acme, "tok-globex": globex}
+    # Operators of each tenant (a person's token), and a chat front end of acme's.
+    tokens = {
+        "tok-acme": f"{acme};role=operator;principal=alice@acme.example",
+        "tok-globex": f"{globex};role=operator;principal=gina@globex.example",
+        "tok-acme-chat": acme,
+    }
     lost = {LOST_RESPONSES_ENV: "pi_demo_43"}  # acme's charge is applied, its answer lost
     with (
         served(store_url, provider=provider, tokens=tokens, env=lost) as base_url,
         client(base_url, "tok-acme") as a,
         client(base_url, "tok-globex") as b,
+        client(base_url, "tok-acme-chat") as chat,
         client(base_url) as anonymous,
     ):
         assert turn(a, ours, "a1", message="pay invoice 43").json()["interaction"] is not None
@@ -101,10 +107,14 @@ def test_a_tenant_never_reads_or_writes_another_tenants_thread(
         listed = b.get("/v1/receipts").json()["receipts"]
         assert {(r["thread_id"], r["status"]) for r in listed} == {(theirs, "completed")}
         assert b.get("/v1/receipts", params={"thread_id": ours}).json() == {"receipts": []}
-        body = {"thread_id": ours, "key": CHARGE_43, "applied": False}
+        body = {"thread_id": ours, "key": CHARGE_43, "applied": False, "note": "none"}
         refused = b.post("/v1/receipts/resolve", json=body)
         assert (refused.status_code, refused.json()["type"]) == (404, "/problems/not-found")
         assert anonymous.get("/v1/receipts").status_code == 401
+        # acme's chat front end reads its thread but may not touch receipts.
+        assert chat.get(f"/v1/threads/{ours}").json()["version"] == 2
+        for forbidden in (chat.get("/v1/receipts"), chat.post("/v1/receipts/resolve", json=body)):
+            assert (forbidden.status_code, forbidden.json()["type"]) == (403, "/problems/forbidden")
 
         # acme lists only its own receipts, and reconciles the uncertain charge.
         assert {r["thread_id"] for r in a.get("/v1/receipts").json()["receipts"]} == {ours}
@@ -118,7 +128,7 @@ def test_a_tenant_never_reads_or_writes_another_tenants_thread(
         )
         assert resolved.status_code == 200, resolved.text
         assert resolved.json()["status"] == "completed"
-        assert resolved.json()["resolution"]["actor"] == acme
+        assert resolved.json()["resolution"]["actor"] == "alice@acme.example"
         again = a.post("/v1/receipts/resolve", json=body)
         assert (again.status_code, again.json()["type"]) == (409, "/problems/receipt-state")
         assert a.get("/v1/receipts", params={"status": "uncertain"}).json() == {"receipts": []}

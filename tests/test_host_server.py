@@ -26,7 +26,7 @@ from host_support import TESTS_DIR, served
 from intention_kernel import Agent, Kernel
 from intention_kernel.cli._common import load_agent
 from intention_kernel.cli.serve import parse_tokens
-from intention_kernel.host import create_app
+from intention_kernel.host import Principal, create_app
 from intention_kernel.testing import InMemoryDurability, faults
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 
@@ -63,12 +63,16 @@ def test_served_billing_agent_confirms_and_replays_over_real_http(tmp_path: Path
 
 @pytest.mark.slow
 def test_served_host_with_tokens_refuses_anonymous_calls(tmp_path: Path) -> None:
-    with served(tmp_path / "host.db", tokens={"s3cret": "acme"}) as base_url:
+    tokens = {"s3cret": "acme;role=operator;principal=alice", "chat": "acme"}
+    with served(tmp_path / "host.db", tokens=tokens) as base_url:
         assert httpx.get(f"{base_url}/v1/receipts").status_code == 401
         authorized = httpx.get(
             f"{base_url}/v1/receipts", headers={"Authorization": "Bearer s3cret"}
         )
         assert authorized.json() == {"receipts": []}
+        # Today's form, TOKEN=TENANT, is a user of the tenant: no receipts.
+        user = httpx.get(f"{base_url}/v1/receipts", headers={"Authorization": "Bearer chat"})
+        assert (user.status_code, user.json()["type"]) == (403, "/problems/forbidden")
 
 
 @pytest.mark.slow
@@ -183,10 +187,46 @@ def test_a_factory_that_takes_db_url_is_given_the_store(
     assert url_agents.seen == ["sqlite:///app.db", None]
 
 
-def test_tokens_map_secrets_to_tenants() -> None:
-    assert parse_tokens(["a=acme", "b=", " c=globex "]) == {"a": "acme", "b": None, "c": "globex"}
+def test_tokens_map_secrets_to_principals_and_todays_form_is_a_user_of_its_tenant() -> None:
+    assert parse_tokens(["a=acme", " c=globex "]) == {
+        "a": Principal("acme", "acme", "user"),
+        "c": Principal("globex", "globex", "user"),
+    }
+    assert parse_tokens(
+        [
+            "k7=acme;role=operator;principal=alice@acme.example",
+            "r1=;role=operator;principal=root",
+            "f2=acme; principal = chat ;role=user",
+            "e3=a=b",
+        ]
+    ) == {
+        "k7": Principal("alice@acme.example", "acme", "operator"),
+        "r1": Principal("root", None, "operator"),
+        "f2": Principal("chat", "acme", "user"),
+        "e3": Principal("a=b", "a=b", "user"),
+    }
     with pytest.raises(ValueError, match="twice"):
         parse_tokens(["a=x", "a=y"])
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("s3cret=", "has no tenant and names no principal"),
+        ("s3cret=;role=operator", "has no tenant and names no principal"),
+        ("s3cret=acme;role=operator", "an operator names its principal"),
+        ("s3cret=acme;role=admin;principal=a", "role is user or operator"),
+        ("s3cret=acme;colour=red", "unknown attribute"),
+        ("s3cret=ac;me", "unknown attribute"),
+        ("s3cret=acme;principal=", "principal= needs a name"),
+        ("s3cret=acme;role=user;role=operator", "role= is given twice"),
+        ("s3cret", "must look like TOKEN=TENANT"),
+    ],
+)
+def test_a_token_whose_role_or_principal_is_unclear_is_refused(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as refused:
+        parse_tokens([spec])
+    assert "s3cret" not in str(refused.value), "the secret is never repeated"
 
 
 # -- schemathesis against the app's own document -----------------------------------------
@@ -219,7 +259,7 @@ class FuzzTarget:
     statuses: Counter[tuple[str, int]] = field(default_factory=Counter)
 
 
-def fuzz_target(tokens: dict[str, str | None] | None) -> FuzzTarget:
+def fuzz_target(tokens: dict[str, Principal | str | None] | None) -> FuzzTarget:
     provider = FakeProvider(behaviour={"pi_9": "lost_response"})
     kernel = Kernel(billing_agent(provider), InMemoryDurability(lock_timeout=5.0))
     tenant = FUZZ_TENANT if tokens else None
@@ -249,14 +289,16 @@ def fuzz_target(tokens: dict[str, str | None] | None) -> FuzzTarget:
     config = SchemathesisConfig.from_dict(
         {"auth": {"openapi": {"bearer": {"bearer": FUZZ_TOKEN}}}} if tokens else {}
     )
-    app = create_app(kernel, tokens=tokens)
+    app = create_app(kernel, tokens=tokens, allowed_hosts=["testserver"])  # schemathesis's Host
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
     return FuzzTarget(schema, asyncio.run(seed()))
 
 
 # Module level, as schemathesis parametrizes at collection time: one test per operation.
 OPEN = fuzz_target(None)
-WITH_TOKENS = fuzz_target({FUZZ_TOKEN: FUZZ_TENANT, "fuzz-token-b": "tenant-b"})
+WITH_TOKENS = fuzz_target(
+    {FUZZ_TOKEN: Principal("fuzzer", FUZZ_TENANT, "operator"), "fuzz-token-b": "tenant-b"}
+)
 
 FUZZ_SETTINGS = settings(
     max_examples=50,

@@ -4,6 +4,7 @@ defence for recorders that cannot say who claimed a thread."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -118,3 +119,9 @@ async def test_a_busy_thread_is_waited_for_then_refused_after_the_lock_timeout()
 
 async def commit_for_turn(tx: TurnTransaction) -> TurnCommit:
     return commit_for(tx)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0])
+def test_a_lock_timeout_that_never_ends_or_is_negative_is_refused(value: float) -> None:
+    with pytest.raises(ValueError, match="lock_timeout"):
+        InMemoryDurability(lock_timeout=value)

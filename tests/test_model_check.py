@@ -93,9 +93,11 @@ CHARGE = "payments.charge"
 BALANCE = "billing.balance"
 NOTHING_PENDING = "There is nothing waiting for an answer, so nothing was done."
 UNCERTAIN_REPLY = (
-    "Charge a payment intent may or may not have taken effect, so it will not be retried "
-    "until someone checks it."
+    "Charge a payment intent: I could not tell whether this went through, so it will not be "
+    "tried again until someone has checked it."
 )
+NOT_APPLIED_REPLY = "Charge a payment intent: this did not go through. You can ask again."
+CANCELLED_REPLY = "Cancelled: nothing was done."
 
 # The payload fields of each event type that the model predicts (the others are IDs).
 PAYLOAD_FIELDS = {
@@ -357,9 +359,7 @@ class ConversationMachine(RuleBasedStateMachine):
                 receipt = model.receipts[key] = ReceiptModel("failed", attempt, None, turn_id)
                 effect("failed", receipt)
                 expected.steps.append((CHARGE, "failed", None))
-                expected.replies.append(
-                    f"Could not complete {CHARGE}: EffectNotAppliedError: card declined for {pi}"
-                )
+                expected.replies.append(NOT_APPLIED_REPLY)
                 return expected
             self.ledger.append(key)
             if behaviour == "lost_response":
@@ -467,7 +467,7 @@ class ConversationMachine(RuleBasedStateMachine):
         if model.pending is None:
             expected = Expected(None, replies=[NOTHING_PENDING])
         else:
-            expected = Expected(None, replies=[f"Cancelled. ({prompt(*model.pending)})"])
+            expected = Expected(None, replies=[CANCELLED_REPLY])
             expected.events.append(
                 ("interaction.resolved", {"capability_id": CHARGE, "resolution": "rejected"})
             )
@@ -550,6 +550,17 @@ class ConversationMachine(RuleBasedStateMachine):
         self.resolve(name, key, applied=applied)
 
     def resolve(self, name: str, key: str, *, applied: bool) -> None:
+        receipt = self.threads[name].receipts[key]
+        store = self.harness.store
+        if not applied and receipt.status == "prepared" and store and store.kind == "postgres":
+            # A PostgreSQL lock dies with its session while the worker may live on: a
+            # prepared receipt may be a live attempt's, never resolvable as not applied.
+            self.met("reconcile", "not applied refused: prepared on PostgreSQL")
+            with pytest.raises(ReceiptStateError, match="may still be running"):
+                self.harness.run(
+                    self.durability.resolve_receipt(self.tid(name), key, applied=False)
+                )
+            return
         self.met("reconcile", "applied" if applied else "not applied")
         value = {"charge_id": "ch_found_by_ops", "amount": 1} if applied else None
         resolved = self.harness.run(

@@ -280,7 +280,11 @@ async def test_a_tool_call_without_a_function_is_a_failed_step(billing: Billing)
         "the model's tool call call_11Xq3VfJ8bR2nT5kLw9pYcZ has no function (nothing to run) "
         "(this agent has: billing.balance, payments.charge)"
     )
-    assert result.reply.startswith("Could not run a tool call: the model's tool call")
+    # The person reads what happened; the tool call's ID and the reason stay in the step.
+    assert result.reply.splitlines()[0] == (
+        "Sorry, I could not work out what to do for that, so nothing was done."
+    )
+    assert "call_11Xq3VfJ8bR2nT5kLw9pYcZ" not in result.reply
     assert (balance.capability_id, balance.status) == ("billing.balance", StepStatus.COMPLETED)
     assert result.checkpoint_version == 1
 

@@ -15,25 +15,36 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import pytest
 
-from intention_kernel import Kernel, OutboxEvent
+from intention_kernel import (
+    Agent,
+    CapabilityContext,
+    Intent,
+    Interpretation,
+    Kernel,
+    OutboxEvent,
+    capability,
+)
 from intention_kernel.outbox import (
     EVENT_ID_HEADER,
+    EVENT_TYPE_HEADER,
     SIGNATURE_HEADER,
     NatsError,
     NatsSink,
     OutboxRelay,
     WebhookError,
     WebhookSink,
+    encode_event_type,
     event_document,
     sign,
     subject_for,
     verify_signature,
 )
-from intention_kernel.testing import InMemoryDurability
+from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from proving_support import read_all_events
 
@@ -498,3 +509,56 @@ async def test_a_refused_webhook_fails_at_once_and_blocks_only_its_thread() -> N
     assert [d["thread_id"] for d in endpoint.accepted] == ["t2"] * sum(
         e.thread_id == "t2" for e in events
     )
+
+
+#: Event types a capability may emit that are no valid raw header value.
+AWKWARD_TYPES = [
+    "billing.reçu",
+    "billing.line\nbreak",
+    "billing.tab\tand\x7fdel",
+    " billing.padded ",
+    "billing.100%",
+    "billing.émoji.🧾",
+]
+
+
+async def test_every_event_type_reaches_a_webhook_in_an_encoded_header() -> None:
+    """A type outside visible ASCII goes percent-encoded into its header, so that the
+    relay can deliver it (sent raw, the client refused it and the thread's outbox stayed
+    blocked behind it); the header decodes back to the body's ``type``."""
+
+    @capability("billing.notes", description="Emits awkward event types")
+    async def notes(input: dict[str, Any], ctx: CapabilityContext) -> None:
+        for event_type in AWKWARD_TYPES:
+            ctx.emit(event_type, {"n": 1})
+
+    interpreter = ScriptedInterpreter({"notes": Interpretation([Intent("billing.notes", {})])})
+    agent = Agent(name="notes", version="1", capabilities=[notes], interpreter=interpreter)
+    headers: list[str] = []
+    endpoint = Endpoint()
+
+    def receive(request: httpx.Request) -> httpx.Response:
+        header = request.headers[EVENT_TYPE_HEADER]
+        assert header.isascii() and header.isprintable() and header == header.strip()
+        assert unquote(header) == json.loads(request.content)["type"]
+        headers.append(header)
+        return endpoint(request)
+
+    sink = WebhookSink(
+        "https://hooks.example.test/ik", secret=SECRET, transport=httpx.MockTransport(receive)
+    )
+    async with InMemoryDurability() as durability:
+        await Kernel(agent, durability).turn("t", "1", "notes")
+        events = await read_all_events(durability)
+        async with OutboxRelay(durability, sink) as relay:
+            report = await relay.run_once()
+            assert (report.published, report.failed) == (len(events), 0)
+            assert (await relay.status()).unpublished == 0
+    assert [d["type"] for d in endpoint.accepted] == [e.type for e in events]
+    assert set(AWKWARD_TYPES) <= {d["type"] for d in endpoint.accepted}
+    # The kernel's own types, and plain ones, are sent as they are.
+    assert "turn.committed" in headers and encode_event_type("billing.charged") == (
+        "billing.charged"
+    )
+    assert encode_event_type("a/b:c_d-e") == "a/b:c_d-e"
+    assert encode_event_type("100%") == "100%25"

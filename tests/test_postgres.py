@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import time
@@ -47,6 +48,7 @@ from intention_kernel.errors import (
     CorruptRecordError,
     EffectUncertainError,
     FencedCommitError,
+    ReceiptStateError,
     StoreError,
     ThreadBusyError,
 )
@@ -435,6 +437,40 @@ async def test_the_advisory_lock_excludes_a_second_holder_until_its_session_dies
         assert (await holder.with_turn(TurnScope("t", "third"), plain)).checkpoint_version == 2
     turns = store.execute("SELECT turn_id FROM ik_turns WHERE thread_id = 't' ORDER BY version")
     assert turns == [("second",), ("third",)]
+
+
+async def test_a_zero_lock_timeout_bounds_only_the_wait_for_a_busy_thread(store: Store) -> None:
+    """``lock_timeout=0`` is no wait for a busy thread, not no wait for a session: turns
+    on idle threads commit while the pool opens sessions for them, and a busy thread
+    raises ``ThreadBusyError``, never ``StoreError``."""
+    async with store.durability(lock_timeout=0, min_pool_size=1, max_pool_size=6) as durability:
+        gate = Gate()
+        held = asyncio.create_task(durability.with_turn(TurnScope("busy", "1"), gate))
+        await asyncio.wait_for(gate.entered.wait(), 5)
+        results = await asyncio.gather(
+            *(durability.with_turn(TurnScope(f"idle-{n}", "1"), plain) for n in range(4)),
+            return_exceptions=True,
+        )
+        assert [getattr(r, "checkpoint_version", r) for r in results] == [1, 1, 1, 1]
+        busy = await asyncio.gather(
+            *(durability.with_turn(TurnScope("busy", f"2-{n}"), plain) for n in range(4)),
+            return_exceptions=True,
+        )
+        assert [type(b) for b in busy] == [ThreadBusyError] * 4
+        gate.released.set()
+        assert (await held).checkpoint_version == 1
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])
+@pytest.mark.parametrize("option", ["lock_timeout", "pool_timeout"])
+def test_a_wait_that_never_ends_or_is_negative_is_refused(
+    option: str, value: float, postgres_dsn: str
+) -> None:
+    with pytest.raises(ValueError, match=option):
+        PostgresDurability(postgres_dsn, **{option: value})
+    if option == "lock_timeout":
+        with pytest.raises(ValueError, match=option):
+            open_durability(with_query(postgres_dsn, f"lock_timeout={value}"))
 
 
 async def test_a_replay_takes_no_lock_and_waits_for_no_turn(store: Store) -> None:
@@ -850,6 +886,48 @@ async def test_an_outcome_recorded_late_never_overwrites_what_another_turn_decid
         assert calls == ["charge"]
         checkpoint = await durability.load_checkpoint("t")
         assert checkpoint is not None and checkpoint.version == 1  # the other turn's
+
+
+async def test_a_receipt_whose_attempt_may_still_run_cannot_be_resolved_as_not_applied(
+    store: Store,
+) -> None:
+    """The lock's session is killed while the provider call runs: the live ``prepared``
+    receipt now sits under a free lock, as a dead attempt's would. An operator (another
+    worker) is refused "not applied", which would let a retry call the provider a
+    second time; the live attempt then records its outcome and the retry replays it."""
+    calls: list[str] = []
+    killed, release = asyncio.Event(), asyncio.Event()
+
+    async def provider(authority: EffectAuthority) -> dict[str, bool]:
+        calls.append(authority.key)
+        if len(calls) == 1:
+            await asyncio.to_thread(kill_and_wait, store, "t")
+            killed.set()
+            await release.wait()  # still charging while the operator looks
+        return {"charged": True}
+
+    async def charge(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("charge", provider, step_id="s")
+        return commit_for(tx)
+
+    async with store.durability() as durability, store.durability() as operator:
+        running = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), charge))
+        await asyncio.wait_for(killed.wait(), 10)
+        [receipt] = await operator.list_receipts(thread_id="t")
+        assert receipt.status == "prepared"
+        with pytest.raises(ReceiptStateError, match="may still be running"):
+            await operator.resolve_receipt("t", "charge", applied=False, note="not seen yet")
+        [still] = await operator.list_receipts(thread_id="t")
+        assert (still.status, still.resolution) == ("prepared", None)
+        assert [e.type for e in await operator.read_outbox(thread_id="t")] == []
+        release.set()
+        with pytest.raises(StoreError):  # its lock is gone: the turn does not commit
+            await running
+        [receipt] = await operator.list_receipts(thread_id="t")
+        assert (receipt.status, receipt.value) == ("completed", {"charged": True})
+        retried = await durability.with_turn(TurnScope("t", "1"), charge)
+        assert (retried.replayed, retried.checkpoint_version) == (False, 1)
+    assert calls == ["charge"]
 
 
 async def retry_until_served(

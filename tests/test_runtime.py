@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import threading
@@ -18,6 +19,7 @@ from intention_kernel import (
     CancellationSignal,
     CapabilityContext,
     CapabilityResult,
+    CompilationError,
     EffectUsageError,
     Fact,
     Intent,
@@ -25,14 +27,17 @@ from intention_kernel import (
     InterpretationError,
     InvalidRequestError,
     Kernel,
+    Replies,
     Rule,
     RuleInterpreter,
+    StepResult,
     StepStatus,
     capability,
 )
+from intention_kernel.capabilities import Capability
 from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing.agents import FakeProvider, billing_agent, billing_interpreter
 from intention_kernel.turns import request_digest
 
 
@@ -617,3 +622,131 @@ def test_the_request_digest_of_a_turn_without_an_answer_is_the_canonical_one(
     assert request_digest(message, None) == hashlib.sha256(canonical.encode()).hexdigest()
     answered = {"interaction_id": "i", "value": message}
     assert request_digest(message, answered) != request_digest(message, None)
+
+
+# -- replies a person reads ---------------------------------------------------------------------
+
+#: What a person must never read in a reply: exception classes, parser positions, IDs.
+TECHNICAL = ("Error", "line 1 column", "ix_", "rcpt_", "payments.charge")
+
+
+def _assert_for_a_person(reply: str) -> None:
+    for fragment in TECHNICAL:
+        assert fragment not in reply, (fragment, reply)
+
+
+async def test_replies_say_what_happened_without_exception_names_or_parser_positions() -> None:
+    provider = FakeProvider(behaviour={"pi_lost": "lost_response", "pi_no": "not_applied"})
+    json_error = "arguments are not JSON: Expecting value: line 1 column 1 (char 0)"
+    base = billing_interpreter()
+
+    class Garbling:
+        async def interpret(self, request: InterpretationRequest) -> Interpretation:
+            if request.message == "garbled":
+                return Interpretation([Intent("payments.charge", {}, error=json_error)])
+            return await base.interpret(request)
+
+    agent = dataclasses.replace(billing_agent(provider), interpreter=Garbling())
+    kernel = Kernel(agent, InMemoryDurability())
+
+    await kernel.turn("t", "1", "charge pi_lost 500")
+    lost = await kernel.turn("t", "2", "yes")
+    assert lost.reply == (
+        "Charge a payment intent: I could not tell whether this went through, so it will "
+        "not be tried again until someone has checked it."
+    )
+    assert lost.steps[0].error is not None and "TimeoutError" in lost.steps[0].error
+
+    await kernel.turn("t", "3", "charge pi_no 500")
+    declined = await kernel.turn("t", "4", "yes")
+    assert declined.reply == "Charge a payment intent: this did not go through. You can ask again."
+    assert declined.steps[0].error == "EffectNotAppliedError: card declined for pi_no"
+
+    asked = await kernel.turn("t", "5", "charge pi_1 500")
+    assert asked.interaction is not None
+    cancelled = await kernel.turn("t", "6", "no")
+    assert cancelled.reply == "Cancelled: nothing was done."
+
+    garbled = await kernel.turn("t", "7", "garbled")
+    assert garbled.reply == (
+        "Charge a payment intent: I could not make out the details of the request, so "
+        "nothing was done."
+    )
+    assert garbled.steps[0].error is not None and "line 1 column 1" in garbled.steps[0].error
+
+    unknown = await kernel.turn("t", "8", "ghost")
+    assert unknown.reply == "Sorry, I could not work out what to do for that, so nothing was done."
+
+    asked = await kernel.turn("t", "9", "charge pi_2 500")
+    assert asked.interaction is not None
+    other = await kernel.turn("t", "10", answer=Answer("ix_someone_else"))
+    assert other.reply == (
+        "That answer is for an earlier question, so nothing was done. The question waiting "
+        "for an answer is: Charge 500 to pi_2?"
+    )
+    for result in (lost, declined, cancelled, garbled, unknown, other):
+        _assert_for_a_person(result.reply)
+
+
+async def test_a_capability_that_raises_is_reported_without_its_exception() -> None:
+    @capability("things.break", description="Open a support ticket")
+    async def broken(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        raise KeyError("customer_id")
+
+    kernel, _ = _kernel(broken, script={"go": Interpretation([Intent("things.break")])})
+    result = await kernel.turn("t", "1", "go")
+    assert result.reply == "Open a support ticket: something went wrong, so this was not completed."
+    assert result.steps[0].error == "KeyError: 'customer_id'"
+
+
+class _Terse(Replies):
+    def uncertain(self, capability: Capability, step: StepResult) -> str:
+        return f"unknown outcome of {capability.id} in {step.step_id}"
+
+    def cancelled(self, interaction: Any) -> str:
+        return f"dropped: {interaction.prompt}"
+
+    def failed(self, capability: Capability, step: StepResult, error: BaseException) -> str:
+        return f"failed ({type(error).__name__})"
+
+    def nothing_to_do(self) -> str:
+        return "?"
+
+
+async def test_an_agent_words_the_kernels_replies_with_its_own_replies_object() -> None:
+    provider = FakeProvider(behaviour={"pi_lost": "lost_response", "pi_no": "not_applied"})
+    agent = dataclasses.replace(billing_agent(provider), replies=_Terse())
+    kernel = Kernel(agent, InMemoryDurability())
+    assert kernel.fingerprint == Kernel(billing_agent(provider), InMemoryDurability()).fingerprint
+    await kernel.turn("t", "1", "charge pi_lost 500")
+    lost = await kernel.turn("t", "2", "yes")
+    assert lost.reply == f"unknown outcome of payments.charge in {lost.steps[0].step_id}"
+    await kernel.turn("t", "3", "charge pi_no 500")
+    assert (await kernel.turn("t", "4", "yes")).reply == "failed (EffectNotAppliedError)"
+    await kernel.turn("t", "5", "charge pi_1 500")
+    assert (await kernel.turn("t", "6", "no")).reply == "dropped: Charge 500 to pi_1?"
+    assert (await kernel.turn("t", "7", "hello there")).reply == "?"
+    # The methods not overridden keep the default wording.
+    assert (await kernel.turn("t", "8", "no")).reply == Replies().nothing_pending()
+
+
+def test_replies_that_are_not_a_replies_object_are_refused_at_compilation() -> None:
+    agent = dataclasses.replace(billing_agent(FakeProvider()), replies=object())  # type: ignore[arg-type]
+    with pytest.raises(CompilationError, match="replies must be a Replies"):
+        Kernel(agent, InMemoryDurability())
+
+
+async def test_the_default_confirmation_prompt_is_a_question_without_python_reprs() -> None:
+    @capability("orders.refund", effect="write", description="Refund an order in full")
+    async def refund(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        return CapabilityResult()
+
+    script = {
+        "refund": Interpretation([Intent("orders.refund", {"order_id": "o_1", "lines": [1, 2]})]),
+        "bare": Interpretation([Intent("orders.refund", {})]),
+    }
+    kernel, _ = _kernel(refund, script=script)
+    asked = await kernel.turn("t", "1", "refund")
+    assert asked.reply == "Refund an order in full (order_id: o_1, lines: [1,2])? Reply yes or no."
+    bare = await kernel.turn("t", "2", "bare")
+    assert bare.reply == "Refund an order in full? Reply yes or no."

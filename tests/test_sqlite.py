@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sqlite3
 import threading
@@ -13,9 +14,10 @@ import pytest
 
 from intention_kernel.durability import Durability, TurnTransaction, open_durability
 from intention_kernel.durability.sqlite import MIGRATIONS, SQLiteDurability
+from intention_kernel.errors import CorruptRecordError, CorruptStoreError, StoreError
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper, commit_for
 from intention_kernel.turns import TurnCommit, TurnScope
-from proving_support import migration_4_gives_receipts_their_owner
+from proving_support import damage_sqlite_table, migration_4_gives_receipts_their_owner
 
 
 class _SQLiteTamper:
@@ -228,3 +230,84 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(tmp_path:
             conn.execute("DELETE FROM ik_schema WHERE version > 3")
 
     await migration_4_gives_receipts_their_owner(lambda: SQLiteDurability(path), back_to_version_3)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])
+@pytest.mark.parametrize("option", ["lock_timeout", "busy_timeout"])
+def test_a_wait_that_never_ends_or_is_negative_is_refused(
+    option: str, value: float, tmp_path: Path
+) -> None:
+    """NaN compares false with every deadline, so it would wait forever, as infinity does."""
+    with pytest.raises(ValueError, match=option):
+        SQLiteDurability(tmp_path / "k.db", **{option: value})
+    assert list(tmp_path.iterdir()) == []
+
+
+async def _first_turns(path: Path, threads: int = 3) -> None:
+    async def first(tx: TurnTransaction) -> TurnCommit:
+        return commit_for(tx)
+
+    async with SQLiteDurability(path) as store:
+        for n in range(threads):
+            await store.with_turn(TurnScope(f"t{n}", "1"), first)
+
+
+async def test_a_damaged_page_is_a_corrupt_store_not_a_transient_store_error(
+    tmp_path: Path,
+) -> None:
+    """Retrying reads the same garbage: the error says the store is damaged, which the
+    host answers with 500, not 503 "retry"."""
+    path = tmp_path / "k.db"
+    await _first_turns(path)
+    damage_sqlite_table(path, "ik_threads")
+    async with SQLiteDurability(path) as store:
+        with pytest.raises(CorruptStoreError, match="is damaged") as caught:
+            await store.load_checkpoint("t1")
+        assert not isinstance(caught.value, StoreError)
+        assert caught.value.thread_id == "t1"
+        with pytest.raises(CorruptStoreError, match="is damaged") as caught:
+            await store.with_turn(TurnScope("t1", "2"), plain)
+        assert caught.value.thread_id == "t1"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not a database"])
+async def test_a_truncated_or_foreign_file_is_refused_as_a_corrupt_store(
+    damage: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "k.db"
+    await _first_turns(path, threads=40)
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    if damage == "truncated":
+        os.truncate(path, path.stat().st_size // 2)
+    else:
+        path.write_bytes(b"these are not the bytes of a database\n" * 200)
+
+    async def read_every_thread() -> None:
+        async with SQLiteDurability(path) as store:
+            for n in range(40):
+                await store.load_checkpoint(f"t{n}")
+
+    with pytest.raises(CorruptStoreError, match="is damaged"):
+        await read_every_thread()
+
+
+async def test_text_that_is_not_utf8_is_a_corrupt_record_of_its_thread(tmp_path: Path) -> None:
+    path = tmp_path / "k.db"
+    await _first_turns(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE ik_threads SET checkpoint = CAST(X'7bff22' AS TEXT) WHERE thread_id = 't1'"
+        )
+    async with SQLiteDurability(path) as store:
+        with pytest.raises(CorruptRecordError, match="not UTF-8") as caught:
+            await store.with_turn(TurnScope("t1", "2"), plain)
+        assert caught.value.thread_id == "t1"
+        with pytest.raises(CorruptRecordError, match="not UTF-8") as read:
+            await store.load_checkpoint("t1")
+        assert read.value.thread_id == "t1"
+        assert (await store.with_turn(TurnScope("t2", "2"), plain)).checkpoint_version == 2
+
+
+async def plain(tx: TurnTransaction) -> TurnCommit:
+    return commit_for(tx)

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import sqlite3
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -35,8 +36,12 @@ from intention_kernel import (
     Kernel,
     capability,
 )
+from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.effects import ReceiptStatus
 from intention_kernel.interpretation import InterpretationRequest
+from intention_kernel.testing.conformance import commit_for
+from intention_kernel.turns import TurnCommit, TurnScope
 
 WORKER = Path(__file__).with_name("sqlite_worker.py")
 CRASH_STATUS = 137  # what the worker exits with when it simulates a crash
@@ -493,3 +498,150 @@ async def test_stale_commit_is_fenced(
         else:
             assert (again.replayed, again.checkpoint_version) == (False, prior_turns + 2)
     await assert_outbox_holds_only_committed_turns(cluster)
+
+
+# -- the event loop --------------------------------------------------------------------------
+
+#: Holds the database's write lock (``BEGIN IMMEDIATE``) until a line arrives on stdin.
+WRITE_LOCK_HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
+"""
+
+
+@pytest.mark.parametrize("write", ["commit", "effect"])
+async def test_a_write_lock_held_by_another_process_never_stalls_the_event_loop(
+    write: str, tmp_path: Path
+) -> None:
+    """With one turn in flight its writes run inline; when another process holds the
+    database's write lock, the write waits on the worker thread instead, and the event
+    loop keeps serving everything else (reads, replays, any task) meanwhile."""
+    path = tmp_path / "k.db"
+    async with SQLiteDurability(path, busy_timeout=10) as store:
+
+        async def first(tx: TurnTransaction) -> TurnCommit:
+            return commit_for(tx)
+
+        await store.with_turn(TurnScope("other", "1"), first)
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            WRITE_LOCK_HOLDER,
+            str(path),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert holder.stdin is not None and holder.stdout is not None
+        reached = asyncio.Event()
+
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            reached.set()
+            if write == "effect":
+                await tx.run_effect("charge:1", lambda authority: {"ok": True}, step_id="s1")
+            return commit_for(tx)  # nothing awaited from here to the commit's first write
+
+        try:
+            line = await asyncio.wait_for(holder.stdout.readline(), PROCESS_TIMEOUT)
+            assert line == b"locked\n"
+            turn = asyncio.create_task(store.with_turn(TurnScope("t", "1"), operation))
+            # The turn ran to its write (which met the lock) before this task resumes.
+            await reached.wait()
+            for _ in range(100):  # the loop runs other tasks, round after round
+                await asyncio.sleep(0)
+            assert not turn.done(), turn.exception() if turn.done() else None
+            checkpoint = await store.load_checkpoint("other")
+            replay = await store.with_turn(TurnScope("other", "1"), first)
+            assert checkpoint is not None and checkpoint.version == 1 and replay.replayed
+            assert not turn.done()  # still waiting for the other process's lock
+        finally:
+            holder.stdin.write(b"release\n")
+            await holder.stdin.drain()
+            assert await asyncio.wait_for(holder.wait(), PROCESS_TIMEOUT) == 0
+        result = await asyncio.wait_for(turn, PROCESS_TIMEOUT)
+        assert result.checkpoint_version == 1 and not result.replayed
+        if write == "effect":
+            [receipt] = await store.list_receipts("t")
+            assert receipt.status == ReceiptStatus.COMPLETED and receipt.value == {"ok": True}
+
+
+# -- a read-only file system -----------------------------------------------------------------
+
+
+def read_only(directory: Path, command: list[str]) -> list[str]:
+    """``command`` run where ``directory`` is read-only. Root ignores file permissions,
+    so as root the command runs in a mount namespace of its own, with ``directory``
+    bind-mounted read-only onto itself (a read-only file system, ``EROFS``); any other
+    user gets the directory's write bits removed."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return command
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0"', str(directory)],
+        capture_output=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"root without a mount namespace to make a directory read-only: {probe}")
+    script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+    return ["unshare", "-m", "sh", "-c", script, str(directory), *command]
+
+
+@pytest.mark.parametrize("leftovers", [True, False], ids=["crash left -wal and -shm", "clean"])
+def test_serve_on_a_read_only_file_system_is_refused_with_one_message(
+    leftovers: bool, tmp_path: Path
+) -> None:
+    """After a crash left ``-wal`` and ``-shm`` behind, SQLite still opens the database
+    on a read-only file system, and the lock file was what failed: with a raw
+    ``OSError`` and a traceback. Either way ``serve`` refuses, exit status 2."""
+    directory = tmp_path / "store"
+    directory.mkdir()
+    db = directory / "app.db"
+    create = (
+        "import asyncio, os, sys\n"
+        "from intention_kernel.durability.sqlite import SQLiteDurability\n"
+        "from intention_kernel.testing.conformance import commit_for\n"
+        "from intention_kernel.turns import TurnScope\n"
+        "async def first(tx):\n"
+        "    return commit_for(tx)\n"
+        "async def main():\n"
+        "    store = SQLiteDurability(sys.argv[1])\n"
+        "    await store.__aenter__()\n"
+        "    await store.with_turn(TurnScope('t', '1'), first)\n"
+        "    if sys.argv[2] == 'crash':\n"
+        "        os._exit(0)  # nothing closed: -wal and -shm stay\n"
+        "    await store.aclose()\n"
+        "asyncio.run(main())\n"
+    )
+    how = "crash" if leftovers else "close"
+    subprocess.run([sys.executable, "-c", create, str(db), how], check=True, timeout=60)
+    names = {p.name for p in directory.iterdir()}
+    assert ({"app.db-wal", "app.db-shm"} <= names) is leftovers
+    serve = [
+        sys.executable,
+        "-m",
+        "intention_kernel",
+        "serve",
+        "--agent",
+        "test_cli_operations:old_agent",
+        "--db",
+        f"sqlite:///{db}",
+        "--port",
+        "0",
+    ]
+    done = subprocess.run(
+        read_only(directory, serve),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent,
+        env={**os.environ, "COLUMNS": "1000"},  # one message on one line
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("refused:") == 1
+    assert f"refused: cannot open the store sqlite:///{db}: " in done.stderr

@@ -33,6 +33,7 @@ from intention_kernel.errors import (
     CheckpointError,
     CompilationError,
     CorruptRecordError,
+    CorruptStoreError,
     EffectError,
     EffectNotAppliedError,
     EffectUncertainError,
@@ -65,6 +66,7 @@ from intention_kernel.interpretation import (
     RuleInterpreter,
 )
 from intention_kernel.kernel import Kernel
+from intention_kernel.replies import Replies
 from intention_kernel.turns import (
     OutboxEvent,
     StepResult,
@@ -95,6 +97,7 @@ __all__ = [
     "CheckpointError",
     "CompilationError",
     "CorruptRecordError",
+    "CorruptStoreError",
     "EffectAuthority",
     "EffectError",
     "EffectNotAppliedError",
@@ -127,6 +130,7 @@ __all__ = [
     "ReceiptStatus",
     "RecordedDurability",
     "Recorder",
+    "Replies",
     "Resolution",
     "Rule",
     "RuleInterpreter",

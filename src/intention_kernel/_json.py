@@ -4,7 +4,12 @@ Stored values must survive a round trip unchanged, so everything the kernel
 keeps is normalized through the same encoder that stores it: a tuple becomes a
 list on first use, not only after a replay, and a value that JSON cannot hold
 (a set, an object, NaN, a string with a lone surrogate, which UTF-8 cannot
-encode) is refused where it enters.
+encode) or that no reader can parse back (an integer of more than
+:data:`MAX_INT_DIGITS` digits) is refused where it enters.
+
+Keys and names that a store keeps in a text column of their own (effect keys, fact
+keys, event types) have a rule of their own, :func:`text_problem`: PostgreSQL text
+cannot hold NUL, which JSON escapes inside values but a bare column cannot.
 """
 
 from __future__ import annotations
@@ -13,12 +18,30 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_NESTING", "dump_value", "load_value", "normalize", "too_deep"]
+__all__ = [
+    "MAX_INT_DIGITS",
+    "MAX_NESTING",
+    "dump_value",
+    "load_value",
+    "normalize",
+    "storable_text",
+    "text_problem",
+    "too_deep",
+]
 
 #: Values nested deeper than this (objects and arrays) are refused where they enter.
 #: Real inputs are a few levels deep; far deeper ones exhaust the recursion of the
 #: JSON encoders that store them (a ``RecursionError``, not a clear refusal).
 MAX_NESTING = 64
+
+#: Integers of more digits than this are refused where they enter. Python parses no
+#: longer integer from JSON by default (``sys.int_info.default_max_str_digits``), nor
+#: does pydantic's parser, which reads checkpoints and results: a longer one would be
+#: written and then fail every later read of its thread. A fixed number, not the
+#: process's ``sys.get_int_max_str_digits()``: a writer that raised its own limit
+#: must not store what another process cannot read.
+MAX_INT_DIGITS = 4300
+_INT_BOUND = 10**MAX_INT_DIGITS
 
 
 # One strict compact encoder for every stored value, built once: ``json.dumps`` with
@@ -45,14 +68,44 @@ def normalize(value: Any) -> Any:
         if not value.isascii():
             value.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError
         return value
-    if value is None or isinstance(value, (bool, int)):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -_INT_BOUND < value < _INT_BOUND:
+            raise ValueError(_TOO_LONG)
         return value
     plain = _plain(value, 4)
     if plain is not _NOT_PLAIN:
         return plain
     if too_deep(value, MAX_NESTING):
         raise ValueError(f"value is nested more than {MAX_NESTING} levels deep")
+    if _has_long_int(value):
+        raise ValueError(_TOO_LONG)
     return json.loads(dump_value(value))
+
+
+_TOO_LONG = (
+    f"it holds an integer of more than {MAX_INT_DIGITS} digits, which no store can read "
+    "back (store it as a string)"
+)
+
+
+def text_problem(text: str) -> str | None:
+    """Why no store can keep ``text`` in a text column of its own (a key, an event
+    type), or ``None`` if every store can."""
+    if "\x00" in text:
+        return "it holds a NUL character, which PostgreSQL cannot store in text"
+    if not _storable(text):
+        return "it holds a lone surrogate, which UTF-8 cannot encode"
+    return None
+
+
+def storable_text(text: str) -> str:
+    """``text`` (an error message) as every store can keep it: NUL and lone surrogates
+    escaped as ``\\x00`` and ``\\udXXX``, the rest unchanged."""
+    if text.isascii():
+        return text.replace("\x00", "\\x00") if "\x00" in text else text
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def too_deep(value: Any, limit: int) -> bool:
@@ -80,13 +133,33 @@ _NOT_PLAIN: Any = object()
 _SCALARS = (str, int, bool, type(None))
 
 
+def _has_long_int(value: Any) -> bool:
+    """Whether ``value`` holds an integer of more than ``MAX_INT_DIGITS`` digits
+    (iterative, like :func:`too_deep`)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not -_INT_BOUND < item < _INT_BOUND:
+                return True
+        elif isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return False
+
+
 def _plain(value: Any, depth: int) -> Any:
     """A copy of ``value`` if it is made only of dicts with ``str`` keys, lists and exact
     ``str``/``int``/``bool``/``None`` (which JSON round-trips unchanged), else
     ``_NOT_PLAIN``: the common small values skip an encode and a decode."""
     kind = type(value)
     if kind in _SCALARS:
-        return value if kind is not str or _storable(value) else _NOT_PLAIN
+        if kind is str:
+            return value if _storable(value) else _NOT_PLAIN
+        if kind is int and not -_INT_BOUND < value < _INT_BOUND:
+            return _NOT_PLAIN  # refused, with its reason, by the slow path
+        return value
     if depth == 0:
         return _NOT_PLAIN
     if kind is dict:

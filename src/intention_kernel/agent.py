@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 
 from intention_kernel.capabilities import Capability
 from intention_kernel.errors import CompilationError
-from intention_kernel.interpretation import CapabilitySpec, Interpreter, works_in_rounds
+from intention_kernel.interpretation import (
+    CapabilitySpec,
+    Interpreter,
+    RuleInterpreter,
+    works_in_rounds,
+)
+from intention_kernel.replies import Replies
 
 __all__ = ["Agent", "CompiledAgent", "compile_agent"]
 
@@ -33,7 +39,9 @@ class Agent:
 
     ``max_messages`` bounds the conversation kept in the checkpoint.
     ``compatible_fingerprints`` lists older fingerprints whose checkpoints this
-    agent may resume. ``max_rounds`` bounds how often an interpreter that works in
+    agent may resume. ``replies`` words the kernel's own reply lines (see
+    :mod:`intention_kernel.replies`); it is not part of the fingerprint.
+    ``max_rounds`` bounds how often an interpreter that works in
     rounds is asked within one turn (see :class:`~intention_kernel.Interpreter`); it
     is not part of the fingerprint.
     """
@@ -45,6 +53,7 @@ class Agent:
     max_messages: int = 50
     max_receipts: int = 100
     compatible_fingerprints: Sequence[str] = field(default=())
+    replies: Replies = field(default_factory=Replies)
     max_rounds: int = 8
 
 
@@ -80,6 +89,8 @@ def compile_agent(agent: Agent) -> CompiledAgent:
         problems.append("max_rounds must be at least 1")
     if not callable(getattr(agent.interpreter, "interpret", None)):
         problems.append("the interpreter needs an async interpret(request) method")
+    if not isinstance(agent.replies, Replies):
+        problems.append("replies must be a Replies (subclass intention_kernel.Replies)")
     seen: dict[str, Capability] = {}
     for cap in agent.capabilities:
         if not isinstance(cap, Capability):
@@ -105,6 +116,15 @@ def compile_agent(agent: Agent) -> CompiledAgent:
                 f"{cap.id}: a write capability cannot use confirmation='none'; use 'required' "
                 "(the kernel asks) or 'capability' (the capability asks and validates the answer)"
             )
+    if isinstance(agent.interpreter, RuleInterpreter):
+        # Caught here rather than as a failed step at the first matching message.
+        for rule in agent.interpreter.rules:
+            if rule.capability_id is not None and rule.capability_id not in seen:
+                known = ", ".join(sorted(seen)) or "none"
+                problems.append(
+                    f"rule {rule.pattern!r} names capability {rule.capability_id!r}, which "
+                    f"the agent does not have (it has: {known})"
+                )
     if problems:
         raise CompilationError(problems)
     catalog = tuple(

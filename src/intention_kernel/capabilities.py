@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pydantic
 
-from intention_kernel._json import MAX_NESTING, normalize, too_deep
+from intention_kernel._json import MAX_NESTING, dump_value, normalize, too_deep
 from intention_kernel.errors import InvalidInputError
 from intention_kernel.facts import Fact, FactRecord, FactTable
 
@@ -184,7 +184,19 @@ class CapabilityContext:
         The stored key is ``"<capability_id>:<key>"``. A completed receipt for it
         returns the original value without calling ``fn``; an uncertain one
         raises ``EffectUncertainError``. ``fn`` receives an ``EffectAuthority``
-        and may be sync or async; its value must be JSON-serializable.
+        and may be sync or async; its value must be JSON that every store can read
+        back (no integer of more than 4,300 digits, say).
+
+        An async ``fn`` runs on the event loop. A sync one (a ``lambda`` included) runs
+        in a worker thread of the loop's default executor, in a copy of this context,
+        so that a blocking provider SDK holds up only this turn; an awaitable it
+        returns is awaited on the loop. If the turn is cancelled while a sync call
+        runs, the receipt is recorded ``uncertain`` at once (the thread cannot be
+        stopped, and what it does later is not recorded): give it ``signal.event``.
+
+        Await the call before the capability returns: a step ends when all of its
+        effect calls have ended, and a call made after that is refused with
+        ``EffectUsageError`` before ``fn`` is called (nothing could announce it).
         """
         return await self._run_effect(key, fn)
 
@@ -249,7 +261,14 @@ class Capability:
                 capability_id=self.id,
                 errors=[dict(e) for e in exc.errors(include_url=False)],
             ) from exc
-        return model, model.model_dump(mode="json")
+        try:
+            # A field may hold what no store can read back (an integer too long, say).
+            canonical = normalize(model.model_dump(mode="json"))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(
+                f"invalid input for {self.id}: {exc}", capability_id=self.id
+            ) from exc
+        return model, canonical
 
     def render_prompt(self, parsed: Any, canonical: dict[str, Any]) -> str:
         """The confirmation prompt shown before this write runs."""
@@ -257,9 +276,12 @@ class Capability:
             return self.prompt(parsed)
         if isinstance(self.prompt, str):
             return self.prompt.format(**canonical)
-        args = ", ".join(f"{k}={v!r}" for k, v in canonical.items())
+        # For a person: text as it is, other values as JSON, never Python reprs.
+        args = ", ".join(
+            f"{k}: {v if isinstance(v, str) else dump_value(v)}" for k, v in canonical.items()
+        )
         what = self.description or self.id
-        return f"Confirm: {what} ({args})?"
+        return f"{what} ({args})? Reply yes or no." if args else f"{what}? Reply yes or no."
 
     async def __call__(self, input: Any, ctx: CapabilityContext) -> Any:
         return await self.handler(input, ctx)

@@ -271,14 +271,32 @@ def resolve(
     note: str | None,
     actor: str | None,
     now: datetime,
+    attempt_may_run: bool = False,
 ) -> Receipt:
     """An operator's reconciliation: an uncertain (or abandoned prepared) receipt
     becomes ``completed`` (the write happened, later calls return ``value``) or
     ``failed`` (it did not, a later call may retry).
 
-    Must be evaluated under the thread's lock, where a ``prepared`` receipt
-    belongs to an attempt that is no longer running.
+    Must be evaluated under the thread's lock. Where the lock is held for as long as
+    the attempt that took it runs, a ``prepared`` receipt seen there belongs to an
+    attempt that is no longer running. ``attempt_may_run``: the store cannot promise
+    that (a PostgreSQL lock dies with its session, while the worker and its provider
+    call may live on). Then a ``prepared`` receipt may not be resolved as not applied:
+    the attempt could still apply the write, and the retry the resolution permits would
+    be a second provider call. As applied it may: the attempt's own outcome write is
+    then refused, since it compares-and-sets the ``prepared`` state.
     """
+    if attempt_may_run and not applied and existing.status is ReceiptStatus.PREPARED:
+        raise ReceiptStateError(
+            f"receipt for {existing.key!r} on thread {existing.thread_id!r} is prepared and "
+            "the attempt that prepared it may still be running (this store cannot tell a "
+            "worker that stopped from one that lost its connection), so it cannot be "
+            "resolved as not applied: its attempt records the outcome when it ends, a later "
+            "turn that reaches the key marks it uncertain, or resolve it as applied",
+            thread_id=existing.thread_id,
+            key=existing.key,
+            receipt=existing,
+        )
     if existing.status not in (ReceiptStatus.UNCERTAIN, ReceiptStatus.PREPARED):
         raise ReceiptStateError(
             f"receipt for {existing.key!r} on thread {existing.thread_id!r} is "

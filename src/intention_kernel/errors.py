@@ -18,6 +18,7 @@ message, so that hosts can react without parsing text::
     ├── CheckpointError
     │   ├── CheckpointCompatibilityError  newer schema revision or foreign fingerprint
     │   └── CorruptRecordError        a stored row cannot be decoded
+    │       └── CorruptStoreError     the store's file is damaged (a garbage page, truncated)
     ├── InterpretationError           the interpreter raised or returned garbage; nothing committed
     ├── InvalidRequestError           a request is malformed (turn IDs, message, answer; a
     │                                 receipt filter or resolution; a TurnResult document)
@@ -49,6 +50,7 @@ __all__ = [
     "CheckpointError",
     "CompilationError",
     "CorruptRecordError",
+    "CorruptStoreError",
     "EffectError",
     "EffectNotAppliedError",
     "EffectUncertainError",
@@ -202,7 +204,16 @@ class CheckpointCompatibilityError(CheckpointError):
 
 
 class CorruptRecordError(CheckpointError):
-    """A stored row (checkpoint, result, receipt) cannot be decoded."""
+    """A stored row (checkpoint, result, receipt) cannot be decoded.
+
+    Not transient: retrying reads the same bytes. ``thread_id`` names the thread when
+    the read was of one thread."""
+
+
+class CorruptStoreError(CorruptRecordError):
+    """The store itself cannot be read: SQLite found a damaged page, a truncated file, or
+    a file that is not a database. Nothing was written; restore the store from a backup
+    (``sqlite3 app.db ".recover"`` may save what is left)."""
 
 
 class InterpretationError(KernelError):
@@ -256,7 +267,21 @@ class ReceiptError(KernelError):
 
 
 class ReceiptNotFoundError(ReceiptError):
-    """No receipt exists for that thread and key."""
+    """No receipt exists for that thread and key.
+
+    ``suggestions``: stored keys of the thread that the caller may have meant (the key
+    given without its capability prefix), already named in the message."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        thread_id: str | None = None,
+        key: str | None = None,
+        suggestions: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, thread_id=thread_id, key=key)
+        self.suggestions = suggestions
 
 
 class ReceiptStateError(ReceiptError):

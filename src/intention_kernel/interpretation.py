@@ -177,11 +177,18 @@ class RuleInterpreter:
     Rules are tried in order against the message (case-insensitive search); the
     first match wins. An answer rule yields an answer even when nothing is
     pending; the kernel then replies that there is nothing to answer.
+    ``Kernel(...)`` refuses a rule that names a capability the agent does not have
+    (``CompilationError``).
     """
 
     def __init__(self, rules: Sequence[Rule], *, fallback_reply: str | None = None) -> None:
         self._rules = [(re.compile(r.pattern, re.IGNORECASE), r) for r in rules]
         self._fallback = fallback_reply
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        """The rules, in the order they are tried."""
+        return tuple(rule for _, rule in self._rules)
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
         text = request.message.strip()

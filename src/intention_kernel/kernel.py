@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from intention_kernel import _tracing
-from intention_kernel._json import dump_value
+from intention_kernel._json import normalize
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability, TurnTransaction
@@ -128,7 +128,7 @@ def _answer(answer: Any) -> Answer | None:
                 f"an answer's decision must be 'accept' or 'reject', got {answer.decision!r}"
             )
         try:
-            dump_value(answer.to_dict())
+            normalize(answer.to_dict())  # what no store can hold or read back
         except (TypeError, ValueError) as exc:
             raise InvalidRequestError(f"an answer must be JSON-serializable: {exc}") from exc
         return answer

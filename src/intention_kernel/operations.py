@@ -230,7 +230,10 @@ async def prune(
         raise ValueError("batch must be at least 1")
     if older_than < timedelta(0):
         raise ValueError("older_than must not be negative")
-    cutoff = (now or utcnow()) - older_than
+    try:
+        cutoff = (now or utcnow()) - older_than
+    except OverflowError:
+        raise ValueError(f"older_than={older_than} reaches back before year 1") from None
     recorder = await store.recorder()
     events = turns = 0
     while True:

@@ -13,6 +13,7 @@ import typer
 
 from intention_kernel import __version__
 from intention_kernel.cli import demo, deploy, outbox, prune, receipts, serve
+from intention_kernel.cli._help import Group
 
 __all__ = ["GROUPS", "app"]
 
@@ -28,6 +29,7 @@ GROUPS: tuple[Callable[[typer.Typer], None], ...] = (
 
 app = typer.Typer(
     name="intention-kernel",
+    cls=Group,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -9,34 +9,39 @@ create a store.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import inspect
 import logging
 import os
-import sqlite3
 import sys
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
 
 import typer
-from rich.console import Console
+from rich.text import Text
+
+from intention_kernel.cli._render import console
 
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
     from intention_kernel.durability import Durability
+    from intention_kernel.durability.base import RecordedDurability
 
 __all__ = [
     "DB_ENV_VAR",
     "DEFAULT_DB_URL",
     "EXIT_FAILED",
     "EXIT_REFUSED",
+    "CONNECT_TIMEOUT",
     "AgentOption",
     "DbOption",
     "existing_store",
+    "fail",
     "load_agent",
     "log_warnings_to_stderr",
+    "open_store",
     "refuse",
     "resolve_db_url",
     "sqlite_path",
@@ -45,6 +50,11 @@ __all__ = [
 
 DB_ENV_VAR = "INTENTION_KERNEL_DB"
 DEFAULT_DB_URL = "sqlite:///intention-kernel.db"
+
+#: Seconds a command waits to reach a PostgreSQL server before it refuses the store: a
+#: person at a terminal is waiting, and a server that does not answer in this time is
+#: not going to.
+CONNECT_TIMEOUT = 5.0
 
 #: A command ran and found a problem (a failed check, an error from the store).
 EXIT_FAILED = 1
@@ -58,7 +68,8 @@ DbOption = Annotated[
         "--db",
         metavar="URL",
         help=(
-            "Store URL: sqlite:///relative.db, sqlite:////absolute.db or postgresql://... "
+            "Store URL: sqlite:///relative.db, sqlite:////absolute.db, a plain path to a "
+            "SQLite file, or postgresql://... "
             f"(default: ${DB_ENV_VAR}, then {DEFAULT_DB_URL})"
         ),
         show_default=False,
@@ -76,7 +87,7 @@ AgentOption = Annotated[
     ),
 ]
 
-stderr = Console(stderr=True)
+stderr = console(stderr=True)
 
 
 @contextlib.contextmanager
@@ -166,11 +177,12 @@ _BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWOR
 
 
 def resolve_db_url(explicit: str | None, environ: Mapping[str, str] | None = None) -> str:
-    """The store a command uses: ``--db``, else ``$INTENTION_KERNEL_DB``, else the default."""
-    if explicit:
-        return explicit
-    env = (os.environ if environ is None else environ).get(DB_ENV_VAR)
-    return env or DEFAULT_DB_URL
+    """The store a command uses: ``--db``, else ``$INTENTION_KERNEL_DB``, else the default;
+    a plain path (``./app.db``, ``/tmp/x.db``: no ``scheme://``) is a SQLite file."""
+    chosen = explicit or (os.environ if environ is None else environ).get(DB_ENV_VAR)
+    if not chosen:
+        return DEFAULT_DB_URL
+    return chosen if "://" in chosen else f"sqlite:///{chosen}"
 
 
 def sqlite_path(value: str) -> str:
@@ -192,64 +204,59 @@ def sqlite_path(value: str) -> str:
 
 def refuse(message: str, code: int = EXIT_REFUSED) -> NoReturn:
     """Print ``message`` on stderr and exit non-zero."""
-    stderr.print(f"[bold red]refused:[/] {message}", highlight=False)
+    stderr.print(Text.assemble(("refused:", "bold red"), " ", message))
     raise typer.Exit(code)
 
 
-#: Whether a PostgreSQL schema holds an intention-kernel store: its migrations table,
-#: the first thing an adapter creates. (Read here, before the adapter opens, because
-#: opening creates the schema.)
-HAS_POSTGRES_STORE = "SELECT to_regclass(format('%%I.ik_schema', %s::text)) IS NOT NULL"
-#: The same for a SQLite file, read through a read-only connection.
-HAS_SQLITE_STORE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ik_schema'"
+def fail(error: Exception) -> NoReturn:
+    """Report an error a command met on its store: a damaged store (or a row no command
+    can read) is refused with exit status 2, as a store that does not exist is, since
+    running the command again cannot help; any other error is exit status 1."""
+    from intention_kernel.errors import CorruptRecordError
+
+    refuse(str(error), EXIT_REFUSED if isinstance(error, CorruptRecordError) else EXIT_FAILED)
 
 
-def existing_store(url: str) -> Durability:
+def existing_store(url: str) -> RecordedDurability:
     """The adapter (not yet opened) for the store at ``url``; refuses (exit status 2) a
     URL that names no store yet: a SQLite file that does not exist or holds no
-    intention-kernel tables, or a PostgreSQL schema the adapter never created.
-    Nothing is created either way. (A PostgreSQL server that cannot be reached is
-    left to the adapter to report.)"""
-    from intention_kernel.durability import open_durability
+    intention-kernel tables, or a PostgreSQL schema the adapter never created; and a
+    store that cannot be reached or is damaged. Nothing is created either way: the
+    adapter's own ``exists()`` asks, without opening it."""
+    from intention_kernel.durability.base import RecordedDurability
+    from intention_kernel.errors import KernelError
 
+    store = open_store(url)
+    if not isinstance(store, RecordedDurability):  # pragma: no cover - every bundled one is
+        refuse(f"{type(store).__name__} does not support operations commands")
     try:
-        store = open_durability(url)
-    except ValueError as exc:
+        found = asyncio.run(store.exists())
+    except KernelError as exc:
         refuse(str(exc))
-    problem = _missing_store(store, url)
-    if problem is not None:
-        refuse(f"{problem}; operations commands never create a store (check --db)")
+    if not found:
+        refuse(f"{_no_store(store)}; operations commands never create a store (check --db)")
     return store
 
 
-def _missing_store(store: object, url: str) -> str | None:
+def open_store(url: str, *, lock_timeout: float | None = None) -> Durability:
+    """The adapter for ``url`` (see :func:`resolve_db_url`), built once, not opened, with a
+    short connect timeout (:data:`CONNECT_TIMEOUT`); refuses (exit status 2) a URL or an
+    option no adapter accepts."""
+    from intention_kernel.durability import open_durability
+    from intention_kernel.errors import KernelError
+
+    try:
+        return open_durability(url, lock_timeout=lock_timeout, connect_timeout=CONNECT_TIMEOUT)
+    except (KernelError, ValueError) as exc:
+        refuse(str(exc))
+
+
+def _no_store(store: RecordedDurability) -> str:
     from intention_kernel.durability.sqlite import SQLiteDurability
 
     if isinstance(store, SQLiteDurability):
-        path = store.path
-        if path == ":memory:":
-            return None
-        if not os.path.isfile(path):
-            return f"no SQLite store at {path!r}: the file does not exist"
-        try:
-            uri = Path(path).absolute().as_uri() + "?mode=ro"
-            with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
-                found = conn.execute(HAS_SQLITE_STORE).fetchone()
-        except sqlite3.Error as exc:
-            return f"{path!r} cannot be read as a SQLite store ({exc})"
-        return None if found else f"{path!r} is not an intention-kernel store (no ik_schema table)"
-    if url.partition("://")[0].lower() not in ("postgresql", "postgres"):
-        return None
-    import psycopg
-
-    from intention_kernel.durability.postgres import PostgresDurability
-
-    assert isinstance(store, PostgresDurability)
-    try:
-        with psycopg.connect(url, connect_timeout=10, autocommit=True) as conn:
-            row = conn.execute(HAS_POSTGRES_STORE, (store.schema,)).fetchone()
-    except psycopg.Error:
-        return None  # unreachable, refused...: the adapter says so when it opens
-    if row is None or not row[0]:
-        return f"the PostgreSQL database has no intention-kernel store in schema {store.schema!r}"
-    return None
+        if not os.path.isfile(store.path):
+            return f"no SQLite store at {store.path!r}: the file does not exist"
+        return f"{store.path!r} is not an intention-kernel store (no ik_schema table)"
+    schema = getattr(store, "schema", None)  # PostgresDurability, not imported for this
+    return f"the PostgreSQL database has no intention-kernel store in schema {schema!r}"

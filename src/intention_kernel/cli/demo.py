@@ -32,6 +32,7 @@ from rich.text import Text
 
 from intention_kernel import Receipt, StepResult, StepStatus
 from intention_kernel.cli._common import EXIT_FAILED, refuse, sqlite_path
+from intention_kernel.cli._help import Command
 from intention_kernel.demo import (
     DemoRun,
     OperatorAction,
@@ -65,7 +66,7 @@ RECEIPT_STYLE = {
 
 
 def register(app: typer.Typer) -> None:
-    app.command("demo")(demo)
+    app.command("demo", cls=Command)(demo)
 
 
 def demo(
@@ -89,7 +90,8 @@ def demo(
 
     Exits 1 if any of the demo's checks fails, 2 if it refuses the --db file.
     """
-    console = Console(highlight=False)
+    # Markup stays on for the transcript's own styling; data goes in as Text or escaped.
+    console = Console(highlight=False, emoji=False)
     if db is None:
         with tempfile.TemporaryDirectory(prefix="intention-kernel-demo-") as directory:
             run = _play(console, os.path.join(directory, "demo.db"), kept=False)
@@ -188,16 +190,17 @@ class TranscriptRenderer:
         )
         table.add_column(style="bold")
         table.add_column()
-        table.add_row("deliveries", str(s.deliveries))
-        table.add_row("turns committed", str(s.turns_committed))
-        table.add_row("provider calls", str(s.provider_calls))
-        table.add_row("charges applied", str(s.charges))
+        table.add_row("deliveries", Text(str(s.deliveries)))
+        table.add_row("turns committed", Text(str(s.turns_committed)))
+        table.add_row("provider calls", Text(str(s.provider_calls)))
+        table.add_row("charges applied", Text(str(s.charges)))
         table.add_row(
             "receipts by status",
-            ", ".join(f"{k}: {v}" for k, v in sorted(s.receipts_by_status.items())),
+            Text(", ".join(f"{k}: {v}" for k, v in sorted(s.receipts_by_status.items()))),
         )
         table.add_row(
-            "outbox events by type", "\n".join(f"{k}: {v}" for k, v in s.events_by_type.items())
+            "outbox events by type",
+            Text("\n".join(f"{k}: {v}" for k, v in s.events_by_type.items())),
         )
         checks = Table(title="Checks", title_justify="left", show_header=False)
         checks.add_column(no_wrap=True)
@@ -205,7 +208,7 @@ class TranscriptRenderer:
         checks.add_column(style="dim")
         for check in run.checks:
             mark = Text("PASS", style="green") if check.passed else Text("FAIL", style="bold red")
-            checks.add_row(mark, check.name, check.detail)
+            checks.add_row(mark, Text(check.name), Text(check.detail))
         self.console.print()
         self.console.print(table)
         self.console.print(checks)

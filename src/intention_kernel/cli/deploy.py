@@ -26,18 +26,21 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from intention_kernel.cli._common import (
     EXIT_FAILED,
     AgentOption,
     DbOption,
     existing_store,
+    fail,
     load_agent,
     refuse,
     resolve_db_url,
     stderr,
 )
+from intention_kernel.cli._help import Command
+from intention_kernel.cli._render import console, print_records, table
 from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.errors import KernelError
 from intention_kernel.operations import (
@@ -59,8 +62,8 @@ REASONS = {
 
 
 def register(app: typer.Typer) -> None:
-    app.command("check")(check)
-    app.command("migrate")(migrate)
+    app.command("check", cls=Command)(check)
+    app.command("migrate", cls=Command)(migrate)
 
 
 def check(
@@ -92,29 +95,31 @@ def check(
             )
         )
     else:
-        console = Console()
-        console.print(
-            f"{report.threads} stored checkpoint(s); agent fingerprint {report.fingerprint}",
-            highlight=False,
+        out = console()
+        out.print(f"{report.threads} stored checkpoint(s); agent fingerprint {report.fingerprint}")
+        counts = table(
+            "by schema revision and fingerprint",
+            "schema revision / fingerprint",
+            whole=("schema revision / fingerprint",),
         )
-        counts = Table(title="by schema revision and fingerprint", title_justify="left")
-        counts.add_column("schema revision / fingerprint", overflow="fold")
-        counts.add_column("threads", justify="right")
+        counts.add_column(Text("threads"), justify="right", no_wrap=True)
         for revision, n in sorted(report.revisions.items(), key=lambda kv: str(kv[0])):
-            counts.add_row(f"revision {revision}", str(n))
+            counts.add_row(Text(f"revision {revision}"), Text(str(n)))
         for fingerprint, n in sorted(report.fingerprints.items(), key=lambda kv: str(kv[0])):
             mark = " (this agent)" if fingerprint == report.fingerprint else ""
-            counts.add_row(f"{fingerprint}{mark}", str(n))
-        console.print(counts)
+            counts.add_row(Text(f"{fingerprint}{mark}"), Text(str(n)))
+        out.print(counts)
         if not report.ok:
-            console.print(_refusals(report.refused, "refused by this agent"))
+            _refusals(out, report.refused, "refused by this agent")
         elif report.threads:
-            console.print("[green]ok:[/] the agent accepts every stored thread")
+            out.print(Text.assemble(("ok:", "green"), " the agent accepts every stored thread"))
     if report.threads == 0:  # the store exists (see existing_store), but is it the right one?
         stderr.print(
-            "[bold yellow]warning:[/] the store holds no checkpoint: nothing was checked "
-            "(is --db the store your workers use?)",
-            highlight=False,
+            Text.assemble(
+                ("warning:", "bold yellow"),
+                " the store holds no checkpoint: nothing was checked "
+                "(is --db the store your workers use?)",
+            )
         )
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
@@ -122,29 +127,33 @@ def check(
 
 def migrate(
     db: DbOption = None,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Threads selected at a time")] = 100,
+    batch: Annotated[
+        int, typer.Option("--batch", metavar="N", min=1, help="Threads selected at a time")
+    ] = 100,
 ) -> None:
     """Upgrade checkpoints of older schema revisions in place, in batches, resumably."""
     report: MigrationReport = _run(
         resolve_db_url(db), lambda s: migrate_checkpoints(s, batch=batch)
     )
-    console = Console()
-    console.print(
-        f"migrated {report.migrated} thread(s) to schema revision {report.revision}",
-        highlight=False,
-    )
+    out = console()
+    out.print(f"migrated {report.migrated} thread(s) to schema revision {report.revision}")
     if report.failed:
-        console.print(_refusals(report.failed, "left as they were (run again to retry)"))
+        _refusals(out, report.failed, "left as they were (run again to retry)")
         raise typer.Exit(EXIT_FAILED)
 
 
-def _refusals(refused: Any, title: str) -> Table:
-    table = Table(title=f"{len(refused)} thread(s) {title}", title_justify="left")
-    for column in ("thread", "reason", "detail"):
-        table.add_column(column, overflow="fold")
-    for r in refused:
-        table.add_row(r.thread_id, REASONS.get(r.reason, r.reason), r.detail)
-    return table
+def _refusals(out: Console, refused: Any, title: str) -> None:
+    print_records(
+        out,
+        f"{len(refused)} thread(s) {title}",
+        ("thread", "reason", "detail"),
+        [
+            (Text(r.thread_id), Text(REASONS.get(r.reason, r.reason)), Text(r.detail))
+            for r in refused
+        ],
+        whole=("thread", "reason"),
+        free="detail",
+    )
 
 
 def _run(url: str, action: Any) -> Any:
@@ -159,4 +168,4 @@ def _run(url: str, action: Any) -> Any:
     try:
         return asyncio.run(go())
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
+        fail(exc)

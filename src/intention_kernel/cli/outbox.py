@@ -7,6 +7,13 @@
     intention-kernel outbox relay --to myapp.events:publish --once
     intention-kernel outbox status
 
+A ``module:callable`` target is called once per event, as
+``fn(event: OutboxEvent) -> None`` or ``async def fn(event) -> None``: returning
+acknowledges the event, raising fails the attempt (retried with backoff, blocking
+only that thread). Delivery is at least once, so the function dedupes on
+``event.id``. An object with ``async publish(event)`` and ``async aclose()``
+(:class:`~intention_kernel.outbox.Sink`) is used as it is.
+
 ``relay`` runs until interrupted (SIGINT or SIGTERM let the pass in hand finish),
 or makes one pass with ``--once`` (exit status 1 if an event failed). A running relay
 outlives store errors (a database restart, say): each is logged and the pass retried
@@ -29,18 +36,20 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from intention_kernel.cli._common import (
     EXIT_FAILED,
     DbOption,
     existing_store,
+    fail,
     log_warnings_to_stderr,
     refuse,
     resolve_db_url,
     stderr,
 )
+from intention_kernel.cli._help import Command, Group
+from intention_kernel.cli._render import console, print_records
 from intention_kernel.durability.base import OutboxBacklog, RecordedDurability
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import KernelError
@@ -56,9 +65,10 @@ def register(app: typer.Typer) -> None:
     group = typer.Typer(
         help="Relay committed outbox events to NATS, a webhook or a function; show the lag.",
         no_args_is_help=True,
+        cls=Group,
     )
-    group.command("relay")(relay)
-    group.command("status")(status)
+    group.command("relay", cls=Command)(relay)
+    group.command("status", cls=Command)(status)
     app.add_typer(group, name="outbox")
 
 
@@ -110,33 +120,49 @@ def relay(
         typer.Option(
             "--to",
             metavar="TARGET",
-            help="nats://host:4222, http(s)://webhook or module:callable",
+            help=(
+                "nats://host:4222, http(s)://webhook or module:callable. The callable is "
+                "def fn(event: intention_kernel.OutboxEvent) -> None (or async def), called "
+                "once per event: returning acknowledges it, raising fails the attempt "
+                "(retried later); it may see an event again, so dedupe on event.id. "
+                "An object with async publish(event) and aclose() is used as a Sink."
+            ),
             show_default=False,
         ),
     ],
     db: DbOption = None,
     subject_prefix: Annotated[
-        str, typer.Option("--subject-prefix", help="NATS: subjects are PREFIX.<event type>")
+        str,
+        typer.Option(
+            "--subject-prefix", metavar="PREFIX", help="NATS: subjects are PREFIX.<event type>"
+        ),
     ] = "intention_kernel",
     stream: Annotated[
-        str, typer.Option("--stream", help="NATS: the JetStream stream (created if missing)")
+        str,
+        typer.Option(
+            "--stream", metavar="NAME", help="NATS: the JetStream stream (created if missing)"
+        ),
     ] = "INTENTION_KERNEL",
     secret: Annotated[
         str | None,
         typer.Option(
             "--secret",
+            metavar="SECRET",
             envvar=SECRET_ENV_VAR,
             help=f"Webhook: the shared HMAC secret (default: ${SECRET_ENV_VAR})",
             show_default=False,
         ),
     ] = None,
     once: Annotated[bool, typer.Option("--once", help="Publish what is due, then exit")] = False,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Events per thread claim")] = 100,
+    batch: Annotated[
+        int, typer.Option("--batch", metavar="N", min=1, help="Events per thread claim")
+    ] = 100,
     concurrency: Annotated[
-        int, typer.Option("--concurrency", min=1, help="Threads published at once")
+        int, typer.Option("--concurrency", metavar="N", min=1, help="Threads published at once")
     ] = 4,
     poll: Annotated[
-        float, typer.Option("--poll", min=0.0, help="Seconds between polls when idle")
+        float,
+        typer.Option("--poll", metavar="SECONDS", min=0.0, help="Seconds between polls when idle"),
     ] = 1.0,
 ) -> None:
     """Publish committed events, each thread in order, at least once."""
@@ -165,10 +191,8 @@ def relay(
         with log_warnings_to_stderr():
             total = asyncio.run(go())
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
-    Console().print(
-        f"published {total.published} event(s); {total.failed} failed attempt(s)", highlight=False
-    )
+        fail(exc)
+    console().print(f"published {total.published} event(s); {total.failed} failed attempt(s)")
     if once and total.failed:
         raise typer.Exit(EXIT_FAILED)
 
@@ -185,8 +209,7 @@ async def _run_until_stopped(outbox: OutboxRelay) -> RelayReport:
     def progress(report: RelayReport) -> None:
         stderr.print(
             f"{utcnow().isoformat(timespec='seconds')} published {report.published}, "
-            f"failed {report.failed}",
-            highlight=False,
+            f"failed {report.failed}"
         )
 
     return await outbox.run(stop, on_pass=progress)
@@ -195,7 +218,7 @@ async def _run_until_stopped(outbox: OutboxRelay) -> RelayReport:
 def status(
     db: DbOption = None,
     failing: Annotated[
-        int, typer.Option("--failing", min=0, help="How many failing events to list")
+        int, typer.Option("--failing", metavar="N", min=0, help="How many failing events to list")
     ] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
 ) -> None:
@@ -210,7 +233,7 @@ def status(
     try:
         backlog = asyncio.run(go())
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
+        fail(exc)
     now = utcnow()
     oldest = backlog.oldest_unpublished_at
     age = (now - oldest).total_seconds() if oldest is not None else None
@@ -234,25 +257,30 @@ def status(
         }
         typer.echo(json.dumps(document, ensure_ascii=False))
         return
-    console = Console()
+    out = console()
     lag = "none" if age is None else f"oldest {_age(age)} old ({_when(oldest)})"
-    console.print(f"unpublished: {backlog.unpublished} event(s); {lag}", highlight=False)
+    out.print(f"unpublished: {backlog.unpublished} event(s); {lag}")
     if not backlog.failing:
-        console.print("failing: none", highlight=False)
+        out.print("failing: none")
         return
-    table = Table(title=f"{len(backlog.failing)} failing event(s)", title_justify="left")
-    for column in ("thread", "seq", "type", "attempts", "next try", "last error"):
-        table.add_column(column, overflow="fold")
-    for d in backlog.failing:
-        table.add_row(
-            d.event.thread_id,
-            str(d.event.seq),
-            d.event.type,
-            str(d.attempts),
-            _when(d.retry_at),
-            d.last_error or "",
-        )
-    console.print(table)
+    print_records(
+        out,
+        f"{len(backlog.failing)} failing event(s)",
+        ("thread", "seq", "type", "attempts", "next try", "last error"),
+        [
+            (
+                Text(d.event.thread_id),
+                Text(str(d.event.seq)),
+                Text(d.event.type),
+                Text(str(d.attempts)),
+                Text(_when(d.retry_at)),
+                Text(d.last_error or ""),
+            )
+            for d in backlog.failing
+        ],
+        whole=("thread", "seq", "type"),
+        free="last error",
+    )
 
 
 def _recorded(store: object) -> RecordedDurability:

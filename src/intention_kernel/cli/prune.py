@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from intention_kernel.cli._common import (
-    EXIT_FAILED,
     DbOption,
     existing_store,
+    fail,
     refuse,
     resolve_db_url,
 )
+from intention_kernel.cli._help import Command
+from intention_kernel.cli._render import console
 from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.errors import KernelError
 from intention_kernel.operations import PruneReport
@@ -46,11 +47,16 @@ def parse_duration(text: str) -> timedelta:
     parts = _PART.findall(cleaned)
     if not parts or "".join(n + u for n, u in parts) != cleaned:
         raise ValueError(f"not a duration: {text!r} (use e.g. 30d, 12h, 90m, 1d12h)")
-    return timedelta(seconds=sum(int(n) * _UNITS[u] for n, u in parts))
+    try:
+        age = timedelta(seconds=sum(int(n) * _UNITS[u] for n, u in parts))
+        datetime.now(UTC) - age  # the cutoff must be a date: not before year 1
+    except OverflowError:  # also past timedelta's 999,999,999 days
+        raise ValueError(f"not a duration: {text!r} reaches back before year 1") from None
+    return age
 
 
 def register(app: typer.Typer) -> None:
-    app.command("prune")(prune)
+    app.command("prune", cls=Command)(prune)
 
 
 def prune(
@@ -61,7 +67,9 @@ def prune(
         ),
     ],
     db: DbOption = None,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Rows per transaction")] = 1000,
+    batch: Annotated[
+        int, typer.Option("--batch", metavar="N", min=1, help="Rows per transaction")
+    ] = 1000,
 ) -> None:
     """Delete published events and old turn results; committed turn IDs are kept."""
     try:
@@ -79,9 +87,8 @@ def prune(
     try:
         report = asyncio.run(go())
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
-    Console().print(
+        fail(exc)
+    console().print(
         f"pruned {report.events} published event(s) and {report.turns} turn result(s) "
-        f"created before {report.cutoff.isoformat(timespec='seconds')}",
-        highlight=False,
+        f"created before {report.cutoff.isoformat(timespec='seconds')}"
     )

@@ -9,8 +9,9 @@ retry it; an operator checks the provider and records the truth::
         --note "found in the provider dashboard"
     intention-kernel receipts resolve THREAD KEY --not-applied --note "provider has no record"
 
-``--applied`` makes later calls return the value without calling the provider;
-``--not-applied`` lets a later call retry. The resolution is recorded on the
+``--applied`` makes later calls return the value without calling the provider, so
+it needs ``--value`` (``--value null`` if the provider returned nothing);
+``--not-applied`` lets a later call retry. ``--note`` is required. The resolution is recorded on the
 receipt with who, when and why, and emitted as a ``receipt.resolved`` event.
 """
 
@@ -23,35 +24,31 @@ import socket
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from intention_kernel.cli._common import (
-    EXIT_FAILED,
     DbOption,
     existing_store,
+    fail,
     refuse,
     resolve_db_url,
 )
+from intention_kernel.cli._help import Command, Group
+from intention_kernel.cli._render import console, print_records, status_text
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.errors import KernelError, ReceiptError
 
 __all__ = ["register"]
 
-STATUS_STYLE = {
-    "completed": "green",
-    "prepared": "yellow",
-    "failed": "red",
-    "uncertain": "bold red",
-}
-
 
 def register(app: typer.Typer) -> None:
     group = typer.Typer(
-        help="Inspect effect receipts and reconcile uncertain ones.", no_args_is_help=True
+        help="Inspect effect receipts and reconcile uncertain ones.",
+        no_args_is_help=True,
+        cls=Group,
     )
-    group.command("list")(list_receipts)
-    group.command("resolve")(resolve_receipt)
+    group.command("list", cls=Command)(list_receipts)
+    group.command("resolve", cls=Command)(resolve_receipt)
     app.add_typer(group, name="receipts")
 
 
@@ -59,11 +56,20 @@ def list_receipts(
     db: DbOption = None,
     status: Annotated[
         str | None,
-        typer.Option("--status", help="Only this status: prepared, completed, failed, uncertain"),
+        typer.Option(
+            "--status",
+            metavar="STATUS",
+            help="Only this status: prepared, completed, failed, uncertain",
+        ),
     ] = None,
-    thread: Annotated[str | None, typer.Option("--thread", help="Only this thread")] = None,
+    thread: Annotated[
+        str | None, typer.Option("--thread", metavar="THREAD", help="Only this thread")
+    ] = None,
     tenant: Annotated[
-        str | None, typer.Option("--tenant", help="Only this tenant's (default: every tenant's)")
+        str | None,
+        typer.Option(
+            "--tenant", metavar="TENANT", help="Only this tenant's (default: every tenant's)"
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False,
 ) -> None:
@@ -76,56 +82,77 @@ def list_receipts(
         for receipt in receipts:
             typer.echo(json.dumps(_as_dict(receipt), ensure_ascii=False))
         return
-    table = Table(title=f"{len(receipts)} receipt(s)", title_justify="left")
-    for column in ("thread", "key", "status", "attempt", "turn", "step", "updated", "note"):
-        table.add_column(column, overflow="fold")
+    rows = []
     for r in receipts:
         note = r.error or ""
         if r.resolution is not None:
             note = f"resolved by {r.resolution.actor or '?'}: {r.resolution.note or ''}"
-        table.add_row(
-            r.thread_id,
-            r.key,
-            f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]",
-            str(r.attempt),
-            r.turn_id,
-            r.step_id,
-            r.updated_at.isoformat(timespec="seconds") if r.updated_at else "",
-            note,
+        rows.append(
+            (
+                Text(r.thread_id),
+                Text(r.key),
+                status_text(r.status),
+                Text(str(r.attempt)),
+                Text(r.turn_id),
+                Text(r.step_id),
+                Text(r.updated_at.isoformat(timespec="seconds") if r.updated_at else ""),
+                Text(note),
+            )
         )
-    Console().print(table)
+    print_records(
+        console(),
+        f"{len(receipts)} receipt(s)",
+        ("thread", "key", "status", "attempt", "turn", "step", "updated", "note"),
+        rows,
+        whole=("key", "status"),
+        free="note",
+    )
 
 
 def resolve_receipt(
-    thread: Annotated[str, typer.Argument(help="The thread ID")],
-    key: Annotated[str, typer.Argument(help="The stored effect key (capability_id:key)")],
+    thread: Annotated[str, typer.Argument(metavar="THREAD", help="The thread ID")],
+    key: Annotated[
+        str, typer.Argument(metavar="KEY", help="The stored effect key (capability_id:key)")
+    ],
     applied: Annotated[
         bool | None,
         typer.Option(
             "--applied/--not-applied",
-            help="Whether the write happened (check the provider first)",
+            help="Whether the write happened (check the provider first) \\[required]",
             show_default=False,
         ),
     ] = None,
     note: Annotated[
-        str | None, typer.Option("--note", help="Why: what the provider shows (required)")
+        str | None,
+        typer.Option("--note", metavar="TEXT", help="Why: what the provider shows \\[required]"),
     ] = None,
     value: Annotated[
         str | None,
-        typer.Option("--value", metavar="JSON", help="With --applied: the provider's result"),
+        typer.Option(
+            "--value",
+            metavar="JSON",
+            help="With --applied (required there): the provider's result; null if none",
+        ),
     ] = None,
     actor: Annotated[
-        str | None, typer.Option("--actor", help="Who resolves it (default: user@host)")
+        str | None,
+        typer.Option("--actor", metavar="WHO", help="Who resolves it (default: user@host)"),
     ] = None,
     db: DbOption = None,
 ) -> None:
     """Record whether an uncertain write happened; later turns act on it."""
     if applied is None:
         refuse("say whether the write happened: --applied or --not-applied")
-    if not note:
+    if not note or not note.strip():
         refuse("--note is required: record why, for whoever looks at this receipt next")
     if value is not None and not applied:
         refuse("--value only makes sense with --applied")
+    if applied and value is None:
+        # Later uses of the receipt get this value in place of a provider call, for good.
+        refuse(
+            "--applied needs --value JSON: the provider's result, which later uses of this "
+            "receipt get instead of a call (--value null if it returned nothing)"
+        )
     parsed: Any = None
     if value is not None:
         try:
@@ -139,9 +166,13 @@ def resolve_receipt(
             thread, key, applied=applied, value=parsed, note=note, actor=who
         ),
     )
-    Console().print(
-        f"[green]resolved[/] {receipt.key} on {receipt.thread_id}: now "
-        f"[{STATUS_STYLE[receipt.status]}]{receipt.status}[/] (by {who})"
+    console().print(
+        Text.assemble(
+            ("resolved", "green"),
+            f" {receipt.key} on {receipt.thread_id}: now ",
+            status_text(receipt.status),
+            f" (by {who})",
+        )
     )
 
 
@@ -167,7 +198,7 @@ def _run(url: str, action: Any) -> Any:
     except ReceiptError as exc:
         refuse(str(exc))
     except (KernelError, ValueError) as exc:
-        refuse(str(exc), EXIT_FAILED)
+        fail(exc)
 
 
 def _as_dict(r: Receipt) -> dict[str, Any]:

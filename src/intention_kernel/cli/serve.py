@@ -9,11 +9,30 @@ The agent factory is called with ``db_url=`` when it takes that parameter (see
 how long a turn waits for a thread another turn holds before the host answers 503
 ``thread-busy`` with ``Retry-After`` (default: the store's, 30 s).
 
-Tokens: ``--token SECRET=TENANT`` (repeatable) turns authentication on; each
-token's turns run under its tenant and it sees only that tenant's threads.
-``--token SECRET=`` is a token without a tenant (an operator of tenant-less
-threads). Tokens on a command line are visible to local users (``ps``): prefer
-``$INTENTION_KERNEL_TOKENS`` (the same ``SECRET=TENANT`` pairs, comma-separated).
+Tokens (repeatable) turn authentication on; each stands for a principal with a
+name, a tenant and a role (see :class:`intention_kernel.host.Principal`)::
+
+    --token SECRET=TENANT                                 a user of TENANT
+    --token 'SECRET=TENANT;role=operator;principal=NAME'  an operator of TENANT
+    --token 'SECRET=;role=operator;principal=NAME'        an operator without a tenant
+
+A ``user`` (a chat front end) posts turns under its tenant and reads that tenant's
+threads; an ``operator`` also lists and resolves its receipts, recorded as NAME.
+After the tenant come ``;``-separated attributes: ``role`` (``user``, the default,
+or ``operator``) and ``principal`` (the name; a user's defaults to its tenant). A
+token without a tenant must name its principal: ``SECRET=`` alone, which once was a
+tenant-less operator, is refused rather than silently made a user. A tenant ID that
+holds ``;`` cannot be given this way (use ``create_app``). Tokens on a command line
+are visible to local users (``ps``): prefer ``$INTENTION_KERNEL_TOKENS`` (the same
+specifications, comma-separated).
+
+Who may call: without tokens, the host trusts every caller that reaches it, so it
+listens only on a loopback address unless ``--insecure`` says that this is meant
+(``--host 0.0.0.0`` without ``--token`` refuses to start). It answers only requests
+whose ``Host`` is a loopback name, the address it listens on, or a name given with
+``--allowed-host`` (repeatable; ``*.example.com`` for subdomains, ``*`` for any): a
+DNS-rebinding page sends its own name. Browser requests from another origin need a
+bearer token (see :mod:`intention_kernel.host._guard`).
 
 Event loop: ``--loop auto`` (the default) runs the host on uvloop where it is
 installed (the ``http`` extra installs it, except on Windows), else on asyncio's;
@@ -25,32 +44,35 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import ipaddress
 import os
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.text import Text
 
 from intention_kernel.cli._common import (
     AgentOption,
     DbOption,
     load_agent,
     log_warnings_to_stderr,
+    open_store,
     refuse,
     resolve_db_url,
-    sqlite_path,
     stderr,
 )
+from intention_kernel.cli._help import Command
 
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
-    from intention_kernel.durability import Durability
+    from intention_kernel.host import Principal
 
 __all__ = [
     "TOKENS_ENV_VAR",
     "Loop",
+    "allowed_hosts",
     "loop_runner",
-    "open_store",
     "parse_tokens",
     "register",
     "serve",
@@ -82,20 +104,26 @@ def loop_runner(loop: Loop) -> Callable[[Coroutine[Any, Any, None]], None]:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    app.command("serve", cls=Command)(serve)
 
 
 def serve(
     agent: AgentOption,
     db: DbOption = None,
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port")] = 8000,
-    host: Annotated[str, typer.Option("--host", help="Interface to listen on")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", metavar="PORT", min=0, max=65535, help="TCP port")
+    ] = 8000,
+    host: Annotated[
+        str, typer.Option("--host", metavar="HOST", help="Interface to listen on")
+    ] = "127.0.0.1",
     token: Annotated[
         list[str] | None,
         typer.Option(
             "--token",
-            metavar="TOKEN=TENANT",
-            help=f"A bearer token and its tenant (repeatable; also ${TOKENS_ENV_VAR})",
+            metavar="TOKEN=TENANT[;role=operator;principal=NAME]",
+            help="A bearer token, its tenant and, after ';', its role (user, the default, "
+            "or operator: may list and resolve receipts) and principal (the name recorded "
+            f"as actor). Repeatable; also ${TOKENS_ENV_VAR}, comma-separated",
             show_default=False,
         ),
     ] = None,
@@ -110,10 +138,29 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            metavar="NAME",
+            help="Another name clients reach the host by (repeatable; *.example.com, or * "
+            "for any); loopback names are always allowed",
+            show_default=False,
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Listen on a non-loopback address without --token (anyone who reaches it "
+            "may run turns and resolve receipts)",
+        ),
+    ] = False,
     loop: Annotated[
         Loop,
         typer.Option(
             "--loop",
+            metavar="auto|asyncio|uvloop",
             case_sensitive=False,
             help="The event loop: uvloop where installed (auto), or asyncio's",
         ),
@@ -130,46 +177,96 @@ def serve(
         )
     url = resolve_db_url(db)
     try:
-        loaded = load_agent(agent, db_url=url)
         pairs = list(token or [])
         pairs += [p for p in os.environ.get(TOKENS_ENV_VAR, "").split(",") if p.strip()]
         tokens = parse_tokens(pairs) if pairs else None
+        hosts = allowed_hosts(host, allowed_host or [])
+    except ValueError as exc:
+        refuse(str(exc))
+    from intention_kernel.host._guard import is_loopback
+
+    if tokens is None and not insecure and not is_loopback(host):
+        refuse(
+            f"--host {host} is not a loopback address and no --token is given: anyone who "
+            "can reach it could run turns and resolve receipts. Give tokens (--token or "
+            f"${TOKENS_ENV_VAR}), or --insecure if a gateway in front authenticates callers."
+        )
+    try:
+        loaded = load_agent(agent, db_url=url)
     except ValueError as exc:
         refuse(str(exc))
     with log_warnings_to_stderr():
-        run(_serve(loaded, url, host, port, tokens, lock_timeout))
+        run(_serve(loaded, url, host, port, tokens, lock_timeout, hosts))
 
 
-def parse_tokens(pairs: list[str]) -> dict[str, str | None]:
-    """``["s3cret=acme", "ops="]`` → ``{"s3cret": "acme", "ops": None}``."""
-    tokens: dict[str, str | None] = {}
-    for pair in pairs:
-        secret, sep, tenant = pair.strip().partition("=")
+def allowed_hosts(bound: str, given: list[str]) -> list[str]:
+    """The names the host answers to besides the loopback ones: ``given``, and the
+    address it listens on when that is one address (not ``0.0.0.0`` or ``::``), which
+    clients reaching it by that address send as their ``Host``."""
+    from intention_kernel.host._guard import check_host_patterns
+
+    hosts = list(check_host_patterns(given))
+    try:
+        address = ipaddress.ip_address(bound.strip("[]"))
+    except ValueError:
+        address = None
+    if address is not None and not address.is_unspecified:
+        hosts += check_host_patterns([str(address)])
+    return hosts
+
+
+def parse_tokens(specs: list[str]) -> dict[str, Principal]:
+    """``["s3cret=acme", "k7=acme;role=operator;principal=alice"]`` → ``{"s3cret":
+    Principal("acme", "acme", "user"), "k7": Principal("alice", "acme", "operator")}``.
+
+    Error messages never repeat a secret."""
+    from intention_kernel.host import Principal
+
+    tokens: dict[str, Principal] = {}
+    for spec in specs:
+        secret, sep, rest = spec.strip().partition("=")
         if not sep or not secret:
-            raise ValueError(f"--token must look like TOKEN=TENANT, got {pair.split('=')[0]!r}=…")
+            raise ValueError(
+                "--token must look like TOKEN=TENANT or "
+                f"'TOKEN=TENANT;role=operator;principal=NAME', got {secret[:2]!r}…"
+            )
         if secret in tokens:
             raise ValueError("a token is given twice")
-        tokens[secret] = tenant or None
+        tenant, *attributes = rest.split(";")
+        given: dict[str, str] = {}
+        for attribute in attributes:
+            name, has_value, value = attribute.partition("=")
+            name = name.strip()
+            if name not in ("role", "principal") or not has_value:
+                raise ValueError(
+                    f"--token {secret[:2]}…: unknown attribute {attribute!r} after the tenant "
+                    "(only role=user|operator and principal=NAME; a tenant ID holding ';' "
+                    "cannot be given on the command line)"
+                )
+            if name in given:
+                raise ValueError(f"--token {secret[:2]}…: {name}= is given twice")
+            given[name] = value.strip()
+        if given.get("principal") == "":
+            raise ValueError(f"--token {secret[:2]}…: principal= needs a name")
+        role = given.get("role", "user")
+        principal = given.get("principal") or tenant
+        if not principal:
+            raise ValueError(
+                f"--token {secret[:2]}…= has no tenant and names no principal: say whom it "
+                "stands for, e.g. 'TOKEN=;role=operator;principal=NAME' (a token without a "
+                "tenant used to be an operator; roles are now explicit)"
+            )
+        if role == "operator" and "principal" not in given:
+            raise ValueError(
+                f"--token {secret[:2]}…: an operator names its principal (principal=NAME), "
+                "the person recorded as the actor of what it resolves"
+            )
+        if role not in ("user", "operator"):
+            raise ValueError(f"--token {secret[:2]}…: role is user or operator, not {role!r}")
+        tokens[secret] = Principal(
+            principal, tenant or None, "operator" if role == "operator" else "user"
+        )
     return tokens
-
-
-def open_store(url: str, lock_timeout: float | None = None) -> Durability:
-    """The store at ``url``, as ``open_durability`` opens it, with ``lock_timeout`` if
-    given: a PostgreSQL URL takes it as its ``lock_timeout=`` parameter (so the URL
-    may not give one too); the other adapters take it as an argument."""
-    from intention_kernel.durability import open_durability
-
-    durability = open_durability(url)
-    if lock_timeout is None:
-        return durability
-    from intention_kernel.durability.memory import InMemoryDurability
-    from intention_kernel.durability.sqlite import SQLiteDurability
-
-    if isinstance(durability, SQLiteDurability):
-        return SQLiteDurability(sqlite_path(url), lock_timeout=lock_timeout)
-    if isinstance(durability, InMemoryDurability):
-        return InMemoryDurability(lock_timeout=lock_timeout)
-    return open_durability(f"{url}{'&' if '?' in url else '?'}lock_timeout={lock_timeout}")
 
 
 async def _serve(
@@ -177,32 +274,46 @@ async def _serve(
     url: str,
     host: str,
     port: int,
-    tokens: dict[str, str | None] | None,
+    tokens: dict[str, Principal] | None,
     lock_timeout: float | None,
+    hosts: list[str],
 ) -> None:
     import uvicorn
 
+    from intention_kernel.durability.base import RecordedDurability
     from intention_kernel.errors import KernelError
     from intention_kernel.host import create_app
     from intention_kernel.kernel import Kernel
 
+    durability = open_store(url, lock_timeout=lock_timeout)
     try:
-        durability = open_store(url, lock_timeout)
+        # One connection first: an unreachable server is one message at once, not the
+        # pool's retries (each logged) until its connect timeout.
+        if isinstance(durability, RecordedDurability):
+            await durability.exists()
         await durability.__aenter__()
-    except (KernelError, ValueError) as exc:
+    except KernelError as exc:
         refuse(f"cannot open the store {url}: {exc}")
     try:
         try:
             kernel = Kernel(agent, durability)
-            app = create_app(kernel, tokens=tokens)
+            app = create_app(kernel, tokens=tokens, allowed_hosts=hosts)
         except (KernelError, TypeError, ValueError) as exc:
             refuse(str(exc))
-        auth = f"{len(tokens)} token(s)" if tokens else "no authentication"
+        if tokens:
+            operators = sum(1 for p in tokens.values() if p.role == "operator")
+            auth = f"{len(tokens)} token(s), {operators} of them operator(s)"
+        else:
+            auth = "no authentication"
+        names = ", ".join(["loopback", *hosts])
         loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
         stderr.print(
-            f"serving [bold]{agent.name}[/] v{agent.version} ({kernel.fingerprint}) from {url} "
-            f"on http://{host}:{port} · {auth} · {loop} event loop · console at /console",
-            highlight=False,
+            Text.assemble(
+                "serving ",
+                (agent.name, "bold"),
+                f" v{agent.version} ({kernel.fingerprint}) from {url} on http://{host}:{port}"
+                f" · {auth} · answers Host {names} · {loop} event loop · console at /console",
+            )
         )
         config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="info")
         await uvicorn.Server(config).serve()

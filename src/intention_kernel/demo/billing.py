@@ -29,13 +29,16 @@ from pydantic import BaseModel, Field
 
 from intention_kernel import (
     Agent,
+    Capability,
     CapabilityContext,
     CapabilityResult,
     EffectAuthority,
     EffectNotAppliedError,
     Fact,
+    Replies,
     Rule,
     RuleInterpreter,
+    StepResult,
     capability,
 )
 from intention_kernel.demo.provider import ChargeRejected, FakePaymentProvider
@@ -43,6 +46,7 @@ from intention_kernel.demo.provider import ChargeRejected, FakePaymentProvider
 __all__ = [
     "INVOICES",
     "BalanceInput",
+    "BillingReplies",
     "ChargeInput",
     "Invoice",
     "build_agent",
@@ -102,6 +106,23 @@ def _prompt(input: ChargeInput) -> str:
         f"Charge {money(input.amount_cents, input.currency)} to payment intent "
         f"{input.payment_intent_id} for invoice {input.invoice_id}? Reply yes or no."
     )
+
+
+class BillingReplies(Replies):
+    """The kernel's own replies, in the words of a billing assistant: the hook an
+    application uses to word them (``Agent(replies=...)``)."""
+
+    def uncertain(self, capability: Capability, step: StepResult) -> str:
+        return (
+            "I could not tell whether the payment went through: the payment provider did not "
+            "answer. To be safe I will not try it again until someone has checked with the "
+            "provider."
+        )
+
+    def failed(self, capability: Capability, step: StepResult, error: BaseException) -> str:
+        if isinstance(error, EffectNotAppliedError):  # the provider refused: nothing charged
+            return "The payment did not go through and nothing was charged. You can ask again."
+        return super().failed(capability, step, error)
 
 
 def build_agent(provider: FakePaymentProvider, invoices: Mapping[str, Invoice] = INVOICES) -> Agent:
@@ -188,6 +209,7 @@ def build_agent(provider: FakePaymentProvider, invoices: Mapping[str, Invoice] =
         version="1",
         capabilities=[balance, charge],
         interpreter=build_interpreter(invoices),
+        replies=BillingReplies(),
     )
 
 

@@ -25,7 +25,11 @@ committed turn or, before that, its first effect receipt); a turn of another ten
 is refused with ``TenantMismatchError`` and is never shown that tenant's receipts.
 The inspection and operations methods (``load_checkpoint``, ``list_receipts``,
 ``resolve_receipt``, ``read_outbox``) are operator-level: they see every tenant
-unless filtered (``list_receipts(tenant_id=...)``).
+unless filtered (``list_receipts(tenant_id=...)``). ``RecordedDurability`` also takes
+``owner=ThreadOwner(tenant_id)`` on ``load_checkpoint`` and ``resolve_receipt``: a
+thread of another owner then reads as missing, decided on the snapshot read or under
+the thread's lock, so that a host acting for a tenant is never shown another tenant's
+first turn while it runs.
 
 There are two ways to write an adapter:
 
@@ -113,8 +117,10 @@ class Durability(Protocol):
     ) -> None: ...
 
 
-def open_durability(url: str) -> Durability:
-    """Build an adapter from a URL.
+def open_durability(
+    url: str, *, lock_timeout: float | None = None, connect_timeout: float | None = None
+) -> Durability:
+    """Build an adapter from a URL (not opened: nothing is read or created yet).
 
     - ``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` → ``SQLiteDurability``
     - ``postgresql://user@host:5432/db`` (or ``postgres://``) → ``PostgresDurability``.
@@ -123,12 +129,21 @@ def open_durability(url: str) -> Durability:
       ``lock_timeout`` (seconds to wait for a busy thread), as in
       ``postgresql://app@db/app?schema=billing&lock_timeout=5&sslmode=require``.
     - ``memory://`` → ``InMemoryDurability`` (tests and examples only)
+
+    Options, ``None`` for the adapter's default: ``lock_timeout`` (seconds a turn waits
+    for a busy thread; a URL may not give ``lock_timeout=`` too) and ``connect_timeout``
+    (PostgreSQL only: seconds opening waits to reach the server; see
+    ``PostgresDurability``). A bad URL or option is a ``ValueError``.
     """
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise ValueError(
             f"not a durability URL: {url!r} (expected sqlite:///path.db or postgresql://...)"
         )
+    if lock_timeout is not None:
+        lock_timeout = _check_seconds("lock_timeout", lock_timeout)
+    if connect_timeout is not None:
+        connect_timeout = _check_seconds("connect_timeout", connect_timeout)
     scheme = scheme.lower()
     if scheme == "sqlite":
         from intention_kernel.durability.sqlite import SQLiteDurability
@@ -136,23 +151,30 @@ def open_durability(url: str) -> Durability:
         path = rest[1:] if rest.startswith("/") else rest
         if not path:
             raise ValueError(f"sqlite URL needs a path: {url!r} (sqlite:///file.db)")
-        return SQLiteDurability(path)
+        if lock_timeout is None:
+            return SQLiteDurability(path)
+        return SQLiteDurability(path, lock_timeout=lock_timeout)
     if scheme in ("postgresql", "postgres"):
         from intention_kernel.durability import postgres
 
         dsn, options = _take_url_options(url, postgres.URL_OPTIONS)
         timeout = options.get("lock_timeout")
+        if timeout is not None and lock_timeout is not None:
+            raise ValueError("lock_timeout= twice: in the durability URL and as an option")
+        if timeout is not None:
+            lock_timeout = _seconds("lock_timeout", timeout)
         return postgres.PostgresDurability(
             dsn,
             schema=options.get("schema", postgres.DEFAULT_SCHEMA),
-            lock_timeout=postgres.DEFAULT_LOCK_TIMEOUT
-            if timeout is None
-            else _seconds("lock_timeout", timeout),
+            lock_timeout=postgres.DEFAULT_LOCK_TIMEOUT if lock_timeout is None else lock_timeout,
+            connect_timeout=connect_timeout,
         )
     if scheme == "memory":
         from intention_kernel.durability.memory import InMemoryDurability
 
-        return InMemoryDurability()
+        if lock_timeout is None:
+            return InMemoryDurability()
+        return InMemoryDurability(lock_timeout=lock_timeout)
     raise ValueError(f"unknown durability scheme {scheme!r} in {url!r}")
 
 
@@ -186,3 +208,15 @@ def _seconds(name: str, text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name}= in the durability URL must be a number of seconds, got {text!r}")
     return value
+
+
+def _check_seconds(name: str, value: float) -> float:
+    """``value`` if it is a finite, non-negative number of seconds; ``ValueError`` otherwise.
+
+    Every adapter checks its waits with this: NaN compares false with everything, so a
+    wait of NaN seconds never ends, and neither does an infinite one."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    return float(value)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -34,9 +35,10 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 from intention_kernel import _faults, _tracing
-from intention_kernel._json import dump_value, load_value, normalize
+from intention_kernel._json import dump_value, load_value, normalize, storable_text, text_problem
 from intention_kernel.checkpoint import (
     CoreEncoder,
+    Interaction,
     KernelCheckpoint,
     assemble_checkpoint,
     continuation,
@@ -82,11 +84,13 @@ from intention_kernel.turns import (
 )
 
 __all__ = [
+    "INTERACTION_MARKER",
     "MAX_ID_BYTES",
     "MAX_ID_LENGTH",
     "CheckpointRewrite",
     "OutboxBacklog",
     "OutboxDelivery",
+    "PendingInteraction",
     "RecordedDurability",
     "Recorder",
     "StoredThread",
@@ -97,12 +101,24 @@ __all__ = [
     "check_id",
     "dump_value",
     "load_value",
+    "missing_receipt_message",
+    "owner_of",
+    "owns",
+    "suggest_keys",
 ]
 
 MAX_ID_LENGTH = 512
 #: IDs are keys of unique indexes; PostgreSQL refuses a btree entry over 2,704 bytes,
 #: and ``(thread_id, turn_id)`` of two 512-character IDs could reach 4,096.
 MAX_ID_BYTES = 1024
+
+#: Text that every stored checkpoint core with an active interaction contains: the
+#: compact JSON the codec writes puts ``"interaction":{`` at its top level, and JSON
+#: escapes every quote inside a string, so it can appear nowhere else but as an object
+#: under an ``interaction`` key nested deeper (a capability's input, say). A recorder
+#: selects threads by it without parsing each core (``read_interactions``), and
+#: :meth:`RecordedDurability.pending_interactions` decodes the few it selects.
+INTERACTION_MARKER = '"interaction":{'
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +168,31 @@ class ThreadOwner:
     first tenant's provider value. Each receipt records its tenant, and the thread's
     earliest receipt is read in the same round trip as the rest of a turn's start, so
     the claim costs no write and no round trip (see :attr:`TurnStart.claimed_by`).
+
+    Once something durable is written on a thread its owner never changes, so a caller
+    that decides on the same snapshot (or under the same lock) as its read or its
+    write cannot be fooled by a first turn of another tenant still running: see
+    :func:`owns`, which every use of this rule goes through.
     """
 
     tenant_id: str | None
+
+
+def owner_of(thread: StoredThread | None, claimed_by: ThreadOwner | None) -> ThreadOwner | None:
+    """The owner of a thread (see :class:`ThreadOwner`) from what one snapshot shows: the
+    tenant of its committed turns if it has one, else ``claimed_by`` (the tenant of its
+    earliest receipt, or ``None`` if it has none)."""
+    if thread is not None and thread.version:
+        return ThreadOwner(thread.tenant_id)
+    return claimed_by
+
+
+def owns(owner: ThreadOwner | None, tenant_id: str | None) -> bool:
+    """The tenant-ownership rule: whether a caller of ``tenant_id`` (``None``: no tenant)
+    may act on a thread whose owner is ``owner``. A thread is its owner's alone. A thread
+    nobody owns yet is free for any tenant's first durable write; it has no checkpoint
+    and no receipt, so a read of it shows nothing whoever asks."""
+    return owner is None or owner.tenant_id == tenant_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +289,17 @@ class OutboxBacklog:
     failing: Sequence[OutboxDelivery]
 
 
+@dataclass(frozen=True, slots=True)
+class PendingInteraction:
+    """A thread's active interaction (a confirmation waiting for a person), as of its
+    latest committed checkpoint (``version``); ``tenant_id`` is the thread's owner."""
+
+    thread_id: str
+    tenant_id: str | None
+    version: int
+    interaction: Interaction
+
+
 ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
 PlanFn = Callable[[Receipt | None], EffectPlan]
 
@@ -283,12 +332,24 @@ class Recorder(Protocol):
     even when the calling task is cancelled (it never suspends, or waits for its own
     hop before letting the cancellation through), may say so with a true
     ``finishes_writes_when_cancelled``; otherwise each write runs in a task of its own.
+
+    A recorder whose thread lock can be lost while the process that took it lives on
+    (a database session that dies while the turn's provider call still runs) must say
+    so with a true ``attempts_outlive_lock``: a ``prepared`` receipt found under its
+    lock may then belong to a live attempt, and is not resolvable as not applied (see
+    :func:`~intention_kernel.effects.resolve`).
     """
 
     async def open(self) -> None:
         """Connect and create or migrate the schema. Called once, before anything else."""
 
     async def close(self) -> None: ...
+
+    async def exists(self) -> bool:
+        """Whether the store already holds this recorder's schema, without creating
+        anything; callable before ``open``. Raises ``StoreError`` when the store cannot
+        be reached."""
+        ...
 
     def lock(self, thread_id: str) -> AbstractAsyncContextManager[object]:
         """Hold the thread's exclusive lock for the duration of the block.
@@ -395,6 +456,16 @@ class Recorder(Protocol):
         ``below_revision`` if given. Each thread is one consistent snapshot."""
         ...
 
+    async def read_interactions(
+        self, after: str | None, limit: int, owner: ThreadOwner | None
+    ) -> list[tuple[str, StoredThread]]:
+        """Up to ``limit`` threads with a committed checkpoint whose stored core contains
+        :data:`INTERACTION_MARKER`, in ``thread_id`` order after ``after``, owned by
+        ``owner`` if given (``ThreadOwner(None)``: threads without a tenant). Each with
+        its core only, no message or fact rows. Every thread with an active interaction
+        is among them; a few without may be too (the caller decodes each)."""
+        ...
+
     async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
         """Replace the thread's checkpoint and all its rows if its version is still
         ``rewrite.version``; otherwise raise ``FencedCommitError``. Called under the
@@ -447,6 +518,7 @@ class _Transaction:
     __slots__ = (
         "_checkpoint",
         "_closed",
+        "_idle",
         "_inflight",
         "_owner",
         "_receipt_turns",
@@ -460,7 +532,9 @@ class _Transaction:
         self._owner = owner
         self._scope = scope
         self._checkpoint = checkpoint
-        self._inflight: set[str] = set()
+        # The effect calls still running, by key, with the task running each.
+        self._inflight: dict[str, asyncio.Task[Any] | None] = {}
+        self._idle: asyncio.Event | None = None  # made by ``settle`` only when it must wait
         self._closed = False
         # A receipt of another tenant was found: the turn must not commit, even if the
         # operation caught the error (a capability's ``except Exception``, or the runtime
@@ -484,6 +558,18 @@ class _Transaction:
             )
         if not isinstance(key, str) or not key:
             raise EffectUsageError("an effect key must be a non-empty string", key=str(key))
+        problem = text_problem(key) or (
+            "it is not a non-empty string"
+            if not isinstance(step_id, str) or not step_id
+            else text_problem(step_id)
+        )
+        if problem is not None:  # both are stored in text columns of their own
+            raise EffectUsageError(
+                f"effect {key!r} (step {step_id!r}) cannot be recorded: {problem}",
+                key=key,
+                thread_id=self._scope.thread_id,
+                turn_id=self._scope.turn_id,
+            )
         if key in self._inflight:
             # A second concurrent call would read the first one's live `prepared`
             # receipt and mark it uncertain; refuse it instead.
@@ -493,7 +579,7 @@ class _Transaction:
                 thread_id=self._scope.thread_id,
                 turn_id=self._scope.turn_id,
             )
-        self._inflight.add(key)
+        self._inflight[key] = asyncio.current_task()
         try:
             result = await self._owner._run_effect(self._scope, key, fn, step_id)
             self._receipt_turns[result.receipt.key] = result.receipt.turn_id
@@ -502,7 +588,44 @@ class _Transaction:
             self._refused = exc
             raise
         finally:
-            self._inflight.discard(key)
+            del self._inflight[key]
+            if not self._inflight and self._idle is not None:
+                self._idle.set()
+
+    async def settle(self, *, cancel: bool) -> None:
+        """Close the transaction to new effect calls and wait until every call still
+        running (in a task the operation left behind) has recorded its outcome; with
+        ``cancel``, cancel them first (each then records ``uncertain``).
+
+        Called before the turn leaves the thread's lock. Without it, a call that outlived
+        its operation would leave its receipt ``prepared`` under a free lock while its
+        provider call still runs: the next holder (a turn, or an operator resolving it as
+        not applied) would take a live attempt for a dead one.
+        """
+        self._closed = True
+        if not self._inflight:
+            return
+        if cancel:
+            self._cancel_inflight()
+        idle = self._idle = asyncio.Event()
+        interrupted = False
+        while self._inflight:
+            try:
+                await idle.wait()
+            except asyncio.CancelledError:
+                # The receipts first, then the cancellation: the calls are cancelled too,
+                # so that the wait ends as soon as each has recorded ``uncertain``.
+                if not interrupted and not cancel:
+                    self._cancel_inflight()
+                interrupted = True
+        if interrupted:
+            raise asyncio.CancelledError
+
+    def _cancel_inflight(self) -> None:
+        current = asyncio.current_task()
+        for task in self._inflight.values():
+            if task is not None and task is not current:
+                task.cancel()
 
 
 class RecordedDurability:
@@ -565,6 +688,17 @@ class RecordedDurability:
     ) -> None:
         await self.aclose()
 
+    async def exists(self) -> bool:
+        """Whether the store already holds this adapter's schema; creates nothing.
+
+        Opening an adapter creates its schema, so a tool that must not create a store
+        (the operations commands) asks this first, and a mistyped URL is refused
+        instead of shown as an empty store. Raises ``StoreError`` when the store cannot
+        be reached, ``CorruptStoreError`` when it is damaged."""
+        if self._opened:
+            return True
+        return await self._recorder.exists()
+
     async def aclose(self) -> None:
         if self._opened:
             self._opened = False
@@ -588,13 +722,13 @@ class RecordedDurability:
             # A thread belongs to the tenant of its first committed turn, or before that
             # to the tenant of its first receipt (see ThreadOwner). A version-0 row with
             # no receipt only carries operator events and has no owner yet.
-            if start.turn is not None or (start.thread is not None and start.thread.version):
+            if start.turn is not None:
                 owner: ThreadOwner | None = ThreadOwner(
                     start.thread.tenant_id if start.thread else start.thread_tenant_id
                 )
             else:
-                owner = start.claimed_by
-            if owner is not None and owner.tenant_id != scope.tenant_id:
+                owner = owner_of(start.thread, start.claimed_by)
+            if not owns(owner, scope.tenant_id):
                 raise TenantMismatchError(
                     f"thread {scope.thread_id!r} does not belong to tenant {scope.tenant_id!r}",
                     thread_id=scope.thread_id,
@@ -610,8 +744,10 @@ class RecordedDurability:
             tx = _Transaction(self, scope, checkpoint)
             try:
                 commit = await operation(tx)
-            finally:
-                tx._closed = True
+            except BaseException:
+                await tx.settle(cancel=True)
+                raise
+            await tx.settle(cancel=False)
             if tx._refused is not None:
                 raise TenantMismatchError(
                     f"turn {scope.turn_id!r} met a receipt of another tenant on thread "
@@ -833,10 +969,14 @@ class RecordedDurability:
         if _faults.armed:
             _faults.reach(_faults.AFTER_RECEIPT_PREPARED)
         authority = EffectAuthority(key, key, prepared.id, prepared.attempt)
+        cancelled_after_return = False
         try:
-            value = fn(authority)
-            if inspect.isawaitable(value):
-                value = await value
+            if _is_async(fn):
+                value = await fn(authority)
+            else:
+                value, cancelled_after_return = await _call_in_thread(fn, authority)
+                if inspect.isawaitable(value):  # a sync function (a lambda) wrapping a coroutine
+                    value = await value
         except EffectNotAppliedError as exc:
             failed = settle(prepared, "failed", now=utcnow(), error=_describe(exc))
             await self._settle(recorder.write_receipt(failed, prepared))
@@ -880,31 +1020,89 @@ class RecordedDurability:
             ) from exc
         completed = settle(prepared, "completed", now=utcnow(), value=stored)
         await self._settle(recorder.write_receipt(completed, prepared))
+        if cancelled_after_return:
+            raise asyncio.CancelledError  # delivered now that the outcome is recorded
         if _faults.armed:
             _faults.reach(_faults.AFTER_RECEIPT_COMPLETED)
         return EffectResult(stored, completed)
 
     # -- inspection and operations -----------------------------------------------------------
 
-    async def load_checkpoint(self, thread_id: str) -> KernelCheckpoint | None:
-        """The latest committed checkpoint of a thread, or ``None``."""
+    async def load_checkpoint(
+        self, thread_id: str, *, owner: ThreadOwner | None = None
+    ) -> KernelCheckpoint | None:
+        """The latest committed checkpoint of a thread, or ``None``.
+
+        With ``owner``, only for a caller of that tenant (``ThreadOwner(None)``: a caller
+        without one): a thread it may not see (:func:`owns`) reads as ``None``, exactly
+        like a missing one. The owner is judged on the snapshot the checkpoint comes
+        from; judged on an earlier read, a first turn of another tenant committing in
+        between would be shown to the caller."""
         recorder = await self._ready()
         thread = await recorder.read_thread(check_id("thread_id", thread_id))
         if thread is None or thread.checkpoint is None:
+            return None
+        if owner is not None and not owns(owner_of(thread, None), owner.tenant_id):
             return None
         return _decode(thread_id, thread)[0]
 
     async def thread_owner(self, thread_id: str) -> ThreadOwner | None:
         """The owner of a thread (see :class:`ThreadOwner`), or ``None`` while nothing
-        durable was written on it (the first turn of any tenant claims it). Lets a host
-        keep tenants' reads apart."""
+        durable was written on it (the first turn of any tenant claims it).
+
+        Two reads, so the answer may be older than the caller's next read: a caller
+        that then reads or acts on the thread decides with ``owner=`` instead
+        (:meth:`load_checkpoint`, :meth:`resolve_receipt`)."""
         recorder = await self._ready()
-        thread = await recorder.read_thread(check_id("thread_id", thread_id))
+        return await self._owner(recorder, check_id("thread_id", thread_id))
+
+    @staticmethod
+    async def _owner(recorder: Recorder, thread_id: str) -> ThreadOwner | None:
+        thread = await recorder.read_thread(thread_id)
         if thread is not None and thread.version:
-            return ThreadOwner(thread.tenant_id)
+            return owner_of(thread, None)
         # No committed turn: the thread's earliest receipt, if any, claimed it.
         receipts = await recorder.read_receipts(thread_id, None)
-        return ThreadOwner(receipts[0].tenant_id) if receipts else None
+        return owner_of(thread, ThreadOwner(receipts[0].tenant_id) if receipts else None)
+
+    async def pending_interactions(
+        self, *, owner: ThreadOwner | None = None, after: str | None = None, limit: int = 100
+    ) -> list[PendingInteraction]:
+        """Up to ``limit`` threads whose latest checkpoint has an active interaction (a
+        pending confirmation), in ``thread_id`` order after ``after`` (pass the last one
+        to read on). Only the threads of ``owner`` if given: ``ThreadOwner("acme")``,
+        or ``ThreadOwner(None)`` for threads without a tenant; ``None`` sees every
+        tenant, like every operations method.
+
+        The store selects candidates by text (:data:`INTERACTION_MARKER`) and each is
+        decoded here, so the answer is exactly the decoded checkpoints' interactions; a
+        candidate that is corrupt raises ``CorruptRecordError`` naming its thread. The
+        cost grows with the number of threads (each core is searched, none parsed): an
+        operator's query, not a turn's."""
+        recorder = await self._ready()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidRequestError(f"limit must be a positive integer, got {limit!r}")
+        if after is not None:
+            check_id("thread_id", after)
+        if owner is not None and owner.tenant_id is not None:
+            check_id("tenant_id", owner.tenant_id)
+        found: list[PendingInteraction] = []
+        cursor = after
+        while len(found) < limit:
+            wanted = limit - len(found)
+            page = await recorder.read_interactions(cursor, wanted, owner)
+            for thread_id, thread in page:
+                checkpoint = _decode(thread_id, thread)[0]
+                if checkpoint.interaction is not None:  # not a nested "interaction" key
+                    found.append(
+                        PendingInteraction(
+                            thread_id, thread.tenant_id, checkpoint.version, checkpoint.interaction
+                        )
+                    )
+            if len(page) < wanted:
+                break
+            cursor = page[-1][0]
+        return found
 
     async def list_receipts(
         self,
@@ -936,25 +1134,50 @@ class RecordedDurability:
         value: Any = None,
         note: str | None = None,
         actor: str | None = None,
+        owner: ThreadOwner | None = None,
     ) -> Receipt:
         """Reconcile an uncertain receipt: the write was ``applied`` (later calls return
         ``value``) or not (a later call may retry). Emits ``receipt.resolved``.
+
+        With ``owner``, only for a caller of that tenant (``ThreadOwner(None)``: a caller
+        without one): a receipt on a thread it may not act on (:func:`owns`) raises
+        ``ReceiptNotFoundError``, exactly like a missing one. The thread's owner is
+        judged under the thread's lock, which every turn holds from before its first
+        write to its commit, and the receipt's own tenant in the transaction that
+        resolves it; judged before the lock, a first turn of another tenant still
+        running could make the receipt afterwards and have it resolved.
 
         A malformed request (a ``value`` that is not JSON, such as NaN or infinity) is
         refused with ``InvalidRequestError`` before anything is read or written."""
         recorder = await self._ready()
         check_id("thread_id", thread_id)
         stored_value = _resolution_request(key, applied, value, note, actor)
+        if owner is not None and owner.tenant_id is not None:
+            check_id("tenant_id", owner.tenant_id)
+
+        def missing(suggestions: tuple[str, ...] = ()) -> ReceiptNotFoundError:
+            return ReceiptNotFoundError(
+                missing_receipt_message(thread_id, key, suggestions),
+                thread_id=thread_id,
+                key=key,
+                suggestions=suggestions,
+            )
+
+        attempts_outlive_lock: bool = getattr(recorder, "attempts_outlive_lock", False)
 
         def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
             if existing is None:
-                raise ReceiptNotFoundError(
-                    f"no receipt for key {key!r} on thread {thread_id!r}",
-                    thread_id=thread_id,
-                    key=key,
-                )
+                raise missing()
+            if owner is not None and not owns(ThreadOwner(existing.tenant_id), owner.tenant_id):
+                raise missing()
             resolved = resolve(
-                existing, applied=applied, value=stored_value, note=note, actor=actor, now=utcnow()
+                existing,
+                applied=applied,
+                value=stored_value,
+                note=note,
+                actor=actor,
+                now=utcnow(),
+                attempt_may_run=attempts_outlive_lock,
             )
             event = EventDraft(
                 "receipt.resolved",
@@ -971,7 +1194,22 @@ class RecordedDurability:
             return resolved, event
 
         async with recorder.lock(thread_id):
-            return await recorder.resolve_receipt(thread_id, key, resolution)
+            if owner is not None and not owns(
+                await self._owner(recorder, thread_id), owner.tenant_id
+            ):
+                raise missing()
+            try:
+                return await recorder.resolve_receipt(thread_id, key, resolution)
+            except ReceiptNotFoundError:
+                # Still under the lock, on a thread the caller may act on: only receipts
+                # it may see are offered (a receipt's own tenant is the thread's).
+                receipts = await recorder.read_receipts(thread_id, None)
+                visible = [
+                    r.key
+                    for r in receipts
+                    if owner is None or owns(ThreadOwner(r.tenant_id), owner.tenant_id)
+                ]
+                raise missing(suggest_keys(key, visible)) from None
 
     async def read_outbox(
         self, thread_id: str | None = None, after: int | None = None, limit: int = 100
@@ -981,6 +1219,21 @@ class RecordedDurability:
         if limit < 1:
             raise InvalidRequestError(f"limit must be at least 1, got {limit!r}")
         return await recorder.read_outbox(thread_id, after, limit)
+
+
+def suggest_keys(key: str, stored: Sequence[str]) -> tuple[str, ...]:
+    """The stored keys ``key`` may have meant: the same key with its capability prefix
+    (a receipt is stored as ``capability_id:key``, and an operator may copy the key a
+    capability passed to ``run_effect``)."""
+    return tuple(k for k in stored if k != key and k.partition(":")[2] == key)
+
+
+def missing_receipt_message(thread_id: str, key: str, suggestions: Sequence[str] = ()) -> str:
+    """How a missing receipt is reported, with the keys that were perhaps meant."""
+    text = f"no receipt for key {key!r} on thread {thread_id!r}"
+    if suggestions:
+        text += "; did you mean " + " or ".join(repr(k) for k in suggestions) + "?"
+    return text
 
 
 def _receipt_status(status: ReceiptStatus | str) -> ReceiptStatus:
@@ -999,6 +1252,9 @@ def _resolution_request(
     """Check what ``resolve_receipt`` was asked to store; the value as it will be stored."""
     if not isinstance(key, str) or not key:
         raise InvalidRequestError(f"key must be a non-empty string, got {key!r}")
+    problem = text_problem(key)
+    if problem is not None:  # no receipt can have it, and PostgreSQL cannot even look it up
+        raise InvalidRequestError(f"key {key!r} cannot name a receipt: {problem}", key=key)
     if not isinstance(applied, bool):
         raise InvalidRequestError(f"applied must be True or False, got {applied!r}")
     for name, text in (("note", note), ("actor", actor)):
@@ -1041,10 +1297,61 @@ def _changed_facts(
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    if not text.isascii():  # stored as text: escape what UTF-8 cannot encode (a lone surrogate)
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    # A receipt's error is stored as text: NUL (which PostgreSQL text cannot hold) and
+    # lone surrogates (which UTF-8 cannot encode) are escaped, the same on every store.
+    text = storable_text(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_async(fn: EffectFn) -> bool:
+    """Whether ``fn`` is an async function (or an object with an async ``__call__``):
+    it runs on the event loop. Anything else may block, so it runs in a thread."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = type(fn).__call__  # a function's is a slot wrapper, never a coroutine function
+    return inspect.iscoroutinefunction(call)
+
+
+class _ThreadCall:
+    """A sync effect function's call in a worker thread, and whether it returned."""
+
+    __slots__ = ("returned", "value")
+
+    def __init__(self) -> None:
+        self.returned = False
+        self.value: Any = None
+
+    def __call__(self, fn: EffectFn, authority: EffectAuthority) -> Any:
+        value = fn(authority)
+        self.value, self.returned = value, True  # ``value`` first: a reader checks ``returned``
+        return value
+
+
+async def _call_in_thread(fn: EffectFn, authority: EffectAuthority) -> tuple[Any, bool]:
+    """Call a sync effect function in the loop's default executor, in a copy of the
+    caller's context (as ``asyncio.to_thread`` does), and return its value and whether
+    the caller was cancelled after it returned.
+
+    A blocking provider SDK would otherwise stall every turn of the process. A
+    cancellation while the call runs raises at once and the thread runs on unheard:
+    the receipt becomes ``uncertain`` (whatever the call does later, it is never
+    recorded, so never ``failed``). One that lands after the call returned, before the
+    loop took its value, must not throw a known outcome away: the value is returned, and
+    the caller records it before it lets the cancellation through. A call still queued
+    for a thread is cancelled with the future and never starts.
+    """
+    call = _ThreadCall()
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    try:
+        return await loop.run_in_executor(None, context.run, call, fn, authority), False
+    except asyncio.CancelledError:
+        value = call.value
+        if not call.returned or inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never started: nothing ran, and no "never awaited" warning
+            raise
+        return value, True
 
 
 async def _awaited(write: Any) -> None:

@@ -18,7 +18,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from intention_kernel.durability import _check_seconds
 from intention_kernel.durability.base import (
+    INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,
     OutboxDelivery,
@@ -89,6 +91,9 @@ class _MemoryRecorder:
 
     async def close(self) -> None:
         return None
+
+    async def exists(self) -> bool:
+        return True  # the store is this object: it exists once built
 
     @asynccontextmanager
     async def lock(self, thread_id: str) -> AsyncIterator[object]:
@@ -327,6 +332,27 @@ class _MemoryRecorder:
                 break
         return found
 
+    async def read_interactions(
+        self, after: str | None, limit: int, owner: ThreadOwner | None
+    ) -> list[tuple[str, StoredThread]]:
+        found: list[tuple[str, StoredThread]] = []
+        for thread_id in sorted(self._state.threads):
+            thread = self._state.threads[thread_id]
+            if (
+                (after is not None and thread_id <= after)
+                or not thread.version
+                or thread.checkpoint is None
+                or INTERACTION_MARKER not in thread.checkpoint
+                or (owner is not None and thread.tenant_id != owner.tenant_id)
+            ):
+                continue
+            found.append(
+                (thread_id, StoredThread(thread.version, thread.tenant_id, thread.checkpoint))
+            )
+            if len(found) >= limit:
+                break
+        return found
+
     async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
         thread = self._state.threads.get(rewrite.thread_id)
         if thread is None or thread.version != rewrite.version:
@@ -375,8 +401,8 @@ class InMemoryDurability(RecordedDurability):
     """Durability for tests and examples; state lives only in this process.
 
     ``lock_timeout`` bounds how long a turn waits for a busy thread before
-    ``ThreadBusyError``.
+    ``ThreadBusyError``: finite, non-negative seconds (``ValueError`` otherwise).
     """
 
     def __init__(self, *, lock_timeout: float = 30.0) -> None:
-        super().__init__(_MemoryRecorder(lock_timeout))
+        super().__init__(_MemoryRecorder(_check_seconds("lock_timeout", lock_timeout)))

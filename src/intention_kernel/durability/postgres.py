@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import math
 import random
 import re
 import time
@@ -58,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from intention_kernel import _faults
-from intention_kernel.durability import _take_url_options
+from intention_kernel.durability import _check_seconds, _take_url_options
 from intention_kernel.durability._rows import (
     decode_event,
     decode_receipt,
@@ -67,6 +68,7 @@ from intention_kernel.durability._rows import (
     select_receipts,
 )
 from intention_kernel.durability.base import (
+    INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,
     OutboxDelivery,
@@ -304,6 +306,8 @@ CREATE_SCHEMA_TABLE = """
     )
 """
 HAS_SCHEMA_TABLE = "SELECT to_regclass('ik_schema') IS NOT NULL"
+# The same from a session whose search_path was not set (``exists``).
+HAS_STORE = "SELECT to_regclass(format('%%I.ik_schema', %s::text)) IS NOT NULL"
 SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
 INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (%s, now())"
 # Per session, once: our schema only (no surprise from a "$user" or public table),
@@ -623,6 +627,15 @@ SCAN_THREADS = (
       AND (%(below)s::integer IS NULL OR schema_revision < %(below)s::integer)
     ORDER BY th.thread_id LIMIT %(limit)s"""
 )
+# Candidates for the threads with an active interaction (see INTERACTION_MARKER): a
+# text search of each core, no JSON parsed (a ``::json`` cast would parse every core,
+# and one corrupt core would fail the whole query without naming its thread).
+SELECT_INTERACTIONS = """
+    SELECT thread_id, version, tenant_id, checkpoint FROM ik_threads
+    WHERE thread_id > %(after)s AND version > 0 AND strpos(checkpoint, %(marker)s) > 0
+      AND (NOT %(owned)s::boolean OR tenant_id IS NOT DISTINCT FROM %(tenant)s::text)
+    ORDER BY thread_id LIMIT %(limit)s
+"""
 # Fenced on the version: a turn committed since the migration read the thread.
 REWRITE_THREAD = """
     UPDATE ik_threads
@@ -721,11 +734,30 @@ class _Claim:
 
 
 class _PostgresRecorder:
+    # The thread lock dies with its session, and a session can die (killed by an
+    # administrator, cut by the network) while its worker's provider call still runs:
+    # a ``prepared`` receipt under the lock may be a live attempt's.
+    attempts_outlive_lock = True
+
     def __init__(
-        self, dsn: str, schema: str, lock_timeout: float, pool_size: tuple[int, int], timeout: float
+        self,
+        dsn: str,
+        schema: str,
+        lock_timeout: float,
+        pool_size: tuple[int, int],
+        timeout: float,
+        connect_timeout: float | None,
     ) -> None:
         self._dsn, self._schema, self._lock_timeout = dsn, schema, lock_timeout
         self._pool_size, self._pool_timeout = pool_size, timeout
+        self._open_timeout = timeout if connect_timeout is None else connect_timeout
+        # libpq's own bound on one connection attempt (whole seconds, at least 2), else a
+        # server that drops packets holds each attempt until the system's TCP timeout.
+        self._connect_kwargs: dict[str, Any] = (
+            {}
+            if connect_timeout is None
+            else {"connect_timeout": max(2, math.ceil(connect_timeout))}
+        )
         self._opened: AsyncConnectionPool[Connection] | None = None
         self._held: dict[str, _Held] = {}
         self._claims: dict[str, _Claim] = {}  # see claim_outbox
@@ -776,7 +808,7 @@ class _PostgresRecorder:
             self._dsn,
             min_size=self._pool_size[0],
             max_size=self._pool_size[1],
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **self._connect_kwargs},
             configure=self._configure,
             timeout=self._pool_timeout,
             open=False,
@@ -784,17 +816,33 @@ class _PostgresRecorder:
         )
         with _translated():
             try:
-                await pool.open(wait=True, timeout=self._pool_timeout)
+                await pool.open(wait=True, timeout=self._open_timeout)
                 async with pool.connection() as conn:
                     await self._migrate(conn)
             except BaseException as exc:
                 await pool.close()
                 if isinstance(exc, PoolTimeout):
                     raise StoreError(
-                        f"cannot connect to PostgreSQL within {self._pool_timeout}s: {exc}"
+                        f"cannot connect to PostgreSQL within {self._open_timeout}s: {exc}"
                     ) from exc
                 raise
         self._opened = pool
+
+    async def exists(self) -> bool:
+        """Asked on a session of its own, outside the pool: opening the pool is what
+        creates the schema."""
+        if self._opened is not None:
+            return True
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self._dsn, autocommit=True, connect_timeout=max(2, math.ceil(self._open_timeout))
+            )
+        except psycopg.Error as exc:
+            lines = "; ".join(line.strip() for line in str(exc).strip().splitlines())
+            raise StoreError(f"cannot connect to PostgreSQL: {lines}") from exc
+        with _translated():
+            async with conn:
+                return bool(await _value(conn, HAS_STORE, self._schema))
 
     async def _migrate(self, conn: Connection) -> None:
         """Apply pending migrations; safe when several workers start at once."""
@@ -919,8 +967,22 @@ class _PostgresRecorder:
         to the pool, so turns queued on a hot thread cannot drain it.
         """
         deadline, wait = time.monotonic() + self._lock_timeout, _FIRST_WAIT
+        seen_busy = False
         while True:
-            conn = await self._pool.getconn(max(deadline - time.monotonic(), 0.001))
+            # The wait for a session has its own bound, ``pool_timeout``: were it the
+            # lock's, a short ``lock_timeout`` would fail turns on idle threads while
+            # the pool opens a session for them. Once the thread was seen busy, a poll
+            # waits for a session only until the lock's deadline, which then means busy.
+            remaining = deadline - time.monotonic()
+            bounded = seen_busy and remaining < self._pool_timeout
+            try:
+                conn = await self._pool.getconn(
+                    max(remaining, 0.001) if bounded else self._pool_timeout
+                )
+            except PoolTimeout:
+                if bounded:
+                    raise self._busy(thread_id) from None
+                raise
             try:
                 got = await attempt(conn)
             except BaseException as exc:
@@ -938,14 +1000,18 @@ class _PostgresRecorder:
             await self._pool.putconn(conn)
             if got is not None:
                 return None, got[1]
+            seen_busy = True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ThreadBusyError(
-                    f"thread {thread_id!r} stayed locked by another turn for {self._lock_timeout}s",
-                    thread_id=thread_id,
-                )
+                raise self._busy(thread_id)
             await asyncio.sleep(min(wait * random.uniform(0.5, 1.0), remaining))
             wait = min(wait * 2, _MAX_WAIT)
+
+    def _busy(self, thread_id: str) -> ThreadBusyError:
+        return ThreadBusyError(
+            f"thread {thread_id!r} stayed locked by another turn for {self._lock_timeout}s",
+            thread_id=thread_id,
+        )
 
     async def _give_back_dead(self, held: _Held) -> bool:
         """Whether the lock's session died; if so, give it back to the pool now (closed),
@@ -1268,6 +1334,23 @@ class _PostgresRecorder:
 
         return await self._run(None, read)
 
+    async def read_interactions(
+        self, after: str | None, limit: int, owner: ThreadOwner | None
+    ) -> list[tuple[str, StoredThread]]:
+        params = {
+            "after": after or "",
+            "marker": INTERACTION_MARKER,
+            "owned": owner is not None,
+            "tenant": owner.tenant_id if owner else None,
+            "limit": limit,
+        }
+
+        async def read(conn: Connection) -> list[tuple[str, StoredThread]]:
+            rows = await (await conn.execute(SELECT_INTERACTIONS, params)).fetchall()
+            return [(row[0], StoredThread(row[1], row[2], row[3])) for row in rows]
+
+        return await self._run(None, read)
+
     async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
         thread_id, messages = rewrite.thread_id, list(rewrite.messages)
 
@@ -1334,7 +1417,16 @@ class PostgresDurability(RecordedDurability):
     - ``min_pool_size`` / ``max_pool_size``: the connection pool. Each in-flight
       turn holds one session from its lock to its commit, so ``max_pool_size``
       bounds the concurrent turns of this adapter.
-    - ``pool_timeout``: how long to wait to connect, or for a free session.
+    - ``pool_timeout``: how long to wait for a free session (and, unless
+      ``connect_timeout`` is given, to connect); a turn's wait for a session is bounded
+      by this, not by ``lock_timeout``, so a turn on an idle thread never fails because
+      the pool was busy for less.
+    - ``connect_timeout``: how long opening the adapter waits to reach the server, and
+      libpq's bound on each connection attempt (whole seconds, at least 2); the CLI
+      passes a short one, so that an unreachable server is reported at once.
+
+    Each is finite, non-negative seconds (``pool_timeout`` and ``connect_timeout``
+    more than 0); NaN, infinity and negative values are refused with ``ValueError``.
 
     Session-level advisory locks need a real session per client: behind a pooler
     such as PgBouncer, use session pooling, not transaction pooling.
@@ -1349,16 +1441,27 @@ class PostgresDurability(RecordedDurability):
         min_pool_size: int = 1,
         max_pool_size: int = 10,
         pool_timeout: float = 30.0,
+        connect_timeout: float | None = None,
     ) -> None:
         if not schema or "\x00" in schema or len(schema.encode()) > 63:
             raise ValueError(f"not a PostgreSQL schema name: {schema!r}")
         if not 0 <= min_pool_size <= max_pool_size or max_pool_size < 1:
             raise ValueError("need 0 <= min_pool_size <= max_pool_size and max_pool_size >= 1")
+        lock_timeout = _check_seconds("lock_timeout", lock_timeout)
+        if not _check_seconds("pool_timeout", pool_timeout):
+            raise ValueError("pool_timeout must be more than 0 seconds")
+        if connect_timeout is not None and not _check_seconds("connect_timeout", connect_timeout):
+            raise ValueError("connect_timeout must be more than 0 seconds")
         _check_dsn(dsn)
         self.schema = schema
         super().__init__(
             _PostgresRecorder(
-                dsn, schema, lock_timeout, (min_pool_size, max_pool_size), pool_timeout
+                dsn,
+                schema,
+                lock_timeout,
+                (min_pool_size, max_pool_size),
+                pool_timeout,
+                connect_timeout,
             )
         )
 

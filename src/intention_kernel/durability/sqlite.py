@@ -33,8 +33,10 @@ Design, and why:
   inline. As soon as a second turn (or an operator call) holds or awaits a thread
   lock, writes go to the worker thread so that the other turns keep running. A
   write never runs inline while a hop is still in flight, so the one writer
-  connection is never used by two threads at once. ``offload_writes=True`` or
-  ``False`` forces either behaviour.
+  connection is never used by two threads at once. Inline, nothing waits for a lock:
+  when another connection holds the write lock, the write goes to the worker thread,
+  which waits up to ``busy_timeout``, so a lock held elsewhere never stalls the event
+  loop. ``offload_writes=True`` or ``False`` forces either behaviour.
 - **Checkpoints in pieces.** The thread row holds the checkpoint's core; messages
   and facts have rows of their own, written only when a turn appends or changes
   them, so a turn costs the same on the 10,000th turn of a thread as on the 10th.
@@ -46,14 +48,18 @@ Transactions per turn: one read, one commit per effect state change
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from intention_kernel import _faults
+from intention_kernel.durability import _check_seconds
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._rows import (
     decode_event,
@@ -64,6 +70,7 @@ from intention_kernel.durability._rows import (
 )
 from intention_kernel.durability._worker import WorkerThread
 from intention_kernel.durability.base import (
+    INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,
     OutboxDelivery,
@@ -78,7 +85,13 @@ from intention_kernel.durability.base import (
     dump_value,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, is_settlement, utcnow
-from intention_kernel.errors import CorruptRecordError, FencedCommitError, KernelError, StoreError
+from intention_kernel.errors import (
+    CorruptRecordError,
+    CorruptStoreError,
+    FencedCommitError,
+    KernelError,
+    StoreError,
+)
 from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = ["SQLiteDurability"]
@@ -200,6 +213,7 @@ CREATE_SCHEMA_TABLE = (
     "CREATE TABLE IF NOT EXISTS ik_schema (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
 )
 SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
+HAS_SCHEMA_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ik_schema'"
 INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (?, ?)"
 
 SELECT_TURN = """
@@ -337,6 +351,14 @@ SCAN_THREADS = """
       AND (? IS NULL OR schema_revision < ?)
     ORDER BY thread_id LIMIT ?
 """
+# Candidates for the threads with an active interaction (see INTERACTION_MARKER): a
+# text search of each core, no JSON parsed; ``tenant_id IS ?`` matches NULL too.
+SELECT_INTERACTIONS = """
+    SELECT thread_id, version, tenant_id, checkpoint FROM ik_threads
+    WHERE thread_id > ? AND version > 0 AND instr(checkpoint, ?) > 0
+      AND (NOT ? OR tenant_id IS ?)
+    ORDER BY thread_id LIMIT ?
+"""
 # Fenced on the version: a turn committed since the migration read the thread.
 REWRITE_THREAD = """
     UPDATE ik_threads
@@ -380,6 +402,7 @@ class _SQLiteRecorder:
         self._synchronous = synchronous
         self._lock_timeout = lock_timeout
         self._busy_timeout_ms = int(busy_timeout * 1000)
+        self._writer_waits = True  # the writer's busy timeout is set (see _wait_for_locks)
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._worker: WorkerThread | None = None
@@ -394,29 +417,66 @@ class _SQLiteRecorder:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None = None) -> T:
         """Run ``fn`` on the worker thread, or inline (see the module docstring); a
-        started hop always runs to its end."""
-        worker, conn = self._worker, self._conn
-        if worker is None or conn is None:
-            raise KernelError("the SQLite adapter is closed")
+        started hop always runs to its end.
 
-        def call() -> T:
+        Inline, no statement waits for another connection's write lock: the writer's
+        busy timeout is 0 there, and a busy database hands the call to the worker
+        thread, which waits for it. Without that, a lock held by another process would
+        stall the event loop, and every other task of the process, for up to
+        ``busy_timeout``. The call starts again from its first statement on the worker
+        only if it wrote nothing (a busy error comes from the statement that needs the
+        write lock, and each call writes in one transaction or one statement, last).
+        ``thread_id`` names the thread in the error when a row read is corrupt.
+        """
+        conn = self._conn
+        if self._worker is None or conn is None:
+            raise KernelError("the SQLite adapter is closed")
+        if self._inline():
+            self._wait_for_locks(conn, False)
+            changes = conn.total_changes
             try:
                 return fn(conn)
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.rollback()
-                raise StoreError(
-                    f"SQLite error on {self._path}: {type(exc).__name__}: {exc}"
-                ) from exc
+                if not (_is_busy(exc) and conn.total_changes == changes):
+                    raise self._error(exc, thread_id) from exc
+            except UnicodeDecodeError as exc:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise self._not_utf8(exc, thread_id) from exc
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise
+        return await self._hop(fn, thread_id)
+
+    async def _hop(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None) -> T:
+        """Run ``fn`` on the worker thread, waiting up to ``busy_timeout`` for the write
+        lock; a started hop always runs to its end."""
+        worker, conn = self._worker, self._conn
+        if worker is None or conn is None:
+            raise KernelError("the SQLite adapter is closed")
+
+        def call() -> T:
+            self._wait_for_locks(conn, True)
+            try:
+                return fn(conn)
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise self._error(exc, thread_id) from exc
+            except UnicodeDecodeError as exc:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise self._not_utf8(exc, thread_id) from exc
             except BaseException:
                 if conn.in_transaction:
                     conn.rollback()
                 raise
 
-        if self._inline():
-            return call()
         future = worker.submit(call)
         self._hops += 1
         future.add_done_callback(self._hop_done)
@@ -427,6 +487,33 @@ class _SQLiteRecorder:
             await asyncio.wait([future])
             raise
 
+    def _wait_for_locks(self, conn: sqlite3.Connection, waits: bool) -> None:
+        """Give the writer's connection its busy timeout (on the worker) or none (inline).
+        Only ever called where the connection is free: inline with no hop in flight, or
+        on the worker thread; so the flag always says what the connection has."""
+        if self._writer_waits is not waits:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms if waits else 0}")
+            self._writer_waits = waits
+
+    def _error(self, exc: sqlite3.Error, thread_id: str | None = None) -> KernelError:
+        """A driver error at the adapter's edge: a damaged file is ``CorruptStoreError``
+        (not transient: the host must not answer "retry"), the rest ``StoreError``."""
+        if _is_corrupt(exc):
+            return CorruptStoreError(
+                f"SQLite database {self._path!r} is damaged: {exc}; restore it from a backup",
+                thread_id=thread_id,
+            )
+        return StoreError(f"SQLite error on {self._path}: {type(exc).__name__}: {exc}")
+
+    def _not_utf8(self, exc: UnicodeDecodeError, thread_id: str | None) -> CorruptRecordError:
+        where = f"of thread {thread_id!r} " if thread_id is not None else ""
+        return CorruptRecordError(
+            f"a row {where}in SQLite database {self._path!r} holds text that is not UTF-8 "
+            f"({exc.reason} at byte {exc.start}); it was written by something else than "
+            "intention-kernel",
+            thread_id=thread_id,
+        )
+
     def _inline(self) -> bool:
         """Whether a write runs on the event loop now rather than on the worker thread
         (see the module docstring)."""
@@ -436,24 +523,31 @@ class _SQLiteRecorder:
     def _hop_done(self, _: object) -> None:
         self._hops -= 1
 
-    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _read(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None = None) -> T:
         """Run the read-only ``fn`` inline: on the writer's connection when writes run
         inline, else on the reader connection (see the module docstring); on
-        ``:memory:``, which has no second connection, hop."""
+        ``:memory:``, which has no second connection, hop. Neither connection waits
+        inline: a read the database keeps busy (a WAL reader rarely is; another process
+        holding it in exclusive locking mode) runs again on the worker thread."""
         conn = self._reader
         if conn is None:
-            return await self._run(fn)
+            return await self._run(fn, thread_id)
         if self._inline() and self._conn is not None:
             # No hop in flight, and none can start before ``fn`` returns: it runs
             # without an await, so the writer's connection is free (see the docstring).
             conn = self._conn
+            self._wait_for_locks(conn, False)
         try:
             return fn(conn)
         except sqlite3.Error as exc:
-            raise StoreError(f"SQLite error on {self._path}: {type(exc).__name__}: {exc}") from exc
+            if not _is_busy(exc):
+                raise self._error(exc, thread_id) from exc
+        except UnicodeDecodeError as exc:
+            raise self._not_utf8(exc, thread_id) from exc
         finally:
             if conn.in_transaction:
                 conn.rollback()
+        return await self._hop(fn, thread_id)
 
     async def open(self) -> None:
         self._worker = WorkerThread("ik-sqlite")
@@ -465,10 +559,15 @@ class _SQLiteRecorder:
             conn = sqlite3.connect(
                 self._path, isolation_level=None, check_same_thread=False, cached_statements=64
             )
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            _migrate(conn)
+            try:
+                conn.text_factory = _TEXT
+                conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+                _migrate(conn)
+            except BaseException:
+                conn.close()
+                raise
             return conn
 
         try:
@@ -478,19 +577,53 @@ class _SQLiteRecorder:
             self._worker = None
             if isinstance(exc, StoreError):
                 raise
-            raise StoreError(f"cannot open SQLite database {self._path!r}: {exc}") from exc
-        if self._path != ":memory:":
-            try:
+            raise self._open_error(exc) from exc
+        try:
+            if self._path != ":memory:":
+                # No busy timeout: it is only used inline (see _read).
                 self._reader = sqlite3.connect(
-                    self._path, isolation_level=None, check_same_thread=False
+                    self._path, timeout=0, isolation_level=None, check_same_thread=False
                 )
-                self._reader.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+                self._reader.text_factory = _TEXT
                 self._reader.execute("PRAGMA query_only = 1")
-            except sqlite3.Error as exc:
-                await self.close()
-                raise StoreError(f"cannot open SQLite database {self._path!r}: {exc}") from exc
-        if self._locks is not None:
-            self._locks.open()
+            if self._locks is not None:
+                self._locks.open()
+        except (sqlite3.Error, OSError) as exc:
+            # A read-only directory (or file system) can still open a database whose
+            # -wal and -shm files a crash left behind, and then refuse the lock file.
+            await self.close()
+            raise self._open_error(exc) from exc
+
+    def _open_error(self, exc: sqlite3.Error | OSError) -> KernelError:
+        if isinstance(exc, OSError):
+            return StoreError(
+                f"cannot open SQLite database {self._path!r}: its lock file "
+                f"{exc.filename!r} cannot be opened for writing: {exc.strerror}"
+            )
+        if _is_corrupt(exc):
+            return self._error(exc)
+        return StoreError(f"cannot open SQLite database {self._path!r}: {exc}")
+
+    async def exists(self) -> bool:
+        if self._path == ":memory:":
+            return True  # private to this adapter, like the in-memory one
+
+        def probe() -> bool:
+            if not os.path.isfile(self._path):
+                return False
+            # Read-only and without waiting, so that nothing is created, not even -wal.
+            uri = Path(self._path).absolute().as_uri() + "?mode=ro"
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=0)) as conn:
+                return conn.execute(HAS_SCHEMA_TABLE).fetchone() is not None
+
+        try:
+            return await asyncio.to_thread(probe)
+        except sqlite3.Error as exc:
+            if _is_corrupt(exc):
+                raise self._error(exc) from exc
+            raise StoreError(
+                f"{self._path!r} cannot be read as a SQLite store: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def close(self) -> None:
         conn, worker, reader = self._conn, self._worker, self._reader
@@ -541,7 +674,7 @@ class _SQLiteRecorder:
             # so no snapshot is needed (read_thread takes one: it runs without the lock).
             return TurnStart(None, _with_rows(conn, thread_id, found))
 
-        return await self._read(read)
+        return await self._read(read, thread_id)
 
     async def read_thread(self, thread_id: str) -> StoredThread | None:
         def read(conn: sqlite3.Connection) -> StoredThread | None:
@@ -551,7 +684,7 @@ class _SQLiteRecorder:
             conn.execute("COMMIT")
             return found
 
-        return await self._read(read)
+        return await self._read(read, thread_id)
 
     async def commit_turn(self, record: TurnRecord) -> None:
         now = record.created_at.isoformat()
@@ -622,7 +755,7 @@ class _SQLiteRecorder:
                 _faults.reach(_faults.DURING_COMMIT)
             conn.execute("COMMIT")
 
-        await self._run(commit)
+        await self._run(commit, thread_id)
 
     # -- effects -------------------------------------------------------------------------------
 
@@ -646,10 +779,10 @@ class _SQLiteRecorder:
                     _update_receipt(conn, decided.write, existing)
             return decided
 
-        return await self._run(claim)
+        return await self._run(claim, thread_id)
 
     async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
-        await self._run(lambda conn: _update_receipt(conn, receipt, expected))
+        await self._run(lambda c: _update_receipt(c, receipt, expected), receipt.thread_id)
 
     async def read_receipts(
         self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
@@ -670,7 +803,7 @@ class _SQLiteRecorder:
         def read(conn: sqlite3.Connection) -> list[Receipt]:
             return [_require(_receipt(row)) for row in conn.execute(sql, args)]
 
-        return await self._read(read)
+        return await self._read(read, thread_id)
 
     async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
         def apply(conn: sqlite3.Connection) -> Receipt:
@@ -686,7 +819,7 @@ class _SQLiteRecorder:
             conn.execute("COMMIT")
             return resolved
 
-        return await self._run(apply)
+        return await self._run(apply, thread_id)
 
     # -- outbox --------------------------------------------------------------------------------
 
@@ -740,7 +873,7 @@ class _SQLiteRecorder:
     async def read_unpublished(self, thread_id: str, limit: int) -> list[OutboxDelivery]:
         args = (thread_id, limit)
         return await self._read(
-            lambda c: [_delivery(r) for r in c.execute(SELECT_UNPUBLISHED, args)]
+            lambda c: [_delivery(r) for r in c.execute(SELECT_UNPUBLISHED, args)], thread_id
         )
 
     async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
@@ -788,6 +921,23 @@ class _SQLiteRecorder:
 
         return await self._read(read)
 
+    async def read_interactions(
+        self, after: str | None, limit: int, owner: ThreadOwner | None
+    ) -> list[tuple[str, StoredThread]]:
+        args = (
+            after or "",
+            INTERACTION_MARKER,
+            owner is not None,
+            owner.tenant_id if owner else None,
+            limit,
+        )
+
+        def read(conn: sqlite3.Connection) -> list[tuple[str, StoredThread]]:
+            rows = conn.execute(SELECT_INTERACTIONS, args).fetchall()
+            return [(row[0], StoredThread(row[1], row[2], row[3])) for row in rows]
+
+        return await self._read(read)
+
     async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
         thread_id = rewrite.thread_id
 
@@ -820,7 +970,7 @@ class _SQLiteRecorder:
             conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in rewrite.facts])
             conn.execute("COMMIT")
 
-        await self._run(write)
+        await self._run(write, thread_id)
 
     async def prune_events(self, before: datetime, limit: int) -> int:
         args = (_stamp(before), limit)
@@ -848,6 +998,8 @@ class SQLiteDurability(RecordedDurability):
     - ``lock_timeout``: how long a turn waits for a busy thread before
       ``ThreadBusyError``.
     - ``busy_timeout``: how long a statement waits for SQLite's write lock.
+      Both are finite, non-negative seconds; NaN, infinity and negative values are
+      refused with ``ValueError``.
     - ``offload_writes``: where write transactions run. ``None`` (default): on the
       event loop while the adapter runs one turn at a time, on the adapter's worker
       thread as soon as turns overlap, so that a disk flush or another process's
@@ -872,6 +1024,8 @@ class SQLiteDurability(RecordedDurability):
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
+        lock_timeout = _check_seconds("lock_timeout", lock_timeout)
+        busy_timeout = _check_seconds("busy_timeout", busy_timeout)
         self.path = os.fspath(path)
         super().__init__(
             _SQLiteRecorder(
@@ -912,6 +1066,25 @@ def _migrate(conn: sqlite3.Connection) -> None:
     except BaseException:
         conn.rollback()
         raise
+
+
+def _is_corrupt(exc: sqlite3.Error) -> bool:
+    """Whether SQLite found the file damaged: a malformed page or a truncated file
+    (``SQLITE_CORRUPT``), or a file that is not a database (``SQLITE_NOTADB``)."""
+    code = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+    return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+#: Decodes stored text strictly, so that text that is not UTF-8 raises
+#: ``UnicodeDecodeError`` (a class the adapter translates) rather than the driver's
+#: ``OperationalError``, which only its message would tell from a failing statement.
+_TEXT = functools.partial(str, encoding="utf-8")
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused a lock that another connection holds (``SQLITE_BUSY`` and
+    its extended codes)."""
+    return (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def _thread(row: Sequence[Any] | None) -> StoredThread | None:

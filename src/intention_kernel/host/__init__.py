@@ -2,7 +2,10 @@
 
 Needs the ``http`` extra (``pip install 'intention-kernel[http]'``: starlette and
 uvicorn). ``create_app(kernel, tokens={...})`` returns a Starlette app; run it
-with any ASGI server, or ``intention-kernel serve --agent module:attr``.
+with any ASGI server, or ``intention-kernel serve --agent module:attr``. Tokens
+stand for a :class:`Principal`: a ``user`` posts turns and reads its tenant's
+threads, an ``operator`` also lists and resolves receipts (403 ``forbidden``
+otherwise), recorded by name as the actor.
 
 Endpoints (described by the app's own ``/openapi.json``):
 
@@ -12,16 +15,24 @@ Endpoints (described by the app's own ``/openapi.json``):
 - ``GET /v1/threads/{thread_id}``: version, messages, facts with evidence, the
   pending interaction, the agenda.
 - ``GET /v1/receipts?thread_id=&status=`` and ``POST /v1/receipts/resolve``.
+- ``GET /v1/interactions?limit=&after=``: pending confirmations across the caller's
+  threads (the console's queue).
 - ``GET /healthz``, ``GET /openapi.json``, ``GET /problems[/{slug}]``, and the
   operator console at ``GET /console``.
 
 Errors are ``application/problem+json`` (RFC 9457) with stable ``type`` URIs,
 mapped from the :class:`~intention_kernel.KernelError` tree by class:
 ``invalid-request`` 422, ``malformed-request`` 400, ``unauthorized`` 401,
-``not-found`` 404 (also another tenant's thread), ``turn-conflict`` 409,
+``forbidden`` 403, ``not-found`` 404 (also another tenant's thread), ``method-not-allowed`` 405,
+``unsupported-media-type`` 415 (a body that is not ``application/json``),
+``turn-conflict`` 409,
 ``incompatible-checkpoint`` 409 (the thread needs a compatible agent, retrying
 cannot help), ``receipt-state`` 409, ``interpretation-failed`` 502,
 ``thread-busy`` / ``turn-fenced`` / ``store-unavailable`` 503 with ``Retry-After``.
+
+Before any endpoint, the request guard answers ``host-not-allowed`` 400 for a
+``Host`` the app does not serve and ``cross-origin`` 403 for a browser request of
+another origin without a bearer token (see :mod:`intention_kernel.host._guard`).
 """
 
 from __future__ import annotations
@@ -34,7 +45,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         name=exc.name,
     ) from exc
 
+from intention_kernel.host._access import Principal, Role
 from intention_kernel.host._app import create_app
 from intention_kernel.host._problems import PROBLEM_TYPES, ProblemType
 
-__all__ = ["PROBLEM_TYPES", "ProblemType", "create_app"]
+__all__ = ["PROBLEM_TYPES", "Principal", "ProblemType", "Role", "create_app"]

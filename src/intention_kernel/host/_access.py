@@ -1,16 +1,29 @@
-"""Who is calling, and which threads they may see.
+"""Who is calling, what their role lets them do, and which threads they may see.
 
-With ``tokens`` (bearer token → tenant ID), every API request must carry
-``Authorization: Bearer <token>``; the token's tenant runs the turns, and the
-caller sees only threads that tenant owns (the core's rule for turns, applied to
-reads too). A token mapped to ``None`` is a caller without a tenant: it sees the
-threads created without one. Without ``tokens`` there is no authentication and
-every caller is that tenant-less caller.
+With ``tokens`` (bearer token → :class:`Principal`), every API request must carry
+``Authorization: Bearer <token>``. A principal has a name, a tenant and a role:
+
+- ``user`` (a chat front end, say) posts turns, which run under its tenant, and
+  reads that tenant's threads;
+- ``operator`` (a person) may also list and resolve that tenant's receipts, and is
+  recorded by name as the resolution's actor.
+
+Anything else a role may not do is answered 403 ``forbidden``. A token mapped to a
+bare tenant ID (or ``None``, no tenant) is a ``user`` of it named after it. A
+principal without a tenant sees the threads created without one. Without
+``tokens`` there is no authentication and every caller is ``anonymous``, an
+operator without a tenant.
 
 A thread belongs to the tenant of its first durable write: its first committed
 turn or, before that, the first effect receipt a turn prepared on it (see
 ``ThreadOwner``). A tenant's receipts are listed by the store's own filter, on the
 tenant each receipt records.
+
+Reading a thread and resolving a receipt go through :meth:`Access.load_checkpoint`
+and :meth:`Access.resolve_receipt`, which hand the caller's tenant to the store: the
+store decides on the snapshot it reads, or under the thread's lock. Asked first and
+acted on later, the answer could be stale: while another tenant's first turn runs,
+its thread has no owner yet.
 """
 
 from __future__ import annotations
@@ -18,23 +31,53 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from starlette.requests import Request
 
-from intention_kernel.durability.base import ThreadOwner, check_id
+from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.durability import Durability
+from intention_kernel.durability.base import ThreadOwner, check_id, owns
+from intention_kernel.effects import Receipt
+from intention_kernel.errors import KernelError
 from intention_kernel.host._problems import HostProblem
 
-__all__ = ["Access", "OwnerLookup", "Principal"]
+__all__ = ["ROLES", "Access", "OwnerLookup", "Principal", "Role"]
+
+Role = Literal["user", "operator"]
+ROLES: tuple[Role, ...] = ("user", "operator")
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """An authenticated caller: the tenant its turns run under, and the name recorded
-    as ``actor`` when it resolves a receipt."""
+    """Whom a bearer token stands for: ``name`` (recorded as the actor of what it
+    resolves), the ``tenant_id`` its turns run under (``None``: no tenant) and its
+    ``role``: a ``user`` posts turns and reads its tenant's threads; an ``operator``
+    also lists and resolves their receipts."""
 
-    tenant_id: str | None
-    actor: str
+    name: str
+    tenant_id: str | None = None
+    role: Role = "user"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError("a principal needs a name (recorded as the actor of resolutions)")
+        if self.role not in ROLES:
+            raise ValueError(f"a principal's role is 'user' or 'operator', not {self.role!r}")
+        try:
+            check_id("principal", self.name)
+            if self.tenant_id is not None:
+                check_id("tenant_id", self.tenant_id)
+        except KernelError as exc:
+            raise ValueError(str(exc)) from None
+
+    @property
+    def actor(self) -> str:
+        return self.name
+
+
+#: Every caller when the app has no tokens.
+ANONYMOUS = Principal("anonymous", None, "operator")
 
 
 @runtime_checkable
@@ -43,30 +86,52 @@ class OwnerLookup(Protocol):
 
     async def thread_owner(self, thread_id: str) -> ThreadOwner | None: ...
 
+    async def load_checkpoint(
+        self, thread_id: str, *, owner: ThreadOwner | None = None
+    ) -> KernelCheckpoint | None: ...
+
+    async def resolve_receipt(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        applied: bool,
+        value: Any = None,
+        note: str | None = None,
+        actor: str | None = None,
+        owner: ThreadOwner | None = None,
+    ) -> Receipt: ...
+
 
 class Access:
     """Authentication and per-thread visibility for one app."""
 
-    def __init__(self, tokens: Mapping[str, str | None] | None, durability: object) -> None:
+    def __init__(
+        self, tokens: Mapping[str, Principal | str | None] | None, durability: Durability
+    ) -> None:
         self.enabled = tokens is not None
         self._tokens: list[tuple[bytes, Principal]] = []
-        for token, tenant in (tokens or {}).items():
+        for token, granted in (tokens or {}).items():
             if not isinstance(token, str) or not token.strip() or token != token.strip():
                 raise ValueError("bearer tokens must be non-empty strings without outer spaces")
-            if tenant is not None:
-                check_id("tenant_id", tenant)
-            self._tokens.append((token.encode(), Principal(tenant, tenant or "operator")))
+            if not isinstance(granted, Principal):
+                if granted is not None:
+                    check_id("tenant_id", granted)
+                granted = Principal(granted or "user", granted, "user")
+            self._tokens.append((token.encode(), granted))
+        self._durability = durability
         self._owners = durability if isinstance(durability, OwnerLookup) else None
         if self.enabled and self._owners is None:
             raise TypeError(
-                f"tenant isolation needs a store with thread_owner(); {type(durability).__name__} "
-                "has none (every RecordedDurability adapter has it)"
+                "tenant isolation needs a store with thread_owner() and owner= on "
+                f"load_checkpoint() and resolve_receipt(); {type(durability).__name__} has "
+                "none (every RecordedDurability adapter has them)"
             )
 
     def authenticate(self, request: Request) -> Principal:
         """The caller, or a 401 problem."""
         if not self.enabled:
-            return Principal(None, "anonymous")
+            return ANONYMOUS
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             offered = token.strip().encode()
@@ -83,17 +148,61 @@ class Access:
             headers={"WWW-Authenticate": 'Bearer realm="intention-kernel"'},
         )
 
+    def require_operator(self, principal: Principal, action: str) -> None:
+        """Refuse ``action`` with 403 unless ``principal`` is an operator."""
+        if principal.role != "operator":
+            raise HostProblem(
+                "forbidden",
+                f"{action} needs an operator token; this token's role is {principal.role!r}",
+            )
+
     async def sees(
         self, principal: Principal, thread_id: str, cache: dict[str, bool] | None = None
     ) -> bool:
-        """Whether ``principal`` may read ``thread_id`` (and act on its receipts)."""
+        """Whether ``principal`` may see the receipts of ``thread_id`` in a listing.
+
+        Asked after the receipts were read: a listed receipt claimed its thread, whose
+        owner then never changes, so the answer cannot be stale for it."""
         if cache is not None and thread_id in cache:
             return cache[thread_id]
         if self._owners is None:
             visible = True
         else:
-            owner = await self._owners.thread_owner(thread_id)
-            visible = (owner.tenant_id if owner else None) == principal.tenant_id
+            visible = owns(await self._owners.thread_owner(thread_id), principal.tenant_id)
         if cache is not None:
             cache[thread_id] = visible
         return visible
+
+    async def load_checkpoint(
+        self, principal: Principal, thread_id: str
+    ) -> KernelCheckpoint | None:
+        """The thread's checkpoint if ``principal`` may read it, else ``None``."""
+        if self._owners is None or not self.enabled:
+            return await self._durability.load_checkpoint(thread_id)
+        return await self._owners.load_checkpoint(thread_id, owner=ThreadOwner(principal.tenant_id))
+
+    async def resolve_receipt(
+        self,
+        principal: Principal,
+        thread_id: str,
+        key: str,
+        *,
+        applied: bool,
+        value: Any,
+        note: str | None,
+    ) -> Receipt:
+        """Resolve a receipt of a thread ``principal`` may act on, recording it as the
+        actor; any other raises ``ReceiptNotFoundError`` like a missing one."""
+        if self._owners is None or not self.enabled:
+            return await self._durability.resolve_receipt(
+                thread_id, key, applied=applied, value=value, note=note, actor=principal.actor
+            )
+        return await self._owners.resolve_receipt(
+            thread_id,
+            key,
+            applied=applied,
+            value=value,
+            note=note,
+            actor=principal.actor,
+            owner=ThreadOwner(principal.tenant_id),
+        )

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from intention_kernel.host._access import Access
+from intention_kernel.host._access import Access, Principal
 from intention_kernel.host._endpoints import Endpoints, guarded
+from intention_kernel.host._guard import RequestGuard, check_host_patterns
 from intention_kernel.host._openapi import openapi_document
 from intention_kernel.host._problems import (
     PROBLEM_TYPES,
@@ -32,17 +34,32 @@ CONSOLE_ASSETS = {
 }
 
 
-def create_app(kernel: Kernel, *, tokens: Mapping[str, str | None] | None = None) -> Starlette:
+def create_app(
+    kernel: Kernel,
+    *,
+    tokens: Mapping[str, Principal | str | None] | None = None,
+    allowed_hosts: Sequence[str] = (),
+) -> Starlette:
     """An ASGI app serving ``kernel``: the turn API, inspection, reconciliation,
     ``/openapi.json`` and the operator console at ``/console``.
 
-    ``tokens`` maps bearer tokens to tenant IDs (``None``: a caller without a
-    tenant). Without ``tokens`` the API is unauthenticated and tenant-less: put
-    it behind your own gateway. The app does not open or close the kernel's
-    store; the caller owns it (adapters open lazily on first use).
+    ``tokens`` maps bearer tokens to a :class:`Principal` (name, tenant, role), or
+    to a bare tenant ID (``None``: no tenant) for a ``user`` of that tenant: it
+    posts turns and reads the tenant's threads; listing and resolving receipts
+    needs an ``operator``. Without ``tokens`` the API is unauthenticated and
+    tenant-less, every caller an operator: put it behind your own gateway. The app
+    does not open or close the kernel's store; the caller owns it (adapters open
+    lazily on first use).
+
+    The app answers only requests whose ``Host`` is a loopback name or one of
+    ``allowed_hosts`` (``ops.example.com``, ``*.example.com``, or ``*`` for any),
+    and refuses browser requests from another origin that carry no bearer token
+    (see :mod:`intention_kernel.host._guard`). Request bodies must be
+    ``application/json``.
     """
     from intention_kernel import __version__
 
+    hosts = check_host_patterns(allowed_hosts)
     access = Access(tokens, kernel.durability)
     api = Endpoints(kernel, access)
     document = openapi_document(
@@ -59,8 +76,16 @@ def create_app(kernel: Kernel, *, tokens: Mapping[str, str | None] | None = None
         # The turn route comes first: for a path both match, a wrong method then
         # answers 405 with this route's Allow header.
         Route("/v1/threads/{thread_id:path}/turns", guarded(api.post_turn), methods=["POST"]),
+        # Any other method on a turns path: without this route, a GET would match the
+        # thread route below with "x/turns" as the thread ID and answer 404.
+        Route(
+            "/v1/threads/{thread_id:path}/turns",
+            _not_allowed("POST"),
+            methods=["GET", "PUT", "PATCH", "DELETE"],
+        ),
         Route("/v1/threads/{thread_id:path}", guarded(api.get_thread), methods=["GET"]),
         Route("/v1/receipts", guarded(api.list_receipts), methods=["GET"]),
+        Route("/v1/interactions", guarded(api.list_interactions), methods=["GET"]),
         Route("/v1/receipts/resolve", guarded(api.resolve_receipt), methods=["POST"]),
         Route("/healthz", guarded(api.health), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
@@ -73,7 +98,23 @@ def create_app(kernel: Kernel, *, tokens: Mapping[str, str | None] | None = None
             if name != "index.html"
         ),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_problem})
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(RequestGuard, allowed_hosts=hosts)],
+        exception_handlers={HTTPException: _http_problem},
+    )
+
+
+def _not_allowed(*methods: str) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint answering 405 with ``Allow: methods``, for paths a route of other
+    methods would otherwise take."""
+    allow = ", ".join(methods)
+
+    async def refuse(request: Request) -> Response:
+        detail = f"{request.url.path} takes {allow}, not {request.method}"
+        return problem_response(HostProblem("method-not-allowed", detail, headers={"Allow": allow}))
+
+    return refuse
 
 
 def _describe(kind: ProblemType) -> dict[str, object]:

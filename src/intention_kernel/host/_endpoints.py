@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol, runtime_checkable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from intention_kernel.checkpoint import check_compatible
-from intention_kernel.durability.base import check_id
+from intention_kernel.durability.base import PendingInteraction, ThreadOwner, check_id
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import CheckpointCompatibilityError, KernelError
 from intention_kernel.host._access import Access
@@ -24,11 +25,11 @@ from intention_kernel.host._problems import (
     HostProblem,
     problem_for,
     problem_response,
-    receipt_not_found,
     thread_not_found,
 )
 from intention_kernel.host._wire import (
     Health,
+    InteractionList,
     ReceiptList,
     ResolveBody,
     ThreadView,
@@ -49,6 +50,19 @@ log = logging.getLogger("intention_kernel.host")
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 _STATUSES = tuple(status.value for status in ReceiptStatus)
+
+#: How many pending interactions one ``GET /v1/interactions`` answers at most.
+MAX_INTERACTIONS = 500
+
+
+@runtime_checkable
+class InteractionLister(Protocol):
+    """What the queue of pending interactions needs from the store
+    (``RecordedDurability`` has it)."""
+
+    async def pending_interactions(
+        self, *, owner: ThreadOwner | None = None, after: str | None = None, limit: int = 100
+    ) -> list[PendingInteraction]: ...
 
 
 def guarded(endpoint: Endpoint) -> Endpoint:
@@ -77,8 +91,10 @@ def guarded(endpoint: Endpoint) -> Endpoint:
 
 def _log(request: Request, problem: HostProblem) -> None:
     status = problem.type.status
-    if status == 503:
-        # Busy threads and store hiccups are expected under load; clients retry.
+    if status in (502, 503):
+        # Handled failures: busy threads and store hiccups are expected under load, and a
+        # failing interpreter is its own service's fault; clients retry. One line each:
+        # a traceback would only show the host's own mapping code.
         log.warning("%s %s: %s", request.method, request.url.path, problem.detail)
     elif status >= 500:
         cause = problem.__cause__ or problem
@@ -130,9 +146,7 @@ class Endpoints:
     async def get_thread(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
         thread_id = check_id("thread_id", request.path_params["thread_id"])
-        if not await self.access.sees(principal, thread_id):
-            raise thread_not_found(thread_id)
-        checkpoint = await self.kernel.durability.load_checkpoint(thread_id)
+        checkpoint = await self.access.load_checkpoint(principal, thread_id)
         if checkpoint is None:
             raise thread_not_found(thread_id)
         try:
@@ -148,6 +162,7 @@ class Endpoints:
 
     async def list_receipts(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
+        self.access.require_operator(principal, "listing receipts")
         thread_id = request.query_params.get("thread_id")
         if thread_id is not None:
             check_id("thread_id", thread_id)
@@ -163,18 +178,42 @@ class Endpoints:
             receipts = [r for r in receipts if await self.access.sees(principal, r.thread_id, seen)]
         return JSONResponse(dump(ReceiptList(tuple(receipts))))
 
+    async def list_interactions(self, request: Request) -> Response:
+        principal = self.access.authenticate(request)
+        # The queue across threads is an operator's view, as the receipts are.
+        self.access.require_operator(principal, "listing interactions across threads")
+        text = request.query_params.get("limit", "100")
+        if not text.isdigit() or not 1 <= int(text) <= MAX_INTERACTIONS:
+            raise HostProblem(
+                "invalid-request", f"limit must be an integer from 1 to {MAX_INTERACTIONS}"
+            )
+        limit = int(text)
+        after = request.query_params.get("after")
+        if after is not None:
+            check_id("after", after)
+        store = self.kernel.durability
+        if not isinstance(store, InteractionLister):
+            raise HostProblem(
+                "not-found", f"{type(store).__name__} cannot list interactions across threads"
+            )
+        # The caller's tenant only, the same rule as for reading a thread (Access.sees).
+        found = await store.pending_interactions(
+            owner=ThreadOwner(principal.tenant_id), after=after, limit=limit
+        )
+        following = found[-1].thread_id if len(found) == limit else None
+        return JSONResponse(dump(InteractionList(tuple(found), following)))
+
     async def resolve_receipt(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
+        self.access.require_operator(principal, "resolving a receipt")
         body = await read_body(request, ResolveBody)
-        if not await self.access.sees(principal, body.thread_id):
-            raise receipt_not_found(body.thread_id, body.key)
-        receipt = await self.kernel.durability.resolve_receipt(
+        receipt = await self.access.resolve_receipt(
+            principal,
             body.thread_id,
             body.key,
             applied=body.applied,
             value=body.value,
             note=body.note,
-            actor=principal.actor,
         )
         return JSONResponse(dump(receipt))
 

@@ -18,6 +18,7 @@ from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.host._problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
 from intention_kernel.host._wire import (
     Health,
+    InteractionList,
     ReceiptList,
     ResolveBody,
     ThreadView,
@@ -34,6 +35,7 @@ _MODELS: tuple[tuple[str, Any, pydantic.json_schema.JsonSchemaMode], ...] = (
     ("TurnResult", TurnResult, "serialization"),
     ("ThreadView", ThreadView, "serialization"),
     ("ReceiptList", ReceiptList, "serialization"),
+    ("InteractionList", InteractionList, "serialization"),
     ("Receipt", Receipt, "serialization"),
     ("Health", Health, "serialization"),
 )
@@ -67,6 +69,10 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         },
     },
 }
+
+#: What the request guard answers on any path: a Host the app does not serve (400), a
+#: browser request from another origin without a token (403).
+GUARD_STATUSES = (400, 403)
 
 PROBLEM_TYPE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -103,6 +109,7 @@ def openapi_document(
             "/v1/threads/{thread_id}/turns": {"post": api.post_turn()},
             "/v1/threads/{thread_id}": {"get": api.get_thread()},
             "/v1/receipts": {"get": api.list_receipts()},
+            "/v1/interactions": {"get": api.list_interactions()},
             "/v1/receipts/resolve": {"post": api.resolve_receipt()},
             "/healthz": {"get": _plain("Liveness and the agent served", "Health")},
             "/openapi.json": {"get": _document_op()},
@@ -116,7 +123,15 @@ def openapi_document(
     }
     if auth:
         document["components"]["securitySchemes"] = {
-            "bearer": {"type": "http", "scheme": "bearer", "description": "token → tenant"}
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": (
+                    "token → principal: a name, a tenant and a role; a user posts turns "
+                    "and reads its tenant's threads, an operator also lists and resolves "
+                    "receipts"
+                ),
+            }
         }
     return document
 
@@ -146,10 +161,13 @@ def _json(description: str, schema: str, headers: dict[str, Any] | None = None) 
     return response
 
 
-def _problems(statuses: Iterable[int]) -> dict[str, Any]:
+def _problems(statuses: Iterable[int], exclude: Iterable[str] = ()) -> dict[str, Any]:
+    """The problem responses of ``statuses``, each with every problem type of its status
+    but those named in ``exclude``."""
     responses: dict[str, Any] = {}
+    excluded = set(exclude)
     for status in sorted(set(statuses)):
-        kinds = [t for t in PROBLEM_TYPES.values() if t.status == status]
+        kinds = [t for t in PROBLEM_TYPES.values() if t.status == status and t.slug not in excluded]
         schema = {
             "allOf": [
                 _ref("Problem"),
@@ -184,10 +202,18 @@ class _Api:
         self.auth = auth
 
     def _op(
-        self, op: dict[str, Any], ok: dict[str, Any], statuses: Iterable[int]
+        self,
+        op: dict[str, Any],
+        ok: dict[str, Any],
+        statuses: Iterable[int],
+        *,
+        operator: bool = False,
     ) -> dict[str, Any]:
-        problems = set(statuses) | ({401} if self.auth else set())
-        op["responses"] = {"200": ok, **_problems(problems)}
+        """``operator``: a token of another role is refused with 403 ``forbidden`` (the
+        guard's 403 ``cross-origin`` is every operation's)."""
+        problems = set(statuses) | set(GUARD_STATUSES) | ({401} if self.auth else set())
+        role = () if self.auth and operator else ("forbidden",)
+        op["responses"] = {"200": ok, **_problems(problems, role)}
         if self.auth:
             op["security"] = [{"bearer": []}]
         return op
@@ -225,7 +251,7 @@ class _Api:
                 },
             },
             _json("The turn's result (also for a replay)", "TurnResult", replayed),
-            (400, 404, 409, 413, 422, 500, 502, 503),
+            (400, 404, 409, 413, 415, 422, 500, 502, 503),
         )
 
     def get_thread(self) -> dict[str, Any]:
@@ -256,6 +282,31 @@ class _Api:
             },
             _json("Receipts of the caller's threads", "ReceiptList"),
             (422, 500, 503),
+            operator=True,
+        )
+
+    def list_interactions(self) -> dict[str, Any]:
+        return self._op(
+            {
+                "operationId": "listInteractions",
+                "summary": "Pending interactions (confirmations) across the caller's threads "
+                "(operators)",
+                "description": (
+                    "In thread ID order, at most `limit`; pass `next_after` as `after` to read on."
+                ),
+                "parameters": [
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 500},
+                    },
+                    {"name": "after", "in": "query", "required": False, "schema": ID_SCHEMA},
+                ],
+            },
+            _json("Pending interactions of the caller's threads", "InteractionList"),
+            (404, 422, 500, 503),
+            operator=True,
         )
 
     def resolve_receipt(self) -> dict[str, Any]:
@@ -263,14 +314,20 @@ class _Api:
             {
                 "operationId": "resolveReceipt",
                 "summary": "Reconcile an uncertain receipt (applied or not)",
-                "description": "The caller is recorded as the resolution's actor.",
+                "description": (
+                    "The caller (an operator token's principal, or `anonymous` without "
+                    "tokens) is recorded as the resolution's actor, with the note. "
+                    "`applied: true` needs `value`, what later uses of the receipt get "
+                    "(`null` if the provider returned nothing); `applied: false` takes none."
+                ),
                 "requestBody": {
                     "required": True,
                     "content": {"application/json": {"schema": _ref("ResolveBody")}},
                 },
             },
             _json("The resolved receipt", "Receipt"),
-            (400, 404, 409, 413, 422, 500, 503),
+            (400, 404, 409, 413, 415, 422, 500, 503),
+            operator=True,
         )
 
 
@@ -279,7 +336,11 @@ def _path_id() -> dict[str, Any]:
 
 
 def _plain(summary: str, schema: str) -> dict[str, Any]:
-    return {"summary": summary, "security": [], "responses": {"200": _json(summary, schema)}}
+    return {
+        "summary": summary,
+        "security": [],
+        "responses": {"200": _json(summary, schema), **_problems(GUARD_STATUSES)},
+    }
 
 
 def _document_op() -> dict[str, Any]:
@@ -290,7 +351,8 @@ def _document_op() -> dict[str, Any]:
             "200": {
                 "description": "OpenAPI 3.1",
                 "content": {"application/json": {"schema": {"type": "object"}}},
-            }
+            },
+            **_problems(GUARD_STATUSES),
         },
     }
 
@@ -304,7 +366,8 @@ def _problems_op() -> dict[str, Any]:
             "200": {
                 "description": "Problem types",
                 "content": {"application/json": {"schema": listing}},
-            }
+            },
+            **_problems(GUARD_STATUSES),
         },
     }
 
@@ -326,7 +389,7 @@ def _problem_op() -> dict[str, Any]:
                 "description": "The problem type",
                 "content": {"application/json": {"schema": _ref("ProblemType")}},
             },
-            **_problems([404]),
+            **_problems([404, *GUARD_STATUSES]),
         },
     }
 
@@ -336,6 +399,10 @@ def _asset_op(summary: str, media_type: str) -> dict[str, Any]:
         "summary": summary,
         "security": [],
         "responses": {
-            "200": {"description": summary, "content": {media_type: {"schema": {"type": "string"}}}}
+            "200": {
+                "description": summary,
+                "content": {media_type: {"schema": {"type": "string"}}},
+            },
+            **_problems(GUARD_STATUSES),
         },
     }

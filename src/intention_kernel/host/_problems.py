@@ -9,12 +9,13 @@ their message text.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import JSONResponse
 
+from intention_kernel.durability.base import missing_receipt_message
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
     CorruptRecordError,
@@ -74,10 +75,32 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "Idempotency-Key header.",
     ),
     ProblemType(
+        "host-not-allowed",
+        400,
+        "Host not allowed",
+        "The Host header names a host this server was not told it serves (a DNS rebinding "
+        "attack sends the attacker's name). It answers the loopback names and those given "
+        "with --allowed-host.",
+    ),
+    ProblemType(
         "unauthorized",
         401,
         "Unauthorized",
         "A valid bearer token is required (Authorization: Bearer <token>).",
+    ),
+    ProblemType(
+        "forbidden",
+        403,
+        "Forbidden",
+        "This token's role may not do this: listing and resolving receipts needs an "
+        "operator token. Nothing was read or written.",
+    ),
+    ProblemType(
+        "cross-origin",
+        403,
+        "Cross-origin request refused",
+        "A page of another origin (Origin, or Sec-Fetch-Site cross-site or same-site) sent "
+        "this request without a bearer token. Nothing was read or written.",
     ),
     ProblemType(
         "not-found",
@@ -117,6 +140,13 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
     ),
     ProblemType("payload-too-large", 413, "Payload too large", "The request body is too large."),
     ProblemType(
+        "unsupported-media-type",
+        415,
+        "Unsupported media type",
+        "A request body must be sent as Content-Type: application/json. Nothing was read "
+        "or written.",
+    ),
+    ProblemType(
         "invalid-request",
         422,
         "Invalid request",
@@ -127,8 +157,8 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "corrupt-record",
         500,
         "Stored record cannot be decoded",
-        "A stored checkpoint, result or receipt is corrupt. Nothing was written; an operator "
-        "must repair the store.",
+        "A stored checkpoint, result or receipt is corrupt, or the store's file itself is "
+        "damaged. Retrying cannot help. Nothing was written; an operator must repair the store.",
     ),
     ProblemType(
         "internal-error",
@@ -209,11 +239,12 @@ def thread_not_found(thread_id: str, turn_id: str | None = None) -> HostProblem:
     )
 
 
-def receipt_not_found(thread_id: str, key: str) -> HostProblem:
-    """The one answer for an unknown receipt and for a receipt of another tenant's thread."""
+def receipt_not_found(thread_id: str, key: str, suggestions: Sequence[str] = ()) -> HostProblem:
+    """The one answer for an unknown receipt and for a receipt of another tenant's thread
+    (whose keys the store never suggests)."""
     return HostProblem(
         "not-found",
-        f"no receipt for key {key!r} on thread {thread_id!r}",
+        missing_receipt_message(thread_id, key, suggestions),
         thread_id=thread_id,
         key=key,
     )
@@ -232,7 +263,7 @@ def problem_for(error: KernelError, **known: str | None) -> HostProblem:
     if isinstance(error, TenantMismatchError):
         return thread_not_found(fields["thread_id"] or "", fields["turn_id"])
     if isinstance(error, ReceiptNotFoundError):
-        return receipt_not_found(fields["thread_id"] or "", fields["key"] or "")
+        return receipt_not_found(fields["thread_id"] or "", fields["key"] or "", error.suggestions)
     return HostProblem(slug, str(error), **fields)
 
 

@@ -9,6 +9,7 @@ kernel's own types (``TurnResult``, ``Receipt``, the checkpoint's records).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -17,16 +18,18 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from starlette.requests import Request
 
 from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
-from intention_kernel.durability.base import MAX_ID_LENGTH
+from intention_kernel.durability.base import MAX_ID_LENGTH, PendingInteraction
 from intention_kernel.effects import Receipt
 from intention_kernel.facts import FactRecord
 from intention_kernel.host._problems import HostProblem
 from intention_kernel.interpretation import Answer
 
 __all__ = [
+    "JSON_MEDIA_TYPE",
     "MAX_BODY_BYTES",
     "AnswerBody",
     "Health",
+    "InteractionList",
     "ReceiptList",
     "ResolveBody",
     "ThreadView",
@@ -34,6 +37,8 @@ __all__ = [
     "dump",
     "read_body",
 ]
+
+JSON_MEDIA_TYPE = "application/json"
 
 #: Request bodies larger than this are refused with 413 before parsing.
 MAX_BODY_BYTES = 1 << 20
@@ -110,14 +115,59 @@ class TurnBody(_Body):
         return self.answer.to_answer() if isinstance(self.answer, AnswerBody) else self.answer
 
 
+#: A note must hold more than white space. Checked with Python's regular expressions,
+#: which the schema's generators and validators use too, so that the host and its
+#: document agree on what white space is.
+_NOT_BLANK = re.compile(r"\S")
+
+
+def _says_something(note: str) -> str:
+    if not _NOT_BLANK.search(note):
+        raise ValueError("the note must say why (it holds only white space)")
+    return note
+
+
+#: What the schema says of a resolution's value, beside what the fields say: applied,
+#: it must be given (``null`` included); not applied, it may only be ``null``.
+_RESOLUTION_VALUE: dict[str, pydantic.JsonValue] = {
+    "anyOf": [
+        {"properties": {"applied": {"const": True}}, "required": ["value"]},
+        {"properties": {"applied": {"const": False}, "value": {"type": "null"}}},
+    ]
+}
+
+
 class ResolveBody(_Body):
-    """An operator's reconciliation of an uncertain receipt."""
+    """An operator's reconciliation of an uncertain receipt.
+
+    ``applied: true`` needs ``value``, the provider's result, which every later use
+    of the receipt gets in place of a call (``null`` if it returned nothing): left
+    out, later uses would get ``null`` for good. ``note`` says why, for whoever looks
+    at the receipt next; it must hold more than white space."""
+
+    model_config = ConfigDict(json_schema_extra=_RESOLUTION_VALUE)
 
     thread_id: Id
     key: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     applied: bool
     value: JsonValue = None
-    note: Annotated[str, StringConstraints(max_length=2000)] | None = None
+    note: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=2000),
+        AfterValidator(_says_something),
+        Field(json_schema_extra={"pattern": _NOT_BLANK.pattern}),
+    ]
+
+    @pydantic.model_validator(mode="after")
+    def _value_goes_with_applied(self) -> ResolveBody:
+        if self.applied and "value" not in self.model_fields_set:
+            raise ValueError(
+                "applied: true needs a value, the provider's result that later uses of the "
+                "receipt get (null if it returned nothing)"
+            )
+        if not self.applied and self.value is not None:
+            raise ValueError("applied: false takes no value (null or none)")
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +209,15 @@ class ReceiptList:
 
 
 @dataclass(frozen=True, slots=True)
+class InteractionList:
+    """Pending interactions of the caller's threads, in thread ID order. ``next_after``:
+    pass it as ``after`` to read on (``None``: there are no more)."""
+
+    interactions: tuple[PendingInteraction, ...]
+    next_after: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     status: Literal["ok"]
     agent: str
@@ -167,18 +226,30 @@ class Health:
 
 
 _DUMPERS: dict[type[Any], pydantic.TypeAdapter[Any]] = {
-    cls: pydantic.TypeAdapter(cls) for cls in (ThreadView, ReceiptList, Receipt, Health)
+    cls: pydantic.TypeAdapter(cls)
+    for cls in (ThreadView, ReceiptList, Receipt, Health, InteractionList)
 }
 
 
-def dump(value: ThreadView | ReceiptList | Receipt | Health) -> Any:
+def dump(value: ThreadView | ReceiptList | Receipt | Health | InteractionList) -> Any:
     """The JSON-compatible form of a response view."""
     return _DUMPERS[type(value)].dump_python(value, mode="json")
 
 
 async def read_body(request: Request, model: type[M]) -> M:
-    """Read and validate a JSON body: 413 when too large, 400 when not JSON, 422 when
-    it does not match ``model``."""
+    """Read and validate a JSON body: 415 when not sent as ``application/json``, 413
+    when too large, 400 when not JSON, 422 when it does not match ``model``.
+
+    The media type is checked because the parser would read JSON from any body: a
+    browser sends ``text/plain`` (or a form) from any page without a preflight, and
+    ``application/json`` only after one."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != JSON_MEDIA_TYPE:
+        raise HostProblem(
+            "unsupported-media-type",
+            f"the body must be sent as Content-Type: {JSON_MEDIA_TYPE}, got {media_type or 'none'}",
+            headers={"Accept": JSON_MEDIA_TYPE},  # RFC 9110: what a 415 would take
+        )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise HostProblem("payload-too-large", f"the body exceeds {MAX_BODY_BYTES} bytes")

@@ -27,6 +27,7 @@ from intention_kernel.outbox._webhook import (
     SIGNATURE_HEADER,
     WebhookError,
     WebhookSink,
+    encode_event_type,
     sign,
     verify_signature,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Sink",
     "WebhookError",
     "WebhookSink",
+    "encode_event_type",
     "event_body",
     "event_document",
     "sign",

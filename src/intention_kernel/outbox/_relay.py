@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from intention_kernel import _tracing
+from intention_kernel._json import storable_text
 from intention_kernel.durability.base import OutboxBacklog, RecordedDurability, Recorder
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import StoreError
@@ -284,6 +285,6 @@ class OutboxRelay:
 
 
 def _describe(exc: BaseException) -> str:
-    """``Type: message``, storable as text (a lone surrogate escaped)."""
-    text = f"{type(exc).__name__}: {exc}"
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """``Type: message``, storable as text on every store (NUL and lone surrogates
+    escaped)."""
+    return storable_text(f"{type(exc).__name__}: {exc}")

@@ -3,7 +3,12 @@
 Each event is one ``POST`` of :func:`~intention_kernel.outbox.event_body` (JSON) with:
 
 - ``Intention-Kernel-Event-Id``: the event ID (dedupe on it: delivery is at least once);
-- ``Intention-Kernel-Event-Type``: the event type;
+- ``Intention-Kernel-Event-Type``: the event type, percent-encoded as UTF-8
+  (:func:`encode_event_type`): every character outside visible ASCII (``!`` to ``~``),
+  and ``%`` itself, becomes ``%XX`` per byte, so that any type a capability emits fits
+  in a header. The kernel's own types, and any made of letters, digits and ``._-:/``,
+  are sent unchanged; ``urllib.parse.unquote`` gives the type back. The body's
+  ``type`` field is the type as it is, for receivers that read only the body;
 - ``Intention-Kernel-Signature: t=<unix seconds>,v1=<hex>``, where ``v1`` is
   HMAC-SHA256 with the shared secret over ``"<t>." + body`` (the exact bytes sent).
 
@@ -26,6 +31,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 from intention_kernel.outbox._sinks import event_body
 from intention_kernel.turns import OutboxEvent
@@ -36,6 +42,7 @@ __all__ = [
     "SIGNATURE_HEADER",
     "WebhookError",
     "WebhookSink",
+    "encode_event_type",
     "sign",
     "verify_signature",
 ]
@@ -52,6 +59,21 @@ class WebhookError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+#: What a header value may hold as it is: visible ASCII, less ``%`` (the escape itself).
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
+def encode_event_type(event_type: str) -> str:
+    """The ``Intention-Kernel-Event-Type`` header value of ``event_type``: percent-encoded
+    UTF-8 outside visible ASCII, and for ``%`` (``urllib.parse.unquote`` reverses it).
+
+    Sent raw, a type with a space at either end, a control character or a non-ASCII
+    letter is refused by the HTTP client or mangled on the way, and the relay would
+    retry that event, and hold back its thread's later ones, for good.
+    """
+    return quote(event_type, safe=_HEADER_SAFE, errors="backslashreplace")
 
 
 def _key(secret: str | bytes) -> bytes:
@@ -148,7 +170,7 @@ class WebhookSink:
                 **self._headers,
                 "Content-Type": "application/json",
                 EVENT_ID_HEADER: event.id,
-                EVENT_TYPE_HEADER: event.type,
+                EVENT_TYPE_HEADER: encode_event_type(event.type),
                 SIGNATURE_HEADER: sign(self._secret, body, int(time.time())),
             }
             retry_after: float | None = None

@@ -22,14 +22,12 @@ __all__ = ["handle_answer"]
 async def handle_answer(state: TurnState, answer: Answer) -> bool:
     """Apply ``answer``; return ``False`` when it was refused (the turn runs nothing else)."""
     active = state.interaction
+    replies = state.agent.agent.replies
     if active is None:
-        state.replies.append("There is nothing waiting for an answer, so nothing was done.")
+        state.replies.append(replies.nothing_pending())
         return False
     if answer.interaction_id is not None and answer.interaction_id != active.id:
-        state.replies.append(
-            f"That answer is for {answer.interaction_id}, which is not the pending request "
-            f"({active.id}: {active.prompt}); nothing was done."
-        )
+        state.replies.append(replies.not_the_pending_question(active))
         return False
     resolution = "accepted" if answer.decision == "accept" else "rejected"
     item = state.close_interaction(resolution)
@@ -41,25 +39,29 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
         )
     cap = state.agent.capabilities.get(item.capability_id)
     if cap is None:
-        _record(
+        step = _record(
             state, item, StepStatus.FAILED, f"capability {item.capability_id!r} no longer exists"
         )
-        state.replies.append(f"Could not run {item.capability_id}: the agent no longer has it.")
+        state.replies.append(replies.cannot_resume(active, step))
         return True
     if active.kind == "confirmation" and answer.decision != "accept":  # consent is never assumed
         _record(state, item, StepStatus.REJECTED, None)
-        state.replies.append(f"Cancelled. ({active.prompt})")
+        state.replies.append(replies.cancelled(active))
         return True
     try:
         parsed, _ = cap.parse_input(item.input)
     except CapabilityError as exc:
-        _record(state, item, StepStatus.FAILED, str(exc))
-        state.replies.append(f"Could not run {item.capability_id}: {exc}")
+        step = _record(state, item, StepStatus.FAILED, str(exc))
+        state.replies.append(replies.cannot_resume(active, step))
         return True
     # "capability" mode hands the answer, accept or reject, to the capability to judge.
     await execute(state, cap, item, parsed, answer if active.kind == "capability" else None)
     return True
 
 
-def _record(state: TurnState, item: AgendaItem, status: StepStatus, error: str | None) -> None:
-    state.steps.append(StepResult(item.step_id, item.capability_id, status, None, error))
+def _record(
+    state: TurnState, item: AgendaItem, status: StepStatus, error: str | None
+) -> StepResult:
+    step = StepResult(item.step_id, item.capability_id, status, None, error)
+    state.steps.append(step)
+    return step

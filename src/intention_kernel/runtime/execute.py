@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from intention_kernel import _tracing
-from intention_kernel._json import dump_value, normalize
+from intention_kernel._json import normalize, storable_text, text_problem
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
 from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
@@ -96,6 +96,7 @@ async def _execute(
         run_effect=step.run_effect,
         emit=step.emit,
     )
+    failure: Exception | None = None
     try:
         raw = await cap.handler(parsed, ctx)
     except asyncio.CancelledError:
@@ -103,12 +104,17 @@ async def _execute(
         raise
     except _STORE_FAILURES:
         raise  # the store itself failed: abandon the turn, commit nothing
-    except EffectUncertainError as exc:
-        result = step.finish(StepStatus.UNCERTAIN, error=_describe(exc))
-    except (EffectNotAppliedError, CapabilityError) as exc:
-        result = step.finish(StepStatus.FAILED, error=_describe(exc))
     except Exception as exc:
-        result = step.finish(StepStatus.FAILED, error=_describe(exc))
+        failure = exc
+    try:
+        await step.end()
+    except asyncio.CancelledError:
+        state.signal.cancel("the turn was cancelled")
+        raise
+    if isinstance(failure, EffectUncertainError):
+        result = step.finish(StepStatus.UNCERTAIN, error=_describe(failure))
+    elif failure is not None:
+        result = step.finish(StepStatus.FAILED, error=_describe(failure), cause=failure)
     else:
         result = step.complete(raw)
     task = asyncio.current_task()
@@ -121,7 +127,17 @@ async def _execute(
 
 
 class _Step:
-    """Bookkeeping for one running step."""
+    """Bookkeeping for one running step.
+
+    Each applied write is announced exactly once, by the ``effect.completed`` event its
+    step records. So a step ends only when every effect call it started has ended
+    (:meth:`end`): a capability that gathers two calls, one of which fails, has the
+    other still running when its handler raises, and that call's event must still go
+    out with the step. A call made after the step ended (from a task the capability left
+    behind) is refused before its receipt is prepared, so before the provider is called:
+    nothing could announce it. Announcing late calls with the turn instead was not
+    chosen: a call may end after the turn committed, and then nothing announces it.
+    """
 
     def __init__(self, state: TurnState, cap: Capability, item: AgendaItem) -> None:
         self.state = state
@@ -130,10 +146,51 @@ class _Step:
         self.receipts: list[Receipt] = []
         self.effect_events: list[EventDraft] = []
         self.emitted: list[EventDraft] = []
+        self.ended = False
+        self._running = 0  # effect calls started and not yet ended
+        self._idle: asyncio.Event | None = None  # made by ``end`` only when it must wait
+        self._store_failure: BaseException | None = None
+
+    async def end(self) -> None:
+        """Refuse further effect calls and events, and wait for the calls still running.
+
+        A store failure in any of them abandons the turn, as it would have had the
+        handler seen it: the capability may have caught it, or left its call behind.
+        """
+        self.ended = True
+        if self._running:
+            idle = self._idle = asyncio.Event()
+            await idle.wait()
+        if self._store_failure is not None:
+            raise self._store_failure
+
+    def _refuse_after_end(self, what: str, key: str | None = None) -> EffectUsageError:
+        scope = self.state.scope
+        return EffectUsageError(
+            f"{self.cap.id}: {what} after step {self.item.step_id!r} ended; await every "
+            "effect and emit every event before the capability returns",
+            thread_id=scope.thread_id,
+            turn_id=scope.turn_id,
+            key=key,
+        )
 
     # -- what the capability calls --------------------------------------------------------------
 
     async def run_effect(self, key: str, fn: EffectFn) -> EffectResult[Any]:
+        if self.ended:
+            raise self._refuse_after_end("run_effect called", key)
+        self._running += 1
+        try:
+            return await self._run_effect(key, fn)
+        except _STORE_FAILURES as exc:
+            self._store_failure = exc
+            raise
+        finally:
+            self._running -= 1
+            if not self._running and self._idle is not None:
+                self._idle.set()
+
+    async def _run_effect(self, key: str, fn: EffectFn) -> EffectResult[Any]:
         cap, state = self.cap, self.state
         if cap.effect != "write":
             raise EffectUsageError(
@@ -203,6 +260,8 @@ class _Step:
         return result
 
     def emit(self, type: str, payload: Any = None) -> None:
+        if self.ended:
+            raise self._refuse_after_end(f"event {type!r} emitted")
         if not isinstance(type, str) or not type:
             raise EffectUsageError(f"{self.cap.id}: an event type must be a non-empty string")
         namespace = kernel_event_namespace(type)
@@ -214,8 +273,13 @@ class _Step:
                 f"'{namespace}.'; capabilities emit in a namespace of their own (such as "
                 f"'{self.cap.id.split('.', 1)[0]}.')"
             )
+        problem = text_problem(type)
+        if problem is not None:  # stored in a text column of its own, not as JSON
+            raise EffectUsageError(
+                f"{self.cap.id}: event type {type!r} cannot be stored: {problem}"
+            )
         try:
-            dump_value([type, payload])  # the type too: no store can hold a lone surrogate
+            payload = normalize(payload)
         except (TypeError, ValueError) as exc:
             raise EffectUsageError(
                 f"{self.cap.id}: payload of event {type!r} is not JSON-serializable: {exc}"
@@ -258,8 +322,15 @@ class _Step:
     # -- outcomes -----------------------------------------------------------------------------
 
     def finish(
-        self, status: StepStatus, *, value: Any = None, error: str | None = None
+        self,
+        status: StepStatus,
+        *,
+        value: Any = None,
+        error: str | None = None,
+        cause: BaseException | None = None,
     ) -> StepResult:
+        """Record the step. The reply line is the person's (``Agent.replies``); the
+        technical detail goes to ``error`` only. ``cause`` is what made a step fail."""
         step = StepResult(
             step_id=self.item.step_id,
             capability_id=self.cap.id,
@@ -271,13 +342,12 @@ class _Step:
         state = self.state
         state.steps.append(step)
         self.flush_effect_events()
+        replies = state.agent.agent.replies
         if status is StepStatus.FAILED:
-            state.replies.append(f"Could not complete {self.cap.id}: {error}")
+            failure = cause if cause is not None else CapabilityError(error or "failed")
+            state.replies.append(replies.failed(self.cap, step, failure))
         elif status is StepStatus.UNCERTAIN:
-            state.replies.append(
-                f"{self.cap.description or self.cap.id} may or may not have taken effect, so "
-                "it will not be retried until someone checks it."
-            )
+            state.replies.append(replies.uncertain(self.cap, step))
         return step
 
     def flush_effect_events(self) -> None:
@@ -333,10 +403,8 @@ class _Step:
         step = self.finish(StepStatus.COMPLETED, value=value)
         if result.reply is not None:
             state.replies.append(result.reply)
-        elif value is not None:
-            state.replies.append(f"{cap.description or cap.id}: {dump_value(value)}")
         else:
-            state.replies.append(f"Done: {cap.description or cap.id}.")
+            state.replies.append(state.agent.agent.replies.done(cap, value))
         return step
 
     def _records(self, result: CapabilityResult) -> list[FactRecord]:
@@ -347,6 +415,11 @@ class _Step:
         for fact in result.facts:
             if not isinstance(fact.key, str) or not fact.key:
                 raise CapabilityError(f"{self.cap.id}: a fact key must be a non-empty string")
+            problem = text_problem(fact.key)
+            if problem is not None:  # a fact's row is keyed by it, in a text column
+                raise CapabilityError(
+                    f"{self.cap.id}: fact key {fact.key!r} cannot be stored: {problem}"
+                )
             try:
                 fact_value = normalize(fact.value)
             except (TypeError, ValueError) as exc:
@@ -402,7 +475,5 @@ def _log_failure(exc: BaseException, receipt: Receipt, capability_id: str) -> No
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    if not text.isascii():  # stored as text: escape what UTF-8 cannot encode (a lone surrogate)
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = storable_text(str(exc))  # NUL and lone surrogates escaped, as in a receipt's error
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

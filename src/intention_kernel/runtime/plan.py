@@ -40,10 +40,9 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
             )
         parsed, canonical = cap.parse_input(intent.input)
     except CapabilityError as exc:
-        state.steps.append(
-            StepResult(step_id, str(intent.capability_id), StepStatus.FAILED, None, str(exc))
-        )
-        state.replies.append(f"Could not run {intent.capability_id or 'a tool call'}: {exc}")
+        step = StepResult(step_id, str(intent.capability_id), StepStatus.FAILED, None, str(exc))
+        state.steps.append(step)
+        state.replies.append(state.agent.agent.replies.not_understood(cap, step))
         return
     item = AgendaItem(step_id, cap.id, canonical, state.scope.turn_id)
     if cap.confirmation == "required":  # a read too: the application asked for consent

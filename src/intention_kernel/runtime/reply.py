@@ -9,8 +9,6 @@ from intention_kernel.turns import TurnCommit, TurnResult
 
 __all__ = ["finish"]
 
-FALLBACK_REPLY = "Sorry, I could not find anything to do for that."
-
 
 def finish(
     state: TurnState, interpretation: Interpretation, *, reply: str | None = None
@@ -18,11 +16,11 @@ def finish(
     """The commit of the turn. Its reply is ``reply`` when given (a turn of several
     rounds, see :mod:`~intention_kernel.runtime.rounds`); otherwise the interpretation's
     text followed by the kernel's account of each step."""
-    if reply is None:
-        lines = [interpretation.reply] if interpretation.reply else []
-        lines.extend(state.replies)
-        reply = "\n".join(lines) if lines else FALLBACK_REPLY
+    lines = [interpretation.reply] if interpretation.reply else []
+    lines.extend(state.replies)
     scope, request, agent = state.scope, state.request, state.agent.agent
+    if reply is None:
+        reply = "\n".join(lines) if lines else agent.replies.nothing_to_do()
     messages = list(state.previous.messages) if state.previous else []
     if request.message is not None:
         messages.append(Message("user", request.message, scope.turn_id))

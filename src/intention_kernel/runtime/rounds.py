@@ -79,10 +79,7 @@ def _final_reply(state: TurnState, last: Interpretation) -> str | None:
 
 def stopped_reply(state: TurnState, last: Interpretation, rounds: int) -> str:
     """The reply of a turn that reached ``max_rounds``: the kernel's account of every
-    step, and that it stopped."""
+    step, and that it stopped (:meth:`~intention_kernel.Replies.stopped_after_rounds`)."""
     lines = [line for line in (last.reply, *state.replies) if line]
-    lines.append(
-        f"I stopped after {rounds} rounds of tool calls without finishing; what was done so "
-        "far is above."
-    )
+    lines.append(state.agent.agent.replies.stopped_after_rounds(rounds))
     return "\n".join(lines)

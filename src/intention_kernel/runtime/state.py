@@ -122,7 +122,7 @@ class TurnState:
                 break
         line = self._prompts.pop(active.id, None)
         if line is not None:
-            self.replies[line] = f"Not asked, superseded by a later request: {active.prompt}"
+            self.replies[line] = self.agent.agent.replies.superseded(active)
 
     def close_interaction(self, resolution: str) -> AgendaItem | None:
         """Resolve the active interaction and take its planned operation off the agenda."""

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import math
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, Protocol
@@ -31,6 +33,7 @@ from typing import Any, ClassVar, Protocol
 import pytest
 
 from intention_kernel import checkpoint as checkpoint_codec
+from intention_kernel._json import MAX_INT_DIGITS
 from intention_kernel.agent import Agent
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult, capability
 from intention_kernel.checkpoint import (
@@ -41,12 +44,14 @@ from intention_kernel.checkpoint import (
     encode_checkpoint,
 )
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
-from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.durability.base import RecordedDurability, ThreadOwner
 from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
     CorruptRecordError,
+    EffectNotAppliedError,
     EffectUncertainError,
+    EffectUsageError,
     InvalidRequestError,
     KernelError,
     ReceiptNotFoundError,
@@ -54,7 +59,7 @@ from intention_kernel.errors import (
     TenantMismatchError,
     TurnConflictError,
 )
-from intention_kernel.facts import FactRecord
+from intention_kernel.facts import Fact, FactRecord
 from intention_kernel.interpretation import Answer, Intent, Interpretation
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing import faults
@@ -599,6 +604,37 @@ class DurabilityConformance:
         assert later.steps[0].status == StepStatus.COMPLETED
         assert provider.calls() == 2
 
+    async def test_a_key_without_its_capability_prefix_is_refused_with_the_stored_key(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", "yes")
+        events_before = await durability.read_outbox()
+        with pytest.raises(ReceiptNotFoundError) as refused:
+            await durability.resolve_receipt("t", "charge:pi_1", applied=False, note="n")
+        assert refused.value.suggestions == ("payments.charge:charge:pi_1",)
+        assert str(refused.value) == (
+            "no receipt for key 'charge:pi_1' on thread 't'; "
+            "did you mean 'payments.charge:charge:pi_1'?"
+        )
+        with pytest.raises(ReceiptNotFoundError) as unknown:
+            await durability.resolve_receipt("t", "charge:pi_2", applied=False, note="n")
+        assert unknown.value.suggestions == ()
+        [receipt] = await durability.list_receipts()
+        assert (receipt.status, receipt.resolution) == ("uncertain", None)
+        assert await durability.read_outbox() == events_before
+        if isinstance(durability, RecordedDurability):
+            for other in ("acme", None):
+                await kernel.turn("g", "1", "charge pi_1 500", tenant_id="globex")
+                await kernel.turn("g", "2", "yes", tenant_id="globex")
+                with pytest.raises(ReceiptNotFoundError) as hidden:
+                    await durability.resolve_receipt(
+                        "g", "charge:pi_1", applied=False, note="n", owner=ThreadOwner(other)
+                    )
+                assert hidden.value.suggestions == ()
+                assert "did you mean" not in str(hidden.value)
+
     async def test_only_uncertain_receipts_can_be_resolved(
         self, kernel: Kernel, durability: Durability
     ) -> None:
@@ -712,7 +748,10 @@ class DurabilityConformance:
         proposed = await kernel.turn("t", "1", "charge pi_1 500")
         refused = await kernel.turn("t", "2", answer=Answer("ix_other", "accept"))
         assert refused.steps == () and provider.calls() == 0
-        assert "ix_other" in refused.reply and "nothing was done" in refused.reply
+        # The person is shown the question still waiting, not interaction IDs.
+        assert "nothing was done" in refused.reply and "ix_other" not in refused.reply
+        assert proposed.interaction is not None
+        assert proposed.interaction.prompt in refused.reply
         assert refused.interaction == proposed.interaction
 
     async def test_an_answer_with_nothing_pending_runs_nothing(
@@ -1117,6 +1156,449 @@ class DurabilityConformance:
         ] == ["b"]
         assert await durability.list_receipts(thread_id="a", tenant_id="globex") == []
 
+    async def test_a_read_or_a_resolution_for_a_tenant_shows_only_that_tenants_thread(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        if not isinstance(durability, RecordedDurability):
+            pytest.skip("owner= is RecordedDurability's")
+        provider.behaviour["pi_1"] = "lost_response"
+        await kernel.turn("t", "1", "charge pi_1 500", tenant_id="acme")
+        await kernel.turn("t", "2", "yes", tenant_id="acme")
+        key = "payments.charge:charge:pi_1"
+        for other in ("globex", None):
+            assert await durability.load_checkpoint("t", owner=ThreadOwner(other)) is None
+            with pytest.raises(ReceiptNotFoundError):
+                await durability.resolve_receipt(
+                    "t", key, applied=False, note="n", owner=ThreadOwner(other)
+                )
+        [untouched] = await durability.list_receipts(thread_id="t")
+        assert (untouched.status, untouched.resolution) == (ReceiptStatus.UNCERTAIN, None)
+        mine = await durability.load_checkpoint("t", owner=ThreadOwner("acme"))
+        assert mine is not None and mine.version == 2
+        resolved = await durability.resolve_receipt(
+            "t", key, applied=False, note="n", actor="ops", owner=ThreadOwner("acme")
+        )
+        assert resolved.status == ReceiptStatus.FAILED
+        await kernel.turn("u", "1", "balance")
+        assert await durability.load_checkpoint("u", owner=ThreadOwner("acme")) is None
+        assert await durability.load_checkpoint("u", owner=ThreadOwner(None)) is not None
+
+    async def test_a_resolution_for_another_tenant_racing_a_first_turn_is_refused(
+        self, durability: Durability
+    ) -> None:
+        """While acme's first turn runs its thread has no owner; a tenant-less caller's
+        resolution, sent meanwhile, is still refused once the turn made the receipt."""
+        if not isinstance(durability, RecordedDurability):
+            pytest.skip("owner= is RecordedDurability's")
+        entered, released = asyncio.Event(), asyncio.Event()
+
+        async def lost(authority: EffectAuthority) -> None:
+            raise TimeoutError("the provider's answer was lost")
+
+        async def first_turn(tx: TurnTransaction) -> TurnCommit:
+            entered.set()
+            await released.wait()
+            with pytest.raises(EffectUncertainError):
+                await tx.run_effect("k", lost, step_id="s1")
+            return commit_for(tx)
+
+        turn = asyncio.create_task(
+            durability.with_turn(TurnScope("t", "a1", tenant_id="acme"), first_turn)
+        )
+        await entered.wait()
+        resolving = asyncio.create_task(
+            durability.resolve_receipt("t", "k", applied=False, note="n", owner=ThreadOwner(None))
+        )
+        await asyncio.sleep(0)
+        released.set()
+        await turn
+        with pytest.raises(ReceiptNotFoundError):
+            await resolving
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert (receipt.status, receipt.tenant_id) == (ReceiptStatus.UNCERTAIN, "acme")
+
+    async def test_pending_interactions_lists_open_confirmations_across_threads_by_owner(
+        self, kernel: Kernel, durability: Durability
+    ) -> None:
+        if not isinstance(durability, RecordedDurability):
+            pytest.skip("pending_interactions is RecordedDurability's")
+        for thread, tenant, pi in (
+            ("a", "acme", "pi_1"),
+            ("b", "globex", "pi_2"),
+            ("c", None, "pi_3"),
+            ("d", "acme", "pi_4"),
+            ("f", "acme", "pi_6"),
+        ):
+            await kernel.turn(thread, "1", f"charge {pi} 500", tenant_id=tenant)
+        await kernel.turn("d", "2", "yes", tenant_id="acme")  # answered: nothing pending
+        await kernel.turn("e", "1", "balance", tenant_id="acme")  # never asked
+
+        async def decoy(tx: TurnTransaction) -> TurnCommit:
+            # A core holding an "interaction" object deeper down, and no interaction.
+            commit = commit_for(tx)
+            held = checkpoint_codec.AgendaItem("s1", "x.y", {"interaction": {"id": "i"}}, "1")
+            return replace(commit, checkpoint=replace(commit.checkpoint, agenda=(held,)))
+
+        for thread in ("a0", "b0", "c0"):
+            await durability.with_turn(TurnScope(thread, "1", tenant_id="acme"), decoy)
+
+        every = await durability.pending_interactions()
+        assert [(p.thread_id, p.tenant_id, p.version) for p in every] == [
+            ("a", "acme", 1),
+            ("b", "globex", 1),
+            ("c", None, 1),
+            ("f", "acme", 1),
+        ]
+        [first, *_] = every
+        checkpoint = await durability.load_checkpoint("a")
+        assert checkpoint is not None and first.interaction == checkpoint.interaction
+        assert first.interaction.kind == "confirmation"
+        assert first.interaction.capability_id == "payments.charge"
+
+        acme = await durability.pending_interactions(owner=ThreadOwner("acme"))
+        assert [p.thread_id for p in acme] == ["a", "f"]
+        untenanted = await durability.pending_interactions(owner=ThreadOwner(None))
+        assert [p.thread_id for p in untenanted] == ["c"]
+        # Bounded, and paged on by thread ID; the decoys never take a place in a page.
+        assert [p.thread_id for p in await durability.pending_interactions(limit=1)] == ["a"]
+        page = await durability.pending_interactions(owner=ThreadOwner("acme"), limit=1)
+        assert [p.thread_id for p in page] == ["a"]
+        rest = await durability.pending_interactions(
+            owner=ThreadOwner("acme"), after=page[-1].thread_id, limit=1
+        )
+        assert [p.thread_id for p in rest] == ["f"]
+        assert await durability.pending_interactions(after="f") == []
+        for bad in (0, -1, True):
+            with pytest.raises(InvalidRequestError):
+                await durability.pending_interactions(limit=bad)
+        with pytest.raises(InvalidRequestError):
+            await durability.pending_interactions(after="")
+
+    async def test_pending_interactions_names_a_corrupt_candidate(
+        self,
+        kernel: Kernel,
+        tamper: Tamper | None,
+        make_durability: Callable[[], Durability],
+    ) -> None:
+        if tamper is None:
+            pytest.skip("this adapter provides no tamper fixture")
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await tamper.write_checkpoint_text("t", '{"interaction":{"id": 1')
+        async with make_durability() as reopened:
+            assert isinstance(reopened, RecordedDurability)
+            with pytest.raises(CorruptRecordError) as caught:
+                await reopened.pending_interactions()
+        assert caught.value.thread_id == "t"
+
+    # =========================================================================================
+    # Effect calls that outlive their step, and sync provider calls
+    # =========================================================================================
+
+    async def test_writes_gathered_in_one_step_are_each_announced_even_when_one_fails(
+        self, durability: Durability
+    ) -> None:
+        """One call of a gathered pair fails while the other is still in its provider
+        call: the step waits for it, so the write it applied is announced with the step
+        (the step's events were flushed before it ended, and it never was)."""
+        other_running, handler_ended = asyncio.Event(), asyncio.Event()
+
+        async def applied(authority: EffectAuthority) -> dict[str, str]:
+            other_running.set()
+            await handler_ended.wait()  # still running when the handler gives up
+            return {"charged": authority.key}
+
+        async def declined(authority: EffectAuthority) -> None:
+            await other_running.wait()
+            raise EffectNotAppliedError("declined")
+
+        @capability("edges.pair", effect="write", confirmation="capability")
+        async def pair(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            try:
+                await asyncio.gather(ctx.run_effect("a", applied), ctx.run_effect("b", declined))
+            finally:
+                handler_ended.set()
+
+        result = await _edges_kernel(durability, pair).turn("t", "1", "edges.pair")
+        [step] = result.steps
+        assert step.status == StepStatus.FAILED and "declined" in (step.error or "")
+        receipts = {r.key: r for r in await durability.list_receipts(thread_id="t")}
+        applied_receipt = receipts["edges.pair:a"]
+        assert (applied_receipt.status, applied_receipt.announced) == ("completed", True)
+        assert receipts["edges.pair:b"].status == "failed"
+        effects = [
+            (e.type, e.payload["key"])
+            for e in await durability.read_outbox(thread_id="t")
+            if e.type.startswith("effect.")
+        ]
+        assert sorted(effects) == [
+            ("effect.completed", "edges.pair:a"),
+            ("effect.failed", "edges.pair:b"),
+        ]
+        assert applied_receipt.id in step.receipt_ids
+
+    async def test_an_effect_left_behind_by_its_step_is_refused_before_the_provider_is_called(
+        self, durability: Durability
+    ) -> None:
+        """A call from a task the capability did not await would be applied with nothing
+        left to announce it: it is refused before its receipt is prepared, and so is an
+        event emitted after the step ended."""
+        calls: list[str] = []
+        left_behind: list[asyncio.Task[Any]] = []
+
+        async def provider(authority: EffectAuthority) -> str:
+            calls.append(authority.key)
+            return "applied"
+
+        async def late(ctx: CapabilityContext) -> None:
+            await asyncio.sleep(0)
+            with pytest.raises(EffectUsageError, match="after step"):
+                ctx.emit("edges.late", {})
+            await ctx.run_effect("late", provider)
+
+        @capability("edges.background", effect="write", confirmation="capability")
+        async def background(input: dict[str, Any], ctx: CapabilityContext) -> str:
+            left_behind.append(asyncio.create_task(late(ctx)))
+            return "returned at once"
+
+        result = await _edges_kernel(durability, background).turn("t", "1", "edges.background")
+        assert result.steps[0].status == StepStatus.COMPLETED
+        with pytest.raises(EffectUsageError, match="after step"):
+            await left_behind[0]
+        assert calls == [] and await durability.list_receipts(thread_id="t") == []
+        types = [e.type for e in await durability.read_outbox(thread_id="t")]
+        assert not any(t.startswith("effect.") or t == "edges.late" for t in types)
+
+    async def test_a_turn_keeps_its_lock_until_every_effect_it_started_has_ended(
+        self, durability: Durability
+    ) -> None:
+        """An operation that fails while an effect it started still runs (in a task of
+        its own) does not leave that receipt ``prepared`` under a free lock, where the
+        next holder would take it for a dead attempt's: the call is cancelled, and its
+        receipt is ``uncertain`` by the time ``with_turn`` raises."""
+        entered = asyncio.Event()
+        left_behind: list[asyncio.Task[Any]] = []
+
+        async def provider(authority: EffectAuthority) -> str:
+            entered.set()
+            await asyncio.Event().wait()  # a provider call that has not answered
+            raise AssertionError("unreachable")
+
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            left_behind.append(asyncio.create_task(tx.run_effect("k", provider, step_id="s")))
+            await entered.wait()
+            raise _Crash
+
+        with pytest.raises(_Crash):
+            await durability.with_turn(TurnScope("t", "1"), operation)
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "uncertain" and "CancelledError" in (receipt.error or "")
+        with pytest.raises(EffectUncertainError):
+            await left_behind[0]
+
+    async def test_a_sync_effect_function_runs_off_the_event_loop(
+        self, durability: Durability
+    ) -> None:
+        """A sync provider SDK blocks its own turn only: while one turn's sync call waits,
+        a turn on another thread completes. The call sees the caller's context."""
+        request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+        entered, release = threading.Event(), threading.Event()
+        seen: list[tuple[str, bool]] = []
+
+        def blocking(authority: EffectAuthority) -> dict[str, str]:
+            entered.set()
+            released = release.wait(30)  # a bound, so that a blocked loop fails, not hangs
+            seen.append((request_id.get("unset"), released))
+            return {"charged": authority.key}
+
+        @capability("edges.sync", effect="write", confirmation="capability")
+        async def sync_write(input: dict[str, Any], ctx: CapabilityContext) -> Any:
+            request_id.set(f"req-{ctx.turn_id}")
+            return (await ctx.run_effect("k", blocking)).value
+
+        @capability("edges.read")
+        async def read(input: dict[str, Any], ctx: CapabilityContext) -> str:
+            return "read"
+
+        kernel = _edges_kernel(durability, sync_write, read)
+        blocked = asyncio.create_task(kernel.turn("a", "1", "edges.sync"))
+        assert await asyncio.to_thread(entered.wait, 30)
+        other = await kernel.turn("b", "1", "edges.read")
+        finished_meanwhile = not release.is_set() and not blocked.done()
+        release.set()
+        result = await blocked
+        assert other.steps[0].status == StepStatus.COMPLETED and finished_meanwhile
+        assert result.steps[0].status == StepStatus.COMPLETED
+        assert result.steps[0].value == {"charged": "edges.sync:k"}
+        assert seen == [("req-1", True)]
+
+    async def test_a_cancelled_turn_whose_sync_provider_call_still_runs_records_uncertain(
+        self, durability: Durability
+    ) -> None:
+        """The turn is cancelled while its sync provider call runs in its thread: the
+        receipt is ``uncertain`` at once, and stays so whatever the call does later
+        (here it proves nothing was applied, too late to be believed)."""
+        entered, release, ended = threading.Event(), threading.Event(), threading.Event()
+
+        def blocking(authority: EffectAuthority) -> None:
+            entered.set()
+            try:
+                release.wait(30)
+                raise EffectNotAppliedError("declined, after the turn was cancelled")
+            finally:
+                ended.set()
+
+        @capability("edges.sync", effect="write", confirmation="capability")
+        async def sync_write(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            await ctx.run_effect("k", blocking)
+
+        kernel = _edges_kernel(durability, sync_write)
+        running = asyncio.create_task(kernel.turn("t", "1", "edges.sync"))
+        assert await asyncio.to_thread(entered.wait, 30)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "uncertain" and not ended.is_set()
+        release.set()
+        assert await asyncio.to_thread(ended.wait, 30)
+        await asyncio.sleep(0.01)  # let anything the finished thread scheduled run
+        [after] = await durability.list_receipts(thread_id="t")
+        assert after.status == "uncertain"
+        assert await durability.load_checkpoint("t") is None
+
+    # =========================================================================================
+    # Values and names no store can hold or read back
+    # =========================================================================================
+
+    async def test_an_integer_no_store_can_read_back_is_refused_where_it_enters(
+        self, durability: Durability, make_durability: Callable[[], Durability]
+    ) -> None:
+        """An integer longer than Python (and pydantic) parse from JSON would commit and
+        then make its thread unreadable: it is refused where any unstorable value is, a
+        failed step (an uncertain one for a provider's value, which was applied), the
+        same on every store. The longest integer allowed reads back after a reopen."""
+        too_long: int = 10**MAX_INT_DIGITS
+        longest: int = 1 - too_long  # MAX_INT_DIGITS nines, negative
+        provider_calls: list[str] = []
+
+        @capability("edges.fact")
+        async def fact(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            return CapabilityResult(facts=[Fact("n", too_long)])
+
+        @capability("edges.value")
+        async def value(input: dict[str, Any], ctx: CapabilityContext) -> int:
+            return too_long
+
+        @capability("edges.emit")
+        async def emit(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            ctx.emit("edges.big", {"n": [too_long]})
+
+        @capability("edges.charge", effect="write", confirmation="capability")
+        async def charge(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            def provider(authority: EffectAuthority) -> dict[str, int]:
+                provider_calls.append(authority.key)
+                return {"n": too_long}
+
+            await ctx.run_effect("k", provider)
+
+        @capability("edges.longest")
+        async def keep(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            return CapabilityResult(value=longest, facts=[Fact("n", {"n": (longest,)})])
+
+        kernel = _edges_kernel(durability, fact, value, emit, charge, keep)
+        for name in ("edges.fact", "edges.value", "edges.emit"):
+            [step] = (await kernel.turn(name, "1", name)).steps
+            assert step.status == StepStatus.FAILED and "digits" in (step.error or ""), name
+        [step] = (await kernel.turn("edges.charge", "1", "edges.charge")).steps
+        assert step.status == StepStatus.UNCERTAIN and "digits" in (step.error or "")
+        [receipt] = await durability.list_receipts(thread_id="edges.charge")
+        assert receipt.status == "uncertain" and "digits" in (receipt.error or "")
+        assert provider_calls == ["edges.charge:k"]  # applied, and never called again
+        with pytest.raises(InvalidRequestError):
+            await kernel.turn("edges.value", "2", answer=Answer(value=too_long))
+        with pytest.raises(InvalidRequestError, match="digits"):
+            await durability.resolve_receipt(
+                "edges.charge", "edges.charge:k", applied=True, value=too_long
+            )
+        kept = await kernel.turn("edges.longest", "1", "edges.longest")
+        assert kept.steps[0].value == longest
+        async with make_durability() as reopened:
+            again = _edges_kernel(reopened, fact, value, emit, charge, keep)
+            for name in ("edges.fact", "edges.value", "edges.emit", "edges.charge"):
+                assert (await again.turn(name, "1", name)).replayed
+                assert (await again.turn(name, "later", "nothing")).checkpoint_version == 2
+            assert (await again.turn("edges.longest", "1", "edges.longest")).replayed
+            checkpoint = await reopened.load_checkpoint("edges.longest")
+            assert checkpoint is not None
+            assert checkpoint.facts["n"].value == {"n": [longest]}
+        assert provider_calls == ["edges.charge:k"]
+
+    async def test_nul_in_a_key_or_an_event_type_is_refused_and_in_error_text_escaped(
+        self, durability: Durability, make_durability: Callable[[], Durability]
+    ) -> None:
+        """PostgreSQL text cannot hold NUL: keys and event types holding one are refused
+        before anything is written (a failed step, not a store error answered "retry"
+        forever), and a provider's error text is stored with NUL escaped, on every
+        store alike."""
+        calls: list[str] = []
+
+        def provider(authority: EffectAuthority) -> None:
+            calls.append(authority.key)
+            raise TimeoutError("lost\x00reply")
+
+        @capability("edges.key", effect="write", confirmation="capability")
+        async def bad_key(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            await ctx.run_effect("a\x00b", provider)
+
+        @capability("edges.type")
+        async def bad_type(input: dict[str, Any], ctx: CapabilityContext) -> None:
+            ctx.emit("edges.\x00", {"ok": "a\x00b in a payload is JSON, and fine"})
+
+        @capability("edges.fact")
+        async def bad_fact(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            return CapabilityResult(facts=[Fact("k\x00", 1)])
+
+        @capability("edges.error", effect="write", confirmation="capability")
+        async def error_text(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            await ctx.run_effect("k", provider)
+            raise AssertionError("unreachable")
+
+        @capability("edges.payload")
+        async def payload(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            ctx.emit("edges.nul", {"text": "a\x00b"})
+            return CapabilityResult(value="a\x00b", facts=[Fact("text", "a\x00b")])
+
+        kernel = _edges_kernel(durability, bad_key, bad_type, bad_fact, error_text, payload)
+        for name, error in (
+            ("edges.key", "EffectUsageError"),
+            ("edges.type", "EffectUsageError"),
+            ("edges.fact", "NUL"),
+        ):
+            [step] = (await kernel.turn(name, "1", name)).steps
+            assert step.status == StepStatus.FAILED, name
+            assert error in (step.error or "") and "NUL" in (step.error or ""), name
+            assert await durability.list_receipts(thread_id=name) == []
+        assert calls == []
+        [step] = (await kernel.turn("edges.error", "1", "edges.error")).steps
+        assert step.status == StepStatus.UNCERTAIN
+        [receipt] = await durability.list_receipts(thread_id="edges.error")
+        assert receipt.error == "TimeoutError: lost\\x00reply"
+        result = await kernel.turn("edges.payload", "1", "edges.payload")
+        assert result.steps[0].value == "a\x00b"  # inside JSON values, NUL is kept
+        with pytest.raises(InvalidRequestError, match="NUL"):
+            await durability.resolve_receipt("edges.error", "edges.error:\x00", applied=False)
+        async with make_durability() as reopened:
+            [again] = await reopened.list_receipts(thread_id="edges.error")
+            assert again.error == receipt.error
+            checkpoint = await reopened.load_checkpoint("edges.payload")
+            assert checkpoint is not None and checkpoint.facts["text"].value == "a\x00b"
+        [nul] = [
+            e
+            for e in await durability.read_outbox(thread_id="edges.payload")
+            if e.type == "edges.nul"
+        ]
+        assert nul.payload == {"text": "a\x00b"}
+
     # =========================================================================================
     # Outbox
     # =========================================================================================
@@ -1204,6 +1686,25 @@ class DurabilityConformance:
         await kernel.turn("t", "after", "balance 9")  # the runtime continues from them
         assert await durability.load_checkpoint("t") == committed[-1]
         assert [m.content for m in committed[-1].messages][:1] == ["by hand"]
+
+
+def _edges_kernel(durability: Durability, *capabilities: Any) -> Kernel:
+    """A kernel whose interpreter runs the capability a message names (with no input),
+    and nothing for any other message."""
+    ids = {c.id for c in capabilities}
+
+    def interpret(request: Any) -> Interpretation:
+        if request.message in ids:
+            return Interpretation([Intent(request.message, {})])
+        return Interpretation([])
+
+    agent = Agent(
+        name="edges",
+        version="1",
+        capabilities=list(capabilities),
+        interpreter=ScriptedInterpreter(interpret),
+    )
+    return Kernel(agent, durability)
 
 
 class _Crash(Exception):

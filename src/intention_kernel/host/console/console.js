@@ -4,6 +4,10 @@
 // inserted with textContent, never as HTML. Every turn the console sends carries a
 // fresh turn ID, reused if that same delivery has to be retried: a retry after a
 // lost response then returns the stored result instead of running the turn again.
+//
+// Without ?thread=ID the console opens on the queue: across the token's threads, the
+// writes whose outcome is unknown (uncertain, or left prepared) and the confirmations
+// waiting for an answer, each linking to its thread.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -143,12 +147,51 @@ function receiptCause(receipt) {
     : "outcome unknown";
 }
 
+// What an operator typed into each reconcile form, by receipt: a refresh re-renders the
+// list, and a refused resolution must not cost the operator their input.
+function receiptId(receipt) {
+  return `${receipt.thread_id}\u0000${receipt.key}`;
+}
+
+function readDrafts() {
+  const drafts = new Map();
+  for (const item of $("receipts").children) {
+    const form = item.querySelector("form");
+    const checked = form.querySelector("input[name=applied]:checked");
+    drafts.set(item.dataset.id, {
+      applied: checked ? checked.value : null,
+      value: form.elements.value.value,
+      note: form.elements.note.value,
+      error: form.querySelector(".form-error").textContent,
+    });
+  }
+  return drafts;
+}
+
+function restoreDraft(form, draft) {
+  if (!draft) return;
+  for (const radio of form.querySelectorAll("input[name=applied]")) {
+    radio.checked = radio.value === draft.applied;
+  }
+  form.elements.value.value = draft.value;
+  form.elements.note.value = draft.note;
+  showFormError(form, draft.error);
+}
+
+function showFormError(form, message) {
+  const error = form.querySelector(".form-error");
+  error.textContent = message || "";
+  error.hidden = !message;
+}
+
 function renderReceipts(receipts) {
   $("no-receipts").hidden = receipts.length > 0;
   const template = $("receipt-template");
+  const drafts = readDrafts();
   $("receipts").replaceChildren(
     ...receipts.map((receipt) => {
       const item = template.content.firstElementChild.cloneNode(true);
+      item.dataset.id = receiptId(receipt);
       item.dataset.key = receipt.key;
       item.dataset.status = receipt.status;
       item.querySelector(".key").textContent = receipt.key;
@@ -157,9 +200,11 @@ function renderReceipts(receipts) {
       badge.className = `badge ${receipt.status}`;
       item.querySelector(".error").textContent =
         `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}`;
-      item.querySelector("form").addEventListener("submit", (event) => {
+      const form = item.querySelector("form");
+      restoreDraft(form, drafts.get(item.dataset.id));
+      form.addEventListener("submit", (event) => {
         event.preventDefault();
-        resolveReceipt(receipt, new FormData(event.target));
+        resolveReceipt(receipt, form);
       });
       return item;
     }),
@@ -181,7 +226,7 @@ function renderTurn(result) {
 }
 
 function setEnabled(enabled) {
-  for (const id of ["message", "send", "accept", "reject", "refresh"]) $(id).disabled = !enabled;
+  for (const id of ["message", "send", "accept", "reject"]) $(id).disabled = !enabled;
 }
 
 // The receipts an operator can resolve: uncertain ones, and prepared ones left by an
@@ -189,10 +234,11 @@ function setEnabled(enabled) {
 // thread's lock, so never one that a live attempt is still working on). Oldest first.
 const RESOLVABLE = ["uncertain", "prepared"];
 
-async function resolvableReceipts() {
-  const thread = encodeURIComponent(state.threadId);
+// The resolvable receipts of the open thread, or of every thread the token sees.
+async function resolvableReceipts(threadId) {
+  const thread = threadId ? `thread_id=${encodeURIComponent(threadId)}&` : "";
   const lists = await Promise.all(
-    RESOLVABLE.map((status) => api(`v1/receipts?thread_id=${thread}&status=${status}`)),
+    RESOLVABLE.map((status) => api(`v1/receipts?${thread}status=${status}`)),
   );
   return lists
     .flatMap((list) => list.receipts)
@@ -202,15 +248,66 @@ async function resolvableReceipts() {
     });
 }
 
+function threadLink(threadId) {
+  const link = el("a", "thread-link", `Open thread ${threadId}`);
+  link.href = `console?thread=${encodeURIComponent(threadId)}`;
+  return link;
+}
+
+function renderQueue(receipts, interactions) {
+  $("queue-no-receipts").hidden = receipts.length > 0;
+  $("queue-receipts").replaceChildren(
+    ...receipts.map((receipt) => {
+      const item = $("queue-receipt-template").content.firstElementChild.cloneNode(true);
+      item.dataset.thread = receipt.thread_id;
+      item.querySelector(".key").textContent = receipt.key;
+      const badge = item.querySelector(".badge");
+      badge.textContent = receipt.status;
+      badge.className = `badge ${receipt.status}`;
+      item.querySelector(".cause").textContent =
+        `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}`;
+      item.querySelector(".thread-link").replaceWith(threadLink(receipt.thread_id));
+      return item;
+    }),
+  );
+  $("queue-no-interactions").hidden = interactions.interactions.length > 0;
+  $("queue-more").hidden = !interactions.next_after;
+  $("queue-interactions").replaceChildren(
+    ...interactions.interactions.map((pending) => {
+      const item = $("queue-interaction-template").content.firstElementChild.cloneNode(true);
+      item.dataset.thread = pending.thread_id;
+      item.querySelector(".prompt").textContent = pending.interaction.prompt;
+      item.querySelector(".capability").textContent =
+        `${pending.interaction.capability_id} · ${pending.interaction.kind} · v${pending.version}`;
+      item.querySelector(".thread-link").replaceWith(threadLink(pending.thread_id));
+      return item;
+    }),
+  );
+}
+
+async function refreshQueue() {
+  try {
+    const [receipts, interactions] = await Promise.all([
+      resolvableReceipts(null),
+      api("v1/interactions?limit=100"),
+    ]);
+    renderQueue(receipts, interactions);
+  } catch (error) {
+    showBanner(describeError(error));
+  }
+}
+
 async function refresh() {
-  if (!state.threadId) return;
+  $("queue").hidden = Boolean(state.threadId);
+  $("main").hidden = !state.threadId;
+  if (!state.threadId) return refreshQueue();
   try {
     const [thread, receipts] = await Promise.all([
       api(threadPath()).catch((error) => {
         if (error instanceof ProblemError && error.status === 404) return null;
         throw error;
       }),
-      resolvableReceipts(),
+      resolvableReceipts(state.threadId),
     ]);
     $("empty-thread").hidden = Boolean(thread);
     $("empty-thread").textContent = "No turn on this thread yet: send the first message.";
@@ -250,20 +347,39 @@ function answer(decision) {
   });
 }
 
-function resolveReceipt(receipt, form) {
-  return run(async () => {
-    const applied = form.get("applied") === "true";
-    const text = String(form.get("value") || "").trim();
-    let value = null;
-    if (applied && text) {
-      try {
-        value = JSON.parse(text);
-      } catch {
-        throw new Error("the value is not valid JSON");
-      }
+// The resolution the form asks for, or the reason it cannot be sent: checked here, so
+// that a typo in the value is never mistaken for a failure of the host.
+function readResolution(receipt, form) {
+  const data = new FormData(form);
+  const choice = data.get("applied");
+  if (choice === null) return { error: "Choose applied or not applied." };
+  const applied = choice === "true";
+  const note = String(data.get("note") || "").trim();
+  if (!note) return { error: "Write a note: what you checked, and where." };
+  let value = null;
+  if (applied) {
+    const text = String(data.get("value") || "").trim();
+    if (!text) {
+      return {
+        error:
+          "An applied write needs its value, as the provider returned it, in JSON " +
+          "(null if it returned nothing): later turns receive it.",
+      };
     }
-    const note = String(form.get("note") || "").trim() || null;
-    const body = { thread_id: receipt.thread_id, key: receipt.key, applied, value, note };
+    try {
+      value = JSON.parse(text);
+    } catch {
+      return { error: 'The value is invalid JSON. Write it as JSON, such as {"id": "ch_1"} or null.' };
+    }
+  }
+  return { body: { thread_id: receipt.thread_id, key: receipt.key, applied, value, note } };
+}
+
+function resolveReceipt(receipt, form) {
+  const { body, error } = readResolution(receipt, form);
+  showFormError(form, error);
+  if (error) return undefined;
+  return run(async () => {
     const resolved = await api("v1/receipts/resolve", { method: "POST", body: JSON.stringify(body) });
     showBanner(`${resolved.key} is now ${resolved.status}.`, "info");
   });
@@ -285,7 +401,10 @@ document.addEventListener("DOMContentLoaded", () => {
     event.preventDefault();
     openThread($("thread-id").value.trim());
   });
-  $("refresh").addEventListener("click", () => run(async () => {}));
+  $("refresh").addEventListener("click", () => {
+    sessionStorage.setItem("intention-kernel.token", $("token").value);
+    run(async () => {});
+  });
   $("accept").addEventListener("click", () => answer("accept"));
   $("reject").addEventListener("click", () => answer("reject"));
   $("send-form").addEventListener("submit", (event) => {
@@ -302,5 +421,7 @@ document.addEventListener("DOMContentLoaded", () => {
   if (initial) {
     $("thread-id").value = initial;
     openThread(initial);
+  } else {
+    run(async () => {});
   }
 });

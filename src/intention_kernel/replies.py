@@ -1,0 +1,119 @@
+"""What the kernel says to the person in the conversation, and how an application words it.
+
+The kernel writes a reply line of its own in a few situations: nothing to do, an
+answer with nothing pending or to another question, a cancelled or superseded
+request, a step that completed without a reply of its own, failed, or may or may
+not have taken effect, and a turn that reached its agent's ``max_rounds``. Each situation is one method of :class:`Replies`. To word
+them yourself (another language, your product's tone, a support link), subclass it,
+override the methods you want, and pass an instance as ``Agent(replies=...)``::
+
+    class MyReplies(Replies):
+        def uncertain(self, capability, step):
+            return "We could not confirm this went through; support will check it."
+
+    agent = Agent("billing", "1", [charge], interpreter, replies=MyReplies())
+
+A reply is for a person: the defaults name what was asked (the capability's
+``description``, as a label before a colon) and what happens next, never an
+exception class, a parser position, a receipt ID or an interaction ID. That detail
+stays in ``StepResult.error`` and in the logs, for machines and operators. The
+wording is not part of the agent's fingerprint: changing it needs no deploy check.
+Each method must return a ``str``; one that raises fails the turn before anything
+is committed (the same delivery may then be retried).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from intention_kernel._json import dump_value
+from intention_kernel.errors import EffectNotAppliedError
+
+if TYPE_CHECKING:
+    from intention_kernel.capabilities import Capability
+    from intention_kernel.checkpoint import Interaction
+    from intention_kernel.turns import StepResult
+
+__all__ = ["Replies"]
+
+
+class Replies:
+    """The kernel's own reply lines, one method per situation (see the module docstring)."""
+
+    def label(self, capability: Capability) -> str:
+        """How a capability is named to the person: its description, else its ID."""
+        return capability.description or capability.id
+
+    # -- answers ------------------------------------------------------------------------------
+
+    def nothing_to_do(self) -> str:
+        """The turn produced no reply at all (no intent, no answer, no interpreter reply)."""
+        return "Sorry, I could not find anything to do for that."
+
+    def nothing_pending(self) -> str:
+        """An answer arrived while no question waits for one; nothing ran."""
+        return "There is nothing waiting for an answer, so nothing was done."
+
+    def not_the_pending_question(self, pending: Interaction) -> str:
+        """An answer named another question than ``pending``; nothing ran."""
+        return (
+            "That answer is for an earlier question, so nothing was done. The question "
+            f"waiting for an answer is: {pending.prompt}"
+        )
+
+    def cancelled(self, interaction: Interaction) -> str:
+        """The person said no to ``interaction`` (a ``"required"`` confirmation)."""
+        return "Cancelled: nothing was done."
+
+    def superseded(self, interaction: Interaction) -> str:
+        """``interaction`` opened earlier in this turn was replaced by a later request."""
+        return f"Not asked, superseded by a later request: {interaction.prompt}"
+
+    def cannot_resume(self, interaction: Interaction, step: StepResult) -> str:
+        """An accepted request can no longer run: its capability is gone, or its stored
+        input no longer passes validation (``step.error`` says which)."""
+        return "That request can no longer be carried out as it was asked, so nothing was done."
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def not_understood(self, capability: Capability | None, step: StepResult) -> str:
+        """The interpreter asked for something that cannot run: a capability the agent
+        does not have (``capability`` is ``None``), or input that does not validate."""
+        if capability is None:
+            return "Sorry, I could not work out what to do for that, so nothing was done."
+        return (
+            f"{self.label(capability)}: I could not make out the details of the request, "
+            "so nothing was done."
+        )
+
+    def done(self, capability: Capability, value: Any) -> str:
+        """A step completed without a reply of its own; ``value`` is its JSON value."""
+        if value is None:
+            return f"Done: {self.label(capability)}."
+        return f"{self.label(capability)}: {dump_value(value)}"
+
+    def failed(self, capability: Capability, step: StepResult, error: BaseException) -> str:
+        """A step failed. ``error`` is what the capability raised (an
+        ``EffectNotAppliedError`` when the write provably did not happen, so the request
+        may be made again) or the kernel's own ``CapabilityError``."""
+        if isinstance(error, EffectNotAppliedError):
+            return f"{self.label(capability)}: this did not go through. You can ask again."
+        return f"{self.label(capability)}: something went wrong, so this was not completed."
+
+    def uncertain(self, capability: Capability, step: StepResult) -> str:
+        """A write may or may not have happened: it is not retried until an operator
+        resolves its receipt."""
+        return (
+            f"{self.label(capability)}: I could not tell whether this went through, so it "
+            "will not be tried again until someone has checked it."
+        )
+
+    # -- rounds -------------------------------------------------------------------------------
+
+    def stopped_after_rounds(self, rounds: int) -> str:
+        """An interpreter that works in rounds still asked for more after the agent's
+        ``max_rounds``: the turn commits what it did, and says that it stopped."""
+        return (
+            f"I stopped after {rounds} rounds of work without finishing; what was done so far "
+            "is above."
+        )
