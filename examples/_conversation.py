@@ -114,7 +114,8 @@ def llm_interpreter() -> Interpreter:
     api_key = os.environ.get("OPENAI_API_KEY") or ("unused" if base_url else None)
     from intention_kernel.interpreters.openai import OpenAIInterpreter
 
-    return OpenAIInterpreter(model, base_url=base_url, api_key=api_key)
+    # One request per turn: the examples' scripts say what each turn's reply is.
+    return OpenAIInterpreter(model, base_url=base_url, api_key=api_key, multi_round=False)
 
 
 AgentFactory = Callable[[Interpreter | None], Agent]

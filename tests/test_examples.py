@@ -295,3 +295,36 @@ def test_the_readmes_first_code_block_is_the_quickstart_verbatim() -> None:
     source = (ROOT / "examples" / "quickstart.py").read_text(encoding="utf-8")
     block = first.group(1)
     assert block.startswith("import asyncio\n") and source.endswith(block)
+
+
+def test_the_agent_loop_example_reads_then_holds_the_charge_in_one_turn(tmp_path: Path) -> None:
+    """``python examples/agent_loop.py URL``: one turn of three rounds (a read, a charge
+    held for confirmation, the reply), then "yes" charges once; a second run replays."""
+    url = f"sqlite:///{tmp_path / 'loop.db'}"
+
+    def run() -> list[str]:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "agent_loop.py"), url],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()
+
+    first = run()
+    assert first == [
+        "delivery-1: Invoice 42 owes 12500 cents, under $200: I will pay it once you confirm.",
+        "Charge 12500 cents for invoice 42? Reply yes or no.",
+        "  step billing.balance: completed",
+        "  step payments.charge: awaiting_confirmation",
+        "delivery-2: Paid invoice 42. (replayed=False)",
+        "provider calls in this run: 1",
+    ]
+    again = run()
+    assert again[-2:] == [
+        "delivery-2: Paid invoice 42. (replayed=True)",
+        "provider calls in this run: 0",
+    ]

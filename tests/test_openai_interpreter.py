@@ -4,6 +4,10 @@ Each test queues recordings (``tests/fixtures/openai/*.json``) on a stub server 
 loopback, runs real turns of the demo billing agent through a ``Kernel`` on
 ``InMemoryDurability``, and asserts on what the stub received and on what the
 turn did: what was offered to the model, what ran, what was committed.
+
+These tests hold the interpreter to one request per turn (``multi_round=False``): each
+turn's one recording is the whole conversation with the model. The rounds protocol
+(the model asked again with its tools' results) is tested in ``tests/test_agent_loop.py``.
 """
 
 from __future__ import annotations
@@ -87,7 +91,12 @@ def system_message(request: dict[str, Any]) -> str:
 @pytest.fixture
 async def billing(stub: OpenAIStub, tmp_path: Path) -> AsyncIterator[Billing]:
     interpreter = OpenAIInterpreter(
-        MODEL, base_url=stub.base_url, api_key="test-key", max_retries=0, timeout=5
+        MODEL,
+        base_url=stub.base_url,
+        api_key="test-key",
+        max_retries=0,
+        timeout=5,
+        multi_round=False,
     )
     async with interpreter:
         world = Billing(stub, tmp_path, interpreter)
@@ -379,7 +388,7 @@ async def test_an_answer_tool_carries_a_value_to_a_capability_that_asks_itself(
 ) -> None:
     booked: list[Any] = []
     async with OpenAIInterpreter(
-        MODEL, base_url=stub.base_url, api_key="k", max_retries=0, timeout=5
+        MODEL, base_url=stub.base_url, api_key="k", max_retries=0, timeout=5, multi_round=False
     ) as interpreter:
         kernel = Kernel(trips_agent(interpreter, booked), InMemoryDurability())
         stub.queue("book_tp538")
@@ -431,7 +440,7 @@ async def test_a_server_error_commits_nothing_and_the_delivery_can_be_retried(
 
 async def test_a_timeout_commits_nothing(stub: OpenAIStub, tmp_path: Path) -> None:
     async with OpenAIInterpreter(
-        MODEL, base_url=stub.base_url, api_key="k", timeout=0.5, max_retries=0
+        MODEL, base_url=stub.base_url, api_key="k", timeout=0.5, max_retries=0, multi_round=False
     ) as interpreter:
         world = Billing(stub, tmp_path, interpreter)
         with pytest.raises(InterpretationError, match="APITimeoutError"):
@@ -441,7 +450,7 @@ async def test_a_timeout_commits_nothing(stub: OpenAIStub, tmp_path: Path) -> No
 
 async def test_the_sdk_retries_a_transient_server_error(stub: OpenAIStub, tmp_path: Path) -> None:
     async with OpenAIInterpreter(
-        MODEL, base_url=stub.base_url, api_key="k", max_retries=1
+        MODEL, base_url=stub.base_url, api_key="k", max_retries=1, multi_round=False
     ) as interpreter:
         world = Billing(stub, tmp_path, interpreter)
         result = await world.turn("d1", "invoice 42?", "server_error_500", "balance_42")
@@ -452,7 +461,9 @@ async def test_the_sdk_retries_a_transient_server_error(stub: OpenAIStub, tmp_pa
 async def test_an_unreachable_server_is_an_interpretation_error(tmp_path: Path) -> None:
     with running_stub() as gone:
         url = gone.base_url
-    async with OpenAIInterpreter(MODEL, base_url=url, api_key="k", max_retries=0) as interpreter:
+    async with OpenAIInterpreter(
+        MODEL, base_url=url, api_key="k", max_retries=0, multi_round=False
+    ) as interpreter:
         world = Billing(gone, tmp_path, interpreter)
         with pytest.raises(InterpretationError, match="APIConnectionError"):
             await world.kernel.turn(THREAD, "d1", "hello")
@@ -477,7 +488,7 @@ async def test_a_given_client_is_used_and_left_open(stub: OpenAIStub, tmp_path: 
     client = openai.AsyncOpenAI(base_url=stub.base_url, api_key="from-client", max_retries=0)
     with pytest.raises(ValueError, match="not both"):
         OpenAIInterpreter(MODEL, client=client, base_url=stub.base_url)
-    async with OpenAIInterpreter(MODEL, client=client) as interpreter:
+    async with OpenAIInterpreter(MODEL, client=client, multi_round=False) as interpreter:
         world = Billing(stub, tmp_path, interpreter)
         await world.turn("d1", "hello", "plain_text")
     assert stub.headers[-1]["authorization"] == "Bearer from-client"

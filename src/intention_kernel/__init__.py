@@ -62,6 +62,7 @@ from intention_kernel.interpretation import (
     Interpretation,
     InterpretationRequest,
     Interpreter,
+    Round,
     Rule,
     RuleInterpreter,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "Recorder",
     "Replies",
     "Resolution",
+    "Round",
     "Rule",
     "RuleInterpreter",
     "StepResult",

@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 
 from intention_kernel.capabilities import Capability
 from intention_kernel.errors import CompilationError
-from intention_kernel.interpretation import CapabilitySpec, Interpreter, RuleInterpreter
+from intention_kernel.interpretation import (
+    CapabilitySpec,
+    Interpreter,
+    RuleInterpreter,
+    works_in_rounds,
+)
 from intention_kernel.replies import Replies
 
 __all__ = ["Agent", "CompiledAgent", "compile_agent"]
@@ -36,6 +41,9 @@ class Agent:
     ``compatible_fingerprints`` lists older fingerprints whose checkpoints this
     agent may resume. ``replies`` words the kernel's own reply lines (see
     :mod:`intention_kernel.replies`); it is not part of the fingerprint.
+    ``max_rounds`` bounds how often an interpreter that works in
+    rounds is asked within one turn (see :class:`~intention_kernel.Interpreter`); it
+    is not part of the fingerprint.
     """
 
     name: str
@@ -46,17 +54,22 @@ class Agent:
     max_receipts: int = 100
     compatible_fingerprints: Sequence[str] = field(default=())
     replies: Replies = field(default_factory=Replies)
+    max_rounds: int = 8
 
 
 @dataclass(frozen=True)
 class CompiledAgent:
-    """A checked agent, ready for the runtime."""
+    """A checked agent, ready for the runtime.
+
+    ``max_rounds`` is 1 for an interpreter that does not work in rounds.
+    """
 
     agent: Agent
     fingerprint: str
     capabilities: Mapping[str, Capability]
     catalog: tuple[CapabilitySpec, ...]
     compatible: frozenset[str]
+    max_rounds: int = 1
 
 
 def compile_agent(agent: Agent) -> CompiledAgent:
@@ -70,6 +83,10 @@ def compile_agent(agent: Agent) -> CompiledAgent:
         problems.append("max_messages must be at least 2")
     if agent.max_receipts < 1:
         problems.append("max_receipts must be at least 1")
+    if isinstance(agent.max_rounds, bool) or not isinstance(agent.max_rounds, int):
+        problems.append(f"max_rounds must be an integer, not {agent.max_rounds!r}")
+    elif agent.max_rounds < 1:
+        problems.append("max_rounds must be at least 1")
     if not callable(getattr(agent.interpreter, "interpret", None)):
         problems.append("the interpreter needs an async interpret(request) method")
     if not isinstance(agent.replies, Replies):
@@ -120,6 +137,7 @@ def compile_agent(agent: Agent) -> CompiledAgent:
         capabilities=seen,
         catalog=catalog,
         compatible=frozenset(agent.compatible_fingerprints),
+        max_rounds=agent.max_rounds if works_in_rounds(agent.interpreter) else 1,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from intention_kernel.checkpoint import Interaction, Message
 from intention_kernel.facts import FactRecord
+from intention_kernel.turns import StepResult
 
 __all__ = [
     "Answer",
@@ -24,6 +25,7 @@ __all__ = [
     "Interpretation",
     "InterpretationRequest",
     "Interpreter",
+    "Round",
     "Rule",
     "RuleInterpreter",
 ]
@@ -70,11 +72,33 @@ class Answer:
 
 @dataclass(frozen=True, slots=True)
 class Interpretation:
-    """What an interpreter understood: an optional answer, intents in order, a reply."""
+    """What an interpreter understood: an optional answer, intents in order, a reply.
+
+    ``response`` is what an interpreter that works in rounds wants handed back in its
+    later rounds (the model's message as it came, with its tool-call IDs); a JSON value.
+    """
 
     intents: Sequence[Intent] = ()
     answer: Answer | Decision | None = None
     reply: str | None = None
+    response: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One earlier round of the current turn: what the interpreter returned and what
+    came of it.
+
+    ``steps`` holds one step per intent, in the intents' order. ``answer_step`` is the
+    step the round's answer ran (an accepted operation), if any. ``answer_refused`` says
+    why the round's answer was not applied (answers are taken from the first round
+    only: a later round's answer would be the interpreter's, not the person's).
+    """
+
+    interpretation: Interpretation
+    steps: tuple[StepResult, ...] = ()
+    answer_step: StepResult | None = None
+    answer_refused: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +114,11 @@ class CapabilitySpec:
 
 @dataclass(frozen=True, slots=True)
 class InterpretationRequest:
-    """Everything an interpreter may use to understand a message."""
+    """Everything an interpreter may use to understand a message.
+
+    ``rounds`` are the turn's earlier rounds, oldest first (empty in the first round);
+    only an interpreter that works in rounds is asked more than once.
+    """
 
     thread_id: str
     turn_id: str
@@ -99,13 +127,26 @@ class InterpretationRequest:
     facts: Mapping[str, FactRecord]
     interaction: Interaction | None
     catalog: tuple[CapabilitySpec, ...]
+    rounds: tuple[Round, ...] = ()
 
 
 @runtime_checkable
 class Interpreter(Protocol):
-    """Anything that can interpret a message."""
+    """Anything that can interpret a message.
+
+    An interpreter works in rounds when it has a true ``multi_round`` attribute: the
+    kernel then asks it again after the steps it asked for have run, with those rounds
+    in :attr:`InterpretationRequest.rounds`, until it asks for nothing more or the
+    agent's ``max_rounds`` is reached. Any other interpreter is asked once per turn.
+    """
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation: ...
+
+
+def works_in_rounds(interpreter: object) -> bool:
+    """Whether ``interpreter`` opted in to rounds (a ``multi_round`` attribute that is
+    ``True``; anything else, or none, is one round)."""
+    return getattr(interpreter, "multi_round", False) is True
 
 
 InputBuilder = Callable[[re.Match[str]], Mapping[str, Any]]

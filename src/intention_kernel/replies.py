@@ -2,10 +2,11 @@
 
 The kernel writes a reply line of its own in a few situations: nothing to do, an
 answer with nothing pending or to another question, a cancelled or superseded
-request, and a step that completed without a reply of its own, failed, or may or may
-not have taken effect. Each situation is one method of :class:`Replies`. To word
-them yourself (another language, your product's tone, a support link), subclass it,
-override the methods you want, and pass an instance as ``Agent(replies=...)``::
+request, a step that completed without a reply of its own, failed, or may or may
+not have taken effect, and a turn that reached its agent's ``max_rounds``. Each
+situation is one method of :class:`Replies`. To word them yourself (another
+language, your product's tone, a support link), subclass it, override the methods
+you want, and pass an instance as ``Agent(replies=...)``::
 
     class MyReplies(Replies):
         def uncertain(self, capability, step):
@@ -106,4 +107,14 @@ class Replies:
         return (
             f"{self.label(capability)}: I could not tell whether this went through, so it "
             "will not be tried again until someone has checked it."
+        )
+
+    # -- rounds -------------------------------------------------------------------------------
+
+    def stopped_after_rounds(self, rounds: int) -> str:
+        """An interpreter that works in rounds still asked for more after the agent's
+        ``max_rounds``: the turn commits what it did, and says that it stopped."""
+        return (
+            f"I stopped after {rounds} rounds of work without finishing; what was done so far "
+            "is above."
         )

@@ -7,9 +7,11 @@ Three translations, each a plain function over dicts as they travel on the wire:
   the table that maps function names back to capability IDs;
 - :func:`chat_messages`: the request → ``messages`` (a system message carrying the
   instructions, the facts and the pending question; the recent conversation; the
-  new user message);
+  new user message; then, in a later round, each earlier round's assistant message
+  and one ``role: "tool"`` message per tool call with that step's outcome as JSON);
 - :func:`interpretation_from_completion`: a ``chat.completion`` body →
-  :class:`~intention_kernel.Interpretation`.
+  :class:`~intention_kernel.Interpretation`, whose ``response`` keeps the assistant
+  message (with its tool-call IDs) for the next round.
 
 The last one never raises for what the model *said*: an unknown function becomes
 an intent for that (unknown) capability, and a tool call that names no function or
@@ -40,7 +42,9 @@ from intention_kernel.interpretation import (
     Intent,
     Interpretation,
     InterpretationRequest,
+    Round,
 )
+from intention_kernel.turns import StepResult, StepStatus
 
 __all__ = [
     "ANSWER_TOOLS",
@@ -51,6 +55,7 @@ __all__ = [
     "chat_messages",
     "function_name",
     "interpretation_from_completion",
+    "round_messages",
     "toolset",
 ]
 
@@ -201,14 +206,76 @@ def chat_messages(request: InterpretationRequest, system_prompt: str) -> list[di
             if len(details) > MAX_DETAILS_CHARS:
                 details = details[:MAX_DETAILS_CHARS] + " ... (truncated)"
             pending += f"Its details (JSON): {details}\n"
-        context.append(
-            pending + "If the user's message accepts it, call answer_accept; if it declines "
-            "it, call answer_reject; otherwise leave it pending and handle the message."
-        )
+        if request.rounds:
+            # Only the person answers: the answer tools are not offered after round one.
+            pending += (
+                "It waits for the user's own answer to this reply; do not answer it for them. "
+                "Tell them what it will do if they accept."
+            )
+        else:
+            pending += (
+                "If the user's message accepts it, call answer_accept; if it declines it, call "
+                "answer_reject; otherwise leave it pending and handle the message."
+            )
+        context.append(pending)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "\n\n".join(context)}]
     messages.extend({"role": m.role, "content": m.content} for m in request.messages)
     messages.append({"role": "user", "content": request.message})
+    messages.extend(round_messages(request.rounds))
     return messages
+
+
+#: What the model is told about a step held for the person's confirmation.
+HELD_NOTE = (
+    "Not run: it waits for the user's confirmation, which they give in their next message. "
+    "Tell them what will happen if they confirm."
+)
+
+
+def round_messages(rounds: Sequence[Round]) -> list[dict[str, Any]]:
+    """Each earlier round as the chat-completions protocol carries it: the assistant
+    message as the model sent it, then one ``tool`` message per tool call, in order,
+    with that call's ``tool_call_id`` and its step's outcome as JSON."""
+    messages: list[dict[str, Any]] = []
+    for earlier in rounds:
+        sent = earlier.interpretation.response
+        if not isinstance(sent, Mapping):
+            continue  # not a round of this interpreter: nothing to hand back
+        messages.append(dict(sent))
+        steps = iter(earlier.steps)
+        for call in _calls(sent):
+            if call.name in ANSWER_TOOLS:
+                outcome = _answer_outcome(earlier)
+            else:
+                step = next(steps, None)
+                outcome = _step_outcome(step) if step else {"status": "not_run"}
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id or "",
+                    "content": json.dumps(outcome, default=str, ensure_ascii=False),
+                }
+            )
+    return messages
+
+
+def _step_outcome(step: StepResult) -> dict[str, Any]:
+    outcome: dict[str, Any] = {"status": str(step.status)}
+    if step.value is not None:
+        outcome["value"] = step.value
+    if step.error is not None:
+        outcome["error"] = step.error
+    if step.status is StepStatus.AWAITING_CONFIRMATION:
+        outcome["note"] = HELD_NOTE
+    return outcome
+
+
+def _answer_outcome(earlier: Round) -> dict[str, Any]:
+    if earlier.answer_refused is not None:
+        return {"status": "refused", "error": earlier.answer_refused}
+    if earlier.answer_step is not None:
+        return _step_outcome(earlier.answer_step)
+    return {"status": "not_applied", "error": "the answer was ambiguous or unreadable"}
 
 
 def _facts(facts: Mapping[str, FactRecord]) -> str:
@@ -280,7 +347,18 @@ def interpretation_from_completion(
         reply = "\n".join(
             filter(None, [reply, f"I could not tell whether you accept. {prompt}".strip()])
         )
-    return Interpretation(intents=intents, answer=answer, reply=reply or None)
+    return Interpretation(
+        intents=intents, answer=answer, reply=reply or None, response=_sent(message)
+    )
+
+
+def _sent(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The assistant message as a later round sends it back: its text and tool calls."""
+    sent: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    for name in ("tool_calls", "function_call"):
+        if message.get(name) is not None:
+            sent[name] = message[name]
+    return sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +368,7 @@ class _Call:
     name: str
     arguments: Any = None
     error: str | None = None
+    id: str | None = None
 
 
 def _calls(message: Mapping[str, Any]) -> list[_Call]:
@@ -308,15 +387,16 @@ def _calls(message: Mapping[str, Any]) -> list[_Call]:
             continue
         # "function" tool calls; servers that also offer custom tools send "custom".
         function = call.get("function") or call.get("custom")
-        label = f"the model's tool call {call.get('id') or f'#{index + 1}'}"
+        call_id = call.get("id") if isinstance(call.get("id"), str) else None
+        label = f"the model's tool call {call_id or f'#{index + 1}'}"
         if not isinstance(function, Mapping):
-            calls.append(_Call("", error=f"{label} has no function (nothing to run)"))
+            calls.append(_Call("", error=f"{label} has no function (nothing to run)", id=call_id))
             continue
         name = function.get("name")
         if not isinstance(name, str) or not name:
-            calls.append(_Call("", error=f"{label} names no function (nothing to run)"))
+            calls.append(_Call("", error=f"{label} names no function (nothing to run)", id=call_id))
             continue
-        calls.append(_Call(name, function.get("arguments", function.get("input"))))
+        calls.append(_Call(name, function.get("arguments", function.get("input")), id=call_id))
     legacy = message.get("function_call")  # the deprecated single-call form
     if not calls and isinstance(legacy, Mapping):
         name = legacy.get("name")

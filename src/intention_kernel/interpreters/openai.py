@@ -11,7 +11,15 @@
     OpenAIInterpreter("llama3.1", base_url="http://127.0.0.1:11434/v1",  # any compatible
                       api_key="unused")                                  # server
 
-Each turn is one ``chat.completions`` request. Every capability is offered as a
+The model works in rounds (``multi_round=True``, the default): after the tools it
+called have run, it is asked again with its assistant message and one ``role: "tool"``
+message per call carrying that step's outcome (status, value, error) as JSON, until
+it answers in plain text or the agent's ``max_rounds`` is reached. Unknown tools, bad
+arguments and failed steps reach it as tool results, so it can correct itself; a write
+held for confirmation reaches it as waiting for the user, and it writes the reply.
+``multi_round=False`` makes each turn exactly one request.
+
+Every round is one ``chat.completions`` request. Every capability is offered as a
 function tool (``payments.charge`` ↔ ``payments__charge``: dots are not allowed
 in function names) whose parameters are its input JSON schema; while an
 interaction is active, ``answer_accept`` and ``answer_reject`` are offered too and
@@ -78,6 +86,8 @@ class OpenAIInterpreter:
     - ``temperature``: sampling temperature (0: as repeatable as the server allows).
     - ``timeout`` (seconds, per request) and ``max_retries`` (the SDK's retries of
       connection errors, 408, 409, 429 and 5xx): applied to the given client too.
+    - ``multi_round``: ask the model again after its tools ran (see the module
+      docstring); ``False`` for one request per turn.
 
     An async context manager: ``aclose()`` closes the client it built.
     """
@@ -93,6 +103,7 @@ class OpenAIInterpreter:
         temperature: float = 0,
         timeout: float = 30.0,
         max_retries: int = 2,
+        multi_round: bool = True,
     ) -> None:
         if not model:
             raise ValueError("OpenAIInterpreter needs a model name")
@@ -103,6 +114,7 @@ class OpenAIInterpreter:
         self.model = model
         self.system_prompt = system_prompt or DEFAULT_SYSTEM_PROMPT
         self.temperature = temperature
+        self.multi_round = multi_round
         self._owns_client = client is None
         if client is None:
             self._client = openai.AsyncOpenAI(
@@ -112,7 +124,8 @@ class OpenAIInterpreter:
             self._client = client.with_options(timeout=timeout, max_retries=max_retries)
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
-        tools = toolset(request.catalog, request.interaction)
+        # The answer tools only in the first round: later rounds answer nothing.
+        tools = toolset(request.catalog, None if request.rounds else request.interaction)
         # The wire dicts are exactly what the SDK would build from its TypedDicts.
         messages = cast(
             Iterable[ChatCompletionMessageParam], chat_messages(request, self.system_prompt)

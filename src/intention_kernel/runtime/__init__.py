@@ -1,21 +1,24 @@
 """The turn graph: interpret → answer → plan → execute → reply.
 
 Each step is a function over one :class:`~intention_kernel.runtime.state.TurnState`;
-:func:`run_turn` wires them in that fixed order. The runtime never imports an
-adapter: it sees only the ``TurnTransaction`` handed to it by ``with_turn``.
+:func:`run_turn` wires them in that fixed order. An interpreter that works in rounds
+is asked again after the steps it asked for ran (:mod:`~intention_kernel.runtime.rounds`).
+The runtime never imports an adapter: it sees only the ``TurnTransaction`` handed to it
+by ``with_turn``.
 """
 
 from __future__ import annotations
 
 from intention_kernel.agent import CompiledAgent
 from intention_kernel.durability import TurnTransaction
-from intention_kernel.interpretation import Answer
+from intention_kernel.interpretation import Answer, Interpretation
 from intention_kernel.runtime.answer import handle_answer
 from intention_kernel.runtime.interpret import interpret
 from intention_kernel.runtime.plan import plan_intent
 from intention_kernel.runtime.reply import finish
+from intention_kernel.runtime.rounds import continue_rounds
 from intention_kernel.runtime.state import TurnRequest, TurnState
-from intention_kernel.turns import TurnCommit
+from intention_kernel.turns import StepResult, TurnCommit
 
 __all__ = ["TurnRequest", "run_turn"]
 
@@ -23,17 +26,29 @@ __all__ = ["TurnRequest", "run_turn"]
 async def run_turn(agent: CompiledAgent, tx: TurnTransaction, request: TurnRequest) -> TurnCommit:
     state = TurnState(agent, tx, request)
     interpretation = await interpret(state)
-    answer = request.answer
+    answer_step, proceed = await _answer(state, interpretation)
+    if proceed:
+        for intent in interpretation.intents:
+            await plan_intent(state, intent)
+    if agent.max_rounds > 1 and request.message is not None and proceed:
+        return await continue_rounds(state, interpretation, answer_step)
+    return finish(state, interpretation)
+
+
+async def _answer(
+    state: TurnState, interpretation: Interpretation
+) -> tuple[StepResult | None, bool]:
+    """Apply the turn's answer (the request's, else the interpretation's), before any
+    intent; the step it ran, and whether the turn goes on (``False``: refused)."""
+    answer = state.request.answer
     if answer is None and interpretation.answer is not None:
         answer = (
             interpretation.answer
             if isinstance(interpretation.answer, Answer)
             else Answer(None, interpretation.answer)
         )
-    proceed = True
-    if answer is not None:
-        proceed = await handle_answer(state, answer)
-    if proceed:
-        for intent in interpretation.intents:
-            await plan_intent(state, intent)
-    return finish(state, interpretation)
+    if answer is None:
+        return None, True
+    before = len(state.steps)
+    proceed = await handle_answer(state, answer)
+    return (state.steps[before] if len(state.steps) > before else None), proceed

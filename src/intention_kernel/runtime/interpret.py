@@ -11,14 +11,16 @@ from intention_kernel.interpretation import (
     Intent,
     Interpretation,
     InterpretationRequest,
+    Round,
 )
 from intention_kernel.runtime.state import TurnState
 
 __all__ = ["interpret"]
 
 
-async def interpret(state: TurnState) -> Interpretation:
-    """The interpretation of this turn's message (none when only an answer was sent).
+async def interpret(state: TurnState, rounds: tuple[Round, ...] = ()) -> Interpretation:
+    """The interpretation of this turn's message (none when only an answer was sent),
+    in the round that follows ``rounds``.
 
     An interpreter that raises or returns something that is not an
     ``Interpretation`` fails the turn with :class:`InterpretationError` before
@@ -35,6 +37,7 @@ async def interpret(state: TurnState) -> Interpretation:
         facts=state.facts,
         interaction=state.interaction,
         catalog=state.agent.catalog,
+        rounds=rounds,
     )
     try:
         with (
@@ -42,6 +45,7 @@ async def interpret(state: TurnState) -> Interpretation:
                 "intention_kernel.interpret",
                 thread_id=state.scope.thread_id,
                 turn_id=state.scope.turn_id,
+                round=len(rounds) + 1 if rounds else None,  # a later round only
             )
             if state.traced
             else _tracing.NOOP

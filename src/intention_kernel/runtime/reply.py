@@ -10,11 +10,17 @@ from intention_kernel.turns import TurnCommit, TurnResult
 __all__ = ["finish"]
 
 
-def finish(state: TurnState, interpretation: Interpretation) -> TurnCommit:
+def finish(
+    state: TurnState, interpretation: Interpretation, *, reply: str | None = None
+) -> TurnCommit:
+    """The commit of the turn. Its reply is ``reply`` when given (a turn of several
+    rounds, see :mod:`~intention_kernel.runtime.rounds`); otherwise the interpretation's
+    text followed by the kernel's account of each step."""
     lines = [interpretation.reply] if interpretation.reply else []
     lines.extend(state.replies)
     scope, request, agent = state.scope, state.request, state.agent.agent
-    reply = "\n".join(lines) if lines else agent.replies.nothing_to_do()
+    if reply is None:
+        reply = "\n".join(lines) if lines else agent.replies.nothing_to_do()
     messages = list(state.previous.messages) if state.previous else []
     if request.message is not None:
         messages.append(Message("user", request.message, scope.turn_id))

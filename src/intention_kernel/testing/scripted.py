@@ -14,18 +14,25 @@ class ScriptedInterpreter:
 
     An unknown message gives an interpretation with no intents. ``calls``
     records every request, so a test can assert that a replay interpreted
-    nothing.
+    nothing. With ``multi_round=True`` it works in rounds: a callable script is asked
+    again after each round's steps ran (``request.rounds`` says what they did), and a
+    lookup script answers a later round with no intents.
     """
 
     def __init__(
         self,
         script: Mapping[str, Interpretation] | Callable[[InterpretationRequest], Interpretation],
+        *,
+        multi_round: bool = False,
     ) -> None:
         self._script = script
+        self.multi_round = multi_round
         self.calls: list[InterpretationRequest] = []
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
         self.calls.append(request)
         if callable(self._script):
             return self._script(request)
+        if request.rounds:
+            return Interpretation()
         return self._script.get(request.message, Interpretation())

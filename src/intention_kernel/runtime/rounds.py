@@ -1,0 +1,85 @@
+"""Rounds: an interpreter that works in rounds is asked again within the turn.
+
+After the steps a round asked for have run, the interpreter is asked again with the
+turn's earlier rounds (what each returned and each step's outcome), until a round asks
+for nothing more or the agent's ``max_rounds`` is reached. Every round runs inside the
+same durable turn: its steps, facts and events commit together, once.
+
+Answers are taken from the first round only. A later round's answer would be the
+interpreter's own decision about a request the person may not even have seen yet (one
+proposed in an earlier round of this very turn), so it is refused and the interpreter
+is told why.
+"""
+
+from __future__ import annotations
+
+from intention_kernel.interpretation import Interpretation, Round
+from intention_kernel.runtime.interpret import interpret
+from intention_kernel.runtime.plan import plan_intent
+from intention_kernel.runtime.reply import finish
+from intention_kernel.runtime.state import TurnState
+from intention_kernel.turns import StepResult, TurnCommit
+
+__all__ = ["LATER_ANSWER_REFUSED", "continue_rounds", "stopped_reply"]
+
+LATER_ANSWER_REFUSED = (
+    "not applied: only the person's message answers a pending request, and it is read in "
+    "the turn's first round"
+)
+
+
+async def continue_rounds(
+    state: TurnState, first: Interpretation, answer_step: StepResult | None
+) -> TurnCommit:
+    """Go on from the turn's first round (already run) until it is the last one."""
+    max_rounds = state.agent.max_rounds
+    rounds = [
+        Round(first, tuple(state.steps[len(state.steps) - len(first.intents) :]), answer_step)
+    ]
+    current = first
+    # The first round goes on when it asked for steps, or when the interpreter's own
+    # answer ran the pending operation: it has outcomes to read either way.
+    asked = bool(first.intents) or (first.answer is not None and answer_step is not None)
+    while asked:
+        if len(rounds) >= max_rounds:
+            return finish(state, current, reply=stopped_reply(state, current, len(rounds)))
+        current = await interpret(state, tuple(rounds))
+        start = len(state.steps)
+        for intent in current.intents:
+            await plan_intent(state, intent)
+        rounds.append(
+            Round(
+                current,
+                tuple(state.steps[start:]),
+                answer_refused=LATER_ANSWER_REFUSED if current.answer is not None else None,
+            )
+        )
+        asked = bool(current.intents)
+    if len(rounds) == 1:
+        return finish(state, current)
+    return finish(state, current, reply=_final_reply(state, current))
+
+
+def _final_reply(state: TurnState, last: Interpretation) -> str | None:
+    """The last round's text is the reply; the prompt of a request opened in this turn and
+    still pending follows it, so the person reads exactly what they are asked to confirm.
+    Without text, the kernel's own account of the steps is the reply (``None``)."""
+    if not last.reply:
+        return None
+    lines = [last.reply]
+    active = state.interaction
+    if (
+        active is not None
+        and active.turn_id == state.scope.turn_id
+        and active.prompt not in last.reply
+    ):
+        lines.append(active.prompt)
+    return "\n".join(lines)
+
+
+def stopped_reply(state: TurnState, last: Interpretation, rounds: int) -> str:
+    """The reply of a turn that reached ``max_rounds``: the kernel's account of every
+    step, and that it stopped (:meth:`~intention_kernel.Replies.stopped_after_rounds`)."""
+    lines = [line for line in (last.reply, *state.replies) if line]
+    lines.append(state.agent.agent.replies.stopped_after_rounds(rounds))
+    return "\n".join(lines)
