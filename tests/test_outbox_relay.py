@@ -396,3 +396,29 @@ async def test_run_logs_a_store_error_and_carries_on_after_a_backoff(
     assert all("disk I/O error" in r.getMessage() and not r.exc_info for r in errors)
     [recovered] = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "recovered after 2 failed pass(es)" in recovered.getMessage()
+
+
+async def test_a_sync_function_sink_runs_off_the_event_loop(tmp_path: Path) -> None:
+    """A blocking sink function (a sync SDK) runs in a worker thread: while it blocks,
+    a turn on the same loop completes."""
+    import threading
+
+    async with InMemoryDurability() as durability:
+        kernel = Kernel(billing_agent(FakeProvider()), durability)
+        await kernel.turn("t", "1", "balance 1")
+        entered, release = threading.Event(), threading.Event()
+        delivered: list[OutboxEvent] = []
+
+        def blocking(event: OutboxEvent) -> None:
+            entered.set()
+            assert release.wait(10), "never released"
+            delivered.append(event)
+
+        relay = asyncio.create_task(OutboxRelay(durability, blocking, concurrency=1).run_once())
+        assert await asyncio.to_thread(entered.wait, 10)
+        # The sink is blocked in its thread; the loop still runs a whole turn.
+        other = await asyncio.wait_for(kernel.turn("u", "1", "balance 2"), 5)
+        release.set()
+        report = await asyncio.wait_for(relay, 10)
+    assert other.checkpoint_version == 1
+    assert report.failed == 0 and delivered

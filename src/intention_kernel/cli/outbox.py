@@ -8,7 +8,8 @@
     intention-kernel outbox status
 
 A ``module:callable`` target is called once per event, as
-``fn(event: OutboxEvent) -> None`` or ``async def fn(event) -> None``: returning
+``fn(event: OutboxEvent) -> None`` (run in a worker thread) or
+``async def fn(event) -> None``: returning
 acknowledges the event, raising fails the attempt (retried with backoff, blocking
 only that thread). Delivery is at least once, so the function dedupes on
 ``event.id``. An object with ``async publish(event)`` and ``async aclose()``

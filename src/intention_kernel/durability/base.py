@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 from intention_kernel import _faults, _tracing
+from intention_kernel._calls import is_async_callable
 from intention_kernel._json import dump_value, load_value, normalize, storable_text, text_problem
 from intention_kernel.checkpoint import (
     CoreEncoder,
@@ -971,7 +972,7 @@ class RecordedDurability:
         authority = EffectAuthority(key, key, prepared.id, prepared.attempt)
         cancelled_after_return = False
         try:
-            if _is_async(fn):
+            if is_async_callable(fn):
                 value = await fn(authority)
             else:
                 value, cancelled_after_return = await _call_in_thread(fn, authority)
@@ -1301,15 +1302,6 @@ def _describe(exc: BaseException) -> str:
     # lone surrogates (which UTF-8 cannot encode) are escaped, the same on every store.
     text = storable_text(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _is_async(fn: EffectFn) -> bool:
-    """Whether ``fn`` is an async function (or an object with an async ``__call__``):
-    it runs on the event loop. Anything else may block, so it runs in a thread."""
-    if inspect.iscoroutinefunction(fn):
-        return True
-    call = type(fn).__call__  # a function's is a slot wrapper, never a coroutine function
-    return inspect.iscoroutinefunction(call)
 
 
 class _ThreadCall:

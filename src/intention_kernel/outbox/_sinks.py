@@ -3,10 +3,12 @@ sink that calls a Python function."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
+from intention_kernel._calls import is_async_callable
 from intention_kernel._json import dump_value
 from intention_kernel.turns import OutboxEvent
 
@@ -49,7 +51,11 @@ def event_body(event: OutboxEvent) -> bytes:
 
 class CallableSink:
     """Calls ``fn(event)`` for each event; ``fn`` may be sync or async, and acknowledges
-    by returning (an exception is a failed attempt)."""
+    by returning (an exception is a failed attempt).
+
+    A sync ``fn`` runs in a worker thread (``asyncio.to_thread``): a blocking client
+    (most queue and HTTP SDKs) would otherwise stall every other task of the process,
+    the relay's other threads and any turns included."""
 
     def __init__(self, fn: Callable[[OutboxEvent], Awaitable[Any] | Any]) -> None:
         if not callable(fn):
@@ -57,8 +63,11 @@ class CallableSink:
         self.fn = fn
 
     async def publish(self, event: OutboxEvent) -> None:
-        result = self.fn(event)
-        if inspect.isawaitable(result):
+        if is_async_callable(self.fn):
+            result = self.fn(event)
+        else:
+            result = await asyncio.to_thread(self.fn, event)
+        if inspect.isawaitable(result):  # a sync function returning an awaitable
             await result
 
     async def aclose(self) -> None:
