@@ -220,16 +220,7 @@ def test_the_quickstart_asks_charges_once_and_replays_when_run_again(tmp_path: P
     url = f"sqlite:///{tmp_path / 'quickstart.db'}"
 
     def run() -> list[str]:
-        proc = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "quickstart.py"), url],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout.splitlines()
+        return run_script("quickstart.py", url, tmp_path)
 
     assert run() == [
         "delivery-1: Charge 12500 cents to pi_42? Reply yes or no. (replayed=False)",
@@ -303,16 +294,7 @@ def test_the_agent_loop_example_reads_then_holds_the_charge_in_one_turn(tmp_path
     url = f"sqlite:///{tmp_path / 'loop.db'}"
 
     def run() -> list[str]:
-        proc = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "agent_loop.py"), url],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout.splitlines()
+        return run_script("agent_loop.py", url, tmp_path)
 
     first = run()
     assert first == [
@@ -328,3 +310,17 @@ def test_the_agent_loop_example_reads_then_holds_the_charge_in_one_turn(tmp_path
         "delivery-2: Paid invoice 42. (replayed=True)",
         "provider calls in this run: 0",
     ]
+
+
+def run_script(script: str, url: str, cwd: Path) -> list[str]:
+    """``python examples/<script> URL`` from ``cwd``: its output lines (it must succeed)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script), url],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()

@@ -435,23 +435,42 @@ class _SQLiteRecorder:
             raise KernelError("the SQLite adapter is closed")
         if self._inline():
             self._wait_for_locks(conn, False)
-            changes = conn.total_changes
-            try:
-                return fn(conn)
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.rollback()
-                if not (_is_busy(exc) and conn.total_changes == changes):
-                    raise self._error(exc, thread_id) from exc
-            except UnicodeDecodeError as exc:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise self._not_utf8(exc, thread_id) from exc
-            except BaseException:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise
+            done = self._call(conn, fn, thread_id, conn.total_changes)
+            if not isinstance(done, _Busy):
+                return done
         return await self._hop(fn, thread_id)
+
+    def _call(
+        self,
+        conn: sqlite3.Connection,
+        fn: Callable[[sqlite3.Connection], T],
+        thread_id: str | None,
+        inline_changes: int | None = None,
+    ) -> T | _Busy:
+        """``fn(conn)``, rolled back on any error, with the driver's errors translated.
+        Inline (``inline_changes``: the connection's change count before the call), a
+        busy database that kept the call from writing anything answers ``_BUSY``, so
+        that the caller hands the call to the worker thread."""
+        try:
+            return fn(conn)
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            if (
+                inline_changes is not None
+                and _is_busy(exc)
+                and conn.total_changes == inline_changes
+            ):
+                return _BUSY
+            raise self._error(exc, thread_id) from exc
+        except UnicodeDecodeError as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            raise self._not_utf8(exc, thread_id) from exc
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
 
     async def _hop(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None) -> T:
         """Run ``fn`` on the worker thread, waiting up to ``busy_timeout`` for the write
@@ -462,20 +481,9 @@ class _SQLiteRecorder:
 
         def call() -> T:
             self._wait_for_locks(conn, True)
-            try:
-                return fn(conn)
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise self._error(exc, thread_id) from exc
-            except UnicodeDecodeError as exc:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise self._not_utf8(exc, thread_id) from exc
-            except BaseException:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise
+            done = self._call(conn, fn, thread_id)
+            assert not isinstance(done, _Busy)  # only an inline call answers _BUSY
+            return done
 
         future = worker.submit(call)
         self._hops += 1
@@ -1079,6 +1087,13 @@ def _is_corrupt(exc: sqlite3.Error) -> bool:
 #: ``UnicodeDecodeError`` (a class the adapter translates) rather than the driver's
 #: ``OperationalError``, which only its message would tell from a failing statement.
 _TEXT = functools.partial(str, encoding="utf-8")
+
+
+class _Busy:
+    """What an inline call answers when a busy database kept it from writing."""
+
+
+_BUSY = _Busy()
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
