@@ -184,7 +184,8 @@ def skip_the_lock(monkeypatch: pytest.MonkeyPatch, durability: PostgresDurabilit
     """Make ``durability`` start its turns without the thread lock, as if its session
     had been lost: a plain read (``begin_turn``) instead of ``start_turn``."""
     monkeypatch.setattr(durability._recorder, "lock", no_lock)
-    monkeypatch.setattr(durability, "_start_turn", partial(lock_and_begin, durability._recorder))
+    recorder = durability._recorder
+    monkeypatch.setattr(recorder, "start_turn", partial(lock_and_begin, recorder))
 
 
 def with_query(dsn: str, query: str) -> str:

@@ -37,6 +37,8 @@ There are two ways to write an adapter:
 - implement the small I/O-only :class:`~intention_kernel.durability.base.Recorder`
   protocol and subclass :class:`~intention_kernel.durability.base.RecordedDurability`,
   which applies every rule above in shared, tested code. The bundled adapters do this.
+  A recorder declares its options in ``options``, a
+  :class:`~intention_kernel.durability.base.RecorderOptions`, where each is documented.
 
 Either way, run the conformance suite in :mod:`intention_kernel.testing.conformance`.
 

@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -93,6 +92,7 @@ __all__ = [
     "PendingInteraction",
     "RecordedDurability",
     "Recorder",
+    "RecorderOptions",
     "StoredThread",
     "StoredTurn",
     "ThreadOwner",
@@ -304,17 +304,35 @@ ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
 PlanFn = Callable[[Receipt | None], EffectPlan]
 
 
-StartTurnFn = Callable[[str, str, int | None], AbstractAsyncContextManager[TurnStart]]
-
-
 @asynccontextmanager
 async def lock_and_begin(
     recorder: Recorder, thread_id: str, turn_id: str, known_version: int | None
 ) -> AsyncIterator[TurnStart]:
-    """A turn's start for a recorder with no ``start_turn``: the lock, then
+    """A turn's start as ``Recorder.start_turn`` does it by default: the lock, then
     ``begin_turn``, and the lock held for the block."""
     async with recorder.lock(thread_id):
         yield await recorder.begin_turn(thread_id, turn_id, known_version)
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderOptions:
+    """What a :class:`Recorder` declares about itself, in its ``options`` attribute.
+
+    ``finishes_writes_when_cancelled``: ``write_receipt`` always runs to its end, even
+    when the calling task is cancelled (it never suspends, or waits for its own hop
+    before letting the cancellation through). Without it, each outcome write runs in a
+    task of its own, so that a cancelled turn cannot leave a receipt ``prepared``.
+
+    ``attempts_outlive_lock``: the thread lock can be lost while the process that took
+    it lives on (a database session that dies while the turn's provider call still
+    runs). A ``prepared`` receipt found under the lock may then belong to a live
+    attempt, and is not resolvable as not applied
+    (:func:`~intention_kernel.effects.resolve`). A recorder for which this is true and
+    that does not say so lets an operator mark a running write as not applied.
+    """
+
+    finishes_writes_when_cancelled: bool = False
+    attempts_outlive_lock: bool = False
 
 
 class Recorder(Protocol):
@@ -324,21 +342,23 @@ class Recorder(Protocol):
     ``write_receipt`` and ``commit_turn`` compare-and-set and raise rather than
     silently skipping.
 
-    A recorder may also provide ``start_turn(thread_id, turn_id, known_version)``,
-    an async context manager that does what ``lock`` and then ``begin_turn`` do, in
-    fewer round trips, and may leave the lock untaken when it found the committed
-    turn (a replay writes nothing). Without it, a turn starts with
-    :func:`lock_and_begin`. A recorder whose ``write_receipt`` always runs to its end,
-    even when the calling task is cancelled (it never suspends, or waits for its own
-    hop before letting the cancellation through), may say so with a true
-    ``finishes_writes_when_cancelled``; otherwise each write runs in a task of its own.
+    Two members have defaults, inherited by a recorder that subclasses this Protocol
+    (``class MyRecorder(Recorder): ...``), and declared by one that does not:
 
-    A recorder whose thread lock can be lost while the process that took it lives on
-    (a database session that dies while the turn's provider call still runs) must say
-    so with a true ``attempts_outlive_lock``: a ``prepared`` receipt found under its
-    lock may then belong to a live attempt, and is not resolvable as not applied (see
-    :func:`~intention_kernel.effects.resolve`).
+    - ``options``, a :class:`RecorderOptions` (the default declares nothing);
+    - ``start_turn``, which by default takes ``lock`` and then calls ``begin_turn``. A
+      recorder may override it to do both in fewer round trips, and may then leave the
+      lock untaken when it found the committed turn (a replay writes nothing).
     """
+
+    #: The recorder's declared options; see :class:`RecorderOptions`.
+    options: RecorderOptions = RecorderOptions()
+
+    def start_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> AbstractAsyncContextManager[TurnStart]:
+        """Hold the thread's lock for the block and yield what ``begin_turn`` reads."""
+        return lock_and_begin(self, thread_id, turn_id, known_version)
 
     async def open(self) -> None:
         """Connect and create or migrate the schema. Called once, before anything else."""
@@ -636,12 +656,10 @@ class RecordedDurability:
 
     def __init__(self, recorder: Recorder) -> None:
         self._recorder = recorder
-        starter: StartTurnFn | None = getattr(recorder, "start_turn", None)
-        self._start_turn: StartTurnFn = starter or partial(lock_and_begin, recorder)
         # A receipt's outcome is written even if the turn is cancelled meanwhile: by a
         # task of its own, unless the recorder's writes run to their end anyway (then
-        # the task, a round of the event loop, would only cost ~15 µs per effect).
-        finishes = getattr(recorder, "finishes_writes_when_cancelled", False)
+        # the task, a round of the event loop, would only cost time per effect).
+        finishes = recorder.options.finishes_writes_when_cancelled
         self._settle: Callable[[Any], Awaitable[None]] = _awaited if finishes else _shielded
         self._opened = False
         self._open_lock = asyncio.Lock()
@@ -716,7 +734,7 @@ class RecordedDurability:
         # of this process commits meanwhile, the recorder ships the newer checkpoint.
         cached = self._checkpoints.get(scope.thread_id)
         known = cached.version if cached else None
-        async with self._start_turn(scope.thread_id, scope.turn_id, known) as start:
+        async with self._recorder.start_turn(scope.thread_id, scope.turn_id, known) as start:
             if _faults.armed:
                 _faults.reach(_faults.AFTER_LOCK)
             # A thread belongs to the tenant of its first committed turn, or before that
@@ -1163,7 +1181,7 @@ class RecordedDurability:
                 suggestions=suggestions,
             )
 
-        attempts_outlive_lock: bool = getattr(recorder, "attempts_outlive_lock", False)
+        attempts_outlive_lock = recorder.options.attempts_outlive_lock
 
         def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
             if existing is None:

@@ -74,6 +74,8 @@ from intention_kernel.durability.base import (
     OutboxDelivery,
     PlanFn,
     RecordedDurability,
+    Recorder,
+    RecorderOptions,
     ResolutionFn,
     StoredThread,
     StoredTurn,
@@ -733,11 +735,12 @@ class _Claim:
     mutex: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-class _PostgresRecorder:
+class _PostgresRecorder(Recorder):
     # The thread lock dies with its session, and a session can die (killed by an
     # administrator, cut by the network) while its worker's provider call still runs:
-    # a ``prepared`` receipt under the lock may be a live attempt's.
-    attempts_outlive_lock = True
+    # a ``prepared`` receipt under the lock may be a live attempt's. A write awaits the
+    # pool and the server, so a cancellation can interrupt it.
+    options = RecorderOptions(finishes_writes_when_cancelled=False, attempts_outlive_lock=True)
 
     def __init__(
         self,

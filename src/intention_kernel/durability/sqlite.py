@@ -76,6 +76,8 @@ from intention_kernel.durability.base import (
     OutboxDelivery,
     PlanFn,
     RecordedDurability,
+    Recorder,
+    RecorderOptions,
     ResolutionFn,
     StoredThread,
     StoredTurn,
@@ -384,9 +386,9 @@ PRUNE_TURNS = """
 """
 
 
-class _SQLiteRecorder:
+class _SQLiteRecorder(Recorder):
     #: ``_run`` never lets a cancellation through before its hop ends (see there).
-    finishes_writes_when_cancelled = True
+    options = RecorderOptions(finishes_writes_when_cancelled=True, attempts_outlive_lock=False)
 
     def __init__(
         self,
