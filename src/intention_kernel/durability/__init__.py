@@ -14,6 +14,11 @@ adapter must:
 5. atomically commit the result, the next checkpoint and the outbox events, with a
    unique ``(thread_id, turn_id)`` and a fenced (compare-and-set) thread version.
 
+``with_turn`` is where a turn's IDs are checked (the kernel does not check them
+again): a thread, turn or tenant ID that breaks the rules of
+:func:`~intention_kernel.durability.base.check_id` is refused with
+``InvalidRequestError`` before anything is read.
+
 Effects (``tx.run_effect(key, fn, step_id=...)``), per ``(thread_id, key)``: a
 completed receipt returns the stored value without calling ``fn``; an uncertain
 receipt, or a prepared one left by an attempt that did not finish, raises

@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 from intention_kernel import _faults, _tracing
+from intention_kernel._ids import MAX_ID_BYTES, MAX_ID_LENGTH, check_id
 from intention_kernel._json import dump_value, load_value, normalize, storable_text, text_problem
 from intention_kernel.checkpoint import (
     CoreEncoder,
@@ -106,11 +107,6 @@ __all__ = [
     "owns",
     "suggest_keys",
 ]
-
-MAX_ID_LENGTH = 512
-#: IDs are keys of unique indexes; PostgreSQL refuses a btree entry over 2,704 bytes,
-#: and ``(thread_id, turn_id)`` of two 512-character IDs could reach 4,096.
-MAX_ID_BYTES = 1024
 
 #: Text that every stored checkpoint core with an active interaction contains: the
 #: compact JSON the codec writes puts ``"interaction":{`` at its top level, and JSON
@@ -505,31 +501,6 @@ class Recorder(Protocol):
         request digest. Return how many were dropped and the last key dropped (``None``
         when fewer than ``limit`` were left). Turns pruned before are not read again."""
         ...
-
-
-def check_id(name: str, value: object) -> str:
-    """Thread, turn and tenant IDs: non-empty strings without NUL, at most 512 characters
-    and 1,024 bytes of UTF-8 (so no lone surrogate, which UTF-8 cannot encode)."""
-    if not isinstance(value, str) or not value:
-        raise InvalidRequestError(f"{name} must be a non-empty string, got {value!r}")
-    if len(value) > MAX_ID_LENGTH:
-        raise InvalidRequestError(
-            f"{name} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}"
-        )
-    if "\x00" in value:
-        raise InvalidRequestError(f"{name} must not contain NUL characters")
-    if not value.isascii():
-        try:
-            size = len(value.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise InvalidRequestError(
-                f"{name} is not valid Unicode text (it holds a lone surrogate)"
-            ) from None
-        if size > MAX_ID_BYTES:
-            raise InvalidRequestError(
-                f"{name} is {size} bytes long in UTF-8; the limit is {MAX_ID_BYTES}"
-            )
-    return value
 
 
 class _Transaction:

@@ -1051,6 +1051,29 @@ class DurabilityConformance:
             with pytest.raises(KernelError):
                 await kernel.turn(bad, "1", "balance")
 
+    async def test_with_turn_called_directly_refuses_bad_ids_before_reading(
+        self, durability: Durability
+    ) -> None:
+        """A host may call ``with_turn`` without the kernel: the adapter checks the IDs."""
+        ran: list[TurnScope] = []
+
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            ran.append(tx.scope)
+            return commit_for(tx)
+
+        for bad in ("", "x" * 5000, "nul\x00byte", "lone\udc80"):
+            for scope in (
+                TurnScope(bad, "1"),
+                TurnScope("t", bad),
+                TurnScope("t", "1", tenant_id=bad),
+            ):
+                with pytest.raises(InvalidRequestError):
+                    await durability.with_turn(scope, operation)
+        assert ran == []
+        assert await durability.list_receipts() == []
+        assert await durability.read_outbox() == []
+        assert await durability.load_checkpoint("t") is None
+
     async def test_a_thread_of_one_tenant_is_refused_to_another(self, kernel: Kernel) -> None:
         await kernel.turn("t", "1", "balance", tenant_id="acme")
         with pytest.raises(TenantMismatchError):
