@@ -65,6 +65,7 @@ from intention_kernel.errors import (
     EffectNotAppliedError,
     EffectUncertainError,
     EffectUsageError,
+    EffectValueError,
     InvalidRequestError,
     KernelError,
     ReceiptNotFoundError,
@@ -999,7 +1000,7 @@ class RecordedDurability:
                 error=f"the provider returned a value that is not JSON-serializable: {exc}",
             )
             await self._settle(recorder.write_receipt(uncertain, prepared))
-            raise EffectUncertainError(
+            raise EffectValueError(
                 f"effect {key!r} returned a value that cannot be stored ({exc}); recorded as "
                 "uncertain",
                 thread_id=scope.thread_id,
