@@ -46,6 +46,7 @@ There are two ways to write an adapter:
   :class:`~intention_kernel.durability.base.RecorderOptions`, where each is documented.
 
 Either way, run the conformance suite in :mod:`intention_kernel.testing.conformance`.
+The names an adapter author needs are gathered in :mod:`intention_kernel.durability.abc`.
 
 Adapters: ``InMemoryDurability`` (``intention_kernel.testing``), ``SQLiteDurability``
 (``intention_kernel.durability.sqlite``), ``PostgresDurability``
