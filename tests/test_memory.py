@@ -98,7 +98,7 @@ async def test_a_turn_shown_another_tenants_receipt_never_commits(
     claimed a thread (a third-party one, say): even an operation that catches the
     refusal commits nothing, so the thread stays its first tenant's."""
     durability = InMemoryDurability()
-    recorder = durability._recorder  # type: ignore[attr-defined]
+    recorder = await durability.recorder()
     begin_turn = recorder.begin_turn
 
     async def without_claims(thread_id: str, turn_id: str, known: int | None) -> TurnStart:
