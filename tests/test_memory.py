@@ -11,7 +11,13 @@ from dataclasses import replace
 import pytest
 
 from intention_kernel.durability import Durability, TurnTransaction
-from intention_kernel.durability.base import TurnStart
+from intention_kernel.durability.base import (
+    RecordedDurability,
+    Recorder,
+    RecorderOptions,
+    TurnStart,
+)
+from intention_kernel.durability.memory import _MemoryRecorder
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import TenantMismatchError, ThreadBusyError
 from intention_kernel.testing import InMemoryDurability
@@ -52,6 +58,39 @@ class TestInMemoryDurability(DurabilityConformance):
         return _MemoryTamper(durability)
 
 
+class _UndeclaredRecorder(Recorder):
+    """A third-party recorder that declares nothing: no ``options``, no ``start_turn``.
+    Every I/O method forwards to a memory recorder."""
+
+    def __init__(self) -> None:
+        self.inner = _MemoryRecorder(lock_timeout=30.0)
+
+
+for _name, _member in vars(Recorder).items():
+    if callable(_member) and not _name.startswith("_") and _name != "start_turn":
+        setattr(
+            _UndeclaredRecorder,
+            _name,
+            lambda self, *args, _name=_name: getattr(self.inner, _name)(*args),
+        )
+
+
+class TestRecorderThatDeclaresNothing(DurabilityConformance):
+    """The defaults of an undeclared recorder (each write in a task of its own, the
+    lock then ``begin_turn``, a ``prepared`` receipt resolvable) meet the contract."""
+
+    persistent = False
+
+    @pytest.fixture
+    def make_durability(self) -> Callable[[], Durability]:
+        recorder = _UndeclaredRecorder()
+        assert recorder.options == RecorderOptions()
+        assert not recorder.options.finishes_writes_when_cancelled
+        assert not recorder.options.attempts_outlive_lock
+        shared = RecordedDurability(recorder)
+        return lambda: shared
+
+
 async def test_a_turn_shown_another_tenants_receipt_never_commits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -59,7 +98,7 @@ async def test_a_turn_shown_another_tenants_receipt_never_commits(
     claimed a thread (a third-party one, say): even an operation that catches the
     refusal commits nothing, so the thread stays its first tenant's."""
     durability = InMemoryDurability()
-    recorder = durability._recorder  # type: ignore[attr-defined]
+    recorder = await durability.recorder()
     begin_turn = recorder.begin_turn
 
     async def without_claims(thread_id: str, turn_id: str, known: int | None) -> TurnStart:

@@ -180,11 +180,12 @@ async def no_lock(thread_id: str) -> AsyncIterator[object]:
     yield thread_id
 
 
-def skip_the_lock(monkeypatch: pytest.MonkeyPatch, durability: PostgresDurability) -> None:
+async def skip_the_lock(monkeypatch: pytest.MonkeyPatch, durability: PostgresDurability) -> None:
     """Make ``durability`` start its turns without the thread lock, as if its session
     had been lost: a plain read (``begin_turn``) instead of ``start_turn``."""
-    monkeypatch.setattr(durability._recorder, "lock", no_lock)
-    monkeypatch.setattr(durability, "_start_turn", partial(lock_and_begin, durability._recorder))
+    recorder = await durability.recorder()
+    monkeypatch.setattr(recorder, "lock", no_lock)
+    monkeypatch.setattr(recorder, "start_turn", partial(lock_and_begin, recorder))
 
 
 def with_query(dsn: str, query: str) -> str:
@@ -598,7 +599,7 @@ async def test_a_stale_commit_is_fenced(
 ) -> None:
     async with store.durability() as honest, store.durability() as rogue:
         # The rogue adapter skips the thread lock, as if its session had been lost.
-        skip_the_lock(monkeypatch, rogue)
+        await skip_the_lock(monkeypatch, rogue)
         for i in range(prior_turns):
             await honest.with_turn(TurnScope("t", f"prior-{i}"), plain)
         gate = Gate()
@@ -636,7 +637,8 @@ async def test_an_outcome_write_held_up_on_the_server_survives_the_turns_cancell
 
     try:
         async with store.durability() as durability:
-            original = durability._recorder.claim_effect  # type: ignore[attr-defined]
+            recorder = await durability.recorder()
+            original = recorder.claim_effect
 
             async def claim_then_lock(thread_id: str, key: str, plan: Any) -> Any:
                 # The receipt is prepared (committed): lock its row for 0.3 s.
@@ -653,7 +655,7 @@ async def test_an_outcome_write_held_up_on_the_server_survives_the_turns_cancell
             async def rollback() -> None:
                 await blocker.execute("ROLLBACK")
 
-            monkeypatch.setattr(durability._recorder, "claim_effect", claim_then_lock)
+            monkeypatch.setattr(recorder, "claim_effect", claim_then_lock)
 
             async def op(tx: TurnTransaction) -> TurnCommit:
                 await tx.run_effect("charge", provider, step_id="s")
@@ -674,7 +676,7 @@ async def test_an_effect_whose_receipt_moved_while_it_ran_is_not_recorded_as_com
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with store.durability() as honest, store.durability() as rogue:
-        skip_the_lock(monkeypatch, rogue)
+        await skip_the_lock(monkeypatch, rogue)
         entered, release = asyncio.Event(), asyncio.Event()
 
         async def provider(authority: Any) -> dict[str, str]:

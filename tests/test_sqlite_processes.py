@@ -467,7 +467,7 @@ async def test_stale_commit_is_fenced(
         SQLiteDurability(cluster.db) as rogue,
     ):
         # The rogue adapter skips the thread lock, as if the lock file had been deleted.
-        monkeypatch.setattr(rogue._recorder, "lock", no_lock)
+        monkeypatch.setattr(await rogue.recorder(), "lock", no_lock)
         honest_kernel, rogue_kernel = Kernel(agent, honest), Kernel(agent, rogue)
         for i in range(prior_turns):
             await honest_kernel.turn("th-fence", f"prior-{i}", "balance?")

@@ -19,7 +19,6 @@ from intention_kernel.capabilities import (
     capability,
 )
 from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
-from intention_kernel.durability.base import RecordedDurability, Recorder
 from intention_kernel.effects import (
     EffectAuthority,
     EffectResult,
@@ -129,8 +128,6 @@ __all__ = [
     "ReceiptNotFoundError",
     "ReceiptStateError",
     "ReceiptStatus",
-    "RecordedDurability",
-    "Recorder",
     "Replies",
     "Resolution",
     "Round",

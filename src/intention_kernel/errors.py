@@ -11,8 +11,8 @@ message, so that hosts can react without parsing text::
     │   └── InvalidInputError         capability input failed validation
     ├── EffectError
     │   ├── EffectUncertainError      the write may have happened; fail closed
+    │   │   └── EffectValueError      the provider value cannot be stored as JSON
     │   ├── EffectNotAppliedError     raised by host code: the write provably did not happen
-    │   ├── EffectValueError          the provider value cannot be stored as JSON
     │   └── EffectUsageError          run_effect or emit misused (read capability, empty key,
     │                                 an event type in a kernel namespace)
     ├── CheckpointError
@@ -169,8 +169,12 @@ class EffectNotAppliedError(EffectError):
         super().__init__(message)
 
 
-class EffectValueError(EffectError):
-    """The provider returned a value that cannot be stored as JSON."""
+class EffectValueError(EffectUncertainError):
+    """The provider returned a value that cannot be stored as JSON.
+
+    The write may have happened, so the receipt is ``uncertain`` and the step too: this
+    is an ``EffectUncertainError``, and later calls with the same key raise that.
+    """
 
 
 class EffectUsageError(EffectError):

@@ -17,7 +17,6 @@ from intention_kernel._json import normalize
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability, TurnTransaction
-from intention_kernel.durability.base import check_id
 from intention_kernel.errors import InvalidRequestError
 from intention_kernel.interpretation import Answer
 from intention_kernel.runtime import TurnRequest, run_turn
@@ -64,10 +63,7 @@ class Kernel:
         new one is a new turn. ``answer`` (an ``Answer``, ``"accept"`` or
         ``"reject"``) answers the active interaction without interpretation.
         """
-        check_id("thread_id", thread_id)
-        check_id("turn_id", turn_id)
-        if tenant_id is not None:
-            check_id("tenant_id", tenant_id)
+        # The IDs are checked once, by the adapter's ``with_turn``, before it reads.
         resolved = _answer(answer)
         if message is None and resolved is None:
             raise InvalidRequestError("a turn needs a message, an answer, or both")

@@ -14,6 +14,11 @@ adapter must:
 5. atomically commit the result, the next checkpoint and the outbox events, with a
    unique ``(thread_id, turn_id)`` and a fenced (compare-and-set) thread version.
 
+``with_turn`` is where a turn's IDs are checked (the kernel does not check them
+again): a thread, turn or tenant ID that breaks the rules of
+:func:`~intention_kernel.durability.base.check_id` is refused with
+``InvalidRequestError`` before anything is read.
+
 Effects (``tx.run_effect(key, fn, step_id=...)``), per ``(thread_id, key)``: a
 completed receipt returns the stored value without calling ``fn``; an uncertain
 receipt, or a prepared one left by an attempt that did not finish, raises
@@ -37,8 +42,11 @@ There are two ways to write an adapter:
 - implement the small I/O-only :class:`~intention_kernel.durability.base.Recorder`
   protocol and subclass :class:`~intention_kernel.durability.base.RecordedDurability`,
   which applies every rule above in shared, tested code. The bundled adapters do this.
+  A recorder declares its options in ``options``, a
+  :class:`~intention_kernel.durability.base.RecorderOptions`, where each is documented.
 
 Either way, run the conformance suite in :mod:`intention_kernel.testing.conformance`.
+The names an adapter author needs are gathered in :mod:`intention_kernel.durability.abc`.
 
 Adapters: ``InMemoryDurability`` (``intention_kernel.testing``), ``SQLiteDurability``
 (``intention_kernel.durability.sqlite``), ``PostgresDurability``

@@ -30,12 +30,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, Self
 
 from intention_kernel import _faults, _tracing
 from intention_kernel._calls import is_async_callable
+from intention_kernel._ids import MAX_ID_BYTES, MAX_ID_LENGTH, check_id
 from intention_kernel._json import dump_value, load_value, normalize, storable_text, text_problem
 from intention_kernel.checkpoint import (
     CoreEncoder,
@@ -66,6 +66,7 @@ from intention_kernel.errors import (
     EffectNotAppliedError,
     EffectUncertainError,
     EffectUsageError,
+    EffectValueError,
     InvalidRequestError,
     KernelError,
     ReceiptNotFoundError,
@@ -94,6 +95,7 @@ __all__ = [
     "PendingInteraction",
     "RecordedDurability",
     "Recorder",
+    "RecorderOptions",
     "StoredThread",
     "StoredTurn",
     "ThreadOwner",
@@ -107,11 +109,6 @@ __all__ = [
     "owns",
     "suggest_keys",
 ]
-
-MAX_ID_LENGTH = 512
-#: IDs are keys of unique indexes; PostgreSQL refuses a btree entry over 2,704 bytes,
-#: and ``(thread_id, turn_id)`` of two 512-character IDs could reach 4,096.
-MAX_ID_BYTES = 1024
 
 #: Text that every stored checkpoint core with an active interaction contains: the
 #: compact JSON the codec writes puts ``"interaction":{`` at its top level, and JSON
@@ -305,17 +302,35 @@ ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
 PlanFn = Callable[[Receipt | None], EffectPlan]
 
 
-StartTurnFn = Callable[[str, str, int | None], AbstractAsyncContextManager[TurnStart]]
-
-
 @asynccontextmanager
 async def lock_and_begin(
     recorder: Recorder, thread_id: str, turn_id: str, known_version: int | None
 ) -> AsyncIterator[TurnStart]:
-    """A turn's start for a recorder with no ``start_turn``: the lock, then
+    """A turn's start as ``Recorder.start_turn`` does it by default: the lock, then
     ``begin_turn``, and the lock held for the block."""
     async with recorder.lock(thread_id):
         yield await recorder.begin_turn(thread_id, turn_id, known_version)
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderOptions:
+    """What a :class:`Recorder` declares about itself, in its ``options`` attribute.
+
+    ``finishes_writes_when_cancelled``: ``write_receipt`` always runs to its end, even
+    when the calling task is cancelled (it never suspends, or waits for its own hop
+    before letting the cancellation through). Without it, each outcome write runs in a
+    task of its own, so that a cancelled turn cannot leave a receipt ``prepared``.
+
+    ``attempts_outlive_lock``: the thread lock can be lost while the process that took
+    it lives on (a database session that dies while the turn's provider call still
+    runs). A ``prepared`` receipt found under the lock may then belong to a live
+    attempt, and is not resolvable as not applied
+    (:func:`~intention_kernel.effects.resolve`). A recorder for which this is true and
+    that does not say so lets an operator mark a running write as not applied.
+    """
+
+    finishes_writes_when_cancelled: bool = False
+    attempts_outlive_lock: bool = False
 
 
 class Recorder(Protocol):
@@ -325,21 +340,23 @@ class Recorder(Protocol):
     ``write_receipt`` and ``commit_turn`` compare-and-set and raise rather than
     silently skipping.
 
-    A recorder may also provide ``start_turn(thread_id, turn_id, known_version)``,
-    an async context manager that does what ``lock`` and then ``begin_turn`` do, in
-    fewer round trips, and may leave the lock untaken when it found the committed
-    turn (a replay writes nothing). Without it, a turn starts with
-    :func:`lock_and_begin`. A recorder whose ``write_receipt`` always runs to its end,
-    even when the calling task is cancelled (it never suspends, or waits for its own
-    hop before letting the cancellation through), may say so with a true
-    ``finishes_writes_when_cancelled``; otherwise each write runs in a task of its own.
+    Two members have defaults, inherited by a recorder that subclasses this Protocol
+    (``class MyRecorder(Recorder): ...``), and declared by one that does not:
 
-    A recorder whose thread lock can be lost while the process that took it lives on
-    (a database session that dies while the turn's provider call still runs) must say
-    so with a true ``attempts_outlive_lock``: a ``prepared`` receipt found under its
-    lock may then belong to a live attempt, and is not resolvable as not applied (see
-    :func:`~intention_kernel.effects.resolve`).
+    - ``options``, a :class:`RecorderOptions` (the default declares nothing);
+    - ``start_turn``, which by default takes ``lock`` and then calls ``begin_turn``. A
+      recorder may override it to do both in fewer round trips, and may then leave the
+      lock untaken when it found the committed turn (a replay writes nothing).
     """
+
+    #: The recorder's declared options; see :class:`RecorderOptions`.
+    options: RecorderOptions = RecorderOptions()
+
+    def start_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> AbstractAsyncContextManager[TurnStart]:
+        """Hold the thread's lock for the block and yield what ``begin_turn`` reads."""
+        return lock_and_begin(self, thread_id, turn_id, known_version)
 
     async def open(self) -> None:
         """Connect and create or migrate the schema. Called once, before anything else."""
@@ -488,31 +505,6 @@ class Recorder(Protocol):
         ...
 
 
-def check_id(name: str, value: object) -> str:
-    """Thread, turn and tenant IDs: non-empty strings without NUL, at most 512 characters
-    and 1,024 bytes of UTF-8 (so no lone surrogate, which UTF-8 cannot encode)."""
-    if not isinstance(value, str) or not value:
-        raise InvalidRequestError(f"{name} must be a non-empty string, got {value!r}")
-    if len(value) > MAX_ID_LENGTH:
-        raise InvalidRequestError(
-            f"{name} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}"
-        )
-    if "\x00" in value:
-        raise InvalidRequestError(f"{name} must not contain NUL characters")
-    if not value.isascii():
-        try:
-            size = len(value.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise InvalidRequestError(
-                f"{name} is not valid Unicode text (it holds a lone surrogate)"
-            ) from None
-        if size > MAX_ID_BYTES:
-            raise InvalidRequestError(
-                f"{name} is {size} bytes long in UTF-8; the limit is {MAX_ID_BYTES}"
-            )
-    return value
-
-
 class _Transaction:
     """The ``tx`` handed to an operation: scope, checkpoint and effect coordination."""
 
@@ -637,12 +629,10 @@ class RecordedDurability:
 
     def __init__(self, recorder: Recorder) -> None:
         self._recorder = recorder
-        starter: StartTurnFn | None = getattr(recorder, "start_turn", None)
-        self._start_turn: StartTurnFn = starter or partial(lock_and_begin, recorder)
         # A receipt's outcome is written even if the turn is cancelled meanwhile: by a
         # task of its own, unless the recorder's writes run to their end anyway (then
-        # the task, a round of the event loop, would only cost ~15 µs per effect).
-        finishes = getattr(recorder, "finishes_writes_when_cancelled", False)
+        # the task, a round of the event loop, would only cost time per effect).
+        finishes = recorder.options.finishes_writes_when_cancelled
         self._settle: Callable[[Any], Awaitable[None]] = _awaited if finishes else _shielded
         self._opened = False
         self._open_lock = asyncio.Lock()
@@ -717,7 +707,7 @@ class RecordedDurability:
         # of this process commits meanwhile, the recorder ships the newer checkpoint.
         cached = self._checkpoints.get(scope.thread_id)
         known = cached.version if cached else None
-        async with self._start_turn(scope.thread_id, scope.turn_id, known) as start:
+        async with self._recorder.start_turn(scope.thread_id, scope.turn_id, known) as start:
             if _faults.armed:
                 _faults.reach(_faults.AFTER_LOCK)
             # A thread belongs to the tenant of its first committed turn, or before that
@@ -1011,7 +1001,7 @@ class RecordedDurability:
                 error=f"the provider returned a value that is not JSON-serializable: {exc}",
             )
             await self._settle(recorder.write_receipt(uncertain, prepared))
-            raise EffectUncertainError(
+            raise EffectValueError(
                 f"effect {key!r} returned a value that cannot be stored ({exc}); recorded as "
                 "uncertain",
                 thread_id=scope.thread_id,
@@ -1164,7 +1154,7 @@ class RecordedDurability:
                 suggestions=suggestions,
             )
 
-        attempts_outlive_lock: bool = getattr(recorder, "attempts_outlive_lock", False)
+        attempts_outlive_lock = recorder.options.attempts_outlive_lock
 
         def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
             if existing is None:

@@ -26,6 +26,8 @@ from intention_kernel.durability.base import (
     OutboxDelivery,
     PlanFn,
     RecordedDurability,
+    Recorder,
+    RecorderOptions,
     ResolutionFn,
     StoredThread,
     StoredTurn,
@@ -78,9 +80,9 @@ class _State:
     relayed: set[str] = field(default_factory=set)  # threads claimed by a relay
 
 
-class _MemoryRecorder:
+class _MemoryRecorder(Recorder):
     #: ``write_receipt`` never suspends, so no cancellation can interrupt it.
-    finishes_writes_when_cancelled = True
+    options = RecorderOptions(finishes_writes_when_cancelled=True, attempts_outlive_lock=False)
 
     def __init__(self, lock_timeout: float) -> None:
         self._state = _State()

@@ -74,6 +74,8 @@ from intention_kernel.durability.base import (
     OutboxDelivery,
     PlanFn,
     RecordedDurability,
+    Recorder,
+    RecorderOptions,
     ResolutionFn,
     StoredThread,
     StoredTurn,
@@ -326,7 +328,7 @@ INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (%s,
 # method, and any server with lz4 reads both. And generic plans only: in the default
 # mode the server kept planning the commit statement anew at every execution (custom
 # plans look cheaper when its gated parts fold away), which cost about a quarter of its
-# CPU per turn; every statement here is written for a generic plan (see COMMIT_TURN),
+# CPU per turn; every statement here is written for a generic plan,
 # and a partial index an operator's query needs is matched by a literal (read_receipts).
 CONFIGURE_SESSION = """
     SELECT set_config('search_path', %s, false),
@@ -710,7 +712,7 @@ class _Held:
     a hop still running. Without it a transaction could interleave with another
     hop's statements, and a late hop could run on the session after it went back
     to the pool, inside whatever its next borrower is doing. ``committed``: the
-    turn's commit released the session's hold (see COMMIT_TURN). ``returned``: the
+    turn's commit statement released the session's hold. ``returned``: the
     session died and was given back to the pool already (see ``_give_back_dead``);
     ``conn`` stays the dead session, so that every later hop of the turn fails on it
     and none runs on another session, which would not hold the lock.
@@ -733,11 +735,12 @@ class _Claim:
     mutex: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-class _PostgresRecorder:
+class _PostgresRecorder(Recorder):
     # The thread lock dies with its session, and a session can die (killed by an
     # administrator, cut by the network) while its worker's provider call still runs:
-    # a ``prepared`` receipt under the lock may be a live attempt's.
-    attempts_outlive_lock = True
+    # a ``prepared`` receipt under the lock may be a live attempt's. A write awaits the
+    # pool and the server, so a cancellation can interrupt it.
+    options = RecorderOptions(finishes_writes_when_cancelled=False, attempts_outlive_lock=True)
 
     def __init__(
         self,
@@ -934,7 +937,7 @@ class _PostgresRecorder:
             raise
         finally:
             # Another turn of this process may hold the thread already, if the commit
-            # released it (see COMMIT_TURN): only this turn's entry goes.
+            # statement released it: only this turn's entry goes.
             if self._held.get(thread_id) is held:
                 del self._held[thread_id]
             if not interrupted and not held.mutex.locked():

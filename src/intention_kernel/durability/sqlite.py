@@ -76,6 +76,8 @@ from intention_kernel.durability.base import (
     OutboxDelivery,
     PlanFn,
     RecordedDurability,
+    Recorder,
+    RecorderOptions,
     ResolutionFn,
     StoredThread,
     StoredTurn,
@@ -373,7 +375,8 @@ PRUNE_EVENTS = """
 """
 # The turn row stays, so that a late delivery is refused (TurnExpiredError), not re-run.
 # Only turns that still hold a result are selected, after the cursor: a run never reads
-# the keys of turns pruned before (see the PostgreSQL adapter for why no index).
+# the keys of turns pruned before. No index on the unpruned turns: it would cost one
+# more index write per committed turn, and retention runs rarely.
 PRUNE_TURNS = """
     UPDATE ik_turns SET result = '', pruned_at = ?
     WHERE rowid IN (
@@ -384,9 +387,9 @@ PRUNE_TURNS = """
 """
 
 
-class _SQLiteRecorder:
-    #: ``_run`` never lets a cancellation through before its hop ends (see there).
-    finishes_writes_when_cancelled = True
+class _SQLiteRecorder(Recorder):
+    #: ``_run`` never lets a cancellation through before its hop ends.
+    options = RecorderOptions(finishes_writes_when_cancelled=True, attempts_outlive_lock=False)
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pydantic
 
-from intention_kernel.durability.base import MAX_ID_LENGTH
+from intention_kernel._ids import MAX_ID_LENGTH
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.host._problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
 from intention_kernel.host._wire import (

@@ -52,6 +52,7 @@ from intention_kernel.errors import (
     EffectNotAppliedError,
     EffectUncertainError,
     EffectUsageError,
+    EffectValueError,
     InvalidRequestError,
     KernelError,
     ReceiptNotFoundError,
@@ -530,6 +531,33 @@ class DurabilityConformance:
         await kernel.turn("t", "1", "charge pi_1 500")
         result = await kernel.turn("t", "2", "yes")
         assert result.steps[0].status == StepStatus.UNCERTAIN
+        [receipt] = await durability.list_receipts(thread_id="t")
+        assert receipt.status == "uncertain" and "JSON" in (receipt.error or "")
+
+    async def test_a_provider_value_no_store_can_hold_raises_effect_value_error(
+        self, durability: Durability
+    ) -> None:
+        """The error names the cause and is still an ``EffectUncertainError`` (so the step
+        is ``uncertain``); a later call with the key fails closed without the provider."""
+        calls: list[str] = []
+
+        def provider(authority: EffectAuthority) -> float:
+            calls.append(authority.key)
+            return math.nan
+
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            with pytest.raises(EffectValueError) as caught:
+                await tx.run_effect("pay", provider, step_id="s1")
+            assert isinstance(caught.value, EffectUncertainError)
+            assert caught.value.receipt is not None
+            assert caught.value.receipt.status == ReceiptStatus.UNCERTAIN
+            with pytest.raises(EffectUncertainError) as again:
+                await tx.run_effect("pay", provider, step_id="s1")
+            assert not isinstance(again.value, EffectValueError)
+            return commit_for(tx)
+
+        await durability.with_turn(TurnScope("t", "1"), operation)
+        assert calls == ["pay"]
         [receipt] = await durability.list_receipts(thread_id="t")
         assert receipt.status == "uncertain" and "JSON" in (receipt.error or "")
 
@@ -1050,6 +1078,29 @@ class DurabilityConformance:
         for bad in ("", "x" * 5000, "nul\x00byte"):
             with pytest.raises(KernelError):
                 await kernel.turn(bad, "1", "balance")
+
+    async def test_with_turn_called_directly_refuses_bad_ids_before_reading(
+        self, durability: Durability
+    ) -> None:
+        """A host may call ``with_turn`` without the kernel: the adapter checks the IDs."""
+        ran: list[TurnScope] = []
+
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            ran.append(tx.scope)
+            return commit_for(tx)
+
+        for bad in ("", "x" * 5000, "nul\x00byte", "lone\udc80"):
+            for scope in (
+                TurnScope(bad, "1"),
+                TurnScope("t", bad),
+                TurnScope("t", "1", tenant_id=bad),
+            ):
+                with pytest.raises(InvalidRequestError):
+                    await durability.with_turn(scope, operation)
+        assert ran == []
+        assert await durability.list_receipts() == []
+        assert await durability.read_outbox() == []
+        assert await durability.load_checkpoint("t") is None
 
     async def test_a_thread_of_one_tenant_is_refused_to_another(self, kernel: Kernel) -> None:
         await kernel.turn("t", "1", "balance", tenant_id="acme")

@@ -1,0 +1,60 @@
+"""The storage contract for adapter authors, beside the application facade.
+
+An application imports from :mod:`intention_kernel`; an adapter author imports from
+here: the contracts (:class:`Durability`, :class:`Recorder`), the shared engine that
+applies the rules over a recorder (:class:`RecordedDurability`), the options a
+recorder declares (:class:`RecorderOptions`), the records a recorder reads and writes,
+and the ID rules. The names are defined in :mod:`intention_kernel.durability` and
+:mod:`intention_kernel.durability.base`, and documented there.
+
+A new adapter subclasses :class:`RecordedDurability` over a recorder that subclasses
+:class:`Recorder`, and runs :class:`~intention_kernel.testing.conformance.DurabilityConformance`.
+"""
+
+from __future__ import annotations
+
+from intention_kernel._ids import MAX_ID_BYTES, MAX_ID_LENGTH, check_id
+from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
+from intention_kernel.durability.base import (
+    INTERACTION_MARKER,
+    CheckpointRewrite,
+    OutboxBacklog,
+    OutboxDelivery,
+    PendingInteraction,
+    PlanFn,
+    RecordedDurability,
+    Recorder,
+    RecorderOptions,
+    ResolutionFn,
+    StoredThread,
+    StoredTurn,
+    ThreadOwner,
+    TurnRecord,
+    TurnStart,
+    owns,
+)
+
+__all__ = [
+    "INTERACTION_MARKER",
+    "MAX_ID_BYTES",
+    "MAX_ID_LENGTH",
+    "CheckpointRewrite",
+    "Durability",
+    "OutboxBacklog",
+    "OutboxDelivery",
+    "PendingInteraction",
+    "PlanFn",
+    "RecordedDurability",
+    "Recorder",
+    "RecorderOptions",
+    "ResolutionFn",
+    "StoredThread",
+    "StoredTurn",
+    "ThreadOwner",
+    "TurnOperation",
+    "TurnRecord",
+    "TurnStart",
+    "TurnTransaction",
+    "check_id",
+    "owns",
+]
