@@ -68,6 +68,7 @@ from intention_kernel.interpretation import (
 )
 from intention_kernel.kernel import Kernel
 from intention_kernel.replies import Replies
+from intention_kernel.streaming import TurnEvent
 from intention_kernel.turns import (
     OutboxEvent,
     StepResult,
@@ -143,6 +144,7 @@ __all__ = [
     "ThreadBusyError",
     "TurnCommit",
     "TurnConflictError",
+    "TurnEvent",
     "TurnExpiredError",
     "TurnResult",
     "TurnScope",
