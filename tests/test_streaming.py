@@ -13,8 +13,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -324,3 +328,17 @@ async def test_a_streamed_model_error_fails_the_turn_before_any_event(
     with pytest.raises(InterpretationError):
         await collect(kernel.stream_turn(THREAD, "d1", "hi"))
     assert await store.load_checkpoint(THREAD) is None
+
+
+def test_the_readmes_streaming_snippet_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Streaming", 1)[1]
+    found = re.search(r"```python\n(.*?)```\s*```text\n(.*?)```", section, re.S)
+    assert found is not None
+    script = tmp_path / "streaming.py"
+    script.write_text(found.group(1), encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == found.group(2)
