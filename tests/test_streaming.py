@@ -129,6 +129,26 @@ async def test_steps_stream_in_the_order_they_ran_across_rounds(store: Durabilit
     assert interaction["capability_id"] == "payments.charge"
 
 
+async def test_a_request_superseded_later_in_the_turn_is_streamed_again_as_rejected(
+    store: Durability,
+) -> None:
+    charges = [
+        Intent("payments.charge", {"payment_intent_id": pi, "amount": 5}) for pi in ("pi_1", "pi_2")
+    ]
+    interpreter = ScriptedInterpreter({"charge both": Interpretation(intents=charges)})
+    events = await collect(kernel_for(store, interpreter).stream_turn(THREAD, "d1", "charge both"))
+
+    steps = [(e.data["step_id"], e.data["status"]) for e in events if e.type == "step"]
+    assert steps == [
+        ("d1#1", "awaiting_confirmation"),
+        ("d1#1", "rejected"),
+        ("d1#2", "awaiting_confirmation"),
+    ]
+    # The last report of each step is the committed one.
+    latest = {e.data["step_id"]: e.data for e in events if e.type == "step"}
+    assert list(latest.values()) == events[-1].data["steps"]
+
+
 async def test_a_replayed_turn_streams_only_its_result(store: Durability) -> None:
     interpreter = three_rounds()
     kernel = kernel_for(store, interpreter)
