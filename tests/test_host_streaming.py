@@ -7,14 +7,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from host_support import asgi_client, served
+from host_support import asgi_client, served, serving_in_thread
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel
 from intention_kernel.durability import Durability
 from intention_kernel.durability.sqlite import SQLiteDurability
@@ -173,12 +175,12 @@ async def test_a_client_that_disconnects_mid_stream_does_not_abort_the_turn(
     kernel = kernel_for(store, interpreter)
     app = create_app(kernel)
     request = json.dumps({"turn_id": "d1", "message": "what do I owe?"}).encode()
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
     first_event = asyncio.Event()
     disconnected = asyncio.Event()
     delivered = False
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         nonlocal delivered
         if not delivered:
             delivered = True
@@ -187,7 +189,7 @@ async def test_a_client_that_disconnects_mid_stream_does_not_abort_the_turn(
         disconnected.set()
         return {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
         if message["type"] == "http.response.body" and message.get("body"):
             first_event.set()
@@ -237,3 +239,57 @@ def test_a_served_host_streams_a_turn_that_ends_with_the_json_answer(tmp_path: P
         assert "interaction" in [name for name, _ in events]
         again = client.post("/v1/threads/acct-acme/turns", json=body)
         assert again.json() == {**events[-1][1], "replayed": True}
+
+
+class ThreadGatedRounds:
+    """Works in rounds; round 2 waits for ``gate``, set from the test's thread."""
+
+    multi_round = True
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.calls = 0
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        self.calls += 1
+        if not request.rounds:
+            return Interpretation(intents=[Intent("billing.balance", {"due": 5})])
+        await asyncio.to_thread(self.gate.wait, 30)
+        return Interpretation(reply="You owe 5.")
+
+
+class DisconnectWatch:
+    """ASGI middleware: sets ``seen`` once the app is told that its client went away."""
+
+    seen = threading.Event()
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watched() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                DisconnectWatch.seen.set()
+            return message
+
+        await self.app(scope, watched, send)
+
+
+def test_a_client_that_closes_a_uvicorn_stream_mid_turn_leaves_a_committed_turn() -> None:
+    interpreter = ThreadGatedRounds()
+    app = create_app(kernel_for(InMemoryDurability(), interpreter))
+    app.add_middleware(DisconnectWatch)
+
+    body = {"turn_id": "d1", "message": "what do I owe?"}
+    with serving_in_thread(app) as base_url, httpx.Client(base_url=base_url) as client:
+        with client.stream("POST", URL, json=body, headers=SSE) as sse:
+            lines = sse.iter_lines()
+            assert next(lines) == "event: step"
+        # The app has seen the client go while round 2 waits; then round 2 may answer.
+        assert DisconnectWatch.seen.wait(30)
+        interpreter.gate.set()
+        retried = client.post(URL, json=body)
+    assert retried.headers["idempotency-replayed"] == "true"
+    assert retried.json()["reply"] == "You owe 5."
+    assert interpreter.calls == 2

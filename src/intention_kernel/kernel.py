@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from intention_kernel import _tracing
@@ -81,7 +81,7 @@ class Kernel:
         answer: Answer | str | None = None,
         *,
         tenant_id: str | None = None,
-    ) -> AsyncIterator[TurnEvent]:
+    ) -> AsyncGenerator[TurnEvent, None]:
         """Run (or replay) one turn as :meth:`turn` does, yielding its events as they
         happen (:class:`~intention_kernel.TurnEvent`); the last is ``result``.
 
