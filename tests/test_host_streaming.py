@@ -1,6 +1,7 @@
 """The host streams a turn as server-sent events when asked with
 ``Accept: text/event-stream``: through httpx against the ASGI app, through raw ASGI
-for a client that disconnects mid-stream, and once against ``intention-kernel serve``."""
+for a client that disconnects mid-stream, on every store; then over uvicorn, and once
+against ``intention-kernel serve``."""
 
 from __future__ import annotations
 
@@ -8,17 +9,21 @@ import asyncio
 import dataclasses
 import json
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
+from psycopg import sql
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from host_support import asgi_client, served, serving_in_thread
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel
 from intention_kernel.durability import Durability
+from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.host import create_app
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
@@ -56,13 +61,23 @@ def script(request: InterpretationRequest) -> Interpretation:
     return Interpretation(reply="You owe 7; confirm the charge.")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Durability]:
     if request.param == "memory":
         yield InMemoryDurability()
         return
-    async with SQLiteDurability(tmp_path / "host.db") as sqlite_store:
-        yield sqlite_store
+    if request.param == "sqlite":
+        async with SQLiteDurability(tmp_path / "host.db") as sqlite_store:
+            yield sqlite_store
+        return
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = "ik_sse_" + uuid.uuid4().hex[:12]
+    try:
+        async with PostgresDurability(dsn, schema=schema) as pg_store:
+            yield pg_store
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 def kernel_for(store: Durability, interpreter: Any) -> Kernel:
