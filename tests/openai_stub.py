@@ -9,6 +9,8 @@ recording is a JSON file under ``tests/fixtures/openai/``::
     {"status": 500, "body": {"error": {...}}}
     {"delay_seconds": 5, "status": 200, "body": {...}}   # a server that is too slow
 
+A request with ``"stream": true`` gets the same recording (a 200 one) as server-sent
+events of ``chat.completion.chunk`` objects (:func:`stream_chunks`), as the API streams.
 With nothing queued the stub answers 599 and counts it in ``unexpected``. It
 listens on a random loopback port in a daemon thread of the test process; code
 under test in a subprocess (the examples) reaches it there too.
@@ -101,14 +103,37 @@ class OpenAIStub:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                answer = stub._next(json.loads(raw), headers)
+                request = json.loads(raw)
+                answer = stub._next(request, headers)
                 if answer is None:
                     self._send(599, {"error": {"message": "the stub has no recording queued"}})
                     return
                 delay = float(answer.get("delay_seconds", 0))
                 if delay and stub._closing.wait(delay):
                     return
-                self._send(int(answer.get("status", 200)), answer.get("body", {}))
+                status = int(answer.get("status", 200))
+                if request.get("stream") is True and status == 200:
+                    self._send_events(stream_chunks(answer.get("body", {})))
+                    return
+                self._send(status, answer.get("body", {}))
+
+            def _send_events(self, chunks: list[Any]) -> None:
+                """Server-sent events, as the chat-completions API streams: one
+                ``data:`` line per chunk, then ``data: [DONE]``."""
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-cache")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    for chunk in chunks:
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        self.wfile.flush()
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                except OSError:
+                    pass
+                self.close_connection = True
 
             def _send(self, status: int, body: Any) -> None:
                 data = json.dumps(body).encode()
@@ -125,6 +150,57 @@ class OpenAIStub:
                 pass
 
         return Handler
+
+
+def stream_chunks(body: Any) -> list[Any]:
+    """The ``chat.completion.chunk`` objects a streaming server sends for the completion
+    ``body``: the role first, the text in pieces of a few words, each tool call opened
+    (index, ID, name) and then its arguments in two pieces, and the finish reason last.
+    A body that is not a completion is sent as it is, in one event."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or "message" not in choices[0]:
+        return [body]
+    head = {k: body[k] for k in ("id", "created", "model") if k in body}
+    head["object"] = "chat.completion.chunk"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    message = choices[0]["message"]
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    text = message.get("content")
+    if isinstance(text, str):
+        words = text.split(" ")
+        for start in range(0, len(words), 3):
+            piece = " ".join(words[start : start + 3])
+            chunks.append(chunk({"content": piece if start == 0 else " " + piece}))
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        function = call.get("function", {})
+        arguments = function.get("arguments") or ""
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        opened = {"name": function.get("name"), "arguments": ""}
+        chunks.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": index,
+                            "id": call.get("id"),
+                            "type": "function",
+                            "function": opened,
+                        }
+                    ]
+                }
+            )
+        )
+        half = len(arguments) // 2
+        for piece in (arguments[:half], arguments[half:]):
+            chunks.append(
+                chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+            )
+    chunks.append(chunk({}, choices[0].get("finish_reason", "stop")))
+    return chunks
 
 
 @contextmanager

@@ -67,6 +67,7 @@ from intention_kernel.interpretation import (
 )
 from intention_kernel.kernel import Kernel
 from intention_kernel.replies import Replies
+from intention_kernel.streaming import TurnEvent
 from intention_kernel.turns import (
     OutboxEvent,
     StepResult,
@@ -140,6 +141,7 @@ __all__ = [
     "ThreadBusyError",
     "TurnCommit",
     "TurnConflictError",
+    "TurnEvent",
     "TurnExpiredError",
     "TurnResult",
     "TurnScope",

@@ -118,6 +118,11 @@ class InterpretationRequest:
 
     ``rounds`` are the turn's earlier rounds, oldest first (empty in the first round);
     only an interpreter that works in rounds is asked more than once.
+
+    ``stream`` is set when the turn is streamed (:meth:`~intention_kernel.Kernel.stream_turn`):
+    an interpreter may call it with each piece of the model's text as it arrives (it
+    returns at once). It is ``None`` otherwise; an interpreter that never calls it still
+    works, and the stream then carries no text before the result.
     """
 
     thread_id: str
@@ -128,6 +133,7 @@ class InterpretationRequest:
     interaction: Interaction | None
     catalog: tuple[CapabilitySpec, ...]
     rounds: tuple[Round, ...] = ()
+    stream: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
 
 @runtime_checkable

@@ -9,7 +9,10 @@ checkpoint and outbox events together.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from intention_kernel import _tracing
@@ -20,6 +23,7 @@ from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.errors import InvalidRequestError
 from intention_kernel.interpretation import Answer
 from intention_kernel.runtime import TurnRequest, run_turn
+from intention_kernel.streaming import TurnEvent, TurnSink
 from intention_kernel.turns import TurnCommit, TurnResult, TurnScope, request_digest
 
 __all__ = ["Kernel"]
@@ -41,6 +45,8 @@ class Kernel:
         self.agent = agent
         self.durability = durability
         self.max_message_chars = max_message_chars
+        # The tasks of streamed turns still running (see ``stream_turn``).
+        self._streaming: set[asyncio.Task[None]] = set()
 
     @property
     def fingerprint(self) -> str:
@@ -63,6 +69,76 @@ class Kernel:
         new one is a new turn. ``answer`` (an ``Answer``, ``"accept"`` or
         ``"reject"``) answers the active interaction without interpretation.
         """
+        scope, request = self._request(thread_id, turn_id, message, answer, tenant_id)
+        return await self._run(scope, request)
+
+    async def stream_turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        message: str | None = None,
+        answer: Answer | str | None = None,
+        *,
+        tenant_id: str | None = None,
+    ) -> AsyncGenerator[TurnEvent, None]:
+        """Run (or replay) one turn as :meth:`turn` does, yielding its events as they
+        happen (:class:`~intention_kernel.TurnEvent`); the last is ``result``.
+
+        A replayed turn yields only its ``result``. Every event before ``result`` is
+        provisional: if the turn fails, the iterator raises what :meth:`turn` would
+        raise, nothing is committed, and the same delivery can be retried. The turn
+        runs in a task of its own that the iterator only watches: a consumer that
+        stops iterating (or is cancelled) does not abort it, it runs to its commit,
+        and a retry with the same turn ID gets the committed result.
+        """
+        scope, request = self._request(thread_id, turn_id, message, answer, tenant_id)
+        sink = TurnSink()
+        request = dataclasses.replace(request, sink=sink)
+        task = asyncio.create_task(self._streamed(scope, request, sink))
+        # The loop keeps only a weak reference to a task: a turn whose reader left
+        # would otherwise be collected before its commit.
+        self._streaming.add(task)
+        task.add_done_callback(self._streaming.discard)
+        try:
+            while True:
+                event = await sink.next()
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+                if event.type == "result":
+                    return
+        finally:
+            sink.detach()
+
+    async def _streamed(self, scope: TurnScope, request: TurnRequest, sink: TurnSink) -> None:
+        """Run the streamed turn and hand its end to the sink: the result, or its error."""
+        try:
+            result = await self._run(scope, request)
+        except asyncio.CancelledError as cancelled:
+            sink.fail(cancelled)  # the reader must not wait for a result that never comes
+            raise
+        except Exception as error:
+            sink.fail(error)
+            logger.debug(
+                "streamed turn %r of thread %r failed: %s: %s",
+                scope.turn_id,
+                scope.thread_id,
+                type(error).__name__,
+                error,
+                extra={"thread_id": scope.thread_id, "turn_id": scope.turn_id},
+            )
+            return
+        sink.result(result.to_dict())
+
+    def _request(
+        self,
+        thread_id: str,
+        turn_id: str,
+        message: str | None,
+        answer: Answer | str | None,
+        tenant_id: str | None,
+    ) -> tuple[TurnScope, TurnRequest]:
+        """The turn's scope and request, or ``InvalidRequestError`` before anything ran."""
         # The IDs are checked once, by the adapter's ``with_turn``, before it reads.
         resolved = _answer(answer)
         if message is None and resolved is None:
@@ -77,14 +153,17 @@ class Kernel:
                 )
             if not message.isascii() and not _encodable(message):
                 raise InvalidRequestError("message is not valid Unicode text (a lone surrogate)")
-        request = TurnRequest(message, resolved)
         scope = TurnScope(
             thread_id,
             turn_id,
             tenant_id,
             request_digest(message, resolved.to_dict() if resolved else None),
         )
+        return scope, TurnRequest(message, resolved)
+
+    async def _run(self, scope: TurnScope, request: TurnRequest) -> TurnResult:
         compiled = self._compiled
+        thread_id, turn_id = scope.thread_id, scope.turn_id
 
         async def operation(tx: TurnTransaction) -> TurnCommit:
             return await run_turn(compiled, tx, request)
@@ -93,7 +172,10 @@ class Kernel:
             result = await self.durability.with_turn(scope, operation)
         else:
             with _tracing.span(
-                "intention_kernel.turn", thread_id=thread_id, turn_id=turn_id, tenant_id=tenant_id
+                "intention_kernel.turn",
+                thread_id=thread_id,
+                turn_id=turn_id,
+                tenant_id=scope.tenant_id,
             ) as span:
                 result = await self.durability.with_turn(scope, operation)
                 _tracing.annotate(

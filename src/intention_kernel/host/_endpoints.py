@@ -20,13 +20,14 @@ from intention_kernel.checkpoint import check_compatible
 from intention_kernel.durability.base import PendingInteraction, ThreadOwner, check_id
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import CheckpointCompatibilityError, KernelError
-from intention_kernel.host._access import Access
+from intention_kernel.host._access import Access, Principal
 from intention_kernel.host._problems import (
     HostProblem,
     problem_for,
     problem_response,
     thread_not_found,
 )
+from intention_kernel.host._stream import accepts_event_stream, event_stream_response
 from intention_kernel.host._wire import (
     Health,
     InteractionList,
@@ -129,6 +130,8 @@ class Endpoints:
                 "(keep it the same when retrying the delivery)",
                 thread_id=thread_id,
             )
+        if accepts_event_stream(request.headers.get("accept", "")):
+            return await self._stream_turn(request, thread_id, turn_id, body, principal)
         try:
             result = await self.kernel.turn(
                 thread_id,
@@ -141,6 +144,32 @@ class Endpoints:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
         return JSONResponse(
             result.to_dict(), headers={REPLAYED_HEADER: "true" if result.replayed else "false"}
+        )
+
+    async def _stream_turn(
+        self, request: Request, thread_id: str, turn_id: str, body: TurnBody, principal: Principal
+    ) -> Response:
+        """The turn as server-sent events (:mod:`~intention_kernel.host._stream`)."""
+        events = self.kernel.stream_turn(
+            thread_id,
+            turn_id,
+            body.message,
+            body.resolved_answer(),
+            tenant_id=principal.tenant_id,
+        )
+        try:
+            # Wait for the first event: a turn refused before it ran anything answers
+            # problem details with its status, not a stream that only says so.
+            first = await anext(events)
+        except KernelError as error:
+            raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
+        replayed = first.type == "result" and first.data.get("replayed") is True
+        return event_stream_response(
+            first,
+            events,
+            {REPLAYED_HEADER: "true" if replayed else "false"},
+            thread_id=thread_id,
+            turn_id=turn_id,
         )
 
     async def get_thread(self, request: Request) -> Response:

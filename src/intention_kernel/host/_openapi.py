@@ -195,6 +195,21 @@ def _problems(statuses: Iterable[int], exclude: Iterable[str] = ()) -> dict[str,
     return responses
 
 
+def _streamable(response: dict[str, Any]) -> dict[str, Any]:
+    """``response``, which may also be answered as server-sent events."""
+    response["content"]["text/event-stream"] = {
+        "schema": {
+            "type": "string",
+            "description": (
+                'Server-sent events: `event: delta` (`{"text": ...}`), `step` (a '
+                "StepResult), `interaction` (an Interaction), `error` (problem details), "
+                "and last `result` (the TurnResult)"
+            ),
+        }
+    }
+    return response
+
+
 class _Api:
     """The four API operations; ``auth`` adds security and 401."""
 
@@ -233,7 +248,13 @@ class _Api:
                     "The turn ID comes from the body's turn_id or the Idempotency-Key header "
                     "(both given and different: 400; neither: 422). A committed turn ID sent "
                     "again with the same request returns the stored result; with another "
-                    "request, 409 turn-conflict."
+                    "request, 409 turn-conflict. With `Accept: text/event-stream` the turn is "
+                    "answered as server-sent events (`event: delta | step | interaction | "
+                    "result`, `data:` JSON) as it runs; the last is `result`, the same "
+                    "TurnResult; a replay streams only `result`. Events before `result` are "
+                    "provisional; a failure after the stream started is an `error` event "
+                    "with problem details. A client that disconnects does not abort the turn: "
+                    "retry with the same turn ID for its committed result."
                 ),
                 "parameters": [
                     _path_id(),
@@ -250,7 +271,7 @@ class _Api:
                     "content": {"application/json": {"schema": _ref("TurnBody")}},
                 },
             },
-            _json("The turn's result (also for a replay)", "TurnResult", replayed),
+            _streamable(_json("The turn's result (also for a replay)", "TurnResult", replayed)),
             (400, 404, 409, 413, 415, 422, 500, 502, 503),
         )
 

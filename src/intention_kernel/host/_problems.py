@@ -37,6 +37,7 @@ __all__ = [
     "PROBLEM_TYPES",
     "HostProblem",
     "ProblemType",
+    "problem_body",
     "problem_for",
     "problem_response",
     "receipt_not_found",
@@ -267,15 +268,21 @@ def problem_for(error: KernelError, **known: str | None) -> HostProblem:
     return HostProblem(slug, str(error), **fields)
 
 
-def problem_response(problem: HostProblem) -> JSONResponse:
+def problem_body(problem: HostProblem) -> dict[str, Any]:
+    """The problem details document of ``problem`` (RFC 9457)."""
     kind = problem.type
-    body: dict[str, Any] = {
+    return {
         "type": kind.uri,
         "title": kind.title,
         "status": kind.status,
         "detail": problem.detail,
         **problem.fields,
     }
+
+
+def problem_response(problem: HostProblem) -> JSONResponse:
+    kind = problem.type
+    body = problem_body(problem)
     headers = dict(problem.headers)
     if kind.retry_after is not None:
         headers.setdefault("Retry-After", str(kind.retry_after))

@@ -45,14 +45,16 @@ Needs the ``openai`` extra: ``pip install 'intention-kernel[openai]'``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Self, cast
 
 try:
     import openai
+    from openai.lib.streaming.chat import ChatCompletionStreamState
     from openai.types.chat import (
         ChatCompletion,
+        ChatCompletionChunk,
         ChatCompletionMessageParam,
         ChatCompletionToolUnionParam,
     )
@@ -131,25 +133,62 @@ class OpenAIInterpreter:
             Iterable[ChatCompletionMessageParam], chat_messages(request, self.system_prompt)
         )
         offered = cast(Iterable[ChatCompletionToolUnionParam], tools.tools)
-        completion = await self._client.chat.completions.create(
-            model=self.model,
-            messages=messages,
-            temperature=self.temperature,
-            # Some servers refuse an empty tool list: offer none rather than [].
-            tools=offered if tools.tools else openai.omit,
-        )
-        # The SDK hands back whatever JSON a lenient server sent when it is no completion.
-        body = (
-            completion.to_dict(mode="json", warnings=False)
-            if isinstance(completion, ChatCompletion)
-            else completion
-        )
+        # Some servers refuse an empty tool list: offer none rather than [].
+        offer = offered if tools.tools else openai.omit
+        body: object
+        if request.stream is not None:
+            body = await self._streamed(messages, offer, request.stream)
+        else:
+            completion = await self._client.chat.completions.create(
+                model=self.model, messages=messages, temperature=self.temperature, tools=offer
+            )
+            # The SDK hands back whatever JSON a lenient server sent when it is no completion.
+            body = (
+                completion.to_dict(mode="json", warnings=False)
+                if isinstance(completion, ChatCompletion)
+                else completion
+            )
         return interpretation_from_completion(
             body,
             tools,
             thread_id=request.thread_id,
             turn_id=request.turn_id,
         )
+
+    async def _streamed(
+        self,
+        messages: Iterable[ChatCompletionMessageParam],
+        tools: Iterable[ChatCompletionToolUnionParam] | openai.Omit,
+        emit: Callable[[str], None],
+    ) -> object:
+        """The completion, asked for with ``stream=True``: each piece of text goes to
+        ``emit`` as it arrives, and the chunks are put back together (tool calls by
+        their ``index``) into the body a request without streaming answers."""
+        # The SDK's own accumulator; given no tools, it parses no arguments (the kernel
+        # reads them, leniently, in interpretation_from_completion).
+        state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
+        received = False
+        stream = await self._client.chat.completions.create(
+            model=self.model,
+            messages=messages,
+            temperature=self.temperature,
+            tools=tools,
+            stream=True,
+        )
+        async with stream:
+            async for chunk in stream:
+                if not isinstance(chunk, ChatCompletionChunk) or not isinstance(
+                    chunk.choices, list
+                ):
+                    continue  # a keep-alive or a filter notice, not a piece of the answer
+                state.handle_chunk(chunk)
+                received = True
+                for choice in chunk.choices:
+                    if choice.index == 0 and choice.delta and isinstance(choice.delta.content, str):
+                        emit(choice.delta.content)
+        if not received:
+            return {}  # no chunk at all: interpretation_from_completion says so
+        return state.current_completion_snapshot.to_dict(mode="json", warnings=False)
 
     async def aclose(self) -> None:
         """Close the HTTP client, if this interpreter built it."""

@@ -64,4 +64,6 @@ def _record(
 ) -> StepResult:
     step = StepResult(item.step_id, item.capability_id, status, None, error)
     state.steps.append(step)
+    if state.sink is not None:
+        state.sink.step(step)
     return step

@@ -341,6 +341,8 @@ class _Step:
         )
         state = self.state
         state.steps.append(step)
+        if state.sink is not None:
+            state.sink.step(step)
         self.flush_effect_events()
         replies = state.agent.agent.replies
         if status is StepStatus.FAILED:

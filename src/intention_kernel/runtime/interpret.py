@@ -38,6 +38,7 @@ async def interpret(state: TurnState, rounds: tuple[Round, ...] = ()) -> Interpr
         interaction=state.interaction,
         catalog=state.agent.catalog,
         rounds=rounds,
+        stream=state.sink.delta if state.sink is not None else None,
     )
     try:
         with (

@@ -42,6 +42,8 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
     except CapabilityError as exc:
         step = StepResult(step_id, str(intent.capability_id), StepStatus.FAILED, None, str(exc))
         state.steps.append(step)
+        if state.sink is not None:
+            state.sink.step(step)
         state.replies.append(state.agent.agent.replies.not_understood(cap, step))
         return
     item = AgendaItem(step_id, cap.id, canonical, state.scope.turn_id)
@@ -59,6 +61,9 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
             AgendaItem(step_id, cap.id, canonical, state.scope.turn_id, interaction.id),
             interaction,
         )
-        state.steps.append(StepResult(step_id, cap.id, StepStatus.AWAITING_CONFIRMATION))
+        held = StepResult(step_id, cap.id, StepStatus.AWAITING_CONFIRMATION)
+        state.steps.append(held)
+        if state.sink is not None:
+            state.sink.step(held)
         return
     await execute(state, cap, item, parsed)

@@ -25,6 +25,7 @@ from intention_kernel.checkpoint import (
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.facts import FactRecord, FactTable
 from intention_kernel.interpretation import Answer
+from intention_kernel.streaming import TurnSink
 from intention_kernel.turns import EventDraft, StepResult, StepStatus, TurnScope
 
 __all__ = ["TurnRequest", "TurnState"]
@@ -32,10 +33,15 @@ __all__ = ["TurnRequest", "TurnState"]
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
-    """What the caller asked in this turn: a message, a structured answer, or both."""
+    """What the caller asked in this turn: a message, a structured answer, or both.
+
+    ``sink`` receives the turn's events as they happen when the turn is streamed
+    (:meth:`~intention_kernel.Kernel.stream_turn`); ``None`` otherwise.
+    """
 
     message: str | None
     answer: Answer | None
+    sink: TurnSink | None = None
 
 
 class TurnState:
@@ -55,6 +61,8 @@ class TurnState:
         self.tx = tx
         self.scope: TurnScope = scope
         self.request = request
+        # Tested for ``None`` where an event would be reported: nothing else when unstreamed.
+        self.sink = request.sink
         self.previous: KernelCheckpoint | None = previous
         # Overlaid, not copied: a long thread's facts cost nothing per turn until stored.
         self.facts = FactTable(previous.facts if previous else {})
@@ -94,6 +102,8 @@ class TurnState:
         self.interaction = interaction
         self._prompts[interaction.id] = len(self.replies)
         self.replies.append(interaction.prompt)
+        if self.sink is not None:
+            self.sink.interaction(interaction)
         self.emit(
             "interaction.opened",
             {
@@ -119,6 +129,8 @@ class TurnState:
                     error=f"superseded by step {by.step_id} ({by.capability_id}), proposed "
                     "later in the same turn; only the latest request waits for an answer",
                 )
+                if self.sink is not None:
+                    self.sink.step(self.steps[index])
                 break
         line = self._prompts.pop(active.id, None)
         if line is not None:
