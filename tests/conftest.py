@@ -1,14 +1,20 @@
 """Shared fixtures: service discovery that skips locally and fails in CI; the
-hypothesis profiles; the soak's size (``--soak-turns``)."""
+hypothesis profiles; the soak's size (``--soak-turns``); a store of each kind (``store``)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+if TYPE_CHECKING:
+    from intention_kernel.durability import Durability
 
 REQUIRE_SERVICES = os.environ.get("INTENTION_KERNEL_REQUIRE_SERVICES") == "1"
 POSTGRES_DSN = os.environ.get(
@@ -144,3 +150,35 @@ def pytest_asyncio_loop_factories(
         else:
             loops["uvloop"] = uvloop.new_event_loop
     return loops
+
+
+# -- a store of each kind ------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Durability]:
+    """Each store in turn: memory, a SQLite file, a PostgreSQL schema of its own. A test
+    module may define a ``store`` fixture of its own instead."""
+    from intention_kernel.durability.sqlite import SQLiteDurability
+    from intention_kernel.testing import InMemoryDurability
+
+    if request.param == "memory":
+        yield InMemoryDurability()
+        return
+    if request.param == "sqlite":
+        async with SQLiteDurability(tmp_path / "store.db") as sqlite_store:
+            yield sqlite_store
+        return
+    import psycopg
+    from psycopg import sql
+
+    from intention_kernel.durability.postgres import PostgresDurability
+
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = "ik_store_" + uuid.uuid4().hex[:12]
+    try:
+        async with PostgresDurability(dsn, schema=schema) as pg_store:
+            yield pg_store
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

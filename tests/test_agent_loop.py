@@ -16,14 +16,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel, StepStatus
 from intention_kernel.durability import Durability
-from intention_kernel.durability.postgres import PostgresDurability
-from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.interpreters.openai import OpenAIInterpreter
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
@@ -56,25 +52,6 @@ def completion(text: str | None = None, *calls: tuple[str, str, dict[str, Any]])
             ],
         },
     }
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Durability]:
-    if request.param == "memory":
-        yield InMemoryDurability()
-        return
-    if request.param == "sqlite":
-        async with SQLiteDurability(tmp_path / "loop.db") as sqlite_store:
-            yield sqlite_store
-        return
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = "ik_loop_" + uuid.uuid4().hex[:12]
-    try:
-        async with PostgresDurability(dsn, schema=schema) as pg_store:
-            yield pg_store
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @pytest.fixture

@@ -9,25 +9,21 @@ import asyncio
 import dataclasses
 import json
 import threading
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
-from psycopg import sql
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from host_support import asgi_client, served, serving_in_thread
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel
 from intention_kernel.durability import Durability
-from intention_kernel.durability.postgres import PostgresDurability
-from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.host import create_app
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from loop_support import GatedRounds
 
 SSE = {"Accept": "text/event-stream"}
 URL = "/v1/threads/acct-1/turns"
@@ -59,25 +55,6 @@ def script(request: InterpretationRequest) -> Interpretation:
             intents=[Intent("payments.charge", {"payment_intent_id": "pi_1", "amount": 7})]
         )
     return Interpretation(reply="You owe 7; confirm the charge.")
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Durability]:
-    if request.param == "memory":
-        yield InMemoryDurability()
-        return
-    if request.param == "sqlite":
-        async with SQLiteDurability(tmp_path / "host.db") as sqlite_store:
-            yield sqlite_store
-        return
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = "ik_sse_" + uuid.uuid4().hex[:12]
-    try:
-        async with PostgresDurability(dsn, schema=schema) as pg_store:
-            yield pg_store
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 def kernel_for(store: Durability, interpreter: Any) -> Kernel:
@@ -164,23 +141,6 @@ async def test_the_openapi_document_says_a_turn_may_answer_an_event_stream(
     document = (await client.get("/openapi.json")).json()
     ok = document["paths"]["/v1/threads/{thread_id}/turns"]["post"]["responses"]["200"]
     assert set(ok["content"]) == {"application/json", "text/event-stream"}
-
-
-class GatedRounds:
-    """Works in rounds; round 2 waits for ``gate``."""
-
-    multi_round = True
-
-    def __init__(self) -> None:
-        self.gate = asyncio.Event()
-        self.calls = 0
-
-    async def interpret(self, request: InterpretationRequest) -> Interpretation:
-        self.calls += 1
-        if not request.rounds:
-            return Interpretation(intents=[Intent("billing.balance", {"due": 5})])
-        await self.gate.wait()
-        return Interpretation(reply="You owe 5.")
 
 
 async def test_a_client_that_disconnects_mid_stream_does_not_abort_the_turn(

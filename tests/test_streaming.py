@@ -21,9 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from intention_kernel import (
     Intent,
@@ -36,33 +34,13 @@ from intention_kernel import (
     TurnEvent,
 )
 from intention_kernel.durability import Durability
-from intention_kernel.durability.postgres import PostgresDurability
-from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.interpreters.openai import OpenAIInterpreter
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from loop_support import GatedRounds
 from openai_stub import OpenAIStub, running_stub
 
 THREAD = "acct-1"
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Durability]:
-    if request.param == "memory":
-        yield InMemoryDurability()
-        return
-    if request.param == "sqlite":
-        async with SQLiteDurability(tmp_path / "stream.db") as sqlite_store:
-            yield sqlite_store
-        return
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = "ik_stream_" + uuid.uuid4().hex[:12]
-    try:
-        async with PostgresDurability(dsn, schema=schema) as pg_store:
-            yield pg_store
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 def kernel_for(store: Durability, interpreter: Any, provider: FakeProvider | None = None) -> Kernel:
@@ -160,23 +138,6 @@ async def test_a_replayed_turn_streams_only_its_result(store: Durability) -> Non
     assert [e.type for e in events] == ["result"]
     assert events[0].data == {**committed.to_dict(), "replayed": True}
     assert len(interpreter.calls) == asked
-
-
-class GatedRounds:
-    """Works in rounds; round 2 waits for ``gate`` before it answers."""
-
-    multi_round = True
-
-    def __init__(self) -> None:
-        self.gate = asyncio.Event()
-        self.calls = 0
-
-    async def interpret(self, request: InterpretationRequest) -> Interpretation:
-        self.calls += 1
-        if not request.rounds:
-            return Interpretation(intents=[Intent("billing.balance", {"due": 5})])
-        await self.gate.wait()
-        return Interpretation(reply="You owe 5.")
 
 
 async def test_a_consumer_that_stops_after_the_first_event_leaves_a_committed_turn(
