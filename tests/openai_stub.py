@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -210,3 +211,29 @@ def running_stub() -> Iterator[OpenAIStub]:
         yield stub
     finally:
         stub.close()
+
+
+def completion(text: str | None = None, *calls: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
+    """A recording: a chat completion with ``text`` and tool calls ``(id, name, args)``."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(a)}}
+            for cid, name, a in calls
+        ]
+    return {
+        "status": 200,
+        "body": {
+            "id": "chatcmpl-" + uuid.uuid4().hex,
+            "object": "chat.completion",
+            "created": 1752140000,
+            "model": "gpt-4o-mini",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if calls else "stop",
+                }
+            ],
+        },
+    }

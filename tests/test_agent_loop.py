@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -23,35 +22,9 @@ from intention_kernel.durability import Durability
 from intention_kernel.interpreters.openai import OpenAIInterpreter
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from openai_stub import OpenAIStub, running_stub
+from openai_stub import OpenAIStub, completion, running_stub
 
 THREAD = "acct-1"
-
-
-def completion(text: str | None = None, *calls: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
-    """A recording: a chat completion with ``text`` and tool calls ``(id, name, args)``."""
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if calls:
-        message["tool_calls"] = [
-            {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(a)}}
-            for cid, name, a in calls
-        ]
-    return {
-        "status": 200,
-        "body": {
-            "id": "chatcmpl-" + uuid.uuid4().hex,
-            "object": "chat.completion",
-            "created": 1752140000,
-            "model": "gpt-4o-mini",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "finish_reason": "tool_calls" if calls else "stop",
-                }
-            ],
-        },
-    }
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import json
 import re
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from intention_kernel.interpreters.openai import OpenAIInterpreter
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from loop_support import GatedRounds
-from openai_stub import OpenAIStub, running_stub
+from openai_stub import OpenAIStub, completion, running_stub
 
 THREAD = "acct-1"
 
@@ -213,27 +212,6 @@ async def test_a_turns_error_raises_from_the_iterator_as_kernel_turn_raises_it(
 
 
 # -- OpenAIInterpreter ---------------------------------------------------------------------
-
-
-def completion(text: str | None = None, *calls: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if calls:
-        message["tool_calls"] = [
-            {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(a)}}
-            for cid, name, a in calls
-        ]
-    return {
-        "status": 200,
-        "body": {
-            "id": "chatcmpl-" + uuid.uuid4().hex,
-            "object": "chat.completion",
-            "created": 1752140000,
-            "model": "gpt-4o-mini",
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
-            ],
-        },
-    }
 
 
 @pytest.fixture
