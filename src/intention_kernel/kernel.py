@@ -197,6 +197,10 @@ class Kernel:
         return await self.durability.load_checkpoint(thread_id)
 
 
+_MAX_ANSWER_TEXT = 4096
+"""The longest ``reason``, ``actor`` or ``digest`` an answer may carry."""
+
+
 def _answer(answer: Any) -> Answer | None:
     if answer is None:
         return None
@@ -205,6 +209,25 @@ def _answer(answer: Any) -> Answer | None:
             raise InvalidRequestError(
                 f"an answer's decision must be 'accept' or 'reject', got {answer.decision!r}"
             )
+        if answer.input is not None:
+            raise InvalidRequestError("editing the held input is not supported yet")
+        for name in ("reason", "actor", "digest"):
+            text = getattr(answer, name)
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                raise InvalidRequestError(
+                    f"an answer's {name} must be a string, got {type(text).__name__}"
+                )
+            if len(text) > _MAX_ANSWER_TEXT:
+                raise InvalidRequestError(
+                    f"an answer's {name} is {len(text)} characters long; the limit is "
+                    f"{_MAX_ANSWER_TEXT}"
+                )
+            if not text.isascii() and not _encodable(text):
+                raise InvalidRequestError(
+                    f"an answer's {name} is not valid Unicode text (a lone surrogate)"
+                )
         try:
             normalize(answer.to_dict())  # what no store can hold or read back
         except (TypeError, ValueError) as exc:
