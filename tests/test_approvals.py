@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 
-from intention_kernel import Answer, InvalidRequestError, Kernel
+from intention_kernel import Answer, Interaction, InvalidRequestError, Kernel
 from intention_kernel.durability import Durability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.turns import request_digest
@@ -51,3 +54,33 @@ async def test_an_answer_with_a_bad_new_field_is_refused_and_changes_nothing(
     assert before is not None and after is not None
     assert after.version == before.version
     assert after.interaction == before.interaction
+
+
+def test_a_checkpoint_stored_before_interactions_had_a_digest_loads_with_it() -> None:
+    from intention_kernel.checkpoint import (
+        KernelCheckpoint,
+        decode_checkpoint,
+        encode_checkpoint,
+        operation_digest,
+    )
+
+    interaction = Interaction(
+        "ix_1", "confirmation", "payments.charge", {"amount": 5}, "Charge 5?", step_id="s1"
+    )
+    document = json.loads(encode_checkpoint(KernelCheckpoint(1, "fp", 1, interaction=interaction)))
+    del document["interaction"]["digest"]  # as a release without digests stored it
+    loaded = decode_checkpoint(json.dumps(document))
+    assert loaded.interaction is not None
+    assert loaded.interaction.digest == operation_digest(
+        "confirmation", "payments.charge", {"amount": 5}
+    )
+    assert loaded.interaction == interaction
+
+
+def test_an_operation_digest_is_the_sha256_of_its_canonical_json() -> None:
+    from intention_kernel.checkpoint import operation_digest
+
+    canonical = '{"capability_id":"payments.charge","input":{"a":1,"b":"é"},"kind":"confirmation"}'
+    assert operation_digest("confirmation", "payments.charge", {"b": "é", "a": 1}) == (
+        hashlib.sha256(canonical.encode()).hexdigest()
+    )

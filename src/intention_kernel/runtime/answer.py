@@ -29,6 +29,11 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
     if answer.interaction_id is not None and answer.interaction_id != active.id:
         state.replies.append(replies.not_the_pending_question(active))
         return False
+    if answer.digest is not None and answer.digest != active.digest:
+        # An approval given for one operation never runs another: nothing runs, and the
+        # interaction stays open for an answer to the operation it holds.
+        state.replies.append(replies.request_changed(active))
+        return False
     resolution = "accepted" if answer.decision == "accept" else "rejected"
     item = state.close_interaction(resolution, actor=answer.actor, reason=answer.reason)
     if item is None:

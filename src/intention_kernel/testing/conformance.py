@@ -860,6 +860,32 @@ class DurabilityConformance:
             ("payments.charge:charge:pi_2", None),
         ]
 
+    async def test_an_answer_with_another_operations_digest_runs_nothing(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        from intention_kernel.checkpoint import operation_digest
+
+        first = await kernel.turn("t", "1", "charge pi_1 500")
+        shown = first.interaction
+        assert shown is not None
+        assert shown.digest == operation_digest("confirmation", "payments.charge", shown.input)
+        other = operation_digest("confirmation", "payments.charge", {**shown.input, "amount": 9})
+        refused = await kernel.turn("t", "2", answer=Answer(shown.id, "accept", digest=other))
+        assert provider.calls() == 0 and refused.steps == ()
+        assert "changed since it was shown" in refused.reply
+        assert refused.interaction == shown
+        stored = await durability.load_checkpoint("t")
+        assert stored is not None and stored.interaction == shown
+        accepted = await kernel.turn(
+            "t", "3", answer=Answer(shown.id, "accept", digest=shown.digest)
+        )
+        assert [s.status for s in accepted.steps] == [StepStatus.COMPLETED]
+        assert provider.ledger == ["payments.charge:charge:pi_1"]
+        replayed = await kernel.turn(
+            "t", "3", answer=Answer(shown.id, "accept", digest=shown.digest)
+        )
+        assert replayed.replayed and provider.ledger == ["payments.charge:charge:pi_1"]
+
     async def test_replaying_the_accepting_turn_runs_nothing_again(
         self, kernel: Kernel, durability: Durability, provider: FakeProvider
     ) -> None:
