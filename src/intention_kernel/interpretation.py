@@ -49,6 +49,10 @@ class Intent:
     error: str | None = None
 
 
+#: The longest ``reason``, ``actor`` or ``digest`` an answer may carry.
+MAX_ANSWER_TEXT = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """An answer to the active interaction.

@@ -21,7 +21,7 @@ from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.errors import InvalidRequestError
-from intention_kernel.interpretation import Answer
+from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.streaming import TurnEvent, TurnSink
 from intention_kernel.turns import TurnCommit, TurnResult, TurnScope, request_digest
@@ -197,10 +197,6 @@ class Kernel:
         return await self.durability.load_checkpoint(thread_id)
 
 
-_MAX_ANSWER_TEXT = 4096
-"""The longest ``reason``, ``actor`` or ``digest`` an answer may carry."""
-
-
 def _answer(answer: Any) -> Answer | None:
     if answer is None:
         return None
@@ -219,10 +215,10 @@ def _answer(answer: Any) -> Answer | None:
                 raise InvalidRequestError(
                     f"an answer's {name} must be a string, got {type(text).__name__}"
                 )
-            if len(text) > _MAX_ANSWER_TEXT:
+            if len(text) > MAX_ANSWER_TEXT:
                 raise InvalidRequestError(
                     f"an answer's {name} is {len(text)} characters long; the limit is "
-                    f"{_MAX_ANSWER_TEXT}"
+                    f"{MAX_ANSWER_TEXT}"
                 )
             if not text.isascii() and not _encodable(text):
                 raise InvalidRequestError(

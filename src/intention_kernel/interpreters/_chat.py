@@ -36,6 +36,7 @@ from intention_kernel.checkpoint import Interaction
 from intention_kernel.errors import InterpretationError
 from intention_kernel.facts import FactRecord
 from intention_kernel.interpretation import (
+    MAX_ANSWER_TEXT,
     Answer,
     CapabilitySpec,
     Decision,
@@ -82,7 +83,7 @@ MAX_ARGUMENTS_DEPTH = MAX_NESTING
 
 #: The longest reason for a reject taken from the model (the kernel's bound on
 #: ``Answer.reason``); a longer one is cut.
-MAX_REASON_CHARS = 4096
+MAX_REASON_CHARS = MAX_ANSWER_TEXT
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an assistant that acts for the user through the tools provided. Call a tool "
