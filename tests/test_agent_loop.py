@@ -259,3 +259,45 @@ async def test_max_rounds_must_be_a_positive_integer() -> None:
             kernel_for(
                 InMemoryDurability(), ScriptedInterpreter({}), FakeProvider(), max_rounds=bad
             )
+
+
+async def test_a_rejections_reason_reaches_the_models_next_round(
+    store: Durability, stub: OpenAIStub, model: OpenAIInterpreter
+) -> None:
+    provider = FakeProvider()
+    kernel = kernel_for(store, model, provider)
+    stub.queue_data(
+        [
+            completion(
+                None,
+                ("call_c1", "payments__charge", {"payment_intent_id": "pi_1", "amount": 500}),
+            ),
+            completion("I will charge 500 once you confirm."),
+            completion(None, ("call_r1", "answer_reject", {"reason": "the amount is wrong"})),
+            completion("Understood: what amount should I charge?"),
+        ]
+    )
+    await kernel.turn(THREAD, "d1", "charge pi_1 500")
+    rejected = await kernel.turn(THREAD, "d2", "no, the amount is wrong")
+
+    assert len(stub.requests) == 4
+    tools = {t["function"]["name"]: t["function"] for t in stub.requests[2]["tools"]}
+    assert tools["answer_reject"]["parameters"]["properties"]["reason"]["type"] == "string"
+    [tool] = tool_messages(stub.requests[3])
+    assert tool["tool_call_id"] == "call_r1"
+    assert json.loads(tool["content"]) == {
+        "status": "rejected",
+        "error": "rejected by the person: the amount is wrong",
+    }
+    assert [(s.status, s.error) for s in rejected.steps] == [
+        (StepStatus.REJECTED, "rejected by the person: the amount is wrong")
+    ]
+    assert provider.calls() == 0
+    resolved = [
+        e.payload
+        for e in await store.read_outbox(thread_id=THREAD)
+        if e.type == "interaction.resolved"
+    ]
+    assert [(p["resolution"], p.get("reason")) for p in resolved] == [
+        ("rejected", "the amount is wrong")
+    ]

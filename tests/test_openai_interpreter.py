@@ -400,8 +400,11 @@ async def test_an_answer_tool_carries_a_value_to_a_capability_that_asks_itself(
         accepted = await kernel.turn("trip-1", "d2", "yes, at that fare")
         offered = stub.requests[-1]
         tools = {tool["function"]["name"]: tool["function"] for tool in offered["tools"]}
-        for name in ("answer_accept", "answer_reject"):
-            assert set(tools[name]["parameters"]["properties"]) == {"value"}
+        for name, properties in (
+            ("answer_accept", {"value"}),
+            ("answer_reject", {"value", "reason"}),
+        ):
+            assert set(tools[name]["parameters"]["properties"]) == properties
             assert "quote ID" in tools[name]["description"]
         assert '"quote_id": "q_TP538_18900"' in system_message(offered), "details are context"
 

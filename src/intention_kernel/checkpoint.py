@@ -13,6 +13,7 @@ that :func:`encode_checkpoint` returns and hand back what they read to
 
 from __future__ import annotations
 
+import hashlib
 import json
 import operator
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -63,6 +64,10 @@ class Interaction:
     ``kind`` is ``"confirmation"`` (the kernel holds a planned write until it is
     accepted) or ``"capability"`` (the capability asked, and validates the answer
     itself when it is called again).
+
+    ``digest`` binds an answer to the operation shown (``Answer.digest``): the sha256 of
+    the canonical JSON of ``{capability_id, input, kind}``. It is computed when the
+    interaction is created, and on load for a checkpoint stored before it existed.
     """
 
     id: str
@@ -73,6 +78,26 @@ class Interaction:
     details: Any = None
     step_id: str = ""
     turn_id: str = ""
+    digest: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.digest:
+            object.__setattr__(
+                self, "digest", operation_digest(self.kind, self.capability_id, self.input)
+            )
+
+
+def operation_digest(kind: str, capability_id: str, input: Mapping[str, Any]) -> str:
+    """The sha256 of the canonical JSON of an operation (sorted keys, no spaces).
+
+    It must never change: an answer's ``digest`` is compared with it across releases."""
+    canonical = json.dumps(
+        {"capability_id": capability_id, "input": input, "kind": kind},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from intention_kernel.checkpoint import Interaction, Message
@@ -49,6 +49,10 @@ class Intent:
     error: str | None = None
 
 
+#: The longest ``reason``, ``actor`` or ``digest`` an answer may carry.
+MAX_ANSWER_TEXT = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """An answer to the active interaction.
@@ -56,18 +60,33 @@ class Answer:
     ``interaction_id=None`` addresses whichever interaction is active; naming
     another interaction is refused. ``value`` carries extra data for
     capabilities that confirm on their own (``confirmation="capability"``).
+    ``reason`` explains a reject, ``actor`` names the approver, ``digest`` binds the
+    answer to the operation shown (``Interaction.digest``). ``input`` (editing the held
+    input) is refused for now.
     """
 
     interaction_id: str | None = None
     decision: Decision = "accept"
     value: Any = None
+    _: KW_ONLY
+    input: dict[str, Any] | None = None
+    reason: str | None = None
+    actor: str | None = None
+    digest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        # The dict feeds the stored request digest: a key is added only when its field
+        # is set, so an answer without them digests as it did before they existed.
+        data: dict[str, Any] = {
             "interaction_id": self.interaction_id,
             "decision": self.decision,
             "value": self.value,
         }
+        for key in ("input", "reason", "actor", "digest"):
+            field_value = getattr(self, key)
+            if field_value is not None:
+                data[key] = field_value
+        return data
 
 
 @dataclass(frozen=True, slots=True)

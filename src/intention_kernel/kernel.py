@@ -21,7 +21,7 @@ from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.errors import InvalidRequestError
-from intention_kernel.interpretation import Answer
+from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.streaming import TurnEvent, TurnSink
 from intention_kernel.turns import TurnCommit, TurnResult, TurnScope, request_digest
@@ -205,6 +205,25 @@ def _answer(answer: Any) -> Answer | None:
             raise InvalidRequestError(
                 f"an answer's decision must be 'accept' or 'reject', got {answer.decision!r}"
             )
+        if answer.input is not None:
+            raise InvalidRequestError("editing the held input is not supported yet")
+        for name in ("reason", "actor", "digest"):
+            text = getattr(answer, name)
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                raise InvalidRequestError(
+                    f"an answer's {name} must be a string, got {type(text).__name__}"
+                )
+            if len(text) > MAX_ANSWER_TEXT:
+                raise InvalidRequestError(
+                    f"an answer's {name} is {len(text)} characters long; the limit is "
+                    f"{MAX_ANSWER_TEXT}"
+                )
+            if not text.isascii() and not _encodable(text):
+                raise InvalidRequestError(
+                    f"an answer's {name} is not valid Unicode text (a lone surrogate)"
+                )
         try:
             normalize(answer.to_dict())  # what no store can hold or read back
         except (TypeError, ValueError) as exc:

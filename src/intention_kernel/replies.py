@@ -62,6 +62,14 @@ class Replies:
             f"waiting for an answer is: {pending.prompt}"
         )
 
+    def request_changed(self, pending: Interaction) -> str:
+        """An answer's ``digest`` is not ``pending``'s: the request changed since it was
+        shown; nothing ran and ``pending`` still waits."""
+        return (
+            "That request changed since it was shown, so nothing was done. The question "
+            f"waiting for an answer is: {pending.prompt}"
+        )
+
     def cancelled(self, interaction: Interaction) -> str:
         """The person said no to ``interaction`` (a ``"required"`` confirmation)."""
         return "Cancelled: nothing was done."

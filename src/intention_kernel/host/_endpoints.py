@@ -137,7 +137,7 @@ class Endpoints:
                 thread_id,
                 turn_id,
                 body.message,
-                body.resolved_answer(),
+                body.resolved_answer(principal.actor),
                 tenant_id=principal.tenant_id,
             )
         except KernelError as error:
@@ -154,7 +154,7 @@ class Endpoints:
             thread_id,
             turn_id,
             body.message,
-            body.resolved_answer(),
+            body.resolved_answer(principal.actor),
             tenant_id=principal.tenant_id,
         )
         try:

@@ -23,7 +23,7 @@ from intention_kernel.durability.base import PendingInteraction
 from intention_kernel.effects import Receipt
 from intention_kernel.facts import FactRecord
 from intention_kernel.host._problems import HostProblem
-from intention_kernel.interpretation import Answer
+from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 
 __all__ = [
     "JSON_MEDIA_TYPE",
@@ -84,14 +84,28 @@ M = TypeVar("M", bound=_Body)
 
 
 class AnswerBody(_Body):
-    """An answer to a pending interaction (``interaction_id`` omitted: the active one)."""
+    """An answer to a pending interaction (``interaction_id`` omitted: the active one).
+
+    ``reason`` explains a reject; ``digest`` binds the answer to the operation shown
+    (the interaction's ``digest``). ``actor`` is the token's principal: the host sets
+    it, and refuses one sent that names anyone else."""
 
     interaction_id: Id | None = None
     decision: Literal["accept", "reject"]
     value: JsonValue = None
+    reason: Annotated[str, Field(max_length=MAX_ANSWER_TEXT)] | None = None
+    actor: Annotated[str, Field(max_length=MAX_ANSWER_TEXT)] | None = None
+    digest: Annotated[str, Field(max_length=MAX_ANSWER_TEXT)] | None = None
 
-    def to_answer(self) -> Answer:
-        return Answer(self.interaction_id, self.decision, self.value)
+    def to_answer(self, actor: str) -> Answer:
+        return Answer(
+            self.interaction_id,
+            self.decision,
+            self.value,
+            reason=self.reason,
+            actor=actor,
+            digest=self.digest,
+        )
 
 
 class TurnBody(_Body):
@@ -112,8 +126,20 @@ class TurnBody(_Body):
     message: str | None = None
     answer: Literal["accept", "reject"] | AnswerBody | None = None
 
-    def resolved_answer(self) -> Answer | str | None:
-        return self.answer.to_answer() if isinstance(self.answer, AnswerBody) else self.answer
+    def resolved_answer(self, actor: str) -> Answer | None:
+        """The answer, its actor ``actor`` (the token's principal); ``HostProblem``
+        403 ``forbidden`` when the body names another actor."""
+        if self.answer is None:
+            return None
+        if isinstance(self.answer, str):
+            return Answer(None, self.answer, actor=actor)
+        if self.answer.actor is not None and self.answer.actor != actor:
+            raise HostProblem(
+                "forbidden",
+                "an answer's actor is the token's principal; this token may not answer as "
+                "another actor",
+            )
+        return self.answer.to_answer(actor)
 
 
 #: A note must hold more than white space. Checked with Python's regular expressions,

@@ -36,6 +36,7 @@ from intention_kernel.checkpoint import Interaction
 from intention_kernel.errors import InterpretationError
 from intention_kernel.facts import FactRecord
 from intention_kernel.interpretation import (
+    MAX_ANSWER_TEXT,
     Answer,
     CapabilitySpec,
     Decision,
@@ -79,6 +80,10 @@ MAX_DETAILS_CHARS = 2_000
 #: the decoder's recursion (a RecursionError, formerly a 502) or could not be stored
 #: with the checkpoint.
 MAX_ARGUMENTS_DEPTH = MAX_NESTING
+
+#: The longest reason for a reject taken from the model (the kernel's bound on
+#: ``Answer.reason``); a longer one is cut.
+MAX_REASON_CHARS = MAX_ANSWER_TEXT
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an assistant that acts for the user through the tools provided. Call a tool "
@@ -166,8 +171,18 @@ def _answer_tools(interaction: Interaction) -> list[dict[str, Any]]:
         ),
         _function(
             "answer_reject",
-            f"The user declines the pending request: {interaction.prompt}{note}",
-            parameters,
+            f"The user declines the pending request: {interaction.prompt}{note} Pass "
+            "`reason` when the user's message says why.",
+            {
+                **parameters,
+                "properties": {
+                    **parameters["properties"],
+                    "reason": {
+                        "type": "string",
+                        "description": "Optional: why the user declines, in their words.",
+                    },
+                },
+            },
         ),
     ]
 
@@ -259,6 +274,18 @@ def round_messages(rounds: Sequence[Round]) -> list[dict[str, Any]]:
     return messages
 
 
+def _reason(arguments: Mapping[str, Any]) -> str | None:
+    """The model's ``reason`` for a reject, if it is text a store can hold."""
+    reason = arguments.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        return None
+    try:
+        reason.encode("utf-8")
+    except UnicodeEncodeError:
+        return None  # a lone surrogate: no store can hold it
+    return reason[:MAX_REASON_CHARS]
+
+
 def _step_outcome(step: StepResult) -> dict[str, Any]:
     outcome: dict[str, Any] = {"status": str(step.status)}
     if step.value is not None:
@@ -323,6 +350,7 @@ def interpretation_from_completion(
                     active.id if active is not None else None,
                     ANSWER_TOOLS[call.name],
                     arguments.get("value"),
+                    reason=_reason(arguments) if ANSWER_TOOLS[call.name] == "reject" else None,
                 )
             )
             continue

@@ -29,8 +29,13 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
     if answer.interaction_id is not None and answer.interaction_id != active.id:
         state.replies.append(replies.not_the_pending_question(active))
         return False
+    if answer.digest is not None and answer.digest != active.digest:
+        # An approval given for one operation never runs another: nothing runs, and the
+        # interaction stays open for an answer to the operation it holds.
+        state.replies.append(replies.request_changed(active))
+        return False
     resolution = "accepted" if answer.decision == "accept" else "rejected"
-    item = state.close_interaction(resolution)
+    item = state.close_interaction(resolution, actor=answer.actor, reason=answer.reason)
     if item is None:
         raise CorruptRecordError(
             f"thread {state.scope.thread_id!r} has interaction {active.id} but no agenda item "
@@ -45,7 +50,8 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
         state.replies.append(replies.cannot_resume(active, step))
         return True
     if active.kind == "confirmation" and answer.decision != "accept":  # consent is never assumed
-        _record(state, item, StepStatus.REJECTED, None)
+        why = f"rejected by the person: {answer.reason}" if answer.reason is not None else None
+        _record(state, item, StepStatus.REJECTED, why)
         state.replies.append(replies.cancelled(active))
         return True
     try:
@@ -55,7 +61,11 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
         state.replies.append(replies.cannot_resume(active, step))
         return True
     # "capability" mode hands the answer, accept or reject, to the capability to judge.
-    await execute(state, cap, item, parsed, answer if active.kind == "capability" else None)
+    state.actor = answer.actor
+    try:
+        await execute(state, cap, item, parsed, answer if active.kind == "capability" else None)
+    finally:
+        state.actor = None  # the turn's later intents were approved by no one
     return True
 
 

@@ -317,6 +317,8 @@ class _Step:
         if status is not ReceiptStatus.COMPLETED:
             payload["error"] = receipt.error
             payload["attempted"] = attempted
+        if state.actor is not None:
+            payload["actor"] = state.actor
         self.effect_events.append(EventDraft(f"effect.{status}", payload))
 
     # -- outcomes -----------------------------------------------------------------------------

@@ -79,6 +79,9 @@ class TurnState:
         # Keys of completed receipts whose effect.completed is among ``events``.
         self.announced: dict[str, None] = {}
         self.replies: list[str] = []
+        #: The approver of the operation running now: set while an accepted answer's
+        #: operation runs, so its effect events name who approved it.
+        self.actor: str | None = None
         # Where the prompt of each interaction opened in this turn is among ``replies``.
         self._prompts: dict[str, int] = {}
         self.signal = CancellationSignal()
@@ -136,23 +139,29 @@ class TurnState:
         if line is not None:
             self.replies[line] = self.agent.agent.replies.superseded(active)
 
-    def close_interaction(self, resolution: str) -> AgendaItem | None:
-        """Resolve the active interaction and take its planned operation off the agenda."""
+    def close_interaction(
+        self, resolution: str, *, actor: str | None = None, reason: str | None = None
+    ) -> AgendaItem | None:
+        """Resolve the active interaction and take its planned operation off the agenda.
+
+        ``actor`` and ``reason`` (the answer's) are in the event's payload when given."""
         active = self.interaction
         if active is None:
             return None
         item = next((a for a in self.agenda if a.interaction_id == active.id), None)
         self.agenda = [a for a in self.agenda if a.interaction_id != active.id]
         self.interaction = None
-        self.emit(
-            "interaction.resolved",
-            {
-                "interaction_id": active.id,
-                "capability_id": active.capability_id,
-                "step_id": active.step_id,
-                "resolution": resolution,
-            },
-        )
+        payload: dict[str, Any] = {
+            "interaction_id": active.id,
+            "capability_id": active.capability_id,
+            "step_id": active.step_id,
+            "resolution": resolution,
+        }
+        if actor is not None:
+            payload["actor"] = actor
+        if reason is not None:
+            payload["reason"] = reason
+        self.emit("interaction.resolved", payload)
         return item
 
     @staticmethod

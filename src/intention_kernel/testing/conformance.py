@@ -812,6 +812,80 @@ class DurabilityConformance:
         await kernel.turn("t", "3", "yes")
         assert provider.ledger == ["payments.charge:charge:pi_2"]
 
+    async def test_a_rejection_records_its_reason_and_actor_and_runs_nothing(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        first = await kernel.turn("t", "1", "charge pi_1 500")
+        assert first.interaction is not None
+        answer = Answer(None, "reject", reason="the amount is wrong", actor="ana")
+        result = await kernel.turn("t", "2", answer=answer)
+        assert provider.calls() == 0
+        assert [(s.status, s.error) for s in result.steps] == [
+            (StepStatus.REJECTED, "rejected by the person: the amount is wrong")
+        ]
+        resolved = [
+            e.payload
+            for e in await durability.read_outbox(thread_id="t")
+            if e.type == "interaction.resolved"
+        ]
+        assert resolved == [
+            {
+                "interaction_id": first.interaction.id,
+                "capability_id": "payments.charge",
+                "step_id": first.steps[0].step_id,
+                "resolution": "rejected",
+                "actor": "ana",
+                "reason": "the amount is wrong",
+            }
+        ]
+
+    async def test_an_accepting_actor_is_on_the_resolution_and_the_effect_events(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", answer=Answer(None, "accept", actor="ana"))
+        await kernel.turn("t", "3", "charge pi_2 300")
+        await kernel.turn("t", "4", "yes")
+        assert provider.ledger == ["payments.charge:charge:pi_1", "payments.charge:charge:pi_2"]
+        events = await durability.read_outbox(thread_id="t")
+        resolved = [e.payload.get("actor") for e in events if e.type == "interaction.resolved"]
+        effects = [
+            (e.payload["key"], e.payload.get("actor"))
+            for e in events
+            if e.type.startswith("effect.")
+        ]
+        assert resolved == ["ana", None]
+        assert effects == [
+            ("payments.charge:charge:pi_1", "ana"),
+            ("payments.charge:charge:pi_2", None),
+        ]
+
+    async def test_an_answer_with_another_operations_digest_runs_nothing(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        from intention_kernel.checkpoint import operation_digest
+
+        first = await kernel.turn("t", "1", "charge pi_1 500")
+        shown = first.interaction
+        assert shown is not None
+        assert shown.digest == operation_digest("confirmation", "payments.charge", shown.input)
+        other = operation_digest("confirmation", "payments.charge", {**shown.input, "amount": 9})
+        refused = await kernel.turn("t", "2", answer=Answer(shown.id, "accept", digest=other))
+        assert provider.calls() == 0 and refused.steps == ()
+        assert "changed since it was shown" in refused.reply
+        assert refused.interaction == shown
+        stored = await durability.load_checkpoint("t")
+        assert stored is not None and stored.interaction == shown
+        accepted = await kernel.turn(
+            "t", "3", answer=Answer(shown.id, "accept", digest=shown.digest)
+        )
+        assert [s.status for s in accepted.steps] == [StepStatus.COMPLETED]
+        assert provider.ledger == ["payments.charge:charge:pi_1"]
+        replayed = await kernel.turn(
+            "t", "3", answer=Answer(shown.id, "accept", digest=shown.digest)
+        )
+        assert replayed.replayed and provider.ledger == ["payments.charge:charge:pi_1"]
+
     async def test_replaying_the_accepting_turn_runs_nothing_again(
         self, kernel: Kernel, durability: Durability, provider: FakeProvider
     ) -> None:

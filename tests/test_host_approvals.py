@@ -1,0 +1,68 @@
+"""The host's answers name their approver: the token's principal, never the body's."""
+
+from __future__ import annotations
+
+from host_support import asgi_client
+from intention_kernel import Kernel
+from intention_kernel.durability import Durability
+from intention_kernel.host import Principal, create_app
+from intention_kernel.testing.agents import FakeProvider, billing_agent
+
+TOKENS = {"tok-ana": Principal("ana@acme.example", "acme")}
+AUTH = {"authorization": "Bearer tok-ana"}
+
+
+async def test_the_host_records_the_tokens_principal_as_the_answers_actor(
+    store: Durability,
+) -> None:
+    provider = FakeProvider()
+    app = create_app(Kernel(billing_agent(provider), store), tokens=TOKENS)
+    async with asgi_client(app) as client:
+        opened = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d1", "message": "charge pi_1 500"},
+            headers=AUTH,
+        )
+        shown = opened.json()["interaction"]
+        answered = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d2", "answer": {"decision": "accept", "digest": shown["digest"]}},
+            headers=AUTH,
+        )
+    assert answered.status_code == 200, answered.text
+    assert provider.ledger == ["payments.charge:charge:pi_1"]
+    events = [e for e in await store.read_outbox() if e.thread_id == "t"]
+    assert [e.payload.get("actor") for e in events if e.type == "interaction.resolved"] == [
+        "ana@acme.example"
+    ]
+    assert [e.payload.get("actor") for e in events if e.type == "effect.completed"] == [
+        "ana@acme.example"
+    ]
+
+
+async def test_the_host_refuses_an_answer_whose_actor_is_not_the_tokens_principal(
+    store: Durability,
+) -> None:
+    provider = FakeProvider()
+    app = create_app(Kernel(billing_agent(provider), store), tokens=TOKENS)
+    async with asgi_client(app) as client:
+        await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d1", "message": "charge pi_1 500"},
+            headers=AUTH,
+        )
+        forged = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d2", "answer": {"decision": "accept", "actor": "boss@acme.example"}},
+            headers=AUTH,
+        )
+        same = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d3", "answer": {"decision": "accept", "actor": "ana@acme.example"}},
+            headers=AUTH,
+        )
+    assert forged.status_code == 403
+    assert forged.headers["content-type"] == "application/problem+json"
+    assert forged.json()["type"] == "/problems/forbidden"
+    assert same.status_code == 200, same.text
+    assert provider.ledger == ["payments.charge:charge:pi_1"]
