@@ -1,12 +1,13 @@
 """Shared fixtures: service discovery that skips locally and fails in CI; the
-hypothesis profiles; the soak's size (``--soak-turns``); a store of each kind (``store``)."""
+hypothesis profiles; the soak's size (``--soak-turns``); a store of each kind (``store``);
+the chat-completions stub and a model behind it (``stub``, ``model``)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ from hypothesis import HealthCheck, settings
 
 if TYPE_CHECKING:
     from intention_kernel.durability import Durability
+    from intention_kernel.interpreters.openai import OpenAIInterpreter
+    from openai_stub import OpenAIStub
 
 REQUIRE_SERVICES = os.environ.get("INTENTION_KERNEL_REQUIRE_SERVICES") == "1"
 POSTGRES_DSN = os.environ.get(
@@ -182,3 +185,28 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+# -- a chat-completions server and a model behind it ---------------------------------------------
+
+
+@pytest.fixture
+def stub() -> Iterator[OpenAIStub]:
+    """The replaying chat-completions server (``tests/openai_stub.py``); no request may
+    reach it with nothing queued."""
+    from openai_stub import running_stub
+
+    with running_stub() as server:
+        yield server
+    assert server.unexpected == 0, "a request reached the stub with nothing queued"
+
+
+@pytest.fixture
+async def model(stub: OpenAIStub) -> AsyncIterator[OpenAIInterpreter]:
+    """An ``OpenAIInterpreter`` (rounds on) talking to ``stub``, without retries."""
+    from intention_kernel.interpreters.openai import OpenAIInterpreter
+
+    async with OpenAIInterpreter(
+        "gpt-4o-mini", base_url=stub.base_url, api_key="k", max_retries=0, timeout=5
+    ) as interpreter:
+        yield interpreter

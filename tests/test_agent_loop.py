@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -22,24 +21,9 @@ from intention_kernel.durability import Durability
 from intention_kernel.interpreters.openai import OpenAIInterpreter
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from openai_stub import OpenAIStub, completion, running_stub
+from openai_stub import OpenAIStub, completion
 
 THREAD = "acct-1"
-
-
-@pytest.fixture
-def stub() -> Iterator[OpenAIStub]:
-    with running_stub() as server:
-        yield server
-    assert server.unexpected == 0, "a request reached the stub with nothing queued"
-
-
-@pytest.fixture
-async def model(stub: OpenAIStub) -> AsyncIterator[OpenAIInterpreter]:
-    async with OpenAIInterpreter(
-        "gpt-4o-mini", base_url=stub.base_url, api_key="k", max_retries=0, timeout=5
-    ) as interpreter:
-        yield interpreter
 
 
 def kernel_for(

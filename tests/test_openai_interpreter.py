@@ -16,7 +16,7 @@ import dataclasses
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,6 @@ from openai_stub import OpenAIStub, recording, running_stub
 MODEL = "gpt-4o-mini"
 THREAD = "acct-acme"
 PROMPT_42 = "Charge $125.00 to payment intent pi_demo_42 for invoice 42? Reply yes or no."
-
-
-@pytest.fixture
-def stub() -> Iterator[OpenAIStub]:
-    with running_stub() as server:
-        yield server
-    assert server.unexpected == 0, "a request reached the stub with nothing queued"
 
 
 class Billing:

@@ -16,7 +16,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from intention_kernel.interpreters.openai import OpenAIInterpreter
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from loop_support import GatedRounds
-from openai_stub import OpenAIStub, completion, running_stub
+from openai_stub import OpenAIStub, completion
 
 THREAD = "acct-1"
 
@@ -212,21 +212,6 @@ async def test_a_turns_error_raises_from_the_iterator_as_kernel_turn_raises_it(
 
 
 # -- OpenAIInterpreter ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def stub() -> Iterator[OpenAIStub]:
-    with running_stub() as server:
-        yield server
-    assert server.unexpected == 0, "a request reached the stub with nothing queued"
-
-
-@pytest.fixture
-async def model(stub: OpenAIStub) -> AsyncIterator[OpenAIInterpreter]:
-    async with OpenAIInterpreter(
-        "gpt-4o-mini", base_url=stub.base_url, api_key="k", max_retries=0, timeout=5
-    ) as interpreter:
-        yield interpreter
 
 
 async def test_openai_interpreter_streams_the_models_text_as_deltas(
