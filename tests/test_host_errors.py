@@ -278,7 +278,11 @@ async def test_the_openapi_document_says_what_needs_an_operator_and_a_note(
     assert "forbidden" in refusals("/v1/receipts/resolve", "post")
     assert "forbidden" in refusals("/v1/interactions", "get")
     # Every operation may meet the request guard's 403; only the role's is limited.
-    assert refusals("/v1/threads/{thread_id}/turns", "post") == ["cross-origin"]
+    # A turn is refused as forbidden when its answer names another actor than the token's.
+    assert sorted(refusals("/v1/threads/{thread_id}/turns", "post")) == [
+        "cross-origin",
+        "forbidden",
+    ]
     assert refusals("/v1/threads/{thread_id}", "get") == ["cross-origin"]
     body = document["components"]["schemas"]["ResolveBody"]
     assert "note" in body["required"]

@@ -223,11 +223,13 @@ class _Api:
         statuses: Iterable[int],
         *,
         operator: bool = False,
+        forbids: bool = False,
     ) -> dict[str, Any]:
-        """``operator``: a token of another role is refused with 403 ``forbidden`` (the
-        guard's 403 ``cross-origin`` is every operation's)."""
+        """``operator``: a token of another role is refused with 403 ``forbidden``;
+        ``forbids``: the operation answers ``forbidden`` for another reason, with or
+        without tokens (the guard's 403 ``cross-origin`` is every operation's)."""
         problems = set(statuses) | set(GUARD_STATUSES) | ({401} if self.auth else set())
-        role = () if self.auth and operator else ("forbidden",)
+        role = () if forbids or (self.auth and operator) else ("forbidden",)
         op["responses"] = {"200": ok, **_problems(problems, role)}
         if self.auth:
             op["security"] = [{"bearer": []}]
@@ -273,6 +275,7 @@ class _Api:
             },
             _streamable(_json("The turn's result (also for a replay)", "TurnResult", replayed)),
             (400, 404, 409, 413, 415, 422, 500, 502, 503),
+            forbids=True,  # an answer whose actor is not the caller's principal
         )
 
     def get_thread(self) -> dict[str, Any]:
