@@ -184,6 +184,17 @@ function showFormError(form, message) {
   error.hidden = !message;
 }
 
+// A receipt's key, status badge and cause (with its attempt and turn) in a list item;
+// causeSelector names the item's element for the cause.
+function describeReceipt(item, receipt, causeSelector) {
+  item.querySelector(".key").textContent = receipt.key;
+  const badge = item.querySelector(".badge");
+  badge.textContent = receipt.status;
+  badge.className = `badge ${receipt.status}`;
+  item.querySelector(causeSelector).textContent =
+    `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}`;
+}
+
 function renderReceipts(receipts) {
   $("no-receipts").hidden = receipts.length > 0;
   const template = $("receipt-template");
@@ -194,12 +205,7 @@ function renderReceipts(receipts) {
       item.dataset.id = receiptId(receipt);
       item.dataset.key = receipt.key;
       item.dataset.status = receipt.status;
-      item.querySelector(".key").textContent = receipt.key;
-      const badge = item.querySelector(".badge");
-      badge.textContent = receipt.status;
-      badge.className = `badge ${receipt.status}`;
-      item.querySelector(".error").textContent =
-        `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}`;
+      describeReceipt(item, receipt, ".error");
       const form = item.querySelector("form");
       restoreDraft(form, drafts.get(item.dataset.id));
       form.addEventListener("submit", (event) => {
@@ -260,12 +266,7 @@ function renderQueue(receipts, interactions) {
     ...receipts.map((receipt) => {
       const item = $("queue-receipt-template").content.firstElementChild.cloneNode(true);
       item.dataset.thread = receipt.thread_id;
-      item.querySelector(".key").textContent = receipt.key;
-      const badge = item.querySelector(".badge");
-      badge.textContent = receipt.status;
-      badge.className = `badge ${receipt.status}`;
-      item.querySelector(".cause").textContent =
-        `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}`;
+      describeReceipt(item, receipt, ".cause");
       item.querySelector(".thread-link").replaceWith(threadLink(receipt.thread_id));
       return item;
     }),
