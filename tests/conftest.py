@@ -158,7 +158,7 @@ def pytest_asyncio_loop_factories(
 # -- a store of each kind ------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Durability]:
     """Each store in turn: memory, a SQLite file, a PostgreSQL schema of its own. A test
     module may define a ``store`` fixture of its own instead."""

@@ -4,10 +4,7 @@ and while its first turn runs."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +24,6 @@ from intention_kernel import (
 )
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.base import RecordedDurability, StoredThread
-from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.host import Principal, create_app
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
@@ -134,33 +130,6 @@ def first_write_agent(gate: Gate, provider_calls: list[str]) -> Agent:
     return Agent(
         name="first-write", version="1", capabilities=[charge, balance], interpreter=interpreter
     )
-
-
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[RecordedDurability]:
-    if request.param == "memory":
-        async with InMemoryDurability() as memory:
-            yield memory
-        return
-    if request.param == "sqlite":
-        async with SQLiteDurability(tmp_path / "host.db") as sqlite:
-            yield sqlite
-        return
-    import psycopg
-    from psycopg import sql
-
-    from intention_kernel.durability.postgres import PostgresDurability
-
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = f"ik_test_{uuid.uuid4().hex[:12]}"
-    try:
-        async with PostgresDurability(dsn, schema=schema) as postgres:
-            yield postgres
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 async def test_a_tenantless_token_cannot_resolve_a_receipt_of_a_first_turn_in_flight(

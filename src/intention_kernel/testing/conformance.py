@@ -796,11 +796,7 @@ class DurabilityConformance:
         second = await kernel.turn("t", "2", "charge pi_2 700")
         assert first.interaction is not None and second.interaction is not None
         assert second.interaction.id != first.interaction.id
-        resolved = [
-            e.payload
-            for e in await durability.read_outbox(thread_id="t")
-            if e.type == "interaction.resolved"
-        ]
+        resolved = await _payloads(durability, "t", "interaction.resolved")
         assert resolved == [
             {
                 "interaction_id": first.interaction.id,
@@ -823,11 +819,7 @@ class DurabilityConformance:
         assert [(s.status, s.error) for s in result.steps] == [
             (StepStatus.REJECTED, "rejected by the person: the amount is wrong")
         ]
-        resolved = [
-            e.payload
-            for e in await durability.read_outbox(thread_id="t")
-            if e.type == "interaction.resolved"
-        ]
+        resolved = await _payloads(durability, "t", "interaction.resolved")
         assert resolved == [
             {
                 "interaction_id": first.interaction.id,
@@ -1811,6 +1803,11 @@ class DurabilityConformance:
         await kernel.turn("t", "after", "balance 9")  # the runtime continues from them
         assert await durability.load_checkpoint("t") == committed[-1]
         assert [m.content for m in committed[-1].messages][:1] == ["by hand"]
+
+
+async def _payloads(durability: Durability, thread_id: str, type: str) -> list[Any]:
+    """The payloads of the thread's committed events of ``type``, in order."""
+    return [e.payload for e in await durability.read_outbox(thread_id=thread_id) if e.type == type]
 
 
 def _edges_kernel(durability: Durability, *capabilities: Any) -> Kernel:
