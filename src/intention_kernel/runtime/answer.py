@@ -73,7 +73,5 @@ def _record(
     state: TurnState, item: AgendaItem, status: StepStatus, error: str | None
 ) -> StepResult:
     step = StepResult(item.step_id, item.capability_id, status, None, error)
-    state.steps.append(step)
-    if state.sink is not None:
-        state.sink.step(step)
+    state.add_step(step)
     return step

@@ -342,9 +342,7 @@ class _Step:
             receipt_ids=tuple(dict.fromkeys(r.id for r in self.receipts)),
         )
         state = self.state
-        state.steps.append(step)
-        if state.sink is not None:
-            state.sink.step(step)
+        state.add_step(step)
         self.flush_effect_events()
         replies = state.agent.agent.replies
         if status is StepStatus.FAILED:

@@ -41,9 +41,7 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
         parsed, canonical = cap.parse_input(intent.input)
     except CapabilityError as exc:
         step = StepResult(step_id, str(intent.capability_id), StepStatus.FAILED, None, str(exc))
-        state.steps.append(step)
-        if state.sink is not None:
-            state.sink.step(step)
+        state.add_step(step)
         state.replies.append(state.agent.agent.replies.not_understood(cap, step))
         return
     item = AgendaItem(step_id, cap.id, canonical, state.scope.turn_id)
@@ -62,8 +60,6 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
             interaction,
         )
         held = StepResult(step_id, cap.id, StepStatus.AWAITING_CONFIRMATION)
-        state.steps.append(held)
-        if state.sink is not None:
-            state.sink.step(held)
+        state.add_step(held)
         return
     await execute(state, cap, item, parsed)

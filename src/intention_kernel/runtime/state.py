@@ -88,6 +88,12 @@ class TurnState:
         self.traced = _tracing.enabled()  # decided once per turn: spans cost nothing untraced
         self._step_count = 0
 
+    def add_step(self, step: StepResult) -> None:
+        """Record a step of this turn, and report it when the turn is streamed."""
+        self.steps.append(step)
+        if self.sink is not None:
+            self.sink.step(step)
+
     def next_step_id(self) -> str:
         """A step ID unique in the thread: the turn ID and the step's number in it."""
         self._step_count += 1
