@@ -3,8 +3,9 @@
 Each example is run as a user would run it (``python -m examples.<name>`` from the
 repository root, in a subprocess), twice on the same store and thread: the first
 run commits the conversation and calls the fake provider once per operation; the
-second replays every turn and calls nothing. With ``--llm`` the interpretation
-comes from recorded model responses served by the local OpenAI-compatible stub.
+second replays every turn and calls nothing. With ``--llm`` the model works in
+rounds: billing's is the transcript that ``examples/scripted_chat.py`` plays, as the
+README runs it offline; travel's, recorded responses served by ``openai_stub``.
 """
 
 from __future__ import annotations
