@@ -640,11 +640,12 @@ def report(results: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in results["machine"]["versions"].items()),
         "",
     ]
-    lines.append(
-        "| row | turns/s | x floor | p50 ms | p99 ms | replay p50 ms | commits/turn "
-        "| statements/turn | resubmit re-ran the effect | does not guarantee |"
-    )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    if results["throughput"]:
+        lines.append(
+            "| row | turns/s | x floor | p50 ms | p99 ms | replay p50 ms | commits/turn "
+            "| statements/turn | resubmit re-ran the effect | does not guarantee |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for row, r in results["throughput"].items():
         counted = results["commits"].get(row, {})
         commits = counted.get("commits_per_turn", r.get("commits_per_turn"))
@@ -670,16 +671,20 @@ def report(results: dict[str, Any]) -> str:
             "intention-kernel against the floor written with psycopg's asyncio driver, on "
             "the same event loop: " + ", ".join(against_async),
         ]
-    lines += [
-        "",
-        "Cost growth (one thread, a new fact and two messages per turn; 'x turn 10, same"
-        " moment': against turns 6-15 of fresh threads run alternately with it; 'x own turn"
-        " 10': against this thread's 10th turn, minutes earlier, so drift included):",
-        "",
-        "| store | turn | p50 ms | x turn 10, same moment | x own turn 10 | hot row bytes "
-        "| checkpoint bytes | facts |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines += (
+        []
+        if not results["growth"]
+        else [
+            "",
+            "Cost growth (one thread, a new fact and two messages per turn; 'x turn 10, same"
+            " moment': against turns 6-15 of fresh threads run alternately with it; 'x own turn"
+            " 10': against this thread's 10th turn, minutes earlier, so drift included):",
+            "",
+            "| store | turn | p50 ms | x turn 10, same moment | x own turn 10 | hot row bytes "
+            "| checkpoint bytes | facts |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+    )
     for row, g in results["growth"].items():
         for p in g["points"]:
             s = p["sizes"]
