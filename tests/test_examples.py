@@ -191,6 +191,8 @@ def test_billing_example_with_a_model_works_in_rounds(store: list[str]) -> None:
     assert "[turn-3] waiting for an answer: Charge $125.00 to Acme Corp for invoice 42?" in output
     assert "[turn-4] agent: Done: $125.00 charged for invoice 42 (charge ch_0001)." in output
     assert "[turn-4] step payments.charge: completed" in output
+    # The second "yes" of the conversation gets the transcript's second "yes" turn.
+    assert "[turn-6] agent: Invoice 42 is paid (charge ch_0001)." in output
 
 
 def test_the_scripted_chat_server_streams_the_same_answer() -> None:
