@@ -16,9 +16,15 @@ from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.durability.abc import RecordedDurability, ThreadOwner
 from intention_kernel.errors import (
     CorruptRecordError,
+    InterpretationError,
     InvalidRequestError,
 )
-from intention_kernel.interpretation import Answer, Intent, Interpretation
+from intention_kernel.interpretation import (
+    Answer,
+    Intent,
+    Interpretation,
+    InterpretationRequest,
+)
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from intention_kernel.testing.conformance._support import (
@@ -286,6 +292,28 @@ class ConfirmationConformance(ConformanceCase):
         declined = await kernel.turn("t", "4", "no")
         assert declined.steps[0].status == StepStatus.COMPLETED
         assert declined.reply == "Refund cancelled." and provider.calls() == 1
+
+    async def test_an_unknown_decision_from_an_interpreter_is_refused_and_never_runs_the_write(
+        self, durability: Durability, provider: FakeProvider
+    ) -> None:
+        """Consent is never assumed: only ``"accept"`` runs a confirmed write."""
+
+        def interpret(request: InterpretationRequest) -> Interpretation:
+            if request.message == "no thanks":
+                return Interpretation(answer=Answer(decision="decline"))  # type: ignore[arg-type]
+            return Interpretation()
+
+        await Kernel(billing_agent(provider), durability).turn("t", "1", "charge pi_1 500")
+        events = await durability.read_outbox()
+        kernel = Kernel(
+            billing_agent(provider, interpreter=ScriptedInterpreter(interpret)), durability
+        )
+        with pytest.raises(InterpretationError, match="decision"):
+            await kernel.turn("t", "2", "no thanks")
+        assert await durability.read_outbox() == events
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None and checkpoint.interaction is not None  # still pending
+        assert provider.calls() == 0
 
     async def test_pending_interactions_lists_open_confirmations_across_threads_by_owner(
         self, kernel: Kernel, durability: Durability

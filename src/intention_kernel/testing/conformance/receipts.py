@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from intention_kernel._json import MAX_INT_DIGITS
+from intention_kernel.agent import Agent
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult, capability
 from intention_kernel.durability import Durability
 from intention_kernel.durability.abc import RecordedDurability, ThreadOwner
@@ -21,7 +22,7 @@ from intention_kernel.errors import (
     ReceiptStateError,
 )
 from intention_kernel.facts import Fact
-from intention_kernel.interpretation import Answer
+from intention_kernel.interpretation import Answer, Intent, Interpretation
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing.agents import FakeProvider
 from intention_kernel.testing.conformance._support import (
@@ -29,13 +30,30 @@ from intention_kernel.testing.conformance._support import (
     Tamper,
     edges_kernel,
 )
+from intention_kernel.testing.scripted import ScriptedInterpreter
 from intention_kernel.turns import StepStatus
 
 __all__ = ["ReceiptConformance"]
 
 
+#: Half of a UTF-16 surrogate pair: a Python string may hold it, UTF-8 cannot.
+LONE_SURROGATE = "\ud800"
+
+#: Provider values no store can hold.
+UNSTORABLE: dict[str, Callable[[], Any]] = {
+    "an-object": lambda: object(),
+    "not-a-number": lambda: {"amount": math.nan},
+    "a-lone-surrogate": lambda: f"ch_{LONE_SURROGATE}",
+    "a-nested-lone-surrogate": lambda: {"charge": [LONE_SURROGATE]},
+}
+
+
 class ReceiptConformance(ConformanceCase):
     """Subclass and provide ``make_durability``; see :mod:`intention_kernel.testing.conformance`."""
+
+    # =========================================================================================
+    # Listing and resolving receipts
+    # =========================================================================================
 
     async def test_resolving_an_uncertain_receipt_as_applied_returns_its_value_later(
         self, kernel: Kernel, durability: Durability, provider: FakeProvider
@@ -331,3 +349,94 @@ class ReceiptConformance(ConformanceCase):
             if e.type == "edges.nul"
         ]
         assert nul.payload == {"text": "a\x00b"}
+
+    @pytest.mark.parametrize("case", UNSTORABLE)
+    async def test_a_provider_value_that_cannot_be_stored_fails_closed_on_every_adapter(
+        self, durability: Durability, case: str
+    ) -> None:
+        """The write happened but its value cannot be recorded, so replaying it later could
+        not return it: the receipt is ``uncertain`` and the step says so (never ``failed``)."""
+        agent, calls = writer(UNSTORABLE[case])
+        kernel = Kernel(agent, durability)
+        first = await kernel.turn("t", "1", "go")
+        assert first.steps[0].status == StepStatus.UNCERTAIN
+        [receipt] = await durability.list_receipts("t")
+        assert (receipt.status, receipt.attempt) == ("uncertain", 1)
+        again = await kernel.turn("t", "2", "go")
+        assert again.steps[0].status == StepStatus.UNCERTAIN
+        assert calls == ["x.write:op-1"]
+
+    async def test_a_provider_error_whose_text_cannot_be_stored_still_records_uncertain(
+        self, durability: Durability
+    ) -> None:
+        agent, calls = writer(lambda: None, TimeoutError(f"gateway said {LONE_SURROGATE}"))
+        kernel = Kernel(agent, durability)
+        first = await kernel.turn("t", "1", "go")
+        assert first.steps[0].status == StepStatus.UNCERTAIN
+        [receipt] = await durability.list_receipts("t")
+        assert receipt.status == "uncertain" and "TimeoutError" in (receipt.error or "")
+        assert (await kernel.turn("t", "2", "go")).steps[0].status == StepStatus.UNCERTAIN
+        assert calls == ["x.write:op-1"]
+
+    async def test_capability_output_that_cannot_be_stored_is_a_failed_step_on_every_adapter(
+        self, durability: Durability
+    ) -> None:
+        @capability("x.value")
+        async def value(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            return CapabilityResult(value={"text": LONE_SURROGATE})
+
+        @capability("x.fact")
+        async def fact(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            return CapabilityResult(facts=[Fact("note", LONE_SURROGATE)])
+
+        @capability("x.raise")
+        async def fail(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            raise ValueError(f"bad byte {LONE_SURROGATE}")
+
+        @capability("x.emit")
+        async def emit(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            ctx.emit("x.noted", {"text": LONE_SURROGATE})
+            return CapabilityResult(value=1)
+
+        @capability("x.emit_type")
+        async def emit_type(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+            ctx.emit(f"x.{LONE_SURROGATE}", {})
+            return CapabilityResult(value=1)
+
+        script = {
+            "go": Interpretation(
+                [
+                    Intent("x.value"),
+                    Intent("x.fact"),
+                    Intent("x.raise"),
+                    Intent("x.emit"),
+                    Intent("x.emit_type"),
+                ]
+            )
+        }
+        agent = Agent("o", "1", [value, fact, fail, emit, emit_type], ScriptedInterpreter(script))
+        result = await Kernel(agent, durability).turn("t", "1", "go")
+        assert [s.status for s in result.steps] == [StepStatus.FAILED] * 5
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None and checkpoint.facts == {}
+        assert [e.type for e in await durability.read_outbox()] == ["turn.committed"]
+
+
+def writer(value: Callable[[], Any], error: BaseException | None = None) -> tuple[Agent, list[str]]:
+    """An agent whose one write capability gets ``value`` (or ``error``) from its provider,
+    and the provider's calls."""
+    calls: list[str] = []
+
+    def provider(authority: Any) -> Any:
+        calls.append(authority.key)
+        if error is not None:
+            raise error
+        return value()
+
+    @capability("x.write", effect="write", confirmation="capability")
+    async def write(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
+        effect = await ctx.run_effect("op-1", provider)
+        return CapabilityResult(value=effect.value)
+
+    script = {"go": Interpretation([Intent("x.write")])}
+    return Agent("w", "1", [write], ScriptedInterpreter(script)), calls
