@@ -357,6 +357,35 @@ class EffectConformance(ReceiptConformance):
         assert "read capability" in (result.steps[0].error or "")
         assert provider.ledger == [] and await durability.list_receipts() == []
 
+    @pytest.mark.parametrize(
+        "point",
+        [faults.IN_PROVIDER_AFTER_WRITE, faults.AFTER_RECEIPT_COMPLETED, faults.BEFORE_COMMIT],
+    )
+    async def test_a_crashed_delivery_arriving_after_other_turns_keeps_one_index_entry_per_receipt(
+        self, durability: Durability, point: str
+    ) -> None:
+        """The accepting turn dies after its receipt was written; the answer arrives under a
+        new delivery ID (which reuses the receipt and indexes it), the charge is proposed
+        again, and then the crashed delivery arrives at last: its turn reuses the receipt
+        too, and the checkpoint still indexes that receipt once."""
+        if not isinstance(durability, RecordedDurability):
+            pytest.skip("the fault points are those of RecordedDurability")
+        provider = MarksItsWrite()
+        kernel = Kernel(billing_agent(provider), durability)
+        await kernel.turn("t", "propose", "charge pi_1 500")
+        with faults.injected(point, "raise"), pytest.raises(faults.InjectedFault):
+            await kernel.turn("t", "accept", "yes")
+        await kernel.turn("t", "accept-under-a-new-id", "yes")
+        await kernel.turn("t", "propose-again", "charge pi_1 500")
+        late = await kernel.turn("t", "accept", "yes")
+        assert not late.replayed and late.steps[0].receipt_ids
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None
+        assert [r.key for r in checkpoint.receipts] == ["payments.charge:charge:pi_1"]
+        [receipt] = await durability.list_receipts("t")
+        assert checkpoint.receipts[0].status == receipt.status
+        assert provider.calls() == 1
+
     # =========================================================================================
     # Effect calls that outlive their step, and sync provider calls
     # =========================================================================================
@@ -532,3 +561,13 @@ class EffectConformance(ReceiptConformance):
         [after] = await durability.list_receipts(thread_id="t")
         assert after.status == "uncertain"
         assert await durability.load_checkpoint("t") is None
+
+
+class MarksItsWrite(FakeProvider):
+    """A :class:`FakeProvider` that reaches ``IN_PROVIDER_AFTER_WRITE`` once a charge
+    is applied, before it answers."""
+
+    async def charge(self, payment_intent_id: str, amount: int, authority: EffectAuthority) -> Any:
+        value = await super().charge(payment_intent_id, amount, authority)
+        faults.reach(faults.IN_PROVIDER_AFTER_WRITE)  # applied; the answer is on its way
+        return value
