@@ -57,10 +57,11 @@ from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing import ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from intention_kernel.testing.conformance import DurabilityConformance, Tamper
+from intention_kernel.testing.conformance import DurabilityConformance, Inspector, Tamper
 from intention_kernel.testing.conformance import commit_for as minimal_commit
 from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
-from proving_support import migration_4_gives_receipts_their_owner
+from proving_support import Store as SQLStore
+from proving_support import StoreInspector, migration_4_gives_receipts_their_owner
 from tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
@@ -147,6 +148,16 @@ class TestPostgresDurability(DurabilityConformance):
     @pytest.fixture
     def tamper(self, durability: Durability, store: Store) -> Tamper | None:
         return _PostgresTamper(store)
+
+    @pytest.fixture
+    def inspector(self, store: Store) -> Inspector | None:
+        return StoreInspector(SQLStore("postgres", store.dsn, store.schema))
+
+    @pytest.fixture
+    def make_durability_with_lock_timeout(
+        self, store: Store
+    ) -> Callable[[float], Durability] | None:
+        return lambda seconds: store.durability(lock_timeout=seconds)
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -15,9 +15,19 @@ import pytest
 from intention_kernel.durability import Durability, TurnTransaction, open_durability
 from intention_kernel.durability.sqlite import MIGRATIONS, SQLiteDurability
 from intention_kernel.errors import CorruptRecordError, CorruptStoreError, StoreError
-from intention_kernel.testing.conformance import DurabilityConformance, Tamper, commit_for
+from intention_kernel.testing.conformance import (
+    DurabilityConformance,
+    Inspector,
+    Tamper,
+    commit_for,
+)
 from intention_kernel.turns import TurnCommit, TurnScope
-from proving_support import damage_sqlite_table, migration_4_gives_receipts_their_owner
+from proving_support import (
+    Store,
+    StoreInspector,
+    damage_sqlite_table,
+    migration_4_gives_receipts_their_owner,
+)
 
 
 class _SQLiteTamper:
@@ -50,6 +60,16 @@ class TestSQLiteDurability(DurabilityConformance):
     def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
         return _SQLiteTamper(tmp_path / "kernel.db")
 
+    @pytest.fixture
+    def inspector(self, tmp_path: Path) -> Inspector | None:
+        return StoreInspector(Store("sqlite", str(tmp_path / "kernel.db")))
+
+    @pytest.fixture
+    def make_durability_with_lock_timeout(
+        self, tmp_path: Path
+    ) -> Callable[[float], Durability] | None:
+        return lambda seconds: SQLiteDurability(tmp_path / "kernel.db", lock_timeout=seconds)
+
 
 class TestSQLiteDurabilityWithWritesOnTheWorkerThread(DurabilityConformance):
     """``offload_writes=True``: every write hops, also when turns do not overlap."""
@@ -62,6 +82,18 @@ class TestSQLiteDurabilityWithWritesOnTheWorkerThread(DurabilityConformance):
     def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
         return _SQLiteTamper(tmp_path / "kernel.db")
 
+    @pytest.fixture
+    def inspector(self, tmp_path: Path) -> Inspector | None:
+        return StoreInspector(Store("sqlite", str(tmp_path / "kernel.db")))
+
+    @pytest.fixture
+    def make_durability_with_lock_timeout(
+        self, tmp_path: Path
+    ) -> Callable[[float], Durability] | None:
+        return lambda seconds: SQLiteDurability(
+            tmp_path / "kernel.db", lock_timeout=seconds, offload_writes=True
+        )
+
 
 class TestSQLiteDurabilityWithWritesOnTheEventLoop(DurabilityConformance):
     """``offload_writes=False``: no write hops, also when turns overlap."""
@@ -73,6 +105,18 @@ class TestSQLiteDurabilityWithWritesOnTheEventLoop(DurabilityConformance):
     @pytest.fixture
     def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
         return _SQLiteTamper(tmp_path / "kernel.db")
+
+    @pytest.fixture
+    def inspector(self, tmp_path: Path) -> Inspector | None:
+        return StoreInspector(Store("sqlite", str(tmp_path / "kernel.db")))
+
+    @pytest.fixture
+    def make_durability_with_lock_timeout(
+        self, tmp_path: Path
+    ) -> Callable[[float], Durability] | None:
+        return lambda seconds: SQLiteDurability(
+            tmp_path / "kernel.db", lock_timeout=seconds, offload_writes=False
+        )
 
 
 async def test_writes_hop_to_the_worker_thread_only_while_turns_overlap(tmp_path: Path) -> None:
