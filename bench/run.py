@@ -50,9 +50,11 @@ DSN = os.environ.get("INTENTION_KERNEL_POSTGRES_DSN", "postgresql://postgres@127
 SQLITE_ROWS = [
     "ik-sqlite-full",
     "ik-sqlite-full-offload",
+    "ik-sqlite-full-syncfn",
     "floor-sqlite-full",
     "ik-sqlite-normal",
     "ik-sqlite-normal-offload",
+    "ik-sqlite-normal-syncfn",
     "floor-sqlite-normal",
     "langgraph-sqlite",
     "dbos-sqlite",
@@ -77,8 +79,10 @@ LOOP_ROWS = [
 FLOOR = {
     "ik-sqlite-full": "floor-sqlite-full",
     "ik-sqlite-full-offload": "floor-sqlite-full",
+    "ik-sqlite-full-syncfn": "floor-sqlite-full",
     "ik-sqlite-normal": "floor-sqlite-normal",
     "ik-sqlite-normal-offload": "floor-sqlite-normal",
+    "ik-sqlite-normal-syncfn": "floor-sqlite-normal",
     "langgraph-sqlite": "floor-sqlite-full",
     "dbos-sqlite": "floor-sqlite-full",
     "ik-postgres": "floor-postgres",
