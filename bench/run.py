@@ -50,9 +50,11 @@ DSN = os.environ.get("INTENTION_KERNEL_POSTGRES_DSN", "postgresql://postgres@127
 SQLITE_ROWS = [
     "ik-sqlite-full",
     "ik-sqlite-full-offload",
+    "ik-sqlite-full-syncfn",
     "floor-sqlite-full",
     "ik-sqlite-normal",
     "ik-sqlite-normal-offload",
+    "ik-sqlite-normal-syncfn",
     "floor-sqlite-normal",
     "langgraph-sqlite",
     "dbos-sqlite",
@@ -77,8 +79,10 @@ LOOP_ROWS = [
 FLOOR = {
     "ik-sqlite-full": "floor-sqlite-full",
     "ik-sqlite-full-offload": "floor-sqlite-full",
+    "ik-sqlite-full-syncfn": "floor-sqlite-full",
     "ik-sqlite-normal": "floor-sqlite-normal",
     "ik-sqlite-normal-offload": "floor-sqlite-normal",
+    "ik-sqlite-normal-syncfn": "floor-sqlite-normal",
     "langgraph-sqlite": "floor-sqlite-full",
     "dbos-sqlite": "floor-sqlite-full",
     "ik-postgres": "floor-postgres",
@@ -221,6 +225,7 @@ def throughput(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) 
                 blocks[row].append(
                     {
                         "tps": mode["block"] / done["wall"],
+                        "cpu_us": 1e6 * done["cpu"] / mode["block"],
                         "lat": done["lat"],
                         "replay": again["lat"],
                         "effects_rerun": again["effects_rerun"],
@@ -240,6 +245,10 @@ def throughput(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) 
         out[row] = {
             "tps_blocks": [block["tps"] for block in data],
             "tps": statistics.median(block["tps"] for block in data),
+            # The worker process's CPU per turn (all its threads): unlike turns/s, it
+            # leaves out the time other jobs hold the cores (not the caches they evict).
+            "cpu_us_blocks": [block["cpu_us"] for block in data],
+            "cpu_us": statistics.median(block["cpu_us"] for block in data),
             "p50_ms": 1000 * statistics.median(lat),
             "p99_ms": 1000 * _pct(lat, 0.99),
             "replay_p50_ms": 1000 * statistics.median(replay),
@@ -261,6 +270,8 @@ def throughput(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) 
             out[row]["floor"] = floor
             out[row]["ratio_blocks"] = ratios
             out[row]["ratio"] = statistics.median(ratios)
+            cpu = [a["cpu_us"] / f["cpu_us"] for a, f in zip(data, blocks[floor], strict=True)]
+            out[row]["cpu_ratio"] = statistics.median(cpu)
     return out
 
 
@@ -642,18 +653,20 @@ def report(results: dict[str, Any]) -> str:
     ]
     if results["throughput"]:
         lines.append(
-            "| row | turns/s | x floor | p50 ms | p99 ms | replay p50 ms | commits/turn "
-            "| statements/turn | resubmit re-ran the effect | does not guarantee |"
+            "| row | turns/s | x floor | CPU µs/turn (x floor) | p50 ms | p99 ms "
+            "| replay p50 ms | commits/turn | statements/turn | resubmit re-ran the effect "
+            "| does not guarantee |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for row, r in results["throughput"].items():
         counted = results["commits"].get(row, {})
         commits = counted.get("commits_per_turn", r.get("commits_per_turn"))
         statements = counted.get("statements_per_turn")
         rerun = r["effects_rerun_on_resubmit"]
         reran = f"yes ({rerun}/{r['resubmits']})" if rerun else "no"
+        cpu_us = f"{r['cpu_us']:.0f} ({r.get('cpu_ratio', 1.0):.2f})" if "cpu_us" in r else ""
         lines.append(
-            f"| {row} | {r['tps']:.0f} | {r.get('ratio', 1.0):.2f} | {r['p50_ms']:.2f} "
+            f"| {row} | {r['tps']:.0f} | {r.get('ratio', 1.0):.2f} | {cpu_us} | {r['p50_ms']:.2f} "
             f"| {r['p99_ms']:.2f} | {r['replay_p50_ms']:.2f} "
             f"| {'' if commits is None else f'{commits:.1f}'} "
             f"| {'' if statements is None else f'{statements:.1f}'} "

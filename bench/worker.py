@@ -31,9 +31,11 @@ class KernelRow:
         schema: str,
         synchronous: str,
         offload_writes: bool | None = None,
+        sync_provider: bool = False,
     ) -> None:
         self.store, self.path, self.dsn, self.schema = store, path, dsn, schema
         self.synchronous, self.offload_writes = synchronous, offload_writes
+        self.sync_provider = sync_provider
         self.provider = FakeProvider()
 
     async def setup(self) -> None:
@@ -51,7 +53,9 @@ class KernelRow:
 
             self.durability = PostgresDurability(self.dsn, schema=self.schema)
         await self.durability.__aenter__()
-        self.kernel = Kernel(agent(self.provider), self.durability)
+        self.kernel = Kernel(
+            agent(self.provider, sync_provider=self.sync_provider), self.durability
+        )
 
     async def close(self) -> None:
         await self.durability.aclose()
@@ -111,7 +115,10 @@ def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
             return LoopLangGraphRow(name, sync, path, dsn, schema + "_loop_lg")
     if kind == "ik":
         offload = True if "offload" in options else False if "inline" in options else None
-        return KernelRow(store, path, dsn, schema + "_ik", (sync or "full").upper(), offload)
+        sync_provider = "syncfn" in (sync, *options)
+        return KernelRow(
+            store, path, dsn, schema + "_ik", (sync or "full").upper(), offload, sync_provider
+        )
     if kind == "floor" and store == "sqlite":
         return SQLiteFloor(path, sync.upper())
     if kind == "floor":  # floor-postgres, floor-postgres-async
