@@ -32,6 +32,7 @@ __all__ = [
     "TurnCommit",
     "TurnResult",
     "TurnScope",
+    "committed_event",
     "decode_result",
     "encode_result",
     "kernel_event_namespace",
@@ -127,6 +128,20 @@ class EventDraft:
     type: str
     payload: Any = None
     id: str = field(default_factory=lambda: "evt_" + os.urandom(16).hex())
+
+
+def committed_event(version: int, steps: Sequence[StepResult]) -> EventDraft:
+    """The ``turn.committed`` event of a turn that commits checkpoint ``version``."""
+    return EventDraft(
+        "turn.committed",
+        {
+            "version": version,
+            "steps": [
+                {"step_id": s.step_id, "capability_id": s.capability_id, "status": str(s.status)}
+                for s in steps
+            ],
+        },
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,9 @@
 (the input the person saw), ``reject`` cancels it. ``"capability"``
 interactions: the capability is called again with ``ctx.answer`` and decides
 for itself. An answer with nothing pending, or naming another interaction,
-runs nothing and the reply says why.
+runs nothing and the reply says why. An answer to an interaction that expired
+(closed by this turn before it interpreted anything, see
+:mod:`intention_kernel.deadlines`) runs nothing: the reply says it expired.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
     active = state.interaction
     replies = state.agent.agent.replies
     if active is None:
+        expired = state.expired
+        if expired is not None and answer.interaction_id in (None, expired.id):
+            return False  # too late: the reply already says the request expired
         state.replies.append(replies.nothing_pending())
         return False
     if answer.interaction_id is not None and answer.interaction_id != active.id:

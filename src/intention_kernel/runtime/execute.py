@@ -19,6 +19,7 @@ from intention_kernel import _tracing
 from intention_kernel._json import normalize, storable_text, text_problem
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
+from intention_kernel.deadlines import deadline
 from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
 from intention_kernel.errors import (
     CapabilityError,
@@ -386,6 +387,9 @@ class _Step:
             )
         state.events.extend(self.emitted)
         if result.confirmation is not None:
+            within = result.confirmation.expires_in
+            if within is None:
+                within = cap.confirm_within
             interaction = Interaction(
                 id=state.new_interaction_id(),
                 kind="capability",
@@ -395,6 +399,7 @@ class _Step:
                 details=details,
                 step_id=self.item.step_id,
                 turn_id=state.scope.turn_id,
+                expires_at=deadline(state.now, within),
             )
             item = AgendaItem(
                 self.item.step_id, cap.id, self.item.input, state.scope.turn_id, interaction.id
