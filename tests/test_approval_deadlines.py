@@ -477,3 +477,29 @@ def test_interactions_expire_refuses_a_store_that_does_not_exist(tmp_path: Path)
     done = run_expire(f"sqlite:///{tmp_path / 'missing.db'}")
     assert done.returncode == 2 and "refused" in done.stderr
     assert not (tmp_path / "missing.db").exists()
+
+
+# -- the HTTP host ---------------------------------------------------------------------------------
+
+
+async def test_the_host_shows_the_deadline_in_its_json(store: Durability) -> None:
+    from host_support import asgi_client
+    from intention_kernel.host import Principal, create_app
+
+    clock = MovingClock()
+    kernel = kernel_of(store, clock, FakeProvider())
+    app = create_app(kernel, tokens={"tok": Principal("ana", "acme", "operator")})
+    auth = {"authorization": "Bearer tok"}
+    async with asgi_client(app) as client:
+        turn = await client.post(
+            "/v1/threads/t/turns", json={"turn_id": "d1", "message": "charge pi_1 5"}, headers=auth
+        )
+        thread = await client.get("/v1/threads/t", headers=auth)
+        queue = await client.get("/v1/interactions", headers=auth)
+        schema = (await client.get("/openapi.json")).json()
+    assert turn.json()["interaction"]["expires_at"] == "2026-12-02T09:15:00Z"
+    assert thread.json()["interaction"]["expires_at"] == "2026-12-02T09:15:00Z"
+    [pending] = queue.json()["interactions"]
+    assert pending["interaction"]["expires_at"] == "2026-12-02T09:15:00Z"
+    shape = schema["components"]["schemas"]["Interaction"]["properties"]["expires_at"]
+    assert {"type": "string", "format": "date-time"} in shape["anyOf"]
