@@ -217,7 +217,15 @@ def _answer(answer: Any) -> Answer | None:
                 f"an answer's decision must be 'accept' or 'reject', got {answer.decision!r}"
             )
         if answer.input is not None:
-            raise InvalidRequestError("editing the held input is not supported yet")
+            if not isinstance(answer.input, dict):
+                raise InvalidRequestError(
+                    f"an answer's input must be an object, got {type(answer.input).__name__}"
+                )
+            if answer.decision != "accept":
+                raise InvalidRequestError(
+                    "an answer's input edits the operation it approves: it goes with an "
+                    "accept, not a reject"
+                )
         for name in ("reason", "actor", "digest"):
             text = getattr(answer, name)
             if text is None:

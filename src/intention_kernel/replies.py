@@ -78,6 +78,14 @@ class Replies:
             "if you still want it."
         )
 
+    def edit_refused(self, pending: Interaction, step: StepResult) -> str:
+        """An accept edited ``pending``'s held input (``Answer(input=...)``) into something
+        that cannot run (``step.error`` says why); nothing ran and ``pending`` still waits."""
+        return (
+            "Those changes could not be used, so nothing was done. The question waiting for "
+            f"an answer is still: {pending.prompt}"
+        )
+
     def cancelled(self, interaction: Interaction) -> str:
         """The person said no to ``interaction`` (a ``"required"`` confirmation)."""
         return "Cancelled: nothing was done."

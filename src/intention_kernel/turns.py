@@ -79,7 +79,12 @@ class StepStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """One executed or planned agenda item of a turn."""
+    """One executed or planned agenda item of a turn.
+
+    ``proposed_input`` and ``approved_input`` are set on the step of a confirmed
+    operation whose held input the approver edited (``Answer(input=...)``): what was
+    proposed and shown, and what was approved and ran. ``None`` otherwise.
+    """
 
     step_id: str
     capability_id: str
@@ -87,6 +92,8 @@ class StepResult:
     value: Any = None
     error: str | None = None
     receipt_ids: tuple[str, ...] = ()
+    proposed_input: dict[str, Any] | None = None
+    approved_input: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

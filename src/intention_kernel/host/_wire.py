@@ -87,12 +87,15 @@ class AnswerBody(_Body):
     """An answer to a pending interaction (``interaction_id`` omitted: the active one).
 
     ``reason`` explains a reject; ``digest`` binds the answer to the operation shown
-    (the interaction's ``digest``). ``actor`` is the token's principal: the host sets
-    it, and refuses one sent that names anyone else."""
+    (the interaction's ``digest``). ``input`` edits the held input of the operation an
+    accept approves (validated by the kernel against the capability's input schema).
+    ``actor`` is the token's principal: the host sets it, and refuses one sent that
+    names anyone else."""
 
     interaction_id: Id | None = None
     decision: Literal["accept", "reject"]
     value: JsonValue = None
+    input: dict[str, JsonValue] | None = None
     reason: Annotated[str, Field(max_length=MAX_ANSWER_TEXT)] | None = None
     actor: Annotated[str, Field(max_length=MAX_ANSWER_TEXT)] | None = None
     digest: Annotated[str, Field(max_length=MAX_ANSWER_TEXT)] | None = None
@@ -102,6 +105,7 @@ class AnswerBody(_Body):
             self.interaction_id,
             self.decision,
             self.value,
+            input=self.input,
             reason=self.reason,
             actor=actor,
             digest=self.digest,

@@ -50,12 +50,16 @@ def execute(
     item: AgendaItem,
     parsed: Any,
     answer: Answer | None = None,
+    *,
+    proposed: dict[str, Any] | None = None,
 ) -> Coroutine[Any, Any, StepResult]:
     """Run ``cap`` for ``item`` and fold the outcome into ``state`` (await the result).
-    An untraced turn runs the step directly, without a span's frame around it."""
+    An untraced turn runs the step directly, without a span's frame around it.
+    ``proposed`` is the input that was proposed when the approver edited it into
+    ``item.input``: the step records both."""
     if not state.traced:
-        return _execute(state, cap, item, parsed, answer)
-    return _traced(state, cap, item, parsed, answer)
+        return _execute(state, cap, item, parsed, answer, proposed)
+    return _traced(state, cap, item, parsed, answer, proposed)
 
 
 async def _traced(
@@ -64,6 +68,7 @@ async def _traced(
     item: AgendaItem,
     parsed: Any,
     answer: Answer | None,
+    proposed: dict[str, Any] | None,
 ) -> StepResult:
     with _tracing.span(
         "intention_kernel.step",
@@ -72,7 +77,7 @@ async def _traced(
         step_id=item.step_id,
         capability_id=cap.id,
     ) as span:
-        result = await _execute(state, cap, item, parsed, answer)
+        result = await _execute(state, cap, item, parsed, answer, proposed)
         _tracing.annotate(span, step_status=str(result.status))
     return result
 
@@ -83,8 +88,9 @@ async def _execute(
     item: AgendaItem,
     parsed: Any,
     answer: Answer | None,
+    proposed: dict[str, Any] | None,
 ) -> StepResult:
-    step = _Step(state, cap, item)
+    step = _Step(state, cap, item, proposed)
     ctx = CapabilityContext(
         thread_id=state.scope.thread_id,
         turn_id=state.scope.turn_id,
@@ -140,10 +146,17 @@ class _Step:
     chosen: a call may end after the turn committed, and then nothing announces it.
     """
 
-    def __init__(self, state: TurnState, cap: Capability, item: AgendaItem) -> None:
+    def __init__(
+        self,
+        state: TurnState,
+        cap: Capability,
+        item: AgendaItem,
+        proposed: dict[str, Any] | None = None,
+    ) -> None:
         self.state = state
         self.cap = cap
         self.item = item
+        self.proposed = proposed
         self.receipts: list[Receipt] = []
         self.effect_events: list[EventDraft] = []
         self.emitted: list[EventDraft] = []
@@ -341,6 +354,8 @@ class _Step:
             value=value,
             error=error,
             receipt_ids=tuple(dict.fromkeys(r.id for r in self.receipts)),
+            proposed_input=self.proposed,
+            approved_input=self.item.input if self.proposed is not None else None,
         )
         state = self.state
         state.add_step(step)

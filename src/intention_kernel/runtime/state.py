@@ -162,11 +162,18 @@ class TurnState:
             self.replies[line] = self.agent.agent.replies.superseded(active)
 
     def close_interaction(
-        self, resolution: str, *, actor: str | None = None, reason: str | None = None
+        self,
+        resolution: str,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        approved_input: dict[str, Any] | None = None,
     ) -> AgendaItem | None:
         """Resolve the active interaction and take its planned operation off the agenda.
 
-        ``actor`` and ``reason`` (the answer's) are in the event's payload when given."""
+        ``actor`` and ``reason`` (the answer's) are in the event's payload when given;
+        so are ``proposed_input`` and ``approved_input`` when the approver edited the
+        held input into ``approved_input``."""
         active = self.interaction
         if active is None:
             return None
@@ -183,6 +190,9 @@ class TurnState:
             payload["actor"] = actor
         if reason is not None:
             payload["reason"] = reason
+        if approved_input is not None:
+            payload["proposed_input"] = active.input
+            payload["approved_input"] = approved_input
         self.emit("interaction.resolved", payload)
         return item
 
