@@ -112,5 +112,5 @@ def expired_step(interaction: Interaction) -> StepResult:
 def expiry_turn_id(interaction: Interaction) -> str:
     """The turn ID under which the sweep expires ``interaction``. One per interaction,
     so that a sweep run twice (or two at once) commits it once: the second delivery of
-    the turn ID is a replay."""
+    the turn ID is a replay. Applications must not deliver turns with IDs of this form."""
     return f"expire:{interaction.id}"
