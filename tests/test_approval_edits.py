@@ -150,3 +150,30 @@ async def test_the_host_passes_an_edited_input_to_the_kernel(store: Durability) 
     assert provider.calls() == 1
     [resolved] = await resolved_events(store, "t")
     assert resolved["actor"] == "ana" and resolved["approved_input"] == EDITED
+
+
+async def test_the_host_refuses_an_input_on_a_reject_as_its_schema_says(store: Durability) -> None:
+    from host_support import asgi_client
+    from intention_kernel.host import Principal, create_app
+
+    provider = FakeProvider()
+    app = create_app(Kernel(billing_agent(provider), store), tokens={"tok": Principal("ana")})
+    auth = {"authorization": "Bearer tok"}
+    async with asgi_client(app) as client:
+        await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d1", "message": "charge pi_1 500"},
+            headers=auth,
+        )
+        refused = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d2", "answer": {"decision": "reject", "input": EDITED}},
+            headers=auth,
+        )
+        schema = (await client.get("/openapi.json")).json()["components"]["schemas"]
+    assert refused.status_code == 422, refused.text
+    assert ["answer", "AnswerBody", "input"] in [e["loc"] for e in refused.json()["errors"]]
+    assert schema["AnswerBody"]["then"] == {"properties": {"input": {"type": "null"}}}
+    checkpoint = await store.load_checkpoint("t")
+    assert checkpoint is not None and checkpoint.version == 1 and checkpoint.interaction is not None
+    assert provider.calls() == 0
