@@ -17,14 +17,14 @@ from intention_kernel.durability.abc import TurnStart
 from intention_kernel.durability.postgres._schema import START_TURN, turn_start
 from intention_kernel.durability.postgres._sessions import (
     IDLE,
+    Claim,
     Connection,
+    Held,
     PostgresSessions,
-    _Claim,
-    _execute,
-    _Held,
-    _translated,
-    _value,
     advisory_key,
+    execute,
+    fetch_value,
+    translated,
 )
 from intention_kernel.durability.postgres._statements import TRY_LOCK, UNLOCK
 from intention_kernel.errors import ThreadBusyError
@@ -50,9 +50,9 @@ class PostgresLocks(PostgresSessions):
         key = self._thread_key(thread_id)
 
         async def try_lock(conn: Connection) -> tuple[bool, None] | None:
-            return (True, None) if await _value(conn, TRY_LOCK, key) else None
+            return (True, None) if await fetch_value(conn, TRY_LOCK, key) else None
 
-        with _translated():
+        with translated():
             conn, _ = await self._acquire(thread_id, try_lock)
         assert conn is not None  # try_lock answers only once it holds the lock
         async with self._holding(thread_id, key, conn) as held:
@@ -73,10 +73,10 @@ class PostgresLocks(PostgresSessions):
         }
 
         async def attempt(conn: Connection) -> tuple[bool, TurnStart] | None:
-            row = await (await _execute(conn, START_TURN, params)).fetchone()
+            row = await (await execute(conn, START_TURN, params)).fetchone()
             return None if row is None else (row[0], turn_start(row[1:]))
 
-        with _translated():
+        with translated():
             conn, start = await self._acquire(thread_id, attempt)
         if conn is None:  # a committed turn, read without the lock
             yield start
@@ -85,9 +85,9 @@ class PostgresLocks(PostgresSessions):
             yield start
 
     @asynccontextmanager
-    async def _holding(self, thread_id: str, key: int, conn: Connection) -> AsyncIterator[_Held]:
+    async def _holding(self, thread_id: str, key: int, conn: Connection) -> AsyncIterator[Held]:
         """Hold the thread lock that ``conn`` was granted for the block, then release it."""
-        held = self._held[thread_id] = _Held(conn, key)
+        held = self._held[thread_id] = Held(conn, key)
         interrupted = True  # by a cancellation (or an exit): anything but an Exception
         try:
             yield held
@@ -176,7 +176,7 @@ class PostgresLocks(PostgresSessions):
             thread_id=thread_id,
         )
 
-    async def _give_back_dead(self, held: _Held) -> bool:
+    async def _give_back_dead(self, held: Held) -> bool:
         """Whether the lock's session died; if so, give it back to the pool now (closed),
         so that its slot can serve another session even when the pool is full."""
         async with held.mutex:
@@ -188,7 +188,7 @@ class PostgresLocks(PostgresSessions):
             await self._pool.putconn(conn)
             return True
 
-    async def _release(self, held: _Held, key: int, *, unlock: bool) -> None:
+    async def _release(self, held: Held, key: int, *, unlock: bool) -> None:
         """Give the session back to the pool without the thread lock: unlocked, or else
         closed (the server drops a closed session's locks and rolls back whatever it
         left open)."""
@@ -203,7 +203,7 @@ class PostgresLocks(PostgresSessions):
                     if not held.committed:
                         # False if the session did not hold it any more (a failed commit
                         # may have released it): either way, it holds no lock now.
-                        await _value(conn, UNLOCK, key)
+                        await fetch_value(conn, UNLOCK, key)
                     clean = conn.info.transaction_status == IDLE
             except psycopg.Error:
                 pass  # the session is gone, and its lock with it
@@ -231,10 +231,10 @@ class PostgresLocks(PostgresSessions):
         # of an application sharing the adapter, whatever the relay's concurrency.
         key = advisory_key("relay", self._schema, thread_id)
         async with self._claim_slots:
-            with _translated():
+            with translated():
                 conn = await self._pool.getconn()
                 try:
-                    claimed = bool(await _value(conn, TRY_LOCK, key))
+                    claimed = bool(await fetch_value(conn, TRY_LOCK, key))
                 except BaseException:
                     await conn.close()  # interrupted mid-statement: it may hold the lock
                     await self._pool.putconn(conn)
@@ -243,7 +243,7 @@ class PostgresLocks(PostgresSessions):
                 await self._pool.putconn(conn)
                 yield False
                 return
-            claim = self._claims[thread_id] = _Claim(conn)
+            claim = self._claims[thread_id] = Claim(conn)
             try:
                 yield True
             finally:
@@ -256,12 +256,13 @@ class PostgresLocks(PostgresSessions):
                     await asyncio.wait([release])
                     raise
 
-    async def _unclaim(self, claim: _Claim, key: int) -> None:
+    async def _unclaim(self, claim: Claim, key: int) -> None:
         async with claim.mutex:  # after a read or mark still running on the session
             conn, claim.conn = claim.conn, None
             assert conn is not None
             try:
-                clean = await _value(conn, UNLOCK, key) and conn.info.transaction_status == IDLE
+                unlocked = await fetch_value(conn, UNLOCK, key)
+                clean = unlocked and conn.info.transaction_status == IDLE
             except psycopg.Error:
                 clean = False
             if not clean:  # never pool a session that may still hold the claim
@@ -273,7 +274,7 @@ class PostgresLocks(PostgresSessions):
         there is none (or it was just released), on a pooled one."""
         claim = self._claims.get(thread_id)
         if claim is not None:
-            with _translated():
+            with translated():
                 async with claim.mutex:
                     if claim.conn is not None:
                         return await hop(claim.conn)

@@ -41,7 +41,7 @@ from intention_kernel.durability.base import dump_value
 from intention_kernel.durability.postgres._commit import commit_parts, commit_statement
 from intention_kernel.durability.postgres._locks import PostgresLocks
 from intention_kernel.durability.postgres._schema import BEGIN_TURN, turn_start
-from intention_kernel.durability.postgres._sessions import Connection, _execute, _one, _value
+from intention_kernel.durability.postgres._sessions import Connection, execute, fetch_value, present
 from intention_kernel.durability.postgres._statements import (
     BUMP_THREAD_SEQ,
     DELETE_FACTS,
@@ -93,8 +93,8 @@ class PostgresRecorder(PostgresLocks, Recorder):
     ) -> TurnStart:
         async def read(conn: Connection) -> TurnStart:
             params = {"thread_id": thread_id, "turn_id": turn_id, "known_version": known_version}
-            cur = await _execute(conn, BEGIN_TURN, params)
-            return turn_start(_one(await cur.fetchone())[1:])
+            cur = await execute(conn, BEGIN_TURN, params)
+            return turn_start(present(await cur.fetchone())[1:])
 
         return await self._run(thread_id, read)
 
@@ -130,7 +130,7 @@ class PostgresRecorder(PostgresLocks, Recorder):
             if _faults.armed:  # as the one-statement commit transaction is sent
                 _faults.reach(_faults.DURING_COMMIT)
             try:
-                committed = await (await _execute(conn, statement, params)).fetchone()
+                committed = await (await execute(conn, statement, params)).fetchone()
             except UniqueViolation as exc:
                 if exc.diag.constraint_name == "ik_turns_pkey":
                     raise fenced(record, "the turn ID was committed by another worker") from exc
@@ -151,13 +151,13 @@ class PostgresRecorder(PostgresLocks, Recorder):
             first = plan(None)
             if first.write is not None:
                 params = _receipt_params(first.write)
-                if (await _execute(conn, INSERT_RECEIPT_IF_NEW, params)).rowcount == 1:
+                if (await execute(conn, INSERT_RECEIPT_IF_NEW, params)).rowcount == 1:
                     return first
             # No wrapping transaction: the write is one statement whose primary key
             # (insert) or compare-and-set (update) refuses it if anyone wrote the
             # receipt since the read, which under the thread lock nobody should.
             existing = _receipt(
-                await (await _execute(conn, SELECT_RECEIPT, (thread_id, key))).fetchone()
+                await (await execute(conn, SELECT_RECEIPT, (thread_id, key))).fetchone()
             )
             decided = plan(existing)
             if decided.write is None:
@@ -166,7 +166,7 @@ class PostgresRecorder(PostgresLocks, Recorder):
                 await _update_receipt(conn, decided.write, existing)
                 return decided
             try:
-                await _execute(conn, INSERT_RECEIPT, _receipt_params(decided.write))
+                await execute(conn, INSERT_RECEIPT, _receipt_params(decided.write))
             except UniqueViolation as exc:
                 if exc.diag.constraint_name == "ik_receipts_pkey":
                     raise receipt_moved(decided.write) from exc
@@ -204,7 +204,7 @@ class PostgresRecorder(PostgresLocks, Recorder):
 
         async def read(conn: Connection) -> list[Receipt]:
             rows = await (await conn.execute(query, filters)).fetchall()
-            return [_one(_receipt(row)) for row in rows]
+            return [present(_receipt(row)) for row in rows]
 
         return await self._run(None, read)
 
@@ -214,9 +214,9 @@ class PostgresRecorder(PostgresLocks, Recorder):
                 cur = await conn.execute(SELECT_RECEIPT, (thread_id, key))
                 existing = _receipt(await cur.fetchone())
                 resolved, event = resolution(existing)
-                await _update_receipt(conn, resolved, _one(existing))
+                await _update_receipt(conn, resolved, present(existing))
                 now = utcnow()
-                next_seq = await _value(conn, BUMP_THREAD_SEQ, thread_id, now)
+                next_seq = await fetch_value(conn, BUMP_THREAD_SEQ, thread_id, now)
                 await _insert_events(conn, thread_id, None, [event], next_seq, now)
                 return resolved
 
@@ -234,9 +234,9 @@ class PostgresRecorder(PostgresLocks, Recorder):
         async def read(conn: Connection) -> list[OutboxEvent]:
             # Number every event committed so far before reading, so that a caller
             # sees its own committed turns. Repeating it after a lost ack is harmless.
-            if await _value(conn, HAS_UNSEQUENCED):
+            if await fetch_value(conn, HAS_UNSEQUENCED):
                 async with conn.transaction():
-                    head = await _value(conn, LOCK_OUTBOX_HEAD)
+                    head = await fetch_value(conn, LOCK_OUTBOX_HEAD)
                     await conn.execute(SEQUENCE_OUTBOX, {"head": head})
             return [_event(row) for row in await (await conn.execute(query, args)).fetchall()]
 
@@ -244,9 +244,9 @@ class PostgresRecorder(PostgresLocks, Recorder):
 
     async def _sequence(self, conn: Connection) -> None:
         """Number every committed, unnumbered event (see SEQUENCE_OUTBOX)."""
-        if await _value(conn, HAS_UNSEQUENCED):
+        if await fetch_value(conn, HAS_UNSEQUENCED):
             async with conn.transaction():
-                head = await _value(conn, LOCK_OUTBOX_HEAD)
+                head = await fetch_value(conn, LOCK_OUTBOX_HEAD)
                 await conn.execute(SEQUENCE_OUTBOX, {"head": head})
 
     async def pending_threads(self, now: datetime, limit: int) -> list[str]:
@@ -284,7 +284,7 @@ class PostgresRecorder(PostgresLocks, Recorder):
         async def read(conn: Connection) -> OutboxBacklog:
             async with conn.transaction():  # one snapshot for the count and the failures
                 await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                count, oldest = _one(await (await conn.execute(SELECT_BACKLOG)).fetchone())
+                count, oldest = present(await (await conn.execute(SELECT_BACKLOG)).fetchone())
                 cur = await conn.execute(SELECT_FAILING, (failing_limit,))
                 failing = [_delivery(row) for row in await cur.fetchall()]
             return OutboxBacklog(count, None if oldest is None else _utc(oldest), failing)
@@ -418,7 +418,7 @@ def _settle_again(new: Receipt, expected: Receipt) -> Callable[[Connection], Awa
         try:
             await _update_receipt(conn, new, expected)
         except FencedCommitError:
-            cur = await _execute(conn, SELECT_RECEIPT, (new.thread_id, new.key))
+            cur = await execute(conn, SELECT_RECEIPT, (new.thread_id, new.key))
             stored = _receipt(await cur.fetchone())
             if stored is None or (stored.status, stored.attempt, stored.updated_at) != (
                 new.status,
@@ -435,7 +435,7 @@ async def _update_receipt(conn: Connection, new: Receipt, expected: Receipt) -> 
     statement = SETTLE_RECEIPT if is_settlement(new, expected) else UPDATE_RECEIPT
     params = _receipt_params(new)
     params.update(expected_status=expected.status.value, expected_attempt=expected.attempt)
-    if (await _execute(conn, statement, params)).rowcount != 1:
+    if (await execute(conn, statement, params)).rowcount != 1:
         raise receipt_moved(new)
 
 

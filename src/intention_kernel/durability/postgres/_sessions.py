@@ -28,7 +28,18 @@ from intention_kernel.durability.postgres._schema import (
 from intention_kernel.durability.postgres._statements import CONFIGURE_SESSION, LOCK_XACT
 from intention_kernel.errors import KernelError, StoreError
 
-__all__ = ["Connection", "PostgresSessions", "advisory_key"]
+__all__ = [
+    "IDLE",
+    "Claim",
+    "Connection",
+    "Held",
+    "PostgresSessions",
+    "advisory_key",
+    "execute",
+    "fetch_value",
+    "present",
+    "translated",
+]
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[TupleRow]
@@ -44,7 +55,7 @@ def advisory_key(*parts: str) -> int:
 
 
 @dataclass
-class _Held:
+class Held:
     """A thread lock and the session holding it (``None`` once released).
 
     ``mutex`` runs one hop at a time on the session, and makes the release wait for
@@ -65,10 +76,10 @@ class _Held:
 
 
 @dataclass
-class _Claim:
+class Claim:
     """A relay's claim of a thread and the session holding it (``None`` once released);
     ``mutex`` runs one statement at a time on it, and makes the release wait for one
-    still running (the same reasons as :class:`_Held`)."""
+    still running (the same reasons as :class:`Held`)."""
 
     conn: Connection | None
     mutex: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -100,20 +111,20 @@ class _Translated:
 _TRANSLATED = _Translated()
 
 
-def _translated() -> _Translated:
+def translated() -> _Translated:
     return _TRANSLATED
 
 
 #: A cursor per session and statement, reused: a cursor that runs the same statement
 #: again keeps the dumpers and loaders it looked up for its parameters and columns,
 #: which ``conn.execute`` (a new cursor every time) looks up again for every statement.
-#: A session runs one statement at a time (see ``_Held``), so no cursor is shared.
+#: A session runs one statement at a time (see ``Held``), so no cursor is shared.
 _cursors: weakref.WeakKeyDictionary[Connection, dict[str, psycopg.AsyncCursor[TupleRow]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-async def _execute(
+async def execute(
     conn: Connection, query: str, params: Any = None
 ) -> psycopg.AsyncCursor[TupleRow]:
     cursors = _cursors.get(conn)
@@ -125,12 +136,12 @@ async def _execute(
     return await cur.execute(query, params)
 
 
-async def _value(conn: Connection, query: str, *args: Any) -> Any:
+async def fetch_value(conn: Connection, query: str, *args: Any) -> Any:
     """The first column of the single row ``query`` returns."""
-    return _one(await (await _execute(conn, query, args or None)).fetchone())[0]
+    return present(await (await execute(conn, query, args or None)).fetchone())[0]
 
 
-def _one(value: T | None) -> T:
+def present(value: T | None) -> T:
     assert value is not None
     return value
 
@@ -158,8 +169,8 @@ class PostgresSessions:
             else {"connect_timeout": max(2, math.ceil(connect_timeout))}
         )
         self._opened: AsyncConnectionPool[Connection] | None = None
-        self._held: dict[str, _Held] = {}
-        self._claims: dict[str, _Claim] = {}  # see claim_outbox
+        self._held: dict[str, Held] = {}
+        self._claims: dict[str, Claim] = {}  # see claim_outbox
         self._claim_slots = asyncio.Semaphore(max(1, pool_size[1] - 1))
 
     @property
@@ -184,7 +195,7 @@ class PostgresSessions:
         running statement. Each statement is atomic either way: an interrupted hop is
         a crash between two statements, which every hop already tolerates.
         """
-        with _translated():
+        with translated():
             held = self._held.get(thread_id) if thread_id is not None else None
             if held is not None:
                 async with held.mutex:
@@ -213,7 +224,7 @@ class PostgresSessions:
             open=False,
             name=f"intention-kernel:{self._schema}",
         )
-        with _translated():
+        with translated():
             try:
                 await pool.open(wait=True, timeout=self._open_timeout)
                 async with pool.connection() as conn:
@@ -239,9 +250,9 @@ class PostgresSessions:
         except psycopg.Error as exc:
             lines = "; ".join(line.strip() for line in str(exc).strip().splitlines())
             raise StoreError(f"cannot connect to PostgreSQL: {lines}") from exc
-        with _translated():
+        with translated():
             async with conn:
-                return bool(await _value(conn, HAS_STORE, self._schema))
+                return bool(await fetch_value(conn, HAS_STORE, self._schema))
 
     async def _migrate(self, conn: Connection) -> None:
         """Apply pending migrations; safe when several workers start at once."""
@@ -261,9 +272,9 @@ class PostgresSessions:
                 await conn.execute(INSERT_SCHEMA_VERSION, (version,))
 
     async def _schema_version(self, conn: Connection) -> int:
-        if not await _value(conn, HAS_SCHEMA_TABLE):
+        if not await fetch_value(conn, HAS_SCHEMA_TABLE):
             return 0
-        current = int(await _value(conn, SELECT_SCHEMA_VERSION))
+        current = int(await fetch_value(conn, SELECT_SCHEMA_VERSION))
         if current > len(MIGRATIONS):
             raise StoreError(
                 f"PostgreSQL schema {self._schema!r} is at version {current}, newer than this "
