@@ -14,7 +14,12 @@ import pytest
 
 from intention_kernel.durability import Durability, TurnTransaction, open_durability
 from intention_kernel.durability.sqlite import MIGRATIONS, SQLiteDurability
-from intention_kernel.errors import CorruptRecordError, CorruptStoreError, StoreError
+from intention_kernel.errors import (
+    CorruptRecordError,
+    CorruptStoreError,
+    FencedCommitError,
+    StoreError,
+)
 from intention_kernel.testing.conformance import (
     DurabilityConformance,
     Inspector,
@@ -355,3 +360,24 @@ async def test_text_that_is_not_utf8_is_a_corrupt_record_of_its_thread(tmp_path:
 
 async def plain(tx: TurnTransaction) -> TurnCommit:
     return commit_for(tx)
+
+
+async def test_a_commit_is_fenced_on_the_owner_the_turn_started_with(tmp_path: Path) -> None:
+    """The thread lock keeps other turns out, not another program writing the file: a
+    turn whose thread changed owner while it ran is refused at commit, as PostgreSQL's
+    is, and writes nothing."""
+    path = tmp_path / "k.db"
+
+    async def hand_over(tx: TurnTransaction) -> TurnCommit:
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE ik_threads SET tenant_id = 'b' WHERE thread_id = 't'")
+        return commit_for(tx)
+
+    async with SQLiteDurability(path) as store:
+        await store.with_turn(TurnScope("t", "1", tenant_id="a"), plain)
+        with pytest.raises(FencedCommitError, match="was not committed") as caught:
+            await store.with_turn(TurnScope("t", "2", tenant_id="a"), hand_over)
+        assert (caught.value.thread_id, caught.value.turn_id) == ("t", "2")
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT tenant_id, version FROM ik_threads").fetchall() == [("b", 1)]
+        assert conn.execute("SELECT turn_id FROM ik_turns").fetchall() == [("1",)]
