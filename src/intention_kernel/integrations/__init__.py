@@ -1,0 +1,1 @@
+"""Bridges that run agents written with other frameworks inside durable turns."""
