@@ -421,3 +421,32 @@ def run_script(script: str, url: str, cwd: Path) -> list[str]:
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
+
+
+# -- the Pydantic AI help desk ---------------------------------------------------------------
+
+
+def test_the_pydantic_ai_desk_writes_once_and_approves_across_a_restart(store: list[str]) -> None:
+    """``python -m examples.pydantic_ai_desk``: a Pydantic AI agent whose cancel is
+    applied once although its turn is delivered again, and whose refund waits for a
+    "yes" across a restart and then runs once; a second run replays every turn."""
+    output = run_example("pydantic_ai_desk", *store)
+    assert summary(output) == {
+        "committed": 4,
+        "replayed": 2,
+        "failed_steps": 0,
+        "provider_calls": 2,
+    }
+    assert "[turn-3] agent: Refund 1250 cents for order 42? Reply yes, or no and why." in output
+    assert '[turn-4] agent: issue_refund for order 42: {"id": "refund_42"}' in output
+    assert re.findall(r"^provider: (\S+) applied (\d+)x$", output, re.M) == [
+        ("desk.agent:cancel_order:43", "1"),
+        ("desk.agent:issue_refund:42", "1"),
+    ]
+    again = run_example("pydantic_ai_desk", *store)
+    assert summary(again) == {
+        "committed": 0,
+        "replayed": 6,
+        "failed_steps": 0,
+        "provider_calls": 0,
+    }

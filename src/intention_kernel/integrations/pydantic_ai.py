@@ -124,6 +124,8 @@ from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import CapabilityError, EffectUncertainError
 from intention_kernel.facts import Fact
 from intention_kernel.interpretation import (
+    Answer,
+    Decision,
     Intent,
     Interpretation,
     InterpretationRequest,
@@ -266,7 +268,10 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
     (:meth:`as_agent`). ``writes`` maps each write tool's name to the function that
     derives its business operation ID from the call's arguments; every other tool is a
     read. ``deps`` is passed to every run. ``prompt`` renders an approval's question
-    from the tool's name and arguments.
+    from the tool's name and arguments. ``read_answer`` reads a message sent while an
+    approval is pending as the person's answer (``"accept"``, ``"reject"`` or an
+    :class:`~intention_kernel.Answer`, a reject's ``reason`` included), or ``None``
+    when it is not one; without it, only ``Kernel.turn(answer=...)`` answers.
     """
 
     def __init__(
@@ -278,6 +283,7 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         deps: AgentDepsT = None,  # type: ignore[assignment]
         prompt: Callable[[str, dict[str, Any]], str] | None = None,
         description: str | None = None,
+        read_answer: Callable[[str], Answer | Decision | None] | None = None,
     ) -> None:
         super().__init__(wrapped)
         if not isinstance(wrapped.model, Model):
@@ -296,7 +302,7 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         self.capability_id = f"{name}.agent"
         self.fact_key = f"{name}.conversation"
         self.capability: Capability = self._build_capability(description)
-        self.interpreter = _Interpreter(self.capability_id, self.fact_key)
+        self.interpreter = _Interpreter(self.capability_id, self.fact_key, read_answer)
 
     def as_agent(self, version: str, **options: Any) -> Agent:
         """The intention-kernel :class:`~intention_kernel.Agent` that runs this agent:
@@ -452,14 +458,25 @@ class _Interpreter:
 
     multi_round = True
 
-    def __init__(self, capability_id: str, fact_key: str) -> None:
+    def __init__(
+        self,
+        capability_id: str,
+        fact_key: str,
+        read_answer: Callable[[str], Answer | Decision | None] | None,
+    ) -> None:
         self._capability_id = capability_id
         self._fact_key = fact_key
+        self._read_answer = read_answer
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
         if not request.rounds:
             active = request.interaction
             if active is not None and active.capability_id == self._capability_id:
+                answer = self._read_answer(request.message) if self._read_answer else None
+                if answer is not None:
+                    # The person's own words answer the question they were shown; the
+                    # kernel calls the capability again, which resumes the run.
+                    return Interpretation(answer=answer)
                 return Interpretation(reply=f"Answer this first: {active.prompt}")
             raw = request.facts.get(self._fact_key)
             conversation = _Conversation.load(raw.value if raw is not None else None)
@@ -472,8 +489,9 @@ class _Interpreter:
                 )
             prompt = {"prompt": request.message}
             return Interpretation(intents=[Intent(self._capability_id, prompt)])
-        steps = request.rounds[-1].steps
-        step = steps[-1] if steps else None
+        last = request.rounds[-1]
+        # After the person's answer resumed the run, its step is the round's answer step.
+        step = last.steps[-1] if last.steps else last.answer_step
         if step is None:
             return Interpretation()
         if step.status == StepStatus.AWAITING_CONFIRMATION:
