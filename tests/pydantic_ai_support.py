@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from intention_kernel import Answer
 from intention_kernel.integrations.pydantic_ai import KernelAgent, effect_authority
 from intention_kernel.testing import faults
 
@@ -47,7 +49,9 @@ def tool_returns(message: ModelMessage) -> list[ToolReturnPart]:
 class Desk:
     """The agent, its model's requests (``requests``) and the ledger it writes."""
 
-    def __init__(self, ledger: str | Path) -> None:
+    def __init__(
+        self, ledger: str | Path, read_answer: Callable[[str], Answer | None] | None = None
+    ) -> None:
         self.ledger = str(ledger)
         self.requests: list[list[ModelMessage]] = []
         agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(self.model), name="desk")
@@ -75,6 +79,7 @@ class Desk:
                 "cancel_order": lambda args: args["order_id"],
                 "issue_refund": lambda args: args["order_id"],
             },
+            read_answer=read_answer,
         )
 
     def write(self, operation: str, order_id: str, **extra: Any) -> dict[str, str]:

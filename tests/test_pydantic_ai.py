@@ -29,6 +29,7 @@ from psycopg.conninfo import make_conninfo
 from intention_kernel import Answer, Kernel, ReceiptStatus
 from intention_kernel.checkpoint import operation_digest
 from intention_kernel.durability import Durability
+from intention_kernel.integrations.pydantic_ai import KernelAgent
 from intention_kernel.testing import faults
 from proving_support import Store, drop_schema, new_schema, open_store
 from pydantic_ai_support import Desk, read_ledger, tool_returns
@@ -171,6 +172,43 @@ async def test_a_rejects_reason_reaches_the_model_as_the_denial(
     # The run ended: the next message starts a new one on the same history.
     await kernel.turn("t1", "turn-3", "status of 43")
     assert returns_of(desk)[0][0] == "order_status"
+
+
+async def test_an_approval_tool_without_a_key_is_refused_before_asking(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    bridge = KernelAgent(desk.agent, name="desk", writes={"cancel_order": lambda a: a["order_id"]})
+    result = await Kernel(bridge.as_agent(version="1"), store).turn("t1", "turn-1", "refund 42")
+    assert [s.status for s in result.steps] == ["failed"]
+    assert "'issue_refund' needs approval but has no key in writes" in (result.steps[0].error or "")
+    assert result.interaction is None
+    assert read_ledger(desk.ledger) == []
+
+
+def words(text: str) -> Answer | None:
+    if text == "yes":
+        return Answer(decision="accept")
+    if text.startswith("no, "):
+        return Answer(decision="reject", reason=text[4:])
+    return None
+
+
+async def test_a_message_may_answer_the_pending_approval(store: Durability, tmp_path: Path) -> None:
+    desk = Desk(tmp_path / "ledger", read_answer=words)
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    await kernel.turn("t1", "turn-1", "refund 42")
+    unrelated = await kernel.turn("t1", "turn-2", "status of 43")  # not an answer: asked again
+    assert unrelated.interaction is not None
+    assert unrelated.steps == ()
+    rejected = await kernel.turn("t1", "turn-3", "no, it arrived intact")
+    assert rejected.reply == "Not refunded: it arrived intact"
+    assert returns_of(desk) == [("issue_refund", "it arrived intact")]
+    await kernel.turn("t1", "turn-4", "refund 42")
+    accepted = await kernel.turn("t1", "turn-5", "yes")
+    assert accepted.reply == 'issue_refund: {"id": "refund_42"}'
+    assert accepted.interaction is None
+    assert [(c["operation"], c["cents"]) for c in read_ledger(desk.ledger)] == [("refund", 1250)]
 
 
 async def test_an_approval_survives_a_new_kernel_on_the_same_store(tmp_path: Path) -> None:

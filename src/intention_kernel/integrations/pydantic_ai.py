@@ -64,6 +64,10 @@ What is recorded today, and what is not:
   for recording is :meth:`_KernelModel.request`: every model request of a kernel run
   goes through it, and recorded responses will be replayed there.
 
+An approval tool must be named in ``writes``: the accepted call runs through its
+receipt, so a redelivered accepting turn does not run it again. One that is not is
+refused before the person is asked (the step fails, nothing runs).
+
 Limits: while an approval is pending, a new message is answered with the pending
 question (the run is paused on it); answer it first. A run that ends asking for
 several approvals holds the first; the others are proposed one at a time, each in the
@@ -433,6 +437,14 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
                     capability_id=self.capability_id,
                 )
             first = output.approvals[0]
+            if first.tool_name not in self._writes:
+                # Without a key the approved call would have no receipt, and a
+                # redelivered accepting turn would run it again: refused before asking.
+                raise CapabilityError(
+                    f"{self.capability_id}: tool {first.tool_name!r} needs approval but has no "
+                    "key in writes; an approved call runs once only through its receipt",
+                    capability_id=self.capability_id,
+                )
             call = _Call(
                 tool_name=first.tool_name,
                 tool_call_id=first.tool_call_id,
