@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,10 @@ class Desk:
     """The agent, its model's requests (``requests``) and the ledger it writes."""
 
     def __init__(
-        self, ledger: str | Path, read_answer: Callable[[str], Answer | None] | None = None
+        self,
+        ledger: str | Path,
+        read_answer: Callable[[str], Answer | None] | None = None,
+        approve_within: timedelta | None = None,
     ) -> None:
         self.ledger = str(ledger)
         self.requests: list[list[ModelMessage]] = []
@@ -80,6 +84,7 @@ class Desk:
                 "issue_refund": lambda args: args["order_id"],
             },
             read_answer=read_answer,
+            approve_within=approve_within,
         )
 
     def write(self, operation: str, order_id: str, **extra: Any) -> dict[str, str]:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,40 @@ async def test_an_approval_tool_without_a_key_is_refused_before_asking(
     assert read_ledger(desk.ledger) == []
 
 
+class MovingClock:
+    """A clock that stands still until the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def test_an_approval_that_expires_reaches_the_model_as_denied(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger", approve_within=timedelta(minutes=15))
+    clock = MovingClock()
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store, clock=clock)
+    asked = await kernel.turn("t1", "turn-1", "refund 42")
+    assert asked.interaction is not None
+    assert asked.interaction.expires_at == clock.now + timedelta(minutes=15)
+    clock.now += timedelta(minutes=15)
+    before = len(desk.requests)
+    later = await kernel.turn("t1", "turn-2", "status of 43")
+    assert later.interaction is None
+    denial = tool_returns(desk.requests[before][-1])
+    assert [(r.tool_name, r.content) for r in denial] == [
+        ("issue_refund", "The approval request closed unanswered.")
+    ]
+    assert returns_of(desk)[0][0] == "order_status"
+    assert read_ledger(desk.ledger) == []
+    late = await kernel.turn("t1", "turn-3", answer=Answer(digest=asked.interaction.digest))
+    assert late.steps == ()
+    assert read_ledger(desk.ledger) == []
+
+
 def words(text: str) -> Answer | None:
     if text == "yes":
         return Answer(decision="accept")
@@ -335,15 +370,24 @@ async def test_a_process_killed_inside_the_provider_call_leaves_the_write_uncert
 
 
 @pytest.mark.slow
-async def test_an_approval_given_after_a_restart_runs_the_approved_call_once(
+async def test_an_approval_given_after_a_restart_runs_the_approved_call_once_across_a_crash(
     workers: Workers,
 ) -> None:
     (asked,) = await workers.run([{"thread_id": "t1", "turn_id": "turn-1", "message": "refund 42"}])
     interaction = asked["result"]["interaction"]
     assert interaction["details"] == REFUND
     accept = {"thread_id": "t1", "turn_id": "turn-2", "answer": {"digest": interaction["digest"]}}
-    # A new process accepts; then the same delivery comes again, in another.
+    # A new process accepts and dies after the refund's provider call, before its turn
+    # commits; the same delivery comes again, in another process, and again after that.
+    died = await workers.run(
+        [accept],
+        fault={"point": faults.AFTER_RECEIPT_COMPLETED, "action": "exit"},
+        status=faults.EXIT_STATUS,
+    )
+    assert died == []
+    assert len(read_ledger(workers.ledger)) == 1
     (done,) = await workers.run([accept])
+    assert done["result"]["replayed"] is False
     assert done["returns"] == [{"tool": "issue_refund", "content": {"id": "refund_42"}}]
     assert done["result"]["reply"] == 'issue_refund: {"id": "refund_42"}'
     (again,) = await workers.run([accept])

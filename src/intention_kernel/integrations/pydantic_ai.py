@@ -84,6 +84,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Generic
 
 try:
@@ -276,6 +277,8 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
     approval is pending as the person's answer (``"accept"``, ``"reject"`` or an
     :class:`~intention_kernel.Answer`, a reject's ``reason`` included), or ``None``
     when it is not one; without it, only ``Kernel.turn(answer=...)`` answers.
+    ``approve_within`` is how long an approval stays open (``None``: until answered);
+    the run then reads the call as denied, before the next message.
     """
 
     def __init__(
@@ -288,6 +291,7 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         prompt: Callable[[str, dict[str, Any]], str] | None = None,
         description: str | None = None,
         read_answer: Callable[[str], Answer | Decision | None] | None = None,
+        approve_within: timedelta | None = None,
     ) -> None:
         super().__init__(wrapped)
         if not isinstance(wrapped.model, Model):
@@ -305,7 +309,7 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         ]
         self.capability_id = f"{name}.agent"
         self.fact_key = f"{name}.conversation"
-        self.capability: Capability = self._build_capability(description)
+        self.capability: Capability = self._build_capability(description, approve_within)
         self.interpreter = _Interpreter(self.capability_id, self.fact_key, read_answer)
 
     def as_agent(self, version: str, **options: Any) -> Agent:
@@ -357,7 +361,9 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         finally:
             _STEP.reset(token)
 
-    def _build_capability(self, description: str | None) -> Capability:
+    def _build_capability(
+        self, description: str | None, approve_within: timedelta | None
+    ) -> Capability:
         async def handle(input: _AgentInput, ctx: CapabilityContext) -> CapabilityResult:
             raw = ctx.facts.get(self.fact_key)
             conversation = _Conversation.load(raw.value if raw is not None else None)
@@ -385,6 +391,7 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
             effect="write",
             confirmation="capability",
             description=description or f"Run the {self._kernel_name} agent",
+            confirm_within=approve_within,
         )(handle)
 
     def _ask(self, conversation: _Conversation, call: _Call) -> CapabilityResult:
