@@ -3,7 +3,8 @@
 A Pydantic AI agent inside durable turns: a read, a cancel that the provider sees
 once although the turn is delivered again, a refund held for approval across a
 restart, and the "yes" that runs exactly the held refund once; the model reads its
-result and writes the reply.
+result and writes the reply. ``python -m examples.pydantic_ai_desk.crash`` kills a
+process mid-turn and delivers the turn again (see its docstring).
 """
 
 from __future__ import annotations

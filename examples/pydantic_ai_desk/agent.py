@@ -11,7 +11,9 @@ Pydantic AI's ``FunctionModel`` playing a fixed script (no API key): put
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic_ai import Agent as PydanticAgent
@@ -34,12 +36,22 @@ ORDERS = {"42": 1250, "43": 800}
 
 @dataclass
 class FakeShop:
-    """The outside world: every cancel and refund it applied, by idempotency key."""
+    """The outside world: every cancel and refund it applied, by idempotency key.
+
+    With a ``ledger`` file, each applied call is also a line of it, which outlives a
+    process that dies (``examples/pydantic_ai_desk/crash.py``)."""
 
     calls: list[str] = field(default_factory=list)
+    ledger: Path | None = None
 
     def apply(self, operation: str, order_id: str) -> dict[str, str]:
-        self.calls.append(effect_authority().idempotency_key)
+        key = effect_authority().idempotency_key
+        self.calls.append(key)
+        if self.ledger is not None:
+            with self.ledger.open("a", encoding="utf-8") as f:
+                f.write(key + "\n")
+                f.flush()
+                os.fsync(f.fileno())
         return {"id": f"{operation}_{order_id}"}
 
 
