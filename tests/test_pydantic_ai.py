@@ -120,8 +120,8 @@ async def test_an_approval_tool_is_held_as_an_interaction_bound_to_the_exact_cal
     interaction = asked.interaction
     assert interaction is not None
     assert interaction.kind == "capability"
-    assert interaction.input == {"approval": REFUND, "prompt": None}
-    assert interaction.details == REFUND
+    assert interaction.input == {"approvals": [REFUND], "prompt": None}
+    assert interaction.details == [REFUND]
     assert interaction.digest == operation_digest("capability", "desk.agent", interaction.input)
     assert '{"cents": 1250, "order_id": "42"}' in interaction.prompt
     assert interaction.prompt in asked.reply
@@ -145,7 +145,7 @@ async def test_an_accept_with_another_digest_runs_nothing(
     other = operation_digest(
         "capability",
         "desk.agent",
-        {"approval": {**REFUND, "args": {"order_id": "42", "cents": 99999}}, "prompt": None},
+        {"approvals": [{**REFUND, "args": {"order_id": "42", "cents": 99999}}], "prompt": None},
     )
     refused = await kernel.turn("t1", "turn-2", answer=Answer(digest=other))
     assert refused.steps == ()
@@ -375,7 +375,7 @@ async def test_an_approval_given_after_a_restart_runs_the_approved_call_once_acr
 ) -> None:
     (asked,) = await workers.run([{"thread_id": "t1", "turn_id": "turn-1", "message": "refund 42"}])
     interaction = asked["result"]["interaction"]
-    assert interaction["details"] == REFUND
+    assert interaction["details"] == [REFUND]
     accept = {"thread_id": "t1", "turn_id": "turn-2", "answer": {"digest": interaction["digest"]}}
     # A new process accepts and dies after the refund's provider call, before its turn
     # commits; the same delivery comes again, in another process, and again after that.
@@ -395,3 +395,50 @@ async def test_an_approval_given_after_a_restart_runs_the_approved_call_once_acr
     calls = read_ledger(workers.ledger)
     assert [(c["operation"], c["order_id"], c["cents"]) for c in calls] == [("refund", "42", 1250)]
     assert len({c["pid"] for c in calls}) == 1
+
+
+async def test_approvals_asked_together_are_held_and_answered_together(
+    store: Durability, tmp_path: Path
+) -> None:
+    """Pydantic AI resumes a run only with a result for every call it deferred: one
+    interaction holds them all, and its digest binds each."""
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    refunded: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = tool_returns(messages[-1])
+        if returns:
+            return ModelResponse(parts=[TextPart(", ".join(str(r.content) for r in returns))])
+        return ModelResponse(
+            parts=[
+                ToolCallPart("refund", {"order_id": order}, tool_call_id=f"call-{order}")
+                for order in ("42", "43")
+            ]
+        )
+
+    agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(model))
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(order_id: str) -> str:
+        refunded.append(order_id)
+        return f"refunded {order_id}"
+
+    bridge = KernelAgent(agent, name="desk", writes={"refund": lambda args: args["order_id"]})
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    first = await kernel.turn("t1", "turn-1", "refund both")
+    assert first.interaction is not None
+    assert [c["args"] for c in first.interaction.details] == [
+        {"order_id": "42"},
+        {"order_id": "43"},
+    ]
+    assert first.interaction.prompt.count("Run refund with") == 2
+    accepted = await kernel.turn("t1", "turn-2", answer="accept")
+    assert refunded == ["42", "43"]
+    assert accepted.reply == "refunded 42, refunded 43"
+    await kernel.turn("t1", "turn-3", "refund both")
+    rejected = await kernel.turn("t1", "turn-4", answer=Answer(decision="reject", reason="no"))
+    assert refunded == ["42", "43"]  # (the receipts would have answered a second run too)
+    assert rejected.reply == "no, no"

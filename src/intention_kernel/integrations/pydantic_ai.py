@@ -35,16 +35,17 @@ and each of its toolsets wrapped (a ``WrapperToolset``), inside one kernel capab
   never retried blindly). Any other tool is a read and runs as it is.
 - A tool with ``requires_approval=True`` makes Pydantic AI end the run with
   ``DeferredToolRequests``. The bridge's interpreter (it works in rounds) then proposes
-  that exact call as the capability's input, ``{"approval": {"tool_name",
-  "tool_call_id", "args"}}``; the capability asks (``needs_confirmation``), so the
-  kernel holds a durable interaction whose ``digest`` is over the tool, the call's ID
-  and its arguments, and whose prompt shows them. An accept in a later turn, in any
-  process, calls the capability again: it resumes the run from the stored history with
+  those exact calls as the capability's input, ``{"approvals": [{"tool_name",
+  "tool_call_id", "args"}, ...]}``; the capability asks (``needs_confirmation``), so the
+  kernel holds a durable interaction whose ``digest`` is over each tool, call ID and
+  arguments, and whose prompt shows them. An accept in a later turn, in any process,
+  calls the capability again: it resumes the run from the stored history with
   ``DeferredToolResults(approvals={id: ToolApproved()})``, so Pydantic AI runs exactly
-  the held call (through its receipt, if it is a write) and the model's next request
-  carries its result. A reject resumes with ``ToolDenied(reason)``: the model reads the
-  person's reason as the denial. An answer with another digest runs nothing (the
-  kernel refuses it).
+  the held calls (each through its receipt) and the model's next request carries their
+  results. A reject resumes with ``ToolDenied(reason)``: the model reads the person's
+  reason as the denial. An answer with another digest runs nothing (the kernel refuses
+  it). Calls the model made together are answered together: Pydantic AI resumes a run
+  only with a result for every call it deferred.
 
 Why one capability for the whole loop, and not one per tool: Pydantic AI runs its own
 loop (model, tools, model), and an approval must resume *that* loop in the accepting
@@ -70,9 +71,10 @@ refused before the person is asked (the step fails, nothing runs).
 
 Limits: while an approval is pending, a new message is answered with the pending
 question (the run is paused on it); answer it first. A run that ends asking for
-several approvals holds the first; the others are proposed one at a time, each in the
-turn after the previous one was answered. External (``CallDeferred``) tools are not
-supported: the step fails and says so.
+several approvals holds them in one interaction (one answer for all). External
+(``CallDeferred``) tools are not supported: the step fails and says so. The history
+fact keeps every message of the thread's runs (``Agent(max_messages=...)`` bounds the
+kernel's own transcript, not it); it is not trimmed yet.
 
 Needs the ``pydantic-ai`` extra: ``pip install 'intention-kernel[pydantic-ai]'``.
 """
@@ -173,12 +175,14 @@ class _AgentInput(pydantic.BaseModel):
     """The capability's input: a message for the agent, or a call to approve."""
 
     prompt: str | None = None
-    approval: _Call | None = None
+    approvals: list[_Call] | None = None
 
     @pydantic.model_validator(mode="after")
     def _exactly_one(self) -> _AgentInput:
-        if (self.prompt is None) == (self.approval is None):
-            raise ValueError("give exactly one of prompt and approval")
+        if (self.prompt is None) == (self.approvals is None):
+            raise ValueError("give exactly one of prompt and approvals")
+        if self.approvals is not None and not self.approvals:
+            raise ValueError("approvals holds at least one call")
         return self
 
 
@@ -241,27 +245,27 @@ class _KernelToolset(WrapperToolset[AgentDepsT]):
 
 @dataclass(frozen=True)
 class _Conversation:
-    """The ``<name>.conversation`` fact: the run's history and a held approval."""
+    """The ``<name>.conversation`` fact: the run's history and the calls it holds for
+    approval (empty: none)."""
 
     messages: list[ModelMessage]
-    pending: _Call | None = None
+    pending: list[_Call] = field(default_factory=list)
     asked: bool = False
 
     @classmethod
     def load(cls, value: Any) -> _Conversation:
         if not isinstance(value, Mapping):
             return cls([])
-        pending = value.get("pending")
         return cls(
             list(ModelMessagesTypeAdapter.validate_python(value.get("messages") or [])),
-            _Call.model_validate(pending) if pending is not None else None,
+            [_Call.model_validate(call) for call in value.get("pending") or []],
             bool(value.get("asked", False)),
         )
 
     def dump(self) -> dict[str, Any]:
         return {
             "messages": ModelMessagesTypeAdapter.dump_python(self.messages, mode="json"),
-            "pending": self.pending.model_dump(mode="json") if self.pending else None,
+            "pending": _dump(self.pending),
             "asked": self.asked,
         }
 
@@ -367,13 +371,13 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         async def handle(input: _AgentInput, ctx: CapabilityContext) -> CapabilityResult:
             raw = ctx.facts.get(self.fact_key)
             conversation = _Conversation.load(raw.value if raw is not None else None)
-            call = input.approval
-            if call is not None:
+            calls = input.approvals
+            if calls is not None:
                 if ctx.answer is None:
-                    return self._ask(conversation, call)
-                return self._outcome(await self._resume(ctx, conversation, call))
+                    return self._ask(conversation, calls)
+                return self._outcome(await self._resume(ctx, conversation, calls))
             history = conversation.messages
-            if conversation.pending is not None:
+            if conversation.pending:
                 # The approval closed without an answer (it expired, or an operator
                 # resolved it): the model is told so before it reads the new message.
                 closed = await self._run(
@@ -394,42 +398,45 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
             confirm_within=approve_within,
         )(handle)
 
-    def _ask(self, conversation: _Conversation, call: _Call) -> CapabilityResult:
-        if conversation.pending != call:
+    def _ask(self, conversation: _Conversation, calls: list[_Call]) -> CapabilityResult:
+        if conversation.pending != calls:
             raise CapabilityError(
-                f"{self.capability_id}: {call.tool_name} call {call.tool_call_id!r} is not the "
-                "call the agent is waiting on",
+                f"{self.capability_id}: the calls proposed for approval are not the ones the "
+                "agent is waiting on",
                 capability_id=self.capability_id,
             )
-        asked = _Conversation(conversation.messages, call, asked=True)
+        asked = _Conversation(conversation.messages, calls, asked=True)
         return CapabilityResult.needs_confirmation(
-            self._prompt(call.tool_name, call.args),
-            details=call.model_dump(mode="json"),
+            "\n".join(self._prompt(call.tool_name, call.args) for call in calls),
+            details=_dump(calls),
             facts=[Fact(self.fact_key, asked.dump())],
         )
 
     async def _resume(
-        self, ctx: CapabilityContext, conversation: _Conversation, call: _Call
+        self, ctx: CapabilityContext, conversation: _Conversation, calls: list[_Call]
     ) -> AgentRunResult[Any]:
-        held = _held_call(conversation.messages, call.tool_call_id)
-        if conversation.pending != call or held is None or held.tool_name != call.tool_name:
+        # What runs is the history's held calls: they must be the approved ones, to the
+        # argument, or nothing runs.
+        if conversation.pending != calls:
             raise CapabilityError(
-                f"{self.capability_id}: the approved {call.tool_name} call {call.tool_call_id!r} "
-                "is no longer the one held; nothing ran",
+                f"{self.capability_id}: the approved calls are no longer the ones held; "
+                "nothing ran",
                 capability_id=self.capability_id,
             )
-        if held.args_as_dict() != call.args:
-            raise CapabilityError(
-                f"{self.capability_id}: the held {call.tool_name} call's arguments differ from "
-                "the approved ones; nothing ran",
-                capability_id=self.capability_id,
-            )
+        for call in calls:
+            held = _held_call(conversation.messages, call.tool_call_id)
+            if held is None or held.tool_name != call.tool_name or held.args_as_dict() != call.args:
+                raise CapabilityError(
+                    f"{self.capability_id}: the held {call.tool_name} call "
+                    f"{call.tool_call_id!r} differs from the approved one; nothing ran",
+                    capability_id=self.capability_id,
+                )
         answer = ctx.answer
         assert answer is not None
         if answer.decision == "accept":
-            results = DeferredToolResults(approvals={call.tool_call_id: ToolApproved()})
+            results = DeferredToolResults(approvals={c.tool_call_id: ToolApproved() for c in calls})
         else:
-            results = _denied(call, answer.reason or "The person rejected the tool call.")
+            results = _denied(calls, answer.reason or "The person rejected the tool call.")
         return await self._run(ctx, None, conversation.messages, results)
 
     def _outcome(self, run: AgentRunResult[Any]) -> CapabilityResult:
@@ -443,23 +450,26 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
                     "are not supported by the kernel bridge",
                     capability_id=self.capability_id,
                 )
-            first = output.approvals[0]
-            if first.tool_name not in self._writes:
-                # Without a key the approved call would have no receipt, and a
-                # redelivered accepting turn would run it again: refused before asking.
-                raise CapabilityError(
-                    f"{self.capability_id}: tool {first.tool_name!r} needs approval but has no "
-                    "key in writes; an approved call runs once only through its receipt",
-                    capability_id=self.capability_id,
+            calls: list[_Call] = []
+            for part in output.approvals:
+                if part.tool_name not in self._writes:
+                    # Without a key the approved call would have no receipt, and a
+                    # redelivered accepting turn would run it again: refused before asking.
+                    raise CapabilityError(
+                        f"{self.capability_id}: tool {part.tool_name!r} needs approval but has "
+                        "no key in writes; an approved call runs once only through its receipt",
+                        capability_id=self.capability_id,
+                    )
+                calls.append(
+                    _Call(
+                        tool_name=part.tool_name,
+                        tool_call_id=part.tool_call_id,
+                        args=part.args_as_dict(),
+                    )
                 )
-            call = _Call(
-                tool_name=first.tool_name,
-                tool_call_id=first.tool_call_id,
-                args=first.args_as_dict(),
-            )
-            held = _Conversation(messages, call)
+            held = _Conversation(messages, calls)
             return CapabilityResult(
-                value={"approval": call.model_dump(mode="json")},
+                value={"approvals": _dump(calls)},
                 facts=[Fact(self.fact_key, held.dump())],
                 reply="",
             )
@@ -499,11 +509,11 @@ class _Interpreter:
                 return Interpretation(reply=f"Answer this first: {active.prompt}")
             raw = request.facts.get(self._fact_key)
             conversation = _Conversation.load(raw.value if raw is not None else None)
-            if conversation.pending is not None and not conversation.asked:
+            if conversation.pending and not conversation.asked:
                 # A resumed run paused on another approval, in a turn with no rounds
                 # left to ask it: it is asked now, before the agent reads anything new.
                 return Interpretation(
-                    intents=[self._approval(conversation.pending.model_dump(mode="json"))],
+                    intents=[self._approval(_dump(conversation.pending))],
                     reply="Before anything else, the agent needs an approval.",
                 )
             prompt = {"prompt": request.message}
@@ -516,20 +526,24 @@ class _Interpreter:
         if step.status == StepStatus.AWAITING_CONFIRMATION:
             return Interpretation(reply="The agent asks for your approval.")
         value = step.value
-        if step.status == StepStatus.COMPLETED and isinstance(value, dict) and "approval" in value:
-            return Interpretation(intents=[self._approval(value["approval"])])
+        if step.status == StepStatus.COMPLETED and isinstance(value, dict) and "approvals" in value:
+            return Interpretation(intents=[self._approval(value["approvals"])])
         return Interpretation()
 
-    def _approval(self, call: Any) -> Intent:
-        return Intent(self._capability_id, {"approval": call})
+    def _approval(self, calls: Any) -> Intent:
+        return Intent(self._capability_id, {"approvals": calls})
 
 
 def _default_prompt(tool_name: str, args: dict[str, Any]) -> str:
     return f"Run {tool_name} with {json.dumps(args, sort_keys=True)}? Accept or reject."
 
 
-def _denied(call: _Call, message: str) -> DeferredToolResults:
-    return DeferredToolResults(approvals={call.tool_call_id: ToolDenied(message)})
+def _denied(calls: Sequence[_Call], message: str) -> DeferredToolResults:
+    return DeferredToolResults(approvals={c.tool_call_id: ToolDenied(message) for c in calls})
+
+
+def _dump(calls: Sequence[_Call]) -> list[dict[str, Any]]:
+    return [call.model_dump(mode="json") for call in calls]
 
 
 def _held_call(messages: Sequence[ModelMessage], tool_call_id: str) -> ToolCallPart | None:
