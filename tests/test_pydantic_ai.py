@@ -442,3 +442,10 @@ async def test_approvals_asked_together_are_held_and_answered_together(
     rejected = await kernel.turn("t1", "turn-4", answer=Answer(decision="reject", reason="no"))
     assert refunded == ["42", "43"]  # (the receipts would have answered a second run too)
     assert rejected.reply == "no, no"
+
+
+def test_a_kernel_agent_needs_an_agent_with_a_model_instance() -> None:
+    from pydantic_ai import Agent as PydanticAgent
+
+    with pytest.raises(TypeError, match="needs an agent with a model"):
+        KernelAgent(PydanticAgent(), name="desk")

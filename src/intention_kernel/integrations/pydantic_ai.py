@@ -137,6 +137,7 @@ from intention_kernel.interpretation import (
     Interpretation,
     InterpretationRequest,
 )
+from intention_kernel.replies import Replies
 from intention_kernel.turns import StepStatus
 
 __all__ = ["KernelAgent", "KeyFunction", "effect_authority"]
@@ -299,9 +300,9 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
     ) -> None:
         super().__init__(wrapped)
         if not isinstance(wrapped.model, Model):
-            raise CapabilityError(
-                "a KernelAgent needs an agent with a model (a Model instance): the kernel "
-                "wraps it to route its requests"
+            raise TypeError(
+                "a KernelAgent needs an agent with a model (a Model instance, not a name or "
+                "None): the kernel wraps it to route its requests"
             )
         self._kernel_name = name
         self._writes = dict(writes or {})
@@ -316,18 +317,29 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         self.capability: Capability = self._build_capability(description, approve_within)
         self.interpreter = _Interpreter(self.capability_id, self.fact_key, read_answer)
 
-    def as_agent(self, version: str, **options: Any) -> Agent:
+    def as_agent(
+        self,
+        version: str,
+        *,
+        max_messages: int = 50,
+        max_receipts: int = 100,
+        compatible_fingerprints: Sequence[str] = (),
+        replies: Replies | None = None,
+    ) -> Agent:
         """The intention-kernel :class:`~intention_kernel.Agent` that runs this agent:
-        its one capability and its interpreter. ``options`` go to ``Agent`` (such as
-        ``max_messages``); ``max_rounds`` is at least 3 (the run, the approval it asks
-        for, the reply)."""
-        options["max_rounds"] = max(3, options.get("max_rounds", 3))
+        its one capability and its interpreter, in at most three rounds a turn (the
+        run, the approval it asks for, the reply). The other parameters are
+        ``Agent``'s."""
         return Agent(
             name=self._kernel_name,
             version=version,
             capabilities=[self.capability],
             interpreter=self.interpreter,
-            **options,
+            max_messages=max_messages,
+            max_receipts=max_receipts,
+            compatible_fingerprints=compatible_fingerprints,
+            replies=replies if replies is not None else Replies(),
+            max_rounds=3,
         )
 
     @contextmanager
