@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -437,3 +438,25 @@ def test_importing_without_the_sdk_names_the_extra() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert "pip install 'intention-kernel[mcp]'" in out
+
+
+def test_the_readmes_mcp_example_runs_as_shown(tmp_path: Path) -> None:
+    """The two blocks of the README's "MCP tools" section, saved as it says and run."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## MCP tools\n", 1)[1].split("\n## ", 1)[0]
+    server, desk = re.findall(r"```python\n(.*?)```", section, re.S)
+    (tmp_path / "tickets_server.py").write_text(server)
+    (tmp_path / "desk.py").write_text(desk)
+
+    def run() -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "desk.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    order, held, opened = run()
+    assert order.startswith("Look up an order's status: ") and '"status":"shipped"' in order
+    assert held == "Open a support ticket (title: Printer jam, priority: 2)? Reply yes or no."
+    assert opened.startswith("Open a support ticket: ") and '"ticket_id":"T-1"' in opened
+    assert run() == [order, held, opened], "a second run replays every turn"

@@ -181,7 +181,10 @@ def result_value(result: mcp_types.CallToolResult) -> dict[str, Any]:
     """A tool result as the step's value: ``{"content": [...]}``, and
     ``"structuredContent"`` when the server sent one, in MCP's own JSON."""
     value: dict[str, Any] = {
-        "content": [block.model_dump(mode="json", by_alias=True) for block in result.content]
+        "content": [
+            block.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for block in result.content
+        ]
     }
     if result.structured_content is not None:
         value["structuredContent"] = result.structured_content
@@ -310,7 +313,8 @@ def tool_capability(
         id=capability_id,
         effect=effect,
         confirmation="none" if effect == "read" else "required",
-        description=tool.description or tool.title or tool.name,
+        # A label in the kernel's replies ("<description>: <value>"), hence no final stop.
+        description=(tool.description or tool.title or tool.name).strip().removesuffix("."),
         handler=read if effect == "read" else write,
         input_model=model,
     )
