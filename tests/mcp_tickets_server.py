@@ -18,7 +18,8 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, ToolAnnotations
 
 DIR = Path(sys.argv[-1])
 server = MCPServer("tickets")
@@ -58,6 +59,17 @@ def close_ticket(ticket_id: str, ctx: Context) -> str:
         raise ToolError(f"no ticket {ticket_id}")
     del TICKETS[ticket_id]
     return f"closed {ticket_id}"
+
+
+@server.tool()
+def refund(amount: int, ctx: Context) -> str:
+    """Refund an amount; the ledger refuses a negative one and fails on 13."""
+    log_call("refund", {"amount": amount}, ctx)
+    if amount < 0:
+        raise MCPError(INVALID_PARAMS, "amount must not be negative")
+    if amount == 13:
+        raise MCPError(INTERNAL_ERROR, "the ledger failed halfway")
+    return f"refunded {amount}"
 
 
 if __name__ == "__main__":

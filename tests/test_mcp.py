@@ -184,6 +184,8 @@ SCRIPT = {
     "open a ticket": Intent("tickets.create_ticket", TICKET),
     "open a bad ticket": Intent("tickets.create_ticket", {"title": "Jam", "priority": "high"}),
     "close T-9": Intent("tickets.close_ticket", {"ticket_id": "T-9"}),
+    "refund -5": Intent("tickets.refund", {"amount": -5}),
+    "refund 13": Intent("tickets.refund", {"amount": 13}),
 }
 
 
@@ -335,6 +337,44 @@ async def test_a_server_killed_mid_call_leaves_the_write_uncertain_and_never_res
     assert [r.status for r in await sqlite.list_receipts("t1")] == ["uncertain"]
 
 
+async def test_a_call_that_times_out_is_uncertain_and_the_server_may_still_apply_it(
+    tmp_path: Path, sqlite: SQLiteDurability
+) -> None:
+    (tmp_path / "hang").touch()
+    async with tickets_server("stdio", tmp_path) as tickets:
+        kernel, _ = await desk_kernel(tickets, sqlite, trusted=True, call_timeout=0.5)
+        await kernel.turn("t1", "d1", "open a ticket")
+
+        timed_out = await kernel.turn("t1", "d2", "yes")
+
+        assert timed_out.steps[0].status == "uncertain"
+        assert [r.status for r in await sqlite.list_receipts("t1")] == ["uncertain"]
+        (tmp_path / "hang").unlink()  # the server goes on and opens the ticket after all
+        await kernel.turn("t1", "d3", "open a ticket")
+        again = await kernel.turn("t1", "d4", "yes")
+        assert again.steps[0].status == "uncertain"
+        assert len(tickets.calls("create_ticket")) == 1
+
+
+@pytest.mark.parametrize(
+    ("message", "status"),
+    [("refund -5", "failed"), ("refund 13", "uncertain")],
+    ids=["invalid-params-refuses", "internal-error-may-have-run"],
+)
+async def test_a_json_rpc_error_is_failed_only_for_codes_that_refuse_the_request(
+    tmp_path: Path, sqlite: SQLiteDurability, message: str, status: str
+) -> None:
+    async with tickets_server("stdio", tmp_path) as tickets:
+        kernel, _ = await desk_kernel(tickets, sqlite, trusted=True)
+        await kernel.turn("t1", "d1", message)
+
+        result = await kernel.turn("t1", "d2", "yes")
+
+        assert result.steps[0].status == status
+        assert [r.status for r in await sqlite.list_receipts("t1")] == [status]
+        assert len(tickets.calls("refund")) == 1
+
+
 async def test_an_error_result_is_a_failed_step_the_model_sees_and_may_be_asked_again(
     tickets: Tickets, sqlite: SQLiteDurability
 ) -> None:
@@ -409,6 +449,7 @@ async def test_the_policy_decides_per_tool_by_name_or_by_a_callable(
         "tickets.lookup_order": ("read", "none"),
         "tickets.create_ticket": ("write", "required"),
         "tickets.close_ticket": ("write", "required"),
+        "tickets.refund": ("write", "required"),
     }
     result = await kernel.turn("t1", "d1", "where is o1")
     assert result.steps[0].status == "completed"
