@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mcp
 import pytest
 
 from intention_kernel import (
@@ -32,15 +33,14 @@ from intention_kernel import (
 )
 from intention_kernel.durability import Durability
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.testing import faults
-
-mcp = pytest.importorskip("mcp")
-
-from intention_kernel.integrations.mcp import (  # noqa: E402
+from intention_kernel.integrations.mcp import (
     IDEMPOTENCY_KEY_META,
     default_key,
     mcp_capabilities,
 )
+from intention_kernel.interpreters.openai import OpenAIInterpreter
+from intention_kernel.testing import faults
+from openai_stub import OpenAIStub, completion
 
 SERVER = Path(__file__).with_name("mcp_tickets_server.py")
 TICKET = {"title": "Printer jam", "priority": 2}
@@ -234,7 +234,9 @@ async def test_a_trusted_read_runs_in_the_turn_and_its_result_reaches_the_next_r
     [step] = result.steps
     assert step.status == "completed"
     assert step.value["structuredContent"] == {"order_id": "o1", "status": "shipped"}
-    assert '\\"status\\": \\"shipped\\"' in result.reply or '"status": "shipped"' in result.reply
+    # Desk's second round wrote the reply from the step's value: the result reached it.
+    assert result.reply.startswith("completed: ")
+    assert '"structuredContent": {"order_id": "o1", "status": "shipped"}' in result.reply
     [call] = tickets.calls()
     assert call["tool"] == "lookup_order"
     assert IDEMPOTENCY_KEY_META not in call["meta"], "a read takes no receipt"
@@ -424,6 +426,33 @@ async def test_an_application_key_function_names_the_receipt(
     [receipt] = await sqlite.list_receipts("t1")
     assert receipt.key == "tickets.create_ticket:ticket:Printer jam"
     assert tickets.calls()[0]["meta"][IDEMPOTENCY_KEY_META] == receipt.key
+
+
+async def test_a_model_is_offered_the_tools_schema_and_reads_the_result_in_round_two(
+    tmp_path: Path, sqlite: SQLiteDurability, stub: OpenAIStub, model: OpenAIInterpreter
+) -> None:
+    async with tickets_server("stdio", tmp_path) as tickets:
+        tools = await mcp_capabilities(tickets.client, namespace="tickets", trusted=True)
+        agent = Agent(name="desk", version="1", capabilities=tools, interpreter=model)
+        kernel = Kernel(agent, sqlite)
+        stub.queue_data(
+            [
+                completion(None, ("call_1", "tickets__lookup_order", {"order_id": "o1"})),
+                completion("Order o1 has shipped."),
+            ]
+        )
+
+        result = await kernel.turn("t1", "d1", "where is o1?")
+
+        assert result.reply == "Order o1 has shipped."
+        listed = {t.name: t.input_schema for t in (await tickets.client.list_tools()).tools}
+    functions = [tool["function"] for tool in stub.requests[0]["tools"]]
+    offered = {function["name"]: function["parameters"] for function in functions}
+    assert offered["tickets__lookup_order"] == listed["lookup_order"]
+    [tool] = [m for m in stub.requests[1]["messages"] if m["role"] == "tool"]
+    outcome = json.loads(tool["content"])
+    assert outcome["status"] == "completed"
+    assert outcome["value"]["structuredContent"] == {"order_id": "o1", "status": "shipped"}
 
 
 # -- the policy -----------------------------------------------------------------------------------
