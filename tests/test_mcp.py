@@ -14,7 +14,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -453,6 +454,104 @@ async def test_a_model_is_offered_the_tools_schema_and_reads_the_result_in_round
     outcome = json.loads(tool["content"])
     assert outcome["status"] == "completed"
     assert outcome["value"]["structuredContent"] == {"order_id": "o1", "status": "shipped"}
+
+
+# -- a real agent process killed mid-turn ---------------------------------------------------------
+
+WORKER = Path(__file__).with_name("mcp_desk_worker.py")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'desk.db'}"
+        return
+    import psycopg
+    from psycopg import sql
+
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = f"ik_mcp_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def deliver(
+    store_url: str, dir: Path, turn_id: str, message: str, fault: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One delivery in a new agent process (``mcp_desk_worker.py``), with its own server."""
+    config = {"db": store_url, "dir": str(dir), "turn_id": turn_id, "message": message}
+    return subprocess.run(
+        [sys.executable, str(WORKER), json.dumps({**config, "fault": fault})],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def outcome(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize(
+    ("point", "calls", "status"),
+    [
+        (faults.AFTER_RECEIPT_PREPARED, 0, "uncertain"),
+        (faults.AFTER_RECEIPT_COMPLETED, 1, "completed"),
+        (faults.BEFORE_COMMIT, 1, "completed"),
+    ],
+)
+def test_an_agent_process_killed_mid_turn_never_calls_the_tool_twice_on_redelivery(
+    store_url: str, tmp_path: Path, point: str, calls: int, status: str
+) -> None:
+    """The accepting turn's process dies at ``point``; the delivery, sent again to a new
+    process (and a new server process), calls the tool at most once in all."""
+    outcome(deliver(store_url, tmp_path, "turn-1", "open a ticket"))
+
+    died = deliver(store_url, tmp_path, "turn-2", "yes", fault=point)
+    assert died.returncode == faults.EXIT_STATUS, died.stderr
+
+    redelivered = outcome(deliver(store_url, tmp_path, "turn-2", "yes"))
+    assert not redelivered["replayed"]
+    assert [s["status"] for s in redelivered["steps"]] == [status]
+    log = tmp_path / "calls.jsonl"
+    assert len(log.read_text().splitlines() if log.exists() else []) == calls
+    again = outcome(deliver(store_url, tmp_path, "turn-2", "yes"))
+    assert again["replayed"] and again["steps"] == redelivered["steps"]
+
+
+def test_an_agent_process_killed_during_the_call_leaves_it_uncertain(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Killed while the server runs the tool (which then completes it): the redelivery
+    finds the receipt prepared by a dead attempt, fails closed, and sends nothing."""
+    outcome(deliver(store_url, tmp_path, "turn-1", "open a ticket"))
+    (tmp_path / "hang").touch()
+    config = {"db": store_url, "dir": str(tmp_path), "turn_id": "turn-2", "message": "yes"}
+    worker = subprocess.Popen(
+        [sys.executable, str(WORKER), json.dumps(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        log = tmp_path / "calls.jsonl"
+        while not log.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert log.exists(), "the call never reached the server"
+    finally:
+        worker.kill()
+        worker.wait()
+    (tmp_path / "hang").unlink()  # the server completes the call its client no longer hears
+
+    redelivered = outcome(deliver(store_url, tmp_path, "turn-2", "yes"))
+
+    assert [s["status"] for s in redelivered["steps"]] == ["uncertain"]
+    assert len(log.read_text().splitlines()) == 1
 
 
 # -- the policy -----------------------------------------------------------------------------------
