@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -629,3 +630,47 @@ def test_the_readmes_mcp_example_runs_as_shown(tmp_path: Path) -> None:
     assert held == "Open a support ticket (title: Printer jam, priority: 2)? Reply yes or no."
     assert opened.startswith("Open a support ticket: ") and '"ticket_id":"T-1"' in opened
     assert run() == [order, held, opened], "a second run replays every turn"
+
+
+@pytest.fixture
+def example_store(store_url: str) -> Iterator[list[str]]:
+    """``--db`` and ``--thread`` for the example: a unique thread (its ledger file, named
+    after it, is removed afterwards) on each store."""
+    thread = f"example-{uuid.uuid4().hex[:12]}"
+    try:
+        yield ["--db", store_url, "--thread", thread]
+    finally:
+        Path(tempfile.gettempdir(), f"intention-kernel-{thread}.tickets.jsonl").unlink(
+            missing_ok=True
+        )
+
+
+def test_the_desk_example_opens_the_ticket_once_across_a_killed_worker(
+    example_store: list[str],
+) -> None:
+    """``python -m examples.mcp_desk``: the worker that delivered the "yes" died after the
+    tool's call; the delivery made again is answered by the receipt (one server call)."""
+
+    def run() -> str:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+        done = subprocess.run(
+            [sys.executable, "-m", "examples.mcp_desk", *example_store],
+            cwd=Path(__file__).parents[1],
+            env=clean,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    first = run()
+    assert "[turn-3] the worker delivering 'yes' died (exit 137)" in first
+    assert "[turn-3] step tickets.create_ticket: completed" in first
+    assert first.splitlines()[-1] == (
+        "summary: committed=5 replayed=1 failed_steps=0 provider_calls=1"
+    )
+    again = run()
+    assert again.splitlines()[-1] == (
+        "summary: committed=0 replayed=6 failed_steps=0 provider_calls=0"
+    )
