@@ -498,6 +498,7 @@ def outcome(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("point", "calls", "status"),
     [
@@ -525,6 +526,7 @@ def test_an_agent_process_killed_mid_turn_never_calls_the_tool_twice_on_redelive
     assert again["replayed"] and again["steps"] == redelivered["steps"]
 
 
+@pytest.mark.slow
 def test_an_agent_process_killed_during_the_call_leaves_it_uncertain(
     store_url: str, tmp_path: Path
 ) -> None:
@@ -645,6 +647,7 @@ def example_store(store_url: str) -> Iterator[list[str]]:
         )
 
 
+@pytest.mark.slow
 def test_the_desk_example_opens_the_ticket_once_across_a_killed_worker(
     example_store: list[str],
 ) -> None:
