@@ -1,0 +1,12 @@
+"""Bridges to other agent frameworks and tool protocols, each behind its own extra.
+
+- :mod:`intention_kernel.integrations.mcp`: the tools of an MCP server as
+  capabilities (``pip install 'intention-kernel[mcp]'``).
+
+Nothing is imported here, so that this package loads without any of their SDKs
+installed; import a bridge from its module.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
