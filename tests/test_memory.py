@@ -11,12 +11,7 @@ from dataclasses import replace
 import pytest
 
 from intention_kernel.durability import Durability, TurnTransaction
-from intention_kernel.durability.base import (
-    RecordedDurability,
-    Recorder,
-    RecorderOptions,
-    TurnStart,
-)
+from intention_kernel.durability.abc import RecordedDurability, Recorder, RecorderOptions, TurnStart
 from intention_kernel.durability.memory import _MemoryRecorder
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import TenantMismatchError, ThreadBusyError

@@ -13,7 +13,7 @@ import pytest
 
 from intention_kernel import Kernel, TurnConflictError, TurnExpiredError
 from intention_kernel.checkpoint import SCHEMA_REVISION, assemble_checkpoint, decode_checkpoint
-from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.effects import utcnow
 from intention_kernel.operations import check_checkpoints, migrate_checkpoints, prune
 from intention_kernel.outbox import OutboxRelay

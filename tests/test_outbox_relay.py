@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from intention_kernel import Kernel, OutboxEvent, StoreError
-from intention_kernel.durability.base import RecordedDurability
-from intention_kernel.durability.base import Recorder as StoreRecorder
+from intention_kernel.durability.abc import RecordedDurability
+from intention_kernel.durability.abc import Recorder as StoreRecorder
 from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.outbox import OutboxRelay, RelayReport
 from intention_kernel.testing import InMemoryDurability

@@ -1,7 +1,7 @@
 """Operations on a store: the deploy check, checkpoint migrations and retention.
 
 Each works below the ``Durability`` contract, on a
-:class:`~intention_kernel.durability.base.RecordedDurability` (every bundled adapter),
+:class:`~intention_kernel.durability.engine.RecordedDurability` (every bundled adapter),
 in batches of short transactions, so that it runs safely beside live turns:
 
 - :func:`check_checkpoints` reads every stored checkpoint and says which threads an
@@ -41,7 +41,8 @@ from intention_kernel.checkpoint import (
     encode_fact,
     encode_message,
 )
-from intention_kernel.durability.base import CheckpointRewrite, RecordedDurability, StoredThread
+from intention_kernel.durability.engine import RecordedDurability
+from intention_kernel.durability.records import CheckpointRewrite, StoredThread
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import (
     CheckpointCompatibilityError,

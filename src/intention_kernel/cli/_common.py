@@ -27,7 +27,7 @@ from intention_kernel.cli._render import console
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
     from intention_kernel.durability import Durability
-    from intention_kernel.durability.base import RecordedDurability
+    from intention_kernel.durability.engine import RecordedDurability
 
 __all__ = [
     "DB_ENV_VAR",
@@ -223,7 +223,7 @@ def existing_store(url: str) -> RecordedDurability:
     intention-kernel tables, or a PostgreSQL schema the adapter never created; and a
     store that cannot be reached or is damaged. Nothing is created either way: the
     adapter's own ``exists()`` asks, without opening it."""
-    from intention_kernel.durability.base import RecordedDurability
+    from intention_kernel.durability.engine import RecordedDurability
     from intention_kernel.errors import KernelError
 
     store = open_store(url)

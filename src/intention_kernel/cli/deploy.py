@@ -41,7 +41,7 @@ from intention_kernel.cli._common import (
 )
 from intention_kernel.cli._help import Command
 from intention_kernel.cli._render import console, print_records, table
-from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.durability.engine import RecordedDurability
 from intention_kernel.errors import KernelError
 from intention_kernel.operations import (
     CheckReport,

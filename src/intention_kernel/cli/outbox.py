@@ -51,7 +51,8 @@ from intention_kernel.cli._common import (
 )
 from intention_kernel.cli._help import Command, Group
 from intention_kernel.cli._render import console, print_records
-from intention_kernel.durability.base import OutboxBacklog, RecordedDurability
+from intention_kernel.durability.engine import RecordedDurability
+from intention_kernel.durability.records import OutboxBacklog
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import KernelError
 from intention_kernel.outbox import NatsSink, OutboxRelay, RelayReport, Sink, WebhookSink

@@ -30,7 +30,7 @@ from intention_kernel.cli._common import (
 )
 from intention_kernel.cli._help import Command
 from intention_kernel.cli._render import console
-from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.durability.engine import RecordedDurability
 from intention_kernel.errors import KernelError
 from intention_kernel.operations import PruneReport
 from intention_kernel.operations import prune as prune_store

@@ -280,7 +280,7 @@ async def _serve(
 ) -> None:
     import uvicorn
 
-    from intention_kernel.durability.base import RecordedDurability
+    from intention_kernel.durability.engine import RecordedDurability
     from intention_kernel.errors import KernelError
     from intention_kernel.host import create_app
     from intention_kernel.kernel import Kernel

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from intention_kernel.durability.base import dump_value, load_value
+from intention_kernel._json import dump_value, load_value
 from intention_kernel.effects import Receipt, ReceiptStatus, Resolution
 from intention_kernel.errors import CorruptRecordError
 from intention_kernel.turns import OutboxEvent

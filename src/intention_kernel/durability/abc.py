@@ -4,8 +4,10 @@ An application imports from :mod:`intention_kernel`; an adapter author imports f
 here: the contracts (:class:`Durability`, :class:`Recorder`), the shared engine that
 applies the rules over a recorder (:class:`RecordedDurability`), the options a
 recorder declares (:class:`RecorderOptions`), the records a recorder reads and writes,
-and the ID rules. The names are defined in :mod:`intention_kernel.durability` and
-:mod:`intention_kernel.durability.base`, and documented there.
+and the ID rules. Each name is documented where it is defined:
+:mod:`intention_kernel.durability` (``Durability``), :mod:`~intention_kernel.durability.contract`
+(the recorder), :mod:`~intention_kernel.durability.records`,
+:mod:`~intention_kernel.durability.ownership` and :mod:`~intention_kernel.durability.engine`.
 
 A new adapter subclasses :class:`RecordedDurability` over a recorder that subclasses
 :class:`Recorder`, and runs :class:`~intention_kernel.testing.conformance.DurabilityConformance`.
@@ -15,23 +17,20 @@ from __future__ import annotations
 
 from intention_kernel._ids import MAX_ID_BYTES, MAX_ID_LENGTH, check_id
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
-from intention_kernel.durability.base import (
+from intention_kernel.durability.contract import PlanFn, Recorder, RecorderOptions, ResolutionFn
+from intention_kernel.durability.engine import RecordedDurability
+from intention_kernel.durability.ownership import owner_of, owns
+from intention_kernel.durability.records import (
     INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,
     OutboxDelivery,
     PendingInteraction,
-    PlanFn,
-    RecordedDurability,
-    Recorder,
-    RecorderOptions,
-    ResolutionFn,
     StoredThread,
     StoredTurn,
     ThreadOwner,
     TurnRecord,
     TurnStart,
-    owns,
 )
 
 __all__ = [
@@ -56,5 +55,6 @@ __all__ = [
     "TurnStart",
     "TurnTransaction",
     "check_id",
+    "owner_of",
     "owns",
 ]

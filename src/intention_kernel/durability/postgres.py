@@ -59,6 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from intention_kernel import _faults
+from intention_kernel._json import dump_value
 from intention_kernel.durability import _check_seconds, _take_url_options
 from intention_kernel.durability._rows import (
     decode_event,
@@ -67,7 +68,7 @@ from intention_kernel.durability._rows import (
     dump_resolution,
     select_receipts,
 )
-from intention_kernel.durability.base import (
+from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,
@@ -82,7 +83,6 @@ from intention_kernel.durability.base import (
     ThreadOwner,
     TurnRecord,
     TurnStart,
-    dump_value,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, is_settlement, utcnow
 from intention_kernel.errors import (

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from intention_kernel import _faults
+from intention_kernel._json import dump_value
 from intention_kernel.durability import _check_seconds
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._rows import (
@@ -69,7 +70,7 @@ from intention_kernel.durability._rows import (
     select_receipts,
 )
 from intention_kernel.durability._worker import WorkerThread
-from intention_kernel.durability.base import (
+from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,
@@ -84,7 +85,6 @@ from intention_kernel.durability.base import (
     ThreadOwner,
     TurnRecord,
     TurnStart,
-    dump_value,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, is_settlement, utcnow
 from intention_kernel.errors import (

@@ -38,7 +38,8 @@ from starlette.requests import Request
 from intention_kernel._ids import check_id
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability
-from intention_kernel.durability.base import ThreadOwner, owns
+from intention_kernel.durability.ownership import owns
+from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.effects import Receipt
 from intention_kernel.errors import KernelError
 from intention_kernel.host._problems import HostProblem

@@ -16,8 +16,9 @@ from typing import Protocol, runtime_checkable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from intention_kernel._ids import check_id
 from intention_kernel.checkpoint import check_compatible
-from intention_kernel.durability.base import PendingInteraction, ThreadOwner, check_id
+from intention_kernel.durability.records import PendingInteraction, ThreadOwner
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import CheckpointCompatibilityError, KernelError
 from intention_kernel.host._access import Access, Principal

@@ -36,7 +36,9 @@ from typing import Any, Self
 
 from intention_kernel import _tracing
 from intention_kernel._json import storable_text
-from intention_kernel.durability.base import OutboxBacklog, RecordedDurability, Recorder
+from intention_kernel.durability.contract import Recorder
+from intention_kernel.durability.engine import RecordedDurability
+from intention_kernel.durability.records import OutboxBacklog
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import StoreError
 from intention_kernel.outbox._sinks import CallableSink, Sink

@@ -44,7 +44,8 @@ from intention_kernel.checkpoint import (
     encode_checkpoint,
 )
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
-from intention_kernel.durability.base import RecordedDurability, ThreadOwner
+from intention_kernel.durability.engine import RecordedDurability
+from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (
     CheckpointCompatibilityError,

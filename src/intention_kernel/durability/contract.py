@@ -1,0 +1,242 @@
+"""The storage contract below ``Durability``: the I/O a recorder provides to
+:class:`~intention_kernel.durability.engine.RecordedDurability`.
+
+Every method is one short transaction (or none). Transactions per turn, by
+construction: one read (prior result and thread row), one write per effect state change
+(``prepared`` before the provider call, the outcome after it), and one commit (result,
+checkpoint and events).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from intention_kernel.durability.records import (
+    CheckpointRewrite,
+    OutboxBacklog,
+    OutboxDelivery,
+    StoredThread,
+    ThreadOwner,
+    TurnRecord,
+    TurnStart,
+)
+from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus
+from intention_kernel.turns import EventDraft, OutboxEvent
+
+__all__ = [
+    "PlanFn",
+    "Recorder",
+    "RecorderOptions",
+    "ResolutionFn",
+    "lock_and_begin",
+]
+
+ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
+PlanFn = Callable[[Receipt | None], EffectPlan]
+
+
+@asynccontextmanager
+async def lock_and_begin(
+    recorder: Recorder, thread_id: str, turn_id: str, known_version: int | None
+) -> AsyncIterator[TurnStart]:
+    """A turn's start as ``Recorder.start_turn`` does it by default: the lock, then
+    ``begin_turn``, and the lock held for the block."""
+    async with recorder.lock(thread_id):
+        yield await recorder.begin_turn(thread_id, turn_id, known_version)
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderOptions:
+    """What a :class:`Recorder` declares about itself, in its ``options`` attribute.
+
+    ``finishes_writes_when_cancelled``: ``write_receipt`` always runs to its end, even
+    when the calling task is cancelled (it never suspends, or waits for its own hop
+    before letting the cancellation through). Without it, each outcome write runs in a
+    task of its own, so that a cancelled turn cannot leave a receipt ``prepared``.
+
+    ``attempts_outlive_lock``: the thread lock can be lost while the process that took
+    it lives on (a database session that dies while the turn's provider call still
+    runs). A ``prepared`` receipt found under the lock may then belong to a live
+    attempt, and is not resolvable as not applied
+    (:func:`~intention_kernel.effects.resolve`). A recorder for which this is true and
+    that does not say so lets an operator mark a running write as not applied.
+    """
+
+    finishes_writes_when_cancelled: bool = False
+    attempts_outlive_lock: bool = False
+
+
+class Recorder(Protocol):
+    """The I/O an adapter provides to the engine.
+
+    Conflicts are errors:
+    ``write_receipt`` and ``commit_turn`` compare-and-set and raise rather than
+    silently skipping.
+
+    Two members have defaults, inherited by a recorder that subclasses this Protocol
+    (``class MyRecorder(Recorder): ...``), and declared by one that does not:
+
+    - ``options``, a :class:`RecorderOptions` (the default declares nothing);
+    - ``start_turn``, which by default takes ``lock`` and then calls ``begin_turn``. A
+      recorder may override it to do both in fewer round trips, and may then leave the
+      lock untaken when it found the committed turn (a replay writes nothing).
+    """
+
+    #: The recorder's declared options; see :class:`RecorderOptions`.
+    options: RecorderOptions = RecorderOptions()
+
+    def start_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> AbstractAsyncContextManager[TurnStart]:
+        """Hold the thread's lock for the block and yield what ``begin_turn`` reads."""
+        return lock_and_begin(self, thread_id, turn_id, known_version)
+
+    async def open(self) -> None:
+        """Connect and create or migrate the schema. Called once, before anything else."""
+
+    async def close(self) -> None: ...
+
+    async def exists(self) -> bool:
+        """Whether the store already holds this recorder's schema, without creating
+        anything; callable before ``open``. Raises ``StoreError`` when the store cannot
+        be reached."""
+        ...
+
+    def lock(self, thread_id: str) -> AbstractAsyncContextManager[object]:
+        """Hold the thread's exclusive lock for the duration of the block.
+
+        Must exclude every other holder in every process sharing the store,
+        must be released if the holder dies, and must not hold a database
+        write transaction open while held. Raises ``ThreadBusyError`` after the
+        adapter's configured wait.
+        """
+        ...
+
+    async def begin_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> TurnStart:
+        """Read the committed turn ``(thread_id, turn_id)``; only if absent, the thread row
+        with its message and fact rows (one consistent snapshot).
+
+        When the thread's version equals ``known_version`` the caller already holds
+        that checkpoint: the recorder should leave ``StoredThread.checkpoint`` as
+        ``None`` and read no message or fact rows.
+        """
+        ...
+
+    async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
+        """In one transaction: read the receipt, ``plan`` it, persist ``plan.write`` if any.
+
+        ``plan`` is pure: a recorder may first try ``plan(None).write`` as an insert
+        that does nothing if a receipt exists, and read and plan only then.
+        """
+        ...
+
+    async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
+        """Replace ``expected`` by ``receipt`` if the stored one is still ``expected``
+        (same status and attempt); otherwise raise ``FencedCommitError``."""
+        ...
+
+    async def commit_turn(self, record: TurnRecord) -> None:
+        """Insert the turn, compare-and-set the thread version, apply the checkpoint's
+        difference (see :class:`TurnRecord`) and append the events, atomically. Raise
+        ``FencedCommitError`` if the version moved."""
+        ...
+
+    async def read_thread(self, thread_id: str) -> StoredThread | None:
+        """The thread row with its message and fact rows, from one consistent snapshot."""
+        ...
+
+    async def read_receipts(
+        self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
+    ) -> list[Receipt]:
+        """The current receipts, oldest first, filtered by each argument that is not
+        ``None`` (``tenant_id`` on the receipt's own tenant column)."""
+        ...
+
+    async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
+        """In one transaction: read the receipt, apply ``resolution`` (which raises for
+        a bad state), write the receipt and append the returned event."""
+        ...
+
+    async def read_outbox(
+        self, thread_id: str | None, after: int | None, limit: int
+    ) -> list[OutboxEvent]: ...
+
+    # -- the outbox relay (intention_kernel.outbox) ------------------------------------------
+    # Publication state lives on each event row: ``published_at``, ``attempts``,
+    # ``last_error``, ``retry_at``. A thread's events are published in ``seq`` order by
+    # one relay at a time; a thread's first unpublished event blocks the ones after it.
+
+    def claim_outbox(self, thread_id: str) -> AbstractAsyncContextManager[bool]:
+        """Try, without waiting, to become the only relay publishing ``thread_id``; the
+        block receives whether it did. Excludes relays in every process sharing the
+        store (never turns), and is released if the holder dies."""
+        ...
+
+    async def pending_threads(self, now: datetime, limit: int) -> list[str]:
+        """Up to ``limit`` threads whose first unpublished event is due (its ``retry_at``
+        unset or not after ``now``), the oldest such event first."""
+        ...
+
+    async def read_unpublished(self, thread_id: str, limit: int) -> list[OutboxDelivery]:
+        """The thread's first ``limit`` unpublished events, in ``seq`` order: a prefix of
+        what is left to publish (an event is listed only after every earlier one)."""
+        ...
+
+    async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
+        """Record that the sink acknowledged these events of the thread."""
+        ...
+
+    async def mark_failed(
+        self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
+    ) -> None:
+        """Record a failed attempt: set ``attempts`` (an absolute count, so that a repeated
+        write is harmless), ``last_error`` and ``retry_at``."""
+        ...
+
+    async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog: ...
+
+    # -- deploy check, migration, retention (intention_kernel.operations) -------------------
+
+    async def scan_threads(
+        self, after: str | None, limit: int, below_revision: int | None
+    ) -> list[tuple[str, StoredThread]]:
+        """Up to ``limit`` threads with a checkpoint, in ``thread_id`` order after
+        ``after``, with their rows; only those whose stored schema revision is below
+        ``below_revision`` if given. Each thread is one consistent snapshot."""
+        ...
+
+    async def read_interactions(
+        self, after: str | None, limit: int, owner: ThreadOwner | None
+    ) -> list[tuple[str, StoredThread]]:
+        """Up to ``limit`` threads with a committed checkpoint whose stored core contains
+        ``INTERACTION_MARKER``, in ``thread_id`` order after ``after``, owned by
+        ``owner`` if given (``ThreadOwner(None)``: threads without a tenant). Each with
+        its core only, no message or fact rows. Every thread with an active interaction
+        is among them; a few without may be too (the caller decodes each)."""
+        ...
+
+    async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
+        """Replace the thread's checkpoint and all its rows if its version is still
+        ``rewrite.version``; otherwise raise ``FencedCommitError``. Called under the
+        thread's lock, in one short transaction."""
+        ...
+
+    async def prune_events(self, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` published events created before ``before`` (on a store
+        that numbers positions late, only numbered ones); return how many."""
+        ...
+
+    async def prune_turns(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> tuple[int, tuple[str, str] | None]:
+        """Drop the result of the first ``limit`` turns after ``after`` in key order that
+        were created before ``before`` and still hold one, keeping each turn's key and
+        request digest. Return how many were dropped and the last key dropped (``None``
+        when fewer than ``limit`` were left). Turns pruned before are not read again."""
+        ...
