@@ -61,7 +61,8 @@ class _UndeclaredRecorder(Recorder):
         self.inner = _MemoryRecorder(lock_timeout=30.0)
 
 
-for _name, _member in vars(Recorder).items():
+_MEMBERS = {name: member for part in Recorder.__mro__ for name, member in vars(part).items()}
+for _name, _member in _MEMBERS.items():
     if callable(_member) and not _name.startswith("_") and _name != "start_turn":
         setattr(
             _UndeclaredRecorder,

@@ -1,8 +1,9 @@
 """Operations on a store: the deploy check, checkpoint migrations and retention.
 
-Each works below the ``Durability`` contract, on a
-:class:`~intention_kernel.durability.engine.RecordedDurability` (every bundled adapter),
-in batches of short transactions, so that it runs safely beside live turns:
+Each works below the ``Durability`` contract, on a durability that hands out its
+recorder (:class:`~intention_kernel.durability.contract.Recorded`; every bundled
+adapter does), in batches of short transactions, so that it runs safely beside live
+turns:
 
 - :func:`check_checkpoints` reads every stored checkpoint and says which threads an
   agent would refuse (a newer schema revision, a fingerprint it does not declare
@@ -41,7 +42,7 @@ from intention_kernel.checkpoint import (
     encode_fact,
     encode_message,
 )
-from intention_kernel.durability.engine import RecordedDurability
+from intention_kernel.durability.contract import MaintenanceRecorder, Migratable, Recorded
 from intention_kernel.durability.records import CheckpointRewrite, StoredThread
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import (
@@ -111,7 +112,7 @@ class PruneReport:
 
 
 async def check_checkpoints(
-    store: RecordedDurability,
+    store: Recorded[MaintenanceRecorder],
     agent: Agent,
     *,
     batch: int = 500,
@@ -164,7 +165,7 @@ async def check_checkpoints(
 
 
 async def migrate_checkpoints(
-    store: RecordedDurability,
+    store: Migratable,
     *,
     batch: int = 100,
     migrations: Sequence[Migration] | None = None,
@@ -214,7 +215,7 @@ async def migrate_checkpoints(
 
 
 async def prune(
-    store: RecordedDurability,
+    store: Recorded[MaintenanceRecorder],
     *,
     older_than: timedelta,
     batch: int = 1000,

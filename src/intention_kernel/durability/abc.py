@@ -17,7 +17,22 @@ from __future__ import annotations
 
 from intention_kernel._ids import MAX_ID_BYTES, MAX_ID_LENGTH, check_id
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
-from intention_kernel.durability.contract import PlanFn, Recorder, RecorderOptions, ResolutionFn
+from intention_kernel.durability.contract import (
+    EffectRecorder,
+    InteractionQueue,
+    MaintenanceRecorder,
+    Migratable,
+    MigrationRecorder,
+    Operable,
+    OutboxRecorder,
+    PlanFn,
+    Recorded,
+    Recorder,
+    RecorderOptions,
+    ResolutionFn,
+    TenantStore,
+    TurnRecorder,
+)
 from intention_kernel.durability.engine import RecordedDurability
 from intention_kernel.durability.ownership import owner_of, owns
 from intention_kernel.durability.records import (
@@ -39,19 +54,29 @@ __all__ = [
     "MAX_ID_LENGTH",
     "CheckpointRewrite",
     "Durability",
+    "EffectRecorder",
+    "InteractionQueue",
+    "MaintenanceRecorder",
+    "Migratable",
+    "MigrationRecorder",
+    "Operable",
+    "OutboxRecorder",
     "OutboxBacklog",
     "OutboxDelivery",
     "PendingInteraction",
     "PlanFn",
+    "Recorded",
     "RecordedDurability",
     "Recorder",
     "RecorderOptions",
     "ResolutionFn",
     "StoredThread",
     "StoredTurn",
+    "TenantStore",
     "ThreadOwner",
     "TurnOperation",
     "TurnRecord",
+    "TurnRecorder",
     "TurnStart",
     "TurnTransaction",
     "check_id",

@@ -1,10 +1,24 @@
-"""The storage contract below ``Durability``: the I/O a recorder provides to
-:class:`~intention_kernel.durability.engine.RecordedDurability`.
+"""The storage contract, in small parts, documented here and nowhere else.
 
-Every method is one short transaction (or none). Transactions per turn, by
-construction: one read (prior result and thread row), one write per effect state change
-(``prepared`` before the provider call, the outcome after it), and one commit (result,
-checkpoint and events).
+A **recorder** is the I/O an adapter provides to the engine
+(:class:`~intention_kernel.durability.engine.RecordedDurability`), in four parts:
+
+- :class:`TurnRecorder`: open the store, lock a thread, read a turn's start, commit it;
+- :class:`EffectRecorder`: claim an effect, settle its receipt, list and resolve receipts;
+- :class:`OutboxRecorder`: read the outbox, claim a thread for a relay, mark events;
+- :class:`MaintenanceRecorder`: scan and rewrite checkpoints, prune old rows.
+
+:class:`Recorder` is all four, and what the engine takes. Every method is one short
+transaction (or none). Conflicts are errors: ``write_receipt``, ``commit_turn`` and
+``rewrite_checkpoint`` compare-and-set and raise rather than silently skip. A turn costs
+one read (prior result and thread row), one write per effect state change (``prepared``
+before the provider call, the outcome after it) and one commit (result, checkpoint and
+events).
+
+The **outer ring** (the outbox relay, :mod:`intention_kernel.operations`, the HTTP host,
+the CLI) takes the durability-level Protocols at the end of this module, each naming
+only what it uses. Every ``RecordedDurability`` satisfies them all; so does a
+third-party durability that offers the same methods.
 """
 
 from __future__ import annotations
@@ -13,12 +27,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.durability import Durability
 from intention_kernel.durability.records import (
     CheckpointRewrite,
     OutboxBacklog,
     OutboxDelivery,
+    PendingInteraction,
     StoredThread,
     ThreadOwner,
     TurnRecord,
@@ -28,10 +45,20 @@ from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus
 from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = [
+    "EffectRecorder",
+    "InteractionQueue",
+    "MaintenanceRecorder",
+    "Migratable",
+    "MigrationRecorder",
+    "Operable",
+    "OutboxRecorder",
     "PlanFn",
+    "Recorded",
     "Recorder",
     "RecorderOptions",
     "ResolutionFn",
+    "TenantStore",
+    "TurnRecorder",
     "lock_and_begin",
 ]
 
@@ -41,9 +68,9 @@ PlanFn = Callable[[Receipt | None], EffectPlan]
 
 @asynccontextmanager
 async def lock_and_begin(
-    recorder: Recorder, thread_id: str, turn_id: str, known_version: int | None
+    recorder: TurnRecorder, thread_id: str, turn_id: str, known_version: int | None
 ) -> AsyncIterator[TurnStart]:
-    """A turn's start as ``Recorder.start_turn`` does it by default: the lock, then
+    """A turn's start as ``TurnRecorder.start_turn`` does it by default: the lock, then
     ``begin_turn``, and the lock held for the block."""
     async with recorder.lock(thread_id):
         yield await recorder.begin_turn(thread_id, turn_id, known_version)
@@ -70,24 +97,14 @@ class RecorderOptions:
     attempts_outlive_lock: bool = False
 
 
-class Recorder(Protocol):
-    """The I/O an adapter provides to the engine.
+class TurnRecorder(Protocol):
+    """Turns: the store's lifecycle, the thread lock, a turn's start and its commit.
 
-    Conflicts are errors:
-    ``write_receipt`` and ``commit_turn`` compare-and-set and raise rather than
-    silently skipping.
-
-    Two members have defaults, inherited by a recorder that subclasses this Protocol
-    (``class MyRecorder(Recorder): ...``), and declared by one that does not:
-
-    - ``options``, a :class:`RecorderOptions` (the default declares nothing);
-    - ``start_turn``, which by default takes ``lock`` and then calls ``begin_turn``. A
-      recorder may override it to do both in fewer round trips, and may then leave the
-      lock untaken when it found the committed turn (a replay writes nothing).
+    ``start_turn`` has a default, inherited by a recorder that subclasses this Protocol
+    and declared by one that does not: it takes ``lock`` and then calls ``begin_turn``.
+    A recorder may override it to do both in fewer round trips, and may then leave the
+    lock untaken when it found the committed turn (a replay writes nothing).
     """
-
-    #: The recorder's declared options; see :class:`RecorderOptions`.
-    options: RecorderOptions = RecorderOptions()
 
     def start_turn(
         self, thread_id: str, turn_id: str, known_version: int | None
@@ -128,6 +145,21 @@ class Recorder(Protocol):
         """
         ...
 
+    async def commit_turn(self, record: TurnRecord) -> None:
+        """Insert the turn, compare-and-set the thread version, apply the checkpoint's
+        difference (a :class:`TurnRecord`) and append the events, atomically. Raise
+        ``FencedCommitError`` if the version moved."""
+        ...
+
+    async def read_thread(self, thread_id: str) -> StoredThread | None:
+        """The thread row with its message and fact rows, from one consistent snapshot."""
+        ...
+
+
+class EffectRecorder(Protocol):
+    """Effects: a receipt per ``(thread_id, key)``, claimed before the provider call and
+    settled after it; listed and resolved by an operator."""
+
     async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
         """In one transaction: read the receipt, ``plan`` it, persist ``plan.write`` if any.
 
@@ -139,16 +171,6 @@ class Recorder(Protocol):
     async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
         """Replace ``expected`` by ``receipt`` if the stored one is still ``expected``
         (same status and attempt); otherwise raise ``FencedCommitError``."""
-        ...
-
-    async def commit_turn(self, record: TurnRecord) -> None:
-        """Insert the turn, compare-and-set the thread version, apply the checkpoint's
-        difference (see :class:`TurnRecord`) and append the events, atomically. Raise
-        ``FencedCommitError`` if the version moved."""
-        ...
-
-    async def read_thread(self, thread_id: str) -> StoredThread | None:
-        """The thread row with its message and fact rows, from one consistent snapshot."""
         ...
 
     async def read_receipts(
@@ -163,14 +185,18 @@ class Recorder(Protocol):
         a bad state), write the receipt and append the returned event."""
         ...
 
+
+class OutboxRecorder(Protocol):
+    """The outbox: committed events read in order, and their publication by a relay.
+
+    Publication state lives on each event row: ``published_at``, ``attempts``,
+    ``last_error``, ``retry_at``. A thread's events are published in ``seq`` order by one
+    relay at a time; a thread's first unpublished event blocks the ones after it.
+    """
+
     async def read_outbox(
         self, thread_id: str | None, after: int | None, limit: int
     ) -> list[OutboxEvent]: ...
-
-    # -- the outbox relay (intention_kernel.outbox) ------------------------------------------
-    # Publication state lives on each event row: ``published_at``, ``attempts``,
-    # ``last_error``, ``retry_at``. A thread's events are published in ``seq`` order by
-    # one relay at a time; a thread's first unpublished event blocks the ones after it.
 
     def claim_outbox(self, thread_id: str) -> AbstractAsyncContextManager[bool]:
         """Try, without waiting, to become the only relay publishing ``thread_id``; the
@@ -201,7 +227,10 @@ class Recorder(Protocol):
 
     async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog: ...
 
-    # -- deploy check, migration, retention (intention_kernel.operations) -------------------
+
+class MaintenanceRecorder(Protocol):
+    """Maintenance: the deploy check and migrations scan and rewrite stored checkpoints,
+    the host lists pending interactions, retention prunes old rows."""
 
     async def scan_threads(
         self, after: str | None, limit: int, below_revision: int | None
@@ -240,3 +269,100 @@ class Recorder(Protocol):
         request digest. Return how many were dropped and the last key dropped (``None``
         when fewer than ``limit`` were left). Turns pruned before are not read again."""
         ...
+
+
+class Recorder(TurnRecorder, EffectRecorder, OutboxRecorder, MaintenanceRecorder, Protocol):
+    """Every part of a recorder: what the engine takes.
+
+    Two members have defaults, inherited by a recorder that subclasses this Protocol
+    (``class MyRecorder(Recorder): ...``), and declared by one that does not:
+
+    - ``options``, a :class:`RecorderOptions` (the default declares nothing);
+    - ``start_turn`` (see :class:`TurnRecorder`).
+    """
+
+    #: The recorder's declared options, read once by the engine.
+    options: RecorderOptions = RecorderOptions()
+
+
+class MigrationRecorder(TurnRecorder, MaintenanceRecorder, Protocol):
+    """What a checkpoint migration uses: the lock and ``read_thread`` of the turns, the
+    scan and rewrite of maintenance."""
+
+
+# -- what the outer ring takes ------------------------------------------------------------
+
+_R_co = TypeVar("_R_co", covariant=True)
+
+
+class Recorded(Protocol[_R_co]):
+    """A durability that hands out its opened recorder, typed by the part a caller uses:
+    ``Recorded[OutboxRecorder]`` for the relay, ``Recorded[MaintenanceRecorder]`` for the
+    deploy check and retention."""
+
+    async def recorder(self) -> _R_co:
+        """The recorder, opened; the same one the durability's turns use."""
+        ...
+
+
+class Migratable(Protocol):
+    """What a checkpoint migration needs from a durability."""
+
+    async def recorder(self) -> MigrationRecorder: ...
+
+    def forget_checkpoint(self, thread_id: str) -> None:
+        """Drop any decoded copy of the thread's checkpoint held in memory: a migration
+        rewrote it in place at the same version, so the version no longer tells."""
+        ...
+
+
+@runtime_checkable
+class TenantStore(Protocol):
+    """What tenant isolation (the HTTP host with tokens) needs from a durability: the
+    owner of a thread, and reads and resolutions judged for an owner by the store.
+
+    With ``owner``, a thread the owner may not act on (``owns``) reads as missing:
+    ``load_checkpoint`` answers ``None`` and ``resolve_receipt`` raises
+    ``ReceiptNotFoundError``, each judged on the snapshot it reads or under the thread's
+    lock, never on an earlier read.
+    """
+
+    async def thread_owner(self, thread_id: str) -> ThreadOwner | None: ...
+
+    async def load_checkpoint(
+        self, thread_id: str, *, owner: ThreadOwner | None = None
+    ) -> KernelCheckpoint | None: ...
+
+    async def resolve_receipt(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        applied: bool,
+        value: Any = None,
+        note: str | None = None,
+        actor: str | None = None,
+        owner: ThreadOwner | None = None,
+    ) -> Receipt: ...
+
+
+@runtime_checkable
+class InteractionQueue(Protocol):
+    """What the queue of pending interactions (``GET /v1/interactions``) needs from a
+    durability."""
+
+    async def pending_interactions(
+        self, *, owner: ThreadOwner | None = None, after: str | None = None, limit: int = 100
+    ) -> list[PendingInteraction]: ...
+
+
+@runtime_checkable
+class Operable(Durability, Migratable, Protocol):
+    """What the operations commands need from a durability: its whole recorder, and
+    whether its store exists before anything is created."""
+
+    async def exists(self) -> bool:
+        """Whether the store already holds the adapter's schema; creates nothing."""
+        ...
+
+    async def recorder(self) -> Recorder: ...
