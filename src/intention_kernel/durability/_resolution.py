@@ -1,5 +1,5 @@
-"""What an operator's request to list or resolve receipts may hold, and how a missing
-receipt is reported: validation before anything is read or written."""
+"""Resolving a receipt: what an operator's request may hold (checked before anything is
+read or written), what the resolution writes, and how a missing receipt is reported."""
 
 from __future__ import annotations
 
@@ -7,10 +7,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from intention_kernel._json import describe_error, normalize, text_problem
-from intention_kernel.effects import ReceiptStatus
-from intention_kernel.errors import InvalidRequestError
+from intention_kernel.durability.contract import ResolutionFn
+from intention_kernel.durability.ownership import owns
+from intention_kernel.durability.records import ThreadOwner
+from intention_kernel.effects import Receipt, ReceiptStatus, resolve, utcnow
+from intention_kernel.errors import InvalidRequestError, ReceiptNotFoundError
+from intention_kernel.turns import EventDraft
 
-__all__ = ["check_resolution", "missing_receipt_message", "receipt_status", "suggest_keys"]
+__all__ = [
+    "check_resolution",
+    "missing_receipt",
+    "missing_receipt_message",
+    "receipt_status",
+    "resolution_of",
+    "suggest_keys",
+]
 
 
 def suggest_keys(key: str, stored: Sequence[str]) -> tuple[str, ...]:
@@ -61,3 +72,62 @@ def check_resolution(key: object, applied: object, value: Any, note: object, act
             f"(no NaN, infinity, sets or objects): {describe_error(exc)}",
             key=key,
         ) from exc
+
+
+def missing_receipt(
+    thread_id: str, key: str, suggestions: tuple[str, ...] = ()
+) -> ReceiptNotFoundError:
+    """The error for a receipt that is not there, or not the caller's to see."""
+    return ReceiptNotFoundError(
+        missing_receipt_message(thread_id, key, suggestions),
+        thread_id=thread_id,
+        key=key,
+        suggestions=suggestions,
+    )
+
+
+def resolution_of(
+    thread_id: str,
+    key: str,
+    *,
+    applied: bool,
+    value: Any,
+    note: str | None,
+    actor: str | None,
+    owner: ThreadOwner | None,
+    attempt_may_run: bool,
+) -> ResolutionFn:
+    """What ``Recorder.resolve_receipt`` applies to the stored receipt in its transaction:
+    the resolved receipt and its ``receipt.resolved`` event. ``value`` is as checked by
+    :func:`check_resolution`. A receipt that is missing, or of a tenant ``owner`` may not
+    act for (``owns``), raises :func:`missing_receipt`."""
+
+    def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
+        if existing is None:
+            raise missing_receipt(thread_id, key)
+        if owner is not None and not owns(ThreadOwner(existing.tenant_id), owner.tenant_id):
+            raise missing_receipt(thread_id, key)
+        resolved = resolve(
+            existing,
+            applied=applied,
+            value=value,
+            note=note,
+            actor=actor,
+            now=utcnow(),
+            attempt_may_run=attempt_may_run,
+        )
+        event = EventDraft(
+            "receipt.resolved",
+            {
+                "key": key,
+                "receipt_id": resolved.id,
+                "applied": applied,
+                "status": str(resolved.status),
+                "previous_status": str(existing.status),
+                "note": note,
+                "actor": actor,
+            },
+        )
+        return resolved, event
+
+    return resolution

@@ -27,8 +27,9 @@ from intention_kernel.durability._diff import checkpoint_rows
 from intention_kernel.durability._effect_calls import awaited, call_in_thread, shielded
 from intention_kernel.durability._resolution import (
     check_resolution,
-    missing_receipt_message,
+    missing_receipt,
     receipt_status,
+    resolution_of,
     suggest_keys,
 )
 from intention_kernel.durability._transaction import Transaction
@@ -48,7 +49,6 @@ from intention_kernel.effects import (
     Receipt,
     ReceiptStatus,
     plan_effect,
-    resolve,
     settle,
     utcnow,
 )
@@ -64,7 +64,6 @@ from intention_kernel.errors import (
     TurnExpiredError,
 )
 from intention_kernel.turns import (
-    EventDraft,
     OutboxEvent,
     TurnCommit,
     TurnResult,
@@ -523,49 +522,21 @@ class RecordedDurability:
         if owner is not None and owner.tenant_id is not None:
             check_id("tenant_id", owner.tenant_id)
 
-        def missing(suggestions: tuple[str, ...] = ()) -> ReceiptNotFoundError:
-            return ReceiptNotFoundError(
-                missing_receipt_message(thread_id, key, suggestions),
-                thread_id=thread_id,
-                key=key,
-                suggestions=suggestions,
-            )
-
-        attempts_outlive_lock = recorder.options.attempts_outlive_lock
-
-        def resolution(existing: Receipt | None) -> tuple[Receipt, EventDraft]:
-            if existing is None:
-                raise missing()
-            if owner is not None and not owns(ThreadOwner(existing.tenant_id), owner.tenant_id):
-                raise missing()
-            resolved = resolve(
-                existing,
-                applied=applied,
-                value=stored_value,
-                note=note,
-                actor=actor,
-                now=utcnow(),
-                attempt_may_run=attempts_outlive_lock,
-            )
-            event = EventDraft(
-                "receipt.resolved",
-                {
-                    "key": key,
-                    "receipt_id": resolved.id,
-                    "applied": applied,
-                    "status": str(resolved.status),
-                    "previous_status": str(existing.status),
-                    "note": note,
-                    "actor": actor,
-                },
-            )
-            return resolved, event
-
+        resolution = resolution_of(
+            thread_id,
+            key,
+            applied=applied,
+            value=stored_value,
+            note=note,
+            actor=actor,
+            owner=owner,
+            attempt_may_run=recorder.options.attempts_outlive_lock,
+        )
         async with recorder.lock(thread_id):
             if owner is not None and not owns(
                 await self._owner(recorder, thread_id), owner.tenant_id
             ):
-                raise missing()
+                raise missing_receipt(thread_id, key)
             try:
                 return await recorder.resolve_receipt(thread_id, key, resolution)
             except ReceiptNotFoundError:
@@ -577,7 +548,7 @@ class RecordedDurability:
                     for r in receipts
                     if owner is None or owns(ThreadOwner(r.tenant_id), owner.tenant_id)
                 ]
-                raise missing(suggest_keys(key, visible)) from None
+                raise missing_receipt(thread_id, key, suggest_keys(key, visible)) from None
 
     async def read_outbox(
         self, thread_id: str | None = None, after: int | None = None, limit: int = 100
