@@ -278,7 +278,7 @@ class Recorder(TurnRecorder, EffectRecorder, OutboxRecorder, MaintenanceRecorder
     (``class MyRecorder(Recorder): ...``), and declared by one that does not:
 
     - ``options``, a :class:`RecorderOptions` (the default declares nothing);
-    - ``start_turn`` (see :class:`TurnRecorder`).
+    - ``start_turn``, documented on :class:`TurnRecorder`.
     """
 
     #: The recorder's declared options, read once by the engine.

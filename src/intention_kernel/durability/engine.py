@@ -414,7 +414,7 @@ class RecordedDurability:
         return decode(thread_id, thread)[0]
 
     async def thread_owner(self, thread_id: str) -> ThreadOwner | None:
-        """The owner of a thread (see :class:`ThreadOwner`), or ``None`` while nothing
+        """The owner of a thread (a :class:`ThreadOwner`), or ``None`` while nothing
         durable was written on it (the first turn of any tenant claims it).
 
         Two reads, so the answer may be older than the caller's next read: a caller

@@ -143,7 +143,7 @@ class TurnRecord:
 @dataclass(frozen=True, slots=True)
 class CheckpointRewrite:
     """A thread's checkpoint written anew in place, at the same ``version`` (a schema
-    migration): the core, and every message and fact row (see :class:`TurnRecord`)."""
+    migration): the core, and every message and fact row, encoded as in a :class:`TurnRecord`."""
 
     thread_id: str
     version: int
