@@ -1,7 +1,8 @@
 """Profile intention-kernel turns: ``python -m bench.profile [--store postgres] [--turns N]``.
 
 Runs the benchmark's work unit in-process under pyinstrument (the ``bench`` extra)
-and prints where the time goes; ``--cprofile`` prints cProfile's table instead.
+and prints where the time goes; ``--cprofile`` prints cProfile's table instead;
+``--sync-provider`` calls the provider's sync client (run in a worker thread).
 """
 
 from __future__ import annotations
@@ -19,10 +20,19 @@ from bench.run import DSN, drop_schemas
 from bench.worker import KernelRow, Worker
 
 
-async def run(turns: int, store: str, synchronous: str, use_cprofile: bool) -> None:
+async def run(
+    turns: int, store: str, synchronous: str, use_cprofile: bool, sync_provider: bool
+) -> None:
     with tempfile.TemporaryDirectory() as directory:
         schema = f"ikprofile_{os.getpid()}"
-        row = KernelRow(store, str(Path(directory) / "p.db"), DSN, schema, synchronous)
+        row = KernelRow(
+            store,
+            str(Path(directory) / "p.db"),
+            DSN,
+            schema,
+            synchronous,
+            sync_provider=sync_provider,
+        )
         await row.setup()
         worker = Worker(row, "p")
         await worker.turns(100)
@@ -51,8 +61,9 @@ def main() -> None:
     parser.add_argument("--store", default="sqlite", choices=["sqlite", "postgres"])
     parser.add_argument("--synchronous", default="NORMAL", choices=["FULL", "NORMAL"])
     parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--sync-provider", action="store_true")
     args = parser.parse_args()
-    asyncio.run(run(args.turns, args.store, args.synchronous, args.cprofile))
+    asyncio.run(run(args.turns, args.store, args.synchronous, args.cprofile, args.sync_provider))
 
 
 if __name__ == "__main__":

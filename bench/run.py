@@ -14,6 +14,10 @@ Phases, each comparing rows only within this run:
    with the checkpoint's stored size; the worker's peak RSS after the run.
 4. PostgreSQL scale-out: 1, 2, 4 and 8 worker processes on distinct threads against
    as many floor processes, run alternately.
+5. The agent loop (``bench.loop``): turns of three model rounds against a fake model,
+   intention-kernel beside LangGraph's prebuilt ReAct agent, interleaved in blocks as
+   in 1; commits per turn, counted; what a resubmitted turn re-ran; and what a turn
+   killed mid-loop asks the model again when it is delivered again.
 
 The report ends with the issue's targets, each judged on this run's figures (``targets``).
 
@@ -46,9 +50,11 @@ DSN = os.environ.get("INTENTION_KERNEL_POSTGRES_DSN", "postgresql://postgres@127
 SQLITE_ROWS = [
     "ik-sqlite-full",
     "ik-sqlite-full-offload",
+    "ik-sqlite-full-syncfn",
     "floor-sqlite-full",
     "ik-sqlite-normal",
     "ik-sqlite-normal-offload",
+    "ik-sqlite-normal-syncfn",
     "floor-sqlite-normal",
     "langgraph-sqlite",
     "dbos-sqlite",
@@ -62,11 +68,21 @@ POSTGRES_ROWS = [
     "langgraph-postgres",
     "dbos-postgres",
 ]
+#: The agent-loop rows (``bench.loop``); each intention-kernel row is compared with the
+#: LangGraph row on the same store, in the same blocks.
+LOOP_ROWS = [
+    "loop-ik-sqlite",
+    "loop-langgraph-sqlite",
+    "loop-ik-postgres",
+    "loop-langgraph-postgres",
+]
 FLOOR = {
     "ik-sqlite-full": "floor-sqlite-full",
     "ik-sqlite-full-offload": "floor-sqlite-full",
+    "ik-sqlite-full-syncfn": "floor-sqlite-full",
     "ik-sqlite-normal": "floor-sqlite-normal",
     "ik-sqlite-normal-offload": "floor-sqlite-normal",
+    "ik-sqlite-normal-syncfn": "floor-sqlite-normal",
     "langgraph-sqlite": "floor-sqlite-full",
     "dbos-sqlite": "floor-sqlite-full",
     "ik-postgres": "floor-postgres",
@@ -97,6 +113,9 @@ MODES: dict[str, dict[str, Any]] = {
         "scale": [1, 2, 4, 8],
         "rounds": 2,
         "scale_turns": 40,
+        "loop_warmup": 5,
+        "loop_blocks": 6,
+        "loop_block": 20,
     },
     "full": {
         "warmup": 50,
@@ -113,6 +132,11 @@ MODES: dict[str, dict[str, Any]] = {
         # steadier on a machine whose speed drifts between rounds.
         "rounds": 8,
         "scale_turns": 150,
+        # LangGraph's ReAct agent takes tens of ms a turn: shorter blocks keep the
+        # phase within a few minutes.
+        "loop_warmup": 10,
+        "loop_blocks": 15,
+        "loop_block": 50,
     },
 }
 
@@ -175,6 +199,9 @@ class Proc:
         with contextlib.suppress(Exception):
             self.call("stop")
         self.proc.wait(timeout=60)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -198,9 +225,11 @@ def throughput(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) 
                 blocks[row].append(
                     {
                         "tps": mode["block"] / done["wall"],
+                        "cpu_us": 1e6 * done["cpu"] / mode["block"],
                         "lat": done["lat"],
                         "replay": again["lat"],
                         "effects_rerun": again["effects_rerun"],
+                        "model_rerun": again.get("model_rerun"),
                     }
                 )
             print(f"  block {b + 1}/{mode['blocks']}", file=sys.stderr, flush=True)
@@ -216,6 +245,10 @@ def throughput(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) 
         out[row] = {
             "tps_blocks": [block["tps"] for block in data],
             "tps": statistics.median(block["tps"] for block in data),
+            # The worker process's CPU per turn (all its threads): unlike turns/s, it
+            # leaves out the time other jobs hold the cores (not the caches they evict).
+            "cpu_us_blocks": [block["cpu_us"] for block in data],
+            "cpu_us": statistics.median(block["cpu_us"] for block in data),
             "p50_ms": 1000 * statistics.median(lat),
             "p99_ms": 1000 * _pct(lat, 0.99),
             "replay_p50_ms": 1000 * statistics.median(replay),
@@ -223,6 +256,8 @@ def throughput(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) 
             "resubmits": len(replay),
             "rss_kb": rss[row],
         }
+        if data and data[0]["model_rerun"] is not None:  # a loop row's model calls
+            out[row]["model_rerun_on_resubmit"] = sum(block["model_rerun"] for block in data)
         # Against the asyncio floor on the same event loop.
         same_loop = "floor-postgres-async" + (UVLOOP_SUFFIX if UVLOOP_SUFFIX in row else "")
         if row.startswith("ik-postgres") and same_loop in blocks:
@@ -235,7 +270,40 @@ def throughput(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) 
             out[row]["floor"] = floor
             out[row]["ratio_blocks"] = ratios
             out[row]["ratio"] = statistics.median(ratios)
+            cpu = [a["cpu_us"] / f["cpu_us"] for a, f in zip(data, blocks[floor], strict=True)]
+            out[row]["cpu_ratio"] = statistics.median(cpu)
     return out
+
+
+def loop(rows: list[str], args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
+    """The agent-loop phase: throughput in interleaved blocks (each intention-kernel row
+    against the LangGraph row on the same store, block by block), commits counted, and
+    a turn killed in its third model call, delivered again (``bench.loop.crash``)."""
+    settings = {
+        **mode,
+        "warmup": mode["loop_warmup"],
+        "blocks": mode["loop_blocks"],
+        "block": mode["loop_block"],
+    }
+    rates = throughput(rows, args, settings)
+    for row, r in rates.items():
+        peer = row.replace("loop-ik-", "loop-langgraph-")
+        if row.startswith("loop-ik-") and peer in rates:
+            pairs = zip(r["tps_blocks"], rates[peer]["tps_blocks"], strict=True)
+            r["langgraph"] = peer
+            r["ratio_langgraph_blocks"] = [a / b for a, b in pairs]
+            r["ratio_langgraph"] = statistics.median(r["ratio_langgraph_blocks"])
+    commits = sqlite_commits([r for r in rows if "sqlite" in r], args, mode["count"])
+    commits.update(postgres_commits([r for r in rows if "postgres" in r], args, mode["count"]))
+    crashes = {}
+    for row in rows:
+        p = Proc(row, args, ident="crash")
+        try:
+            p.call("setup")
+            crashes[row] = p.call("crash", n=1)
+        finally:
+            p.stop()
+    return {"throughput": rates, "commits": commits, "crash": crashes}
 
 
 def _next_xid() -> int:
@@ -494,6 +562,8 @@ def drop_schemas(prefix: str) -> None:
 
 # The issue's targets, as ratios within one run (see bench/README.md).
 SQLITE_TARGET, POSTGRES_TARGET, REPLAY_TARGET_MS, GROWTH_TARGET = 0.7, 0.8, 1.0, 1.2
+#: The agent loop: at least this many times LangGraph's ReAct agent's turns per second.
+LOOP_TARGET = 3.0
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -544,12 +614,27 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         growth = last["vs_fresh"]
         target = f"{row}: turn {last['turn']} ≤ {GROWTH_TARGET}x a young thread's"
         checks.append((target, growth, growth <= GROWTH_TARGET, "x"))
+    looped = results.get("loop") or {}
+    for row, r in looped.get("throughput", {}).items():
+        if "ratio_langgraph" in r:
+            target = f"{row} ≥ {LOOP_TARGET:g}x LangGraph's ReAct agent's turns/s"
+            ratio = r["ratio_langgraph"]
+            checks.append((target, ratio, ratio >= LOOP_TARGET, "x"))
+    for row, crashed in looped.get("crash", {}).items():
+        if row.startswith("loop-ik-"):
+            again = crashed["same turn ID"]["answered_rounds_asked_again"]
+            target = f"{row}: a crashed turn's redelivery asks the model no round it answered"
+            checks.append((target, again, again == 0, " rounds asked again"))
     return [
         {
             "target": t,
             "measured": m,
             "held": held,
-            "figure": f"{m:.3f}x" if unit == "x" else f"{m:.2f}{unit}",
+            "figure": f"{m:.3f}x"
+            if unit == "x"
+            else f"{m:.0f}{unit}"
+            if unit.startswith(" rounds")
+            else f"{m:.2f}{unit}",
         }
         for t, m, held, unit in checks
     ]
@@ -566,19 +651,22 @@ def report(results: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in results["machine"]["versions"].items()),
         "",
     ]
-    lines.append(
-        "| row | turns/s | x floor | p50 ms | p99 ms | replay p50 ms | commits/turn "
-        "| statements/turn | resubmit re-ran the effect | does not guarantee |"
-    )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    if results["throughput"]:
+        lines.append(
+            "| row | turns/s | x floor | CPU µs/turn (x floor) | p50 ms | p99 ms "
+            "| replay p50 ms | commits/turn | statements/turn | resubmit re-ran the effect "
+            "| does not guarantee |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for row, r in results["throughput"].items():
         counted = results["commits"].get(row, {})
         commits = counted.get("commits_per_turn", r.get("commits_per_turn"))
         statements = counted.get("statements_per_turn")
         rerun = r["effects_rerun_on_resubmit"]
         reran = f"yes ({rerun}/{r['resubmits']})" if rerun else "no"
+        cpu_us = f"{r['cpu_us']:.0f} ({r.get('cpu_ratio', 1.0):.2f})" if "cpu_us" in r else ""
         lines.append(
-            f"| {row} | {r['tps']:.0f} | {r.get('ratio', 1.0):.2f} | {r['p50_ms']:.2f} "
+            f"| {row} | {r['tps']:.0f} | {r.get('ratio', 1.0):.2f} | {cpu_us} | {r['p50_ms']:.2f} "
             f"| {r['p99_ms']:.2f} | {r['replay_p50_ms']:.2f} "
             f"| {'' if commits is None else f'{commits:.1f}'} "
             f"| {'' if statements is None else f'{statements:.1f}'} "
@@ -596,16 +684,20 @@ def report(results: dict[str, Any]) -> str:
             "intention-kernel against the floor written with psycopg's asyncio driver, on "
             "the same event loop: " + ", ".join(against_async),
         ]
-    lines += [
-        "",
-        "Cost growth (one thread, a new fact and two messages per turn; 'x turn 10, same"
-        " moment': against turns 6-15 of fresh threads run alternately with it; 'x own turn"
-        " 10': against this thread's 10th turn, minutes earlier, so drift included):",
-        "",
-        "| store | turn | p50 ms | x turn 10, same moment | x own turn 10 | hot row bytes "
-        "| checkpoint bytes | facts |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines += (
+        []
+        if not results["growth"]
+        else [
+            "",
+            "Cost growth (one thread, a new fact and two messages per turn; 'x turn 10, same"
+            " moment': against turns 6-15 of fresh threads run alternately with it; 'x own turn"
+            " 10': against this thread's 10th turn, minutes earlier, so drift included):",
+            "",
+            "| store | turn | p50 ms | x turn 10, same moment | x own turn 10 | hot row bytes "
+            "| checkpoint bytes | facts |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+    )
     for row, g in results["growth"].items():
         for p in g["points"]:
             s = p["sizes"]
@@ -654,6 +746,7 @@ def report(results: dict[str, Any]) -> str:
                 f"| {s['ratio_async']:.2f}, {s['uvloop_ratio_async']:.2f} "
                 f"| {usage} | {'' if busy is None else f'{busy:.0%}'} |{base}"
             )
+    lines += loop_report(results.get("loop") or {})
     checked = results.get("targets", [])
     if checked:
         judged = [t["held"] for t in checked if t["held"] is not None]
@@ -673,12 +766,51 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def loop_report(looped: dict[str, Any]) -> list[str]:
+    """The agent-loop table: per row, throughput against LangGraph's ReAct agent, commits,
+    and what a resubmitted turn and a crashed turn's redelivery ran again."""
+    if not looped.get("throughput"):
+        return []
+    lines = [
+        "",
+        "Agent loop (three model rounds a turn: read, read, final text; a fake model with no"
+        " latency). Resubmitted: a committed turn delivered again. Crashed: a delivery killed"
+        " in its third model call, then delivered again (rounds are 1-based):",
+        "",
+        "| row | turns/s | x LangGraph | p50 ms | commits/turn | statements/turn "
+        "| resubmitted: model calls, tool calls per turn "
+        "| crashed, delivered again: rounds asked, tool calls |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row, r in looped["throughput"].items():
+        counted = looped.get("commits", {}).get(row, {})
+        commits, statements = counted.get("commits_per_turn"), counted.get("statements_per_turn")
+        resubmits = r["resubmits"] or 1
+        rerun = (
+            f"{r.get('model_rerun_on_resubmit', 0) / resubmits:.0f}, "
+            f"{r['effects_rerun_on_resubmit'] / resubmits:.0f}"
+        )
+        crashed = "; ".join(
+            f"{how}: {[n + 1 for n in c['redelivery_rounds_asked']]}, {c['tool_calls']}"
+            for how, c in looped.get("crash", {}).get(row, {}).items()
+        )
+        ratio = r.get("ratio_langgraph")
+        lines.append(
+            f"| {row} | {r['tps']:.0f} | {'' if ratio is None else f'{ratio:.2f}'} "
+            f"| {r['p50_ms']:.2f} | {'' if commits is None else f'{commits:.1f}'} "
+            f"| {'' if statements is None else f'{statements:.1f}'} | {rerun} | {crashed} |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 1-2 minute run")
     parser.add_argument("--no-peers", action="store_true", help="skip LangGraph and DBOS")
     parser.add_argument("--no-postgres", action="store_true")
-    parser.add_argument("--only", choices=["throughput", "growth", "scale"], action="append")
+    parser.add_argument(
+        "--only", choices=["throughput", "growth", "scale", "loop"], action="append"
+    )
     parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
     parser.add_argument("--label", default="", help="appended to the result file's name")
     parser.add_argument(
@@ -698,7 +830,7 @@ def main() -> None:
     mode = dict(MODES[mode_name])
     if args.block:
         mode["block"] = args.block
-    phases = set(args.only or ["throughput", "growth", "scale"])
+    phases = set(args.only or ["throughput", "growth", "scale", "loop"])
     rows = SQLITE_ROWS + ([] if args.no_postgres else POSTGRES_ROWS)
     if args.no_peers:
         rows = [r for r in rows if r.startswith(("ik", "floor"))]
@@ -720,6 +852,7 @@ def main() -> None:
         "commits": {},
         "growth": {},
         "scale_out": [],
+        "loop": {},
     }
     started = time.perf_counter()
     try:
@@ -742,6 +875,12 @@ def main() -> None:
         if "scale" in phases and not args.no_postgres:
             print("scale-out", file=sys.stderr, flush=True)
             results["scale_out"] = scale_out(args, mode)
+        if "loop" in phases:
+            print("agent loop", file=sys.stderr, flush=True)
+            looped = [r for r in LOOP_ROWS if not (args.no_postgres and "postgres" in r)]
+            if args.no_peers:
+                looped = [r for r in looped if "langgraph" not in r]
+            results["loop"] = loop(looped, args, mode)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
         if not args.no_postgres:

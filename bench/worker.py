@@ -31,9 +31,11 @@ class KernelRow:
         schema: str,
         synchronous: str,
         offload_writes: bool | None = None,
+        sync_provider: bool = False,
     ) -> None:
         self.store, self.path, self.dsn, self.schema = store, path, dsn, schema
         self.synchronous, self.offload_writes = synchronous, offload_writes
+        self.sync_provider = sync_provider
         self.provider = FakeProvider()
 
     async def setup(self) -> None:
@@ -51,7 +53,9 @@ class KernelRow:
 
             self.durability = PostgresDurability(self.dsn, schema=self.schema)
         await self.durability.__aenter__()
-        self.kernel = Kernel(agent(self.provider), self.durability)
+        self.kernel = Kernel(
+            agent(self.provider, sync_provider=self.sync_provider), self.durability
+        )
 
     async def close(self) -> None:
         await self.durability.aclose()
@@ -102,9 +106,19 @@ def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
 
     path = os.path.join(directory, f"{name}.db")
     kind, store, sync, *options = [*plain(name).split("-"), "", ""]
+    if kind == "loop":  # loop-ik-sqlite, loop-langgraph-postgres (bench/loop.py)
+        from bench.loop import LoopKernelRow, LoopLangGraphRow
+
+        if store == "ik":
+            return LoopKernelRow(name, sync, path, dsn, schema + "_loop_ik")
+        if store == "langgraph":
+            return LoopLangGraphRow(name, sync, path, dsn, schema + "_loop_lg")
     if kind == "ik":
         offload = True if "offload" in options else False if "inline" in options else None
-        return KernelRow(store, path, dsn, schema + "_ik", (sync or "full").upper(), offload)
+        sync_provider = "syncfn" in (sync, *options)
+        return KernelRow(
+            store, path, dsn, schema + "_ik", (sync or "full").upper(), offload, sync_provider
+        )
     if kind == "floor" and store == "sqlite":
         return SQLiteFloor(path, sync.upper())
     if kind == "floor":  # floor-postgres, floor-postgres-async
@@ -147,13 +161,17 @@ class Worker:
         }
 
     async def replays(self, count: int) -> dict[str, Any]:
-        calls = self.row.provider.calls
+        provider = self.row.provider
+        calls, model = provider.calls, getattr(provider, "model", None)
         latencies = []
         for thread, n in random.sample(self.committed, min(count, len(self.committed))):
             t = time.perf_counter()
             await self.row.replay(thread, n)
             latencies.append(time.perf_counter() - t)
-        return {"lat": latencies, "effects_rerun": self.row.provider.calls - calls}
+        answer = {"lat": latencies, "effects_rerun": provider.calls - calls}
+        if model is not None:  # a loop row: its model counts its calls too
+            answer["model_rerun"] = provider.model - model
+        return answer
 
     async def growth(self, points: list[int], pairs: int = 10) -> dict[str, Any]:
         """Turn latency around the given turn numbers of one long thread, each against
@@ -223,6 +241,11 @@ async def serve(args: argparse.Namespace, out: Any) -> None:
             answer = await worker.replays(**command)
         elif op == "growth":
             answer = await worker.growth(**command)
+        elif op == "crash":  # a loop row: a delivery killed mid-loop, then delivered again
+            from bench.loop import crash
+
+            where = (args.row, args.dir, args.dsn, args.schema)
+            answer = await crash(row, where, f"{args.ident}-crash", **command)
         elif op == "counters":
             answer = {
                 "statements": counter.statements if counter else None,

@@ -5,6 +5,11 @@ in-process fake provider (a write capability whose effect goes through
 ``run_effect``), records the charge as a fact (a new key each turn, so facts grow
 with the thread) and appends the user message and the reply to the bounded
 conversation.
+
+The provider is an async client, as most provider SDKs offer one: the kernel awaits it
+on the event loop. ``agent(provider, sync_provider=True)`` calls its sync twin instead,
+which the kernel runs in a worker thread (the ``-syncfn`` rows show what that costs);
+the floor calls the sync one inline, as hand-written code would.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from intention_kernel import (
     Agent,
     CapabilityContext,
     CapabilityResult,
+    EffectAuthority,
     Fact,
     Intent,
     Interpretation,
@@ -35,6 +41,12 @@ class FakeProvider:
     def charge(self, payment_id: str, amount: int, idempotency_key: str) -> dict[str, Any]:
         self.calls += 1
         return {"charge_id": f"ch_{payment_id}", "amount": amount, "key": idempotency_key}
+
+    async def charge_async(
+        self, payment_id: str, amount: int, idempotency_key: str
+    ) -> dict[str, Any]:
+        """The same charge through the provider's async client."""
+        return self.charge(payment_id, amount, idempotency_key)
 
 
 def message(n: int) -> str:
@@ -58,7 +70,7 @@ class Interpreter:
         )
 
 
-def agent(provider: FakeProvider) -> Agent:
+def agent(provider: FakeProvider, *, sync_provider: bool = False) -> Agent:
     @capability("account.balance", description="Amount due")
     async def balance(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
         return CapabilityResult(value={"due": 4200}, reply="You owe 4200.")
@@ -69,9 +81,16 @@ def agent(provider: FakeProvider) -> Agent:
     async def charge(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
         """Charge a payment."""
         pid, amount = input["payment_id"], input["amount"]
-        effect = await ctx.run_effect(
-            f"charge:{pid}", lambda a: provider.charge(pid, amount, a.idempotency_key)
-        )
+        if sync_provider:  # a sync function: the kernel runs it in a worker thread
+            effect = await ctx.run_effect(
+                f"charge:{pid}", lambda a: provider.charge(pid, amount, a.idempotency_key)
+            )
+        else:
+
+            async def call(a: EffectAuthority) -> dict[str, Any]:
+                return await provider.charge_async(pid, amount, a.idempotency_key)
+
+            effect = await ctx.run_effect(f"charge:{pid}", call)
         return CapabilityResult(
             value=effect.value,
             facts=[Fact(f"charge.{pid}", effect.value)],

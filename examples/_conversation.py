@@ -14,7 +14,9 @@ start a new conversation.
 
 ``--llm`` interprets with :class:`~intention_kernel.interpreters.openai.OpenAIInterpreter`
 instead of the example's rules, configured here (not in the library) from
-``OPENAI_MODEL``, ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``.
+``OPENAI_MODEL``, ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``. The model works in
+rounds: it reads what its tools returned before it acts again or writes the reply.
+``examples/scripted_chat.py`` serves a transcript in its place, offline.
 """
 
 from __future__ import annotations
@@ -114,8 +116,8 @@ def llm_interpreter() -> Interpreter:
     api_key = os.environ.get("OPENAI_API_KEY") or ("unused" if base_url else None)
     from intention_kernel.interpreters.openai import OpenAIInterpreter
 
-    # One request per turn: the examples' scripts say what each turn's reply is.
-    return OpenAIInterpreter(model, base_url=base_url, api_key=api_key, multi_round=False)
+    # Rounds (the default): the model sees what its tools returned and writes the reply.
+    return OpenAIInterpreter(model, base_url=base_url, api_key=api_key)
 
 
 AgentFactory = Callable[[Interpreter | None], Agent]

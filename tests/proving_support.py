@@ -243,6 +243,20 @@ class Store:
         return sorted((t, u, v) for t, u, v in rows)
 
 
+class StoreInspector:
+    """The conformance suite's raw reads of a SQL store (its ``Inspector``)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def schema_revisions(self) -> set[int]:
+        rows = self._store.query("SELECT DISTINCT schema_revision FROM ik_threads")
+        return {revision for (revision,) in rows}
+
+    async def snapshot(self) -> object:
+        return self._store.snapshot()
+
+
 def open_store(config: dict[str, str], **options: Any) -> Durability:
     """A new adapter on the store a :meth:`Store.config` describes."""
     if config["kind"] == "sqlite":

@@ -34,7 +34,8 @@ def test_an_answer_with_a_reason_digests_differently() -> None:
 @pytest.mark.parametrize(
     ("answer", "match"),
     [
-        (Answer(None, "accept", input={"amount": 1}), "editing the held input"),
+        (Answer(None, "reject", input={"amount": 1}), "it goes with an accept"),
+        (Answer(None, "accept", input=[1]), "input must be an object"),  # type: ignore[arg-type]
         (Answer(None, "reject", reason=42), "reason must be a string"),  # type: ignore[arg-type]
         (Answer(None, "accept", actor="x" * 5000), "actor is 5000 characters"),
         (Answer(None, "accept", digest="\ud800"), "lone surrogate"),

@@ -8,14 +8,14 @@ already prove is not repeated here; see ``docs/guarantees.md`` for the map. This
 module adds: rows corrupted in every table that holds a turn's state (truncated
 JSON included), capability input that fails validation (whose turn commits a failed
 step, and nothing but that commit is written), interpreters that raise or return
-garbage on the real stores, provider values and errors that no store can hold,
-enormous messages, and IDs with odd characters and lengths.
+garbage on the real stores, a reply that no store can hold, enormous messages,
+and IDs with odd characters and lengths. Provider values and errors that no store
+can hold are the conformance suite's (``ReceiptConformance``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import sqlite3
 from collections import Counter
@@ -34,7 +34,6 @@ from intention_kernel import (
     CapabilityResult,
     CheckpointCompatibilityError,
     CorruptRecordError,
-    Fact,
     Intent,
     Interpretation,
     InterpretationError,
@@ -46,9 +45,8 @@ from intention_kernel import (
     TurnResult,
     capability,
 )
-from intention_kernel.durability import Durability
 from intention_kernel.interpretation import InterpretationRequest
-from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
+from intention_kernel.testing import ScriptedInterpreter
 from intention_kernel.testing.agents import billing_agent
 from proving_support import (
     LedgerProvider,
@@ -56,7 +54,6 @@ from proving_support import (
     charge_key,
     ledger_keys,
     make_sql_store,
-    make_store,
     read_all_events,
 )
 
@@ -352,121 +349,6 @@ async def test_an_interpreter_that_raises_or_returns_garbage_writes_nothing(
 # -- values and errors that no store can hold ------------------------------------------------
 
 
-UNSTORABLE = {
-    "an-object": lambda: object(),
-    "not-a-number": lambda: {"amount": math.nan},
-    "a-lone-surrogate": lambda: f"ch_{LONE_SURROGATE}",
-    "a-nested-lone-surrogate": lambda: {"charge": [LONE_SURROGATE]},
-}
-
-
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store | None]:
-    """``None`` for the in-memory adapter: every adapter must agree on what fails."""
-    yield from make_store(request.param, request, tmp_path)
-
-
-def adapter(store: Store | None) -> Durability:
-    return InMemoryDurability() if store is None else store.durability()
-
-
-def writer(value: Callable[[], Any], error: BaseException | None = None) -> tuple[Agent, list[str]]:
-    """An agent whose one write capability gets ``value`` (or ``error``) from its provider,
-    and the provider's calls."""
-    calls: list[str] = []
-
-    def provider(authority: Any) -> Any:
-        calls.append(authority.key)
-        if error is not None:
-            raise error
-        return value()
-
-    @capability("x.write", effect="write", confirmation="capability")
-    async def write(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
-        effect = await ctx.run_effect("op-1", provider)
-        return CapabilityResult(value=effect.value)
-
-    script = {"go": Interpretation([Intent("x.write")])}
-    return Agent("w", "1", [write], ScriptedInterpreter(script)), calls
-
-
-@pytest.mark.parametrize("case", UNSTORABLE)
-async def test_a_provider_value_that_cannot_be_stored_fails_closed_on_every_adapter(
-    any_store: Store | None, case: str
-) -> None:
-    """The write happened but its value cannot be recorded, so replaying it later could not
-    return it: the receipt is ``uncertain`` and the step says so (never ``failed``)."""
-    agent, calls = writer(UNSTORABLE[case])
-    async with adapter(any_store) as durability:
-        kernel = Kernel(agent, durability)
-        first = await kernel.turn("t", "1", "go")
-        assert first.steps[0].status == StepStatus.UNCERTAIN
-        [receipt] = await durability.list_receipts("t")
-        assert (receipt.status, receipt.attempt) == ("uncertain", 1)
-        again = await kernel.turn("t", "2", "go")
-        assert again.steps[0].status == StepStatus.UNCERTAIN
-    assert calls == ["x.write:op-1"]
-
-
-async def test_a_provider_error_whose_text_cannot_be_stored_still_records_uncertain(
-    any_store: Store | None,
-) -> None:
-    agent, calls = writer(lambda: None, TimeoutError(f"gateway said {LONE_SURROGATE}"))
-    async with adapter(any_store) as durability:
-        kernel = Kernel(agent, durability)
-        first = await kernel.turn("t", "1", "go")
-        assert first.steps[0].status == StepStatus.UNCERTAIN
-        [receipt] = await durability.list_receipts("t")
-        assert receipt.status == "uncertain" and "TimeoutError" in (receipt.error or "")
-        assert (await kernel.turn("t", "2", "go")).steps[0].status == StepStatus.UNCERTAIN
-    assert calls == ["x.write:op-1"]
-
-
-async def test_capability_output_that_cannot_be_stored_is_a_failed_step_on_every_adapter(
-    any_store: Store | None,
-) -> None:
-    @capability("x.value")
-    async def value(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
-        return CapabilityResult(value={"text": LONE_SURROGATE})
-
-    @capability("x.fact")
-    async def fact(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
-        return CapabilityResult(facts=[Fact("note", LONE_SURROGATE)])
-
-    @capability("x.raise")
-    async def fail(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
-        raise ValueError(f"bad byte {LONE_SURROGATE}")
-
-    @capability("x.emit")
-    async def emit(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
-        ctx.emit("x.noted", {"text": LONE_SURROGATE})
-        return CapabilityResult(value=1)
-
-    @capability("x.emit_type")
-    async def emit_type(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
-        ctx.emit(f"x.{LONE_SURROGATE}", {})
-        return CapabilityResult(value=1)
-
-    script = {
-        "go": Interpretation(
-            [
-                Intent("x.value"),
-                Intent("x.fact"),
-                Intent("x.raise"),
-                Intent("x.emit"),
-                Intent("x.emit_type"),
-            ]
-        )
-    }
-    agent = Agent("o", "1", [value, fact, fail, emit, emit_type], ScriptedInterpreter(script))
-    async with adapter(any_store) as durability:
-        result = await Kernel(agent, durability).turn("t", "1", "go")
-        assert [s.status for s in result.steps] == [StepStatus.FAILED] * 5
-        checkpoint = await durability.load_checkpoint("t")
-        assert checkpoint is not None and checkpoint.facts == {}
-        assert [e.type for e in await durability.read_outbox()] == ["turn.committed"]
-
-
 async def test_a_capability_reply_that_cannot_be_stored_is_a_typed_error_and_writes_nothing(
     store: Store,
 ) -> None:
@@ -560,30 +442,6 @@ async def test_a_request_with_an_id_message_or_answer_no_store_can_hold_is_refus
             await kernel.turn(**request)
         assert store.snapshot() == before
     assert ledger_keys(provider.path) == [charge_key("pi_1")]
-
-
-async def test_an_unknown_decision_from_an_interpreter_is_refused_and_never_runs_the_write(
-    any_store: Store | None, provider: LedgerProvider
-) -> None:
-    """Consent is never assumed: only ``"accept"`` runs a confirmed write."""
-
-    def interpret(request: InterpretationRequest) -> Interpretation:
-        if request.message == "no thanks":
-            return Interpretation(answer=Answer(decision="decline"))  # type: ignore[arg-type]
-        return Interpretation()
-
-    async with adapter(any_store) as durability:
-        await Kernel(billing_agent(provider), durability).turn("t", "1", "charge pi_1 500")
-        events = await durability.read_outbox()
-        kernel = Kernel(
-            billing_agent(provider, interpreter=ScriptedInterpreter(interpret)), durability
-        )
-        with pytest.raises(InterpretationError, match="decision"):
-            await kernel.turn("t", "2", "no thanks")
-        assert await durability.read_outbox() == events
-        checkpoint = await durability.load_checkpoint("t")
-        assert checkpoint is not None and checkpoint.interaction is not None  # still pending
-    assert provider.calls() == 0
 
 
 @pytest.mark.parametrize(

@@ -631,35 +631,6 @@ async def test_a_turn_raising_at_a_fault_point_leaves_the_store_as_a_crash_would
             await reconcile_and_go_on(reopened, ledger, case)
 
 
-@pytest.mark.parametrize(
-    "point", [faults.IN_PROVIDER_AFTER_WRITE, faults.AFTER_RECEIPT_COMPLETED, faults.BEFORE_COMMIT]
-)
-async def test_a_crashed_delivery_arriving_after_other_turns_keeps_one_index_entry_per_receipt(
-    adapter: Store | None, point: str, tmp_path: Path
-) -> None:
-    """The accepting turn dies after its receipt was written; the answer arrives under a
-    new delivery ID (which reuses the receipt and indexes it), the charge is proposed
-    again, and then the crashed delivery arrives at last: its turn reuses the receipt too,
-    and the checkpoint still indexes that receipt once."""
-    provider = LedgerProvider(path=str(tmp_path / "provider.ledger"), sync=False)
-    durability = adapter.durability() if adapter is not None else InMemoryDurability()
-    async with durability:
-        kernel = Kernel(billing_agent(provider), durability)
-        await kernel.turn(**propose())
-        with faults.injected(point, "raise"), pytest.raises(faults.InjectedFault):
-            await kernel.turn(**accept())
-        await kernel.turn(THREAD, "accept-under-a-new-id", "yes")
-        await kernel.turn(THREAD, "propose-again", "charge pi_1 500")
-        late = await kernel.turn(**accept())
-        assert not late.replayed and late.steps[0].receipt_ids
-        checkpoint = await durability.load_checkpoint(THREAD)
-        assert checkpoint is not None
-        assert [r.key for r in checkpoint.receipts] == [KEY]
-        [receipt] = await durability.list_receipts(THREAD)
-        assert checkpoint.receipts[0].status == receipt.status
-    assert provider.calls() == 1
-
-
 async def test_unarmed_fault_points_are_never_entered(
     adapter: Store | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

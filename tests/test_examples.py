@@ -3,12 +3,14 @@
 Each example is run as a user would run it (``python -m examples.<name>`` from the
 repository root, in a subprocess), twice on the same store and thread: the first
 run commits the conversation and calls the fake provider once per operation; the
-second replays every turn and calls nothing. With ``--llm`` the interpretation
-comes from recorded model responses served by the local OpenAI-compatible stub.
+second replays every turn and calls nothing. With ``--llm`` the model works in
+rounds: billing's is the transcript that ``examples/scripted_chat.py`` plays, as the
+README runs it offline; travel's, recorded responses served by ``openai_stub``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,12 +18,15 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from examples.scripted_chat import ScriptedChat, serve
 
-from openai_stub import OpenAIStub, running_stub
+from openai_stub import OpenAIStub, completion, recording, running_stub
 
 ROOT = Path(__file__).resolve().parents[1]
+TRANSCRIPT = ROOT / "examples" / "billing" / "transcript.json"
 
 
 def run_example(name: str, *args: str, env: dict[str, str] | None = None) -> str:
@@ -83,6 +88,10 @@ def llm_env(stub: OpenAIStub) -> dict[str, str]:
     return {"OPENAI_BASE_URL": stub.base_url, "OPENAI_MODEL": "gpt-4o-mini"}
 
 
+def scripted_env(chat: ScriptedChat) -> dict[str, str]:
+    return {"OPENAI_BASE_URL": chat.base_url, "OPENAI_MODEL": "scripted"}
+
+
 # -- billing: confirmation="required" ------------------------------------------------------
 
 
@@ -114,23 +123,105 @@ def test_billing_example_charges_once_and_replays_on_a_rerun(store: list[str]) -
     }
 
 
-def test_billing_example_with_a_model(tmp_path: Path, stub: OpenAIStub) -> None:
-    stub.queue(
-        "balance_42",
-        "example_billing_charge_42",
-        "balance_43",
-        "answer_accept",
-        "example_billing_charge_42",
-        "answer_accept",
-    )
-    output = run_example(
-        "billing", "--db", f"sqlite:///{tmp_path / 'b.db'}", "--llm", env=llm_env(stub)
-    )
+def turn_requests(chat: ScriptedChat, message: str) -> list[dict[str, Any]]:
+    """The requests of the turns whose last user message is ``message``, in order."""
+    return [
+        r
+        for r in chat.requests
+        if [m["content"] for m in r["messages"] if m["role"] == "user"][-1] == message
+    ]
+
+
+def tool_results(request: dict[str, Any]) -> dict[str, Any]:
+    """``tool_call_id`` → the outcome a ``role: "tool"`` message carries (JSON)."""
+    return {
+        m["tool_call_id"]: json.loads(m["content"])
+        for m in request["messages"]
+        if m["role"] == "tool"
+    }
+
+
+def test_billing_example_with_a_model_works_in_rounds(store: list[str]) -> None:
+    """``--llm`` against ``examples/scripted_chat.py`` playing the billing transcript, as
+    the README runs it offline: "please pay invoice 42" is one turn of three rounds (the
+    balance, the charge held for confirmation, the model's text as the reply)."""
+    with serve(TRANSCRIPT) as chat:
+        output = run_example("billing", *store, "--llm", env=scripted_env(chat))
+        pay = turn_requests(chat, "please pay invoice 42")
+        assert len(pay) == 3
+        # Round 2 carries round 1's read as a tool message, right after the call.
+        [read] = [m for m in pay[1]["messages"] if m["role"] == "assistant" and "tool_calls" in m]
+        [call] = read["tool_calls"]
+        assert call["function"]["name"] == "billing__balance"
+        assert tool_results(pay[1]) == {
+            call["id"]: {
+                "status": "completed",
+                "value": {"invoice_id": "42", "amount_due_cents": 12500},
+            }
+        }
+        messages = pay[1]["messages"]
+        assert messages[messages.index(read) + 1]["tool_call_id"] == call["id"]
+        # Round 3 hears that the charge waits for the person.
+        held = list(tool_results(pay[2]).values())[-1]
+        assert held["status"] == "awaiting_confirmation"
+        assert len(chat.requests) == 13  # 2 + 3 + 2 + 2 (+ the replay: none) + 2 + 2
+
+        again = run_example("billing", *store, "--llm", env=scripted_env(chat))
+        assert len(chat.requests) == 13  # every turn replayed: the model is asked nothing
+    assert summary(again)["replayed"] == 7
+
     assert "interpreter: OpenAIInterpreter" in output
-    check_billing(output)
-    assert stub.pending == 0
-    offered = [t["function"]["name"] for t in stub.requests[0]["tools"]]
-    assert offered == ["billing__balance", "payments__charge"]
+    assert summary(output) == {
+        "committed": 6,
+        "replayed": 1,
+        "failed_steps": 0,
+        "provider_calls": 1,
+    }
+    assert provider(output) == {"pi_acme_42": 1}
+    turn_2 = [line for line in output.splitlines() if line.startswith("[turn-2] ")]
+    assert turn_2 == [
+        "[turn-2] you: please pay invoice 42",
+        # the model's final text is the reply, the prompt it must be confirmed by after it
+        "[turn-2] agent: Invoice 42 has $125.00 due; I will charge it once you confirm.",
+        "[turn-2] agent: Charge $125.00 to Acme Corp for invoice 42? Reply yes or no.",
+        "[turn-2] step billing.balance: completed",
+        "[turn-2] step payments.charge: awaiting_confirmation",
+    ]
+    # Still held across the restart, and charged once on "yes".
+    assert "[turn-3] waiting for an answer: Charge $125.00 to Acme Corp for invoice 42?" in output
+    assert "[turn-4] agent: Done: $125.00 charged for invoice 42 (charge ch_0001)." in output
+    assert "[turn-4] step payments.charge: completed" in output
+    # The second "yes" of the conversation gets the transcript's second "yes" turn.
+    assert "[turn-6] agent: Invoice 42 is paid (charge ch_0001)." in output
+
+
+def test_the_scripted_chat_server_streams_the_same_answer() -> None:
+    """``"stream": true`` gets the transcript's round as ``chat.completion.chunk``
+    events, which the official client reads back into the same text and tool call."""
+    import openai
+
+    with serve(TRANSCRIPT) as chat:
+        client = openai.OpenAI(base_url=chat.base_url, api_key="unused", max_retries=0)
+        ask: list[Any] = [{"role": "user", "content": "what do I owe on invoice 42?"}]
+        events = list(client.chat.completions.create(model="m", messages=ask, stream=True))
+        [opened] = [e for e in events if e.choices and e.choices[0].delta.tool_calls]
+        [call] = opened.choices[0].delta.tool_calls or []
+        assert call.function is not None and call.function.name == "billing__balance"
+        assert json.loads(call.function.arguments or "") == {"invoice_id": "42"}
+        assert events[-1].choices[0].finish_reason == "tool_calls"
+
+        ask += [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "{}"},
+        ]
+        events = list(client.chat.completions.create(model="m", messages=ask, stream=True))
+        text = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
+        assert text == "Invoice 42 (Acme Corp) has $125.00 due."
+        # A round the transcript does not have is refused, and says which it was.
+        ask += [{"role": "assistant", "content": text}]
+        with pytest.raises(openai.BadRequestError, match="round 3 was asked for"):
+            client.chat.completions.create(model="m", messages=ask)
+        client.close()
 
 
 # -- travel: confirmation="capability" -----------------------------------------------------
@@ -167,28 +258,34 @@ def test_travel_example_books_once_and_replays_on_a_rerun(store: list[str]) -> N
 
 
 def test_travel_example_with_a_model(tmp_path: Path, stub: OpenAIStub) -> None:
-    stub.queue(
+    """Each turn is two rounds: the recorded tool call, then a completion with no text,
+    so the reply is the kernel's own account of the steps (the capabilities' replies)."""
+    calls = [
         "example_travel_search",
         "example_travel_book_fr8412",
         "example_travel_book_tp538",
         "answer_accept",
         "example_travel_book_tp538",
         "answer_accept",
-    )
+    ]
+    stub.queue_data(r for name in calls for r in (recording(name), completion(None)))
     output = run_example(
         "travel", "--db", f"sqlite:///{tmp_path / 't.db'}", "--llm", env=llm_env(stub)
     )
     check_travel(output)
     assert stub.pending == 0
-    # The answer tools were offered exactly while the booking waited for consent.
+    # Round 2 of each turn hears its tool call's outcome.
+    assert [m["role"] for m in stub.requests[1]["messages"][-2:]] == ["assistant", "tool"]
+    # The answer tools were offered exactly while the booking waited for consent, and
+    # only in the first round of a turn.
     offered = [[t["function"]["name"] for t in r["tools"]] for r in stub.requests]
     assert ["answer_accept" in names for names in offered] == [
-        False,
-        False,
-        False,
-        True,
-        False,
-        True,
+        *(False, False),
+        *(False, False),
+        *(False, False),
+        *(True, False),
+        *(False, False),
+        *(True, False),
     ]
 
 

@@ -52,6 +52,10 @@ class TestInMemoryDurability(DurabilityConformance):
         assert isinstance(durability, InMemoryDurability)
         return _MemoryTamper(durability)
 
+    @pytest.fixture
+    def make_durability_with_lock_timeout(self) -> Callable[[float], Durability] | None:
+        return lambda seconds: InMemoryDurability(lock_timeout=seconds)
+
 
 class _UndeclaredRecorder(Recorder):
     """A third-party recorder that declares nothing: no ``options``, no ``start_turn``.

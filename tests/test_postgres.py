@@ -57,10 +57,11 @@ from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing import ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from intention_kernel.testing.conformance import DurabilityConformance, Tamper
+from intention_kernel.testing.conformance import DurabilityConformance, Inspector, Tamper
 from intention_kernel.testing.conformance import commit_for as minimal_commit
 from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
-from proving_support import migration_4_gives_receipts_their_owner
+from proving_support import Store as SQLStore
+from proving_support import StoreInspector, migration_4_gives_receipts_their_owner
 from tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
@@ -147,6 +148,16 @@ class TestPostgresDurability(DurabilityConformance):
     @pytest.fixture
     def tamper(self, durability: Durability, store: Store) -> Tamper | None:
         return _PostgresTamper(store)
+
+    @pytest.fixture
+    def inspector(self, store: Store) -> Inspector | None:
+        return StoreInspector(SQLStore("postgres", store.dsn, store.schema))
+
+    @pytest.fixture
+    def make_durability_with_lock_timeout(
+        self, store: Store
+    ) -> Callable[[float], Durability] | None:
+        return lambda seconds: store.durability(lock_timeout=seconds)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -1214,22 +1225,20 @@ async def _captured_commit(
     operation: Callable[[TurnTransaction], Any],
 ) -> tuple[str, dict[str, Any]]:
     """The commit statement and parameters of the turn ``operation`` would commit,
-    stopped before they reach the server."""
-    from intention_kernel.durability import postgres
-
+    stopped before they reach the server (caught at the driver's cursor)."""
     captured: list[tuple[str, dict[str, Any]]] = []
-    execute = postgres._execute
+    execute = psycopg.AsyncCursor.execute
 
-    async def capture(conn: Any, query: str, params: Any) -> Any:
-        if query.startswith("WITH xact_lock"):
+    async def capture(cursor: Any, query: Any, params: Any = None, **options: Any) -> Any:
+        if isinstance(query, str) and query.startswith("WITH xact_lock"):
             captured.append((query, dict(params)))
             raise RuntimeError("captured")
-        return await execute(conn, query, params)
+        return await execute(cursor, query, params, **options)
 
-    monkeypatch.setattr(postgres, "_execute", capture)
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", capture)
     with pytest.raises(RuntimeError, match="captured"):
         await durability.with_turn(scope, operation)
-    monkeypatch.setattr(postgres, "_execute", execute)
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", execute)
     (commit,) = captured
     return commit
 
@@ -1283,3 +1292,21 @@ async def test_sessions_plan_generically_and_listing_unsettled_receipts_uses_its
     assert row is not None
     indexes = {n.get("Index Name") for n in _plan_nodes(row[0][0]["Plan"])}
     assert "ik_receipts_unsettled" in indexes
+
+
+async def test_a_commit_is_fenced_on_the_owner_the_turn_started_with(store: Store) -> None:
+    """A turn whose thread changed owner while it ran (another program writing the
+    tables; no turn can, under the thread lock) is refused at commit, as SQLite's is,
+    and writes nothing."""
+
+    async def hand_over(tx: TurnTransaction) -> TurnCommit:
+        store.execute("UPDATE ik_threads SET tenant_id = 'b' WHERE thread_id = 't'")
+        return commit_for(tx)
+
+    async with store.durability() as durability:
+        await durability.with_turn(TurnScope("t", "1", tenant_id="a"), plain)
+        with pytest.raises(FencedCommitError, match="was not committed") as caught:
+            await durability.with_turn(TurnScope("t", "2", tenant_id="a"), hand_over)
+        assert (caught.value.thread_id, caught.value.turn_id) == ("t", "2")
+    assert store.execute("SELECT tenant_id, version FROM ik_threads") == [("b", 1)]
+    assert store.execute("SELECT turn_id FROM ik_turns") == [("1",)]

@@ -14,10 +14,25 @@ import pytest
 
 from intention_kernel.durability import Durability, TurnTransaction, open_durability
 from intention_kernel.durability.sqlite import MIGRATIONS, SQLiteDurability
-from intention_kernel.errors import CorruptRecordError, CorruptStoreError, StoreError
-from intention_kernel.testing.conformance import DurabilityConformance, Tamper, commit_for
+from intention_kernel.errors import (
+    CorruptRecordError,
+    CorruptStoreError,
+    FencedCommitError,
+    StoreError,
+)
+from intention_kernel.testing.conformance import (
+    DurabilityConformance,
+    Inspector,
+    Tamper,
+    commit_for,
+)
 from intention_kernel.turns import TurnCommit, TurnScope
-from proving_support import damage_sqlite_table, migration_4_gives_receipts_their_owner
+from proving_support import (
+    Store,
+    StoreInspector,
+    damage_sqlite_table,
+    migration_4_gives_receipts_their_owner,
+)
 
 
 class _SQLiteTamper:
@@ -50,6 +65,16 @@ class TestSQLiteDurability(DurabilityConformance):
     def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
         return _SQLiteTamper(tmp_path / "kernel.db")
 
+    @pytest.fixture
+    def inspector(self, tmp_path: Path) -> Inspector | None:
+        return StoreInspector(Store("sqlite", str(tmp_path / "kernel.db")))
+
+    @pytest.fixture
+    def make_durability_with_lock_timeout(
+        self, tmp_path: Path
+    ) -> Callable[[float], Durability] | None:
+        return lambda seconds: SQLiteDurability(tmp_path / "kernel.db", lock_timeout=seconds)
+
 
 class TestSQLiteDurabilityWithWritesOnTheWorkerThread(DurabilityConformance):
     """``offload_writes=True``: every write hops, also when turns do not overlap."""
@@ -62,6 +87,18 @@ class TestSQLiteDurabilityWithWritesOnTheWorkerThread(DurabilityConformance):
     def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
         return _SQLiteTamper(tmp_path / "kernel.db")
 
+    @pytest.fixture
+    def inspector(self, tmp_path: Path) -> Inspector | None:
+        return StoreInspector(Store("sqlite", str(tmp_path / "kernel.db")))
+
+    @pytest.fixture
+    def make_durability_with_lock_timeout(
+        self, tmp_path: Path
+    ) -> Callable[[float], Durability] | None:
+        return lambda seconds: SQLiteDurability(
+            tmp_path / "kernel.db", lock_timeout=seconds, offload_writes=True
+        )
+
 
 class TestSQLiteDurabilityWithWritesOnTheEventLoop(DurabilityConformance):
     """``offload_writes=False``: no write hops, also when turns overlap."""
@@ -73,6 +110,18 @@ class TestSQLiteDurabilityWithWritesOnTheEventLoop(DurabilityConformance):
     @pytest.fixture
     def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
         return _SQLiteTamper(tmp_path / "kernel.db")
+
+    @pytest.fixture
+    def inspector(self, tmp_path: Path) -> Inspector | None:
+        return StoreInspector(Store("sqlite", str(tmp_path / "kernel.db")))
+
+    @pytest.fixture
+    def make_durability_with_lock_timeout(
+        self, tmp_path: Path
+    ) -> Callable[[float], Durability] | None:
+        return lambda seconds: SQLiteDurability(
+            tmp_path / "kernel.db", lock_timeout=seconds, offload_writes=False
+        )
 
 
 async def test_writes_hop_to_the_worker_thread_only_while_turns_overlap(tmp_path: Path) -> None:
@@ -311,3 +360,24 @@ async def test_text_that_is_not_utf8_is_a_corrupt_record_of_its_thread(tmp_path:
 
 async def plain(tx: TurnTransaction) -> TurnCommit:
     return commit_for(tx)
+
+
+async def test_a_commit_is_fenced_on_the_owner_the_turn_started_with(tmp_path: Path) -> None:
+    """The thread lock keeps other turns out, not another program writing the file: a
+    turn whose thread changed owner while it ran is refused at commit, as PostgreSQL's
+    is, and writes nothing."""
+    path = tmp_path / "k.db"
+
+    async def hand_over(tx: TurnTransaction) -> TurnCommit:
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE ik_threads SET tenant_id = 'b' WHERE thread_id = 't'")
+        return commit_for(tx)
+
+    async with SQLiteDurability(path) as store:
+        await store.with_turn(TurnScope("t", "1", tenant_id="a"), plain)
+        with pytest.raises(FencedCommitError, match="was not committed") as caught:
+            await store.with_turn(TurnScope("t", "2", tenant_id="a"), hand_over)
+        assert (caught.value.thread_id, caught.value.turn_id) == ("t", "2")
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT tenant_id, version FROM ik_threads").fetchall() == [("b", 1)]
+        assert conn.execute("SELECT turn_id FROM ik_turns").fetchall() == [("1",)]

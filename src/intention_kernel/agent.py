@@ -111,6 +111,11 @@ def compile_agent(agent: Agent) -> CompiledAgent:
             problems.append(
                 f"{cap.id}: confirmation must be one of {_CONFIRMATIONS}, not {cap.confirmation!r}"
             )
+        if cap.confirm_within is not None and cap.confirmation == "none":
+            problems.append(
+                f"{cap.id}: confirm_within needs a confirmation to expire; this capability "
+                "has confirmation='none'"
+            )
         if cap.effect == "write" and cap.confirmation == "none":
             problems.append(
                 f"{cap.id}: a write capability cannot use confirmation='none'; use 'required' "

@@ -21,12 +21,14 @@ import threading
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pydantic
 
 from intention_kernel._json import MAX_NESTING, dump_value, normalize, too_deep
+from intention_kernel.deadlines import duration_problem
 from intention_kernel.errors import InvalidInputError
 from intention_kernel.facts import Fact, FactRecord, FactTable
 
@@ -93,10 +95,21 @@ _EVENT_CREATION = threading.Lock()
 
 @dataclass(frozen=True, slots=True)
 class ConfirmationRequest:
-    """A capability's own request for consent (``confirmation="capability"`` mode)."""
+    """A capability's own request for consent (``confirmation="capability"`` mode).
+
+    ``expires_in`` is how long the person has to answer (``None``: the capability's
+    ``confirm_within``); it must be a positive ``timedelta`` (``ValueError``).
+    """
 
     prompt: str
     details: Any = None
+    expires_in: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.expires_in is not None:
+            problem = duration_problem("expires_in", self.expires_in)
+            if problem is not None:
+                raise ValueError(problem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +129,22 @@ class CapabilityResult:
         *,
         facts: Sequence[Fact] = (),
         value: Any = None,
+        expires_in: timedelta | None = None,
     ) -> CapabilityResult:
         """Ask the person before writing (only in ``confirmation="capability"`` mode).
 
         The kernel opens an interaction; the answering turn calls the capability
         again with the same input and ``ctx.answer`` set. ``facts`` are recorded in
         the asking turn (a quote the answer will be checked against, say).
+        ``expires_in`` (a positive ``timedelta``; ``None``: the capability's
+        ``confirm_within``, if any) is how long the person has: an answer after that
+        does not call the capability again, and the interaction closes as expired.
         """
-        return cls(value=value, facts=facts, confirmation=ConfirmationRequest(prompt, details))
+        return cls(
+            value=value,
+            facts=facts,
+            confirmation=ConfirmationRequest(prompt, details, expires_in),
+        )
 
 
 class _EffectRunner(Protocol):
@@ -221,6 +242,7 @@ class Capability:
     input_model: type[pydantic.BaseModel] | None
     prompt: PromptSource | None = None
     definition_errors: tuple[str, ...] = field(default=(), compare=False)
+    confirm_within: timedelta | None = None
 
     @property
     def input_schema(self) -> dict[str, Any]:
@@ -294,6 +316,7 @@ def capability(
     confirmation: ConfirmationMode | None = None,
     description: str | None = None,
     prompt: PromptSource | None = None,
+    confirm_within: timedelta | None = None,
 ) -> Callable[[Handler], Capability]:
     """Declare a capability. Records only; ``Kernel(...)`` checks the definition.
 
@@ -302,6 +325,12 @@ def capability(
     ``"none"`` is refused for writes at compilation.
     ``prompt`` is the confirmation prompt: a ``str.format`` template over the
     input's fields, or a callable taking the validated input.
+    ``confirm_within`` (a positive ``timedelta``) is how long the person has to answer
+    its confirmation, which then carries ``expires_at``; an accept after that runs
+    nothing (:mod:`intention_kernel.deadlines`). In ``"capability"`` mode it is the
+    default ``expires_in`` of ``needs_confirmation``. ``None``: no deadline. A bad value,
+    or one on a capability that never asks (``confirmation="none"``), is refused at
+    compilation.
     """
 
     def decorate(handler: Handler) -> Capability:
@@ -313,6 +342,10 @@ def capability(
         model, problem = _input_model(handler, sys._getframe(1).f_locals)
         if problem:
             errors.append(f"{id}: {problem}")
+        if confirm_within is not None:
+            problem = duration_problem("confirm_within", confirm_within)
+            if problem is not None:
+                errors.append(f"{id}: {problem}")
         doc = inspect.getdoc(handler) or ""
         return Capability(
             id=id,
@@ -323,6 +356,7 @@ def capability(
             input_model=model,
             prompt=prompt,
             definition_errors=tuple(errors),
+            confirm_within=confirm_within,
         )
 
     return decorate

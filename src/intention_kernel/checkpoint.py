@@ -18,6 +18,7 @@ import json
 import operator
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -68,6 +69,12 @@ class Interaction:
     ``digest`` binds an answer to the operation shown (``Answer.digest``): the sha256 of
     the canonical JSON of ``{capability_id, input, kind}``. It is computed when the
     interaction is created, and on load for a checkpoint stored before it existed.
+
+    ``expires_at`` (UTC) is when the interaction expires unanswered: an answer after it
+    runs nothing (see :mod:`intention_kernel.deadlines`). ``None`` is no deadline, as
+    in every checkpoint stored before deadlines existed (the field is optional, so no
+    schema revision was needed). It is not part of ``digest``: the deadline is not the
+    operation.
     """
 
     id: str
@@ -79,6 +86,7 @@ class Interaction:
     step_id: str = ""
     turn_id: str = ""
     digest: str = ""
+    expires_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if not self.digest:

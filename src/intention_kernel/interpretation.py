@@ -61,8 +61,11 @@ class Answer:
     another interaction is refused. ``value`` carries extra data for
     capabilities that confirm on their own (``confirmation="capability"``).
     ``reason`` explains a reject, ``actor`` names the approver, ``digest`` binds the
-    answer to the operation shown (``Interaction.digest``). ``input`` (editing the held
-    input) is refused for now.
+    answer to the operation shown (``Interaction.digest``; the proposed operation, also
+    when ``input`` edits it). ``input``, on an accept of a ``"required"`` confirmation,
+    replaces the held input: it is validated against the capability's input model, and
+    what runs is the edited input (an invalid edit runs nothing and the interaction stays
+    open); the step and ``interaction.resolved`` record the proposed and approved input.
     """
 
     interaction_id: str | None = None

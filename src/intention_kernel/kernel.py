@@ -19,6 +19,7 @@ from intention_kernel import _tracing
 from intention_kernel._json import normalize
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.errors import InvalidRequestError
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
@@ -36,15 +37,25 @@ class Kernel:
 
     ``max_message_chars`` bounds a user message; longer ones are refused with
     ``InvalidRequestError`` before anything is read or written.
+
+    ``clock`` is where turns get the time (:mod:`intention_kernel.deadlines`): each turn
+    reads it once, holding the thread's lock, to open and judge confirmation deadlines.
+    It must return a timezone-aware ``datetime``; tests pass one they move.
     """
 
     def __init__(
-        self, agent: Agent, durability: Durability, *, max_message_chars: int = 32_000
+        self,
+        agent: Agent,
+        durability: Durability,
+        *,
+        max_message_chars: int = 32_000,
+        clock: Clock = system_clock,
     ) -> None:
         self._compiled: CompiledAgent = compile_agent(agent)
         self.agent = agent
         self.durability = durability
         self.max_message_chars = max_message_chars
+        self.clock = clock
         # The tasks of streamed turns still running (see ``stream_turn``).
         self._streaming: set[asyncio.Task[None]] = set()
 
@@ -162,11 +173,11 @@ class Kernel:
         return scope, TurnRequest(message, resolved)
 
     async def _run(self, scope: TurnScope, request: TurnRequest) -> TurnResult:
-        compiled = self._compiled
+        compiled, clock = self._compiled, self.clock
         thread_id, turn_id = scope.thread_id, scope.turn_id
 
         async def operation(tx: TurnTransaction) -> TurnCommit:
-            return await run_turn(compiled, tx, request)
+            return await run_turn(compiled, tx, request, clock)
 
         if not _tracing.enabled():
             result = await self.durability.with_turn(scope, operation)
@@ -206,7 +217,15 @@ def _answer(answer: Any) -> Answer | None:
                 f"an answer's decision must be 'accept' or 'reject', got {answer.decision!r}"
             )
         if answer.input is not None:
-            raise InvalidRequestError("editing the held input is not supported yet")
+            if not isinstance(answer.input, dict):
+                raise InvalidRequestError(
+                    f"an answer's input must be an object, got {type(answer.input).__name__}"
+                )
+            if answer.decision != "accept":
+                raise InvalidRequestError(
+                    "an answer's input edits the operation it approves: it goes with an "
+                    "accept, not a reject"
+                )
         for name in ("reason", "actor", "digest"):
             text = getattr(answer, name)
             if text is None:

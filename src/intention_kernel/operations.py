@@ -16,6 +16,8 @@ turns:
   each committed ``(thread_id, turn_id)``: a very late delivery of a pruned turn is
   refused with :class:`~intention_kernel.errors.TurnExpiredError`, never run again.
   Receipts are never pruned: they are what keeps a write from running twice.
+- :func:`expire_interactions` closes every overdue interaction (a confirmation not
+  answered by its ``expires_at``), each in a turn of its own: see the function.
 
 The decisions (what a stored checkpoint means for an agent) are the same pure
 functions the turns use (:mod:`intention_kernel.checkpoint`).
@@ -23,6 +25,7 @@ functions the turns use (:mod:`intention_kernel.checkpoint`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -32,6 +35,7 @@ from typing import Literal
 
 from intention_kernel.agent import Agent, compile_agent
 from intention_kernel.checkpoint import (
+    Interaction,
     KernelCheckpoint,
     Migration,
     assemble_checkpoint,
@@ -42,7 +46,22 @@ from intention_kernel.checkpoint import (
     encode_fact,
     encode_message,
 )
-from intention_kernel.durability.contract import MaintenanceRecorder, Migratable, Recorded
+from intention_kernel.deadlines import (
+    Clock,
+    expired_event,
+    expired_step,
+    expiry_turn_id,
+    overdue,
+    read_clock,
+    system_clock,
+)
+from intention_kernel.durability import TurnTransaction
+from intention_kernel.durability.contract import (
+    Expirable,
+    MaintenanceRecorder,
+    Migratable,
+    Recorded,
+)
 from intention_kernel.durability.records import CheckpointRewrite, StoredThread
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import (
@@ -52,13 +71,23 @@ from intention_kernel.errors import (
     FencedCommitError,
     ThreadBusyError,
 )
+from intention_kernel.replies import Replies
+from intention_kernel.turns import (
+    TurnCommit,
+    TurnResult,
+    TurnScope,
+    committed_event,
+    request_digest,
+)
 
 __all__ = [
     "CheckReport",
+    "ExpiryReport",
     "MigrationReport",
     "PruneReport",
     "RefusedThread",
     "check_checkpoints",
+    "expire_interactions",
     "migrate_checkpoints",
     "prune",
 ]
@@ -250,6 +279,134 @@ async def prune(
         if after is None:
             break
     return PruneReport(cutoff, events, turns)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiryReport:
+    """What :func:`expire_interactions` did: interactions closed as expired (by this run;
+    one another sweep closed first is not counted), and threads it could not reach."""
+
+    now: datetime
+    expired: int = 0
+    failed: tuple[RefusedThread, ...] = ()
+
+
+class _NotOverdue(Exception):
+    """Raised inside a sweep's turn to commit nothing: under the lock, the interaction
+    seen in the scan was answered, replaced or expired by a turn meanwhile."""
+
+
+async def expire_interactions(
+    store: Expirable,
+    *,
+    clock: Clock = system_clock,
+    batch: int = 100,
+    replies: Replies | None = None,
+) -> ExpiryReport:
+    """Close every interaction whose ``expires_at`` has passed, as the next turn on its
+    thread would (:mod:`intention_kernel.deadlines`): for operators and cron, so that
+    an abandoned confirmation does not stay open, and its ``interaction.expired`` event
+    is not delayed, until someone writes to the thread again.
+
+    Each overdue interaction is closed by a turn of its own through ``with_turn``, under
+    the thread's lock, with turn ID :func:`~intention_kernel.deadlines.expiry_turn_id`:
+    the next checkpoint (one version up, without the interaction and its held
+    operation, messages and facts untouched), ``interaction.expired`` and
+    ``turn.committed`` commit together, or not at all. A sweep run again, or two at
+    once, closes each interaction once (the second delivery of its turn ID is a replay).
+    Under the lock the decision is made again, at the clock's time then: an interaction
+    answered meanwhile is left alone. No agent code runs: the checkpoint keeps the
+    fingerprint it was written under, so the sweep needs no ``--agent``. ``replies``
+    words the stored turns' reply (``Replies()``, the default wording, unless given).
+
+    A thread that stayed busy past the lock timeout, or whose checkpoint cannot be read,
+    is reported in ``failed`` and left as it was; run it again to retry those.
+    """
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError("batch must be at least 1")
+    wording = replies if replies is not None else Replies()
+    recorder = await store.recorder()
+    now = read_clock(clock)
+    expired, failed = 0, []
+    after: str | None = None
+    while True:
+        rows = await recorder.read_interactions(after, batch, None)
+        for thread_id, thread in rows:
+            try:
+                checkpoint = _decode(thread_id, thread, None)
+            except CheckpointError as exc:
+                reason: RefusalReason = (
+                    "newer_revision" if isinstance(exc, CheckpointCompatibilityError) else "corrupt"
+                )
+                failed.append(RefusedThread(thread_id, reason, str(exc)))
+                continue
+            active = checkpoint.interaction
+            if active is None or not overdue(active, now):
+                continue
+            try:
+                result = await _expire(store, thread_id, thread.tenant_id, active, clock, wording)
+            except _NotOverdue:
+                continue
+            except ThreadBusyError as exc:
+                failed.append(RefusedThread(thread_id, "busy", str(exc)))
+                continue
+            except CheckpointError as exc:
+                reason = (
+                    "newer_revision" if isinstance(exc, CheckpointCompatibilityError) else "corrupt"
+                )
+                failed.append(RefusedThread(thread_id, reason, str(exc)))
+                continue
+            if not result.replayed:
+                expired += 1
+        if len(rows) < batch:
+            break
+        after = rows[-1][0]
+    return ExpiryReport(now, expired, tuple(failed))
+
+
+async def _expire(
+    store: Expirable,
+    thread_id: str,
+    tenant_id: str | None,
+    seen: Interaction,
+    clock: Clock,
+    replies: Replies,
+) -> TurnResult:
+    """Close ``seen`` on ``thread_id`` in a turn of its own, if it is still the active
+    interaction and overdue when the turn holds the lock; ``_NotOverdue`` otherwise."""
+    turn_id = expiry_turn_id(seen)
+    scope = TurnScope(
+        thread_id, turn_id, tenant_id, request_digest(None, {"expire_interaction": seen.id})
+    )
+
+    async def operation(tx: TurnTransaction) -> TurnCommit:
+        checkpoint = tx.checkpoint
+        active = checkpoint.interaction if checkpoint is not None else None
+        if checkpoint is None or active is None or active.id != seen.id:
+            raise _NotOverdue
+        if not overdue(active, read_clock(clock)):
+            raise _NotOverdue  # the clock went back, or a test moved it
+        version = checkpoint.version + 1
+        step = expired_step(active)
+        following = dataclasses.replace(
+            checkpoint,
+            version=version,
+            agenda=tuple(a for a in checkpoint.agenda if a.interaction_id != active.id),
+            interaction=None,
+        )
+        result = TurnResult(
+            thread_id=thread_id,
+            turn_id=turn_id,
+            replayed=False,
+            reply=replies.expired(active),
+            interaction=None,
+            steps=(step,),
+            checkpoint_version=version,
+        )
+        events = (expired_event(active), committed_event(version, (step,)))
+        return TurnCommit(result, following, events)
+
+    return await store.with_turn(scope, operation)
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """What the kernel says to the person in the conversation, and how an application words it.
 
 The kernel writes a reply line of its own in a few situations: nothing to do, an
-answer with nothing pending or to another question, a cancelled or superseded
-request, a step that completed without a reply of its own, failed, or may or may
+answer with nothing pending or to another question, a cancelled, superseded or
+expired request, a step that completed without a reply of its own, failed, or may or may
 not have taken effect, and a turn that reached its agent's ``max_rounds``. Each
 situation is one method of :class:`Replies`. To word them yourself (another
 language, your product's tone, a support link), subclass it, override the methods
@@ -68,6 +68,22 @@ class Replies:
         return (
             "That request changed since it was shown, so nothing was done. The question "
             f"waiting for an answer is: {pending.prompt}"
+        )
+
+    def expired(self, interaction: Interaction) -> str:
+        """``interaction`` was not answered by its ``expires_at``: it is closed, and its
+        request was not carried out (an accept that came too late included)."""
+        return (
+            "That request expired before it was confirmed, so nothing was done. Ask again "
+            "if you still want it."
+        )
+
+    def edit_refused(self, pending: Interaction, step: StepResult) -> str:
+        """An accept edited ``pending``'s held input (``Answer(input=...)``) into something
+        that cannot run (``step.error`` says why); nothing ran and ``pending`` still waits."""
+        return (
+            "Those changes could not be used, so nothing was done. The question waiting for "
+            f"an answer is still: {pending.prompt}"
         )
 
     def cancelled(self, interaction: Interaction) -> str:

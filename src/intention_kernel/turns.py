@@ -32,6 +32,7 @@ __all__ = [
     "TurnCommit",
     "TurnResult",
     "TurnScope",
+    "committed_event",
     "decode_result",
     "encode_result",
     "kernel_event_namespace",
@@ -78,7 +79,12 @@ class StepStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """One executed or planned agenda item of a turn."""
+    """One executed or planned agenda item of a turn.
+
+    ``proposed_input`` and ``approved_input`` are set on the step of a confirmed
+    operation whose held input the approver edited (``Answer(input=...)``): what was
+    proposed and shown, and what was approved and ran. ``None`` otherwise.
+    """
 
     step_id: str
     capability_id: str
@@ -86,6 +92,8 @@ class StepResult:
     value: Any = None
     error: str | None = None
     receipt_ids: tuple[str, ...] = ()
+    proposed_input: dict[str, Any] | None = None
+    approved_input: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +135,20 @@ class EventDraft:
     type: str
     payload: Any = None
     id: str = field(default_factory=lambda: "evt_" + os.urandom(16).hex())
+
+
+def committed_event(version: int, steps: Sequence[StepResult]) -> EventDraft:
+    """The ``turn.committed`` event of a turn that commits checkpoint ``version``."""
+    return EventDraft(
+        "turn.committed",
+        {
+            "version": version,
+            "steps": [
+                {"step_id": s.step_id, "capability_id": s.capability_id, "status": str(s.status)}
+                for s in steps
+            ],
+        },
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from intention_kernel import __version__
-from intention_kernel.cli import demo, deploy, outbox, prune, receipts, serve
+from intention_kernel.cli import demo, deploy, interactions, outbox, prune, receipts, serve
 from intention_kernel.cli._help import Group
 
 __all__ = ["GROUPS", "app"]
@@ -25,6 +25,7 @@ GROUPS: tuple[Callable[[typer.Typer], None], ...] = (
     outbox.register,
     deploy.register,
     prune.register,
+    interactions.register,
 )
 
 app = typer.Typer(

@@ -49,7 +49,7 @@ from intention_kernel.operations import (
     migrate_checkpoints,
 )
 
-__all__ = ["register"]
+__all__ = ["refusals", "register", "run_operation"]
 
 REASONS = {
     "newer_revision": "newer schema revision",
@@ -76,7 +76,7 @@ def check(
         loaded = load_agent(agent, db_url=url)
     except ValueError as exc:
         refuse(str(exc))
-    report: CheckReport = _run(url, lambda s: check_checkpoints(s, loaded))
+    report: CheckReport = run_operation(url, lambda s: check_checkpoints(s, loaded))
     if as_json:
         typer.echo(
             json.dumps(
@@ -109,7 +109,7 @@ def check(
             counts.add_row(Text(f"{fingerprint}{mark}"), Text(str(n)))
         out.print(counts)
         if not report.ok:
-            _refusals(out, report.refused, "refused by this agent")
+            refusals(out, report.refused, "refused by this agent")
         elif report.threads:
             out.print(Text.assemble(("ok:", "green"), " the agent accepts every stored thread"))
     if report.threads == 0:  # the store exists (see existing_store), but is it the right one?
@@ -131,17 +131,17 @@ def migrate(
     ] = 100,
 ) -> None:
     """Upgrade checkpoints of older schema revisions in place, in batches, resumably."""
-    report: MigrationReport = _run(
+    report: MigrationReport = run_operation(
         resolve_db_url(db), lambda s: migrate_checkpoints(s, batch=batch)
     )
     out = console()
     out.print(f"migrated {report.migrated} thread(s) to schema revision {report.revision}")
     if report.failed:
-        _refusals(out, report.failed, "left as they were (run again to retry)")
+        refusals(out, report.failed, "left as they were (run again to retry)")
         raise typer.Exit(EXIT_FAILED)
 
 
-def _refusals(out: Console, refused: Any, title: str) -> None:
+def refusals(out: Console, refused: Any, title: str) -> None:
     print_records(
         out,
         f"{len(refused)} thread(s) {title}",
@@ -155,7 +155,7 @@ def _refusals(out: Console, refused: Any, title: str) -> None:
     )
 
 
-def _run(url: str, action: Any) -> Any:
+def run_operation(url: str, action: Any) -> Any:
     opened = existing_store(url)
 
     async def go() -> Any:

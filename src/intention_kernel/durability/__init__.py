@@ -63,16 +63,20 @@ Adapters: ``InMemoryDurability`` (``intention_kernel.testing``), ``SQLiteDurabil
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Protocol, Self
-from urllib.parse import unquote
 
 from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.durability._options import check_seconds, take_url_options
 from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
 from intention_kernel.turns import OutboxEvent, TurnCommit, TurnResult, TurnScope
 
 __all__ = ["Durability", "TurnOperation", "TurnTransaction", "open_durability"]
+
+# The former names of the option checks, which adapters now import from ``_options``.
+_check_seconds = check_seconds
+_take_url_options = take_url_options
 
 
 class TurnTransaction(Protocol):
@@ -193,28 +197,6 @@ def open_durability(
     raise ValueError(f"unknown durability scheme {scheme!r} in {url!r}")
 
 
-def _take_url_options(url: str, names: Collection[str]) -> tuple[str, dict[str, str]]:
-    """Split the query parameters called ``names`` off ``url``: the URL without them
-    (every other parameter kept byte for byte, so that libpq decodes it as it would
-    have) and their percent-decoded values. A parameter given twice is a ``ValueError``.
-    """
-    base, sep, query = url.partition("?")
-    if not sep:
-        return url, {}
-    kept: list[str] = []
-    taken: dict[str, str] = {}
-    for item in query.split("&"):
-        name, _, value = item.partition("=")
-        key = unquote(name)
-        if key not in names:
-            kept.append(item)
-        elif key in taken:
-            raise ValueError(f"the durability URL gives {key}= twice")
-        else:
-            taken[key] = unquote(value)
-    return base + ("?" + "&".join(kept) if kept else ""), taken
-
-
 def _seconds(name: str, text: str) -> float:
     try:
         value = float(text)
@@ -223,15 +205,3 @@ def _seconds(name: str, text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name}= in the durability URL must be a number of seconds, got {text!r}")
     return value
-
-
-def _check_seconds(name: str, value: float) -> float:
-    """``value`` if it is a finite, non-negative number of seconds; ``ValueError`` otherwise.
-
-    Every adapter checks its waits with this: NaN compares false with everything, so a
-    wait of NaN seconds never ends, and neither does an infinite one."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must not be negative, got {value!r}")
-    return float(value)

@@ -1,28 +1,52 @@
-"""Row codecs shared by the SQL adapters: receipts, resolutions and outbox events.
+"""Row codecs shared by the SQL adapters: receipts, resolutions, outbox events, threads.
 
-Adapters differ in column order and driver types, not in what a stored value
-means; decoding lives here once, and every decoding failure becomes
-``CorruptRecordError`` naming the row.
+Adapters differ in placeholders and driver types, not in what a stored value means:
+encoding and decoding live here once, and every decoding failure becomes
+``CorruptRecordError`` naming the row. Time is the one driver-specific type: SQLite
+stores it as text, PostgreSQL as ``timestamptz``, so each adapter passes its own
+``stamp`` (to the stored form) and ``parse_time`` (back to an aware ``datetime``).
+The errors that refuse a write whose fence moved are built here too, so that both
+adapters say the same thing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from intention_kernel._json import dump_value, load_value
-from intention_kernel.effects import Receipt, ReceiptStatus, Resolution
-from intention_kernel.errors import CorruptRecordError
+from intention_kernel.durability.abc import OutboxDelivery, StoredThread, TurnRecord
+from intention_kernel.effects import Receipt, ReceiptStatus, Resolution, utcnow
+from intention_kernel.errors import CorruptRecordError, FencedCommitError
 from intention_kernel.turns import OutboxEvent
 
 __all__ = [
+    "OUTBOX_COLUMNS",
+    "RECEIPT_COLUMNS",
+    "decode_delivery_row",
     "decode_event",
+    "decode_event_row",
     "decode_receipt",
+    "decode_receipt_row",
     "dump_optional",
     "dump_resolution",
+    "fenced",
+    "receipt_moved",
+    "receipt_params",
     "select_receipts",
+    "stored_thread",
 ]
+
+#: The receipt columns both adapters write and read, in ``Receipt`` field order, so that
+#: a row maps onto the dataclass positionally (``decode_receipt_row``).
+RECEIPT_COLUMNS = (
+    "id, thread_id, key, status, turn_id, step_id, attempt, value, error, "
+    "created_at, updated_at, resolution, announced, tenant_id"
+)
+#: An outbox event's columns as ``decode_event_row`` reads them; a delivery adds
+#: ``attempts, last_error, retry_at``.
+OUTBOX_COLUMNS = "id, position, thread_id, turn_id, seq, type, payload, created_at"
 
 
 def select_receipts(columns: str) -> str:
@@ -138,3 +162,110 @@ def decode_event(
             thread_id=thread_id,
         ) from exc
     return OutboxEvent(id, position, thread_id, turn_id, seq, type, data, created_at)
+
+
+def receipt_params(r: Receipt, stamp: Callable[[datetime], Any]) -> dict[str, Any]:
+    """A receipt's stored column values by column name; ``stamp`` turns a time into
+    what the driver stores. A receipt not yet stamped is stamped now."""
+    return {
+        "id": r.id,
+        "thread_id": r.thread_id,
+        "key": r.key,
+        "status": str(r.status),
+        "turn_id": r.turn_id,
+        "step_id": r.step_id,
+        "attempt": r.attempt,
+        "value": dump_optional(r.value),
+        "error": r.error,
+        "created_at": stamp(r.created_at or utcnow()),
+        "updated_at": stamp(r.updated_at or utcnow()),
+        "resolution": dump_resolution(r.resolution),
+        "announced": r.announced,
+        "tenant_id": r.tenant_id,
+    }
+
+
+def decode_receipt_row(
+    row: Sequence[Any] | None, parse_time: Callable[[Any], datetime]
+) -> Receipt | None:
+    """A receipt from a row of ``select_receipts(RECEIPT_COLUMNS)`` (``None`` for none)."""
+    if row is None:
+        return None
+    try:
+        created_at, updated_at = parse_time(row[9]), parse_time(row[10])
+    except (TypeError, ValueError) as exc:
+        raise CorruptRecordError(
+            f"receipt row for key {row[2]!r} on thread {row[1]!r} has a bad timestamp: {exc}",
+            thread_id=row[1],
+            key=row[2],
+        ) from exc
+    return decode_receipt(
+        id=row[0],
+        thread_id=row[1],
+        key=row[2],
+        status=row[3],
+        turn_id=row[4],
+        step_id=row[5],
+        attempt=row[6],
+        value=row[7],
+        error=row[8],
+        created_at=created_at,
+        updated_at=updated_at,
+        resolution=row[11],
+        announced=row[12],
+        tenant_id=row[13],
+        announced_by_turn=row[14],
+    )
+
+
+def decode_event_row(row: Sequence[Any], parse_time: Callable[[Any], datetime]) -> OutboxEvent:
+    """An event from its ``OUTBOX_COLUMNS``."""
+    return decode_event(
+        id=row[0],
+        position=row[1],
+        thread_id=row[2],
+        turn_id=row[3],
+        seq=row[4],
+        type=row[5],
+        payload=row[6],
+        created_at=parse_time(row[7]),
+    )
+
+
+def decode_delivery_row(
+    row: Sequence[Any], parse_time: Callable[[Any], datetime]
+) -> OutboxDelivery:
+    """An unpublished event from its ``OUTBOX_COLUMNS`` and its publication state."""
+    retry_at = None if row[10] is None else parse_time(row[10])
+    return OutboxDelivery(decode_event_row(row, parse_time), row[8], row[9], retry_at)
+
+
+def stored_thread(
+    version: int,
+    tenant_id: str | None,
+    checkpoint: str | None,
+    messages: Sequence[str] | None = None,
+    facts: Sequence[Sequence[str]] | None = None,
+) -> StoredThread:
+    """A thread row and its checkpoint's rows (``facts`` as key, body pairs)."""
+    pairs = [(key, body) for key, body in facts or ()]
+    return StoredThread(version, tenant_id, checkpoint, messages or (), pairs)
+
+
+def fenced(record: TurnRecord, why: str) -> FencedCommitError:
+    """The refusal of a turn commit whose fence moved while the turn ran."""
+    return FencedCommitError(
+        f"turn {record.turn_id!r} of thread {record.thread_id!r} was not committed: {why} "
+        "while it ran",
+        thread_id=record.thread_id,
+        turn_id=record.turn_id,
+    )
+
+
+def receipt_moved(receipt: Receipt) -> FencedCommitError:
+    """The refusal of a receipt write whose compare-and-set found another state."""
+    return FencedCommitError(
+        f"receipt {receipt.key!r} on thread {receipt.thread_id!r} changed while its effect ran",
+        thread_id=receipt.thread_id,
+        key=receipt.key,
+    )

@@ -19,6 +19,7 @@ from intention_kernel._ids import MAX_ID_BYTES, MAX_ID_LENGTH, check_id
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
 from intention_kernel.durability.contract import (
     EffectRecorder,
+    Expirable,
     InteractionQueue,
     MaintenanceRecorder,
     Migratable,
@@ -55,6 +56,7 @@ __all__ = [
     "CheckpointRewrite",
     "Durability",
     "EffectRecorder",
+    "Expirable",
     "InteractionQueue",
     "MaintenanceRecorder",
     "Migratable",

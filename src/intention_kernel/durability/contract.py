@@ -46,6 +46,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = [
     "EffectRecorder",
+    "Expirable",
     "InteractionQueue",
     "MaintenanceRecorder",
     "Migratable",
@@ -314,6 +315,12 @@ class Migratable(Protocol):
         """Drop any decoded copy of the thread's checkpoint held in memory: a migration
         rewrote it in place at the same version, so the version no longer tells."""
         ...
+
+
+class Expirable(Durability, Protocol):
+    """What the expiry sweep needs from a durability: turns, and the interaction scan."""
+
+    async def recorder(self) -> MaintenanceRecorder: ...
 
 
 @runtime_checkable

@@ -87,21 +87,43 @@ class AnswerBody(_Body):
     """An answer to a pending interaction (``interaction_id`` omitted: the active one).
 
     ``reason`` explains a reject; ``digest`` binds the answer to the operation shown
-    (the interaction's ``digest``). ``actor`` is the token's principal: the host sets
-    it, and refuses one sent that names anyone else."""
+    (the interaction's ``digest``). ``input`` edits the held input of the operation an
+    accept approves (validated by the kernel against the capability's input schema).
+    ``actor`` is the token's principal: the host sets it, and refuses one sent that
+    names anyone else. An ``input`` goes with an accept: the schema says so (``if``
+    the decision is ``reject``, ``then`` no input), and the body is refused otherwise."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"decision": {"const": "reject"}}, "required": ["decision"]},
+            "then": {"properties": {"input": {"type": "null"}}},
+        }
+    )
 
     interaction_id: Id | None = None
     decision: Literal["accept", "reject"]
     value: JsonValue = None
+    input: dict[str, JsonValue] | None = None
     reason: Annotated[str, Field(max_length=MAX_ANSWER_TEXT)] | None = None
     actor: Annotated[str, Field(max_length=MAX_ANSWER_TEXT)] | None = None
     digest: Annotated[str, Field(max_length=MAX_ANSWER_TEXT)] | None = None
+
+    @pydantic.field_validator("input")
+    @classmethod
+    def _input_goes_with_an_accept(
+        cls, value: dict[str, Any] | None, info: pydantic.ValidationInfo
+    ) -> dict[str, Any] | None:
+        # ``decision`` is declared before ``input``, so it is validated first.
+        if value is not None and info.data.get("decision") == "reject":
+            raise ValueError("an answer's input edits the operation an accept approves")
+        return value
 
     def to_answer(self, actor: str) -> Answer:
         return Answer(
             self.interaction_id,
             self.decision,
             self.value,
+            input=self.input,
             reason=self.reason,
             actor=actor,
             digest=self.digest,

@@ -10,6 +10,7 @@ by ``with_turn``.
 from __future__ import annotations
 
 from intention_kernel.agent import CompiledAgent
+from intention_kernel.deadlines import Clock, overdue, read_clock
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.interpretation import Answer, Interpretation
 from intention_kernel.runtime.answer import handle_answer
@@ -23,8 +24,16 @@ from intention_kernel.turns import StepResult, TurnCommit
 __all__ = ["TurnRequest", "run_turn"]
 
 
-async def run_turn(agent: CompiledAgent, tx: TurnTransaction, request: TurnRequest) -> TurnCommit:
-    state = TurnState(agent, tx, request)
+async def run_turn(
+    agent: CompiledAgent, tx: TurnTransaction, request: TurnRequest, clock: Clock
+) -> TurnCommit:
+    # Read under the thread's lock (``with_turn`` calls the operation holding it), so
+    # no other turn or sweep decides this thread's deadlines meanwhile.
+    state = TurnState(agent, tx, request, read_clock(clock))
+    if state.interaction is not None and overdue(state.interaction, state.now):
+        # Before interpretation: the interpreter never sees an expired question as
+        # pending, and a late accept finds it closed (``handle_answer``).
+        state.expire_interaction()
     interpretation = await interpret(state)
     answer_step, proceed = await _answer(state, interpretation)
     if proceed:

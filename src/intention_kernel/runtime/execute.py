@@ -19,6 +19,7 @@ from intention_kernel import _tracing
 from intention_kernel._json import normalize, storable_text, text_problem
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
+from intention_kernel.deadlines import deadline
 from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
 from intention_kernel.errors import (
     CapabilityError,
@@ -49,12 +50,16 @@ def execute(
     item: AgendaItem,
     parsed: Any,
     answer: Answer | None = None,
+    *,
+    proposed: dict[str, Any] | None = None,
 ) -> Coroutine[Any, Any, StepResult]:
     """Run ``cap`` for ``item`` and fold the outcome into ``state`` (await the result).
-    An untraced turn runs the step directly, without a span's frame around it."""
+    An untraced turn runs the step directly, without a span's frame around it.
+    ``proposed`` is the input that was proposed when the approver edited it into
+    ``item.input``: the step records both."""
     if not state.traced:
-        return _execute(state, cap, item, parsed, answer)
-    return _traced(state, cap, item, parsed, answer)
+        return _execute(state, cap, item, parsed, answer, proposed)
+    return _traced(state, cap, item, parsed, answer, proposed)
 
 
 async def _traced(
@@ -63,6 +68,7 @@ async def _traced(
     item: AgendaItem,
     parsed: Any,
     answer: Answer | None,
+    proposed: dict[str, Any] | None,
 ) -> StepResult:
     with _tracing.span(
         "intention_kernel.step",
@@ -71,7 +77,7 @@ async def _traced(
         step_id=item.step_id,
         capability_id=cap.id,
     ) as span:
-        result = await _execute(state, cap, item, parsed, answer)
+        result = await _execute(state, cap, item, parsed, answer, proposed)
         _tracing.annotate(span, step_status=str(result.status))
     return result
 
@@ -82,8 +88,9 @@ async def _execute(
     item: AgendaItem,
     parsed: Any,
     answer: Answer | None,
+    proposed: dict[str, Any] | None,
 ) -> StepResult:
-    step = _Step(state, cap, item)
+    step = _Step(state, cap, item, proposed)
     ctx = CapabilityContext(
         thread_id=state.scope.thread_id,
         turn_id=state.scope.turn_id,
@@ -139,10 +146,17 @@ class _Step:
     chosen: a call may end after the turn committed, and then nothing announces it.
     """
 
-    def __init__(self, state: TurnState, cap: Capability, item: AgendaItem) -> None:
+    def __init__(
+        self,
+        state: TurnState,
+        cap: Capability,
+        item: AgendaItem,
+        proposed: dict[str, Any] | None = None,
+    ) -> None:
         self.state = state
         self.cap = cap
         self.item = item
+        self.proposed = proposed
         self.receipts: list[Receipt] = []
         self.effect_events: list[EventDraft] = []
         self.emitted: list[EventDraft] = []
@@ -340,6 +354,8 @@ class _Step:
             value=value,
             error=error,
             receipt_ids=tuple(dict.fromkeys(r.id for r in self.receipts)),
+            proposed_input=self.proposed,
+            approved_input=self.item.input if self.proposed is not None else None,
         )
         state = self.state
         state.add_step(step)
@@ -386,6 +402,9 @@ class _Step:
             )
         state.events.extend(self.emitted)
         if result.confirmation is not None:
+            within = result.confirmation.expires_in
+            if within is None:
+                within = cap.confirm_within
             interaction = Interaction(
                 id=state.new_interaction_id(),
                 kind="capability",
@@ -395,6 +414,7 @@ class _Step:
                 details=details,
                 step_id=self.item.step_id,
                 turn_id=state.scope.turn_id,
+                expires_at=deadline(state.now, within),
             )
             item = AgendaItem(
                 self.item.step_id, cap.id, self.item.input, state.scope.turn_id, interaction.id

@@ -11,6 +11,7 @@ Everything else runs now.
 from __future__ import annotations
 
 from intention_kernel.checkpoint import AgendaItem, Interaction
+from intention_kernel.deadlines import deadline
 from intention_kernel.errors import CapabilityError, InvalidInputError, UnknownCapabilityError
 from intention_kernel.interpretation import Intent
 from intention_kernel.runtime.execute import execute
@@ -54,6 +55,7 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
             prompt=cap.render_prompt(parsed, canonical),
             step_id=step_id,
             turn_id=state.scope.turn_id,
+            expires_at=deadline(state.now, cap.confirm_within),
         )
         state.open_interaction(
             AgendaItem(step_id, cap.id, canonical, state.scope.turn_id, interaction.id),

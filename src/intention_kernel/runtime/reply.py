@@ -5,7 +5,7 @@ from __future__ import annotations
 from intention_kernel.checkpoint import KernelCheckpoint, Message, current_revision
 from intention_kernel.interpretation import Interpretation
 from intention_kernel.runtime.state import TurnState
-from intention_kernel.turns import TurnCommit, TurnResult
+from intention_kernel.turns import TurnCommit, TurnResult, committed_event
 
 __all__ = ["finish"]
 
@@ -54,14 +54,5 @@ def finish(
         facts=tuple(state.recorded),
         checkpoint_version=version,
     )
-    state.emit(
-        "turn.committed",
-        {
-            "version": version,
-            "steps": [
-                {"step_id": s.step_id, "capability_id": s.capability_id, "status": str(s.status)}
-                for s in state.steps
-            ],
-        },
-    )
+    state.events.append(committed_event(version, state.steps))
     return TurnCommit(result, checkpoint, tuple(state.events), tuple(state.announced))

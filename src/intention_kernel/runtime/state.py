@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from intention_kernel import _tracing
@@ -22,6 +23,7 @@ from intention_kernel.checkpoint import (
     ReceiptRef,
     check_compatible,
 )
+from intention_kernel.deadlines import expired_event, expired_step
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.facts import FactRecord, FactTable
 from intention_kernel.interpretation import Answer
@@ -45,9 +47,15 @@ class TurnRequest:
 
 
 class TurnState:
-    """Accumulates one turn's work; see the module docstring."""
+    """Accumulates one turn's work; see the module docstring.
 
-    def __init__(self, agent: CompiledAgent, tx: TurnTransaction, request: TurnRequest) -> None:
+    ``now`` is the turn's time, read once from the kernel's clock while the turn holds
+    the thread's lock: every deadline the turn opens or judges is measured from it.
+    """
+
+    def __init__(
+        self, agent: CompiledAgent, tx: TurnTransaction, request: TurnRequest, now: datetime
+    ) -> None:
         scope = tx.scope
         previous = tx.checkpoint
         if previous is not None:
@@ -61,6 +69,7 @@ class TurnState:
         self.tx = tx
         self.scope: TurnScope = scope
         self.request = request
+        self.now = now
         # Tested for ``None`` where an event would be reported: nothing else when unstreamed.
         self.sink = request.sink
         self.previous: KernelCheckpoint | None = previous
@@ -68,6 +77,8 @@ class TurnState:
         self.facts = FactTable(previous.facts if previous else {})
         self.agenda: list[AgendaItem] = list(previous.agenda) if previous else []
         self.interaction: Interaction | None = previous.interaction if previous else None
+        #: The interaction this turn found overdue and closed (see :meth:`expire_interaction`).
+        self.expired: Interaction | None = None
         # The receipt index: the loaded one, and the entries noted in this turn (which
         # move to its end); ``finish`` merges them, so an untouched index is not copied.
         self.receipts: tuple[ReceiptRef, ...] = previous.receipts if previous else ()
@@ -121,6 +132,11 @@ class TurnState:
                 "capability_id": interaction.capability_id,
                 "step_id": interaction.step_id,
                 "prompt": interaction.prompt,
+                **(
+                    {"expires_at": interaction.expires_at.isoformat()}
+                    if interaction.expires_at is not None
+                    else {}
+                ),
             },
         )
 
@@ -146,11 +162,18 @@ class TurnState:
             self.replies[line] = self.agent.agent.replies.superseded(active)
 
     def close_interaction(
-        self, resolution: str, *, actor: str | None = None, reason: str | None = None
+        self,
+        resolution: str,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        approved_input: dict[str, Any] | None = None,
     ) -> AgendaItem | None:
         """Resolve the active interaction and take its planned operation off the agenda.
 
-        ``actor`` and ``reason`` (the answer's) are in the event's payload when given."""
+        ``actor`` and ``reason`` (the answer's) are in the event's payload when given;
+        so are ``proposed_input`` and ``approved_input`` when the approver edited the
+        held input into ``approved_input``."""
         active = self.interaction
         if active is None:
             return None
@@ -167,8 +190,24 @@ class TurnState:
             payload["actor"] = actor
         if reason is not None:
             payload["reason"] = reason
+        if approved_input is not None:
+            payload["proposed_input"] = active.input
+            payload["approved_input"] = approved_input
         self.emit("interaction.resolved", payload)
         return item
+
+    def expire_interaction(self) -> None:
+        """Close the active interaction as expired (it is overdue at ``now``): its held
+        operation leaves the agenda unrun, its step is ``rejected``, the reply says so
+        and ``interaction.expired`` is emitted (no ``interaction.resolved``)."""
+        active = self.interaction
+        assert active is not None
+        self.agenda = [a for a in self.agenda if a.interaction_id != active.id]
+        self.interaction = None
+        self.expired = active
+        self.events.append(expired_event(active))
+        self.add_step(expired_step(active))
+        self.replies.append(self.agent.agent.replies.expired(active))
 
     @staticmethod
     def new_interaction_id() -> str:

@@ -12,6 +12,7 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal
 
 import pydantic
@@ -76,9 +77,11 @@ def billing_agent(
     max_receipts: int = 100,
     compatible_fingerprints: Sequence[str] = (),
     interpreter: ScriptedInterpreter | None = None,
+    confirm_within: timedelta | None = None,
 ) -> Agent:
     """Reads (``billing.balance``), a confirmed write (``payments.charge``), a write that
-    confirms on its own (``payments.refund``) and a misbehaving read (``billing.peek``)."""
+    confirms on its own (``payments.refund``) and a misbehaving read (``billing.peek``).
+    ``confirm_within`` is the deadline of both writes' confirmations (none by default)."""
 
     @capability("billing.balance", description="Amount due")
     async def balance(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
@@ -92,6 +95,7 @@ def billing_agent(
         effect="write",
         description="Charge a payment intent",
         prompt="Charge {amount} to {payment_intent_id}?",
+        confirm_within=confirm_within,
     )
     async def charge(input: ChargeInput, ctx: CapabilityContext) -> CapabilityResult:
         pi = input.payment_intent_id
@@ -106,7 +110,12 @@ def billing_agent(
             reply=f"Charged {input.amount} to {pi}.",
         )
 
-    @capability("payments.refund", effect="write", confirmation="capability")
+    @capability(
+        "payments.refund",
+        effect="write",
+        confirmation="capability",
+        confirm_within=confirm_within,
+    )
     async def refund(input: RefundInput, ctx: CapabilityContext) -> CapabilityResult:
         """Refund part of a charge."""
         if ctx.answer is None:

@@ -114,6 +114,11 @@ function renderInteraction(interaction) {
   $("confirmation-input").textContent = Object.entries(interaction.input)
     .map(([key, value]) => `${key}: ${compact(value)}`)
     .join("\n");
+  // The deadline (UTC in the JSON), in the reader's local time; an answer after it runs nothing.
+  const expires = interaction.expires_at ? new Date(interaction.expires_at) : null;
+  $("confirmation-expires-label").hidden = !expires;
+  $("confirmation-expires").hidden = !expires;
+  $("confirmation-expires").textContent = expires ? expires.toLocaleString() : "";
 }
 
 function renderFacts(facts) {
@@ -279,7 +284,10 @@ function renderQueue(receipts, interactions) {
       item.dataset.thread = pending.thread_id;
       item.querySelector(".prompt").textContent = pending.interaction.prompt;
       item.querySelector(".capability").textContent =
-        `${pending.interaction.capability_id} · ${pending.interaction.kind} · v${pending.version}`;
+        `${pending.interaction.capability_id} · ${pending.interaction.kind} · v${pending.version}` +
+        (pending.interaction.expires_at
+          ? ` · answer by ${new Date(pending.interaction.expires_at).toLocaleString()}`
+          : "");
       item.querySelector(".thread-link").replaceWith(threadLink(pending.thread_id));
       return item;
     }),

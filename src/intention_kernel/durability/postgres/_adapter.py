@@ -1,0 +1,102 @@
+"""``PostgresDurability``: the adapter class, its options and their checks."""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from intention_kernel.durability._options import check_seconds, take_url_options
+from intention_kernel.durability.abc import RecordedDurability
+from intention_kernel.durability.postgres._recorder import PostgresRecorder
+from intention_kernel.errors import StoreError
+
+__all__ = ["DEFAULT_LOCK_TIMEOUT", "DEFAULT_SCHEMA", "URL_OPTIONS", "PostgresDurability"]
+
+DEFAULT_SCHEMA = "intention_kernel"
+DEFAULT_LOCK_TIMEOUT = 30.0
+#: Query parameters of a ``postgresql://`` URL that ``open_durability`` takes for the
+#: adapter (they are not libpq's, which refuses unknown ones).
+URL_OPTIONS = ("schema", "lock_timeout")
+
+
+class PostgresDurability(RecordedDurability):
+    """Durability on PostgreSQL, shared safely by any number of workers and hosts.
+
+    - ``dsn``: a libpq connection string or URL (``postgresql://user@host/db``), parsed
+      at once: one libpq cannot parse raises ``StoreError`` here, not after
+      ``pool_timeout``. (``schema=`` and ``lock_timeout=`` as URL parameters are
+      :func:`~intention_kernel.durability.open_durability`'s; here they are arguments.)
+    - ``schema``: the PostgreSQL schema (namespace) holding the adapter's tables,
+      created and migrated on first use.
+    - ``lock_timeout``: how long a turn waits for a busy thread before
+      ``ThreadBusyError``.
+    - ``min_pool_size`` / ``max_pool_size``: the connection pool. Each in-flight
+      turn holds one session from its lock to its commit, so ``max_pool_size``
+      bounds the concurrent turns of this adapter.
+    - ``pool_timeout``: how long to wait for a free session (and, unless
+      ``connect_timeout`` is given, to connect); a turn's wait for a session is bounded
+      by this, not by ``lock_timeout``, so a turn on an idle thread never fails because
+      the pool was busy for less.
+    - ``connect_timeout``: how long opening the adapter waits to reach the server, and
+      libpq's bound on each connection attempt (whole seconds, at least 2); the CLI
+      passes a short one, so that an unreachable server is reported at once.
+
+    Each is finite, non-negative seconds (``pool_timeout`` and ``connect_timeout``
+    more than 0); NaN, infinity and negative values are refused with ``ValueError``.
+
+    Session-level advisory locks need a real session per client: behind a pooler
+    such as PgBouncer, use session pooling, not transaction pooling.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        min_pool_size: int = 1,
+        max_pool_size: int = 10,
+        pool_timeout: float = 30.0,
+        connect_timeout: float | None = None,
+    ) -> None:
+        if not schema or "\x00" in schema or len(schema.encode()) > 63:
+            raise ValueError(f"not a PostgreSQL schema name: {schema!r}")
+        if not 0 <= min_pool_size <= max_pool_size or max_pool_size < 1:
+            raise ValueError("need 0 <= min_pool_size <= max_pool_size and max_pool_size >= 1")
+        lock_timeout = check_seconds("lock_timeout", lock_timeout)
+        if not check_seconds("pool_timeout", pool_timeout):
+            raise ValueError("pool_timeout must be more than 0 seconds")
+        if connect_timeout is not None and not check_seconds("connect_timeout", connect_timeout):
+            raise ValueError("connect_timeout must be more than 0 seconds")
+        _check_dsn(dsn)
+        self.schema = schema
+        super().__init__(
+            PostgresRecorder(
+                dsn,
+                schema,
+                lock_timeout,
+                (min_pool_size, max_pool_size),
+                pool_timeout,
+                connect_timeout,
+            )
+        )
+
+
+def _check_dsn(dsn: str) -> None:
+    """Refuse a connection string libpq cannot parse, at once: the pool would otherwise
+    retry it until ``pool_timeout`` and then report a server it could not reach."""
+    if "://" in dsn:
+        try:
+            _, ours = take_url_options(dsn, URL_OPTIONS)
+        except ValueError as exc:
+            raise StoreError(str(exc)) from exc
+        if ours:
+            raise StoreError(
+                f"{', '.join(f'{name}=' for name in ours)} in a PostgreSQL URL is understood "
+                "by open_durability(); PostgresDurability takes it as an argument "
+                "(schema=..., lock_timeout=...), and libpq refuses it"
+            )
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise StoreError(f"not a valid PostgreSQL connection string: {str(exc).strip()}") from exc

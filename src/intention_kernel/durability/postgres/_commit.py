@@ -1,0 +1,186 @@
+"""The PostgreSQL turn commit: one statement, built from the parts a turn needs."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from intention_kernel.durability.abc import TurnRecord
+
+__all__ = ["COMMIT_PARTS", "commit_parts", "commit_statement"]
+
+# First commit of a thread. A row may already exist at version 0 (operator events
+# only); anything above 0 means another turn committed first, so the WHERE refuses
+# (under READ COMMITTED a concurrent first commit is waited for, then re-checked).
+UPSERT_THREAD = """
+    INSERT INTO ik_threads (thread_id, tenant_id, version, schema_revision, fingerprint,
+                            checkpoint, next_seq, updated_at, message_seq)
+    VALUES (%(thread_id)s, %(tenant_id)s, %(version)s, %(schema_revision)s, %(fingerprint)s,
+            %(checkpoint)s, 1 + %(events)s, %(created_at)s, %(appended)s)
+    ON CONFLICT (thread_id) DO UPDATE SET
+        tenant_id = excluded.tenant_id, version = excluded.version,
+        schema_revision = excluded.schema_revision, fingerprint = excluded.fingerprint,
+        checkpoint = excluded.checkpoint, next_seq = ik_threads.next_seq + %(events)s,
+        updated_at = excluded.updated_at,
+        message_seq = ik_threads.message_seq + %(appended)s
+    WHERE ik_threads.version = 0
+    RETURNING next_seq, message_seq
+"""
+# Later commits: fenced on the version (and owner) this turn loaded.
+UPDATE_THREAD = """
+    UPDATE ik_threads
+    SET version = %(version)s, schema_revision = %(schema_revision)s,
+        fingerprint = %(fingerprint)s, checkpoint = %(checkpoint)s,
+        next_seq = next_seq + %(events)s, updated_at = %(created_at)s,
+        message_seq = message_seq + %(appended)s
+    WHERE thread_id = %(thread_id)s AND version = %(expected_version)s
+      AND tenant_id IS NOT DISTINCT FROM %(tenant_id)s
+    RETURNING next_seq, message_seq
+"""
+# A whole commit in one statement, hence one transaction and one round trip. The
+# turn and its events are inserted only from the thread row the compare-and-set
+# returned: a fenced commit writes nothing and returns no row; a turn ID committed
+# meanwhile violates ``ik_turns_pkey`` and aborts the statement.
+#
+# The commit also hands the thread lock over to its own transaction, which saves
+# the turn a separate UNLOCK round trip: it takes the same advisory key at
+# transaction level (granted at once, the session holding it already), then drops
+# the session-level hold. The server releases a transaction's locks only after its
+# commit is durable and visible to new snapshots (or after its rollback), so the
+# next holder of the thread always reads this turn. Dropping the session hold
+# before taking the transaction one would let another worker lock the thread and
+# read it without this commit (to be fenced later); the ``xact_lock`` CTE is
+# materialized, and the unlock reads it, so that the order is fixed. The unlock
+# also reads ``turn``, so that it runs only once the turn row is in: the usual
+# failure (the turn ID committed meanwhile) leaves the session lock as it was,
+# for ``_release``. ``released`` says whether the session hold was dropped. Parameters are
+# the ``TurnRecord`` fields, with ``events`` the count and ``event_*`` arrays, and
+# the checkpoint's rows as arrays (see ``TurnRecord``). The parts of one statement
+# share a snapshot: the deletes see only the rows stored before it, never the ones
+# it inserts; a rewrite deletes only the facts it does not upsert again, since one
+# statement must not both delete and insert the same row. Arrays go in binary
+# (``%(...)b``): the text format escapes every quote of every JSON element with a
+# regular expression, which cost more than the round trip.
+#
+# A part with nothing to do in a given turn is left out of its statement (see
+# ``commit_statement``): the server starts every part of a statement it runs, even
+# one whose input is an empty array, and a usual turn writes through six of the ten
+# writing parts (no fact removed, no rewrite, no receipt of another turn to mark).
+COMMIT_HEAD = """
+    WITH xact_lock AS MATERIALIZED (
+        SELECT pg_try_advisory_xact_lock(%(lock)s) AS held
+    ), thread AS ({thread}), turn AS (
+        INSERT INTO ik_turns (thread_id, turn_id, request_digest, version, result, created_at,
+                              announced)
+        SELECT %(thread_id)s, %(turn_id)s, %(request_digest)s, %(version)s, %(result)s,
+               %(created_at)s, %(announced)b::text[]
+        FROM thread
+        RETURNING true AS inserted
+    ), events AS (
+        INSERT INTO ik_outbox (id, thread_id, turn_id, seq, type, payload, created_at)
+        SELECT e.id, %(thread_id)s, %(turn_id)s, thread.next_seq - %(events)s + e.n - 1,
+               e.type, e.payload, %(created_at)s
+        FROM thread, unnest(%(event_ids)b::text[], %(event_types)b::text[],
+                            %(event_payloads)b::text[]) WITH ORDINALITY AS e(id, type, payload, n)
+        ORDER BY e.n  -- so that ``ord`` follows ``seq`` (see SEQUENCE_OUTBOX)
+    )"""
+# Each optional part, in statement order, under the name of what calls for it.
+COMMIT_PARTS = {
+    # A bounded range: the index is not walked through the dead entries that a long
+    # thread's earlier trims leave until vacuum.
+    "trim": """, trimmed_messages AS (
+        DELETE FROM ik_messages m USING thread
+        WHERE m.thread_id = %(thread_id)s
+          AND m.seq > thread.message_seq - %(keep_messages)s - %(trim_messages)s
+          AND m.seq <= thread.message_seq - %(keep_messages)s
+    )""",
+    # Every message and fact row of the thread goes, but the facts the turn writes again
+    # (see above): ``messages`` and ``facts`` are all of them.
+    "rewrite": """, rewritten_messages AS (
+        DELETE FROM ik_messages m USING thread WHERE m.thread_id = %(thread_id)s
+    ), rewritten_facts AS (
+        DELETE FROM ik_facts f USING thread
+        WHERE f.thread_id = %(thread_id)s AND NOT f.key = ANY(%(fact_keys)b::text[])
+    )""",
+    "messages": """, new_messages AS (
+        INSERT INTO ik_messages (thread_id, seq, body)
+        SELECT %(thread_id)s, thread.message_seq - %(appended)s + m.n, m.body
+        FROM thread, unnest(%(messages)b::text[]) WITH ORDINALITY AS m(body, n)
+    )""",
+    # One primary-key probe per key, found in a LATERAL subquery whose LIMIT keeps the
+    # planner from flattening it: the statement runs on a generic plan, and with
+    # ``f.key = ANY(...)`` (a filter) or a plain join (a hash of the thread's rows,
+    # planned while the table was small) it read every fact of the thread at each
+    # commit, a cost growing with the thread.
+    "removed_facts": """, removed_facts AS (
+        DELETE FROM ik_facts f
+        USING thread, unnest(%(removed_facts)b::text[]) AS gone(key), LATERAL (
+            SELECT ctid FROM ik_facts WHERE thread_id = %(thread_id)s AND key = gone.key
+            LIMIT 1) AS found
+        WHERE f.ctid = found.ctid
+    )""",
+    "facts": """, new_facts AS (
+        INSERT INTO ik_facts (thread_id, key, body)
+        SELECT %(thread_id)s, f.key, f.body
+        FROM thread, unnest(%(fact_keys)b::text[], %(fact_bodies)b::text[])
+                     WITH ORDINALITY AS f(key, body, n)
+        ORDER BY f.n  -- so that ``ordinal`` follows the checkpoint's order
+        ON CONFLICT (thread_id, key) DO UPDATE SET body = excluded.body
+    )""",
+    # The effect.completed events of this commit announce these receipts, which another
+    # turn ID completed (the turn row announces the others, see ``TurnRecord``); only
+    # completed ones: any other is not announced, and stays so. Probed like
+    # removed_facts: the generic plan of ``r.key = ANY(...)`` or of a plain join read
+    # every receipt of the thread at each commit, a cost growing with the thread.
+    "mark_announced": """, announced AS (
+        UPDATE ik_receipts r SET announced = r.status = 'completed'
+        FROM thread, unnest(%(mark_announced)b::text[]) AS said(key), LATERAL (
+            SELECT ctid FROM ik_receipts WHERE thread_id = %(thread_id)s AND key = said.key
+            LIMIT 1) AS found
+        WHERE r.ctid = found.ctid
+    )""",
+}
+COMMIT_TAIL = """
+    SELECT next_seq, (SELECT pg_advisory_unlock(%(lock)s) FROM xact_lock, turn
+                      WHERE xact_lock.held AND turn.inserted) AS released
+    FROM thread
+"""
+
+
+@functools.cache
+def commit_statement(first: bool, parts: frozenset[str]) -> str:
+    """The commit of a thread's first turn (``first``) or of a later one, with the
+    optional ``parts`` (keys of ``COMMIT_PARTS``) that the turn needs."""
+    unknown = parts - COMMIT_PARTS.keys()
+    if unknown:
+        raise ValueError(f"unknown commit parts: {sorted(unknown)}")
+    head = COMMIT_HEAD.format(thread=UPSERT_THREAD if first else UPDATE_THREAD)
+    body = "".join(text for name, text in COMMIT_PARTS.items() if name in parts)
+    return _compact(head + body + COMMIT_TAIL)
+
+
+def commit_parts(record: TurnRecord) -> frozenset[str]:
+    return frozenset(
+        name
+        for name, needed in (
+            ("trim", record.trim_messages > 0),
+            ("rewrite", record.rewrite),
+            ("messages", bool(record.messages)),
+            ("removed_facts", bool(record.removed_facts)),
+            ("facts", bool(record.facts)),
+            ("mark_announced", bool(record.mark_announced)),
+        )
+        if needed
+    )
+
+
+def _compact(statement: str) -> str:
+    """``statement`` without its ``--`` comments and runs of whitespace.
+
+    psycopg caches the conversion of a query (placeholders to ``$n``, a regex pass)
+    only for queries of at most 4,096 characters; a longer one is converted again
+    at every execution. So the comments that explain a statement must not make it
+    slower. (None of our statements has ``--`` inside a string literal.)
+    """
+    without_comments = re.sub(r"--[^\n]*", "", statement)
+    return " ".join(without_comments.split())

@@ -1,0 +1,218 @@
+"""The PostgreSQL schema: its migrations, and the turn-start function one of them creates."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from intention_kernel.durability._rows import stored_thread
+from intention_kernel.durability.abc import StoredTurn, ThreadOwner, TurnStart
+
+__all__ = ["BEGIN_TURN", "CHECKPOINT_ROWS", "MIGRATIONS", "START_TURN", "turn_start"]
+
+# A thread's checkpoint rows: messages oldest first, facts as [key, body] pairs in
+# recording order (``ordinal`` survives an upsert). Scalar subqueries in a CASE run
+# only when the branch is taken.
+CHECKPOINT_ROWS = """
+    CASE WHEN {ship} THEN (SELECT array_agg(body ORDER BY seq) FROM ik_messages
+                           WHERE thread_id = {thread_id}) END,
+    CASE WHEN {ship} THEN (SELECT array_agg(ARRAY[key, body] ORDER BY ordinal) FROM ik_facts
+                           WHERE thread_id = {thread_id}) END
+"""
+# A turn's start in one round trip: ``ik_start_turn(lock, thread, turn, known)``.
+#
+# First the committed turn: found, it is returned as it is, without the lock (a
+# replay writes nothing, and a committed turn never changes but for its pruning).
+# Else ``pg_try_advisory_lock``: not granted, no row (the caller waits and calls
+# again). Granted, a second query reads, in one snapshot taken after the lock was
+# granted (a VOLATILE function takes one per query, under READ COMMITTED), what the
+# lock's previous holder committed: the committed turn if it came meanwhile, else the
+# thread row and its checkpoint rows (not shipped for a replay, which never decodes
+# them, nor when the caller holds this version already, ``known``). For a new turn
+# on a thread with no committed turn, also the tenant of its first receipt, as a
+# one-element array (NULL: no receipt), which claimed the thread
+# (``TurnStart.claimed_by``): a probe of the receipts' primary key that the first turn
+# of each thread pays, and no other. ``locked`` says whether the lock was taken. With
+# ``lock`` NULL, only the second query runs (``begin_turn``, under a lock already held).
+#
+# One statement instead of a lock and a read costs the client one round trip less,
+# and the CPU psycopg's asyncio driver spends on it. The two IFs stay apart: SQL
+# does not promise to evaluate ``FOUND OR NOT pg_try_advisory_lock(...)`` left to
+# right, and a lock taken for a replay would never be released.
+START_TURN_FUNCTION = (
+    """
+CREATE OR REPLACE FUNCTION ik_start_turn(p_lock bigint, p_thread text, p_turn text,
+                                         p_known bigint)
+RETURNS TABLE (locked boolean, request_digest text, result text, expired boolean,
+               version bigint, tenant_id text, claimed_by text[], checkpoint text,
+               messages text[], facts text[])
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_lock IS NOT NULL THEN
+        RETURN QUERY
+            SELECT false, t.request_digest, t.result, t.pruned_at IS NOT NULL, th.version,
+                   th.tenant_id, NULL::text[], NULL::text, NULL::text[], NULL::text[]
+            FROM ik_turns t LEFT JOIN ik_threads th ON th.thread_id = p_thread
+            WHERE t.thread_id = p_thread AND t.turn_id = p_turn;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        IF NOT pg_try_advisory_lock(p_lock) THEN
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY
+        WITH found AS (
+            SELECT t.request_digest, t.result, t.pruned_at IS NOT NULL AS expired,
+                   th.version, th.tenant_id, th.checkpoint,
+                   t.turn_id IS NULL AND th.version IS DISTINCT FROM p_known AS ship,
+                   t.turn_id IS NULL AND COALESCE(th.version, 0) = 0 AS unowned
+            FROM (SELECT 1) AS one
+            LEFT JOIN ik_threads th ON th.thread_id = p_thread
+            LEFT JOIN ik_turns t ON t.thread_id = p_thread AND t.turn_id = p_turn
+        )
+        SELECT p_lock IS NOT NULL, request_digest, result, expired, version, tenant_id,
+               CASE WHEN unowned THEN (SELECT ARRAY[r.tenant_id] FROM ik_receipts r
+                                       WHERE r.thread_id = p_thread
+                                       ORDER BY r.ordinal LIMIT 1) END,
+               CASE WHEN ship THEN checkpoint END,
+"""
+    + CHECKPOINT_ROWS.format(ship="ship", thread_id="p_thread")
+    + """
+        FROM found;
+END
+$$;
+"""
+)
+START_TURN = "SELECT * FROM ik_start_turn(%(lock)s, %(thread_id)s, %(turn_id)s, %(known_version)s)"
+BEGIN_TURN = "SELECT * FROM ik_start_turn(NULL, %(thread_id)s, %(turn_id)s, %(known_version)s)"
+
+
+#: Ordered schema migrations, run inside the adapter's schema (``search_path``);
+#: the list index + 1 is the version recorded in ``ik_schema``. Append, never edit.
+#: JSON is stored as ``text``, not ``jsonb``: the codecs produce and parse text,
+#: so ``jsonb`` would only add a parse on write and a re-serialization on read
+#: (and reorder keys), for queries this adapter never makes.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE ik_threads (
+        thread_id text PRIMARY KEY, tenant_id text, version bigint NOT NULL,
+        schema_revision integer, fingerprint text, checkpoint text,
+        next_seq bigint NOT NULL, updated_at timestamptz NOT NULL
+    );
+    CREATE TABLE ik_turns (
+        thread_id text NOT NULL, turn_id text NOT NULL, request_digest text,
+        version bigint NOT NULL, result text NOT NULL, created_at timestamptz NOT NULL,
+        CONSTRAINT ik_turns_pkey PRIMARY KEY (thread_id, turn_id)
+    );
+    CREATE TABLE ik_receipts (
+        thread_id text NOT NULL, key text NOT NULL, id text NOT NULL UNIQUE,
+        status text NOT NULL CONSTRAINT ik_receipts_status_check
+            CHECK (status IN ('prepared', 'completed', 'failed', 'uncertain')),
+        turn_id text NOT NULL, step_id text NOT NULL, attempt integer NOT NULL,
+        value text, error text, resolution text,
+        created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL,
+        ordinal bigint GENERATED ALWAYS AS IDENTITY,
+        CONSTRAINT ik_receipts_pkey PRIMARY KEY (thread_id, key)
+    );
+    CREATE INDEX ik_receipts_status ON ik_receipts (status);
+    CREATE TABLE ik_outbox (
+        ord bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        position bigint UNIQUE,
+        id text NOT NULL UNIQUE, thread_id text NOT NULL, turn_id text,
+        seq bigint NOT NULL, type text NOT NULL, payload text,
+        created_at timestamptz NOT NULL,
+        UNIQUE (thread_id, seq)
+    );
+    CREATE INDEX ik_outbox_unsequenced ON ik_outbox (ord) WHERE position IS NULL;
+    CREATE TABLE ik_outbox_head (
+        singleton boolean PRIMARY KEY CHECK (singleton), position bigint NOT NULL
+    );
+    INSERT INTO ik_outbox_head VALUES (true, 0);
+    """,
+    # 2: checkpoints in pieces, as in SQLite's migration 2: the thread row
+    # keeps the core document, messages and facts get rows of their own. A checkpoint
+    # still stored whole is read as it is and split on its thread's next commit.
+    """
+    ALTER TABLE ik_threads ADD COLUMN message_seq bigint NOT NULL DEFAULT 0;
+    CREATE TABLE ik_messages (
+        thread_id text NOT NULL, seq bigint NOT NULL, body text NOT NULL,
+        CONSTRAINT ik_messages_pkey PRIMARY KEY (thread_id, seq)
+    );
+    CREATE TABLE ik_facts (
+        thread_id text NOT NULL, key text NOT NULL, body text NOT NULL,
+        ordinal bigint GENERATED ALWAYS AS IDENTITY,
+        CONSTRAINT ik_facts_pkey PRIMARY KEY (thread_id, key)
+    );
+    """,
+    # 3: operations, as in SQLite's migration 3: each event's publication
+    # state for the relay, with a partial index of what is left to publish; whether a
+    # completed receipt's write was announced (set for existing ones whose turn
+    # committed or that an operator resolved); turns whose result retention pruned.
+    """
+    ALTER TABLE ik_outbox ADD COLUMN published_at timestamptz,
+        ADD COLUMN attempts integer NOT NULL DEFAULT 0, ADD COLUMN last_error text,
+        ADD COLUMN retry_at timestamptz;
+    CREATE INDEX ik_outbox_unpublished ON ik_outbox (thread_id, seq)
+        WHERE published_at IS NULL;
+    ALTER TABLE ik_receipts ADD COLUMN announced boolean NOT NULL DEFAULT false;
+    UPDATE ik_receipts r SET announced = true
+    WHERE status = 'completed' AND (resolution IS NOT NULL OR EXISTS (
+        SELECT 1 FROM ik_turns t WHERE t.thread_id = r.thread_id AND t.turn_id = r.turn_id));
+    ALTER TABLE ik_turns ADD COLUMN pruned_at timestamptz;
+    """,
+    # 4: each receipt records its tenant, as in SQLite's migration 4: a thread
+    # with no committed turn belongs to the tenant of its first receipt. Existing
+    # receipts of a committed thread take its owner; the others keep NULL, which
+    # refuses every tenant's turn on their thread (unknown fails closed). No index:
+    # ``list_receipts(tenant_id=...)`` is an operator's query, and every receipt write
+    # of the hot path would pay for one.
+    """
+    ALTER TABLE ik_receipts ADD COLUMN tenant_id text;
+    UPDATE ik_receipts r SET tenant_id = th.tenant_id FROM ik_threads th
+    WHERE th.thread_id = r.thread_id AND th.version > 0;
+    """,
+    # 5: the index on every receipt's status becomes one of the unsettled receipts only
+    # (what an operator lists: uncertain ones, and prepared ones a dead attempt left).
+    # The full index cost a new entry at every status change, grew with every receipt
+    # ever written, and the generic plan of UPDATE_RECEIPT walked it (all the prepared
+    # receipts) instead of the primary key; a partial index cannot serve ``status = $n``
+    # in a generic plan, so the compare-and-set always probes the primary key.
+    """
+    DROP INDEX ik_receipts_status;
+    CREATE INDEX ik_receipts_unsettled ON ik_receipts (status)
+        WHERE status IN ('prepared', 'uncertain');
+    """,
+    # 6: a turn starts in one round trip (see START_TURN).
+    START_TURN_FUNCTION,
+    # 7: a turn row lists the receipts its effect.completed events announced, as in
+    # SQLite's migration 5: a receipt that the turn named by its ``turn_id``
+    # completed and announced needs no mark of its own, one UPDATE fewer per commit.
+    """
+    ALTER TABLE ik_turns ADD COLUMN announced text[];
+    """,
+)
+
+
+CREATE_SCHEMA_TABLE = """
+    CREATE TABLE IF NOT EXISTS ik_schema (
+        version integer PRIMARY KEY, applied_at timestamptz NOT NULL
+    )
+"""
+HAS_SCHEMA_TABLE = "SELECT to_regclass('ik_schema') IS NOT NULL"
+# The same from a session whose search_path was not set (``exists``).
+HAS_STORE = "SELECT to_regclass(format('%%I.ik_schema', %s::text)) IS NOT NULL"
+SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
+INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (%s, now())"
+
+
+def turn_start(row: Sequence[Any]) -> TurnStart:
+    """A row of ``ik_start_turn`` without its ``locked`` column."""
+    digest, result, expired, version, tenant_id, claim, *stored = row
+    if result is not None:
+        return TurnStart(StoredTurn(digest, result, bool(expired)), None, tenant_id)
+    claimed_by = None if claim is None else ThreadOwner(claim[0])
+    if version is None:
+        return TurnStart(None, None, claimed_by=claimed_by)
+    return TurnStart(None, stored_thread(version, tenant_id, *stored), claimed_by=claimed_by)

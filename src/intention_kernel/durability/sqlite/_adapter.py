@@ -1,0 +1,60 @@
+"""``SQLiteDurability``: the adapter class and its options."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from intention_kernel.durability._options import check_seconds
+from intention_kernel.durability.abc import RecordedDurability
+from intention_kernel.durability.sqlite._recorder import SQLiteRecorder
+
+__all__ = ["SQLiteDurability"]
+
+
+class SQLiteDurability(RecordedDurability):
+    """Durability on one SQLite file, shared safely by any number of processes.
+
+    - ``synchronous``: ``"FULL"`` (default) flushes every commit; ``"NORMAL"``
+      may lose the last commits on power loss, never on a process crash.
+    - ``lock_timeout``: how long a turn waits for a busy thread before
+      ``ThreadBusyError``.
+    - ``busy_timeout``: how long a statement waits for SQLite's write lock.
+      Both are finite, non-negative seconds; NaN, infinity and negative values are
+      refused with ``ValueError``.
+    - ``offload_writes``: where write transactions run. ``None`` (default): on the
+      event loop while the adapter runs one turn at a time, on the adapter's worker
+      thread as soon as turns overlap, so that a disk flush or another process's
+      write lock never stalls the other turns. ``True``: always on the worker thread
+      (the event loop never waits on a write). ``False``: always on the event loop
+      (a turn with one write saves six thread switches; for programs that run one
+      turn at a time). Reads always run inline on a connection of their own.
+
+    The lock file ``<path>.locks`` sits beside the database's real file (symlinks
+    resolved, so every path to one database shares one lock file); keep them on a local
+    file system (POSIX record locks are unreliable on network mounts).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        lock_timeout: float = 30.0,
+        busy_timeout: float = 30.0,
+        offload_writes: bool | None = None,
+    ) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
+        lock_timeout = check_seconds("lock_timeout", lock_timeout)
+        busy_timeout = check_seconds("busy_timeout", busy_timeout)
+        self.path = os.fspath(path)
+        super().__init__(
+            SQLiteRecorder(
+                self.path,
+                synchronous=synchronous,
+                lock_timeout=lock_timeout,
+                busy_timeout=busy_timeout,
+                offload_writes=offload_writes,
+            )
+        )

@@ -1,0 +1,155 @@
+"""The SQLite schema: its migrations, and the code that applies them."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from intention_kernel.effects import utcnow
+from intention_kernel.errors import StoreError
+
+__all__ = ["HAS_SCHEMA_TABLE", "MIGRATIONS", "migrate"]
+
+#: Ordered schema migrations; the list index + 1 is the schema version recorded in
+#: ``ik_schema``. Append, never edit.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE ik_threads (
+        thread_id       TEXT PRIMARY KEY,
+        tenant_id       TEXT,
+        version         INTEGER NOT NULL,
+        schema_revision INTEGER,
+        fingerprint     TEXT,
+        checkpoint      TEXT,
+        next_seq        INTEGER NOT NULL,
+        updated_at      TEXT NOT NULL
+    );
+    CREATE TABLE ik_turns (
+        thread_id      TEXT NOT NULL,
+        turn_id        TEXT NOT NULL,
+        request_digest TEXT,
+        version        INTEGER NOT NULL,
+        result         TEXT NOT NULL,
+        created_at     TEXT NOT NULL,
+        PRIMARY KEY (thread_id, turn_id)
+    );
+    CREATE TABLE ik_receipts (
+        thread_id  TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        id         TEXT NOT NULL UNIQUE,
+        status     TEXT NOT NULL
+                   CHECK (status IN ('prepared', 'completed', 'failed', 'uncertain')),
+        turn_id    TEXT NOT NULL,
+        step_id    TEXT NOT NULL,
+        attempt    INTEGER NOT NULL,
+        value      TEXT,
+        error      TEXT,
+        resolution TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (thread_id, key)
+    );
+    CREATE INDEX ik_receipts_status ON ik_receipts (status);
+    CREATE TABLE ik_outbox (
+        position   INTEGER PRIMARY KEY AUTOINCREMENT,
+        id         TEXT NOT NULL UNIQUE,
+        thread_id  TEXT NOT NULL,
+        turn_id    TEXT,
+        seq        INTEGER NOT NULL,
+        type       TEXT NOT NULL,
+        payload    TEXT,
+        created_at TEXT NOT NULL,
+        UNIQUE (thread_id, seq)
+    );
+    """,
+    # 2: checkpoints in pieces. ``ik_threads.checkpoint`` becomes the core document;
+    # a thread's checkpoint still stored whole (by version 1) is read as it is and
+    # split on its next commit. ``message_seq`` numbers the thread's messages. Facts
+    # keep their rowid when replaced, so ``ORDER BY rowid`` is recording order.
+    """
+    ALTER TABLE ik_threads ADD COLUMN message_seq INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE ik_messages (
+        thread_id TEXT NOT NULL,
+        seq       INTEGER NOT NULL,
+        body      TEXT NOT NULL,
+        PRIMARY KEY (thread_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE ik_facts (
+        thread_id TEXT NOT NULL,
+        key       TEXT NOT NULL,
+        body      TEXT NOT NULL,
+        PRIMARY KEY (thread_id, key)
+    );
+    """,
+    # 3: operations. Publication state of each outbox event for the relay (the partial
+    # index holds only what is left to publish, so it stays small while the relay keeps
+    # up); whether a completed receipt's write was announced, set for existing ones
+    # whose turn committed or that an operator resolved (the rule they were announced
+    # by); and retention: a turn whose result was pruned keeps its row, marked.
+    """
+    ALTER TABLE ik_outbox ADD COLUMN published_at TEXT;
+    ALTER TABLE ik_outbox ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE ik_outbox ADD COLUMN last_error TEXT;
+    ALTER TABLE ik_outbox ADD COLUMN retry_at TEXT;
+    CREATE INDEX ik_outbox_unpublished ON ik_outbox (thread_id, seq)
+        WHERE published_at IS NULL;
+    ALTER TABLE ik_receipts ADD COLUMN announced INTEGER NOT NULL DEFAULT 0;
+    UPDATE ik_receipts SET announced = 1
+    WHERE status = 'completed' AND (resolution IS NOT NULL OR EXISTS (
+        SELECT 1 FROM ik_turns t
+        WHERE t.thread_id = ik_receipts.thread_id AND t.turn_id = ik_receipts.turn_id));
+    ALTER TABLE ik_turns ADD COLUMN pruned_at TEXT;
+    """,
+    # 4: each receipt records its tenant, the tenant of the turn that first prepared it
+    # (see ``ThreadOwner``: a thread with no committed turn belongs to the tenant of its
+    # first receipt). Existing receipts of a committed thread take its owner, the only
+    # tenant whose turns could write them; those of a thread with no committed turn
+    # keep NULL (no tenant), which refuses any tenant's turn there: unknown fails closed.
+    """
+    ALTER TABLE ik_receipts ADD COLUMN tenant_id TEXT;
+    UPDATE ik_receipts SET tenant_id = (
+        SELECT th.tenant_id FROM ik_threads th
+        WHERE th.thread_id = ik_receipts.thread_id AND th.version > 0);
+    """,
+    # 5: a turn row lists the receipts its effect.completed events announced (a JSON
+    # array of keys, NULL for none): a receipt that the turn named by its ``turn_id``
+    # completed and announced needs no mark of its own (see ``TurnRecord``), which
+    # saves a statement and a page per effect in every commit. Existing receipts keep
+    # their marks.
+    """
+    ALTER TABLE ik_turns ADD COLUMN announced TEXT;
+    """,
+)
+
+CREATE_SCHEMA_TABLE = (
+    "CREATE TABLE IF NOT EXISTS ik_schema (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+)
+SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
+HAS_SCHEMA_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ik_schema'"
+INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (?, ?)"
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Apply pending migrations; safe when several processes open the file at once."""
+    conn.execute(CREATE_SCHEMA_TABLE)
+    current = conn.execute(SELECT_SCHEMA_VERSION).fetchone()[0]
+    if current == len(MIGRATIONS):
+        return
+    # BEGIN IMMEDIATE takes the write lock, so only one process migrates; the others
+    # wait (busy_timeout), then see the new version and apply nothing.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = conn.execute(SELECT_SCHEMA_VERSION).fetchone()[0]
+        if current > len(MIGRATIONS):
+            raise StoreError(
+                f"database schema version {current} is newer than this library "
+                f"({len(MIGRATIONS)}); upgrade intention-kernel"
+            )
+        for version in range(current + 1, len(MIGRATIONS) + 1):
+            for statement in MIGRATIONS[version - 1].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(INSERT_SCHEMA_VERSION, (version, utcnow().isoformat()))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.rollback()
+        raise

@@ -1,0 +1,180 @@
+"""The SQLite adapter's statements, as named constants (the schema is in ``_schema``)."""
+
+from __future__ import annotations
+
+from intention_kernel.durability._rows import OUTBOX_COLUMNS, RECEIPT_COLUMNS, select_receipts
+
+SELECT_TURN = """
+    SELECT t.request_digest, t.result, th.tenant_id, t.pruned_at
+    FROM ik_turns t LEFT JOIN ik_threads th ON th.thread_id = t.thread_id
+    WHERE t.thread_id = ? AND t.turn_id = ?
+"""
+SELECT_THREAD = "SELECT version, tenant_id, checkpoint FROM ik_threads WHERE thread_id = ?"
+SELECT_MESSAGES = "SELECT body FROM ik_messages WHERE thread_id = ? ORDER BY seq"
+SELECT_FACTS = "SELECT key, body FROM ik_facts WHERE thread_id = ? ORDER BY rowid"
+# The checkpoint document only when the caller does not already hold this version.
+SELECT_THREAD_UNLESS_KNOWN = """
+    SELECT version, tenant_id, CASE WHEN version IS ? THEN NULL ELSE checkpoint END
+    FROM ik_threads WHERE thread_id = ?
+"""
+
+READ_RECEIPTS = select_receipts(RECEIPT_COLUMNS)
+SELECT_RECEIPT = f"{READ_RECEIPTS} WHERE r.thread_id = ? AND r.key = ?"
+# Named parameters: the values are ``receipt_params``, shared with PostgreSQL.
+INSERT_RECEIPT = f"""
+    INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
+    VALUES (:id, :thread_id, :key, :status, :turn_id, :step_id, :attempt, :value, :error,
+            :created_at, :updated_at, :resolution, :announced, :tenant_id)
+"""
+# The tenant that claimed a thread with no committed turn: its first receipt's.
+SELECT_CLAIM = "SELECT tenant_id FROM ik_receipts WHERE thread_id = ? ORDER BY rowid LIMIT 1"
+# The first call of an effect key in one statement: insert the planned receipt unless
+# one exists. Not a conflict hidden: no row inserted means the caller reads the
+# existing receipt and plans from it (``claim_effect``).
+INSERT_RECEIPT_IF_NEW = INSERT_RECEIPT + " ON CONFLICT (thread_id, key) DO NOTHING"
+# Compare-and-set: the receipt must still be in the state the caller last saw.
+UPDATE_RECEIPT = """
+    UPDATE ik_receipts
+    SET status = :status, turn_id = :turn_id, step_id = :step_id, attempt = :attempt,
+        value = :value, error = :error, resolution = :resolution, updated_at = :updated_at,
+        announced = :announced
+    WHERE thread_id = :thread_id AND key = :key
+      AND status = :expected_status AND attempt = :expected_attempt
+"""
+# The outcome of an attempt (see ``is_settlement``): the same compare-and-set, writing
+# only what an outcome changes.
+SETTLE_RECEIPT = """
+    UPDATE ik_receipts
+    SET status = :status, value = :value, error = :error, updated_at = :updated_at
+    WHERE thread_id = :thread_id AND key = :key
+      AND status = :expected_status AND attempt = :expected_attempt
+"""
+# In the turn's commit: the effect.completed events it carries announce these receipts,
+# completed under another turn ID (see ``TurnRecord.mark_announced``).
+MARK_ANNOUNCED = """
+    UPDATE ik_receipts SET announced = 1
+    WHERE thread_id = ? AND key = ? AND status = 'completed'
+"""
+
+INSERT_TURN = """
+    INSERT INTO ik_turns (thread_id, turn_id, request_digest, version, result, created_at,
+                          announced)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
+"""
+# First commit of a thread. A row may already exist at version 0 (operator events
+# only); anything above 0 means another turn committed first, so the WHERE refuses.
+INSERT_THREAD = """
+    INSERT INTO ik_threads (thread_id, tenant_id, version, schema_revision, fingerprint,
+                            checkpoint, next_seq, updated_at, message_seq)
+    VALUES (:thread_id, :tenant_id, :version, :schema_revision, :fingerprint, :checkpoint,
+            1 + :events, :now, :messages)
+    ON CONFLICT (thread_id) DO UPDATE SET
+        tenant_id = excluded.tenant_id, version = excluded.version,
+        schema_revision = excluded.schema_revision, fingerprint = excluded.fingerprint,
+        checkpoint = excluded.checkpoint, next_seq = ik_threads.next_seq + :events,
+        updated_at = excluded.updated_at, message_seq = ik_threads.message_seq + :messages
+    WHERE ik_threads.version = 0
+    RETURNING next_seq, message_seq
+"""
+# Later commits: fenced on the version and the owner this turn loaded, as PostgreSQL's
+# commit is. ``IS`` matches NULL (no tenant) too. The thread lock keeps other turns
+# out, but not another program writing the file: without the owner in the fence, a
+# turn that started as one tenant would commit over a thread another tenant now owns.
+UPDATE_THREAD = """
+    UPDATE ik_threads
+    SET version = :version, schema_revision = :schema_revision, fingerprint = :fingerprint,
+        checkpoint = :checkpoint, next_seq = next_seq + :events, updated_at = :now,
+        message_seq = message_seq + :messages
+    WHERE thread_id = :thread_id AND version = :expected AND tenant_id IS :tenant_id
+    RETURNING next_seq, message_seq
+"""
+# The checkpoint's rows (see ``TurnRecord``): messages numbered on from message_seq.
+INSERT_MESSAGE = "INSERT INTO ik_messages (thread_id, seq, body) VALUES (?, ?, ?)"
+TRIM_MESSAGES = "DELETE FROM ik_messages WHERE thread_id = ? AND seq > ? AND seq <= ?"
+DELETE_MESSAGES = "DELETE FROM ik_messages WHERE thread_id = ?"
+# A replaced fact keeps its row (and rowid, hence its place in the order).
+UPSERT_FACT = """
+    INSERT INTO ik_facts (thread_id, key, body) VALUES (?, ?, ?)
+    ON CONFLICT (thread_id, key) DO UPDATE SET body = excluded.body
+"""
+DELETE_FACT = "DELETE FROM ik_facts WHERE thread_id = ? AND key = ?"
+DELETE_FACTS = "DELETE FROM ik_facts WHERE thread_id = ?"
+# Operator events on a thread that may have no committed turn yet.
+BUMP_THREAD_SEQ = """
+    INSERT INTO ik_threads (thread_id, version, next_seq, updated_at) VALUES (?, 0, 2, ?)
+    ON CONFLICT (thread_id) DO UPDATE SET next_seq = ik_threads.next_seq + 1
+    RETURNING next_seq
+"""
+INSERT_EVENT = """
+    INSERT INTO ik_outbox (id, thread_id, turn_id, seq, type, payload, created_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
+"""
+
+# -- the relay (see ``Recorder.claim_outbox``) --
+# Threads whose first unpublished event is due, oldest first. The inner query walks
+# ik_outbox_unpublished only; the join finds each head by the (thread_id, seq) key.
+PENDING_THREADS = """
+    SELECT o.thread_id FROM ik_outbox o
+    JOIN (SELECT thread_id, min(seq) AS seq FROM ik_outbox
+          WHERE published_at IS NULL GROUP BY thread_id) h
+      ON o.thread_id = h.thread_id AND o.seq = h.seq
+    WHERE o.retry_at IS NULL OR o.retry_at <= ?
+    ORDER BY o.position LIMIT ?
+"""
+SELECT_UNPUBLISHED = f"""
+    SELECT {OUTBOX_COLUMNS}, attempts, last_error, retry_at FROM ik_outbox
+    WHERE thread_id = ? AND published_at IS NULL ORDER BY seq LIMIT ?
+"""
+MARK_PUBLISHED = """
+    UPDATE ik_outbox SET published_at = ?
+    WHERE thread_id = ? AND seq = ? AND published_at IS NULL
+"""
+MARK_FAILED = """
+    UPDATE ik_outbox SET attempts = ?, last_error = ?, retry_at = ?
+    WHERE thread_id = ? AND seq = ? AND published_at IS NULL
+"""
+SELECT_BACKLOG = "SELECT count(*), min(created_at) FROM ik_outbox WHERE published_at IS NULL"
+SELECT_FAILING = f"""
+    SELECT {OUTBOX_COLUMNS}, attempts, last_error, retry_at FROM ik_outbox
+    WHERE published_at IS NULL AND attempts > 0 ORDER BY position LIMIT ?
+"""
+
+# -- deploy check, migration, retention --
+SCAN_THREADS = """
+    SELECT thread_id, version, tenant_id, checkpoint FROM ik_threads
+    WHERE thread_id > ? AND version > 0 AND checkpoint IS NOT NULL
+      AND (? IS NULL OR schema_revision < ?)
+    ORDER BY thread_id LIMIT ?
+"""
+# Candidates for the threads with an active interaction (see INTERACTION_MARKER): a
+# text search of each core, no JSON parsed; ``tenant_id IS ?`` matches NULL too.
+SELECT_INTERACTIONS = """
+    SELECT thread_id, version, tenant_id, checkpoint FROM ik_threads
+    WHERE thread_id > ? AND version > 0 AND instr(checkpoint, ?) > 0
+      AND (NOT ? OR tenant_id IS ?)
+    ORDER BY thread_id LIMIT ?
+"""
+# Fenced on the version: a turn committed since the migration read the thread.
+REWRITE_THREAD = """
+    UPDATE ik_threads
+    SET checkpoint = ?, schema_revision = ?, fingerprint = ?, message_seq = message_seq + ?
+    WHERE thread_id = ? AND version = ?
+    RETURNING message_seq
+"""
+PRUNE_EVENTS = """
+    DELETE FROM ik_outbox WHERE position IN (
+        SELECT position FROM ik_outbox
+        WHERE published_at IS NOT NULL AND created_at < ? ORDER BY position LIMIT ?)
+"""
+# The turn row stays, so that a late delivery is refused (TurnExpiredError), not re-run.
+# Only turns that still hold a result are selected, after the cursor: a run never reads
+# the keys of turns pruned before. No index on the unpruned turns: it would cost one
+# more index write per committed turn, and retention runs rarely.
+PRUNE_TURNS = """
+    UPDATE ik_turns SET result = '', pruned_at = ?
+    WHERE rowid IN (
+        SELECT rowid FROM ik_turns
+        WHERE (thread_id, turn_id) > (?, ?) AND pruned_at IS NULL AND created_at < ?
+        ORDER BY thread_id, turn_id LIMIT ?)
+    RETURNING thread_id, turn_id
+"""

@@ -1,0 +1,205 @@
+"""What every part of the conformance suite shares: the fixtures a subclass provides
+(:class:`ConformanceCase`), raw access to a store (:class:`Tamper`, :class:`Inspector`),
+:func:`commit_for`, and the helpers of the tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
+
+import pytest
+
+from intention_kernel.agent import Agent
+from intention_kernel.checkpoint import (
+    SCHEMA_REVISION,
+    KernelCheckpoint,
+)
+from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
+from intention_kernel.effects import EffectAuthority
+from intention_kernel.facts import FactRecord
+from intention_kernel.interpretation import Intent, Interpretation
+from intention_kernel.kernel import Kernel
+from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing.scripted import ScriptedInterpreter
+from intention_kernel.turns import (
+    EventDraft,
+    OutboxEvent,
+    TurnCommit,
+    TurnResult,
+    TurnScope,
+)
+
+
+class Tamper(Protocol):
+    """Raw access to an adapter's store, for tests of corrupted and foreign rows."""
+
+    async def write_checkpoint_text(self, thread_id: str, text: str) -> None:
+        """Overwrite the stored checkpoint document of an existing thread.
+
+        The suite then reads it through a new adapter from ``make_durability``: an
+        adapter may trust the checkpoint it committed itself while the stored version
+        is unchanged, so a same-version rewrite behind its back is seen on reopening.
+        (An adapter whose ``make_durability`` returns one shared instance must forget
+        such cached state here.)
+        """
+        ...
+
+    async def write_receipt_status(self, thread_id: str, key: str, status: str) -> None:
+        """Overwrite the stored status of an existing receipt, bypassing any check."""
+        ...
+
+
+class Inspector(Protocol):
+    """Raw reads of an adapter's store, for tests of what a maintenance run wrote."""
+
+    async def schema_revisions(self) -> set[int]:
+        """The schema revisions the store's rows record for their checkpoints."""
+        ...
+
+    async def snapshot(self) -> object:
+        """Every stored row, comparable with ``==``: equal snapshots mean that nothing
+        was written in between."""
+        ...
+
+
+class ConformanceCase:
+    """The fixtures of every part: subclass a part and provide ``make_durability``."""
+
+    #: State outlives the adapter instance (reopening the store sees it).
+    persistent: ClassVar[bool] = True
+
+    # -- fixtures the subclass provides -------------------------------------------------------
+
+    @pytest.fixture
+    def make_durability(self) -> Callable[[], Durability]:
+        pytest.fail("subclass a conformance case and provide a make_durability fixture")
+
+    @pytest.fixture
+    def tamper(self, durability: Durability) -> Tamper | None:
+        return None
+
+    @pytest.fixture
+    def inspector(self) -> Inspector | None:
+        return None
+
+    @pytest.fixture
+    def make_durability_with_lock_timeout(self) -> Callable[[float], Durability] | None:
+        """A factory like ``make_durability`` whose adapter waits at most the given
+        seconds for a busy thread; ``None`` skips the tests that need a short wait."""
+        return None
+
+    # -- fixtures of the suite ----------------------------------------------------------------
+
+    @pytest.fixture
+    async def durability(
+        self, make_durability: Callable[[], Durability]
+    ) -> AsyncIterator[Durability]:
+        async with make_durability() as durability:
+            yield durability
+
+    @pytest.fixture
+    def provider(self) -> FakeProvider:
+        return FakeProvider()
+
+    @pytest.fixture
+    def kernel(self, durability: Durability, provider: FakeProvider) -> Kernel:
+        return Kernel(billing_agent(provider), durability)
+
+
+async def payloads(durability: Durability, thread_id: str, type: str) -> list[Any]:
+    """The payloads of the thread's committed events of ``type``, in order."""
+    return [e.payload for e in await durability.read_outbox(thread_id=thread_id) if e.type == type]
+
+
+def edges_kernel(durability: Durability, *capabilities: Any) -> Kernel:
+    """A kernel whose interpreter runs the capability a message names (with no input),
+    and nothing for any other message."""
+    ids = {c.id for c in capabilities}
+
+    def interpret(request: Any) -> Interpretation:
+        if request.message in ids:
+            return Interpretation([Intent(request.message, {})])
+        return Interpretation([])
+
+    agent = Agent(
+        name="edges",
+        version="1",
+        capabilities=list(capabilities),
+        interpreter=ScriptedInterpreter(interpret),
+    )
+    return Kernel(agent, durability)
+
+
+class Crash(Exception):
+    """A turn's operation failing before its commit."""
+
+
+class ProcessDied(BaseException):
+    """Stands in for the process dying while the provider call runs."""
+
+
+async def die_in_the_provider_call(durability: Durability, scope: TurnScope) -> None:
+    """A turn whose process dies inside the provider call of effect ``k``: it leaves
+    that receipt ``prepared`` and commits nothing."""
+
+    def dies(authority: EffectAuthority) -> Any:
+        raise ProcessDied
+
+    async def operation(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("k", dies, step_id="s1")
+        raise AssertionError("unreachable")
+
+    with pytest.raises(ProcessDied):
+        await durability.with_turn(scope, operation)
+
+
+class Capturing:
+    """Passes turns through to ``inner`` and keeps every checkpoint they commit."""
+
+    def __init__(self, inner: Durability, committed: list[KernelCheckpoint]) -> None:
+        self._inner, self._committed = inner, committed
+
+    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult:
+        async def capturing(tx: TurnTransaction) -> TurnCommit:
+            commit = await operation(tx)
+            self._committed.append(commit.checkpoint)
+            return commit
+
+        return await self._inner.with_turn(scope, capturing)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def commit_for(
+    tx: TurnTransaction,
+    events: Sequence[EventDraft] = (),
+    *,
+    facts: Mapping[str, FactRecord] | None = None,
+    announced: Sequence[str] = (),
+) -> TurnCommit:
+    """A minimal valid commit for raw ``with_turn`` operations: the next version of the
+    thread, with ``events``, ``facts`` (none by default) and ``announced`` keys. For
+    adapter authors' own tests, beside the suite."""
+    previous = tx.checkpoint
+    version = (previous.version if previous else 0) + 1
+    checkpoint = KernelCheckpoint(
+        schema_revision=SCHEMA_REVISION,
+        agent_fingerprint="sha256:raw",
+        version=version,
+        facts=dict(facts or {}),
+    )
+    result = TurnResult(
+        tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
+    )
+    return TurnCommit(result, checkpoint, tuple(events), tuple(announced))
+
+
+async def read_all_events(durability: Durability) -> list[OutboxEvent]:
+    """The whole outbox, page by page, as a relay reads it."""
+    events: list[OutboxEvent] = []
+    while batch := await durability.read_outbox(
+        after=events[-1].position if events else None, limit=500
+    ):
+        events.extend(batch)
+    return events
