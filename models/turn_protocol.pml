@@ -3,7 +3,7 @@
  *
  * One thread, one effect key K, three workers and an operator:
  *   - workers 1 and 2 deliver the same turn ID (T1), worker 3 another one (T2);
- *   - every worker runs RecordedDurability.with_turn (durability/base.py): the
+ *   - every worker runs RecordedDurability.with_turn (durability/engine.py): the
  *     thread lock, the read of the turn row and the thread, the operation, the
  *     fenced commit; its operation calls run_effect(K) (_run_effect, and the
  *     receipt rules of effects.py: plan_effect, settle);

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.outbox import OutboxRelay
 from intention_kernel.turns import OutboxEvent
 from proving_support import append_line, open_store

@@ -56,7 +56,7 @@ REVISION = len(MIGRATIONS) + 1
 
 def install(patch: Callable[[object, str, Any], None] = setattr) -> None:
     """Register the migration, and update the copies this library takes at import."""
-    from intention_kernel.durability import base
+    from intention_kernel.durability import _checkpoints
     from intention_kernel.runtime import reply
 
     patch(checkpoint, "CHECKPOINT_MIGRATIONS", MIGRATIONS)
@@ -65,7 +65,7 @@ def install(patch: Callable[[object, str, Any], None] = setattr) -> None:
     # reads CHECKPOINT_MIGRATIONS on each use has no such copies, and these are skipped).
     for module, name, value in (
         (reply, "SCHEMA_REVISION", REVISION),
-        (base, "_CURRENT_CORE_PREFIX", f'{{"schema_revision":{REVISION},'),
+        (_checkpoints, "_CURRENT_CORE_PREFIX", f'{{"schema_revision":{REVISION},'),
     ):
         if hasattr(module, name):
             patch(module, name, value)

@@ -33,7 +33,7 @@ from intention_kernel import (
 )
 from intention_kernel.checkpoint import decode_checkpoint, encode_checkpoint
 from intention_kernel.durability import Durability, open_durability
-from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.interpretation import Intent, Interpretation
 from intention_kernel.operations import expire_interactions
 from intention_kernel.replies import Replies

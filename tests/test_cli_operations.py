@@ -30,7 +30,7 @@ from intention_kernel import Kernel, KernelCheckpoint, TurnExpiredError
 from intention_kernel.cli._app import app
 from intention_kernel.cli.prune import parse_duration
 from intention_kernel.durability import open_durability
-from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing import InMemoryDurability

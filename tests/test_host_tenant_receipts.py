@@ -23,7 +23,7 @@ from intention_kernel import (
     capability,
 )
 from intention_kernel.durability import TurnTransaction
-from intention_kernel.durability.base import RecordedDurability, StoredThread
+from intention_kernel.durability.abc import RecordedDurability, StoredThread
 from intention_kernel.host import Principal, create_app
 from intention_kernel.kernel import Kernel
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter

@@ -11,12 +11,7 @@ from dataclasses import replace
 import pytest
 
 from intention_kernel.durability import Durability, TurnTransaction
-from intention_kernel.durability.base import (
-    RecordedDurability,
-    Recorder,
-    RecorderOptions,
-    TurnStart,
-)
+from intention_kernel.durability.abc import RecordedDurability, Recorder, RecorderOptions, TurnStart
 from intention_kernel.durability.memory import _MemoryRecorder
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import TenantMismatchError, ThreadBusyError
@@ -70,7 +65,8 @@ class _UndeclaredRecorder(Recorder):
         self.inner = _MemoryRecorder(lock_timeout=30.0)
 
 
-for _name, _member in vars(Recorder).items():
+_MEMBERS = {name: member for part in Recorder.__mro__ for name, member in vars(part).items()}
+for _name, _member in _MEMBERS.items():
     if callable(_member) and not _name.startswith("_") and _name != "start_turn":
         setattr(
             _UndeclaredRecorder,

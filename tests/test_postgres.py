@@ -41,7 +41,7 @@ from intention_kernel.durability import (
     _take_url_options,
     open_durability,
 )
-from intention_kernel.durability.base import lock_and_begin
+from intention_kernel.durability.contract import lock_and_begin
 from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability, advisory_key
 from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (

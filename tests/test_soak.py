@@ -55,7 +55,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from intention_kernel.durability import Durability
-from intention_kernel.durability.base import RecordedDurability
+from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.outbox import OutboxRelay
 from intention_kernel.testing import faults
 from proving_support import (

@@ -1,7 +1,7 @@
 """The rules for thread, turn and tenant IDs, in one place.
 
 Every entry that takes an ID from outside checks it here once: ``with_turn`` and the
-inspection methods of :class:`~intention_kernel.durability.base.RecordedDurability`
+inspection methods of :class:`~intention_kernel.durability.engine.RecordedDurability`
 for the IDs of a turn or a query, the host for the IDs of a request path. The limits
 also shape the HTTP host's schema (``maxLength``).
 """

@@ -21,6 +21,7 @@ from typing import Any
 __all__ = [
     "MAX_INT_DIGITS",
     "MAX_NESTING",
+    "describe_error",
     "dump_value",
     "load_value",
     "normalize",
@@ -106,6 +107,13 @@ def storable_text(text: str) -> str:
     if text.isascii():
         return text.replace("\x00", "\\x00") if "\x00" in text else text
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception as a receipt or a refusal stores it: its class name and its message,
+    the message escaped like :func:`storable_text` (the same on every store)."""
+    text = storable_text(str(exc))
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def too_deep(value: Any, limit: int) -> bool:

@@ -1,8 +1,9 @@
 """Operations on a store: the deploy check, checkpoint migrations and retention.
 
-Each works below the ``Durability`` contract, on a
-:class:`~intention_kernel.durability.base.RecordedDurability` (every bundled adapter),
-in batches of short transactions, so that it runs safely beside live turns:
+Each works below the ``Durability`` contract, on a durability that hands out its
+recorder (:class:`~intention_kernel.durability.contract.Recorded`; every bundled
+adapter does), in batches of short transactions, so that it runs safely beside live
+turns:
 
 - :func:`check_checkpoints` reads every stored checkpoint and says which threads an
   agent would refuse (a newer schema revision, a fingerprint it does not declare
@@ -55,7 +56,13 @@ from intention_kernel.deadlines import (
     system_clock,
 )
 from intention_kernel.durability import TurnTransaction
-from intention_kernel.durability.base import CheckpointRewrite, RecordedDurability, StoredThread
+from intention_kernel.durability.contract import (
+    Expirable,
+    MaintenanceRecorder,
+    Migratable,
+    Recorded,
+)
+from intention_kernel.durability.records import CheckpointRewrite, StoredThread
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
@@ -134,7 +141,7 @@ class PruneReport:
 
 
 async def check_checkpoints(
-    store: RecordedDurability,
+    store: Recorded[MaintenanceRecorder],
     agent: Agent,
     *,
     batch: int = 500,
@@ -187,7 +194,7 @@ async def check_checkpoints(
 
 
 async def migrate_checkpoints(
-    store: RecordedDurability,
+    store: Migratable,
     *,
     batch: int = 100,
     migrations: Sequence[Migration] | None = None,
@@ -237,7 +244,7 @@ async def migrate_checkpoints(
 
 
 async def prune(
-    store: RecordedDurability,
+    store: Recorded[MaintenanceRecorder],
     *,
     older_than: timedelta,
     batch: int = 1000,
@@ -290,7 +297,7 @@ class _NotOverdue(Exception):
 
 
 async def expire_interactions(
-    store: RecordedDurability,
+    store: Expirable,
     *,
     clock: Clock = system_clock,
     batch: int = 100,
@@ -358,7 +365,7 @@ async def expire_interactions(
 
 
 async def _expire(
-    store: RecordedDurability,
+    store: Expirable,
     thread_id: str,
     tenant_id: str | None,
     seen: Interaction,

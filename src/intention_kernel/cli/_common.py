@@ -27,7 +27,7 @@ from intention_kernel.cli._render import console
 if TYPE_CHECKING:
     from intention_kernel.agent import Agent
     from intention_kernel.durability import Durability
-    from intention_kernel.durability.base import RecordedDurability
+    from intention_kernel.durability.contract import Operable
 
 __all__ = [
     "DB_ENV_VAR",
@@ -217,17 +217,17 @@ def fail(error: Exception) -> NoReturn:
     refuse(str(error), EXIT_REFUSED if isinstance(error, CorruptRecordError) else EXIT_FAILED)
 
 
-def existing_store(url: str) -> RecordedDurability:
+def existing_store(url: str) -> Operable:
     """The adapter (not yet opened) for the store at ``url``; refuses (exit status 2) a
     URL that names no store yet: a SQLite file that does not exist or holds no
     intention-kernel tables, or a PostgreSQL schema the adapter never created; and a
     store that cannot be reached or is damaged. Nothing is created either way: the
     adapter's own ``exists()`` asks, without opening it."""
-    from intention_kernel.durability.base import RecordedDurability
+    from intention_kernel.durability.contract import Operable
     from intention_kernel.errors import KernelError
 
     store = open_store(url)
-    if not isinstance(store, RecordedDurability):  # pragma: no cover - every bundled one is
+    if not isinstance(store, Operable):  # pragma: no cover - every bundled one is
         refuse(f"{type(store).__name__} does not support operations commands")
     try:
         found = asyncio.run(store.exists())
@@ -251,7 +251,7 @@ def open_store(url: str, *, lock_timeout: float | None = None) -> Durability:
         refuse(str(exc))
 
 
-def _no_store(store: RecordedDurability) -> str:
+def _no_store(store: Operable) -> str:
     from intention_kernel.durability.sqlite import SQLiteDurability
 
     if isinstance(store, SQLiteDurability):

@@ -41,7 +41,6 @@ from intention_kernel.cli._common import (
 )
 from intention_kernel.cli._help import Command
 from intention_kernel.cli._render import console, print_records, table
-from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.errors import KernelError
 from intention_kernel.operations import (
     CheckReport,
@@ -161,8 +160,6 @@ def run_operation(url: str, action: Any) -> Any:
 
     async def go() -> Any:
         async with opened as store:
-            if not isinstance(store, RecordedDurability):
-                raise ValueError(f"{type(store).__name__} does not support operations commands")
             return await action(store)
 
     try:

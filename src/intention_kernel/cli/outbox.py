@@ -51,7 +51,7 @@ from intention_kernel.cli._common import (
 )
 from intention_kernel.cli._help import Command, Group
 from intention_kernel.cli._render import console, print_records
-from intention_kernel.durability.base import OutboxBacklog, RecordedDurability
+from intention_kernel.durability.records import OutboxBacklog
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import KernelError
 from intention_kernel.outbox import NatsSink, OutboxRelay, RelayReport, Sink, WebhookSink
@@ -177,7 +177,7 @@ def relay(
         async with (
             opened as store,
             OutboxRelay(
-                _recorded(store),
+                store,
                 sink,
                 batch_size=batch,
                 concurrency=concurrency,
@@ -228,7 +228,7 @@ def status(
 
     async def go() -> OutboxBacklog:
         async with opened as store:
-            recorder = await _recorded(store).recorder()
+            recorder = await store.recorder()
             return await recorder.outbox_backlog(failing)
 
     try:
@@ -282,12 +282,6 @@ def status(
         whole=("thread", "seq", "type"),
         free="last error",
     )
-
-
-def _recorded(store: object) -> RecordedDurability:
-    if not isinstance(store, RecordedDurability):
-        raise ValueError(f"{type(store).__name__} does not support operations commands")
-    return store
 
 
 def _when(moment: datetime | None) -> str:

@@ -30,7 +30,6 @@ from intention_kernel.cli._common import (
 )
 from intention_kernel.cli._help import Command
 from intention_kernel.cli._render import console
-from intention_kernel.durability.base import RecordedDurability
 from intention_kernel.errors import KernelError
 from intention_kernel.operations import PruneReport
 from intention_kernel.operations import prune as prune_store
@@ -80,8 +79,6 @@ def prune(
 
     async def go() -> PruneReport:
         async with opened as store:
-            if not isinstance(store, RecordedDurability):
-                raise ValueError(f"{type(store).__name__} does not support operations commands")
             return await prune_store(store, older_than=age, batch=batch)
 
     try:

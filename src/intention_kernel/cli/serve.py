@@ -280,7 +280,7 @@ async def _serve(
 ) -> None:
     import uvicorn
 
-    from intention_kernel.durability.base import RecordedDurability
+    from intention_kernel.durability.contract import Operable
     from intention_kernel.errors import KernelError
     from intention_kernel.host import create_app
     from intention_kernel.kernel import Kernel
@@ -289,7 +289,7 @@ async def _serve(
     try:
         # One connection first: an unreachable server is one message at once, not the
         # pool's retries (each logged) until its connect timeout.
-        if isinstance(durability, RecordedDurability):
+        if isinstance(durability, Operable):
             await durability.exists()
         await durability.__aenter__()
     except KernelError as exc:

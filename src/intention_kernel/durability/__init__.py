@@ -16,7 +16,7 @@ adapter must:
 
 ``with_turn`` is where a turn's IDs are checked (the kernel does not check them
 again): a thread, turn or tenant ID that breaks the rules of
-:func:`~intention_kernel.durability.base.check_id` is refused with
+:func:`~intention_kernel._ids.check_id` is refused with
 ``InvalidRequestError`` before anything is read.
 
 Effects (``tx.run_effect(key, fn, step_id=...)``), per ``(thread_id, key)``: a
@@ -39,14 +39,21 @@ first turn while it runs.
 There are two ways to write an adapter:
 
 - implement :class:`Durability` directly (the protocol below), or
-- implement the small I/O-only :class:`~intention_kernel.durability.base.Recorder`
-  protocol and subclass :class:`~intention_kernel.durability.base.RecordedDurability`,
-  which applies every rule above in shared, tested code. The bundled adapters do this.
-  A recorder declares its options in ``options``, a
-  :class:`~intention_kernel.durability.base.RecorderOptions`, where each is documented.
+- implement the small I/O-only :class:`~intention_kernel.durability.contract.Recorder`
+  and subclass :class:`~intention_kernel.durability.engine.RecordedDurability`, which
+  applies every rule above in shared, tested code. The bundled adapters do this. A
+  recorder has four parts, each a Protocol in :mod:`~intention_kernel.durability.contract`:
+  ``TurnRecorder`` (lock, begin, commit, read), ``EffectRecorder`` (claim, settle, list,
+  resolve), ``OutboxRecorder`` (read, claim, mark published) and ``MaintenanceRecorder``
+  (scan, rewrite, prune). It declares its options in ``options``, a
+  :class:`~intention_kernel.durability.contract.RecorderOptions`.
 
-Either way, run the conformance suite in :mod:`intention_kernel.testing.conformance`.
-The names an adapter author needs are gathered in :mod:`intention_kernel.durability.abc`.
+The outbox relay, the operations, the HTTP host and the CLI each take a Protocol of
+:mod:`~intention_kernel.durability.contract` naming what they use (``Recorded``,
+``Migratable``, ``TenantStore``, ``InteractionQueue``, ``Operable``), not a class: a
+durability that offers those methods works with them. Either way, run the conformance
+suite in :mod:`intention_kernel.testing.conformance`. The names an adapter author needs
+are gathered in :mod:`intention_kernel.durability.abc`.
 
 Adapters: ``InMemoryDurability`` (``intention_kernel.testing``), ``SQLiteDurability``
 (``intention_kernel.durability.sqlite``), ``PostgresDurability``

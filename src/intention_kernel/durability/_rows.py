@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from intention_kernel._json import dump_value, load_value
 from intention_kernel.durability.abc import OutboxDelivery, StoredThread, TurnRecord
-from intention_kernel.durability.base import dump_value, load_value
 from intention_kernel.effects import Receipt, ReceiptStatus, Resolution, utcnow
 from intention_kernel.errors import CorruptRecordError, FencedCommitError
 from intention_kernel.turns import OutboxEvent

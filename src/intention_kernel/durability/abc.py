@@ -4,8 +4,10 @@ An application imports from :mod:`intention_kernel`; an adapter author imports f
 here: the contracts (:class:`Durability`, :class:`Recorder`), the shared engine that
 applies the rules over a recorder (:class:`RecordedDurability`), the options a
 recorder declares (:class:`RecorderOptions`), the records a recorder reads and writes,
-and the ID rules. The names are defined in :mod:`intention_kernel.durability` and
-:mod:`intention_kernel.durability.base`, and documented there.
+and the ID rules. Each name is documented where it is defined:
+:mod:`intention_kernel.durability` (``Durability``), :mod:`~intention_kernel.durability.contract`
+(the recorder), :mod:`~intention_kernel.durability.records`,
+:mod:`~intention_kernel.durability.ownership` and :mod:`~intention_kernel.durability.engine`.
 
 A new adapter subclasses :class:`RecordedDurability` over a recorder that subclasses
 :class:`Recorder`, and runs :class:`~intention_kernel.testing.conformance.DurabilityConformance`.
@@ -15,23 +17,36 @@ from __future__ import annotations
 
 from intention_kernel._ids import MAX_ID_BYTES, MAX_ID_LENGTH, check_id
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
-from intention_kernel.durability.base import (
+from intention_kernel.durability.contract import (
+    EffectRecorder,
+    Expirable,
+    InteractionQueue,
+    MaintenanceRecorder,
+    Migratable,
+    MigrationRecorder,
+    Operable,
+    OutboxRecorder,
+    PlanFn,
+    Recorded,
+    Recorder,
+    RecorderOptions,
+    ResolutionFn,
+    TenantStore,
+    TurnRecorder,
+)
+from intention_kernel.durability.engine import RecordedDurability
+from intention_kernel.durability.ownership import owner_of, owns
+from intention_kernel.durability.records import (
     INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,
     OutboxDelivery,
     PendingInteraction,
-    PlanFn,
-    RecordedDurability,
-    Recorder,
-    RecorderOptions,
-    ResolutionFn,
     StoredThread,
     StoredTurn,
     ThreadOwner,
     TurnRecord,
     TurnStart,
-    owns,
 )
 
 __all__ = [
@@ -40,21 +55,33 @@ __all__ = [
     "MAX_ID_LENGTH",
     "CheckpointRewrite",
     "Durability",
+    "EffectRecorder",
+    "Expirable",
+    "InteractionQueue",
+    "MaintenanceRecorder",
+    "Migratable",
+    "MigrationRecorder",
+    "Operable",
+    "OutboxRecorder",
     "OutboxBacklog",
     "OutboxDelivery",
     "PendingInteraction",
     "PlanFn",
+    "Recorded",
     "RecordedDurability",
     "Recorder",
     "RecorderOptions",
     "ResolutionFn",
     "StoredThread",
     "StoredTurn",
+    "TenantStore",
     "ThreadOwner",
     "TurnOperation",
     "TurnRecord",
+    "TurnRecorder",
     "TurnStart",
     "TurnTransaction",
     "check_id",
+    "owner_of",
     "owns",
 ]

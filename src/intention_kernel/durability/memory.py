@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from intention_kernel.durability import _check_seconds
-from intention_kernel.durability.base import (
+from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
     OutboxBacklog,

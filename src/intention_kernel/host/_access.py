@@ -31,19 +31,21 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 from starlette.requests import Request
 
 from intention_kernel._ids import check_id
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability
-from intention_kernel.durability.base import ThreadOwner, owns
+from intention_kernel.durability.contract import TenantStore
+from intention_kernel.durability.ownership import owns
+from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.effects import Receipt
 from intention_kernel.errors import KernelError
 from intention_kernel.host._problems import HostProblem
 
-__all__ = ["ROLES", "Access", "OwnerLookup", "Principal", "Role"]
+__all__ = ["ROLES", "Access", "Principal", "Role"]
 
 Role = Literal["user", "operator"]
 ROLES: tuple[Role, ...] = ("user", "operator")
@@ -81,29 +83,6 @@ class Principal:
 ANONYMOUS = Principal("anonymous", None, "operator")
 
 
-@runtime_checkable
-class OwnerLookup(Protocol):
-    """What tenant isolation needs from the store (``RecordedDurability`` has it)."""
-
-    async def thread_owner(self, thread_id: str) -> ThreadOwner | None: ...
-
-    async def load_checkpoint(
-        self, thread_id: str, *, owner: ThreadOwner | None = None
-    ) -> KernelCheckpoint | None: ...
-
-    async def resolve_receipt(
-        self,
-        thread_id: str,
-        key: str,
-        *,
-        applied: bool,
-        value: Any = None,
-        note: str | None = None,
-        actor: str | None = None,
-        owner: ThreadOwner | None = None,
-    ) -> Receipt: ...
-
-
 class Access:
     """Authentication and per-thread visibility for one app."""
 
@@ -121,12 +100,12 @@ class Access:
                 granted = Principal(granted or "user", granted, "user")
             self._tokens.append((token.encode(), granted))
         self._durability = durability
-        self._owners = durability if isinstance(durability, OwnerLookup) else None
+        self._owners = durability if isinstance(durability, TenantStore) else None
         if self.enabled and self._owners is None:
             raise TypeError(
                 "tenant isolation needs a store with thread_owner() and owner= on "
-                f"load_checkpoint() and resolve_receipt(); {type(durability).__name__} has "
-                "none (every RecordedDurability adapter has them)"
+                "load_checkpoint() and resolve_receipt() (a TenantStore); "
+                f"{type(durability).__name__} has none (every bundled adapter has them)"
             )
 
     def authenticate(self, request: Request) -> Principal:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from intention_kernel._ids import check_id
 from intention_kernel.checkpoint import check_compatible
-from intention_kernel.durability.base import PendingInteraction, ThreadOwner, check_id
+from intention_kernel.durability.contract import InteractionQueue
+from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import CheckpointCompatibilityError, KernelError
 from intention_kernel.host._access import Access, Principal
@@ -54,16 +55,6 @@ _STATUSES = tuple(status.value for status in ReceiptStatus)
 
 #: How many pending interactions one ``GET /v1/interactions`` answers at most.
 MAX_INTERACTIONS = 500
-
-
-@runtime_checkable
-class InteractionLister(Protocol):
-    """What the queue of pending interactions needs from the store
-    (``RecordedDurability`` has it)."""
-
-    async def pending_interactions(
-        self, *, owner: ThreadOwner | None = None, after: str | None = None, limit: int = 100
-    ) -> list[PendingInteraction]: ...
 
 
 def guarded(endpoint: Endpoint) -> Endpoint:
@@ -221,7 +212,7 @@ class Endpoints:
         if after is not None:
             check_id("after", after)
         store = self.kernel.durability
-        if not isinstance(store, InteractionLister):
+        if not isinstance(store, InteractionQueue):
             raise HostProblem(
                 "not-found", f"{type(store).__name__} cannot list interactions across threads"
             )

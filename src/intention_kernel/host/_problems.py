@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from intention_kernel.durability.base import missing_receipt_message
+from intention_kernel.durability._resolution import missing_receipt_message
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
     CorruptRecordError,

@@ -19,7 +19,7 @@ from starlette.requests import Request
 
 from intention_kernel._ids import MAX_ID_LENGTH
 from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
-from intention_kernel.durability.base import PendingInteraction
+from intention_kernel.durability.records import PendingInteraction
 from intention_kernel.effects import Receipt
 from intention_kernel.facts import FactRecord
 from intention_kernel.host._problems import HostProblem

@@ -7,7 +7,7 @@ How it works, and why:
   A relay keeps nothing in memory that a restart would lose: it starts again from
   the first unpublished event of each thread.
 - **One relay per thread at a time.** Before publishing a thread's events the relay
-  claims the thread (``Recorder.claim_outbox``: an advisory lock on PostgreSQL, a
+  claims the thread (``OutboxRecorder.claim_outbox``: an advisory lock on PostgreSQL, a
   byte of the lock file on SQLite), never blocking turns, released when the relay
   dies. The claim is what keeps two relays from interleaving one thread or
   publishing event N+1 before N is acknowledged; relays on one database share the
@@ -36,7 +36,8 @@ from typing import Any, Self
 
 from intention_kernel import _tracing
 from intention_kernel._json import storable_text
-from intention_kernel.durability.base import OutboxBacklog, RecordedDurability, Recorder
+from intention_kernel.durability.contract import OutboxRecorder, Recorded
+from intention_kernel.durability.records import OutboxBacklog
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import StoreError
 from intention_kernel.outbox._sinks import CallableSink, Sink
@@ -66,6 +67,8 @@ class RelayReport:
 class OutboxRelay:
     """Publishes a store's committed outbox events to ``sink``.
 
+    - ``store``: any durability that hands out an
+      :class:`~intention_kernel.durability.contract.OutboxRecorder` (every bundled adapter).
     - ``sink``: a :class:`~intention_kernel.outbox.Sink` (``NatsSink``, ``WebhookSink``)
       or a function of the event, sync or async.
     - ``batch_size``: events of one thread read and published per claim.
@@ -85,7 +88,7 @@ class OutboxRelay:
 
     def __init__(
         self,
-        store: RecordedDurability,
+        store: Recorded[OutboxRecorder],
         sink: Sink | Callable[[OutboxEvent], Awaitable[Any] | Any],
         *,
         batch_size: int = 100,
@@ -212,7 +215,9 @@ class OutboxRelay:
                 if not more:
                     passed.add(thread_id)
 
-    async def _relay_thread(self, recorder: Recorder, thread_id: str) -> tuple[RelayReport, bool]:
+    async def _relay_thread(
+        self, recorder: OutboxRecorder, thread_id: str
+    ) -> tuple[RelayReport, bool]:
         """Publish the thread's next batch; return the outcome and whether more may be due."""
         async with recorder.claim_outbox(thread_id) as claimed:
             if not claimed:
@@ -257,7 +262,7 @@ class OutboxRelay:
         return min(self.retry_max, self.retry_base * 2.0 ** min(failures - 1, 32))
 
     async def _failed(
-        self, recorder: Recorder, attempts: int, event: OutboxEvent, exc: Exception
+        self, recorder: OutboxRecorder, attempts: int, event: OutboxEvent, exc: Exception
     ) -> None:
         error = _describe(exc)[:MAX_ERROR_CHARS]
         retry_at = utcnow() + timedelta(seconds=self._backoff(attempts) * random.uniform(0.5, 1.0))

@@ -14,6 +14,7 @@ from typing import Any
 from psycopg.errors import UniqueViolation
 
 from intention_kernel import _faults
+from intention_kernel._json import dump_value
 from intention_kernel.durability._rows import (
     decode_delivery_row,
     decode_event_row,
@@ -37,7 +38,6 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
-from intention_kernel.durability.base import dump_value
 from intention_kernel.durability.postgres._commit import commit_parts, commit_statement
 from intention_kernel.durability.postgres._locks import PostgresLocks
 from intention_kernel.durability.postgres._schema import BEGIN_TURN, turn_start

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from intention_kernel import _faults
+from intention_kernel._json import dump_value
 from intention_kernel.durability._rows import (
     OUTBOX_COLUMNS,
     decode_delivery_row,
@@ -37,7 +38,6 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
-from intention_kernel.durability.base import dump_value
 from intention_kernel.durability.sqlite._connection import SQLiteConnections
 from intention_kernel.durability.sqlite._statements import (
     BUMP_THREAD_SEQ,

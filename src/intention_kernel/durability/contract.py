@@ -1,0 +1,375 @@
+"""The storage contract, in small parts, documented here and nowhere else.
+
+A **recorder** is the I/O an adapter provides to the engine
+(:class:`~intention_kernel.durability.engine.RecordedDurability`), in four parts:
+
+- :class:`TurnRecorder`: open the store, lock a thread, read a turn's start, commit it;
+- :class:`EffectRecorder`: claim an effect, settle its receipt, list and resolve receipts;
+- :class:`OutboxRecorder`: read the outbox, claim a thread for a relay, mark events;
+- :class:`MaintenanceRecorder`: scan and rewrite checkpoints, prune old rows.
+
+:class:`Recorder` is all four, and what the engine takes. Every method is one short
+transaction (or none). Conflicts are errors: ``write_receipt``, ``commit_turn`` and
+``rewrite_checkpoint`` compare-and-set and raise rather than silently skip. A turn costs
+one read (prior result and thread row), one write per effect state change (``prepared``
+before the provider call, the outcome after it) and one commit (result, checkpoint and
+events).
+
+The **outer ring** (the outbox relay, :mod:`intention_kernel.operations`, the HTTP host,
+the CLI) takes the durability-level Protocols at the end of this module, each naming
+only what it uses. Every ``RecordedDurability`` satisfies them all; so does a
+third-party durability that offers the same methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.durability import Durability
+from intention_kernel.durability.records import (
+    CheckpointRewrite,
+    OutboxBacklog,
+    OutboxDelivery,
+    PendingInteraction,
+    StoredThread,
+    ThreadOwner,
+    TurnRecord,
+    TurnStart,
+)
+from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus
+from intention_kernel.turns import EventDraft, OutboxEvent
+
+__all__ = [
+    "EffectRecorder",
+    "Expirable",
+    "InteractionQueue",
+    "MaintenanceRecorder",
+    "Migratable",
+    "MigrationRecorder",
+    "Operable",
+    "OutboxRecorder",
+    "PlanFn",
+    "Recorded",
+    "Recorder",
+    "RecorderOptions",
+    "ResolutionFn",
+    "TenantStore",
+    "TurnRecorder",
+    "lock_and_begin",
+]
+
+ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
+PlanFn = Callable[[Receipt | None], EffectPlan]
+
+
+@asynccontextmanager
+async def lock_and_begin(
+    recorder: TurnRecorder, thread_id: str, turn_id: str, known_version: int | None
+) -> AsyncIterator[TurnStart]:
+    """A turn's start as ``TurnRecorder.start_turn`` does it by default: the lock, then
+    ``begin_turn``, and the lock held for the block."""
+    async with recorder.lock(thread_id):
+        yield await recorder.begin_turn(thread_id, turn_id, known_version)
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderOptions:
+    """What a :class:`Recorder` declares about itself, in its ``options`` attribute.
+
+    ``finishes_writes_when_cancelled``: ``write_receipt`` always runs to its end, even
+    when the calling task is cancelled (it never suspends, or waits for its own hop
+    before letting the cancellation through). Without it, each outcome write runs in a
+    task of its own, so that a cancelled turn cannot leave a receipt ``prepared``.
+
+    ``attempts_outlive_lock``: the thread lock can be lost while the process that took
+    it lives on (a database session that dies while the turn's provider call still
+    runs). A ``prepared`` receipt found under the lock may then belong to a live
+    attempt, and is not resolvable as not applied
+    (:func:`~intention_kernel.effects.resolve`). A recorder for which this is true and
+    that does not say so lets an operator mark a running write as not applied.
+    """
+
+    finishes_writes_when_cancelled: bool = False
+    attempts_outlive_lock: bool = False
+
+
+class TurnRecorder(Protocol):
+    """Turns: the store's lifecycle, the thread lock, a turn's start and its commit.
+
+    ``start_turn`` has a default, inherited by a recorder that subclasses this Protocol
+    and declared by one that does not: it takes ``lock`` and then calls ``begin_turn``.
+    A recorder may override it to do both in fewer round trips, and may then leave the
+    lock untaken when it found the committed turn (a replay writes nothing).
+    """
+
+    def start_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> AbstractAsyncContextManager[TurnStart]:
+        """Hold the thread's lock for the block and yield what ``begin_turn`` reads."""
+        return lock_and_begin(self, thread_id, turn_id, known_version)
+
+    async def open(self) -> None:
+        """Connect and create or migrate the schema. Called once, before anything else."""
+
+    async def close(self) -> None: ...
+
+    async def exists(self) -> bool:
+        """Whether the store already holds this recorder's schema, without creating
+        anything; callable before ``open``. Raises ``StoreError`` when the store cannot
+        be reached."""
+        ...
+
+    def lock(self, thread_id: str) -> AbstractAsyncContextManager[object]:
+        """Hold the thread's exclusive lock for the duration of the block.
+
+        Must exclude every other holder in every process sharing the store,
+        must be released if the holder dies, and must not hold a database
+        write transaction open while held. Raises ``ThreadBusyError`` after the
+        adapter's configured wait.
+        """
+        ...
+
+    async def begin_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None
+    ) -> TurnStart:
+        """Read the committed turn ``(thread_id, turn_id)``; only if absent, the thread row
+        with its message and fact rows (one consistent snapshot).
+
+        When the thread's version equals ``known_version`` the caller already holds
+        that checkpoint: the recorder should leave ``StoredThread.checkpoint`` as
+        ``None`` and read no message or fact rows.
+        """
+        ...
+
+    async def commit_turn(self, record: TurnRecord) -> None:
+        """Insert the turn, compare-and-set the thread version, apply the checkpoint's
+        difference (a :class:`TurnRecord`) and append the events, atomically. Raise
+        ``FencedCommitError`` if the version moved."""
+        ...
+
+    async def read_thread(self, thread_id: str) -> StoredThread | None:
+        """The thread row with its message and fact rows, from one consistent snapshot."""
+        ...
+
+
+class EffectRecorder(Protocol):
+    """Effects: a receipt per ``(thread_id, key)``, claimed before the provider call and
+    settled after it; listed and resolved by an operator."""
+
+    async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
+        """In one transaction: read the receipt, ``plan`` it, persist ``plan.write`` if any.
+
+        ``plan`` is pure: a recorder may first try ``plan(None).write`` as an insert
+        that does nothing if a receipt exists, and read and plan only then.
+        """
+        ...
+
+    async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
+        """Replace ``expected`` by ``receipt`` if the stored one is still ``expected``
+        (same status and attempt); otherwise raise ``FencedCommitError``."""
+        ...
+
+    async def read_receipts(
+        self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
+    ) -> list[Receipt]:
+        """The current receipts, oldest first, filtered by each argument that is not
+        ``None`` (``tenant_id`` on the receipt's own tenant column)."""
+        ...
+
+    async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
+        """In one transaction: read the receipt, apply ``resolution`` (which raises for
+        a bad state), write the receipt and append the returned event."""
+        ...
+
+
+class OutboxRecorder(Protocol):
+    """The outbox: committed events read in order, and their publication by a relay.
+
+    Publication state lives on each event row: ``published_at``, ``attempts``,
+    ``last_error``, ``retry_at``. A thread's events are published in ``seq`` order by one
+    relay at a time; a thread's first unpublished event blocks the ones after it.
+    """
+
+    async def read_outbox(
+        self, thread_id: str | None, after: int | None, limit: int
+    ) -> list[OutboxEvent]: ...
+
+    def claim_outbox(self, thread_id: str) -> AbstractAsyncContextManager[bool]:
+        """Try, without waiting, to become the only relay publishing ``thread_id``; the
+        block receives whether it did. Excludes relays in every process sharing the
+        store (never turns), and is released if the holder dies."""
+        ...
+
+    async def pending_threads(self, now: datetime, limit: int) -> list[str]:
+        """Up to ``limit`` threads whose first unpublished event is due (its ``retry_at``
+        unset or not after ``now``), the oldest such event first."""
+        ...
+
+    async def read_unpublished(self, thread_id: str, limit: int) -> list[OutboxDelivery]:
+        """The thread's first ``limit`` unpublished events, in ``seq`` order: a prefix of
+        what is left to publish (an event is listed only after every earlier one)."""
+        ...
+
+    async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
+        """Record that the sink acknowledged these events of the thread."""
+        ...
+
+    async def mark_failed(
+        self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
+    ) -> None:
+        """Record a failed attempt: set ``attempts`` (an absolute count, so that a repeated
+        write is harmless), ``last_error`` and ``retry_at``."""
+        ...
+
+    async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog: ...
+
+
+class MaintenanceRecorder(Protocol):
+    """Maintenance: the deploy check and migrations scan and rewrite stored checkpoints,
+    the host lists pending interactions, retention prunes old rows."""
+
+    async def scan_threads(
+        self, after: str | None, limit: int, below_revision: int | None
+    ) -> list[tuple[str, StoredThread]]:
+        """Up to ``limit`` threads with a checkpoint, in ``thread_id`` order after
+        ``after``, with their rows; only those whose stored schema revision is below
+        ``below_revision`` if given. Each thread is one consistent snapshot."""
+        ...
+
+    async def read_interactions(
+        self, after: str | None, limit: int, owner: ThreadOwner | None
+    ) -> list[tuple[str, StoredThread]]:
+        """Up to ``limit`` threads with a committed checkpoint whose stored core contains
+        ``INTERACTION_MARKER``, in ``thread_id`` order after ``after``, owned by
+        ``owner`` if given (``ThreadOwner(None)``: threads without a tenant). Each with
+        its core only, no message or fact rows. Every thread with an active interaction
+        is among them; a few without may be too (the caller decodes each)."""
+        ...
+
+    async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
+        """Replace the thread's checkpoint and all its rows if its version is still
+        ``rewrite.version``; otherwise raise ``FencedCommitError``. Called under the
+        thread's lock, in one short transaction."""
+        ...
+
+    async def prune_events(self, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` published events created before ``before`` (on a store
+        that numbers positions late, only numbered ones); return how many."""
+        ...
+
+    async def prune_turns(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> tuple[int, tuple[str, str] | None]:
+        """Drop the result of the first ``limit`` turns after ``after`` in key order that
+        were created before ``before`` and still hold one, keeping each turn's key and
+        request digest. Return how many were dropped and the last key dropped (``None``
+        when fewer than ``limit`` were left). Turns pruned before are not read again."""
+        ...
+
+
+class Recorder(TurnRecorder, EffectRecorder, OutboxRecorder, MaintenanceRecorder, Protocol):
+    """Every part of a recorder: what the engine takes.
+
+    Two members have defaults, inherited by a recorder that subclasses this Protocol
+    (``class MyRecorder(Recorder): ...``), and declared by one that does not:
+
+    - ``options``, a :class:`RecorderOptions` (the default declares nothing);
+    - ``start_turn``, documented on :class:`TurnRecorder`.
+    """
+
+    #: The recorder's declared options, read once by the engine.
+    options: RecorderOptions = RecorderOptions()
+
+
+class MigrationRecorder(TurnRecorder, MaintenanceRecorder, Protocol):
+    """What a checkpoint migration uses: the lock and ``read_thread`` of the turns, the
+    scan and rewrite of maintenance."""
+
+
+# -- what the outer ring takes ------------------------------------------------------------
+
+_R_co = TypeVar("_R_co", covariant=True)
+
+
+class Recorded(Protocol[_R_co]):
+    """A durability that hands out its opened recorder, typed by the part a caller uses:
+    ``Recorded[OutboxRecorder]`` for the relay, ``Recorded[MaintenanceRecorder]`` for the
+    deploy check and retention."""
+
+    async def recorder(self) -> _R_co:
+        """The recorder, opened; the same one the durability's turns use."""
+        ...
+
+
+class Migratable(Protocol):
+    """What a checkpoint migration needs from a durability."""
+
+    async def recorder(self) -> MigrationRecorder: ...
+
+    def forget_checkpoint(self, thread_id: str) -> None:
+        """Drop any decoded copy of the thread's checkpoint held in memory: a migration
+        rewrote it in place at the same version, so the version no longer tells."""
+        ...
+
+
+class Expirable(Durability, Protocol):
+    """What the expiry sweep needs from a durability: turns, and the interaction scan."""
+
+    async def recorder(self) -> MaintenanceRecorder: ...
+
+
+@runtime_checkable
+class TenantStore(Protocol):
+    """What tenant isolation (the HTTP host with tokens) needs from a durability: the
+    owner of a thread, and reads and resolutions judged for an owner by the store.
+
+    With ``owner``, a thread the owner may not act on (``owns``) reads as missing:
+    ``load_checkpoint`` answers ``None`` and ``resolve_receipt`` raises
+    ``ReceiptNotFoundError``, each judged on the snapshot it reads or under the thread's
+    lock, never on an earlier read.
+    """
+
+    async def thread_owner(self, thread_id: str) -> ThreadOwner | None: ...
+
+    async def load_checkpoint(
+        self, thread_id: str, *, owner: ThreadOwner | None = None
+    ) -> KernelCheckpoint | None: ...
+
+    async def resolve_receipt(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        applied: bool,
+        value: Any = None,
+        note: str | None = None,
+        actor: str | None = None,
+        owner: ThreadOwner | None = None,
+    ) -> Receipt: ...
+
+
+@runtime_checkable
+class InteractionQueue(Protocol):
+    """What the queue of pending interactions (``GET /v1/interactions``) needs from a
+    durability."""
+
+    async def pending_interactions(
+        self, *, owner: ThreadOwner | None = None, after: str | None = None, limit: int = 100
+    ) -> list[PendingInteraction]: ...
+
+
+@runtime_checkable
+class Operable(Durability, Migratable, Protocol):
+    """What the operations commands need from a durability: its whole recorder, and
+    whether its store exists before anything is created."""
+
+    async def exists(self) -> bool:
+        """Whether the store already holds the adapter's schema; creates nothing."""
+        ...
+
+    async def recorder(self) -> Recorder: ...

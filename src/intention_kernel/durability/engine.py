@@ -1,0 +1,560 @@
+"""The engine: the whole :class:`~intention_kernel.durability.Durability` contract,
+applied once over a :class:`~intention_kernel.durability.contract.Recorder`.
+
+:class:`RecordedDurability` holds the locking order, replay, request digests, the
+receipt state machine (from :mod:`intention_kernel.effects`), fencing and validation of
+what is committed. An adapter subclasses it over a recorder that only moves rows in and
+out of its store, each method one short transaction. A turn with one write effect
+therefore costs three commits and no more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self
+
+from intention_kernel import _faults, _tracing
+from intention_kernel._calls import is_async_callable
+from intention_kernel._ids import check_id
+from intention_kernel._json import describe_error, normalize
+from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.durability import TurnOperation
+from intention_kernel.durability._checkpoints import CheckpointCache, decode
+from intention_kernel.durability._diff import checkpoint_rows
+from intention_kernel.durability._effect_calls import awaited, call_in_thread, shielded
+from intention_kernel.durability._resolution import (
+    check_resolution,
+    missing_receipt,
+    receipt_status,
+    resolution_of,
+    suggest_keys,
+)
+from intention_kernel.durability._transaction import Transaction
+from intention_kernel.durability.contract import Recorder
+from intention_kernel.durability.ownership import owner_of, owns
+from intention_kernel.durability.records import (
+    PendingInteraction,
+    StoredTurn,
+    ThreadOwner,
+    TurnRecord,
+)
+from intention_kernel.effects import (
+    EffectAuthority,
+    EffectFn,
+    EffectPlan,
+    EffectResult,
+    Receipt,
+    ReceiptStatus,
+    plan_effect,
+    settle,
+    utcnow,
+)
+from intention_kernel.errors import (
+    EffectNotAppliedError,
+    EffectUncertainError,
+    EffectValueError,
+    InvalidRequestError,
+    KernelError,
+    ReceiptNotFoundError,
+    TenantMismatchError,
+    TurnConflictError,
+    TurnExpiredError,
+)
+from intention_kernel.turns import (
+    OutboxEvent,
+    TurnCommit,
+    TurnResult,
+    TurnScope,
+    decode_result,
+    encode_result,
+)
+
+__all__ = ["RecordedDurability"]
+
+
+class RecordedDurability:
+    """A complete durability adapter over a :class:`Recorder`. Subclassed by each adapter."""
+
+    #: How many threads' latest checkpoints each adapter keeps decoded in memory.
+    CHECKPOINT_CACHE_SIZE = 1024
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        # A receipt's outcome is written even if the turn is cancelled meanwhile: by a
+        # task of its own, unless the recorder's writes run to their end anyway (then
+        # the task, a round of the event loop, would only cost time per effect).
+        finishes = recorder.options.finishes_writes_when_cancelled
+        self._settle: Callable[[Any], Awaitable[None]] = awaited if finishes else shielded
+        self._opened = False
+        self._open_lock = asyncio.Lock()
+        self._checkpoints = CheckpointCache(self.CHECKPOINT_CACHE_SIZE)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def _ready(self) -> Recorder:
+        if not self._opened:
+            async with self._open_lock:
+                if not self._opened:
+                    await self._recorder.open()
+                    self._opened = True
+        return self._recorder
+
+    async def recorder(self) -> Recorder:
+        """The opened recorder, for operations that work below the ``Durability`` contract
+        (the outbox relay, the deploy check, migrations, retention)."""
+        return await self._ready()
+
+    def forget_checkpoint(self, thread_id: str) -> None:
+        """Drop this adapter's decoded copy of the thread's checkpoint: an operation
+        rewrote it in place at the same version, so the version no longer tells."""
+        self._checkpoints.forget(thread_id)
+
+    async def __aenter__(self) -> Self:
+        await self._ready()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def exists(self) -> bool:
+        """Whether the store already holds this adapter's schema; creates nothing.
+
+        Opening an adapter creates its schema, so a tool that must not create a store
+        (the operations commands) asks this first, and a mistyped URL is refused
+        instead of shown as an empty store. Raises ``StoreError`` when the store cannot
+        be reached, ``CorruptStoreError`` when it is damaged."""
+        if self._opened:
+            return True
+        return await self._recorder.exists()
+
+    async def aclose(self) -> None:
+        if self._opened:
+            self._opened = False
+            await self._recorder.close()
+
+    # -- turns -------------------------------------------------------------------------------
+
+    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult:
+        check_id("thread_id", scope.thread_id)
+        check_id("turn_id", scope.turn_id)
+        if scope.tenant_id is not None:
+            check_id("tenant_id", scope.tenant_id)
+        recorder = await self._ready()
+        # The version of the checkpoint held here, read before the lock: if another turn
+        # of this process commits meanwhile, the recorder ships the newer checkpoint.
+        cached = self._checkpoints.get(scope.thread_id)
+        known = cached.version if cached else None
+        async with self._recorder.start_turn(scope.thread_id, scope.turn_id, known) as start:
+            if _faults.armed:
+                _faults.reach(_faults.AFTER_LOCK)
+            # A thread belongs to the tenant of its first committed turn, or before that
+            # to the tenant of its first receipt. A version-0 row with no receipt only
+            # carries operator events and has no owner yet.
+            if start.turn is not None:
+                owner: ThreadOwner | None = ThreadOwner(
+                    start.thread.tenant_id if start.thread else start.thread_tenant_id
+                )
+            else:
+                owner = owner_of(start.thread, start.claimed_by)
+            if not owns(owner, scope.tenant_id):
+                raise TenantMismatchError(
+                    f"thread {scope.thread_id!r} does not belong to tenant {scope.tenant_id!r}",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                )
+            if start.turn is not None:
+                return self._replay(scope, start.turn)
+            thread = start.thread
+            checkpoint, stored_in_rows = self._checkpoints.current(scope.thread_id, thread, cached)
+            if _faults.armed:
+                _faults.reach(_faults.AFTER_CHECKPOINT_LOAD)
+            expected = thread.version if thread is not None else 0
+            tx = Transaction(self._run_effect, scope, checkpoint)
+            try:
+                commit = await operation(tx)
+            except BaseException:
+                await tx.settle(cancel=True)
+                raise
+            await tx.settle(cancel=False)
+            if tx.refused is not None:
+                raise TenantMismatchError(
+                    f"turn {scope.turn_id!r} met a receipt of another tenant on thread "
+                    f"{scope.thread_id!r}; nothing was committed",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                    key=tx.refused.key,
+                ) from tx.refused
+            try:
+                record = self._record(scope, expected, commit, checkpoint, stored_in_rows, tx)
+            except ValueError as exc:  # pydantic's serialization errors included
+                raise KernelError(
+                    f"refusing to commit turn {scope.turn_id!r}: its result or checkpoint "
+                    f"cannot be stored: {describe_error(exc)}",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                ) from exc
+            if _faults.armed:
+                _faults.reach(_faults.BEFORE_COMMIT)
+            if not _tracing.enabled():
+                await recorder.commit_turn(record)
+            else:
+                with _tracing.span(
+                    "intention_kernel.commit",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                    version=record.version,
+                    events=len(record.events),
+                ):
+                    await recorder.commit_turn(record)
+            if _faults.armed:
+                _faults.reach(_faults.AFTER_COMMIT)
+            self._checkpoints.remember(scope.thread_id, commit.checkpoint)
+            return commit.result
+
+    def _replay(self, scope: TurnScope, stored: StoredTurn) -> TurnResult:
+        if (
+            scope.request_digest is not None
+            and stored.request_digest is not None
+            and scope.request_digest != stored.request_digest
+        ):
+            raise TurnConflictError(
+                f"turn {scope.turn_id!r} of thread {scope.thread_id!r} was already committed "
+                "for a different request; use a new turn ID for a new request",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        if stored.expired:
+            raise TurnExpiredError(
+                f"turn {scope.turn_id!r} of thread {scope.thread_id!r} was committed, and its "
+                "result has since been pruned; it is not run again",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        return decode_result(stored.result, replayed=True, thread_id=scope.thread_id)
+
+    def _record(
+        self,
+        scope: TurnScope,
+        expected: int,
+        commit: TurnCommit,
+        previous: KernelCheckpoint | None,
+        stored_in_rows: bool,
+        tx: Transaction,
+    ) -> TurnRecord:
+        if not isinstance(commit, TurnCommit):
+            raise KernelError(f"operation must return a TurnCommit, got {type(commit).__name__}")
+        result, checkpoint = commit.result, commit.checkpoint
+        problems = []
+        if (result.thread_id, result.turn_id) != (scope.thread_id, scope.turn_id):
+            problems.append("the result names another thread or turn")
+        if checkpoint.version != expected + 1:
+            problems.append(f"checkpoint version {checkpoint.version} is not {expected + 1}")
+        if result.checkpoint_version != checkpoint.version:
+            problems.append("result.checkpoint_version differs from the checkpoint's version")
+        if result.replayed:
+            problems.append("a new result cannot be marked replayed")
+        if problems:
+            raise KernelError(
+                "refusing to commit an inconsistent turn: " + "; ".join(problems),
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        rows = checkpoint_rows(previous, stored_in_rows, checkpoint)
+        announced = tuple(commit.announced)
+        # A key this transaction did not meet through run_effect is marked too: only a
+        # receipt known to carry this turn ID may rely on the turn row.
+        turns, turn_id = tx.receipt_turns, scope.turn_id
+        marks = tuple(k for k in announced if turns.get(k) != turn_id) if announced else ()
+        return TurnRecord(
+            thread_id=scope.thread_id,
+            turn_id=scope.turn_id,
+            tenant_id=scope.tenant_id,
+            request_digest=scope.request_digest,
+            expected_version=expected,
+            version=checkpoint.version,
+            result=encode_result(result),
+            checkpoint=self._checkpoints.encoder(scope.thread_id).encode(checkpoint),
+            schema_revision=checkpoint.schema_revision,
+            fingerprint=checkpoint.agent_fingerprint,
+            events=tuple(commit.events),
+            created_at=utcnow(),
+            messages=rows.messages,
+            keep_messages=rows.keep_messages,
+            trim_messages=rows.trim_messages,
+            facts=rows.facts,
+            removed_facts=rows.removed_facts,
+            rewrite=rows.rewrite,
+            announced=announced,
+            mark_announced=marks,
+        )
+
+    # -- effects -----------------------------------------------------------------------------
+
+    async def _run_effect(
+        self, scope: TurnScope, key: str, fn: EffectFn, step_id: str
+    ) -> EffectResult[Any]:
+        recorder = self._recorder
+        now = utcnow()
+
+        def plan(existing: Receipt | None) -> EffectPlan:
+            return plan_effect(
+                existing,
+                thread_id=scope.thread_id,
+                key=key,
+                turn_id=scope.turn_id,
+                step_id=step_id,
+                now=now,
+                tenant_id=scope.tenant_id,
+            )
+
+        decided = await recorder.claim_effect(scope.thread_id, key, plan)
+        if decided.outcome == "replay":
+            assert decided.existing is not None
+            return EffectResult(decided.existing.value, decided.existing, replayed=True)
+        if decided.outcome == "fail_closed":
+            receipt = decided.write or decided.existing
+            assert receipt is not None
+            raise EffectUncertainError(
+                f"effect {key!r} on thread {scope.thread_id!r} may already have been applied "
+                f"(receipt {receipt.id} is uncertain); it will not be retried until an operator "
+                "resolves it",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+                key=key,
+                receipt=receipt,
+            )
+        prepared = decided.write
+        assert prepared is not None
+        if _faults.armed:
+            _faults.reach(_faults.AFTER_RECEIPT_PREPARED)
+        authority = EffectAuthority(key, key, prepared.id, prepared.attempt)
+        cancelled_after_return = False
+        try:
+            if is_async_callable(fn):
+                value = await fn(authority)
+            else:
+                value, cancelled_after_return = await call_in_thread(fn, authority)
+                if inspect.isawaitable(value):  # a sync function (a lambda) wrapping a coroutine
+                    value = await value
+        except EffectNotAppliedError as exc:
+            failed = settle(prepared, "failed", now=utcnow(), error=describe_error(exc))
+            await self._settle(recorder.write_receipt(failed, prepared))
+            exc.thread_id, exc.turn_id, exc.key, exc.receipt = (
+                scope.thread_id,
+                scope.turn_id,
+                key,
+                failed,
+            )
+            raise
+        except (Exception, asyncio.CancelledError) as exc:
+            uncertain = settle(prepared, "uncertain", now=utcnow(), error=describe_error(exc))
+            await self._settle(recorder.write_receipt(uncertain, prepared))
+            raise EffectUncertainError(
+                f"effect {key!r} on thread {scope.thread_id!r} failed with {describe_error(exc)}; "
+                "it may have been applied, so it is recorded as uncertain",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+                key=key,
+                receipt=uncertain,
+            ) from exc
+        try:
+            stored = normalize(value)
+        except (TypeError, ValueError) as exc:
+            # The write happened but its value cannot be recorded; replaying it later
+            # could not return the same value, so fail closed for an operator.
+            uncertain = settle(
+                prepared,
+                "uncertain",
+                now=utcnow(),
+                error=f"the provider returned a value that is not JSON-serializable: {exc}",
+            )
+            await self._settle(recorder.write_receipt(uncertain, prepared))
+            raise EffectValueError(
+                f"effect {key!r} returned a value that cannot be stored ({exc}); recorded as "
+                "uncertain",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+                key=key,
+                receipt=uncertain,
+            ) from exc
+        completed = settle(prepared, "completed", now=utcnow(), value=stored)
+        await self._settle(recorder.write_receipt(completed, prepared))
+        if cancelled_after_return:
+            raise asyncio.CancelledError  # delivered now that the outcome is recorded
+        if _faults.armed:
+            _faults.reach(_faults.AFTER_RECEIPT_COMPLETED)
+        return EffectResult(stored, completed)
+
+    # -- inspection and operations -----------------------------------------------------------
+
+    async def load_checkpoint(
+        self, thread_id: str, *, owner: ThreadOwner | None = None
+    ) -> KernelCheckpoint | None:
+        """The latest committed checkpoint of a thread, or ``None``.
+
+        With ``owner``, only for a caller of that tenant (``ThreadOwner(None)``: a caller
+        without one): a thread it may not see (:func:`owns`) reads as ``None``, exactly
+        like a missing one. The owner is judged on the snapshot the checkpoint comes
+        from; judged on an earlier read, a first turn of another tenant committing in
+        between would be shown to the caller."""
+        recorder = await self._ready()
+        thread = await recorder.read_thread(check_id("thread_id", thread_id))
+        if thread is None or thread.checkpoint is None:
+            return None
+        if owner is not None and not owns(owner_of(thread, None), owner.tenant_id):
+            return None
+        return decode(thread_id, thread)[0]
+
+    async def thread_owner(self, thread_id: str) -> ThreadOwner | None:
+        """The owner of a thread (a :class:`ThreadOwner`), or ``None`` while nothing
+        durable was written on it (the first turn of any tenant claims it).
+
+        Two reads, so the answer may be older than the caller's next read: a caller
+        that then reads or acts on the thread decides with ``owner=`` instead
+        (:meth:`load_checkpoint`, :meth:`resolve_receipt`)."""
+        recorder = await self._ready()
+        return await self._owner(recorder, check_id("thread_id", thread_id))
+
+    @staticmethod
+    async def _owner(recorder: Recorder, thread_id: str) -> ThreadOwner | None:
+        thread = await recorder.read_thread(thread_id)
+        if thread is not None and thread.version:
+            return owner_of(thread, None)
+        # No committed turn: the thread's earliest receipt, if any, claimed it.
+        receipts = await recorder.read_receipts(thread_id, None)
+        return owner_of(thread, ThreadOwner(receipts[0].tenant_id) if receipts else None)
+
+    async def pending_interactions(
+        self, *, owner: ThreadOwner | None = None, after: str | None = None, limit: int = 100
+    ) -> list[PendingInteraction]:
+        """Up to ``limit`` threads whose latest checkpoint has an active interaction (a
+        pending confirmation), in ``thread_id`` order after ``after`` (pass the last one
+        to read on). Only the threads of ``owner`` if given: ``ThreadOwner("acme")``,
+        or ``ThreadOwner(None)`` for threads without a tenant; ``None`` sees every
+        tenant, like every operations method.
+
+        The store selects candidates by text (:data:`INTERACTION_MARKER`) and each is
+        decoded here, so the answer is exactly the decoded checkpoints' interactions; a
+        candidate that is corrupt raises ``CorruptRecordError`` naming its thread. The
+        cost grows with the number of threads (each core is searched, none parsed): an
+        operator's query, not a turn's."""
+        recorder = await self._ready()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidRequestError(f"limit must be a positive integer, got {limit!r}")
+        if after is not None:
+            check_id("thread_id", after)
+        if owner is not None and owner.tenant_id is not None:
+            check_id("tenant_id", owner.tenant_id)
+        found: list[PendingInteraction] = []
+        cursor = after
+        while len(found) < limit:
+            wanted = limit - len(found)
+            page = await recorder.read_interactions(cursor, wanted, owner)
+            for thread_id, thread in page:
+                checkpoint = decode(thread_id, thread)[0]
+                if checkpoint.interaction is not None:  # not a nested "interaction" key
+                    found.append(
+                        PendingInteraction(
+                            thread_id, thread.tenant_id, checkpoint.version, checkpoint.interaction
+                        )
+                    )
+            if len(page) < wanted:
+                break
+            cursor = page[-1][0]
+        return found
+
+    async def list_receipts(
+        self,
+        thread_id: str | None = None,
+        status: ReceiptStatus | str | None = None,
+        *,
+        tenant_id: str | None = None,
+    ) -> list[Receipt]:
+        """The current receipt per ``(thread_id, key)``, oldest first.
+
+        Like every inspection and operations method, this is operator-level: it sees
+        every tenant's receipts unless ``tenant_id`` filters them (on the tenant stored
+        with each receipt; ``None`` does not filter).
+        """
+        recorder = await self._ready()
+        if thread_id is not None:
+            check_id("thread_id", thread_id)
+        wanted = receipt_status(status) if status is not None else None
+        if tenant_id is None:
+            return await recorder.read_receipts(thread_id, wanted)
+        return await recorder.read_receipts(thread_id, wanted, check_id("tenant_id", tenant_id))
+
+    async def resolve_receipt(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        applied: bool,
+        value: Any = None,
+        note: str | None = None,
+        actor: str | None = None,
+        owner: ThreadOwner | None = None,
+    ) -> Receipt:
+        """Reconcile an uncertain receipt: the write was ``applied`` (later calls return
+        ``value``) or not (a later call may retry). Emits ``receipt.resolved``.
+
+        With ``owner``, only for a caller of that tenant (``ThreadOwner(None)``: a caller
+        without one): a receipt on a thread it may not act on (:func:`owns`) raises
+        ``ReceiptNotFoundError``, exactly like a missing one. The thread's owner is
+        judged under the thread's lock, which every turn holds from before its first
+        write to its commit, and the receipt's own tenant in the transaction that
+        resolves it; judged before the lock, a first turn of another tenant still
+        running could make the receipt afterwards and have it resolved.
+
+        A malformed request (a ``value`` that is not JSON, such as NaN or infinity) is
+        refused with ``InvalidRequestError`` before anything is read or written."""
+        recorder = await self._ready()
+        check_id("thread_id", thread_id)
+        stored_value = check_resolution(key, applied, value, note, actor)
+        if owner is not None and owner.tenant_id is not None:
+            check_id("tenant_id", owner.tenant_id)
+
+        resolution = resolution_of(
+            thread_id,
+            key,
+            applied=applied,
+            value=stored_value,
+            note=note,
+            actor=actor,
+            owner=owner,
+            attempt_may_run=recorder.options.attempts_outlive_lock,
+        )
+        async with recorder.lock(thread_id):
+            if owner is not None and not owns(
+                await self._owner(recorder, thread_id), owner.tenant_id
+            ):
+                raise missing_receipt(thread_id, key)
+            try:
+                return await recorder.resolve_receipt(thread_id, key, resolution)
+            except ReceiptNotFoundError:
+                # Still under the lock, on a thread the caller may act on: only receipts
+                # it may see are offered (a receipt's own tenant is the thread's).
+                receipts = await recorder.read_receipts(thread_id, None)
+                visible = [
+                    r.key
+                    for r in receipts
+                    if owner is None or owns(ThreadOwner(r.tenant_id), owner.tenant_id)
+                ]
+                raise missing_receipt(thread_id, key, suggest_keys(key, visible)) from None
+
+    async def read_outbox(
+        self, thread_id: str | None = None, after: int | None = None, limit: int = 100
+    ) -> list[OutboxEvent]:
+        """Committed events in ``position`` order, after the given position."""
+        recorder = await self._ready()
+        if limit < 1:
+            raise InvalidRequestError(f"limit must be at least 1, got {limit!r}")
+        return await recorder.read_outbox(thread_id, after, limit)
