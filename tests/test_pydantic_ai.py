@@ -449,3 +449,41 @@ def test_a_kernel_agent_needs_an_agent_with_a_model_instance() -> None:
 
     with pytest.raises(TypeError, match="needs an agent with a model"):
         KernelAgent(PydanticAgent(), name="desk")
+
+
+async def test_a_write_tool_that_did_nothing_fails_its_step_and_may_run_again(
+    store: Durability, tmp_path: Path
+) -> None:
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from intention_kernel import EffectNotAppliedError
+
+    attempts: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if tool_returns(messages[-1]):
+            return ModelResponse(parts=[TextPart("cancelled")])
+        return ModelResponse(parts=[ToolCallPart("cancel_order", {"order_id": "42"})])
+
+    agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(model))
+
+    @agent.tool_plain
+    def cancel_order(order_id: str) -> str:
+        attempts.append(len(attempts) + 1)
+        if len(attempts) == 1:
+            raise EffectNotAppliedError("the shop refused: try again")
+        return "ok"
+
+    bridge = KernelAgent(agent, name="desk", writes={"cancel_order": lambda a: a["order_id"]})
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    first = await kernel.turn("t1", "turn-1", "cancel 42")
+    assert [s.status for s in first.steps] == ["failed"]
+    (receipt,) = await store.list_receipts(thread_id="t1")
+    assert receipt.status == ReceiptStatus.FAILED
+    second = await kernel.turn("t1", "turn-2", "cancel 42")
+    assert second.reply == "cancelled"
+    assert attempts == [1, 2]
+    (receipt,) = await store.list_receipts(thread_id="t1")
+    assert (receipt.status, receipt.attempt) == (ReceiptStatus.COMPLETED, 2)

@@ -32,7 +32,10 @@ and each of its toolsets wrapped (a ``WrapperToolset``), inside one kernel capab
   derives from the call's arguments. A retried or redelivered turn re-runs the agent,
   and the tool call meets its receipt: completed, the stored value goes back to the
   model and the tool is not called; uncertain, the step is ``uncertain`` (the write is
-  never retried blindly). Any other tool is a read and runs as it is.
+  never retried blindly). Any other tool is a read and runs as it is. A write tool
+  that did nothing says so with ``EffectNotAppliedError`` (a failed step; a later turn
+  may retry it); any other exception, ``ModelRetry`` included, leaves its receipt
+  ``uncertain``: the bridge cannot know whether the write happened before it.
 - A tool with ``requires_approval=True`` makes Pydantic AI end the run with
   ``DeferredToolRequests``. The bridge's interpreter (it works in rounds) then proposes
   those exact calls as the capability's input, ``{"approvals": [{"tool_name",
