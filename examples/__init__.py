@@ -4,7 +4,9 @@
   capability behind a confirmation, rules as the interpreter;
 - ``python -m examples.billing``: charges that wait for the person's confirmation;
 - ``python -m examples.travel``: bookings that confirm on their own, with a
-  small-operation policy.
+  small-operation policy;
+- ``python -m examples.pydantic_ai_desk``: a Pydantic AI agent inside durable turns
+  (``KernelAgent``), its model a ``FunctionModel`` (no API key).
 
 Both take ``--db sqlite:///file.db`` or ``--db postgresql://...``, ``--thread`` and
 ``--llm`` (see :mod:`examples._conversation`).

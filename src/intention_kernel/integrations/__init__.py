@@ -2,6 +2,8 @@
 
 - :mod:`intention_kernel.integrations.mcp`: the tools of an MCP server as
   capabilities (``pip install 'intention-kernel[mcp]'``).
+- :mod:`intention_kernel.integrations.pydantic_ai`: a Pydantic AI agent as the loop
+  of a durable turn (``pip install 'intention-kernel[pydantic-ai]'``).
 
 Nothing is imported here, so that this package loads without any of their SDKs
 installed; import a bridge from its module.

@@ -1,0 +1,133 @@
+"""The help desk: a Pydantic AI agent, its tools, and the bridge that runs it in turns.
+
+The agent is plain Pydantic AI: ``order_status`` is a read, ``cancel_order`` a write,
+``issue_refund`` a write with ``requires_approval=True``. The bridge
+(:class:`~intention_kernel.integrations.pydantic_ai.KernelAgent`) is told which tools
+write and how each derives its business operation ID from its arguments. The model is
+Pydantic AI's ``FunctionModel`` playing a fixed script (no API key): put
+``"openai:gpt-4o-mini"`` in its place to talk to a real one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from intention_kernel import Agent, Answer
+from intention_kernel.integrations.pydantic_ai import KernelAgent, effect_authority
+
+ORDERS = {"42": 1250, "43": 800}
+
+
+@dataclass
+class FakeShop:
+    """The outside world: every cancel and refund it applied, by idempotency key.
+
+    With a ``ledger`` file, each applied call is also a line of it, which outlives a
+    process that dies (``examples/pydantic_ai_desk/crash.py``)."""
+
+    calls: list[str] = field(default_factory=list)
+    ledger: Path | None = None
+
+    def apply(self, operation: str, order_id: str) -> dict[str, str]:
+        key = effect_authority().idempotency_key
+        self.calls.append(key)
+        if self.ledger is not None:
+            with self.ledger.open("a", encoding="utf-8") as f:
+                f.write(key + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return {"id": f"{operation}_{order_id}"}
+
+
+def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """What a model would answer, from the messages it is sent."""
+    last = messages[-1]
+    done = [p for p in getattr(last, "parts", ()) if isinstance(p, ToolReturnPart)]
+    prompt = next(
+        p.content
+        for m in reversed(messages)
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, UserPromptPart) and isinstance(p.content, str)
+    )
+    order_id = prompt.rsplit(" ", 1)[-1]
+    if not done:
+        tool = "cancel_order" if prompt.startswith("cancel") else "order_status"
+        return ModelResponse(parts=[ToolCallPart(tool, {"order_id": order_id})])
+    result = done[-1]
+    if result.tool_name == "order_status" and prompt.startswith("refund"):
+        cents = ORDERS[order_id]
+        return ModelResponse(
+            parts=[ToolCallPart("issue_refund", {"order_id": order_id, "cents": cents})]
+        )
+    if getattr(result, "outcome", "success") == "denied":
+        return ModelResponse(
+            parts=[TextPart(f"I did not refund order {order_id}: {result.content}")]
+        )
+    return ModelResponse(
+        parts=[TextPart(f"{result.tool_name} for order {order_id}: {json.dumps(result.content)}")]
+    )
+
+
+def read_answer(text: str) -> Answer | None:
+    """``yes`` accepts the pending refund; ``no, <reason>`` rejects it with the reason."""
+    words = text.strip().lower()
+    if words in ("yes", "y", "ok"):
+        return Answer(decision="accept")
+    if words.startswith("no"):
+        reason = text.strip()[2:].lstrip(" ,:") or None
+        return Answer(decision="reject", reason=reason)
+    return None
+
+
+def build_desk(shop: FakeShop) -> PydanticAgent[None, str]:
+    desk: PydanticAgent[None, str] = PydanticAgent(FunctionModel(script), name="desk")
+
+    @desk.tool_plain
+    def order_status(order_id: str) -> dict[str, Any]:
+        """An order's state and what it cost."""
+        return {"order_id": order_id, "status": "delivered", "cents": ORDERS[order_id]}
+
+    @desk.tool_plain
+    def cancel_order(order_id: str) -> dict[str, str]:
+        """Cancel an order."""
+        return shop.apply("cancel", order_id)
+
+    @desk.tool_plain(requires_approval=True)
+    def issue_refund(order_id: str, cents: int) -> dict[str, str]:
+        """Refund an order."""
+        return shop.apply("refund", order_id)
+
+    return desk
+
+
+def build_agent(shop: FakeShop) -> Agent:
+    bridge = KernelAgent(
+        build_desk(shop),
+        name="desk",
+        writes={
+            "cancel_order": lambda args: args["order_id"],
+            "issue_refund": lambda args: args["order_id"],
+        },
+        prompt=lambda tool, args: (
+            f"Refund {args['cents']} cents for order {args['order_id']}? Reply yes, or no and why."
+        ),
+        read_answer=read_answer,
+    )
+    return bridge.as_agent(version="1")

@@ -1,0 +1,83 @@
+"""What a paused run holds: the calls awaiting approval, the capability's input, and
+the ``<name>.conversation`` fact (the run's message history) as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+from pydantic_ai import DeferredToolResults, ToolDenied
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, ToolCallPart
+
+__all__ = ["AgentInput", "Call", "Conversation", "denied", "dump", "held_call"]
+
+
+class Call(pydantic.BaseModel):
+    """One tool call held for approval: what the person sees and the digest binds."""
+
+    tool_name: str
+    tool_call_id: str
+    args: dict[str, Any]
+
+
+class AgentInput(pydantic.BaseModel):
+    """The capability's input: a message for the agent, or a call to approve."""
+
+    prompt: str | None = None
+    approvals: list[Call] | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _exactly_one(self) -> AgentInput:
+        if (self.prompt is None) == (self.approvals is None):
+            raise ValueError("give exactly one of prompt and approvals")
+        if self.approvals is not None and not self.approvals:
+            raise ValueError("approvals holds at least one call")
+        return self
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """The ``<name>.conversation`` fact: the run's history and the calls it holds for
+    approval (empty: none)."""
+
+    messages: list[ModelMessage]
+    pending: list[Call] = field(default_factory=list)
+    asked: bool = False
+
+    @classmethod
+    def load(cls, value: Any) -> Conversation:
+        if not isinstance(value, Mapping):
+            return cls([])
+        return cls(
+            list(ModelMessagesTypeAdapter.validate_python(value.get("messages") or [])),
+            [Call.model_validate(call) for call in value.get("pending") or []],
+            bool(value.get("asked", False)),
+        )
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "messages": ModelMessagesTypeAdapter.dump_python(self.messages, mode="json"),
+            "pending": dump(self.pending),
+            "asked": self.asked,
+        }
+
+
+def denied(calls: Sequence[Call], message: str) -> DeferredToolResults:
+    return DeferredToolResults(approvals={c.tool_call_id: ToolDenied(message) for c in calls})
+
+
+def dump(calls: Sequence[Call]) -> list[dict[str, Any]]:
+    return [call.model_dump(mode="json") for call in calls]
+
+
+def held_call(messages: Sequence[ModelMessage], tool_call_id: str) -> ToolCallPart | None:
+    """The call ``tool_call_id`` of the history's last model response."""
+    for message in reversed(messages):
+        if isinstance(message, ModelResponse):
+            for part in message.parts:
+                if isinstance(part, ToolCallPart) and part.tool_call_id == tool_call_id:
+                    return part
+            return None
+    return None

@@ -1,0 +1,136 @@
+"""A help-desk Pydantic AI agent for the bridge's tests, driven by a ``FunctionModel``.
+
+The model is a pure function of the messages it is sent, so a redelivered turn, or
+a new process, asks for the same calls. Tools: ``order_status`` (a read),
+``cancel_order`` (a write, keyed by the order) and ``issue_refund`` (a write keyed by
+the order that needs approval). Each write appends one line to the ledger file, the
+provider's own record, which outlives any process that dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from intention_kernel import Answer
+from intention_kernel.integrations.pydantic_ai import KernelAgent, effect_authority
+from intention_kernel.testing import faults
+
+ORDERS = {"42": 1250, "43": 800}
+
+
+def read_ledger(path: str | Path) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def tool_returns(message: ModelMessage) -> list[ToolReturnPart]:
+    if not isinstance(message, ModelRequest):
+        return []
+    return [part for part in message.parts if isinstance(part, ToolReturnPart)]
+
+
+class Desk:
+    """The agent, its model's requests (``requests``) and the ledger it writes."""
+
+    def __init__(
+        self,
+        ledger: str | Path,
+        read_answer: Callable[[str], Answer | None] | None = None,
+        approve_within: timedelta | None = None,
+    ) -> None:
+        self.ledger = str(ledger)
+        self.requests: list[list[ModelMessage]] = []
+        agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(self.model), name="desk")
+
+        @agent.tool_plain
+        def order_status(order_id: str) -> dict[str, Any]:
+            """The order's state and what it cost."""
+            return {"order_id": order_id, "status": "delivered", "cents": ORDERS[order_id]}
+
+        @agent.tool_plain
+        def cancel_order(order_id: str) -> dict[str, str]:
+            """Cancel an order."""
+            return self.write("cancel", order_id)
+
+        @agent.tool_plain(requires_approval=True)
+        def issue_refund(order_id: str, cents: int) -> dict[str, str]:
+            """Refund an order."""
+            return self.write("refund", order_id, cents=cents)
+
+        self.agent = agent
+        self.bridge = KernelAgent(
+            agent,
+            name="desk",
+            writes={
+                "cancel_order": lambda args: args["order_id"],
+                "issue_refund": lambda args: args["order_id"],
+            },
+            read_answer=read_answer,
+            approve_within=approve_within,
+        )
+
+    def write(self, operation: str, order_id: str, **extra: Any) -> dict[str, str]:
+        authority = effect_authority()
+        record = {"operation": operation, "order_id": order_id, "key": authority.idempotency_key}
+        with open(self.ledger, "a", encoding="utf-8") as f:
+            f.write(json.dumps({**record, **extra, "pid": os.getpid()}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        faults.reach(faults.IN_PROVIDER_AFTER_WRITE)  # applied; the answer is on its way
+        return {"id": f"{operation}_{order_id}"}
+
+    def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.requests.append(list(messages))
+        last = messages[-1]
+        returns = tool_returns(last)
+        if returns:
+            done = returns[-1]
+            if done.tool_name == "order_status" and self._asked("refund"):
+                status = done.content
+                assert isinstance(status, dict)
+                call = ToolCallPart(
+                    "issue_refund",
+                    {"order_id": status["order_id"], "cents": status["cents"]},
+                    tool_call_id="call-refund",
+                )
+                return ModelResponse(parts=[call])
+            if getattr(done, "outcome", "success") == "denied":
+                return ModelResponse(parts=[TextPart(f"Not refunded: {done.content}")])
+            return ModelResponse(parts=[TextPart(f"{done.tool_name}: {json.dumps(done.content)}")])
+        prompt = self._prompt(messages)
+        order_id = prompt.rsplit(" ", 1)[-1]
+        if prompt.startswith("cancel"):
+            name, tool_call_id = "cancel_order", "call-cancel"
+        else:
+            name, tool_call_id = "order_status", "call-status"
+        return ModelResponse(parts=[ToolCallPart(name, {"order_id": order_id}, tool_call_id)])
+
+    def _asked(self, word: str) -> bool:
+        return word in self._prompt(self.requests[-1])
+
+    @staticmethod
+    def _prompt(messages: list[ModelMessage]) -> str:
+        for message in reversed(messages):
+            if isinstance(message, ModelRequest):
+                for part in message.parts:
+                    if isinstance(part, UserPromptPart) and isinstance(part.content, str):
+                        return part.content
+        return ""

@@ -1,0 +1,489 @@
+"""The Pydantic AI bridge: an agent's loop inside durable turns.
+
+Reads reach the model; a write tool is called once however often its turn is
+delivered, also when a real process dies after the provider call; a
+``requires_approval=True`` tool is held as a kernel interaction bound to that exact
+call, survives a restart, and an accept runs exactly that call once while a reject's
+reason reaches the model as the denial. No API key: the model is a ``FunctionModel``
+(``tests/pydantic_ai_support.py``).
+
+Model responses are not recorded yet: a redelivered turn asks the model again (these
+tests count on a deterministic model for that), and only the receipts keep its writes
+from repeating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from intention_kernel import Answer, Kernel, ReceiptStatus
+from intention_kernel.checkpoint import operation_digest
+from intention_kernel.durability import Durability
+from intention_kernel.integrations.pydantic_ai import KernelAgent
+from intention_kernel.testing import faults
+from proving_support import Store, drop_schema, new_schema, open_store
+from pydantic_ai_support import Desk, read_ledger, tool_returns
+
+WORKER = Path(__file__).with_name("pydantic_ai_worker.py")
+PROCESS_TIMEOUT = 120
+REFUND = {
+    "tool_name": "issue_refund",
+    "tool_call_id": "call-refund",
+    "args": {"order_id": "42", "cents": 1250},
+}
+
+
+def returns_of(desk: Desk) -> list[tuple[str, Any]]:
+    """The tool results the model's last request carried."""
+    return [(r.tool_name, r.content) for r in tool_returns(desk.requests[-1][-1])]
+
+
+# -- in one process, every store ---------------------------------------------------------------
+
+
+async def test_a_read_tools_result_reaches_the_model(store: Durability, tmp_path: Path) -> None:
+    desk = Desk(tmp_path / "ledger")
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    result = await kernel.turn("t1", "turn-1", "status of 42")
+    status = {"order_id": "42", "status": "delivered", "cents": 1250}
+    assert returns_of(desk) == [("order_status", status)]
+    assert result.reply == f"order_status: {json.dumps(status)}"
+    assert [s.status for s in result.steps] == ["completed"]
+    # The history is the thread's: the next turn's run continues it.
+    await kernel.turn("t1", "turn-2", "status of 43")
+    prompts = [
+        p
+        for m in desk.requests[-1]
+        for p in getattr(m, "parts", ())
+        if p.part_kind == "user-prompt"
+    ]
+    assert [p.content for p in prompts] == ["status of 42", "status of 43"]
+    assert read_ledger(desk.ledger) == []
+
+
+async def test_a_write_tool_is_called_once_when_its_turn_is_redelivered(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    faults.inject(faults.BEFORE_COMMIT, "raise")
+    try:
+        with pytest.raises(faults.InjectedFault):
+            await kernel.turn("t1", "turn-1", "cancel 42")
+    finally:
+        faults.clear()
+    assert len(read_ledger(desk.ledger)) == 1  # the write ran; the turn did not commit
+    redelivered = await kernel.turn("t1", "turn-1", "cancel 42")
+    assert not redelivered.replayed
+    assert [s.status for s in redelivered.steps] == ["completed"]
+    assert returns_of(desk) == [("cancel_order", {"id": "cancel_42"})]  # the stored value
+    again = await kernel.turn("t1", "turn-1", "cancel 42")
+    assert again.replayed
+    ledger = read_ledger(desk.ledger)
+    assert [(c["operation"], c["key"]) for c in ledger] == [
+        ("cancel", "desk.agent:cancel_order:42")
+    ]
+    receipts = await store.list_receipts(thread_id="t1")
+    assert [(r.key, r.status) for r in receipts] == [
+        ("desk.agent:cancel_order:42", ReceiptStatus.COMPLETED)
+    ]
+
+
+async def test_the_same_operation_asked_again_in_a_later_turn_meets_its_receipt(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    await kernel.turn("t1", "turn-1", "cancel 42")
+    await kernel.turn("t1", "turn-2", "cancel 42")
+    assert len(read_ledger(desk.ledger)) == 1
+    assert returns_of(desk) == [("cancel_order", {"id": "cancel_42"})]
+
+
+async def test_an_approval_tool_is_held_as_an_interaction_bound_to_the_exact_call(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    asked = await kernel.turn("t1", "turn-1", "refund 42")
+    interaction = asked.interaction
+    assert interaction is not None
+    assert interaction.kind == "capability"
+    assert interaction.input == {"approvals": [REFUND], "prompt": None}
+    assert interaction.details == [REFUND]
+    assert interaction.digest == operation_digest("capability", "desk.agent", interaction.input)
+    assert '{"cents": 1250, "order_id": "42"}' in interaction.prompt
+    assert interaction.prompt in asked.reply
+    assert [s.status for s in asked.steps] == ["completed", "awaiting_confirmation"]
+    assert read_ledger(desk.ledger) == []
+    # While it waits, a new message gets the question again; the model is not asked.
+    requests = len(desk.requests)
+    waiting = await kernel.turn("t1", "turn-2", "status of 43")
+    assert interaction.prompt in waiting.reply
+    assert len(desk.requests) == requests
+    assert waiting.interaction == interaction
+
+
+async def test_an_accept_with_another_digest_runs_nothing(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    asked = await kernel.turn("t1", "turn-1", "refund 42")
+    assert asked.interaction is not None
+    other = operation_digest(
+        "capability",
+        "desk.agent",
+        {"approvals": [{**REFUND, "args": {"order_id": "42", "cents": 99999}}], "prompt": None},
+    )
+    refused = await kernel.turn("t1", "turn-2", answer=Answer(digest=other))
+    assert refused.steps == ()
+    assert refused.interaction == asked.interaction
+    assert read_ledger(desk.ledger) == []
+    accepted = await kernel.turn("t1", "turn-3", answer=Answer(digest=asked.interaction.digest))
+    assert [s.status for s in accepted.steps] == ["completed"]
+    assert [(c["operation"], c["cents"]) for c in read_ledger(desk.ledger)] == [("refund", 1250)]
+
+
+async def test_a_rejects_reason_reaches_the_model_as_the_denial(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    await kernel.turn("t1", "turn-1", "refund 42")
+    rejected = await kernel.turn(
+        "t1", "turn-2", answer=Answer(decision="reject", reason="it arrived intact")
+    )
+    assert returns_of(desk) == [("issue_refund", "it arrived intact")]
+    assert tool_returns(desk.requests[-1][-1])[0].outcome == "denied"
+    assert rejected.reply == "Not refunded: it arrived intact"
+    assert rejected.interaction is None
+    assert read_ledger(desk.ledger) == []
+    # The run ended: the next message starts a new one on the same history.
+    await kernel.turn("t1", "turn-3", "status of 43")
+    assert returns_of(desk)[0][0] == "order_status"
+
+
+async def test_an_approval_tool_without_a_key_is_refused_before_asking(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    bridge = KernelAgent(desk.agent, name="desk", writes={"cancel_order": lambda a: a["order_id"]})
+    result = await Kernel(bridge.as_agent(version="1"), store).turn("t1", "turn-1", "refund 42")
+    assert [s.status for s in result.steps] == ["failed"]
+    assert "'issue_refund' needs approval but has no key in writes" in (result.steps[0].error or "")
+    assert result.interaction is None
+    assert read_ledger(desk.ledger) == []
+
+
+class MovingClock:
+    """A clock that stands still until the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def test_an_approval_that_expires_reaches_the_model_as_denied(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger", approve_within=timedelta(minutes=15))
+    clock = MovingClock()
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store, clock=clock)
+    asked = await kernel.turn("t1", "turn-1", "refund 42")
+    assert asked.interaction is not None
+    assert asked.interaction.expires_at == clock.now + timedelta(minutes=15)
+    clock.now += timedelta(minutes=15)
+    before = len(desk.requests)
+    later = await kernel.turn("t1", "turn-2", "status of 43")
+    assert later.interaction is None
+    denial = tool_returns(desk.requests[before][-1])
+    assert [(r.tool_name, r.content) for r in denial] == [
+        ("issue_refund", "The approval request closed unanswered.")
+    ]
+    assert returns_of(desk)[0][0] == "order_status"
+    assert read_ledger(desk.ledger) == []
+    late = await kernel.turn("t1", "turn-3", answer=Answer(digest=asked.interaction.digest))
+    assert late.steps == ()
+    assert read_ledger(desk.ledger) == []
+
+
+def words(text: str) -> Answer | None:
+    if text == "yes":
+        return Answer(decision="accept")
+    if text.startswith("no, "):
+        return Answer(decision="reject", reason=text[4:])
+    return None
+
+
+async def test_a_message_may_answer_the_pending_approval(store: Durability, tmp_path: Path) -> None:
+    desk = Desk(tmp_path / "ledger", read_answer=words)
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    await kernel.turn("t1", "turn-1", "refund 42")
+    unrelated = await kernel.turn("t1", "turn-2", "status of 43")  # not an answer: asked again
+    assert unrelated.interaction is not None
+    assert unrelated.steps == ()
+    rejected = await kernel.turn("t1", "turn-3", "no, it arrived intact")
+    assert rejected.reply == "Not refunded: it arrived intact"
+    assert returns_of(desk) == [("issue_refund", "it arrived intact")]
+    await kernel.turn("t1", "turn-4", "refund 42")
+    accepted = await kernel.turn("t1", "turn-5", "yes")
+    assert accepted.reply == 'issue_refund: {"id": "refund_42"}'
+    assert accepted.interaction is None
+    assert [(c["operation"], c["cents"]) for c in read_ledger(desk.ledger)] == [("refund", 1250)]
+
+
+async def test_an_approval_survives_a_new_kernel_on_the_same_store(tmp_path: Path) -> None:
+    from intention_kernel.durability.sqlite import SQLiteDurability
+
+    path = tmp_path / "desk.db"
+    async with SQLiteDurability(path) as first:
+        asked = await Kernel(Desk(tmp_path / "ledger").bridge.as_agent(version="1"), first).turn(
+            "t1", "turn-1", "refund 42"
+        )
+    assert asked.interaction is not None
+    desk = Desk(tmp_path / "ledger")
+    async with SQLiteDurability(path) as second:
+        kernel = Kernel(desk.bridge.as_agent(version="1"), second)
+        done = await kernel.turn("t1", "turn-2", answer=Answer(digest=asked.interaction.digest))
+    assert returns_of(desk) == [("issue_refund", {"id": "refund_42"})]
+    assert done.reply == 'issue_refund: {"id": "refund_42"}'
+    assert len(read_ledger(desk.ledger)) == 1
+
+
+def test_importing_the_bridge_without_pydantic_ai_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'pydantic_ai' or name.startswith('pydantic_ai.'):\n"
+        "            raise ImportError('blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import intention_kernel.integrations.pydantic_ai\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode != 0
+    assert "pip install 'intention-kernel[pydantic-ai]'" in proc.stderr
+
+
+# -- real processes: SQLite and PostgreSQL -----------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        yield Store("sqlite", str(tmp_path / "desk.db"))
+        return
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = new_schema()
+    yield Store("postgres", make_conninfo(dsn, application_name=schema), schema)
+    drop_schema(dsn, schema)
+
+
+@dataclass
+class Workers:
+    store: Store
+    ledger: Path
+    running: list[asyncio.subprocess.Process]
+
+    async def run(
+        self, turns: list[dict[str, Any]], *, status: int = 0, **config: Any
+    ) -> list[dict[str, Any]]:
+        config.update(store=self.store.config(), ledger=str(self.ledger), turns=turns)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(WORKER),
+            json.dumps(config),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        self.running.append(process)
+        stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
+        assert process.returncode == status, (
+            f"worker exited with {process.returncode}, expected {status}:\n{stderr.decode()}"
+        )
+        return [json.loads(line) for line in stdout.decode().splitlines()]
+
+
+@pytest.fixture
+async def workers(sql_store: Store, tmp_path: Path) -> AsyncIterator[Workers]:
+    workers = Workers(sql_store, tmp_path / "provider.ledger", [])
+    yield workers
+    for process in workers.running:
+        if process.returncode is None:
+            process.kill()
+            await process.communicate()
+
+
+@pytest.mark.slow
+async def test_a_process_killed_after_the_write_is_redelivered_with_one_provider_call(
+    workers: Workers,
+) -> None:
+    turn = {"thread_id": "t1", "turn_id": "turn-1", "message": "cancel 42"}
+    died = await workers.run(
+        [turn],
+        fault={"point": faults.AFTER_RECEIPT_COMPLETED, "action": "exit"},
+        status=faults.EXIT_STATUS,
+    )
+    assert died == []
+    assert len(read_ledger(workers.ledger)) == 1
+    (redelivered,) = await workers.run([turn])
+    result = redelivered["result"]
+    assert result["replayed"] is False
+    assert [s["status"] for s in result["steps"]] == ["completed"]
+    assert redelivered["returns"] == [{"tool": "cancel_order", "content": {"id": "cancel_42"}}]
+    calls = read_ledger(workers.ledger)
+    assert len(calls) == 1  # provider_calls=1
+    assert calls[0]["key"] == "desk.agent:cancel_order:42"
+
+
+@pytest.mark.slow
+async def test_a_process_killed_inside_the_provider_call_leaves_the_write_uncertain(
+    workers: Workers,
+) -> None:
+    turn = {"thread_id": "t1", "turn_id": "turn-1", "message": "cancel 42"}
+    await workers.run(
+        [turn],
+        fault={"point": faults.IN_PROVIDER_AFTER_WRITE, "action": "exit"},
+        status=faults.EXIT_STATUS,
+    )
+    (redelivered,) = await workers.run([turn])
+    steps = redelivered["result"]["steps"]
+    assert [s["status"] for s in steps] == ["uncertain"]
+    assert len(read_ledger(workers.ledger)) == 1  # never retried blindly
+    async with open_store(workers.store.config()) as durability:
+        receipts = await durability.list_receipts(thread_id="t1")
+    assert [r.status for r in receipts] == [ReceiptStatus.UNCERTAIN]
+
+
+@pytest.mark.slow
+async def test_an_approval_given_after_a_restart_runs_the_approved_call_once_across_a_crash(
+    workers: Workers,
+) -> None:
+    (asked,) = await workers.run([{"thread_id": "t1", "turn_id": "turn-1", "message": "refund 42"}])
+    interaction = asked["result"]["interaction"]
+    assert interaction["details"] == [REFUND]
+    accept = {"thread_id": "t1", "turn_id": "turn-2", "answer": {"digest": interaction["digest"]}}
+    # A new process accepts and dies after the refund's provider call, before its turn
+    # commits; the same delivery comes again, in another process, and again after that.
+    died = await workers.run(
+        [accept],
+        fault={"point": faults.AFTER_RECEIPT_COMPLETED, "action": "exit"},
+        status=faults.EXIT_STATUS,
+    )
+    assert died == []
+    assert len(read_ledger(workers.ledger)) == 1
+    (done,) = await workers.run([accept])
+    assert done["result"]["replayed"] is False
+    assert done["returns"] == [{"tool": "issue_refund", "content": {"id": "refund_42"}}]
+    assert done["result"]["reply"] == 'issue_refund: {"id": "refund_42"}'
+    (again,) = await workers.run([accept])
+    assert again["result"]["replayed"] is True
+    calls = read_ledger(workers.ledger)
+    assert [(c["operation"], c["order_id"], c["cents"]) for c in calls] == [("refund", "42", 1250)]
+    assert len({c["pid"] for c in calls}) == 1
+
+
+async def test_approvals_asked_together_are_held_and_answered_together(
+    store: Durability, tmp_path: Path
+) -> None:
+    """Pydantic AI resumes a run only with a result for every call it deferred: one
+    interaction holds them all, and its digest binds each."""
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    refunded: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = tool_returns(messages[-1])
+        if returns:
+            return ModelResponse(parts=[TextPart(", ".join(str(r.content) for r in returns))])
+        return ModelResponse(
+            parts=[
+                ToolCallPart("refund", {"order_id": order}, tool_call_id=f"call-{order}")
+                for order in ("42", "43")
+            ]
+        )
+
+    agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(model))
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(order_id: str) -> str:
+        refunded.append(order_id)
+        return f"refunded {order_id}"
+
+    bridge = KernelAgent(agent, name="desk", writes={"refund": lambda args: args["order_id"]})
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    first = await kernel.turn("t1", "turn-1", "refund both")
+    assert first.interaction is not None
+    assert [c["args"] for c in first.interaction.details] == [
+        {"order_id": "42"},
+        {"order_id": "43"},
+    ]
+    assert first.interaction.prompt.count("Run refund with") == 2
+    accepted = await kernel.turn("t1", "turn-2", answer="accept")
+    assert refunded == ["42", "43"]
+    assert accepted.reply == "refunded 42, refunded 43"
+    await kernel.turn("t1", "turn-3", "refund both")
+    rejected = await kernel.turn("t1", "turn-4", answer=Answer(decision="reject", reason="no"))
+    assert refunded == ["42", "43"]  # (the receipts would have answered a second run too)
+    assert rejected.reply == "no, no"
+
+
+def test_a_kernel_agent_needs_an_agent_with_a_model_instance() -> None:
+    from pydantic_ai import Agent as PydanticAgent
+
+    with pytest.raises(TypeError, match="needs an agent with a model"):
+        KernelAgent(PydanticAgent(), name="desk")
+
+
+async def test_a_write_tool_that_did_nothing_fails_its_step_and_may_run_again(
+    store: Durability, tmp_path: Path
+) -> None:
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from intention_kernel import EffectNotAppliedError
+
+    attempts: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if tool_returns(messages[-1]):
+            return ModelResponse(parts=[TextPart("cancelled")])
+        return ModelResponse(parts=[ToolCallPart("cancel_order", {"order_id": "42"})])
+
+    agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(model))
+
+    @agent.tool_plain
+    def cancel_order(order_id: str) -> str:
+        attempts.append(len(attempts) + 1)
+        if len(attempts) == 1:
+            raise EffectNotAppliedError("the shop refused: try again")
+        return "ok"
+
+    bridge = KernelAgent(agent, name="desk", writes={"cancel_order": lambda a: a["order_id"]})
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    first = await kernel.turn("t1", "turn-1", "cancel 42")
+    assert [s.status for s in first.steps] == ["failed"]
+    (receipt,) = await store.list_receipts(thread_id="t1")
+    assert receipt.status == ReceiptStatus.FAILED
+    second = await kernel.turn("t1", "turn-2", "cancel 42")
+    assert second.reply == "cancelled"
+    assert attempts == [1, 2]
+    (receipt,) = await store.list_receipts(thread_id="t1")
+    assert (receipt.status, receipt.attempt) == (ReceiptStatus.COMPLETED, 2)
