@@ -84,6 +84,11 @@ class StepResult:
     ``proposed_input`` and ``approved_input`` are set on the step of a confirmed
     operation whose held input the approver edited (``Answer(input=...)``): what was
     proposed and shown, and what was approved and ran. ``None`` otherwise.
+
+    ``round`` is the round of the turn the step ran in (1 for the first, and for every
+    turn of an interpreter that does not work in rounds): a turn's steps grouped by
+    ``round`` are what each model round asked for and what came of it. A result stored
+    before the field existed reads as 1, which it was (rounds came with the field).
     """
 
     step_id: str
@@ -94,6 +99,7 @@ class StepResult:
     receipt_ids: tuple[str, ...] = ()
     proposed_input: dict[str, Any] | None = None
     approved_input: dict[str, Any] | None = None
+    round: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,8 @@ class TurnState:
         self.noted_receipts: dict[str, ReceiptRef] = {}
         self.noted_known_receipt = False  # a noted key may already be in ``receipts``
         self.steps: list[StepResult] = []
+        #: The round whose steps run now (set by ``continue_rounds``); steps carry it.
+        self.round = 1
         self.recorded: list[FactRecord] = []
         self.events: list[EventDraft] = []
         # Keys of completed receipts whose effect.completed is among ``events``.
@@ -100,7 +102,10 @@ class TurnState:
         self._step_count = 0
 
     def add_step(self, step: StepResult) -> None:
-        """Record a step of this turn, and report it when the turn is streamed."""
+        """Record a step of this turn, in the current round, and report it when the turn
+        is streamed."""
+        if self.round != 1:  # a one-round turn's steps already say round 1: no copy
+            step = replace(step, round=self.round)
         self.steps.append(step)
         if self.sink is not None:
             self.sink.step(step)
