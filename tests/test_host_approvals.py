@@ -66,3 +66,29 @@ async def test_the_host_refuses_an_answer_whose_actor_is_not_the_tokens_principa
     assert forged.json()["type"] == "/problems/forbidden"
     assert same.status_code == 200, same.text
     assert provider.ledger == ["payments.charge:charge:pi_1"]
+
+
+async def test_the_thread_view_gives_the_held_inputs_schema_for_an_edit(
+    store: Durability,
+) -> None:
+    """The console validates an edit against it before sending: it is the capability's
+    own input schema, documented as such in the OpenAPI document."""
+    kernel = Kernel(billing_agent(FakeProvider()), store)
+    async with asgi_client(create_app(kernel)) as client:
+        await client.post("/v1/threads/t/turns", json={"turn_id": "d1", "message": "charge pi_1 5"})
+        thread = (await client.get("/v1/threads/t")).json()
+        await client.post("/v1/threads/t/turns", json={"turn_id": "d2", "message": "refund pi_1 5"})
+        refund = (await client.get("/v1/threads/t")).json()
+        document = (await client.get("/openapi.json")).json()
+    [charge] = [c for c in kernel.agent.capabilities if c.id == "payments.charge"]
+    assert thread["interaction"]["capability_id"] == "payments.charge"
+    assert thread["interaction"]["input_schema"] == charge.input_schema
+    assert thread["interaction"]["input"] == {"payment_intent_id": "pi_1", "amount": 5}
+    # A capability that confirms on its own is not edited in an answer: no schema.
+    assert refund["interaction"]["kind"] == "capability"
+    assert refund["interaction"]["input_schema"] is None
+    schemas = document["components"]["schemas"]
+    view = schemas["ThreadView"]["properties"]["interaction"]["anyOf"][0]["$ref"]
+    shown = schemas[view.rsplit("/", 1)[1]]
+    assert "input_schema" in shown["properties"]
+    assert "JSON schema of the capability's input" in shown["description"]
