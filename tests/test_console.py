@@ -35,7 +35,7 @@ from host_support import opened_provider, serving_in_thread
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel
 from intention_kernel.demo import FakePaymentProvider, build_agent
 from intention_kernel.facts import Evidence, FactRecord
-from intention_kernel.host import create_app
+from intention_kernel.host import Principal, create_app
 from intention_kernel.testing import InMemoryDurability, agents, faults
 from intention_kernel.testing.agents import FakeProvider
 from intention_kernel.testing.conformance import commit_for
@@ -735,3 +735,29 @@ def test_a_reject_with_a_reason_shows_the_reason(host: Host, page: Any) -> None:
         "the customer disputes invoice 42",
     )
     assert host.charges() == []
+
+
+def test_an_answered_step_shows_who_answered(tmp_path: Path, page: Any) -> None:
+    """The approver is the token's principal: the console shows it on the step the
+    answer ran."""
+    from playwright.sync_api import expect
+
+    provider = opened_provider(tmp_path / "provider.db")
+    kernel = Kernel(build_agent(provider), InMemoryDurability())
+    tokens = {"tok-ana": Principal("ana@acme.example", None, "operator")}
+    with serving_in_thread(create_app(kernel, tokens=tokens)) as url:
+        proposed = httpx.post(
+            f"{url}/v1/threads/{THREAD}/turns",
+            json={"turn_id": "d1", "message": "pay invoice 42"},
+            headers={"Authorization": "Bearer tok-ana"},
+            timeout=30,
+        )
+        assert proposed.status_code == 200, proposed.text
+        page.goto(f"{url}/console")
+        page.get_by_label("Token").fill("tok-ana")
+        page.get_by_label("Thread").fill(THREAD)
+        page.get_by_role("button", name="Open").click()
+        page.get_by_role("button", name="Accept").click()
+        step = page.locator("#messages .step", has_text="payments.charge")
+        expect(step.locator(".badge")).to_have_text("completed")
+        expect(step.locator(".actor")).to_have_text("by ana@acme.example")

@@ -31,6 +31,9 @@ async def test_the_host_records_the_tokens_principal_as_the_answers_actor(
         )
     assert answered.status_code == 200, answered.text
     assert provider.ledger == ["payments.charge:charge:pi_1"]
+    # The step the answer ran names who answered, in the result the client receives.
+    [step] = answered.json()["steps"]
+    assert (step["status"], step["actor"]) == ("completed", "ana@acme.example")
     events = [e for e in await store.read_outbox() if e.thread_id == "t"]
     assert [e.payload.get("actor") for e in events if e.type == "interaction.resolved"] == [
         "ana@acme.example"
@@ -92,3 +95,28 @@ async def test_the_thread_view_gives_the_held_inputs_schema_for_an_edit(
     shown = schemas[view.rsplit("/", 1)[1]]
     assert "input_schema" in shown["properties"]
     assert "JSON schema of the capability's input" in shown["description"]
+
+
+async def test_a_rejected_step_names_who_rejected_it_and_other_steps_name_no_one(
+    store: Durability,
+) -> None:
+    provider = FakeProvider()
+    app = create_app(Kernel(billing_agent(provider), store), tokens=TOKENS)
+    async with asgi_client(app) as client:
+        opened = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d1", "message": "charge pi_1 500"},
+            headers=AUTH,
+        )
+        rejected = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d2", "message": "balance 7", "answer": {"decision": "reject"}},
+            headers=AUTH,
+        )
+    assert [s["actor"] for s in opened.json()["steps"]] == [None]  # proposed: no answer yet
+    steps = [(s["capability_id"], s["status"], s["actor"]) for s in rejected.json()["steps"]]
+    assert steps == [
+        ("payments.charge", "rejected", "ana@acme.example"),
+        ("billing.balance", "completed", None),  # the message's own intent: no approver
+    ]
+    assert provider.ledger == []

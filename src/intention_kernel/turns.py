@@ -89,6 +89,10 @@ class StepResult:
     turn of an interpreter that does not work in rounds): a turn's steps grouped by
     ``round`` are what each model round asked for and what came of it. A result stored
     before the field existed reads as 1, which it was (rounds came with the field).
+
+    ``actor`` is who answered, on the step of the interaction an answer resolved (the
+    accepted operation, or the rejected one): ``Answer.actor``, the token's principal
+    on the HTTP host. ``None`` on every other step, and when the answer named no one.
     """
 
     step_id: str
@@ -100,6 +104,7 @@ class StepResult:
     proposed_input: dict[str, Any] | None = None
     approved_input: dict[str, Any] | None = None
     round: int = 1
+    actor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

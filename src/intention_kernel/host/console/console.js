@@ -209,6 +209,7 @@ function stepItem(step) {
   const item = el("li", "step");
   item.dataset.step = step.step_id;
   item.append(el("code", "", step.capability_id), el("span", `badge ${step.status}`, step.status));
+  if (step.actor) item.append(el("span", "actor", `by ${step.actor}`)); // who answered
   if (step.approved_input) item.append(el("span", "muted", `edited: ${compact(step.approved_input)}`));
   if (step.error) {
     item.append(el("span", "outcome error", step.error));
