@@ -120,3 +120,16 @@ async def test_a_rejected_step_names_who_rejected_it_and_other_steps_name_no_one
         ("billing.balance", "completed", None),  # the message's own intent: no approver
     ]
     assert provider.ledger == []
+
+
+async def test_the_openapi_document_says_each_steps_round_and_who_answered(
+    store: Durability,
+) -> None:
+    app = create_app(Kernel(billing_agent(FakeProvider()), store))
+    async with asgi_client(app) as client:
+        document = (await client.get("/openapi.json")).json()
+    step = document["components"]["schemas"]["StepResult"]
+    assert step["properties"]["round"] == {"default": 1, "title": "Round", "type": "integer"}
+    assert {"type": "string"} in step["properties"]["actor"]["anyOf"]
+    assert "``round`` is the round of the turn the step ran in" in step["description"]
+    assert "``actor`` is who answered" in step["description"]

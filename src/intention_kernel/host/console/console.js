@@ -727,8 +727,8 @@ document.addEventListener("DOMContentLoaded", () => {
     event.preventDefault();
     const message = $("message").value.trim();
     if (!message) return;
-    $("message").value = "";
     run(async () => {
+      $("message").value = ""; // shown in the conversation while the turn streams
       try {
         await postTurn({ message });
       } catch (error) {
