@@ -761,3 +761,51 @@ def test_an_answered_step_shows_who_answered(tmp_path: Path, page: Any) -> None:
         step = page.locator("#messages .step", has_text="payments.charge")
         expect(step.locator(".badge")).to_have_text("completed")
         expect(step.locator(".actor")).to_have_text("by ana@acme.example")
+
+
+def test_the_pages_schema_check_agrees_with_the_input_model(host: Host, page: Any) -> None:
+    """The edit form's check, run in the page on a pydantic schema with what a capability's
+    input model may hold (a nested model by ``$ref``, a literal, a list, an optional
+    field, bounds): it refuses exactly what the model refuses, on inputs where pydantic's
+    coercion does not come in."""
+    from typing import Literal
+
+    import pydantic
+
+    class Line(pydantic.BaseModel):
+        sku: str = pydantic.Field(pattern=r"^sku-\d+$")
+        cents: int = pydantic.Field(ge=1)
+
+    class Order(pydantic.BaseModel):
+        currency: Literal["usd", "eur"]
+        lines: list[Line] = pydantic.Field(min_length=1)
+        note: str | None = pydantic.Field(default=None, max_length=5)
+
+    good_line = {"sku": "sku-1", "cents": 5}
+    cases = [
+        {"currency": "usd", "lines": [good_line]},
+        {"currency": "eur", "lines": [good_line], "note": None, "extra": 1},
+        {"currency": "gbp", "lines": [good_line]},
+        {"currency": "usd", "lines": []},
+        {"currency": "usd", "lines": [{"sku": "x-1", "cents": 5}]},
+        {"currency": "usd", "lines": [{"sku": "sku-1", "cents": 0}]},
+        {"currency": "usd", "lines": [{"sku": "sku-1"}]},
+        {"currency": "usd", "lines": [good_line], "note": "too long"},
+        {"lines": [good_line]},
+    ]
+    page.goto(f"{host.url}/console")
+    schema = Order.model_json_schema()
+    verdicts = page.evaluate(
+        "([schema, cases]) => cases.map((c) => schemaProblems(schema, c, schema))",
+        [schema, cases],
+    )
+    for case, problems in zip(cases, verdicts, strict=True):
+        try:
+            Order.model_validate(case)
+            accepted = True
+        except pydantic.ValidationError:
+            accepted = False
+        assert (problems == []) == accepted, (case, problems)
+    assert verdicts[2] == ['currency: must be one of "usd", "eur"']
+    assert verdicts[6] == ["lines[0].cents: required"]
+    assert verdicts[7] == ["note: must have at most 5 characters"]

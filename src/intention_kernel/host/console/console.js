@@ -135,7 +135,8 @@ function onTurnEvent(event) {
   const live = state.live;
   if (!live) return;
   if (event.type === "delta") live.text += event.data.text;
-  else if (event.type === "step") live.steps.set(event.data.step_id, event.data); // a later status replaces
+  // A step reported again (superseded later in the turn) replaces its earlier status.
+  else if (event.type === "step") live.steps.set(event.data.step_id, event.data);
   else if (event.type === "interaction") renderInteraction(event.data);
   renderConversation();
 }
@@ -210,7 +211,9 @@ function stepItem(step) {
   item.dataset.step = step.step_id;
   item.append(el("code", "", step.capability_id), el("span", `badge ${step.status}`, step.status));
   if (step.actor) item.append(el("span", "actor", `by ${step.actor}`)); // who answered
-  if (step.approved_input) item.append(el("span", "muted", `edited: ${compact(step.approved_input)}`));
+  if (step.approved_input) {
+    item.append(el("span", "muted", `edited: ${compact(step.approved_input)}`));
+  }
   if (step.error) {
     item.append(el("span", "outcome error", step.error));
   } else if (step.value !== null && step.value !== undefined) {
@@ -311,8 +314,8 @@ function renderTimeLeft() {
   if (!interaction || !interaction.expires_at) return;
   const expires = new Date(interaction.expires_at);
   const left = Math.floor((expires.getTime() - Date.now()) / 1000);
-  $("confirmation-expires").textContent =
-    `${expires.toLocaleString()} · ${left > 0 ? `${duration(left)} left` : "overdue: an accept now runs nothing"}`;
+  const status = left > 0 ? `${duration(left)} left` : "overdue: an accept now runs nothing";
+  $("confirmation-expires").textContent = `${expires.toLocaleString()} · ${status}`;
 }
 
 function duration(seconds) {
@@ -592,72 +595,109 @@ function jsonType(value) {
   return typeof value; // string, boolean, object
 }
 
+// Bounds, each [keyword, whether a value breaks it, what the page says].
+const BOUNDS = [
+  ["minimum", (v, b) => v < b, (b) => `must be at least ${b}`],
+  ["maximum", (v, b) => v > b, (b) => `must be at most ${b}`],
+  ["exclusiveMinimum", (v, b) => v <= b, (b) => `must be more than ${b}`],
+  ["exclusiveMaximum", (v, b) => v >= b, (b) => `must be less than ${b}`],
+  ["multipleOf", (v, b) => !Number.isInteger(v / b), (b) => `must be a multiple of ${b}`],
+];
+const LENGTHS = [
+  ["minLength", (n, b) => n < b, (b) => `must have at least ${b} characters`],
+  ["maxLength", (n, b) => n > b, (b) => `must have at most ${b} characters`],
+  ["minItems", (n, b) => n < b, (b) => `must have at least ${b} items`],
+  ["maxItems", (n, b) => n > b, (b) => `must have at most ${b} items`],
+];
+
+const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+
+// What is wrong with `value` under `schema` (root: where `$ref`s point), one line each.
 function schemaProblems(schema, value, root, where = "input") {
   if (schema === true || schema === undefined || schema === null) return [];
   if (schema === false) return [`${where}: not allowed`];
   if (schema.$ref) {
-    const target = schema.$ref.replace(/^#\//, "").split("/").reduce((node, part) => node && node[part], root);
+    const path = schema.$ref.replace(/^#\//, "").split("/");
+    const target = path.reduce((node, part) => node && node[part], root);
     return target ? schemaProblems(target, value, root, where) : [];
   }
   const problems = [];
+  const fail = (message) => problems.push(`${where}: ${message}`);
   const type = jsonType(value);
   if (schema.type !== undefined) {
     const allowed = Array.isArray(schema.type) ? schema.type : [schema.type];
-    const fits = allowed.includes(type) || (type === "integer" && allowed.includes("number"));
-    if (!fits) return [`${where}: must be ${allowed.join(" or ")}, not ${type}`];
+    if (!allowed.includes(type) && !(type === "integer" && allowed.includes("number"))) {
+      const wrong = [`${where}: must be ${allowed.join(" or ")}, not ${type}`];
+      wrong.wrongType = true; // for anyOf: this form is not the one meant
+      return wrong;
+    }
   }
-  if (schema.const !== undefined && JSON.stringify(schema.const) !== JSON.stringify(value)) {
-    problems.push(`${where}: must be ${JSON.stringify(schema.const)}`);
+  if (schema.const !== undefined && !same(schema.const, value)) {
+    fail(`must be ${JSON.stringify(schema.const)}`);
   }
-  if (schema.enum && !schema.enum.some((option) => JSON.stringify(option) === JSON.stringify(value))) {
-    problems.push(`${where}: must be one of ${schema.enum.map((o) => JSON.stringify(o)).join(", ")}`);
+  if (schema.enum && !schema.enum.some((option) => same(option, value))) {
+    fail(`must be one of ${schema.enum.map((option) => JSON.stringify(option)).join(", ")}`);
   }
   if (typeof value === "number") {
-    if (schema.minimum !== undefined && value < schema.minimum) problems.push(`${where}: must be at least ${schema.minimum}`);
-    if (schema.maximum !== undefined && value > schema.maximum) problems.push(`${where}: must be at most ${schema.maximum}`);
-    if (schema.exclusiveMinimum !== undefined && value <= schema.exclusiveMinimum) problems.push(`${where}: must be more than ${schema.exclusiveMinimum}`);
-    if (schema.exclusiveMaximum !== undefined && value >= schema.exclusiveMaximum) problems.push(`${where}: must be less than ${schema.exclusiveMaximum}`);
-    if (schema.multipleOf && !Number.isInteger(value / schema.multipleOf)) problems.push(`${where}: must be a multiple of ${schema.multipleOf}`);
-  }
-  if (typeof value === "string") {
-    const length = [...value].length; // code points, as JSON schema counts
-    if (schema.minLength !== undefined && length < schema.minLength) problems.push(`${where}: must have at least ${schema.minLength} characters`);
-    if (schema.maxLength !== undefined && length > schema.maxLength) problems.push(`${where}: must have at most ${schema.maxLength} characters`);
-    if (schema.pattern !== undefined) {
-      let pattern = null;
-      try {
-        pattern = new RegExp(schema.pattern, "u");
-      } catch {
-        // A pattern JavaScript cannot read is left to the kernel.
-      }
-      if (pattern && !pattern.test(value)) problems.push(`${where}: must match ${schema.pattern}`);
+    for (const [keyword, fails, says] of BOUNDS) {
+      const bound = schema[keyword];
+      if (bound !== undefined && fails(value, bound)) fail(says(bound));
     }
   }
-  if (type === "array") {
-    if (schema.minItems !== undefined && value.length < schema.minItems) problems.push(`${where}: must have at least ${schema.minItems} items`);
-    if (schema.maxItems !== undefined && value.length > schema.maxItems) problems.push(`${where}: must have at most ${schema.maxItems} items`);
-    if (schema.items && typeof schema.items === "object") {
-      value.forEach((item, index) => problems.push(...schemaProblems(schema.items, item, root, `${where}[${index}]`)));
+  // Strings count code points, as JSON schema does; arrays count items.
+  let length = null;
+  if (typeof value === "string") length = [...value].length;
+  else if (type === "array") length = value.length;
+  if (length !== null) {
+    for (const [keyword, fails, says] of LENGTHS) {
+      const bound = schema[keyword];
+      if (bound !== undefined && fails(length, bound)) fail(says(bound));
     }
+  }
+  if (typeof value === "string" && schema.pattern !== undefined) {
+    let pattern = null;
+    try {
+      pattern = new RegExp(schema.pattern, "u");
+    } catch {
+      // A pattern JavaScript cannot read is left to the kernel.
+    }
+    if (pattern && !pattern.test(value)) fail(`must match ${schema.pattern}`);
+  }
+  if (type === "array" && schema.items && typeof schema.items === "object") {
+    value.forEach((item, index) => {
+      problems.push(...schemaProblems(schema.items, item, root, `${where}[${index}]`));
+    });
   }
   if (type === "object") {
     const properties = schema.properties || {};
+    const at = (name) => (where === "input" ? name : `${where}.${name}`);
     for (const name of schema.required || []) {
-      if (!(name in value)) problems.push(`${where === "input" ? "" : `${where}.`}${name}: required`);
+      if (!(name in value)) problems.push(`${at(name)}: required`);
     }
     for (const [name, item] of Object.entries(value)) {
-      const path = where === "input" ? name : `${where}.${name}`;
-      if (name in properties) problems.push(...schemaProblems(properties[name], item, root, path));
-      else if (schema.additionalProperties === false) problems.push(`${path}: not an input of this capability`);
-      else if (typeof schema.additionalProperties === "object") problems.push(...schemaProblems(schema.additionalProperties, item, root, path));
+      const extra = schema.additionalProperties;
+      if (name in properties) {
+        problems.push(...schemaProblems(properties[name], item, root, at(name)));
+      } else if (extra === false) {
+        problems.push(`${at(name)}: not an input of this capability`);
+      } else if (typeof extra === "object") {
+        problems.push(...schemaProblems(extra, item, root, at(name)));
+      }
     }
   }
   for (const part of schema.allOf || []) problems.push(...schemaProblems(part, value, root, where));
-  for (const [keyword, needed] of [["anyOf", (n) => n >= 1], ["oneOf", (n) => n === 1]]) {
-    const options = schema[keyword];
-    if (!options) continue;
-    const fitting = options.filter((option) => schemaProblems(option, value, root, where).length === 0).length;
-    if (!needed(fitting)) problems.push(`${where}: matches ${fitting} of the allowed forms, not ${keyword === "anyOf" ? "one or more" : "exactly one"}`);
+  const verdicts = (options) => options.map((option) => schemaProblems(option, value, root, where));
+  if (schema.anyOf) {
+    const each = verdicts(schema.anyOf);
+    if (!each.some((found) => found.length === 0)) {
+      // One form of the value's type (a string, for `str | None`): its problems say most.
+      const typed = each.filter((found) => !found.wrongType);
+      if (typed.length === 1) problems.push(...typed[0]);
+      else fail("fits none of the allowed forms");
+    }
+  }
+  if (schema.oneOf && verdicts(schema.oneOf).filter((found) => found.length === 0).length !== 1) {
+    fail("must fit exactly one allowed form");
   }
   return problems;
 }
