@@ -224,6 +224,36 @@ async def test_each_round_sees_what_the_earlier_rounds_asked_and_produced(
     assert result.reply == "rounds saw [{'due': 7}, {'due': 14}]"
 
 
+async def test_each_step_says_the_round_it_ran_in(store: Durability) -> None:
+    def script(request: InterpretationRequest) -> Interpretation:
+        if len(request.rounds) < 2:
+            due = 7 * (len(request.rounds) + 1)
+            return Interpretation(intents=[Intent("billing.balance", {"due": due})] * 2)
+        return Interpretation(reply="done")
+
+    interpreter = ScriptedInterpreter(script, multi_round=True)
+    result = await kernel_for(store, interpreter, FakeProvider()).turn(THREAD, "d1", "go")
+
+    assert [(s.round, s.value) for s in result.steps] == [
+        (1, {"due": 7}),
+        (1, {"due": 7}),
+        (2, {"due": 14}),
+        (2, {"due": 14}),
+    ]
+    assert [s["round"] for s in result.to_dict()["steps"]] == [1, 1, 2, 2]
+    # The stored result keeps them: the replay answers the same rounds.
+    replayed = await kernel_for(store, interpreter, FakeProvider()).turn(THREAD, "d1", "go")
+    assert replayed.replayed and replayed.steps == result.steps
+
+
+def test_a_result_stored_before_rounds_reads_its_steps_as_round_one() -> None:
+    from intention_kernel import TurnResult
+
+    step = {"step_id": "d1#1", "capability_id": "billing.balance", "status": "completed"}
+    stored = {"thread_id": THREAD, "turn_id": "d1", "replayed": False, "reply": "", "steps": [step]}
+    assert [s.round for s in TurnResult.from_dict(stored).steps] == [1]
+
+
 async def test_an_interpreter_that_does_not_opt_in_is_asked_once(store: Durability) -> None:
     interpreter = ScriptedInterpreter(
         lambda request: Interpretation(intents=[Intent("billing.balance", {})])

@@ -20,8 +20,10 @@ import concurrent.futures
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +32,12 @@ import pytest
 
 from conftest import service_unavailable
 from host_support import opened_provider, serving_in_thread
-from intention_kernel import Kernel
+from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel
 from intention_kernel.demo import FakePaymentProvider, build_agent
 from intention_kernel.facts import Evidence, FactRecord
-from intention_kernel.host import create_app
-from intention_kernel.testing import InMemoryDurability, faults
+from intention_kernel.host import Principal, create_app
+from intention_kernel.testing import InMemoryDurability, agents, faults
+from intention_kernel.testing.agents import FakeProvider
 from intention_kernel.testing.conformance import commit_for
 from intention_kernel.turns import TurnScope
 from visual_support import DEJAVU, compare, pinned_fontconfig, save_baseline
@@ -131,8 +134,8 @@ def test_accepting_the_pending_confirmation_completes_the_charge(host: Host, pag
         "Charge $125.00 to payment intent pi_demo_42 for invoice 42? Reply yes or no."
     )
     page.get_by_role("button", name="Accept").click()
-    expect(page.locator("#steps")).to_contain_text("payments.charge")
-    expect(page.locator("#steps .badge.completed")).to_have_text("completed")
+    expect(page.locator("#messages .turn-steps")).to_contain_text("payments.charge")
+    expect(page.locator("#messages .step .badge.completed")).to_have_text("completed")
     expect(page.locator("#confirmation")).to_be_hidden()
     expect(page.locator("#messages")).to_contain_text("Charged $125.00 for invoice 42")
     expect(page.locator("#facts")).to_contain_text("invoice.42.payment")
@@ -148,8 +151,8 @@ def test_rejecting_the_pending_confirmation_cancels_it_and_charges_nothing(
     page.goto(f"{host.url}/console?thread={THREAD}")
     expect(page.locator("#confirmation")).to_be_visible()
     page.get_by_role("button", name="Reject").click()
-    expect(page.locator("#steps .badge.rejected")).to_have_text("rejected")
-    expect(page.locator("#steps")).to_contain_text("payments.charge")
+    expect(page.locator("#messages .step .badge.rejected")).to_have_text("rejected")
+    expect(page.locator("#messages .turn-steps")).to_contain_text("payments.charge")
     expect(page.locator("#confirmation")).to_be_hidden()
     expect(page.locator("#messages")).to_contain_text("Cancelled: nothing was done.")
     expect(page.locator("#version")).to_have_text("· v2")
@@ -329,7 +332,7 @@ def test_the_landing_view_queues_what_needs_an_operator_across_threads(
     expect(page.locator("#queue")).to_be_hidden()
     expect(page.locator("#confirmation")).to_be_visible()
     page.get_by_role("button", name="Accept").click()
-    expect(page.locator("#steps .badge.completed")).to_have_text("completed")
+    expect(page.locator("#messages .step .badge.completed")).to_have_text("completed")
 
     page.get_by_role("link", name="intention-kernel").click()
     expect(page.locator("#queue-interactions .queue-item")).to_have_count(1)
@@ -506,3 +509,303 @@ def test_the_queue_fits_a_phone(host: Host, browser: Any, tmp_path: Path) -> Non
         assert width == 0, f"screenshot: {tmp_path}"
     finally:
         context.close()
+
+
+# -- rounds and streaming --------------------------------------------------------------------
+
+#: The kernel's time in the rounds host: deadlines are measured from it, and the page's
+#: clock is set against it.
+NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+
+
+class RoundsModel:
+    """A model that works in rounds, scripted by message.
+
+    ``"what do I owe, and pay it"``: round 1 reads the balance, round 2 proposes the
+    charge (held for confirmation), round 3 writes the reply. ``"stream"``: round 1
+    streams text and reads the balance; round 2 waits for ``gate`` (set from the test's
+    thread), streams more and writes the reply."""
+
+    multi_round = True
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        rounds = len(request.rounds)
+        if request.message == "stream":
+            if rounds == 0:
+                assert request.stream is not None, "the console streams its turns"
+                request.stream("Looking that up")
+                return Interpretation(intents=[Intent("billing.balance", {"due": 4200})])
+            await asyncio.to_thread(self.gate.wait, 30)
+            assert request.stream is not None
+            request.stream(" for you.")
+            return Interpretation(reply="You owe 4200.")
+        if rounds == 0:
+            return Interpretation(intents=[Intent("billing.balance", {"due": 150})])
+        if rounds == 1:
+            due = request.rounds[0].steps[0].value["due"]
+            charge = {"payment_intent_id": "pi_1", "amount": due}
+            return Interpretation(intents=[Intent("payments.charge", charge)])
+        return Interpretation(reply="You owe 150; the charge waits for your answer.")
+
+
+@dataclass
+class RoundsHost:
+    url: str
+    model: RoundsModel
+    provider: FakeProvider
+
+
+@pytest.fixture
+def rounds_host() -> Iterator[RoundsHost]:
+    model = RoundsModel()
+    provider = FakeProvider()
+    agent = replace(
+        agents.billing_agent(provider, confirm_within=timedelta(minutes=15)), interpreter=model
+    )
+    kernel = Kernel(agent, InMemoryDurability(), clock=lambda: NOW)
+    with serving_in_thread(create_app(kernel)) as url:
+        yield RoundsHost(url, model, provider)
+    model.gate.set()  # a test that failed midway leaves no turn waiting
+
+
+def test_a_multi_round_turn_shows_each_rounds_steps_in_the_conversation(
+    rounds_host: RoundsHost, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{rounds_host.url}/console?thread={THREAD}")
+    page.get_by_label("Message").fill("what do I owe, and pay it")
+    page.get_by_role("button", name="Send").click()
+    reply = page.locator("#messages .message.assistant")
+    expect(reply).to_contain_text("You owe 150; the charge waits for your answer.")
+    steps = page.locator("#messages .turn-steps")
+    expect(steps).to_have_count(1)
+    first, second = steps.locator(".round[data-round='1']"), steps.locator(".round[data-round='2']")
+    expect(first).to_contain_text("round 1")
+    expect(first.locator(".step")).to_have_count(1)
+    expect(first.locator(".step")).to_contain_text('billing.balancecompleted{"due":150}')
+    expect(second.locator(".step")).to_have_count(1)
+    expect(second.locator(".step code")).to_have_text("payments.charge")
+    expect(second.locator(".badge")).to_have_text("awaiting_confirmation")
+    # The steps sit between the turn's message and its reply, in that order.
+    order = page.locator("#messages > li").evaluate_all(
+        "items => items.map((item) => item.className)"
+    )
+    assert order == ["message user", "turn-steps", "message assistant"]
+    # What the page shows is what the host committed.
+    thread = httpx.get(f"{rounds_host.url}/v1/threads/{THREAD}", timeout=30).json()
+    assert thread["version"] == 1 and thread["interaction"]["input"]["amount"] == 150
+    expect(page.locator("#confirmation-capability")).to_have_text("payments.charge")
+
+
+def test_a_streamed_turn_shows_text_before_its_result_and_ends_with_the_reply(
+    rounds_host: RoundsHost, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    accepts: list[str] = []
+    page.on(
+        "request",
+        lambda r: accepts.append(r.headers.get("accept", "")) if r.url.endswith("/turns") else None,
+    )
+    page.goto(f"{rounds_host.url}/console?thread={THREAD}")
+    page.get_by_label("Message").fill("stream")
+    page.get_by_role("button", name="Send").click()
+    streaming = page.locator("#messages .message.assistant.streaming")
+    expect(streaming).to_contain_text("Looking that up")
+    live = page.locator("#messages .turn-steps.live")
+    expect(live.locator(".step .badge.completed")).to_have_text("completed")
+    expect(live).to_contain_text("billing.balance")
+    # Shown before the result: the turn has not committed yet.
+    assert httpx.get(f"{rounds_host.url}/v1/threads/{THREAD}", timeout=30).status_code == 404
+    assert accepts == ["text/event-stream"]
+
+    rounds_host.model.gate.set()
+    expect(streaming).to_have_count(0)
+    expect(page.locator("#messages .turn-steps.live")).to_have_count(0)
+    reply = page.locator("#messages .message.assistant")
+    expect(reply).to_have_count(1)
+    thread = httpx.get(f"{rounds_host.url}/v1/threads/{THREAD}", timeout=30).json()
+    committed = thread["messages"][-1]
+    assert (thread["version"], committed["role"]) == (1, "assistant")
+    expect(reply.locator(".text")).to_have_text(committed["content"])
+    expect(reply.locator(".who")).to_have_text(f"assistant · {committed['turn_id']}")
+    expect(page.locator("#messages .turn-steps .step")).to_contain_text("billing.balance")
+    assert accepts == ["text/event-stream"]  # one delivery: no retry
+
+
+def test_a_deadline_shows_the_time_left_and_then_that_it_passed(
+    rounds_host: RoundsHost, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    page.clock.set_fixed_time(NOW + timedelta(minutes=1))
+    page.goto(f"{rounds_host.url}/console?thread={THREAD}")
+    page.get_by_label("Message").fill("what do I owe, and pay it")
+    page.get_by_role("button", name="Send").click()
+    expires = page.locator("#confirmation-expires")
+    expect(expires).to_contain_text("14 min 0 s left")
+    page.clock.set_fixed_time(NOW + timedelta(minutes=15, seconds=1))
+    expect(expires).to_contain_text("overdue: an accept now runs nothing")
+
+
+# -- answering: edits and reasons ------------------------------------------------------------
+
+
+def turn_requests(page: Any) -> list[str]:
+    sent: list[str] = []
+    page.on("request", lambda r: sent.append(r.url) if r.url.endswith("/turns") else None)
+    return sent
+
+
+def test_an_edit_that_breaks_the_schema_is_refused_in_the_page(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "pay invoice 42")
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    sent = turn_requests(page)
+    page.get_by_text("Edit the input before approving").click()
+    edit = page.get_by_label("input (JSON)")
+    held = json.loads(edit.input_value())
+    assert held["amount_cents"] == 12500
+    error = page.locator("#edit-error")
+    for broken, why in [
+        ({**held, "amount_cents": 0}, "amount_cents: must be more than 0"),
+        ({**held, "amount_cents": "100"}, "amount_cents: must be integer, not string"),
+        ({k: v for k, v in held.items() if k != "invoice_id"}, "invoice_id: required"),
+    ]:
+        edit.fill(json.dumps(broken))
+        page.get_by_role("button", name="Approve edited input").click()
+        expect(error).to_contain_text(why)
+    edit.fill('{"amount_cents": 100')
+    page.get_by_role("button", name="Approve edited input").click()
+    expect(error).to_contain_text("invalid JSON")
+    assert sent == []
+    thread = httpx.get(f"{host.url}/v1/threads/{THREAD}", timeout=30).json()
+    assert thread["version"] == 1 and thread["interaction"]["input"] == held
+    assert host.charges() == []
+
+
+def test_a_valid_edit_runs_the_edited_input(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "pay invoice 42")
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    page.get_by_text("Edit the input before approving").click()
+    edit = page.get_by_label("input (JSON)")
+    edited = {**json.loads(edit.input_value()), "amount_cents": 10000}
+    edit.fill(json.dumps(edited))
+    page.get_by_role("button", name="Approve edited input").click()
+    step = page.locator("#messages .step", has_text="payments.charge")
+    expect(step.locator(".badge")).to_have_text("completed")
+    expect(step).to_contain_text('edited: {"payment_intent_id":"pi_demo_42","amount_cents":10000')
+    expect(page.locator("#messages")).to_contain_text("Charged $100.00 for invoice 42")
+    expect(page.locator("#confirmation")).to_be_hidden()
+    [charge] = host.charges()
+    assert charge["amount_cents"] == 10000
+    [fact] = [
+        f
+        for f in httpx.get(f"{host.url}/v1/threads/{THREAD}", timeout=30).json()["facts"]
+        if f["key"] == "invoice.42.payment"
+    ]
+    assert fact["value"]["amount_cents"] == 10000
+
+
+def test_a_reject_with_a_reason_shows_the_reason(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "pay invoice 42")
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    page.get_by_label("reason").fill("the customer disputes invoice 42")
+    page.get_by_role("button", name="Reject").click()
+    step = page.locator("#messages .step", has_text="payments.charge")
+    expect(step.locator(".badge")).to_have_text("rejected")
+    expect(step.locator(".outcome")).to_have_text(
+        "rejected by the person: the customer disputes invoice 42"
+    )
+    expect(page.locator("#confirmation")).to_be_hidden()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        events = pool.submit(lambda: asyncio.run(host.kernel.durability.read_outbox())).result()
+    [resolved] = [e.payload for e in events if e.type == "interaction.resolved"]
+    assert (resolved["resolution"], resolved["reason"]) == (
+        "rejected",
+        "the customer disputes invoice 42",
+    )
+    assert host.charges() == []
+
+
+def test_an_answered_step_shows_who_answered(tmp_path: Path, page: Any) -> None:
+    """The approver is the token's principal: the console shows it on the step the
+    answer ran."""
+    from playwright.sync_api import expect
+
+    provider = opened_provider(tmp_path / "provider.db")
+    kernel = Kernel(build_agent(provider), InMemoryDurability())
+    tokens = {"tok-ana": Principal("ana@acme.example", None, "operator")}
+    with serving_in_thread(create_app(kernel, tokens=tokens)) as url:
+        proposed = httpx.post(
+            f"{url}/v1/threads/{THREAD}/turns",
+            json={"turn_id": "d1", "message": "pay invoice 42"},
+            headers={"Authorization": "Bearer tok-ana"},
+            timeout=30,
+        )
+        assert proposed.status_code == 200, proposed.text
+        page.goto(f"{url}/console")
+        page.get_by_label("Token").fill("tok-ana")
+        page.get_by_label("Thread").fill(THREAD)
+        page.get_by_role("button", name="Open").click()
+        page.get_by_role("button", name="Accept").click()
+        step = page.locator("#messages .step", has_text="payments.charge")
+        expect(step.locator(".badge")).to_have_text("completed")
+        expect(step.locator(".actor")).to_have_text("by ana@acme.example")
+
+
+def test_the_pages_schema_check_agrees_with_the_input_model(host: Host, page: Any) -> None:
+    """The edit form's check, run in the page on a pydantic schema with what a capability's
+    input model may hold (a nested model by ``$ref``, a literal, a list, an optional
+    field, bounds): it refuses exactly what the model refuses, on inputs where pydantic's
+    coercion does not come in."""
+    from typing import Literal
+
+    import pydantic
+
+    class Line(pydantic.BaseModel):
+        sku: str = pydantic.Field(pattern=r"^sku-\d+$")
+        cents: int = pydantic.Field(ge=1)
+
+    class Order(pydantic.BaseModel):
+        currency: Literal["usd", "eur"]
+        lines: list[Line] = pydantic.Field(min_length=1)
+        note: str | None = pydantic.Field(default=None, max_length=5)
+
+    good_line = {"sku": "sku-1", "cents": 5}
+    cases = [
+        {"currency": "usd", "lines": [good_line]},
+        {"currency": "eur", "lines": [good_line], "note": None, "extra": 1},
+        {"currency": "gbp", "lines": [good_line]},
+        {"currency": "usd", "lines": []},
+        {"currency": "usd", "lines": [{"sku": "x-1", "cents": 5}]},
+        {"currency": "usd", "lines": [{"sku": "sku-1", "cents": 0}]},
+        {"currency": "usd", "lines": [{"sku": "sku-1"}]},
+        {"currency": "usd", "lines": [good_line], "note": "too long"},
+        {"lines": [good_line]},
+    ]
+    page.goto(f"{host.url}/console")
+    schema = Order.model_json_schema()
+    verdicts = page.evaluate(
+        "([schema, cases]) => cases.map((c) => schemaProblems(schema, c, schema))",
+        [schema, cases],
+    )
+    for case, problems in zip(cases, verdicts, strict=True):
+        try:
+            Order.model_validate(case)
+            accepted = True
+        except pydantic.ValidationError:
+            accepted = False
+        assert (problems == []) == accepted, (case, problems)
+    assert verdicts[2] == ['currency: must be one of "usd", "eur"']
+    assert verdicts[6] == ["lines[0].cents: required"]
+    assert verdicts[7] == ["note: must have at most 5 characters"]

@@ -31,6 +31,9 @@ async def test_the_host_records_the_tokens_principal_as_the_answers_actor(
         )
     assert answered.status_code == 200, answered.text
     assert provider.ledger == ["payments.charge:charge:pi_1"]
+    # The step the answer ran names who answered, in the result the client receives.
+    [step] = answered.json()["steps"]
+    assert (step["status"], step["actor"]) == ("completed", "ana@acme.example")
     events = [e for e in await store.read_outbox() if e.thread_id == "t"]
     assert [e.payload.get("actor") for e in events if e.type == "interaction.resolved"] == [
         "ana@acme.example"
@@ -66,3 +69,67 @@ async def test_the_host_refuses_an_answer_whose_actor_is_not_the_tokens_principa
     assert forged.json()["type"] == "/problems/forbidden"
     assert same.status_code == 200, same.text
     assert provider.ledger == ["payments.charge:charge:pi_1"]
+
+
+async def test_the_thread_view_gives_the_held_inputs_schema_for_an_edit(
+    store: Durability,
+) -> None:
+    """The console validates an edit against it before sending: it is the capability's
+    own input schema, documented as such in the OpenAPI document."""
+    kernel = Kernel(billing_agent(FakeProvider()), store)
+    async with asgi_client(create_app(kernel)) as client:
+        await client.post("/v1/threads/t/turns", json={"turn_id": "d1", "message": "charge pi_1 5"})
+        thread = (await client.get("/v1/threads/t")).json()
+        await client.post("/v1/threads/t/turns", json={"turn_id": "d2", "message": "refund pi_1 5"})
+        refund = (await client.get("/v1/threads/t")).json()
+        document = (await client.get("/openapi.json")).json()
+    [charge] = [c for c in kernel.agent.capabilities if c.id == "payments.charge"]
+    assert thread["interaction"]["capability_id"] == "payments.charge"
+    assert thread["interaction"]["input_schema"] == charge.input_schema
+    assert thread["interaction"]["input"] == {"payment_intent_id": "pi_1", "amount": 5}
+    # A capability that confirms on its own is not edited in an answer: no schema.
+    assert refund["interaction"]["kind"] == "capability"
+    assert refund["interaction"]["input_schema"] is None
+    schemas = document["components"]["schemas"]
+    view = schemas["ThreadView"]["properties"]["interaction"]["anyOf"][0]["$ref"]
+    shown = schemas[view.rsplit("/", 1)[1]]
+    assert "input_schema" in shown["properties"]
+    assert "JSON schema of the capability's input" in shown["description"]
+
+
+async def test_a_rejected_step_names_who_rejected_it_and_other_steps_name_no_one(
+    store: Durability,
+) -> None:
+    provider = FakeProvider()
+    app = create_app(Kernel(billing_agent(provider), store), tokens=TOKENS)
+    async with asgi_client(app) as client:
+        opened = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d1", "message": "charge pi_1 500"},
+            headers=AUTH,
+        )
+        rejected = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d2", "message": "balance 7", "answer": {"decision": "reject"}},
+            headers=AUTH,
+        )
+    assert [s["actor"] for s in opened.json()["steps"]] == [None]  # proposed: no answer yet
+    steps = [(s["capability_id"], s["status"], s["actor"]) for s in rejected.json()["steps"]]
+    assert steps == [
+        ("payments.charge", "rejected", "ana@acme.example"),
+        ("billing.balance", "completed", None),  # the message's own intent: no approver
+    ]
+    assert provider.ledger == []
+
+
+async def test_the_openapi_document_says_each_steps_round_and_who_answered(
+    store: Durability,
+) -> None:
+    app = create_app(Kernel(billing_agent(FakeProvider()), store))
+    async with asgi_client(app) as client:
+        document = (await client.get("/openapi.json")).json()
+    step = document["components"]["schemas"]["StepResult"]
+    assert step["properties"]["round"] == {"default": 1, "title": "Round", "type": "integer"}
+    assert {"type": "string"} in step["properties"]["actor"]["anyOf"]
+    assert "``round`` is the round of the turn the step ran in" in step["description"]
+    assert "``actor`` is who answered" in step["description"]

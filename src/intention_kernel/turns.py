@@ -84,6 +84,15 @@ class StepResult:
     ``proposed_input`` and ``approved_input`` are set on the step of a confirmed
     operation whose held input the approver edited (``Answer(input=...)``): what was
     proposed and shown, and what was approved and ran. ``None`` otherwise.
+
+    ``round`` is the round of the turn the step ran in (1 for the first, and for every
+    turn of an interpreter that does not work in rounds): a turn's steps grouped by
+    ``round`` are what each model round asked for and what came of it. A result stored
+    before the field existed reads as 1, which it was (rounds came with the field).
+
+    ``actor`` is who answered, on the step of the interaction an answer resolved (the
+    accepted operation, or the rejected one): ``Answer.actor``, the token's principal
+    on the HTTP host. ``None`` on every other step, and when the answer named no one.
     """
 
     step_id: str
@@ -94,6 +103,8 @@ class StepResult:
     receipt_ids: tuple[str, ...] = ()
     proposed_input: dict[str, Any] | None = None
     approved_input: dict[str, Any] | None = None
+    round: int = 1
+    actor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,8 @@ class Endpoints:
     def __init__(self, kernel: Kernel, access: Access) -> None:
         self.kernel = kernel
         self.access = access
+        # Computed once: a capability's schema is fixed when the kernel compiles it.
+        self._input_schemas = {c.id: c.input_schema for c in kernel.agent.capabilities}
 
     async def post_turn(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
@@ -178,7 +180,10 @@ class Endpoints:
             compatible = True
         except CheckpointCompatibilityError:
             compatible = False
-        return JSONResponse(dump(ThreadView.of(thread_id, checkpoint, compatible=compatible)))
+        view = ThreadView.of(
+            thread_id, checkpoint, compatible=compatible, input_schemas=self._input_schemas
+        )
+        return JSONResponse(dump(view))
 
     async def list_receipts(self, request: Request) -> Response:
         principal = self.access.authenticate(request)

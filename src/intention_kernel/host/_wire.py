@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal, TypeVar
 
 import pydantic
@@ -31,6 +32,7 @@ __all__ = [
     "AnswerBody",
     "Health",
     "InteractionList",
+    "InteractionView",
     "ReceiptList",
     "ResolveBody",
     "ThreadView",
@@ -220,6 +222,18 @@ class ResolveBody(_Body):
 
 
 @dataclass(frozen=True, slots=True)
+class InteractionView(Interaction):
+    """The active interaction as the thread view shows it: the checkpoint's record and
+    ``input_schema``, the JSON schema of the capability's input, for a
+    ``"confirmation"`` whose held input an accept may edit (``answer.input``); ``None``
+    for a ``"capability"`` interaction (its input is not edited) or a capability this
+    agent no longer has. The console validates an edit against it before sending; the
+    kernel validates it again against the input model."""
+
+    input_schema: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadView:
     """A thread's latest checkpoint, as an operator reads it.
 
@@ -233,11 +247,27 @@ class ThreadView:
     compatible: bool
     messages: tuple[Message, ...]
     facts: tuple[FactRecord, ...]
-    interaction: Interaction | None
+    interaction: InteractionView | None
     agenda: tuple[AgendaItem, ...]
 
     @classmethod
-    def of(cls, thread_id: str, checkpoint: KernelCheckpoint, *, compatible: bool) -> ThreadView:
+    def of(
+        cls,
+        thread_id: str,
+        checkpoint: KernelCheckpoint,
+        *,
+        compatible: bool,
+        input_schemas: Mapping[str, dict[str, Any]],
+    ) -> ThreadView:
+        """``input_schemas``: each capability's input schema, by capability ID."""
+        active = checkpoint.interaction
+        interaction = None
+        if active is not None:
+            schema = input_schemas.get(active.capability_id)
+            interaction = InteractionView(
+                **{f.name: getattr(active, f.name) for f in fields(Interaction)},
+                input_schema=schema if active.kind == "confirmation" else None,
+            )
         return cls(
             thread_id=thread_id,
             version=checkpoint.version,
@@ -245,7 +275,7 @@ class ThreadView:
             compatible=compatible,
             messages=checkpoint.messages,
             facts=tuple(checkpoint.facts[key] for key in sorted(checkpoint.facts)),
-            interaction=checkpoint.interaction,
+            interaction=interaction,
             agenda=checkpoint.agenda,
         )
 

@@ -45,6 +45,7 @@ async def continue_rounds(
             return finish(state, current, reply=stopped_reply(state, current, len(rounds)))
         current = await interpret(state, tuple(rounds))
         start = len(state.steps)
+        state.round = len(rounds) + 1
         for intent in current.intents:
             await plan_intent(state, intent)
         rounds.append(

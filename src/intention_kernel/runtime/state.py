@@ -85,6 +85,11 @@ class TurnState:
         self.noted_receipts: dict[str, ReceiptRef] = {}
         self.noted_known_receipt = False  # a noted key may already be in ``receipts``
         self.steps: list[StepResult] = []
+        #: The round whose steps run now (set by ``continue_rounds``); steps carry it.
+        self.round = 1
+        #: ``(step ID, actor)`` of the interaction an answer resolved in this turn: that
+        #: step, when it is recorded, names who answered (see :meth:`close_interaction`).
+        self.answered: tuple[str, str] | None = None
         self.recorded: list[FactRecord] = []
         self.events: list[EventDraft] = []
         # Keys of completed receipts whose effect.completed is among ``events``.
@@ -100,7 +105,12 @@ class TurnState:
         self._step_count = 0
 
     def add_step(self, step: StepResult) -> None:
-        """Record a step of this turn, and report it when the turn is streamed."""
+        """Record a step of this turn, in the current round, and report it when the turn
+        is streamed."""
+        if self.round != 1:  # a one-round turn's steps already say round 1: no copy
+            step = replace(step, round=self.round)
+        if self.answered is not None and step.step_id == self.answered[0]:
+            step = replace(step, actor=self.answered[1])
         self.steps.append(step)
         if self.sink is not None:
             self.sink.step(step)
@@ -171,7 +181,8 @@ class TurnState:
     ) -> AgendaItem | None:
         """Resolve the active interaction and take its planned operation off the agenda.
 
-        ``actor`` and ``reason`` (the answer's) are in the event's payload when given;
+        ``actor`` and ``reason`` (the answer's) are in the event's payload when given
+        (and ``actor`` on the interaction's step when this turn records it);
         so are ``proposed_input`` and ``approved_input`` when the approver edited the
         held input into ``approved_input``."""
         active = self.interaction
@@ -188,6 +199,7 @@ class TurnState:
         }
         if actor is not None:
             payload["actor"] = actor
+            self.answered = (active.step_id, actor)
         if reason is not None:
             payload["reason"] = reason
         if approved_input is not None:

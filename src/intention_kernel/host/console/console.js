@@ -5,13 +5,24 @@
 // fresh turn ID, reused if that same delivery has to be retried: a retry after a
 // lost response then returns the stored result instead of running the turn again.
 //
+// A turn is sent streamed (Accept: text/event-stream): its model text shows as it arrives,
+// its steps as they finish; only the closing `result` event is what committed. Each turn
+// the console ran is kept (per tab, sessionStorage) with its steps, and the conversation
+// shows them under that turn's messages, grouped by the round that ran them.
+//
 // Without ?thread=ID the console opens on the queue: across the token's threads, the
 // writes whose outcome is unknown (uncertain, or left prepared) and the confirmations
 // waiting for an answer, each linking to its thread.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { threadId: "", interactionId: null, busy: false };
+const state = {
+  threadId: "",
+  interaction: null, // the pending one, as the thread view shows it
+  busy: false,
+  messages: [], // the thread's, as last loaded
+  live: null, // the turn streaming now: { turnId, message, text, steps: Map }
+};
 
 class ProblemError extends Error {
   constructor(status, problem) {
@@ -21,8 +32,8 @@ class ProblemError extends Error {
   }
 }
 
-function headers() {
-  const result = { "Content-Type": "application/json", Accept: "application/json" };
+function headers(accept = "application/json") {
+  const result = { "Content-Type": "application/json", Accept: accept };
   const token = $("token").value.trim();
   if (token) result.Authorization = `Bearer ${token}`;
   return result;
@@ -47,18 +58,87 @@ function newTurnId() {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-// One delivery, one turn ID: retried (same ID) on network errors and 503s only.
+// The server-sent events of a response: { type, data } with data parsed from JSON. The
+// host writes each event as `event:` and one `data:` line, ended by a blank line.
+async function* serverSentEvents(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let type = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        const colon = line.indexOf(":");
+        if (colon === 0) continue; // a comment
+        const field = colon < 0 ? line : line.slice(0, colon);
+        const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+        if (field === "event") type = text;
+        else if (field === "data") data.push(text);
+      }
+      if (data.length) yield { type, data: JSON.parse(data.join("\n")) };
+    }
+  }
+}
+
+// One attempt at a streamed turn: each event before `result` goes to onEvent, and the
+// result is returned. A turn refused before it started answers problem details (JSON);
+// one that failed after it started ends with an `error` event (nothing committed).
+async function streamTurn(request, onEvent) {
+  const response = await fetch(threadPath("/turns"), {
+    method: "POST",
+    body: JSON.stringify(request),
+    headers: headers("text/event-stream"),
+  });
+  const type = response.headers.get("content-type") || "";
+  if (!type.startsWith("text/event-stream")) {
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new ProblemError(response.status, body);
+    return body;
+  }
+  for await (const event of serverSentEvents(response)) {
+    if (event.type === "result") return event.data;
+    if (event.type === "error") throw new ProblemError(event.data.status || 500, event.data);
+    onEvent(event);
+  }
+  // A lost stream: the turn may still commit; the retry (same turn ID) gets its result.
+  throw new Error("the stream ended before the turn's result");
+}
+
+// One delivery, one turn ID: retried (same ID) on network errors, lost streams and 503s
+// only. What streamed before a retry was provisional, so each attempt starts afresh.
 async function postTurn(body) {
   const request = { ...body, turn_id: newTurnId() };
   for (let attempt = 1; ; attempt += 1) {
+    state.live = { turnId: request.turn_id, message: body.message, text: "", steps: new Map() };
+    renderConversation();
     try {
-      return await api(threadPath("/turns"), { method: "POST", body: JSON.stringify(request) });
+      const result = await streamTurn(request, onTurnEvent);
+      rememberTurn(result);
+      return result;
     } catch (error) {
       const retryable = !(error instanceof ProblemError) || error.status === 503;
       if (!retryable || attempt >= 3) throw error;
       await sleep(500 * attempt);
+    } finally {
+      state.live = null;
     }
   }
+}
+
+function onTurnEvent(event) {
+  const live = state.live;
+  if (!live) return;
+  if (event.type === "delta") live.text += event.data.text;
+  // A step reported again (superseded later in the turn) replaces its earlier status.
+  else if (event.type === "step") live.steps.set(event.data.step_id, event.data);
+  else if (event.type === "interaction") renderInteraction(event.data);
+  renderConversation();
 }
 
 function showBanner(message, kind = "error") {
@@ -91,21 +171,118 @@ function compact(value) {
   return typeof value === "string" ? value : JSON.stringify(value);
 }
 
-function renderMessages(messages) {
+// The turns this tab ran on each thread, by turn ID: { steps, replayed }. The thread
+// view keeps messages, not steps, so a turn sent elsewhere shows its messages only.
+const KEPT_TURNS = 50;
+
+function turnsKey() {
+  return `intention-kernel.turns:${state.threadId}`;
+}
+
+function keptTurns() {
+  try {
+    return JSON.parse(sessionStorage.getItem(turnsKey()) || "{}");
+  } catch {
+    return {};
+  }
+}
+
+function rememberTurn(result) {
+  const turns = keptTurns();
+  delete turns[result.turn_id]; // re-inserted last: the oldest are dropped first
+  turns[result.turn_id] = { steps: result.steps, replayed: result.replayed };
+  const ids = Object.keys(turns);
+  for (const id of ids.slice(0, Math.max(0, ids.length - KEPT_TURNS))) delete turns[id];
+  sessionStorage.setItem(turnsKey(), JSON.stringify(turns));
+}
+
+function messageItem(role, turnId, content) {
+  const item = el("li", `message ${role}`);
+  item.dataset.turn = turnId;
+  item.append(el("span", "who", `${role} · ${turnId}`), el("span", "text", content));
+  return item;
+}
+
+const MAX_SHOWN_VALUE = 300;
+
+// One step: the capability the round asked for, its status, and its value or error.
+function stepItem(step) {
+  const item = el("li", "step");
+  item.dataset.step = step.step_id;
+  item.append(el("code", "", step.capability_id), el("span", `badge ${step.status}`, step.status));
+  if (step.actor) item.append(el("span", "actor", `by ${step.actor}`)); // who answered
+  if (step.approved_input) {
+    item.append(el("span", "muted", `edited: ${compact(step.approved_input)}`));
+  }
+  if (step.error) {
+    item.append(el("span", "outcome error", step.error));
+  } else if (step.value !== null && step.value !== undefined) {
+    const text = compact(step.value);
+    const shown = text.length > MAX_SHOWN_VALUE ? `${text.slice(0, MAX_SHOWN_VALUE)}…` : text;
+    item.append(el("span", "outcome muted", shown));
+  }
+  return item;
+}
+
+// A turn's steps grouped by the round that ran them (one step list when it had one round).
+function stepsItem(turnId, steps, { replayed = false, live = false } = {}) {
+  const item = el("li", live ? "turn-steps live" : "turn-steps");
+  item.dataset.turn = turnId;
+  if (replayed) item.append(el("span", "badge replayed", "replayed: nothing ran again"));
+  const rounds = new Map();
+  for (const step of steps) {
+    const round = step.round || 1;
+    if (!rounds.has(round)) rounds.set(round, []);
+    rounds.get(round).push(step);
+  }
+  const many = rounds.size > 1;
+  for (const [round, roundSteps] of rounds) {
+    const group = el("div", "round");
+    group.dataset.round = String(round);
+    group.append(el("span", "who", many ? `round ${round}` : "steps"));
+    const list = el("ul", "steps");
+    list.append(...roundSteps.map(stepItem));
+    group.append(list);
+    item.append(group);
+  }
+  if (!steps.length) item.append(el("span", "who", live ? "working…" : "no steps"));
+  return item;
+}
+
+// The thread's messages, each turn's steps before its reply, and the turn streaming now.
+function renderConversation() {
+  const turns = keptTurns();
+  const items = [];
+  const shown = new Set();
+  const steps = (turnId) => {
+    const turn = turns[turnId];
+    if (!turn || shown.has(turnId)) return;
+    shown.add(turnId);
+    items.push(stepsItem(turnId, turn.steps, { replayed: turn.replayed }));
+  };
+  for (const message of state.messages) {
+    if (message.role !== "user") steps(message.turn_id);
+    items.push(messageItem(message.role, message.turn_id, message.content));
+  }
+  const live = state.live;
+  if (live) {
+    $("empty-thread").hidden = true;
+    if (live.message !== undefined) items.push(messageItem("user", live.turnId, live.message));
+    items.push(stepsItem(live.turnId, [...live.steps.values()], { live: true }));
+    if (live.text) {
+      const reply = messageItem("assistant", live.turnId, live.text);
+      reply.classList.add("streaming");
+      items.push(reply);
+    }
+  }
   const list = $("messages");
-  list.replaceChildren(
-    ...messages.map((message) => {
-      const item = el("li", `message ${message.role}`);
-      item.append(el("span", "who", `${message.role} · ${message.turn_id}`));
-      item.append(el("span", "text", message.content));
-      return item;
-    }),
-  );
+  list.replaceChildren(...items);
   list.scrollTop = list.scrollHeight;
 }
 
 function renderInteraction(interaction) {
-  state.interactionId = interaction ? interaction.id : null;
+  const same = state.interaction && interaction && state.interaction.id === interaction.id;
+  state.interaction = interaction;
   $("confirmation").hidden = !interaction;
   if (!interaction) return;
   $("confirmation-prompt").textContent = interaction.prompt;
@@ -118,7 +295,39 @@ function renderInteraction(interaction) {
   const expires = interaction.expires_at ? new Date(interaction.expires_at) : null;
   $("confirmation-expires-label").hidden = !expires;
   $("confirmation-expires").hidden = !expires;
-  $("confirmation-expires").textContent = expires ? expires.toLocaleString() : "";
+  renderTimeLeft();
+  // Only a held ("confirmation") operation's input is edited, against its schema. A new
+  // interaction starts from its proposed input; the same one keeps what is being typed.
+  const editable = interaction.kind === "confirmation" && Boolean(interaction.input_schema);
+  $("edit").hidden = !editable;
+  if (!same) {
+    $("edit").open = false;
+    $("edit-input").value = JSON.stringify(interaction.input, null, 2);
+    showEditError("");
+    $("reject-reason").value = "";
+  }
+}
+
+// "answer by" with the time left, recomputed every second while a deadline is shown.
+function renderTimeLeft() {
+  const interaction = state.interaction;
+  if (!interaction || !interaction.expires_at) return;
+  const expires = new Date(interaction.expires_at);
+  const left = Math.floor((expires.getTime() - Date.now()) / 1000);
+  const status = left > 0 ? `${duration(left)} left` : "overdue: an accept now runs nothing";
+  $("confirmation-expires").textContent = `${expires.toLocaleString()} · ${status}`;
+}
+
+function duration(seconds) {
+  const hours = Math.floor(seconds / 3600);
+  const minutes = Math.floor((seconds % 3600) / 60);
+  if (hours) return `${hours} h ${minutes} min`;
+  return minutes ? `${minutes} min ${seconds % 60} s` : `${seconds} s`;
+}
+
+function showEditError(message) {
+  $("edit-error").textContent = message || "";
+  $("edit-error").hidden = !message;
 }
 
 function renderFacts(facts) {
@@ -222,22 +431,10 @@ function renderReceipts(receipts) {
   );
 }
 
-function renderTurn(result) {
-  $("last-turn").hidden = false;
-  $("last-turn-id").textContent = result.turn_id;
-  const items = result.steps.map((step) => {
-    const item = el("li");
-    item.append(el("code", "", step.capability_id), el("span", `badge ${step.status}`, step.status));
-    if (step.error) item.append(el("span", "muted", step.error));
-    return item;
-  });
-  if (result.replayed) items.unshift(el("li", "badge replayed", "replayed: nothing ran again"));
-  if (!items.length) items.push(el("li", "muted", "no steps"));
-  $("steps").replaceChildren(...items);
-}
-
 function setEnabled(enabled) {
-  for (const id of ["message", "send", "accept", "reject"]) $(id).disabled = !enabled;
+  for (const id of ["message", "send", "accept", "reject", "approve-edited"]) {
+    $(id).disabled = !enabled;
+  }
 }
 
 // The receipts an operator can resolve: uncertain ones, and prepared ones left by an
@@ -321,7 +518,8 @@ async function refresh() {
     $("empty-thread").hidden = Boolean(thread);
     $("empty-thread").textContent = "No turn on this thread yet: send the first message.";
     $("version").textContent = thread ? `· v${thread.version}` : "";
-    renderMessages(thread ? thread.messages : []);
+    state.messages = thread ? thread.messages : [];
+    renderConversation();
     renderInteraction(thread ? thread.interaction : null);
     renderFacts(thread ? thread.facts : []);
     renderReceipts(receipts);
@@ -349,11 +547,159 @@ async function run(action) {
   }
 }
 
-function answer(decision) {
+// An answer names the interaction and the digest of the operation shown: if the thread
+// moved on to another operation meanwhile, the host runs nothing.
+function answer(decision, extra = {}) {
+  const shown = state.interaction;
+  if (!shown) return undefined;
   return run(async () => {
-    const result = await postTurn({ answer: { interaction_id: state.interactionId, decision } });
-    renderTurn(result);
+    await postTurn({
+      answer: { interaction_id: shown.id, decision, digest: shown.digest, ...extra },
+    });
   });
+}
+
+function reject() {
+  const reason = $("reject-reason").value.trim();
+  return answer("reject", reason ? { reason } : {});
+}
+
+// The edited input, checked in the page against the capability's input schema: an edit
+// the kernel would refuse is never sent (the kernel checks it again all the same).
+function approveEdited() {
+  const shown = state.interaction;
+  if (!shown) return undefined;
+  let input;
+  try {
+    input = JSON.parse($("edit-input").value);
+  } catch {
+    showEditError('The input is invalid JSON: write an object, such as {"amount": 300}.');
+    return undefined;
+  }
+  const problems = schemaProblems(shown.input_schema, input, shown.input_schema);
+  if (problems.length) {
+    showEditError(`Not sent: ${problems.join("; ")}.`);
+    return undefined;
+  }
+  showEditError("");
+  return answer("accept", { input });
+}
+
+// -- JSON schema: the subset pydantic writes for an input model -----------------------------
+// Keywords it does not know are not checked here; the kernel validates every edit anyway.
+
+function jsonType(value) {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "array";
+  if (typeof value === "number") return Number.isInteger(value) ? "integer" : "number";
+  return typeof value; // string, boolean, object
+}
+
+// Bounds, each [keyword, whether a value breaks it, what the page says].
+const BOUNDS = [
+  ["minimum", (v, b) => v < b, (b) => `must be at least ${b}`],
+  ["maximum", (v, b) => v > b, (b) => `must be at most ${b}`],
+  ["exclusiveMinimum", (v, b) => v <= b, (b) => `must be more than ${b}`],
+  ["exclusiveMaximum", (v, b) => v >= b, (b) => `must be less than ${b}`],
+  ["multipleOf", (v, b) => !Number.isInteger(v / b), (b) => `must be a multiple of ${b}`],
+];
+const LENGTHS = [
+  ["minLength", (n, b) => n < b, (b) => `must have at least ${b} characters`],
+  ["maxLength", (n, b) => n > b, (b) => `must have at most ${b} characters`],
+  ["minItems", (n, b) => n < b, (b) => `must have at least ${b} items`],
+  ["maxItems", (n, b) => n > b, (b) => `must have at most ${b} items`],
+];
+
+const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+
+// What is wrong with `value` under `schema` (root: where `$ref`s point), one line each.
+function schemaProblems(schema, value, root, where = "input") {
+  if (schema === true || schema === undefined || schema === null) return [];
+  if (schema === false) return [`${where}: not allowed`];
+  if (schema.$ref) {
+    const path = schema.$ref.replace(/^#\//, "").split("/");
+    const target = path.reduce((node, part) => node && node[part], root);
+    return target ? schemaProblems(target, value, root, where) : [];
+  }
+  const problems = [];
+  const fail = (message) => problems.push(`${where}: ${message}`);
+  const type = jsonType(value);
+  if (schema.type !== undefined) {
+    const allowed = Array.isArray(schema.type) ? schema.type : [schema.type];
+    if (!allowed.includes(type) && !(type === "integer" && allowed.includes("number"))) {
+      const wrong = [`${where}: must be ${allowed.join(" or ")}, not ${type}`];
+      wrong.wrongType = true; // for anyOf: this form is not the one meant
+      return wrong;
+    }
+  }
+  if (schema.const !== undefined && !same(schema.const, value)) {
+    fail(`must be ${JSON.stringify(schema.const)}`);
+  }
+  if (schema.enum && !schema.enum.some((option) => same(option, value))) {
+    fail(`must be one of ${schema.enum.map((option) => JSON.stringify(option)).join(", ")}`);
+  }
+  if (typeof value === "number") {
+    for (const [keyword, fails, says] of BOUNDS) {
+      const bound = schema[keyword];
+      if (bound !== undefined && fails(value, bound)) fail(says(bound));
+    }
+  }
+  // Strings count code points, as JSON schema does; arrays count items.
+  let length = null;
+  if (typeof value === "string") length = [...value].length;
+  else if (type === "array") length = value.length;
+  if (length !== null) {
+    for (const [keyword, fails, says] of LENGTHS) {
+      const bound = schema[keyword];
+      if (bound !== undefined && fails(length, bound)) fail(says(bound));
+    }
+  }
+  if (typeof value === "string" && schema.pattern !== undefined) {
+    let pattern = null;
+    try {
+      pattern = new RegExp(schema.pattern, "u");
+    } catch {
+      // A pattern JavaScript cannot read is left to the kernel.
+    }
+    if (pattern && !pattern.test(value)) fail(`must match ${schema.pattern}`);
+  }
+  if (type === "array" && schema.items && typeof schema.items === "object") {
+    value.forEach((item, index) => {
+      problems.push(...schemaProblems(schema.items, item, root, `${where}[${index}]`));
+    });
+  }
+  if (type === "object") {
+    const properties = schema.properties || {};
+    const at = (name) => (where === "input" ? name : `${where}.${name}`);
+    for (const name of schema.required || []) {
+      if (!(name in value)) problems.push(`${at(name)}: required`);
+    }
+    for (const [name, item] of Object.entries(value)) {
+      const extra = schema.additionalProperties;
+      if (name in properties) {
+        problems.push(...schemaProblems(properties[name], item, root, at(name)));
+      } else if (extra === false) {
+        problems.push(`${at(name)}: not an input of this capability`);
+      } else if (typeof extra === "object") {
+        problems.push(...schemaProblems(extra, item, root, at(name)));
+      }
+    }
+  }
+  for (const part of schema.allOf || []) problems.push(...schemaProblems(part, value, root, where));
+  const verdicts = (options) => options.map((option) => schemaProblems(option, value, root, where));
+  if (schema.anyOf) {
+    const each = verdicts(schema.anyOf);
+    if (!each.some((found) => found.length === 0)) {
+      // One form of the value's type (a string, for `str | None`): its problems say most.
+      const typed = each.filter((found) => !found.wrongType);
+      if (typed.length === 1) problems.push(...typed[0]);
+      else fail("fits none of the allowed forms");
+    }
+  }
+  if (schema.oneOf && verdicts(schema.oneOf).filter((found) => found.length === 0).length !== 1) {
+    fail("must fit exactly one allowed form");
+  }
+  return problems;
 }
 
 // The resolution the form asks for, or the reason it cannot be sent: checked here, so
@@ -400,7 +746,6 @@ function openThread(threadId) {
   url.searchParams.set("thread", threadId);
   window.history.replaceState(null, "", url);
   sessionStorage.setItem("intention-kernel.token", $("token").value);
-  $("last-turn").hidden = true;
   return run(async () => {});
 }
 
@@ -415,15 +760,21 @@ document.addEventListener("DOMContentLoaded", () => {
     run(async () => {});
   });
   $("accept").addEventListener("click", () => answer("accept"));
-  $("reject").addEventListener("click", () => answer("reject"));
+  $("reject").addEventListener("click", () => reject());
+  $("approve-edited").addEventListener("click", () => approveEdited());
+  setInterval(renderTimeLeft, 1000);
   $("send-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const message = $("message").value.trim();
     if (!message) return;
     run(async () => {
-      const result = await postTurn({ message });
-      $("message").value = "";
-      renderTurn(result);
+      $("message").value = ""; // shown in the conversation while the turn streams
+      try {
+        await postTurn({ message });
+      } catch (error) {
+        $("message").value = message; // not sent after all: the operator keeps it
+        throw error;
+      }
     });
   });
   const initial = new URL(window.location.href).searchParams.get("thread");
