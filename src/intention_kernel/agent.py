@@ -116,6 +116,14 @@ def compile_agent(agent: Agent) -> CompiledAgent:
                 f"{cap.id}: confirm_within needs a confirmation to expire; this capability "
                 "has confirmation='none'"
             )
+        if cap.approvals != 1 and cap.confirmation != "required" and not cap.definition_errors:
+            # Only a held operation has accepts to count: a capability that confirms on
+            # its own judges its answer itself, and one that never asks has none.
+            problems.append(
+                f"{cap.id}: approvals={cap.approvals} needs confirmation='required' (the "
+                f"kernel holds the operation and counts the accepts); this capability has "
+                f"confirmation={cap.confirmation!r}"
+            )
         if cap.effect == "write" and cap.confirmation == "none":
             problems.append(
                 f"{cap.id}: a write capability cannot use confirmation='none'; use 'required' "

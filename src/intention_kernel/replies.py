@@ -86,6 +86,23 @@ class Replies:
             f"an answer is still: {pending.prompt}"
         )
 
+    def approval_recorded(self, pending: Interaction) -> str:
+        """An accept of ``pending`` was counted toward its quorum, which is not reached
+        yet (``pending.approved_by`` against ``pending.approvals``); nothing ran."""
+        left = pending.approvals - len(pending.approved_by)
+        who = ", ".join(pending.approved_by)
+        more = "1 more approval" if left == 1 else f"{left} more approvals"
+        return f"Approved by {who}; this needs {more} before it is done: {pending.prompt}"
+
+    def approval_refused(self, pending: Interaction, step: StepResult) -> str:
+        """An accept of ``pending`` did not count toward its quorum (no actor, or one who
+        already approved; ``step.error`` says which); nothing ran and ``pending`` still
+        waits."""
+        return (
+            "That approval was not counted, so nothing was done. The question waiting for "
+            f"other approvers is still: {pending.prompt}"
+        )
+
     def cancelled(self, interaction: Interaction) -> str:
         """The person said no to ``interaction`` (a ``"required"`` confirmation)."""
         return "Cancelled: nothing was done."
