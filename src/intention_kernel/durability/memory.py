@@ -98,8 +98,12 @@ class _MemoryRecorder(Recorder):
         return True  # the store is this object: it exists once built
 
     @asynccontextmanager
-    async def lock(self, thread_id: str) -> AsyncIterator[object]:
+    async def lock(self, thread_id: str, *, wait: bool = True) -> AsyncIterator[object]:
         lock = self._state.locks.setdefault(thread_id, asyncio.Lock())
+        if not wait and lock.locked():
+            raise ThreadBusyError(
+                f"thread {thread_id!r} is busy: another turn holds it", thread_id=thread_id
+            )
         try:
             if lock.locked():  # wait_for runs the wait in a task: only when there is one
                 await asyncio.wait_for(lock.acquire(), self._lock_timeout)

@@ -43,7 +43,13 @@ from typing import Literal, TypeVar
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._worker import WorkerThread
 from intention_kernel.durability.sqlite._schema import HAS_SCHEMA_TABLE, migrate
-from intention_kernel.errors import CorruptRecordError, CorruptStoreError, KernelError, StoreError
+from intention_kernel.errors import (
+    CorruptRecordError,
+    CorruptStoreError,
+    KernelError,
+    StoreError,
+    ThreadBusyError,
+)
 
 __all__ = ["SQLiteConnections"]
 
@@ -314,15 +320,21 @@ class SQLiteConnections:
             self._locks.close()
 
     @asynccontextmanager
-    async def lock(self, thread_id: str) -> AsyncIterator[object]:
+    async def lock(self, thread_id: str, *, wait: bool = True) -> AsyncIterator[object]:
         self._lockers += 1
         try:
             if self._locks is None:  # ":memory:" is private to this adapter
                 lock = self._memory_locks.setdefault(thread_id, asyncio.Lock())
+                if not wait and lock.locked():
+                    raise ThreadBusyError(
+                        f"thread {thread_id!r} is busy: another turn holds it",
+                        thread_id=thread_id,
+                    )
                 async with lock:
                     yield lock
                 return
-            async with self._locks.hold(thread_id, self._lock_timeout):
+            # A wait of 0 is one attempt: ``hold`` tries the lock before it polls.
+            async with self._locks.hold(thread_id, self._lock_timeout if wait else 0.0):
                 yield thread_id
         finally:
             self._lockers -= 1
