@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+import json
+import sys
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,9 +21,11 @@ from host_support import asgi_client
 from intention_kernel import Agent, CompilationError, Kernel, ThreadBusyError, TurnResult
 from intention_kernel.durability import Durability
 from intention_kernel.host import Principal, create_app
-from intention_kernel.testing import InMemoryDurability
+from intention_kernel.testing import InMemoryDurability, faults
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from proving_support import read_all_events
+from proving_support import LedgerProvider, Store, make_sql_store, proving_agent, read_all_events
+
+WORKER = Path(__file__).with_name("crash_worker.py")
 
 HELD = 10.0  # seconds a test waits for the held turn to reach its provider call
 # Far below every store's lock timeout: a refusal that came only after waiting for the
@@ -114,6 +119,50 @@ async def test_the_host_answers_thread_busy_while_a_turn_runs(store: Durability)
     assert busy.headers["retry-after"] == "1"
     assert busy.json()["type"] == "/problems/thread-busy"
     assert accepted.status_code == 200 and provider.calls() == 1
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    yield from make_sql_store(request.param, request, tmp_path)
+
+
+@pytest.mark.slow
+async def test_reject_refuses_a_turn_while_another_process_runs_one(
+    sql_store: Store, tmp_path: Path
+) -> None:
+    """The one attempt at the lock sees a holder in another process (the SQLite file
+    lock, the PostgreSQL advisory lock), not only in this one."""
+    ledger = str(tmp_path / "provider.ledger")
+    async with sql_store.durability() as durability:
+        rejecting = dataclasses.replace(
+            proving_agent(LedgerProvider(path=ledger)), on_busy="reject"
+        )
+        kernel = Kernel(rejecting, durability)
+        await kernel.turn("t", "1", "charge pi_1 500")
+        config = {
+            "store": sql_store.config(),
+            "ledger": ledger,
+            "turns": [{"thread_id": "t", "turn_id": "2", "message": "yes"}],
+            "fault": {"point": faults.IN_PROVIDER_AFTER_WRITE, "action": "hold"},
+        }
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(WORKER),
+            json.dumps(config),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert worker.stdout is not None
+            line = await asyncio.wait_for(worker.stdout.readline(), 60)
+            assert json.loads(line) == {"held": faults.IN_PROVIDER_AFTER_WRITE}
+            with pytest.raises(ThreadBusyError):
+                await asyncio.wait_for(kernel.turn("t", "3", "balance"), AT_ONCE)
+            checkpoint = await durability.load_checkpoint("t")
+            assert checkpoint is not None and checkpoint.version == 1
+        finally:
+            worker.kill()
+            await worker.communicate()
 
 
 def test_on_busy_is_wait_or_reject() -> None:
