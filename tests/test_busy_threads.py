@@ -168,3 +168,28 @@ async def test_reject_refuses_a_turn_while_another_process_runs_one(
 def test_on_busy_is_wait_or_reject() -> None:
     with pytest.raises(CompilationError, match="on_busy must be 'wait' or 'reject'"):
         Kernel(agent(FakeProvider(), "drop"), InMemoryDurability())
+
+
+async def test_a_released_lock_promised_to_a_queued_turn_is_still_busy() -> None:
+    """Between a release and the wake-up of the turn queued behind it, the lock is
+    free but promised: a turn that will not wait is refused rather than queued."""
+    from intention_kernel.durability._looplocks import LoopLocks
+
+    locks = LoopLocks()
+    queued_in = asyncio.Event()
+
+    async def queued() -> None:
+        async with locks.hold("t", None):
+            queued_in.set()
+
+    async with locks.hold("t", None):
+        waiter = asyncio.create_task(queued())
+        await asyncio.sleep(0)  # the waiter is queued on the lock
+    # Released: the waiter is woken but has not run yet.
+    with pytest.raises(ThreadBusyError):
+        async with locks.hold("t", None, wait=False):
+            pass
+    await asyncio.wait_for(waiter, HELD)
+    assert queued_in.is_set()
+    async with locks.hold("t", None, wait=False):  # nobody wants it now
+        pass
