@@ -1,9 +1,10 @@
 """What the kernel says to the person in the conversation, and how an application words it.
 
 The kernel writes a reply line of its own in a few situations: nothing to do, an
-answer with nothing pending or to another question, a cancelled, superseded or
-expired request, a step that completed without a reply of its own, failed, or may or may
-not have taken effect, and a turn that reached its agent's ``max_rounds``. Each
+answer with nothing pending or to another question, an approval counted toward a
+quorum or not counted, a cancelled, superseded or expired request, a step that
+completed without a reply of its own, failed, or may or may not have taken effect,
+and a turn that reached its agent's ``max_rounds``. Each
 situation is one method of :class:`Replies`. To word them yourself (another
 language, your product's tone, a support link), subclass it, override the methods
 you want, and pass an instance as ``Agent(replies=...)``::
