@@ -4,7 +4,10 @@ Run as ``python tests/crash_worker.py '<json config>'``:
 
 - ``store``: :meth:`proving_support.Store.config` (SQLite file or PostgreSQL schema).
 - ``ledger``: the provider's ledger file (see :class:`proving_support.LedgerProvider`).
-- ``turns``: ``[{"thread_id", "turn_id", "message"}]``, run in order.
+- ``turns``: ``[{"thread_id", "turn_id", "message"}]``, run in order; a turn may carry
+  an ``"answer"`` instead of (or beside) its message: ``Answer(**answer)``.
+- ``approvals``: optional, how many distinct actors must accept a charge (default 1).
+- ``hold``: optional; when true, the process waits after its last turn, to be killed.
 - ``fault``: optional ``{"point", "action", "skip"}`` armed (for one pass, after
   ``skip`` passes through the point, default 0) before the first turn. ``action`` is
   ``"exit"`` (``os._exit(137)`` at the point), or ``"exit_when"`` with ``"file"``: at
@@ -26,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from intention_kernel import Kernel, KernelError
+from intention_kernel import Answer, Kernel, KernelError
 from intention_kernel.testing import faults
 from proving_support import LedgerProvider, open_store, proving_agent
 
@@ -41,25 +44,39 @@ def exit_when(path: str) -> None:
     threading.Thread(target=wait_then_exit, daemon=True).start()
 
 
+def hold(point: str) -> None:
+    print(json.dumps({"held": point}), flush=True)
+    while True:  # the test kills the process here; nothing after the point runs
+        time.sleep(60)
+
+
 async def main(config: dict[str, Any]) -> None:
     provider = LedgerProvider(path=config["ledger"])
     async with open_store(config["store"]) as durability:
-        kernel = Kernel(proving_agent(provider), durability)
+        agent = proving_agent(provider, approvals=config.get("approvals", 1))
+        kernel = Kernel(agent, durability)
         fault = config.get("fault")
         if fault is not None:
             if fault["action"] == "exit_when":
                 faults.inject(fault["point"], lambda point: exit_when(fault["file"]))
+            elif fault["action"] == "hold":
+                faults.inject(fault["point"], hold, skip=fault.get("skip", 0))
             else:
                 faults.inject(fault["point"], fault["action"], skip=fault.get("skip", 0))
         for turn in config["turns"]:
             outcome: dict[str, Any] = {"turn_id": turn["turn_id"]}
             try:
-                result = await kernel.turn(turn["thread_id"], turn["turn_id"], turn["message"])
+                answer = Answer(**turn["answer"]) if "answer" in turn else None
+                result = await kernel.turn(
+                    turn["thread_id"], turn["turn_id"], turn.get("message"), answer=answer
+                )
             except KernelError as exc:
                 outcome.update(error=type(exc).__name__, message=str(exc))
             else:
                 outcome["result"] = result.to_dict()
             print(json.dumps(outcome), flush=True)
+        if config.get("hold"):
+            await asyncio.Event().wait()  # killed here, its turns committed
 
 
 if __name__ == "__main__":

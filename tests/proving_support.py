@@ -152,11 +152,12 @@ class _PayOrBilling:
         )
 
 
-def proving_agent(provider: FakeProvider) -> Agent:
+def proving_agent(provider: FakeProvider, *, approvals: int = 1) -> Agent:
     """The billing agent, plus ``payments.pay``: a write in ``"capability"`` mode whose
     capability decides that a small payment needs no consent and pays at once, so that
-    it runs in the turn that asks for it (a thread's first turn included)."""
-    billing = billing_agent(provider)
+    it runs in the turn that asks for it (a thread's first turn included). ``approvals``
+    is how many distinct actors must accept a charge."""
+    billing = billing_agent(provider, approvals=approvals)
 
     @capability(
         "payments.pay", effect="write", confirmation="capability", description="Pay at once"

@@ -44,6 +44,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import signal
 import sys
 import threading
 import time
@@ -757,3 +758,106 @@ async def test_a_write_applied_by_a_turn_that_never_committed_is_announced_once(
         ("accept-redelivered-under-a-new-id", KEY)
     ]
     assert provider.calls() == 1
+
+
+# -- a quorum's accepts, with a kill between them ----------------------------------------------
+
+QUORUM = 2
+
+
+def accepted_by(actor: str, turn_id: str) -> dict[str, Any]:
+    """A structured accept of the thread's pending charge by ``actor`` (as the host
+    sends it: the actor is the token's principal)."""
+    return {"thread_id": THREAD, "turn_id": turn_id, "answer": {"actor": actor}}
+
+
+async def killed(process: asyncio.subprocess.Process) -> list[dict[str, Any]]:
+    """The first line a held worker prints, once it printed it; then ``SIGKILL``."""
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), PROCESS_TIMEOUT)
+    assert line, "the worker ended before it was held"
+    process.kill()  # SIGKILL: no cleanup, no rollback by the process itself
+    await asyncio.wait_for(process.wait(), PROCESS_TIMEOUT)
+    assert process.returncode == -signal.SIGKILL
+    return [json.loads(line)]
+
+
+async def quorum_state(durability: Durability) -> tuple[int, tuple[str, ...] | None]:
+    """The thread's version and its pending interaction's approvers (``None``: none
+    pending)."""
+    checkpoint = await durability.load_checkpoint(THREAD)
+    assert checkpoint is not None
+    pending = checkpoint.interaction
+    return checkpoint.version, (pending.approved_by if pending is not None else None)
+
+
+@pytest.mark.slow
+async def test_a_quorum_killed_after_its_first_accept_committed_runs_once_on_the_second(
+    store: Store, processes: Processes
+) -> None:
+    await finish(await processes.spawn([propose()], approvals=QUORUM))
+    [first] = await killed(
+        await processes.spawn([accepted_by("ana", "ana")], approvals=QUORUM, hold=True)
+    )
+    assert first["result"]["interaction"]["approved_by"] == ["ana"]
+    async with store.durability() as durability:
+        assert await quorum_state(durability) == (2, ("ana",))
+    assert ledger_keys(processes.ledger) == []
+
+    # A new process: ana's delivery again is a replay, bob's accept completes the quorum.
+    again, second = await finish(
+        await processes.spawn(
+            [accepted_by("ana", "ana"), accepted_by("bob", "bob")], approvals=QUORUM
+        )
+    )
+    assert again["result"] == dict(first["result"], replayed=True)
+    assert [s["status"] for s in second["result"]["steps"]] == ["completed"]
+    assert second["result"]["interaction"] is None
+    assert ledger_keys(processes.ledger) == [KEY]
+    async with store.durability() as durability:
+        assert await quorum_state(durability) == (3, None)
+        events = await read_all_events(durability)
+    assert_outbox_matches_commits(
+        events, [(THREAD, "propose", 1), (THREAD, "ana", 2), (THREAD, "bob", 3)]
+    )
+    assert [
+        (e.turn_id, e.payload["actor"]) for e in events if e.type == "interaction.approved"
+    ] == [("ana", "ana")]
+    [resolved] = [e for e in events if e.type == "interaction.resolved"]
+    assert (resolved.turn_id, resolved.payload["approved_by"]) == ("bob", ["ana", "bob"])
+
+
+# ``during_commit`` needs a server-side stall on PostgreSQL (see above); the other points
+# are where a process can be held and killed on both stores.
+HELD_POINTS = [point for point in faults.POINTS if point != faults.DURING_COMMIT]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", HELD_POINTS)
+async def test_a_quorum_killed_during_its_second_accept_runs_at_most_once_on_the_retry(
+    store: Store, processes: Processes, point: str
+) -> None:
+    outcome = ONE_WRITE[point]
+    await finish(await processes.spawn([propose(), accepted_by("ana", "ana")], approvals=QUORUM))
+    fault = {"point": point, "action": "hold"}
+    held = await processes.spawn([accepted_by("bob", "bob")], approvals=QUORUM, fault=fault)
+    assert await killed(held) == [{"held": point}]
+    assert ledger_keys(processes.ledger) == ([KEY] if outcome.called[0] else [])
+    async with store.durability() as durability:
+        # Unless the kill came after the commit, ana's approval is all that was recorded.
+        assert await quorum_state(durability) == ((3, None) if outcome.committed else (2, ("ana",)))
+
+    [retried] = await finish(await processes.spawn([accepted_by("bob", "bob")], approvals=QUORUM))
+    result = retried["result"]
+    assert result["replayed"] is outcome.committed
+    assert [s["status"] for s in result["steps"]] == list(outcome.steps)
+    assert result["interaction"] is None
+    assert Counter(ledger_keys(processes.ledger)) == outcome.calls([KEY])
+    async with store.durability() as durability:
+        assert await quorum_state(durability) == (3, None)
+        events = await read_all_events(durability)
+    assert_outbox_matches_commits(
+        events, [(THREAD, "propose", 1), (THREAD, "ana", 2), (THREAD, "bob", 3)]
+    )
+    [resolved] = [e for e in events if e.type == "interaction.resolved"]
+    assert resolved.payload["approved_by"] == ["ana", "bob"]

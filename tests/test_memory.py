@@ -71,7 +71,7 @@ for _name, _member in _MEMBERS.items():
         setattr(
             _UndeclaredRecorder,
             _name,
-            lambda self, *args, _name=_name: getattr(self.inner, _name)(*args),
+            lambda self, *args, _name=_name, **kwargs: getattr(self.inner, _name)(*args, **kwargs),
         )
 
 

@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from intention_kernel.capabilities import Capability
 from intention_kernel.errors import CompilationError
@@ -44,6 +45,11 @@ class Agent:
     ``max_rounds`` bounds how often an interpreter that works in
     rounds is asked within one turn (see :class:`~intention_kernel.Interpreter`); it
     is not part of the fingerprint.
+    ``on_busy`` is what a turn does when another turn on its thread is running:
+    ``"wait"`` queues behind it (up to the store's lock timeout, then
+    ``ThreadBusyError``); ``"reject"`` raises ``ThreadBusyError`` at once and changes
+    nothing, for front ends that prefer to tell the person to wait. It is not part of
+    the fingerprint.
     """
 
     name: str
@@ -55,6 +61,7 @@ class Agent:
     compatible_fingerprints: Sequence[str] = field(default=())
     replies: Replies = field(default_factory=Replies)
     max_rounds: int = 8
+    on_busy: Literal["wait", "reject"] = "wait"
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,8 @@ def compile_agent(agent: Agent) -> CompiledAgent:
         problems.append(f"max_rounds must be an integer, not {agent.max_rounds!r}")
     elif agent.max_rounds < 1:
         problems.append("max_rounds must be at least 1")
+    if agent.on_busy not in ("wait", "reject"):
+        problems.append(f"on_busy must be 'wait' or 'reject', not {agent.on_busy!r}")
     if not callable(getattr(agent.interpreter, "interpret", None)):
         problems.append("the interpreter needs an async interpret(request) method")
     if not isinstance(agent.replies, Replies):
@@ -115,6 +124,14 @@ def compile_agent(agent: Agent) -> CompiledAgent:
             problems.append(
                 f"{cap.id}: confirm_within needs a confirmation to expire; this capability "
                 "has confirmation='none'"
+            )
+        if cap.approvals != 1 and cap.confirmation != "required" and not cap.definition_errors:
+            # Only a held operation has accepts to count: a capability that confirms on
+            # its own judges its answer itself, and one that never asks has none.
+            problems.append(
+                f"{cap.id}: approvals={cap.approvals} needs confirmation='required' (the "
+                f"kernel holds the operation and counts the accepts); this capability has "
+                f"confirmation={cap.confirmation!r}"
             )
         if cap.effect == "write" and cap.confirmation == "none":
             problems.append(

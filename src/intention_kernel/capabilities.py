@@ -243,6 +243,7 @@ class Capability:
     prompt: PromptSource | None = None
     definition_errors: tuple[str, ...] = field(default=(), compare=False)
     confirm_within: timedelta | None = None
+    approvals: int = 1
 
     @property
     def input_schema(self) -> dict[str, Any]:
@@ -317,6 +318,7 @@ def capability(
     description: str | None = None,
     prompt: PromptSource | None = None,
     confirm_within: timedelta | None = None,
+    approvals: int = 1,
 ) -> Callable[[Handler], Capability]:
     """Declare a capability. Records only; ``Kernel(...)`` checks the definition.
 
@@ -330,6 +332,11 @@ def capability(
     nothing (:mod:`intention_kernel.deadlines`). In ``"capability"`` mode it is the
     default ``expires_in`` of ``needs_confirmation``. ``None``: no deadline. A bad value,
     or one on a capability that never asks (``confirmation="none"``), is refused at
+    compilation.
+    ``approvals`` (a positive ``int``) is how many distinct people must accept the
+    confirmation before the operation runs (a quorum; see
+    :mod:`intention_kernel.runtime.answer`). Above 1 it needs ``confirmation="required"``:
+    the kernel holds the operation and counts the accepts. A bad value is refused at
     compilation.
     """
 
@@ -346,6 +353,9 @@ def capability(
             problem = duration_problem("confirm_within", confirm_within)
             if problem is not None:
                 errors.append(f"{id}: {problem}")
+        # ``bool`` is an ``int``: ``approvals=True`` is a mistake, not one approval.
+        if not isinstance(approvals, int) or isinstance(approvals, bool) or approvals < 1:
+            errors.append(f"{id}: approvals must be a positive int, not {approvals!r}")
         doc = inspect.getdoc(handler) or ""
         return Capability(
             id=id,
@@ -357,6 +367,7 @@ def capability(
             prompt=prompt,
             definition_errors=tuple(errors),
             confirm_within=confirm_within,
+            approvals=approvals,
         )
 
     return decorate

@@ -75,6 +75,13 @@ class Interaction:
     in every checkpoint stored before deadlines existed (the field is optional, so no
     schema revision was needed). It is not part of ``digest``: the deadline is not the
     operation.
+
+    ``approvals`` is how many distinct actors must accept before the held operation runs
+    (the capability's ``approvals`` when the interaction opened), and ``approved_by``
+    names, in order, the actors whose accepts are recorded so far (a quorum's partial
+    accepts; empty until then). Checkpoints stored before quorums existed read as one
+    approval and no approvers: both fields are optional, so no schema revision was
+    needed. Neither is part of ``digest``.
     """
 
     id: str
@@ -87,6 +94,8 @@ class Interaction:
     turn_id: str = ""
     digest: str = ""
     expires_at: datetime | None = None
+    approvals: int = 1
+    approved_by: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.digest:

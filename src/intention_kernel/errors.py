@@ -24,7 +24,8 @@ message, so that hosts can react without parsing text::
     │                                 receipt filter or resolution; a TurnResult document)
     ├── TurnConflictError             a committed turn ID delivered with another request
     ├── TurnExpiredError              a committed turn whose stored result was pruned (retention)
-    ├── ThreadBusyError               the thread's lock was not obtained in time
+    ├── ThreadBusyError               the thread's lock was not obtained in time (at
+    │                                 once with ``Agent(on_busy="reject")``)
     ├── FencedCommitError             the thread moved on while the turn ran; nothing committed
     ├── TenantMismatchError           the thread belongs to another tenant
     ├── ReceiptError
@@ -251,7 +252,10 @@ class TurnExpiredError(KernelError):
 
 
 class ThreadBusyError(KernelError):
-    """The thread's lock could not be obtained within the configured wait."""
+    """The thread's lock could not be obtained within the configured wait, or at once
+    for an agent with ``on_busy="reject"`` while another turn on the thread runs.
+    ``thread_id`` names the thread; nothing was read or written, and the same delivery
+    may be retried."""
 
 
 class FencedCommitError(KernelError):

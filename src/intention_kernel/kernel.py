@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
 from intention_kernel import _tracing
@@ -179,8 +179,18 @@ class Kernel:
         async def operation(tx: TurnTransaction) -> TurnCommit:
             return await run_turn(compiled, tx, request, clock)
 
+        durability, reject = self.durability, compiled.agent.on_busy == "reject"
+
+        def with_turn() -> Awaitable[TurnResult]:
+            # ``wait=False``: one attempt at the thread's lock, ThreadBusyError at once
+            # while another turn holds it. Passed only then, so that a durability
+            # written before the keyword existed still serves agents that wait.
+            if reject:
+                return durability.with_turn(scope, operation, wait=False)
+            return durability.with_turn(scope, operation)
+
         if not _tracing.enabled():
-            result = await self.durability.with_turn(scope, operation)
+            result = await with_turn()
         else:
             with _tracing.span(
                 "intention_kernel.turn",
@@ -188,7 +198,7 @@ class Kernel:
                 turn_id=turn_id,
                 tenant_id=scope.tenant_id,
             ) as span:
-                result = await self.durability.with_turn(scope, operation)
+                result = await with_turn()
                 _tracing.annotate(
                     span, replayed=result.replayed, checkpoint_version=result.checkpoint_version
                 )

@@ -1,9 +1,10 @@
 """What the kernel says to the person in the conversation, and how an application words it.
 
 The kernel writes a reply line of its own in a few situations: nothing to do, an
-answer with nothing pending or to another question, a cancelled, superseded or
-expired request, a step that completed without a reply of its own, failed, or may or may
-not have taken effect, and a turn that reached its agent's ``max_rounds``. Each
+answer with nothing pending or to another question, an approval counted toward a
+quorum or not counted, a cancelled, superseded or expired request, a step that
+completed without a reply of its own, failed, or may or may not have taken effect,
+and a turn that reached its agent's ``max_rounds``. Each
 situation is one method of :class:`Replies`. To word them yourself (another
 language, your product's tone, a support link), subclass it, override the methods
 you want, and pass an instance as ``Agent(replies=...)``::
@@ -84,6 +85,23 @@ class Replies:
         return (
             "Those changes could not be used, so nothing was done. The question waiting for "
             f"an answer is still: {pending.prompt}"
+        )
+
+    def approval_recorded(self, pending: Interaction) -> str:
+        """An accept of ``pending`` was counted toward its quorum, which is not reached
+        yet (``pending.approved_by`` against ``pending.approvals``); nothing ran."""
+        left = pending.approvals - len(pending.approved_by)
+        who = ", ".join(pending.approved_by)
+        more = "1 more approval" if left == 1 else f"{left} more approvals"
+        return f"Approved by {who}; this needs {more} before it is done: {pending.prompt}"
+
+    def approval_refused(self, pending: Interaction, step: StepResult) -> str:
+        """An accept of ``pending`` did not count toward its quorum (no actor, or one who
+        already approved; ``step.error`` says which); nothing ran and ``pending`` still
+        waits."""
+        return (
+            "That approval was not counted, so nothing was done. The question waiting for "
+            f"other approvers is still: {pending.prompt}"
         )
 
     def cancelled(self, interaction: Interaction) -> str:

@@ -5,6 +5,9 @@ A **durability adapter** is the transaction boundary of a turn. The kernel calls
 adapter must:
 
 1. serialize concurrent turns (across processes and hosts where the store is shared);
+   ``with_turn(..., wait=False)`` makes one attempt at the thread's lock and raises
+   ``ThreadBusyError`` at once when another turn holds it (``Agent(on_busy="reject")``),
+   where ``wait=True`` (the default) queues behind it up to the adapter's lock timeout;
 2. load the latest checkpoint;
 3. return the stored result with ``replayed=True`` when the same ``turn_id`` was
    already committed, without calling ``operation`` and without loading the
@@ -97,7 +100,9 @@ TurnOperation = Callable[[TurnTransaction], Awaitable[TurnCommit]]
 class Durability(Protocol):
     """The contract every durability adapter fulfils."""
 
-    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult: ...
+    async def with_turn(
+        self, scope: TurnScope, operation: TurnOperation, *, wait: bool = True
+    ) -> TurnResult: ...
 
     async def load_checkpoint(self, thread_id: str) -> KernelCheckpoint | None: ...
 

@@ -121,9 +121,14 @@ class LockFile:
 
     @asynccontextmanager
     async def hold(self, thread_id: str, wait_seconds: float) -> AsyncIterator[None]:
-        """Hold the thread's lock; poll with backoff, ``ThreadBusyError`` after ``wait_seconds``."""
+        """Hold the thread's lock; poll with backoff, ``ThreadBusyError`` after ``wait_seconds``
+        (``0``: after the one attempt)."""
         offset = lock_offset(thread_id)
         if not self.try_acquire(offset):
+            if wait_seconds <= 0:
+                raise ThreadBusyError(
+                    f"thread {thread_id!r} is busy: another turn holds it", thread_id=thread_id
+                )
             deadline = time.monotonic() + wait_seconds
             wait = _FIRST_WAIT
             while True:

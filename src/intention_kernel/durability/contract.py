@@ -69,11 +69,19 @@ PlanFn = Callable[[Receipt | None], EffectPlan]
 
 @asynccontextmanager
 async def lock_and_begin(
-    recorder: TurnRecorder, thread_id: str, turn_id: str, known_version: int | None
+    recorder: TurnRecorder,
+    thread_id: str,
+    turn_id: str,
+    known_version: int | None,
+    *,
+    wait: bool = True,
 ) -> AsyncIterator[TurnStart]:
     """A turn's start as ``TurnRecorder.start_turn`` does it by default: the lock, then
-    ``begin_turn``, and the lock held for the block."""
-    async with recorder.lock(thread_id):
+    ``begin_turn``, and the lock held for the block. ``wait=False`` is passed on to
+    ``lock`` only when given, so that a recorder written before it existed still serves
+    every turn that waits."""
+    held = recorder.lock(thread_id) if wait else recorder.lock(thread_id, wait=False)
+    async with held:
         yield await recorder.begin_turn(thread_id, turn_id, known_version)
 
 
@@ -108,10 +116,12 @@ class TurnRecorder(Protocol):
     """
 
     def start_turn(
-        self, thread_id: str, turn_id: str, known_version: int | None
+        self, thread_id: str, turn_id: str, known_version: int | None, *, wait: bool = True
     ) -> AbstractAsyncContextManager[TurnStart]:
-        """Hold the thread's lock for the block and yield what ``begin_turn`` reads."""
-        return lock_and_begin(self, thread_id, turn_id, known_version)
+        """Hold the thread's lock for the block and yield what ``begin_turn`` reads;
+        ``wait`` as for ``lock``. A recorder that overrides it may answer a committed
+        turn without the lock, busy or not."""
+        return lock_and_begin(self, thread_id, turn_id, known_version, wait=wait)
 
     async def open(self) -> None:
         """Connect and create or migrate the schema. Called once, before anything else."""
@@ -124,13 +134,15 @@ class TurnRecorder(Protocol):
         be reached."""
         ...
 
-    def lock(self, thread_id: str) -> AbstractAsyncContextManager[object]:
+    def lock(self, thread_id: str, *, wait: bool = True) -> AbstractAsyncContextManager[object]:
         """Hold the thread's exclusive lock for the duration of the block.
 
         Must exclude every other holder in every process sharing the store,
         must be released if the holder dies, and must not hold a database
         write transaction open while held. Raises ``ThreadBusyError`` after the
-        adapter's configured wait.
+        adapter's configured wait; with ``wait=False``, after one attempt (at once,
+        when another holder has it: ``Agent(on_busy="reject")``). The engine passes
+        ``wait`` only when it is ``False``.
         """
         ...
 

@@ -142,7 +142,9 @@ class RecordedDurability:
 
     # -- turns -------------------------------------------------------------------------------
 
-    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult:
+    async def with_turn(
+        self, scope: TurnScope, operation: TurnOperation, *, wait: bool = True
+    ) -> TurnResult:
         check_id("thread_id", scope.thread_id)
         check_id("turn_id", scope.turn_id)
         if scope.tenant_id is not None:
@@ -152,7 +154,14 @@ class RecordedDurability:
         # of this process commits meanwhile, the recorder ships the newer checkpoint.
         cached = self._checkpoints.get(scope.thread_id)
         known = cached.version if cached else None
-        async with self._recorder.start_turn(scope.thread_id, scope.turn_id, known) as start:
+        # ``wait`` goes to the recorder only when it is False: a recorder written before
+        # it existed serves every turn that waits, and refuses (TypeError) one that won't.
+        starting = (
+            self._recorder.start_turn(scope.thread_id, scope.turn_id, known)
+            if wait
+            else self._recorder.start_turn(scope.thread_id, scope.turn_id, known, wait=False)
+        )
+        async with starting as start:
             if _faults.armed:
                 _faults.reach(_faults.AFTER_LOCK)
             # A thread belongs to the tenant of its first committed turn, or before that

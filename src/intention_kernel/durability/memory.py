@@ -11,7 +11,6 @@ the state is not shared with any other process.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from intention_kernel.durability import _check_seconds
+from intention_kernel.durability._looplocks import LoopLocks
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
@@ -36,7 +36,7 @@ from intention_kernel.durability.abc import (
     TurnStart,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
-from intention_kernel.errors import FencedCommitError, ThreadBusyError
+from intention_kernel.errors import FencedCommitError
 from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = ["InMemoryDurability"]
@@ -76,7 +76,7 @@ class _State:
     # By event ID, once the relay recorded something about it (absent: never tried).
     deliveries: dict[str, _Delivery] = field(default_factory=dict)
     last_position: int = 0
-    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    locks: LoopLocks = field(default_factory=LoopLocks)
     relayed: set[str] = field(default_factory=set)  # threads claimed by a relay
 
 
@@ -98,21 +98,9 @@ class _MemoryRecorder(Recorder):
         return True  # the store is this object: it exists once built
 
     @asynccontextmanager
-    async def lock(self, thread_id: str) -> AsyncIterator[object]:
-        lock = self._state.locks.setdefault(thread_id, asyncio.Lock())
-        try:
-            if lock.locked():  # wait_for runs the wait in a task: only when there is one
-                await asyncio.wait_for(lock.acquire(), self._lock_timeout)
-            else:
-                await lock.acquire()  # granted at once
-        except TimeoutError:
-            raise ThreadBusyError(
-                f"thread {thread_id!r} stayed busy for {self._lock_timeout}s", thread_id=thread_id
-            ) from None
-        try:
+    async def lock(self, thread_id: str, *, wait: bool = True) -> AsyncIterator[object]:
+        async with self._state.locks.hold(thread_id, self._lock_timeout, wait=wait) as lock:
             yield lock
-        finally:
-            lock.release()
 
     async def begin_turn(
         self, thread_id: str, turn_id: str, known_version: int | None

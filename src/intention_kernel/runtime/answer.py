@@ -10,6 +10,25 @@ model, and what runs is the edited input; an invalid edit runs nothing and leave
 interaction open. An answer to an interaction that expired
 (closed by this turn before it interpreted anything, see
 :mod:`intention_kernel.deadlines`) runs nothing: the reply says it expired.
+
+A quorum (``@capability(..., approvals=N)``, N > 1) holds the operation until accepts
+from N distinct actors are recorded, in one turn or several:
+
+- each accept before the last is a committed turn of its own that runs nothing: the
+  actor joins ``Interaction.approved_by`` and ``interaction.approved`` is emitted with
+  the actor and the approvers so far; the final accept resolves the interaction as
+  today (``interaction.resolved`` names every approver) and runs the operation once;
+- an accept from an actor already in ``approved_by`` counts once: it is refused, and
+  the interaction stays as it was;
+- an accept without an actor is refused: an anonymous accept cannot be told apart from
+  another, so it cannot be one of N distinct ones (the host always sets the actor);
+- one reject, from anyone, closes the interaction and nothing runs;
+- an edit (``Answer(input=...)``) is refused: every approver must approve the same
+  operation, so a change is a reject and a new request;
+- the digest binding and the deadline hold for every accept, the partial ones too.
+
+The number required is the larger of the interaction's ``approvals`` (as it opened) and
+the capability's current one: a redeploy may raise a pending quorum, never lower it.
 """
 
 from __future__ import annotations
@@ -48,16 +67,26 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
         return False
     edited: tuple[Any, dict[str, Any]] | None = None
     cap = state.agent.capabilities.get(active.capability_id)
+    required = max(active.approvals, cap.approvals if cap is not None else 1)
     if answer.input is not None and cap is not None:  # a vanished one cannot resume anyway
-        edited = _edit(state, cap, active, answer)
+        edited = _edit(state, cap, active, answer, required)
         if edited is None:
             return False  # refused: nothing ran, and the interaction stays open
+    approved_by = active.approved_by
+    if answer.decision == "accept" and required > 1 and cap is not None:
+        counted = _count_approval(state, active, answer, required)
+        if counted is None:
+            return False  # refused: nothing ran, and the interaction is as it was
+        if len(counted) < required:
+            return True  # recorded: the operation waits for the remaining approvers
+        approved_by = counted
     resolution = "accepted" if answer.decision == "accept" else "rejected"
     item = state.close_interaction(
         resolution,
         actor=answer.actor,
         reason=answer.reason,
         approved_input=edited[1] if edited is not None else None,
+        approved_by=approved_by,
     )
     if item is None:
         raise CorruptRecordError(
@@ -104,8 +133,59 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
     return True
 
 
+def _count_approval(
+    state: TurnState, active: Interaction, answer: Answer, required: int
+) -> tuple[str, ...] | None:
+    """Count ``answer``'s accept toward ``active``'s quorum of ``required``: the
+    approvers with it, or ``None`` when it does not count (no actor, or one who already
+    approved), after a step still ``awaiting_confirmation`` says why.
+
+    An accept that leaves the quorum short is recorded here: the interaction, still
+    active, names its approvers so far, and ``interaction.approved`` is emitted."""
+    replies = state.agent.agent.replies
+    actor = answer.actor
+    if not actor:
+        problem = (
+            f"{active.capability_id} needs accepts from {required} different people; an "
+            "accept that names no actor cannot be told apart from another, so it was not "
+            "counted"
+        )
+    elif actor in active.approved_by:
+        problem = (
+            f"{actor!r} has already approved this request; it needs accepts from "
+            f"{required} different people, and each counts once"
+        )
+    else:
+        approvers = (*active.approved_by, actor)
+        if len(approvers) >= required:
+            return approvers
+        recorded = dataclasses.replace(active, approvals=required, approved_by=approvers)
+        state.interaction = recorded
+        state.emit(
+            "interaction.approved",
+            {
+                "interaction_id": active.id,
+                "capability_id": active.capability_id,
+                "step_id": active.step_id,
+                "actor": actor,
+                "approved_by": list(approvers),
+                "approvals": required,
+            },
+        )
+        step = StepResult(active.step_id, active.capability_id, StepStatus.AWAITING_CONFIRMATION)
+        state.add_step(step)
+        state.replies.append(replies.approval_recorded(recorded))
+        return approvers
+    step = StepResult(
+        active.step_id, active.capability_id, StepStatus.AWAITING_CONFIRMATION, None, problem
+    )
+    state.add_step(step)
+    state.replies.append(replies.approval_refused(active, step))
+    return None
+
+
 def _edit(
-    state: TurnState, cap: Capability, active: Interaction, answer: Answer
+    state: TurnState, cap: Capability, active: Interaction, answer: Answer, required: int
 ) -> tuple[Any, dict[str, Any]] | None:
     """The edited input of an accept, validated against the capability's input model:
     ``(handler argument, canonical input)``; ``None`` when it is refused, after a step
@@ -120,6 +200,12 @@ def _edit(
         problem = (
             f"{cap.id} confirms on its own (confirmation='capability'): its input cannot be "
             "edited in an answer; send the change in the answer's value"
+        )
+    elif required > 1:
+        problem = (
+            f"{cap.id} needs accepts from {required} different people, and each must "
+            "approve the same input: it cannot be edited in an answer; reject it and ask "
+            "for the changed request"
         )
     else:
         try:

@@ -56,6 +56,7 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
             step_id=step_id,
             turn_id=state.scope.turn_id,
             expires_at=deadline(state.now, cap.confirm_within),
+            approvals=cap.approvals,
         )
         state.open_interaction(
             AgendaItem(step_id, cap.id, canonical, state.scope.turn_id, interaction.id),

@@ -178,13 +178,16 @@ class TurnState:
         actor: str | None = None,
         reason: str | None = None,
         approved_input: dict[str, Any] | None = None,
+        approved_by: tuple[str, ...] = (),
     ) -> AgendaItem | None:
         """Resolve the active interaction and take its planned operation off the agenda.
 
         ``actor`` and ``reason`` (the answer's) are in the event's payload when given
         (and ``actor`` on the interaction's step when this turn records it);
         so are ``proposed_input`` and ``approved_input`` when the approver edited the
-        held input into ``approved_input``."""
+        held input into ``approved_input``, and ``approved_by`` when a quorum's
+        approvers were recorded (all of them on its final accept, those so far on a
+        reject)."""
         active = self.interaction
         if active is None:
             return None
@@ -202,6 +205,8 @@ class TurnState:
             self.answered = (active.step_id, actor)
         if reason is not None:
             payload["reason"] = reason
+        if approved_by:
+            payload["approved_by"] = list(approved_by)
         if approved_input is not None:
             payload["proposed_input"] = active.input
             payload["approved_input"] = approved_input

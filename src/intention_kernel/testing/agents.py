@@ -78,10 +78,12 @@ def billing_agent(
     compatible_fingerprints: Sequence[str] = (),
     interpreter: ScriptedInterpreter | None = None,
     confirm_within: timedelta | None = None,
+    approvals: int = 1,
 ) -> Agent:
     """Reads (``billing.balance``), a confirmed write (``payments.charge``), a write that
     confirms on its own (``payments.refund``) and a misbehaving read (``billing.peek``).
-    ``confirm_within`` is the deadline of both writes' confirmations (none by default)."""
+    ``confirm_within`` is the deadline of both writes' confirmations (none by default);
+    ``approvals`` is how many distinct actors must accept a charge (one by default)."""
 
     @capability("billing.balance", description="Amount due")
     async def balance(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
@@ -96,6 +98,7 @@ def billing_agent(
         description="Charge a payment intent",
         prompt="Charge {amount} to {payment_intent_id}?",
         confirm_within=confirm_within,
+        approvals=approvals,
     )
     async def charge(input: ChargeInput, ctx: CapabilityContext) -> CapabilityResult:
         pi = input.payment_intent_id

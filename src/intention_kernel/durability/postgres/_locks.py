@@ -46,24 +46,25 @@ class PostgresLocks(PostgresSessions):
         return advisory_key("thread", self._schema, thread_id)
 
     @asynccontextmanager
-    async def lock(self, thread_id: str) -> AsyncIterator[object]:
+    async def lock(self, thread_id: str, *, wait: bool = True) -> AsyncIterator[object]:
         key = self._thread_key(thread_id)
 
         async def try_lock(conn: Connection) -> tuple[bool, None] | None:
             return (True, None) if await fetch_value(conn, TRY_LOCK, key) else None
 
         with translated():
-            conn, _ = await self._acquire(thread_id, try_lock)
+            conn, _ = await self._acquire(thread_id, try_lock, wait)
         assert conn is not None  # try_lock answers only once it holds the lock
         async with self._holding(thread_id, key, conn) as held:
             yield held
 
     @asynccontextmanager
     async def start_turn(
-        self, thread_id: str, turn_id: str, known_version: int | None
+        self, thread_id: str, turn_id: str, known_version: int | None, *, wait: bool = True
     ) -> AsyncIterator[TurnStart]:
         """The thread lock and ``begin_turn`` in one statement (see START_TURN_FUNCTION);
-        a committed turn comes back without the lock."""
+        a committed turn comes back without the lock (so a replay is answered even with
+        ``wait=False`` on a busy thread)."""
         key = self._thread_key(thread_id)
         params = {
             "lock": key,
@@ -77,7 +78,7 @@ class PostgresLocks(PostgresSessions):
             return None if row is None else (row[0], turn_start(row[1:]))
 
         with translated():
-            conn, start = await self._acquire(thread_id, attempt)
+            conn, start = await self._acquire(thread_id, attempt, wait)
         if conn is None:  # a committed turn, read without the lock
             yield start
             return
@@ -117,13 +118,17 @@ class PostgresLocks(PostgresSessions):
                     raise
 
     async def _acquire(
-        self, thread_id: str, attempt: Callable[[Connection], Awaitable[tuple[bool, T] | None]]
+        self,
+        thread_id: str,
+        attempt: Callable[[Connection], Awaitable[tuple[bool, T] | None]],
+        queue: bool = True,
     ) -> tuple[Connection | None, T]:
         """Poll ``attempt`` (a statement that tries ``pg_try_advisory_lock``) with backoff.
 
         ``attempt`` answers ``None`` while another session holds the lock, else
         whether it took the lock and what it read. Returns the session holding the
         lock, or ``None`` (back in the pool) if ``attempt`` had no need of it.
+        ``queue=False`` makes one attempt: ``ThreadBusyError`` once it answers ``None``.
 
         Polling, not a blocking ``pg_advisory_lock``: an abandoned wait can never
         leave a lock granted behind our back. Between polls the session goes back
@@ -163,6 +168,10 @@ class PostgresLocks(PostgresSessions):
             await self._pool.putconn(conn)
             if got is not None:
                 return None, got[1]
+            if not queue:
+                raise ThreadBusyError(
+                    f"thread {thread_id!r} is busy: another turn holds it", thread_id=thread_id
+                )
             seen_busy = True
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from intention_kernel.durability._filelock import LockFile, lock_offset
+from intention_kernel.durability._looplocks import LoopLocks
 from intention_kernel.durability._worker import WorkerThread
 from intention_kernel.durability.sqlite._schema import HAS_SCHEMA_TABLE, migrate
 from intention_kernel.errors import CorruptRecordError, CorruptStoreError, KernelError, StoreError
@@ -76,7 +77,7 @@ class SQLiteConnections:
         # a symlink or another relative path must share one lock file, or their turns
         # on a thread would overlap (and the later commit be fenced after running).
         self._locks = LockFile(os.path.realpath(path) + ".locks") if path != ":memory:" else None
-        self._memory_locks: dict[str, asyncio.Lock] = {}
+        self._memory_locks = LoopLocks()
         self._memory_relayed: set[str] = set()
         self._lockers = 0  # tasks holding or awaiting a thread lock of this adapter
         self._hops = 0  # calls submitted to the worker thread and not finished
@@ -314,15 +315,15 @@ class SQLiteConnections:
             self._locks.close()
 
     @asynccontextmanager
-    async def lock(self, thread_id: str) -> AsyncIterator[object]:
+    async def lock(self, thread_id: str, *, wait: bool = True) -> AsyncIterator[object]:
         self._lockers += 1
         try:
             if self._locks is None:  # ":memory:" is private to this adapter
-                lock = self._memory_locks.setdefault(thread_id, asyncio.Lock())
-                async with lock:
+                async with self._memory_locks.hold(thread_id, None, wait=wait) as lock:
                     yield lock
                 return
-            async with self._locks.hold(thread_id, self._lock_timeout):
+            # A wait of 0 is one attempt: ``hold`` tries the lock before it polls.
+            async with self._locks.hold(thread_id, self._lock_timeout if wait else 0.0):
                 yield thread_id
         finally:
             self._lockers -= 1

@@ -159,13 +159,15 @@ class Capturing:
     def __init__(self, inner: Durability, committed: list[KernelCheckpoint]) -> None:
         self._inner, self._committed = inner, committed
 
-    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult:
+    async def with_turn(
+        self, scope: TurnScope, operation: TurnOperation, *, wait: bool = True
+    ) -> TurnResult:
         async def capturing(tx: TurnTransaction) -> TurnCommit:
             commit = await operation(tx)
             self._committed.append(commit.checkpoint)
             return commit
 
-        return await self._inner.with_turn(scope, capturing)
+        return await self._inner.with_turn(scope, capturing, wait=wait)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

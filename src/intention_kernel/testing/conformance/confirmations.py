@@ -236,6 +236,31 @@ class ConfirmationConformance(ConformanceCase):
             assert (await kernel.turn("t", "2", "yes")).replayed
         assert provider.calls() == 1
 
+    async def test_a_quorums_approvals_survive_a_restart_and_count_distinct_actors(
+        self, make_durability: Callable[[], Durability], provider: FakeProvider
+    ) -> None:
+        """``approvals=2``: the first accept is stored with the interaction
+        (``approved_by``), the same actor again does not count, a second actor runs the
+        operation once, through a new adapter when the store persists."""
+        agent = billing_agent(provider, approvals=2)
+        async with make_durability() as before:
+            kernel = Kernel(agent, before)
+            await kernel.turn("t", "1", "charge pi_1 500")
+            first = await kernel.turn("t", "2", answer=Answer(actor="ana"))
+            assert first.interaction is not None
+            assert first.interaction.approved_by == ("ana",)
+        async with make_durability() as after:
+            kernel = Kernel(agent, after)
+            stored = await after.load_checkpoint("t")
+            assert stored is not None and stored.interaction == first.interaction
+            again = await kernel.turn("t", "3", answer=Answer(actor="ana"))
+            assert again.interaction == first.interaction and provider.calls() == 0
+            done = await kernel.turn("t", "4", answer=Answer(actor="bob"))
+            assert done.steps[0].status == StepStatus.COMPLETED and done.interaction is None
+            [resolved] = await payloads(after, "t", "interaction.resolved")
+            assert resolved["approved_by"] == ["ana", "bob"]
+        assert provider.calls() == 1
+
     async def test_a_capability_mode_confirmation_survives_a_restart(
         self, make_durability: Callable[[], Durability], provider: FakeProvider
     ) -> None:

@@ -30,6 +30,7 @@ from intention_kernel.errors import (
     KernelError,
     ReceiptNotFoundError,
     TenantMismatchError,
+    ThreadBusyError,
     TurnConflictError,
 )
 from intention_kernel.kernel import Kernel
@@ -72,6 +73,43 @@ class TurnConformance(ConformanceCase):
         results = await asyncio.gather(*(durability.with_turn(s, operation) for s in scopes))
         assert overlaps == 0
         assert sorted(r.checkpoint_version for r in results) == list(range(1, 9))
+
+    async def test_a_turn_that_will_not_wait_is_refused_at_once_while_another_runs(
+        self, durability: Durability
+    ) -> None:
+        """``with_turn(..., wait=False)`` (``Agent(on_busy="reject")``): one attempt at
+        the lock, ``ThreadBusyError`` while another turn holds it, and nothing changes."""
+        entered, release = asyncio.Event(), asyncio.Event()
+        refused_ran: list[str] = []
+
+        async def held(tx: TurnTransaction) -> TurnCommit:
+            entered.set()
+            await release.wait()
+            return commit_for(tx)
+
+        async def refused(tx: TurnTransaction) -> TurnCommit:
+            refused_ran.append(tx.scope.turn_id)
+            return commit_for(tx)
+
+        running = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
+        try:
+            await asyncio.wait_for(entered.wait(), 10)
+            with pytest.raises(ThreadBusyError) as busy:
+                # Well below any lock timeout: a refusal after a wait would miss it.
+                await asyncio.wait_for(
+                    durability.with_turn(TurnScope("t", "2"), refused, wait=False), 2
+                )
+            assert busy.value.thread_id == "t" and refused_ran == [] and not running.done()
+            # Another thread is free.
+            other = await durability.with_turn(TurnScope("u", "1"), refused, wait=False)
+            assert other.checkpoint_version == 1
+        finally:
+            release.set()
+            first = await running
+        assert first.checkpoint_version == 1
+        # Free again: the refused delivery committed nothing and now runs.
+        again = await durability.with_turn(TurnScope("t", "2"), refused, wait=False)
+        assert (again.replayed, again.checkpoint_version) == (False, 2)
 
     async def test_each_turn_loads_the_latest_checkpoint(
         self, kernel: Kernel, durability: Durability
