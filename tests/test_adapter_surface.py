@@ -114,6 +114,9 @@ class ThirdPartyDurability:
     async def exists(self) -> bool:
         return await self._inner.exists()
 
+    def missing_store_reason(self) -> str:
+        return "no third-party store here"
+
     async def recorder(self) -> abc.Recorder:
         return await self._inner.recorder()
 

@@ -234,7 +234,9 @@ def existing_store(url: str) -> Operable:
     except KernelError as exc:
         refuse(str(exc))
     if not found:
-        refuse(f"{_no_store(store)}; operations commands never create a store (check --db)")
+        refuse(
+            f"{store.missing_store_reason()}; operations commands never create a store (check --db)"
+        )
     return store
 
 
@@ -249,14 +251,3 @@ def open_store(url: str, *, lock_timeout: float | None = None) -> Durability:
         return open_durability(url, lock_timeout=lock_timeout, connect_timeout=CONNECT_TIMEOUT)
     except (KernelError, ValueError) as exc:
         refuse(str(exc))
-
-
-def _no_store(store: Operable) -> str:
-    from intention_kernel.durability.sqlite import SQLiteDurability
-
-    if isinstance(store, SQLiteDurability):
-        if not os.path.isfile(store.path):
-            return f"no SQLite store at {store.path!r}: the file does not exist"
-        return f"{store.path!r} is not an intention-kernel store (no ik_schema table)"
-    schema = getattr(store, "schema", None)  # PostgresDurability, not imported for this
-    return f"the PostgreSQL database has no intention-kernel store in schema {schema!r}"

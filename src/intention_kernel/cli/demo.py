@@ -15,11 +15,8 @@ never be the store that variable points at.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import sqlite3
 import tempfile
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -43,12 +40,11 @@ from intention_kernel.demo import (
     run_demo,
 )
 from intention_kernel.demo.billing import money
+from intention_kernel.demo.database import prepare_demo_db
 
 __all__ = ["demo", "prepare_demo_db", "register"]
 
 #: A file holding this table was created by the demo and may be recreated.
-DEMO_MARKER_TABLE = "demo_provider_charges"
-SIDE_FILES = ("-wal", "-shm", "-journal", ".locks")
 
 STATUS_STYLE = {
     StepStatus.COMPLETED: "green",
@@ -106,34 +102,6 @@ def demo(
         run = _play(console, path, kept=True)
     if not run.ok:
         raise typer.Exit(EXIT_FAILED)
-
-
-def prepare_demo_db(path: str) -> str | None:
-    """Make ``path`` ready for a fresh run; return why not if it must not be touched."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        return f"directory {directory!r} does not exist"
-    if os.path.isdir(path):
-        return f"{path!r} is a directory"
-    if os.path.exists(path) and os.path.getsize(path) > 0:
-        try:
-            uri = Path(path).absolute().as_uri() + "?mode=ro"
-            with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
-                found = conn.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                    (DEMO_MARKER_TABLE,),
-                ).fetchone()
-        except sqlite3.Error as exc:
-            return f"{path!r} exists and cannot be read as SQLite ({exc}); not overwriting it"
-        if found is None:
-            return (
-                f"{path!r} exists and was not created by the demo (no {DEMO_MARKER_TABLE} "
-                "table); the demo recreates its database, so it will not overwrite this one"
-            )
-    for suffix in ("", *SIDE_FILES):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path + suffix)
-    return None
 
 
 def _play(console: Console, path: str, *, kept: bool) -> DemoRun:

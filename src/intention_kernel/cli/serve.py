@@ -36,8 +36,8 @@ bearer token (see :mod:`intention_kernel.host._guard`).
 
 Event loop: ``--loop auto`` (the default) runs the host on uvloop where it is
 installed (the ``http`` extra installs it, except on Windows), else on asyncio's;
-``--loop asyncio`` and ``--loop uvloop`` choose. On uvloop, psycopg's asyncio driver
-costs markedly less CPU per statement (see README.md, "Benchmarks").
+``--loop asyncio`` and ``--loop uvloop`` choose. On uvloop, the PostgreSQL adapter's asyncio
+driver costs markedly less CPU per statement (see README.md, "Benchmarks").
 """
 
 from __future__ import annotations

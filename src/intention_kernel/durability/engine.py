@@ -135,6 +135,11 @@ class RecordedDurability:
             return True
         return await self._recorder.exists()
 
+    def missing_store_reason(self) -> str:
+        """Why :meth:`exists` said no, in words an operator can act on; adapters say
+        where they looked."""
+        return "no intention-kernel store at this location"
+
     async def aclose(self) -> None:
         if self._opened:
             self._opened = False

@@ -81,6 +81,9 @@ class PostgresDurability(RecordedDurability):
             )
         )
 
+    def missing_store_reason(self) -> str:
+        return f"the PostgreSQL database has no intention-kernel store in schema {self.schema!r}"
+
 
 def _check_dsn(dsn: str) -> None:
     """Refuse a connection string libpq cannot parse, at once: the pool would otherwise

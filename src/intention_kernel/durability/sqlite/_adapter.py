@@ -58,3 +58,8 @@ class SQLiteDurability(RecordedDurability):
                 offload_writes=offload_writes,
             )
         )
+
+    def missing_store_reason(self) -> str:
+        if not os.path.isfile(self.path):
+            return f"no SQLite store at {self.path!r}: the file does not exist"
+        return f"{self.path!r} is not an intention-kernel store (no ik_schema table)"
