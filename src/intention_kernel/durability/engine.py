@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
 
@@ -265,6 +266,9 @@ class RecordedDurability:
         delta = commit.delta
         if delta is None:
             delta = delta_between(base.checkpoint, checkpoint)
+            if delta_problems(base.checkpoint, checkpoint, delta):
+                # A checkpoint whose facts are not keyed by their own key: rows anew.
+                base = replace(base, exact=False)
         elif not problems:
             problems.extend(delta_problems(base.checkpoint, checkpoint, delta))
         if problems:
