@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import operator
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,21 +30,23 @@ __all__ = [
     "CHECKPOINT_MIGRATIONS",
     "SCHEMA_REVISION",
     "AgendaItem",
+    "CheckpointDelta",
     "Interaction",
     "KernelCheckpoint",
     "Message",
-    "CoreEncoder",
     "Migration",
     "ReceiptRef",
     "assemble_checkpoint",
     "check_compatible",
-    "continuation",
     "current_revision",
     "decode_checkpoint",
+    "delta_between",
     "encode_checkpoint",
     "encode_checkpoint_core",
+    "encode_core",
     "encode_fact",
     "encode_message",
+    "encode_receipt_ref",
 ]
 
 
@@ -226,53 +227,91 @@ def encode_checkpoint_core(checkpoint: KernelCheckpoint) -> str:
     return _ADAPTER.dump_json(checkpoint, exclude=_ROWS).decode()  # type: ignore[arg-type]
 
 
-class CoreEncoder:
-    """Encodes the successive cores of one thread (see :func:`encode_checkpoint_core`).
+def encode_core(checkpoint: KernelCheckpoint, receipts: Sequence[str]) -> str:
+    """The text :func:`encode_checkpoint_core` returns, given the JSON of each entry of
+    the checkpoint's receipt index (:func:`encode_receipt_ref`), oldest first.
 
-    The receipt index is most of a core (up to ``max_receipts`` entries) and a turn
-    changes one or two entries: the runtime carries the others over as the same
-    objects, so their JSON from the previous core is reused instead of encoded again.
+    The receipt index is most of a core and a turn changes one or two entries, so a
+    writer keeps each entry's JSON from the previous core instead of encoding it again.
+    The index is the core's last field, so it is put after the rest of the core.
     """
-
-    __slots__ = ("_parts", "_refs")
-
-    def __init__(self) -> None:
-        # The last index encoded and its entries' JSON (holding the entries keeps them,
-        # and so their identity, alive).
-        self._refs: tuple[ReceiptRef, ...] = ()
-        self._parts: list[str] = []
-
-    def encode(self, checkpoint: KernelCheckpoint) -> str:
-        refs, previous = checkpoint.receipts, self._refs
-        appended = continuation(previous, refs)
-        if appended is not None:  # the usual turn: oldest entries dropped, new ones added
-            kept = len(refs) - len(appended)
-            parts = self._parts[len(previous) - kept :] + [_encode_ref(r) for r in appended]
-        else:  # an entry moved (a key used again): look each one up
-            known = {id(r): text for r, text in zip(previous, self._parts, strict=True)}
-            parts = [known.get(id(r)) or _encode_ref(r) for r in refs]
-        self._refs, self._parts = refs, parts
-        head = _ADAPTER.dump_json(checkpoint, exclude=_ROWS_AND_RECEIPTS).decode()  # type: ignore[arg-type]
-        return f'{head[:-1]},"receipts":[{",".join(parts)}]}}'
+    head = _ADAPTER.dump_json(checkpoint, exclude=_ROWS_AND_RECEIPTS).decode()  # type: ignore[arg-type]
+    return f'{head[:-1]},"receipts":[{",".join(receipts)}]}}'
 
 
-def _encode_ref(ref: ReceiptRef) -> str:
+def encode_receipt_ref(ref: ReceiptRef) -> str:
+    """One receipt index entry as compact JSON, as it appears in a core."""
     return _RECEIPT_REF.dump_json(ref).decode()
 
 
-def continuation(previous: Sequence[Any], current: Sequence[Any]) -> Sequence[Any] | None:
-    """The entries ``current`` appends to what it keeps of ``previous`` (after dropping
-    some of its oldest), or ``None`` if it is not such a continuation. Compared by
-    identity: the runtime carries kept entries over as the same objects, so this costs
-    a few pointer compares."""
+@dataclass(frozen=True, slots=True)
+class CheckpointDelta:
+    """How a checkpoint differs from the one of version ``base_version`` it was built
+    from (0: none, the thread's first), as its builder knows it.
+
+    Messages: the ``messages_trimmed`` oldest of the base's are dropped, then
+    ``messages_appended`` added after the rest. Facts: each of ``facts_set`` is added,
+    or replaces the record of its key, and the keys of ``facts_removed`` are gone.
+    Receipt index: the base's entries of the ``receipts_moved`` keys are dropped, then
+    ``receipts_appended`` added after the rest, then the ``receipts_trimmed`` oldest
+    dropped. Everything else (the core) is the checkpoint's own, written whole.
+
+    The turn runtime builds it as it builds the checkpoint; a commit then writes exactly
+    these rows (``TurnCommit.delta``). :func:`delta_between` finds it by comparing
+    values, for a checkpoint built another way.
+    """
+
+    base_version: int
+    messages_appended: tuple[Message, ...] = ()
+    messages_trimmed: int = 0
+    facts_set: tuple[FactRecord, ...] = ()
+    facts_removed: tuple[str, ...] = ()
+    receipts_moved: tuple[str, ...] = ()
+    receipts_appended: tuple[ReceiptRef, ...] = ()
+    receipts_trimmed: int = 0
+
+
+def delta_between(previous: KernelCheckpoint | None, current: KernelCheckpoint) -> CheckpointDelta:
+    """The delta that turns ``previous`` (``None``: an empty thread) into ``current``,
+    found by comparing values: equal entries are kept, whatever objects hold them.
+
+    Messages and receipt entries kept must be a run of ``previous``'s newest ones that
+    starts ``current``; otherwise they are all dropped and all of ``current``'s
+    appended, which is always a correct delta, just not the smallest."""
+    if previous is None:
+        return CheckpointDelta(
+            base_version=0,
+            messages_appended=current.messages,
+            facts_set=tuple(current.facts.values()),
+            receipts_appended=current.receipts,
+        )
+    messages_trimmed, messages_appended = _appended(previous.messages, current.messages)
+    receipts_trimmed, receipts_appended = _appended(previous.receipts, current.receipts)
+    old, new = previous.facts, current.facts
+    return CheckpointDelta(
+        base_version=previous.version,
+        messages_appended=messages_appended,
+        messages_trimmed=messages_trimmed,
+        facts_set=tuple(record for key, record in new.items() if old.get(key) != record),
+        facts_removed=tuple(key for key in old if key not in new),
+        receipts_appended=receipts_appended,
+        receipts_trimmed=receipts_trimmed,
+    )
+
+
+def _appended(previous: Sequence[Any], current: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
+    """How many of ``previous``'s oldest entries to drop, and the entries to append after
+    the rest, so that the result equals ``current``."""
     if not current:
-        return current
-    first = current[0]
-    start = next((i for i, item in enumerate(previous) if item is first), len(previous))
+        return len(previous), ()
+    try:
+        start = previous.index(current[0])
+    except ValueError:
+        return len(previous), current
     kept = len(previous) - start
-    if kept > len(current) or not all(map(operator.is_, previous[start:], current[:kept])):
-        return None
-    return current[kept:]
+    if kept > len(current) or tuple(previous[start:]) != current[:kept]:
+        return len(previous), current
+    return start, current[kept:]
 
 
 def encode_message(message: Message) -> str:

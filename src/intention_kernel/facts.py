@@ -13,7 +13,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DerivedFacts", "Evidence", "Fact", "FactRecord", "FactRef", "FactTable"]
+__all__ = [
+    "DerivedFacts",
+    "Evidence",
+    "Fact",
+    "FactLedger",
+    "FactRecord",
+    "FactRef",
+    "FactTable",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +82,7 @@ class _Diff:
 
 class DerivedFacts(Mapping[str, FactRecord]):
     """A checkpoint's facts built from an earlier checkpoint's ``base`` facts by adding or
-    replacing the ``changed`` keys (none removed), without copying the others.
+    replacing the ``changes`` keys (none removed), without copying the others.
 
     The versions derived from one another share a single dict (a persistent map, after
     Baker's trick): one version holds the dict; each other holds the changes that turn
@@ -82,15 +90,14 @@ class DerivedFacts(Mapping[str, FactRecord]):
     moves the dict to it, applying the changes on the way, so that every version reads
     as it was built, however many were derived since. Deriving a version from the latest
     and reading the latest therefore cost what a turn changed, never what the thread
-    holds. ``changed`` lets an adapter store only the changed facts, and ``base`` shows
-    what they changed; it is dropped once a turn starts from this version, so that a
-    long thread does not keep every earlier version alive.
+    holds. A version keeps no reference to the one it was derived from, so that a long
+    thread does not keep every earlier version alive.
 
     Read-only, like every checkpoint's facts; not safe to read from another OS thread
     while a version of the same thread's facts is being derived or read.
     """
 
-    __slots__ = ("_held", "base", "changed")
+    __slots__ = ("_held",)
 
     def __init__(self, base: Mapping[str, FactRecord], changes: Mapping[str, FactRecord]) -> None:
         # A plain dict may be shared by the checkpoint it was decoded for: copied, once.
@@ -103,8 +110,6 @@ class DerivedFacts(Mapping[str, FactRecord]):
             undo.reverse()  # undone last change first: added keys leave from the end
             base._held = _Diff(undo, self)
         self._held: dict[str, FactRecord] | _Diff = data
-        self.base: Mapping[str, FactRecord] | None = base
-        self.changed: tuple[str, ...] = tuple(changes)
 
     def _dict(self) -> dict[str, FactRecord]:
         """The shared dict, holding this version's facts (moved here if need be)."""
@@ -159,17 +164,13 @@ class FactTable(Mapping[str, FactRecord]):
     overlaid with the ones recorded in this turn.
 
     A read-only mapping for interpreters and capabilities; building it and reading a
-    key cost the same however many facts the thread holds.
+    key cost the same however many facts the thread holds. The turn records through the
+    :class:`FactLedger` that owns the table.
     """
 
     __slots__ = ("_base", "_changes")
 
     def __init__(self, base: Mapping[str, FactRecord]) -> None:
-        if isinstance(base, DerivedFacts):
-            # ``base`` was committed before a turn could start from it, so what it was
-            # derived from is no longer needed; dropping it keeps a long thread from
-            # holding a chain of every earlier version of its facts.
-            base.base = None
         self._base = base
         self._changes: dict[str, FactRecord] = {}
 
@@ -190,12 +191,33 @@ class FactTable(Mapping[str, FactRecord]):
     def __repr__(self) -> str:
         return f"FactTable({dict(self)!r})"
 
-    def _record(self, record: FactRecord) -> None:
-        """Record a new version (the runtime's only mutation)."""
-        self._changes[record.key] = record
 
-    def _merged(self) -> Mapping[str, FactRecord]:
+class FactLedger:
+    """What one turn records over the loaded checkpoint's facts.
+
+    ``table`` is the read-only view handed to interpreters and capabilities; only the
+    ledger's owner, the turn runtime, records, so a capability cannot write a fact
+    that its result did not declare.
+    """
+
+    __slots__ = ("_base", "table")
+
+    def __init__(self, base: Mapping[str, FactRecord]) -> None:
+        self._base = base
+        self.table = FactTable(base)
+
+    def record(self, record: FactRecord) -> None:
+        """Record a new version of ``record.key``; a later one in the turn replaces it."""
+        self.table._changes[record.key] = record
+
+    def changed(self) -> tuple[FactRecord, ...]:
+        """The records the next checkpoint sets, one per key, in the order their keys
+        were first recorded in this turn."""
+        return tuple(self.table._changes.values())
+
+    def merged(self) -> Mapping[str, FactRecord]:
         """The facts of the next checkpoint: the loaded ones themselves when nothing changed."""
-        if not self._changes:
+        changes = self.table._changes
+        if not changes:
             return self._base
-        return DerivedFacts(self._base, self._changes)
+        return DerivedFacts(self._base, changes)

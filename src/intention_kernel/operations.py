@@ -35,6 +35,7 @@ from typing import Literal
 
 from intention_kernel.agent import Agent, compile_agent
 from intention_kernel.checkpoint import (
+    CheckpointDelta,
     Interaction,
     KernelCheckpoint,
     Migration,
@@ -404,7 +405,8 @@ async def _expire(
             checkpoint_version=version,
         )
         events = (expired_event(active), committed_event(version, (step,)))
-        return TurnCommit(result, following, events)
+        # Only the core changes: no message, fact or receipt index row is written.
+        return TurnCommit(result, following, events, delta=CheckpointDelta(checkpoint.version))
 
     return await store.with_turn(scope, operation)
 

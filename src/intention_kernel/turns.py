@@ -19,7 +19,7 @@ from typing import Any
 
 import pydantic
 
-from intention_kernel.checkpoint import Interaction, KernelCheckpoint
+from intention_kernel.checkpoint import CheckpointDelta, Interaction, KernelCheckpoint
 from intention_kernel.errors import CorruptRecordError, InvalidRequestError
 from intention_kernel.facts import FactRecord
 
@@ -188,12 +188,19 @@ class TurnCommit:
     ``announced`` lists the keys of completed receipts whose ``effect.completed``
     event is among ``events``: the adapter marks them announced in the same
     transaction, so that a later turn does not announce them again.
+
+    ``delta`` says how ``checkpoint`` differs from ``tx.checkpoint``, the one the
+    operation started from; the commit writes exactly that difference. The turn runtime
+    always gives it. Without it the adapter finds it by comparing the two checkpoints'
+    values (:func:`~intention_kernel.checkpoint.delta_between`), which costs what the
+    thread holds rather than what the turn changed.
     """
 
     result: TurnResult
     checkpoint: KernelCheckpoint
     events: Sequence[EventDraft] = ()
     announced: Sequence[str] = ()
+    delta: CheckpointDelta | None = None
 
 
 _RESULT: pydantic.TypeAdapter[TurnResult] = pydantic.TypeAdapter(TurnResult)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from intention_kernel.checkpoint import (
-    CoreEncoder,
     KernelCheckpoint,
     assemble_checkpoint,
     current_revision,
     decode_checkpoint,
 )
+from intention_kernel.durability._diff import Base
 from intention_kernel.durability.records import StoredThread
 from intention_kernel.errors import CorruptRecordError
 
@@ -19,7 +20,8 @@ __all__ = ["CheckpointCache", "decode"]
 
 class CheckpointCache:
     """The checkpoint an engine last committed or decoded, per thread, for the ``size``
-    threads used last; and per cached thread the encoder of its next core.
+    threads used last, with the JSON of its receipt index entries when it was committed
+    here (for the next core, see :func:`~intention_kernel.checkpoint.encode_core`).
 
     A turn whose stored version still matches reuses its entry instead of reading and
     decoding the whole document again. Any other writer bumps the version, so a stale
@@ -28,32 +30,30 @@ class CheckpointCache:
     Each entry's rows are stored exactly, so the next commit may write a difference.
     """
 
-    __slots__ = ("_checkpoints", "_encoders", "size")
+    __slots__ = ("_entries", "size")
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._checkpoints: OrderedDict[str, KernelCheckpoint] = OrderedDict()
-        # Per cached thread, the JSON of its core's receipt index entries, for the next core.
-        self._encoders: dict[str, CoreEncoder] = {}
+        self._entries: OrderedDict[str, Base] = OrderedDict()
 
-    def get(self, thread_id: str) -> KernelCheckpoint | None:
-        return self._checkpoints.get(thread_id)
+    def get(self, thread_id: str) -> Base | None:
+        return self._entries.get(thread_id)
 
-    def current(
-        self, thread_id: str, thread: StoredThread | None, cached: KernelCheckpoint | None
-    ) -> tuple[KernelCheckpoint | None, bool]:
-        """The thread's current checkpoint (``cached`` if still current, else decoded and
-        remembered), and whether its rows are stored exactly, so that a commit may write a
-        difference."""
+    def current(self, thread_id: str, thread: StoredThread | None, cached: Base | None) -> Base:
+        """The thread's current checkpoint, as the base of its next commit: ``cached`` (an
+        entry read before the thread's lock) if the stored version is still its own, else
+        the stored one decoded and remembered."""
         if thread is None or not thread.version:
-            return None, True
+            return Base(None)
         if thread.checkpoint is None:
-            if cached is None or cached.version != thread.version:
+            # The recorder ships no checkpoint when the version the engine knows is current.
+            known = cached.checkpoint if cached is not None else None
+            if cached is None or known is None or known.version != thread.version:
                 raise CorruptRecordError(
                     f"thread {thread_id!r} is at version {thread.version} but has no checkpoint",
                     thread_id=thread_id,
                 )
-            return cached, True
+            return cached
         checkpoint, stored_in_rows = decode(thread_id, thread)
         if checkpoint.version != thread.version:
             raise CorruptRecordError(
@@ -61,34 +61,29 @@ class CheckpointCache:
                 f"checkpoint says {checkpoint.version}",
                 thread_id=thread_id,
             )
+        base = Base(checkpoint, stored_in_rows)
         if stored_in_rows:
-            self.remember(thread_id, checkpoint)
-        return checkpoint, stored_in_rows
+            self._remember(thread_id, base)
+        return base
 
-    def remember(self, thread_id: str, checkpoint: KernelCheckpoint) -> None:
-        cache = self._checkpoints
-        cache[thread_id] = checkpoint
-        cache.move_to_end(thread_id)
-        if len(cache) > self.size:
-            forgotten, _ = cache.popitem(last=False)
-            self._encoders.pop(forgotten, None)
+    def remember(
+        self, thread_id: str, checkpoint: KernelCheckpoint, receipts: Sequence[str]
+    ) -> None:
+        """Keep ``checkpoint``, just committed with ``receipts`` as its index's JSON."""
+        self._remember(thread_id, Base(checkpoint, True, receipts))
+
+    def _remember(self, thread_id: str, entry: Base) -> None:
+        entries = self._entries
+        entries[thread_id] = entry
+        entries.move_to_end(thread_id)
+        if len(entries) > self.size:
+            entries.popitem(last=False)
 
     def forget(self, thread_id: str) -> None:
-        self._checkpoints.pop(thread_id, None)
-        self._encoders.pop(thread_id, None)
+        self._entries.pop(thread_id, None)
 
     def clear(self) -> None:
-        self._checkpoints.clear()
-        self._encoders.clear()
-
-    def encoder(self, thread_id: str) -> CoreEncoder:
-        """The encoder of the thread's next core, made if it has none."""
-        encoder = self._encoders.get(thread_id)
-        if encoder is None:
-            if len(self._encoders) >= self.size:
-                self._encoders.clear()  # threads whose commits failed; rare
-            encoder = self._encoders[thread_id] = CoreEncoder()
-        return encoder
+        self._entries.clear()
 
 
 def decode(thread_id: str, thread: StoredThread) -> tuple[KernelCheckpoint, bool]:

@@ -1,22 +1,43 @@
-"""The difference a commit writes: which message and fact rows change between the stored
-checkpoint and the next one, as a ``TurnRecord`` carries them."""
+"""What a commit writes: the rows a :class:`~intention_kernel.checkpoint.CheckpointDelta`
+names, encoded, as a ``TurnRecord`` carries them. Pure: no store, no cache."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from intention_kernel.checkpoint import KernelCheckpoint, continuation, encode_fact, encode_message
-from intention_kernel.facts import DerivedFacts
+from intention_kernel.checkpoint import (
+    CheckpointDelta,
+    KernelCheckpoint,
+    encode_core,
+    encode_fact,
+    encode_message,
+    encode_receipt_ref,
+)
 
-__all__ = ["CheckpointRows", "checkpoint_rows"]
+__all__ = ["Base", "CheckpointRows", "checkpoint_rows", "delta_problems"]
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """The checkpoint a turn started from, as its engine holds it.
+
+    ``exact``: its rows are stored exactly as a commit of it would store them, so the
+    next commit may write a difference. ``receipts``: the JSON of each entry of its
+    receipt index, when the engine encoded them for its core (``None``: not known)."""
+
+    checkpoint: KernelCheckpoint | None
+    exact: bool = True
+    receipts: Sequence[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class CheckpointRows:
-    """The message and fact rows of a commit, named as ``TurnRecord`` names them."""
+    """The rows of a commit, named as ``TurnRecord`` names them; and ``receipts``, the
+    JSON of each entry of the new core's receipt index, for the next commit's core."""
 
+    core: str
+    receipts: Sequence[str]
     messages: Sequence[str]
     keep_messages: int
     trim_messages: int = 0
@@ -26,41 +47,85 @@ class CheckpointRows:
 
 
 def checkpoint_rows(
-    previous: KernelCheckpoint | None, stored_in_rows: bool, checkpoint: KernelCheckpoint
+    base: Base, checkpoint: KernelCheckpoint, delta: CheckpointDelta
 ) -> CheckpointRows:
-    """The rows that turn the stored ``previous`` into ``checkpoint``; every row anew when
-    ``previous`` is not stored exactly (``stored_in_rows`` false) or is no base of it."""
+    """The rows that turn the stored ``base`` into ``checkpoint`` by ``delta`` (checked
+    first with :func:`delta_problems`); every message and fact row anew when the base's
+    rows are not stored exactly."""
+    receipts = _receipts(base, checkpoint, delta)
+    core = encode_core(checkpoint, receipts)
     messages = checkpoint.messages
-    appended = continuation(previous.messages, messages) if stored_in_rows and previous else None
-    if not stored_in_rows or (previous is not None and appended is None):
-        # No stored base to compute a difference from: write every row anew.
+    if not base.exact:
+        # No stored base to write a difference from: every row anew.
         return CheckpointRows(
+            core=core,
+            receipts=receipts,
             messages=[encode_message(m) for m in messages],
             keep_messages=len(messages),
             facts=[(key, encode_fact(r)) for key, r in checkpoint.facts.items()],
             rewrite=True,
         )
-    kept = len(previous.messages) if previous else 0
-    if appended is None:  # the thread's first checkpoint
-        appended = messages
-    trimmed = max(kept + len(appended) - len(messages), 0)
-    changed, removed = _changed_facts(previous.facts if previous else {}, checkpoint.facts)
     return CheckpointRows(
-        messages=[encode_message(m) for m in appended],
+        core=core,
+        receipts=receipts,
+        messages=[encode_message(m) for m in delta.messages_appended],
         keep_messages=len(messages),
-        trim_messages=trimmed,
-        facts=[(key, encode_fact(checkpoint.facts[key])) for key in changed],
-        removed_facts=removed,
+        trim_messages=delta.messages_trimmed,
+        facts=[(r.key, encode_fact(r)) for r in delta.facts_set],
+        removed_facts=delta.facts_removed,
     )
 
 
-def _changed_facts(
-    previous: Mapping[str, Any], current: Mapping[str, Any]
-) -> tuple[Sequence[str], Sequence[str]]:
-    """Keys of ``current`` that are new or replaced since ``previous``, and removed keys."""
-    if current is previous:
-        return (), ()
-    if isinstance(current, DerivedFacts) and current.base is previous:
-        return current.changed, ()  # what the runtime recorded: no need to look at the rest
-    changed = [key for key, record in current.items() if previous.get(key) is not record]
-    return changed, [key for key in previous if key not in current]
+def _receipts(base: Base, checkpoint: KernelCheckpoint, delta: CheckpointDelta) -> list[str]:
+    """The JSON of the new receipt index's entries: the base's kept as they were encoded,
+    the appended ones encoded."""
+    if base.receipts is None or base.checkpoint is None:
+        return [encode_receipt_ref(r) for r in checkpoint.receipts]
+    parts = list(base.receipts)
+    if delta.receipts_moved:
+        moved = set(delta.receipts_moved)
+        entries = base.checkpoint.receipts
+        parts = [p for r, p in zip(entries, parts, strict=True) if r.key not in moved]
+    parts += [encode_receipt_ref(r) for r in delta.receipts_appended]
+    return parts[delta.receipts_trimmed :]
+
+
+def delta_problems(
+    previous: KernelCheckpoint | None, checkpoint: KernelCheckpoint, delta: CheckpointDelta
+) -> list[str]:
+    """Why ``delta`` does not turn ``previous`` into ``checkpoint`` (empty: it may).
+
+    Checks what a commit relies on at the cost of what the turn changed, not of what the
+    thread holds: the base's version, the counts, and that what is appended is the new
+    checkpoint's own."""
+    problems = []
+    if delta.base_version != (previous.version if previous else 0):
+        problems.append(f"the delta is from version {delta.base_version}, not the stored one")
+        return problems
+    old_messages = previous.messages if previous else ()
+    messages, appended = checkpoint.messages, delta.messages_appended
+    if not 0 <= delta.messages_trimmed <= len(old_messages) or (
+        len(old_messages) - delta.messages_trimmed + len(appended) != len(messages)
+        or messages[len(messages) - len(appended) :] != appended
+    ):
+        problems.append("the delta's messages do not make the checkpoint's")
+    old_facts = previous.facts if previous else {}
+    facts, removed = checkpoint.facts, delta.facts_removed
+    added = sum(r.key not in old_facts for r in delta.facts_set)
+    if (
+        len(old_facts) + added - len(removed) != len(facts)
+        or any(facts.get(r.key) != r for r in delta.facts_set)
+        or any(key in facts or key not in old_facts for key in removed)
+    ):
+        problems.append("the delta's facts do not make the checkpoint's")
+    old_receipts = previous.receipts if previous else ()
+    moved = set(delta.receipts_moved)
+    kept = sum(r.key not in moved for r in old_receipts) if moved else len(old_receipts)
+    receipts, new = checkpoint.receipts, delta.receipts_appended[-len(checkpoint.receipts) :]
+    if (
+        kept + len(delta.receipts_appended) - delta.receipts_trimmed != len(receipts)
+        or not 0 <= delta.receipts_trimmed <= kept + len(delta.receipts_appended)
+        or (receipts and receipts[len(receipts) - len(new) :] != new)
+    ):
+        problems.append("the delta's receipt index does not make the checkpoint's")
+    return problems

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
 
@@ -20,10 +21,10 @@ from intention_kernel import _faults, _tracing
 from intention_kernel._calls import is_async_callable
 from intention_kernel._ids import check_id
 from intention_kernel._json import describe_error, normalize
-from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.checkpoint import KernelCheckpoint, delta_between
 from intention_kernel.durability import TurnOperation
 from intention_kernel.durability._checkpoints import CheckpointCache, decode
-from intention_kernel.durability._diff import checkpoint_rows
+from intention_kernel.durability._diff import Base, checkpoint_rows, delta_problems
 from intention_kernel.durability._effect_calls import awaited, call_in_thread, shielded
 from intention_kernel.durability._resolution import (
     check_resolution,
@@ -158,7 +159,7 @@ class RecordedDurability:
         # The version of the checkpoint held here, read before the lock: if another turn
         # of this process commits meanwhile, the recorder ships the newer checkpoint.
         cached = self._checkpoints.get(scope.thread_id)
-        known = cached.version if cached else None
+        known = cached.checkpoint.version if cached and cached.checkpoint else None
         # ``wait`` goes to the recorder only when it is False: a recorder written before
         # it existed serves every turn that waits, and refuses (TypeError) one that won't.
         starting = (
@@ -187,7 +188,8 @@ class RecordedDurability:
             if start.turn is not None:
                 return self._replay(scope, start.turn)
             thread = start.thread
-            checkpoint, stored_in_rows = self._checkpoints.current(scope.thread_id, thread, cached)
+            base = self._checkpoints.current(scope.thread_id, thread, cached)
+            checkpoint = base.checkpoint
             if _faults.armed:
                 _faults.reach(_faults.AFTER_CHECKPOINT_LOAD)
             expected = thread.version if thread is not None else 0
@@ -207,7 +209,7 @@ class RecordedDurability:
                     key=tx.refused.key,
                 ) from tx.refused
             try:
-                record = self._record(scope, expected, commit, checkpoint, stored_in_rows, tx)
+                record, receipts = self._record(scope, expected, commit, base, tx)
             except ValueError as exc:  # pydantic's serialization errors included
                 raise KernelError(
                     f"refusing to commit turn {scope.turn_id!r}: its result or checkpoint "
@@ -230,7 +232,7 @@ class RecordedDurability:
                     await recorder.commit_turn(record)
             if _faults.armed:
                 _faults.reach(_faults.AFTER_COMMIT)
-            self._checkpoints.remember(scope.thread_id, commit.checkpoint)
+            self._checkpoints.remember(scope.thread_id, commit.checkpoint, receipts)
             return commit.result
 
     def _replay(self, scope: TurnScope, stored: StoredTurn) -> TurnResult:
@@ -259,10 +261,10 @@ class RecordedDurability:
         scope: TurnScope,
         expected: int,
         commit: TurnCommit,
-        previous: KernelCheckpoint | None,
-        stored_in_rows: bool,
+        base: Base,
         tx: Transaction,
-    ) -> TurnRecord:
+    ) -> tuple[TurnRecord, Sequence[str]]:
+        """The record of ``commit``, and the JSON of its core's receipt index entries."""
         if not isinstance(commit, TurnCommit):
             raise KernelError(f"operation must return a TurnCommit, got {type(commit).__name__}")
         result, checkpoint = commit.result, commit.checkpoint
@@ -275,19 +277,27 @@ class RecordedDurability:
             problems.append("result.checkpoint_version differs from the checkpoint's version")
         if result.replayed:
             problems.append("a new result cannot be marked replayed")
+        delta = commit.delta
+        if delta is None:
+            delta = delta_between(base.checkpoint, checkpoint)
+            if delta_problems(base.checkpoint, checkpoint, delta):
+                # A checkpoint whose facts are not keyed by their own key: rows anew.
+                base = replace(base, exact=False)
+        elif not problems:
+            problems.extend(delta_problems(base.checkpoint, checkpoint, delta))
         if problems:
             raise KernelError(
                 "refusing to commit an inconsistent turn: " + "; ".join(problems),
                 thread_id=scope.thread_id,
                 turn_id=scope.turn_id,
             )
-        rows = checkpoint_rows(previous, stored_in_rows, checkpoint)
+        rows = checkpoint_rows(base, checkpoint, delta)
         announced = tuple(commit.announced)
         # A key this transaction did not meet through run_effect is marked too: only a
         # receipt known to carry this turn ID may rely on the turn row.
         turns, turn_id = tx.receipt_turns, scope.turn_id
         marks = tuple(k for k in announced if turns.get(k) != turn_id) if announced else ()
-        return TurnRecord(
+        record = TurnRecord(
             thread_id=scope.thread_id,
             turn_id=scope.turn_id,
             tenant_id=scope.tenant_id,
@@ -295,7 +305,7 @@ class RecordedDurability:
             expected_version=expected,
             version=checkpoint.version,
             result=encode_result(result),
-            checkpoint=self._checkpoints.encoder(scope.thread_id).encode(checkpoint),
+            checkpoint=rows.core,
             schema_revision=checkpoint.schema_revision,
             fingerprint=checkpoint.agent_fingerprint,
             events=tuple(commit.events),
@@ -309,6 +319,7 @@ class RecordedDurability:
             announced=announced,
             mark_announced=marks,
         )
+        return record, rows.receipts
 
     # -- effects -----------------------------------------------------------------------------
 

@@ -394,7 +394,7 @@ class _Step:
         except CapabilityError as exc:
             return self.finish(StepStatus.FAILED, error=str(exc))
         for record in records:
-            state.facts._record(record)
+            state.fact_ledger.record(record)
             state.recorded.append(record)
             state.emit(
                 "fact.recorded",

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from intention_kernel.checkpoint import KernelCheckpoint, Message, current_revision
+from intention_kernel.checkpoint import (
+    CheckpointDelta,
+    KernelCheckpoint,
+    Message,
+    current_revision,
+)
 from intention_kernel.interpretation import Interpretation
 from intention_kernel.runtime.state import TurnState
 from intention_kernel.turns import TurnCommit, TurnResult, committed_event
@@ -21,28 +26,46 @@ def finish(
     scope, request, agent = state.scope, state.request, state.agent.agent
     if reply is None:
         reply = "\n".join(lines) if lines else agent.replies.nothing_to_do()
-    messages = list(state.previous.messages) if state.previous else []
+    previous = state.previous
+    base_messages = previous.messages if previous else ()
+    said: list[Message] = []
     if request.message is not None:
-        messages.append(Message("user", request.message, scope.turn_id))
+        said.append(Message("user", request.message, scope.turn_id))
     elif request.answer is not None:
-        messages.append(Message("user", f"[{request.answer.decision}]", scope.turn_id))
-    messages.append(Message("assistant", reply, scope.turn_id))
-    version = (state.previous.version if state.previous else 0) + 1
+        said.append(Message("user", f"[{request.answer.decision}]", scope.turn_id))
+    said.append(Message("assistant", reply, scope.turn_id))
+    messages = (*base_messages, *said)[-agent.max_messages :]
+    # The messages of this turn that the bound keeps, and the base's oldest it drops.
+    appended = messages[len(messages) - min(len(said), len(messages)) :]
+    version = (previous.version if previous else 0) + 1
     receipts, noted = state.receipts, state.noted_receipts
+    moved: tuple[str, ...] = ()
     if state.noted_known_receipt:
+        # A key used again moves to the end: its entry in the base is dropped.
+        moved = tuple(noted)
         receipts = (*(r for r in receipts if r.key not in noted), *noted.values())
     elif noted:
         receipts = (*receipts, *noted.values())
-    receipts = receipts[-agent.max_receipts :]
+    kept_receipts = receipts[-agent.max_receipts :]
+    facts = state.fact_ledger
     checkpoint = KernelCheckpoint(
         schema_revision=current_revision(),
         agent_fingerprint=state.agent.fingerprint,
         version=version,
-        messages=tuple(messages[-agent.max_messages :]),
-        facts=state.facts._merged(),
+        messages=messages,
+        facts=facts.merged(),
         agenda=tuple(state.agenda),
         interaction=state.interaction,
-        receipts=receipts,
+        receipts=kept_receipts,
+    )
+    delta = CheckpointDelta(
+        base_version=version - 1,
+        messages_appended=appended,
+        messages_trimmed=len(base_messages) - (len(messages) - len(appended)),
+        facts_set=facts.changed(),
+        receipts_moved=moved,
+        receipts_appended=tuple(noted.values()),
+        receipts_trimmed=len(receipts) - len(kept_receipts),
     )
     result = TurnResult(
         thread_id=scope.thread_id,
@@ -55,4 +78,4 @@ def finish(
         checkpoint_version=version,
     )
     state.events.append(committed_event(version, state.steps))
-    return TurnCommit(result, checkpoint, tuple(state.events), tuple(state.announced))
+    return TurnCommit(result, checkpoint, tuple(state.events), tuple(state.announced), delta)

@@ -25,7 +25,7 @@ from intention_kernel.checkpoint import (
 )
 from intention_kernel.deadlines import expired_event, expired_step
 from intention_kernel.durability import TurnTransaction
-from intention_kernel.facts import FactRecord, FactTable
+from intention_kernel.facts import FactLedger, FactRecord, FactTable
 from intention_kernel.interpretation import Answer
 from intention_kernel.streaming import TurnSink
 from intention_kernel.turns import EventDraft, StepResult, StepStatus, TurnScope
@@ -74,7 +74,9 @@ class TurnState:
         self.sink = request.sink
         self.previous: KernelCheckpoint | None = previous
         # Overlaid, not copied: a long thread's facts cost nothing per turn until stored.
-        self.facts = FactTable(previous.facts if previous else {})
+        self.fact_ledger = FactLedger(previous.facts if previous else {})
+        #: What interpreters and capabilities read; only ``fact_ledger`` records.
+        self.facts: FactTable = self.fact_ledger.table
         self.agenda: list[AgendaItem] = list(previous.agenda) if previous else []
         self.interaction: Interaction | None = previous.interaction if previous else None
         #: The interaction this turn found overdue and closed (see :meth:`expire_interaction`).
