@@ -229,6 +229,7 @@ async def test_schema_is_created_once_in_its_own_namespace_and_versioned(store: 
     )
     assert [t for (t,) in tables] == [
         "ik_facts",
+        "ik_journal",
         "ik_messages",
         "ik_outbox",
         "ik_outbox_head",
