@@ -56,6 +56,7 @@ MUTANT_RUNS = (
     Run("no-lock", ("-DNO_LOCK",), expect="(applied_since_na<=1)"),
     Run("tenant-outside-lock", ("-DTENANT_OUTSIDE_LOCK",), expect="(rtenant==principal)"),
     Run("live-resolve", ("-DLIVE_RESOLVE",), expect="(applied_since_na<=1)"),
+    Run("no-journal-read", ("-DNO_JOURNAL_READ",), expect="!(journal[t])|| !( !(lost[me]))"),
     Run(
         "lock-outlives-holder",
         ("-DLOCK_RELEASE_DELAYED", "-DLOCK_OUTLIVES_HOLDER", "-DMAX_RESOLVE=1"),
