@@ -25,7 +25,7 @@ BUILD = ROOT / "build" / "model-check"
 
 #: pan's memory bound (MB): a run that needs more stops as incomplete, and fails.
 MEMORY_LIMIT_MB = 3000
-#: pan's search depth bound; the model's deepest path is under 200 steps.
+#: pan's search depth bound; the model's deepest path is under 250 steps.
 MAX_DEPTH = 200_000
 
 
