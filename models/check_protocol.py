@@ -25,7 +25,7 @@ BUILD = ROOT / "build" / "model-check"
 
 #: pan's memory bound (MB): a run that needs more stops as incomplete, and fails.
 MEMORY_LIMIT_MB = 3000
-#: pan's search depth bound; the model's deepest path is under 200 steps.
+#: pan's search depth bound; the model's deepest path is under 250 steps.
 MAX_DEPTH = 200_000
 
 
@@ -56,6 +56,7 @@ MUTANT_RUNS = (
     Run("no-lock", ("-DNO_LOCK",), expect="(applied_since_na<=1)"),
     Run("tenant-outside-lock", ("-DTENANT_OUTSIDE_LOCK",), expect="(rtenant==principal)"),
     Run("live-resolve", ("-DLIVE_RESOLVE",), expect="(applied_since_na<=1)"),
+    Run("no-journal-read", ("-DNO_JOURNAL_READ",), expect="!(journal[t])|| !( !(lost[me]))"),
     Run(
         "lock-outlives-holder",
         ("-DLOCK_RELEASE_DELAYED", "-DLOCK_OUTLIVES_HOLDER", "-DMAX_RESOLVE=1"),

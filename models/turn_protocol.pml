@@ -5,7 +5,8 @@
  *   - workers 1 and 2 deliver the same turn ID (T1), worker 3 another one (T2);
  *   - every worker runs RecordedDurability.with_turn (durability/engine.py): the
  *     thread lock, the read of the turn row and the thread, the operation, the
- *     fenced commit; its operation calls run_effect(K) (_run_effect, and the
+ *     fenced commit; its operation asks the model one round, recorded in the
+ *     turn's journal before any step runs (tx.recorded), and calls run_effect(K) (_run_effect, and the
  *     receipt rules of effects.py: plan_effect, settle);
  *   - the operator resolves K's receipt through the host (resolve_receipt in
  *     host/_endpoints.py, then RecordedDurability.resolve_receipt under the lock).
@@ -34,10 +35,12 @@
  *                          only on its own live session);
  *   (op_runs<=1)           the accepted operation runs (is committed as run) once;
  *   (rtenant==principal)   a receipt is resolved only by a principal of its tenant;
+ *   (!journal[t]||!EXCLUSIVE) a model round recorded in the journal is never asked
+ *                          again (by a worker whose claim is exclusive);
  * and the LTL claim lock_released: a lock held by a dead worker is released.
  *
  * Mutants (compile with -D...): NO_FENCE, RETRY_PREPARED, NO_LOCK,
- * TENANT_OUTSIDE_LOCK, LIVE_RESOLVE. Each must produce a counterexample.
+ * TENANT_OUTSIDE_LOCK, LIVE_RESOLVE, NO_JOURNAL_READ. Each must produce a counterexample.
  */
 
 #ifndef MAX_CRASH
@@ -70,6 +73,7 @@ byte version;            /* ik_threads.version */
 byte thread_tenant;      /* ik_threads.tenant_id, set by the first commit */
 bit pending;             /* the committed checkpoint holds the pending confirmation */
 bit turn_row[3];         /* ik_turns (thread, turn) primary key, turns 1 and 2 */
+bit journal[3];          /* ik_journal: the turn's model round is recorded (turns 1 and 2) */
 mtype rstatus = NONE;    /* K's receipt: status, attempt, tenant */
 byte rattempt;
 byte rtenant;
@@ -87,12 +91,20 @@ byte applied_since_na;   /* provider applications of K since the last "not appli
 byte commits[3];         /* commits per turn ID */
 byte total_commits;
 byte op_runs;            /* committed turns that ran the accepted operation */
+byte asks[3];            /* model requests for the turn's round */
 bit lost[NW + 1];        /* the worker's claim is not exclusive: its session died, or the
                             lock was granted to another while it held it, or to it while
                             another held it */
 bit in_call[NW + 1];     /* the worker's attempt is prepared and its provider call
                             has not ended: it may still reach the provider */
 
+/* The worker's claim on the thread excludes every other (see lost[]); without a
+   lock (the NO_LOCK mutant) no claim does. */
+#ifdef NO_LOCK
+#define EXCLUSIVE 0
+#else
+#define EXCLUSIVE (!lost[me])
+#endif
 #define HELD_BY_ANYONE (held[1] || held[2] || held[3] || held[OP])
 /* The thread's owner (ThreadOwner): the first commit's tenant, else the first
    receipt's, else nobody (TNONE: a thread nobody owns looks like the tenant-less
@@ -159,7 +171,7 @@ bit in_call[NW + 1];     /* the worker's attempt is prepared and its provider ca
    and the events, and hands the lock over (PostgreSQL) or is followed by its release. */
 #define COMMIT \
     assert(seen == total_commits); \
-    turn_row[t] = 1; commits[t]++; total_commits++; \
+    turn_row[t] = 1; commits[t]++; total_commits++; journal[t] = 0; \
     assert(commits[t] <= 1); \
     if :: version == 0 -> thread_tenant = TA :: else -> skip fi; \
     version++; \
@@ -181,6 +193,7 @@ proctype worker(byte me; byte t)
     byte myatt;          /* the attempt it prepared */
     bit ran;             /* it ran the accepted operation (closed the confirmation) */
     bit runs_k;          /* its operation calls run_effect(K) */
+    bit recorded;        /* it found its round in the journal */
     mtype outcome = NONE;
 
     /* PostgreSQL's ik_start_turn reads the committed turn first, without the lock:
@@ -217,6 +230,31 @@ after_lock: POINT;
         ran = (scenario == CONFIRM && pending)
     }
 after_checkpoint_load: POINT;
+    /* The model round of a turn in rounds (runtime/journal.py): the journal is read on
+       the lock's session; a round found there is not asked again; else the model is
+       asked (outside any statement: it takes long) and its answer recorded
+       (write_journal: one insert on the lock's session, a key already there refused,
+       FencedCommitError) before any step of the round runs. */
+    atomic {
+        STATEMENT
+#ifdef NO_JOURNAL_READ
+        recorded = 0
+#else
+        recorded = journal[t]
+#endif
+    };
+    if
+    :: recorded -> skip
+    :: else ->
+        atomic { assert(!journal[t] || !EXCLUSIVE); asks[t]++ };
+        atomic {
+            STATEMENT
+            if
+            :: journal[t] -> goto aborted
+            :: else -> journal[t] = 1
+            fi
+        }
+    fi;
     /* run_effect(K), if the operation calls it. claim_effect: read K's receipt, plan
        it (plan_effect), persist the plan's write, in one transaction on the turn's
        session. */

@@ -229,6 +229,7 @@ async def test_schema_is_created_once_in_its_own_namespace_and_versioned(store: 
     )
     assert [t for (t,) in tables] == [
         "ik_facts",
+        "ik_journal",
         "ik_messages",
         "ik_outbox",
         "ik_outbox_head",
@@ -266,6 +267,7 @@ UNDO_MIGRATION_5 = (
     "DROP INDEX ik_receipts_unsettled; CREATE INDEX ik_receipts_status ON ik_receipts (status)"
 )
 UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
+UNDO_MIGRATION_8 = "DROP TABLE ik_journal"
 
 
 async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store) -> None:
@@ -288,6 +290,7 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     store.execute("ALTER TABLE ik_turns DROP COLUMN pruned_at")
     store.execute(UNDO_MIGRATION_5)
     store.execute(UNDO_MIGRATION_7)
+    store.execute(UNDO_MIGRATION_8)
     store.execute("DELETE FROM ik_schema WHERE version > 1")
 
     async with store.durability() as upgraded:
@@ -325,6 +328,7 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(store: St
         store.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")
         store.execute(UNDO_MIGRATION_5)
         store.execute(UNDO_MIGRATION_7)
+        store.execute(UNDO_MIGRATION_8)
         store.execute("DELETE FROM ik_schema WHERE version > 3")
 
     await migration_4_gives_receipts_their_owner(store.durability, back_to_version_3)

@@ -276,6 +276,7 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(tmp_path:
         with sqlite3.connect(path) as conn:
             conn.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")
             conn.execute("ALTER TABLE ik_turns DROP COLUMN announced")  # migration 5
+            conn.execute("DROP TABLE ik_journal")  # migration 6
             conn.execute("DELETE FROM ik_schema WHERE version > 3")
 
     await migration_4_gives_receipts_their_owner(lambda: SQLiteDurability(path), back_to_version_3)

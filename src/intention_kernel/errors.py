@@ -22,7 +22,8 @@ message, so that hosts can react without parsing text::
     ├── InterpretationError           the interpreter raised or returned garbage; nothing committed
     ├── InvalidRequestError           a request is malformed (turn IDs, message, answer; a
     │                                 receipt filter or resolution; a TurnResult document)
-    ├── TurnConflictError             a committed turn ID delivered with another request
+    ├── JournalError                  tx.recorded given a key or value the journal cannot store
+    ├── TurnConflictError             a committed (or journaled) turn ID with another request
     ├── TurnExpiredError              a committed turn whose stored result was pruned (retention)
     ├── ThreadBusyError               the thread's lock was not obtained in time (at
     │                                 once with ``Agent(on_busy="reject")``)
@@ -61,6 +62,7 @@ __all__ = [
     "InterpretationError",
     "InvalidInputError",
     "InvalidRequestError",
+    "JournalError",
     "KernelError",
     "ReceiptError",
     "ReceiptNotFoundError",
@@ -235,11 +237,18 @@ class InvalidRequestError(KernelError, ValueError):
     ``TurnResult.from_dict`` cannot read. Nothing was read or written."""
 
 
-class TurnConflictError(KernelError):
-    """A committed turn ID was delivered again with a different request.
+class JournalError(KernelError, ValueError):
+    """``tx.recorded`` was given a key or a value the journal cannot store: a key that
+    is empty or not storable text, a value that is not JSON. Nothing was recorded."""
 
-    The stored result belongs to another request, so it is neither returned nor
-    is the new request run under the same turn ID.
+
+class TurnConflictError(KernelError):
+    """A turn ID was delivered again with a different request: one already committed,
+    or one whose earlier delivery recorded model responses (the journal) for another
+    request.
+
+    The stored result (or the recorded responses) belongs to another request, so it is
+    neither returned nor is the new request run under the same turn ID.
     """
 
 

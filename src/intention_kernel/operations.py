@@ -134,11 +134,13 @@ class MigrationReport:
 
 @dataclass(frozen=True, slots=True)
 class PruneReport:
-    """What :func:`prune` removed: events deleted and turn results dropped."""
+    """What :func:`prune` removed: events deleted, turn results dropped, and journal
+    entries (recorded model responses) of turns that never committed deleted."""
 
     cutoff: datetime
     events: int = 0
     turns: int = 0
+    journal: int = 0
 
 
 async def check_checkpoints(
@@ -257,6 +259,9 @@ async def prune(
     Unpublished events are kept whatever their age (the relay still owes them). A
     pruned turn keeps its ``(thread_id, turn_id)`` and request digest: delivering it
     again raises ``TurnExpiredError`` (or ``TurnConflictError`` for another request).
+    Journal entries older than the cutoff are deleted too: they belong to turns that
+    never committed (a commit deletes its own), and a delivery of such a turn after
+    this asks the model again for the rounds they held.
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
@@ -279,7 +284,13 @@ async def prune(
         turns += dropped
         if after is None:
             break
-    return PruneReport(cutoff, events, turns)
+    journal = 0
+    while True:
+        deleted = await recorder.prune_journal(cutoff, batch)
+        journal += deleted
+        if deleted < batch:
+            break
+    return PruneReport(cutoff, events, turns, journal)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,18 @@ adapter must:
    ``TurnConflictError``;
 4. expose durable effect coordination to the operation (``tx.run_effect``);
 5. atomically commit the result, the next checkpoint and the outbox events, with a
-   unique ``(thread_id, turn_id)`` and a fenced (compare-and-set) thread version.
+   unique ``(thread_id, turn_id)`` and a fenced (compare-and-set) thread version;
+6. keep the turn's journal (``tx.recorded(key, compute)``): the first call of a key
+   in a turn ID computes the value and records it durably, in its own short write
+   under the thread's lock, before returning it; every later call of that key in the
+   same turn ID, in this delivery or in a delivery after a crash, returns the recorded
+   value without computing it. Values are JSON; a recorded value comes back as the
+   store reads it. A turn ID whose journal was recorded for another request raises
+   ``TurnConflictError``. The journal of a turn is deleted by its commit; a committed
+   turn replays without reading it. The runtime records each model round's response
+   there before any step of the round runs (a framework bridge may record its own
+   model requests the same way, under keys of its own: the runtime's start with
+   ``kernel.``). A turn that never calls it costs nothing.
 
 ``with_turn`` is where a turn's IDs are checked (the kernel does not check them
 again): a thread, turn or tenant ID that breaks the rules of
@@ -92,6 +103,17 @@ class TurnTransaction(Protocol):
     def checkpoint(self) -> KernelCheckpoint | None: ...
 
     async def run_effect(self, key: str, fn: EffectFn, *, step_id: str) -> EffectResult[Any]: ...
+
+    async def recorded(
+        self,
+        key: str,
+        compute: Callable[[], Awaitable[Any]],
+        *,
+        keep: Callable[[Any], bool] | None = None,
+    ) -> Any:
+        """The JSON value this turn ID recorded under ``key``, or else ``await compute()``,
+        recorded durably and returned (unless ``keep(value)`` is false); see rule 6."""
+        ...
 
 
 TurnOperation = Callable[[TurnTransaction], Awaitable[TurnCommit]]

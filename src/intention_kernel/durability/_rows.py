@@ -16,7 +16,12 @@ from datetime import datetime
 from typing import Any
 
 from intention_kernel._json import dump_value, load_value
-from intention_kernel.durability.abc import OutboxDelivery, StoredThread, TurnRecord
+from intention_kernel.durability.abc import (
+    JournalEntry,
+    OutboxDelivery,
+    StoredThread,
+    TurnRecord,
+)
 from intention_kernel.effects import Receipt, ReceiptStatus, Resolution, utcnow
 from intention_kernel.errors import CorruptRecordError, FencedCommitError
 from intention_kernel.turns import OutboxEvent
@@ -32,6 +37,7 @@ __all__ = [
     "dump_optional",
     "dump_resolution",
     "fenced",
+    "journal_conflict",
     "receipt_moved",
     "receipt_params",
     "select_receipts",
@@ -268,4 +274,16 @@ def receipt_moved(receipt: Receipt) -> FencedCommitError:
         f"receipt {receipt.key!r} on thread {receipt.thread_id!r} changed while its effect ran",
         thread_id=receipt.thread_id,
         key=receipt.key,
+    )
+
+
+def journal_conflict(entry: JournalEntry) -> FencedCommitError:
+    """The refusal of a journal write whose key the turn already recorded: under the
+    thread's lock only the turn writes its entries, so the lock was lost."""
+    return FencedCommitError(
+        f"journal entry {entry.key!r} of turn {entry.turn_id!r} on thread "
+        f"{entry.thread_id!r} was already recorded by another worker",
+        thread_id=entry.thread_id,
+        turn_id=entry.turn_id,
+        key=entry.key,
     )

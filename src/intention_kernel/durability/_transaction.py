@@ -1,17 +1,28 @@
 """The ``tx`` a turn's operation receives inside ``with_turn``: its scope, its
-checkpoint, and the effect calls it makes, each settled before the turn ends."""
+checkpoint, the effect calls it makes, each settled before the turn ends, and the
+values it records in the journal (``recorded``)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from intention_kernel._json import text_problem
+from intention_kernel._json import describe_error, dump_value, load_value, normalize, text_problem
 from intention_kernel.checkpoint import KernelCheckpoint
-from intention_kernel.effects import EffectFn, EffectResult
-from intention_kernel.errors import EffectUsageError, TenantMismatchError
+from intention_kernel.durability.records import JournalEntry
+from intention_kernel.effects import EffectFn, EffectResult, utcnow
+from intention_kernel.errors import (
+    CorruptRecordError,
+    EffectUsageError,
+    JournalError,
+    TenantMismatchError,
+    TurnConflictError,
+)
 from intention_kernel.turns import TurnScope
+
+if TYPE_CHECKING:
+    from intention_kernel.durability.contract import JournalRecorder
 
 __all__ = ["EffectRunner", "Transaction"]
 
@@ -27,16 +38,31 @@ class Transaction:
         "_closed",
         "_idle",
         "_inflight",
+        "_journal",
+        "_journaled",
         "_receipt_turns",
+        "_recorded",
+        "_recording",
         "_refused",
         "_run",
         "_scope",
     )
 
     def __init__(
-        self, run: EffectRunner, scope: TurnScope, checkpoint: KernelCheckpoint | None
+        self,
+        run: EffectRunner,
+        scope: TurnScope,
+        checkpoint: KernelCheckpoint | None,
+        journal: JournalRecorder,
     ) -> None:
         self._run = run
+        self._journal = journal
+        # The turn's journal, by key, once read (``None``: not read yet). A turn that
+        # records nothing never reads it, so a one-round turn pays nothing for it.
+        self._recorded: dict[str, Any] | None = None
+        self._recording: set[str] = set()  # keys whose value is being computed
+        # Whether the journal holds entries of this turn, for the commit to delete.
+        self._journaled = False
         self._scope = scope
         self._checkpoint = checkpoint
         # The effect calls still running, by key, with the task running each.
@@ -67,6 +93,124 @@ class Transaction:
     def receipt_turns(self) -> Mapping[str, str]:
         """The turn ID each receipt this turn met was completed under, by key."""
         return self._receipt_turns
+
+    @property
+    def journaled(self) -> bool:
+        """Whether the journal holds entries of this turn (read or written by it)."""
+        return self._journaled
+
+    async def recorded(
+        self,
+        key: str,
+        compute: Callable[[], Awaitable[Any]],
+        *,
+        keep: Callable[[Any], bool] | None = None,
+    ) -> Any:
+        """The JSON value recorded under ``key`` by this turn ID; if there is none,
+        ``await compute()``, recorded (unless ``keep`` says not to) and returned.
+
+        Either way the value comes back as the store reads it (tuples as lists, and so
+        on), so that the first delivery and a redelivery go on from the same value.
+        The entry is durable before this returns: a delivery of the same turn ID after a
+        crash gets it without calling ``compute``. ``keep(value)`` returning ``False``
+        hands the value back unrecorded (the runtime so skips a model round that asks
+        for nothing, which the commit that follows records anyway). A key that is not
+        storable text, or a value that is not JSON, raises ``JournalError`` and records
+        nothing.
+        """
+        scope = self._scope
+        if self._closed:
+            raise JournalError(
+                f"tx.recorded({key!r}) called after the turn ended",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        problem = (
+            "it is not a non-empty string"
+            if not isinstance(key, str) or not key
+            else text_problem(key)
+        )
+        if problem is not None:
+            raise JournalError(
+                f"journal key {key!r} cannot be recorded: {problem}",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        if key in self._recording:
+            # Two computations of one key would both be recorded; the second write would
+            # be refused as a conflict after its computation (a model request) was paid.
+            raise JournalError(
+                f"journal key {key!r} is already being computed in this turn",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        recorded = self._recorded
+        if recorded is None:
+            recorded = self._recorded = await self._read_journal()
+        if key in recorded:
+            return recorded[key]
+        self._recording.add(key)
+        try:
+            value = await compute()
+        finally:
+            self._recording.discard(key)
+        try:
+            stored = normalize(value)
+            text = dump_value(stored)
+        except (TypeError, ValueError) as exc:
+            raise JournalError(
+                f"the value computed for journal key {key!r} cannot be recorded: "
+                f"{describe_error(exc)}",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            ) from exc
+        if keep is not None and not keep(stored):
+            return stored
+        if self._closed:  # the turn ended while ``compute`` ran (a task left behind)
+            raise JournalError(
+                f"tx.recorded({key!r}) finished after the turn ended; nothing was recorded",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        entry = JournalEntry(
+            scope.thread_id, scope.turn_id, key, scope.request_digest, text, utcnow()
+        )
+        # Marked before the write: a write whose acknowledgement is lost may still have
+        # stored the entry, which the commit must then delete too.
+        self._journaled = True
+        await self._journal.write_journal(entry)
+        recorded[key] = stored
+        return stored
+
+    async def _read_journal(self) -> dict[str, Any]:
+        scope = self._scope
+        entries = await self._journal.read_journal(scope.thread_id, scope.turn_id)
+        found: dict[str, Any] = {}
+        for entry in entries:
+            if (
+                scope.request_digest is not None
+                and entry.request_digest is not None
+                and entry.request_digest != scope.request_digest
+            ):
+                raise TurnConflictError(
+                    f"turn {scope.turn_id!r} of thread {scope.thread_id!r} was started for a "
+                    "different request, whose model responses are recorded; use a new turn "
+                    "ID for a new request",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                )
+            try:
+                found[entry.key] = load_value(entry.value)
+            except ValueError as exc:
+                raise CorruptRecordError(
+                    f"journal entry {entry.key!r} of turn {scope.turn_id!r} on thread "
+                    f"{scope.thread_id!r} cannot be decoded: {exc}",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                    key=entry.key,
+                ) from exc
+        self._journaled = bool(found)
+        return found
 
     async def run_effect(self, key: str, fn: EffectFn, *, step_id: str) -> EffectResult[Any]:
         if self._closed:

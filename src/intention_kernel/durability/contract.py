@@ -1,19 +1,23 @@
 """The storage contract, in small parts, documented here and nowhere else.
 
 A **recorder** is the I/O an adapter provides to the engine
-(:class:`~intention_kernel.durability.engine.RecordedDurability`), in four parts:
+(:class:`~intention_kernel.durability.engine.RecordedDurability`), in five parts:
 
 - :class:`TurnRecorder`: open the store, lock a thread, read a turn's start, commit it;
 - :class:`EffectRecorder`: claim an effect, settle its receipt, list and resolve receipts;
+- :class:`JournalRecorder`: the journal, what a turn recorded before its commit (each
+  model round's response), read and written under the thread's lock;
 - :class:`OutboxRecorder`: read the outbox, claim a thread for a relay, mark events;
 - :class:`MaintenanceRecorder`: scan and rewrite checkpoints, prune old rows.
 
-:class:`Recorder` is all four, and what the engine takes. Every method is one short
+:class:`Recorder` is all five, and what the engine takes. Every method is one short
 transaction (or none). Conflicts are errors: ``write_receipt``, ``commit_turn`` and
 ``rewrite_checkpoint`` compare-and-set and raise rather than silently skip. A turn costs
 one read (prior result and thread row), one write per effect state change (``prepared``
 before the provider call, the outcome after it) and one commit (result, checkpoint and
-events).
+events). A turn that records values (``tx.recorded``: an interpreter that works in
+rounds) adds one read of its journal and one write per value it records; a turn that
+records none touches the journal not at all.
 
 The **outer ring** (the outbox relay, :mod:`intention_kernel.operations`, the HTTP host,
 the CLI) takes the durability-level Protocols at the end of this module, each naming
@@ -33,6 +37,7 @@ from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability
 from intention_kernel.durability.records import (
     CheckpointRewrite,
+    JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
     PendingInteraction,
@@ -48,6 +53,7 @@ __all__ = [
     "EffectRecorder",
     "Expirable",
     "InteractionQueue",
+    "JournalRecorder",
     "MaintenanceRecorder",
     "Migratable",
     "MigrationRecorder",
@@ -199,6 +205,31 @@ class EffectRecorder(Protocol):
         ...
 
 
+class JournalRecorder(Protocol):
+    """The journal: values a turn records before it commits, one per
+    ``(thread_id, turn_id, key)`` (a :class:`JournalEntry`), so that a delivery of the
+    same turn ID after a crash reads them instead of computing them again. The runtime
+    records each model round's response in it before any step of that round runs.
+
+    Both methods are called under the thread's lock, by the turn that owns the entries.
+    An entry lives until the turn commits (``commit_turn`` deletes the turn's entries in
+    its own transaction when ``TurnRecord.journaled`` is set) or, for a turn that never
+    commits, until retention (``prune_journal``).
+    """
+
+    async def read_journal(self, thread_id: str, turn_id: str) -> list[JournalEntry]:
+        """Every entry of the turn, in the order they were written (one read, no
+        transaction needed: under the lock nobody else writes them)."""
+        ...
+
+    async def write_journal(self, entry: JournalEntry) -> None:
+        """Insert ``entry`` in its own short transaction, durable when this returns.
+        An entry with the same ``(thread_id, turn_id, key)`` is a conflict: raise
+        ``FencedCommitError`` (under the lock nobody else writes them; one being there
+        means the lock was lost) and keep the stored entry."""
+        ...
+
+
 class OutboxRecorder(Protocol):
     """The outbox: committed events read in order, and their publication by a relay.
 
@@ -283,8 +314,15 @@ class MaintenanceRecorder(Protocol):
         when fewer than ``limit`` were left). Turns pruned before are not read again."""
         ...
 
+    async def prune_journal(self, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` journal entries written before ``before`` (those of
+        turns that never committed: a commit deletes its own); return how many."""
+        ...
 
-class Recorder(TurnRecorder, EffectRecorder, OutboxRecorder, MaintenanceRecorder, Protocol):
+
+class Recorder(
+    TurnRecorder, EffectRecorder, JournalRecorder, OutboxRecorder, MaintenanceRecorder, Protocol
+):
     """Every part of a recorder: what the engine takes.
 
     Two members have defaults, inherited by a recorder that subclasses this Protocol

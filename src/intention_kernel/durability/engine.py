@@ -193,7 +193,7 @@ class RecordedDurability:
             if _faults.armed:
                 _faults.reach(_faults.AFTER_CHECKPOINT_LOAD)
             expected = thread.version if thread is not None else 0
-            tx = Transaction(self._run_effect, scope, checkpoint)
+            tx = Transaction(self._run_effect, scope, checkpoint, recorder)
             try:
                 commit = await operation(tx)
             except BaseException:
@@ -318,6 +318,7 @@ class RecordedDurability:
             rewrite=rows.rewrite,
             announced=announced,
             mark_announced=marks,
+            journaled=tx.journaled,
         )
         return record, rows.receipts
 

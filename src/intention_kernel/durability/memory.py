@@ -19,9 +19,11 @@ from datetime import datetime
 
 from intention_kernel.durability import _check_seconds
 from intention_kernel.durability._looplocks import LoopLocks
+from intention_kernel.durability._rows import journal_conflict
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
+    JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
     PlanFn,
@@ -78,6 +80,8 @@ class _State:
     last_position: int = 0
     locks: LoopLocks = field(default_factory=LoopLocks)
     relayed: set[str] = field(default_factory=set)  # threads claimed by a relay
+    # The journal, per (thread, turn), by key in write order.
+    journal: dict[tuple[str, str], dict[str, JournalEntry]] = field(default_factory=dict)
 
 
 class _MemoryRecorder(Recorder):
@@ -150,6 +154,15 @@ class _MemoryRecorder(Recorder):
             )
         self._state.receipts[(receipt.thread_id, receipt.key)] = receipt
 
+    async def read_journal(self, thread_id: str, turn_id: str) -> list[JournalEntry]:
+        return list(self._state.journal.get((thread_id, turn_id), {}).values())
+
+    async def write_journal(self, entry: JournalEntry) -> None:
+        entries = self._state.journal.setdefault((entry.thread_id, entry.turn_id), {})
+        if entry.key in entries:
+            raise journal_conflict(entry)
+        entries[entry.key] = entry
+
     async def commit_turn(self, record: TurnRecord) -> None:
         state = self._state
         thread = state.threads.get(record.thread_id)
@@ -186,6 +199,8 @@ class _MemoryRecorder(Recorder):
             if receipt is not None and receipt.status is ReceiptStatus.COMPLETED:
                 state.receipts[(record.thread_id, key)] = replace(receipt, announced=True)
         self._append(record.thread_id, record.turn_id, record.events)
+        if record.journaled:
+            state.journal.pop((record.thread_id, record.turn_id), None)
 
     def _append(self, thread_id: str, turn_id: str | None, events: Sequence[EventDraft]) -> None:
         state = self._state
@@ -385,6 +400,21 @@ class _MemoryRecorder(Recorder):
         for key in keys:
             state.turns[key] = StoredTurn(state.turns[key].request_digest, "", expired=True)
         return len(keys), (keys[-1] if len(keys) == limit else None)
+
+    async def prune_journal(self, before: datetime, limit: int) -> int:
+        journal = self._state.journal
+        doomed = [
+            (turn, entry.key)
+            for turn, entries in journal.items()
+            for entry in entries.values()
+            if entry.created_at < before
+        ][:limit]
+        for turn, key in doomed:
+            entries = journal[turn]
+            del entries[key]
+            if not entries:
+                del journal[turn]
+        return len(doomed)
 
 
 class InMemoryDurability(RecordedDurability):

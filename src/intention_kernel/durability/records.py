@@ -21,6 +21,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 __all__ = [
     "INTERACTION_MARKER",
     "CheckpointRewrite",
+    "JournalEntry",
     "OutboxBacklog",
     "OutboxDelivery",
     "PendingInteraction",
@@ -116,6 +117,9 @@ class TurnRecord:
     when the turn named by its ``turn_id`` committed and lists its key (one write fewer
     per effect). Those in ``mark_announced``, completed under another turn ID (one that
     never committed), must be marked announced in their own row by the commit.
+    ``journaled``: the turn wrote or read journal entries (:class:`JournalEntry`); the
+    commit deletes every entry of ``(thread_id, turn_id)`` in its transaction. It is
+    ``False`` for a turn that never used the journal, whose commit has nothing to delete.
     """
 
     thread_id: str
@@ -138,6 +142,24 @@ class TurnRecord:
     rewrite: bool = False
     announced: Sequence[str] = ()
     mark_announced: Sequence[str] = ()
+    journaled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """A value a turn recorded before it committed (``tx.recorded``): a model round's
+    response, say, so that a redelivery of the same turn is not asked it again.
+
+    One per ``(thread_id, turn_id, key)``; ``value`` is its JSON text, ``request_digest``
+    the digest of the request the turn was running for (``TurnScope.request_digest``).
+    """
+
+    thread_id: str
+    turn_id: str
+    key: str
+    request_digest: str | None
+    value: str
+    created_at: datetime
 
 
 @dataclass(frozen=True, slots=True)

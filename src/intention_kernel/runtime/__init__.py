@@ -2,7 +2,8 @@
 
 Each step is a function over one :class:`~intention_kernel.runtime.state.TurnState`;
 :func:`run_turn` wires them in that fixed order. An interpreter that works in rounds
-is asked again after the steps it asked for ran (:mod:`~intention_kernel.runtime.rounds`).
+is asked again after the steps it asked for ran (:mod:`~intention_kernel.runtime.rounds`),
+and each of its rounds is recorded before its steps run (:mod:`~intention_kernel.runtime.journal`).
 The runtime never imports an adapter: it sees only the ``TurnTransaction`` handed to it
 by ``with_turn``.
 """
@@ -15,6 +16,7 @@ from intention_kernel.durability import TurnTransaction
 from intention_kernel.interpretation import Answer, Interpretation
 from intention_kernel.runtime.answer import handle_answer
 from intention_kernel.runtime.interpret import interpret
+from intention_kernel.runtime.journal import interpret_recorded
 from intention_kernel.runtime.plan import plan_intent
 from intention_kernel.runtime.reply import finish
 from intention_kernel.runtime.rounds import continue_rounds
@@ -34,12 +36,15 @@ async def run_turn(
         # Before interpretation: the interpreter never sees an expired question as
         # pending, and a late accept finds it closed (``handle_answer``).
         state.expire_interaction()
-    interpretation = await interpret(state)
+    in_rounds = agent.max_rounds > 1 and request.message is not None
+    # A turn in rounds records each round before its steps run (``journal``); a
+    # one-round turn asks once and records nothing, at exactly its former cost.
+    interpretation = await (interpret_recorded(state) if in_rounds else interpret(state))
     answer_step, proceed = await _answer(state, interpretation)
     if proceed:
         for intent in interpretation.intents:
             await plan_intent(state, intent)
-    if agent.max_rounds > 1 and request.message is not None and proceed:
+    if in_rounds and proceed:
         return await continue_rounds(state, interpretation, answer_step)
     return finish(state, interpretation)
 

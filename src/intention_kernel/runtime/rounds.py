@@ -3,7 +3,9 @@
 After the steps a round asked for have run, the interpreter is asked again with the
 turn's earlier rounds (what each returned and each step's outcome), until a round asks
 for nothing more or the agent's ``max_rounds`` is reached. Every round runs inside the
-same durable turn: its steps, facts and events commit together, once.
+same durable turn: its steps, facts and events commit together, once. Each round is
+recorded in the turn's journal before its steps run (:mod:`~intention_kernel.runtime.journal`),
+so a delivery after a crash goes on from the rounds already answered.
 
 Answers are taken from the first round only. A later round's answer would be the
 interpreter's own decision about a request the person may not even have seen yet (one
@@ -14,7 +16,7 @@ is told why.
 from __future__ import annotations
 
 from intention_kernel.interpretation import Interpretation, Round
-from intention_kernel.runtime.interpret import interpret
+from intention_kernel.runtime.journal import interpret_recorded
 from intention_kernel.runtime.plan import plan_intent
 from intention_kernel.runtime.reply import finish
 from intention_kernel.runtime.state import TurnState
@@ -43,7 +45,7 @@ async def continue_rounds(
     while asked:
         if len(rounds) >= max_rounds:
             return finish(state, current, reply=stopped_reply(state, current, len(rounds)))
-        current = await interpret(state, tuple(rounds))
+        current = await interpret_recorded(state, tuple(rounds))
         start = len(state.steps)
         state.round = len(rounds) + 1
         for intent in current.intents:

@@ -139,6 +139,12 @@ COMMIT_PARTS = {
             LIMIT 1) AS found
         WHERE r.ctid = found.ctid
     )""",
+    # The turn used the journal (``TurnRecord.journaled``): its entries go with the
+    # commit, and only with it (``USING thread``: a fenced commit deletes nothing).
+    "journal": """, journal AS (
+        DELETE FROM ik_journal j USING thread
+        WHERE j.thread_id = %(thread_id)s AND j.turn_id = %(turn_id)s
+    )""",
 }
 COMMIT_TAIL = """
     SELECT next_seq, (SELECT pg_advisory_unlock(%(lock)s) FROM xact_lock, turn
@@ -169,6 +175,7 @@ def commit_parts(record: TurnRecord) -> frozenset[str]:
             ("removed_facts", bool(record.removed_facts)),
             ("facts", bool(record.facts)),
             ("mark_announced", bool(record.mark_announced)),
+            ("journal", record.journaled),
         )
         if needed
     )

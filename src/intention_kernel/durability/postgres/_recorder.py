@@ -1,7 +1,8 @@
 """The PostgreSQL recorder: the storage contract's reads and writes, as statements.
 
 Transactions per turn: one read, one statement per effect state change, and one commit
-for result + checkpoint + events.
+for result + checkpoint + events; a turn that records model rounds adds one read of its
+journal and one statement per round recorded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from intention_kernel.durability._rows import (
     decode_event_row,
     decode_receipt_row,
     fenced,
+    journal_conflict,
     receipt_moved,
     receipt_params,
     stored_thread,
@@ -27,6 +29,7 @@ from intention_kernel.durability._rows import (
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
+    JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
     PlanFn,
@@ -49,6 +52,7 @@ from intention_kernel.durability.postgres._statements import (
     HAS_UNSEQUENCED,
     INSERT_EVENT,
     INSERT_FACTS,
+    INSERT_JOURNAL,
     INSERT_MESSAGES,
     INSERT_RECEIPT,
     INSERT_RECEIPT_IF_NEW,
@@ -57,12 +61,14 @@ from intention_kernel.durability.postgres._statements import (
     MARK_PUBLISHED,
     PENDING_THREADS,
     PRUNE_EVENTS,
+    PRUNE_JOURNAL,
     PRUNE_TURNS,
     REWRITE_THREAD,
     SCAN_THREADS,
     SELECT_BACKLOG,
     SELECT_FAILING,
     SELECT_INTERACTIONS,
+    SELECT_JOURNAL,
     SELECT_OUTBOX,
     SELECT_RECEIPT,
     SELECT_THREAD,
@@ -141,6 +147,40 @@ class PostgresRecorder(PostgresLocks, Recorder):
                 held.committed = True
 
         await self._run(record.thread_id, commit)
+
+    # -- the journal -------------------------------------------------------------------------
+
+    async def read_journal(self, thread_id: str, turn_id: str) -> list[JournalEntry]:
+        async def read(conn: Connection) -> list[JournalEntry]:
+            cur = await execute(conn, SELECT_JOURNAL, (thread_id, turn_id))
+            return [
+                JournalEntry(thread_id, turn_id, key, digest, value, _utc(created_at))
+                for key, digest, value, created_at in await cur.fetchall()
+            ]
+
+        return await self._run(thread_id, read)
+
+    async def write_journal(self, entry: JournalEntry) -> None:
+        row = (
+            entry.thread_id,
+            entry.turn_id,
+            entry.key,
+            entry.request_digest,
+            entry.value,
+            entry.created_at,
+        )
+
+        async def write(conn: Connection) -> None:
+            # One autocommitted statement on the lock's session: a session that died
+            # with the lock fails it, so no entry is written without the lock.
+            try:
+                await execute(conn, INSERT_JOURNAL, row)
+            except UniqueViolation as exc:
+                if exc.diag.constraint_name == "ik_journal_pkey":
+                    raise journal_conflict(entry) from exc
+                raise
+
+        await self._run(entry.thread_id, write)
 
     # -- effects -------------------------------------------------------------------------------
 
@@ -357,6 +397,12 @@ class PostgresRecorder(PostgresLocks, Recorder):
         async def prune(conn: Connection) -> int:
             await self._sequence(conn)  # only numbered events are deleted: number them
             return (await conn.execute(PRUNE_EVENTS, (before, limit))).rowcount
+
+        return await self._run(None, prune)
+
+    async def prune_journal(self, before: datetime, limit: int) -> int:
+        async def prune(conn: Connection) -> int:
+            return (await conn.execute(PRUNE_JOURNAL, (before, limit))).rowcount
 
         return await self._run(None, prune)
 

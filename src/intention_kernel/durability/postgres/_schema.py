@@ -192,6 +192,18 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE ik_turns ADD COLUMN announced text[];
     """,
+    # 8: the journal, as in SQLite's migration 6: what a turn recorded before its
+    # commit, one row per (thread, turn, key), read back in ``ordinal`` (write) order.
+    # Only turns in flight and turns that never committed have rows (a commit deletes
+    # its own), so retention's scan by ``created_at`` needs no index.
+    """
+    CREATE TABLE ik_journal (
+        thread_id text NOT NULL, turn_id text NOT NULL, key text NOT NULL,
+        request_digest text, value text NOT NULL, created_at timestamptz NOT NULL,
+        ordinal bigint GENERATED ALWAYS AS IDENTITY,
+        CONSTRAINT ik_journal_pkey PRIMARY KEY (thread_id, turn_id, key)
+    );
+    """,
 )
 
 

@@ -115,6 +115,18 @@ SEQUENCE_OUTBOX = """
 """
 SELECT_OUTBOX = f"SELECT {OUTBOX_COLUMNS} FROM ik_outbox WHERE position > %(after)s"
 
+# -- the journal (see ``JournalRecorder``) --
+SELECT_JOURNAL = """
+    SELECT key, request_digest, value, created_at FROM ik_journal
+    WHERE thread_id = %s AND turn_id = %s ORDER BY ordinal
+"""
+# No ON CONFLICT: an entry already there is a conflict (the lock was lost), refused by
+# ``ik_journal_pkey``.
+INSERT_JOURNAL = """
+    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at)
+    VALUES (%s, %s, %s, %s, %s, %s)
+"""
+
 # -- the relay (see ``Recorder.claim_outbox``) --
 # The relay publishes numbered events only (it numbers what is committed first): a
 # thread's numbered events are a prefix of its events by ``seq``, since numbering
@@ -202,6 +214,11 @@ PRUNE_TURNS = """
           ORDER BY thread_id, turn_id LIMIT %s) k
     WHERE t.thread_id = k.thread_id AND t.turn_id = k.turn_id AND t.pruned_at IS NULL
     RETURNING t.thread_id, t.turn_id
+"""
+
+PRUNE_JOURNAL = """
+    DELETE FROM ik_journal WHERE ordinal IN (
+        SELECT ordinal FROM ik_journal WHERE created_at < %s ORDER BY ordinal LIMIT %s)
 """
 
 

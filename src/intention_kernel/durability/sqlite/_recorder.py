@@ -2,7 +2,9 @@
 
 Transactions per turn: one read, one commit per effect state change (``prepared``,
 then the outcome), and one commit for result + checkpoint + events; when turns
-overlap, the writes of different turns share transactions (see :mod:`._group`).
+overlap, the writes of different turns share transactions (see :mod:`._group`). A
+turn that records model rounds adds one read of its journal and one write per round
+recorded.
 
 Each write is a body that never begins, commits or rolls back: it runs in the
 transaction its runner opened (``_run(..., atomic=True)`` gives it one when it is
@@ -24,6 +26,7 @@ from intention_kernel.durability._rows import (
     decode_event_row,
     decode_receipt_row,
     fenced,
+    journal_conflict,
     receipt_moved,
     receipt_params,
     stored_thread,
@@ -31,6 +34,7 @@ from intention_kernel.durability._rows import (
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
+    JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
     PlanFn,
@@ -48,8 +52,10 @@ from intention_kernel.durability.sqlite._statements import (
     BUMP_THREAD_SEQ,
     DELETE_FACT,
     DELETE_FACTS,
+    DELETE_JOURNAL,
     DELETE_MESSAGES,
     INSERT_EVENT,
+    INSERT_JOURNAL,
     INSERT_MESSAGE,
     INSERT_RECEIPT,
     INSERT_RECEIPT_IF_NEW,
@@ -60,6 +66,7 @@ from intention_kernel.durability.sqlite._statements import (
     MARK_PUBLISHED,
     PENDING_THREADS,
     PRUNE_EVENTS,
+    PRUNE_JOURNAL,
     PRUNE_TURNS,
     READ_RECEIPTS,
     REWRITE_THREAD,
@@ -69,6 +76,7 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_FACTS,
     SELECT_FAILING,
     SELECT_INTERACTIONS,
+    SELECT_JOURNAL,
     SELECT_MESSAGES,
     SELECT_RECEIPT,
     SELECT_THREAD,
@@ -182,6 +190,8 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             conn.executemany(DELETE_FACT, [(thread_id, k) for k in record.removed_facts])
             if record.mark_announced:
                 conn.executemany(MARK_ANNOUNCED, [(thread_id, k) for k in record.mark_announced])
+            if record.journaled:
+                conn.execute(DELETE_JOURNAL, (thread_id, record.turn_id))
             first_seq = next_seq - len(rows)
             conn.executemany(
                 INSERT_EVENT,
@@ -191,6 +201,39 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
                 _faults.reach(_faults.DURING_COMMIT)
 
         await self._run(commit, thread_id, atomic=True)
+
+    # -- the journal -------------------------------------------------------------------------
+
+    async def read_journal(self, thread_id: str, turn_id: str) -> list[JournalEntry]:
+        def read(conn: sqlite3.Connection) -> list[JournalEntry]:
+            rows = conn.execute(SELECT_JOURNAL, (thread_id, turn_id)).fetchall()
+            return [
+                JournalEntry(thread_id, turn_id, r[0], r[1], r[2], datetime.fromisoformat(r[3]))
+                for r in rows
+            ]
+
+        return await self._read(read, thread_id)
+
+    async def write_journal(self, entry: JournalEntry) -> None:
+        row = (
+            entry.thread_id,
+            entry.turn_id,
+            entry.key,
+            entry.request_digest,
+            entry.value,
+            _stamp(entry.created_at),
+        )
+
+        def write(conn: sqlite3.Connection) -> None:
+            # One autocommitted statement: durable when it returns (synchronous=FULL).
+            try:
+                conn.execute(INSERT_JOURNAL, row)
+            except sqlite3.IntegrityError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+                    raise
+                raise journal_conflict(entry) from exc
+
+        await self._run(write, entry.thread_id)
 
     # -- effects -------------------------------------------------------------------------------
 
@@ -375,6 +418,10 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
     async def prune_events(self, before: datetime, limit: int) -> int:
         args = (_stamp(before), limit)
         return int(await self._run(lambda conn: conn.execute(PRUNE_EVENTS, args).rowcount))
+
+    async def prune_journal(self, before: datetime, limit: int) -> int:
+        args = (_stamp(before), limit)
+        return int(await self._run(lambda conn: conn.execute(PRUNE_JOURNAL, args).rowcount))
 
     async def prune_turns(
         self, before: datetime, after: tuple[str, str] | None, limit: int

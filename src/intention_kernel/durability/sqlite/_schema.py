@@ -118,6 +118,21 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE ik_turns ADD COLUMN announced TEXT;
     """,
+    # 6: the journal (``JournalRecorder``): what a turn recorded before its commit, one
+    # row per (thread, turn, key), read back in rowid (write) order. It holds only the
+    # turns in flight and those that never committed (a commit deletes its own rows), so
+    # retention's scan by ``created_at`` needs no index, which every write would pay for.
+    """
+    CREATE TABLE ik_journal (
+        thread_id      TEXT NOT NULL,
+        turn_id        TEXT NOT NULL,
+        key            TEXT NOT NULL,
+        request_digest TEXT,
+        value          TEXT NOT NULL,
+        created_at     TEXT NOT NULL,
+        PRIMARY KEY (thread_id, turn_id, key)
+    );
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

@@ -110,6 +110,20 @@ INSERT_EVENT = """
     VALUES (?, ?, ?, ?, ?, ?, ?)
 """
 
+# -- the journal (see ``JournalRecorder``) --
+SELECT_JOURNAL = """
+    SELECT key, request_digest, value, created_at FROM ik_journal
+    WHERE thread_id = ? AND turn_id = ? ORDER BY rowid
+"""
+# No ON CONFLICT: an entry already there is a conflict (the lock was lost), refused by
+# the primary key.
+INSERT_JOURNAL = """
+    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at)
+    VALUES (?, ?, ?, ?, ?, ?)
+"""
+# In the turn's commit, when the turn used the journal (``TurnRecord.journaled``).
+DELETE_JOURNAL = "DELETE FROM ik_journal WHERE thread_id = ? AND turn_id = ?"
+
 # -- the relay (see ``Recorder.claim_outbox``) --
 # Threads whose first unpublished event is due, oldest first. The inner query walks
 # ik_outbox_unpublished only; the join finds each head by the (thread_id, seq) key.
@@ -177,4 +191,8 @@ PRUNE_TURNS = """
         WHERE (thread_id, turn_id) > (?, ?) AND pruned_at IS NULL AND created_at < ?
         ORDER BY thread_id, turn_id LIMIT ?)
     RETURNING thread_id, turn_id
+"""
+PRUNE_JOURNAL = """
+    DELETE FROM ik_journal WHERE rowid IN (
+        SELECT rowid FROM ik_journal WHERE created_at < ? ORDER BY rowid LIMIT ?)
 """

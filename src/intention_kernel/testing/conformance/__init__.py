@@ -8,6 +8,8 @@ suite. The suite comes in one test case per part of the storage contract:
 - :class:`EffectConformance`: receipts claimed and settled around the provider call,
   and (with :class:`ReceiptConformance`) listed and resolved;
 - :class:`ConfirmationConformance`: confirmations and pending interactions;
+- :class:`JournalConformance`: the journal (``tx.recorded``), and the model rounds the
+  runtime records in it;
 - :class:`OutboxConformance`: reading the outbox, and the relay on it;
 - :class:`MaintenanceConformance`: the deploy check, migrations and pruning.
 
@@ -40,6 +42,7 @@ from intention_kernel.testing.conformance._support import (
 )
 from intention_kernel.testing.conformance.confirmations import ConfirmationConformance
 from intention_kernel.testing.conformance.effects import EffectConformance
+from intention_kernel.testing.conformance.journal import JournalConformance
 from intention_kernel.testing.conformance.maintenance import MaintenanceConformance
 from intention_kernel.testing.conformance.outbox import OutboxConformance
 from intention_kernel.testing.conformance.receipts import ReceiptConformance
@@ -51,6 +54,7 @@ __all__ = [
     "DurabilityConformance",
     "EffectConformance",
     "Inspector",
+    "JournalConformance",
     "MaintenanceConformance",
     "OutboxConformance",
     "ReceiptConformance",
@@ -64,6 +68,7 @@ class DurabilityConformance(
     TurnConformance,
     EffectConformance,
     ConfirmationConformance,
+    JournalConformance,
     OutboxConformance,
     MaintenanceConformance,
 ):

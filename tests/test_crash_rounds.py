@@ -1,0 +1,166 @@
+"""The crash matrix of a turn in model rounds, on SQLite and PostgreSQL: a real worker
+process (``tests/rounds_worker.py``) dies (``os._exit``, no cleanup) after a recorded
+model response, and a new process delivers the same turn again. The model writes down
+every request it is sent, the tools every call, the provider every applied write.
+
+A turn of three rounds (read, pay 100, final text) dies:
+
+- ``in_balance``: round 1 is recorded and its first step starts;
+- ``in_pay``: round 2 is recorded (round 1's read ran) and its first step, the write,
+  starts before its receipt is prepared;
+- ``asked_round_3``: the model is asked round 3, rounds 1 and 2 recorded, the read and
+  the write done.
+
+In each case the redelivery never asks the model for a round it answered before the
+death, the write is applied once in all (run by the redelivery, or settled by its
+completed receipt), the read runs again (reads are not recorded), and the committed turn
+leaves no journal rows behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from intention_kernel.testing import faults
+from proving_support import Store, drop_schema, new_schema
+
+WORKER = Path(__file__).with_name("rounds_worker.py")
+PROCESS_TIMEOUT = 60.0
+TURN = {"thread_id": "th-rounds", "turn_id": "turn-1", "message": "pay what I owe"}
+
+
+@dataclass(frozen=True)
+class Death:
+    """Where the first process dies, and what it leaves behind."""
+
+    die: str
+    asked_before: list[int]  # the rounds the dead process asked, in order
+    recorded: list[str]  # the journal keys it left
+    tools_before: list[str]  # the tools it ran to their end
+    paid_before: int  # writes the provider applied before the death
+    asked_again: list[int]  # the rounds the redelivery asks
+    tools_again: list[str]  # the tools the redelivery runs
+
+
+DEATHS = [
+    Death(
+        "in_balance",
+        asked_before=[1],
+        recorded=["kernel.round.1"],
+        tools_before=[],
+        paid_before=0,
+        asked_again=[2, 3],
+        tools_again=["account.balance", "payments.pay"],
+    ),
+    Death(
+        "in_pay",
+        asked_before=[1, 2],
+        recorded=["kernel.round.1", "kernel.round.2"],
+        tools_before=["account.balance"],
+        paid_before=0,
+        asked_again=[3],
+        tools_again=["account.balance", "payments.pay"],
+    ),
+    Death(
+        "asked_round_3",
+        asked_before=[1, 2, 3],
+        recorded=["kernel.round.1", "kernel.round.2"],
+        tools_before=["account.balance", "payments.pay"],
+        paid_before=1,
+        asked_again=[3],
+        tools_again=["account.balance", "payments.pay"],
+    ),
+]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        yield Store("sqlite", str(tmp_path / "rounds.db"))
+        return
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = new_schema()
+    yield Store("postgres", make_conninfo(dsn, application_name=schema), schema)
+    drop_schema(dsn, schema)
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def deliver(
+    store: Store, files: dict[str, str], die: str | None, status: int
+) -> list[dict[str, Any]]:
+    config = {"store": store.config(), "files": files, "turn": TURN, "die": die}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(WORKER),
+        json.dumps(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.communicate()
+    assert process.returncode == status, stderr.decode()
+    return [json.loads(line) for line in stdout.decode().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("death", DEATHS, ids=[d.die for d in DEATHS])
+async def test_a_redelivery_never_asks_the_model_again_for_a_recorded_round(
+    store: Store, tmp_path: Path, death: Death
+) -> None:
+    files = {name: str(tmp_path / f"{name}.jsonl") for name in ("asks", "tools", "ledger")}
+    asks, tools, ledger = (Path(files[name]) for name in ("asks", "tools", "ledger"))
+    # The schema exists before the first worker: its death must not race a migration.
+    async with store.durability():
+        pass
+
+    assert await deliver(store, files, death.die, faults.EXIT_STATUS) == []
+    first_pid = {line["pid"] for line in lines(asks)}
+    assert [line["round"] for line in lines(asks)] == death.asked_before
+    assert [line["tool"] for line in lines(tools)] == death.tools_before
+    assert len(lines(ledger)) == death.paid_before
+    journal = store.query(
+        "SELECT key FROM ik_journal WHERE thread_id = "
+        + ("?" if store.kind == "sqlite" else "%s")
+        + " ORDER BY key",
+        TURN["thread_id"],
+    )
+    assert [key for (key,) in journal] == death.recorded
+    assert store.query("SELECT count(*) FROM ik_turns") == [(0,)]
+
+    [result] = await deliver(store, files, None, 0)
+    again = [line for line in lines(asks) if line["pid"] not in first_pid]
+    assert [line["round"] for line in again] == death.asked_again
+    ran_again = [line["tool"] for line in lines(tools) if line["pid"] not in first_pid]
+    assert ran_again == death.tools_again
+    [paid] = lines(ledger)  # the write was applied once, in all
+    assert paid["key"] == "payments.pay:charge:pi_1" and paid["attempt"] == 1
+    assert result["replayed"] is False
+    assert [(s["capability_id"], s["status"]) for s in result["steps"]] == [
+        ("account.balance", "completed"),
+        ("payments.pay", "completed"),
+    ]
+    assert result["reply"] == "paid: ch_pi_1_1"
+    assert store.query("SELECT count(*) FROM ik_journal") == [(0,)]
+
+    # A third delivery replays the committed turn: the model is asked nothing.
+    [replayed] = await deliver(store, files, None, 0)
+    assert replayed == dict(result, replayed=True)
+    assert len(lines(asks)) == len(death.asked_before) + len(death.asked_again)
