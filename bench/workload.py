@@ -14,7 +14,6 @@ the floor calls the sync one inline, as hand-written code would.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from intention_kernel import (
@@ -59,18 +58,9 @@ def payment(n: int) -> str:
 
 
 class Interpreter:
-    """Rules, not a model: the benchmark measures durability, not inference.
-
-    ``awaits``: the interpretation awaits once (``asyncio.sleep(0)``), as a model call
-    would, so that other turns run meanwhile: the concurrency group's turns overlap
-    only through this (see ``bench.concurrency``)."""
-
-    def __init__(self, awaits: bool = False) -> None:
-        self.awaits = awaits
+    """Rules, not a model: the benchmark measures durability, not inference."""
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
-        if self.awaits:
-            await asyncio.sleep(0)
         n = request.message.rsplit(" ", 1)[1]
         return Interpretation(
             intents=[
@@ -80,9 +70,7 @@ class Interpreter:
         )
 
 
-def agent(
-    provider: FakeProvider, *, sync_provider: bool = False, model_awaits: bool = False
-) -> Agent:
+def agent(provider: FakeProvider, *, sync_provider: bool = False) -> Agent:
     @capability("account.balance", description="Amount due")
     async def balance(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
         return CapabilityResult(value={"due": 4200}, reply="You owe 4200.")
@@ -113,6 +101,6 @@ def agent(
         name="bench",
         version="1",
         capabilities=[balance, charge],
-        interpreter=Interpreter(model_awaits),
+        interpreter=Interpreter(),
         max_messages=MAX_MESSAGES,
     )

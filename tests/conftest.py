@@ -137,7 +137,6 @@ _ON_BOTH_LOOPS = (
     "TestPostgresDurability",
     "TestSQLiteDurability",
     "TestSQLiteDurabilityWithWritesOnTheWorkerThread",
-    "TestSQLiteDurabilityWithGroupCommit",
 )
 
 

@@ -1,14 +1,8 @@
 """The SQLite recorder: the storage contract's reads and writes, as statements.
 
 Transactions per turn: one read, one commit per effect state change (``prepared``,
-then the outcome), and one commit for result + checkpoint + events; when turns
-overlap, the writes of different turns share transactions (see :mod:`._group`). A
-turn that records model rounds adds one read of its journal and one write per round
-recorded.
-
-Each write is a body that never begins, commits or rolls back: it runs in the
-transaction its runner opened (``_run(..., atomic=True)`` gives it one when it is
-alone), and raises to have its statements rolled back.
+then the outcome), and one commit for result + checkpoint + events. A turn that
+records model rounds adds one read of its journal and one write per round recorded.
 """
 
 from __future__ import annotations
@@ -152,6 +146,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
         announced = dump_value(list(record.announced)) if record.announced else None
 
         def commit(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 conn.execute(
                     INSERT_TURN,
@@ -166,12 +161,14 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
                     ),
                 )
             except sqlite3.IntegrityError as exc:
+                conn.rollback()
                 if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
                     raise
                 raise fenced(record, "the turn ID was committed by another worker") from exc
             statement = INSERT_THREAD if record.expected_version == 0 else UPDATE_THREAD
             returned = conn.execute(statement, params).fetchone()
             if returned is None:
+                conn.rollback()
                 raise fenced(record, "the thread version moved")
             next_seq, message_seq = returned
             if record.rewrite:
@@ -199,8 +196,9 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             )
             if _faults.armed:  # every row written, the transaction still open
                 _faults.reach(_faults.DURING_COMMIT)
+            conn.execute("COMMIT")
 
-        await self._run(commit, thread_id, atomic=True)
+        await self._run(commit, thread_id)
 
     # -- the journal -------------------------------------------------------------------------
 
@@ -285,6 +283,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
 
     async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
         def apply(conn: sqlite3.Connection) -> Receipt:
+            conn.execute("BEGIN IMMEDIATE")
             existing = _receipt(conn.execute(SELECT_RECEIPT, (thread_id, key)).fetchone())
             resolved, event = resolution(existing)
             assert existing is not None
@@ -293,9 +292,10 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             seq = conn.execute(BUMP_THREAD_SEQ, (thread_id, now)).fetchone()[0] - 1
             row = _event_rows([event], thread_id, None, now)[0]
             conn.execute(INSERT_EVENT, (row[0], row[1], row[2], seq, row[3], row[4], row[5]))
+            conn.execute("COMMIT")
             return resolved
 
-        return await self._run(apply, thread_id, atomic=True)
+        return await self._run(apply, thread_id)
 
     # -- outbox --------------------------------------------------------------------------------
 
@@ -330,7 +330,12 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
     async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
         rows = [(_stamp(at), thread_id, seq) for seq in seqs]
 
-        await self._run(lambda conn: conn.executemany(MARK_PUBLISHED, rows), atomic=True)
+        def mark(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(MARK_PUBLISHED, rows)
+            conn.execute("COMMIT")
+
+        await self._run(mark)
 
     async def mark_failed(
         self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
@@ -388,6 +393,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
         thread_id = rewrite.thread_id
 
         def write(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
             returned = conn.execute(
                 REWRITE_THREAD,
                 (
@@ -400,6 +406,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
                 ),
             ).fetchone()
             if returned is None:
+                conn.rollback()
                 raise FencedCommitError(
                     f"thread {thread_id!r} moved on while its checkpoint was migrated",
                     thread_id=thread_id,
@@ -412,8 +419,9 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             )
             conn.execute(DELETE_FACTS, (thread_id,))
             conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in rewrite.facts])
+            conn.execute("COMMIT")
 
-        await self._run(write, thread_id, atomic=True)
+        await self._run(write, thread_id)
 
     async def prune_events(self, before: datetime, limit: int) -> int:
         args = (_stamp(before), limit)
