@@ -421,7 +421,9 @@ async def test_approvals_asked_together_are_held_and_answered_together(
 
     agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(model))
 
-    @agent.tool_plain(requires_approval=True)
+    # Sequential: Pydantic AI runs a response's tool calls concurrently otherwise, and
+    # the order of the two refunds is what this test reads.
+    @agent.tool_plain(requires_approval=True, sequential=True)
     def refund(order_id: str) -> str:
         refunded.append(order_id)
         return f"refunded {order_id}"
