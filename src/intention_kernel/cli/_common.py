@@ -76,6 +76,11 @@ DbOption = Annotated[
     ),
 ]
 
+#: ``--batch N`` for commands that go through the store's threads a batch at a time.
+ThreadBatchOption = Annotated[
+    int, typer.Option("--batch", metavar="N", min=1, help="Threads selected at a time")
+]
+
 #: ``--agent module:attribute`` for commands that run an agent; pass it to :func:`load_agent`.
 AgentOption = Annotated[
     str,

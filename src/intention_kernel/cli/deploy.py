@@ -32,6 +32,7 @@ from intention_kernel.cli._common import (
     EXIT_FAILED,
     AgentOption,
     DbOption,
+    ThreadBatchOption,
     existing_store,
     fail,
     load_agent,
@@ -126,9 +127,7 @@ def check(
 
 def migrate(
     db: DbOption = None,
-    batch: Annotated[
-        int, typer.Option("--batch", metavar="N", min=1, help="Threads selected at a time")
-    ] = 100,
+    batch: ThreadBatchOption = 100,
 ) -> None:
     """Upgrade checkpoints of older schema revisions in place, in batches, resumably."""
     report: MigrationReport = run_operation(

@@ -16,11 +16,9 @@ a thread could not be reached (busy past the lock timeout, or unreadable): run i
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
-from intention_kernel.cli._common import EXIT_FAILED, DbOption, resolve_db_url
+from intention_kernel.cli._common import EXIT_FAILED, DbOption, ThreadBatchOption, resolve_db_url
 from intention_kernel.cli._help import Command, Group
 from intention_kernel.cli._render import console
 from intention_kernel.cli.deploy import refusals, run_operation
@@ -41,9 +39,7 @@ def register(app: typer.Typer) -> None:
 
 def expire(
     db: DbOption = None,
-    batch: Annotated[
-        int, typer.Option("--batch", metavar="N", min=1, help="Threads selected at a time")
-    ] = 100,
+    batch: ThreadBatchOption = 100,
 ) -> None:
     """Close every interaction past its deadline; its operation never runs."""
     report: ExpiryReport = run_operation(
