@@ -33,12 +33,12 @@ import asyncio
 import json
 import os
 import signal
-import sqlite3
 import sys
 import warnings
 from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
+from bench.peers import langgraph_saver
 from bench.workload import MAX_MESSAGES
 
 #: The round (0-based) inside whose model call the crashed delivery is killed.
@@ -252,27 +252,7 @@ class LoopLangGraphRow:
             calls.tool_called("account.invoice")
             return {"invoice_id": invoice_id, "due": DUE}
 
-        if self.store == "sqlite":
-            from langgraph.checkpoint.sqlite import SqliteSaver
-
-            self.conn: Any = sqlite3.connect(self.path, check_same_thread=False)
-            saver: Any = SqliteSaver(self.conn)
-        else:
-            import psycopg
-            from langgraph.checkpoint.postgres import PostgresSaver
-            from psycopg.rows import dict_row
-
-            with psycopg.connect(self.dsn, autocommit=True) as admin:
-                admin.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-            self.conn = psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                prepare_threshold=0,
-                row_factory=dict_row,
-                options=f"-c search_path={self.schema}",
-            )
-            saver = PostgresSaver(self.conn)
-        saver.setup()
+        self.conn, saver = langgraph_saver(self.store, self.path, self.dsn, self.schema)
         with warnings.catch_warnings():
             # Deprecated since LangGraph 1.0 for langchain's create_agent (another
             # package); still LangGraph's own prebuilt ReAct agent.

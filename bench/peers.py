@@ -28,6 +28,33 @@ def _bounded(old: list[Any], new: list[Any]) -> list[Any]:
     return (old + new)[-MAX_MESSAGES:]
 
 
+def langgraph_saver(store: str, path: str, dsn: str, schema: str) -> tuple[Any, Any]:
+    """A LangGraph checkpointer, set up, and the connection it writes on (closed by the
+    row): ``SqliteSaver`` on ``path`` or ``PostgresSaver`` in ``schema``."""
+    if store == "sqlite":
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        conn: Any = sqlite3.connect(path, check_same_thread=False)
+        saver: Any = SqliteSaver(conn)
+    else:
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        conn = psycopg.connect(
+            dsn,
+            autocommit=True,
+            prepare_threshold=0,
+            row_factory=dict_row,
+            options=f"-c search_path={schema}",
+        )
+        saver = PostgresSaver(conn)
+    saver.setup()
+    return conn, saver
+
+
 class _State(TypedDict, total=False):
     n: int
     messages: Annotated[list[dict[str, str]], _bounded]
@@ -63,27 +90,7 @@ class LangGraphRow:
         graph.add_edge(START, "read")
         graph.add_edge("read", "write")
         graph.add_edge("write", END)
-        if self.store == "sqlite":
-            from langgraph.checkpoint.sqlite import SqliteSaver
-
-            self.conn: Any = sqlite3.connect(self.path, check_same_thread=False)
-            saver: Any = SqliteSaver(self.conn)
-        else:
-            import psycopg
-            from langgraph.checkpoint.postgres import PostgresSaver
-            from psycopg.rows import dict_row
-
-            with psycopg.connect(self.dsn, autocommit=True) as admin:
-                admin.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-            self.conn = psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                prepare_threshold=0,
-                row_factory=dict_row,
-                options=f"-c search_path={self.schema}",
-            )
-            saver = PostgresSaver(self.conn)
-        saver.setup()
+        self.conn, saver = langgraph_saver(self.store, self.path, self.dsn, self.schema)
         self.graph = graph.compile(checkpointer=saver)
 
     async def close(self) -> None:
