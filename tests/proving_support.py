@@ -306,15 +306,27 @@ def process_env(**extra: str) -> dict[str, str]:
     }
 
 
-def make_sql_store(kind: str, request: Any, tmp_path: Path) -> Iterator[Store]:
-    """A fixture body: a SQLite file (``"sqlite"``) or a PostgreSQL schema of its own
-    (``"postgres"``), dropped after the test."""
+def make_sql_store(
+    kind: str,
+    request: Any,
+    tmp_path: Path,
+    *,
+    file: str = "kernel.db",
+    name_sessions: bool = False,
+) -> Iterator[Store]:
+    """A fixture body: a SQLite file (``"sqlite"``, named ``file``) or a PostgreSQL
+    schema of its own (``"postgres"``), dropped after the test. ``name_sessions``: the
+    store's sessions carry the schema as ``application_name``, so that a test can find
+    (and kill) them in ``pg_stat_activity``."""
     if kind == "sqlite":
-        yield Store("sqlite", str(tmp_path / "kernel.db"))
+        yield Store("sqlite", str(tmp_path / file))
         return
     dsn: str = request.getfixturevalue("postgres_dsn")
+    from psycopg.conninfo import make_conninfo
+
     schema = new_schema()
-    yield Store("postgres", dsn, schema)
+    location = make_conninfo(dsn, application_name=schema) if name_sessions else dsn
+    yield Store("postgres", location, schema)
     drop_schema(dsn, schema)
 
 

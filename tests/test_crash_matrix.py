@@ -71,6 +71,7 @@ from proving_support import (
     charge_key,
     drop_schema,
     ledger_keys,
+    make_sql_store,
     new_schema,
     pay_key,
     proving_agent,
@@ -236,13 +237,9 @@ def accept() -> dict[str, str]:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        yield Store("sqlite", str(tmp_path / "billing.db"))
-        return
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = new_schema()
-    yield Store("postgres", make_conninfo(dsn, application_name=schema), schema)
-    drop_schema(dsn, schema)
+    yield from make_sql_store(
+        request.param, request, tmp_path, file="billing.db", name_sessions=True
+    )
 
 
 @dataclass

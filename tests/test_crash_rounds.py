@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from intention_kernel.testing import faults
-from proving_support import Store, drop_schema, new_schema
+from proving_support import Store, make_sql_store
 
 WORKER = Path(__file__).with_name("rounds_worker.py")
 PROCESS_TIMEOUT = 60.0
@@ -84,13 +83,9 @@ DEATHS = [
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        yield Store("sqlite", str(tmp_path / "rounds.db"))
-        return
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = new_schema()
-    yield Store("postgres", make_conninfo(dsn, application_name=schema), schema)
-    drop_schema(dsn, schema)
+    yield from make_sql_store(
+        request.param, request, tmp_path, file="rounds.db", name_sessions=True
+    )
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

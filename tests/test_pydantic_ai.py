@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from intention_kernel import Answer, Kernel, ReceiptStatus
 from intention_kernel.checkpoint import operation_digest
 from intention_kernel.durability import Durability
 from intention_kernel.integrations.pydantic_ai import KernelAgent
 from intention_kernel.testing import faults
-from proving_support import Store, drop_schema, new_schema, open_store
+from proving_support import Store, make_sql_store, open_store
 from pydantic_ai_support import Desk, read_ledger, tool_returns
 
 WORKER = Path(__file__).with_name("pydantic_ai_worker.py")
@@ -284,13 +283,7 @@ def test_importing_the_bridge_without_pydantic_ai_names_the_extra() -> None:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        yield Store("sqlite", str(tmp_path / "desk.db"))
-        return
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = new_schema()
-    yield Store("postgres", make_conninfo(dsn, application_name=schema), schema)
-    drop_schema(dsn, schema)
+    yield from make_sql_store(request.param, request, tmp_path, file="desk.db", name_sessions=True)
 
 
 @dataclass
