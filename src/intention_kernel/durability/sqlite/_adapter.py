@@ -29,6 +29,13 @@ class SQLiteDurability(RecordedDurability):
       (the event loop never waits on a write). ``False``: always on the event loop
       (a turn with one write saves six thread switches; for programs that run one
       turn at a time). Reads always run inline on a connection of their own.
+      On the worker thread, writes commit in groups: the writes of overlapping
+      turns queued while a commit flushes share the next transaction (one disk
+      flush), each in a savepoint of its own so that a failing one fails alone,
+      and each is acknowledged only after that transaction's ``COMMIT``. A write
+      that finds the worker idle runs alone at once, in its own transaction, so
+      group commit needs no option: it only ever joins writes that would
+      otherwise have waited in line.
 
     The lock file ``<path>.locks`` sits beside the database's real file (symlinks
     resolved, so every path to one database shares one lock file); keep them on a local

@@ -23,6 +23,11 @@
   lock, the write goes to the worker thread, which waits up to ``busy_timeout``, so a
   lock held elsewhere never stalls the event loop. ``offload_writes=True`` or
   ``False`` forces either behaviour.
+- **On the worker thread, writes commit in groups** (:mod:`._group`): the writes
+  queued while a ``COMMIT`` flushes share the next transaction, a savepoint each, and
+  are acknowledged after its ``COMMIT``. So each write is a *body* that runs inside a
+  transaction someone else opens: the group's, or (alone, and inline) its own, opened
+  by ``_run`` when the write is ``atomic``; a body never begins, commits or rolls back.
 - **Per-thread serialization with an OS lock** (:mod:`.._filelock`): no database
   transaction is open while the interpreter or a capability runs, no extra commit is
   spent on a lease, and a dead holder's lock vanishes with its process.
@@ -42,7 +47,7 @@ from typing import Literal, TypeVar
 
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._looplocks import LoopLocks
-from intention_kernel.durability._worker import WorkerThread
+from intention_kernel.durability.sqlite._group import GroupWriter
 from intention_kernel.durability.sqlite._schema import HAS_SCHEMA_TABLE, migrate
 from intention_kernel.errors import CorruptRecordError, CorruptStoreError, KernelError, StoreError
 
@@ -72,7 +77,7 @@ class SQLiteConnections:
         self._writer_waits = True  # the writer's busy timeout is set (see _wait_for_locks)
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
-        self._worker: WorkerThread | None = None
+        self._worker: GroupWriter | None = None
         # Named after the database's real path: two adapters that reach one file through
         # a symlink or another relative path must share one lock file, or their turns
         # on a thread would overlap (and the later commit be fenced after running).
@@ -84,9 +89,27 @@ class SQLiteConnections:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None = None) -> T:
-        """Run ``fn`` on the worker thread, or inline (see the module docstring); a
-        started hop always runs to its end.
+    #: Whether even a lone write on the worker thread runs the group way (a
+    #: transaction and a savepoint of its own): a test switch, read when the adapter opens.
+    group_alone = False
+
+    async def _run(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        thread_id: str | None = None,
+        *,
+        atomic: bool = False,
+        write: bool = True,
+    ) -> T:
+        """Run the write ``fn`` on the worker thread, or inline (see the module
+        docstring); a started hop always runs to its end.
+
+        ``atomic``: ``fn`` runs several statements that must commit together; alone,
+        it runs between ``BEGIN IMMEDIATE`` and ``COMMIT``. Otherwise it is one
+        statement, or statements that may commit one by one, and autocommits alone.
+        In a group it runs within the group's transaction either way. ``write=False``
+        (a read that must hop): ``fn`` never joins a group, as it may begin a
+        transaction of its own.
 
         Inline, no statement waits for another connection's write lock: the writer's
         busy timeout is 0 there, and a busy database hands the call to the worker
@@ -100,12 +123,13 @@ class SQLiteConnections:
         conn = self._conn
         if self._worker is None or conn is None:
             raise KernelError("the SQLite adapter is closed")
+        solo = _in_transaction(fn) if atomic else fn
         if self._inline():
             self._wait_for_locks(conn, False)
-            done = self._call(conn, fn, thread_id, conn.total_changes)
+            done = self._call(conn, solo, thread_id, conn.total_changes)
             if not isinstance(done, _Busy):
                 return done
-        return await self._hop(fn, thread_id)
+        return await self._hop(solo, thread_id, group=fn if write else None)
 
     def _call(
         self,
@@ -139,20 +163,37 @@ class SQLiteConnections:
                 conn.rollback()
             raise
 
-    async def _hop(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None) -> T:
+    async def _hop(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        thread_id: str | None,
+        group: Callable[[sqlite3.Connection], T] | None = None,
+    ) -> T:
         """Run ``fn`` on the worker thread, waiting up to ``busy_timeout`` for the write
-        lock; a started hop always runs to its end."""
+        lock; a started hop always runs to its end. With ``group`` (the write's body),
+        the write may share a transaction with others queued with it (see
+        :mod:`._group`): ``fn`` is what runs when it is alone."""
         worker, conn = self._worker, self._conn
         if worker is None or conn is None:
             raise KernelError("the SQLite adapter is closed")
 
-        def call() -> T:
-            self._wait_for_locks(conn, True)
+        def call(conn: sqlite3.Connection = conn) -> T:
             done = self._call(conn, fn, thread_id)
             assert not isinstance(done, _Busy)  # only an inline call answers _BUSY
             return done
 
-        future = worker.submit(call)
+        def error(exc: BaseException) -> BaseException:
+            if isinstance(exc, sqlite3.Error):
+                return self._error(exc, thread_id)
+            if isinstance(exc, UnicodeDecodeError):
+                return self._not_utf8(exc, thread_id)
+            return exc
+
+        def read() -> T:
+            self._wait_for_locks(conn, True)
+            return call()
+
+        future = worker.submit(read) if group is None else worker.write(group, call, error)
         self._hops += 1
         future.add_done_callback(self._hop_done)
         try:
@@ -206,7 +247,7 @@ class SQLiteConnections:
         holding it in exclusive locking mode) runs again on the worker thread."""
         conn = self._reader
         if conn is None:
-            return await self._run(fn, thread_id)
+            return await self._run(fn, thread_id, write=False)
         if self._inline() and self._conn is not None:
             # No hop in flight, and none can start before ``fn`` returns: it runs
             # without an await, so the writer's connection is free (see the docstring).
@@ -225,7 +266,7 @@ class SQLiteConnections:
         return await self._hop(fn, thread_id)
 
     async def open(self) -> None:
-        self._worker = WorkerThread("ik-sqlite")
+        self._worker = GroupWriter("ik-sqlite", group_alone=self.group_alone)
 
         def connect() -> sqlite3.Connection:
             directory = os.path.dirname(os.path.abspath(self._path))
@@ -247,6 +288,7 @@ class SQLiteConnections:
 
         try:
             self._conn = await self._worker.submit(connect)
+            self._worker.attach(self._conn, lambda conn: self._wait_for_locks(conn, True))
         except (sqlite3.Error, StoreError) as exc:
             self._worker.close()
             self._worker = None
@@ -352,6 +394,19 @@ class SQLiteConnections:
             yield True
         finally:
             locks.release(offset)
+
+
+def _in_transaction(fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+    """``fn`` between ``BEGIN IMMEDIATE`` and ``COMMIT`` (a failure is rolled back by
+    ``_call``)."""
+
+    def transaction(conn: sqlite3.Connection) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        result = fn(conn)
+        conn.execute("COMMIT")
+        return result
+
+    return transaction
 
 
 def _is_corrupt(exc: sqlite3.Error) -> bool:
