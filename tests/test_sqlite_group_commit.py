@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from intention_kernel.durability import Durability, TurnTransaction
-from intention_kernel.durability.abc import TurnRecord
+from intention_kernel.durability.abc import OutboxBacklog, TurnRecord
 from intention_kernel.durability.sqlite import SQLiteDurability, _group
+from intention_kernel.effects import utcnow
 from intention_kernel.errors import FencedCommitError, StoreError
 from intention_kernel.testing.conformance import (
     DurabilityConformance,
@@ -24,7 +25,8 @@ from intention_kernel.testing.conformance import (
 )
 from intention_kernel.turns import EventDraft, TurnCommit, TurnScope
 from proving_support import Store, StoreInspector
-from test_sqlite import _SQLiteTamper
+from sqlite_owner import watch_connections
+from test_sqlite import OneUserAtATime, _SQLiteTamper
 
 
 def _grouping(path: Path, **options: Any) -> SQLiteDurability:
@@ -35,7 +37,7 @@ def _grouping(path: Path, **options: Any) -> SQLiteDurability:
     return store
 
 
-class TestSQLiteDurabilityWithGroupCommit(DurabilityConformance):
+class TestSQLiteDurabilityWithGroupCommit(OneUserAtATime, DurabilityConformance):
     """Every write runs as a member of a group (a savepoint in the writer's transaction)."""
 
     @pytest.fixture
@@ -72,10 +74,10 @@ class _Gate:
     async def wait_for_writes(self, count: int) -> None:
         """Until ``count`` writes wait behind the gate (each a hop in flight)."""
         for _ in range(1000):
-            if self._recorder._hops >= count:
+            if self._recorder._worker._pending > count:  # the gate is one more
                 return
             await asyncio.sleep(0.005)
-        raise AssertionError(f"{self._recorder._hops} writes queued, not {count}")
+        raise AssertionError(f"{self._recorder._worker._pending - 1} writes queued, not {count}")
 
     async def open(self) -> None:
         self._open.set()
@@ -276,3 +278,155 @@ async def test_a_transaction_lost_under_a_write_fails_every_write_it_held(
         assert len(failed) >= 2, results
         # Whatever was acknowledged is on disk, and nothing else is.
         assert _turns(path) == acknowledged
+
+
+# -- one user of the writer's connection at a time -------------------------------------------
+
+
+async def _with_events(tx: TurnTransaction) -> TurnCommit:
+    await asyncio.sleep(0.01)
+    return commit_for(tx, [EventDraft("e", {"n": n}) for n in range(20)])
+
+
+async def test_outbox_marks_on_the_worker_hand_no_cursor_to_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay's marks, on the worker thread and in groups, leave no cursor for the
+    event loop to free: freed there, an ``executemany`` cursor resets its statement
+    while the worker may be running the same statement for the next mark, and SQLite
+    answers ``bad parameter or other API misuse`` (a relay then publishes the batch
+    again: the soak's duplicates). Which thread frees the cursor last is a race that
+    a loaded machine loses; the next test holds what a write returns, to be sure."""
+    problems = watch_connections(monkeypatch)
+    path = tmp_path / "k.db"
+    threads = [f"t{i}" for i in range(4)]
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        for t in threads:
+            await store.with_turn(TurnScope(t, "1"), _with_events)
+        recorder = await store.recorder()
+        for first in range(1, 21, 2):
+            await asyncio.gather(
+                *(recorder.mark_published(t, [first, first + 1], utcnow()) for t in threads)
+            )
+        assert await recorder.outbox_backlog(10) == OutboxBacklog(0, None, [])
+    assert problems == []
+
+
+async def test_what_a_write_hands_back_holds_no_statement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a body on the worker returns or raises reaches the event loop without a
+    live statement: a cursor it returns is closed, and the frames of an error it
+    raises (a partly read cursor in a local, say) are cleared on the worker."""
+    problems = watch_connections(monkeypatch)
+    async with _grouping(tmp_path / "k.db") as store:
+        recorder: Any = store._recorder
+        cursor = await recorder._run(
+            lambda conn: conn.executemany("UPDATE ik_threads SET version = ?", [(1,), (2,)]),
+            atomic=True,
+        )
+        with pytest.raises(sqlite3.ProgrammingError, match="closed cursor"):
+            cursor.fetchall()
+        del cursor
+
+        def partly_read(conn: sqlite3.Connection) -> None:
+            rows = conn.execute("SELECT value FROM json_each('[1, 2, 3]')")
+            assert rows.fetchone() == (1,)  # the statement is still running
+            raise LookupError("after a partial read")
+
+        with pytest.raises(LookupError) as failed:
+            await recorder._run(partly_read)
+        del failed
+    assert problems == []
+
+
+async def test_with_offload_writes_false_no_write_runs_inline_beside_a_busy_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``offload_writes=False`` hands a write the database keeps busy to the worker,
+    which waits for the lock; until it is done, the other turns' reads and writes stay
+    off the writer's connection (they hop too, or read on the reader), instead of
+    running statements on it from the event loop while the worker is inside one."""
+    problems = watch_connections(monkeypatch)
+    path = tmp_path / "k.db"
+    async with SQLiteDurability(path, offload_writes=False) as store:
+        recorder: Any = store._recorder
+        await store.with_turn(TurnScope("a", "1"), _slow)
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process's write lock
+            first = asyncio.ensure_future(store.with_turn(TurnScope("a", "2"), _slow))
+            for _ in range(400):  # until its commit waits on the worker for the lock
+                if not recorder._worker.idle:
+                    break
+                await asyncio.sleep(0.005)
+            assert not recorder._worker.idle
+            await asyncio.sleep(0.05)
+            second = asyncio.ensure_future(store.with_turn(TurnScope("b", "1"), _slow))
+            await asyncio.sleep(0.1)
+            assert not first.done() and not second.done()
+        finally:
+            other.rollback()
+            other.close()
+        await asyncio.gather(first, second)
+    assert problems == []
+    assert _turns(path) == {("a", "1"), ("a", "2"), ("b", "1")}
+
+
+async def test_a_read_never_rolls_back_a_transaction_it_did_not_begin(tmp_path: Path) -> None:
+    """A read on the writer's connection rolls back only what it began. Were a group's
+    transaction open there, a rollback would undo the group's writes without a word:
+    its ``COMMIT`` would then fail, or (Python's ``commit()`` with no transaction open
+    does nothing) succeed with nothing written, and acknowledged writes would be lost."""
+    path = tmp_path / "k.db"
+    async with SQLiteDurability(path) as store:
+        await store.with_turn(TurnScope("a", "1"), _slow)
+        recorder: Any = store._recorder
+        conn = recorder._conn  # idle: the event loop may use it
+        conn.execute("CREATE TABLE scratch (x)")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO scratch VALUES (1)")
+        started = await recorder.begin_turn("a", "2", None)  # inline, on this connection
+        assert started.thread is not None and started.thread.version == 1
+        assert conn.in_transaction
+        conn.commit()
+    with sqlite3.connect(path) as check:
+        assert check.execute("SELECT x FROM scratch").fetchall() == [(1,)]
+
+
+async def test_a_write_that_breaks_its_savepoint_fails_its_group_and_the_worker_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A write whose savepoint is gone when it fails (a body that released it, against
+    the rules) makes ``ROLLBACK TO`` fail: the whole group is rolled back and fails,
+    nothing of it is on disk, and the worker thread runs the next writes. Without
+    that, the error would end the worker thread, and every write after it would wait
+    for ever."""
+    path = tmp_path / "k.db"
+    with sqlite3.connect(path) as setup:
+        setup.execute("CREATE TABLE scratch (x)")
+    async with _grouping(path) as store:
+        recorder: Any = store._recorder
+
+        def breaks(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO scratch VALUES ('broken')")
+            conn.execute("RELEASE ik_write")
+            raise LookupError("a body that broke the rules")
+
+        def insert(value: str) -> Callable[[sqlite3.Connection], None]:
+            return lambda conn: conn.execute("INSERT INTO scratch VALUES (?)", (value,)) and None
+
+        gate = _Gate(store)
+        writes = [
+            asyncio.ensure_future(recorder._run(insert("before"))),
+            asyncio.ensure_future(recorder._run(breaks, atomic=True)),
+            asyncio.ensure_future(recorder._run(insert("after"))),
+        ]
+        await gate.wait_for_writes(len(writes))
+        await gate.open()
+        done = await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 10)
+        assert all(isinstance(r, StoreError) for r in done), done
+        assert all("no such savepoint" in str(r) for r in done[1:])
+        await asyncio.wait_for(recorder._run(insert("next")), 10)  # the worker goes on
+    with sqlite3.connect(path) as check:
+        assert check.execute("SELECT x FROM scratch").fetchall() == [("next",)]

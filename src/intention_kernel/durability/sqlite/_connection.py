@@ -17,12 +17,19 @@
   own waits on the event loop, and a hop's two thread switches cost more than the
   statements themselves on a busy machine: the write runs inline. As soon as a second
   turn (or an operator call) holds or awaits a thread lock, writes go to the worker
-  thread so that the other turns keep running. A write never runs inline while a hop
-  is still in flight, so the one writer connection is never used by two threads at
-  once. Inline, nothing waits for a lock: when another connection holds the write
-  lock, the write goes to the worker thread, which waits up to ``busy_timeout``, so a
-  lock held elsewhere never stalls the event loop. ``offload_writes=True`` or
-  ``False`` forces either behaviour.
+  thread so that the other turns keep running. Inline, nothing waits for a lock:
+  when another connection holds the write lock, the write goes to the worker thread,
+  which waits up to ``busy_timeout``, so a lock held elsewhere never stalls the event
+  loop. ``offload_writes=True`` or ``False`` forces either behaviour (``False`` still
+  hands a busy write to the worker).
+- **The writer's connection has one user at a time.** The event loop uses it (an
+  inline write, or a read) only while the worker has no call queued or running
+  (``GroupWriter.idle``), whatever ``offload_writes`` says; without that, a write
+  inline beside a hop would run statements on the connection from two threads at
+  once. Nothing of the worker's that holds a statement reaches the event loop: a
+  cursor is closed and an error's frames are cleared on the worker first (see
+  :mod:`._group`), since freeing a cursor resets its statement on the thread that
+  frees it.
 - **On the worker thread, writes commit in groups** (:mod:`._group`): the writes
   queued while a ``COMMIT`` flushes share the next transaction, a savepoint each, and
   are acknowledged after its ``COMMIT``. So each write is a *body* that runs inside a
@@ -47,7 +54,7 @@ from typing import Literal, TypeVar
 
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._looplocks import LoopLocks
-from intention_kernel.durability.sqlite._group import GroupWriter
+from intention_kernel.durability.sqlite._group import GroupWriter, clear_frames
 from intention_kernel.durability.sqlite._schema import HAS_SCHEMA_TABLE, migrate
 from intention_kernel.errors import CorruptRecordError, CorruptStoreError, KernelError, StoreError
 
@@ -85,7 +92,6 @@ class SQLiteConnections:
         self._memory_locks = LoopLocks()
         self._memory_relayed: set[str] = set()
         self._lockers = 0  # tasks holding or awaiting a thread lock of this adapter
-        self._hops = 0  # calls submitted to the worker thread and not finished
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -141,12 +147,17 @@ class SQLiteConnections:
         """``fn(conn)``, rolled back on any error, with the driver's errors translated.
         Inline (``inline_changes``: the connection's change count before the call), a
         busy database that kept the call from writing anything answers ``_BUSY``, so
-        that the caller hands the call to the worker thread."""
+        that the caller hands the call to the worker thread.
+
+        An error leaves with its frames cleared (see :func:`._group.clear_frames`): a
+        caller may keep it while the connection is another thread's, and freeing a
+        cursor held in one of its frames would touch the connection."""
         try:
             return fn(conn)
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.rollback()
+            clear_frames(exc)
             if (
                 inline_changes is not None
                 and _is_busy(exc)
@@ -157,10 +168,12 @@ class SQLiteConnections:
         except UnicodeDecodeError as exc:
             if conn.in_transaction:
                 conn.rollback()
+            clear_frames(exc)
             raise self._not_utf8(exc, thread_id) from exc
-        except BaseException:
+        except BaseException as exc:
             if conn.in_transaction:
                 conn.rollback()
+            clear_frames(exc)
             raise
 
     async def _hop(
@@ -194,8 +207,6 @@ class SQLiteConnections:
             return call()
 
         future = worker.submit(read) if group is None else worker.write(group, call, error)
-        self._hops += 1
-        future.add_done_callback(self._hop_done)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -232,12 +243,13 @@ class SQLiteConnections:
 
     def _inline(self) -> bool:
         """Whether a write runs on the event loop now rather than on the worker thread
-        (see the module docstring)."""
-        offload = self._offload_writes
-        return offload is False or (offload is None and self._lockers <= 1 and not self._hops)
-
-    def _hop_done(self, _: object) -> None:
-        self._hops -= 1
+        (see the module docstring). Never while the worker has a call queued or
+        running, even with ``offload_writes=False`` (whose writes hop when the database
+        is busy): the writer's connection has one user at a time."""
+        worker, offload = self._worker, self._offload_writes
+        if worker is None or not worker.idle:
+            return False
+        return offload is False or (offload is None and self._lockers <= 1)
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None = None) -> T:
         """Run the read-only ``fn`` inline: on the writer's connection when writes run
@@ -249,19 +261,25 @@ class SQLiteConnections:
         if conn is None:
             return await self._run(fn, thread_id, write=False)
         if self._inline() and self._conn is not None:
-            # No hop in flight, and none can start before ``fn`` returns: it runs
-            # without an await, so the writer's connection is free (see the docstring).
+            # The worker has no call queued or running, and none can start before
+            # ``fn`` returns: it runs without an await, so the writer's connection is
+            # free (see the docstring).
             conn = self._conn
             self._wait_for_locks(conn, False)
+        # Only a transaction ``fn`` began is rolled back: a rollback of one it found
+        # open would silently undo someone else's writes (none is ever open here).
+        began = not conn.in_transaction
         try:
             return fn(conn)
         except sqlite3.Error as exc:
+            clear_frames(exc)
             if not _is_busy(exc):
                 raise self._error(exc, thread_id) from exc
         except UnicodeDecodeError as exc:
+            clear_frames(exc)
             raise self._not_utf8(exc, thread_id) from exc
         finally:
-            if conn.in_transaction:
+            if began and conn.in_transaction:
                 conn.rollback()
         return await self._hop(fn, thread_id)
 

@@ -19,6 +19,22 @@ transaction (group commit).
 - **Other calls run alone, in order.** Opening and closing the connection, and a
   read that had to hop, are not writes: each one ends the group being collected and
   runs by itself after it, outside any transaction.
+- **Nothing that holds a statement leaves the thread.** A cursor of the writer's
+  connection resets its statement when it is freed, on whatever thread frees it. A
+  cursor (``executemany`` keeps its statement) freed on the event loop while this
+  thread runs the same cached statement again breaks that statement: SQLite answers
+  ``bad parameter or other API misuse``, and the write fails. So a cursor handed back
+  is closed here first, and an error's traceback frames (whose locals may hold
+  cursors) are cleared here before the error is handed over.
+- **Every call is counted until the thread is done with it** (:attr:`GroupWriter.idle`):
+  the count drops only when the thread has settled the call, after its ``COMMIT``,
+  so the event loop may use the connection itself (an inline write or read) only
+  when nothing is queued or running here. The count does not drop when a caller
+  stops waiting: the thread still runs the call to its end.
+- **The thread never dies of a write.** Whatever a group's own statements raise
+  (``BEGIN``, a savepoint, ``COMMIT``), the transaction is rolled back and every
+  write of the group fails with the error; without that, one failed statement would
+  stop the thread and leave every later write waiting for ever.
 - **Handed off with a queue put and one ``call_soon_threadsafe`` back per group.**
   Not ``loop.run_in_executor`` over a one-thread pool: that wraps every call in a
   ``concurrent.futures.Future`` and then in an asyncio future chained to it, about
@@ -31,11 +47,12 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+import traceback
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import Any, TypeVar
 
-__all__ = ["GroupWriter", "WriteJob"]
+__all__ = ["GroupWriter", "WriteJob", "clear_frames"]
 
 T = TypeVar("T")
 
@@ -97,6 +114,7 @@ class GroupWriter:
         self._conn: sqlite3.Connection | None = None
         self._prepare: Callable[[sqlite3.Connection], None] = lambda _: None
         self._group_alone = group_alone
+        self._pending = 0  # calls submitted and not yet settled (on the event loop's side)
         self.groups = 0  # groups committed (or failed), for tests and the benchmark
         self.grouped = 0  # writes run in groups of more than one
         # A daemon: an adapter that is never closed must not keep the process alive.
@@ -111,10 +129,17 @@ class GroupWriter:
         self._conn = conn
         self._prepare = prepare
 
+    @property
+    def idle(self) -> bool:
+        """Whether no call is queued or running: only then may the event loop use the
+        connection itself. Read on the event loop."""
+        return not self._pending
+
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Run ``fn()`` alone on the thread (not a write of a group)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self._pending += 1
         self._jobs.put(_Call(fn, future, loop))
         return future
 
@@ -127,6 +152,7 @@ class GroupWriter:
         """Queue a write; its future is settled after the ``COMMIT`` that made it durable."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self._pending += 1
         self._jobs.put(WriteJob(run, solo, error, future, loop))
         return future
 
@@ -155,7 +181,7 @@ class GroupWriter:
                     group = []
                 if job is None:
                     return
-                _settle([self._call(job)])
+                self._settle([self._call(job)])
             if group:
                 self._commit(group)
 
@@ -169,7 +195,12 @@ class GroupWriter:
     def _commit(self, group: list[WriteJob]) -> None:
         conn = self._conn
         assert conn is not None
-        self._prepare(conn)
+        try:
+            self._prepare(conn)
+        except BaseException as exc:
+            self.groups += 1
+            self._settle([_failed(j, exc) for j in group])
+            return
         if len(group) == 1 and not self._group_alone:
             job = group[0]
             try:
@@ -177,7 +208,7 @@ class GroupWriter:
             except BaseException as exc:
                 outcome = (job.future, job.loop, None, exc)
             self.groups += 1
-            _settle([outcome])
+            self._settle([outcome])
             return
         while group:
             group = self._commit_group(conn, group)
@@ -188,43 +219,48 @@ class GroupWriter:
         self.groups += 1
         if len(group) > 1:
             self.grouped += len(group)
+        done: list[tuple[WriteJob, Any, BaseException | None]] = []
+        lost: BaseException | None = None
         try:
             conn.execute("BEGIN IMMEDIATE")
-        except BaseException as exc:
-            _settle([_failed(j, exc) for j in group])
-            return []
-        done: list[tuple[WriteJob, Any, BaseException | None]] = []
-        for index, job in enumerate(group):
-            try:
+            for job in group:
                 conn.execute("SAVEPOINT ik_write")
-                result = job.run(conn)
-            except BaseException as exc:
-                if not conn.in_transaction:
-                    # SQLite rolled the whole transaction back (a full disk, an I/O
-                    # error): what the writes before this one wrote is gone too.
-                    _settle([*(_failed(j, exc) for j, _, _ in done), _failed(job, exc)])
-                    return group[index + 1 :]
-                # Without this rollback, the failed write's rows would commit with the
-                # group (a fenced turn's rows among them).
-                conn.execute("ROLLBACK TO ik_write")
-                conn.execute("RELEASE ik_write")
-                done.append((job, None, exc))
+                try:
+                    result = job.run(conn)
+                except BaseException as exc:
+                    if not conn.in_transaction:
+                        # SQLite rolled the whole transaction back (a full disk, an I/O
+                        # error): what the writes before this one wrote is gone too.
+                        lost = exc
+                        break
+                    # Without this rollback, the failed write's rows would commit with
+                    # the group (a fenced turn's rows among them).
+                    conn.execute("ROLLBACK TO ik_write")
+                    conn.execute("RELEASE ik_write")
+                    done.append((job, None, exc))
+                else:
+                    conn.execute("RELEASE ik_write")
+                    done.append((job, result, None))
             else:
-                conn.execute("RELEASE ik_write")
-                done.append((job, result, None))
-        try:
-            if group_fault is not None:
-                group_fault("before_commit", len(group))
-            conn.execute("COMMIT")
+                if group_fault is not None:
+                    group_fault("before_commit", len(group))
+                conn.execute("COMMIT")
         except BaseException as exc:
+            # BEGIN, a savepoint statement or COMMIT failed: nothing of the group is on
+            # disk, so every write fails, also those that ran (with their own error).
             if conn.in_transaction:
-                conn.rollback()
-            # Nothing of the group is on disk: every write fails, also those that ran.
-            _settle([_failed(j, failed or exc) for j, _, failed in done])
+                with contextlib.suppress(sqlite3.Error):
+                    conn.rollback()
+            ran = {id(j): failed for j, _, failed in done}
+            self._settle([_failed(j, ran.get(id(j)) or exc) for j in group])
             return []
+        if lost is not None:
+            failing = len(done) + 1
+            self._settle([_failed(j, lost) for j in group[:failing]])
+            return group[failing:]
         if group_fault is not None:
             group_fault("after_commit", len(group))
-        _settle(
+        self._settle(
             [
                 (j.future, j.loop, result, None if failed is None else j.error(failed))
                 for j, result, failed in done
@@ -232,27 +268,49 @@ class GroupWriter:
         )
         return []
 
+    def _settle(self, outcomes: list[_Outcome]) -> None:
+        """Hand ``outcomes`` to their event loops, with one wake-up of each; on this
+        thread, first close the cursors among them and clear their errors' frames."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+        for future, loop, result, exc in outcomes:
+            if isinstance(result, sqlite3.Cursor):
+                with contextlib.suppress(sqlite3.Error):  # a closed connection's cursor
+                    result.close()
+            if exc is not None:
+                clear_frames(exc)
+            by_loop.setdefault(loop, []).append((future, loop, result, exc))
+
+        for loop, settled in by_loop.items():
+
+            def settle(settled: list[_Outcome] = settled) -> None:
+                self._pending -= len(settled)  # the thread is done with them
+                for future, _, result, exc in settled:
+                    if future.done():  # cancelled by a caller that stopped waiting
+                        continue
+                    if exc is None:
+                        future.set_result(result)
+                    else:
+                        future.set_exception(exc)
+
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+                loop.call_soon_threadsafe(settle)
+
 
 def _failed(job: WriteJob, exc: BaseException) -> _Outcome:
     return (job.future, job.loop, None, job.error(exc))
 
 
-def _settle(outcomes: list[_Outcome]) -> None:
-    """Settle every future of ``outcomes`` with one wake-up of each event loop."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
-    for outcome in outcomes:
-        by_loop.setdefault(outcome[1], []).append(outcome)
-
-    for loop, settled in by_loop.items():
-
-        def settle(settled: list[_Outcome] = settled) -> None:
-            for future, _, result, exc in settled:
-                if future.done():  # cancelled by a caller that stopped waiting
-                    continue
-                if exc is None:
-                    future.set_result(result)
-                else:
-                    future.set_exception(exc)
-
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-            loop.call_soon_threadsafe(settle)
+def clear_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames in the tracebacks of ``exc`` and of the
+    errors it was raised from, so that no cursor in them is freed on another thread.
+    The tracebacks keep their lines."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            traceback.clear_frames(current.__traceback__)
+        todo += [current.__cause__, current.__context__]

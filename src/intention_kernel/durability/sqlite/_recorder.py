@@ -330,13 +330,22 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
     async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
         rows = [(_stamp(at), thread_id, seq) for seq in seqs]
 
-        await self._run(lambda conn: conn.executemany(MARK_PUBLISHED, rows), atomic=True)
+        def mark(conn: sqlite3.Connection) -> None:
+            # Not the cursor: a body returns plain values (the writer closes a cursor
+            # it is handed, see _group).
+            conn.executemany(MARK_PUBLISHED, rows)
+
+        await self._run(mark, atomic=True)
 
     async def mark_failed(
         self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
     ) -> None:
         args = (attempts, error, _stamp(retry_at), thread_id, seq)
-        await self._run(lambda conn: conn.execute(MARK_FAILED, args))
+
+        def mark(conn: sqlite3.Connection) -> None:
+            conn.execute(MARK_FAILED, args)
+
+        await self._run(mark)
 
     async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog:
         def read(conn: sqlite3.Connection) -> OutboxBacklog:
