@@ -1,4 +1,5 @@
-"""The concurrency group: N overlapping turns over one kernel and one SQLite file (FULL).
+"""The concurrency group: N overlapping turns over one kernel and one SQLite file (FULL),
+and over one kernel and one PostgreSQL pool.
 
 Each level runs ``n`` clients at once in one process, each on a thread of its own,
 over one ``Kernel`` and one ``SQLiteDurability(synchronous="FULL")``; every turn's
@@ -7,7 +8,10 @@ to ``n`` turns are in flight (``bench.worker``'s ``overlap``). Blocks run the
 single-client floor (``floor-sqlite-full``, one turn at a time), the single-client
 kernel row (``ik-sqlite-full``) and each level once, in an order rotated block by
 block; a level's ratio is the median over blocks of its turns/s over the floor's in
-the same block, and likewise for CPU per turn.
+the same block, and likewise for CPU per turn. PostgreSQL's rows (``ik-postgres-full-overlap``)
+are measured the same way against the asyncio floor on PostgreSQL (``floor-postgres-async``,
+one turn at a time): the server group-commits by itself, so they show what the kernel
+adds there.
 
 Flushes per turn are counted in a traced process of their own per level (the
 ``bench.counting`` trace callback): a transaction that wrote is one WAL write and,
@@ -24,9 +28,15 @@ from typing import Any
 
 LEVELS = (1, 4, 16, 64)
 FLOOR_ROW, SINGLE_ROW, OVERLAP_ROW = "floor-sqlite-full", "ik-sqlite-full", "ik-sqlite-full-overlap"
+PG_FLOOR_ROW, PG_OVERLAP_ROW = "floor-postgres-async", "ik-postgres-full-overlap"
+#: Each row's ratio is to the floor on its own store.
+FLOORS = {"floor": "floor", "single": "floor", "overlap": "floor", "base": "floor"}
+FLOORS |= {"pgfloor": "pgfloor", "pgoverlap": "pgfloor"}
 #: The issue's target for 64 overlapping turns (ratio to the single-client floor, and
 #: WAL syncs per turn).
 TARGET_RATIO, TARGET_SYNCS = 2.5, 0.2
+#: PostgreSQL at 64 concurrent turns, to its asyncio floor.
+PG_TARGET_RATIO = 2.0
 
 
 def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
@@ -37,10 +47,19 @@ def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any
         "floor": Proc(FLOOR_ROW, args, ident="cfloor"),
         "single": Proc(SINGLE_ROW, args, ident="csingle"),
         "overlap": Proc(OVERLAP_ROW, args, ident="coverlap"),
+        "pgfloor": Proc(PG_FLOOR_ROW, args, ident="cpgfloor"),
+        "pgoverlap": Proc(PG_OVERLAP_ROW, args, ident="cpgoverlap"),
     }
     entries: list[tuple[str, int]] = [("floor", 1), ("single", 1)]
     entries += [("overlap", n) for n in LEVELS]
-    names = {"floor": FLOOR_ROW, "single": SINGLE_ROW, "overlap": OVERLAP_ROW}
+    entries += [("pgfloor", 1)] + [("pgoverlap", n) for n in LEVELS]
+    names = {
+        "floor": FLOOR_ROW,
+        "single": SINGLE_ROW,
+        "overlap": OVERLAP_ROW,
+        "pgfloor": PG_FLOOR_ROW,
+        "pgoverlap": PG_OVERLAP_ROW,
+    }
     if args.base:  # the same levels against another source tree, before/after in one run
         names["base"] = OVERLAP_ROW + BASE_SUFFIX
         procs["base"] = Proc(names["base"], args, ident="cbase")
@@ -58,10 +77,10 @@ def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any
     finally:
         for p in procs.values():
             p.stop()
-    floor = blocks[("floor", 1)]
     levels: list[dict[str, Any]] = []
     for entry in entries:
         data = blocks[entry]
+        floor = blocks[(FLOORS[entry[0]], 1)]
         lat = [x for d in data for x in d["lat"]]
         levels.append(
             {
@@ -90,7 +109,7 @@ def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any
 
 
 def _run(proc: Any, name: str, n: int, count: int) -> dict[str, Any]:
-    if name in ("overlap", "base"):
+    if name in ("overlap", "base", "pgoverlap"):
         done = proc.call("overlap", n=n, count=count)
     else:
         done = proc.call("turns", count=count)
@@ -133,10 +152,10 @@ def _count(args: argparse.Namespace, count: int) -> dict[Any, dict[str, Any]]:
 def report(result: dict[str, Any]) -> list[str]:
     lines = [
         "",
-        f"Concurrency (SQLite FULL, one kernel, n overlapping turns; {result['blocks']} blocks"
-        f" of {result['block']} turns):",
+        f"Concurrency (one kernel, n overlapping turns; {result['blocks']} blocks"
+        f" of {result['block']} turns; each row against the single-client floor on its store):",
         "",
-        "| row | turns in flight | turns/s | x single-client floor | CPU µs/turn (x floor) "
+        "| row | turns in flight | turns/s | x floor | CPU µs/turn (x floor) "
         "| p50 ms | WAL syncs/turn | writer transactions/turn |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -156,9 +175,23 @@ def _figure(value: float | None) -> str:
 
 def targets(result: dict[str, Any]) -> list[tuple[str, float, bool, str]]:
     top = next((lv for lv in result["levels"] if lv["row"] == OVERLAP_ROW and lv["n"] == 64), None)
+    pg = next(
+        (lv for lv in result["levels"] if lv["row"] == PG_OVERLAP_ROW and lv["n"] == 64), None
+    )
+    out = []
+    if pg is not None:
+        out.append(
+            (
+                f"{PG_OVERLAP_ROW}, 64 turns in flight ≥ {PG_TARGET_RATIO}x the asyncio floor",
+                pg["ratio"],
+                pg["ratio"] >= PG_TARGET_RATIO,
+                "x",
+            )
+        )
     if top is None:
-        return []
+        return out
     return [
+        *out,
         (
             f"{OVERLAP_ROW}, 64 turns in flight ≥ {TARGET_RATIO}x the single-client floor",
             top["ratio"],
