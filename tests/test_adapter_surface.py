@@ -179,7 +179,8 @@ async def test_a_third_party_durability_works_with_the_relay_operations_and_host
 class TestAThirdPartyDurabilityDeclaringWhatItOffers(DurabilityConformance):
     """The shipped cases on a durability that is no ``RecordedDurability``: what it
     declares (fault points, reached by the engine it forwards to; ``owner=``; the
-    interaction queue) runs on it, so none of those tests skips for its class."""
+    interaction queue; its recorder, for the relay, the operations and the journal)
+    runs on it, so none of those tests skips for its class."""
 
     persistent = False
 
@@ -190,6 +191,10 @@ class TestAThirdPartyDurabilityDeclaringWhatItOffers(DurabilityConformance):
 
     @pytest.fixture
     def fault_points(self) -> bool:
+        return True
+
+    @pytest.fixture
+    def operable(self) -> bool:
         return True
 
     @pytest.fixture

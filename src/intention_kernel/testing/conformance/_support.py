@@ -15,7 +15,7 @@ from intention_kernel.checkpoint import (
     KernelCheckpoint,
 )
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
-from intention_kernel.durability.contract import InteractionQueue, TenantStore
+from intention_kernel.durability.contract import InteractionQueue, Operable, TenantStore
 from intention_kernel.durability.engine import RecordedDurability
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.facts import FactRecord
@@ -109,6 +109,16 @@ class ConformanceCase:
         return durability if isinstance(durability, RecordedDurability) else None
 
     @pytest.fixture
+    def operable(self, durability: Durability) -> bool:
+        """Whether every adapter ``make_durability`` builds is an
+        :class:`~intention_kernel.durability.contract.Operable` (it hands out its opened
+        recorder, forgets a checkpoint, says whether its store exists): what the outbox
+        relay, the operations and the journal's tests drive. Every ``RecordedDurability``
+        is one; another adapter that is declares it by returning ``True``; ``False``
+        skips those tests."""
+        return isinstance(durability, RecordedDurability)
+
+    @pytest.fixture
     def interaction_queue(self, durability: Durability) -> InteractionQueue | None:
         """The adapter as an :class:`~intention_kernel.durability.contract.InteractionQueue`
         (``pending_interactions``), as for ``tenant_store``."""
@@ -130,6 +140,14 @@ class ConformanceCase:
     @pytest.fixture
     def kernel(self, durability: Durability, provider: FakeProvider) -> Kernel:
         return Kernel(billing_agent(provider), durability)
+
+
+def as_operable(durability: Durability, operable: bool) -> Operable:
+    """``durability`` as an ``Operable``, as its case declared (``operable``), or a skip."""
+    if not operable:
+        pytest.skip("this adapter declares no recorder (the operable fixture)")
+    assert isinstance(durability, Operable), f"{durability!r} is declared operable and is not"
+    return durability
 
 
 async def payloads(durability: Durability, thread_id: str, type: str) -> list[Any]:
