@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from intention_kernel import _tracing
-from intention_kernel._json import normalize, storable_text, text_problem
+from intention_kernel._json import describe_error, normalize, text_problem
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
 from intention_kernel.deadlines import deadline
@@ -121,9 +121,9 @@ async def _execute(
         state.signal.cancel("the turn was cancelled")
         raise
     if isinstance(failure, EffectUncertainError):
-        result = step.finish(StepStatus.UNCERTAIN, error=_describe(failure))
+        result = step.finish(StepStatus.UNCERTAIN, error=describe_error(failure))
     elif failure is not None:
-        result = step.finish(StepStatus.FAILED, error=_describe(failure), cause=failure)
+        result = step.finish(StepStatus.FAILED, error=describe_error(failure), cause=failure)
     else:
         result = step.complete(raw)
     task = asyncio.current_task()
@@ -524,8 +524,3 @@ def _log_failure(exc: BaseException, receipt: Receipt, capability_id: str) -> No
                 "key": receipt.key,
             },
         )
-
-
-def _describe(exc: BaseException) -> str:
-    text = storable_text(str(exc))  # NUL and lone surrogates escaped, as in a receipt's error
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
