@@ -1,7 +1,9 @@
 """A help-desk Pydantic AI agent for the bridge's tests, driven by a ``FunctionModel``.
 
 The model is a pure function of the messages it is sent, so a redelivered turn, or
-a new process, asks for the same calls. Tools: ``order_status`` (a read),
+a new process, asks for the same calls. With ``asks``, each request the model is sent
+is also a line of that file (its process and how many messages it carried), which
+outlives a process that dies. Tools: ``order_status`` (a read),
 ``cancel_order`` (a write, keyed by the order) and ``issue_refund`` (a write keyed by
 the order that needs approval). Each write appends one line to the ledger file, the
 provider's own record, which outlives any process that dies.
@@ -55,8 +57,10 @@ class Desk:
         ledger: str | Path,
         read_answer: Callable[[str], Answer | None] | None = None,
         approve_within: timedelta | None = None,
+        asks: str | Path | None = None,
     ) -> None:
         self.ledger = str(ledger)
+        self.asks = None if asks is None else str(asks)
         self.requests: list[list[ModelMessage]] = []
         agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(self.model), name="desk")
 
@@ -99,6 +103,11 @@ class Desk:
 
     def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         self.requests.append(list(messages))
+        if self.asks is not None:
+            with open(self.asks, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"pid": os.getpid(), "messages": len(messages)}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
         last = messages[-1]
         returns = tool_returns(last)
         if returns:

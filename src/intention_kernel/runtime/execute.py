@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from intention_kernel import _tracing
@@ -28,6 +28,7 @@ from intention_kernel.errors import (
     EffectUncertainError,
     EffectUsageError,
     FencedCommitError,
+    JournalError,
     StoreError,
 )
 from intention_kernel.facts import Evidence, FactRecord, FactRef
@@ -102,6 +103,7 @@ async def _execute(
         answer=answer,
         run_effect=step.run_effect,
         emit=step.emit,
+        recorded=step.recorded,
     )
     failure: Exception | None = None
     try:
@@ -272,6 +274,34 @@ class _Step:
         announce = not receipt.announced and receipt.key not in state.announced
         self._note(receipt, attempted=announce, created=not result.replayed)
         return result
+
+    async def recorded(self, key: str, compute: Callable[[], Awaitable[Any]]) -> Any:
+        scope = self.state.scope
+        if self.ended:
+            raise JournalError(
+                f"{self.cap.id}: recorded({key!r}) called after step {self.item.step_id!r} "
+                "ended; nothing was recorded",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        if not isinstance(key, str) or not key:
+            raise JournalError(
+                f"{self.cap.id}: a journal key must be a non-empty string, got {key!r}",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        # Counted as a running call: the step waits for it to end, so that its entry
+        # is written (or refused) before the turn moves on.
+        self._running += 1
+        try:
+            return await self.state.tx.recorded(f"{self.item.step_id}:{key}", compute)
+        except _STORE_FAILURES as exc:
+            self._store_failure = exc
+            raise
+        finally:
+            self._running -= 1
+            if not self._running and self._idle is not None:
+                self._idle.set()
 
     def emit(self, type: str, payload: Any = None) -> None:
         if self.ended:
