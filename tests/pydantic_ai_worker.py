@@ -1,9 +1,10 @@
-"""Turns of the Pydantic AI desk in their own OS process, for tests/test_pydantic_ai.py.
+"""Turns of the Pydantic AI desk in their own OS process, for tests/test_pydantic_ai.py
+and tests/test_compare_pydantic_ai.py.
 
 Run as ``python tests/pydantic_ai_worker.py '<json config>'``: ``store`` (see
 :meth:`proving_support.Store.config`), ``ledger`` (the provider's file), ``turns``
 (``[{"thread_id", "turn_id", "message"}]`` or ``"answer": {Answer fields}`` instead of
-``"message"``), an optional ``asks`` file (every model request, see
+``"message"``), optional ``asks`` and ``die_at_request`` (see
 ``pydantic_ai_support.Desk``) and an optional ``fault`` ``{"point", "action"}`` armed
 before the first turn; the action ``"sigkill"`` sends the process SIGKILL. Each
 finished turn prints one JSON line: ``{"turn_id", "result", "returns"}``, ``returns``
@@ -26,7 +27,9 @@ from pydantic_ai_support import Desk, tool_returns
 
 
 async def main(config: dict[str, Any]) -> None:
-    desk = Desk(config["ledger"], asks=config.get("asks"))
+    desk = Desk(
+        config["ledger"], asks=config.get("asks"), die_at_request=config.get("die_at_request")
+    )
     async with open_store(config["store"]) as durability:
         kernel = Kernel(desk.bridge.as_agent(version="1"), durability)
         fault = config.get("fault")

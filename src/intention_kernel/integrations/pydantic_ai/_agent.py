@@ -224,6 +224,7 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         answer = step.ctx.answer
         assert answer is not None
         if answer.decision == "accept":
+            step.approved = {c.tool_call_id: c.args for c in calls}
             results = DeferredToolResults(approvals={c.tool_call_id: ToolApproved() for c in calls})
         else:
             results = denied(calls, answer.reason or "The person rejected the tool call.")

@@ -44,6 +44,9 @@ class KernelStep:
 
     ctx: CapabilityContext
     requests: int = 0
+    #: The arguments of each call the person accepted, by tool call ID: the only ones
+    #: that call may run with.
+    approved: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def next_key(self) -> str:
         """The journal key of the step's next model request: its position, from 1.
@@ -182,10 +185,23 @@ class KernelToolset(WrapperToolset[AgentDepsT]):
         tool: ToolsetTool[AgentDepsT],
     ) -> Any:
         current = STEP.get()
-        key_of = self.writes.get(name)
-        if current is None or key_of is None:
+        if current is None:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         step = current.ctx
+        approved = current.approved.get(ctx.tool_call_id or "")
+        if ctx.tool_call_approved and approved is not None:
+            ran = to_jsonable_python(tool_args)
+            if ran != approved:
+                # The person accepted the arguments they were shown; a hook that
+                # rewrote them after validation would run a call nobody approved.
+                raise CapabilityError(
+                    f"{step.capability_id}: the approved {name} call {ctx.tool_call_id!r} "
+                    f"would run with {ran!r}, not the approved {approved!r}; nothing ran",
+                    capability_id=step.capability_id,
+                )
+        key_of = self.writes.get(name)
+        if key_of is None:
+            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         operation = key_of(tool_args)
         if not isinstance(operation, str) or not operation:
             raise CapabilityError(
