@@ -631,3 +631,37 @@ async def test_a_write_tool_that_did_nothing_fails_its_step_and_may_run_again(
     assert attempts == [1, 2]
     (receipt,) = await store.list_receipts(thread_id="t1")
     assert (receipt.status, receipt.attempt) == (ReceiptStatus.COMPLETED, 2)
+
+
+async def test_an_approved_call_whose_arguments_its_schema_coerced_runs(
+    store: Durability,
+) -> None:
+    """The binding compares the arguments as the tool's schema validates them: a number
+    the model sent as text is the number the person was shown."""
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    refunds: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if tool_returns(messages[-1]):
+            return ModelResponse(parts=[TextPart("refunded")])
+        call = ToolCallPart("refund", {"order_id": "42", "cents": "1250"}, tool_call_id="c1")
+        return ModelResponse(parts=[call])
+
+    agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(model))
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(order_id: str, cents: int) -> str:
+        refunds.append(cents)
+        return "ok"
+
+    bridge = KernelAgent(agent, name="desk", writes={"refund": lambda args: args["order_id"]})
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    held = await kernel.turn("t1", "turn-1", "refund")
+    assert held.interaction is not None
+    assert held.interaction.details[0]["args"] == {"order_id": "42", "cents": "1250"}
+    accepted = await kernel.turn("t1", "turn-2", answer="accept")
+    assert accepted.reply == "refunded"
+    assert refunds == [1250]

@@ -47,7 +47,8 @@ and each of its toolsets wrapped (a ``WrapperToolset``), inside one kernel capab
   the held calls (each through its receipt) and the model's next request carries their
   results. A reject resumes with ``ToolDenied(reason)``: the model reads the person's
   reason as the denial. An answer with another digest runs nothing (the kernel refuses
-  it). An accepted call runs only with the arguments the person was shown: if a hook
+  it). An accepted call runs only with the arguments the person was shown, both as
+  the tool's schema validates them (a number sent as text is that number): if a hook
   rewrote them after validation (a capability's ``after_tool_validate``, say), the
   call is refused before its receipt (the step fails, nothing runs). Calls the model
   made together are answered together: Pydantic AI resumes a run only with a result

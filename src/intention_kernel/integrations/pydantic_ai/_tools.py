@@ -190,15 +190,7 @@ class KernelToolset(WrapperToolset[AgentDepsT]):
         step = current.ctx
         approved = current.approved.get(ctx.tool_call_id or "")
         if ctx.tool_call_approved and approved is not None:
-            ran = to_jsonable_python(tool_args)
-            if ran != approved:
-                # The person accepted the arguments they were shown; a hook that
-                # rewrote them after validation would run a call nobody approved.
-                raise CapabilityError(
-                    f"{step.capability_id}: the approved {name} call {ctx.tool_call_id!r} "
-                    f"would run with {ran!r}, not the approved {approved!r}; nothing ran",
-                    capability_id=step.capability_id,
-                )
+            _check_approved(step, name, ctx.tool_call_id, approved, tool_args, tool)
         key_of = self.writes.get(name)
         if key_of is None:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
@@ -222,3 +214,27 @@ class KernelToolset(WrapperToolset[AgentDepsT]):
 
         effect = await step.run_effect(f"{name}:{operation}", apply)
         return effect.value
+
+
+def _check_approved(
+    step: CapabilityContext,
+    name: str,
+    tool_call_id: str | None,
+    approved: dict[str, Any],
+    tool_args: dict[str, Any],
+    tool: ToolsetTool[Any],
+) -> None:
+    """Refuse an approved call whose validated arguments are not the approved ones,
+    validated alike: the person accepted what they were shown, and a hook that rewrote
+    the arguments after validation would run a call nobody approved."""
+    ran = to_jsonable_python(tool_args)
+    try:
+        expected = to_jsonable_python(tool.args_validator.validate_python(approved))
+    except ValueError:  # pydantic's ValidationError is one
+        expected = approved
+    if ran != expected:
+        raise CapabilityError(
+            f"{step.capability_id}: the approved {name} call {tool_call_id!r} would run "
+            f"with {ran!r}, not the approved {approved!r}; nothing ran",
+            capability_id=step.capability_id,
+        )
