@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from intention_kernel import _tracing
@@ -102,6 +102,7 @@ async def _execute(
         answer=answer,
         run_effect=step.run_effect,
         emit=step.emit,
+        recorded=step.recorded,
     )
     failure: Exception | None = None
     try:
@@ -197,6 +198,25 @@ class _Step:
         try:
             return await self._run_effect(key, fn)
         except _STORE_FAILURES as exc:
+            self._store_failure = exc
+            raise
+        finally:
+            self._running -= 1
+            if not self._running and self._idle is not None:
+                self._idle.set()
+
+    async def recorded(self, key: str, compute: Callable[[], Awaitable[Any]]) -> Any:
+        if self.ended:
+            raise self._refuse_after_end(f"recorded({key!r}) called", key)
+        # The step's own namespace of the turn's journal: the runtime's keys start with
+        # ``kernel.``, and two steps recording the same key must not read each other's.
+        journal_key = f"step:{self.item.step_id}:{key}" if isinstance(key, str) else key
+        self._running += 1
+        try:
+            return await self.state.tx.recorded(journal_key, compute)
+        except _STORE_FAILURES as exc:
+            # Remembered like an effect call's: the turn is abandoned even if the
+            # capability (or the framework around it) swallowed the error.
             self._store_failure = exc
             raise
         finally:
