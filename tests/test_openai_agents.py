@@ -307,6 +307,109 @@ async def test_approvals_asked_together_are_held_and_answered_together(
     assert rejected.reply == "no, no"
 
 
+def two_refunds_one_by_one() -> tuple[SDKAgent[Any], list[str]]:
+    """A model that asks to refund 42, and once that is done, 43: two approvals in a row."""
+    refunded: list[str] = []
+
+    def script(items: list[dict[str, Any]]) -> list[Any]:
+        done = [i for i in items if i.get("type") == "function_call_output"]
+        if not done:
+            return [call("refund", {"order_id": "42"}, "call-42")]
+        if len(done) == 1:
+            return [call("refund", {"order_id": "43"}, "call-43")]
+        return [text("both refunded")]
+
+    @function_tool(needs_approval=True)
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        refunded.append(order_id)
+        return f"refunded {order_id}"
+
+    return SDKAgent(name="desk", model=FakeModel(script), tools=[refund]), refunded
+
+
+def agent_requests(agent: SDKAgent[Any]) -> list[list[dict[str, Any]]]:
+    assert isinstance(agent.model, FakeModel)
+    return agent.model.requests
+
+
+async def test_a_resumed_run_that_asks_for_another_approval_asks_it_in_the_same_turn(
+    store: Durability,
+) -> None:
+    agent, refunded = two_refunds_one_by_one()
+    bridge: KernelAgent[Any] = KernelAgent(
+        agent, name="desk", writes={"refund": lambda args: args["order_id"]}, read_answer=words
+    )
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    first = await kernel.turn("t1", "turn-1", "refund both, one by one")
+    assert first.interaction is not None
+    assert [c["arguments"] for c in first.interaction.details] == [{"order_id": "42"}]
+    second = await kernel.turn("t1", "turn-2", "yes")
+    assert refunded == ["42"]
+    assert second.interaction is not None  # the resumed run paused again: asked at once
+    assert [c["arguments"] for c in second.interaction.details] == [{"order_id": "43"}]
+    third = await kernel.turn("t1", "turn-3", "yes")
+    assert refunded == ["42", "43"]
+    assert third.reply == "both refunded"
+    assert third.interaction is None
+
+
+async def test_an_answer_only_turn_leaves_the_next_approval_for_the_next_message(
+    store: Durability,
+) -> None:
+    """A turn with ``answer=`` and no message asks no interpreter: the resumed run's
+    next approval is asked before the next message is read."""
+    agent, refunded = two_refunds_one_by_one()
+    bridge: KernelAgent[Any] = KernelAgent(
+        agent, name="desk", writes={"refund": lambda args: args["order_id"]}
+    )
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    await kernel.turn("t1", "turn-1", "refund both, one by one")
+    second = await kernel.turn("t1", "turn-2", answer="accept")
+    assert refunded == ["42"]
+    assert second.interaction is None
+    third = await kernel.turn("t1", "turn-3", "and the other one?")
+    assert third.interaction is not None
+    assert [c["arguments"] for c in third.interaction.details] == [{"order_id": "43"}]
+    assert third.interaction.prompt in third.reply
+    done = await kernel.turn("t1", "turn-4", answer="accept")
+    assert refunded == ["42", "43"]
+    assert done.reply == "both refunded"
+    # The message sent while the approval waited was not given to the agent.
+    assert prompts(agent_requests(agent)[-1]) == ["refund both, one by one"]
+
+
+async def test_a_model_named_in_the_run_config_is_resolved_by_its_provider_and_recorded(
+    store: Durability, tmp_path: Path
+) -> None:
+    from agents import RunConfig
+    from agents.models.interface import Model, ModelProvider
+
+    desk = Desk(tmp_path / "ledger")
+    asked: list[str | None] = []
+
+    class Provider(ModelProvider):
+        def get_model(self, model_name: str | None) -> Model:
+            asked.append(model_name)
+            return desk.model
+
+    bridge: KernelAgent[Any] = KernelAgent(
+        desk.agent.clone(model=None),
+        name="desk",
+        writes={"cancel_order": lambda args: args["order_id"]},
+        run_config=RunConfig(model="desk-model-1", model_provider=Provider()),
+    )
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    with faults.injected(faults.BEFORE_COMMIT, "raise"), pytest.raises(faults.InjectedFault):
+        await kernel.turn("t1", "turn-1", "cancel 42")
+    assert asked == ["desk-model-1"]
+    assert len(desk.requests) == 2
+    redelivered = await kernel.turn("t1", "turn-1", "cancel 42")
+    assert redelivered.reply == "cancel_order: {'id': 'cancel_42'}"
+    assert len(desk.requests) == 2  # recorded, through the config's model too
+    assert len(read_ledger(desk.ledger)) == 1
+
+
 # -- writes that fail, bad input ---------------------------------------------------------------
 
 

@@ -288,7 +288,7 @@ class KernelAgent(Generic[TContext]):
                     )
                 calls.append(_call(item))
             state = result.to_state().to_json(context_serializer=_no_context)
-            held = Conversation(result.to_input_list(), state, calls)
+            held = Conversation(to_jsonable_python(result.to_input_list()), state, calls)
             return CapabilityResult(
                 value={"approvals": dump(calls)},
                 facts=[Fact(self.fact_key, held.dump())],
