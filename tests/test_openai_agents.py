@@ -269,6 +269,51 @@ async def test_an_approval_survives_a_new_kernel_on_the_same_store(tmp_path: Pat
     assert len(read_ledger(desk.ledger)) == 1
 
 
+def rewrite_strings(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, list):
+        return [rewrite_strings(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: rewrite_strings(v, old, new) for k, v in value.items()}
+    return value
+
+
+async def test_a_paused_run_whose_call_differs_from_the_approved_one_runs_nothing(
+    tmp_path: Path,
+) -> None:
+    """The accept is checked twice: its digest against the interaction, and the paused
+    RunState's interruptions against the approved calls. A stored run whose refund was
+    changed to another amount (the interaction still showing 1250) runs nothing."""
+    import sqlite3
+
+    from intention_kernel.durability.sqlite import SQLiteDurability
+
+    path = tmp_path / "desk.db"
+    async with SQLiteDurability(path) as first:
+        asked = await Kernel(Desk(tmp_path / "ledger").bridge.as_agent(version="1"), first).turn(
+            "t1", "turn-1", "refund 42"
+        )
+    assert asked.interaction is not None
+    with sqlite3.connect(path) as db:
+        (body,) = db.execute("SELECT body FROM ik_facts WHERE key = 'desk.conversation'").fetchone()
+        fact = json.loads(body)
+        fact["value"]["state"] = rewrite_strings(
+            fact["value"]["state"], '"cents": 1250', '"cents": 99999'
+        )
+        db.execute(
+            "UPDATE ik_facts SET body = ? WHERE key = 'desk.conversation'", (json.dumps(fact),)
+        )
+    desk = Desk(tmp_path / "ledger")
+    async with SQLiteDurability(path) as second:
+        kernel = Kernel(desk.bridge.as_agent(version="1"), second)
+        refused = await kernel.turn("t1", "turn-2", answer=Answer(digest=asked.interaction.digest))
+    assert [s.status for s in refused.steps] == ["failed"]
+    assert "differ from the approved ones; nothing ran" in (refused.steps[0].error or "")
+    assert read_ledger(desk.ledger) == []
+    assert desk.requests == []
+
+
 async def test_approvals_asked_together_are_held_and_answered_together(
     store: Durability,
 ) -> None:
