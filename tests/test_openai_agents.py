@@ -564,6 +564,40 @@ async def test_a_key_function_that_gives_no_key_fails_the_step_and_runs_nothing(
     assert await store.list_receipts(thread_id="t1") == []
 
 
+async def test_a_recorded_response_that_cannot_be_decoded_is_a_typed_error(
+    tmp_path: Path,
+) -> None:
+    """A journal entry that is JSON but no model response (a damaged row): the
+    redelivery raises ``CorruptRecordError``, commits nothing and calls nothing."""
+    import sqlite3
+
+    from intention_kernel import CorruptRecordError
+    from intention_kernel.durability.sqlite import SQLiteDurability
+
+    path = tmp_path / "desk.db"
+    desk = Desk(tmp_path / "ledger")
+    async with SQLiteDurability(path) as store:
+        kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+        with (
+            faults.injected(faults.AFTER_RECEIPT_PREPARED, "raise"),
+            pytest.raises(faults.InjectedFault),
+        ):
+            await kernel.turn("t1", "turn-1", "cancel 42")
+        with sqlite3.connect(path) as db:
+            keys = [k for (k,) in db.execute("SELECT key FROM ik_journal ORDER BY rowid")]
+            assert "step:turn-1#1:model.1" in keys
+            db.execute(
+                "UPDATE ik_journal SET value = ? WHERE key = 'step:turn-1#1:model.1'",
+                (json.dumps({"output": [{"type": "no such item"}], "usage": {}}),),
+            )
+        requests = len(desk.requests)
+        with pytest.raises(CorruptRecordError, match=r"recorded model response 'model\.1'"):
+            await kernel.turn("t1", "turn-1", "cancel 42")
+        assert len(desk.requests) == requests
+        assert await store.load_checkpoint("t1") is None
+    assert read_ledger(desk.ledger) == []
+
+
 def test_writes_must_name_function_tools_of_the_agent(tmp_path: Path) -> None:
     agent = Desk(tmp_path / "ledger").agent
     with pytest.raises(ValueError, match="'refund_order', which is not a function tool"):
