@@ -78,8 +78,13 @@ refused before the person is asked (the step fails, nothing runs).
 
 Limits: one agent (no handoffs, no MCP servers on the agent: use
 :mod:`intention_kernel.integrations.mcp`); runs are not streamed. While an approval is
-pending, a new message is answered with the pending question; answer it first. The
-conversation fact keeps every input item of the thread's runs; it is not trimmed yet.
+pending, a new message is answered with the pending question; answer it first. An
+approval that closed unanswered (expired) reaches the model as rejected before the next
+message; if the model then asks for another approval, that message is not given to the
+agent (the new question is asked; send it again after answering). A turn with
+``answer=`` and no message asks no interpreter, so a resumed run that pauses on another
+approval has it asked before the next message is read. The conversation fact keeps
+every input item of the thread's runs; it is not trimmed yet.
 
 Needs the ``openai-agents`` extra: ``pip install 'intention-kernel[openai-agents]'``.
 """
