@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -492,3 +493,67 @@ def test_the_pydantic_ai_desk_killed_mid_turn_calls_the_provider_once(
     # redelivery asked the model only for the one that reads its result.
     assert "model: requests=2 asked=2" in output
     assert (tmp_path / "model.log").read_text().split() == ["1", "3"]
+
+
+# -- the OpenAI Agents SDK help desk -----------------------------------------------------------
+
+
+def test_the_openai_agents_desk_writes_once_and_approves_across_a_restart(
+    store: list[str],
+) -> None:
+    """``python -m examples.openai_agents_desk``: an Agents SDK agent whose cancel is
+    applied once although its turn is delivered again, and whose refund waits for a
+    "yes" across a restart (its paused RunState in the checkpoint) and then runs once;
+    a second run replays every turn."""
+    output = run_example("openai_agents_desk", *store)
+    assert summary(output) == {
+        "committed": 4,
+        "replayed": 2,
+        "failed_steps": 0,
+        "provider_calls": 2,
+    }
+    assert "[turn-3] agent: Refund 1250 cents for order 42? Reply yes, or no and why." in output
+    assert "[turn-4] agent: issue_refund for order 42: {'id': 'refund_42'}" in output
+    assert re.findall(r"^provider: (\S+) applied (\d+)x$", output, re.M) == [
+        ("desk.agent:cancel_order:43", "1"),
+        ("desk.agent:issue_refund:42", "1"),
+    ]
+    again = run_example("openai_agents_desk", *store)
+    assert summary(again) == {
+        "committed": 0,
+        "replayed": 6,
+        "failed_steps": 0,
+        "provider_calls": 0,
+    }
+
+
+def test_the_openai_agents_desk_killed_mid_turn_calls_the_provider_once(
+    store: list[str], tmp_path: Path
+) -> None:
+    """``python -m examples.openai_agents_desk.crash``: a real process is killed
+    (SIGKILL) after the cancel's provider call, before its turn commits; the
+    redelivery in a new process commits the stored result, and the shop was called
+    once."""
+    args = [*store, "--ledger", str(tmp_path / "shop.ledger")]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    died = subprocess.run(
+        [sys.executable, "-m", "examples.openai_agents_desk.crash", *args, "--die"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    assert "summary:" not in died.stdout
+    assert len((tmp_path / "shop.ledger").read_text().splitlines()) == 1
+    output = run_example("openai_agents_desk.crash", *args)
+    assert summary(output) == {
+        "committed": 1,
+        "replayed": 0,
+        "failed_steps": 0,
+        "provider_calls": 1,
+    }
+    assert "[crash-1] agent: cancel_order for order 42: {'id': 'cancel_42'}" in output
+    assert "[crash-1] step desk.agent: completed" in output
