@@ -43,6 +43,32 @@ async def test_the_host_records_the_tokens_principal_as_the_answers_actor(
     ]
 
 
+async def test_the_hosts_receipts_name_the_principal_who_approved_the_write(
+    store: Durability,
+) -> None:
+    tokens = {**TOKENS, "tok-ops": Principal("ops@acme.example", "acme", role="operator")}
+    provider = FakeProvider()
+    app = create_app(Kernel(billing_agent(provider), store), tokens=tokens)
+    async with asgi_client(app) as client:
+        await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d1", "message": "charge pi_1 500"},
+            headers=AUTH,
+        )
+        await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d2", "answer": {"decision": "accept"}},
+            headers=AUTH,
+        )
+        listed = await client.get(
+            "/v1/receipts?thread_id=t", headers={"authorization": "Bearer tok-ops"}
+        )
+    assert listed.status_code == 200, listed.text
+    [receipt] = listed.json()["receipts"]
+    assert (receipt["key"], receipt["status"]) == ("payments.charge:charge:pi_1", "completed")
+    assert receipt["actor"] == "ana@acme.example"
+
+
 async def test_the_host_refuses_an_answer_whose_actor_is_not_the_tokens_principal(
     store: Durability,
 ) -> None:

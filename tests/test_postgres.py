@@ -61,7 +61,11 @@ from intention_kernel.testing.conformance import DurabilityConformance, Inspecto
 from intention_kernel.testing.conformance import commit_for as minimal_commit
 from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
 from proving_support import Store as SQLStore
-from proving_support import StoreInspector, migration_4_gives_receipts_their_owner
+from proving_support import (
+    StoreInspector,
+    migration_4_gives_receipts_their_owner,
+    receipts_before_actors_read_as_no_actor,
+)
 from tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
@@ -268,6 +272,7 @@ UNDO_MIGRATION_5 = (
 )
 UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
 UNDO_MIGRATION_8 = "DROP TABLE ik_journal"
+UNDO_MIGRATION_9 = "ALTER TABLE ik_receipts DROP COLUMN actor"
 
 
 async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store) -> None:
@@ -291,6 +296,7 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     store.execute(UNDO_MIGRATION_5)
     store.execute(UNDO_MIGRATION_7)
     store.execute(UNDO_MIGRATION_8)
+    store.execute(UNDO_MIGRATION_9)
     store.execute("DELETE FROM ik_schema WHERE version > 1")
 
     async with store.durability() as upgraded:
@@ -329,9 +335,20 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(store: St
         store.execute(UNDO_MIGRATION_5)
         store.execute(UNDO_MIGRATION_7)
         store.execute(UNDO_MIGRATION_8)
+        store.execute(UNDO_MIGRATION_9)
         store.execute("DELETE FROM ik_schema WHERE version > 3")
 
     await migration_4_gives_receipts_their_owner(store.durability, back_to_version_3)
+
+
+async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
+    store: Store,
+) -> None:
+    def back_to_version_8() -> None:
+        store.execute(UNDO_MIGRATION_9)
+        store.execute("DELETE FROM ik_schema WHERE version > 8")
+
+    await receipts_before_actors_read_as_no_actor(store.durability, back_to_version_8)
 
 
 async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:

@@ -398,15 +398,16 @@ function showFormError(form, message) {
   error.hidden = !message;
 }
 
-// A receipt's key, status badge and cause (with its attempt and turn) in a list item;
-// causeSelector names the item's element for the cause.
+// A receipt's key, status badge and cause (with its attempt, turn and approver) in a
+// list item; causeSelector names the item's element for the cause.
 function describeReceipt(item, receipt, causeSelector) {
   item.querySelector(".key").textContent = receipt.key;
   const badge = item.querySelector(".badge");
   badge.textContent = receipt.status;
   badge.className = `badge ${receipt.status}`;
+  const approver = receipt.actor ? ` · approved by ${receipt.actor}` : "";
   item.querySelector(causeSelector).textContent =
-    `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}`;
+    `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}${approver}`;
 }
 
 function renderReceipts(receipts) {
