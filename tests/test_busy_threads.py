@@ -89,7 +89,9 @@ async def test_wait_queues_a_turn_behind_the_running_one(store: Durability) -> N
     assert provider.calls() == 1
 
 
-async def test_the_host_answers_thread_busy_while_a_turn_runs(store: Durability) -> None:
+async def test_the_host_answers_409_thread_busy_at_once_while_a_turn_runs(
+    store: Durability,
+) -> None:
     provider = FakeProvider()
     kernel = Kernel(agent(provider, "reject"), store)
     app = create_app(kernel, tokens={"tok": Principal("ana", "acme")})
@@ -114,10 +116,11 @@ async def test_the_host_answers_thread_busy_while_a_turn_runs(store: Durability)
         assert not running.done()
         provider.released.set()
         accepted = await asyncio.wait_for(running, HELD)
-    assert busy.status_code == 503, busy.text
+    assert busy.status_code == 409, busy.text
     assert busy.headers["content-type"] == "application/problem+json"
     assert busy.headers["retry-after"] == "1"
     assert busy.json()["type"] == "/problems/thread-busy"
+    assert busy.json()["thread_id"] == "t"
     assert accepted.status_code == 200 and provider.calls() == 1
 
 

@@ -51,6 +51,7 @@ from intention_kernel.errors import (
     ReceiptStateError,
     StoreError,
     ThreadBusyError,
+    ThreadLockTimeoutError,
 )
 from intention_kernel.facts import Evidence, FactRecord
 from intention_kernel.interpretation import InterpretationRequest
@@ -475,7 +476,7 @@ async def test_the_advisory_lock_excludes_a_second_holder_until_its_session_dies
 async def test_a_zero_lock_timeout_bounds_only_the_wait_for_a_busy_thread(store: Store) -> None:
     """``lock_timeout=0`` is no wait for a busy thread, not no wait for a session: turns
     on idle threads commit while the pool opens sessions for them, and a busy thread
-    raises ``ThreadBusyError``, never ``StoreError``."""
+    raises ``ThreadLockTimeoutError`` (a ``ThreadBusyError``), never ``StoreError``."""
     async with store.durability(lock_timeout=0, min_pool_size=1, max_pool_size=6) as durability:
         gate = Gate()
         held = asyncio.create_task(durability.with_turn(TurnScope("busy", "1"), gate))
@@ -489,7 +490,7 @@ async def test_a_zero_lock_timeout_bounds_only_the_wait_for_a_busy_thread(store:
             *(durability.with_turn(TurnScope("busy", f"2-{n}"), plain) for n in range(4)),
             return_exceptions=True,
         )
-        assert [type(b) for b in busy] == [ThreadBusyError] * 4
+        assert [type(b) for b in busy] == [ThreadLockTimeoutError] * 4
         gate.released.set()
         assert (await held).checkpoint_version == 1
 
