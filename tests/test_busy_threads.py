@@ -113,6 +113,15 @@ async def test_the_host_answers_409_thread_busy_at_once_while_a_turn_runs(
             ),
             AT_ONCE,
         )
+        # A streamed turn is refused with the same problem, before any event is sent.
+        streamed = await asyncio.wait_for(
+            client.post(
+                "/v1/threads/t/turns",
+                json={"turn_id": "4", "message": "balance"},
+                headers={**auth, "accept": "text/event-stream"},
+            ),
+            AT_ONCE,
+        )
         assert not running.done()
         provider.released.set()
         accepted = await asyncio.wait_for(running, HELD)
@@ -121,6 +130,8 @@ async def test_the_host_answers_409_thread_busy_at_once_while_a_turn_runs(
     assert busy.headers["retry-after"] == "1"
     assert busy.json()["type"] == "/problems/thread-busy"
     assert busy.json()["thread_id"] == "t"
+    assert streamed.status_code == 409, streamed.text
+    assert streamed.json()["type"] == "/problems/thread-busy"
     assert accepted.status_code == 200 and provider.calls() == 1
 
 

@@ -97,6 +97,29 @@ async def test_the_host_refuses_an_answer_whose_actor_is_not_the_tokens_principa
     assert provider.ledger == ["payments.charge:charge:pi_1"]
 
 
+async def test_a_streamed_answer_naming_another_actor_is_refused_and_runs_nothing(
+    store: Durability,
+) -> None:
+    provider = FakeProvider()
+    app = create_app(Kernel(billing_agent(provider), store), tokens=TOKENS)
+    async with asgi_client(app) as client:
+        await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d1", "message": "charge pi_1 500"},
+            headers=AUTH,
+        )
+        forged = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d2", "answer": {"decision": "accept", "actor": "boss@acme.example"}},
+            headers={**AUTH, "accept": "text/event-stream"},
+        )
+    assert forged.status_code == 403
+    assert forged.json()["type"] == "/problems/forbidden"
+    assert provider.calls() == 0
+    checkpoint = await store.load_checkpoint("t")
+    assert checkpoint is not None and checkpoint.version == 1 and checkpoint.interaction
+
+
 async def test_the_thread_view_gives_the_held_inputs_schema_for_an_edit(
     store: Durability,
 ) -> None:
