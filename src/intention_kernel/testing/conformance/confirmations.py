@@ -298,6 +298,8 @@ class ConfirmationConformance(ConformanceCase):
             assert done.steps[0].status == StepStatus.COMPLETED and done.interaction is None
             [resolved] = await payloads(after, "t", "interaction.resolved")
             assert resolved["approved_by"] == ["ana", "bob"]
+            [receipt] = await after.list_receipts(thread_id="t")
+            assert receipt.actor == "bob"  # the accept that completed the quorum ran it
         assert provider.calls() == 1
 
     async def test_a_capability_mode_confirmation_survives_a_restart(
