@@ -481,8 +481,15 @@ def test_the_pydantic_ai_desk_killed_mid_turn_calls_the_provider_once(
 ) -> None:
     """``python -m examples.pydantic_ai_desk.crash``: a real process dies after the
     cancel's provider call, before its turn commits; the redelivery in a new process
-    commits the stored result, and the shop was called once."""
-    args = [*store, "--ledger", str(tmp_path / "shop.ledger")]
+    commits the stored result, the shop was called once and the model asked once per
+    request."""
+    args = [
+        *store,
+        "--ledger",
+        str(tmp_path / "shop.ledger"),
+        "--model-log",
+        str(tmp_path / "model.log"),
+    ]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     died = subprocess.run(
         [sys.executable, "-m", "examples.pydantic_ai_desk.crash", *args, "--die"],
@@ -505,3 +512,7 @@ def test_the_pydantic_ai_desk_killed_mid_turn_calls_the_provider_once(
     }
     assert '[crash-1] agent: cancel_order for order 42: {"id": "cancel_42"}' in output
     assert "[crash-1] step desk.agent: completed" in output
+    # The request that asked for the cancel was recorded before the cancel ran: the
+    # redelivery asked the model only for the one that reads its result.
+    assert "model: requests=2 asked=2" in output
+    assert (tmp_path / "model.log").read_text().split() == ["1", "3"]

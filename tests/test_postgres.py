@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -559,23 +559,21 @@ async def test_every_session_asks_the_server_to_drop_it_after_25_seconds_of_sile
     unacknowledged data. This proves what every session tells the server; a vanished
     host itself is not simulated (it needs packets dropped between two hosts: a proxy
     in between would acknowledge them itself)."""
-    async with store.durability(min_pool_size=3, max_pool_size=3) as durability:
-        pool = durability._recorder._pool  # type: ignore[attr-defined]
-        await pool.wait()
-        sessions = [await pool.getconn() for _ in range(3)]
-        try:
-            for conn in sessions:
-                if (conn.info.host or "/").startswith("/"):
-                    pytest.skip("a Unix-socket session has no TCP settings")
-                cur = await conn.execute(
-                    "SELECT current_setting('tcp_keepalives_idle'), "
-                    "current_setting('tcp_keepalives_interval'), "
-                    "current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')"
-                )
-                assert await cur.fetchone() == ("10", "5", "3", "25000")  # seconds; ms
-        finally:
-            for conn in sessions:
-                await pool.putconn(conn)
+    async with (
+        store.durability(min_pool_size=3, max_pool_size=3) as durability,
+        AsyncExitStack() as held,
+    ):
+        sessions = [await held.enter_async_context(durability.session()) for _ in range(3)]
+        assert len({id(conn) for conn in sessions}) == 3  # every session of the pool
+        for conn in sessions:
+            if (conn.info.host or "/").startswith("/"):
+                pytest.skip("a Unix-socket session has no TCP settings")
+            cur = await conn.execute(
+                "SELECT current_setting('tcp_keepalives_idle'), "
+                "current_setting('tcp_keepalives_interval'), "
+                "current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')"
+            )
+            assert await cur.fetchone() == ("10", "5", "3", "25000")  # seconds; ms
 
 
 async def test_no_transaction_is_open_on_the_lock_session_while_the_model_or_a_capability_runs(
@@ -1300,8 +1298,7 @@ async def test_sessions_plan_generically_and_listing_unsettled_receipts_uses_its
         for n in range(30):
             await durability.with_turn(TurnScope(f"t{n}", "1"), _charge_and_record(n))
         assert await durability.list_receipts(status="uncertain") == []
-        pool = durability._recorder._pool  # type: ignore[attr-defined]
-        async with pool.connection() as conn:
+        async with durability.session() as conn:
             mode = await (
                 await conn.execute("SELECT current_setting('plan_cache_mode')")
             ).fetchone()

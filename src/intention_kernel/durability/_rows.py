@@ -12,6 +12,7 @@ adapters say the same thing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -22,13 +23,14 @@ from intention_kernel.durability.abc import (
     StoredThread,
     TurnRecord,
 )
-from intention_kernel.effects import Receipt, ReceiptStatus, Resolution, utcnow
+from intention_kernel.effects import Receipt, ReceiptStatus, Resolution, is_settlement, utcnow
 from intention_kernel.errors import CorruptRecordError, FencedCommitError
 from intention_kernel.turns import OutboxEvent
 
 __all__ = [
     "OUTBOX_COLUMNS",
     "RECEIPT_COLUMNS",
+    "ReceiptWrite",
     "decode_delivery_row",
     "decode_event",
     "decode_event_row",
@@ -40,6 +42,7 @@ __all__ = [
     "journal_conflict",
     "receipt_moved",
     "receipt_params",
+    "receipt_write",
     "select_receipts",
     "stored_thread",
 ]
@@ -192,6 +195,37 @@ def receipt_params(r: Receipt, stamp: Callable[[datetime], Any]) -> dict[str, An
         "tenant_id": r.tenant_id,
         "actor": r.actor,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptWrite:
+    """A compare-and-set of a stored receipt: ``new`` replaces ``expected`` only if the
+    row still holds ``expected``'s status and attempt.
+
+    ``settles``: the write settles a ``prepared`` receipt (the adapter's settle
+    statement, which names fewer columns), else it rewrites every column. ``params``
+    holds what the chosen statement names, the expected status and attempt included.
+    """
+
+    new: Receipt
+    settles: bool
+    params: dict[str, Any]
+
+    def check(self, rowcount: int) -> None:
+        """Refuse the write unless it changed exactly the one row: another writer moved
+        the receipt (or removed it) while its effect ran."""
+        if rowcount != 1:
+            raise receipt_moved(self.new)
+
+
+def receipt_write(
+    new: Receipt, expected: Receipt, stamp: Callable[[datetime], Any]
+) -> ReceiptWrite:
+    """The compare-and-set that writes ``new`` over ``expected``; ``stamp`` as for
+    :func:`receipt_params`."""
+    params = receipt_params(new, stamp)
+    params.update(expected_status=expected.status.value, expected_attempt=expected.attempt)
+    return ReceiptWrite(new, is_settlement(new, expected), params)
 
 
 def decode_receipt_row(

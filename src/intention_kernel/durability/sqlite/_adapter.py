@@ -7,9 +7,10 @@ from typing import Literal
 
 from intention_kernel.durability._options import check_seconds
 from intention_kernel.durability.abc import RecordedDurability
+from intention_kernel.durability.sqlite._connection import StatementTrace
 from intention_kernel.durability.sqlite._recorder import SQLiteRecorder
 
-__all__ = ["SQLiteDurability"]
+__all__ = ["SQLiteDurability", "StatementTrace"]
 
 
 class SQLiteDurability(RecordedDurability):
@@ -29,6 +30,11 @@ class SQLiteDurability(RecordedDurability):
       (the event loop never waits on a write). ``False``: always on the event loop
       (a turn with one write saves six thread switches; for programs that run one
       turn at a time). Reads always run inline on a connection of their own.
+    - ``trace``: called with ``"writer"`` or ``"reader"`` and the text of every statement
+      that connection runs, from its opening on, in the thread that runs it (the worker
+      thread is named ``ik-sqlite``). For logging, counting statements per turn, or
+      seeing where writes run. It runs inside the statement: it must be quick and must
+      not raise.
 
     The lock file ``<path>.locks`` sits beside the database's real file (symlinks
     resolved, so every path to one database shares one lock file); keep them on a local
@@ -43,6 +49,7 @@ class SQLiteDurability(RecordedDurability):
         lock_timeout: float = 30.0,
         busy_timeout: float = 30.0,
         offload_writes: bool | None = None,
+        trace: StatementTrace | None = None,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
@@ -56,6 +63,7 @@ class SQLiteDurability(RecordedDurability):
                 lock_timeout=lock_timeout,
                 busy_timeout=busy_timeout,
                 offload_writes=offload_writes,
+                trace=trace,
             )
         )
 

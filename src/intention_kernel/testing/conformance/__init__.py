@@ -32,7 +32,17 @@ write raw bytes into the store, ``inspector`` (see :class:`Inspector`) so the
 maintenance tests can check the rows they wrote, and ``make_durability_with_lock_timeout``
 so the migration test can meet a busy thread without waiting long. Set
 ``persistent = False`` for adapters whose state does not outlive the instance (the
-restart tests then skip). The suite needs pytest-asyncio with ``asyncio_mode = "auto"``.
+restart tests then skip). :meth:`InMemoryDurability.tamper
+<intention_kernel.durability.memory.InMemoryDurability.tamper>` is the in-memory store's
+``tamper``.
+
+What an adapter offers beyond ``Durability`` is declared by fixtures of
+:class:`ConformanceCase`, each defaulting to what every ``RecordedDurability`` offers
+and to a skip for any other class: ``fault_points`` (it reaches the points of
+:mod:`intention_kernel.testing.faults`), ``tenant_store`` (it is a ``TenantStore``),
+``interaction_queue`` (an ``InteractionQueue``) and ``operable`` (every instance is an
+``Operable``: the relay, the operations and the journal's tests drive its recorder).
+The suite needs pytest-asyncio with ``asyncio_mode = "auto"``.
 """
 
 from __future__ import annotations
