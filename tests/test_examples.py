@@ -332,6 +332,30 @@ def test_the_quickstart_asks_charges_once_and_replays_when_run_again(tmp_path: P
     ]
 
 
+def test_the_approvals_example_shows_each_permit_rule_as_the_readme_prints_it(
+    tmp_path: Path,
+) -> None:
+    """``python examples/approvals.py``: a reject's reason, an edit that runs edited, an
+    accept after the deadline that runs nothing, a quorum that ignores the same actor
+    twice and runs after a second one, and a turn refused while the thread is busy."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "approvals.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    printed = proc.stdout
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"```text\n{printed}```" in readme
+    assert printed.splitlines()[-1] == "provider calls: ['refund 7 1200', 'payout acme 30000']"
+    assert "the step says: rejected by the person: only the lid was broken" in printed
+    assert "busy: the thread is running a turn" in printed
+    assert list(tmp_path.iterdir()) == []  # its store was a temporary one
+
+
 @pytest.mark.slow
 def test_the_built_wheel_installs_into_a_fresh_venv_and_imports(tmp_path: Path) -> None:
     """``python -m build`` makes a wheel that installs on its own, as the README says

@@ -32,6 +32,7 @@ from proving_support import (
     StoreInspector,
     damage_sqlite_table,
     migration_4_gives_receipts_their_owner,
+    receipts_before_actors_read_as_no_actor,
 )
 
 
@@ -282,9 +283,23 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(tmp_path:
             conn.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")
             conn.execute("ALTER TABLE ik_turns DROP COLUMN announced")  # migration 5
             conn.execute("DROP TABLE ik_journal")  # migration 6
+            conn.execute("ALTER TABLE ik_receipts DROP COLUMN actor")  # migration 7
             conn.execute("DELETE FROM ik_schema WHERE version > 3")
 
     await migration_4_gives_receipts_their_owner(lambda: SQLiteDurability(path), back_to_version_3)
+
+
+async def test_receipts_stored_before_migration_7_read_as_approved_by_no_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "k.db"
+
+    def back_to_version_6() -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute("ALTER TABLE ik_receipts DROP COLUMN actor")
+            conn.execute("DELETE FROM ik_schema WHERE version > 6")
+
+    await receipts_before_actors_read_as_no_actor(lambda: SQLiteDurability(path), back_to_version_6)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])

@@ -51,7 +51,7 @@ __all__ = [
 #: a row maps onto the dataclass positionally (``decode_receipt_row``).
 RECEIPT_COLUMNS = (
     "id, thread_id, key, status, turn_id, step_id, attempt, value, error, "
-    "created_at, updated_at, resolution, announced, tenant_id"
+    "created_at, updated_at, resolution, announced, tenant_id, actor"
 )
 #: An outbox event's columns as ``decode_event_row`` reads them; a delivery adds
 #: ``attempts, last_error, retry_at``.
@@ -103,6 +103,7 @@ def decode_receipt(
     updated_at: datetime,
     announced: bool = False,
     tenant_id: str | None = None,
+    actor: str | None = None,
     announced_by_turn: str | Sequence[str] | None = None,
 ) -> Receipt:
     """A receipt from its stored columns (JSON as text, timestamps already parsed).
@@ -143,6 +144,7 @@ def decode_receipt(
             ),
             announced=bool(announced),
             tenant_id=tenant_id,
+            actor=actor,  # NULL in a row stored before the column existed: no actor
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise CorruptRecordError(
@@ -191,6 +193,7 @@ def receipt_params(r: Receipt, stamp: Callable[[datetime], Any]) -> dict[str, An
         "resolution": dump_resolution(r.resolution),
         "announced": r.announced,
         "tenant_id": r.tenant_id,
+        "actor": r.actor,
     }
 
 
@@ -254,7 +257,8 @@ def decode_receipt_row(
         resolution=row[11],
         announced=row[12],
         tenant_id=row[13],
-        announced_by_turn=row[14],
+        actor=row[14],
+        announced_by_turn=row[15],
     )
 
 

@@ -325,7 +325,7 @@ class RecordedDurability:
     # -- effects -----------------------------------------------------------------------------
 
     async def _run_effect(
-        self, scope: TurnScope, key: str, fn: EffectFn, step_id: str
+        self, scope: TurnScope, key: str, fn: EffectFn, step_id: str, actor: str | None
     ) -> EffectResult[Any]:
         recorder = self._recorder
         now = utcnow()
@@ -339,6 +339,7 @@ class RecordedDurability:
                 step_id=step_id,
                 now=now,
                 tenant_id=scope.tenant_id,
+                actor=actor,
             )
 
         decided = await recorder.claim_effect(scope.thread_id, key, plan)

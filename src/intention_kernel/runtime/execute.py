@@ -232,7 +232,15 @@ class _Step:
             else _tracing.NOOP
         ) as span:
             try:
-                result = await state.tx.run_effect(full_key, fn, step_id=self.item.step_id)
+                # ``actor`` only when there is one: a transaction of an adapter written
+                # before receipts named approvers still runs the writes no one named.
+                result = await (
+                    state.tx.run_effect(full_key, fn, step_id=self.item.step_id)
+                    if state.actor is None
+                    else state.tx.run_effect(
+                        full_key, fn, step_id=self.item.step_id, actor=state.actor
+                    )
+                )
             except (EffectUncertainError, EffectNotAppliedError) as exc:
                 if exc.receipt is not None:
                     if span is not None:

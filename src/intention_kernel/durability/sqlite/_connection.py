@@ -336,8 +336,7 @@ class SQLiteConnections:
                 async with self._memory_locks.hold(thread_id, None, wait=wait) as lock:
                     yield lock
                 return
-            # A wait of 0 is one attempt: ``hold`` tries the lock before it polls.
-            async with self._locks.hold(thread_id, self._lock_timeout if wait else 0.0):
+            async with self._locks.hold(thread_id, self._lock_timeout, wait=wait):
                 yield thread_id
         finally:
             self._lockers -= 1

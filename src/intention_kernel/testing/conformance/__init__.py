@@ -7,7 +7,10 @@ suite. The suite comes in one test case per part of the storage contract:
   replay, conflicts, checkpoints, IDs and tenants;
 - :class:`EffectConformance`: receipts claimed and settled around the provider call,
   and (with :class:`ReceiptConformance`) listed and resolved;
-- :class:`ConfirmationConformance`: confirmations and pending interactions;
+- :class:`ConfirmationConformance`: confirmations and pending interactions, quorums,
+  actors (on the events and the receipt) and digests;
+- :class:`ApprovalConformance`: deadlines, the expiry sweep, edits, reasons, busy
+  threads, and confirmations stored before these existed;
 - :class:`JournalConformance`: the journal (``tx.recorded``), and the model rounds the
   runtime records in it;
 - :class:`OutboxConformance`: reading the outbox, and the relay on it;
@@ -50,6 +53,7 @@ from intention_kernel.testing.conformance._support import (
     Tamper,
     commit_for,
 )
+from intention_kernel.testing.conformance.approvals import ApprovalConformance
 from intention_kernel.testing.conformance.confirmations import ConfirmationConformance
 from intention_kernel.testing.conformance.effects import EffectConformance
 from intention_kernel.testing.conformance.journal import JournalConformance
@@ -59,6 +63,7 @@ from intention_kernel.testing.conformance.receipts import ReceiptConformance
 from intention_kernel.testing.conformance.turns import TurnConformance
 
 __all__ = [
+    "ApprovalConformance",
     "ConfirmationConformance",
     "ConformanceCase",
     "DurabilityConformance",
@@ -78,6 +83,7 @@ class DurabilityConformance(
     TurnConformance,
     EffectConformance,
     ConfirmationConformance,
+    ApprovalConformance,
     JournalConformance,
     OutboxConformance,
     MaintenanceConformance,

@@ -183,6 +183,45 @@ class ConfirmationConformance(ConformanceCase):
             ("payments.charge:charge:pi_2", None),
         ]
 
+    async def test_the_accepting_actor_is_recorded_on_the_receipt_of_the_write(
+        self, make_durability: Callable[[], Durability], provider: FakeProvider
+    ) -> None:
+        """``Receipt.actor`` is who approved the write; a write approved by no one named
+        has none; the stored receipt reads back the same through a new adapter."""
+        async with make_durability() as durability:
+            kernel = Kernel(billing_agent(provider), durability)
+            await kernel.turn("t", "1", "charge pi_1 500")
+            await kernel.turn("t", "2", answer=Answer(None, "accept", actor="ana"))
+            await kernel.turn("t", "3", "charge pi_2 300")
+            await kernel.turn("t", "4", "yes")
+            receipts = await durability.list_receipts(thread_id="t")
+            assert [(r.key, r.actor) for r in receipts] == [
+                ("payments.charge:charge:pi_1", "ana"),
+                ("payments.charge:charge:pi_2", None),
+            ]
+            if not self.persistent:
+                return
+        async with make_durability() as reopened:
+            assert await reopened.list_receipts(thread_id="t") == receipts
+
+    async def test_a_retried_write_names_the_approver_of_its_new_attempt(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        """A write that failed (not applied) and is approved again by someone else runs
+        again on the same receipt, which then names the second approver."""
+        provider.behaviour["pi_1"] = "not_applied"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        failed = await kernel.turn("t", "2", answer=Answer(None, "accept", actor="ana"))
+        assert [s.status for s in failed.steps] == [StepStatus.FAILED]
+        [first] = await durability.list_receipts(thread_id="t")
+        assert (first.status, first.attempt, first.actor) == ("failed", 1, "ana")
+        del provider.behaviour["pi_1"]
+        await kernel.turn("t", "3", "charge pi_1 500")
+        await kernel.turn("t", "4", answer=Answer(None, "accept", actor="bob"))
+        [second] = await durability.list_receipts(thread_id="t")
+        assert (second.status, second.attempt, second.actor) == ("completed", 2, "bob")
+        assert second.id == first.id and provider.ledger == ["payments.charge:charge:pi_1"]
+
     async def test_an_answer_with_another_operations_digest_runs_nothing(
         self, kernel: Kernel, durability: Durability, provider: FakeProvider
     ) -> None:
@@ -259,6 +298,8 @@ class ConfirmationConformance(ConformanceCase):
             assert done.steps[0].status == StepStatus.COMPLETED and done.interaction is None
             [resolved] = await payloads(after, "t", "interaction.resolved")
             assert resolved["approved_by"] == ["ana", "bob"]
+            [receipt] = await after.list_receipts(thread_id="t")
+            assert receipt.actor == "bob"  # the accept that completed the quorum ran it
         assert provider.calls() == 1
 
     async def test_a_capability_mode_confirmation_survives_a_restart(

@@ -31,6 +31,7 @@ from intention_kernel.errors import (
     ReceiptNotFoundError,
     TenantMismatchError,
     ThreadBusyError,
+    ThreadLockTimeoutError,
     TurnConflictError,
 )
 from intention_kernel.kernel import Kernel
@@ -100,6 +101,7 @@ class TurnConformance(ConformanceCase):
                     durability.with_turn(TurnScope("t", "2"), refused, wait=False), 2
                 )
             assert busy.value.thread_id == "t" and refused_ran == [] and not running.done()
+            assert not isinstance(busy.value, ThreadLockTimeoutError)  # it never waited
             # Another thread is free.
             other = await durability.with_turn(TurnScope("u", "1"), refused, wait=False)
             assert other.checkpoint_version == 1
@@ -110,6 +112,44 @@ class TurnConformance(ConformanceCase):
         # Free again: the refused delivery committed nothing and now runs.
         again = await durability.with_turn(TurnScope("t", "2"), refused, wait=False)
         assert (again.replayed, again.checkpoint_version) == (False, 2)
+
+    async def test_a_turn_that_waits_past_the_lock_timeout_is_refused_as_a_lock_timeout(
+        self, make_durability_with_lock_timeout: Callable[[float], Durability] | None
+    ) -> None:
+        """A turn that waits (the default) and does not get the lock within the
+        adapter's lock timeout raises ``ThreadLockTimeoutError``, a ``ThreadBusyError``
+        that the host answers 503, not the 409 of a turn refused at once."""
+        if make_durability_with_lock_timeout is None:
+            pytest.skip("this adapter provides no make_durability_with_lock_timeout fixture")
+        entered, release = asyncio.Event(), asyncio.Event()
+        waited_ran: list[str] = []
+
+        async def held(tx: TurnTransaction) -> TurnCommit:
+            entered.set()
+            await release.wait()
+            return commit_for(tx)
+
+        async def waited(tx: TurnTransaction) -> TurnCommit:
+            waited_ran.append(tx.scope.turn_id)
+            return commit_for(tx)
+
+        async with make_durability_with_lock_timeout(0.2) as durability:
+            running = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
+            try:
+                await asyncio.wait_for(entered.wait(), 10)
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                with pytest.raises(ThreadLockTimeoutError) as timed_out:
+                    await asyncio.wait_for(durability.with_turn(TurnScope("t", "2"), waited), 10)
+                assert loop.time() - started >= 0.15  # it waited for the lock first
+                assert timed_out.value.thread_id == "t" and waited_ran == []
+                assert not running.done()
+            finally:
+                release.set()
+                first = await running
+            assert first.checkpoint_version == 1
+            again = await durability.with_turn(TurnScope("t", "2"), waited)
+            assert (again.replayed, again.checkpoint_version) == (False, 2)
 
     async def test_each_turn_loads_the_latest_checkpoint(
         self, kernel: Kernel, durability: Durability
