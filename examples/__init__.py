@@ -6,7 +6,9 @@
 - ``python -m examples.travel``: bookings that confirm on their own, with a
   small-operation policy;
 - ``python -m examples.pydantic_ai_desk``: a Pydantic AI agent inside durable turns
-  (``KernelAgent``), its model a ``FunctionModel`` (no API key).
+  (``KernelAgent``), its model a ``FunctionModel`` (no API key);
+- ``python -m examples.openai_agents_desk``: an OpenAI Agents SDK agent inside durable
+  turns (``KernelAgent``), its model a scripted ``agents.Model`` (no API key).
 
 Both take ``--db sqlite:///file.db`` or ``--db postgresql://...``, ``--thread`` and
 ``--llm`` (see :mod:`examples._conversation`).

@@ -4,14 +4,17 @@ for tests/test_mcp.py.
 Run as ``python tests/mcp_desk_worker.py '<json config>'``: ``db`` (a durability URL),
 ``dir`` (the tickets server's directory, see ``mcp_tickets_server.py``, which this
 process starts over stdio), ``turn_id``, ``message`` and an optional ``fault`` point,
-armed to exit the process there (``os._exit``, as by SIGKILL). Prints the turn's
-``TurnResult.to_dict()`` as one JSON line.
+armed to exit the process there (``os._exit``, as by SIGKILL; with ``"action":
+"sigkill"``, by a real SIGKILL). Prints the turn's ``TurnResult.to_dict()`` as one JSON
+line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,10 @@ async def main(config: dict[str, Any]) -> None:
         )
         kernel = Kernel(agent, store)
         if config.get("fault"):
-            faults.inject(config["fault"], "exit")
+            if config.get("action") == "sigkill":
+                faults.inject(config["fault"], lambda point: os.kill(os.getpid(), signal.SIGKILL))
+            else:
+                faults.inject(config["fault"], "exit")
         result = await kernel.turn("t1", config["turn_id"], config["message"])
         print(json.dumps(result.to_dict()), flush=True)
 

@@ -37,11 +37,13 @@ import pytest
 
 from intention_kernel import (
     Agent,
+    Answer,
     CapabilityContext,
     CapabilityResult,
     Fact,
     Intent,
     Interpretation,
+    Kernel,
     capability,
 )
 from intention_kernel.durability import Durability, TurnTransaction
@@ -373,6 +375,32 @@ async def migration_4_gives_receipts_their_owner(
         assert again.checkpoint_version == 2
         with pytest.raises(TenantMismatchError):
             await upgraded.with_turn(TurnScope("crashed", "1", tenant_id="acme"), charge({}))
+
+
+async def receipts_before_actors_read_as_no_actor(
+    open_durability: Callable[[], Durability], before_actors: Callable[[], None]
+) -> None:
+    """Receipts stored before they named their approver read as no actor after the
+    migration; the store's next approved write records its approver.
+    ``before_actors`` makes the store look as the schema before ``Receipt.actor`` wrote it."""
+    provider = FakeProvider()
+    async with open_durability() as durability:
+        kernel = Kernel(billing_agent(provider), durability)
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", answer=Answer(None, "accept", actor="ana"))
+    before_actors()
+    async with open_durability() as upgraded:
+        [old] = await upgraded.list_receipts(thread_id="t")
+        assert (old.status, old.actor) == ("completed", None)
+        kernel = Kernel(billing_agent(provider), upgraded)
+        await kernel.turn("t", "3", "charge pi_2 300")
+        await kernel.turn("t", "4", answer=Answer(None, "accept", actor="bob"))
+        receipts = await upgraded.list_receipts(thread_id="t")
+        assert [(r.key, r.actor) for r in receipts] == [
+            ("payments.charge:charge:pi_1", None),
+            ("payments.charge:charge:pi_2", "bob"),
+        ]
+    assert provider.calls() == 2
 
 
 def drop_schema(dsn: str, schema: str) -> None:

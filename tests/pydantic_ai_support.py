@@ -1,16 +1,23 @@
 """A help-desk Pydantic AI agent for the bridge's tests, driven by a ``FunctionModel``.
 
 The model is a pure function of the messages it is sent, so a redelivered turn, or
-a new process, asks for the same calls. Tools: ``order_status`` (a read),
-``cancel_order`` (a write, keyed by the order) and ``issue_refund`` (a write keyed by
-the order that needs approval). Each write appends one line to the ledger file, the
-provider's own record, which outlives any process that dies.
+a new process, asks for the same calls. With ``asks``, each request the model is sent
+is also a line of that file (its process and how many messages it carried), which
+outlives a process that dies; with ``die_at_request=N`` the process sends itself SIGKILL
+as its model is about to be sent its N-th request (that request is not logged).
+
+Tools: ``order_status`` (a read), ``cancel_order`` (a write, keyed by the order) and
+``issue_refund`` (a write keyed by the order that needs approval). Each write appends
+one line to the ledger file, the provider's own record, which outlives any process that
+dies. ``Desk.agent`` is the plain Pydantic AI agent (run alone, its writes carry no
+idempotency key); ``Desk.bridge`` runs it inside turns.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -55,8 +62,12 @@ class Desk:
         ledger: str | Path,
         read_answer: Callable[[str], Answer | None] | None = None,
         approve_within: timedelta | None = None,
+        asks: str | Path | None = None,
+        die_at_request: int | None = None,
     ) -> None:
         self.ledger = str(ledger)
+        self.asks = None if asks is None else str(asks)
+        self.die_at_request = die_at_request
         self.requests: list[list[ModelMessage]] = []
         agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(self.model), name="desk")
 
@@ -88,8 +99,11 @@ class Desk:
         )
 
     def write(self, operation: str, order_id: str, **extra: Any) -> dict[str, str]:
-        authority = effect_authority()
-        record = {"operation": operation, "order_id": order_id, "key": authority.idempotency_key}
+        try:
+            key: str | None = effect_authority().idempotency_key
+        except LookupError:  # the agent run alone, outside a turn
+            key = None
+        record = {"operation": operation, "order_id": order_id, "key": key}
         with open(self.ledger, "a", encoding="utf-8") as f:
             f.write(json.dumps({**record, **extra, "pid": os.getpid()}) + "\n")
             f.flush()
@@ -98,7 +112,14 @@ class Desk:
         return {"id": f"{operation}_{order_id}"}
 
     def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if self.die_at_request is not None and len(self.requests) + 1 == self.die_at_request:
+            os.kill(os.getpid(), signal.SIGKILL)
         self.requests.append(list(messages))
+        if self.asks is not None:
+            with open(self.asks, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"pid": os.getpid(), "messages": len(messages)}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
         last = messages[-1]
         returns = tool_returns(last)
         if returns:

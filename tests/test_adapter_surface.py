@@ -3,8 +3,11 @@ application facade (``intention_kernel``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Self
+
+import pytest
 
 import intention_kernel
 import intention_kernel.durability as durability
@@ -16,7 +19,7 @@ import intention_kernel.durability.records as records
 from host_support import asgi_client
 from intention_kernel import Kernel, OutboxEvent, _ids
 from intention_kernel.checkpoint import KernelCheckpoint
-from intention_kernel.durability import TurnOperation
+from intention_kernel.durability import Durability, TurnOperation
 from intention_kernel.durability.abc import PendingInteraction, ThreadOwner
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.host import Principal, create_app
@@ -24,6 +27,7 @@ from intention_kernel.operations import check_checkpoints, migrate_checkpoints, 
 from intention_kernel.outbox import OutboxRelay
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing.conformance import DurabilityConformance
 from intention_kernel.turns import TurnResult, TurnScope
 
 
@@ -66,8 +70,10 @@ class ThirdPartyDurability:
     def __init__(self) -> None:
         self._inner = InMemoryDurability()
 
-    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult:
-        return await self._inner.with_turn(scope, operation)
+    async def with_turn(
+        self, scope: TurnScope, operation: TurnOperation, *, wait: bool = True
+    ) -> TurnResult:
+        return await self._inner.with_turn(scope, operation, wait=wait)
 
     async def load_checkpoint(
         self, thread_id: str, *, owner: ThreadOwner | None = None
@@ -168,3 +174,35 @@ async def test_a_third_party_durability_works_with_the_relay_operations_and_host
     assert queue.status_code == 200, queue.text
     assert [i["thread_id"] for i in queue.json()["interactions"]] == ["t-1"]
     assert thread.status_code == 200, thread.text
+
+
+class TestAThirdPartyDurabilityDeclaringWhatItOffers(DurabilityConformance):
+    """The shipped cases on a durability that is no ``RecordedDurability``: what it
+    declares (fault points, reached by the engine it forwards to; ``owner=``; the
+    interaction queue; its recorder, for the relay, the operations and the journal)
+    runs on it, so none of those tests skips for its class."""
+
+    persistent = False
+
+    @pytest.fixture
+    def make_durability(self) -> Callable[[], Durability]:
+        shared = ThirdPartyDurability()
+        return lambda: shared
+
+    @pytest.fixture
+    def fault_points(self) -> bool:
+        return True
+
+    @pytest.fixture
+    def operable(self) -> bool:
+        return True
+
+    @pytest.fixture
+    def tenant_store(self, durability: Durability) -> abc.TenantStore | None:
+        assert isinstance(durability, ThirdPartyDurability)
+        return durability
+
+    @pytest.fixture
+    def interaction_queue(self, durability: Durability) -> abc.InteractionQueue | None:
+        assert isinstance(durability, ThirdPartyDurability)
+        return durability

@@ -89,7 +89,9 @@ async def test_wait_queues_a_turn_behind_the_running_one(store: Durability) -> N
     assert provider.calls() == 1
 
 
-async def test_the_host_answers_thread_busy_while_a_turn_runs(store: Durability) -> None:
+async def test_the_host_answers_409_thread_busy_at_once_while_a_turn_runs(
+    store: Durability,
+) -> None:
     provider = FakeProvider()
     kernel = Kernel(agent(provider, "reject"), store)
     app = create_app(kernel, tokens={"tok": Principal("ana", "acme")})
@@ -111,13 +113,25 @@ async def test_the_host_answers_thread_busy_while_a_turn_runs(store: Durability)
             ),
             AT_ONCE,
         )
+        # A streamed turn is refused with the same problem, before any event is sent.
+        streamed = await asyncio.wait_for(
+            client.post(
+                "/v1/threads/t/turns",
+                json={"turn_id": "4", "message": "balance"},
+                headers={**auth, "accept": "text/event-stream"},
+            ),
+            AT_ONCE,
+        )
         assert not running.done()
         provider.released.set()
         accepted = await asyncio.wait_for(running, HELD)
-    assert busy.status_code == 503, busy.text
+    assert busy.status_code == 409, busy.text
     assert busy.headers["content-type"] == "application/problem+json"
     assert busy.headers["retry-after"] == "1"
     assert busy.json()["type"] == "/problems/thread-busy"
+    assert busy.json()["thread_id"] == "t"
+    assert streamed.status_code == 409, streamed.text
+    assert streamed.json()["type"] == "/problems/thread-busy"
     assert accepted.status_code == 200 and provider.calls() == 1
 
 

@@ -108,6 +108,7 @@ def _downgrade_to_version_1(path: Path, checkpoints: dict[str, KernelCheckpoint]
         conn.execute("ALTER TABLE ik_turns DROP COLUMN pruned_at")
         conn.execute("ALTER TABLE ik_turns DROP COLUMN announced")  # migration 5
         conn.execute("DROP TABLE ik_journal")  # migration 6
+        conn.execute("ALTER TABLE ik_receipts DROP COLUMN actor")  # migration 7
         conn.execute("DELETE FROM ik_schema WHERE version > 1")
 
 

@@ -29,12 +29,13 @@ import revision_two
 from intention_kernel import Kernel, KernelCheckpoint, TurnExpiredError
 from intention_kernel.cli._app import app
 from intention_kernel.cli.prune import parse_duration
-from intention_kernel.durability import open_durability
+from intention_kernel.durability import TurnTransaction, open_durability
 from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.turns import TurnCommit, TurnScope
 from proving_support import drop_schema, new_database, process_env, read_all_events
 
 OLD_AGENT = "test_cli_operations:old_agent"
@@ -432,6 +433,34 @@ def test_prune_keeps_turn_ids_so_a_late_retry_is_refused(db: str) -> None:
     asyncio.run(late_retry())
     code, output = cli("prune", "--db", db, "--older-than", "soon")
     assert code == 2 and "not a duration" in output
+
+
+def test_prune_prints_the_journal_entries_of_uncommitted_turns_it_removed(db: str) -> None:
+    """A turn that recorded two values and died before its commit leaves two journal
+    entries; ``prune`` deletes them and says so, and a second run finds none."""
+    path = db.removeprefix("sqlite:///")
+
+    async def dies_after_recording() -> None:
+        async with SQLiteDurability(path) as store:
+
+            async def operation(tx: TurnTransaction) -> TurnCommit:
+                for key in ("app.first", "app.second"):
+                    await tx.recorded(key, lambda key=key: asyncio.sleep(0, {"seen": key}))
+                raise RuntimeError("the process died before its commit")
+
+            with pytest.raises(RuntimeError):
+                await store.with_turn(TurnScope("t3", "1"), operation)
+
+    asyncio.run(dies_after_recording())
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM ik_journal").fetchone() == (2,)
+    code, output = cli("prune", "--db", db, "--older-than", "0s")
+    assert code == 0, output
+    assert "and 2 journal entry(ies) of turns that never committed" in output
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM ik_journal").fetchone() == (0,)
+    code, output = cli("prune", "--db", db, "--older-than", "0s")
+    assert code == 0 and "and 0 journal entry(ies)" in output
 
 
 # -- a store that does not exist --------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from intention_kernel import Kernel
+from intention_kernel import Answer, Kernel
 from intention_kernel.cli._app import app
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
@@ -21,7 +21,8 @@ KEY = "payments.charge:charge:pi_lost"
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    """A store with one completed and one uncertain charge on thread t."""
+    """A store with one completed charge and one uncertain one (approved by ana) on
+    thread t."""
     path = tmp_path / "ops.db"
 
     async def prepare() -> None:
@@ -30,7 +31,8 @@ def store(tmp_path: Path) -> Path:
             kernel = Kernel(billing_agent(provider), durability)
             for n, pi in enumerate(("pi_ok", "pi_lost")):
                 await kernel.turn("t", f"propose-{n}", f"charge {pi} 500")
-                await kernel.turn("t", f"accept-{n}", "yes")
+                answer = Answer(actor="ana") if pi == "pi_lost" else None
+                await kernel.turn("t", f"accept-{n}", None if answer else "yes", answer=answer)
 
     asyncio.run(prepare())
     return path
@@ -45,13 +47,14 @@ def test_list_shows_every_receipt_and_filters_by_status(store: Path) -> None:
     code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--json")
     assert code == 0
     rows = [json.loads(line) for line in output.splitlines()]
-    assert [(r["key"], r["status"]) for r in rows] == [
-        ("payments.charge:charge:pi_ok", "completed"),
-        (KEY, "uncertain"),
+    assert [(r["key"], r["status"], r["actor"]) for r in rows] == [
+        ("payments.charge:charge:pi_ok", "completed", None),
+        (KEY, "uncertain", "ana"),
     ]
     code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--status", "uncertain")
     assert code == 0
     assert "pi_lost" in output and "pi_ok" not in output
+    assert "approved by ana; " in output
     code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--status", "weird")
     assert code == 2 and "unknown status" in output
 

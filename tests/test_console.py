@@ -763,6 +763,104 @@ def test_an_answered_step_shows_who_answered(tmp_path: Path, page: Any) -> None:
         expect(step.locator(".actor")).to_have_text("by ana@acme.example")
 
 
+def quorum_agent(provider: FakePaymentProvider) -> Any:
+    """The demo billing agent whose charges need two distinct approvers."""
+    agent = build_agent(provider)
+    capabilities = [
+        replace(c, approvals=2) if c.id == "payments.charge" else c for c in agent.capabilities
+    ]
+    return replace(agent, capabilities=capabilities)
+
+
+def test_a_quorum_shows_the_approvers_so_far_and_runs_after_the_second(
+    tmp_path: Path, page: Any
+) -> None:
+    """``approvals=2``: the pending confirmation shows how many approvals it needs and
+    who gave them; the queue says how many it has; the second principal's Accept runs it."""
+    from playwright.sync_api import expect
+
+    provider = opened_provider(tmp_path / "provider.db")
+    kernel = Kernel(quorum_agent(provider), InMemoryDurability())
+    tokens = {
+        "tok-ana": Principal("ana@acme.example", None, "operator"),
+        "tok-bob": Principal("bob@acme.example", None, "operator"),
+    }
+    with serving_in_thread(create_app(kernel, tokens=tokens)) as url:
+        for turn_id, body in (
+            ("d1", {"message": "pay invoice 42"}),
+            ("d2", {"answer": {"decision": "accept"}}),
+        ):
+            sent = httpx.post(
+                f"{url}/v1/threads/{THREAD}/turns",
+                json={"turn_id": turn_id, **body},
+                headers={"Authorization": "Bearer tok-ana"},
+                timeout=30,
+            )
+            assert sent.status_code == 200, sent.text
+        assert sent.json()["interaction"]["approved_by"] == ["ana@acme.example"]
+        page.goto(f"{url}/console")
+        page.get_by_label("Token").fill("tok-bob")
+        page.get_by_role("button", name="Refresh").click()
+        queued = page.locator("#queue-interactions .queue-item .capability")
+        expect(queued).to_contain_text("1 of 2 approvals")
+        page.get_by_label("Thread").fill(THREAD)
+        page.get_by_role("button", name="Open").click()
+        approvers = page.locator("#confirmation-approvers")
+        expect(approvers).to_have_text("1 of 2 · approved by ana@acme.example")
+        expect(page.locator("#confirmation-approvers-label")).to_be_visible()
+        assert provider_charges(provider) == []
+        page.get_by_role("button", name="Accept").click()
+        step = page.locator("#messages .step", has_text="payments.charge")
+        expect(step.locator(".badge")).to_have_text("completed")
+        expect(step.locator(".actor")).to_have_text("by bob@acme.example")
+        expect(page.locator("#confirmation")).to_be_hidden()
+    assert [c["amount_cents"] for c in provider_charges(provider)] == [12500]
+
+
+def test_a_receipt_to_reconcile_names_who_approved_its_write(tmp_path: Path, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    provider = opened_provider(tmp_path / "provider.db")
+    provider.simulate_lost_response("pi_demo_43")
+    kernel = Kernel(build_agent(provider), InMemoryDurability())
+    tokens = {"tok-ana": Principal("ana@acme.example", None, "operator")}
+    with serving_in_thread(create_app(kernel, tokens=tokens)) as url:
+        for turn_id, body in (
+            ("d1", {"message": "pay invoice 43"}),
+            ("d2", {"answer": {"decision": "accept"}}),
+        ):
+            sent = httpx.post(
+                f"{url}/v1/threads/{THREAD}/turns",
+                json={"turn_id": turn_id, **body},
+                headers={"Authorization": "Bearer tok-ana"},
+                timeout=30,
+            )
+            assert sent.status_code == 200, sent.text
+        assert sent.json()["steps"][0]["status"] == "uncertain"
+        page.goto(f"{url}/console")
+        page.get_by_label("Token").fill("tok-ana")
+        page.get_by_label("Thread").fill(THREAD)
+        page.get_by_role("button", name="Open").click()
+        receipt = page.locator(".receipt", has_text="payments.charge:charge:pi_demo_43")
+        expect(receipt.locator(".error")).to_contain_text("approved by ana@acme.example")
+
+
+def test_one_approval_shows_no_approvers_line(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "pay invoice 42")
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    expect(page.locator("#confirmation-prompt")).to_be_visible()
+    expect(page.locator("#confirmation-approvers")).to_be_hidden()
+    expect(page.locator("#confirmation-approvers-label")).to_be_hidden()
+
+
+def provider_charges(provider: FakePaymentProvider) -> list[dict[str, Any]]:
+    """The charges the provider applied (from a worker thread: see opened_provider)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(provider.charges())).result()
+
+
 def test_the_pages_schema_check_agrees_with_the_input_model(host: Host, page: Any) -> None:
     """The edit form's check, run in the page on a pydantic schema with what a capability's
     input model may hold (a nested model by ``$ref``, a literal, a list, an optional

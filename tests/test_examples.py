@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -331,6 +332,30 @@ def test_the_quickstart_asks_charges_once_and_replays_when_run_again(tmp_path: P
     ]
 
 
+def test_the_approvals_example_shows_each_permit_rule_as_the_readme_prints_it(
+    tmp_path: Path,
+) -> None:
+    """``python examples/approvals.py``: a reject's reason, an edit that runs edited, an
+    accept after the deadline that runs nothing, a quorum that ignores the same actor
+    twice and runs after a second one, and a turn refused while the thread is busy."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "approvals.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    printed = proc.stdout
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"```text\n{printed}```" in readme
+    assert printed.splitlines()[-1] == "provider calls: ['refund 7 1200', 'payout acme 30000']"
+    assert "the step says: rejected by the person: only the lid was broken" in printed
+    assert "busy: the thread is running a turn" in printed
+    assert list(tmp_path.iterdir()) == []  # its store was a temporary one
+
+
 @pytest.mark.slow
 def test_the_built_wheel_installs_into_a_fresh_venv_and_imports(tmp_path: Path) -> None:
     """``python -m build`` makes a wheel that installs on its own, as the README says
@@ -457,8 +482,15 @@ def test_the_pydantic_ai_desk_killed_mid_turn_calls_the_provider_once(
 ) -> None:
     """``python -m examples.pydantic_ai_desk.crash``: a real process dies after the
     cancel's provider call, before its turn commits; the redelivery in a new process
-    commits the stored result, and the shop was called once."""
-    args = [*store, "--ledger", str(tmp_path / "shop.ledger")]
+    commits the stored result, the shop was called once and the model asked once per
+    request."""
+    args = [
+        *store,
+        "--ledger",
+        str(tmp_path / "shop.ledger"),
+        "--model-log",
+        str(tmp_path / "model.log"),
+    ]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     died = subprocess.run(
         [sys.executable, "-m", "examples.pydantic_ai_desk.crash", *args, "--die"],
@@ -480,4 +512,72 @@ def test_the_pydantic_ai_desk_killed_mid_turn_calls_the_provider_once(
         "provider_calls": 1,
     }
     assert '[crash-1] agent: cancel_order for order 42: {"id": "cancel_42"}' in output
+    assert "[crash-1] step desk.agent: completed" in output
+    # The request that asked for the cancel was recorded before the cancel ran: the
+    # redelivery asked the model only for the one that reads its result.
+    assert "model: requests=2 asked=2" in output
+    assert (tmp_path / "model.log").read_text().split() == ["1", "3"]
+
+
+# -- the OpenAI Agents SDK help desk -----------------------------------------------------------
+
+
+def test_the_openai_agents_desk_writes_once_and_approves_across_a_restart(
+    store: list[str],
+) -> None:
+    """``python -m examples.openai_agents_desk``: an Agents SDK agent whose cancel is
+    applied once although its turn is delivered again, and whose refund waits for a
+    "yes" across a restart (its paused RunState in the checkpoint) and then runs once;
+    a second run replays every turn."""
+    output = run_example("openai_agents_desk", *store)
+    assert summary(output) == {
+        "committed": 4,
+        "replayed": 2,
+        "failed_steps": 0,
+        "provider_calls": 2,
+    }
+    assert "[turn-3] agent: Refund 1250 cents for order 42? Reply yes, or no and why." in output
+    assert "[turn-4] agent: issue_refund for order 42: {'id': 'refund_42'}" in output
+    assert re.findall(r"^provider: (\S+) applied (\d+)x$", output, re.M) == [
+        ("desk.agent:cancel_order:43", "1"),
+        ("desk.agent:issue_refund:42", "1"),
+    ]
+    again = run_example("openai_agents_desk", *store)
+    assert summary(again) == {
+        "committed": 0,
+        "replayed": 6,
+        "failed_steps": 0,
+        "provider_calls": 0,
+    }
+
+
+def test_the_openai_agents_desk_killed_mid_turn_calls_the_provider_once(
+    store: list[str], tmp_path: Path
+) -> None:
+    """``python -m examples.openai_agents_desk.crash``: a real process is killed
+    (SIGKILL) after the cancel's provider call, before its turn commits; the
+    redelivery in a new process commits the stored result, and the shop was called
+    once."""
+    args = [*store, "--ledger", str(tmp_path / "shop.ledger")]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    died = subprocess.run(
+        [sys.executable, "-m", "examples.openai_agents_desk.crash", *args, "--die"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    assert "summary:" not in died.stdout
+    assert len((tmp_path / "shop.ledger").read_text().splitlines()) == 1
+    output = run_example("openai_agents_desk.crash", *args)
+    assert summary(output) == {
+        "committed": 1,
+        "replayed": 0,
+        "failed_steps": 0,
+        "provider_calls": 1,
+    }
+    assert "[crash-1] agent: cancel_order for order 42: {'id': 'cancel_42'}" in output
     assert "[crash-1] step desk.agent: completed" in output

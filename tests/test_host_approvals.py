@@ -43,6 +43,32 @@ async def test_the_host_records_the_tokens_principal_as_the_answers_actor(
     ]
 
 
+async def test_the_hosts_receipts_name_the_principal_who_approved_the_write(
+    store: Durability,
+) -> None:
+    tokens = {**TOKENS, "tok-ops": Principal("ops@acme.example", "acme", role="operator")}
+    provider = FakeProvider()
+    app = create_app(Kernel(billing_agent(provider), store), tokens=tokens)
+    async with asgi_client(app) as client:
+        await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d1", "message": "charge pi_1 500"},
+            headers=AUTH,
+        )
+        await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d2", "answer": {"decision": "accept"}},
+            headers=AUTH,
+        )
+        listed = await client.get(
+            "/v1/receipts?thread_id=t", headers={"authorization": "Bearer tok-ops"}
+        )
+    assert listed.status_code == 200, listed.text
+    [receipt] = listed.json()["receipts"]
+    assert (receipt["key"], receipt["status"]) == ("payments.charge:charge:pi_1", "completed")
+    assert receipt["actor"] == "ana@acme.example"
+
+
 async def test_the_host_refuses_an_answer_whose_actor_is_not_the_tokens_principal(
     store: Durability,
 ) -> None:
@@ -69,6 +95,29 @@ async def test_the_host_refuses_an_answer_whose_actor_is_not_the_tokens_principa
     assert forged.json()["type"] == "/problems/forbidden"
     assert same.status_code == 200, same.text
     assert provider.ledger == ["payments.charge:charge:pi_1"]
+
+
+async def test_a_streamed_answer_naming_another_actor_is_refused_and_runs_nothing(
+    store: Durability,
+) -> None:
+    provider = FakeProvider()
+    app = create_app(Kernel(billing_agent(provider), store), tokens=TOKENS)
+    async with asgi_client(app) as client:
+        await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d1", "message": "charge pi_1 500"},
+            headers=AUTH,
+        )
+        forged = await client.post(
+            "/v1/threads/t/turns",
+            json={"turn_id": "d2", "answer": {"decision": "accept", "actor": "boss@acme.example"}},
+            headers={**AUTH, "accept": "text/event-stream"},
+        )
+    assert forged.status_code == 403
+    assert forged.json()["type"] == "/problems/forbidden"
+    assert provider.calls() == 0
+    checkpoint = await store.load_checkpoint("t")
+    assert checkpoint is not None and checkpoint.version == 1 and checkpoint.interaction
 
 
 async def test_the_thread_view_gives_the_held_inputs_schema_for_an_edit(

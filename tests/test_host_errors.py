@@ -22,6 +22,7 @@ from intention_kernel import (
     StoreError,
     TenantMismatchError,
     ThreadBusyError,
+    ThreadLockTimeoutError,
     TurnConflictError,
     TurnExpiredError,
     TurnResult,
@@ -63,7 +64,8 @@ class FailingDurability(InMemoryDurability):
         (CheckpointCompatibilityError("newer"), 409, "incompatible-checkpoint"),
         (CorruptRecordError("garbled"), 500, "corrupt-record"),
         (InterpretationError("model down"), 502, "interpretation-failed"),
-        (ThreadBusyError("busy"), 503, "thread-busy"),
+        (ThreadBusyError("busy"), 409, "thread-busy"),
+        (ThreadLockTimeoutError("waited"), 503, "lock-timeout"),
         (FencedCommitError("moved"), 503, "turn-fenced"),
         (StoreError("disk gone"), 503, "store-unavailable"),
         (KernelError("inconsistent"), 500, "internal-error"),
@@ -90,7 +92,9 @@ async def test_every_error_is_a_problem_with_a_stable_type(
         assert int(response.headers["retry-after"]) >= 1
 
 
-async def test_a_busy_thread_is_503_with_retry_after() -> None:
+async def test_a_lock_timeout_is_503_lock_timeout_with_retry_after() -> None:
+    """An agent that waits (``on_busy="wait"``) gave up after the store's lock timeout:
+    503, the store's problem, not the person's."""
     provider = FakeProvider(behaviour={"pi_1": "block"})
     kernel = Kernel(billing_agent(provider), InMemoryDurability(lock_timeout=0.05))
     async with asgi_client(create_app(kernel)) as client:
@@ -102,7 +106,8 @@ async def test_a_busy_thread_is_503_with_retry_after() -> None:
         provider.released.set()
         assert (await holder).status_code == 200
     assert busy.status_code == 503
-    assert busy.json()["type"] == "/problems/thread-busy"
+    assert busy.json()["type"] == "/problems/lock-timeout"
+    assert busy.json()["thread_id"] == "t1"
     assert busy.headers["retry-after"] == "1"
 
 

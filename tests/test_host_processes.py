@@ -184,7 +184,7 @@ def holding(store_url: str, thread_id: str, tenant_id: str | None = None) -> Ite
     assert failures == []
 
 
-def test_a_thread_held_by_another_worker_is_503_with_retry_after(
+def test_a_thread_held_by_another_worker_past_the_lock_timeout_is_503_lock_timeout(
     store_url: str, tmp_path: Path, run_id: str
 ) -> None:
     thread = f"busy-{run_id}"
@@ -196,7 +196,7 @@ def test_a_thread_held_by_another_worker_is_503_with_retry_after(
         with holding(store_url, thread):
             busy = turn(http, thread, "t2", message="what do I owe on invoice 43?")
             assert (busy.status_code, busy.headers["content-type"]) == (503, PROBLEM)
-            assert busy.json()["type"] == "/problems/thread-busy"
+            assert busy.json()["type"] == "/problems/lock-timeout"
             assert busy.headers["retry-after"] == "1"
         retried = turn(http, thread, "t2", message="what do I owe on invoice 43?")
         assert retried.status_code == 200

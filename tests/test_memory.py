@@ -13,7 +13,6 @@ import pytest
 from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.durability.abc import RecordedDurability, Recorder, RecorderOptions, TurnStart
 from intention_kernel.durability.memory import _MemoryRecorder
-from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import TenantMismatchError, ThreadBusyError
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper, commit_for
@@ -21,20 +20,19 @@ from intention_kernel.turns import TurnCommit, TurnScope
 
 
 class _MemoryTamper:
+    """The store's own tamper, with the one write it cannot make turned into a skip."""
+
     def __init__(self, durability: InMemoryDurability) -> None:
-        self._durability = durability
-        self._state = durability._recorder._state  # type: ignore[attr-defined]
+        self._tamper = durability.tamper()
 
     async def write_checkpoint_text(self, thread_id: str, text: str) -> None:
-        self._state.threads[thread_id].checkpoint = text
-        self._durability._checkpoints.clear()  # the shared instance must not trust its cache
+        await self._tamper.write_checkpoint_text(thread_id, text)
 
     async def write_receipt_status(self, thread_id: str, key: str, status: str) -> None:
-        receipt = self._state.receipts[(thread_id, key)]
         # The in-memory store holds typed receipts; an unknown state cannot even be
         # represented, so emulate the decode failure a SQL store would report.
         try:
-            self._state.receipts[(thread_id, key)] = replace(receipt, status=ReceiptStatus(status))
+            await self._tamper.write_receipt_status(thread_id, key, status)
         except ValueError:
             pytest.skip("the in-memory store cannot hold a receipt in an unknown state")
 

@@ -13,6 +13,7 @@ turn's one recording is the whole conversation with the model. The rounds protoc
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from intention_kernel import (
     CapabilityContext,
     CapabilityResult,
     EffectAuthority,
+    Interaction,
     InterpretationError,
     Kernel,
     StepStatus,
@@ -149,10 +151,14 @@ async def test_answer_tools_are_offered_only_while_an_interaction_is_active(
     assert PROMPT_42 in system_message(offered)
     assert pending.interaction is not None
     assert pending.interaction.id in system_message(offered)
-    answer_tool = offered["tools"][2]["function"]
-    assert answer_tool["parameters"]["properties"] == {}, (
-        "a kernel-held confirmation takes no value"
-    )
+    accept_tool, reject_tool = (t["function"] for t in offered["tools"][2:])
+    # A kernel-held confirmation takes no value; its accept may carry an edited input,
+    # checked against the held capability's schema, and its reject a reason.
+    assert list(accept_tool["parameters"]["properties"]) == ["input"]
+    edit = accept_tool["parameters"]["properties"]["input"]
+    assert edit["properties"] == ChargeInput.model_json_schema()["properties"]
+    assert "only when the user accepts with a change" in edit["description"]
+    assert list(reject_tool["parameters"]["properties"]) == ["reason"]
 
     rejected = await billing.turn("d3", "no, not now", "answer_reject")
     assert [s.status for s in rejected.steps] == [StepStatus.REJECTED]
@@ -341,6 +347,103 @@ async def test_an_answer_whose_arguments_cannot_be_read_answers_nothing(
     assert result.interaction is not None, "the charge must still be pending"
     assert "could not tell whether you accept" in result.reply
     assert await billing.charges() == 0
+
+
+# -- an accept with an edit, a reject with a reason -------------------------------------------
+
+
+def answering(tool: str, arguments: Any) -> dict[str, Any]:
+    """The recorded ``tool`` answer, its arguments replaced by ``arguments``."""
+    answer = recording(tool)
+    call = answer["body"]["choices"][0]["message"]["tool_calls"][0]
+    call["function"]["arguments"] = json.dumps(arguments)
+    return answer
+
+
+async def test_an_accept_with_an_edited_input_runs_the_edited_input_once(
+    billing: Billing,
+) -> None:
+    proposed = await billing.turn("d1", "please pay invoice 42", "charge_42")
+    assert proposed.interaction is not None
+    held = proposed.interaction.input
+    edited = {**held, "amount_cents": 10000}
+    billing.stub.queue_data([answering("answer_accept", {"input": edited})])
+    accepted = await billing.kernel.turn(THREAD, "d2", "yes, but only $100")
+    [step] = accepted.steps
+    assert step.status == StepStatus.COMPLETED
+    assert (step.proposed_input, step.approved_input) == (held, edited)
+    [charge] = await billing.provider.charges()
+    assert charge["amount_cents"] == 10000
+    [resolved] = [
+        e.payload
+        for e in await billing.durability.read_outbox(thread_id=THREAD)
+        if e.type == "interaction.resolved"
+    ]
+    assert (resolved["proposed_input"], resolved["approved_input"]) == (held, edited)
+
+
+async def test_an_accept_whose_edit_fails_the_schema_runs_nothing_and_stays_open(
+    billing: Billing,
+) -> None:
+    proposed = await billing.turn("d1", "please pay invoice 42", "charge_42")
+    assert proposed.interaction is not None
+    bad = {**proposed.interaction.input, "amount_cents": -1}
+    billing.stub.queue_data([answering("answer_accept", {"input": bad})])
+    refused = await billing.kernel.turn(THREAD, "d2", "yes, but minus one cent")
+    [step] = refused.steps
+    assert step.status == StepStatus.AWAITING_CONFIRMATION
+    assert step.error is not None and "amount_cents" in step.error
+    assert refused.interaction == proposed.interaction
+    assert await billing.charges() == 0
+
+
+@pytest.mark.parametrize("edit", [[1, 2], "amount 100", 5])
+async def test_an_accept_whose_edit_is_not_an_object_answers_nothing(
+    billing: Billing, edit: Any
+) -> None:
+    await billing.turn("d1", "pay invoice 42", "charge_42")
+    billing.stub.queue_data([answering("answer_accept", {"input": edit})])
+    result = await billing.kernel.turn(THREAD, "d2", "yes")
+    assert result.steps == ()
+    assert result.interaction is not None, "the charge must still be pending"
+    assert "could not tell whether you accept" in result.reply
+    assert await billing.charges() == 0
+
+
+async def test_an_accept_that_repeats_the_held_input_is_no_edit(billing: Billing) -> None:
+    proposed = await billing.turn("d1", "pay invoice 42", "charge_42")
+    assert proposed.interaction is not None
+    billing.stub.queue_data(
+        [answering("answer_accept", {"input": dict(proposed.interaction.input)})]
+    )
+    accepted = await billing.kernel.turn(THREAD, "d2", "yes")
+    [step] = accepted.steps
+    assert step.status == StepStatus.COMPLETED
+    assert (step.proposed_input, step.approved_input) == (None, None)
+
+
+async def test_a_reject_with_a_reason_records_it(billing: Billing) -> None:
+    await billing.turn("d1", "pay invoice 42", "charge_42")
+    billing.stub.queue_data([answering("answer_reject", {"reason": "wrong invoice"})])
+    rejected = await billing.kernel.turn(THREAD, "d2", "no, that is the wrong invoice")
+    assert [(s.status, s.error) for s in rejected.steps] == [
+        (StepStatus.REJECTED, "rejected by the person: wrong invoice")
+    ]
+    assert await billing.charges() == 0
+
+
+def test_a_quorums_accept_offers_no_edit() -> None:
+    """A quorum refuses edits (every approver approves the same operation): its
+    ``answer_accept`` takes no ``input``."""
+    spec = CapabilitySpec(
+        "payments.charge", "write", "required", "Charge", ChargeInput.model_json_schema()
+    )
+    quorum = Interaction("ix_1", "confirmation", "payments.charge", {}, "Charge?", approvals=2)
+    accept = toolset([spec], quorum).tools[1]["function"]
+    assert accept["name"] == "answer_accept" and accept["parameters"]["properties"] == {}
+    single = dataclasses.replace(quorum, approvals=1)
+    accept = toolset([spec], single).tools[1]["function"]
+    assert list(accept["parameters"]["properties"]) == ["input"]
 
 
 # -- answers with a value, for a capability that confirms on its own -----------------------

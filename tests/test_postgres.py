@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -51,6 +51,7 @@ from intention_kernel.errors import (
     ReceiptStateError,
     StoreError,
     ThreadBusyError,
+    ThreadLockTimeoutError,
 )
 from intention_kernel.facts import Evidence, FactRecord
 from intention_kernel.interpretation import InterpretationRequest
@@ -61,7 +62,11 @@ from intention_kernel.testing.conformance import DurabilityConformance, Inspecto
 from intention_kernel.testing.conformance import commit_for as minimal_commit
 from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
 from proving_support import Store as SQLStore
-from proving_support import StoreInspector, migration_4_gives_receipts_their_owner
+from proving_support import (
+    StoreInspector,
+    migration_4_gives_receipts_their_owner,
+    receipts_before_actors_read_as_no_actor,
+)
 from tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.postgres
@@ -268,6 +273,7 @@ UNDO_MIGRATION_5 = (
 )
 UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
 UNDO_MIGRATION_8 = "DROP TABLE ik_journal"
+UNDO_MIGRATION_9 = "ALTER TABLE ik_receipts DROP COLUMN actor"
 
 
 async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store) -> None:
@@ -291,6 +297,7 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     store.execute(UNDO_MIGRATION_5)
     store.execute(UNDO_MIGRATION_7)
     store.execute(UNDO_MIGRATION_8)
+    store.execute(UNDO_MIGRATION_9)
     store.execute("DELETE FROM ik_schema WHERE version > 1")
 
     async with store.durability() as upgraded:
@@ -329,9 +336,20 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(store: St
         store.execute(UNDO_MIGRATION_5)
         store.execute(UNDO_MIGRATION_7)
         store.execute(UNDO_MIGRATION_8)
+        store.execute(UNDO_MIGRATION_9)
         store.execute("DELETE FROM ik_schema WHERE version > 3")
 
     await migration_4_gives_receipts_their_owner(store.durability, back_to_version_3)
+
+
+async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
+    store: Store,
+) -> None:
+    def back_to_version_8() -> None:
+        store.execute(UNDO_MIGRATION_9)
+        store.execute("DELETE FROM ik_schema WHERE version > 8")
+
+    await receipts_before_actors_read_as_no_actor(store.durability, back_to_version_8)
 
 
 async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:
@@ -458,7 +476,7 @@ async def test_the_advisory_lock_excludes_a_second_holder_until_its_session_dies
 async def test_a_zero_lock_timeout_bounds_only_the_wait_for_a_busy_thread(store: Store) -> None:
     """``lock_timeout=0`` is no wait for a busy thread, not no wait for a session: turns
     on idle threads commit while the pool opens sessions for them, and a busy thread
-    raises ``ThreadBusyError``, never ``StoreError``."""
+    raises ``ThreadLockTimeoutError`` (a ``ThreadBusyError``), never ``StoreError``."""
     async with store.durability(lock_timeout=0, min_pool_size=1, max_pool_size=6) as durability:
         gate = Gate()
         held = asyncio.create_task(durability.with_turn(TurnScope("busy", "1"), gate))
@@ -472,7 +490,7 @@ async def test_a_zero_lock_timeout_bounds_only_the_wait_for_a_busy_thread(store:
             *(durability.with_turn(TurnScope("busy", f"2-{n}"), plain) for n in range(4)),
             return_exceptions=True,
         )
-        assert [type(b) for b in busy] == [ThreadBusyError] * 4
+        assert [type(b) for b in busy] == [ThreadLockTimeoutError] * 4
         gate.released.set()
         assert (await held).checkpoint_version == 1
 
@@ -541,23 +559,21 @@ async def test_every_session_asks_the_server_to_drop_it_after_25_seconds_of_sile
     unacknowledged data. This proves what every session tells the server; a vanished
     host itself is not simulated (it needs packets dropped between two hosts: a proxy
     in between would acknowledge them itself)."""
-    async with store.durability(min_pool_size=3, max_pool_size=3) as durability:
-        pool = durability._recorder._pool  # type: ignore[attr-defined]
-        await pool.wait()
-        sessions = [await pool.getconn() for _ in range(3)]
-        try:
-            for conn in sessions:
-                if (conn.info.host or "/").startswith("/"):
-                    pytest.skip("a Unix-socket session has no TCP settings")
-                cur = await conn.execute(
-                    "SELECT current_setting('tcp_keepalives_idle'), "
-                    "current_setting('tcp_keepalives_interval'), "
-                    "current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')"
-                )
-                assert await cur.fetchone() == ("10", "5", "3", "25000")  # seconds; ms
-        finally:
-            for conn in sessions:
-                await pool.putconn(conn)
+    async with (
+        store.durability(min_pool_size=3, max_pool_size=3) as durability,
+        AsyncExitStack() as held,
+    ):
+        sessions = [await held.enter_async_context(durability.session()) for _ in range(3)]
+        assert len({id(conn) for conn in sessions}) == 3  # every session of the pool
+        for conn in sessions:
+            if (conn.info.host or "/").startswith("/"):
+                pytest.skip("a Unix-socket session has no TCP settings")
+            cur = await conn.execute(
+                "SELECT current_setting('tcp_keepalives_idle'), "
+                "current_setting('tcp_keepalives_interval'), "
+                "current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')"
+            )
+            assert await cur.fetchone() == ("10", "5", "3", "25000")  # seconds; ms
 
 
 async def test_no_transaction_is_open_on_the_lock_session_while_the_model_or_a_capability_runs(
@@ -1282,8 +1298,7 @@ async def test_sessions_plan_generically_and_listing_unsettled_receipts_uses_its
         for n in range(30):
             await durability.with_turn(TurnScope(f"t{n}", "1"), _charge_and_record(n))
         assert await durability.list_receipts(status="uncertain") == []
-        pool = durability._recorder._pool  # type: ignore[attr-defined]
-        async with pool.connection() as conn:
+        async with durability.session() as conn:
             mode = await (
                 await conn.execute("SELECT current_setting('plan_cache_mode')")
             ).fetchone()

@@ -4,18 +4,17 @@ Reads reach the model; a write tool is called once however often its turn is
 delivered, also when a real process dies after the provider call; a
 ``requires_approval=True`` tool is held as a kernel interaction bound to that exact
 call, survives a restart, and an accept runs exactly that call once while a reject's
-reason reaches the model as the denial. No API key: the model is a ``FunctionModel``
+reason reaches the model as the denial. Each model response is recorded in the turn's
+journal before its tools run: a redelivered turn asks the model only for the requests
+it had not answered, streamed ones too. No API key: the model is a ``FunctionModel``
 (``tests/pydantic_ai_support.py``).
-
-Model responses are not recorded yet: a redelivered turn asks the model again (these
-tests count on a deterministic model for that), and only the receipts keep its writes
-from repeating.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -26,9 +25,11 @@ from typing import Any
 
 import pytest
 
-from intention_kernel import Answer, Kernel, ReceiptStatus
+from intention_kernel import Answer, CorruptRecordError, Kernel, ReceiptStatus
 from intention_kernel.checkpoint import operation_digest
 from intention_kernel.durability import Durability
+from intention_kernel.durability.abc import JournalEntry, RecordedDurability
+from intention_kernel.effects import utcnow
 from intention_kernel.integrations.pydantic_ai import KernelAgent
 from intention_kernel.testing import faults
 from proving_support import Store, make_sql_store, open_store
@@ -97,6 +98,143 @@ async def test_a_write_tool_is_called_once_when_its_turn_is_redelivered(
     assert [(r.key, r.status) for r in receipts] == [
         ("desk.agent:cancel_order:42", ReceiptStatus.COMPLETED)
     ]
+
+
+async def journal(store: Durability, turn_id: str) -> list[str]:
+    """The keys of the journal entries of ``turn_id`` on thread ``t1``."""
+    assert isinstance(store, RecordedDurability)  # every store of the ``store`` fixture
+    recorder = await store.recorder()
+    return [entry.key for entry in await recorder.read_journal("t1", turn_id)]
+
+
+async def test_a_redelivered_turn_asks_the_model_only_for_the_requests_it_did_not_record(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    # The turn dies after the cancel's receipt completed: request 1 (which asked for
+    # the cancel) is recorded, request 2 (which reads its result) was never made.
+    with (
+        faults.injected(faults.AFTER_RECEIPT_COMPLETED, "raise"),
+        pytest.raises(faults.InjectedFault),
+    ):
+        await kernel.turn("t1", "turn-1", "cancel 42")
+    assert [len(r) for r in desk.requests] == [1]
+    # The kernel's round 1 (run the agent) and the agent's request 1.
+    assert await journal(store, "turn-1") == ["kernel.round.1", "turn-1#1:pydantic_ai.model.1"]
+    redelivered = await kernel.turn("t1", "turn-1", "cancel 42")
+    # Only request 2 was asked: the prompt, the recorded response, the tool's result.
+    assert [len(r) for r in desk.requests] == [1, 3]
+    assert returns_of(desk) == [("cancel_order", {"id": "cancel_42"})]
+    assert redelivered.reply == 'cancel_order: {"id": "cancel_42"}'
+    assert [(c["operation"], c["order_id"]) for c in read_ledger(desk.ledger)] == [("cancel", "42")]
+    assert await journal(store, "turn-1") == []  # the commit deleted it
+    replayed = await kernel.turn("t1", "turn-1", "cancel 42")
+    assert replayed.replayed
+    assert len(desk.requests) == 2
+
+
+async def test_a_turn_that_died_before_its_commit_asks_the_model_nothing_again(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    with faults.injected(faults.BEFORE_COMMIT, "raise"), pytest.raises(faults.InjectedFault):
+        await kernel.turn("t1", "turn-1", "status of 42")
+    assert len(desk.requests) == 2
+    assert await journal(store, "turn-1") == [
+        "kernel.round.1",
+        "turn-1#1:pydantic_ai.model.1",
+        "turn-1#1:pydantic_ai.model.2",
+    ]
+    redelivered = await kernel.turn("t1", "turn-1", "status of 42")
+    assert len(desk.requests) == 2
+    status = {"order_id": "42", "status": "delivered", "cents": 1250}
+    assert redelivered.reply == f"order_status: {json.dumps(status)}"
+    # The committed history holds the recorded responses: the next turn continues it.
+    await kernel.turn("t1", "turn-2", "status of 43")
+    assert [len(r) for r in desk.requests] == [1, 3, 5, 7]
+
+
+async def test_a_streamed_model_request_is_recorded_and_its_events_replayed(
+    store: Durability, tmp_path: Path
+) -> None:
+    from collections.abc import AsyncIterable
+
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai import RunContext
+    from pydantic_ai.capabilities import ProcessEventStream
+    from pydantic_ai.messages import ModelMessage, PartDeltaEvent, PartStartEvent
+    from pydantic_ai.models.function import (
+        AgentInfo,
+        DeltaToolCall,
+        DeltaToolCalls,
+        FunctionModel,
+    )
+
+    cancelled: list[str] = []
+    streamed: list[int] = []
+    text: list[str] = []
+
+    async def stream(
+        messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        streamed.append(len(messages))
+        if tool_returns(messages[-1]):
+            for word in ("cancelled ", "order ", "42"):
+                yield word
+            return
+        yield {0: DeltaToolCall("cancel_order", '{"order_id": "42"}', tool_call_id="call-cancel")}
+
+    async def handler(ctx: RunContext[None], events: AsyncIterable[Any]) -> None:
+        async for event in events:
+            if isinstance(event, PartStartEvent) and event.part.part_kind == "text":
+                text.append(event.part.content)
+            elif isinstance(event, PartDeltaEvent) and event.delta.part_delta_kind == "text":
+                text.append(event.delta.content_delta)
+
+    agent: PydanticAgent[None, str] = PydanticAgent(
+        # A run with an event stream handler streams its model requests.
+        FunctionModel(stream_function=stream),
+        capabilities=[ProcessEventStream(handler)],
+    )
+
+    @agent.tool_plain
+    def cancel_order(order_id: str) -> str:
+        cancelled.append(order_id)
+        return "ok"
+
+    bridge = KernelAgent(agent, name="desk", writes={"cancel_order": lambda a: a["order_id"]})
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    with faults.injected(faults.BEFORE_COMMIT, "raise"), pytest.raises(faults.InjectedFault):
+        await kernel.turn("t1", "turn-1", "cancel 42")
+    assert streamed == [1, 3]
+    assert "".join(text) == "cancelled order 42"
+    text.clear()
+    redelivered = await kernel.turn("t1", "turn-1", "cancel 42")
+    assert streamed == [1, 3]  # the model was not asked again
+    assert cancelled == ["42"]
+    assert redelivered.reply == "cancelled order 42"
+    assert "".join(text) == "cancelled order 42"  # made again from the recorded parts
+
+
+async def test_a_recorded_response_that_cannot_be_decoded_commits_nothing(
+    store: Durability, tmp_path: Path
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    assert isinstance(store, RecordedDurability)
+    recorder = await store.recorder()
+    entry = JournalEntry(
+        "t1", "turn-1", "turn-1#1:pydantic_ai.model.1", None, '{"parts": 3}', utcnow()
+    )
+    async with recorder.lock("t1"):
+        await recorder.write_journal(entry)
+    with pytest.raises(CorruptRecordError, match=r"'pydantic_ai\.model\.1' of step 'turn-1#1'"):
+        await kernel.turn("t1", "turn-1", "cancel 42")
+    assert desk.requests == []
+    assert read_ledger(desk.ledger) == []
+    assert await store.load_checkpoint("t1") is None
 
 
 async def test_the_same_operation_asked_again_in_a_later_turn_meets_its_receipt(
@@ -323,24 +461,35 @@ async def workers(sql_store: Store, tmp_path: Path) -> AsyncIterator[Workers]:
 
 @pytest.mark.slow
 async def test_a_process_killed_after_the_write_is_redelivered_with_one_provider_call(
-    workers: Workers,
+    workers: Workers, tmp_path: Path
 ) -> None:
+    """SIGKILL after round 1's write: the redelivery asks the model only for request 2
+    (request 1 is recorded) and the shop is called once."""
+    asks = tmp_path / "asks.jsonl"
     turn = {"thread_id": "t1", "turn_id": "turn-1", "message": "cancel 42"}
     died = await workers.run(
         [turn],
-        fault={"point": faults.AFTER_RECEIPT_COMPLETED, "action": "exit"},
-        status=faults.EXIT_STATUS,
+        asks=str(asks),
+        fault={"point": faults.AFTER_RECEIPT_COMPLETED, "action": "sigkill"},
+        status=-signal.SIGKILL,
     )
     assert died == []
     assert len(read_ledger(workers.ledger)) == 1
-    (redelivered,) = await workers.run([turn])
+    (first,) = read_ledger(asks)
+    assert first["messages"] == 1
+    # The kernel's round 1 (run the agent) and the agent's request 1.
+    assert workers.store.query("SELECT count(*) FROM ik_journal") == [(2,)]
+    (redelivered,) = await workers.run([turn], asks=str(asks))
     result = redelivered["result"]
     assert result["replayed"] is False
     assert [s["status"] for s in result["steps"]] == ["completed"]
     assert redelivered["returns"] == [{"tool": "cancel_order", "content": {"id": "cancel_42"}}]
+    again = [a for a in read_ledger(asks) if a["pid"] != first["pid"]]
+    assert [a["messages"] for a in again] == [3]  # request 2 only
     calls = read_ledger(workers.ledger)
     assert len(calls) == 1  # provider_calls=1
     assert calls[0]["key"] == "desk.agent:cancel_order:42"
+    assert workers.store.query("SELECT count(*) FROM ik_journal") == [(0,)]
 
 
 @pytest.mark.slow
@@ -482,3 +631,37 @@ async def test_a_write_tool_that_did_nothing_fails_its_step_and_may_run_again(
     assert attempts == [1, 2]
     (receipt,) = await store.list_receipts(thread_id="t1")
     assert (receipt.status, receipt.attempt) == (ReceiptStatus.COMPLETED, 2)
+
+
+async def test_an_approved_call_whose_arguments_its_schema_coerced_runs(
+    store: Durability,
+) -> None:
+    """The binding compares the arguments as the tool's schema validates them: a number
+    the model sent as text is the number the person was shown."""
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    refunds: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if tool_returns(messages[-1]):
+            return ModelResponse(parts=[TextPart("refunded")])
+        call = ToolCallPart("refund", {"order_id": "42", "cents": "1250"}, tool_call_id="c1")
+        return ModelResponse(parts=[call])
+
+    agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(model))
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(order_id: str, cents: int) -> str:
+        refunds.append(cents)
+        return "ok"
+
+    bridge = KernelAgent(agent, name="desk", writes={"refund": lambda args: args["order_id"]})
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    held = await kernel.turn("t1", "turn-1", "refund")
+    assert held.interaction is not None
+    assert held.interaction.details[0]["args"] == {"order_id": "42", "cents": "1250"}
+    accepted = await kernel.turn("t1", "turn-2", answer="accept")
+    assert accepted.reply == "refunded"
+    assert refunds == [1250]

@@ -32,6 +32,7 @@ from proving_support import (
     StoreInspector,
     damage_sqlite_table,
     migration_4_gives_receipts_their_owner,
+    receipts_before_actors_read_as_no_actor,
 )
 from sqlite_owner import watch_connections
 
@@ -141,16 +142,16 @@ async def test_writes_hop_to_the_worker_thread_only_while_turns_overlap(tmp_path
     """The default: inline while one turn runs; on the worker thread once turns overlap."""
     hopped: list[bool] = []
 
-    def trace(sql: str) -> None:
-        hopped.append(threading.current_thread().name == "ik-sqlite")
+    def trace(connection: str, sql: str) -> None:
+        if connection == "writer":
+            hopped.append(threading.current_thread().name == "ik-sqlite")
 
     async def slow(tx: TurnTransaction) -> TurnCommit:
         await asyncio.sleep(0.02)  # a model call: other turns run meanwhile
         return commit_for(tx)
 
-    async with SQLiteDurability(tmp_path / "k.db") as store:
-        # The thread a statement runs on is not visible otherwise.
-        store._recorder._conn.set_trace_callback(trace)  # type: ignore[attr-defined]
+    async with SQLiteDurability(tmp_path / "k.db", trace=trace) as store:
+        hopped.clear()  # opening connects and migrates on the worker thread
         await store.with_turn(TurnScope("a", "1"), slow)
         alone, hopped[:] = set(hopped), []
         await asyncio.gather(*(store.with_turn(TurnScope(t, "2"), slow) for t in "abc"))
@@ -170,9 +171,12 @@ async def test_reads_use_the_writers_connection_only_while_no_write_can_be_on_th
     from intention_kernel.testing import faults
 
     on_writer: list[str] = []
+    on_reader: list[str] = []
 
-    def trace(sql: str) -> None:
-        if threading.current_thread() is threading.main_thread():
+    def trace(connection: str, sql: str) -> None:
+        if connection == "reader":
+            on_reader.append(sql)
+        elif threading.current_thread() is threading.main_thread():
             on_writer.append(sql)
 
     held, release = threading.Event(), threading.Event()
@@ -181,13 +185,13 @@ async def test_reads_use_the_writers_connection_only_while_no_write_can_be_on_th
         held.set()
         assert release.wait(10)
 
-    async with SQLiteDurability(tmp_path / "k.db") as store:
+    async with SQLiteDurability(tmp_path / "k.db", trace=trace) as store:
 
         async def slow(tx: TurnTransaction) -> TurnCommit:
             await asyncio.sleep(0.02)  # overlap the two turns, so that writes hop
             return commit_for(tx)
 
-        store._recorder._conn.set_trace_callback(trace)  # type: ignore[attr-defined]
+        on_writer.clear()
         await store.with_turn(TurnScope("a", "1"), slow)
         assert any("FROM ik_turns" in sql for sql in on_writer)  # the turn start: inline
 
@@ -198,9 +202,11 @@ async def test_reads_use_the_writers_connection_only_while_no_write_can_be_on_th
             )
             assert await asyncio.to_thread(held.wait, 10)
             on_writer.clear()
+            on_reader.clear()
             seen = await store.load_checkpoint("a")
             in_flight = await store.load_checkpoint("b")
             assert on_writer == []  # both reads ran on the reader connection
+            assert sum("FROM ik_threads" in sql for sql in on_reader) == 2
             release.set()
             await turns
         # One commit was held inside its transaction, the other queued behind it on
@@ -290,9 +296,23 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(tmp_path:
             conn.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")
             conn.execute("ALTER TABLE ik_turns DROP COLUMN announced")  # migration 5
             conn.execute("DROP TABLE ik_journal")  # migration 6
+            conn.execute("ALTER TABLE ik_receipts DROP COLUMN actor")  # migration 7
             conn.execute("DELETE FROM ik_schema WHERE version > 3")
 
     await migration_4_gives_receipts_their_owner(lambda: SQLiteDurability(path), back_to_version_3)
+
+
+async def test_receipts_stored_before_migration_7_read_as_approved_by_no_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "k.db"
+
+    def back_to_version_6() -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute("ALTER TABLE ik_receipts DROP COLUMN actor")
+            conn.execute("DELETE FROM ik_schema WHERE version > 6")
+
+    await receipts_before_actors_read_as_no_actor(lambda: SQLiteDurability(path), back_to_version_6)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])

@@ -409,7 +409,7 @@ async def test_a_busy_thread_times_out_with_thread_busy_error(cluster: Cluster) 
     impatient = await cluster.spawn([turn("th-busy", "second", "pi_second", 200)], lock_timeout=0.5)
     [refused] = await impatient.finish()
 
-    assert (refused["error"], refused["error_thread_id"]) == ("ThreadBusyError", "th-busy")
+    assert (refused["error"], refused["error_thread_id"]) == ("ThreadLockTimeoutError", "th-busy")
     assert 0.5 <= refused["finished_at"] - refused["started_at"] < 5.0
     assert cluster.committed_turns() == []
 

@@ -252,6 +252,38 @@ async def test_openai_interpreter_streams_the_models_text_as_deltas(
     assert {**result, "replayed": True} == redelivered.to_dict()
 
 
+async def test_a_streamed_redelivery_streams_the_text_of_the_rounds_it_took_from_the_journal(
+    store: Durability, stub: OpenAIStub, model: OpenAIInterpreter
+) -> None:
+    """Round 1 (text and a read) is recorded; the model fails in round 2, so the turn
+    commits nothing. The streamed redelivery takes round 1 from the journal, without
+    asking the model, and still streams its text before round 2's."""
+    kernel = kernel_for(store, model)
+    stub.queue_data(
+        [
+            completion("Let me look.", ("call_b1", "billing__balance", {"due": 4200})),
+            {"status": 500, "body": {"error": {"message": "overloaded"}}},
+        ]
+    )
+    with pytest.raises(InterpretationError):
+        await collect(kernel.stream_turn(THREAD, "d1", "what do I owe?"))
+    assert len(stub.requests) == 2 and await store.load_checkpoint(THREAD) is None
+
+    stub.queue_data([completion("You owe $42.00.")])
+    events = await collect(kernel.stream_turn(THREAD, "d1", "what do I owe?"))
+
+    assert len(stub.requests) == 3  # round 1 was not asked again
+    [again] = stub.requests[2:]
+    assert [m["tool_call_id"] for m in again["messages"] if m["role"] == "tool"] == ["call_b1"]
+    deltas = [e.data["text"] for e in events if e.type == "delta"]
+    assert deltas[0] == "Let me look."  # the recorded round, in one piece
+    assert "".join(deltas) == "Let me look.You owe $42.00."
+    assert [e.type for e in events].index("step") > 0  # the read ran again, after the text
+    result = events[-1].data
+    assert (result["reply"], result["replayed"]) == ("You owe $42.00.", False)
+    assert [s["value"] for s in result["steps"]] == [{"due": 4200}]
+
+
 async def test_an_unstreamed_turn_asks_the_model_without_streaming(
     stub: OpenAIStub, model: OpenAIInterpreter
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,8 +97,23 @@ def read_answer(text: str) -> Answer | None:
     return None
 
 
-def build_desk(shop: FakeShop) -> PydanticAgent[None, str]:
-    desk: PydanticAgent[None, str] = PydanticAgent(FunctionModel(script), name="desk")
+def logged(path: Path) -> Callable[[list[ModelMessage], AgentInfo], ModelResponse]:
+    """:func:`script`, and each request it is sent a line of ``path`` (how many messages
+    it carried), which outlives a process that dies (``crash.py`` counts them)."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        with path.open("a", encoding="utf-8") as f:
+            f.write(f"{len(messages)}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return script(messages, info)
+
+    return model
+
+
+def build_desk(shop: FakeShop, model_log: Path | None = None) -> PydanticAgent[None, str]:
+    model = FunctionModel(script if model_log is None else logged(model_log))
+    desk: PydanticAgent[None, str] = PydanticAgent(model, name="desk")
 
     @desk.tool_plain
     def order_status(order_id: str) -> dict[str, Any]:
@@ -117,9 +133,9 @@ def build_desk(shop: FakeShop) -> PydanticAgent[None, str]:
     return desk
 
 
-def build_agent(shop: FakeShop) -> Agent:
+def build_agent(shop: FakeShop, model_log: Path | None = None) -> Agent:
     bridge = KernelAgent(
-        build_desk(shop),
+        build_desk(shop, model_log),
         name="desk",
         writes={
             "cancel_order": lambda args: args["order_id"],

@@ -1,13 +1,17 @@
 """A process killed mid-turn, then the turn delivered again:
-``python -m examples.pydantic_ai_desk.crash --db URL --thread ID --ledger PATH [--die]``.
+``python -m examples.pydantic_ai_desk.crash --db URL --thread ID --ledger PATH
+--model-log PATH [--die]``.
 
 The turn asks the desk to cancel order 42. With ``--die`` the process exits (status
 137, as if killed) right after the shop applied the cancel and its receipt was
 stored, before the turn commits: nothing of the turn is committed. Run it again
-without ``--die`` and the same turn is delivered again: the agent runs again, the
-cancel meets its completed receipt, the shop is not called, and the turn commits
-with the stored result. The shop's calls are lines of the ``--ledger`` file (it is
-the outside world: it outlives the process), so the summary reads
+without ``--die`` and the same turn is delivered again: the agent runs again from the
+model response recorded before the cancel ran (the model is not asked for it again),
+the cancel meets its completed receipt, the shop is not called, and the model is asked
+only for the request that reads the cancel's result. The turn commits with the stored
+result. The shop's calls are lines of the ``--ledger`` file and the model's requests
+lines of the ``--model-log`` file (both outlive the process), so the output reads
+``model: requests=2 asked=2`` (each request asked once, across both processes) and
 ``provider_calls=1``.
 """
 
@@ -28,11 +32,12 @@ async def main() -> None:
     parser.add_argument("--db", default="sqlite:///pydantic_ai_desk.db")
     parser.add_argument("--thread", default="pydantic_ai_desk-crash")
     parser.add_argument("--ledger", type=Path, default=Path("pydantic_ai_desk.ledger"))
+    parser.add_argument("--model-log", type=Path, default=Path("pydantic_ai_desk.model.log"))
     parser.add_argument("--die", action="store_true", help="exit after the write, before commit")
     args = parser.parse_args()
     shop = FakeShop(ledger=args.ledger)
     async with open_durability(args.db) as store:
-        kernel = Kernel(build_agent(shop), store)
+        kernel = Kernel(build_agent(shop, args.model_log), store)
         if args.die:
             # The fault kit's named point: after the receipt is completed, before commit.
             faults.inject(faults.AFTER_RECEIPT_COMPLETED, "exit")
@@ -41,6 +46,10 @@ async def main() -> None:
     for step in result.steps:
         print(f"[crash-1] step {step.capability_id}: {step.status}")
     calls = args.ledger.read_text().splitlines() if args.ledger.exists() else []
+    # A request is told by how many messages it carried; a model asked again for one it
+    # answered would show more asks than requests.
+    asks = args.model_log.read_text().split() if args.model_log.exists() else []
+    print(f"model: requests={len(set(asks))} asked={len(asks)}")
     failed = sum(step.status == "failed" for step in result.steps)
     print(
         f"summary: committed={int(not result.replayed)} replayed={int(result.replayed)} "

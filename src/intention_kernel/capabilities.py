@@ -151,15 +151,20 @@ class _EffectRunner(Protocol):
     async def __call__(self, key: str, fn: EffectFn) -> EffectResult[Any]: ...
 
 
+class _Recorder(Protocol):
+    async def __call__(self, key: str, compute: Callable[[], Awaitable[Any]]) -> Any: ...
+
+
 class CapabilityContext:
     """What a running capability sees of its turn.
 
     Built by the kernel for each step; applications only read it and call
-    :meth:`run_effect` and :meth:`emit`.
+    :meth:`run_effect`, :meth:`recorded` and :meth:`emit`.
     """
 
     __slots__ = (
         "_emit",
+        "_recorded",
         "_run_effect",
         "answer",
         "capability_id",
@@ -184,6 +189,7 @@ class CapabilityContext:
         answer: Answer | None,
         run_effect: _EffectRunner,
         emit: Callable[[str, Any], None],
+        recorded: _Recorder,
     ) -> None:
         self.thread_id = thread_id
         self.turn_id = turn_id
@@ -198,6 +204,7 @@ class CapabilityContext:
         self.answer = answer
         self._run_effect = run_effect
         self._emit = emit
+        self._recorded = recorded
 
     async def run_effect(self, key: str, fn: EffectFn) -> EffectResult[Any]:
         """Run an external write at most once per ``key`` in this thread.
@@ -220,6 +227,21 @@ class CapabilityContext:
         ``EffectUsageError`` before ``fn`` is called (nothing could announce it).
         """
         return await self._run_effect(key, fn)
+
+    async def recorded(self, key: str, compute: Callable[[], Awaitable[Any]]) -> Any:
+        """The JSON value this step recorded under ``key`` in an earlier delivery of
+        this turn; if there is none, ``await compute()``, recorded and returned.
+
+        For what is costly or not repeatable and has no effect to guard, such as a
+        model's response: a delivery of the same turn ID after a crash gets the value
+        without calling ``compute``. Either way the value comes back as the store reads
+        it (tuples as lists, and so on). The entry is durable before this returns, and
+        the turn's commit deletes it. The journal key is ``"<step_id>:<key>"``, so a
+        step never reads another step's values. A key that is empty or not storable
+        text, a value that is not JSON, or a call after the step ended raises
+        ``JournalError`` and records nothing.
+        """
+        return await self._recorded(key, compute)
 
     def emit(self, type: str, payload: Any = None) -> None:
         """Add an event to the turn's outbox (committed only if the turn commits).

@@ -79,6 +79,12 @@ class Receipt:
     that each applied write is announced exactly once. ``tenant_id`` is the tenant of
     the turn that first prepared it (``None``: no tenant); it never changes, and no
     turn of another tenant is shown the receipt (see :func:`plan_effect`).
+
+    ``actor`` is who approved the write of the latest attempt: the ``Answer.actor`` of
+    the accept that ran it (for a quorum, the accept that completed it; the whole list
+    is in ``interaction.resolved``). ``None`` when no named approver ran it, and for a
+    receipt stored before the field existed. An operator's reconciliation is recorded
+    apart, in ``resolution``.
     """
 
     id: str
@@ -95,6 +101,7 @@ class Receipt:
     resolution: Resolution | None = None
     announced: bool = False
     tenant_id: str | None = None
+    actor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +172,7 @@ def plan_effect(
     now: datetime,
     receipt_id: str | None = None,
     tenant_id: str | None = None,
+    actor: str | None = None,
 ) -> EffectPlan:
     """Decide what a call to ``run_effect`` means given the stored receipt.
 
@@ -175,6 +183,9 @@ def plan_effect(
     A receipt of another tenant (``tenant_id`` is the calling turn's) raises
     ``TenantMismatchError``, whatever its state: its value is that tenant's
     provider's answer, and even its state would tell what that tenant did.
+
+    ``actor`` (who approved this call's write) goes on the receipt of a new attempt; a
+    completed or uncertain receipt keeps the approver of the attempt that wrote it.
     """
     if existing is not None and existing.tenant_id != tenant_id:
         raise TenantMismatchError(
@@ -195,6 +206,7 @@ def plan_effect(
             created_at=now,
             updated_at=now,
             tenant_id=tenant_id,
+            actor=actor,
         )
         return EffectPlan("execute", None, prepared)
     status = existing.status
@@ -221,6 +233,7 @@ def plan_effect(
         error=None,
         updated_at=now,
         announced=False,
+        actor=actor,
     )
     return EffectPlan("execute", existing, retry)
 
@@ -260,6 +273,7 @@ def is_settlement(new: Receipt, expected: Receipt) -> bool:
         and new.resolution is None
         and expected.resolution is None
         and new.announced == expected.announced
+        and new.actor == expected.actor
     )
 
 

@@ -25,8 +25,10 @@ message, so that hosts can react without parsing text::
     ├── JournalError                  tx.recorded given a key or value the journal cannot store
     ├── TurnConflictError             a committed (or journaled) turn ID with another request
     ├── TurnExpiredError              a committed turn whose stored result was pruned (retention)
-    ├── ThreadBusyError               the thread's lock was not obtained in time (at
-    │                                 once with ``Agent(on_busy="reject")``)
+    ├── ThreadBusyError               another turn holds the thread: refused at once
+    │   │                             (``Agent(on_busy="reject")``, HTTP 409)
+    │   └── ThreadLockTimeoutError    the thread's lock was not obtained within the
+    │                                 store's lock timeout (HTTP 503)
     ├── FencedCommitError             the thread moved on while the turn ran; nothing committed
     ├── TenantMismatchError           the thread belongs to another tenant
     ├── ReceiptError
@@ -70,6 +72,7 @@ __all__ = [
     "StoreError",
     "TenantMismatchError",
     "ThreadBusyError",
+    "ThreadLockTimeoutError",
     "TurnConflictError",
     "TurnExpiredError",
     "UnknownCapabilityError",
@@ -261,10 +264,20 @@ class TurnExpiredError(KernelError):
 
 
 class ThreadBusyError(KernelError):
-    """The thread's lock could not be obtained within the configured wait, or at once
-    for an agent with ``on_busy="reject"`` while another turn on the thread runs.
+    """Another turn holds the thread's lock: a turn that does not wait
+    (``Agent(on_busy="reject")``, ``with_turn(..., wait=False)``) is refused at once.
     ``thread_id`` names the thread; nothing was read or written, and the same delivery
-    may be retried."""
+    may be retried. The HTTP host answers 409 ``thread-busy``.
+
+    A turn that waited and gave up is the subclass :class:`ThreadLockTimeoutError`, so
+    ``except ThreadBusyError`` catches both."""
+
+
+class ThreadLockTimeoutError(ThreadBusyError):
+    """A turn waited for the thread's lock for the store's whole lock timeout and did
+    not get it. Nothing was read or written; the same delivery may be retried. The HTTP
+    host answers 503 ``lock-timeout`` with ``Retry-After``: the store, not the person,
+    is what is slow."""
 
 
 class FencedCommitError(KernelError):

@@ -97,7 +97,7 @@ class DerivedFacts(Mapping[str, FactRecord]):
     while a version of the same thread's facts is being derived or read.
     """
 
-    __slots__ = ("_held",)
+    __slots__ = ("_held", "_size")
 
     def __init__(self, base: Mapping[str, FactRecord], changes: Mapping[str, FactRecord]) -> None:
         # A plain dict may be shared by the checkpoint it was decoded for: copied, once.
@@ -110,6 +110,8 @@ class DerivedFacts(Mapping[str, FactRecord]):
             undo.reverse()  # undone last change first: added keys leave from the end
             base._held = _Diff(undo, self)
         self._held: dict[str, FactRecord] | _Diff = data
+        # A version's facts never change: its size is known without moving the dict.
+        self._size = len(data)
 
     def _dict(self) -> dict[str, FactRecord]:
         """The shared dict, holding this version's facts (moved here if need be)."""
@@ -153,7 +155,7 @@ class DerivedFacts(Mapping[str, FactRecord]):
         return iter(list(self._dict()))
 
     def __len__(self) -> int:
-        return len(self._dict())
+        return self._size
 
     def __repr__(self) -> str:
         return f"DerivedFacts({self._dict()!r})"

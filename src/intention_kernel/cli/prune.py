@@ -4,7 +4,8 @@
 
     intention-kernel prune --older-than 30d --db postgresql://...
 
-Deletes published outbox events and drops the stored results of turns created more
+Deletes published outbox events, drops the stored results of turns, and deletes the
+journal entries (recorded model rounds) of turns that never committed, created more
 than the given time ago (``90s``, ``15m``, ``12h``, ``30d``, ``2w``, or a sum such as
 ``1d12h``), ``--batch`` rows per transaction, beside live turns. Each committed
 ``(thread_id, turn_id)`` is kept: a very late retry of a pruned turn is refused
@@ -70,7 +71,8 @@ def prune(
         int, typer.Option("--batch", metavar="N", min=1, help="Rows per transaction")
     ] = 1000,
 ) -> None:
-    """Delete published events and old turn results; committed turn IDs are kept."""
+    """Delete published events, old turn results and journal entries of turns that
+    never committed; committed turn IDs are kept."""
     try:
         age = parse_duration(older_than)
     except ValueError as exc:
@@ -87,5 +89,6 @@ def prune(
         fail(exc)
     console().print(
         f"pruned {report.events} published event(s) and {report.turns} turn result(s) "
-        f"created before {report.cutoff.isoformat(timespec='seconds')}"
+        f"created before {report.cutoff.isoformat(timespec='seconds')}, and "
+        f"{report.journal} journal entry(ies) of turns that never committed"
     )

@@ -87,6 +87,8 @@ def list_receipts(
         note = r.error or ""
         if r.resolution is not None:
             note = f"resolved by {r.resolution.actor or '?'}: {r.resolution.note or ''}"
+        if r.actor is not None:
+            note = f"approved by {r.actor}" + (f"; {note}" if note else "")
         rows.append(
             (
                 Text(r.thread_id),
@@ -214,6 +216,7 @@ def _as_dict(r: Receipt) -> dict[str, Any]:
         "value": r.value,
         "error": r.error,
         "announced": r.announced,
+        "actor": r.actor,
         "created_at": r.created_at.isoformat() if r.created_at else None,
         "updated_at": r.updated_at.isoformat() if r.updated_at else None,
         "resolution": None

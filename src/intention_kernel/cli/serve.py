@@ -7,7 +7,7 @@ closed on the way out. Needs the ``http`` extra besides ``cli``.
 The agent factory is called with ``db_url=`` when it takes that parameter (see
 :func:`~intention_kernel.cli._common.load_agent`). ``--lock-timeout SECONDS`` bounds
 how long a turn waits for a thread another turn holds before the host answers 503
-``thread-busy`` with ``Retry-After`` (default: the store's, 30 s).
+``lock-timeout`` with ``Retry-After`` (default: the store's, 30 s).
 
 Tokens (repeatable) turn authentication on; each stands for a principal with a
 name, a tenant and a role (see :class:`intention_kernel.host.Principal`)::
@@ -133,7 +133,7 @@ def serve(
             "--lock-timeout",
             metavar="SECONDS",
             min=0.0,
-            help="How long a turn waits for a busy thread before 503 thread-busy "
+            help="How long a turn waits for a busy thread before 503 lock-timeout "
             "(default: the store's, 30)",
             show_default=False,
         ),

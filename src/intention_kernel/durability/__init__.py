@@ -102,7 +102,12 @@ class TurnTransaction(Protocol):
     @property
     def checkpoint(self) -> KernelCheckpoint | None: ...
 
-    async def run_effect(self, key: str, fn: EffectFn, *, step_id: str) -> EffectResult[Any]: ...
+    async def run_effect(
+        self, key: str, fn: EffectFn, *, step_id: str, actor: str | None = None
+    ) -> EffectResult[Any]:
+        """Run ``fn`` once per ``(thread_id, key)`` (see "Effects" above); ``actor``
+        (who approved the write, if anyone) is recorded on the receipt of the attempt."""
+        ...
 
     async def recorded(
         self,

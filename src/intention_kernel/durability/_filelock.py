@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from intention_kernel.errors import ThreadBusyError
+from intention_kernel.errors import ThreadBusyError, ThreadLockTimeoutError
 
 __all__ = ["LockFile", "lock_offset"]
 
@@ -120,26 +120,29 @@ class LockFile:
                 shared.held.discard(offset)
 
     @asynccontextmanager
-    async def hold(self, thread_id: str, wait_seconds: float) -> AsyncIterator[None]:
-        """Hold the thread's lock; poll with backoff, ``ThreadBusyError`` after ``wait_seconds``
-        (``0``: after the one attempt)."""
+    async def hold(
+        self, thread_id: str, wait_seconds: float, *, wait: bool = True
+    ) -> AsyncIterator[None]:
+        """Hold the thread's lock; poll with backoff, ``ThreadLockTimeoutError`` after
+        ``wait_seconds`` (``0``: after the one attempt). ``wait=False``: one attempt, and
+        ``ThreadBusyError`` at once if another holds it."""
         offset = lock_offset(thread_id)
         if not self.try_acquire(offset):
-            if wait_seconds <= 0:
+            if not wait:
                 raise ThreadBusyError(
                     f"thread {thread_id!r} is busy: another turn holds it", thread_id=thread_id
                 )
             deadline = time.monotonic() + wait_seconds
-            wait = _FIRST_WAIT
+            pause = _FIRST_WAIT
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise ThreadBusyError(
+                    raise ThreadLockTimeoutError(
                         f"thread {thread_id!r} stayed locked by another turn for {wait_seconds}s",
                         thread_id=thread_id,
                     )
-                await asyncio.sleep(min(wait, remaining))
-                wait = min(wait * 2, _MAX_WAIT)
+                await asyncio.sleep(min(pause, remaining))
+                pause = min(pause * 2, _MAX_WAIT)
                 if self.try_acquire(offset):
                     break
         try:

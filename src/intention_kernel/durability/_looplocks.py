@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from intention_kernel.errors import ThreadBusyError
+from intention_kernel.errors import ThreadBusyError, ThreadLockTimeoutError
 
 __all__ = ["LoopLocks"]
 
@@ -44,7 +44,7 @@ class LoopLocks:
                 else:
                     await lock.acquire()  # at once when nobody wants it (``wait=False``)
             except TimeoutError:
-                raise ThreadBusyError(
+                raise ThreadLockTimeoutError(
                     f"thread {thread_id!r} stayed busy for {wait_seconds}s", thread_id=thread_id
                 ) from None
             try:

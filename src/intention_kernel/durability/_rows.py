@@ -12,6 +12,7 @@ adapters say the same thing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -22,13 +23,14 @@ from intention_kernel.durability.abc import (
     StoredThread,
     TurnRecord,
 )
-from intention_kernel.effects import Receipt, ReceiptStatus, Resolution, utcnow
+from intention_kernel.effects import Receipt, ReceiptStatus, Resolution, is_settlement, utcnow
 from intention_kernel.errors import CorruptRecordError, FencedCommitError
 from intention_kernel.turns import OutboxEvent
 
 __all__ = [
     "OUTBOX_COLUMNS",
     "RECEIPT_COLUMNS",
+    "ReceiptWrite",
     "decode_delivery_row",
     "decode_event",
     "decode_event_row",
@@ -40,6 +42,7 @@ __all__ = [
     "journal_conflict",
     "receipt_moved",
     "receipt_params",
+    "receipt_write",
     "select_receipts",
     "stored_thread",
 ]
@@ -48,7 +51,7 @@ __all__ = [
 #: a row maps onto the dataclass positionally (``decode_receipt_row``).
 RECEIPT_COLUMNS = (
     "id, thread_id, key, status, turn_id, step_id, attempt, value, error, "
-    "created_at, updated_at, resolution, announced, tenant_id"
+    "created_at, updated_at, resolution, announced, tenant_id, actor"
 )
 #: An outbox event's columns as ``decode_event_row`` reads them; a delivery adds
 #: ``attempts, last_error, retry_at``.
@@ -100,6 +103,7 @@ def decode_receipt(
     updated_at: datetime,
     announced: bool = False,
     tenant_id: str | None = None,
+    actor: str | None = None,
     announced_by_turn: str | Sequence[str] | None = None,
 ) -> Receipt:
     """A receipt from its stored columns (JSON as text, timestamps already parsed).
@@ -140,6 +144,7 @@ def decode_receipt(
             ),
             announced=bool(announced),
             tenant_id=tenant_id,
+            actor=actor,  # NULL in a row stored before the column existed: no actor
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise CorruptRecordError(
@@ -188,7 +193,39 @@ def receipt_params(r: Receipt, stamp: Callable[[datetime], Any]) -> dict[str, An
         "resolution": dump_resolution(r.resolution),
         "announced": r.announced,
         "tenant_id": r.tenant_id,
+        "actor": r.actor,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptWrite:
+    """A compare-and-set of a stored receipt: ``new`` replaces ``expected`` only if the
+    row still holds ``expected``'s status and attempt.
+
+    ``settles``: the write settles a ``prepared`` receipt (the adapter's settle
+    statement, which names fewer columns), else it rewrites every column. ``params``
+    holds what the chosen statement names, the expected status and attempt included.
+    """
+
+    new: Receipt
+    settles: bool
+    params: dict[str, Any]
+
+    def check(self, rowcount: int) -> None:
+        """Refuse the write unless it changed exactly the one row: another writer moved
+        the receipt (or removed it) while its effect ran."""
+        if rowcount != 1:
+            raise receipt_moved(self.new)
+
+
+def receipt_write(
+    new: Receipt, expected: Receipt, stamp: Callable[[datetime], Any]
+) -> ReceiptWrite:
+    """The compare-and-set that writes ``new`` over ``expected``; ``stamp`` as for
+    :func:`receipt_params`."""
+    params = receipt_params(new, stamp)
+    params.update(expected_status=expected.status.value, expected_attempt=expected.attempt)
+    return ReceiptWrite(new, is_settlement(new, expected), params)
 
 
 def decode_receipt_row(
@@ -220,7 +257,8 @@ def decode_receipt_row(
         resolution=row[11],
         announced=row[12],
         tenant_id=row[13],
-        announced_by_turn=row[14],
+        actor=row[14],
+        announced_by_turn=row[15],
     )
 
 

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EffectRunner", "Transaction"]
 
-#: Runs one effect call of a turn: ``(scope, key, fn, step_id)``.
-EffectRunner = Callable[[TurnScope, str, EffectFn, str], Awaitable[EffectResult[Any]]]
+#: Runs one effect call of a turn: ``(scope, key, fn, step_id, actor)``.
+EffectRunner = Callable[[TurnScope, str, EffectFn, str, str | None], Awaitable[EffectResult[Any]]]
 
 
 class Transaction:
@@ -212,7 +212,9 @@ class Transaction:
         self._journaled = bool(found)
         return found
 
-    async def run_effect(self, key: str, fn: EffectFn, *, step_id: str) -> EffectResult[Any]:
+    async def run_effect(
+        self, key: str, fn: EffectFn, *, step_id: str, actor: str | None = None
+    ) -> EffectResult[Any]:
         if self._closed:
             raise EffectUsageError(
                 "run_effect called after the turn ended", key=key, thread_id=self._scope.thread_id
@@ -220,11 +222,15 @@ class Transaction:
         if not isinstance(key, str) or not key:
             raise EffectUsageError("an effect key must be a non-empty string", key=str(key))
         problem = text_problem(key) or (
-            "it is not a non-empty string"
+            "its step ID is not a non-empty string"
             if not isinstance(step_id, str) or not step_id
             else text_problem(step_id)
         )
-        if problem is not None:  # both are stored in text columns of their own
+        if problem is None and actor is not None:
+            problem = (
+                "its actor is not a string" if not isinstance(actor, str) else text_problem(actor)
+            )
+        if problem is not None:  # each is stored in a text column of its own
             raise EffectUsageError(
                 f"effect {key!r} (step {step_id!r}) cannot be recorded: {problem}",
                 key=key,
@@ -242,7 +248,7 @@ class Transaction:
             )
         self._inflight[key] = asyncio.current_task()
         try:
-            result = await self._run(self._scope, key, fn, step_id)
+            result = await self._run(self._scope, key, fn, step_id, actor)
             self._receipt_turns[result.receipt.key] = result.receipt.turn_id
             return result
         except TenantMismatchError as exc:

@@ -325,7 +325,7 @@ class RecordedDurability:
     # -- effects -----------------------------------------------------------------------------
 
     async def _run_effect(
-        self, scope: TurnScope, key: str, fn: EffectFn, step_id: str
+        self, scope: TurnScope, key: str, fn: EffectFn, step_id: str, actor: str | None
     ) -> EffectResult[Any]:
         recorder = self._recorder
         now = utcnow()
@@ -339,6 +339,7 @@ class RecordedDurability:
                 step_id=step_id,
                 now=now,
                 tenant_id=scope.tenant_id,
+                actor=actor,
             )
 
         decided = await recorder.claim_effect(scope.thread_id, key, plan)
@@ -381,35 +382,26 @@ class RecordedDurability:
             )
             raise
         except (Exception, asyncio.CancelledError) as exc:
-            uncertain = settle(prepared, "uncertain", now=utcnow(), error=describe_error(exc))
-            await self._settle(recorder.write_receipt(uncertain, prepared))
-            raise EffectUncertainError(
+            raise await self._fail_closed(
+                scope,
+                prepared,
+                EffectUncertainError,
+                describe_error(exc),
                 f"effect {key!r} on thread {scope.thread_id!r} failed with {describe_error(exc)}; "
                 "it may have been applied, so it is recorded as uncertain",
-                thread_id=scope.thread_id,
-                turn_id=scope.turn_id,
-                key=key,
-                receipt=uncertain,
             ) from exc
         try:
             stored = normalize(value)
         except (TypeError, ValueError) as exc:
             # The write happened but its value cannot be recorded; replaying it later
             # could not return the same value, so fail closed for an operator.
-            uncertain = settle(
+            raise await self._fail_closed(
+                scope,
                 prepared,
-                "uncertain",
-                now=utcnow(),
-                error=f"the provider returned a value that is not JSON-serializable: {exc}",
-            )
-            await self._settle(recorder.write_receipt(uncertain, prepared))
-            raise EffectValueError(
+                EffectValueError,
+                f"the provider returned a value that is not JSON-serializable: {exc}",
                 f"effect {key!r} returned a value that cannot be stored ({exc}); recorded as "
                 "uncertain",
-                thread_id=scope.thread_id,
-                turn_id=scope.turn_id,
-                key=key,
-                receipt=uncertain,
             ) from exc
         completed = settle(prepared, "completed", now=utcnow(), value=stored)
         await self._settle(recorder.write_receipt(completed, prepared))
@@ -418,6 +410,27 @@ class RecordedDurability:
         if _faults.armed:
             _faults.reach(_faults.AFTER_RECEIPT_COMPLETED)
         return EffectResult(stored, completed)
+
+    async def _fail_closed(
+        self,
+        scope: TurnScope,
+        prepared: Receipt,
+        kind: type[EffectUncertainError],
+        error: str,
+        message: str,
+    ) -> EffectUncertainError:
+        """Settle ``prepared`` as ``uncertain`` with ``error``, then return the ``kind`` of
+        error to raise. The write may have happened: the receipt is written before the
+        error leaves, so that no later call with the key runs it again."""
+        uncertain = settle(prepared, "uncertain", now=utcnow(), error=error)
+        await self._settle(self._recorder.write_receipt(uncertain, prepared))
+        return kind(
+            message,
+            thread_id=scope.thread_id,
+            turn_id=scope.turn_id,
+            key=prepared.key,
+            receipt=uncertain,
+        )
 
     # -- inspection and operations -----------------------------------------------------------
 

@@ -41,7 +41,7 @@ from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
 from intention_kernel.turns import EventDraft, OutboxEvent
 
-__all__ = ["InMemoryDurability"]
+__all__ = ["InMemoryDurability", "MemoryTamper"]
 
 
 @dataclass
@@ -425,4 +425,31 @@ class InMemoryDurability(RecordedDurability):
     """
 
     def __init__(self, *, lock_timeout: float = 30.0) -> None:
-        super().__init__(_MemoryRecorder(_check_seconds("lock_timeout", lock_timeout)))
+        self._memory = _MemoryRecorder(_check_seconds("lock_timeout", lock_timeout))
+        super().__init__(self._memory)
+
+    def tamper(self) -> MemoryTamper:
+        """Raw writes to this store that bypass every rule, for tests of corrupted rows."""
+        return MemoryTamper(self, self._memory._state)
+
+
+class MemoryTamper:
+    """Raw writes to an :class:`InMemoryDurability`'s rows, bypassing every check: a
+    :class:`~intention_kernel.testing.conformance.Tamper`, for tests of how the kernel
+    meets a record it did not write. Made by :meth:`InMemoryDurability.tamper`."""
+
+    def __init__(self, durability: InMemoryDurability, state: _State) -> None:
+        self._durability, self._state = durability, state
+
+    async def write_checkpoint_text(self, thread_id: str, text: str) -> None:
+        """Overwrite the stored checkpoint document of an existing thread; the adapter
+        forgets its decoded copy (the version alone no longer tells it changed)."""
+        self._state.threads[thread_id].checkpoint = text
+        self._durability.forget_checkpoint(thread_id)
+
+    async def write_receipt_status(self, thread_id: str, key: str, status: str) -> None:
+        """Overwrite the status of an existing receipt. The store holds typed receipts,
+        so a status that is no :class:`~intention_kernel.effects.ReceiptStatus` cannot be
+        held: ``ValueError``, and nothing changes."""
+        receipt = self._state.receipts[(thread_id, key)]
+        self._state.receipts[(thread_id, key)] = replace(receipt, status=ReceiptStatus(status))

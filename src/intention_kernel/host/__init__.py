@@ -27,8 +27,10 @@ mapped from the :class:`~intention_kernel.KernelError` tree by class:
 ``unsupported-media-type`` 415 (a body that is not ``application/json``),
 ``turn-conflict`` 409,
 ``incompatible-checkpoint`` 409 (the thread needs a compatible agent, retrying
-cannot help), ``receipt-state`` 409, ``interpretation-failed`` 502,
-``thread-busy`` / ``turn-fenced`` / ``store-unavailable`` 503 with ``Retry-After``.
+cannot help), ``receipt-state`` 409, ``thread-busy`` 409 (another turn runs and the
+agent has ``on_busy="reject"``), ``interpretation-failed`` 502,
+``lock-timeout`` (a turn waited for the thread's whole lock timeout) / ``turn-fenced`` /
+``store-unavailable`` 503 with ``Retry-After``.
 
 Before any endpoint, the request guard answers ``host-not-allowed`` 400 for a
 ``Host`` the app does not serve and ``cross-origin`` 403 for a browser request of

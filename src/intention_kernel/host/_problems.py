@@ -28,6 +28,7 @@ from intention_kernel.errors import (
     StoreError,
     TenantMismatchError,
     ThreadBusyError,
+    ThreadLockTimeoutError,
     TurnConflictError,
     TurnExpiredError,
 )
@@ -134,6 +135,15 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "against this one cannot succeed.",
     ),
     ProblemType(
+        "thread-busy",
+        409,
+        "Thread busy",
+        "Another turn on this thread is running and this agent does not queue turns "
+        '(on_busy="reject"). Nothing was read or written: tell the person to wait, and '
+        "send the same turn ID again once that turn has answered.",
+        retry_after=1,
+    ),
+    ProblemType(
         "receipt-state",
         409,
         "Receipt cannot be resolved",
@@ -175,10 +185,12 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "committed: retry with the same turn ID.",
     ),
     ProblemType(
-        "thread-busy",
+        "lock-timeout",
         503,
-        "Thread busy",
-        "Another turn holds the thread. Retry with the same turn ID after Retry-After.",
+        "Thread lock timeout",
+        "The turn waited for the thread's lock for the store's whole lock timeout while "
+        "another turn held it. Nothing was read or written: retry with the same turn ID "
+        "after Retry-After.",
         retry_after=1,
     ),
     ProblemType(
@@ -210,6 +222,7 @@ _BY_ERROR: Mapping[type[KernelError], str] = {
     CorruptRecordError: "corrupt-record",
     InterpretationError: "interpretation-failed",
     ThreadBusyError: "thread-busy",
+    ThreadLockTimeoutError: "lock-timeout",
     FencedCommitError: "turn-fenced",
     StoreError: "store-unavailable",
 }

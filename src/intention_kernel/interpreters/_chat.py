@@ -136,20 +136,36 @@ def toolset(catalog: Sequence[CapabilitySpec], interaction: Interaction | None) 
         for spec in catalog
     ]
     if interaction is not None:
-        tools.extend(_answer_tools(interaction))
+        held = next((s for s in catalog if s.id == interaction.capability_id), None)
+        tools.extend(_answer_tools(interaction, held.input_schema if held is not None else None))
     return Toolset(tuple(tools), {name: cid for cid, name in names.items()}, interaction)
 
 
-def _answer_tools(interaction: Interaction) -> list[dict[str, Any]]:
+def _answer_tools(
+    interaction: Interaction, input_schema: dict[str, Any] | None
+) -> list[dict[str, Any]]:
     """``answer_accept`` and ``answer_reject``. A capability that asked on its own
     (``kind="capability"``) validates the answer itself and may want data with it
     (which quote is accepted, say): for it both take an optional ``value``, passed on
-    as ``Answer.value``. A kernel-held confirmation has no use for one."""
+    as ``Answer.value``. A kernel-held confirmation has no use for one.
+
+    A kernel-held confirmation of one approver lets ``answer_accept`` carry an edited
+    ``input`` (``input_schema``, the held capability's): the user accepts with a change
+    ("yes, but 300"). The kernel validates it, and the step records what was proposed
+    beside what ran. A quorum refuses edits, so its accept takes none."""
     parameters: dict[str, Any] = {
         "type": "object",
         "properties": {},
         "additionalProperties": False,
     }
+    accept = parameters
+    if interaction.kind == "confirmation" and interaction.approvals <= 1:
+        schema = dict(input_schema or {"type": "object"})
+        schema["description"] = (
+            "Optional: the request's whole input with the user's corrections, only when the "
+            "user accepts with a change. Omit it when they accept it as it is."
+        )
+        accept = {**parameters, "properties": {"input": schema}}
     note = ""
     if interaction.kind == "capability":
         parameters["properties"]["value"] = {
@@ -166,8 +182,13 @@ def _answer_tools(interaction: Interaction) -> list[dict[str, Any]]:
     return [
         _function(
             "answer_accept",
-            f"The user accepts the pending request: {interaction.prompt}{note}",
-            parameters,
+            f"The user accepts the pending request: {interaction.prompt}{note}"
+            + (
+                " Pass `input` only when the user accepts with a change to its arguments."
+                if accept is not parameters
+                else ""
+            ),
+            accept,
         ),
         _function(
             "answer_reject",
@@ -345,12 +366,22 @@ def interpretation_from_completion(
                 log.warning("the model's %s call is unreadable: %s", call.name, error)
                 unreadable_answer = True
                 continue
+            decision = ANSWER_TOOLS[call.name]
+            edited = arguments.get("input") if decision == "accept" else None
+            if edited is not None and not isinstance(edited, dict):
+                # An edit that is not an object cannot be what the user approved: ask again.
+                log.warning("the model's %s call has an input that is not an object", call.name)
+                unreadable_answer = True
+                continue
+            if active is not None and edited == active.input:
+                edited = None  # accepted as proposed: no edit to record
             answers.append(
                 Answer(
                     active.id if active is not None else None,
-                    ANSWER_TOOLS[call.name],
+                    decision,
                     arguments.get("value"),
-                    reason=_reason(arguments) if ANSWER_TOOLS[call.name] == "reject" else None,
+                    input=edited,
+                    reason=_reason(arguments) if decision == "reject" else None,
                 )
             )
             continue

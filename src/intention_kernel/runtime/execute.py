@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from intention_kernel import _tracing
-from intention_kernel._json import normalize, storable_text, text_problem
+from intention_kernel._json import describe_error, normalize, text_problem
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
 from intention_kernel.deadlines import deadline
@@ -28,6 +28,7 @@ from intention_kernel.errors import (
     EffectUncertainError,
     EffectUsageError,
     FencedCommitError,
+    JournalError,
     StoreError,
 )
 from intention_kernel.facts import Evidence, FactRecord, FactRef
@@ -102,6 +103,7 @@ async def _execute(
         answer=answer,
         run_effect=step.run_effect,
         emit=step.emit,
+        recorded=step.recorded,
     )
     failure: Exception | None = None
     try:
@@ -119,9 +121,9 @@ async def _execute(
         state.signal.cancel("the turn was cancelled")
         raise
     if isinstance(failure, EffectUncertainError):
-        result = step.finish(StepStatus.UNCERTAIN, error=_describe(failure))
+        result = step.finish(StepStatus.UNCERTAIN, error=describe_error(failure))
     elif failure is not None:
-        result = step.finish(StepStatus.FAILED, error=_describe(failure), cause=failure)
+        result = step.finish(StepStatus.FAILED, error=describe_error(failure), cause=failure)
     else:
         result = step.complete(raw)
     task = asyncio.current_task()
@@ -230,7 +232,15 @@ class _Step:
             else _tracing.NOOP
         ) as span:
             try:
-                result = await state.tx.run_effect(full_key, fn, step_id=self.item.step_id)
+                # ``actor`` only when there is one: a transaction of an adapter written
+                # before receipts named approvers still runs the writes no one named.
+                result = await (
+                    state.tx.run_effect(full_key, fn, step_id=self.item.step_id)
+                    if state.actor is None
+                    else state.tx.run_effect(
+                        full_key, fn, step_id=self.item.step_id, actor=state.actor
+                    )
+                )
             except (EffectUncertainError, EffectNotAppliedError) as exc:
                 if exc.receipt is not None:
                     if span is not None:
@@ -272,6 +282,34 @@ class _Step:
         announce = not receipt.announced and receipt.key not in state.announced
         self._note(receipt, attempted=announce, created=not result.replayed)
         return result
+
+    async def recorded(self, key: str, compute: Callable[[], Awaitable[Any]]) -> Any:
+        scope = self.state.scope
+        if self.ended:
+            raise JournalError(
+                f"{self.cap.id}: recorded({key!r}) called after step {self.item.step_id!r} "
+                "ended; nothing was recorded",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        if not isinstance(key, str) or not key:
+            raise JournalError(
+                f"{self.cap.id}: a journal key must be a non-empty string, got {key!r}",
+                thread_id=scope.thread_id,
+                turn_id=scope.turn_id,
+            )
+        # Counted as a running call: the step waits for it to end, so that its entry
+        # is written (or refused) before the turn moves on.
+        self._running += 1
+        try:
+            return await self.state.tx.recorded(f"{self.item.step_id}:{key}", compute)
+        except _STORE_FAILURES as exc:
+            self._store_failure = exc
+            raise
+        finally:
+            self._running -= 1
+            if not self._running and self._idle is not None:
+                self._idle.set()
 
     def emit(self, type: str, payload: Any = None) -> None:
         if self.ended:
@@ -494,8 +532,3 @@ def _log_failure(exc: BaseException, receipt: Receipt, capability_id: str) -> No
                 "key": receipt.key,
             },
         )
-
-
-def _describe(exc: BaseException) -> str:
-    text = storable_text(str(exc))  # NUL and lone surrogates escaped, as in a receipt's error
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -16,6 +16,8 @@ loses it, not close it. A one-round interpreter never records anything.
 
 Every round goes on from the value as the store reads it back (``tx.recorded`` returns
 it), in the first delivery too, so that a redelivery makes exactly the same decisions.
+A streamed redelivery streams the text of each round it takes from the journal as one
+``delta``, so that its stream carries the turn's text as a live delivery's does.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ async def interpret_recorded(state: TurnState, rounds: tuple[Round, ...] = ()) -
     number = len(rounds) + 1
     key = ROUND_KEY.format(number)
     answer_pending = number == 1 and state.request.answer is not None
+    asked = False
 
     async def ask() -> dict[str, Any]:
+        nonlocal asked
+        asked = True
         return encode_round(await interpret(state, rounds))
 
     def asks_for_steps(value: Any) -> bool:
@@ -55,7 +60,12 @@ async def interpret_recorded(state: TurnState, rounds: tuple[Round, ...] = ()) -
             thread_id=state.scope.thread_id,
             turn_id=state.scope.turn_id,
         ) from exc
-    return decode_round(value, state, key)
+    interpretation = decode_round(value, state, key)
+    if not asked and state.sink is not None and interpretation.reply:
+        # A streamed redelivery shows the text of a round it took from the journal, as
+        # the model's stream showed it live: one delta, where the model sent pieces.
+        state.sink.delta(interpretation.reply)
+    return interpretation
 
 
 def encode_round(interpretation: Interpretation) -> dict[str, Any]:

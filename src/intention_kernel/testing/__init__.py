@@ -3,7 +3,7 @@ conformance suite (:mod:`intention_kernel.testing.conformance`)."""
 
 from __future__ import annotations
 
-from intention_kernel.durability.memory import InMemoryDurability
+from intention_kernel.durability.memory import InMemoryDurability, MemoryTamper
 from intention_kernel.testing.scripted import ScriptedInterpreter
 
-__all__ = ["InMemoryDurability", "ScriptedInterpreter"]
+__all__ = ["InMemoryDurability", "MemoryTamper", "ScriptedInterpreter"]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
 
 from intention_kernel.durability._options import check_seconds, take_url_options
 from intention_kernel.durability.abc import RecordedDurability
@@ -70,16 +74,26 @@ class PostgresDurability(RecordedDurability):
             raise ValueError("connect_timeout must be more than 0 seconds")
         _check_dsn(dsn)
         self.schema = schema
-        super().__init__(
-            PostgresRecorder(
-                dsn,
-                schema,
-                lock_timeout,
-                (min_pool_size, max_pool_size),
-                pool_timeout,
-                connect_timeout,
-            )
+        self._sessions = PostgresRecorder(
+            dsn, schema, lock_timeout, (min_pool_size, max_pool_size), pool_timeout, connect_timeout
         )
+        super().__init__(self._sessions)
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
+        """One of the adapter's pooled sessions, held for the block, configured as the
+        sessions its turns run on (``search_path`` set to ``schema``, generic plans, TCP
+        keepalives), in autocommit mode; opens the adapter if it is not open yet.
+
+        For the application's own statements beside the adapter's: its own tables, a
+        diagnostic, an ``EXPLAIN`` of a query of the adapter's. A held session is one
+        fewer for turns: with every session held, a turn waits up to ``pool_timeout``.
+        Writing the adapter's tables through it bypasses every rule the adapter keeps.
+        The pool rolls back a transaction the block leaves open.
+        """
+        await self.recorder()
+        async with self._sessions.session() as conn:
+            yield conn
 
     def missing_store_reason(self) -> str:
         return f"the PostgreSQL database has no intention-kernel store in schema {self.schema!r}"

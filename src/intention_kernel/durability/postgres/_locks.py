@@ -27,7 +27,7 @@ from intention_kernel.durability.postgres._sessions import (
     translated,
 )
 from intention_kernel.durability.postgres._statements import TRY_LOCK, UNLOCK
-from intention_kernel.errors import ThreadBusyError
+from intention_kernel.errors import ThreadBusyError, ThreadLockTimeoutError
 
 __all__ = ["PostgresLocks"]
 
@@ -179,8 +179,8 @@ class PostgresLocks(PostgresSessions):
             await asyncio.sleep(min(wait * random.uniform(0.5, 1.0), remaining))
             wait = min(wait * 2, _MAX_WAIT)
 
-    def _busy(self, thread_id: str) -> ThreadBusyError:
-        return ThreadBusyError(
+    def _busy(self, thread_id: str) -> ThreadLockTimeoutError:
+        return ThreadLockTimeoutError(
             f"thread {thread_id!r} stayed locked by another turn for {self._lock_timeout}s",
             thread_id=thread_id,
         )

@@ -24,6 +24,7 @@ from intention_kernel.durability._rows import (
     journal_conflict,
     receipt_moved,
     receipt_params,
+    receipt_write,
     stored_thread,
 )
 from intention_kernel.durability.abc import (
@@ -78,7 +79,7 @@ from intention_kernel.durability.postgres._statements import (
     UPDATE_RECEIPT,
     receipts_query,
 )
-from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, is_settlement, utcnow
+from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError, StoreError
 from intention_kernel.turns import EventDraft, OutboxEvent
 
@@ -477,12 +478,9 @@ def _settle_again(new: Receipt, expected: Receipt) -> Callable[[Connection], Awa
 
 
 async def _update_receipt(conn: Connection, new: Receipt, expected: Receipt) -> None:
-    # Each statement takes the parameters it names.
-    statement = SETTLE_RECEIPT if is_settlement(new, expected) else UPDATE_RECEIPT
-    params = _receipt_params(new)
-    params.update(expected_status=expected.status.value, expected_attempt=expected.attempt)
-    if (await execute(conn, statement, params)).rowcount != 1:
-        raise receipt_moved(new)
+    write = receipt_write(new, expected, _same)
+    statement = SETTLE_RECEIPT if write.settles else UPDATE_RECEIPT
+    write.check((await execute(conn, statement, write.params)).rowcount)
 
 
 def _receipt(row: Sequence[Any] | None) -> Receipt | None:

@@ -204,6 +204,12 @@ MIGRATIONS: tuple[str, ...] = (
         CONSTRAINT ik_journal_pkey PRIMARY KEY (thread_id, turn_id, key)
     );
     """,
+    # 9: each receipt names who approved its write, as in SQLite's migration 7; older
+    # receipts read NULL, no actor. Adding a nullable column without a default rewrites
+    # no rows.
+    """
+    ALTER TABLE ik_receipts ADD COLUMN actor text;
+    """,
 )
 
 

@@ -7,7 +7,8 @@ import asyncio
 import hashlib
 import math
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -212,6 +213,19 @@ class PostgresSessions:
                         if not conn.broken or attempt == 0:
                             raise
             raise AssertionError("unreachable")
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Connection]:
+        """A pooled session, configured as every other, held for the block (see
+        ``PostgresDurability.session``). Only taking it is translated: the block's own
+        driver errors reach its code as they are."""
+        pool = self._pool
+        with translated():
+            conn = await pool.getconn()
+        try:
+            yield conn
+        finally:
+            await pool.putconn(conn)  # the pool rolls back what the block left open
 
     async def open(self) -> None:
         pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(

@@ -55,7 +55,7 @@ INSERT_RECEIPT = f"""
     INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
     VALUES (%(id)s, %(thread_id)s, %(key)s, %(status)s, %(turn_id)s, %(step_id)s,
             %(attempt)s, %(value)s, %(error)s, %(created_at)s, %(updated_at)s, %(resolution)s,
-            %(announced)s, %(tenant_id)s)
+            %(announced)s, %(tenant_id)s, %(actor)s)
 """
 # The first call of an effect key, in one round trip: insert the planned receipt
 # unless one exists. Not a conflict hidden: no row inserted means the caller reads the
@@ -66,7 +66,8 @@ UPDATE_RECEIPT = """
     UPDATE ik_receipts
     SET status = %(status)s, turn_id = %(turn_id)s, step_id = %(step_id)s,
         attempt = %(attempt)s, value = %(value)s, error = %(error)s,
-        resolution = %(resolution)s, updated_at = %(updated_at)s, announced = %(announced)s
+        resolution = %(resolution)s, updated_at = %(updated_at)s, announced = %(announced)s,
+        actor = %(actor)s
     WHERE thread_id = %(thread_id)s AND key = %(key)s
       AND status = %(expected_status)s AND attempt = %(expected_attempt)s
 """

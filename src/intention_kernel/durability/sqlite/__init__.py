@@ -22,7 +22,7 @@ Modules: ``_schema`` (migrations), ``_statements`` (SQL), ``_connection``
 
 from __future__ import annotations
 
-from intention_kernel.durability.sqlite._adapter import SQLiteDurability
+from intention_kernel.durability.sqlite._adapter import SQLiteDurability, StatementTrace
 from intention_kernel.durability.sqlite._schema import MIGRATIONS as MIGRATIONS
 
-__all__ = ["SQLiteDurability"]
+__all__ = ["SQLiteDurability", "StatementTrace"]

@@ -7,9 +7,10 @@ from typing import Literal
 
 from intention_kernel.durability._options import check_seconds
 from intention_kernel.durability.abc import RecordedDurability
+from intention_kernel.durability.sqlite._connection import StatementTrace
 from intention_kernel.durability.sqlite._recorder import SQLiteRecorder
 
-__all__ = ["SQLiteDurability"]
+__all__ = ["SQLiteDurability", "StatementTrace"]
 
 
 class SQLiteDurability(RecordedDurability):
@@ -38,6 +39,11 @@ class SQLiteDurability(RecordedDurability):
       that finds the worker idle runs alone at once, in its own transaction, so
       group commit needs no option: it only ever joins writes that would
       otherwise have waited in line.
+    - ``trace``: called with ``"writer"`` or ``"reader"`` and the text of every statement
+      that connection runs, from its opening on, in the thread that runs it (the worker
+      thread is named ``ik-sqlite``). For logging, counting statements per turn, or
+      seeing where writes run. It runs inside the statement: it must be quick and must
+      not raise.
 
     The lock file ``<path>.locks`` sits beside the database's real file (symlinks
     resolved, so every path to one database shares one lock file); keep them on a local
@@ -52,6 +58,7 @@ class SQLiteDurability(RecordedDurability):
         lock_timeout: float = 30.0,
         busy_timeout: float = 30.0,
         offload_writes: bool | None = None,
+        trace: StatementTrace | None = None,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
@@ -65,6 +72,7 @@ class SQLiteDurability(RecordedDurability):
                 lock_timeout=lock_timeout,
                 busy_timeout=busy_timeout,
                 offload_writes=offload_writes,
+                trace=trace,
             )
         )
 

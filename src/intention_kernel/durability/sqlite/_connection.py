@@ -50,7 +50,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal, TypeAlias, TypeVar
 
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._looplocks import LoopLocks
@@ -58,9 +58,13 @@ from intention_kernel.durability.sqlite._group import GroupWriter, clear_frames
 from intention_kernel.durability.sqlite._schema import HAS_SCHEMA_TABLE, migrate
 from intention_kernel.errors import CorruptRecordError, CorruptStoreError, KernelError, StoreError
 
-__all__ = ["SQLiteConnections"]
+__all__ = ["SQLiteConnections", "StatementTrace"]
 
 T = TypeVar("T")
+
+#: Called with the connection's role and the text of each statement it runs, in the
+#: thread that runs it (the worker thread ``ik-sqlite`` or the event loop's).
+StatementTrace: TypeAlias = Callable[[Literal["writer", "reader"], str], None]
 
 
 class SQLiteConnections:
@@ -75,8 +79,10 @@ class SQLiteConnections:
         lock_timeout: float,
         busy_timeout: float,
         offload_writes: bool | None,
+        trace: StatementTrace | None = None,
     ) -> None:
         self._path = path
+        self._trace = trace
         self._offload_writes = offload_writes
         self._synchronous = synchronous
         self._lock_timeout = lock_timeout
@@ -295,6 +301,7 @@ class SQLiteConnections:
             )
             try:
                 conn.text_factory = _TEXT
+                self._traced(conn, "writer")
                 conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute(f"PRAGMA synchronous = {self._synchronous}")
@@ -320,6 +327,7 @@ class SQLiteConnections:
                     self._path, timeout=0, isolation_level=None, check_same_thread=False
                 )
                 self._reader.text_factory = _TEXT
+                self._traced(self._reader, "reader")
                 self._reader.execute("PRAGMA query_only = 1")
             if self._locks is not None:
                 self._locks.open()
@@ -328,6 +336,12 @@ class SQLiteConnections:
             # -wal and -shm files a crash left behind, and then refuse the lock file.
             await self.close()
             raise self._open_error(exc) from exc
+
+    def _traced(self, conn: sqlite3.Connection, role: Literal["writer", "reader"]) -> None:
+        """Hand each statement ``conn`` runs to the ``trace`` option, if one was given."""
+        trace = self._trace
+        if trace is not None:
+            conn.set_trace_callback(lambda sql: trace(role, sql))
 
     def _open_error(self, exc: sqlite3.Error | OSError) -> KernelError:
         if isinstance(exc, OSError):
@@ -382,8 +396,7 @@ class SQLiteConnections:
                 async with self._memory_locks.hold(thread_id, None, wait=wait) as lock:
                     yield lock
                 return
-            # A wait of 0 is one attempt: ``hold`` tries the lock before it polls.
-            async with self._locks.hold(thread_id, self._lock_timeout if wait else 0.0):
+            async with self._locks.hold(thread_id, self._lock_timeout, wait=wait):
                 yield thread_id
         finally:
             self._lockers -= 1

@@ -27,8 +27,8 @@ from intention_kernel.durability._rows import (
     decode_receipt_row,
     fenced,
     journal_conflict,
-    receipt_moved,
     receipt_params,
+    receipt_write,
     stored_thread,
 )
 from intention_kernel.durability.abc import (
@@ -89,7 +89,7 @@ from intention_kernel.durability.sqlite._statements import (
     UPDATE_THREAD,
     UPSERT_FACT,
 )
-from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, is_settlement, utcnow
+from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
 from intention_kernel.turns import EventDraft, OutboxEvent
 
@@ -462,12 +462,9 @@ def _receipt_params(r: Receipt) -> dict[str, Any]:
 
 
 def _update_receipt(conn: sqlite3.Connection, new: Receipt, expected: Receipt) -> None:
-    # Each statement takes the parameters it names.
-    statement = SETTLE_RECEIPT if is_settlement(new, expected) else UPDATE_RECEIPT
-    params = _receipt_params(new)
-    params.update(expected_status=expected.status.value, expected_attempt=expected.attempt)
-    if conn.execute(statement, params).rowcount != 1:
-        raise receipt_moved(new)
+    write = receipt_write(new, expected, datetime.isoformat)
+    statement = SETTLE_RECEIPT if write.settles else UPDATE_RECEIPT
+    write.check(conn.execute(statement, write.params).rowcount)
 
 
 def _receipt(row: Sequence[Any] | None) -> Receipt | None:

@@ -133,6 +133,11 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (thread_id, turn_id, key)
     );
     """,
+    # 7: each receipt names who approved its write (``Receipt.actor``). Receipts stored
+    # before have NULL: no actor, which is what they recorded.
+    """
+    ALTER TABLE ik_receipts ADD COLUMN actor TEXT;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

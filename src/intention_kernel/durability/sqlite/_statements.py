@@ -24,7 +24,7 @@ SELECT_RECEIPT = f"{READ_RECEIPTS} WHERE r.thread_id = ? AND r.key = ?"
 INSERT_RECEIPT = f"""
     INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
     VALUES (:id, :thread_id, :key, :status, :turn_id, :step_id, :attempt, :value, :error,
-            :created_at, :updated_at, :resolution, :announced, :tenant_id)
+            :created_at, :updated_at, :resolution, :announced, :tenant_id, :actor)
 """
 # The tenant that claimed a thread with no committed turn: its first receipt's.
 SELECT_CLAIM = "SELECT tenant_id FROM ik_receipts WHERE thread_id = ? ORDER BY rowid LIMIT 1"
@@ -37,7 +37,7 @@ UPDATE_RECEIPT = """
     UPDATE ik_receipts
     SET status = :status, turn_id = :turn_id, step_id = :step_id, attempt = :attempt,
         value = :value, error = :error, resolution = :resolution, updated_at = :updated_at,
-        announced = :announced
+        announced = :announced, actor = :actor
     WHERE thread_id = :thread_id AND key = :key
       AND status = :expected_status AND attempt = :expected_attempt
 """

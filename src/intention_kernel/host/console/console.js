@@ -296,6 +296,7 @@ function renderInteraction(interaction) {
   $("confirmation-expires-label").hidden = !expires;
   $("confirmation-expires").hidden = !expires;
   renderTimeLeft();
+  renderApprovers(interaction);
   // Only a held ("confirmation") operation's input is edited, against its schema. A new
   // interaction starts from its proposed input; the same one keeps what is being typed.
   const editable = interaction.kind === "confirmation" && Boolean(interaction.input_schema);
@@ -306,6 +307,19 @@ function renderInteraction(interaction) {
     showEditError("");
     $("reject-reason").value = "";
   }
+}
+
+// A quorum (approvals above 1): how many distinct approvers it needs and who has approved
+// so far. An accept from one of them again, or from no one named, is refused by the kernel.
+function renderApprovers(interaction) {
+  const quorum = (interaction.approvals || 1) > 1;
+  $("confirmation-approvers-label").hidden = !quorum;
+  $("confirmation-approvers").hidden = !quorum;
+  if (!quorum) return;
+  const approvers = interaction.approved_by || [];
+  const who = approvers.length ? approvers.join(", ") : "no one yet";
+  $("confirmation-approvers").textContent =
+    `${approvers.length} of ${interaction.approvals} · approved by ${who}`;
 }
 
 // "answer by" with the time left, recomputed every second while a deadline is shown.
@@ -398,15 +412,16 @@ function showFormError(form, message) {
   error.hidden = !message;
 }
 
-// A receipt's key, status badge and cause (with its attempt and turn) in a list item;
-// causeSelector names the item's element for the cause.
+// A receipt's key, status badge and cause (with its attempt, turn and approver) in a
+// list item; causeSelector names the item's element for the cause.
 function describeReceipt(item, receipt, causeSelector) {
   item.querySelector(".key").textContent = receipt.key;
   const badge = item.querySelector(".badge");
   badge.textContent = receipt.status;
   badge.className = `badge ${receipt.status}`;
+  const approver = receipt.actor ? ` · approved by ${receipt.actor}` : "";
   item.querySelector(causeSelector).textContent =
-    `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}`;
+    `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}${approver}`;
 }
 
 function renderReceipts(receipts) {
@@ -482,6 +497,10 @@ function renderQueue(receipts, interactions) {
       item.querySelector(".prompt").textContent = pending.interaction.prompt;
       item.querySelector(".capability").textContent =
         `${pending.interaction.capability_id} · ${pending.interaction.kind} · v${pending.version}` +
+        ((pending.interaction.approvals || 1) > 1
+          ? ` · ${(pending.interaction.approved_by || []).length} of ` +
+            `${pending.interaction.approvals} approvals`
+          : "") +
         (pending.interaction.expires_at
           ? ` · answer by ${new Date(pending.interaction.expires_at).toLocaleString()}`
           : "");

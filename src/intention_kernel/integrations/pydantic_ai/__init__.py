@@ -47,8 +47,12 @@ and each of its toolsets wrapped (a ``WrapperToolset``), inside one kernel capab
   the held calls (each through its receipt) and the model's next request carries their
   results. A reject resumes with ``ToolDenied(reason)``: the model reads the person's
   reason as the denial. An answer with another digest runs nothing (the kernel refuses
-  it). Calls the model made together are answered together: Pydantic AI resumes a run
-  only with a result for every call it deferred.
+  it). An accepted call runs only with the arguments the person was shown, both as
+  the tool's schema validates them (a number sent as text is that number): if a hook
+  rewrote them after validation (a capability's ``after_tool_validate``, say), the
+  call is refused before its receipt (the step fails, nothing runs). Calls the model
+  made together are answered together: Pydantic AI resumes a run only with a result
+  for every call it deferred.
 
 Why one capability for the whole loop, and not one per tool: Pydantic AI runs its own
 loop (model, tools, model), and an approval must resume *that* loop in the accepting
@@ -57,16 +61,20 @@ the answer is the kernel's seam for exactly that. One capability also gives ever
 write one receipt namespace (``<name>.agent:...``), whether it ran in the turn that
 proposed it or in the one that approved it.
 
-What is recorded today, and what is not:
+What is recorded:
 
-- Recorded: each write tool's outcome (its receipt), the message history of every
-  committed turn, and a held approval (the interaction and the history it resumes).
-- Not recorded yet: model responses. A redelivered turn that died before its commit
-  asks the model again for the requests it had already made; a write it asks for
-  again with the same business key is not repeated (the receipt answers), but a model
-  that answers differently the second time may ask for other reads or writes. The seam
-  for recording is ``KernelModel.request`` (in ``_tools``): every model request of a
-  kernel run goes through it, and recorded responses will be replayed there.
+- Each model response, in the turn's journal, before Pydantic AI runs the tools it
+  asks for: ``KernelModel`` (in ``_tools``) wraps the model, and every request of a
+  kernel run goes through ``ctx.recorded`` under the key ``pydantic_ai.model.<n>``, its
+  position in the step's runs (the journal adds the step ID). The value is the
+  ``ModelResponse`` as ``ModelMessagesTypeAdapter`` dumps it. A turn delivered again
+  after a crash gets the recorded responses and asks the model only for the requests
+  it had not answered; its writes meet their receipts and its reads run again. A
+  streamed request (an agent with an event stream handler) is read to its end and
+  recorded before the run sees it, so its events reach the handler once the response
+  is complete; a recorded one is replayed as events made from its parts.
+- Each write tool's outcome (its receipt), the message history of every committed
+  turn, and a held approval (the interaction and the history it resumes).
 
 An approval tool must be named in ``writes``: the accepted call runs through its
 receipt, so a redelivered accepting turn does not run it again. One that is not is

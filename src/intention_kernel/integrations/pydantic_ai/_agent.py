@@ -38,6 +38,7 @@ from intention_kernel.integrations.pydantic_ai._interpreter import BridgeInterpr
 from intention_kernel.integrations.pydantic_ai._tools import (
     STEP,
     KernelModel,
+    KernelStep,
     KernelToolset,
     KeyFunction,
 )
@@ -128,12 +129,12 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
 
     async def _run(
         self,
-        ctx: CapabilityContext,
+        step: KernelStep,
         prompt: str | None,
         history: Sequence[ModelMessage],
         deferred: DeferredToolResults | None = None,
     ) -> AgentRunResult[Any]:
-        token = STEP.set(ctx)
+        token = STEP.set(step)
         try:
             with self._kernel_overrides():
                 return await self.wrapped.run(
@@ -157,26 +158,27 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         self, description: str | None, approve_within: timedelta | None
     ) -> Capability:
         async def handle(input: AgentInput, ctx: CapabilityContext) -> CapabilityResult:
+            step = KernelStep(ctx)
             raw = ctx.facts.get(self.fact_key)
             conversation = Conversation.load(raw.value if raw is not None else None)
             calls = input.approvals
             if calls is not None:
                 if ctx.answer is None:
                     return self._ask(conversation, calls)
-                return self._outcome(await self._resume(ctx, conversation, calls))
+                return self._outcome(await self._resume(step, conversation, calls))
             history = conversation.messages
             if conversation.pending:
                 # The approval closed without an answer (it expired, or an operator
                 # resolved it): the model is told so before it reads the new message.
                 closed = await self._run(
-                    ctx,
+                    step,
                     None,
                     history,
                     denied(conversation.pending, "The approval request closed unanswered."),
                 )
                 history = closed.all_messages()
             assert input.prompt is not None  # AgentInput holds exactly one of the two
-            return self._outcome(await self._run(ctx, input.prompt, history))
+            return self._outcome(await self._run(step, input.prompt, history))
 
         return capability(
             self.capability_id,
@@ -201,7 +203,7 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         )
 
     async def _resume(
-        self, ctx: CapabilityContext, conversation: Conversation, calls: list[Call]
+        self, step: KernelStep, conversation: Conversation, calls: list[Call]
     ) -> AgentRunResult[Any]:
         # What runs is the history's held calls: they must be the approved ones, to the
         # argument, or nothing runs.
@@ -219,13 +221,14 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
                     f"{call.tool_call_id!r} differs from the approved one; nothing ran",
                     capability_id=self.capability_id,
                 )
-        answer = ctx.answer
+        answer = step.ctx.answer
         assert answer is not None
         if answer.decision == "accept":
+            step.approved = {c.tool_call_id: c.args for c in calls}
             results = DeferredToolResults(approvals={c.tool_call_id: ToolApproved() for c in calls})
         else:
             results = denied(calls, answer.reason or "The person rejected the tool call.")
-        return await self._run(ctx, None, conversation.messages, results)
+        return await self._run(step, None, conversation.messages, results)
 
     def _outcome(self, run: AgentRunResult[Any]) -> CapabilityResult:
         messages = run.all_messages()

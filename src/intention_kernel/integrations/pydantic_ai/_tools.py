@@ -1,16 +1,26 @@
-"""What routes a Pydantic AI run through its turn: the model wrapper (the seam for
-recorded model responses) and the toolset wrapper (write tools through receipts)."""
+"""What routes a Pydantic AI run through its turn: the model wrapper (model responses
+recorded in the turn's journal) and the toolset wrapper (write tools through receipts)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_ai import RunContext
-from pydantic_ai.messages import ModelMessage, ModelResponse
-from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    ModelResponseStreamEvent,
+)
+from pydantic_ai.models import (
+    CompletedStreamedResponse,
+    ModelRequestParameters,
+    StreamedResponse,
+)
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import AgentDepsT
@@ -20,16 +30,39 @@ from pydantic_core import to_jsonable_python
 
 from intention_kernel.capabilities import CapabilityContext
 from intention_kernel.effects import EffectAuthority
-from intention_kernel.errors import CapabilityError
+from intention_kernel.errors import CapabilityError, CorruptRecordError
 
-__all__ = ["STEP", "KernelModel", "KernelToolset", "KeyFunction", "effect_authority"]
+__all__ = ["STEP", "KernelModel", "KernelStep", "KernelToolset", "KeyFunction", "effect_authority"]
 
 #: Derives a write tool's business operation ID from the call's validated arguments.
 KeyFunction = Callable[[dict[str, Any]], str]
 
-# The step a kernel run belongs to. Set by the capability for the run it makes, read by
-# the toolset wrapper: without it a write tool could not reach its turn's receipts.
-STEP: ContextVar[CapabilityContext | None] = ContextVar("ik_pydantic_ai_step", default=None)
+
+@dataclass
+class KernelStep:
+    """The step a kernel run belongs to, and how many model requests its runs made."""
+
+    ctx: CapabilityContext
+    requests: int = 0
+    #: The arguments of each call the person accepted, by tool call ID: the only ones
+    #: that call may run with.
+    approved: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def next_key(self) -> str:
+        """The journal key of the step's next model request: its position, from 1.
+
+        Positions count across the step's runs (a step that first closes an unanswered
+        approval makes two). A redelivery makes the same requests in the same order,
+        since each one follows from the recorded response before it.
+        """
+        self.requests += 1
+        return f"pydantic_ai.model.{self.requests}"
+
+
+# The step a kernel run belongs to. Set by the capability for the runs it makes, read by
+# the model and toolset wrappers: without it a model request could not reach its turn's
+# journal, nor a write tool its receipts.
+STEP: ContextVar[KernelStep | None] = ContextVar("ik_pydantic_ai_step", default=None)
 _AUTHORITY: ContextVar[EffectAuthority | None] = ContextVar(
     "ik_pydantic_ai_authority", default=None
 )
@@ -49,10 +82,12 @@ def effect_authority() -> EffectAuthority:
 class KernelModel(WrapperModel):
     """The wrapped agent's model, as a kernel run calls it.
 
-    Every model request of a run made inside a turn goes through :meth:`request`: this
-    is where recorded model responses will be looked up and stored (keyed by the step
-    and the request's position in the run), once the kernel records them. Today it
-    calls the model.
+    Every model request of a run made inside a turn goes through :meth:`request` or
+    :meth:`request_stream`. Its response is recorded in the turn's journal
+    (``ctx.recorded``, keyed by the step and the request's position) before Pydantic AI
+    runs the tools it asks for. A delivery of the same turn after a crash gets the
+    recorded response and does not ask the model again. The response is stored as
+    Pydantic AI's own ``ModelMessagesTypeAdapter`` dumps it.
     """
 
     async def request(
@@ -61,7 +96,79 @@ class KernelModel(WrapperModel):
         model_settings: ModelSettings | None,
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
-        return await super().request(messages, model_settings, model_request_parameters)
+        step = STEP.get()
+        if step is None:
+            return await super().request(messages, model_settings, model_request_parameters)
+
+        async def ask() -> Any:
+            response = await super(KernelModel, self).request(
+                messages, model_settings, model_request_parameters
+            )
+            return _dump(response)
+
+        key = step.next_key()
+        return _load(await step.ctx.recorded(key, ask), step.ctx, key)
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncGenerator[StreamedResponse]:
+        step = STEP.get()
+        if step is None:
+            async with super().request_stream(
+                messages, model_settings, model_request_parameters, run_context
+            ) as live:
+                yield live
+            return
+        # The stream is read to its end before the run sees it: a response is recorded
+        # whole or not at all, so the run reads its events after the model finished.
+        events: list[ModelResponseStreamEvent] | None = None
+
+        async def ask() -> Any:
+            nonlocal events
+            events = []
+            async with super(KernelModel, self).request_stream(
+                messages, model_settings, model_request_parameters, run_context
+            ) as live:
+                async for event in live:
+                    events.append(event)
+            return _dump(live.get())
+
+        key = step.next_key()
+        response = _load(await step.ctx.recorded(key, ask), step.ctx, key)
+        yield CompletedStreamedResponse(
+            response,
+            model_request_parameters=model_request_parameters,
+            # Recorded in an earlier delivery: the events are made again from the parts.
+            replay_events=events if events is not None else True,
+        )
+
+
+def _dump(response: ModelResponse) -> Any:
+    return ModelMessagesTypeAdapter.dump_python([response], mode="json")[0]
+
+
+def _load(value: Any, ctx: CapabilityContext, key: str) -> ModelResponse:
+    try:
+        (message,) = ModelMessagesTypeAdapter.validate_python([value])
+    except ValueError as exc:  # pydantic's ValidationError is one
+        raise _corrupt(ctx, key, str(exc)) from exc
+    if not isinstance(message, ModelResponse):
+        raise _corrupt(ctx, key, f"it is a {message.kind}, not a model response")
+    return message
+
+
+def _corrupt(ctx: CapabilityContext, key: str, why: str) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"the recorded model response {key!r} of step {ctx.step_id!r} cannot be decoded: {why}",
+        thread_id=ctx.thread_id,
+        turn_id=ctx.turn_id,
+        key=key,
+    )
 
 
 @dataclass
@@ -77,9 +184,15 @@ class KernelToolset(WrapperToolset[AgentDepsT]):
         ctx: RunContext[AgentDepsT],
         tool: ToolsetTool[AgentDepsT],
     ) -> Any:
-        step = STEP.get()
+        current = STEP.get()
+        if current is None:
+            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
+        step = current.ctx
+        approved = current.approved.get(ctx.tool_call_id or "")
+        if ctx.tool_call_approved and approved is not None:
+            _check_approved(step, name, ctx.tool_call_id, approved, tool_args, tool)
         key_of = self.writes.get(name)
-        if step is None or key_of is None:
+        if key_of is None:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         operation = key_of(tool_args)
         if not isinstance(operation, str) or not operation:
@@ -101,3 +214,27 @@ class KernelToolset(WrapperToolset[AgentDepsT]):
 
         effect = await step.run_effect(f"{name}:{operation}", apply)
         return effect.value
+
+
+def _check_approved(
+    step: CapabilityContext,
+    name: str,
+    tool_call_id: str | None,
+    approved: dict[str, Any],
+    tool_args: dict[str, Any],
+    tool: ToolsetTool[Any],
+) -> None:
+    """Refuse an approved call whose validated arguments are not the approved ones,
+    validated alike: the person accepted what they were shown, and a hook that rewrote
+    the arguments after validation would run a call nobody approved."""
+    ran = to_jsonable_python(tool_args)
+    try:
+        expected = to_jsonable_python(tool.args_validator.validate_python(approved))
+    except ValueError:  # pydantic's ValidationError is one
+        expected = approved
+    if ran != expected:
+        raise CapabilityError(
+            f"{step.capability_id}: the approved {name} call {tool_call_id!r} would run "
+            f"with {ran!r}, not the approved {approved!r}; nothing ran",
+            capability_id=step.capability_id,
+        )

@@ -15,6 +15,8 @@ from intention_kernel.checkpoint import (
     KernelCheckpoint,
 )
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
+from intention_kernel.durability.contract import InteractionQueue, Operable, TenantStore
+from intention_kernel.durability.engine import RecordedDurability
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.facts import FactRecord
 from intention_kernel.interpretation import Intent, Interpretation
@@ -88,6 +90,40 @@ class ConformanceCase:
         seconds for a busy thread; ``None`` skips the tests that need a short wait."""
         return None
 
+    # -- what the adapter declares it offers (a subclass overrides to declare more) ----------
+
+    @pytest.fixture
+    def fault_points(self, durability: Durability) -> bool:
+        """Whether the adapter reaches the points of :mod:`intention_kernel.testing.faults`
+        at the moments they name (``faults.reach``): every ``RecordedDurability`` does.
+        Another adapter that does declares it by returning ``True``; ``False`` skips the
+        tests of a turn that dies at such a point."""
+        return isinstance(durability, RecordedDurability)
+
+    @pytest.fixture
+    def tenant_store(self, durability: Durability) -> TenantStore | None:
+        """The adapter as a :class:`~intention_kernel.durability.contract.TenantStore`
+        (``thread_owner``, and ``owner=`` on ``load_checkpoint`` and ``resolve_receipt``):
+        every ``RecordedDurability`` is one. Another adapter that is one returns
+        ``durability``; ``None`` skips the tests of ``owner=``."""
+        return durability if isinstance(durability, RecordedDurability) else None
+
+    @pytest.fixture
+    def operable(self, durability: Durability) -> bool:
+        """Whether every adapter ``make_durability`` builds is an
+        :class:`~intention_kernel.durability.contract.Operable` (it hands out its opened
+        recorder, forgets a checkpoint, says whether its store exists): what the outbox
+        relay, the operations and the journal's tests drive. Every ``RecordedDurability``
+        is one; another adapter that is declares it by returning ``True``; ``False``
+        skips those tests."""
+        return isinstance(durability, RecordedDurability)
+
+    @pytest.fixture
+    def interaction_queue(self, durability: Durability) -> InteractionQueue | None:
+        """The adapter as an :class:`~intention_kernel.durability.contract.InteractionQueue`
+        (``pending_interactions``), as for ``tenant_store``."""
+        return durability if isinstance(durability, RecordedDurability) else None
+
     # -- fixtures of the suite ----------------------------------------------------------------
 
     @pytest.fixture
@@ -104,6 +140,14 @@ class ConformanceCase:
     @pytest.fixture
     def kernel(self, durability: Durability, provider: FakeProvider) -> Kernel:
         return Kernel(billing_agent(provider), durability)
+
+
+def as_operable(durability: Durability, operable: bool) -> Operable:
+    """``durability`` as an ``Operable``, as its case declared (``operable``), or a skip."""
+    if not operable:
+        pytest.skip("this adapter declares no recorder (the operable fixture)")
+    assert isinstance(durability, Operable), f"{durability!r} is declared operable and is not"
+    return durability
 
 
 async def payloads(durability: Durability, thread_id: str, type: str) -> list[Any]:

@@ -13,7 +13,7 @@ from intention_kernel import checkpoint as checkpoint_codec
 from intention_kernel.agent import Agent
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult, capability
 from intention_kernel.durability import Durability, TurnTransaction
-from intention_kernel.durability.abc import RecordedDurability, ThreadOwner
+from intention_kernel.durability.abc import InteractionQueue, ThreadOwner
 from intention_kernel.errors import (
     CorruptRecordError,
     InterpretationError,
@@ -183,6 +183,45 @@ class ConfirmationConformance(ConformanceCase):
             ("payments.charge:charge:pi_2", None),
         ]
 
+    async def test_the_accepting_actor_is_recorded_on_the_receipt_of_the_write(
+        self, make_durability: Callable[[], Durability], provider: FakeProvider
+    ) -> None:
+        """``Receipt.actor`` is who approved the write; a write approved by no one named
+        has none; the stored receipt reads back the same through a new adapter."""
+        async with make_durability() as durability:
+            kernel = Kernel(billing_agent(provider), durability)
+            await kernel.turn("t", "1", "charge pi_1 500")
+            await kernel.turn("t", "2", answer=Answer(None, "accept", actor="ana"))
+            await kernel.turn("t", "3", "charge pi_2 300")
+            await kernel.turn("t", "4", "yes")
+            receipts = await durability.list_receipts(thread_id="t")
+            assert [(r.key, r.actor) for r in receipts] == [
+                ("payments.charge:charge:pi_1", "ana"),
+                ("payments.charge:charge:pi_2", None),
+            ]
+            if not self.persistent:
+                return
+        async with make_durability() as reopened:
+            assert await reopened.list_receipts(thread_id="t") == receipts
+
+    async def test_a_retried_write_names_the_approver_of_its_new_attempt(
+        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+    ) -> None:
+        """A write that failed (not applied) and is approved again by someone else runs
+        again on the same receipt, which then names the second approver."""
+        provider.behaviour["pi_1"] = "not_applied"
+        await kernel.turn("t", "1", "charge pi_1 500")
+        failed = await kernel.turn("t", "2", answer=Answer(None, "accept", actor="ana"))
+        assert [s.status for s in failed.steps] == [StepStatus.FAILED]
+        [first] = await durability.list_receipts(thread_id="t")
+        assert (first.status, first.attempt, first.actor) == ("failed", 1, "ana")
+        del provider.behaviour["pi_1"]
+        await kernel.turn("t", "3", "charge pi_1 500")
+        await kernel.turn("t", "4", answer=Answer(None, "accept", actor="bob"))
+        [second] = await durability.list_receipts(thread_id="t")
+        assert (second.status, second.attempt, second.actor) == ("completed", 2, "bob")
+        assert second.id == first.id and provider.ledger == ["payments.charge:charge:pi_1"]
+
     async def test_an_answer_with_another_operations_digest_runs_nothing(
         self, kernel: Kernel, durability: Durability, provider: FakeProvider
     ) -> None:
@@ -259,6 +298,8 @@ class ConfirmationConformance(ConformanceCase):
             assert done.steps[0].status == StepStatus.COMPLETED and done.interaction is None
             [resolved] = await payloads(after, "t", "interaction.resolved")
             assert resolved["approved_by"] == ["ana", "bob"]
+            [receipt] = await after.list_receipts(thread_id="t")
+            assert receipt.actor == "bob"  # the accept that completed the quorum ran it
         assert provider.calls() == 1
 
     async def test_a_capability_mode_confirmation_survives_a_restart(
@@ -341,10 +382,12 @@ class ConfirmationConformance(ConformanceCase):
         assert provider.calls() == 0
 
     async def test_pending_interactions_lists_open_confirmations_across_threads_by_owner(
-        self, kernel: Kernel, durability: Durability
+        self, kernel: Kernel, durability: Durability, interaction_queue: InteractionQueue | None
     ) -> None:
-        if not isinstance(durability, RecordedDurability):
-            pytest.skip("pending_interactions is RecordedDurability's")
+        if interaction_queue is None:
+            pytest.skip(
+                "this adapter declares no interaction queue (the interaction_queue fixture)"
+            )
         for thread, tenant, pi in (
             ("a", "acme", "pi_1"),
             ("b", "globex", "pi_2"),
@@ -365,7 +408,7 @@ class ConfirmationConformance(ConformanceCase):
         for thread in ("a0", "b0", "c0"):
             await durability.with_turn(TurnScope(thread, "1", tenant_id="acme"), decoy)
 
-        every = await durability.pending_interactions()
+        every = await interaction_queue.pending_interactions()
         assert [(p.thread_id, p.tenant_id, p.version) for p in every] == [
             ("a", "acme", 1),
             ("b", "globex", 1),
@@ -378,37 +421,42 @@ class ConfirmationConformance(ConformanceCase):
         assert first.interaction.kind == "confirmation"
         assert first.interaction.capability_id == "payments.charge"
 
-        acme = await durability.pending_interactions(owner=ThreadOwner("acme"))
+        acme = await interaction_queue.pending_interactions(owner=ThreadOwner("acme"))
         assert [p.thread_id for p in acme] == ["a", "f"]
-        untenanted = await durability.pending_interactions(owner=ThreadOwner(None))
+        untenanted = await interaction_queue.pending_interactions(owner=ThreadOwner(None))
         assert [p.thread_id for p in untenanted] == ["c"]
         # Bounded, and paged on by thread ID; the decoys never take a place in a page.
-        assert [p.thread_id for p in await durability.pending_interactions(limit=1)] == ["a"]
-        page = await durability.pending_interactions(owner=ThreadOwner("acme"), limit=1)
+        assert [p.thread_id for p in await interaction_queue.pending_interactions(limit=1)] == ["a"]
+        page = await interaction_queue.pending_interactions(owner=ThreadOwner("acme"), limit=1)
         assert [p.thread_id for p in page] == ["a"]
-        rest = await durability.pending_interactions(
+        rest = await interaction_queue.pending_interactions(
             owner=ThreadOwner("acme"), after=page[-1].thread_id, limit=1
         )
         assert [p.thread_id for p in rest] == ["f"]
-        assert await durability.pending_interactions(after="f") == []
+        assert await interaction_queue.pending_interactions(after="f") == []
         for bad in (0, -1, True):
             with pytest.raises(InvalidRequestError):
-                await durability.pending_interactions(limit=bad)
+                await interaction_queue.pending_interactions(limit=bad)
         with pytest.raises(InvalidRequestError):
-            await durability.pending_interactions(after="")
+            await interaction_queue.pending_interactions(after="")
 
     async def test_pending_interactions_names_a_corrupt_candidate(
         self,
         kernel: Kernel,
         tamper: Tamper | None,
+        interaction_queue: InteractionQueue | None,
         make_durability: Callable[[], Durability],
     ) -> None:
         if tamper is None:
             pytest.skip("this adapter provides no tamper fixture")
+        if interaction_queue is None:
+            pytest.skip(
+                "this adapter declares no interaction queue (the interaction_queue fixture)"
+            )
         await kernel.turn("t", "1", "charge pi_1 500")
         await tamper.write_checkpoint_text("t", '{"interaction":{"id": 1')
         async with make_durability() as reopened:
-            assert isinstance(reopened, RecordedDurability)
+            assert isinstance(reopened, InteractionQueue)  # as declared for ``durability``
             with pytest.raises(CorruptRecordError) as caught:
                 await reopened.pending_interactions()
         assert caught.value.thread_id == "t"

@@ -14,7 +14,6 @@ import pytest
 
 from intention_kernel.capabilities import CapabilityContext, capability
 from intention_kernel.durability import Durability, TurnTransaction
-from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (
     EffectNotAppliedError,
@@ -84,10 +83,10 @@ class EffectConformance(ReceiptConformance):
         assert provider.calls() == 2
 
     async def test_a_write_applied_by_a_turn_that_never_committed_is_announced_by_the_next(
-        self, durability: Durability, kernel: Kernel, provider: FakeProvider
+        self, durability: Durability, kernel: Kernel, provider: FakeProvider, fault_points: bool
     ) -> None:
-        if not isinstance(durability, RecordedDurability):
-            pytest.skip("the fault points are those of RecordedDurability")
+        if not fault_points:
+            pytest.skip("this adapter declares no fault points (the fault_points fixture)")
         await kernel.turn("t", "propose", "charge pi_1 500")
         with faults.injected(faults.BEFORE_COMMIT, "raise"), pytest.raises(faults.InjectedFault):
             await kernel.turn("t", "accept", "yes")  # the charge completed, the turn died
@@ -362,14 +361,14 @@ class EffectConformance(ReceiptConformance):
         [faults.IN_PROVIDER_AFTER_WRITE, faults.AFTER_RECEIPT_COMPLETED, faults.BEFORE_COMMIT],
     )
     async def test_a_crashed_delivery_arriving_after_other_turns_keeps_one_index_entry_per_receipt(
-        self, durability: Durability, point: str
+        self, durability: Durability, point: str, fault_points: bool
     ) -> None:
         """The accepting turn dies after its receipt was written; the answer arrives under a
         new delivery ID (which reuses the receipt and indexes it), the charge is proposed
         again, and then the crashed delivery arrives at last: its turn reuses the receipt
         too, and the checkpoint still indexes that receipt once."""
-        if not isinstance(durability, RecordedDurability):
-            pytest.skip("the fault points are those of RecordedDurability")
+        if not fault_points:
+            pytest.skip("this adapter declares no fault points (the fault_points fixture)")
         provider = MarksItsWrite()
         kernel = Kernel(billing_agent(provider), durability)
         await kernel.turn("t", "propose", "charge pi_1 500")

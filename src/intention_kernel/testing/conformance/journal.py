@@ -13,7 +13,7 @@ import pytest
 
 from intention_kernel.agent import Agent
 from intention_kernel.durability import Durability, TurnTransaction
-from intention_kernel.durability.abc import JournalEntry, RecordedDurability
+from intention_kernel.durability.abc import JournalEntry, Operable
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import (
     FencedCommitError,
@@ -25,7 +25,12 @@ from intention_kernel.interpretation import Intent, Interpretation, Interpretati
 from intention_kernel.kernel import Kernel
 from intention_kernel.operations import prune
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from intention_kernel.testing.conformance._support import ConformanceCase, Crash, commit_for
+from intention_kernel.testing.conformance._support import (
+    ConformanceCase,
+    Crash,
+    as_operable,
+    commit_for,
+)
 from intention_kernel.testing.scripted import ScriptedInterpreter
 from intention_kernel.turns import TurnCommit, TurnScope
 
@@ -70,10 +75,10 @@ async def recorded_in(durability: Durability, scope: TurnScope, key: str, comput
     return seen[0]
 
 
-def journal_of(durability: Durability) -> RecordedDurability:
-    if not isinstance(durability, RecordedDurability):
-        pytest.skip("the journal's rows are read through a RecordedDurability's recorder")
-    return durability
+def journal_of(durability: Durability, operable: bool) -> Operable:
+    """``durability`` with its recorder, whose journal rows the test reads, or a skip
+    when the adapter does not declare it (the ``operable`` fixture)."""
+    return as_operable(durability, operable)
 
 
 def rounds_agent(provider: FakeProvider, script: Callable[[InterpretationRequest], Any]) -> Agent:
@@ -169,14 +174,14 @@ class JournalConformance(ConformanceCase):
         assert other.calls == 0
 
     async def test_a_committed_turn_deletes_its_journal_and_replays_without_it(
-        self, durability: Durability
+        self, durability: Durability, operable: bool
     ) -> None:
         scope = TurnScope("t", "turn-1", request_digest="d")
         await record_then_die(durability, scope, "k", Computations("one"))
         assert await recorded_in(durability, scope, "k", Computations("two")) == "one"
         replayed = await durability.with_turn(scope, _never_runs)
         assert replayed.replayed
-        recorder = await journal_of(durability).recorder()
+        recorder = await journal_of(durability, operable).recorder()
         assert await recorder.read_journal("t", "turn-1") == []
 
     async def test_a_key_or_value_the_journal_cannot_store_is_refused_and_nothing_is_recorded(
@@ -195,9 +200,9 @@ class JournalConformance(ConformanceCase):
         assert fine.calls == 1
 
     async def test_a_journal_entry_written_twice_is_a_conflict_and_the_first_stays(
-        self, durability: Durability
+        self, durability: Durability, operable: bool
     ) -> None:
-        recorder = await journal_of(durability).recorder()
+        recorder = await journal_of(durability, operable).recorder()
         entry = JournalEntry("t", "turn-1", "k", "d", '{"a":1}', utcnow())
         async with recorder.lock("t"):
             await recorder.write_journal(entry)
@@ -207,9 +212,9 @@ class JournalConformance(ConformanceCase):
         assert (stored.key, stored.request_digest, stored.value) == ("k", "d", '{"a":1}')
 
     async def test_entries_are_read_in_the_order_they_were_written(
-        self, durability: Durability
+        self, durability: Durability, operable: bool
     ) -> None:
-        recorder = await journal_of(durability).recorder()
+        recorder = await journal_of(durability, operable).recorder()
         keys = ["kernel.round.2", "kernel.round.10", "a", "kernel.round.1"]
         async with recorder.lock("t"):
             for key in keys:
@@ -217,9 +222,9 @@ class JournalConformance(ConformanceCase):
             assert [e.key for e in await recorder.read_journal("t", "x")] == keys
 
     async def test_prune_deletes_the_journal_of_turns_that_never_committed(
-        self, durability: Durability
+        self, durability: Durability, operable: bool
     ) -> None:
-        maintained = journal_of(durability)
+        maintained = journal_of(durability, operable)
         scope = TurnScope("t", "abandoned")
         await record_then_die(durability, scope, "k", Computations("old"))
         kept = TurnScope("t", "in-flight")
@@ -237,7 +242,7 @@ class JournalConformance(ConformanceCase):
     # =========================================================================================
 
     async def test_a_round_answered_before_the_turn_died_is_not_asked_again(
-        self, durability: Durability, provider: FakeProvider
+        self, durability: Durability, provider: FakeProvider, operable: bool
     ) -> None:
         """Round 1 asks for a read, round 2 fails (the turn commits nothing); the
         redelivery takes round 1 from the journal, runs its read again, and asks the
@@ -264,8 +269,8 @@ class JournalConformance(ConformanceCase):
         assert [s.capability_id for s in result.steps] == ["billing.balance"]
         replayed = await kernel.turn("t", "turn-1", "what do I owe?")
         assert replayed.replayed and asked == [1, 2, 2]
-        if isinstance(durability, RecordedDurability):
-            recorder = await durability.recorder()
+        if operable:
+            recorder = await as_operable(durability, operable).recorder()
             assert await recorder.read_journal("t", "turn-1") == []
 
     async def test_a_write_of_a_recorded_round_is_settled_by_its_receipt(
@@ -304,9 +309,9 @@ class JournalConformance(ConformanceCase):
         assert [s.status for s in result.steps] == ["completed", "completed"]
 
     async def test_a_one_round_turn_never_touches_the_journal(
-        self, durability: Durability, kernel: Kernel
+        self, durability: Durability, kernel: Kernel, operable: bool
     ) -> None:
-        recorded = journal_of(durability)
+        recorded = journal_of(durability, operable)
         recorder = await recorded.recorder()
         calls: list[str] = []
         original_read, original_write = recorder.read_journal, recorder.write_journal

@@ -13,7 +13,7 @@ import pytest
 
 from intention_kernel.checkpoint import SCHEMA_REVISION, assemble_checkpoint, decode_checkpoint
 from intention_kernel.durability import Durability
-from intention_kernel.durability.abc import RecordedDurability
+from intention_kernel.durability.abc import Operable
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import TurnConflictError, TurnExpiredError
 from intention_kernel.kernel import Kernel
@@ -24,6 +24,7 @@ from intention_kernel.testing.conformance._support import (
     ConformanceCase,
     Inspector,
     Tamper,
+    as_operable,
     read_all_events,
 )
 
@@ -42,10 +43,11 @@ class MaintenanceConformance(ConformanceCase):
         durability: Durability,
         make_durability: Callable[[], Durability],
         tamper: Tamper | None,
+        operable: bool,
     ) -> None:
         if tamper is None:
             pytest.skip("this adapter provides no tamper fixture")
-        maintained = maintainable(durability)
+        maintained = maintainable(durability, operable)
         old, new = billing_agent(FakeProvider()), billing_agent(FakeProvider(), version="2")
         for thread in ("ok-1", "ok-2", "newer", "corrupt"):
             await converse(Kernel(old, maintained), thread)
@@ -66,11 +68,13 @@ class MaintenanceConformance(ConformanceCase):
         await tamper.write_checkpoint_text("corrupt", "{oops")
 
         async with make_durability() as reopened:
-            report = await check_checkpoints(maintainable(reopened), old, batch=2)  # batches
+            report = await check_checkpoints(
+                maintainable(reopened, operable), old, batch=2
+            )  # batches
             compatible = billing_agent(
                 FakeProvider(), version="2", compatible_fingerprints=[old_print]
             )
-            later = await check_checkpoints(maintainable(reopened), compatible)
+            later = await check_checkpoints(maintainable(reopened, operable), compatible)
         assert report.threads == 5 and report.fingerprint == old_print
         assert report.revisions == {SCHEMA_REVISION: 3, SCHEMA_REVISION + 1: 1, None: 1}
         assert report.fingerprints == {old_print: 3, new_print: 1, None: 1}
@@ -94,12 +98,13 @@ class MaintenanceConformance(ConformanceCase):
         self,
         make_durability_with_lock_timeout: Callable[[float], Durability] | None,
         inspector: Inspector | None,
+        operable: bool,
     ) -> None:
         if make_durability_with_lock_timeout is None:
             pytest.skip("this adapter provides no make_durability_with_lock_timeout fixture")
         threads = [f"t-{n}" for n in range(5)]
         async with make_durability_with_lock_timeout(0.2) as opened:
-            durability = maintainable(opened)
+            durability = maintainable(opened, operable)
             kernel = Kernel(billing_agent(FakeProvider()), durability)
             for thread in threads:
                 await converse(kernel, thread)
@@ -132,10 +137,10 @@ class MaintenanceConformance(ConformanceCase):
                 assert await inspector.schema_revisions() == {SCHEMA_REVISION + 1}
 
     async def test_migrate_with_nothing_older_changes_nothing(
-        self, make_durability: Callable[[], Durability], inspector: Inspector | None
+        self, make_durability: Callable[[], Durability], inspector: Inspector | None, operable: bool
     ) -> None:
         async with make_durability() as opened:
-            durability = maintainable(opened)
+            durability = maintainable(opened, operable)
             await converse(Kernel(billing_agent(FakeProvider()), durability), "t")
             snapshot = await inspector.snapshot() if inspector is not None else None
             report = await migrate_checkpoints(durability)
@@ -148,9 +153,9 @@ class MaintenanceConformance(ConformanceCase):
     # =========================================================================================
 
     async def test_prune_drops_old_results_and_published_events_and_refuses_late_retries(
-        self, durability: Durability
+        self, durability: Durability, operable: bool
     ) -> None:
-        maintained = maintainable(durability)
+        maintained = maintainable(durability, operable)
         provider = FakeProvider()
         kernel = Kernel(billing_agent(provider), maintained)
         for thread in ("t-a", "t-b"):
@@ -184,12 +189,12 @@ class MaintenanceConformance(ConformanceCase):
         assert (await kernel.turn("t-a", "4", "balance 5")).replayed
 
     async def test_prune_does_not_read_again_the_turns_it_pruned_before(
-        self, durability: Durability, monkeypatch: pytest.MonkeyPatch
+        self, durability: Durability, monkeypatch: pytest.MonkeyPatch, operable: bool
     ) -> None:
         """Each run reads only the turns that still hold a result: the second of two runs
         makes one store call for the turns however many are stored (it used to walk every
         turn key again, a batch per call)."""
-        maintained = maintainable(durability)
+        maintained = maintainable(durability, operable)
         kernel = Kernel(billing_agent(FakeProvider()), maintained)
         for thread in ("t-a", "t-b", "t-c"):
             await converse(kernel, thread)
@@ -216,12 +221,10 @@ class MaintenanceConformance(ConformanceCase):
             await kernel.turn("t-b", "4", "balance 1")
 
 
-def maintainable(durability: Durability) -> RecordedDurability:
-    """``durability`` as the operations take it, or a skip: they drive a
-    ``RecordedDurability``'s recorder."""
-    if not isinstance(durability, RecordedDurability):
-        pytest.skip("the operations take a RecordedDurability")
-    return durability
+def maintainable(durability: Durability, operable: bool) -> Operable:
+    """``durability`` as the operations take it (they drive the recorder), or a skip
+    when the adapter does not declare it (the ``operable`` fixture)."""
+    return as_operable(durability, operable)
 
 
 async def converse(kernel: Kernel, thread: str) -> None:
@@ -241,7 +244,7 @@ def tag_messages(document: dict[str, Any]) -> dict[str, Any]:
 MIGRATIONS = [*([lambda d: d] * (SCHEMA_REVISION - 1)), tag_messages]
 
 
-async def stored(durability: RecordedDurability, thread_id: str) -> tuple[int, list[str]]:
+async def stored(durability: Operable, thread_id: str) -> tuple[int, list[str]]:
     """The stored checkpoint's revision (as the rows say) and its messages' contents."""
     recorder = await durability.recorder()
     [(_, thread)] = [t for t in await recorder.scan_threads(None, 100, None) if t[0] == thread_id]

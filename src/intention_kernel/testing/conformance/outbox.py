@@ -16,12 +16,16 @@ from typing import Any
 import pytest
 
 from intention_kernel.durability import Durability
-from intention_kernel.durability.abc import RecordedDurability, Recorder
+from intention_kernel.durability.abc import Operable, Recorder
 from intention_kernel.errors import StoreError
 from intention_kernel.kernel import Kernel
 from intention_kernel.outbox import OutboxRelay, RelayReport
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from intention_kernel.testing.conformance._support import ConformanceCase, read_all_events
+from intention_kernel.testing.conformance._support import (
+    ConformanceCase,
+    as_operable,
+    read_all_events,
+)
 from intention_kernel.turns import OutboxEvent
 
 __all__ = ["OutboxConformance"]
@@ -79,9 +83,9 @@ class OutboxConformance(ConformanceCase):
     # =========================================================================================
 
     async def test_the_relay_publishes_every_thread_in_order_once_and_marks_it(
-        self, durability: Durability
+        self, durability: Durability, operable: bool
     ) -> None:
-        relayed = relayable(durability)
+        relayed = relayable(durability, operable)
         await converse(relayed)
         committed = await read_all_events(relayed)
         sink = RelaySink()
@@ -106,9 +110,9 @@ class OutboxConformance(ConformanceCase):
         assert sink.by_thread()["t-a"] == list(range(1, len(sink.by_thread()["t-a"]) + 1))
 
     async def test_a_failing_event_blocks_its_thread_only_and_is_retried_with_backoff(
-        self, durability: Durability
+        self, durability: Durability, operable: bool
     ) -> None:
-        relayed = relayable(durability)
+        relayed = relayable(durability, operable)
         await converse(relayed)
         sink = RelaySink()
         sink.refuse.add(("t-b", 3))
@@ -136,18 +140,18 @@ class OutboxConformance(ConformanceCase):
         assert (await relay.status()).unpublished == 0
 
     async def test_a_relay_stopped_mid_batch_loses_nothing_after_a_restart(
-        self, make_durability: Callable[[], Durability]
+        self, make_durability: Callable[[], Durability], operable: bool
     ) -> None:
         """The relay is cancelled while publishing; what the sink acknowledged is marked, and
         a new relay on a new adapter instance publishes the rest, in order."""
         if not self.persistent:
             pytest.skip("this adapter keeps no state across instances")
         async with make_durability() as durability:
-            relayed = relayable(durability)
+            relayed = relayable(durability, operable)
             await converse(relayed)
             committed = await read_all_events(relayed)
         async with make_durability() as durability:
-            relayed = relayable(durability)
+            relayed = relayable(durability, operable)
             sink = RelaySink()
             acknowledged = asyncio.Event()
 
@@ -167,7 +171,7 @@ class OutboxConformance(ConformanceCase):
             # never answered: the next relay publishes it again (at least once), then the rest.
             assert (await relay.status()).unpublished == len(committed) - 2
         async with make_durability() as durability:  # a new adapter: the relay restarted
-            await OutboxRelay(relayable(durability), sink).run_once()
+            await OutboxRelay(relayable(durability, operable), sink).run_once()
         first_three = sink.seen[:3]
         rest = sink.seen[3:]
         assert {(e.thread_id, e.seq) for e in first_three + rest} == {
@@ -180,13 +184,13 @@ class OutboxConformance(ConformanceCase):
             assert seqs == sorted(seqs)
 
     async def test_relays_on_one_store_share_the_threads_and_never_interleave_one(
-        self, make_durability: Callable[[], Durability]
+        self, make_durability: Callable[[], Durability], operable: bool
     ) -> None:
         if not self.persistent:
             pytest.skip("this adapter keeps no state across instances")
         threads = tuple(f"t-{n}" for n in range(12))
         async with make_durability() as durability:
-            relayed = relayable(durability)
+            relayed = relayable(durability, operable)
             await converse(relayed, threads)
             committed = await read_all_events(relayed)
         published: list[tuple[str, OutboxEvent]] = []
@@ -198,7 +202,7 @@ class OutboxConformance(ConformanceCase):
 
             return publish
 
-        stores = [relayable(make_durability()) for _ in range(3)]
+        stores = [relayable(make_durability(), operable) for _ in range(3)]
         for each in stores:
             await each.__aenter__()
         try:
@@ -220,9 +224,9 @@ class OutboxConformance(ConformanceCase):
         assert len({name for name, _ in published}) > 1, "the relays did not share the work"
 
     async def test_run_keeps_publishing_new_events_until_stopped(
-        self, durability: Durability
+        self, durability: Durability, operable: bool
     ) -> None:
-        relayed = relayable(durability)
+        relayed = relayable(durability, operable)
         kernel = Kernel(billing_agent(FakeProvider()), relayed)
         sink = RelaySink()
         stop = asyncio.Event()
@@ -240,11 +244,11 @@ class OutboxConformance(ConformanceCase):
         assert [e.turn_id for e in sink.seen if e.type == "turn.committed"] == ["0", "1", "2"]
 
     async def test_a_sync_function_sink_runs_off_the_event_loop(
-        self, durability: Durability
+        self, durability: Durability, operable: bool
     ) -> None:
         """A blocking sink function (a sync SDK) runs in a worker thread: while it blocks,
         a turn on the same loop completes."""
-        relayed = relayable(durability)
+        relayed = relayable(durability, operable)
         kernel = Kernel(billing_agent(FakeProvider()), relayed)
         await kernel.turn("t", "1", "balance 1")
         entered, release = threading.Event(), threading.Event()
@@ -267,9 +271,9 @@ class OutboxConformance(ConformanceCase):
     # -- store errors during a relay pass ------------------------------------------------------
 
     async def test_a_store_error_in_one_thread_stops_the_others_before_the_pass_raises(
-        self, durability: Durability, monkeypatch: pytest.MonkeyPatch
+        self, durability: Durability, monkeypatch: pytest.MonkeyPatch, operable: bool
     ) -> None:
-        relayed = relayable(durability)
+        relayed = relayable(durability, operable)
         await converse(relayed)
         store = await flaky(relayed, monkeypatch)
         store.fail_marks.add("t-a")
@@ -297,8 +301,9 @@ class OutboxConformance(ConformanceCase):
         durability: Durability,
         monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture,
+        operable: bool,
     ) -> None:
-        relayed = relayable(durability)
+        relayed = relayable(durability, operable)
         await converse(relayed)
         committed = await read_all_events(relayed)
         store = await flaky(relayed, monkeypatch)
@@ -325,12 +330,10 @@ class OutboxConformance(ConformanceCase):
         assert "recovered after 2 failed pass(es)" in recovered.getMessage()
 
 
-def relayable(durability: Durability) -> RecordedDurability:
-    """``durability`` as the relay takes it, or a skip: the relay drives a
-    ``RecordedDurability``'s recorder."""
-    if not isinstance(durability, RecordedDurability):
-        pytest.skip("the outbox relay takes a RecordedDurability")
-    return durability
+def relayable(durability: Durability, operable: bool) -> Operable:
+    """``durability`` as the relay takes it (it drives the recorder), or a skip when the
+    adapter does not declare it (the ``operable`` fixture)."""
+    return as_operable(durability, operable)
 
 
 async def converse(durability: Durability, threads: tuple[str, ...] = THREADS) -> None:
@@ -387,7 +390,7 @@ class FlakyRecorder:
         await self.inner.mark_published(thread_id, seqs, at)
 
 
-async def flaky(durability: RecordedDurability, monkeypatch: pytest.MonkeyPatch) -> FlakyRecorder:
+async def flaky(durability: Operable, monkeypatch: pytest.MonkeyPatch) -> FlakyRecorder:
     """Puts a :class:`FlakyRecorder` between ``durability`` and its recorder."""
     wrapper = FlakyRecorder(await durability.recorder())
 

@@ -13,7 +13,7 @@ from intention_kernel._json import MAX_INT_DIGITS
 from intention_kernel.agent import Agent
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult, capability
 from intention_kernel.durability import Durability
-from intention_kernel.durability.abc import RecordedDurability, ThreadOwner
+from intention_kernel.durability.abc import TenantStore, ThreadOwner
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import (
     CorruptRecordError,
@@ -119,7 +119,11 @@ class ReceiptConformance(ConformanceCase):
         assert provider.calls() == 2
 
     async def test_a_key_without_its_capability_prefix_is_refused_with_the_stored_key(
-        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+        self,
+        kernel: Kernel,
+        durability: Durability,
+        provider: FakeProvider,
+        tenant_store: TenantStore | None,
     ) -> None:
         provider.behaviour["pi_1"] = "lost_response"
         await kernel.turn("t", "1", "charge pi_1 500")
@@ -138,12 +142,12 @@ class ReceiptConformance(ConformanceCase):
         [receipt] = await durability.list_receipts()
         assert (receipt.status, receipt.resolution) == ("uncertain", None)
         assert await durability.read_outbox() == events_before
-        if isinstance(durability, RecordedDurability):
+        if tenant_store is not None:
             for other in ("acme", None):
                 await kernel.turn("g", "1", "charge pi_1 500", tenant_id="globex")
                 await kernel.turn("g", "2", "yes", tenant_id="globex")
                 with pytest.raises(ReceiptNotFoundError) as hidden:
-                    await durability.resolve_receipt(
+                    await tenant_store.resolve_receipt(
                         "g", "charge:pi_1", applied=False, note="n", owner=ThreadOwner(other)
                     )
                 assert hidden.value.suggestions == ()

@@ -20,7 +20,7 @@ from intention_kernel.checkpoint import (
     encode_checkpoint,
 )
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
-from intention_kernel.durability.abc import RecordedDurability, ThreadOwner
+from intention_kernel.durability.abc import TenantStore, ThreadOwner
 from intention_kernel.effects import EffectAuthority, ReceiptStatus
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
@@ -31,6 +31,7 @@ from intention_kernel.errors import (
     ReceiptNotFoundError,
     TenantMismatchError,
     ThreadBusyError,
+    ThreadLockTimeoutError,
     TurnConflictError,
 )
 from intention_kernel.kernel import Kernel
@@ -100,6 +101,7 @@ class TurnConformance(ConformanceCase):
                     durability.with_turn(TurnScope("t", "2"), refused, wait=False), 2
                 )
             assert busy.value.thread_id == "t" and refused_ran == [] and not running.done()
+            assert not isinstance(busy.value, ThreadLockTimeoutError)  # it never waited
             # Another thread is free.
             other = await durability.with_turn(TurnScope("u", "1"), refused, wait=False)
             assert other.checkpoint_version == 1
@@ -110,6 +112,44 @@ class TurnConformance(ConformanceCase):
         # Free again: the refused delivery committed nothing and now runs.
         again = await durability.with_turn(TurnScope("t", "2"), refused, wait=False)
         assert (again.replayed, again.checkpoint_version) == (False, 2)
+
+    async def test_a_turn_that_waits_past_the_lock_timeout_is_refused_as_a_lock_timeout(
+        self, make_durability_with_lock_timeout: Callable[[float], Durability] | None
+    ) -> None:
+        """A turn that waits (the default) and does not get the lock within the
+        adapter's lock timeout raises ``ThreadLockTimeoutError``, a ``ThreadBusyError``
+        that the host answers 503, not the 409 of a turn refused at once."""
+        if make_durability_with_lock_timeout is None:
+            pytest.skip("this adapter provides no make_durability_with_lock_timeout fixture")
+        entered, release = asyncio.Event(), asyncio.Event()
+        waited_ran: list[str] = []
+
+        async def held(tx: TurnTransaction) -> TurnCommit:
+            entered.set()
+            await release.wait()
+            return commit_for(tx)
+
+        async def waited(tx: TurnTransaction) -> TurnCommit:
+            waited_ran.append(tx.scope.turn_id)
+            return commit_for(tx)
+
+        async with make_durability_with_lock_timeout(0.2) as durability:
+            running = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
+            try:
+                await asyncio.wait_for(entered.wait(), 10)
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                with pytest.raises(ThreadLockTimeoutError) as timed_out:
+                    await asyncio.wait_for(durability.with_turn(TurnScope("t", "2"), waited), 10)
+                assert loop.time() - started >= 0.15  # it waited for the lock first
+                assert timed_out.value.thread_id == "t" and waited_ran == []
+                assert not running.done()
+            finally:
+                release.set()
+                first = await running
+            assert first.checkpoint_version == 1
+            again = await durability.with_turn(TurnScope("t", "2"), waited)
+            assert (again.replayed, again.checkpoint_version) == (False, 2)
 
     async def test_each_turn_loads_the_latest_checkpoint(
         self, kernel: Kernel, durability: Durability
@@ -412,7 +452,7 @@ class TurnConformance(ConformanceCase):
         assert (await kernel.turn("t", "2", "balance", tenant_id="acme")).checkpoint_version == 2
 
     async def test_a_crashed_first_turns_receipts_are_never_shown_to_another_tenant(
-        self, durability: Durability
+        self, durability: Durability, tenant_store: TenantStore | None
     ) -> None:
         """A first turn that completed a write and crashed before its commit leaves a
         receipt on a thread with no committed turn: the receipt claims the thread."""
@@ -440,8 +480,8 @@ class TurnConformance(ConformanceCase):
                     await durability.with_turn(TurnScope("t", "g1", tenant_id=tenant), operation)
         assert seen == []
         assert await durability.load_checkpoint("t") is None
-        if isinstance(durability, RecordedDurability):
-            owner = await durability.thread_owner("t")
+        if tenant_store is not None:
+            owner = await tenant_store.thread_owner("t")
             assert owner is not None and owner.tenant_id == "acme"
 
         async def acme_retries(tx: TurnTransaction) -> TurnCommit:
@@ -509,39 +549,43 @@ class TurnConformance(ConformanceCase):
         assert await durability.list_receipts(thread_id="a", tenant_id="globex") == []
 
     async def test_a_read_or_a_resolution_for_a_tenant_shows_only_that_tenants_thread(
-        self, kernel: Kernel, durability: Durability, provider: FakeProvider
+        self,
+        kernel: Kernel,
+        durability: Durability,
+        provider: FakeProvider,
+        tenant_store: TenantStore | None,
     ) -> None:
-        if not isinstance(durability, RecordedDurability):
-            pytest.skip("owner= is RecordedDurability's")
+        if tenant_store is None:
+            pytest.skip("this adapter declares no owner= (the tenant_store fixture)")
         provider.behaviour["pi_1"] = "lost_response"
         await kernel.turn("t", "1", "charge pi_1 500", tenant_id="acme")
         await kernel.turn("t", "2", "yes", tenant_id="acme")
         key = "payments.charge:charge:pi_1"
         for other in ("globex", None):
-            assert await durability.load_checkpoint("t", owner=ThreadOwner(other)) is None
+            assert await tenant_store.load_checkpoint("t", owner=ThreadOwner(other)) is None
             with pytest.raises(ReceiptNotFoundError):
-                await durability.resolve_receipt(
+                await tenant_store.resolve_receipt(
                     "t", key, applied=False, note="n", owner=ThreadOwner(other)
                 )
         [untouched] = await durability.list_receipts(thread_id="t")
         assert (untouched.status, untouched.resolution) == (ReceiptStatus.UNCERTAIN, None)
-        mine = await durability.load_checkpoint("t", owner=ThreadOwner("acme"))
+        mine = await tenant_store.load_checkpoint("t", owner=ThreadOwner("acme"))
         assert mine is not None and mine.version == 2
-        resolved = await durability.resolve_receipt(
+        resolved = await tenant_store.resolve_receipt(
             "t", key, applied=False, note="n", actor="ops", owner=ThreadOwner("acme")
         )
         assert resolved.status == ReceiptStatus.FAILED
         await kernel.turn("u", "1", "balance")
-        assert await durability.load_checkpoint("u", owner=ThreadOwner("acme")) is None
-        assert await durability.load_checkpoint("u", owner=ThreadOwner(None)) is not None
+        assert await tenant_store.load_checkpoint("u", owner=ThreadOwner("acme")) is None
+        assert await tenant_store.load_checkpoint("u", owner=ThreadOwner(None)) is not None
 
     async def test_a_resolution_for_another_tenant_racing_a_first_turn_is_refused(
-        self, durability: Durability
+        self, durability: Durability, tenant_store: TenantStore | None
     ) -> None:
         """While acme's first turn runs its thread has no owner; a tenant-less caller's
         resolution, sent meanwhile, is still refused once the turn made the receipt."""
-        if not isinstance(durability, RecordedDurability):
-            pytest.skip("owner= is RecordedDurability's")
+        if tenant_store is None:
+            pytest.skip("this adapter declares no owner= (the tenant_store fixture)")
         entered, released = asyncio.Event(), asyncio.Event()
 
         async def lost(authority: EffectAuthority) -> None:
@@ -559,7 +603,7 @@ class TurnConformance(ConformanceCase):
         )
         await entered.wait()
         resolving = asyncio.create_task(
-            durability.resolve_receipt("t", "k", applied=False, note="n", owner=ThreadOwner(None))
+            tenant_store.resolve_receipt("t", "k", applied=False, note="n", owner=ThreadOwner(None))
         )
         await asyncio.sleep(0)
         released.set()
