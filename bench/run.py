@@ -116,6 +116,8 @@ MODES: dict[str, dict[str, Any]] = {
         "loop_warmup": 5,
         "loop_blocks": 6,
         "loop_block": 20,
+        "conc_blocks": 4,
+        "conc_block": 128,
     },
     "full": {
         "warmup": 50,
@@ -137,6 +139,9 @@ MODES: dict[str, dict[str, Any]] = {
         "loop_warmup": 10,
         "loop_blocks": 15,
         "loop_block": 50,
+        # 64 clients take four turns each per block at the top level.
+        "conc_blocks": 10,
+        "conc_block": 256,
     },
 }
 
@@ -625,6 +630,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             again = crashed["same turn ID"]["answered_rounds_asked_again"]
             target = f"{row}: a crashed turn's redelivery asks the model no round it answered"
             checks.append((target, again, again == 0, " rounds asked again"))
+    if results.get("concurrency"):
+        from bench.concurrency import targets as concurrency_targets
+
+        checks += concurrency_targets(results["concurrency"])
     return [
         {
             "target": t,
@@ -747,6 +756,10 @@ def report(results: dict[str, Any]) -> str:
                 f"| {usage} | {'' if busy is None else f'{busy:.0%}'} |{base}"
             )
     lines += loop_report(results.get("loop") or {})
+    if results.get("concurrency"):
+        from bench.concurrency import report as concurrency_report
+
+        lines += concurrency_report(results["concurrency"])
     checked = results.get("targets", [])
     if checked:
         judged = [t["held"] for t in checked if t["held"] is not None]
@@ -809,7 +822,9 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true", help="skip LangGraph and DBOS")
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument(
-        "--only", choices=["throughput", "growth", "scale", "loop"], action="append"
+        "--only",
+        choices=["throughput", "growth", "scale", "loop", "concurrency"],
+        action="append",
     )
     parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
     parser.add_argument("--label", default="", help="appended to the result file's name")
@@ -830,7 +845,7 @@ def main() -> None:
     mode = dict(MODES[mode_name])
     if args.block:
         mode["block"] = args.block
-    phases = set(args.only or ["throughput", "growth", "scale", "loop"])
+    phases = set(args.only or ["throughput", "growth", "scale", "loop", "concurrency"])
     rows = SQLITE_ROWS + ([] if args.no_postgres else POSTGRES_ROWS)
     if args.no_peers:
         rows = [r for r in rows if r.startswith(("ik", "floor"))]
@@ -853,6 +868,7 @@ def main() -> None:
         "growth": {},
         "scale_out": [],
         "loop": {},
+        "concurrency": {},
     }
     started = time.perf_counter()
     try:
@@ -881,6 +897,11 @@ def main() -> None:
             if args.no_peers:
                 looped = [r for r in looped if "langgraph" not in r]
             results["loop"] = loop(looped, args, mode)
+        if "concurrency" in phases:
+            from bench.concurrency import concurrency
+
+            print("concurrency", file=sys.stderr, flush=True)
+            results["concurrency"] = concurrency(args, mode)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
         if not args.no_postgres:

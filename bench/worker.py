@@ -32,10 +32,12 @@ class KernelRow:
         synchronous: str,
         offload_writes: bool | None = None,
         sync_provider: bool = False,
+        model_awaits: bool = False,
     ) -> None:
         self.store, self.path, self.dsn, self.schema = store, path, dsn, schema
         self.synchronous, self.offload_writes = synchronous, offload_writes
         self.sync_provider = sync_provider
+        self.model_awaits = model_awaits
         self.provider = FakeProvider()
 
     async def setup(self) -> None:
@@ -54,7 +56,8 @@ class KernelRow:
             self.durability = PostgresDurability(self.dsn, schema=self.schema)
         await self.durability.__aenter__()
         self.kernel = Kernel(
-            agent(self.provider, sync_provider=self.sync_provider), self.durability
+            agent(self.provider, sync_provider=self.sync_provider, model_awaits=self.model_awaits),
+            self.durability,
         )
 
     async def close(self) -> None:
@@ -116,8 +119,16 @@ def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
     if kind == "ik":
         offload = True if "offload" in options else False if "inline" in options else None
         sync_provider = "syncfn" in (sync, *options)
+        awaits = "overlap" in options  # the concurrency group's row (bench.concurrency)
         return KernelRow(
-            store, path, dsn, schema + "_ik", (sync or "full").upper(), offload, sync_provider
+            store,
+            path,
+            dsn,
+            schema + "_ik",
+            (sync or "full").upper(),
+            offload,
+            sync_provider,
+            awaits,
         )
     if kind == "floor" and store == "sqlite":
         return SQLiteFloor(path, sync.upper())
@@ -158,6 +169,29 @@ class Worker:
             "cpu": time.process_time() - cpu,
             "start": start,
             "end": time.time(),
+        }
+
+    async def overlap(self, n: int, count: int) -> dict[str, Any]:
+        """``count`` turns by ``n`` clients at once, each on a thread of its own, one
+        turn after the other: up to ``n`` turns in flight over one kernel."""
+        latencies: list[float] = []
+
+        async def client(k: int) -> None:
+            thread = f"{self.ident}-c{n}-{k}"
+            for _ in range(count // n):
+                self.n += 1
+                number = self.n
+                t = time.perf_counter()
+                await self.row.turn(thread, number)
+                latencies.append(time.perf_counter() - t)
+
+        t0, cpu = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(client(k) for k in range(n)))
+        return {
+            "lat": latencies,
+            "turns": len(latencies),
+            "wall": time.perf_counter() - t0,
+            "cpu": time.process_time() - cpu,
         }
 
     async def replays(self, count: int) -> dict[str, Any]:
@@ -239,6 +273,8 @@ async def serve(args: argparse.Namespace, out: Any) -> None:
             answer = await worker.turns(**command)
         elif op == "replays":
             answer = await worker.replays(**command)
+        elif op == "overlap":
+            answer = await worker.overlap(**command)
         elif op == "growth":
             answer = await worker.growth(**command)
         elif op == "crash":  # a loop row: a delivery killed mid-loop, then delivered again
@@ -252,6 +288,16 @@ async def serve(args: argparse.Namespace, out: Any) -> None:
                 "pg_statements": pg_counter.statements if pg_counter else None,
                 "commits": counter.commits if counter else None,
                 "effects": row.provider.calls,
+                # Transactions the SQLite adapter's writer ran (groups, or writes alone).
+                "groups": getattr(
+                    getattr(
+                        getattr(getattr(row, "durability", None), "_recorder", None),
+                        "_worker",
+                        None,
+                    ),
+                    "groups",
+                    None,
+                ),
             }
         elif op == "rss":
             answer = {"rss_kb": _rss()}

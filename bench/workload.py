@@ -14,6 +14,7 @@ the floor calls the sync one inline, as hand-written code would.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from intention_kernel import (
@@ -58,9 +59,18 @@ def payment(n: int) -> str:
 
 
 class Interpreter:
-    """Rules, not a model: the benchmark measures durability, not inference."""
+    """Rules, not a model: the benchmark measures durability, not inference.
+
+    ``awaits``: the interpretation awaits once (``asyncio.sleep(0)``), as a model call
+    would, so that other turns run meanwhile: the concurrency group's turns overlap
+    only through this (see ``bench.concurrency``)."""
+
+    def __init__(self, awaits: bool = False) -> None:
+        self.awaits = awaits
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        if self.awaits:
+            await asyncio.sleep(0)
         n = request.message.rsplit(" ", 1)[1]
         return Interpretation(
             intents=[
@@ -70,7 +80,9 @@ class Interpreter:
         )
 
 
-def agent(provider: FakeProvider, *, sync_provider: bool = False) -> Agent:
+def agent(
+    provider: FakeProvider, *, sync_provider: bool = False, model_awaits: bool = False
+) -> Agent:
     @capability("account.balance", description="Amount due")
     async def balance(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
         return CapabilityResult(value={"due": 4200}, reply="You owe 4200.")
@@ -101,6 +113,6 @@ def agent(provider: FakeProvider, *, sync_provider: bool = False) -> Agent:
         name="bench",
         version="1",
         capabilities=[balance, charge],
-        interpreter=Interpreter(),
+        interpreter=Interpreter(model_awaits),
         max_messages=MAX_MESSAGES,
     )

@@ -137,6 +137,7 @@ _ON_BOTH_LOOPS = (
     "TestPostgresDurability",
     "TestSQLiteDurability",
     "TestSQLiteDurabilityWithWritesOnTheWorkerThread",
+    "TestSQLiteDurabilityWithGroupCommit",
 )
 
 

@@ -7,7 +7,7 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +34,7 @@ from proving_support import (
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
 )
+from sqlite_owner import watch_connections
 
 
 class _SQLiteTamper:
@@ -57,7 +58,18 @@ class _SQLiteTamper:
         )
 
 
-class TestSQLiteDurability(DurabilityConformance):
+class OneUserAtATime:
+    """The whole suite runs with the adapter's connections watched: one thread uses
+    each at a time, and no cursor is freed open on another thread (``sqlite_owner``)."""
+
+    @pytest.fixture(autouse=True)
+    def one_user_at_a_time(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+        problems = watch_connections(monkeypatch)
+        yield
+        assert problems == []
+
+
+class TestSQLiteDurability(OneUserAtATime, DurabilityConformance):
     @pytest.fixture
     def make_durability(self, tmp_path: Path) -> Callable[[], Durability]:
         return lambda: SQLiteDurability(tmp_path / "kernel.db")
@@ -77,7 +89,7 @@ class TestSQLiteDurability(DurabilityConformance):
         return lambda seconds: SQLiteDurability(tmp_path / "kernel.db", lock_timeout=seconds)
 
 
-class TestSQLiteDurabilityWithWritesOnTheWorkerThread(DurabilityConformance):
+class TestSQLiteDurabilityWithWritesOnTheWorkerThread(OneUserAtATime, DurabilityConformance):
     """``offload_writes=True``: every write hops, also when turns do not overlap."""
 
     @pytest.fixture
@@ -101,8 +113,9 @@ class TestSQLiteDurabilityWithWritesOnTheWorkerThread(DurabilityConformance):
         )
 
 
-class TestSQLiteDurabilityWithWritesOnTheEventLoop(DurabilityConformance):
-    """``offload_writes=False``: no write hops, also when turns overlap."""
+class TestSQLiteDurabilityWithWritesOnTheEventLoop(OneUserAtATime, DurabilityConformance):
+    """``offload_writes=False``: no write hops, also when turns overlap (unless the
+    database is busy)."""
 
     @pytest.fixture
     def make_durability(self, tmp_path: Path) -> Callable[[], Durability]:

@@ -27,9 +27,18 @@ class SQLiteDurability(RecordedDurability):
       event loop while the adapter runs one turn at a time, on the adapter's worker
       thread as soon as turns overlap, so that a disk flush or another process's
       write lock never stalls the other turns. ``True``: always on the worker thread
-      (the event loop never waits on a write). ``False``: always on the event loop
-      (a turn with one write saves six thread switches; for programs that run one
-      turn at a time). Reads always run inline on a connection of their own.
+      (the event loop never waits on a write). ``False``: on the event loop (a
+      turn with one write saves six thread switches; for programs that run one
+      turn at a time), except a write that another process's write lock keeps
+      busy: it waits for the lock on the worker thread, and the writes that come
+      meanwhile follow it there. Reads always run inline.
+      On the worker thread, writes commit in groups: the writes of overlapping
+      turns queued while a commit flushes share the next transaction (one disk
+      flush), each in a savepoint of its own so that a failing one fails alone,
+      and each is acknowledged only after that transaction's ``COMMIT``. A write
+      that finds the worker idle runs alone at once, in its own transaction, so
+      group commit needs no option: it only ever joins writes that would
+      otherwise have waited in line.
     - ``trace``: called with ``"writer"`` or ``"reader"`` and the text of every statement
       that connection runs, from its opening on, in the thread that runs it (the worker
       thread is named ``ik-sqlite``). For logging, counting statements per turn, or

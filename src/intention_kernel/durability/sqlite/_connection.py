@@ -17,12 +17,24 @@
   own waits on the event loop, and a hop's two thread switches cost more than the
   statements themselves on a busy machine: the write runs inline. As soon as a second
   turn (or an operator call) holds or awaits a thread lock, writes go to the worker
-  thread so that the other turns keep running. A write never runs inline while a hop
-  is still in flight, so the one writer connection is never used by two threads at
-  once. Inline, nothing waits for a lock: when another connection holds the write
-  lock, the write goes to the worker thread, which waits up to ``busy_timeout``, so a
-  lock held elsewhere never stalls the event loop. ``offload_writes=True`` or
-  ``False`` forces either behaviour.
+  thread so that the other turns keep running. Inline, nothing waits for a lock:
+  when another connection holds the write lock, the write goes to the worker thread,
+  which waits up to ``busy_timeout``, so a lock held elsewhere never stalls the event
+  loop. ``offload_writes=True`` or ``False`` forces either behaviour (``False`` still
+  hands a busy write to the worker).
+- **The writer's connection has one user at a time.** The event loop uses it (an
+  inline write, or a read) only while the worker has no call queued or running
+  (``GroupWriter.idle``), whatever ``offload_writes`` says; without that, a write
+  inline beside a hop would run statements on the connection from two threads at
+  once. Nothing of the worker's that holds a statement reaches the event loop: a
+  cursor is closed and an error's frames are cleared on the worker first (see
+  :mod:`._group`), since freeing a cursor resets its statement on the thread that
+  frees it.
+- **On the worker thread, writes commit in groups** (:mod:`._group`): the writes
+  queued while a ``COMMIT`` flushes share the next transaction, a savepoint each, and
+  are acknowledged after its ``COMMIT``. So each write is a *body* that runs inside a
+  transaction someone else opens: the group's, or (alone, and inline) its own, opened
+  by ``_run`` when the write is ``atomic``; a body never begins, commits or rolls back.
 - **Per-thread serialization with an OS lock** (:mod:`.._filelock`): no database
   transaction is open while the interpreter or a capability runs, no extra commit is
   spent on a lease, and a dead holder's lock vanishes with its process.
@@ -42,7 +54,7 @@ from typing import Literal, TypeAlias, TypeVar
 
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._looplocks import LoopLocks
-from intention_kernel.durability._worker import WorkerThread
+from intention_kernel.durability.sqlite._group import GroupWriter, clear_frames
 from intention_kernel.durability.sqlite._schema import HAS_SCHEMA_TABLE, migrate
 from intention_kernel.errors import CorruptRecordError, CorruptStoreError, KernelError, StoreError
 
@@ -78,7 +90,7 @@ class SQLiteConnections:
         self._writer_waits = True  # the writer's busy timeout is set (see _wait_for_locks)
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
-        self._worker: WorkerThread | None = None
+        self._worker: GroupWriter | None = None
         # Named after the database's real path: two adapters that reach one file through
         # a symlink or another relative path must share one lock file, or their turns
         # on a thread would overlap (and the later commit be fenced after running).
@@ -86,13 +98,30 @@ class SQLiteConnections:
         self._memory_locks = LoopLocks()
         self._memory_relayed: set[str] = set()
         self._lockers = 0  # tasks holding or awaiting a thread lock of this adapter
-        self._hops = 0  # calls submitted to the worker thread and not finished
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None = None) -> T:
-        """Run ``fn`` on the worker thread, or inline (see the module docstring); a
-        started hop always runs to its end.
+    #: Whether even a lone write on the worker thread runs the group way (a
+    #: transaction and a savepoint of its own): a test switch, read when the adapter opens.
+    group_alone = False
+
+    async def _run(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        thread_id: str | None = None,
+        *,
+        atomic: bool = False,
+        write: bool = True,
+    ) -> T:
+        """Run the write ``fn`` on the worker thread, or inline (see the module
+        docstring); a started hop always runs to its end.
+
+        ``atomic``: ``fn`` runs several statements that must commit together; alone,
+        it runs between ``BEGIN IMMEDIATE`` and ``COMMIT``. Otherwise it is one
+        statement, or statements that may commit one by one, and autocommits alone.
+        In a group it runs within the group's transaction either way. ``write=False``
+        (a read that must hop): ``fn`` never joins a group, as it may begin a
+        transaction of its own.
 
         Inline, no statement waits for another connection's write lock: the writer's
         busy timeout is 0 there, and a busy database hands the call to the worker
@@ -106,12 +135,13 @@ class SQLiteConnections:
         conn = self._conn
         if self._worker is None or conn is None:
             raise KernelError("the SQLite adapter is closed")
+        solo = _in_transaction(fn) if atomic else fn
         if self._inline():
             self._wait_for_locks(conn, False)
-            done = self._call(conn, fn, thread_id, conn.total_changes)
+            done = self._call(conn, solo, thread_id, conn.total_changes)
             if not isinstance(done, _Busy):
                 return done
-        return await self._hop(fn, thread_id)
+        return await self._hop(solo, thread_id, group=fn if write else None)
 
     def _call(
         self,
@@ -123,12 +153,17 @@ class SQLiteConnections:
         """``fn(conn)``, rolled back on any error, with the driver's errors translated.
         Inline (``inline_changes``: the connection's change count before the call), a
         busy database that kept the call from writing anything answers ``_BUSY``, so
-        that the caller hands the call to the worker thread."""
+        that the caller hands the call to the worker thread.
+
+        An error leaves with its frames cleared (see :func:`._group.clear_frames`): a
+        caller may keep it while the connection is another thread's, and freeing a
+        cursor held in one of its frames would touch the connection."""
         try:
             return fn(conn)
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.rollback()
+            clear_frames(exc)
             if (
                 inline_changes is not None
                 and _is_busy(exc)
@@ -139,28 +174,45 @@ class SQLiteConnections:
         except UnicodeDecodeError as exc:
             if conn.in_transaction:
                 conn.rollback()
+            clear_frames(exc)
             raise self._not_utf8(exc, thread_id) from exc
-        except BaseException:
+        except BaseException as exc:
             if conn.in_transaction:
                 conn.rollback()
+            clear_frames(exc)
             raise
 
-    async def _hop(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None) -> T:
+    async def _hop(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        thread_id: str | None,
+        group: Callable[[sqlite3.Connection], T] | None = None,
+    ) -> T:
         """Run ``fn`` on the worker thread, waiting up to ``busy_timeout`` for the write
-        lock; a started hop always runs to its end."""
+        lock; a started hop always runs to its end. With ``group`` (the write's body),
+        the write may share a transaction with others queued with it (see
+        :mod:`._group`): ``fn`` is what runs when it is alone."""
         worker, conn = self._worker, self._conn
         if worker is None or conn is None:
             raise KernelError("the SQLite adapter is closed")
 
-        def call() -> T:
-            self._wait_for_locks(conn, True)
+        def call(conn: sqlite3.Connection = conn) -> T:
             done = self._call(conn, fn, thread_id)
             assert not isinstance(done, _Busy)  # only an inline call answers _BUSY
             return done
 
-        future = worker.submit(call)
-        self._hops += 1
-        future.add_done_callback(self._hop_done)
+        def error(exc: BaseException) -> BaseException:
+            if isinstance(exc, sqlite3.Error):
+                return self._error(exc, thread_id)
+            if isinstance(exc, UnicodeDecodeError):
+                return self._not_utf8(exc, thread_id)
+            return exc
+
+        def read() -> T:
+            self._wait_for_locks(conn, True)
+            return call()
+
+        future = worker.submit(read) if group is None else worker.write(group, call, error)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -197,12 +249,13 @@ class SQLiteConnections:
 
     def _inline(self) -> bool:
         """Whether a write runs on the event loop now rather than on the worker thread
-        (see the module docstring)."""
-        offload = self._offload_writes
-        return offload is False or (offload is None and self._lockers <= 1 and not self._hops)
-
-    def _hop_done(self, _: object) -> None:
-        self._hops -= 1
+        (see the module docstring). Never while the worker has a call queued or
+        running, even with ``offload_writes=False`` (whose writes hop when the database
+        is busy): the writer's connection has one user at a time."""
+        worker, offload = self._worker, self._offload_writes
+        if worker is None or not worker.idle:
+            return False
+        return offload is False or (offload is None and self._lockers <= 1)
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T], thread_id: str | None = None) -> T:
         """Run the read-only ``fn`` inline: on the writer's connection when writes run
@@ -212,26 +265,32 @@ class SQLiteConnections:
         holding it in exclusive locking mode) runs again on the worker thread."""
         conn = self._reader
         if conn is None:
-            return await self._run(fn, thread_id)
+            return await self._run(fn, thread_id, write=False)
         if self._inline() and self._conn is not None:
-            # No hop in flight, and none can start before ``fn`` returns: it runs
-            # without an await, so the writer's connection is free (see the docstring).
+            # The worker has no call queued or running, and none can start before
+            # ``fn`` returns: it runs without an await, so the writer's connection is
+            # free (see the docstring).
             conn = self._conn
             self._wait_for_locks(conn, False)
+        # Only a transaction ``fn`` began is rolled back: a rollback of one it found
+        # open would silently undo someone else's writes (none is ever open here).
+        began = not conn.in_transaction
         try:
             return fn(conn)
         except sqlite3.Error as exc:
+            clear_frames(exc)
             if not _is_busy(exc):
                 raise self._error(exc, thread_id) from exc
         except UnicodeDecodeError as exc:
+            clear_frames(exc)
             raise self._not_utf8(exc, thread_id) from exc
         finally:
-            if conn.in_transaction:
+            if began and conn.in_transaction:
                 conn.rollback()
         return await self._hop(fn, thread_id)
 
     async def open(self) -> None:
-        self._worker = WorkerThread("ik-sqlite")
+        self._worker = GroupWriter("ik-sqlite", group_alone=self.group_alone)
 
         def connect() -> sqlite3.Connection:
             directory = os.path.dirname(os.path.abspath(self._path))
@@ -254,6 +313,7 @@ class SQLiteConnections:
 
         try:
             self._conn = await self._worker.submit(connect)
+            self._worker.attach(self._conn, lambda conn: self._wait_for_locks(conn, True))
         except (sqlite3.Error, StoreError) as exc:
             self._worker.close()
             self._worker = None
@@ -365,6 +425,19 @@ class SQLiteConnections:
             yield True
         finally:
             locks.release(offset)
+
+
+def _in_transaction(fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
+    """``fn`` between ``BEGIN IMMEDIATE`` and ``COMMIT`` (a failure is rolled back by
+    ``_call``)."""
+
+    def transaction(conn: sqlite3.Connection) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        result = fn(conn)
+        conn.execute("COMMIT")
+        return result
+
+    return transaction
 
 
 def _is_corrupt(exc: sqlite3.Error) -> bool:

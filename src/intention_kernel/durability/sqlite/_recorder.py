@@ -1,8 +1,14 @@
 """The SQLite recorder: the storage contract's reads and writes, as statements.
 
 Transactions per turn: one read, one commit per effect state change (``prepared``,
-then the outcome), and one commit for result + checkpoint + events. A turn that
-records model rounds adds one read of its journal and one write per round recorded.
+then the outcome), and one commit for result + checkpoint + events; when turns
+overlap, the writes of different turns share transactions (see :mod:`._group`). A
+turn that records model rounds adds one read of its journal and one write per round
+recorded.
+
+Each write is a body that never begins, commits or rolls back: it runs in the
+transaction its runner opened (``_run(..., atomic=True)`` gives it one when it is
+alone), and raises to have its statements rolled back.
 """
 
 from __future__ import annotations
@@ -146,7 +152,6 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
         announced = dump_value(list(record.announced)) if record.announced else None
 
         def commit(conn: sqlite3.Connection) -> None:
-            conn.execute("BEGIN IMMEDIATE")
             try:
                 conn.execute(
                     INSERT_TURN,
@@ -161,14 +166,12 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
                     ),
                 )
             except sqlite3.IntegrityError as exc:
-                conn.rollback()
                 if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
                     raise
                 raise fenced(record, "the turn ID was committed by another worker") from exc
             statement = INSERT_THREAD if record.expected_version == 0 else UPDATE_THREAD
             returned = conn.execute(statement, params).fetchone()
             if returned is None:
-                conn.rollback()
                 raise fenced(record, "the thread version moved")
             next_seq, message_seq = returned
             if record.rewrite:
@@ -196,9 +199,8 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             )
             if _faults.armed:  # every row written, the transaction still open
                 _faults.reach(_faults.DURING_COMMIT)
-            conn.execute("COMMIT")
 
-        await self._run(commit, thread_id)
+        await self._run(commit, thread_id, atomic=True)
 
     # -- the journal -------------------------------------------------------------------------
 
@@ -283,7 +285,6 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
 
     async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
         def apply(conn: sqlite3.Connection) -> Receipt:
-            conn.execute("BEGIN IMMEDIATE")
             existing = _receipt(conn.execute(SELECT_RECEIPT, (thread_id, key)).fetchone())
             resolved, event = resolution(existing)
             assert existing is not None
@@ -292,10 +293,9 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             seq = conn.execute(BUMP_THREAD_SEQ, (thread_id, now)).fetchone()[0] - 1
             row = _event_rows([event], thread_id, None, now)[0]
             conn.execute(INSERT_EVENT, (row[0], row[1], row[2], seq, row[3], row[4], row[5]))
-            conn.execute("COMMIT")
             return resolved
 
-        return await self._run(apply, thread_id)
+        return await self._run(apply, thread_id, atomic=True)
 
     # -- outbox --------------------------------------------------------------------------------
 
@@ -331,17 +331,21 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
         rows = [(_stamp(at), thread_id, seq) for seq in seqs]
 
         def mark(conn: sqlite3.Connection) -> None:
-            conn.execute("BEGIN IMMEDIATE")
+            # Not the cursor: a body returns plain values (the writer closes a cursor
+            # it is handed, see _group).
             conn.executemany(MARK_PUBLISHED, rows)
-            conn.execute("COMMIT")
 
-        await self._run(mark)
+        await self._run(mark, atomic=True)
 
     async def mark_failed(
         self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
     ) -> None:
         args = (attempts, error, _stamp(retry_at), thread_id, seq)
-        await self._run(lambda conn: conn.execute(MARK_FAILED, args))
+
+        def mark(conn: sqlite3.Connection) -> None:
+            conn.execute(MARK_FAILED, args)
+
+        await self._run(mark)
 
     async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog:
         def read(conn: sqlite3.Connection) -> OutboxBacklog:
@@ -393,7 +397,6 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
         thread_id = rewrite.thread_id
 
         def write(conn: sqlite3.Connection) -> None:
-            conn.execute("BEGIN IMMEDIATE")
             returned = conn.execute(
                 REWRITE_THREAD,
                 (
@@ -406,7 +409,6 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
                 ),
             ).fetchone()
             if returned is None:
-                conn.rollback()
                 raise FencedCommitError(
                     f"thread {thread_id!r} moved on while its checkpoint was migrated",
                     thread_id=thread_id,
@@ -419,9 +421,8 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             )
             conn.execute(DELETE_FACTS, (thread_id,))
             conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in rewrite.facts])
-            conn.execute("COMMIT")
 
-        await self._run(write, thread_id)
+        await self._run(write, thread_id, atomic=True)
 
     async def prune_events(self, before: datetime, limit: int) -> int:
         args = (_stamp(before), limit)

@@ -1,0 +1,207 @@
+"""The concurrency group: N overlapping turns over one kernel and one SQLite file (FULL),
+and over one kernel and one PostgreSQL pool.
+
+Each level runs ``n`` clients at once in one process, each on a thread of its own,
+over one ``Kernel`` and one ``SQLiteDurability(synchronous="FULL")``; every turn's
+interpretation awaits once (``asyncio.sleep(0)``), as a model call would, so that up
+to ``n`` turns are in flight (``bench.worker``'s ``overlap``). Blocks run the
+single-client floor (``floor-sqlite-full``, one turn at a time), the single-client
+kernel row (``ik-sqlite-full``) and each level once, in an order rotated block by
+block; a level's ratio is the median over blocks of its turns/s over the floor's in
+the same block, and likewise for CPU per turn. PostgreSQL's rows (``ik-postgres-full-overlap``)
+are measured the same way against the asyncio floor on PostgreSQL (``floor-postgres-async``,
+one turn at a time): the server group-commits by itself, so they show what the kernel
+adds there.
+
+Flushes per turn are counted in a traced process of their own per level (the
+``bench.counting`` trace callback): a transaction that wrote is one WAL write and,
+with ``synchronous=FULL``, one ``fsync`` of the WAL at its ``COMMIT``. WAL checkpoints
+(two more syncs each, once per ~1,000 WAL pages) are not counted, for the floor either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Any
+
+LEVELS = (1, 4, 16, 64)
+FLOOR_ROW, SINGLE_ROW, OVERLAP_ROW = "floor-sqlite-full", "ik-sqlite-full", "ik-sqlite-full-overlap"
+PG_FLOOR_ROW, PG_OVERLAP_ROW = "floor-postgres-async", "ik-postgres-full-overlap"
+#: Each row's ratio is to the floor on its own store.
+FLOORS = {"floor": "floor", "single": "floor", "overlap": "floor", "base": "floor"}
+FLOORS |= {"pgfloor": "pgfloor", "pgoverlap": "pgfloor"}
+#: The issue's target for 64 overlapping turns (ratio to the single-client floor, and
+#: WAL syncs per turn).
+TARGET_RATIO, TARGET_SYNCS = 2.5, 0.2
+#: PostgreSQL at 64 concurrent turns, to its asyncio floor.
+PG_TARGET_RATIO = 2.0
+
+
+def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
+    from bench.run import BASE_SUFFIX, Proc
+
+    block = mode["conc_block"]
+    procs = {
+        "floor": Proc(FLOOR_ROW, args, ident="cfloor"),
+        "single": Proc(SINGLE_ROW, args, ident="csingle"),
+        "overlap": Proc(OVERLAP_ROW, args, ident="coverlap"),
+        "pgfloor": Proc(PG_FLOOR_ROW, args, ident="cpgfloor"),
+        "pgoverlap": Proc(PG_OVERLAP_ROW, args, ident="cpgoverlap"),
+    }
+    entries: list[tuple[str, int]] = [("floor", 1), ("single", 1)]
+    entries += [("overlap", n) for n in LEVELS]
+    entries += [("pgfloor", 1)] + [("pgoverlap", n) for n in LEVELS]
+    names = {
+        "floor": FLOOR_ROW,
+        "single": SINGLE_ROW,
+        "overlap": OVERLAP_ROW,
+        "pgfloor": PG_FLOOR_ROW,
+        "pgoverlap": PG_OVERLAP_ROW,
+    }
+    if args.base:  # the same levels against another source tree, before/after in one run
+        names["base"] = OVERLAP_ROW + BASE_SUFFIX
+        procs["base"] = Proc(names["base"], args, ident="cbase")
+        entries += [("base", n) for n in LEVELS if n > 1]
+    blocks: dict[tuple[str, int], list[dict[str, Any]]] = {e: [] for e in entries}
+    try:
+        for p in procs.values():
+            p.call("setup")
+        for name, n in entries:  # warm-up
+            _run(procs[name], name, n, block // 2)
+        for b in range(mode["conc_blocks"]):
+            for entry in entries[b % len(entries) :] + entries[: b % len(entries)]:
+                blocks[entry].append(_run(procs[entry[0]], entry[0], entry[1], block))
+            print(f"  concurrency block {b + 1}/{mode['conc_blocks']}", file=sys.stderr, flush=True)
+    finally:
+        for p in procs.values():
+            p.stop()
+    levels: list[dict[str, Any]] = []
+    for entry in entries:
+        data = blocks[entry]
+        floor = blocks[(FLOORS[entry[0]], 1)]
+        lat = [x for d in data for x in d["lat"]]
+        levels.append(
+            {
+                "row": names[entry[0]],
+                "n": entry[1],
+                "tps": statistics.median(d["tps"] for d in data),
+                "ratio": statistics.median(
+                    d["tps"] / f["tps"] for d, f in zip(data, floor, strict=True)
+                ),
+                "cpu_us": statistics.median(d["cpu_us"] for d in data),
+                "cpu_ratio": statistics.median(
+                    d["cpu_us"] / f["cpu_us"] for d, f in zip(data, floor, strict=True)
+                ),
+                "p50_ms": 1000 * statistics.median(lat),
+            }
+        )
+    syncs = _count(args, mode["count"])
+    for level in levels:
+        if level["row"] == FLOOR_ROW:
+            level.update(syncs["floor"])
+        elif level["row"] == SINGLE_ROW:
+            level.update(syncs["single"])
+        elif level["row"] == OVERLAP_ROW:
+            level.update(syncs[level["n"]])
+    return {"levels": levels, "block": block, "blocks": mode["conc_blocks"]}
+
+
+def _run(proc: Any, name: str, n: int, count: int) -> dict[str, Any]:
+    if name in ("overlap", "base", "pgoverlap"):
+        done = proc.call("overlap", n=n, count=count)
+    else:
+        done = proc.call("turns", count=count)
+    turns = len(done["lat"])
+    return {"tps": turns / done["wall"], "cpu_us": 1e6 * done["cpu"] / turns, "lat": done["lat"]}
+
+
+def _count(args: argparse.Namespace, count: int) -> dict[Any, dict[str, Any]]:
+    """WAL syncs (commits that wrote) and writer transactions per turn, per level,
+    each counted in a traced process of its own."""
+    from bench.run import Proc
+
+    out: dict[Any, dict[str, Any]] = {}
+    for key, row, n in [("floor", FLOOR_ROW, 1), ("single", SINGLE_ROW, 1)] + [
+        (n, OVERLAP_ROW, n) for n in LEVELS
+    ]:
+        turns = max(count, 4 * n)
+        p = Proc(row, args, ident=f"ccount{n}", trace=True)
+        try:
+            p.call("setup")
+            _run(p, "overlap" if row == OVERLAP_ROW else "turns", n, n * 2)
+            before = p.call("counters")
+            done = _run(p, "overlap" if row == OVERLAP_ROW else "turns", n, turns)
+            after = p.call("counters")
+        finally:
+            p.stop()
+        done_turns = len(done["lat"])
+        out[key] = {
+            "syncs_per_turn": (after["commits"] - before["commits"]) / done_turns,
+            "syncs_counted_by": "sqlite3 trace callback: transactions that wrote (one WAL"
+            " fsync each at synchronous=FULL; checkpoints not counted)",
+        }
+        if after.get("groups") is not None:
+            out[key]["writer_transactions_per_turn"] = (
+                after["groups"] - before["groups"]
+            ) / done_turns
+    return out
+
+
+def report(result: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"Concurrency (one kernel, n overlapping turns; {result['blocks']} blocks"
+        f" of {result['block']} turns; each row against the single-client floor on its store):",
+        "",
+        "| row | turns in flight | turns/s | x floor | CPU µs/turn (x floor) "
+        "| p50 ms | WAL syncs/turn | writer transactions/turn |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for lv in result["levels"]:
+        wtx = lv.get("writer_transactions_per_turn")
+        lines.append(
+            f"| {lv['row']} | {lv['n']} | {lv['tps']:.0f} | {lv['ratio']:.3f} "
+            f"| {lv['cpu_us']:.0f} ({lv['cpu_ratio']:.2f}) | {lv['p50_ms']:.2f} "
+            f"| {_figure(lv.get('syncs_per_turn'))} | {_figure(wtx)} |"
+        )
+    return lines
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def targets(result: dict[str, Any]) -> list[tuple[str, float, bool, str]]:
+    top = next((lv for lv in result["levels"] if lv["row"] == OVERLAP_ROW and lv["n"] == 64), None)
+    pg = next(
+        (lv for lv in result["levels"] if lv["row"] == PG_OVERLAP_ROW and lv["n"] == 64), None
+    )
+    out = []
+    if pg is not None:
+        out.append(
+            (
+                f"{PG_OVERLAP_ROW}, 64 turns in flight ≥ {PG_TARGET_RATIO}x the asyncio floor",
+                pg["ratio"],
+                pg["ratio"] >= PG_TARGET_RATIO,
+                "x",
+            )
+        )
+    if top is None:
+        return out
+    return [
+        *out,
+        (
+            f"{OVERLAP_ROW}, 64 turns in flight ≥ {TARGET_RATIO}x the single-client floor",
+            top["ratio"],
+            top["ratio"] >= TARGET_RATIO,
+            "x",
+        ),
+        (
+            f"{OVERLAP_ROW}, 64 turns in flight ≤ {TARGET_SYNCS} WAL syncs per turn",
+            top["syncs_per_turn"],
+            top["syncs_per_turn"] <= TARGET_SYNCS,
+            " syncs/turn",
+        ),
+    ]

@@ -1,0 +1,316 @@
+"""The SQLite adapter's worker thread, which commits the writes queued together in one
+transaction (group commit).
+
+- **Groups form by themselves, with no timer.** The thread takes every write queued
+  while it was busy (the previous group's ``COMMIT`` is what it was usually waiting
+  on) and runs them as one group: ``BEGIN IMMEDIATE``, each write, one ``COMMIT``, so
+  that overlapping turns share one disk flush instead of paying one each. A write that
+  finds the thread idle runs alone at once, so a lone write never waits for company.
+- **A savepoint per write.** Inside a group, each write runs between ``SAVEPOINT``
+  and ``RELEASE``; a write that fails (a fenced turn, a receipt that moved) rolls back
+  to its savepoint, so only its own caller sees the error and its group-mates commit.
+  A write alone in its group needs no savepoint: it runs in its own transaction (or
+  as one autocommitted statement), exactly as before group commit.
+- **Acknowledged only after ``COMMIT``.** No caller's future is settled before the
+  group's ``COMMIT`` has returned: until then nothing of the group is on disk. If
+  ``COMMIT`` fails, or SQLite rolls the whole transaction back under a write (a full
+  disk, an I/O error), every write already run in the group fails with that error and
+  none is acknowledged; the fence and the turn-ID key make the caller's retry safe.
+- **Other calls run alone, in order.** Opening and closing the connection, and a
+  read that had to hop, are not writes: each one ends the group being collected and
+  runs by itself after it, outside any transaction.
+- **Nothing that holds a statement leaves the thread.** A cursor of the writer's
+  connection resets its statement when it is freed, on whatever thread frees it. A
+  cursor (``executemany`` keeps its statement) freed on the event loop while this
+  thread runs the same cached statement again breaks that statement: SQLite answers
+  ``bad parameter or other API misuse``, and the write fails. So a cursor handed back
+  is closed here first, and an error's traceback frames (whose locals may hold
+  cursors) are cleared here before the error is handed over.
+- **Every call is counted until the thread is done with it** (:attr:`GroupWriter.idle`):
+  the count drops only when the thread has settled the call, after its ``COMMIT``,
+  so the event loop may use the connection itself (an inline write or read) only
+  when nothing is queued or running here. The count does not drop when a caller
+  stops waiting: the thread still runs the call to its end.
+- **The thread never dies of a write.** Whatever a group's own statements raise
+  (``BEGIN``, a savepoint, ``COMMIT``), the transaction is rolled back and every
+  write of the group fails with the error; without that, one failed statement would
+  stop the thread and leave every later write waiting for ever.
+- **Handed off with a queue put and one ``call_soon_threadsafe`` back per group.**
+  Not ``loop.run_in_executor`` over a one-thread pool: that wraps every call in a
+  ``concurrent.futures.Future`` and then in an asyncio future chained to it, about
+  twice the cost of this hand-off, and a turn makes a hop per commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+import traceback
+from collections.abc import Callable
+from queue import Empty, SimpleQueue
+from typing import Any, TypeVar
+
+__all__ = ["GroupWriter", "WriteJob", "clear_frames"]
+
+T = TypeVar("T")
+
+#: Called on the worker thread with ``"before_commit"`` (every write of the group ran,
+#: ``COMMIT`` not sent) and ``"after_commit"`` (``COMMIT`` returned, no future settled
+#: yet), and the group's size. Tests set it to die, stall or look at the file there;
+#: these points are the adapter's own, not steps of the turn protocol (whose fault
+#: points the protocol model checks), so they live here and not in ``_faults``.
+group_fault: Callable[[str, int], None] | None = None
+
+
+class WriteJob:
+    """One write: ``run(conn)`` inside a transaction that the writer opens (in a group)
+    or that ``solo(conn)`` opens itself (alone); ``error`` translates what it raised."""
+
+    __slots__ = ("error", "future", "loop", "run", "solo")
+
+    def __init__(
+        self,
+        run: Callable[[sqlite3.Connection], Any],
+        solo: Callable[[sqlite3.Connection], Any],
+        error: Callable[[BaseException], BaseException],
+        future: asyncio.Future[Any],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.run = run
+        self.solo = solo
+        self.error = error
+        self.future = future
+        self.loop = loop
+
+
+class _Call:
+    """Any other call: runs alone, outside a group."""
+
+    __slots__ = ("fn", "future", "loop")
+
+    def __init__(
+        self, fn: Callable[[], Any], future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.fn = fn
+        self.future = future
+        self.loop = loop
+
+
+_Outcome = tuple["asyncio.Future[Any]", asyncio.AbstractEventLoop, Any, BaseException | None]
+
+
+class GroupWriter:
+    """The worker thread of one writer connection: writes in groups, other calls alone.
+
+    A submitted call always runs to its end, even if its future is cancelled.
+    ``group_alone`` makes even a lone write run inside a group's transaction and
+    savepoint (the conformance suite uses it to run every write the group way).
+    """
+
+    def __init__(self, name: str, *, group_alone: bool = False) -> None:
+        self._jobs: SimpleQueue[WriteJob | _Call | None] = SimpleQueue()
+        self._conn: sqlite3.Connection | None = None
+        self._prepare: Callable[[sqlite3.Connection], None] = lambda _: None
+        self._group_alone = group_alone
+        self._pending = 0  # calls submitted and not yet settled (on the event loop's side)
+        self.groups = 0  # groups committed (or failed), for tests and the benchmark
+        self.grouped = 0  # writes run in groups of more than one
+        # A daemon: an adapter that is never closed must not keep the process alive.
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def attach(
+        self, conn: sqlite3.Connection, prepare: Callable[[sqlite3.Connection], None]
+    ) -> None:
+        """The connection that writes run on, set once it is open and before any write;
+        ``prepare(conn)`` runs on the thread before each group."""
+        self._conn = conn
+        self._prepare = prepare
+
+    @property
+    def idle(self) -> bool:
+        """Whether no call is queued or running: only then may the event loop use the
+        connection itself. Read on the event loop."""
+        return not self._pending
+
+    def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Run ``fn()`` alone on the thread (not a write of a group)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._pending += 1
+        self._jobs.put(_Call(fn, future, loop))
+        return future
+
+    def write(
+        self,
+        run: Callable[[sqlite3.Connection], T],
+        solo: Callable[[sqlite3.Connection], T],
+        error: Callable[[BaseException], BaseException],
+    ) -> asyncio.Future[T]:
+        """Queue a write; its future is settled after the ``COMMIT`` that made it durable."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._pending += 1
+        self._jobs.put(WriteJob(run, solo, error, future, loop))
+        return future
+
+    def close(self) -> None:
+        """Finish the calls already submitted, then stop the thread."""
+        self._jobs.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _work(self) -> None:
+        jobs = self._jobs
+        while True:
+            first = jobs.get()
+            # Everything queued meanwhile (mostly: while the last COMMIT flushed) joins.
+            queued = [first]
+            with contextlib.suppress(Empty):
+                while True:
+                    queued.append(jobs.get_nowait())
+            group: list[WriteJob] = []
+            for job in queued:
+                if isinstance(job, WriteJob):
+                    group.append(job)
+                    continue
+                if group:
+                    self._commit(group)
+                    group = []
+                if job is None:
+                    return
+                self._settle([self._call(job)])
+            if group:
+                self._commit(group)
+
+    @staticmethod
+    def _call(job: _Call) -> _Outcome:
+        try:
+            return (job.future, job.loop, job.fn(), None)
+        except BaseException as exc:  # handed to the awaiting task, not swallowed
+            return (job.future, job.loop, None, exc)
+
+    def _commit(self, group: list[WriteJob]) -> None:
+        conn = self._conn
+        assert conn is not None
+        try:
+            self._prepare(conn)
+        except BaseException as exc:
+            self.groups += 1
+            self._settle([_failed(j, exc) for j in group])
+            return
+        if len(group) == 1 and not self._group_alone:
+            job = group[0]
+            try:
+                outcome: _Outcome = (job.future, job.loop, job.solo(conn), None)
+            except BaseException as exc:
+                outcome = (job.future, job.loop, None, exc)
+            self.groups += 1
+            self._settle([outcome])
+            return
+        while group:
+            group = self._commit_group(conn, group)
+
+    def _commit_group(self, conn: sqlite3.Connection, group: list[WriteJob]) -> list[WriteJob]:
+        """Run ``group`` in one transaction and settle it; answer the writes not run
+        yet when SQLite lost the transaction under one of them (a new group's)."""
+        self.groups += 1
+        if len(group) > 1:
+            self.grouped += len(group)
+        done: list[tuple[WriteJob, Any, BaseException | None]] = []
+        lost: BaseException | None = None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job in group:
+                conn.execute("SAVEPOINT ik_write")
+                try:
+                    result = job.run(conn)
+                except BaseException as exc:
+                    if not conn.in_transaction:
+                        # SQLite rolled the whole transaction back (a full disk, an I/O
+                        # error): what the writes before this one wrote is gone too.
+                        lost = exc
+                        break
+                    # Without this rollback, the failed write's rows would commit with
+                    # the group (a fenced turn's rows among them).
+                    conn.execute("ROLLBACK TO ik_write")
+                    conn.execute("RELEASE ik_write")
+                    done.append((job, None, exc))
+                else:
+                    conn.execute("RELEASE ik_write")
+                    done.append((job, result, None))
+            else:
+                if group_fault is not None:
+                    group_fault("before_commit", len(group))
+                conn.execute("COMMIT")
+        except BaseException as exc:
+            # BEGIN, a savepoint statement or COMMIT failed: nothing of the group is on
+            # disk, so every write fails, also those that ran (with their own error).
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.rollback()
+            ran = {id(j): failed for j, _, failed in done}
+            self._settle([_failed(j, ran.get(id(j)) or exc) for j in group])
+            return []
+        if lost is not None:
+            failing = len(done) + 1
+            self._settle([_failed(j, lost) for j in group[:failing]])
+            return group[failing:]
+        if group_fault is not None:
+            group_fault("after_commit", len(group))
+        self._settle(
+            [
+                (j.future, j.loop, result, None if failed is None else j.error(failed))
+                for j, result, failed in done
+            ]
+        )
+        return []
+
+    def _settle(self, outcomes: list[_Outcome]) -> None:
+        """Hand ``outcomes`` to their event loops, with one wake-up of each; on this
+        thread, first close the cursors among them and clear their errors' frames."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+        for future, loop, result, exc in outcomes:
+            if isinstance(result, sqlite3.Cursor):
+                with contextlib.suppress(sqlite3.Error):  # a closed connection's cursor
+                    result.close()
+            if exc is not None:
+                clear_frames(exc)
+            by_loop.setdefault(loop, []).append((future, loop, result, exc))
+
+        for loop, settled in by_loop.items():
+
+            def settle(settled: list[_Outcome] = settled) -> None:
+                self._pending -= len(settled)  # the thread is done with them
+                for future, _, result, exc in settled:
+                    if future.done():  # cancelled by a caller that stopped waiting
+                        continue
+                    if exc is None:
+                        future.set_result(result)
+                    else:
+                        future.set_exception(exc)
+
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+                loop.call_soon_threadsafe(settle)
+
+
+def _failed(job: WriteJob, exc: BaseException) -> _Outcome:
+    return (job.future, job.loop, None, job.error(exc))
+
+
+def clear_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames in the tracebacks of ``exc`` and of the
+    errors it was raised from, so that no cursor in them is freed on another thread.
+    The tracebacks keep their lines."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            traceback.clear_frames(current.__traceback__)
+        todo += [current.__cause__, current.__context__]

@@ -1,0 +1,107 @@
+"""The crash matrix's concurrent mode: a real process with many turns in flight over one
+SQLite adapter is killed with a group commit in flight, and afterwards
+
+- every turn it acknowledged is on disk (a group is acknowledged only after its
+  ``COMMIT``), and it acknowledged nothing that is not;
+- every provider call it made has its receipt on disk (``prepared`` was durable,
+  in some group, before the effect ran);
+- a new process delivering every turn again finishes them all without a second
+  provider call for any key, and without committing any turn twice.
+
+The worker (``tests/group_crash_worker.py``) dies with ``os._exit`` on the adapter's
+worker thread, at a group's ``before_commit`` point (every write of the group ran,
+``COMMIT`` not sent: the group's writes are lost) or ``after_commit`` (``COMMIT``
+returned, no caller told: on disk, acknowledged to nobody).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import sys
+from collections import Counter
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from intention_kernel import Kernel, KernelError
+from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.testing import faults
+from proving_support import LedgerProvider, ledger_keys, pay_key, process_env, proving_agent
+
+WORKER = Path(__file__).with_name("group_crash_worker.py")
+CLIENTS, TURNS = 16, 4
+
+
+async def _run_worker(config: dict[str, Any]) -> int:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(WORKER),
+        json.dumps(config),
+        env=process_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    if process.returncode not in (0, faults.EXIT_STATUS):
+        raise AssertionError(err.decode())
+    return process.returncode
+
+
+def _query(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    with closing(sqlite3.connect(db)) as conn:
+        return conn.execute(sql).fetchall()
+
+
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+async def test_a_process_killed_with_a_group_in_flight_loses_no_acknowledged_turn(
+    tmp_path: Path, point: str, group: int
+) -> None:
+    db, ledger, acks = tmp_path / "k.db", tmp_path / "ledger", tmp_path / "acks"
+    config = {
+        "db": str(db),
+        "ledger": str(ledger),
+        "acks": str(acks),
+        "clients": CLIENTS,
+        "turns": TURNS,
+        "kill": {"point": point, "group": group},
+    }
+    assert await _run_worker(config) == faults.EXIT_STATUS  # killed inside a group
+
+    acknowledged = (
+        {(a["thread_id"], a["turn_id"]) for a in map(json.loads, acks.read_text().splitlines())}
+        if acks.exists()
+        else set()
+    )
+    committed = set(_query(db, "SELECT thread_id, turn_id FROM ik_turns"))
+    assert acknowledged <= committed  # no acknowledged turn lost
+    assert len(committed) < CLIENTS * TURNS  # the kill came before the end
+    # Each call the provider saw has its receipt on disk: prepared was durable first.
+    receipts = {key for (key,) in _query(db, "SELECT key FROM ik_receipts")}
+    called = ledger_keys(ledger)
+    assert set(called) <= receipts
+    assert all(n == 1 for n in Counter(called).values())
+
+    # Every delivery again, in a new adapter: each turn finishes once, no key is
+    # charged twice; a turn whose provider call lost its completed receipt fails
+    # closed (uncertain), by the effect rules, instead of charging again.
+    provider = LedgerProvider(path=str(ledger))
+    async with SQLiteDurability(db) as store:
+        kernel = Kernel(proving_agent(provider), store)
+        for k in range(CLIENTS):
+            for i in range(TURNS):
+                try:
+                    result = await kernel.turn(f"c{k}", str(i), f"pay pi_c{k}_{i} 100")
+                except KernelError as exc:  # pragma: no cover - shown if it happens
+                    raise AssertionError(f"c{k}/{i}: {exc!r}") from exc
+                assert result.replayed == ((f"c{k}", str(i)) in committed)
+    calls = Counter(ledger_keys(ledger))
+    assert all(n == 1 for n in calls.values()), calls
+    assert set(calls) <= {pay_key(f"pi_c{k}_{i}") for k in range(CLIENTS) for i in range(TURNS)}
+    rows = _query(db, "SELECT thread_id, turn_id FROM ik_turns")
+    assert len(rows) == len(set(rows)) == CLIENTS * TURNS
