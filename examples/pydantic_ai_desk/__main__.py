@@ -12,8 +12,18 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from examples._conversation import Redeliver, Restart, Say, Step, parse_args, run
-from examples.pydantic_ai_desk.agent import FakeShop, build_agent
+from examples._conversation import (
+    Redeliver,
+    Restart,
+    Say,
+    Step,
+    parse_args,
+    print_provider,
+    print_summary,
+    run,
+)
+from examples._desk import FakeShop
+from examples.pydantic_ai_desk.agent import build_agent
 
 SCRIPT: list[Step] = [
     Say("status of order 42"),
@@ -32,12 +42,8 @@ async def main() -> None:
         sys.exit("this example's model is Pydantic AI's FunctionModel: --llm does not apply")
     shop = FakeShop()  # the outside world: it outlives the restart
     tally = await run(options, SCRIPT, lambda interpreter: build_agent(shop))
-    print(
-        f"summary: committed={tally.committed} replayed={tally.replayed} "
-        f"failed_steps={tally.failed_steps} provider_calls={len(shop.calls)}"
-    )
-    for key in sorted(set(shop.calls)):
-        print(f"provider: {key} applied {shop.calls.count(key)}x")
+    print_summary(tally, len(shop.calls))
+    print_provider(shop.calls, "applied")
 
 
 if __name__ == "__main__":
