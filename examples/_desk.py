@@ -1,19 +1,32 @@
 """What the two framework help desks share (``examples/pydantic_ai_desk``,
 ``examples/openai_agents_desk``): the orders, the shop, and how the person's reply
-reads as an answer to the refund's question. Each desk keeps its own agent, tools and
+reads as an answer to the refund's question, and the conversation both play
+(:func:`play`). Each desk keeps its own agent, tools and
 scripted model, written in its framework's terms.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from intention_kernel import Answer
+from examples._conversation import (
+    Redeliver,
+    Restart,
+    Say,
+    Step,
+    parse_args,
+    print_provider,
+    print_summary,
+    run,
+)
+from intention_kernel import Agent, Answer
 
-__all__ = ["ORDERS", "FakeShop", "read_answer", "refund_question"]
+__all__ = ["ORDERS", "SCRIPT", "FakeShop", "play", "read_answer", "refund_question"]
 
 ORDERS = {"42": 1250, "43": 800}
 
@@ -54,3 +67,30 @@ def read_answer(text: str) -> Answer | None:
 def refund_question(tool: str, args: dict[str, Any]) -> str:
     """The question the person is asked before a refund."""
     return f"Refund {args['cents']} cents for order {args['order_id']}? Reply yes, or no and why."
+
+
+#: A read, a cancel delivered twice, a refund asked for, a restart, the "yes" that
+#: runs it, delivered twice.
+SCRIPT: list[Step] = [
+    Say("status of order 42"),
+    Say("cancel order 43"),
+    Redeliver(),
+    Say("refund order 42"),
+    Restart(),
+    Say("yes"),
+    Redeliver(),
+]
+
+
+async def play(
+    name: str, description: str, model: str, build_agent: Callable[[FakeShop], Agent]
+) -> None:
+    """Play :data:`SCRIPT` on the desk ``name`` (its command line: ``--db``,
+    ``--thread``); ``model`` says why ``--llm`` does not apply."""
+    options = parse_args(name, description)
+    if options.llm:
+        sys.exit(f"this example's model is {model}: --llm does not apply")
+    shop = FakeShop()  # the outside world: it outlives the restart
+    tally = await run(options, SCRIPT, lambda interpreter: build_agent(shop))
+    print_summary(tally, len(shop.calls))
+    print_provider(shop.calls, "applied")
