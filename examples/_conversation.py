@@ -1,4 +1,4 @@
-"""What both examples share: the command line, a scripted conversation, the printout.
+"""What the examples share: the command line, a scripted conversation, the printout.
 
 An example is an agent factory and a script. :func:`run` opens the store named by
 ``--db`` with :func:`~intention_kernel.durability.open_durability`, builds the
@@ -40,6 +40,8 @@ __all__ = [
     "Step",
     "Tally",
     "parse_args",
+    "print_provider",
+    "print_summary",
     "run",
 ]
 
@@ -86,6 +88,26 @@ class Tally:
     committed: int = 0
     replayed: int = 0
     failed_steps: int = 0
+
+    @classmethod
+    def of(cls, result: TurnResult) -> Tally:
+        """What one delivered turn did (a crash script's one turn)."""
+        failed = sum(step.status == "failed" for step in result.steps)
+        return cls(int(not result.replayed), int(result.replayed), failed)
+
+
+def print_summary(tally: Tally, provider_calls: int) -> None:
+    """The line every example ends with (the tests read it)."""
+    print(
+        f"summary: committed={tally.committed} replayed={tally.replayed} "
+        f"failed_steps={tally.failed_steps} provider_calls={provider_calls}"
+    )
+
+
+def print_provider(calls: Sequence[str], did: str) -> None:
+    """``provider: <key> <did> <n>x``: how often the provider applied each call."""
+    for key in sorted(set(calls)):
+        print(f"provider: {key} {did} {calls.count(key)}x")
 
 
 def parse_args(name: str, description: str, argv: Sequence[str] | None = None) -> Options:

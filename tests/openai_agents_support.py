@@ -11,7 +11,6 @@ provider's own record, which outlives any process that dies.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -33,23 +32,15 @@ from openai.types.responses import (
 )
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 
+from bridge_support import ORDERS, record_write
 from intention_kernel import Answer
 from intention_kernel.integrations.openai_agents import KernelAgent, effect_authority
-from intention_kernel.testing import faults
 
 # No trace export: the tests have no API key, and the SDK would say so on every run.
 set_tracing_disabled(True)
 
-ORDERS = {"42": 1250, "43": 800}
-
 #: A model's script: the next response's output items from the input items it is sent.
 Script = Callable[[list[dict[str, Any]]], list[Any]]
-
-
-def read_ledger(path: str | Path) -> list[dict[str, Any]]:
-    if not os.path.exists(path):
-        return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 def text(value: str) -> ResponseOutputMessage:
@@ -173,17 +164,7 @@ class Desk:
         return self.model.requests
 
     def write(self, operation: str, order_id: str, **extra: Any) -> dict[str, str]:
-        try:
-            key: str | None = effect_authority().idempotency_key
-        except LookupError:  # the agent run by the SDK alone (tests/test_compare_openai_agents.py)
-            key = None
-        record = {"operation": operation, "order_id": order_id, "key": key}
-        with open(self.ledger, "a", encoding="utf-8") as f:
-            f.write(json.dumps({**record, **extra, "pid": os.getpid()}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        faults.reach(faults.IN_PROVIDER_AFTER_WRITE)  # applied; the answer is on its way
-        return {"id": f"{operation}_{order_id}"}
+        return record_write(self.ledger, effect_authority, operation, order_id, **extra)
 
     def script(self, items: list[dict[str, Any]]) -> list[Any]:
         asked = prompts(items)

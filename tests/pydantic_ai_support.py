@@ -35,17 +35,9 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from bridge_support import ORDERS, record_write
 from intention_kernel import Answer
 from intention_kernel.integrations.pydantic_ai import KernelAgent, effect_authority
-from intention_kernel.testing import faults
-
-ORDERS = {"42": 1250, "43": 800}
-
-
-def read_ledger(path: str | Path) -> list[dict[str, Any]]:
-    if not os.path.exists(path):
-        return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 def tool_returns(message: ModelMessage) -> list[ToolReturnPart]:
@@ -99,17 +91,7 @@ class Desk:
         )
 
     def write(self, operation: str, order_id: str, **extra: Any) -> dict[str, str]:
-        try:
-            key: str | None = effect_authority().idempotency_key
-        except LookupError:  # the agent run alone, outside a turn
-            key = None
-        record = {"operation": operation, "order_id": order_id, "key": key}
-        with open(self.ledger, "a", encoding="utf-8") as f:
-            f.write(json.dumps({**record, **extra, "pid": os.getpid()}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        faults.reach(faults.IN_PROVIDER_AFTER_WRITE)  # applied; the answer is on its way
-        return {"id": f"{operation}_{order_id}"}
+        return record_write(self.ledger, effect_authority, operation, order_id, **extra)
 
     def model(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         if self.die_at_request is not None and len(self.requests) + 1 == self.die_at_request:

@@ -12,10 +12,7 @@ rows for the SDK; where the SDK alone does it right, the test says so.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,37 +21,20 @@ from agents import Agent as SDKAgent
 from agents import Runner, RunState, function_tool
 from agents.exceptions import ModelBehaviorError
 
+from bridge_support import read_ledger
+from bridge_support import run_worker as process
 from intention_kernel import Answer, Kernel
 from intention_kernel.integrations.openai_agents import KernelAgent
 from intention_kernel.testing import InMemoryDurability, faults
-from openai_agents_support import FakeModel, call, outputs, read_ledger, text
+from openai_agents_support import FakeModel, call, outputs, text
 from proving_support import Store
 
 ROOT = Path(__file__).parent
 ALONE = ROOT / "compare_openai_agents_worker.py"
 KERNEL = ROOT / "openai_agents_worker.py"
 KILLED = -signal.SIGKILL
-PROCESS_TIMEOUT = 120
 
 pytestmark = pytest.mark.slow
-
-
-async def process(script: Path, config: dict[str, Any], status: int = 0) -> list[dict[str, Any]]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(script),
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), PROCESS_TIMEOUT)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.communicate()
-    assert proc.returncode == status, f"exited {proc.returncode}, not {status}:\n{stderr.decode()}"
-    return [json.loads(line) for line in stdout.decode().splitlines()]
 
 
 class Alone:

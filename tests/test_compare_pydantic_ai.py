@@ -12,10 +12,7 @@ asserts the numbers its table cells show.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import signal
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,42 +26,24 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import ToolDefinition
 
+from bridge_support import read_ledger
+from bridge_support import run_worker as run
 from intention_kernel import Answer, Kernel
 from intention_kernel.checkpoint import operation_digest
 from intention_kernel.durability import Durability
 from intention_kernel.integrations.pydantic_ai import KernelAgent
 from proving_support import Store, make_sql_store
-from pydantic_ai_support import Desk, read_ledger, tool_returns
+from pydantic_ai_support import Desk, tool_returns
 
 HERE = Path(__file__).parent
 ALONE = HERE / "pydantic_ai_alone_worker.py"
 INSIDE = HERE / "pydantic_ai_worker.py"
-PROCESS_TIMEOUT = 120
 KILLED = -signal.SIGKILL
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     yield from make_sql_store(request.param, request, tmp_path, file="desk.db")
-
-
-async def run(worker: Path, config: dict[str, Any], status: int = 0) -> list[dict[str, Any]]:
-    """One process of ``worker``; the JSON lines it printed."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(worker),
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.communicate()
-    assert process.returncode == status, stderr.decode()
-    return [json.loads(line) for line in stdout.decode().splitlines()]
 
 
 @dataclass

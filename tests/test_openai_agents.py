@@ -11,14 +11,12 @@ is a fake ``Model`` (``tests/openai_agents_support.py``).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +24,16 @@ import pytest
 from agents import Agent as SDKAgent
 from agents import function_tool
 
+from bridge_support import MovingClock, Workers, read_ledger, words
 from intention_kernel import Answer, EffectNotAppliedError, Kernel, ReceiptStatus
 from intention_kernel.checkpoint import operation_digest
 from intention_kernel.durability import Durability
 from intention_kernel.integrations.openai_agents import KernelAgent
 from intention_kernel.testing import faults
-from openai_agents_support import Desk, FakeModel, call, outputs, prompts, read_ledger, text
+from openai_agents_support import Desk, FakeModel, call, outputs, prompts, text
 from proving_support import Store, make_sql_store, open_store
 
 WORKER = Path(__file__).with_name("openai_agents_worker.py")
-PROCESS_TIMEOUT = 120
 REFUND = {
     "tool_name": "issue_refund",
     "call_id": "call-refund-1",
@@ -193,16 +191,6 @@ async def test_an_approval_tool_without_a_key_is_refused_before_asking(
     assert read_ledger(desk.ledger) == []
 
 
-class MovingClock:
-    """A clock that stands still until the test moves it."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 async def test_an_approval_that_expires_reaches_the_model_as_rejected(
     store: Durability, tmp_path: Path
 ) -> None:
@@ -224,14 +212,6 @@ async def test_an_approval_that_expires_reaches_the_model_as_rejected(
     late = await kernel.turn("t1", "turn-3", answer=Answer(digest=asked.interaction.digest))
     assert late.steps == ()
     assert read_ledger(desk.ledger) == []
-
-
-def words(text: str) -> Answer | None:
-    if text == "yes":
-        return Answer(decision="accept")
-    if text.startswith("no, "):
-        return Answer(decision="reject", reason=text[4:])
-    return None
 
 
 async def test_a_message_may_answer_the_pending_approval(store: Durability, tmp_path: Path) -> None:
@@ -638,45 +618,9 @@ def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]
 KILLED = -signal.SIGKILL
 
 
-@dataclass
-class Workers:
-    store: Store
-    ledger: Path
-    running: list[asyncio.subprocess.Process]
-
-    async def run(
-        self, turns: list[dict[str, Any]], *, status: int = 0, kill_at: str | None = None
-    ) -> list[dict[str, Any]]:
-        config: dict[str, Any] = {
-            "store": self.store.config(),
-            "ledger": str(self.ledger),
-            "turns": turns,
-        }
-        if kill_at is not None:
-            config["fault"] = {"point": kill_at}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(WORKER),
-            json.dumps(config),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        self.running.append(process)
-        stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
-        assert process.returncode == status, (
-            f"worker exited with {process.returncode}, expected {status}:\n{stderr.decode()}"
-        )
-        return [json.loads(line) for line in stdout.decode().splitlines()]
-
-
 @pytest.fixture
-async def workers(sql_store: Store, tmp_path: Path) -> AsyncIterator[Workers]:
-    workers = Workers(sql_store, tmp_path / "provider.ledger", [])
-    yield workers
-    for process in workers.running:
-        if process.returncode is None:
-            process.kill()
-            await process.communicate()
+def workers(sql_store: Store, tmp_path: Path) -> Workers:
+    return Workers(WORKER, sql_store, tmp_path / "provider.ledger")
 
 
 @pytest.mark.slow
@@ -684,7 +628,7 @@ async def test_a_process_killed_after_the_write_is_redelivered_with_one_provider
     workers: Workers,
 ) -> None:
     turn = {"thread_id": "t1", "turn_id": "turn-1", "message": "cancel 42"}
-    died = await workers.run([turn], kill_at=faults.AFTER_RECEIPT_COMPLETED, status=KILLED)
+    died = await workers.run([turn], fault={"point": faults.AFTER_RECEIPT_COMPLETED}, status=KILLED)
     assert died == []
     assert len(read_ledger(workers.ledger)) == 1
     (redelivered,) = await workers.run([turn])
@@ -705,7 +649,7 @@ async def test_a_process_killed_inside_the_provider_call_leaves_the_write_uncert
     workers: Workers,
 ) -> None:
     turn = {"thread_id": "t1", "turn_id": "turn-1", "message": "cancel 42"}
-    await workers.run([turn], kill_at=faults.IN_PROVIDER_AFTER_WRITE, status=KILLED)
+    await workers.run([turn], fault={"point": faults.IN_PROVIDER_AFTER_WRITE}, status=KILLED)
     (redelivered,) = await workers.run([turn])
     steps = redelivered["result"]["steps"]
     assert [s["status"] for s in steps] == ["uncertain"]
@@ -725,7 +669,9 @@ async def test_an_approval_given_after_a_restart_runs_the_approved_call_once_acr
     accept = {"thread_id": "t1", "turn_id": "turn-2", "answer": {"digest": interaction["digest"]}}
     # A new process accepts and is killed after the refund's provider call, before its
     # turn commits; the same delivery comes again, in another process, and again after.
-    died = await workers.run([accept], kill_at=faults.AFTER_RECEIPT_COMPLETED, status=KILLED)
+    died = await workers.run(
+        [accept], fault={"point": faults.AFTER_RECEIPT_COMPLETED}, status=KILLED
+    )
     assert died == []
     assert len(read_ledger(workers.ledger)) == 1
     (done,) = await workers.run([accept])

@@ -12,19 +12,18 @@ it had not answered, streamed ones too. No API key: the model is a ``FunctionMod
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bridge_support import MovingClock, Workers, read_ledger, words
 from intention_kernel import Answer, CorruptRecordError, Kernel, ReceiptStatus
 from intention_kernel.checkpoint import operation_digest
 from intention_kernel.durability import Durability
@@ -33,10 +32,9 @@ from intention_kernel.effects import utcnow
 from intention_kernel.integrations.pydantic_ai import KernelAgent
 from intention_kernel.testing import faults
 from proving_support import Store, make_sql_store, open_store
-from pydantic_ai_support import Desk, read_ledger, tool_returns
+from pydantic_ai_support import Desk, tool_returns
 
 WORKER = Path(__file__).with_name("pydantic_ai_worker.py")
-PROCESS_TIMEOUT = 120
 REFUND = {
     "tool_name": "issue_refund",
     "tool_call_id": "call-refund",
@@ -324,14 +322,27 @@ async def test_an_approval_tool_without_a_key_is_refused_before_asking(
     assert read_ledger(desk.ledger) == []
 
 
-class MovingClock:
-    """A clock that stands still until the test moves it."""
+def no_key(args: dict[str, Any]) -> str:
+    raise KeyError("order")
 
-    def __init__(self) -> None:
-        self.now = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 
-    def __call__(self) -> datetime:
-        return self.now
+@pytest.mark.parametrize(
+    ("key_of", "error"),
+    [
+        (lambda a: "", "must return a non-empty string, got ''; nothing ran"),
+        (no_key, "failed on {'order_id': '42'}: KeyError: 'order'; nothing ran"),
+    ],
+)
+async def test_a_key_function_that_gives_no_key_fails_the_step_and_runs_nothing(
+    store: Durability, tmp_path: Path, key_of: Any, error: str
+) -> None:
+    desk = Desk(tmp_path / "ledger")
+    bridge = KernelAgent(desk.agent, name="desk", writes={"cancel_order": key_of})
+    result = await Kernel(bridge.as_agent(version="1"), store).turn("t1", "turn-1", "cancel 42")
+    assert [s.status for s in result.steps] == ["failed"]
+    assert error in (result.steps[0].error or "")
+    assert read_ledger(desk.ledger) == []
+    assert await store.list_receipts(thread_id="t1") == []
 
 
 async def test_an_approval_that_expires_reaches_the_model_as_denied(
@@ -356,14 +367,6 @@ async def test_an_approval_that_expires_reaches_the_model_as_denied(
     late = await kernel.turn("t1", "turn-3", answer=Answer(digest=asked.interaction.digest))
     assert late.steps == ()
     assert read_ledger(desk.ledger) == []
-
-
-def words(text: str) -> Answer | None:
-    if text == "yes":
-        return Answer(decision="accept")
-    if text.startswith("no, "):
-        return Answer(decision="reject", reason=text[4:])
-    return None
 
 
 async def test_a_message_may_answer_the_pending_approval(store: Durability, tmp_path: Path) -> None:
@@ -424,39 +427,9 @@ def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]
     yield from make_sql_store(request.param, request, tmp_path, file="desk.db", name_sessions=True)
 
 
-@dataclass
-class Workers:
-    store: Store
-    ledger: Path
-    running: list[asyncio.subprocess.Process]
-
-    async def run(
-        self, turns: list[dict[str, Any]], *, status: int = 0, **config: Any
-    ) -> list[dict[str, Any]]:
-        config.update(store=self.store.config(), ledger=str(self.ledger), turns=turns)
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(WORKER),
-            json.dumps(config),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        self.running.append(process)
-        stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
-        assert process.returncode == status, (
-            f"worker exited with {process.returncode}, expected {status}:\n{stderr.decode()}"
-        )
-        return [json.loads(line) for line in stdout.decode().splitlines()]
-
-
 @pytest.fixture
-async def workers(sql_store: Store, tmp_path: Path) -> AsyncIterator[Workers]:
-    workers = Workers(sql_store, tmp_path / "provider.ledger", [])
-    yield workers
-    for process in workers.running:
-        if process.returncode is None:
-            process.kill()
-            await process.communicate()
+def workers(sql_store: Store, tmp_path: Path) -> Workers:
+    return Workers(WORKER, sql_store, tmp_path / "provider.ledger")
 
 
 @pytest.mark.slow

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import asyncio
 
-from examples._conversation import Redeliver, Restart, Say, Step, parse_args, run
+from examples._conversation import (
+    Redeliver,
+    Restart,
+    Say,
+    Step,
+    parse_args,
+    print_provider,
+    print_summary,
+    run,
+)
 from examples.billing.agent import FakePayments, build_agent
 
 SCRIPT: list[Step] = [
@@ -31,12 +40,8 @@ async def main() -> None:
     )
     payments = FakePayments()  # the outside world: it outlives the restart
     tally = await run(options, SCRIPT, lambda interpreter: build_agent(payments, interpreter))
-    print(
-        f"summary: committed={tally.committed} replayed={tally.replayed} "
-        f"failed_steps={tally.failed_steps} provider_calls={len(payments.calls)}"
-    )
-    for payment_intent_id in sorted(set(payments.calls)):
-        print(f"provider: {payment_intent_id} charged {payments.calls.count(payment_intent_id)}x")
+    print_summary(tally, len(payments.calls))
+    print_provider(payments.calls, "charged")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,16 @@ import asyncio
 import subprocess
 import sys
 
-from examples._conversation import Meanwhile, Redeliver, Restart, Say, Step, parse_args, run
+from examples._conversation import (
+    Meanwhile,
+    Redeliver,
+    Restart,
+    Say,
+    Step,
+    parse_args,
+    print_summary,
+    run,
+)
 from examples.mcp_desk.agent import build_agent, connect, ledger_path
 from intention_kernel.integrations.mcp import mcp_capabilities
 
@@ -56,10 +65,7 @@ async def main() -> None:
     async with connect(options.thread) as client:
         tools = await mcp_capabilities(client, namespace="tickets", trusted=True)
         tally = await run(options, script, lambda interpreter: build_agent(tools, interpreter))
-    print(
-        f"summary: committed={tally.committed} replayed={tally.replayed} "
-        f"failed_steps={tally.failed_steps} provider_calls={lines(options.thread) - before}"
-    )
+    print_summary(tally, lines(options.thread) - before)
 
 
 if __name__ == "__main__":

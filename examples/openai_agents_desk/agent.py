@@ -11,10 +11,7 @@ talk to a real one.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from agents import Agent as SDKAgent
@@ -35,31 +32,9 @@ from openai.types.responses import (
 )
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 
-from intention_kernel import Agent, Answer
+from examples._desk import ORDERS, FakeShop, read_answer, refund_question
+from intention_kernel import Agent
 from intention_kernel.integrations.openai_agents import KernelAgent, effect_authority
-
-ORDERS = {"42": 1250, "43": 800}
-
-
-@dataclass
-class FakeShop:
-    """The outside world: every cancel and refund it applied, by idempotency key.
-
-    With a ``ledger`` file, each applied call is also a line of it, which outlives a
-    process that dies (``examples/openai_agents_desk/crash.py``)."""
-
-    calls: list[str] = field(default_factory=list)
-    ledger: Path | None = None
-
-    def apply(self, operation: str, order_id: str) -> dict[str, str]:
-        key = effect_authority().idempotency_key
-        self.calls.append(key)
-        if self.ledger is not None:
-            with self.ledger.open("a", encoding="utf-8") as f:
-                f.write(key + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        return {"id": f"{operation}_{order_id}"}
 
 
 def _text(value: str) -> ResponseOutputMessage:
@@ -134,17 +109,6 @@ class ScriptedModel(Model):
         raise TypeError("the scripted model does not stream")
 
 
-def read_answer(text: str) -> Answer | None:
-    """``yes`` accepts the pending refund; ``no, <reason>`` rejects it with the reason."""
-    words = text.strip().lower()
-    if words in ("yes", "y", "ok"):
-        return Answer(decision="accept")
-    if words.startswith("no"):
-        reason = text.strip()[2:].lstrip(" ,:") or None
-        return Answer(decision="reject", reason=reason)
-    return None
-
-
 def build_desk(shop: FakeShop) -> SDKAgent[None]:
     @function_tool
     def order_status(order_id: str) -> dict[str, Any]:
@@ -154,12 +118,12 @@ def build_desk(shop: FakeShop) -> SDKAgent[None]:
     @function_tool
     def cancel_order(order_id: str) -> dict[str, str]:
         """Cancel an order."""
-        return shop.apply("cancel", order_id)
+        return shop.apply("cancel", order_id, effect_authority().idempotency_key)
 
     @function_tool(needs_approval=True)
     def issue_refund(order_id: str, cents: int) -> dict[str, str]:
         """Refund an order."""
-        return shop.apply("refund", order_id)
+        return shop.apply("refund", order_id, effect_authority().idempotency_key)
 
     return SDKAgent(
         name="desk",
@@ -178,9 +142,7 @@ def build_agent(shop: FakeShop) -> Agent:
             "cancel_order": lambda args: args["order_id"],
             "issue_refund": lambda args: args["order_id"],
         },
-        prompt=lambda tool, args: (
-            f"Refund {args['cents']} cents for order {args['order_id']}? Reply yes, or no and why."
-        ),
+        prompt=refund_question,
         read_answer=read_answer,
     )
     return bridge.as_agent(version="1")

@@ -19,7 +19,9 @@ import os
 import signal
 from pathlib import Path
 
-from examples.openai_agents_desk.agent import FakeShop, build_agent
+from examples._conversation import Tally, print_summary
+from examples._desk import FakeShop
+from examples.openai_agents_desk.agent import build_agent
 from intention_kernel import Kernel
 from intention_kernel.durability import open_durability
 from intention_kernel.testing import faults
@@ -47,11 +49,7 @@ async def main() -> None:
     for step in result.steps:
         print(f"[crash-1] step {step.capability_id}: {step.status}")
     calls = args.ledger.read_text().splitlines() if args.ledger.exists() else []
-    failed = sum(step.status == "failed" for step in result.steps)
-    print(
-        f"summary: committed={int(not result.replayed)} replayed={int(result.replayed)} "
-        f"failed_steps={failed} provider_calls={len(calls)}"
-    )
+    print_summary(Tally.of(result), len(calls))
 
 
 if __name__ == "__main__":

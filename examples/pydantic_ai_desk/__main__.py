@@ -10,34 +10,18 @@ process mid-turn and delivers the turn again (see its docstring).
 from __future__ import annotations
 
 import asyncio
-import sys
 
-from examples._conversation import Redeliver, Restart, Say, Step, parse_args, run
-from examples.pydantic_ai_desk.agent import FakeShop, build_agent
-
-SCRIPT: list[Step] = [
-    Say("status of order 42"),
-    Say("cancel order 43"),
-    Redeliver(),
-    Say("refund order 42"),
-    Restart(),
-    Say("yes"),
-    Redeliver(),
-]
+from examples._desk import play
+from examples.pydantic_ai_desk.agent import build_agent
 
 
 async def main() -> None:
-    options = parse_args("pydantic_ai_desk", "A Pydantic AI help desk inside durable turns.")
-    if options.llm:
-        sys.exit("this example's model is Pydantic AI's FunctionModel: --llm does not apply")
-    shop = FakeShop()  # the outside world: it outlives the restart
-    tally = await run(options, SCRIPT, lambda interpreter: build_agent(shop))
-    print(
-        f"summary: committed={tally.committed} replayed={tally.replayed} "
-        f"failed_steps={tally.failed_steps} provider_calls={len(shop.calls)}"
+    await play(
+        "pydantic_ai_desk",
+        "A Pydantic AI help desk inside durable turns.",
+        "Pydantic AI's FunctionModel",
+        build_agent,
     )
-    for key in sorted(set(shop.calls)):
-        print(f"provider: {key} applied {shop.calls.count(key)}x")
 
 
 if __name__ == "__main__":

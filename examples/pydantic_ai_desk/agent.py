@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,31 +28,9 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from intention_kernel import Agent, Answer
+from examples._desk import ORDERS, FakeShop, read_answer, refund_question
+from intention_kernel import Agent
 from intention_kernel.integrations.pydantic_ai import KernelAgent, effect_authority
-
-ORDERS = {"42": 1250, "43": 800}
-
-
-@dataclass
-class FakeShop:
-    """The outside world: every cancel and refund it applied, by idempotency key.
-
-    With a ``ledger`` file, each applied call is also a line of it, which outlives a
-    process that dies (``examples/pydantic_ai_desk/crash.py``)."""
-
-    calls: list[str] = field(default_factory=list)
-    ledger: Path | None = None
-
-    def apply(self, operation: str, order_id: str) -> dict[str, str]:
-        key = effect_authority().idempotency_key
-        self.calls.append(key)
-        if self.ledger is not None:
-            with self.ledger.open("a", encoding="utf-8") as f:
-                f.write(key + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        return {"id": f"{operation}_{order_id}"}
 
 
 def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -86,17 +63,6 @@ def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     )
 
 
-def read_answer(text: str) -> Answer | None:
-    """``yes`` accepts the pending refund; ``no, <reason>`` rejects it with the reason."""
-    words = text.strip().lower()
-    if words in ("yes", "y", "ok"):
-        return Answer(decision="accept")
-    if words.startswith("no"):
-        reason = text.strip()[2:].lstrip(" ,:") or None
-        return Answer(decision="reject", reason=reason)
-    return None
-
-
 def logged(path: Path) -> Callable[[list[ModelMessage], AgentInfo], ModelResponse]:
     """:func:`script`, and each request it is sent a line of ``path`` (how many messages
     it carried), which outlives a process that dies (``crash.py`` counts them)."""
@@ -123,12 +89,12 @@ def build_desk(shop: FakeShop, model_log: Path | None = None) -> PydanticAgent[N
     @desk.tool_plain
     def cancel_order(order_id: str) -> dict[str, str]:
         """Cancel an order."""
-        return shop.apply("cancel", order_id)
+        return shop.apply("cancel", order_id, effect_authority().idempotency_key)
 
     @desk.tool_plain(requires_approval=True)
     def issue_refund(order_id: str, cents: int) -> dict[str, str]:
         """Refund an order."""
-        return shop.apply("refund", order_id)
+        return shop.apply("refund", order_id, effect_authority().idempotency_key)
 
     return desk
 
@@ -141,9 +107,7 @@ def build_agent(shop: FakeShop, model_log: Path | None = None) -> Agent:
             "cancel_order": lambda args: args["order_id"],
             "issue_refund": lambda args: args["order_id"],
         },
-        prompt=lambda tool, args: (
-            f"Refund {args['cents']} cents for order {args['order_id']}? Reply yes, or no and why."
-        ),
+        prompt=refund_question,
         read_answer=read_answer,
     )
     return bridge.as_agent(version="1")

@@ -21,7 +21,9 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from examples.pydantic_ai_desk.agent import FakeShop, build_agent
+from examples._conversation import Tally, print_summary
+from examples._desk import FakeShop
+from examples.pydantic_ai_desk.agent import build_agent
 from intention_kernel import Kernel
 from intention_kernel.durability import open_durability
 from intention_kernel.testing import faults
@@ -50,11 +52,7 @@ async def main() -> None:
     # answered would show more asks than requests.
     asks = args.model_log.read_text().split() if args.model_log.exists() else []
     print(f"model: requests={len(set(asks))} asked={len(asks)}")
-    failed = sum(step.status == "failed" for step in result.steps)
-    print(
-        f"summary: committed={int(not result.replayed)} replayed={int(result.replayed)} "
-        f"failed_steps={failed} provider_calls={len(calls)}"
-    )
+    print_summary(Tally.of(result), len(calls))
 
 
 if __name__ == "__main__":

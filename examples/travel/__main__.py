@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import asyncio
 
-from examples._conversation import Meanwhile, Redeliver, Restart, Say, Step, parse_args, run
+from examples._conversation import (
+    Meanwhile,
+    Redeliver,
+    Restart,
+    Say,
+    Step,
+    parse_args,
+    print_provider,
+    print_summary,
+    run,
+)
 from examples.travel.agent import build_agent
 from examples.travel.provider import FakeAirline, Offer
 
@@ -39,12 +49,8 @@ async def main() -> None:
         Redeliver(),
     ]
     tally = await run(options, script, lambda interpreter: build_agent(airline, interpreter))
-    print(
-        f"summary: committed={tally.committed} replayed={tally.replayed} "
-        f"failed_steps={tally.failed_steps} provider_calls={len(airline.calls)}"
-    )
-    for offer_id in sorted(set(airline.calls)):
-        print(f"provider: {offer_id} booked {airline.calls.count(offer_id)}x")
+    print_summary(tally, len(airline.calls))
+    print_provider(airline.calls, "booked")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
         "pip install 'intention-kernel[openai-agents]'"
     ) from exc
 
+from intention_kernel.integrations._bridge import KeyFunction, effect_authority
 from intention_kernel.integrations.openai_agents._agent import KernelAgent
-from intention_kernel.integrations.openai_agents._tools import KeyFunction, effect_authority
 
 __all__ = ["KernelAgent", "KeyFunction", "effect_authority"]

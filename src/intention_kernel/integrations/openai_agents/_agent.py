@@ -17,35 +17,26 @@ from agents.run_context import RunContextWrapper
 from agents.tool import FunctionTool
 from pydantic_core import to_jsonable_python
 
-from intention_kernel._json import dump_value
-from intention_kernel.agent import Agent
-from intention_kernel.capabilities import (
-    Capability,
-    CapabilityContext,
-    CapabilityResult,
-    capability,
-)
+from intention_kernel.capabilities import CapabilityContext, CapabilityResult
 from intention_kernel.errors import CapabilityError, KernelError
-from intention_kernel.facts import Fact
-from intention_kernel.integrations.openai_agents._held import AgentInput, Call, Conversation, dump
-from intention_kernel.integrations.openai_agents._interpreter import BridgeInterpreter
+from intention_kernel.integrations._bridge import (
+    CLOSED_UNANSWERED,
+    REJECTED,
+    BridgeAgent,
+    KeyFunction,
+    find_cause,
+)
+from intention_kernel.integrations.openai_agents._held import AgentInput, Call, Conversation, load
 from intention_kernel.integrations.openai_agents._model import RUN, KernelModel, StepRun
-from intention_kernel.integrations.openai_agents._tools import KeyFunction, kernel_tool
+from intention_kernel.integrations.openai_agents._tools import kernel_tool
 from intention_kernel.interpretation import Answer, Decision
-from intention_kernel.replies import Replies
 
 __all__ = ["KernelAgent"]
 
 TContext = TypeVar("TContext")
 
-#: What the model reads when an approval closed without an answer (it expired, or an
-#: operator resolved the interaction), before the next message.
-CLOSED_UNANSWERED = "The approval request closed unanswered."
-#: What the model reads for a reject without a reason.
-REJECTED = "The person rejected the tool call."
 
-
-class KernelAgent(Generic[TContext]):
+class KernelAgent(BridgeAgent, Generic[TContext]):
     """An Agents SDK agent whose runs are turns of an intention-kernel thread.
 
     ``name`` names the kernel capability (``<name>.agent``) and the agent
@@ -111,45 +102,23 @@ class KernelAgent(Generic[TContext]):
                 for t in agent.tools
             ],
         )
-        self._kernel_name = name
         self._context = context
-        self._prompt = prompt or _default_prompt
         self._max_turns = max_turns
-        self.capability_id = f"{name}.agent"
-        self.fact_key = f"{name}.conversation"
-        self.capability: Capability = self._build_capability(description, approve_within)
-        self.interpreter = BridgeInterpreter(self.capability_id, self.fact_key, read_answer)
+        self._setup_bridge(
+            name,
+            self._handle,
+            load,
+            prompt=prompt,
+            description=description,
+            read_answer=read_answer,
+            approve_within=approve_within,
+        )
 
     @property
     def agent(self) -> SDKAgent[TContext]:
         """The agent the runs use: the application's, with its model and write tools
         wrapped (a clone; the application's agent is unchanged)."""
         return self._agent
-
-    def as_agent(
-        self,
-        version: str,
-        *,
-        max_messages: int = 50,
-        max_receipts: int = 100,
-        compatible_fingerprints: Sequence[str] = (),
-        replies: Replies | None = None,
-    ) -> Agent:
-        """The intention-kernel :class:`~intention_kernel.Agent` that runs this agent:
-        its one capability and its interpreter, in at most three rounds a turn (the
-        run, the approval it asks for, the reply). The other parameters are
-        ``Agent``'s."""
-        return Agent(
-            name=self._kernel_name,
-            version=version,
-            capabilities=[self.capability],
-            interpreter=self.interpreter,
-            max_messages=max_messages,
-            max_receipts=max_receipts,
-            compatible_fingerprints=compatible_fingerprints,
-            replies=replies if replies is not None else Replies(),
-            max_rounds=3,
-        )
 
     # -- the runs ---------------------------------------------------------------------------
 
@@ -169,7 +138,7 @@ class KernelAgent(Generic[TContext]):
             # An uncertain write must stay uncertain, however the SDK wrapped it (a
             # UserError around the tool's exception): a failed step would let a later
             # turn retry it. Any other kernel error is reported as itself.
-            found = _find(exc, KernelError)
+            found = find_cause(exc, KernelError)
             if found is not None and found is not exc:
                 raise found from exc
             raise
@@ -220,87 +189,52 @@ class KernelAgent(Generic[TContext]):
 
     # -- the capability ---------------------------------------------------------------------
 
-    def _build_capability(
-        self, description: str | None, approve_within: timedelta | None
-    ) -> Capability:
-        async def handle(input: AgentInput, ctx: CapabilityContext) -> CapabilityResult:
-            raw = ctx.facts.get(self.fact_key)
-            try:
-                conversation = Conversation.load(raw.value if raw is not None else None)
-            except ValueError as exc:
+    async def _handle(self, input: AgentInput, ctx: CapabilityContext) -> CapabilityResult:
+        raw = ctx.facts.get(self.fact_key)
+        try:
+            conversation = Conversation.load(raw.value if raw is not None else None)
+        except ValueError as exc:
+            raise CapabilityError(
+                f"{self.capability_id}: the thread's {self.fact_key} fact cannot be read "
+                f"({exc}); nothing ran",
+                capability_id=self.capability_id,
+            ) from exc
+        run = StepRun(ctx)
+        calls = input.approvals
+        if calls is not None:
+            if conversation.pending != calls:
                 raise CapabilityError(
-                    f"{self.capability_id}: the thread's {self.fact_key} fact cannot be read "
-                    f"({exc}); nothing ran",
+                    f"{self.capability_id}: the calls proposed for approval are not the "
+                    "ones the agent is waiting on; nothing ran",
                     capability_id=self.capability_id,
-                ) from exc
-            run = StepRun(ctx)
-            calls = input.approvals
-            if calls is not None:
-                if conversation.pending != calls:
-                    raise CapabilityError(
-                        f"{self.capability_id}: the calls proposed for approval are not the "
-                        "ones the agent is waiting on; nothing ran",
-                        capability_id=self.capability_id,
-                    )
-                if ctx.answer is None:
-                    return self._ask(conversation, calls)
-                return self._outcome(await self._resume(run, conversation, calls, ctx.answer))
-            items = conversation.items
-            if conversation.pending:
-                # The approval closed without an answer: the model is told so (each call
-                # rejected) before it reads the new message.
-                closed = await self._resume(run, conversation, conversation.pending, None)
-                if closed.interruptions:
-                    return self._outcome(closed)
-                items = closed.to_input_list()
-            assert input.prompt is not None  # AgentInput holds exactly one of the two
-            message = {"role": "user", "content": input.prompt}
-            return self._outcome(await self._run(run, [*items, message]))
-
-        return capability(
-            self.capability_id,
-            effect="write",
-            confirmation="capability",
-            description=description or f"Run the {self._kernel_name} agent",
-            confirm_within=approve_within,
-        )(handle)
-
-    def _ask(self, conversation: Conversation, calls: list[Call]) -> CapabilityResult:
-        asked = dataclasses.replace(conversation, asked=True)
-        return CapabilityResult.needs_confirmation(
-            "\n".join(self._prompt(call.tool_name, call.arguments) for call in calls),
-            details=dump(calls),
-            facts=[Fact(self.fact_key, asked.dump())],
-        )
+                )
+            if ctx.answer is None:
+                asked = dataclasses.replace(conversation, asked=True)
+                shown = [(call.tool_name, call.arguments) for call in calls]
+                return self._ask(calls, shown, asked.dump())
+            return self._outcome(await self._resume(run, conversation, calls, ctx.answer))
+        items = conversation.items
+        if conversation.pending:
+            # The approval closed without an answer: the model is told so (each call
+            # rejected) before it reads the new message.
+            closed = await self._resume(run, conversation, conversation.pending, None)
+            if closed.interruptions:
+                return self._outcome(closed)
+            items = closed.to_input_list()
+        assert input.prompt is not None  # AgentInput holds exactly one of the two
+        message = {"role": "user", "content": input.prompt}
+        return self._outcome(await self._run(run, [*items, message]))
 
     def _outcome(self, result: RunResult) -> CapabilityResult:
+        items = to_jsonable_python(result.to_input_list())
         if result.interruptions:
             calls: list[Call] = []
             for item in result.interruptions:
-                name = item.tool_name or item.name or ""
-                if name not in self._writes:
-                    # Without a key the approved call would have no receipt, and a
-                    # redelivered accepting turn would run it again: refused before asking.
-                    raise CapabilityError(
-                        f"{self.capability_id}: tool {name!r} needs approval but has no key "
-                        "in writes; an approved call runs once only through its receipt",
-                        capability_id=self.capability_id,
-                    )
+                self._require_key(item.tool_name or item.name or "")
                 calls.append(_call(item))
             state = result.to_state().to_json(context_serializer=_no_context)
-            held = Conversation(to_jsonable_python(result.to_input_list()), state, calls)
-            return CapabilityResult(
-                value={"approvals": dump(calls)},
-                facts=[Fact(self.fact_key, held.dump())],
-                reply="",
-            )
-        output = to_jsonable_python(result.final_output)
-        done = Conversation(to_jsonable_python(result.to_input_list()))
-        return CapabilityResult(
-            value={"output": output},
-            facts=[Fact(self.fact_key, done.dump())],
-            reply=output if isinstance(output, str) else dump_value(output),
-        )
+            return self._held(calls, Conversation(items, state, calls).dump())
+        return self._done(to_jsonable_python(result.final_output), Conversation(items).dump())
 
 
 def _call(item: ToolApprovalItem) -> Call:
@@ -323,18 +257,3 @@ def _no_context(context: Any) -> Mapping[str, Any]:
     # A context that is not a mapping (clients, credentials) is not stored: a resumed
     # run is given the live one. The SDK stores a mapping context as it is.
     return {}
-
-
-def _default_prompt(tool_name: str, args: dict[str, Any]) -> str:
-    return f"Run {tool_name} with {json.dumps(args, sort_keys=True)}? Accept or reject."
-
-
-def _find(exc: BaseException, kind: type[KernelError]) -> KernelError | None:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, kind):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None

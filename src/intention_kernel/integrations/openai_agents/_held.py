@@ -4,13 +4,15 @@ the ``<name>.conversation`` fact (the thread's input items and the paused
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
 
-__all__ = ["AgentInput", "Call", "Conversation", "dump"]
+from intention_kernel.integrations._bridge import BridgeInput, dump
+
+__all__ = ["AgentInput", "Call", "Conversation", "load"]
 
 
 class Call(pydantic.BaseModel):
@@ -23,21 +25,12 @@ class Call(pydantic.BaseModel):
     arguments: dict[str, Any]
 
 
-class AgentInput(pydantic.BaseModel):
+class AgentInput(BridgeInput):
     """The capability's input: a message for the agent, or the calls to approve."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
-    prompt: str | None = None
     approvals: list[Call] | None = None
-
-    @pydantic.model_validator(mode="after")
-    def _exactly_one(self) -> AgentInput:
-        if (self.prompt is None) == (self.approvals is None):
-            raise ValueError("give exactly one of prompt and approvals")
-        if self.approvals is not None and not self.approvals:
-            raise ValueError("approvals holds at least one call")
-        return self
 
 
 @dataclass(frozen=True)
@@ -83,5 +76,10 @@ class Conversation:
         }
 
 
-def dump(calls: Sequence[Call]) -> list[dict[str, Any]]:
-    return [call.model_dump(mode="json") for call in calls]
+def load(value: Any) -> Conversation:
+    """What the interpreter reads: the fact, or an empty conversation for one that
+    cannot be read (the capability reports that, as a failed step)."""
+    try:
+        return Conversation.load(value)
+    except ValueError:
+        return Conversation()

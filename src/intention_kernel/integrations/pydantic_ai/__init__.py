@@ -100,7 +100,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
         "pip install 'intention-kernel[pydantic-ai]'"
     ) from exc
 
+from intention_kernel.integrations._bridge import KeyFunction, effect_authority
 from intention_kernel.integrations.pydantic_ai._agent import KernelAgent
-from intention_kernel.integrations.pydantic_ai._tools import KeyFunction, effect_authority
 
 __all__ = ["KernelAgent", "KeyFunction", "effect_authority"]

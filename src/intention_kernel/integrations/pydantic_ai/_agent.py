@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -16,39 +15,34 @@ from pydantic_ai.tools import AgentDepsT
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_core import to_jsonable_python
 
-from intention_kernel._json import dump_value
-from intention_kernel.agent import Agent
-from intention_kernel.capabilities import (
-    Capability,
-    CapabilityContext,
-    CapabilityResult,
-    capability,
-)
+from intention_kernel.capabilities import CapabilityContext, CapabilityResult
 from intention_kernel.errors import CapabilityError, EffectUncertainError
-from intention_kernel.facts import Fact
+from intention_kernel.integrations._bridge import (
+    CLOSED_UNANSWERED,
+    REJECTED,
+    BridgeAgent,
+    KeyFunction,
+    find_cause,
+)
 from intention_kernel.integrations.pydantic_ai._held import (
     AgentInput,
     Call,
     Conversation,
     denied,
-    dump,
     held_call,
 )
-from intention_kernel.integrations.pydantic_ai._interpreter import BridgeInterpreter
 from intention_kernel.integrations.pydantic_ai._tools import (
     STEP,
     KernelModel,
     KernelStep,
     KernelToolset,
-    KeyFunction,
 )
 from intention_kernel.interpretation import Answer, Decision
-from intention_kernel.replies import Replies
 
 __all__ = ["KernelAgent"]
 
 
-class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
+class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
     """A Pydantic AI agent whose runs are turns of an intention-kernel thread.
 
     ``name`` names the kernel capability (``<name>.agent``) and the agent
@@ -81,42 +75,20 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
                 "a KernelAgent needs an agent with a model (a Model instance, not a name or "
                 "None): the kernel wraps it to route its requests"
             )
-        self._kernel_name = name
         self._writes = dict(writes or {})
         self._deps = deps
-        self._prompt = prompt or _default_prompt
         self._model = KernelModel(wrapped.model)
         self._toolsets: list[AbstractToolset[AgentDepsT]] = [
             KernelToolset(toolset, writes=self._writes) for toolset in wrapped.toolsets
         ]
-        self.capability_id = f"{name}.agent"
-        self.fact_key = f"{name}.conversation"
-        self.capability: Capability = self._build_capability(description, approve_within)
-        self.interpreter = BridgeInterpreter(self.capability_id, self.fact_key, read_answer)
-
-    def as_agent(
-        self,
-        version: str,
-        *,
-        max_messages: int = 50,
-        max_receipts: int = 100,
-        compatible_fingerprints: Sequence[str] = (),
-        replies: Replies | None = None,
-    ) -> Agent:
-        """The intention-kernel :class:`~intention_kernel.Agent` that runs this agent:
-        its one capability and its interpreter, in at most three rounds a turn (the
-        run, the approval it asks for, the reply). The other parameters are
-        ``Agent``'s."""
-        return Agent(
-            name=self._kernel_name,
-            version=version,
-            capabilities=[self.capability],
-            interpreter=self.interpreter,
-            max_messages=max_messages,
-            max_receipts=max_receipts,
-            compatible_fingerprints=compatible_fingerprints,
-            replies=replies if replies is not None else Replies(),
-            max_rounds=3,
+        self._setup_bridge(
+            name,
+            self._handle,
+            Conversation.load,
+            prompt=prompt,
+            description=description,
+            read_answer=read_answer,
+            approve_within=approve_within,
         )
 
     @contextmanager
@@ -147,60 +119,40 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
         except Exception as exc:
             # An uncertain write must stay uncertain, however Pydantic AI wrapped it:
             # a failed step would let a later turn retry it.
-            uncertain = _find(exc, EffectUncertainError)
+            uncertain = find_cause(exc, EffectUncertainError)
             if uncertain is not None and uncertain is not exc:
                 raise uncertain from exc
             raise
         finally:
             STEP.reset(token)
 
-    def _build_capability(
-        self, description: str | None, approve_within: timedelta | None
-    ) -> Capability:
-        async def handle(input: AgentInput, ctx: CapabilityContext) -> CapabilityResult:
-            step = KernelStep(ctx)
-            raw = ctx.facts.get(self.fact_key)
-            conversation = Conversation.load(raw.value if raw is not None else None)
-            calls = input.approvals
-            if calls is not None:
-                if ctx.answer is None:
-                    return self._ask(conversation, calls)
-                return self._outcome(await self._resume(step, conversation, calls))
-            history = conversation.messages
-            if conversation.pending:
-                # The approval closed without an answer (it expired, or an operator
-                # resolved it): the model is told so before it reads the new message.
-                closed = await self._run(
-                    step,
-                    None,
-                    history,
-                    denied(conversation.pending, "The approval request closed unanswered."),
-                )
-                history = closed.all_messages()
-            assert input.prompt is not None  # AgentInput holds exactly one of the two
-            return self._outcome(await self._run(step, input.prompt, history))
-
-        return capability(
-            self.capability_id,
-            effect="write",
-            confirmation="capability",
-            description=description or f"Run the {self._kernel_name} agent",
-            confirm_within=approve_within,
-        )(handle)
-
-    def _ask(self, conversation: Conversation, calls: list[Call]) -> CapabilityResult:
-        if conversation.pending != calls:
-            raise CapabilityError(
-                f"{self.capability_id}: the calls proposed for approval are not the ones the "
-                "agent is waiting on",
-                capability_id=self.capability_id,
+    async def _handle(self, input: AgentInput, ctx: CapabilityContext) -> CapabilityResult:
+        step = KernelStep(ctx)
+        raw = ctx.facts.get(self.fact_key)
+        conversation = Conversation.load(raw.value if raw is not None else None)
+        calls = input.approvals
+        if calls is not None:
+            if ctx.answer is None:
+                if conversation.pending != calls:
+                    raise CapabilityError(
+                        f"{self.capability_id}: the calls proposed for approval are not the "
+                        "ones the agent is waiting on",
+                        capability_id=self.capability_id,
+                    )
+                asked = Conversation(conversation.messages, calls, asked=True)
+                shown = [(call.tool_name, call.args) for call in calls]
+                return self._ask(calls, shown, asked.dump())
+            return self._outcome(await self._resume(step, conversation, calls))
+        history = conversation.messages
+        if conversation.pending:
+            # The approval closed without an answer (it expired, or an operator
+            # resolved it): the model is told so before it reads the new message.
+            closed = await self._run(
+                step, None, history, denied(conversation.pending, CLOSED_UNANSWERED)
             )
-        asked = Conversation(conversation.messages, calls, asked=True)
-        return CapabilityResult.needs_confirmation(
-            "\n".join(self._prompt(call.tool_name, call.args) for call in calls),
-            details=dump(calls),
-            facts=[Fact(self.fact_key, asked.dump())],
-        )
+            history = closed.all_messages()
+        assert input.prompt is not None  # AgentInput holds exactly one of the two
+        return self._outcome(await self._run(step, input.prompt, history))
 
     async def _resume(
         self, step: KernelStep, conversation: Conversation, calls: list[Call]
@@ -227,7 +179,7 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
             step.approved = {c.tool_call_id: c.args for c in calls}
             results = DeferredToolResults(approvals={c.tool_call_id: ToolApproved() for c in calls})
         else:
-            results = denied(calls, answer.reason or "The person rejected the tool call.")
+            results = denied(calls, answer.reason or REJECTED)
         return await self._run(step, None, conversation.messages, results)
 
     def _outcome(self, run: AgentRunResult[Any]) -> CapabilityResult:
@@ -243,14 +195,7 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
                 )
             calls: list[Call] = []
             for part in output.approvals:
-                if part.tool_name not in self._writes:
-                    # Without a key the approved call would have no receipt, and a
-                    # redelivered accepting turn would run it again: refused before asking.
-                    raise CapabilityError(
-                        f"{self.capability_id}: tool {part.tool_name!r} needs approval but has "
-                        "no key in writes; an approved call runs once only through its receipt",
-                        capability_id=self.capability_id,
-                    )
+                self._require_key(part.tool_name)
                 calls.append(
                     Call(
                         tool_name=part.tool_name,
@@ -258,30 +203,5 @@ class KernelAgent(WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
                         args=part.args_as_dict(),
                     )
                 )
-            held = Conversation(messages, calls)
-            return CapabilityResult(
-                value={"approvals": dump(calls)},
-                facts=[Fact(self.fact_key, held.dump())],
-                reply="",
-            )
-        value = to_jsonable_python(output)
-        return CapabilityResult(
-            value={"output": value},
-            facts=[Fact(self.fact_key, Conversation(messages).dump())],
-            reply=value if isinstance(value, str) else dump_value(value),
-        )
-
-
-def _default_prompt(tool_name: str, args: dict[str, Any]) -> str:
-    return f"Run {tool_name} with {json.dumps(args, sort_keys=True)}? Accept or reject."
-
-
-def _find(exc: BaseException, kind: type[EffectUncertainError]) -> EffectUncertainError | None:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, kind):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
+            return self._held(calls, Conversation(messages, calls).dump())
+        return self._done(to_jsonable_python(output), Conversation(messages).dump())

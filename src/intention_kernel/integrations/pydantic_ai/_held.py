@@ -11,7 +11,9 @@ import pydantic
 from pydantic_ai import DeferredToolResults, ToolDenied
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, ToolCallPart
 
-__all__ = ["AgentInput", "Call", "Conversation", "denied", "dump", "held_call"]
+from intention_kernel.integrations._bridge import BridgeInput, dump
+
+__all__ = ["AgentInput", "Call", "Conversation", "denied", "held_call"]
 
 
 class Call(pydantic.BaseModel):
@@ -22,19 +24,10 @@ class Call(pydantic.BaseModel):
     args: dict[str, Any]
 
 
-class AgentInput(pydantic.BaseModel):
+class AgentInput(BridgeInput):
     """The capability's input: a message for the agent, or a call to approve."""
 
-    prompt: str | None = None
     approvals: list[Call] | None = None
-
-    @pydantic.model_validator(mode="after")
-    def _exactly_one(self) -> AgentInput:
-        if (self.prompt is None) == (self.approvals is None):
-            raise ValueError("give exactly one of prompt and approvals")
-        if self.approvals is not None and not self.approvals:
-            raise ValueError("approvals holds at least one call")
-        return self
 
 
 @dataclass(frozen=True)
@@ -66,10 +59,6 @@ class Conversation:
 
 def denied(calls: Sequence[Call], message: str) -> DeferredToolResults:
     return DeferredToolResults(approvals={c.tool_call_id: ToolDenied(message) for c in calls})
-
-
-def dump(calls: Sequence[Call]) -> list[dict[str, Any]]:
-    return [call.model_dump(mode="json") for call in calls]
 
 
 def held_call(messages: Sequence[ModelMessage], tool_call_id: str) -> ToolCallPart | None:

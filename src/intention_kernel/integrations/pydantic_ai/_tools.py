@@ -3,7 +3,7 @@ recorded in the turn's journal) and the toolset wrapper (write tools through rec
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -29,13 +29,10 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_core import to_jsonable_python
 
 from intention_kernel.capabilities import CapabilityContext
-from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import CapabilityError, CorruptRecordError
+from intention_kernel.integrations._bridge import KeyFunction, run_write
 
-__all__ = ["STEP", "KernelModel", "KernelStep", "KernelToolset", "KeyFunction", "effect_authority"]
-
-#: Derives a write tool's business operation ID from the call's validated arguments.
-KeyFunction = Callable[[dict[str, Any]], str]
+__all__ = ["STEP", "KernelModel", "KernelStep", "KernelToolset"]
 
 
 @dataclass
@@ -63,20 +60,6 @@ class KernelStep:
 # the model and toolset wrappers: without it a model request could not reach its turn's
 # journal, nor a write tool its receipts.
 STEP: ContextVar[KernelStep | None] = ContextVar("ik_pydantic_ai_step", default=None)
-_AUTHORITY: ContextVar[EffectAuthority | None] = ContextVar(
-    "ik_pydantic_ai_authority", default=None
-)
-
-
-def effect_authority() -> EffectAuthority:
-    """The receipt's authority for the write tool running now: pass its
-    ``idempotency_key`` to the provider, so that it too deduplicates.
-
-    Raises ``LookupError`` outside a write tool run by the kernel."""
-    authority = _AUTHORITY.get()
-    if authority is None:
-        raise LookupError("effect_authority() is only set inside a write tool run by the kernel")
-    return authority
 
 
 class KernelModel(WrapperModel):
@@ -194,26 +177,13 @@ class KernelToolset(WrapperToolset[AgentDepsT]):
         key_of = self.writes.get(name)
         if key_of is None:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
-        operation = key_of(tool_args)
-        if not isinstance(operation, str) or not operation:
-            raise CapabilityError(
-                f"the key function of write tool {name!r} must return a non-empty string, "
-                f"got {operation!r}",
-                capability_id=step.capability_id,
-            )
-
-        async def apply(authority: EffectAuthority) -> Any:
-            token = _AUTHORITY.set(authority)
-            try:
-                value = await self.wrapped.call_tool(name, tool_args, ctx, tool)
-            finally:
-                _AUTHORITY.reset(token)
-            # What the model reads back is the stored JSON, on the first call and on
-            # every replay alike: the two never differ.
-            return to_jsonable_python(value)
-
-        effect = await step.run_effect(f"{name}:{operation}", apply)
-        return effect.value
+        return await run_write(
+            step,
+            name,
+            tool_args,
+            key_of,
+            lambda: self.wrapped.call_tool(name, tool_args, ctx, tool),
+        )
 
 
 def _check_approved(

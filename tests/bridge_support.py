@@ -1,0 +1,121 @@
+"""What the framework bridges' tests share (``tests/pydantic_ai_support.py``,
+``tests/openai_agents_support.py`` and the tests and workers that use them).
+
+- :data:`ORDERS` and :func:`record_write`: the help desk's orders and its provider,
+  one line of a ledger file per write, written before the tool answers, so that it
+  outlives a process that dies right after the call.
+- :func:`words`: a ``read_answer`` that reads ``"yes"`` and ``"no, <reason>"``.
+- :class:`MovingClock`: a clock that stands still until the test moves it.
+- :func:`run_worker`: one worker process, its JSON lines, never left running;
+  :class:`Workers`: turns of a thread in such processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from intention_kernel import Answer
+from intention_kernel.effects import EffectAuthority
+from intention_kernel.testing import faults
+from proving_support import Store, read_ledger
+
+__all__ = [
+    "ORDERS",
+    "PROCESS_TIMEOUT",
+    "MovingClock",
+    "Workers",
+    "read_ledger",
+    "record_write",
+    "run_worker",
+    "words",
+]
+
+ORDERS = {"42": 1250, "43": 800}
+PROCESS_TIMEOUT = 120
+
+
+def record_write(
+    ledger: str,
+    authority: Callable[[], EffectAuthority],
+    operation: str,
+    order_id: str,
+    **extra: Any,
+) -> dict[str, str]:
+    """The provider's side of a write: one synced line of ``ledger`` (the receipt's
+    idempotency key, or ``None`` for the framework run alone), then the answer."""
+    try:
+        key: str | None = authority().idempotency_key
+    except LookupError:  # the agent run by its framework alone, outside a turn
+        key = None
+    record = {"operation": operation, "order_id": order_id, "key": key}
+    with open(ledger, "a", encoding="utf-8") as f:
+        f.write(json.dumps({**record, **extra, "pid": os.getpid()}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    faults.reach(faults.IN_PROVIDER_AFTER_WRITE)  # applied; the answer is on its way
+    return {"id": f"{operation}_{order_id}"}
+
+
+def words(text: str) -> Answer | None:
+    if text == "yes":
+        return Answer(decision="accept")
+    if text.startswith("no, "):
+        return Answer(decision="reject", reason=text[4:])
+    return None
+
+
+class MovingClock:
+    """A clock that stands still until the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def run_worker(script: Path, config: dict[str, Any], status: int = 0) -> list[dict[str, Any]]:
+    """Run ``script`` with ``config`` (JSON, its one argument) in a process of its own,
+    expect it to exit with ``status``, and return the JSON lines it printed. A process
+    that outlives :data:`PROCESS_TIMEOUT` is killed."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        json.dumps(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.communicate()
+    assert process.returncode == status, (
+        f"{script.name} exited with {process.returncode}, expected {status}:\n{stderr.decode()}"
+    )
+    return [json.loads(line) for line in stdout.decode().splitlines()]
+
+
+@dataclass
+class Workers:
+    """Turns in worker processes of ``script``, on ``store``, writing to ``ledger``."""
+
+    script: Path
+    store: Store
+    ledger: Path
+
+    async def run(
+        self, turns: list[dict[str, Any]], *, status: int = 0, **config: Any
+    ) -> list[dict[str, Any]]:
+        """One process that runs ``turns``; ``config`` holds the worker's other keys."""
+        config.update(store=self.store.config(), ledger=str(self.ledger), turns=turns)
+        return await run_worker(self.script, config, status)
