@@ -18,9 +18,6 @@ from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import FencedCommitError, KernelError, StoreError
 from intention_kernel.testing.conformance import (
-    DurabilityConformance,
-    Inspector,
-    Tamper,
     commit_for,
 )
 from intention_kernel.testing.sqlite import (
@@ -30,31 +27,16 @@ from intention_kernel.testing.sqlite import (
     grouping_durability,
 )
 from intention_kernel.turns import EventDraft, TurnCommit, TurnScope
-from proving_support import Store, StoreInspector
 from sqlite_owner import watch_connections
-from test_sqlite import OneUserAtATime, _SQLiteTamper
+from test_sqlite import SQLiteConformance
 
 
-class TestSQLiteDurabilityWithGroupCommit(OneUserAtATime, DurabilityConformance):
+class TestSQLiteDurabilityWithGroupCommit(SQLiteConformance):
     """Every write runs as a member of a group (a savepoint in the writer's transaction)."""
 
-    @pytest.fixture
-    def make_durability(self, tmp_path: Path) -> Callable[[], Durability]:
-        return lambda: grouping_durability(tmp_path / "kernel.db")
-
-    @pytest.fixture
-    def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
-        return _SQLiteTamper(tmp_path / "kernel.db")
-
-    @pytest.fixture
-    def inspector(self, tmp_path: Path) -> Inspector | None:
-        return StoreInspector(Store("sqlite", str(tmp_path / "kernel.db")))
-
-    @pytest.fixture
-    def make_durability_with_lock_timeout(
-        self, tmp_path: Path
-    ) -> Callable[[float], Durability] | None:
-        return lambda seconds: grouping_durability(tmp_path / "kernel.db", lock_timeout=seconds)
+    @staticmethod
+    def adapter(path: Path, **options: Any) -> Durability:
+        return grouping_durability(path, **options)
 
 
 # -- helpers ---------------------------------------------------------------------------------
