@@ -17,9 +17,7 @@ from intention_kernel.durability.abc import OutboxBacklog, TurnRecord
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import FencedCommitError, KernelError, StoreError
-from intention_kernel.testing.conformance import (
-    commit_for,
-)
+from intention_kernel.testing.conformance import commit_for
 from intention_kernel.testing.sqlite import (
     GroupPoint,
     WriterProbe,
