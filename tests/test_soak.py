@@ -328,7 +328,8 @@ async def test_concurrent_soak_killed_with_groups_in_flight_loses_and_duplicates
     report = await run_soak(soak, store, turns, walk)
     rounds = soak.workers[:-1]  # the last one is the recovery walk
     grouped = [w.writer["grouped"] for w in rounds if w.writer is not None]
-    assert grouped and all(n > 0 for n in grouped), "the turns' writes never shared a commit"
+    # (A walk that ends may have had only replays left, so the sum.)
+    assert sum(grouped) > 0, "the turns' writes never shared a commit"
     report.insert(
         2,
         f"{len(rounds)} rounds of {CONCURRENT['tasks']} threads at once in one process; after "
