@@ -16,6 +16,7 @@ read-only transaction costs none.
 from __future__ import annotations
 
 import inspect
+import os
 import sqlite3
 from typing import Any
 
@@ -120,3 +121,37 @@ def install_psycopg_trace() -> PsycopgCounter:
 
 
 NEXT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+
+
+class WALMeter:
+    """WAL frames appended to a SQLite file's WAL while the block runs, from the growth
+    of the ``-wal`` file.
+
+    It holds a read transaction open on a connection of its own meanwhile: no
+    checkpoint can then copy the frames after its snapshot back into the database, so
+    no writer restarts the WAL from its start, and every frame written is appended.
+    The database must be in WAL mode with frames in its WAL already (a block of turns
+    before), so that the snapshot is one of the WAL's.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.frames = 0
+        self.bytes = 0
+
+    def __enter__(self) -> WALMeter:
+        self._conn = sqlite3.connect(self.path, isolation_level=None)
+        self._page = self._conn.execute("PRAGMA page_size").fetchone()[0]
+        self._conn.execute("BEGIN")
+        self._conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+        self._start = self._size()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bytes = self._size() - self._start
+        self.frames = self.bytes // (self._page + 24)
+        self._conn.execute("COMMIT")
+        self._conn.close()
+
+    def _size(self) -> int:
+        return os.path.getsize(self.path + "-wal")
