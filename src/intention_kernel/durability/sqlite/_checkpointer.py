@@ -125,7 +125,7 @@ class Checkpointer:
             before, behind = behind, frames - copied
             if frames < 0 or behind <= 0 or self._stopping:
                 return
-            if behind >= before and mode == "RESTART":
+            if behind >= before:
                 return  # a reader keeps the rest in the WAL: the next wake-up
 
     def _connect(self) -> sqlite3.Connection | None:
