@@ -95,12 +95,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1000, help="turns before measuring")
     parser.add_argument("--overlap", type=int, default=1, help="clients at once")
     parser.add_argument("--synchronous", default="NORMAL", choices=["FULL", "NORMAL"])
+    parser.add_argument("--out", help="append the result as one JSON line to this file")
+    parser.add_argument("--label", default="", help="recorded with the result")
     args = parser.parse_args()
-    result = asyncio.run(measure(args.turns, args.overlap, args.warmup, args.synchronous))
-    print(json.dumps(result, indent=1))
     import intention_kernel
 
-    print(f"library: {os.path.dirname(str(intention_kernel.__file__))}")
+    result = asyncio.run(measure(args.turns, args.overlap, args.warmup, args.synchronous))
+    result["label"] = args.label
+    result["library"] = os.path.dirname(str(intention_kernel.__file__))
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "a") as out:
+            out.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":

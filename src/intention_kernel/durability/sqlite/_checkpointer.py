@@ -73,6 +73,11 @@ class Checkpointer:
         self._trace = trace
         self._wanted = threading.Event()
         self._stopping = False
+        # Frames of the WAL's current generation that this thread's last checkpoint found
+        # in the database file. Without it, a WAL that did not start over (a reader in
+        # it) would count as past the threshold at every wake-up, and be checkpointed
+        # again for the few frames added since, each time with two flushes.
+        self._copied = 0
         self._thread = threading.Thread(target=self._work, name="ik-sqlite-checkpoint", daemon=True)
         self._thread.start()
 
@@ -94,7 +99,10 @@ class Checkpointer:
                 self._wanted.clear()
                 if self._stopping:
                     return
-                if _wal_frames(self._wal) < self._after:
+                frames = _wal_frames(self._wal)
+                if frames < self._copied:
+                    self._copied = 0  # the WAL started over
+                if frames - self._copied < self._after:
                     continue
                 if conn is None:
                     conn = self._connect()
@@ -122,8 +130,11 @@ class Checkpointer:
                 # Nothing is lost: the frames stay in the WAL for the next checkpoint.
                 return
             # A busy checkpoint (another connection's runs) answers -1s: done for now.
+            if frames < 0:
+                return
+            self._copied = copied
             before, behind = behind, frames - copied
-            if frames < 0 or behind <= 0 or self._stopping:
+            if behind <= 0 or self._stopping:
                 return
             if behind >= before:
                 return  # a reader keeps the rest in the WAL: the next wake-up
@@ -151,22 +162,25 @@ def _wal_frames(wal: str) -> int:
     descriptor of the ``-shm`` or database file would drop this process's locks on it).
     """
     try:
-        with open(wal, "rb", buffering=0) as f:
-            header = f.read(_WAL_HEADER)
-            if len(header) < _WAL_HEADER:
-                return 0
-            (page,) = struct.unpack_from(">I", header, 8)
-            frame = _FRAME_HEADER + (page or 65536)
-            salts = header[16:24]
-            size = os.fstat(f.fileno()).st_size
-            low, high = 0, max(size - _WAL_HEADER, 0) // frame  # frames [0, low) are current
-            while low < high:
-                middle = (low + high) // 2
-                f.seek(_WAL_HEADER + middle * frame)
-                if f.read(_FRAME_HEADER)[8:16] == salts:
-                    low = middle + 1
-                else:
-                    high = middle
-            return low
+        fd = os.open(wal, os.O_RDONLY)
     except OSError:
         return 0
+    try:
+        header = os.pread(fd, _WAL_HEADER, 0)
+        if len(header) < _WAL_HEADER:
+            return 0
+        (page,) = struct.unpack_from(">I", header, 8)
+        frame = _FRAME_HEADER + (page or 65536)
+        salts = header[16:24]
+        low, high = 0, max(os.fstat(fd).st_size - _WAL_HEADER, 0) // frame  # [0, low) current
+        while low < high:
+            middle = (low + high) // 2
+            if os.pread(fd, _FRAME_HEADER, _WAL_HEADER + middle * frame)[8:16] == salts:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
