@@ -125,7 +125,7 @@ class Checkpointer:
             # those few frames, not for the whole checkpoint it used to run itself.
             mode = "RESTART" if behind <= _TAIL else "PASSIVE"
             try:
-                _, frames, copied = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+                busy, frames, copied = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
             except sqlite3.Error:
                 # Nothing is lost: the frames stay in the WAL for the next checkpoint.
                 return
@@ -133,11 +133,12 @@ class Checkpointer:
             if frames < 0:
                 return
             self._copied = copied
-            before, behind = behind, frames - copied
-            if behind <= 0 or self._stopping:
+            if mode == "RESTART" and not busy:
+                self._copied = 0  # the WAL starts over
                 return
-            if behind >= before:
-                return  # a reader keeps the rest in the WAL: the next wake-up
+            before, behind = behind, frames - copied
+            if self._stopping or (mode == "RESTART" and behind >= before):
+                return  # a writer or a reader is in the way: the next wake-up
 
     def _connect(self) -> sqlite3.Connection | None:
         try:
