@@ -10,7 +10,9 @@ deterministic figures, where time on a shared machine is not:
   overflow pages they take (SQLite's ``dbstat`` table): a row longer than about a page
   spills into overflow pages, and each one is written again when the row is.
 
-``--overlap N`` runs N clients at once, each on a thread of its own, the
+``--max-receipts N`` keeps N receipts in each checkpoint's index instead of the
+agent's 100, which shrinks the ``ik_threads`` row (to see what its overflow pages
+cost). ``--overlap N`` runs N clients at once, each on a thread of its own, the
 interpretation awaiting once (as ``bench.concurrency`` does), so that writes group.
 Against another source tree: ``PYTHONPATH=/path/to/tree/src python -m bench.pages``.
 """
@@ -61,7 +63,20 @@ def hot_rows(path: str) -> dict[str, Any]:
     }
 
 
-async def measure(turns: int, overlap: int, warmup: int, synchronous: str) -> dict[str, Any]:
+async def measure(
+    turns: int, overlap: int, warmup: int, synchronous: str, max_receipts: int | None = None
+) -> dict[str, Any]:
+    if max_receipts is not None:
+        import dataclasses
+
+        import bench.worker
+
+        make = vars(bench.worker)["agent"]  # bench.workload.agent, as KernelRow calls it
+
+        def agent(*args: Any, **options: Any) -> Any:
+            return dataclasses.replace(make(*args, **options), max_receipts=max_receipts)
+
+        vars(bench.worker)["agent"] = agent
     with tempfile.TemporaryDirectory() as directory:
         path = str(Path(directory) / "pages.db")
         row = KernelRow("sqlite", path, "", "", synchronous, model_awaits=overlap > 1)
@@ -83,6 +98,7 @@ async def measure(turns: int, overlap: int, warmup: int, synchronous: str) -> di
             "turns": done,
             "overlap": overlap,
             "warmup": warmup,
+            "max_receipts": max_receipts,
             "wal_frames_per_turn": meter.frames / done,
             "wal_bytes_per_turn": meter.bytes / done,
             **hot_rows(path),
@@ -95,12 +111,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1000, help="turns before measuring")
     parser.add_argument("--overlap", type=int, default=1, help="clients at once")
     parser.add_argument("--synchronous", default="NORMAL", choices=["FULL", "NORMAL"])
+    parser.add_argument("--max-receipts", type=int, help="the agent's receipt index size")
     parser.add_argument("--out", help="append the result as one JSON line to this file")
     parser.add_argument("--label", default="", help="recorded with the result")
     args = parser.parse_args()
     import intention_kernel
 
-    result = asyncio.run(measure(args.turns, args.overlap, args.warmup, args.synchronous))
+    result = asyncio.run(
+        measure(args.turns, args.overlap, args.warmup, args.synchronous, args.max_receipts)
+    )
     result["label"] = args.label
     result["library"] = os.path.dirname(str(intention_kernel.__file__))
     print(json.dumps(result, indent=1))
