@@ -6,11 +6,17 @@ transaction (group commit).
   on) and runs them as one group: ``BEGIN IMMEDIATE``, each write, one ``COMMIT``, so
   that overlapping turns share one disk flush instead of paying one each. A write that
   finds the thread idle runs alone at once, so a lone write never waits for company.
-- **A savepoint per write.** Inside a group, each write runs between ``SAVEPOINT``
-  and ``RELEASE``; a write that fails (a fenced turn, a receipt that moved) rolls back
-  to its savepoint, so only its own caller sees the error and its group-mates commit.
-  A write alone in its group needs no savepoint: it runs in its own transaction (or
-  as one autocommitted statement), exactly as before group commit.
+- **A savepoint per atomic write.** Inside a group, a write whose statements must
+  commit together (``atomic``: a turn's commit) runs between ``SAVEPOINT`` and
+  ``RELEASE``; if it fails (a fenced turn) it rolls back to its savepoint, so only its
+  own caller sees the error and its group-mates commit. A write that is not atomic (a
+  receipt's claim or outcome, a journal entry) needs none: alone, each of its
+  statements autocommits when it ends, so a failure there keeps the statements before
+  it too; in a group those stay in the transaction and commit with it, the same
+  outcome. The statement that fails is undone by SQLite itself (a statement rollback),
+  which leaves the transaction open and the group-mates' rows in it. A write alone in
+  its group needs no savepoint: it runs in its own transaction (or as autocommitted
+  statements), exactly as before group commit.
 - **Acknowledged only after ``COMMIT``.** No caller's future is settled before the
   group's ``COMMIT`` has returned: until then nothing of the group is on disk. If
   ``COMMIT`` fails, or SQLite rolls the whole transaction back under a write (a full
@@ -66,9 +72,10 @@ group_fault: Callable[[str, int], None] | None = None
 
 class WriteJob:
     """One write: ``run(conn)`` inside a transaction that the writer opens (in a group)
-    or that ``solo(conn)`` opens itself (alone); ``error`` translates what it raised."""
+    or that ``solo(conn)`` opens itself (alone); ``error`` translates what it raised.
+    ``atomic``: its statements must commit together, so in a group it gets a savepoint."""
 
-    __slots__ = ("error", "future", "loop", "run", "solo")
+    __slots__ = ("atomic", "error", "future", "loop", "run", "solo")
 
     def __init__(
         self,
@@ -77,12 +84,14 @@ class WriteJob:
         error: Callable[[BaseException], BaseException],
         future: asyncio.Future[Any],
         loop: asyncio.AbstractEventLoop,
+        atomic: bool,
     ) -> None:
         self.run = run
         self.solo = solo
         self.error = error
         self.future = future
         self.loop = loop
+        self.atomic = atomic
 
 
 class _Call:
@@ -148,12 +157,16 @@ class GroupWriter:
         run: Callable[[sqlite3.Connection], T],
         solo: Callable[[sqlite3.Connection], T],
         error: Callable[[BaseException], BaseException],
+        *,
+        atomic: bool = True,
     ) -> asyncio.Future[T]:
-        """Queue a write; its future is settled after the ``COMMIT`` that made it durable."""
+        """Queue a write; its future is settled after the ``COMMIT`` that made it durable.
+        ``atomic=False``: ``run`` is one statement, or statements that may commit one by
+        one (see the module docstring), and runs in a group without a savepoint."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._pending += 1
-        self._jobs.put(WriteJob(run, solo, error, future, loop))
+        self._jobs.put(WriteJob(run, solo, error, future, loop, atomic))
         return future
 
     def close(self) -> None:
@@ -224,7 +237,9 @@ class GroupWriter:
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in group:
-                conn.execute("SAVEPOINT ik_write")
+                atomic = job.atomic
+                if atomic:
+                    conn.execute("SAVEPOINT ik_write")
                 try:
                     result = job.run(conn)
                 except BaseException as exc:
@@ -233,13 +248,15 @@ class GroupWriter:
                         # error): what the writes before this one wrote is gone too.
                         lost = exc
                         break
-                    # Without this rollback, the failed write's rows would commit with
-                    # the group (a fenced turn's rows among them).
-                    conn.execute("ROLLBACK TO ik_write")
-                    conn.execute("RELEASE ik_write")
+                    if atomic:
+                        # Without this rollback, the failed write's rows would commit
+                        # with the group (a fenced turn's rows among them).
+                        conn.execute("ROLLBACK TO ik_write")
+                        conn.execute("RELEASE ik_write")
                     done.append((job, None, exc))
                 else:
-                    conn.execute("RELEASE ik_write")
+                    if atomic:
+                        conn.execute("RELEASE ik_write")
                     done.append((job, result, None))
             else:
                 if group_fault is not None:

@@ -8,7 +8,9 @@ recorded.
 
 Each write is a body that never begins, commits or rolls back: it runs in the
 transaction its runner opened (``_run(..., atomic=True)`` gives it one when it is
-alone), and raises to have its statements rolled back.
+alone), and raises to have its statements rolled back. A body that is not atomic
+writes with one statement, which SQLite undoes by itself when it fails: in a group it
+then needs no savepoint of its own (see :mod:`._group`).
 """
 
 from __future__ import annotations
