@@ -29,7 +29,17 @@ class _Gate:
     def __init__(self, store: SQLiteDurability) -> None:
         self._recorder: Any = store._recorder
         self._open = threading.Event()
-        self.future = self._recorder._worker.submit(lambda: self._open.wait(10))
+        self._holding = threading.Event()
+        self.future = self._recorder._worker.submit(self._hold)
+
+    def _hold(self) -> bool:
+        self._holding.set()
+        return self._open.wait(10)
+
+    async def holding(self) -> None:
+        """Until the thread is blocked here: a write queued before that could be taken
+        with the gate, and run alone once it opens."""
+        assert await asyncio.to_thread(self._holding.wait, 10)
 
     async def wait_for_writes(self, count: int) -> None:
         """Until ``count`` writes wait behind the gate (each a hop in flight)."""
@@ -49,6 +59,7 @@ async def _in_one_group(store: SQLiteDurability, *writes: Any) -> list[Any]:
     recorder: Any = store._recorder
     grouped = recorder._worker.grouped
     gate = _Gate(store)
+    await gate.holding()
     started = [asyncio.ensure_future(w) for w in writes]
     await gate.wait_for_writes(len(started))
     await gate.open()
@@ -240,3 +251,48 @@ async def test_only_atomic_writes_take_a_savepoint_in_a_group(tmp_path: Path) ->
         "INSERT INTO scratch VALUES ('three')",
         "COMMIT",
     ]
+
+
+# -- a cancelled caller waits for its write --------------------------------------------------
+
+
+async def test_a_cancelled_caller_goes_on_only_after_its_write_committed(tmp_path: Path) -> None:
+    """A task cancelled while its write waits for the worker thread does not go on (and
+    drop its thread lock) while the write may still run: it sees the cancellation once
+    the write's group committed, and the write is on disk."""
+    path = tmp_path / "k.db"
+    _scratch(path)
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        recorder: Any = store._recorder
+        gate = _Gate(store)
+        write = asyncio.ensure_future(recorder._run(_insert("cancelled")))
+        mate = asyncio.ensure_future(recorder._run(_insert("mate")))
+        await gate.wait_for_writes(2)
+        write.cancel()
+        await asyncio.sleep(0.05)
+        assert not write.done()  # still waiting for the thread
+        assert _rows(path) == set()
+        await gate.open()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        assert write.cancelled()
+        await mate
+    assert _rows(path) == {"cancelled", "mate"}
+
+
+async def test_a_timed_out_caller_waits_for_its_write_too(tmp_path: Path) -> None:
+    """``asyncio.wait_for`` cancels the write's task at its timeout: the timeout reaches
+    the caller only after the write committed."""
+    path = tmp_path / "k.db"
+    _scratch(path)
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        recorder: Any = store._recorder
+        gate = _Gate(store)
+        timed = asyncio.ensure_future(asyncio.wait_for(recorder._run(_insert("late")), 0.01))
+        await gate.wait_for_writes(1)
+        await asyncio.sleep(0.05)
+        assert not timed.done()
+        await gate.open()
+        with pytest.raises(TimeoutError):
+            await timed
+    assert _rows(path) == {"late"}

@@ -220,12 +220,9 @@ class SQLiteConnections:
             future = worker.submit(read)
         else:
             future = worker.write(group, call, error, atomic=atomic)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # Keep the thread lock until the statement is done, then honour the cancel.
-            await asyncio.wait([future])
-            raise
+        # A cancel of this task waits for the thread to settle the call: the future
+        # refuses it (see _group), so the thread lock is kept until the write is done.
+        return await future
 
     def _wait_for_locks(self, conn: sqlite3.Connection, waits: bool) -> None:
         """Give the writer's connection its busy timeout (on the worker) or none (inline).

@@ -41,6 +41,11 @@ transaction (group commit).
   (``BEGIN``, a savepoint, ``COMMIT``), the transaction is rolled back and every
   write of the group fails with the error; without that, one failed statement would
   stop the thread and leave every later write waiting for ever.
+- **A call's future cannot be cancelled by its caller** (:class:`_CallFuture`): a task
+  cancelled while it awaits one sees its ``CancelledError`` only once the thread has
+  settled the call, so a caller never goes on (and releases its thread lock) while
+  its write may still run. Without a shield around each call, which would cost a
+  second future and a callback per hop.
 - **Handed off with a queue put and one ``call_soon_threadsafe`` back per group.**
   Not ``loop.run_in_executor`` over a one-thread pool: that wraps every call in a
   ``concurrent.futures.Future`` and then in an asyncio future chained to it, about
@@ -94,6 +99,21 @@ class WriteJob:
         self.atomic = atomic
 
 
+class _CallFuture(asyncio.Future[Any]):
+    """A call's future, settled only by the worker thread: it refuses ``cancel()``.
+
+    ``Task.cancel()`` first tries to cancel the future its task awaits; when that
+    refuses, asyncio marks the task and throws ``CancelledError`` into it as soon as
+    the future is settled, instead of its result. A future that a cancel did settle
+    would let the task go on while the thread still runs its call.
+    """
+
+    __slots__ = ()
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        return False
+
+
 class _Call:
     """Any other call: runs alone, outside a group."""
 
@@ -113,7 +133,7 @@ _Outcome = tuple["asyncio.Future[Any]", asyncio.AbstractEventLoop, Any, BaseExce
 class GroupWriter:
     """The worker thread of one writer connection: writes in groups, other calls alone.
 
-    A submitted call always runs to its end, even if its future is cancelled.
+    A submitted call always runs to its end, and its future cannot be cancelled.
     ``group_alone`` makes even a lone write run inside a group's transaction and
     savepoint (the conformance suite uses it to run every write the group way).
     """
@@ -147,7 +167,7 @@ class GroupWriter:
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Run ``fn()`` alone on the thread (not a write of a group)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+        future: asyncio.Future[T] = _CallFuture(loop=loop)
         self._pending += 1
         self._jobs.put(_Call(fn, future, loop))
         return future
@@ -164,7 +184,7 @@ class GroupWriter:
         ``atomic=False``: ``run`` is one statement, or statements that may commit one by
         one (see the module docstring), and runs in a group without a savepoint."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+        future: asyncio.Future[T] = _CallFuture(loop=loop)
         self._pending += 1
         self._jobs.put(WriteJob(run, solo, error, future, loop, atomic))
         return future
@@ -302,8 +322,7 @@ class GroupWriter:
             def settle(settled: list[_Outcome] = settled) -> None:
                 self._pending -= len(settled)  # the thread is done with them
                 for future, _, result, exc in settled:
-                    if future.done():  # cancelled by a caller that stopped waiting
-                        continue
+                    # Never done already: only this settles it (see _CallFuture).
                     if exc is None:
                         future.set_result(result)
                     else:
