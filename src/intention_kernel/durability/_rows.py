@@ -178,6 +178,9 @@ def decode_event(
 def receipt_params(r: Receipt, stamp: Callable[[datetime], Any]) -> dict[str, Any]:
     """A receipt's stored column values by column name; ``stamp`` turns a time into
     what the driver stores. A receipt not yet stamped is stamped now."""
+    created = stamp(r.created_at or utcnow())
+    # A new receipt's two times are one object (``plan_effect``): stamped once.
+    same = r.updated_at is r.created_at and r.created_at is not None
     return {
         "id": r.id,
         "thread_id": r.thread_id,
@@ -188,8 +191,8 @@ def receipt_params(r: Receipt, stamp: Callable[[datetime], Any]) -> dict[str, An
         "attempt": r.attempt,
         "value": dump_optional(r.value),
         "error": r.error,
-        "created_at": stamp(r.created_at or utcnow()),
-        "updated_at": stamp(r.updated_at or utcnow()),
+        "created_at": created,
+        "updated_at": created if same else stamp(r.updated_at or utcnow()),
         "resolution": dump_resolution(r.resolution),
         "announced": r.announced,
         "tenant_id": r.tenant_id,
@@ -204,7 +207,9 @@ class ReceiptWrite:
 
     ``settles``: the write settles a ``prepared`` receipt (the adapter's settle
     statement, which names fewer columns), else it rewrites every column. ``params``
-    holds what the chosen statement names, the expected status and attempt included.
+    holds what the chosen statement names, the expected status and attempt included:
+    for a settlement, nothing more (stamping and encoding the columns it does not
+    write would cost about as much as those it does).
     """
 
     new: Receipt
@@ -223,9 +228,20 @@ def receipt_write(
 ) -> ReceiptWrite:
     """The compare-and-set that writes ``new`` over ``expected``; ``stamp`` as for
     :func:`receipt_params`."""
-    params = receipt_params(new, stamp)
+    settles = is_settlement(new, expected)
+    if settles:
+        params = {
+            "thread_id": new.thread_id,
+            "key": new.key,
+            "status": str(new.status),
+            "value": dump_optional(new.value),
+            "error": new.error,
+            "updated_at": stamp(new.updated_at or utcnow()),
+        }
+    else:
+        params = receipt_params(new, stamp)
     params.update(expected_status=expected.status.value, expected_attempt=expected.attempt)
-    return ReceiptWrite(new, is_settlement(new, expected), params)
+    return ReceiptWrite(new, settles, params)
 
 
 def decode_receipt_row(
