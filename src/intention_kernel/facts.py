@@ -101,14 +101,17 @@ class DerivedFacts(Mapping[str, FactRecord]):
 
     def __init__(self, base: Mapping[str, FactRecord], changes: Mapping[str, FactRecord]) -> None:
         # A plain dict may be shared by the checkpoint it was decoded for: copied, once.
-        data = base._dict() if isinstance(base, DerivedFacts) else dict(base)
+        # (A dict is told apart by its type first: ``isinstance`` on a Mapping subclass
+        # runs the ABC machinery in Python.)
+        derived = base if type(base) is not dict and isinstance(base, DerivedFacts) else None
+        data = derived._dict() if derived is not None else dict(base)
         undo = []
         for key, record in changes.items():
             undo.append((key, data.get(key, _ABSENT)))
             data[key] = record
-        if isinstance(base, DerivedFacts):
+        if derived is not None:
             undo.reverse()  # undone last change first: added keys leave from the end
-            base._held = _Diff(undo, self)
+            derived._held = _Diff(undo, self)
         self._held: dict[str, FactRecord] | _Diff = data
         # A version's facts never change: its size is known without moving the dict.
         self._size = len(data)
@@ -182,6 +185,12 @@ class FactTable(Mapping[str, FactRecord]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._changes or key in self._base
+
+    def get(self, key: str, default: Any = None) -> Any:
+        # Not Mapping's ``get``: it goes through ``__getitem__`` and catches the KeyError,
+        # so every key not recorded yet (most of them) would cost an exception.
+        changes = self._changes
+        return changes[key] if key in changes else self._base.get(key, default)
 
     def __iter__(self) -> Iterator[str]:
         yield from self._base

@@ -375,6 +375,13 @@ class _Step:
 
     # -- outcomes -----------------------------------------------------------------------------
 
+    def receipt_ids(self) -> tuple[str, ...]:
+        """The IDs of the receipts the step's effect calls met, each once, in call order."""
+        receipts = self.receipts
+        if len(receipts) < 2:  # most steps: no call, or one
+            return (receipts[0].id,) if receipts else ()
+        return tuple(dict.fromkeys(r.id for r in receipts))
+
     def finish(
         self,
         status: StepStatus,
@@ -391,7 +398,7 @@ class _Step:
             status=status,
             value=value,
             error=error,
-            receipt_ids=tuple(dict.fromkeys(r.id for r in self.receipts)),
+            receipt_ids=self.receipt_ids(),
             proposed_input=self.proposed,
             approved_input=self.item.input if self.proposed is not None else None,
         )
@@ -471,7 +478,7 @@ class _Step:
         """Version each fact and pin its lineage; all or nothing."""
         state = self.state
         pending: dict[str, FactRecord] = {}
-        receipts = tuple(dict.fromkeys(r.id for r in self.receipts))
+        receipts = self.receipt_ids()
         for fact in result.facts:
             if not isinstance(fact.key, str) or not fact.key:
                 raise CapabilityError(f"{self.cap.id}: a fact key must be a non-empty string")
