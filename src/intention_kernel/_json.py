@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 __all__ = [
@@ -48,12 +49,23 @@ _INT_BOUND = 10**MAX_INT_DIGITS
 # One strict compact encoder for every stored value, built once: ``json.dumps`` with
 # options builds an encoder per call, which costs more than encoding a small value.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+_DEFAULT = _ENCODER.default  # the TypeError for what JSON cannot hold
 
 
 def dump_value(value: Any) -> str:
     """Compact strict JSON; raises ``TypeError``/``ValueError`` for what JSON cannot hold,
     or no store can (``UnicodeEncodeError``, a ``ValueError``, for a lone surrogate)."""
-    text = _ENCODER.encode(value)
+    if c_make_encoder is None:  # an interpreter without the C accelerator
+        text = _ENCODER.encode(value)
+    else:
+        # What ``_ENCODER.encode`` runs, without its two layers of Python: the C encoder
+        # with ``_ENCODER``'s options. Made per call, as ``encode`` makes it: its
+        # ``markers`` dict detects a circular value (a ``ValueError``), and one left
+        # half-filled by a refused value must not be met by the next.
+        encode = c_make_encoder(
+            {}, _DEFAULT, encode_basestring, None, ":", ",", False, False, False
+        )
+        text = "".join(encode(value, 0))
     if not text.isascii():
         text.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError
     return text
