@@ -166,6 +166,7 @@ class _Step:
         self._running = 0  # effect calls started and not yet ended
         self._idle: asyncio.Event | None = None  # made by ``end`` only when it must wait
         self._store_failure: BaseException | None = None
+        self._receipt_ids: tuple[str, ...] | None = None  # see ``receipt_ids``
 
     async def end(self) -> None:
         """Refuse further effect calls and events, and wait for the calls still running.
@@ -376,11 +377,19 @@ class _Step:
     # -- outcomes -----------------------------------------------------------------------------
 
     def receipt_ids(self) -> tuple[str, ...]:
-        """The IDs of the receipts the step's effect calls met, each once, in call order."""
-        receipts = self.receipts
-        if len(receipts) < 2:  # most steps: no call, or one
-            return (receipts[0].id,) if receipts else ()
-        return tuple(dict.fromkeys(r.id for r in receipts))
+        """The IDs of the receipts the step's effect calls met, each once, in call order.
+
+        Built once, when the step has ended: no effect call adds a receipt after that."""
+        ids = self._receipt_ids
+        if ids is None:
+            assert self.ended
+            receipts = self.receipts
+            if len(receipts) < 2:  # most steps: no call, or one
+                ids = (receipts[0].id,) if receipts else ()
+            else:
+                ids = tuple(dict.fromkeys(r.id for r in receipts))
+            self._receipt_ids = ids
+        return ids
 
     def finish(
         self,
@@ -404,7 +413,8 @@ class _Step:
         )
         state = self.state
         state.add_step(step)
-        self.flush_effect_events()
+        if self.effect_events:
+            self.flush_effect_events()
         replies = state.agent.agent.replies
         if status is StepStatus.FAILED:
             failure = cause if cause is not None else CapabilityError(error or "failed")
@@ -420,7 +430,8 @@ class _Step:
 
     def complete(self, raw: Any) -> StepResult:
         state, cap = self.state, self.cap
-        self.flush_effect_events()
+        if self.effect_events:
+            self.flush_effect_events()
         result = raw if isinstance(raw, CapabilityResult) else CapabilityResult(value=raw)
         if result.confirmation is not None and cap.confirmation != "capability":
             return self.finish(
