@@ -40,18 +40,18 @@ async def interpret(state: TurnState, rounds: tuple[Round, ...] = ()) -> Interpr
         rounds=rounds,
         stream=state.sink.delta if state.sink is not None else None,
     )
+    interpreter = state.agent.agent.interpreter
     try:
-        with (
-            _tracing.span(
+        if not state.traced:  # no span, not even the no-op one: a turn's common case
+            result = await interpreter.interpret(request)
+        else:
+            with _tracing.span(
                 "intention_kernel.interpret",
                 thread_id=state.scope.thread_id,
                 turn_id=state.scope.turn_id,
                 round=len(rounds) + 1 if rounds else None,  # a later round only
-            )
-            if state.traced
-            else _tracing.NOOP
-        ):
-            result = await state.agent.agent.interpreter.interpret(request)
+            ):
+                result = await interpreter.interpret(request)
     except Exception as exc:
         raise InterpretationError(
             f"the interpreter failed: {type(exc).__name__}: {exc}",
