@@ -255,13 +255,33 @@ def settle(
             key=prepared.key,
             receipt=prepared,
         )
-    return replace(
-        prepared,
-        status=ReceiptStatus(outcome),
+    # Built field by field rather than by ``dataclasses.replace``, which reads every
+    # field by name (the receipt of every write effect passes here). Each field not
+    # named below is carried over: ``tests/test_effects_rules.py`` checks that none is lost.
+    return Receipt(
+        id=prepared.id,
+        thread_id=prepared.thread_id,
+        key=prepared.key,
+        status=_OUTCOMES.get(outcome) or ReceiptStatus(outcome),
+        turn_id=prepared.turn_id,
+        step_id=prepared.step_id,
+        attempt=prepared.attempt,
         value=value if outcome == "completed" else None,
         error=error,
+        created_at=prepared.created_at,
         updated_at=now,
+        resolution=prepared.resolution,
+        announced=prepared.announced,
+        tenant_id=prepared.tenant_id,
+        actor=prepared.actor,
     )
+
+
+_OUTCOMES = {
+    "completed": ReceiptStatus.COMPLETED,
+    "failed": ReceiptStatus.FAILED,
+    "uncertain": ReceiptStatus.UNCERTAIN,
+}
 
 
 def is_settlement(new: Receipt, expected: Receipt) -> bool:

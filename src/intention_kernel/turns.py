@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import pydantic
@@ -205,10 +206,12 @@ class TurnCommit:
 
 
 _RESULT: pydantic.TypeAdapter[TurnResult] = pydantic.TypeAdapter(TurnResult)
+# Its serializer, called directly, as the checkpoint's pieces are (see ``checkpoint``).
+_result_json = _RESULT.serializer.to_json
 
 
 def encode_result(result: TurnResult) -> str:
-    return _RESULT.dump_json(result).decode()
+    return _result_json(result).decode()
 
 
 def decode_result(text: str | bytes, *, replayed: bool, thread_id: str | None = None) -> TurnResult:
@@ -232,7 +235,10 @@ def request_digest(message: str | None, answer: dict[str, Any] | None) -> str:
     the encoder's generic walk (``tests/test_runtime.py`` checks the two agree).
     """
     if answer is None:
-        canonical = '{"answer":null,"message":' + json.dumps(message) + "}"
+        # ``json.dumps`` of a string is this very function of the encoder's, called
+        # through two layers of Python.
+        text = "null" if message is None else encode_basestring_ascii(message)
+        canonical = '{"answer":null,"message":' + text + "}"
     else:
         canonical = json.dumps(
             {"message": message, "answer": answer}, sort_keys=True, separators=(",", ":")

@@ -131,7 +131,8 @@ class SQLiteConnections:
         ``atomic``: ``fn`` runs several statements that must commit together; alone,
         it runs between ``BEGIN IMMEDIATE`` and ``COMMIT``. Otherwise it is one
         statement, or statements that may commit one by one, and autocommits alone.
-        In a group it runs within the group's transaction either way. ``write=False``
+        In a group it runs within the group's transaction either way, within a
+        savepoint of its own only if it is atomic (see :mod:`._group`). ``write=False``
         (a read that must hop): ``fn`` never joins a group, as it may begin a
         transaction of its own.
 
@@ -156,7 +157,7 @@ class SQLiteConnections:
                 return done
         if not write:
             return await self._hop(solo, thread_id)
-        done = await self._hop(solo, thread_id, group=fn)
+        done = await self._hop(solo, thread_id, group=fn, atomic=atomic)
         self._wrote()
         return done
 
@@ -212,11 +213,14 @@ class SQLiteConnections:
         fn: Callable[[sqlite3.Connection], T],
         thread_id: str | None,
         group: Callable[[sqlite3.Connection], T] | None = None,
+        *,
+        atomic: bool = True,
     ) -> T:
         """Run ``fn`` on the worker thread, waiting up to ``busy_timeout`` for the write
         lock; a started hop always runs to its end. With ``group`` (the write's body),
         the write may share a transaction with others queued with it (see
-        :mod:`._group`): ``fn`` is what runs when it is alone."""
+        :mod:`._group`): ``fn`` is what runs when it is alone; ``atomic`` as for
+        :meth:`_run`."""
         worker, conn = self._worker, self._conn
         if worker is None or conn is None:
             raise KernelError("the SQLite adapter is closed")
@@ -237,13 +241,13 @@ class SQLiteConnections:
             self._wait_for_locks(conn, True)
             return call()
 
-        future = worker.submit(read) if group is None else worker.write(group, call, error)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # Keep the thread lock until the statement is done, then honour the cancel.
-            await asyncio.wait([future])
-            raise
+        if group is None:
+            future = worker.submit(read)
+        else:
+            future = worker.write(group, call, error, atomic=atomic)
+        # A cancel of this task waits for the thread to settle the call: the future
+        # refuses it (see _group), so the thread lock is kept until the write is done.
+        return await future
 
     def _wait_for_locks(self, conn: sqlite3.Connection, waits: bool) -> None:
         """Give the writer's connection its busy timeout (on the worker) or none (inline).
