@@ -22,13 +22,13 @@ store by construction.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Generic, Literal, TypeVar
 
+from intention_kernel._ids import new_id
 from intention_kernel.errors import ReceiptStateError, TenantMismatchError
 
 __all__ = [
@@ -159,7 +159,8 @@ def utcnow() -> datetime:
 
 
 def new_receipt_id() -> str:
-    return "rcpt_" + os.urandom(16).hex()  # 128 random bits, like a UUID4, five times cheaper
+    """A new receipt ID: ``rcpt_`` and 32 hex digits, time-ordered (see :func:`._ids.new_id`)."""
+    return new_id("rcpt_")
 
 
 def plan_effect(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -20,6 +19,7 @@ from typing import Any
 
 import pydantic
 
+from intention_kernel._ids import new_id
 from intention_kernel.checkpoint import CheckpointDelta, Interaction, KernelCheckpoint
 from intention_kernel.errors import CorruptRecordError, InvalidRequestError
 from intention_kernel.facts import FactRecord
@@ -146,7 +146,8 @@ class EventDraft:
 
     type: str
     payload: Any = None
-    id: str = field(default_factory=lambda: "evt_" + os.urandom(16).hex())
+    #: ``evt_`` and 32 hex digits, time-ordered (see :func:`._ids.new_id`).
+    id: str = field(default_factory=lambda: new_id("evt_"))
 
 
 def committed_event(version: int, steps: Sequence[StepResult]) -> EventDraft:
