@@ -17,6 +17,11 @@ Flushes per turn are counted in a traced process of their own per level (the
 ``bench.counting`` trace callback): a transaction that wrote is one WAL write and,
 with ``synchronous=FULL``, one ``fsync`` of the WAL at its ``COMMIT``. WAL checkpoints
 (two more syncs each, once per ~1,000 WAL pages) are not counted, for the floor either.
+Statements per turn are counted there too, on every connection of the process.
+
+The SQLite adapter's worker thread's CPU per turn (user and system time, from its
+thread clock) is a part of the row's CPU: the share that competes with the event loop
+for the interpreter whenever it runs Python rather than SQLite's own code.
 """
 
 from __future__ import annotations
@@ -97,6 +102,9 @@ def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any
                 "p50_ms": 1000 * statistics.median(lat),
             }
         )
+        writer = [d["writer_cpu_us"] for d in data if d.get("writer_cpu_us") is not None]
+        if writer:  # the SQLite adapter's worker thread, a part of the CPU above
+            levels[-1]["writer_cpu_us"] = statistics.median(writer)
     syncs = _count(args, mode["count"])
     for level in levels:
         if level["row"] == FLOOR_ROW:
@@ -114,7 +122,10 @@ def _run(proc: Any, name: str, n: int, count: int) -> dict[str, Any]:
     else:
         done = proc.call("turns", count=count)
     turns = len(done["lat"])
-    return {"tps": turns / done["wall"], "cpu_us": 1e6 * done["cpu"] / turns, "lat": done["lat"]}
+    out = {"tps": turns / done["wall"], "cpu_us": 1e6 * done["cpu"] / turns, "lat": done["lat"]}
+    if done.get("writer_cpu") is not None:
+        out["writer_cpu_us"] = 1e6 * done["writer_cpu"] / turns
+    return out
 
 
 def _count(args: argparse.Namespace, count: int) -> dict[Any, dict[str, Any]]:
@@ -139,6 +150,8 @@ def _count(args: argparse.Namespace, count: int) -> dict[Any, dict[str, Any]]:
         done_turns = len(done["lat"])
         out[key] = {
             "syncs_per_turn": (after["commits"] - before["commits"]) / done_turns,
+            # Every statement of every connection (the reader's and the floor's too).
+            "statements_per_turn": (after["statements"] - before["statements"]) / done_turns,
             "syncs_counted_by": "sqlite3 trace callback: transactions that wrote (one WAL"
             " fsync each at synchronous=FULL; checkpoints not counted)",
         }
@@ -156,15 +169,19 @@ def report(result: dict[str, Any]) -> list[str]:
         f" of {result['block']} turns; each row against the single-client floor on its store):",
         "",
         "| row | turns in flight | turns/s | x floor | CPU µs/turn (x floor) "
-        "| p50 ms | WAL syncs/turn | writer transactions/turn |",
-        "|---|---|---|---|---|---|---|---|",
+        "| writer thread CPU µs/turn | p50 ms | WAL syncs/turn | writer transactions/turn "
+        "| statements/turn |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lv in result["levels"]:
         wtx = lv.get("writer_transactions_per_turn")
+        writer = lv.get("writer_cpu_us")
         lines.append(
             f"| {lv['row']} | {lv['n']} | {lv['tps']:.0f} | {lv['ratio']:.3f} "
-            f"| {lv['cpu_us']:.0f} ({lv['cpu_ratio']:.2f}) | {lv['p50_ms']:.2f} "
-            f"| {_figure(lv.get('syncs_per_turn'))} | {_figure(wtx)} |"
+            f"| {lv['cpu_us']:.0f} ({lv['cpu_ratio']:.2f}) "
+            f"| {'-' if writer is None else f'{writer:.0f}'} | {lv['p50_ms']:.2f} "
+            f"| {_figure(lv.get('syncs_per_turn'))} | {_figure(wtx)} "
+            f"| {_figure(lv.get('statements_per_turn'))} |"
         )
     return lines
 

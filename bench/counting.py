@@ -16,6 +16,7 @@ read-only transaction costs none.
 from __future__ import annotations
 
 import inspect
+import os
 import sqlite3
 from typing import Any
 
@@ -120,3 +121,60 @@ def install_psycopg_trace() -> PsycopgCounter:
 
 
 NEXT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+
+
+class WALMeter:
+    """WAL frames appended to a SQLite file's WAL while the block runs.
+
+    It holds a read transaction open on a connection of its own meanwhile, on a
+    snapshot that has a frame in the WAL (it writes one first: ``PRAGMA user_version``):
+    no checkpoint can then copy the frames after it into the database, so no writer
+    starts the WAL over, and every frame written is appended. (A reader of the database
+    file alone, a snapshot taken when every frame was copied, would not stop that.) The
+    frames are counted in the ``-wal`` file: those of its current generation, whose
+    salts are the file header's; the file's size would not do, as a WAL that started
+    over is written again from its start. The salts are checked again at the end.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.frames = 0
+        self.bytes = 0
+
+    def __enter__(self) -> WALMeter:
+        self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        self._page = self._conn.execute("PRAGMA page_size").fetchone()[0]
+        # Its own write must not checkpoint (which would copy every frame, and leave
+        # its snapshot in the database file alone).
+        self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        self._conn.execute(f"PRAGMA user_version = {version + 1}")
+        self._conn.execute("BEGIN")
+        self._conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+        self._salts, self._start = self._count()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        salts, end = self._count()
+        self._conn.execute("COMMIT")
+        self._conn.close()
+        if salts != self._salts:
+            raise RuntimeError("the WAL started over while it was measured: frames not counted")
+        self.frames = end - self._start
+        self.bytes = self.frames * (self._page + 24)
+
+    def _count(self) -> tuple[bytes, int]:
+        """The WAL's salts, and its frames of the current generation (by bisection: they
+        come first, older generations' frames after them)."""
+        frame = self._page + 24
+        with open(self.path + "-wal", "rb") as f:
+            salts = f.read(32)[16:24]
+            low, high = 0, max(os.fstat(f.fileno()).st_size - 32, 0) // frame
+            while low < high:
+                middle = (low + high) // 2
+                f.seek(32 + middle * frame)
+                if f.read(24)[8:16] == salts:
+                    low = middle + 1
+                else:
+                    high = middle
+        return salts, low

@@ -185,14 +185,17 @@ class Worker:
                 await self.row.turn(thread, number)
                 latencies.append(time.perf_counter() - t)
 
-        t0, cpu = time.perf_counter(), time.process_time()
+        t0, cpu, writer = time.perf_counter(), time.process_time(), _writer_cpu(self.row)
         await asyncio.gather(*(client(k) for k in range(n)))
-        return {
+        done = {
             "lat": latencies,
             "turns": len(latencies),
             "wall": time.perf_counter() - t0,
             "cpu": time.process_time() - cpu,
         }
+        if writer is not None:
+            done["writer_cpu"] = (_writer_cpu(self.row) or 0.0) - writer
+        return done
 
     async def replays(self, count: int) -> dict[str, Any]:
         provider = self.row.provider
@@ -244,6 +247,21 @@ class Worker:
                 }
             )
         return {"points": out, "turns": done, "rss_kb": _rss()}
+
+
+def _writer_worker(row: Any) -> Any:
+    """The SQLite adapter's worker thread (its ``GroupWriter``), if the row has one."""
+    recorder = getattr(getattr(row, "durability", None), "_recorder", None)
+    return getattr(recorder, "_worker", None)
+
+
+def _writer_cpu(row: Any) -> float | None:
+    """CPU seconds the SQLite adapter's worker thread has spent (user and system), read
+    from its thread clock; ``None`` for a row without one."""
+    thread = getattr(_writer_worker(row), "_thread", None)
+    if thread is None or thread.ident is None:
+        return None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
 def _rss() -> int:

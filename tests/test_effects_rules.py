@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import UTC, datetime
 
 import pytest
 
-from intention_kernel.effects import Receipt, ReceiptStatus, plan_effect, resolve, settle
+from intention_kernel.effects import (
+    Receipt,
+    ReceiptStatus,
+    Resolution,
+    plan_effect,
+    resolve,
+    settle,
+)
 from intention_kernel.errors import ReceiptStateError, TenantMismatchError
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -47,6 +54,48 @@ def test_failed_retries_on_the_same_receipt_with_the_next_attempt() -> None:
     assert plan.outcome == "execute"
     assert plan.write is not None
     assert (plan.write.id, plan.write.attempt, plan.write.turn_id) == ("r1", 3, "turn")
+
+
+@pytest.mark.parametrize("outcome", ["completed", "failed", "uncertain"])
+def test_settling_changes_only_the_outcome_fields(outcome: str) -> None:
+    # Every field set to a value of its own, so that a field the settlement dropped or
+    # mixed up with another would show.
+    prepared = Receipt(
+        "r1",
+        "t",
+        "k",
+        ReceiptStatus.PREPARED,
+        "turn",
+        "s1",
+        3,
+        created_at=NOW,
+        updated_at=NOW,
+        resolution=Resolution(False, "note", "op", NOW),
+        announced=True,
+        tenant_id="acme",
+        actor="alice",
+    )
+    later = datetime(2026, 1, 2, tzinfo=UTC)
+    settled = settle(prepared, outcome, now=later, value={"v": 1}, error="why")  # type: ignore[arg-type]
+    outcome_fields = {"status", "value", "error", "updated_at"}
+    for f in fields(Receipt):
+        if f.name not in outcome_fields:
+            assert getattr(settled, f.name) == getattr(prepared, f.name), f.name
+    assert settled.status is ReceiptStatus(outcome)
+    assert settled.value == ({"v": 1} if outcome == "completed" else None)
+    assert (settled.error, settled.updated_at) == ("why", later)
+    assert settled == replace(
+        prepared,
+        status=ReceiptStatus(outcome),
+        value=settled.value,
+        error="why",
+        updated_at=later,
+    )
+
+
+def test_settling_with_an_unknown_outcome_is_refused() -> None:
+    with pytest.raises(ValueError, match="applied"):
+        settle(_receipt(ReceiptStatus.PREPARED), "applied", now=NOW)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("outcome", ["completed", "failed", "uncertain"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,7 +20,9 @@ def record(key: str, version: int) -> FactRecord:
 @given(
     first=st.sets(KEYS, max_size=4),
     turns=st.lists(st.sets(KEYS, min_size=1, max_size=3), min_size=1, max_size=8),
-    reads=st.lists(st.tuples(st.integers(0, 8), st.sampled_from(["len", "items", "in", "get"]))),
+    reads=st.lists(
+        st.tuples(st.integers(0, 8), st.sampled_from(["len", "items", "in", "get", "[]"]))
+    ),
 )
 def test_every_version_reads_as_built_whatever_was_read_before(
     first: set[str], turns: list[set[str]], reads: list[tuple[int, str]]
@@ -30,7 +33,8 @@ def test_every_version_reads_as_built_whatever_was_read_before(
         changes = {key: record(key, number) for key in sorted(keys)}
         versions.append(DerivedFacts(versions[-1], changes))
         expected.append({**expected[-1], **changes})
-    # Reading an older version moves the shared dict to it; a later read of another
+    # Reading an older version moves the shared dict to it (one key of a version next
+    # to the holder is read through its changes instead); a later read of another
     # version must still see that version's own facts, its size included.
     for index, how in reads:
         index %= len(versions)
@@ -42,8 +46,14 @@ def test_every_version_reads_as_built_whatever_was_read_before(
         elif how == "in":
             assert all(key in version for key in want)
             assert all(f"k{i}" not in version for i in range(8) if f"k{i}" not in want)
-        else:
+        elif how == "get":
             assert {key: version.get(key) for key in want} == want
+            assert all(version.get(f"k{i}") is None for i in range(8) if f"k{i}" not in want)
+        else:
+            assert {key: version[key] for key in want} == want
+            for missing in (f"k{i}" for i in range(8) if f"k{i}" not in want):
+                with pytest.raises(KeyError):
+                    version[missing]
     for version, want in zip(versions, expected, strict=True):
         assert len(version) == len(want)
         assert dict(version) == want

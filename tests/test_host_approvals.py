@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
+
 from host_support import asgi_client
 from intention_kernel import Kernel
 from intention_kernel.durability import Durability
@@ -12,22 +16,32 @@ TOKENS = {"tok-ana": Principal("ana@acme.example", "acme")}
 AUTH = {"authorization": "Bearer tok-ana"}
 
 
+async def _turn(
+    client: httpx.AsyncClient, turn_id: str, headers: dict[str, str] | None = None, **body: Any
+) -> httpx.Response:
+    """Post turn ``turn_id`` of thread ``t`` as Ana (``headers`` adds to hers)."""
+    return await client.post(
+        "/v1/threads/t/turns",
+        json={"turn_id": turn_id, **body},
+        headers={**AUTH, **(headers or {})},
+    )
+
+
+async def _ask(client: httpx.AsyncClient) -> httpx.Response:
+    """Turn ``d1``: a charge that waits for an approver's answer."""
+    return await _turn(client, "d1", message="charge pi_1 500")
+
+
 async def test_the_host_records_the_tokens_principal_as_the_answers_actor(
     store: Durability,
 ) -> None:
     provider = FakeProvider()
     app = create_app(Kernel(billing_agent(provider), store), tokens=TOKENS)
     async with asgi_client(app) as client:
-        opened = await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d1", "message": "charge pi_1 500"},
-            headers=AUTH,
-        )
+        opened = await _ask(client)
         shown = opened.json()["interaction"]
-        answered = await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d2", "answer": {"decision": "accept", "digest": shown["digest"]}},
-            headers=AUTH,
+        answered = await _turn(
+            client, "d2", answer={"decision": "accept", "digest": shown["digest"]}
         )
     assert answered.status_code == 200, answered.text
     assert provider.ledger == ["payments.charge:charge:pi_1"]
@@ -50,16 +64,8 @@ async def test_the_hosts_receipts_name_the_principal_who_approved_the_write(
     provider = FakeProvider()
     app = create_app(Kernel(billing_agent(provider), store), tokens=tokens)
     async with asgi_client(app) as client:
-        await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d1", "message": "charge pi_1 500"},
-            headers=AUTH,
-        )
-        await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d2", "answer": {"decision": "accept"}},
-            headers=AUTH,
-        )
+        await _ask(client)
+        await _turn(client, "d2", answer={"decision": "accept"})
         listed = await client.get(
             "/v1/receipts?thread_id=t", headers={"authorization": "Bearer tok-ops"}
         )
@@ -75,21 +81,11 @@ async def test_the_host_refuses_an_answer_whose_actor_is_not_the_tokens_principa
     provider = FakeProvider()
     app = create_app(Kernel(billing_agent(provider), store), tokens=TOKENS)
     async with asgi_client(app) as client:
-        await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d1", "message": "charge pi_1 500"},
-            headers=AUTH,
+        await _ask(client)
+        forged = await _turn(
+            client, "d2", answer={"decision": "accept", "actor": "boss@acme.example"}
         )
-        forged = await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d2", "answer": {"decision": "accept", "actor": "boss@acme.example"}},
-            headers=AUTH,
-        )
-        same = await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d3", "answer": {"decision": "accept", "actor": "ana@acme.example"}},
-            headers=AUTH,
-        )
+        same = await _turn(client, "d3", answer={"decision": "accept", "actor": "ana@acme.example"})
     assert forged.status_code == 403
     assert forged.headers["content-type"] == "application/problem+json"
     assert forged.json()["type"] == "/problems/forbidden"
@@ -103,15 +99,12 @@ async def test_a_streamed_answer_naming_another_actor_is_refused_and_runs_nothin
     provider = FakeProvider()
     app = create_app(Kernel(billing_agent(provider), store), tokens=TOKENS)
     async with asgi_client(app) as client:
-        await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d1", "message": "charge pi_1 500"},
-            headers=AUTH,
-        )
-        forged = await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d2", "answer": {"decision": "accept", "actor": "boss@acme.example"}},
-            headers={**AUTH, "accept": "text/event-stream"},
+        await _ask(client)
+        forged = await _turn(
+            client,
+            "d2",
+            {"accept": "text/event-stream"},
+            answer={"decision": "accept", "actor": "boss@acme.example"},
         )
     assert forged.status_code == 403
     assert forged.json()["type"] == "/problems/forbidden"
@@ -152,16 +145,8 @@ async def test_a_rejected_step_names_who_rejected_it_and_other_steps_name_no_one
     provider = FakeProvider()
     app = create_app(Kernel(billing_agent(provider), store), tokens=TOKENS)
     async with asgi_client(app) as client:
-        opened = await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d1", "message": "charge pi_1 500"},
-            headers=AUTH,
-        )
-        rejected = await client.post(
-            "/v1/threads/t/turns",
-            json={"turn_id": "d2", "message": "balance 7", "answer": {"decision": "reject"}},
-            headers=AUTH,
-        )
+        opened = await _ask(client)
+        rejected = await _turn(client, "d2", message="balance 7", answer={"decision": "reject"})
     assert [s["actor"] for s in opened.json()["steps"]] == [None]  # proposed: no answer yet
     steps = [(s["capability_id"], s["status"], s["actor"]) for s in rejected.json()["steps"]]
     assert steps == [

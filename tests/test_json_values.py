@@ -70,3 +70,27 @@ def test_a_value_no_store_can_hold_is_refused(value: Any) -> None:
 
 def test_non_string_keys_read_back_as_strings() -> None:
     assert normalize({1: "a", 2.5: "b", None: "c"}) == {"1": "a", "2.5": "b", "null": "c"}
+
+
+@given(VALUES)
+def test_stored_text_is_the_strict_compact_encoding(value: Any) -> None:
+    """Stored bytes must not depend on how ``dump_value`` reaches the encoder."""
+    expected = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    assert dump_value(value) == expected
+
+
+def test_a_circular_value_is_refused_and_leaves_nothing_behind() -> None:
+    inner: list[Any] = []
+    value = {"a": inner}
+    inner.append(value)
+    with pytest.raises(ValueError, match="Circular reference"):
+        dump_value(value)
+    with pytest.raises(ValueError, match="nested"):
+        normalize(value)
+    # A refused value met midway must not be taken for a circular one by a later call.
+    inner.clear()
+    unstorable = {"a": inner, "b": object()}
+    with pytest.raises(TypeError):
+        dump_value(unstorable)
+    del unstorable["b"]
+    assert dump_value(unstorable) == '{"a":[]}'

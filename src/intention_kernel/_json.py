@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 __all__ = [
@@ -48,12 +49,23 @@ _INT_BOUND = 10**MAX_INT_DIGITS
 # One strict compact encoder for every stored value, built once: ``json.dumps`` with
 # options builds an encoder per call, which costs more than encoding a small value.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+_DEFAULT = _ENCODER.default  # the TypeError for what JSON cannot hold
 
 
 def dump_value(value: Any) -> str:
     """Compact strict JSON; raises ``TypeError``/``ValueError`` for what JSON cannot hold,
     or no store can (``UnicodeEncodeError``, a ``ValueError``, for a lone surrogate)."""
-    text = _ENCODER.encode(value)
+    if c_make_encoder is None:  # an interpreter without the C accelerator
+        text = _ENCODER.encode(value)
+    else:
+        # What ``_ENCODER.encode`` runs, without its two layers of Python: the C encoder
+        # with ``_ENCODER``'s options. Made per call, as ``encode`` makes it: its
+        # ``markers`` dict detects a circular value (a ``ValueError``), and one left
+        # half-filled by a refused value must not be met by the next.
+        encode = c_make_encoder(
+            {}, _DEFAULT, encode_basestring, None, ":", ",", False, False, False
+        )
+        text = "".join(encode(value, 0))
     if not text.isascii():
         text.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError
     return text
@@ -65,6 +77,16 @@ def load_value(text: str | None) -> Any:
 
 def normalize(value: Any) -> Any:
     """``value`` as it will read back from the store (raises like :func:`dump_value`)."""
+    kind = type(value)
+    # The common values first, by exact type: a subclass (an enum, say) takes the
+    # generic path below, which decides as it always did.
+    if kind is dict or kind is list:
+        plain = _plain(value, 4)
+        if plain is not _NOT_PLAIN:
+            return plain
+        return _checked_round_trip(value)
+    if kind is str and value.isascii():
+        return value
     if isinstance(value, str):
         if not value.isascii():
             value.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError
@@ -75,9 +97,12 @@ def normalize(value: Any) -> Any:
         if not -_INT_BOUND < value < _INT_BOUND:
             raise ValueError(_TOO_LONG)
         return value
-    plain = _plain(value, 4)
-    if plain is not _NOT_PLAIN:
-        return plain
+    return _checked_round_trip(value)
+
+
+def _checked_round_trip(value: Any) -> Any:
+    """``value`` through the encoder and back. Refused first, each with its reason, if
+    it nests too deep or holds an integer too long."""
     if too_deep(value, MAX_NESTING):
         raise ValueError(f"value is nested more than {MAX_NESTING} levels deep")
     if _has_long_int(value):
@@ -96,7 +121,7 @@ def text_problem(text: str) -> str | None:
     type), or ``None`` if every store can."""
     if "\x00" in text:
         return "it holds a NUL character, which PostgreSQL cannot store in text"
-    if not _storable(text):
+    if not text.isascii() and not _storable(text):
         return "it holds a lone surrogate, which UTF-8 cannot encode"
     return None
 
@@ -138,7 +163,6 @@ def too_deep(value: Any, limit: int) -> bool:
 
 
 _NOT_PLAIN: Any = object()
-_SCALARS = (str, int, bool, type(None))
 
 
 def _has_long_int(value: Any) -> bool:
@@ -158,32 +182,52 @@ def _has_long_int(value: Any) -> bool:
 
 
 def _plain(value: Any, depth: int) -> Any:
-    """A copy of ``value`` if it is made only of dicts with ``str`` keys, lists and exact
-    ``str``/``int``/``bool``/``None`` (which JSON round-trips unchanged), else
-    ``_NOT_PLAIN``: the common small values skip an encode and a decode."""
-    kind = type(value)
-    if kind in _SCALARS:
-        if kind is str:
-            return value if _storable(value) else _NOT_PLAIN
-        if kind is int and not -_INT_BOUND < value < _INT_BOUND:
-            return _NOT_PLAIN  # refused, with its reason, by the slow path
-        return value
-    if depth == 0:
-        return _NOT_PLAIN
-    if kind is dict:
+    """A copy of the dict or list ``value`` if it is made only of dicts with ``str`` keys,
+    lists and exact ``str``/``int``/``bool``/``None`` (which JSON round-trips unchanged),
+    nested at most ``depth`` deep, else ``_NOT_PLAIN``: the common small values skip an
+    encode and a decode. Each item is checked inline, not by a call per item: most
+    values are a handful of scalars."""
+    if type(value) is dict:
         out = {}
         for key, item in value.items():
-            if type(key) is not str or not _storable(key):
+            if type(key) is not str or not (key.isascii() or _storable(key)):
+                return _NOT_PLAIN
+            kind = type(item)
+            if kind is str:
+                if not (item.isascii() or _storable(item)):
+                    return _NOT_PLAIN
+            elif kind is int:
+                if not -_INT_BOUND < item < _INT_BOUND:
+                    return _NOT_PLAIN  # refused, with its reason, by the slow path
+            elif kind is dict or kind is list:
+                if depth == 1:
+                    return _NOT_PLAIN
+                item = _plain(item, depth - 1)
+                if item is _NOT_PLAIN:
+                    return _NOT_PLAIN
+            elif item is not None and kind is not bool:
+                return _NOT_PLAIN
+            out[key] = item
+        return out
+    items = []
+    for item in value:  # a list: the same rules as a dict's values
+        kind = type(item)
+        if kind is str:
+            if not (item.isascii() or _storable(item)):
+                return _NOT_PLAIN
+        elif kind is int:
+            if not -_INT_BOUND < item < _INT_BOUND:
+                return _NOT_PLAIN
+        elif kind is dict or kind is list:
+            if depth == 1:
                 return _NOT_PLAIN
             item = _plain(item, depth - 1)
             if item is _NOT_PLAIN:
                 return _NOT_PLAIN
-            out[key] = item
-        return out
-    if kind is list:
-        items = [_plain(item, depth - 1) for item in value]
-        return _NOT_PLAIN if any(item is _NOT_PLAIN for item in items) else items
-    return _NOT_PLAIN
+        elif item is not None and kind is not bool:
+            return _NOT_PLAIN
+        items.append(item)
+    return items
 
 
 def _storable(text: str) -> bool:

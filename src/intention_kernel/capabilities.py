@@ -276,14 +276,17 @@ class Capability:
 
     def parse_input(self, raw: Any) -> tuple[Any, dict[str, Any]]:
         """Validate raw input; return (handler argument, canonical JSON-able dict)."""
-        if not isinstance(raw, Mapping):
+        # A dict first, by its type: ``isinstance`` against ``Mapping`` runs the ABC
+        # machinery. ``normalize`` returns a copy, so a dict needs no copy of its own.
+        plain = type(raw) is dict
+        if not plain and not isinstance(raw, Mapping):
             raise InvalidInputError(
                 f"input for {self.id} must be an object, got {type(raw).__name__}",
                 capability_id=self.id,
             )
         if self.input_model is None:
             try:
-                data = normalize(dict(raw))
+                data = normalize(raw if plain else dict(raw))
             except (TypeError, ValueError) as exc:
                 raise InvalidInputError(
                     f"input for {self.id} is not JSON-serializable: {exc}", capability_id=self.id

@@ -209,6 +209,13 @@ _FACT: pydantic.TypeAdapter[FactRecord] = pydantic.TypeAdapter(FactRecord)
 _RECEIPT_REF: pydantic.TypeAdapter[ReceiptRef] = pydantic.TypeAdapter(ReceiptRef)
 _ROWS = frozenset(("messages", "facts"))
 _ROWS_AND_RECEIPTS = _ROWS | {"receipts"}
+# The serializers of the pieces every commit writes, called directly: ``dump_json`` is
+# a layer of Python that passes each of its options' defaults on every call, and the
+# serializer's own defaults are the same, so the bytes are too.
+_to_json = _ADAPTER.serializer.to_json
+_message_json = _MESSAGE.serializer.to_json
+_fact_json = _FACT.serializer.to_json
+_receipt_ref_json = _RECEIPT_REF.serializer.to_json
 
 
 def encode_checkpoint(checkpoint: KernelCheckpoint) -> str:
@@ -235,13 +242,13 @@ def encode_core(checkpoint: KernelCheckpoint, receipts: Sequence[str]) -> str:
     writer keeps each entry's JSON from the previous core instead of encoding it again.
     The index is the core's last field, so it is put after the rest of the core.
     """
-    head = _ADAPTER.dump_json(checkpoint, exclude=_ROWS_AND_RECEIPTS).decode()  # type: ignore[arg-type]
+    head = _to_json(checkpoint, exclude=_ROWS_AND_RECEIPTS).decode()  # type: ignore[arg-type]
     return f'{head[:-1]},"receipts":[{",".join(receipts)}]}}'
 
 
 def encode_receipt_ref(ref: ReceiptRef) -> str:
     """One receipt index entry as compact JSON, as it appears in a core."""
-    return _RECEIPT_REF.dump_json(ref).decode()
+    return _receipt_ref_json(ref).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,11 +322,11 @@ def _appended(previous: Sequence[Any], current: tuple[Any, ...]) -> tuple[int, t
 
 
 def encode_message(message: Message) -> str:
-    return _MESSAGE.dump_json(message).decode()
+    return _message_json(message).decode()
 
 
 def encode_fact(record: FactRecord) -> str:
-    return _FACT.dump_json(record).decode()
+    return _fact_json(record).decode()
 
 
 def assemble_checkpoint(

@@ -67,15 +67,16 @@ class FactRecord:
 
 
 _ABSENT: Any = object()
+_UNCHANGED: Any = object()
 
 
 class _Diff:
     """A version's facts as those of the version ``then`` with ``changes`` applied in
-    order (``_ABSENT`` as the record: the key is not there)."""
+    order (``_ABSENT`` as the record: the key is not there). Each key appears once."""
 
     __slots__ = ("changes", "then")
 
-    def __init__(self, changes: list[tuple[str, Any]], then: DerivedFacts) -> None:
+    def __init__(self, changes: dict[str, Any], then: DerivedFacts) -> None:
         self.changes = changes
         self.then = then
 
@@ -93,6 +94,10 @@ class DerivedFacts(Mapping[str, FactRecord]):
     holds. A version keeps no reference to the one it was derived from, so that a long
     thread does not keep every earlier version alive.
 
+    One key of a version next to the holder is read through that version's changes,
+    without moving the dict: a commit checks its new facts against the ones it derived
+    them from, key by key, and would otherwise move the dict there and back each turn.
+
     Read-only, like every checkpoint's facts; not safe to read from another OS thread
     while a version of the same thread's facts is being derived or read.
     """
@@ -101,14 +106,17 @@ class DerivedFacts(Mapping[str, FactRecord]):
 
     def __init__(self, base: Mapping[str, FactRecord], changes: Mapping[str, FactRecord]) -> None:
         # A plain dict may be shared by the checkpoint it was decoded for: copied, once.
-        data = base._dict() if isinstance(base, DerivedFacts) else dict(base)
-        undo = []
+        # (A dict is told apart by its type first: ``isinstance`` on a Mapping subclass
+        # runs the ABC machinery in Python.)
+        derived = base if type(base) is not dict and isinstance(base, DerivedFacts) else None
+        data = derived._dict() if derived is not None else dict(base)
+        undo = {}
         for key, record in changes.items():
-            undo.append((key, data.get(key, _ABSENT)))
+            undo[key] = data.get(key, _ABSENT)
             data[key] = record
-        if isinstance(base, DerivedFacts):
-            undo.reverse()  # undone last change first: added keys leave from the end
-            base._held = _Diff(undo, self)
+        if derived is not None:
+            # Undone last change first: added keys leave from the end.
+            derived._held = _Diff(dict(reversed(undo.items())), self)
         self._held: dict[str, FactRecord] | _Diff = data
         # A version's facts never change: its size is known without moving the dict.
         self._size = len(data)
@@ -128,27 +136,44 @@ class DerivedFacts(Mapping[str, FactRecord]):
         for nearer in reversed(path):
             diff = nearer._held
             assert isinstance(diff, _Diff) and diff.then is version
-            undo = []
-            for key, record in diff.changes:
-                undo.append((key, data.get(key, _ABSENT)))
+            undo = {}
+            for key, record in diff.changes.items():
+                undo[key] = data.get(key, _ABSENT)
                 if record is _ABSENT:
                     del data[key]
                 else:
                     data[key] = record
-            undo.reverse()
-            version._held = _Diff(undo, nearer)
+            version._held = _Diff(dict(reversed(undo.items())), nearer)
             nearer._held = data
             version = nearer
         return data
 
+    def _get(self, key: Any, default: Any) -> Any:
+        """The record of ``key`` in this version, else ``default``: read through this
+        version's changes if the next one holds the dict, without moving it."""
+        held = self._held
+        if type(held) is dict:
+            return held.get(key, default)
+        assert isinstance(held, _Diff)
+        data = held.then._held
+        if type(data) is not dict:  # further away: moved here, as every other read does
+            return self._dict().get(key, default)
+        record = held.changes.get(key, _UNCHANGED)
+        if record is _UNCHANGED:
+            return data.get(key, default)
+        return default if record is _ABSENT else record
+
     def __getitem__(self, key: str) -> FactRecord:
-        return self._dict()[key]
+        record = self._get(key, _ABSENT)
+        if record is _ABSENT:
+            raise KeyError(key)
+        return record  # type: ignore[no-any-return]
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self._dict().get(key, default)
+        return self._get(key, default)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._dict()
+        return self._get(key, _ABSENT) is not _ABSENT
 
     def __iter__(self) -> Iterator[str]:
         # A copy of the keys: reading another version while iterating moves the dict.
@@ -182,6 +207,12 @@ class FactTable(Mapping[str, FactRecord]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._changes or key in self._base
+
+    def get(self, key: str, default: Any = None) -> Any:
+        # Not Mapping's ``get``: it goes through ``__getitem__`` and catches the KeyError,
+        # so every key not recorded yet (most of them) would cost an exception.
+        changes = self._changes
+        return changes[key] if key in changes else self._base.get(key, default)
 
     def __iter__(self) -> Iterator[str]:
         yield from self._base

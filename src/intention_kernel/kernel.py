@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
@@ -20,12 +21,12 @@ from intention_kernel._json import normalize
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
-from intention_kernel.durability import Durability, TurnTransaction
+from intention_kernel.durability import Durability, TurnOperation
 from intention_kernel.errors import InvalidRequestError
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.streaming import TurnEvent, TurnSink
-from intention_kernel.turns import TurnCommit, TurnResult, TurnScope, request_digest
+from intention_kernel.turns import TurnResult, TurnScope, request_digest
 
 __all__ = ["Kernel"]
 
@@ -173,12 +174,13 @@ class Kernel:
         return scope, TurnRequest(message, resolved)
 
     async def _run(self, scope: TurnScope, request: TurnRequest) -> TurnResult:
-        compiled, clock = self._compiled, self.clock
+        compiled = self._compiled
         thread_id, turn_id = scope.thread_id, scope.turn_id
-
-        async def operation(tx: TurnTransaction) -> TurnCommit:
-            return await run_turn(compiled, tx, request, clock)
-
+        # The turn's operation, ``run_turn`` with all but ``tx`` bound: a partial, which
+        # adds no frame of Python to the call.
+        operation: TurnOperation = functools.partial(
+            run_turn, compiled, request=request, clock=self.clock
+        )
         durability, reject = self.durability, compiled.agent.on_busy == "reject"
 
         def with_turn() -> Awaitable[TurnResult]:

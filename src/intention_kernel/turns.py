@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import pydantic
 
+from intention_kernel._ids import new_id
 from intention_kernel.checkpoint import CheckpointDelta, Interaction, KernelCheckpoint
 from intention_kernel.errors import CorruptRecordError, InvalidRequestError
 from intention_kernel.facts import FactRecord
@@ -145,7 +146,8 @@ class EventDraft:
 
     type: str
     payload: Any = None
-    id: str = field(default_factory=lambda: "evt_" + os.urandom(16).hex())
+    #: ``evt_`` and 32 hex digits, time-ordered (see :func:`._ids.new_id`).
+    id: str = field(default_factory=lambda: new_id("evt_"))
 
 
 def committed_event(version: int, steps: Sequence[StepResult]) -> EventDraft:
@@ -204,10 +206,12 @@ class TurnCommit:
 
 
 _RESULT: pydantic.TypeAdapter[TurnResult] = pydantic.TypeAdapter(TurnResult)
+# Its serializer, called directly, as the checkpoint's pieces are (see ``checkpoint``).
+_result_json = _RESULT.serializer.to_json
 
 
 def encode_result(result: TurnResult) -> str:
-    return _RESULT.dump_json(result).decode()
+    return _result_json(result).decode()
 
 
 def decode_result(text: str | bytes, *, replayed: bool, thread_id: str | None = None) -> TurnResult:
@@ -231,7 +235,10 @@ def request_digest(message: str | None, answer: dict[str, Any] | None) -> str:
     the encoder's generic walk (``tests/test_runtime.py`` checks the two agree).
     """
     if answer is None:
-        canonical = '{"answer":null,"message":' + json.dumps(message) + "}"
+        # ``json.dumps`` of a string is this very function of the encoder's, called
+        # through two layers of Python.
+        text = "null" if message is None else encode_basestring_ascii(message)
+        canonical = '{"answer":null,"message":' + text + "}"
     else:
         canonical = json.dumps(
             {"message": message, "answer": answer}, sort_keys=True, separators=(",", ":")

@@ -3,7 +3,7 @@ names, encoded, as a ``TurnRecord`` carries them. Pure: no store, no cache."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from intention_kernel.checkpoint import (
@@ -14,6 +14,7 @@ from intention_kernel.checkpoint import (
     encode_message,
     encode_receipt_ref,
 )
+from intention_kernel.facts import FactRecord
 
 __all__ = ["Base", "CheckpointRows", "checkpoint_rows", "delta_problems"]
 
@@ -104,28 +105,47 @@ def delta_problems(
         return problems
     old_messages = previous.messages if previous else ()
     messages, appended = checkpoint.messages, delta.messages_appended
-    if not 0 <= delta.messages_trimmed <= len(old_messages) or (
-        len(old_messages) - delta.messages_trimmed + len(appended) != len(messages)
-        or messages[len(messages) - len(appended) :] != appended
+    count, trimmed = len(messages), delta.messages_trimmed
+    if not 0 <= trimmed <= len(old_messages) or (
+        len(old_messages) - trimmed + len(appended) != count
+        or messages[count - len(appended) :] != appended
     ):
         problems.append("the delta's messages do not make the checkpoint's")
-    old_facts = previous.facts if previous else {}
-    facts, removed = checkpoint.facts, delta.facts_removed
-    added = sum(r.key not in old_facts for r in delta.facts_set)
-    if (
-        len(old_facts) + added - len(removed) != len(facts)
-        or any(facts.get(r.key) != r for r in delta.facts_set)
-        or any(key in facts or key not in old_facts for key in removed)
-    ):
+    if not _facts_make(previous.facts if previous else {}, checkpoint.facts, delta):
         problems.append("the delta's facts do not make the checkpoint's")
     old_receipts = previous.receipts if previous else ()
-    moved = set(delta.receipts_moved)
-    kept = sum(r.key not in moved for r in old_receipts) if moved else len(old_receipts)
-    receipts, new = checkpoint.receipts, delta.receipts_appended[-len(checkpoint.receipts) :]
+    moved = delta.receipts_moved
+    if moved:
+        gone = set(moved)
+        kept = sum(r.key not in gone for r in old_receipts)
+    else:
+        kept = len(old_receipts)
+    receipts, appended_refs = checkpoint.receipts, delta.receipts_appended
+    count, trimmed = len(receipts), delta.receipts_trimmed
+    new = appended_refs[-count:]
     if (
-        kept + len(delta.receipts_appended) - delta.receipts_trimmed != len(receipts)
-        or not 0 <= delta.receipts_trimmed <= kept + len(delta.receipts_appended)
-        or (receipts and receipts[len(receipts) - len(new) :] != new)
+        kept + len(appended_refs) - trimmed != count
+        or not 0 <= trimmed <= kept + len(appended_refs)
+        or (receipts and receipts[count - len(new) :] != new)
     ):
         problems.append("the delta's receipt index does not make the checkpoint's")
     return problems
+
+
+def _facts_make(
+    old: Mapping[str, FactRecord], facts: Mapping[str, FactRecord], delta: CheckpointDelta
+) -> bool:
+    """Whether setting ``delta.facts_set`` and removing ``delta.facts_removed`` turns the
+    ``old`` facts into ``facts``: by the count, and by each key the delta names."""
+    added = 0
+    for record in delta.facts_set:
+        if record.key not in old:
+            added += 1
+    removed = delta.facts_removed
+    if len(old) + added - len(removed) != len(facts):
+        return False
+    for record in delta.facts_set:
+        found = facts.get(record.key)
+        if found is not record and found != record:
+            return False
+    return not any(key in facts or key not in old for key in removed)

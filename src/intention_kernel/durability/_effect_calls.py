@@ -63,10 +63,13 @@ async def awaited(write: Any) -> None:
 
 
 async def shielded(write: Any) -> None:
-    """Persist a receipt transition even if the surrounding task is being cancelled.
+    """Finish ``write`` even if the calling task is cancelled meanwhile, then honour the
+    cancel: the caller leaves only once the write is done.
 
-    Losing this write would leave the receipt ``prepared``, which later fails
-    closed anyway, so correctness never depends on it; it keeps the state precise.
+    The engine persists receipt transitions this way: losing one would leave the receipt
+    ``prepared``, which later fails closed anyway, so correctness never depends on it;
+    it keeps the state precise. The outbox relay marks what its sink acknowledged this
+    way before it gives up the thread's claim.
     """
     task = asyncio.ensure_future(write)
     try:

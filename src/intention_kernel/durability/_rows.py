@@ -36,7 +36,6 @@ __all__ = [
     "decode_event_row",
     "decode_receipt",
     "decode_receipt_row",
-    "dump_optional",
     "dump_resolution",
     "fenced",
     "journal_conflict",
@@ -67,11 +66,6 @@ def select_receipts(columns: str) -> str:
         f"SELECT {selected}, t.announced FROM ik_receipts r"
         " LEFT JOIN ik_turns t ON t.thread_id = r.thread_id AND t.turn_id = r.turn_id"
     )
-
-
-def dump_optional(value: Any) -> str | None:
-    """JSON text for a nullable value column (``None`` stays SQL NULL)."""
-    return None if value is None else dump_value(value)
 
 
 def dump_resolution(resolution: Resolution | None) -> str | None:
@@ -178,6 +172,11 @@ def decode_event(
 def receipt_params(r: Receipt, stamp: Callable[[datetime], Any]) -> dict[str, Any]:
     """A receipt's stored column values by column name; ``stamp`` turns a time into
     what the driver stores. A receipt not yet stamped is stamped now."""
+    created = r.created_at or utcnow()
+    created_at = stamp(created)
+    # A new receipt was created and updated at one moment, one object: stamped once.
+    updated = r.updated_at
+    updated_at = created_at if updated is created else stamp(updated or utcnow())
     return {
         "id": r.id,
         "thread_id": r.thread_id,
@@ -186,11 +185,11 @@ def receipt_params(r: Receipt, stamp: Callable[[datetime], Any]) -> dict[str, An
         "turn_id": r.turn_id,
         "step_id": r.step_id,
         "attempt": r.attempt,
-        "value": dump_optional(r.value),
+        "value": None if r.value is None else dump_value(r.value),
         "error": r.error,
-        "created_at": stamp(r.created_at or utcnow()),
-        "updated_at": stamp(r.updated_at or utcnow()),
-        "resolution": dump_resolution(r.resolution),
+        "created_at": created_at,
+        "updated_at": updated_at,
+        "resolution": None if r.resolution is None else dump_resolution(r.resolution),
         "announced": r.announced,
         "tenant_id": r.tenant_id,
         "actor": r.actor,
@@ -204,7 +203,9 @@ class ReceiptWrite:
 
     ``settles``: the write settles a ``prepared`` receipt (the adapter's settle
     statement, which names fewer columns), else it rewrites every column. ``params``
-    holds what the chosen statement names, the expected status and attempt included.
+    holds what the chosen statement names, the expected status and attempt included:
+    for a settlement, nothing more (stamping and encoding the columns it does not
+    write would cost about as much as those it does).
     """
 
     new: Receipt
@@ -223,9 +224,23 @@ def receipt_write(
 ) -> ReceiptWrite:
     """The compare-and-set that writes ``new`` over ``expected``; ``stamp`` as for
     :func:`receipt_params`."""
-    params = receipt_params(new, stamp)
-    params.update(expected_status=expected.status.value, expected_attempt=expected.attempt)
-    return ReceiptWrite(new, is_settlement(new, expected), params)
+    settles = is_settlement(new, expected)
+    if settles:
+        # What both adapters' settle statement names, and no more: the outcome of every
+        # write effect comes here, and the columns it leaves alone are not encoded.
+        params: dict[str, Any] = {
+            "thread_id": new.thread_id,
+            "key": new.key,
+            "status": str(new.status),
+            "value": None if new.value is None else dump_value(new.value),
+            "error": new.error,
+            "updated_at": stamp(new.updated_at or utcnow()),
+        }
+    else:
+        params = receipt_params(new, stamp)
+    params["expected_status"] = expected.status.value
+    params["expected_attempt"] = expected.attempt
+    return ReceiptWrite(new, settles, params)
 
 
 def decode_receipt_row(

@@ -36,6 +36,7 @@ from typing import Any, Self
 
 from intention_kernel import _tracing
 from intention_kernel._json import storable_text
+from intention_kernel.durability._effect_calls import shielded
 from intention_kernel.durability.contract import OutboxRecorder, Recorded
 from intention_kernel.durability.records import OutboxBacklog
 from intention_kernel.effects import utcnow
@@ -243,11 +244,11 @@ class OutboxRelay:
                         return RelayReport(len(acked), 1), False
                     acked.append(event.seq)
             finally:
-                if acked:  # even if cancelled: these were acknowledged
-                    mark = asyncio.ensure_future(
-                        recorder.mark_published(thread_id, acked, utcnow())
-                    )
-                    await asyncio.shield(mark)
+                if acked:
+                    # Even if cancelled: these were acknowledged. And the claim is kept
+                    # until the mark is written: released earlier, another relay would
+                    # read them as unpublished and publish them again.
+                    await shielded(recorder.mark_published(thread_id, acked, utcnow()))
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug(
                     "published %d event(s) of thread %r",

@@ -166,6 +166,7 @@ class _Step:
         self._running = 0  # effect calls started and not yet ended
         self._idle: asyncio.Event | None = None  # made by ``end`` only when it must wait
         self._store_failure: BaseException | None = None
+        self._receipt_ids: tuple[str, ...] | None = None  # see ``receipt_ids``
 
     async def end(self) -> None:
         """Refuse further effect calls and events, and wait for the calls still running.
@@ -375,6 +376,21 @@ class _Step:
 
     # -- outcomes -----------------------------------------------------------------------------
 
+    def receipt_ids(self) -> tuple[str, ...]:
+        """The IDs of the receipts the step's effect calls met, each once, in call order.
+
+        Built once, when the step has ended: no effect call adds a receipt after that."""
+        ids = self._receipt_ids
+        if ids is None:
+            assert self.ended
+            receipts = self.receipts
+            if len(receipts) < 2:  # most steps: no call, or one
+                ids = (receipts[0].id,) if receipts else ()
+            else:
+                ids = tuple(dict.fromkeys(r.id for r in receipts))
+            self._receipt_ids = ids
+        return ids
+
     def finish(
         self,
         status: StepStatus,
@@ -391,13 +407,14 @@ class _Step:
             status=status,
             value=value,
             error=error,
-            receipt_ids=tuple(dict.fromkeys(r.id for r in self.receipts)),
+            receipt_ids=self.receipt_ids(),
             proposed_input=self.proposed,
             approved_input=self.item.input if self.proposed is not None else None,
         )
         state = self.state
         state.add_step(step)
-        self.flush_effect_events()
+        if self.effect_events:
+            self.flush_effect_events()
         replies = state.agent.agent.replies
         if status is StepStatus.FAILED:
             failure = cause if cause is not None else CapabilityError(error or "failed")
@@ -413,7 +430,8 @@ class _Step:
 
     def complete(self, raw: Any) -> StepResult:
         state, cap = self.state, self.cap
-        self.flush_effect_events()
+        if self.effect_events:
+            self.flush_effect_events()
         result = raw if isinstance(raw, CapabilityResult) else CapabilityResult(value=raw)
         if result.confirmation is not None and cap.confirmation != "capability":
             return self.finish(
@@ -471,7 +489,7 @@ class _Step:
         """Version each fact and pin its lineage; all or nothing."""
         state = self.state
         pending: dict[str, FactRecord] = {}
-        receipts = tuple(dict.fromkeys(r.id for r in self.receipts))
+        receipts = self.receipt_ids()
         for fact in result.facts:
             if not isinstance(fact.key, str) or not fact.key:
                 raise CapabilityError(f"{self.cap.id}: a fact key must be a non-empty string")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from intention_kernel import _tracing
 from intention_kernel.errors import InterpretationError
@@ -40,18 +40,18 @@ async def interpret(state: TurnState, rounds: tuple[Round, ...] = ()) -> Interpr
         rounds=rounds,
         stream=state.sink.delta if state.sink is not None else None,
     )
+    interpreter = state.agent.agent.interpreter
     try:
-        with (
-            _tracing.span(
+        if not state.traced:  # no span, not even the no-op one: a turn's common case
+            result = await interpreter.interpret(request)
+        else:
+            with _tracing.span(
                 "intention_kernel.interpret",
                 thread_id=state.scope.thread_id,
                 turn_id=state.scope.turn_id,
                 round=len(rounds) + 1 if rounds else None,  # a later round only
-            )
-            if state.traced
-            else _tracing.NOOP
-        ):
-            result = await state.agent.agent.interpreter.interpret(request)
+            ):
+                result = await interpreter.interpret(request)
     except Exception as exc:
         raise InterpretationError(
             f"the interpreter failed: {type(exc).__name__}: {exc}",
@@ -71,28 +71,28 @@ def _checked(result: object, state: TurnState) -> Interpretation:
 
     if not isinstance(result, Interpretation):
         raise bad(f"expected an Interpretation, got {type(result).__name__}")
-    if isinstance(result.intents, (str, bytes)) or not isinstance(result.intents, Sequence):
-        raise bad("intents must be a sequence of Intent")
-    for intent in result.intents:
-        if not isinstance(intent, Intent):
-            raise bad(f"intents must be Intent objects, got {type(intent).__name__}")
-        if not isinstance(intent.input, Mapping):
-            # Bad input shape is the capability's problem: it becomes a failed step.
-            continue
+    intents = result.intents
+    # Exact types first: ``isinstance`` against ``Sequence`` runs the ABC machinery.
     if (
-        result.answer is not None
-        and not isinstance(result.answer, Answer)
-        and result.answer
-        not in (
-            "accept",
-            "reject",
-        )
+        type(intents) is not list
+        and type(intents) is not tuple
+        and (isinstance(intents, (str, bytes)) or not isinstance(intents, Sequence))
     ):
-        raise bad(f"answer must be 'accept', 'reject' or an Answer, got {result.answer!r}")
-    if isinstance(result.answer, Answer) and result.answer.decision not in ("accept", "reject"):
-        raise bad(
-            f"an answer's decision must be 'accept' or 'reject', not {result.answer.decision!r}"
-        )
+        raise bad("intents must be a sequence of Intent")
+    for intent in intents:
+        if type(intent) is not Intent and not isinstance(intent, Intent):
+            raise bad(f"intents must be Intent objects, got {type(intent).__name__}")
+        # An input that is not a mapping is the capability's problem: it becomes a
+        # failed step (``Capability.parse_input``), not a failed turn.
+    answer = result.answer
+    if answer is not None:
+        if isinstance(answer, Answer):
+            if answer.decision not in ("accept", "reject"):
+                raise bad(
+                    f"an answer's decision must be 'accept' or 'reject', not {answer.decision!r}"
+                )
+        elif answer not in ("accept", "reject"):
+            raise bad(f"answer must be 'accept', 'reject' or an Answer, got {answer!r}")
     if result.reply is not None and not isinstance(result.reply, str):
         raise bad("reply must be a string")
     if result.reply is not None and not result.reply.isascii():

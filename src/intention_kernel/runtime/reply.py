@@ -28,15 +28,18 @@ def finish(
         reply = "\n".join(lines) if lines else agent.replies.nothing_to_do()
     previous = state.previous
     base_messages = previous.messages if previous else ()
-    said: list[Message] = []
+    said: tuple[Message, ...]
     if request.message is not None:
-        said.append(Message("user", request.message, scope.turn_id))
+        said = (Message("user", request.message, scope.turn_id),)
     elif request.answer is not None:
-        said.append(Message("user", f"[{request.answer.decision}]", scope.turn_id))
-    said.append(Message("assistant", reply, scope.turn_id))
+        said = (Message("user", f"[{request.answer.decision}]", scope.turn_id),)
+    else:
+        said = ()
+    said += (Message("assistant", reply, scope.turn_id),)
     messages = (*base_messages, *said)[-agent.max_messages :]
     # The messages of this turn that the bound keeps, and the base's oldest it drops.
-    appended = messages[len(messages) - min(len(said), len(messages)) :]
+    count = len(messages)
+    appended = messages[count - min(len(said), count) :]
     version = (previous.version if previous else 0) + 1
     receipts, noted = state.receipts, state.noted_receipts
     moved: tuple[str, ...] = ()
@@ -61,7 +64,7 @@ def finish(
     delta = CheckpointDelta(
         base_version=version - 1,
         messages_appended=appended,
-        messages_trimmed=len(base_messages) - (len(messages) - len(appended)),
+        messages_trimmed=len(base_messages) - (count - len(appended)),
         facts_set=facts.changed(),
         receipts_moved=moved,
         receipts_appended=tuple(noted.values()),

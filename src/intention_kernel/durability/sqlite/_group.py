@@ -6,11 +6,17 @@ transaction (group commit).
   on) and runs them as one group: ``BEGIN IMMEDIATE``, each write, one ``COMMIT``, so
   that overlapping turns share one disk flush instead of paying one each. A write that
   finds the thread idle runs alone at once, so a lone write never waits for company.
-- **A savepoint per write.** Inside a group, each write runs between ``SAVEPOINT``
-  and ``RELEASE``; a write that fails (a fenced turn, a receipt that moved) rolls back
-  to its savepoint, so only its own caller sees the error and its group-mates commit.
-  A write alone in its group needs no savepoint: it runs in its own transaction (or
-  as one autocommitted statement), exactly as before group commit.
+- **A savepoint per atomic write.** Inside a group, a write whose statements must
+  commit together (``atomic``: a turn's commit) runs between ``SAVEPOINT`` and
+  ``RELEASE``; if it fails (a fenced turn) it rolls back to its savepoint, so only its
+  own caller sees the error and its group-mates commit. A write that is not atomic (a
+  receipt's claim or outcome, a journal entry) needs none: alone, each of its
+  statements autocommits when it ends, so a failure there keeps the statements before
+  it too; in a group those stay in the transaction and commit with it, the same
+  outcome. The statement that fails is undone by SQLite itself (a statement rollback),
+  which leaves the transaction open and the group-mates' rows in it. A write alone in
+  its group needs no savepoint: it runs in its own transaction (or as autocommitted
+  statements), exactly as before group commit.
 - **Acknowledged only after ``COMMIT``.** No caller's future is settled before the
   group's ``COMMIT`` has returned: until then nothing of the group is on disk. If
   ``COMMIT`` fails, or SQLite rolls the whole transaction back under a write (a full
@@ -35,6 +41,11 @@ transaction (group commit).
   (``BEGIN``, a savepoint, ``COMMIT``), the transaction is rolled back and every
   write of the group fails with the error; without that, one failed statement would
   stop the thread and leave every later write waiting for ever.
+- **A call's future cannot be cancelled by its caller** (:class:`_CallFuture`): a task
+  cancelled while it awaits one sees its ``CancelledError`` only once the thread has
+  settled the call, so a caller never goes on (and releases its thread lock) while
+  its write may still run. Without a shield around each call, which would cost a
+  second future and a callback per hop.
 - **Handed off with a queue put and one ``call_soon_threadsafe`` back per group.**
   Not ``loop.run_in_executor`` over a one-thread pool: that wraps every call in a
   ``concurrent.futures.Future`` and then in an asyncio future chained to it, about
@@ -69,9 +80,10 @@ group_fault: Callable[[GroupPoint, int], None] | None = None
 
 class WriteJob:
     """One write: ``run(conn)`` inside a transaction that the writer opens (in a group)
-    or that ``solo(conn)`` opens itself (alone); ``error`` translates what it raised."""
+    or that ``solo(conn)`` opens itself (alone); ``error`` translates what it raised.
+    ``atomic``: its statements must commit together, so in a group it gets a savepoint."""
 
-    __slots__ = ("error", "future", "loop", "run", "solo")
+    __slots__ = ("atomic", "error", "future", "loop", "run", "solo")
 
     def __init__(
         self,
@@ -80,12 +92,29 @@ class WriteJob:
         error: Callable[[BaseException], BaseException],
         future: asyncio.Future[Any],
         loop: asyncio.AbstractEventLoop,
+        atomic: bool,
     ) -> None:
         self.run = run
         self.solo = solo
         self.error = error
         self.future = future
         self.loop = loop
+        self.atomic = atomic
+
+
+class _CallFuture(asyncio.Future[Any]):
+    """A call's future, settled only by the worker thread: it refuses ``cancel()``.
+
+    ``Task.cancel()`` first tries to cancel the future its task awaits; when that
+    refuses, asyncio marks the task and throws ``CancelledError`` into it as soon as
+    the future is settled, instead of its result. A future that a cancel did settle
+    would let the task go on while the thread still runs its call.
+    """
+
+    __slots__ = ()
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        return False
 
 
 class _Call:
@@ -107,7 +136,7 @@ _Outcome = tuple["asyncio.Future[Any]", asyncio.AbstractEventLoop, Any, BaseExce
 class GroupWriter:
     """The worker thread of one writer connection: writes in groups, other calls alone.
 
-    A submitted call always runs to its end, even if its future is cancelled.
+    A submitted call always runs to its end, and its future cannot be cancelled.
     ``group_alone`` makes even a lone write run inside a group's transaction and
     savepoint (the conformance suite uses it to run every write the group way).
     """
@@ -147,7 +176,7 @@ class GroupWriter:
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Run ``fn()`` alone on the thread (not a write of a group)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+        future: asyncio.Future[T] = _CallFuture(loop=loop)
         self._pending += 1
         self._jobs.put(_Call(fn, future, loop))
         return future
@@ -157,12 +186,16 @@ class GroupWriter:
         run: Callable[[sqlite3.Connection], T],
         solo: Callable[[sqlite3.Connection], T],
         error: Callable[[BaseException], BaseException],
+        *,
+        atomic: bool = True,
     ) -> asyncio.Future[T]:
-        """Queue a write; its future is settled after the ``COMMIT`` that made it durable."""
+        """Queue a write; its future is settled after the ``COMMIT`` that made it durable.
+        ``atomic=False``: ``run`` is one statement, or statements that may commit one by
+        one (see the module docstring), and runs in a group without a savepoint."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+        future: asyncio.Future[T] = _CallFuture(loop=loop)
         self._pending += 1
-        self._jobs.put(WriteJob(run, solo, error, future, loop))
+        self._jobs.put(WriteJob(run, solo, error, future, loop, atomic))
         return future
 
     def close(self) -> None:
@@ -233,7 +266,9 @@ class GroupWriter:
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in group:
-                conn.execute("SAVEPOINT ik_write")
+                atomic = job.atomic
+                if atomic:
+                    conn.execute("SAVEPOINT ik_write")
                 try:
                     result = job.run(conn)
                 except BaseException as exc:
@@ -242,13 +277,15 @@ class GroupWriter:
                         # error): what the writes before this one wrote is gone too.
                         lost = exc
                         break
-                    # Without this rollback, the failed write's rows would commit with
-                    # the group (a fenced turn's rows among them).
-                    conn.execute("ROLLBACK TO ik_write")
-                    conn.execute("RELEASE ik_write")
+                    if atomic:
+                        # Without this rollback, the failed write's rows would commit
+                        # with the group (a fenced turn's rows among them).
+                        conn.execute("ROLLBACK TO ik_write")
+                        conn.execute("RELEASE ik_write")
                     done.append((job, None, exc))
                 else:
-                    conn.execute("RELEASE ik_write")
+                    if atomic:
+                        conn.execute("RELEASE ik_write")
                     done.append((job, result, None))
             else:
                 if group_fault is not None:
@@ -294,8 +331,7 @@ class GroupWriter:
             def settle(settled: list[_Outcome] = settled) -> None:
                 self._pending -= len(settled)  # the thread is done with them
                 for future, _, result, exc in settled:
-                    if future.done():  # cancelled by a caller that stopped waiting
-                        continue
+                    # Never done already: only this settles it (see _CallFuture).
                     if exc is None:
                         future.set_result(result)
                     else:

@@ -8,7 +8,9 @@ recorded.
 
 Each write is a body that never begins, commits or rolls back: it runs in the
 transaction its runner opened (``_run(..., atomic=True)`` gives it one when it is
-alone), and raises to have its statements rolled back.
+alone), and raises to have its statements rolled back. A body that is not atomic
+writes with one statement, which SQLite undoes by itself when it fails: in a group it
+then needs no savepoint of its own (see :mod:`._group`).
 """
 
 from __future__ import annotations
@@ -177,26 +179,35 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             if record.rewrite:
                 conn.execute(DELETE_MESSAGES, (thread_id,))
                 conn.execute(DELETE_FACTS, (thread_id,))
-            first = message_seq - len(record.messages) + 1
-            conn.executemany(
-                INSERT_MESSAGE,
-                [(thread_id, first + i, body) for i, body in enumerate(record.messages)],
-            )
+            # Each executemany only when it has rows: an empty one still looks up and
+            # resets its statement.
+            if record.messages:
+                first = message_seq - len(record.messages) + 1
+                conn.executemany(
+                    INSERT_MESSAGE,
+                    [(thread_id, first + i, body) for i, body in enumerate(record.messages)],
+                )
             if record.trim_messages:
                 last_trimmed = message_seq - record.keep_messages
                 first_kept = last_trimmed - record.trim_messages
                 conn.execute(TRIM_MESSAGES, (thread_id, first_kept, last_trimmed))
-            conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in record.facts])
-            conn.executemany(DELETE_FACT, [(thread_id, k) for k in record.removed_facts])
+            if record.facts:
+                conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in record.facts])
+            if record.removed_facts:
+                conn.executemany(DELETE_FACT, [(thread_id, k) for k in record.removed_facts])
             if record.mark_announced:
                 conn.executemany(MARK_ANNOUNCED, [(thread_id, k) for k in record.mark_announced])
             if record.journaled:
                 conn.execute(DELETE_JOURNAL, (thread_id, record.turn_id))
-            first_seq = next_seq - len(rows)
-            conn.executemany(
-                INSERT_EVENT,
-                [(r[0], r[1], r[2], first_seq + i, r[3], r[4], r[5]) for i, r in enumerate(rows)],
-            )
+            if rows:
+                first_seq = next_seq - len(rows)
+                conn.executemany(
+                    INSERT_EVENT,
+                    [
+                        (r[0], r[1], r[2], first_seq + i, r[3], r[4], r[5])
+                        for i, r in enumerate(rows)
+                    ],
+                )
             if _faults.armed:  # every row written, the transaction still open
                 _faults.reach(_faults.DURING_COMMIT)
 

@@ -183,6 +183,30 @@ class OutboxConformance(ConformanceCase):
             seqs = [e.seq for e in rest if e.thread_id == thread]
             assert seqs == sorted(seqs)
 
+    async def test_a_cancelled_relay_keeps_its_claim_until_its_mark_is_written(
+        self, durability: Durability, operable: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Cancelled while it marks what its sink acknowledged, the relay still writes the
+        mark, and keeps the thread's claim until it has: released earlier, another relay
+        would read those events as unpublished and publish them again."""
+        relayed = relayable(durability, operable)
+        await converse(relayed, ("t-a",))
+        wrapper = await flaky(relayed, monkeypatch)
+        hold = wrapper.hold = asyncio.Event()
+        first, second = RelaySink(), RelaySink()
+        task = asyncio.create_task(OutboxRelay(relayed, first, concurrency=1).run_once())
+        await asyncio.wait_for(wrapper.marking.wait(), 10)
+        task.cancel()
+        for _ in range(5):  # let the cancel reach the relay
+            await asyncio.sleep(0)
+        report = await asyncio.wait_for(OutboxRelay(relayed, second).run_once(), 10)
+        assert (report.published, second.seen) == (0, [])  # the thread is still claimed
+        assert not task.done()  # waiting for its mark
+        hold.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert first.seen and (await OutboxRelay(relayed, second).status()).unpublished == 0
+
     async def test_relays_on_one_store_share_the_threads_and_never_interleave_one(
         self, make_durability: Callable[[], Durability], operable: bool
     ) -> None:
@@ -374,6 +398,10 @@ class FlakyRecorder:
         self.inner = inner
         self.fail_polls = 0  # pending_threads calls that fail before the store "recovers"
         self.fail_marks: set[str] = set()  # threads whose mark_published fails
+        #: When set, the next mark_published sets ``marking`` and waits for ``hold``
+        #: to be set before it writes.
+        self.hold: asyncio.Event | None = None
+        self.marking = asyncio.Event()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -387,6 +415,10 @@ class FlakyRecorder:
     async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
         if thread_id in self.fail_marks:
             raise StoreError(f"the store refused the mark of {thread_id}")
+        if self.hold is not None:
+            hold, self.hold = self.hold, None
+            self.marking.set()
+            await hold.wait()
         await self.inner.mark_published(thread_id, seqs, at)
 
 

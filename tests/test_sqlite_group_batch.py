@@ -1,0 +1,298 @@
+"""Less work per write in a SQLite group, and still a failing write fails alone: a write
+that is not atomic runs in its group without a savepoint of its own, and what it
+leaves behind when it fails is exactly what it leaves when it runs alone."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from intention_kernel.durability.abc import JournalEntry
+from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.effects import ReceiptStatus, plan_effect, settle, utcnow
+from intention_kernel.errors import FencedCommitError, StoreError
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+class _Gate:
+    """Blocks the adapter's worker thread until opened, so that the writes queued
+    meanwhile form one group."""
+
+    def __init__(self, store: SQLiteDurability) -> None:
+        self._recorder: Any = store._recorder
+        self._open = threading.Event()
+        self._holding = threading.Event()
+        self.future = self._recorder._worker.submit(self._hold)
+
+    def _hold(self) -> bool:
+        self._holding.set()
+        return self._open.wait(10)
+
+    async def holding(self) -> None:
+        """Until the thread is blocked here: a write queued before that could be taken
+        with the gate, and run alone once it opens."""
+        assert await asyncio.to_thread(self._holding.wait, 10)
+
+    async def wait_for_writes(self, count: int) -> None:
+        """Until ``count`` writes wait behind the gate (each a hop in flight)."""
+        for _ in range(1000):
+            if self._recorder._worker._pending > count:  # the gate is one more
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"{self._recorder._worker._pending - 1} writes queued, not {count}")
+
+    async def open(self) -> None:
+        self._open.set()
+        assert await self.future
+
+
+async def _in_one_group(store: SQLiteDurability, *writes: Any) -> list[Any]:
+    """Run the awaitables ``writes`` (each one write) as one group; their outcomes."""
+    recorder: Any = store._recorder
+    grouped = recorder._worker.grouped
+    gate = _Gate(store)
+    await gate.holding()
+    started = [asyncio.ensure_future(w) for w in writes]
+    await gate.wait_for_writes(len(started))
+    await gate.open()
+    done = await asyncio.gather(*started, return_exceptions=True)
+    assert recorder._worker.grouped - grouped == len(writes)  # one group of them all
+    return done
+
+
+def _scratch(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE scratch (x TEXT UNIQUE)")
+
+
+def _rows(path: Path) -> set[str]:
+    with sqlite3.connect(path) as conn:
+        return {r[0] for r in conn.execute("SELECT x FROM scratch")}
+
+
+def _insert(*values: str) -> Callable[[sqlite3.Connection], None]:
+    """One statement that inserts ``values`` in order: it fails at the first duplicate,
+    after the rows before it were written."""
+
+    def write(conn: sqlite3.Connection) -> None:
+        rows = ", ".join("(?)" for _ in values)
+        conn.execute(f"INSERT INTO scratch VALUES {rows}", values)
+
+    return write
+
+
+def _then_fail(conn: sqlite3.Connection) -> None:
+    """Two statements that may commit one by one: the second fails on a duplicate."""
+    conn.execute("INSERT INTO scratch VALUES ('first of two')")
+    conn.execute("INSERT INTO scratch VALUES ('dup'), ('dup')")
+
+
+def _entry(key: str, value: str, turn: str = "turn-1") -> JournalEntry:
+    return JournalEntry("t", turn, key, "d", value, utcnow())
+
+
+# -- a write that is not atomic, in a group ------------------------------------------------
+
+
+async def test_a_failed_one_statement_write_leaves_no_row_and_its_group_mates_commit(
+    tmp_path: Path,
+) -> None:
+    """The failing statement wrote two rows before its duplicate: without a savepoint,
+    SQLite's statement rollback takes them back, and nothing else: the atomic write
+    before it and the write after it commit."""
+    path = tmp_path / "k.db"
+    _scratch(path)
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        recorder: Any = store._recorder
+        done = await _in_one_group(
+            store,
+            recorder._run(_insert("atomic before"), atomic=True),
+            recorder._run(_insert("b", "dup", "dup")),
+            recorder._run(_insert("after")),
+        )
+        assert done[0] is None and done[2] is None, done
+        assert isinstance(done[1], StoreError) and "UNIQUE" in str(done[1])
+    assert _rows(path) == {"atomic before", "after"}
+
+
+@pytest.mark.parametrize("how", ["alone", "grouped"])
+async def test_a_failed_write_that_is_not_atomic_leaves_what_it_leaves_alone(
+    tmp_path: Path, how: Literal["alone", "grouped"]
+) -> None:
+    """A body that is not atomic may commit its statements one by one: alone, the
+    statement before the one that failed autocommits. In a group it stays in the
+    transaction and commits with it: the same rows either way, and the caller sees
+    the same error."""
+    path = tmp_path / "k.db"
+    _scratch(path)
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        recorder: Any = store._recorder
+        if how == "alone":
+            groups = recorder._worker.groups
+            with pytest.raises(StoreError, match="UNIQUE"):
+                await recorder._run(_then_fail)
+            assert recorder._worker.groups == groups + 1
+            await recorder._run(_insert("mate"))
+        else:
+            done = await _in_one_group(
+                store, recorder._run(_then_fail), recorder._run(_insert("mate"))
+            )
+            assert isinstance(done[0], StoreError) and "UNIQUE" in str(done[0])
+            assert done[1] is None
+    assert _rows(path) == {"first of two", "mate"}
+
+
+async def test_an_atomic_write_that_fails_after_writing_rolls_back_alone(tmp_path: Path) -> None:
+    """An atomic body's rows before its failure are taken back by its savepoint; the
+    writes that are not atomic around it keep theirs."""
+    path = tmp_path / "k.db"
+    _scratch(path)
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        recorder: Any = store._recorder
+        done = await _in_one_group(
+            store,
+            recorder._run(_insert("before")),
+            recorder._run(_then_fail, atomic=True),
+            recorder._run(_insert("after")),
+        )
+        assert done[0] is None and done[2] is None, done
+        assert isinstance(done[1], StoreError)
+    assert _rows(path) == {"before", "after"}
+
+
+async def test_a_journal_entry_recorded_twice_in_one_group_is_refused_alone(
+    tmp_path: Path,
+) -> None:
+    """Two writes of one journal key in one group (a lost lock): the second is refused
+    by the primary key, the first and another turn's entry commit."""
+    path = tmp_path / "k.db"
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        recorder = await store.recorder()
+        done = await _in_one_group(
+            store,
+            recorder.write_journal(_entry("k", '"first"')),
+            recorder.write_journal(_entry("k", '"second"')),
+            recorder.write_journal(_entry("k", '"other turn"', turn="turn-2")),
+        )
+        assert done[0] is None and done[2] is None, done
+        assert isinstance(done[1], FencedCommitError)
+        [first] = await recorder.read_journal("t", "turn-1")
+        [other] = await recorder.read_journal("t", "turn-2")
+    assert (first.value, other.value) == ('"first"', '"other turn"')
+
+
+async def test_a_receipt_outcome_that_finds_its_receipt_moved_fails_alone(
+    tmp_path: Path,
+) -> None:
+    """Two outcomes of one prepared receipt in one group: the compare-and-set lets the
+    first through and refuses the second, which writes nothing; another receipt's
+    outcome in the same group commits."""
+    path = tmp_path / "k.db"
+    plan = functools.partial(plan_effect, thread_id="t", turn_id="1", step_id="s", now=utcnow())
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        recorder = await store.recorder()
+        prepared = {}
+        for key in ("a", "b"):
+            claimed = await recorder.claim_effect("t", key, functools.partial(plan, key=key))
+            assert claimed.write is not None
+            prepared[key] = claimed.write
+        done = await _in_one_group(
+            store,
+            recorder.write_receipt(
+                settle(prepared["a"], "completed", now=utcnow(), value=1), prepared["a"]
+            ),
+            recorder.write_receipt(settle(prepared["a"], "failed", now=utcnow()), prepared["a"]),
+            recorder.write_receipt(
+                settle(prepared["b"], "completed", now=utcnow(), value=2), prepared["b"]
+            ),
+        )
+        assert done[0] is None and done[2] is None, done
+        assert isinstance(done[1], FencedCommitError)
+        receipts = {r.key: r for r in await recorder.read_receipts("t", None)}
+    assert (receipts["a"].status, receipts["a"].value) == (ReceiptStatus.COMPLETED, 1)
+    assert (receipts["b"].status, receipts["b"].value) == (ReceiptStatus.COMPLETED, 2)
+
+
+async def test_only_atomic_writes_take_a_savepoint_in_a_group(tmp_path: Path) -> None:
+    """The statements a group sends: one ``BEGIN IMMEDIATE``, a savepoint around the
+    atomic write only, one ``COMMIT``."""
+    path = tmp_path / "k.db"
+    _scratch(path)
+    statements: list[str] = []
+
+    def trace(role: str, sql: str) -> None:
+        if role == "writer":
+            statements.append(" ".join(sql.split()))
+
+    async with SQLiteDurability(path, offload_writes=True, trace=trace) as store:
+        recorder: Any = store._recorder
+        statements.clear()
+        await _in_one_group(
+            store,
+            recorder._run(_insert("one")),
+            recorder._run(_insert("two"), atomic=True),
+            recorder._run(_insert("three")),
+        )
+    sent = [s for s in statements if not s.startswith("PRAGMA")]
+    assert sent == [
+        "BEGIN IMMEDIATE",
+        "INSERT INTO scratch VALUES ('one')",
+        "SAVEPOINT ik_write",
+        "INSERT INTO scratch VALUES ('two')",
+        "RELEASE ik_write",
+        "INSERT INTO scratch VALUES ('three')",
+        "COMMIT",
+    ]
+
+
+# -- a cancelled caller waits for its write --------------------------------------------------
+
+
+async def test_a_cancelled_caller_goes_on_only_after_its_write_committed(tmp_path: Path) -> None:
+    """A task cancelled while its write waits for the worker thread does not go on (and
+    drop its thread lock) while the write may still run: it sees the cancellation once
+    the write's group committed, and the write is on disk."""
+    path = tmp_path / "k.db"
+    _scratch(path)
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        recorder: Any = store._recorder
+        gate = _Gate(store)
+        write = asyncio.ensure_future(recorder._run(_insert("cancelled")))
+        mate = asyncio.ensure_future(recorder._run(_insert("mate")))
+        await gate.wait_for_writes(2)
+        write.cancel()
+        await asyncio.sleep(0.05)
+        assert not write.done()  # still waiting for the thread
+        assert _rows(path) == set()
+        await gate.open()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        assert write.cancelled()
+        await mate
+    assert _rows(path) == {"cancelled", "mate"}
+
+
+async def test_a_timed_out_caller_waits_for_its_write_too(tmp_path: Path) -> None:
+    """``asyncio.wait_for`` cancels the write's task at its timeout: the timeout reaches
+    the caller only after the write committed."""
+    path = tmp_path / "k.db"
+    _scratch(path)
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        recorder: Any = store._recorder
+        gate = _Gate(store)
+        timed = asyncio.ensure_future(asyncio.wait_for(recorder._run(_insert("late")), 0.01))
+        await gate.wait_for_writes(1)
+        await asyncio.sleep(0.05)
+        assert not timed.done()
+        await gate.open()
+        with pytest.raises(TimeoutError):
+            await timed
+    assert _rows(path) == {"late"}
