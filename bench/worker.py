@@ -306,8 +306,7 @@ async def serve(args: argparse.Namespace, out: Any) -> None:
                 "pg_statements": pg_counter.statements if pg_counter else None,
                 "commits": counter.commits if counter else None,
                 "effects": row.provider.calls,
-                # Transactions the SQLite adapter's writer ran (groups, or writes alone).
-                "groups": getattr(_writer_worker(row), "groups", None),
+                "groups": _writer_groups(getattr(row, "durability", None)),
             }
         elif op == "rss":
             answer = {"rss_kb": _rss()}
@@ -320,6 +319,19 @@ async def serve(args: argparse.Namespace, out: Any) -> None:
             answer = {"error": f"unknown op {op}"}
         out.write(json.dumps(answer) + "\n")
         out.flush()
+
+
+def _writer_groups(durability: Any) -> int | None:
+    """Transactions the SQLite adapter's writer thread ran (groups, or writes alone);
+    ``None`` for another store, or a ``--base`` tree older than the probe."""
+    try:
+        from intention_kernel.durability.sqlite import SQLiteDurability
+        from intention_kernel.testing.sqlite import WriterProbe
+    except ImportError:
+        return None
+    if not isinstance(durability, SQLiteDurability):
+        return None
+    return WriterProbe(durability).groups
 
 
 def main() -> None:

@@ -27,22 +27,23 @@ import sys
 from typing import Any
 
 from intention_kernel import Kernel
-from intention_kernel.durability.sqlite import SQLiteDurability, _group
+from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing import faults
+from intention_kernel.testing.sqlite import GroupPoint, arm_group_points
 from proving_support import LedgerProvider, append_line, proving_agent
 
 
 def arm(point: str, group: int) -> None:
     seen = 0
 
-    def die(reached: str, size: int) -> None:
+    def die(reached: GroupPoint, size: int) -> None:
         nonlocal seen
         if reached == point and size >= 2:
             seen += 1
             if seen == group:
                 os._exit(faults.EXIT_STATUS)
 
-    _group.group_fault = die
+    arm_group_points(die)
 
 
 async def main(config: dict[str, Any]) -> None:

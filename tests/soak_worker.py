@@ -9,7 +9,14 @@ Run as ``python tests/soak_worker.py '<json config>'``:
 - ``duplicates`` / ``conflicts``: the chance that a delivery is sent again at once
   with the same request (must replay) or with another one (must be refused).
 - ``fault``: optional ``{"point", "skip"}``: die (``os._exit(137)``) the
-  ``skip + 1``-th time a turn of this process reaches ``point``.
+  ``skip + 1``-th time a turn of this process reaches ``point``; a ``point`` of
+  :mod:`intention_kernel.testing.sqlite` (``"before_commit"``, ``"after_commit"``)
+  is a group commit's, reached on the SQLite writer thread by groups of two or more.
+- ``model_await``: seconds each turn's interpreter awaits once, as a model call
+  would (default 0), so that the turns of the ``tasks`` conversations overlap and
+  their writes share group commits.
+- ``together``: a duplicate is delivered at the same moment as the first copy, both
+  in flight at once (its commit may be in a group then), not after it returned.
 - ``resume``: start each thread at its last committed turn (delivered again) rather
   than at its first, as a host restarted after a crash retries what was in flight.
 
@@ -18,7 +25,9 @@ thread's turns commit in schedule order whichever process commits them. One
 JSON line per delivery: ``{"t", "u", "replayed", "digest", "steps"}`` (the digest of
 the result without its ``replayed`` flag; each step's capability and status),
 ``{"t", "u", "refused"}`` for a refused
-conflicting request, or ``{"t", "u", "error"}`` for anything unexpected.
+conflicting request, or ``{"t", "u", "error"}`` for anything unexpected. A walk that
+ends on SQLite writes ``{"writer": {"groups", "grouped"}}`` last: the transactions its
+writer thread ran, and how many writes shared one with others.
 """
 
 from __future__ import annotations
@@ -26,14 +35,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import random
 import sys
 from pathlib import Path
 from typing import Any
 
 from intention_kernel import Kernel, ThreadBusyError, TurnConflictError, TurnResult
+from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.interpretation import Interpretation, InterpretationRequest
 from intention_kernel.testing import faults
-from intention_kernel.testing.agents import billing_agent
+from intention_kernel.testing.agents import billing_agent, billing_interpreter
+from intention_kernel.testing.sqlite import GroupPoint, WriterProbe, arm_group_points
 from proving_support import LedgerProvider, open_store
 
 
@@ -46,18 +59,53 @@ def turn_id(index: int) -> str:
     return f"turn-{index + 1:04d}"
 
 
+def arm(fault: dict[str, Any]) -> None:
+    """Die at ``fault``'s point, after ``skip`` passes (see the module docstring)."""
+    point, skip = fault["point"], fault["skip"]
+    if point not in ("before_commit", "after_commit"):
+        faults.inject(point, "exit", skip=skip)
+        return
+    passes = 0
+
+    def die(reached: GroupPoint, size: int) -> None:
+        nonlocal passes
+        if reached == point and size >= 2:
+            passes += 1
+            if passes > skip:
+                os._exit(faults.EXIT_STATUS)
+
+    arm_group_points(die)
+
+
+def interpreter(model_await: float, rng: random.Random) -> Any:
+    """The billing agent's interpreter, awaiting once a turn for about ``model_await``
+    seconds (between none and twice that, so that groups mix differently)."""
+    scripted = billing_interpreter()
+    if not model_await:
+        return scripted
+    interpret = scripted.interpret
+
+    async def like_a_model(request: InterpretationRequest) -> Interpretation:
+        await asyncio.sleep(rng.uniform(0, 2 * model_await))
+        return await interpret(request)
+
+    scripted.interpret = like_a_model  # type: ignore[method-assign]
+    return scripted
+
+
 async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
     rng = random.Random(config["seed"])
     provider = LedgerProvider(path=config["ledger"], sync=False)
     provider.behaviour.update(schedule["behaviour"])
     if config.get("fault"):
-        faults.inject(config["fault"]["point"], "exit", skip=config["fault"]["skip"])
+        arm(config["fault"])
 
     def emit(record: dict[str, Any]) -> None:
         print(json.dumps(record), flush=True)
 
     async with open_store(config["store"]) as durability:
-        kernel = Kernel(billing_agent(provider), durability)
+        agent = billing_agent(provider, interpreter=interpreter(config.get("model_await", 0), rng))
+        kernel = Kernel(agent, durability)
 
         async def deliver(thread_id: str, turn: str, message: str) -> TurnResult:
             while True:
@@ -65,6 +113,18 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
                     return await kernel.turn(thread_id, turn, message)
                 except ThreadBusyError:
                     await asyncio.sleep(rng.uniform(0, 0.01))
+
+        async def answer(thread_id: str, turn: str, message: str) -> None:
+            result = await deliver(thread_id, turn, message)
+            emit(
+                {
+                    "t": thread_id,
+                    "u": turn,
+                    "replayed": result.replayed,
+                    "digest": digest(result),
+                    "steps": [[s.capability_id, str(s.status)] for s in result.steps],
+                }
+            )
 
         async def walk(thread_id: str) -> None:
             start = 0
@@ -76,17 +136,11 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
                     continue
                 turn = turn_id(index)
                 copies = 2 if rng.random() < config["duplicates"] else 1
-                for _ in range(copies):
-                    result = await deliver(thread_id, turn, message)
-                    emit(
-                        {
-                            "t": thread_id,
-                            "u": turn,
-                            "replayed": result.replayed,
-                            "digest": digest(result),
-                            "steps": [[s.capability_id, str(s.status)] for s in result.steps],
-                        }
-                    )
+                if config.get("together"):
+                    await asyncio.gather(*(answer(thread_id, turn, message) for _ in range(copies)))
+                else:
+                    for _ in range(copies):
+                        await answer(thread_id, turn, message)
                 if rng.random() < config["conflicts"]:
                     try:
                         await kernel.turn(
@@ -111,6 +165,9 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
                 await walk(queue.pop())
 
         await asyncio.gather(*(task() for _ in range(config["tasks"])))
+        if isinstance(durability, SQLiteDurability):
+            probe = WriterProbe(durability)
+            emit({"writer": {"groups": probe.groups, "grouped": probe.grouped}})
 
 
 if __name__ == "__main__":

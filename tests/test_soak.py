@@ -30,6 +30,15 @@ prints:
   turn; one ``effect.completed`` per applied write; the outbox in commit order;
 - every checkpoint at its thread's last turn; no lock left behind, on either store.
 
+The concurrent mode (SQLite; issue 22) runs the same schedule and audit with one
+worker process at a time, every thread at once on it (a task each, each turn's
+interpreter awaiting as a model call does), so that the turns' writes share group
+commits, and each duplicate delivered while the first copy is still in flight. Each
+round's process is SIGKILLed with groups in flight (or dies at a fault point, a
+group commit's ``before_commit``/``after_commit`` among them) and taken up by the
+next; between rounds nothing writes turns, so the audit also checks, at each death,
+that every turn the dead process acknowledged is on disk.
+
 Size: ``pytest tests/test_soak.py --soak-turns 20000`` for a longer run (default
 :data:`CI_TURNS`); ``--soak-seed`` replays a schedule. Deselect with ``-m "not soak"``.
 """
@@ -44,7 +53,7 @@ import sqlite3
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +91,10 @@ KILLED_UNTIL = 0.9  # of the scheduled turns committed: kills are spread up to t
 RELAY_KILLS = 0.2  # of the kills, aimed at the relay
 REPLACEMENTS_WITH_A_FAULT = 0.4
 RANDOM_SIGKILL = "random SIGKILL"
+#: The concurrent mode's workers: every thread at once (a task each), each turn awaiting
+#: a model for about 5 ms, a duplicate delivered while the first copy is in flight.
+CONCURRENT: dict[str, Any] = {"tasks": THREADS, "model_await": 0.005, "together": True}
+GROUP_POINTS = ["before_commit", "after_commit"]  # see intention_kernel.testing.sqlite
 
 
 # -- the schedule ----------------------------------------------------------------------------
@@ -139,6 +152,16 @@ class Worker:
         async for line in self.process.stdout:
             self.lines.append(json.loads(line))
 
+    @property
+    def deliveries(self) -> list[dict[str, Any]]:
+        """Its lines about deliveries (each names a thread and a turn)."""
+        return [line for line in self.lines if "t" in line]
+
+    @property
+    def writer(self) -> dict[str, int] | None:
+        """What its SQLite writer thread ran, if its walk ended (see soak_worker.py)."""
+        return next((line["writer"] for line in self.lines if "writer" in line), None)
+
     async def wait(self) -> int:
         stderr = await asyncio.wait_for(self.process.stderr.read(), 300)  # type: ignore[union-attr]
         status = await self.process.wait()
@@ -167,6 +190,9 @@ class Soak:
     workers: list[Worker] = field(default_factory=list)
     relays: list[Worker] = field(default_factory=list)
     progress: Any = None  # the connection committed() reads on
+    #: What every worker's configuration adds (the concurrent mode's ``tasks``,
+    #: ``model_await`` and ``together``; see soak_worker.py).
+    options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ledger(self) -> Path:
@@ -204,6 +230,7 @@ class Soak:
             "duplicates": duplicates,
             "conflicts": conflicts,
             "fault": fault,
+            **self.options,
         }
         worker = Worker(await self.start(WORKER, config), fault)
         worker.reader = asyncio.create_task(worker.read())
@@ -271,7 +298,56 @@ async def soak(store: Store, tmp_path: Path, request: pytest.FixtureRequest) -> 
 async def test_soak_with_random_kills_and_duplicate_deliveries_loses_and_duplicates_nothing(
     soak: Soak, store: Store, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    async def walk(total: int) -> None:
+        for _ in range(WORKERS):
+            await soak.spawn()
+        await kill_through_the_run(soak, total)
+
     turns = request.config.getoption("--soak-turns") or CI_TURNS
+    report = await run_soak(soak, store, turns, walk)
+    show(f"soak audit ({store.kind})", report, capsys)
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+async def test_concurrent_soak_killed_with_groups_in_flight_loses_and_duplicates_nothing(
+    soak: Soak, store: Store, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The concurrent mode (issue 22): one worker process at a time runs every thread at
+    once over one SQLite adapter, each turn awaiting a model, so that their writes
+    share group commits; duplicates come while the first copy is in flight. Each
+    round's process is SIGKILLed (or dies at a fault point, a group's among them) with
+    groups in flight, and before the next round starts, every turn it acknowledged is
+    on disk. The audit is the soak's."""
+    soak.options = CONCURRENT
+    acknowledged: list[int] = []
+
+    async def walk(total: int) -> None:
+        acknowledged.extend(await kill_in_rounds(soak, total))
+
+    turns = request.config.getoption("--soak-turns") or CI_TURNS
+    report = await run_soak(soak, store, turns, walk)
+    rounds = soak.workers[:-1]  # the last one is the recovery walk
+    grouped = [w.writer["grouped"] for w in rounds if w.writer is not None]
+    # (A walk that ends may have had only replays left, so the sum.)
+    assert sum(grouped) > 0, "the turns' writes never shared a commit"
+    report.insert(
+        2,
+        f"{len(rounds)} rounds of {CONCURRENT['tasks']} threads at once in one process; after "
+        f"each death ({len(acknowledged)}), every turn it acknowledged was on disk "
+        f"({sum(acknowledged)} acknowledgements checked); the walks that ended ran "
+        f"{sum(grouped)} writes in groups of two or more",
+    )
+    show("concurrent soak audit (sqlite)", report, capsys)
+
+
+async def run_soak(
+    soak: Soak,
+    store: Store,
+    turns: int,
+    walk: Callable[[int], Awaitable[None]],
+) -> list[str]:
+    """Schedule about ``turns`` turns, start the relay, let ``walk(total)`` run (and
+    kill) the workers, deliver everything once more, and audit; answers the report."""
     plan = schedule(turns, soak.rng)
     (soak.root / "schedule.json").write_text(json.dumps(plan))
     scheduled = {
@@ -282,9 +358,7 @@ async def test_soak_with_random_kills_and_duplicate_deliveries_loses_and_duplica
     async with store.durability() as durability:  # creates the schema before the workers race
         started = time.monotonic()
         await soak.spawn_relay()
-        for _ in range(WORKERS):
-            await soak.spawn()
-        await kill_through_the_run(soak, len(scheduled))
+        await walk(len(scheduled))
         for worker in list(soak.workers):
             await worker.wait()
         walked = time.monotonic() - started
@@ -317,8 +391,12 @@ async def test_soak_with_random_kills_and_duplicate_deliveries_loses_and_duplica
         + f"; the test's kills came with {', '.join(f'{k:.0%}' for k in kills)} of the turns "
         f"committed ({sum(1 for r in soak.relays if r.death)} of them the relay's)",
     )
+    return report
+
+
+def show(title: str, report: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():
-        print(f"\n-- soak audit ({store.kind}) " + "-" * 40)
+        print(f"\n-- {title} " + "-" * 40)
         for line in report:
             print("  " + line)
 
@@ -367,6 +445,41 @@ async def kill_through_the_run(soak: Soak, total: int) -> None:
         await replace_the_dead()
 
 
+async def kill_in_rounds(soak: Soak, total: int) -> list[int]:
+    """The concurrent mode's walk: one worker process at a time, SIGKILLed at moments
+    spread over the run by progress (as :func:`kill_through_the_run` does), each
+    replaced by a worker that takes every thread up again, some armed to die at a
+    fault point (a group commit's too). Between two rounds no process writes turns:
+    every turn the dead one acknowledged must be on disk then, before the next round
+    could commit it again. Answers how many acknowledgements each death had."""
+    kills = min(max(6, round(total * KILLS_PER_TURN)), MAX_KILLS)  # as kill_through_the_run
+    moments = sorted(soak.rng.uniform(0.02, KILLED_UNTIL) for _ in range(kills))
+    checked: list[int] = []
+    worker = await soak.spawn()
+    while True:
+        while moments and worker.process.returncode is None:
+            if soak.committed() >= moments[0] * total:
+                moments.pop(0)
+                worker.process.kill()
+                break
+            await asyncio.sleep(0.02)
+        done = soak.committed()
+        await worker.wait()  # and every line it wrote before it died
+        if worker.process.returncode == 0:
+            return checked
+        if worker.process.returncode == -9:  # not exited at its own fault point first
+            worker.killed_at = done / total
+        on_disk = {(t, u) for t, u, _ in soak.store.committed_turns()}
+        acknowledged = {(o["t"], o["u"]) for o in worker.deliveries if "digest" in o}
+        assert acknowledged <= on_disk, f"acknowledged, not on disk: {acknowledged - on_disk}"
+        checked.append(len(acknowledged))
+        fault = None
+        if soak.rng.random() < REPLACEMENTS_WITH_A_FAULT:
+            point = soak.rng.choice([*faults.POINTS, *GROUP_POINTS])
+            fault = {"point": point, "skip": soak.rng.randrange(0, 30)}
+        worker = await soak.spawn(fault=fault, resume=True)
+
+
 # -- the audit -------------------------------------------------------------------------------
 
 
@@ -389,9 +502,9 @@ def audit_turns(
 
     # Deliveries: the committed result for every redelivery, conflicts refused. (The
     # recovery walk runs what no surviving worker reached, and replays the rest.)
-    final = {(o["t"], o["u"]): o["digest"] for o in recovery.lines}
+    final = {(o["t"], o["u"]): o["digest"] for o in recovery.deliveries}
     assert set(final) == set(scheduled)
-    outcomes = [o for w in soak.workers for o in w.lines]
+    outcomes = [o for w in soak.workers for o in w.deliveries]
     assert [o for o in outcomes if "error" in o] == []
     answered = [o for o in outcomes if "digest" in o]
     wrong = [o for o in answered if o["digest"] != final[(o["t"], o["u"])]]
@@ -411,7 +524,7 @@ async def audit_outcomes(
 ) -> list[str]:
     """Each turn's outcome against its schedule, the receipts and the provider's ledger;
     returns the keys of the uncertain receipts."""
-    steps = {(o["t"], o["u"]): [tuple(s) for s in o["steps"]] for o in recovery.lines}
+    steps = {(o["t"], o["u"]): [tuple(s) for s in o["steps"]] for o in recovery.deliveries}
     charge = "payments.charge"
     outcome: dict[str, str] = {}  # payment intent -> its latest acceptance's outcome
     failures: Counter[str] = Counter()  # payment intent -> declined acceptances

@@ -9,6 +9,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,10 +70,18 @@ class OneUserAtATime:
         assert problems == []
 
 
-class TestSQLiteDurability(OneUserAtATime, DurabilityConformance):
+class SQLiteConformance(OneUserAtATime, DurabilityConformance):
+    """The whole suite on one SQLite file, with the adapter that :meth:`adapter` makes:
+    the one thing the classes below (and ``test_sqlite_group_commit.py``'s) change."""
+
+    @staticmethod
+    def adapter(path: Path, **options: Any) -> Durability:
+        """A new, unopened adapter on ``path`` with ``options`` (``lock_timeout``)."""
+        return SQLiteDurability(path, **options)
+
     @pytest.fixture
     def make_durability(self, tmp_path: Path) -> Callable[[], Durability]:
-        return lambda: SQLiteDurability(tmp_path / "kernel.db")
+        return lambda: self.adapter(tmp_path / "kernel.db")
 
     @pytest.fixture
     def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
@@ -86,56 +95,29 @@ class TestSQLiteDurability(OneUserAtATime, DurabilityConformance):
     def make_durability_with_lock_timeout(
         self, tmp_path: Path
     ) -> Callable[[float], Durability] | None:
-        return lambda seconds: SQLiteDurability(tmp_path / "kernel.db", lock_timeout=seconds)
+        return lambda seconds: self.adapter(tmp_path / "kernel.db", lock_timeout=seconds)
 
 
-class TestSQLiteDurabilityWithWritesOnTheWorkerThread(OneUserAtATime, DurabilityConformance):
+class TestSQLiteDurability(SQLiteConformance):
+    """The defaults: writes inline while one turn runs, on the worker thread once turns
+    overlap."""
+
+
+class TestSQLiteDurabilityWithWritesOnTheWorkerThread(SQLiteConformance):
     """``offload_writes=True``: every write hops, also when turns do not overlap."""
 
-    @pytest.fixture
-    def make_durability(self, tmp_path: Path) -> Callable[[], Durability]:
-        return lambda: SQLiteDurability(tmp_path / "kernel.db", offload_writes=True)
-
-    @pytest.fixture
-    def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
-        return _SQLiteTamper(tmp_path / "kernel.db")
-
-    @pytest.fixture
-    def inspector(self, tmp_path: Path) -> Inspector | None:
-        return StoreInspector(Store("sqlite", str(tmp_path / "kernel.db")))
-
-    @pytest.fixture
-    def make_durability_with_lock_timeout(
-        self, tmp_path: Path
-    ) -> Callable[[float], Durability] | None:
-        return lambda seconds: SQLiteDurability(
-            tmp_path / "kernel.db", lock_timeout=seconds, offload_writes=True
-        )
+    @staticmethod
+    def adapter(path: Path, **options: Any) -> Durability:
+        return SQLiteDurability(path, offload_writes=True, **options)
 
 
-class TestSQLiteDurabilityWithWritesOnTheEventLoop(OneUserAtATime, DurabilityConformance):
+class TestSQLiteDurabilityWithWritesOnTheEventLoop(SQLiteConformance):
     """``offload_writes=False``: no write hops, also when turns overlap (unless the
     database is busy)."""
 
-    @pytest.fixture
-    def make_durability(self, tmp_path: Path) -> Callable[[], Durability]:
-        return lambda: SQLiteDurability(tmp_path / "kernel.db", offload_writes=False)
-
-    @pytest.fixture
-    def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
-        return _SQLiteTamper(tmp_path / "kernel.db")
-
-    @pytest.fixture
-    def inspector(self, tmp_path: Path) -> Inspector | None:
-        return StoreInspector(Store("sqlite", str(tmp_path / "kernel.db")))
-
-    @pytest.fixture
-    def make_durability_with_lock_timeout(
-        self, tmp_path: Path
-    ) -> Callable[[float], Durability] | None:
-        return lambda seconds: SQLiteDurability(
-            tmp_path / "kernel.db", lock_timeout=seconds, offload_writes=False
-        )
+    @staticmethod
+    def adapter(path: Path, **options: Any) -> Durability:
+        return SQLiteDurability(path, offload_writes=False, **options)
 
 
 async def test_writes_hop_to_the_worker_thread_only_while_turns_overlap(tmp_path: Path) -> None:

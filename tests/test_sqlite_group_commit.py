@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,83 +14,30 @@ import pytest
 
 from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.durability.abc import OutboxBacklog, TurnRecord
-from intention_kernel.durability.sqlite import SQLiteDurability, _group
+from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.effects import utcnow
-from intention_kernel.errors import FencedCommitError, StoreError
-from intention_kernel.testing.conformance import (
-    DurabilityConformance,
-    Inspector,
-    Tamper,
-    commit_for,
+from intention_kernel.errors import FencedCommitError, KernelError, StoreError
+from intention_kernel.testing.conformance import commit_for
+from intention_kernel.testing.sqlite import (
+    GroupPoint,
+    WriterProbe,
+    group_points,
+    grouping_durability,
 )
 from intention_kernel.turns import EventDraft, TurnCommit, TurnScope
-from proving_support import Store, StoreInspector
 from sqlite_owner import watch_connections
-from test_sqlite import OneUserAtATime, _SQLiteTamper
+from test_sqlite import SQLiteConformance
 
 
-def _grouping(path: Path, **options: Any) -> SQLiteDurability:
-    """An adapter whose every write on the worker thread runs the group way: in a
-    transaction the writer opens, within a savepoint, acknowledged after ``COMMIT``."""
-    store = SQLiteDurability(path, offload_writes=True, **options)
-    store._recorder.group_alone = True  # type: ignore[attr-defined]
-    return store
-
-
-class TestSQLiteDurabilityWithGroupCommit(OneUserAtATime, DurabilityConformance):
+class TestSQLiteDurabilityWithGroupCommit(SQLiteConformance):
     """Every write runs as a member of a group (a savepoint in the writer's transaction)."""
 
-    @pytest.fixture
-    def make_durability(self, tmp_path: Path) -> Callable[[], Durability]:
-        return lambda: _grouping(tmp_path / "kernel.db")
-
-    @pytest.fixture
-    def tamper(self, durability: Durability, tmp_path: Path) -> Tamper | None:
-        return _SQLiteTamper(tmp_path / "kernel.db")
-
-    @pytest.fixture
-    def inspector(self, tmp_path: Path) -> Inspector | None:
-        return StoreInspector(Store("sqlite", str(tmp_path / "kernel.db")))
-
-    @pytest.fixture
-    def make_durability_with_lock_timeout(
-        self, tmp_path: Path
-    ) -> Callable[[float], Durability] | None:
-        return lambda seconds: _grouping(tmp_path / "kernel.db", lock_timeout=seconds)
+    @staticmethod
+    def adapter(path: Path, **options: Any) -> Durability:
+        return grouping_durability(path, **options)
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-class _Gate:
-    """Blocks the adapter's worker thread until opened, so that the writes queued
-    meanwhile form one group."""
-
-    def __init__(self, store: SQLiteDurability) -> None:
-        self._recorder: Any = store._recorder
-        self._open = threading.Event()
-        self.future = self._recorder._worker.submit(lambda: self._open.wait(10))
-
-    async def wait_for_writes(self, count: int) -> None:
-        """Until ``count`` writes wait behind the gate (each a hop in flight)."""
-        for _ in range(1000):
-            if self._recorder._worker._pending > count:  # the gate is one more
-                return
-            await asyncio.sleep(0.005)
-        raise AssertionError(f"{self._recorder._worker._pending - 1} writes queued, not {count}")
-
-    async def open(self) -> None:
-        self._open.set()
-        assert await self.future
-
-
-@pytest.fixture
-def group_fault() -> Iterator[Callable[[Callable[[str, int], None]], None]]:
-    def arm(action: Callable[[str, int], None]) -> None:
-        _group.group_fault = action
-
-    yield arm
-    _group.group_fault = None
 
 
 async def _slow(tx: TurnTransaction) -> TurnCommit:
@@ -107,14 +54,12 @@ def _turns(path: Path) -> set[tuple[str, str]]:
 # -- acknowledged only after COMMIT ----------------------------------------------------------
 
 
-async def test_a_group_is_acknowledged_only_after_its_commit(
-    tmp_path: Path, group_fault: Callable[[Callable[[str, int], None]], None]
-) -> None:
+async def test_a_group_is_acknowledged_only_after_its_commit(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
     held, release = threading.Event(), threading.Event()
     sizes: list[int] = []
 
-    def hold(point: str, size: int) -> None:  # on the worker thread
+    def hold(point: GroupPoint, size: int) -> None:  # on the worker thread
         if point == "before_commit":
             sizes.append(size)
             held.set()
@@ -122,19 +67,19 @@ async def test_a_group_is_acknowledged_only_after_its_commit(
 
     threads = [f"t{i}" for i in range(8)]
     async with SQLiteDurability(path) as store:
-        gate = _Gate(store)
+        gate = WriterProbe(store).hold()
         turns = [asyncio.ensure_future(store.with_turn(TurnScope(t, "1"), _slow)) for t in threads]
-        await gate.wait_for_writes(len(threads))
-        group_fault(hold)
-        await gate.open()
-        assert await asyncio.to_thread(held.wait, 10)
-        # Every statement of the group ran; COMMIT did not: no turn is acknowledged,
-        # and another connection sees none of them.
-        await asyncio.sleep(0.05)
-        assert not any(t.done() for t in turns)
-        assert _turns(path) == set()
-        release.set()
-        await asyncio.gather(*turns)
+        await gate.wait_for_queued(len(threads))
+        with group_points(hold):
+            await gate.release()
+            assert await asyncio.to_thread(held.wait, 10)
+            # Every statement of the group ran; COMMIT did not: no turn is acknowledged,
+            # and another connection sees none of them.
+            await asyncio.sleep(0.05)
+            assert not any(t.done() for t in turns)
+            assert _turns(path) == set()
+            release.set()
+            await asyncio.gather(*turns)
         assert _turns(path) == {(t, "1") for t in threads}
     assert sizes[0] == len(threads)  # one transaction for the eight commits
 
@@ -142,10 +87,10 @@ async def test_a_group_is_acknowledged_only_after_its_commit(
 async def test_overlapping_turns_share_commits(tmp_path: Path) -> None:
     """Without any gate, turns that overlap share transactions: fewer groups than writes."""
     async with SQLiteDurability(tmp_path / "k.db") as store:
-        recorder: Any = store._recorder
+        probe = WriterProbe(store)
         await asyncio.gather(*(store.with_turn(TurnScope(f"t{i}", "1"), _slow) for i in range(32)))
-        writes = recorder._worker.groups
-        grouped = recorder._worker.grouped
+        writes = probe.groups
+        grouped = probe.grouped
     assert grouped > 0
     assert writes < 32
     assert len(_turns(tmp_path / "k.db")) == 32
@@ -159,29 +104,31 @@ async def test_a_fenced_turn_in_a_group_rolls_back_alone(tmp_path: Path) -> None
     async with SQLiteDurability(path) as store:
         for t in ("a", "b", "c"):
             await store.with_turn(TurnScope(t, "1"), _slow)
-        gate = _Gate(store)
+        probe = WriterProbe(store)
+        gate = probe.hold()
         turns = {t: asyncio.ensure_future(store.with_turn(TurnScope(t, "2"), _slow)) for t in "abc"}
-        await gate.wait_for_writes(3)
+        await gate.wait_for_queued(3)
         # Another writer moves thread b while its commit waits in the group.
         with sqlite3.connect(path) as other:
             other.execute("UPDATE ik_threads SET version = version + 1 WHERE thread_id = 'b'")
-        await gate.open()
+        await gate.release()
         await turns["a"]
         await turns["c"]
         with pytest.raises(FencedCommitError, match="version moved"):
             await turns["b"]
-        recorder: Any = store._recorder
-        assert recorder._worker.grouped >= 3
+        assert probe.grouped >= 3
     assert _turns(path) == {("a", "1"), ("b", "1"), ("c", "1"), ("a", "2"), ("c", "2")}
 
 
-async def test_a_duplicate_delivery_inside_one_group_commits_once(tmp_path: Path) -> None:
+async def test_a_duplicate_delivery_inside_one_group_commits_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two commits of one turn in one group (the thread lock bypassed, as two processes
     with a deleted lock file would): the turn-ID key fences the second, alone."""
     path = tmp_path / "k.db"
     outcomes: list[Any] = []
     async with SQLiteDurability(path) as store:
-        recorder: Any = store._recorder
+        recorder = await store.recorder()
         original = recorder.commit_turn
 
         async def twice(record: TurnRecord) -> None:
@@ -194,14 +141,15 @@ async def test_a_duplicate_delivery_inside_one_group_commits_once(tmp_path: Path
             if outcomes[-1] is not None and outcomes[-2] is not None:
                 raise outcomes[-1]
 
-        gate = _Gate(store)
-        recorder.commit_turn = twice
+        probe = WriterProbe(store)
+        gate = probe.hold()
+        monkeypatch.setattr(recorder, "commit_turn", twice)
         other = asyncio.ensure_future(store.with_turn(TurnScope("b", "1"), _slow))
         turn = asyncio.ensure_future(store.with_turn(TurnScope("a", "1"), _slow))
-        await gate.wait_for_writes(3)
-        await gate.open()
+        await gate.wait_for_queued(3)
+        await gate.release()
         await asyncio.gather(turn, other)
-        assert recorder._worker.grouped >= 3
+        assert probe.grouped >= 3
     assert len(outcomes) == 2
     assert [type(o) for o in outcomes if o is not None] == [FencedCommitError]
     assert "committed by another worker" in str(next(o for o in outcomes if o is not None))
@@ -228,13 +176,13 @@ async def test_a_failed_commit_fails_the_whole_group(tmp_path: Path) -> None:
                 BEGIN INSERT INTO trap VALUES (1); END;
                 """
             )
-        recorder: Any = store._recorder
-        await recorder._worker.submit(lambda: recorder._conn.execute("PRAGMA foreign_keys = ON"))
-        gate = _Gate(store)
+        probe = WriterProbe(store)
+        await probe.call(lambda conn: conn.execute("PRAGMA foreign_keys = ON"))
+        gate = probe.hold()
         threads = ["a", "poison", "c", "d"]
         turns = [asyncio.ensure_future(store.with_turn(TurnScope(t, "1"), _slow)) for t in threads]
-        await gate.wait_for_writes(len(threads))
-        await gate.open()
+        await gate.wait_for_queued(len(threads))
+        await gate.release()
         results = await asyncio.gather(*turns, return_exceptions=True)
         assert all(isinstance(r, StoreError) for r in results), results
         assert all("FOREIGN KEY" in str(r) for r in results)
@@ -243,9 +191,7 @@ async def test_a_failed_commit_fails_the_whole_group(tmp_path: Path) -> None:
     assert _turns(path) == {("a", "1")}
 
 
-async def test_a_transaction_lost_under_a_write_fails_every_write_it_held(
-    tmp_path: Path, group_fault: Callable[[Callable[[str, int], None]], None]
-) -> None:
+async def test_a_transaction_lost_under_a_write_fails_every_write_it_held(tmp_path: Path) -> None:
     """A full disk (a tiny ``max_page_count``) makes SQLite roll the whole transaction
     back under one write: the writes before it in the group lost their rows too, so
     they fail as well; the writes after it run in a new transaction."""
@@ -256,18 +202,18 @@ async def test_a_transaction_lost_under_a_write_fails_every_write_it_held(
         return commit_for(tx, [EventDraft("big", "x" * 3000)])  # a page of its own
 
     async with SQLiteDurability(path) as store:
-        recorder: Any = store._recorder
+        probe = WriterProbe(store)
 
-        def nearly_full() -> None:  # room for about three such turns
-            (pages,) = recorder._conn.execute("PRAGMA page_count").fetchone()
-            recorder._conn.execute(f"PRAGMA max_page_count = {pages + 3}")
+        def nearly_full(conn: sqlite3.Connection) -> None:  # room for about three such turns
+            (pages,) = conn.execute("PRAGMA page_count").fetchone()
+            conn.execute(f"PRAGMA max_page_count = {pages + 3}")
 
-        await recorder._worker.submit(nearly_full)
-        gate = _Gate(store)
+        await probe.call(nearly_full)
+        gate = probe.hold()
         threads = [f"t{i}" for i in range(6)]
         turns = [asyncio.ensure_future(store.with_turn(TurnScope(t, "1"), big)) for t in threads]
-        await gate.wait_for_writes(len(threads))
-        await gate.open()
+        await gate.wait_for_queued(len(threads))
+        await gate.release()
         results = await asyncio.gather(*turns, return_exceptions=True)
         failed = [t for t, r in zip(threads, results, strict=True) if isinstance(r, StoreError)]
         acknowledged = {(t, "1") for t in threads if t not in failed}
@@ -319,9 +265,9 @@ async def test_what_a_write_hands_back_holds_no_statement(
     live statement: a cursor it returns is closed, and the frames of an error it
     raises (a partly read cursor in a local, say) are cleared on the worker."""
     problems = watch_connections(monkeypatch)
-    async with _grouping(tmp_path / "k.db") as store:
-        recorder: Any = store._recorder
-        cursor = await recorder._run(
+    async with grouping_durability(tmp_path / "k.db") as store:
+        probe = WriterProbe(store)
+        cursor = await probe.write(
             lambda conn: conn.executemany("UPDATE ik_threads SET version = ?", [(1,), (2,)]),
             atomic=True,
         )
@@ -335,7 +281,7 @@ async def test_what_a_write_hands_back_holds_no_statement(
             raise LookupError("after a partial read")
 
         with pytest.raises(LookupError) as failed:
-            await recorder._run(partly_read)
+            await probe.write(partly_read)
         del failed
     assert problems == []
 
@@ -350,17 +296,17 @@ async def test_with_offload_writes_false_no_write_runs_inline_beside_a_busy_hop(
     problems = watch_connections(monkeypatch)
     path = tmp_path / "k.db"
     async with SQLiteDurability(path, offload_writes=False) as store:
-        recorder: Any = store._recorder
+        probe = WriterProbe(store)
         await store.with_turn(TurnScope("a", "1"), _slow)
         other = sqlite3.connect(path, isolation_level=None)
         try:
             other.execute("BEGIN IMMEDIATE")  # another process's write lock
             first = asyncio.ensure_future(store.with_turn(TurnScope("a", "2"), _slow))
             for _ in range(400):  # until its commit waits on the worker for the lock
-                if not recorder._worker.idle:
+                if not probe.idle:
                     break
                 await asyncio.sleep(0.005)
-            assert not recorder._worker.idle
+            assert not probe.idle
             await asyncio.sleep(0.05)
             second = asyncio.ensure_future(store.with_turn(TurnScope("b", "1"), _slow))
             await asyncio.sleep(0.1)
@@ -381,11 +327,11 @@ async def test_a_read_never_rolls_back_a_transaction_it_did_not_begin(tmp_path: 
     path = tmp_path / "k.db"
     async with SQLiteDurability(path) as store:
         await store.with_turn(TurnScope("a", "1"), _slow)
-        recorder: Any = store._recorder
-        conn = recorder._conn  # idle: the event loop may use it
+        conn = WriterProbe(store).connection()  # idle: the event loop may use it
         conn.execute("CREATE TABLE scratch (x)")
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO scratch VALUES (1)")
+        recorder = await store.recorder()
         started = await recorder.begin_turn("a", "2", None)  # inline, on this connection
         assert started.thread is not None and started.thread.version == 1
         assert conn.in_transaction
@@ -405,8 +351,8 @@ async def test_a_write_that_breaks_its_savepoint_fails_its_group_and_the_worker_
     path = tmp_path / "k.db"
     with sqlite3.connect(path) as setup:
         setup.execute("CREATE TABLE scratch (x)")
-    async with _grouping(path) as store:
-        recorder: Any = store._recorder
+    async with grouping_durability(path) as store:
+        probe = WriterProbe(store)
 
         def breaks(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO scratch VALUES ('broken')")
@@ -416,17 +362,90 @@ async def test_a_write_that_breaks_its_savepoint_fails_its_group_and_the_worker_
         def insert(value: str) -> Callable[[sqlite3.Connection], None]:
             return lambda conn: conn.execute("INSERT INTO scratch VALUES (?)", (value,)) and None
 
-        gate = _Gate(store)
+        gate = probe.hold()
         writes = [
-            asyncio.ensure_future(recorder._run(insert("before"))),
-            asyncio.ensure_future(recorder._run(breaks, atomic=True)),
-            asyncio.ensure_future(recorder._run(insert("after"))),
+            asyncio.ensure_future(probe.write(insert("before"))),
+            asyncio.ensure_future(probe.write(breaks, atomic=True)),
+            asyncio.ensure_future(probe.write(insert("after"))),
         ]
-        await gate.wait_for_writes(len(writes))
-        await gate.open()
+        await gate.wait_for_queued(len(writes))
+        await gate.release()
         done = await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 10)
         assert all(isinstance(r, StoreError) for r in done), done
         assert all("no such savepoint" in str(r) for r in done[1:])
-        await asyncio.wait_for(recorder._run(insert("next")), 10)  # the worker goes on
+        await asyncio.wait_for(probe.write(insert("next")), 10)  # the worker goes on
     with sqlite3.connect(path) as check:
         assert check.execute("SELECT x FROM scratch").fetchall() == [("next",)]
+
+
+# -- the seam (intention_kernel.testing.sqlite) -----------------------------------------------
+
+
+async def test_a_grouping_durability_runs_even_a_lone_write_in_a_savepoint(tmp_path: Path) -> None:
+    """What the conformance class above relies on: with the switch, a turn alone commits
+    inside a savepoint of the writer's transaction; without it, it does not."""
+    seen: dict[str, list[str]] = {"grouping": [], "plain": []}
+
+    def traced(name: str) -> Callable[[str, str], None]:
+        return lambda role, sql: seen[name].append(sql) if role == "writer" else None
+
+    async with grouping_durability(tmp_path / "g.db", trace=traced("grouping")) as store:
+        await store.with_turn(TurnScope("a", "1"), _slow)
+    async with SQLiteDurability(
+        tmp_path / "p.db", offload_writes=True, trace=traced("plain")
+    ) as store:
+        await store.with_turn(TurnScope("a", "1"), _slow)
+    assert "SAVEPOINT ik_write" in seen["grouping"]
+    assert "SAVEPOINT ik_write" not in seen["plain"]
+
+
+async def test_the_probe_hands_out_the_writers_connection_only_while_the_writer_is_idle(
+    tmp_path: Path,
+) -> None:
+    async with SQLiteDurability(tmp_path / "k.db") as store:
+        probe = WriterProbe(store)
+        assert probe.idle and probe.queued == 0
+        gate = probe.hold()
+        assert not probe.idle and probe.queued == 1
+        with pytest.raises(KernelError, match="busy"):
+            probe.connection()
+        await gate.release()
+        assert probe.idle
+        assert probe.connection().execute("SELECT 1").fetchone() == (1,)
+    with pytest.raises(KernelError, match="closed"):
+        probe.groups  # noqa: B018 - the property is the call under test
+
+
+async def test_a_gate_that_let_go_by_itself_says_so(tmp_path: Path) -> None:
+    """A gate that timed out no longer held the writes queued behind it: a test that
+    meant them to form one group must not pass on it."""
+    async with SQLiteDurability(tmp_path / "k.db") as store:
+        probe = WriterProbe(store)
+        gate = probe.hold(timeout=0.01)
+        await probe.call(lambda conn: None)  # runs after the gate let go
+        with pytest.raises(AssertionError, match="timed out"):
+            await gate.release()
+
+
+async def test_group_points_run_only_inside_their_block(tmp_path: Path) -> None:
+    reached: list[tuple[str, int]] = []
+    inner: list[str] = []
+
+    async def group_of_two(store: SQLiteDurability, turn: str) -> None:
+        gate = WriterProbe(store).hold()
+        turns = [store.with_turn(TurnScope(t, turn), _slow) for t in "ab"]
+        running = [asyncio.ensure_future(t) for t in turns]
+        await gate.wait_for_queued(2)
+        await gate.release()
+        await asyncio.gather(*running)
+
+    async with SQLiteDurability(tmp_path / "k.db") as store:
+        with group_points(lambda point, size: reached.append((point, size))):
+            await group_of_two(store, "1")
+            with group_points(lambda point, size: inner.append(point)):
+                await group_of_two(store, "2")
+            assert reached == [("before_commit", 2), ("after_commit", 2)]
+            await group_of_two(store, "3")  # the outer action is armed again
+        await group_of_two(store, "4")  # and none after the block
+    assert inner == ["before_commit", "after_commit"]
+    assert reached == [("before_commit", 2), ("after_commit", 2)] * 2

@@ -1,5 +1,7 @@
-"""Testing kit: the in-memory adapter, a scripted interpreter, and the adapter
-conformance suite (:mod:`intention_kernel.testing.conformance`)."""
+"""Testing kit: the in-memory adapter, a scripted interpreter, the adapter
+conformance suite (:mod:`intention_kernel.testing.conformance`), fault points
+(:mod:`intention_kernel.testing.faults`) and a seam into the SQLite adapter's group
+commit (:mod:`intention_kernel.testing.sqlite`)."""
 
 from __future__ import annotations
 

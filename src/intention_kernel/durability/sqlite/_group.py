@@ -61,18 +61,21 @@ import threading
 import traceback
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-__all__ = ["GroupWriter", "WriteJob", "clear_frames"]
+__all__ = ["GroupPoint", "GroupWriter", "WriteJob", "clear_frames"]
 
 T = TypeVar("T")
+
+GroupPoint = Literal["before_commit", "after_commit"]
 
 #: Called on the worker thread with ``"before_commit"`` (every write of the group ran,
 #: ``COMMIT`` not sent) and ``"after_commit"`` (``COMMIT`` returned, no future settled
 #: yet), and the group's size. Tests set it to die, stall or look at the file there;
 #: these points are the adapter's own, not steps of the turn protocol (whose fault
 #: points the protocol model checks), so they live here and not in ``_faults``.
-group_fault: Callable[[str, int], None] | None = None
+#: Tests arm it through :mod:`intention_kernel.testing.sqlite`.
+group_fault: Callable[[GroupPoint, int], None] | None = None
 
 
 class WriteJob:
@@ -157,6 +160,12 @@ class GroupWriter:
         ``prepare(conn)`` runs on the thread before each group."""
         self._conn = conn
         self._prepare = prepare
+
+    @property
+    def queued(self) -> int:
+        """Calls submitted and not yet settled (queued, running, or committed and not
+        yet handed back). Read on the event loop."""
+        return self._pending
 
     @property
     def idle(self) -> bool:
