@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -18,53 +17,21 @@ from intention_kernel.durability.abc import JournalEntry
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.effects import ReceiptStatus, plan_effect, settle, utcnow
 from intention_kernel.errors import FencedCommitError, StoreError
+from intention_kernel.testing.sqlite import WriterProbe
 
 # -- helpers ---------------------------------------------------------------------------------
 
 
-class _Gate:
-    """Blocks the adapter's worker thread until opened, so that the writes queued
-    meanwhile form one group."""
-
-    def __init__(self, store: SQLiteDurability) -> None:
-        self._recorder: Any = store._recorder
-        self._open = threading.Event()
-        self._holding = threading.Event()
-        self.future = self._recorder._worker.submit(self._hold)
-
-    def _hold(self) -> bool:
-        self._holding.set()
-        return self._open.wait(10)
-
-    async def holding(self) -> None:
-        """Until the thread is blocked here: a write queued before that could be taken
-        with the gate, and run alone once it opens."""
-        assert await asyncio.to_thread(self._holding.wait, 10)
-
-    async def wait_for_writes(self, count: int) -> None:
-        """Until ``count`` writes wait behind the gate (each a hop in flight)."""
-        for _ in range(1000):
-            if self._recorder._worker._pending > count:  # the gate is one more
-                return
-            await asyncio.sleep(0.005)
-        raise AssertionError(f"{self._recorder._worker._pending - 1} writes queued, not {count}")
-
-    async def open(self) -> None:
-        self._open.set()
-        assert await self.future
-
-
 async def _in_one_group(store: SQLiteDurability, *writes: Any) -> list[Any]:
     """Run the awaitables ``writes`` (each one write) as one group; their outcomes."""
-    recorder: Any = store._recorder
-    grouped = recorder._worker.grouped
-    gate = _Gate(store)
-    await gate.holding()
+    probe = WriterProbe(store)
+    grouped = probe.grouped
+    gate = await probe.hold()
     started = [asyncio.ensure_future(w) for w in writes]
-    await gate.wait_for_writes(len(started))
-    await gate.open()
+    await gate.wait_for_queued(len(started))
+    await gate.release()
     done = await asyncio.gather(*started, return_exceptions=True)
-    assert recorder._worker.grouped - grouped == len(writes)  # one group of them all
+    assert probe.grouped - grouped == len(writes)  # one group of them all
     return done
 
 
@@ -111,12 +78,12 @@ async def test_a_failed_one_statement_write_leaves_no_row_and_its_group_mates_co
     path = tmp_path / "k.db"
     _scratch(path)
     async with SQLiteDurability(path, offload_writes=True) as store:
-        recorder: Any = store._recorder
+        probe = WriterProbe(store)
         done = await _in_one_group(
             store,
-            recorder._run(_insert("atomic before"), atomic=True),
-            recorder._run(_insert("b", "dup", "dup")),
-            recorder._run(_insert("after")),
+            probe.write(_insert("atomic before"), atomic=True),
+            probe.write(_insert("b", "dup", "dup")),
+            probe.write(_insert("after")),
         )
         assert done[0] is None and done[2] is None, done
         assert isinstance(done[1], StoreError) and "UNIQUE" in str(done[1])
@@ -134,17 +101,15 @@ async def test_a_failed_write_that_is_not_atomic_leaves_what_it_leaves_alone(
     path = tmp_path / "k.db"
     _scratch(path)
     async with SQLiteDurability(path, offload_writes=True) as store:
-        recorder: Any = store._recorder
+        probe = WriterProbe(store)
         if how == "alone":
-            groups = recorder._worker.groups
+            groups = probe.groups
             with pytest.raises(StoreError, match="UNIQUE"):
-                await recorder._run(_then_fail)
-            assert recorder._worker.groups == groups + 1
-            await recorder._run(_insert("mate"))
+                await probe.write(_then_fail)
+            assert probe.groups == groups + 1
+            await probe.write(_insert("mate"))
         else:
-            done = await _in_one_group(
-                store, recorder._run(_then_fail), recorder._run(_insert("mate"))
-            )
+            done = await _in_one_group(store, probe.write(_then_fail), probe.write(_insert("mate")))
             assert isinstance(done[0], StoreError) and "UNIQUE" in str(done[0])
             assert done[1] is None
     assert _rows(path) == {"first of two", "mate"}
@@ -156,12 +121,12 @@ async def test_an_atomic_write_that_fails_after_writing_rolls_back_alone(tmp_pat
     path = tmp_path / "k.db"
     _scratch(path)
     async with SQLiteDurability(path, offload_writes=True) as store:
-        recorder: Any = store._recorder
+        probe = WriterProbe(store)
         done = await _in_one_group(
             store,
-            recorder._run(_insert("before")),
-            recorder._run(_then_fail, atomic=True),
-            recorder._run(_insert("after")),
+            probe.write(_insert("before")),
+            probe.write(_then_fail, atomic=True),
+            probe.write(_insert("after")),
         )
         assert done[0] is None and done[2] is None, done
         assert isinstance(done[1], StoreError)
@@ -233,13 +198,13 @@ async def test_only_atomic_writes_take_a_savepoint_in_a_group(tmp_path: Path) ->
             statements.append(" ".join(sql.split()))
 
     async with SQLiteDurability(path, offload_writes=True, trace=trace) as store:
-        recorder: Any = store._recorder
+        probe = WriterProbe(store)
         statements.clear()
         await _in_one_group(
             store,
-            recorder._run(_insert("one")),
-            recorder._run(_insert("two"), atomic=True),
-            recorder._run(_insert("three")),
+            probe.write(_insert("one")),
+            probe.write(_insert("two"), atomic=True),
+            probe.write(_insert("three")),
         )
     sent = [s for s in statements if not s.startswith("PRAGMA")]
     assert sent == [
@@ -263,16 +228,16 @@ async def test_a_cancelled_caller_goes_on_only_after_its_write_committed(tmp_pat
     path = tmp_path / "k.db"
     _scratch(path)
     async with SQLiteDurability(path, offload_writes=True) as store:
-        recorder: Any = store._recorder
-        gate = _Gate(store)
-        write = asyncio.ensure_future(recorder._run(_insert("cancelled")))
-        mate = asyncio.ensure_future(recorder._run(_insert("mate")))
-        await gate.wait_for_writes(2)
+        probe = WriterProbe(store)
+        gate = await probe.hold()
+        write = asyncio.ensure_future(probe.write(_insert("cancelled")))
+        mate = asyncio.ensure_future(probe.write(_insert("mate")))
+        await gate.wait_for_queued(2)
         write.cancel()
         await asyncio.sleep(0.05)
         assert not write.done()  # still waiting for the thread
         assert _rows(path) == set()
-        await gate.open()
+        await gate.release()
         with pytest.raises(asyncio.CancelledError):
             await write
         assert write.cancelled()
@@ -286,13 +251,13 @@ async def test_a_timed_out_caller_waits_for_its_write_too(tmp_path: Path) -> Non
     path = tmp_path / "k.db"
     _scratch(path)
     async with SQLiteDurability(path, offload_writes=True) as store:
-        recorder: Any = store._recorder
-        gate = _Gate(store)
-        timed = asyncio.ensure_future(asyncio.wait_for(recorder._run(_insert("late")), 0.01))
-        await gate.wait_for_writes(1)
+        probe = WriterProbe(store)
+        gate = await probe.hold()
+        timed = asyncio.ensure_future(asyncio.wait_for(probe.write(_insert("late")), 0.01))
+        await gate.wait_for_queued(1)
         await asyncio.sleep(0.05)
         assert not timed.done()
-        await gate.open()
+        await gate.release()
         with pytest.raises(TimeoutError):
             await timed
     assert _rows(path) == {"late"}

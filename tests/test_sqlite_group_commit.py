@@ -67,7 +67,7 @@ async def test_a_group_is_acknowledged_only_after_its_commit(tmp_path: Path) -> 
 
     threads = [f"t{i}" for i in range(8)]
     async with SQLiteDurability(path) as store:
-        gate = WriterProbe(store).hold()
+        gate = await WriterProbe(store).hold()
         turns = [asyncio.ensure_future(store.with_turn(TurnScope(t, "1"), _slow)) for t in threads]
         await gate.wait_for_queued(len(threads))
         with group_points(hold):
@@ -105,7 +105,7 @@ async def test_a_fenced_turn_in_a_group_rolls_back_alone(tmp_path: Path) -> None
         for t in ("a", "b", "c"):
             await store.with_turn(TurnScope(t, "1"), _slow)
         probe = WriterProbe(store)
-        gate = probe.hold()
+        gate = await probe.hold()
         turns = {t: asyncio.ensure_future(store.with_turn(TurnScope(t, "2"), _slow)) for t in "abc"}
         await gate.wait_for_queued(3)
         # Another writer moves thread b while its commit waits in the group.
@@ -142,7 +142,7 @@ async def test_a_duplicate_delivery_inside_one_group_commits_once(
                 raise outcomes[-1]
 
         probe = WriterProbe(store)
-        gate = probe.hold()
+        gate = await probe.hold()
         monkeypatch.setattr(recorder, "commit_turn", twice)
         other = asyncio.ensure_future(store.with_turn(TurnScope("b", "1"), _slow))
         turn = asyncio.ensure_future(store.with_turn(TurnScope("a", "1"), _slow))
@@ -178,7 +178,7 @@ async def test_a_failed_commit_fails_the_whole_group(tmp_path: Path) -> None:
             )
         probe = WriterProbe(store)
         await probe.call(lambda conn: conn.execute("PRAGMA foreign_keys = ON"))
-        gate = probe.hold()
+        gate = await probe.hold()
         threads = ["a", "poison", "c", "d"]
         turns = [asyncio.ensure_future(store.with_turn(TurnScope(t, "1"), _slow)) for t in threads]
         await gate.wait_for_queued(len(threads))
@@ -209,7 +209,7 @@ async def test_a_transaction_lost_under_a_write_fails_every_write_it_held(tmp_pa
             conn.execute(f"PRAGMA max_page_count = {pages + 3}")
 
         await probe.call(nearly_full)
-        gate = probe.hold()
+        gate = await probe.hold()
         threads = [f"t{i}" for i in range(6)]
         turns = [asyncio.ensure_future(store.with_turn(TurnScope(t, "1"), big)) for t in threads]
         await gate.wait_for_queued(len(threads))
@@ -362,7 +362,7 @@ async def test_a_write_that_breaks_its_savepoint_fails_its_group_and_the_worker_
         def insert(value: str) -> Callable[[sqlite3.Connection], None]:
             return lambda conn: conn.execute("INSERT INTO scratch VALUES (?)", (value,)) and None
 
-        gate = probe.hold()
+        gate = await probe.hold()
         writes = [
             asyncio.ensure_future(probe.write(insert("before"))),
             asyncio.ensure_future(probe.write(breaks, atomic=True)),
@@ -405,7 +405,7 @@ async def test_the_probe_hands_out_the_writers_connection_only_while_the_writer_
     async with SQLiteDurability(tmp_path / "k.db") as store:
         probe = WriterProbe(store)
         assert probe.idle and probe.queued == 0
-        gate = probe.hold()
+        gate = await probe.hold()
         assert not probe.idle and probe.queued == 1
         with pytest.raises(KernelError, match="busy"):
             probe.connection()
@@ -421,7 +421,7 @@ async def test_a_gate_that_let_go_by_itself_says_so(tmp_path: Path) -> None:
     meant them to form one group must not pass on it."""
     async with SQLiteDurability(tmp_path / "k.db") as store:
         probe = WriterProbe(store)
-        gate = probe.hold(timeout=0.01)
+        gate = await probe.hold(timeout=0.01)
         await probe.call(lambda conn: None)  # runs after the gate let go
         with pytest.raises(AssertionError, match="timed out"):
             await gate.release()
@@ -432,7 +432,7 @@ async def test_group_points_run_only_inside_their_block(tmp_path: Path) -> None:
     inner: list[str] = []
 
     async def group_of_two(store: SQLiteDurability, turn: str) -> None:
-        gate = WriterProbe(store).hold()
+        gate = await WriterProbe(store).hold()
         turns = [store.with_turn(TurnScope(t, turn), _slow) for t in "ab"]
         running = [asyncio.ensure_future(t) for t in turns]
         await gate.wait_for_queued(2)

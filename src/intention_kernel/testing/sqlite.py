@@ -12,7 +12,7 @@ reaching into the adapter::
 
     async with SQLiteDurability(path) as store:
         probe = WriterProbe(store)
-        gate = probe.hold()                     # the writer thread waits
+        gate = await probe.hold()               # the writer thread waits
         turns = [asyncio.ensure_future(store.with_turn(...)) for ...]
         await gate.wait_for_queued(len(turns))  # every commit waits behind the gate
         with group_points(stop_before_commit):
@@ -193,21 +193,36 @@ class WriterProbe:
             raise KernelError("the SQLite writer thread is busy: its connection is not free")
         return conn
 
-    def hold(self, timeout: float = 10.0) -> WriterGate:
+    async def hold(self, timeout: float = 10.0) -> WriterGate:
         """Hold the writer thread until :meth:`WriterGate.release`, so that the writes
-        queued meanwhile form one group. It lets go by itself after ``timeout`` seconds,
-        so that a failing test cannot hang the thread."""
-        return WriterGate(self, timeout)
+        queued meanwhile form one group; returns once the thread is held. A write
+        queued before that could be taken from the queue with the gate, and run apart
+        from the writes queued later. The gate lets go by itself after ``timeout``
+        seconds, so that a failing test cannot hang the thread."""
+        gate = WriterGate(self, timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + QUEUE_WAIT
+        while not gate._holding.is_set():
+            if loop.time() > deadline:
+                raise AssertionError("the writer thread did not take the gate")
+            await asyncio.sleep(0.001)
+        return gate
 
 
 class WriterGate:
     """A call that keeps the writer thread waiting until it is released; the writes
-    queued behind it run as one group when it is. Made by :meth:`WriterProbe.hold`."""
+    queued behind it run as one group when it is. Made by :meth:`WriterProbe.hold`,
+    once it holds the thread."""
 
     def __init__(self, probe: WriterProbe, timeout: float) -> None:
         self._probe = probe
         self._released = threading.Event()
-        self._future = probe._writer().submit(lambda: self._released.wait(timeout))
+        self._holding = threading.Event()
+        self._future = probe._writer().submit(lambda: self._hold(timeout))
+
+    def _hold(self, timeout: float) -> bool:
+        self._holding.set()
+        return self._released.wait(timeout)
 
     async def wait_for_queued(self, count: int) -> None:
         """Until ``count`` calls wait behind the gate (a turn's commit is one); raises
