@@ -421,7 +421,7 @@ async def test_a_gate_that_let_go_by_itself_says_so(tmp_path: Path) -> None:
     meant them to form one group must not pass on it."""
     async with SQLiteDurability(tmp_path / "k.db") as store:
         probe = WriterProbe(store)
-        gate = await probe.hold(timeout=0.01)
+        gate = await probe.hold(let_go_after=0.01)
         await probe.call(lambda conn: None)  # runs after the gate let go
         with pytest.raises(AssertionError, match="timed out"):
             await gate.release()

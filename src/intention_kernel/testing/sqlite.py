@@ -193,13 +193,13 @@ class WriterProbe:
             raise KernelError("the SQLite writer thread is busy: its connection is not free")
         return conn
 
-    async def hold(self, timeout: float = 10.0) -> WriterGate:
+    async def hold(self, let_go_after: float = 10.0) -> WriterGate:
         """Hold the writer thread until :meth:`WriterGate.release`, so that the writes
         queued meanwhile form one group; returns once the thread is held. A write
         queued before that could be taken from the queue with the gate, and run apart
-        from the writes queued later. The gate lets go by itself after ``timeout``
+        from the writes queued later. The gate lets go by itself after ``let_go_after``
         seconds, so that a failing test cannot hang the thread."""
-        gate = WriterGate(self, timeout)
+        gate = WriterGate(self, let_go_after)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + QUEUE_WAIT
         while not gate._holding.is_set():

@@ -11,15 +11,13 @@ Design, and why:
   owner, and inserts the ``(thread_id, turn_id)`` primary key; a turn that lost its
   claim (it cannot, short of the lock file being deleted or another program writing
   the file) fails instead of overwriting.
-- **WAL checkpoints off the commit path**, on a thread of their own: the reasons are
-  in :mod:`._checkpointer`.
 - **Checkpoints in pieces.** The thread row holds the checkpoint's core; messages
   and facts have rows of their own, written only when a turn appends or changes
   them, so a turn costs the same on the 10,000th turn of a thread as on the 10th.
 
 Modules: ``_schema`` (migrations), ``_statements`` (SQL), ``_connection``
-(connections, worker thread, file locks), ``_checkpointer`` (WAL checkpoints),
-``_recorder`` (the storage contract), ``_adapter`` (``SQLiteDurability``).
+(connections, worker thread, file locks), ``_recorder`` (the storage contract),
+``_adapter`` (``SQLiteDurability``).
 """
 
 from __future__ import annotations

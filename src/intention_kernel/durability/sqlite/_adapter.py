@@ -39,10 +39,9 @@ class SQLiteDurability(RecordedDurability):
       that finds the worker idle runs alone at once, in its own transaction, so
       group commit needs no option: it only ever joins writes that would
       otherwise have waited in line.
-    - ``trace``: called with ``"writer"``, ``"reader"`` or ``"checkpointer"`` and the text
-      of every statement that connection runs, from its opening on, in the thread that
-      runs it (the worker thread is named ``ik-sqlite``, the thread that checkpoints the
-      WAL ``ik-sqlite-checkpoint``). For logging, counting statements per turn, or
+    - ``trace``: called with ``"writer"`` or ``"reader"`` and the text of every statement
+      that connection runs, from its opening on, in the thread that runs it (the worker
+      thread is named ``ik-sqlite``). For logging, counting statements per turn, or
       seeing where writes run. It runs inside the statement: it must be quick and must
       not raise.
 

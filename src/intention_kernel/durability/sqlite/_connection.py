@@ -54,7 +54,6 @@ from typing import Literal, TypeAlias, TypeVar
 
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._looplocks import LoopLocks
-from intention_kernel.durability.sqlite._checkpointer import Checkpointer
 from intention_kernel.durability.sqlite._group import GroupWriter, clear_frames
 from intention_kernel.durability.sqlite._schema import HAS_SCHEMA_TABLE, migrate
 from intention_kernel.errors import CorruptRecordError, CorruptStoreError, KernelError, StoreError
@@ -64,13 +63,8 @@ __all__ = ["SQLiteConnections", "StatementTrace"]
 T = TypeVar("T")
 
 #: Called with the connection's role and the text of each statement it runs, in the
-#: thread that runs it (the worker thread ``ik-sqlite``, the checkpoint thread
-#: ``ik-sqlite-checkpoint`` or the event loop's).
-StatementTrace: TypeAlias = Callable[[Literal["writer", "reader", "checkpointer"], str], None]
-
-#: Writes between two wake-ups of the checkpoint thread: each wake-up costs that thread
-#: a switch in, so it looks at the WAL every few writes rather than after each.
-_WAKE_EVERY = 16
+#: thread that runs it (the worker thread ``ik-sqlite`` or the event loop's).
+StatementTrace: TypeAlias = Callable[[Literal["writer", "reader"], str], None]
 
 
 class SQLiteConnections:
@@ -97,8 +91,6 @@ class SQLiteConnections:
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._worker: GroupWriter | None = None
-        self._checkpointer: Checkpointer | None = None
-        self._writes = 0  # writes since the checkpoint thread was last woken
         # Named after the database's real path: two adapters that reach one file through
         # a symlink or another relative path must share one lock file, or their turns
         # on a thread would overlap (and the later commit be fenced after running).
@@ -112,10 +104,6 @@ class SQLiteConnections:
     #: Whether even a lone write on the worker thread runs the group way (a
     #: transaction and a savepoint of its own): a test switch, read when the adapter opens.
     group_alone = False
-    #: WAL frames (pages) not yet in the database file past which the checkpoint thread
-    #: checkpoints (:mod:`._checkpointer`); SQLite's own automatic checkpoint, which this
-    #: replaces, runs at 1,000. Read when the adapter opens.
-    checkpoint_after_frames = 1000
 
     async def _run(
         self,
@@ -153,21 +141,8 @@ class SQLiteConnections:
             self._wait_for_locks(conn, False)
             done = self._call(conn, solo, thread_id, conn.total_changes)
             if not isinstance(done, _Busy):
-                self._wrote()
                 return done
-        if not write:
-            return await self._hop(solo, thread_id)
-        done = await self._hop(solo, thread_id, group=fn, atomic=atomic)
-        self._wrote()
-        return done
-
-    def _wrote(self) -> None:
-        """Count a committed write; every few, wake the checkpoint thread (it only looks
-        at the WAL: the write never waits for a checkpoint)."""
-        self._writes += 1
-        if self._writes >= _WAKE_EVERY and self._checkpointer is not None:
-            self._writes = 0
-            self._checkpointer.wake()
+        return await self._hop(solo, thread_id, group=fn if write else None, atomic=atomic)
 
     def _call(
         self,
@@ -333,12 +308,6 @@ class SQLiteConnections:
                 self._traced(conn, "writer")
                 conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
                 conn.execute("PRAGMA journal_mode = WAL")
-                # No checkpoint inside a COMMIT: the checkpoint thread does them. Only
-                # if its checkpoints could not start the WAL over for a while (writes
-                # kept coming, a reader stayed in the WAL) does a COMMIT past four
-                # times its threshold checkpoint, as SQLite's own would: what is left,
-                # so that the WAL stays bounded whatever the load.
-                conn.execute(f"PRAGMA wal_autocheckpoint = {4 * self.checkpoint_after_frames}")
                 conn.execute(f"PRAGMA synchronous = {self._synchronous}")
                 migrate(conn)
             except BaseException:
@@ -366,12 +335,6 @@ class SQLiteConnections:
                 self._reader.execute("PRAGMA query_only = 1")
             if self._locks is not None:
                 self._locks.open()
-            if self._path != ":memory:":
-                self._checkpointer = Checkpointer(
-                    self._path,
-                    after_frames=self.checkpoint_after_frames,
-                    trace=self._role_trace("checkpointer"),
-                )
         except (sqlite3.Error, OSError) as exc:
             # A read-only directory (or file system) can still open a database whose
             # -wal and -shm files a crash left behind, and then refuse the lock file.
@@ -380,17 +343,9 @@ class SQLiteConnections:
 
     def _traced(self, conn: sqlite3.Connection, role: Literal["writer", "reader"]) -> None:
         """Hand each statement ``conn`` runs to the ``trace`` option, if one was given."""
-        trace = self._role_trace(role)
-        if trace is not None:
-            conn.set_trace_callback(trace)
-
-    def _role_trace(
-        self, role: Literal["writer", "reader", "checkpointer"]
-    ) -> Callable[[str], None] | None:
         trace = self._trace
-        if trace is None:
-            return None
-        return lambda sql: trace(role, sql)
+        if trace is not None:
+            conn.set_trace_callback(lambda sql: trace(role, sql))
 
     def _open_error(self, exc: sqlite3.Error | OSError) -> KernelError:
         if isinstance(exc, OSError):
@@ -425,13 +380,9 @@ class SQLiteConnections:
 
     async def close(self) -> None:
         conn, worker, reader = self._conn, self._worker, self._reader
-        checkpointer = self._checkpointer
         self._conn = None
         self._worker = None
         self._reader = None
-        self._checkpointer = None
-        if checkpointer is not None:
-            checkpointer.close()
         if reader is not None:
             reader.close()
         if conn is not None and worker is not None:
