@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +39,14 @@ async def _in_one_group(store: SQLiteDurability, *writes: Any) -> list[Any]:
 def _scratch(path: Path) -> None:
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE scratch (x TEXT UNIQUE)")
+
+
+@asynccontextmanager
+async def _scratch_store(path: Path) -> AsyncIterator[tuple[SQLiteDurability, WriterProbe]]:
+    """An adapter, writes on its worker thread, on a file with a ``scratch`` table."""
+    _scratch(path)
+    async with SQLiteDurability(path, offload_writes=True) as store:
+        yield store, WriterProbe(store)
 
 
 def _rows(path: Path) -> set[str]:
@@ -76,9 +85,7 @@ async def test_a_failed_one_statement_write_leaves_no_row_and_its_group_mates_co
     SQLite's statement rollback takes them back, and nothing else: the atomic write
     before it and the write after it commit."""
     path = tmp_path / "k.db"
-    _scratch(path)
-    async with SQLiteDurability(path, offload_writes=True) as store:
-        probe = WriterProbe(store)
+    async with _scratch_store(path) as (store, probe):
         done = await _in_one_group(
             store,
             probe.write(_insert("atomic before"), atomic=True),
@@ -99,9 +106,7 @@ async def test_a_failed_write_that_is_not_atomic_leaves_what_it_leaves_alone(
     transaction and commits with it: the same rows either way, and the caller sees
     the same error."""
     path = tmp_path / "k.db"
-    _scratch(path)
-    async with SQLiteDurability(path, offload_writes=True) as store:
-        probe = WriterProbe(store)
+    async with _scratch_store(path) as (store, probe):
         if how == "alone":
             groups = probe.groups
             with pytest.raises(StoreError, match="UNIQUE"):
@@ -119,9 +124,7 @@ async def test_an_atomic_write_that_fails_after_writing_rolls_back_alone(tmp_pat
     """An atomic body's rows before its failure are taken back by its savepoint; the
     writes that are not atomic around it keep theirs."""
     path = tmp_path / "k.db"
-    _scratch(path)
-    async with SQLiteDurability(path, offload_writes=True) as store:
-        probe = WriterProbe(store)
+    async with _scratch_store(path) as (store, probe):
         done = await _in_one_group(
             store,
             probe.write(_insert("before")),
@@ -226,9 +229,7 @@ async def test_a_cancelled_caller_goes_on_only_after_its_write_committed(tmp_pat
     drop its thread lock) while the write may still run: it sees the cancellation once
     the write's group committed, and the write is on disk."""
     path = tmp_path / "k.db"
-    _scratch(path)
-    async with SQLiteDurability(path, offload_writes=True) as store:
-        probe = WriterProbe(store)
+    async with _scratch_store(path) as (_, probe):
         gate = await probe.hold()
         write = asyncio.ensure_future(probe.write(_insert("cancelled")))
         mate = asyncio.ensure_future(probe.write(_insert("mate")))
@@ -249,9 +250,7 @@ async def test_a_timed_out_caller_waits_for_its_write_too(tmp_path: Path) -> Non
     """``asyncio.wait_for`` cancels the write's task at its timeout: the timeout reaches
     the caller only after the write committed."""
     path = tmp_path / "k.db"
-    _scratch(path)
-    async with SQLiteDurability(path, offload_writes=True) as store:
-        probe = WriterProbe(store)
+    async with _scratch_store(path) as (_, probe):
         gate = await probe.hold()
         timed = asyncio.ensure_future(asyncio.wait_for(probe.write(_insert("late")), 0.01))
         await gate.wait_for_queued(1)
