@@ -52,12 +52,13 @@ def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any
         "floor": Proc(FLOOR_ROW, args, ident="cfloor"),
         "single": Proc(SINGLE_ROW, args, ident="csingle"),
         "overlap": Proc(OVERLAP_ROW, args, ident="coverlap"),
-        "pgfloor": Proc(PG_FLOOR_ROW, args, ident="cpgfloor"),
-        "pgoverlap": Proc(PG_OVERLAP_ROW, args, ident="cpgoverlap"),
     }
     entries: list[tuple[str, int]] = [("floor", 1), ("single", 1)]
     entries += [("overlap", n) for n in LEVELS]
-    entries += [("pgfloor", 1)] + [("pgoverlap", n) for n in LEVELS]
+    if not args.no_postgres:
+        procs["pgfloor"] = Proc(PG_FLOOR_ROW, args, ident="cpgfloor")
+        procs["pgoverlap"] = Proc(PG_OVERLAP_ROW, args, ident="cpgoverlap")
+        entries += [("pgfloor", 1)] + [("pgoverlap", n) for n in LEVELS]
     names = {
         "floor": FLOOR_ROW,
         "single": SINGLE_ROW,
