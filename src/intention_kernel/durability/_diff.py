@@ -139,13 +139,12 @@ def _facts_make(
     ``old`` facts into ``facts``: by the count, and by each key the delta names."""
     added = 0
     for record in delta.facts_set:
+        found = facts.get(record.key)
+        if found is not record and found != record:
+            return False
         if record.key not in old:
             added += 1
     removed = delta.facts_removed
     if len(old) + added - len(removed) != len(facts):
         return False
-    for record in delta.facts_set:
-        found = facts.get(record.key)
-        if found is not record and found != record:
-            return False
     return not any(key in facts or key not in old for key in removed)
