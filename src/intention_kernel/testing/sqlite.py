@@ -200,12 +200,7 @@ class WriterProbe:
         from the writes queued later. The gate lets go by itself after ``let_go_after``
         seconds, so that a failing test cannot hang the thread."""
         gate = WriterGate(self, let_go_after)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + QUEUE_WAIT
-        while not gate._holding.is_set():
-            if loop.time() > deadline:
-                raise AssertionError("the writer thread did not take the gate")
-            await asyncio.sleep(0.001)
+        await _until(gate._holding.is_set, lambda: "the writer thread did not take the gate")
         return gate
 
 
@@ -227,13 +222,11 @@ class WriterGate:
     async def wait_for_queued(self, count: int) -> None:
         """Until ``count`` calls wait behind the gate (a turn's commit is one); raises
         ``AssertionError`` if they are not there within :data:`QUEUE_WAIT` seconds."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + QUEUE_WAIT
-        while self._probe.queued <= count:  # the gate itself is one more
-            if loop.time() > deadline:
-                behind = self._probe.queued - 1
-                raise AssertionError(f"{behind} calls queued behind the gate, not {count}")
-            await asyncio.sleep(0.005)
+        probe = self._probe
+        await _until(
+            lambda: probe.queued > count,  # the gate itself is one more
+            lambda: f"{probe.queued - 1} calls queued behind the gate, not {count}",
+        )
 
     async def release(self) -> None:
         """Let the writer thread go, and wait until the gate has left it. Raises
@@ -242,6 +235,17 @@ class WriterGate:
         self._released.set()
         if not await self._future:
             raise AssertionError("the writer gate timed out before it was released")
+
+
+async def _until(done: Callable[[], bool], failure: Callable[[], str]) -> None:
+    """Until ``done()``, looked at every millisecond; ``AssertionError(failure())`` if
+    it is still not after :data:`QUEUE_WAIT` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + QUEUE_WAIT
+    while not done():
+        if loop.time() > deadline:
+            raise AssertionError(failure())
+        await asyncio.sleep(0.001)
 
 
 def _connections(durability: SQLiteDurability) -> SQLiteConnections:
