@@ -50,7 +50,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Literal, TypeAlias, TypeVar
+from typing import Any, Literal, TypeAlias, TypeVar
 
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._looplocks import LoopLocks
@@ -143,6 +143,19 @@ class SQLiteConnections:
             if not isinstance(done, _Busy):
                 return done
         return await self._hop(solo, thread_id, group=fn if write else None, atomic=atomic)
+
+    async def _write(
+        self,
+        body: Callable[..., T],
+        args: tuple[Any, ...] = (),
+        thread_id: str | None = None,
+        *,
+        atomic: bool = False,
+    ) -> T:
+        """Run the write ``body(conn, *args)`` (one of :mod:`._bodies`) as :meth:`_run`
+        runs a write; ``args`` are plain values, so that a writer process can be sent
+        the body's name and them instead of the function."""
+        return await self._run(lambda conn: body(conn, *args), thread_id, atomic=atomic)
 
     def _call(
         self,

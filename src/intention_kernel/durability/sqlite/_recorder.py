@@ -6,11 +6,14 @@ overlap, the writes of different turns share transactions (see :mod:`._group`). 
 turn that records model rounds adds one read of its journal and one write per round
 recorded.
 
-Each write is a body that never begins, commits or rolls back: it runs in the
-transaction its runner opened (``_run(..., atomic=True)`` gives it one when it is
-alone), and raises to have its statements rolled back. A body that is not atomic
-writes with one statement, which SQLite undoes by itself when it fails: in a group it
-then needs no savepoint of its own (see :mod:`._group`).
+Each write is a body of :mod:`._bodies` and its arguments, plain values: the body
+never begins, commits or rolls back (it runs in the transaction its runner opened),
+and its refusals are a plain ``Refusal`` that this module turns into the typed error
+naming the record. The callbacks of a write (``claim_effect``'s plan,
+``resolve_receipt``'s resolution) run here, never inside a body: the body is the
+fast path (a new key's first receipt), or the compare-and-set the callback decided
+on after a read. Under the thread lock nobody else writes the thread's receipts, so
+the read and the write need not share a transaction.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from intention_kernel import _faults
 from intention_kernel._json import dump_value
 from intention_kernel.durability._rows import (
     OUTBOX_COLUMNS,
@@ -29,6 +31,7 @@ from intention_kernel.durability._rows import (
     decode_receipt_row,
     fenced,
     journal_conflict,
+    receipt_moved,
     receipt_params,
     receipt_write,
     stored_thread,
@@ -49,29 +52,12 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
+from intention_kernel.durability.sqlite import _bodies as bodies
+from intention_kernel.durability.sqlite._bodies import Refusal
 from intention_kernel.durability.sqlite._connection import SQLiteConnections
 from intention_kernel.durability.sqlite._statements import (
-    BUMP_THREAD_SEQ,
-    DELETE_FACT,
-    DELETE_FACTS,
-    DELETE_JOURNAL,
-    DELETE_MESSAGES,
-    INSERT_EVENT,
-    INSERT_JOURNAL,
-    INSERT_MESSAGE,
-    INSERT_RECEIPT,
-    INSERT_RECEIPT_IF_NEW,
-    INSERT_THREAD,
-    INSERT_TURN,
-    MARK_ANNOUNCED,
-    MARK_FAILED,
-    MARK_PUBLISHED,
     PENDING_THREADS,
-    PRUNE_EVENTS,
-    PRUNE_JOURNAL,
-    PRUNE_TURNS,
     READ_RECEIPTS,
-    REWRITE_THREAD,
     SCAN_THREADS,
     SELECT_BACKLOG,
     SELECT_CLAIM,
@@ -85,11 +71,6 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_THREAD_UNLESS_KNOWN,
     SELECT_TURN,
     SELECT_UNPUBLISHED,
-    SETTLE_RECEIPT,
-    TRIM_MESSAGES,
-    UPDATE_RECEIPT,
-    UPDATE_THREAD,
-    UPSERT_FACT,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
@@ -149,69 +130,32 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             "messages": len(record.messages),
             "now": now,
         }
-        rows = _event_rows(record.events, record.thread_id, record.turn_id, now)
-        thread_id = record.thread_id
-        announced = dump_value(list(record.announced)) if record.announced else None
-
-        def commit(conn: sqlite3.Connection) -> None:
-            try:
-                conn.execute(
-                    INSERT_TURN,
-                    (
-                        record.thread_id,
-                        record.turn_id,
-                        record.request_digest,
-                        record.version,
-                        record.result,
-                        now,
-                        announced,
-                    ),
-                )
-            except sqlite3.IntegrityError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
-                    raise
-                raise fenced(record, "the turn ID was committed by another worker") from exc
-            statement = INSERT_THREAD if record.expected_version == 0 else UPDATE_THREAD
-            returned = conn.execute(statement, params).fetchone()
-            if returned is None:
-                raise fenced(record, "the thread version moved")
-            next_seq, message_seq = returned
-            if record.rewrite:
-                conn.execute(DELETE_MESSAGES, (thread_id,))
-                conn.execute(DELETE_FACTS, (thread_id,))
-            # Each executemany only when it has rows: an empty one still looks up and
-            # resets its statement.
-            if record.messages:
-                first = message_seq - len(record.messages) + 1
-                conn.executemany(
-                    INSERT_MESSAGE,
-                    [(thread_id, first + i, body) for i, body in enumerate(record.messages)],
-                )
-            if record.trim_messages:
-                last_trimmed = message_seq - record.keep_messages
-                first_kept = last_trimmed - record.trim_messages
-                conn.execute(TRIM_MESSAGES, (thread_id, first_kept, last_trimmed))
-            if record.facts:
-                conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in record.facts])
-            if record.removed_facts:
-                conn.executemany(DELETE_FACT, [(thread_id, k) for k in record.removed_facts])
-            if record.mark_announced:
-                conn.executemany(MARK_ANNOUNCED, [(thread_id, k) for k in record.mark_announced])
-            if record.journaled:
-                conn.execute(DELETE_JOURNAL, (thread_id, record.turn_id))
-            if rows:
-                first_seq = next_seq - len(rows)
-                conn.executemany(
-                    INSERT_EVENT,
-                    [
-                        (r[0], r[1], r[2], first_seq + i, r[3], r[4], r[5])
-                        for i, r in enumerate(rows)
-                    ],
-                )
-            if _faults.armed:  # every row written, the transaction still open
-                _faults.reach(_faults.DURING_COMMIT)
-
-        await self._run(commit, thread_id, atomic=True)
+        turn = (
+            record.thread_id,
+            record.turn_id,
+            record.request_digest,
+            record.version,
+            record.result,
+            now,
+            dump_value(list(record.announced)) if record.announced else None,
+        )
+        trim = (record.trim_messages, record.keep_messages) if record.trim_messages else None
+        args = (
+            turn,
+            params,
+            record.messages,
+            trim,
+            record.facts,
+            record.removed_facts,
+            record.mark_announced,
+            bool(record.journaled),
+            bool(record.rewrite),
+            _event_rows(record.events, record.thread_id, record.turn_id, now),
+        )
+        try:
+            await self._write(bodies.commit_turn, args, record.thread_id, atomic=True)
+        except Refusal as refused:
+            raise fenced(record, refused.reason) from refused
 
     # -- the journal -------------------------------------------------------------------------
 
@@ -235,43 +179,43 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             _stamp(entry.created_at),
         )
 
-        def write(conn: sqlite3.Connection) -> None:
-            # One autocommitted statement: durable when it returns (synchronous=FULL).
-            try:
-                conn.execute(INSERT_JOURNAL, row)
-            except sqlite3.IntegrityError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
-                    raise
-                raise journal_conflict(entry) from exc
-
-        await self._run(write, entry.thread_id)
+        try:
+            await self._write(bodies.write_journal, (row,), entry.thread_id)
+        except Refusal as refused:
+            raise journal_conflict(entry) from refused
 
     # -- effects -------------------------------------------------------------------------------
 
     async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
-        def claim(conn: sqlite3.Connection) -> EffectPlan:
-            # Most keys are new: try what a first call writes, and read only if a
-            # receipt was there already.
-            first = plan(None)
-            if first.write is not None:
-                row = _receipt_params(first.write)
-                if conn.execute(INSERT_RECEIPT_IF_NEW, row).rowcount == 1:
-                    return first
-            # Under the thread lock nobody else writes this receipt, so the read needs
-            # no transaction and the write is one autocommitted statement.
-            existing = _receipt(conn.execute(SELECT_RECEIPT, (thread_id, key)).fetchone())
-            decided = plan(existing)
-            if decided.write is not None:
-                if existing is None:
-                    conn.execute(INSERT_RECEIPT, _receipt_params(decided.write))
-                else:
-                    _update_receipt(conn, decided.write, existing)
-            return decided
-
-        return await self._run(claim, thread_id)
+        # Most keys are new: try what a first call writes, and read only if a receipt
+        # was there already.
+        first = plan(None)
+        if first.write is not None:
+            row = _receipt_params(first.write)
+            if await self._write(bodies.claim_receipt, (row,), thread_id) == 1:
+                return first
+        # Under the thread lock nobody else writes this receipt, so the read may run
+        # apart from the write that follows, and the plan between them.
+        existing = await self._read(lambda c: _select_receipt(c, thread_id, key), thread_id)
+        decided = plan(existing)
+        if decided.write is not None:
+            if existing is None:
+                await self._write(
+                    bodies.insert_receipt, (_receipt_params(decided.write),), thread_id
+                )
+            else:
+                await self._update_receipt(decided.write, existing)
+        return decided
 
     async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
-        await self._run(lambda c: _update_receipt(c, receipt, expected), receipt.thread_id)
+        await self._update_receipt(receipt, expected)
+
+    async def _update_receipt(self, new: Receipt, expected: Receipt) -> None:
+        write = receipt_write(new, expected, datetime.isoformat)
+        try:
+            await self._write(bodies.update_receipt, (write.settles, write.params), new.thread_id)
+        except Refusal as refused:
+            raise receipt_moved(new) from refused
 
     async def read_receipts(
         self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
@@ -295,18 +239,20 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
         return await self._read(read, thread_id)
 
     async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
-        def apply(conn: sqlite3.Connection) -> Receipt:
-            existing = _receipt(conn.execute(SELECT_RECEIPT, (thread_id, key)).fetchone())
-            resolved, event = resolution(existing)
-            assert existing is not None
-            _update_receipt(conn, resolved, existing)
-            now = utcnow().isoformat()
-            seq = conn.execute(BUMP_THREAD_SEQ, (thread_id, now)).fetchone()[0] - 1
-            row = _event_rows([event], thread_id, None, now)[0]
-            conn.execute(INSERT_EVENT, (row[0], row[1], row[2], seq, row[3], row[4], row[5]))
-            return resolved
-
-        return await self._run(apply, thread_id, atomic=True)
+        # Under the thread lock nobody else writes this receipt: the read, the
+        # resolution's decision and the compare-and-set that writes it may run apart.
+        existing = await self._read(lambda c: _select_receipt(c, thread_id, key), thread_id)
+        resolved, event = resolution(existing)
+        assert existing is not None
+        write = receipt_write(resolved, existing, datetime.isoformat)
+        now = utcnow().isoformat()
+        row = _event_rows([event], thread_id, None, now)[0]
+        args = (write.settles, write.params, thread_id, now, row)
+        try:
+            await self._write(bodies.resolve_receipt, args, thread_id, atomic=True)
+        except Refusal as refused:
+            raise receipt_moved(resolved) from refused
+        return resolved
 
     # -- outbox --------------------------------------------------------------------------------
 
@@ -340,23 +286,13 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
 
     async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
         rows = [(_stamp(at), thread_id, seq) for seq in seqs]
-
-        def mark(conn: sqlite3.Connection) -> None:
-            # Not the cursor: a body returns plain values (the writer closes a cursor
-            # it is handed, see _group).
-            conn.executemany(MARK_PUBLISHED, rows)
-
-        await self._run(mark, atomic=True)
+        await self._write(bodies.mark_published, (rows,), atomic=True)
 
     async def mark_failed(
         self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
     ) -> None:
         args = (attempts, error, _stamp(retry_at), thread_id, seq)
-
-        def mark(conn: sqlite3.Connection) -> None:
-            conn.execute(MARK_FAILED, args)
-
-        await self._run(mark)
+        await self._write(bodies.mark_failed, (args,))
 
     async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog:
         def read(conn: sqlite3.Connection) -> OutboxBacklog:
@@ -406,42 +342,30 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
 
     async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
         thread_id = rewrite.thread_id
-
-        def write(conn: sqlite3.Connection) -> None:
-            returned = conn.execute(
-                REWRITE_THREAD,
-                (
-                    rewrite.checkpoint,
-                    rewrite.schema_revision,
-                    rewrite.fingerprint,
-                    len(rewrite.messages),
-                    thread_id,
-                    rewrite.version,
-                ),
-            ).fetchone()
-            if returned is None:
-                raise FencedCommitError(
-                    f"thread {thread_id!r} moved on while its checkpoint was migrated",
-                    thread_id=thread_id,
-                )
-            first = returned[0] - len(rewrite.messages) + 1
-            conn.execute(DELETE_MESSAGES, (thread_id,))
-            conn.executemany(
-                INSERT_MESSAGE,
-                [(thread_id, first + i, body) for i, body in enumerate(rewrite.messages)],
-            )
-            conn.execute(DELETE_FACTS, (thread_id,))
-            conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in rewrite.facts])
-
-        await self._run(write, thread_id, atomic=True)
+        thread = (
+            rewrite.checkpoint,
+            rewrite.schema_revision,
+            rewrite.fingerprint,
+            len(rewrite.messages),
+            thread_id,
+            rewrite.version,
+        )
+        args = (thread, rewrite.messages, rewrite.facts)
+        try:
+            await self._write(bodies.rewrite_checkpoint, args, thread_id, atomic=True)
+        except Refusal as refused:
+            raise FencedCommitError(
+                f"thread {thread_id!r} moved on while its checkpoint was migrated",
+                thread_id=thread_id,
+            ) from refused
 
     async def prune_events(self, before: datetime, limit: int) -> int:
         args = (_stamp(before), limit)
-        return int(await self._run(lambda conn: conn.execute(PRUNE_EVENTS, args).rowcount))
+        return int(await self._write(bodies.prune_events, (args,)))
 
     async def prune_journal(self, before: datetime, limit: int) -> int:
         args = (_stamp(before), limit)
-        return int(await self._run(lambda conn: conn.execute(PRUNE_JOURNAL, args).rowcount))
+        return int(await self._write(bodies.prune_journal, (args,)))
 
     async def prune_turns(
         self, before: datetime, after: tuple[str, str] | None, limit: int
@@ -449,12 +373,11 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
         start = after or ("", "")
         cutoff, now = _stamp(before), _stamp(utcnow())
 
-        def prune(conn: sqlite3.Connection) -> tuple[int, tuple[str, str] | None]:
-            rows = conn.execute(PRUNE_TURNS, (now, *start, cutoff, limit)).fetchall()
-            keys = [(row[0], row[1]) for row in rows]
-            return len(keys), (max(keys) if len(keys) == limit else None)
-
-        return await self._run(prune)
+        args = (now, *start, cutoff, limit)
+        pruned: tuple[int, tuple[str, str] | None] = await self._write(
+            bodies.prune_turns, (args, limit)
+        )
+        return pruned
 
 
 def _thread(row: Sequence[Any] | None) -> StoredThread | None:
@@ -472,10 +395,8 @@ def _receipt_params(r: Receipt) -> dict[str, Any]:
     return receipt_params(r, datetime.isoformat)
 
 
-def _update_receipt(conn: sqlite3.Connection, new: Receipt, expected: Receipt) -> None:
-    write = receipt_write(new, expected, datetime.isoformat)
-    statement = SETTLE_RECEIPT if write.settles else UPDATE_RECEIPT
-    write.check(conn.execute(statement, write.params).rowcount)
+def _select_receipt(conn: sqlite3.Connection, thread_id: str, key: str) -> Receipt | None:
+    return _receipt(conn.execute(SELECT_RECEIPT, (thread_id, key)).fetchone())
 
 
 def _receipt(row: Sequence[Any] | None) -> Receipt | None:

@@ -1,0 +1,244 @@
+"""The SQLite recorder's writes, as data: one module-level body per kind of write.
+
+A body is ``body(conn, *args)``: its arguments are plain values (text, numbers,
+``None``, tuples, lists, dicts of those), so that a write can be sent to a writer
+*process* as its name and its arguments, and run there exactly as the worker thread
+or the event loop runs it here. A body never begins, commits or rolls back: it runs in
+the transaction its runner opened (see :mod:`._group`). A body that is not atomic
+writes with one statement, or with statements that may commit one by one.
+
+A body's refusals (a fenced turn commit, a journal conflict, a receipt whose
+compare-and-set missed) are :class:`Refusal`, a plain exception that survives a
+pickle; the recorder turns each into its typed error on the caller's side, where the
+record it names is known (``fenced(record, reason)``, ``journal_conflict(entry)``...).
+
+The turn protocol's fault point inside a commit (``DURING_COMMIT``) is reached where
+the body runs: in the process that armed it when the write runs inline or on the
+worker thread; a writer process arms none.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from intention_kernel import _faults
+from intention_kernel.durability.sqlite._statements import (
+    BUMP_THREAD_SEQ,
+    DELETE_FACT,
+    DELETE_FACTS,
+    DELETE_JOURNAL,
+    DELETE_MESSAGES,
+    INSERT_EVENT,
+    INSERT_JOURNAL,
+    INSERT_MESSAGE,
+    INSERT_RECEIPT,
+    INSERT_RECEIPT_IF_NEW,
+    INSERT_THREAD,
+    INSERT_TURN,
+    MARK_ANNOUNCED,
+    MARK_FAILED,
+    MARK_PUBLISHED,
+    PRUNE_EVENTS,
+    PRUNE_JOURNAL,
+    PRUNE_TURNS,
+    REWRITE_THREAD,
+    SETTLE_RECEIPT,
+    TRIM_MESSAGES,
+    UPDATE_RECEIPT,
+    UPDATE_THREAD,
+    UPSERT_FACT,
+)
+
+__all__ = ["BODIES", "CHECKPOINT_MOVED", "FENCED", "JOURNAL_CONFLICT", "RECEIPT_MOVED", "Refusal"]
+
+#: The kinds of :class:`Refusal`.
+FENCED, JOURNAL_CONFLICT, RECEIPT_MOVED, CHECKPOINT_MOVED = (
+    "fenced",
+    "journal_conflict",
+    "receipt_moved",
+    "checkpoint_moved",
+)
+
+
+class Refusal(Exception):
+    """A body refused its write: ``kind`` says which refusal, ``reason`` why. Its
+    arguments are its state, so it pickles as it is."""
+
+    def __init__(self, kind: str, reason: str = "") -> None:
+        super().__init__(kind, reason)
+        self.kind = kind
+        self.reason = reason
+
+
+def commit_turn(
+    conn: sqlite3.Connection,
+    turn: tuple[Any, ...],
+    params: dict[str, Any],
+    messages: Sequence[str],
+    trim: tuple[int, int] | None,
+    facts: Sequence[tuple[str, str]],
+    removed_facts: Sequence[str],
+    mark_announced: Sequence[str],
+    journaled: bool,
+    rewrite: bool,
+    events: Sequence[tuple[Any, ...]],
+) -> None:
+    """A turn's commit: its row, the thread's row (a compare-and-set of its version),
+    its checkpoint's rows and its events. ``turn``: the ``ik_turns`` row; ``trim``:
+    ``(trim_messages, keep_messages)``; ``events``: rows without their ``seq``."""
+    thread_id, turn_id = turn[0], turn[1]
+    try:
+        conn.execute(INSERT_TURN, turn)
+    except sqlite3.IntegrityError as exc:
+        if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+            raise
+        raise Refusal(FENCED, "the turn ID was committed by another worker") from exc
+    statement = INSERT_THREAD if params["expected"] == 0 else UPDATE_THREAD
+    returned = conn.execute(statement, params).fetchone()
+    if returned is None:
+        raise Refusal(FENCED, "the thread version moved")
+    next_seq, message_seq = returned
+    if rewrite:
+        conn.execute(DELETE_MESSAGES, (thread_id,))
+        conn.execute(DELETE_FACTS, (thread_id,))
+    # Each executemany only when it has rows: an empty one still looks up and resets
+    # its statement.
+    if messages:
+        first = message_seq - len(messages) + 1
+        conn.executemany(
+            INSERT_MESSAGE, [(thread_id, first + i, body) for i, body in enumerate(messages)]
+        )
+    if trim is not None:
+        trim_messages, keep_messages = trim
+        last_trimmed = message_seq - keep_messages
+        first_kept = last_trimmed - trim_messages
+        conn.execute(TRIM_MESSAGES, (thread_id, first_kept, last_trimmed))
+    if facts:
+        conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in facts])
+    if removed_facts:
+        conn.executemany(DELETE_FACT, [(thread_id, k) for k in removed_facts])
+    if mark_announced:
+        conn.executemany(MARK_ANNOUNCED, [(thread_id, k) for k in mark_announced])
+    if journaled:
+        conn.execute(DELETE_JOURNAL, (thread_id, turn_id))
+    if events:
+        first_seq = next_seq - len(events)
+        conn.executemany(
+            INSERT_EVENT,
+            [(r[0], r[1], r[2], first_seq + i, r[3], r[4], r[5]) for i, r in enumerate(events)],
+        )
+    if _faults.armed:  # every row written, the transaction still open
+        _faults.reach(_faults.DURING_COMMIT)
+
+
+def write_journal(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
+    """One journal entry: one autocommitted statement, durable when it returns
+    (``synchronous=FULL``)."""
+    try:
+        conn.execute(INSERT_JOURNAL, row)
+    except sqlite3.IntegrityError as exc:
+        if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+            raise
+        raise Refusal(JOURNAL_CONFLICT) from exc
+
+
+def claim_receipt(conn: sqlite3.Connection, params: dict[str, Any]) -> int:
+    """A new key's first receipt, unless one is there: 1 if it was written, else 0."""
+    return conn.execute(INSERT_RECEIPT_IF_NEW, params).rowcount
+
+
+def insert_receipt(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
+    conn.execute(INSERT_RECEIPT, params)
+
+
+def update_receipt(conn: sqlite3.Connection, settles: bool, params: dict[str, Any]) -> None:
+    """A receipt's compare-and-set (see ``ReceiptWrite``): refused unless it changed
+    exactly the one row."""
+    statement = SETTLE_RECEIPT if settles else UPDATE_RECEIPT
+    if conn.execute(statement, params).rowcount != 1:
+        raise Refusal(RECEIPT_MOVED)
+
+
+def resolve_receipt(
+    conn: sqlite3.Connection,
+    settles: bool,
+    params: dict[str, Any],
+    thread_id: str,
+    now: str,
+    event: tuple[Any, ...],
+) -> None:
+    """An operator's resolution: the receipt's compare-and-set and the event that
+    says so, at the thread's next sequence number (``event``: a row without it)."""
+    update_receipt(conn, settles, params)
+    seq = conn.execute(BUMP_THREAD_SEQ, (thread_id, now)).fetchone()[0] - 1
+    conn.execute(INSERT_EVENT, (event[0], event[1], event[2], seq, event[3], event[4], event[5]))
+
+
+def mark_published(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    # Not the cursor: a body returns plain values.
+    conn.executemany(MARK_PUBLISHED, rows)
+
+
+def mark_failed(conn: sqlite3.Connection, args: tuple[Any, ...]) -> None:
+    conn.execute(MARK_FAILED, args)
+
+
+def rewrite_checkpoint(
+    conn: sqlite3.Connection,
+    thread: tuple[Any, ...],
+    messages: Sequence[str],
+    facts: Sequence[tuple[str, str]],
+) -> None:
+    """A migrated checkpoint over the same version (``thread``: ``REWRITE_THREAD``'s
+    arguments, the thread ID and the version last)."""
+    returned = conn.execute(REWRITE_THREAD, thread).fetchone()
+    if returned is None:
+        raise Refusal(CHECKPOINT_MOVED)
+    thread_id = thread[-2]
+    first = returned[0] - len(messages) + 1
+    conn.execute(DELETE_MESSAGES, (thread_id,))
+    conn.executemany(
+        INSERT_MESSAGE, [(thread_id, first + i, body) for i, body in enumerate(messages)]
+    )
+    conn.execute(DELETE_FACTS, (thread_id,))
+    conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in facts])
+
+
+def prune_events(conn: sqlite3.Connection, args: tuple[Any, ...]) -> int:
+    return conn.execute(PRUNE_EVENTS, args).rowcount
+
+
+def prune_journal(conn: sqlite3.Connection, args: tuple[Any, ...]) -> int:
+    return conn.execute(PRUNE_JOURNAL, args).rowcount
+
+
+def prune_turns(
+    conn: sqlite3.Connection, args: tuple[Any, ...], limit: int
+) -> tuple[int, tuple[str, str] | None]:
+    rows = conn.execute(PRUNE_TURNS, args).fetchall()
+    keys = [(row[0], row[1]) for row in rows]
+    return len(keys), (max(keys) if len(keys) == limit else None)
+
+
+Body = Callable[..., Any]
+
+#: Every body by its name: what a writer process is sent instead of the function.
+BODIES: dict[str, Body] = {
+    body.__name__: body
+    for body in (
+        commit_turn,
+        write_journal,
+        claim_receipt,
+        insert_receipt,
+        update_receipt,
+        resolve_receipt,
+        mark_published,
+        mark_failed,
+        rewrite_checkpoint,
+        prune_events,
+        prune_journal,
+        prune_turns,
+    )
+}
