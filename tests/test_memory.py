@@ -185,4 +185,3 @@ async def test_a_failed_turn_start_lets_the_threads_lock_go(
         await durability.with_turn(TurnScope("t", "1"), commit_for_turn)
     result = await durability.with_turn(TurnScope("t", "1"), commit_for_turn, wait=False)
     assert result.checkpoint_version == 1
-
