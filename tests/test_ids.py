@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -102,3 +103,26 @@ def test_threads_making_ids_at_once_never_share_one() -> None:
     assert len(set(every)) == len(every) == 40_000
     for out in made:  # each thread's IDs in the order it made them
         assert out == sorted(out)
+
+
+def test_a_forked_child_never_makes_its_parents_next_id() -> None:
+    """Random bits are drawn ahead, many IDs at a time: a child forked after its parent
+    made an ID must not use the bytes its parent uses next, or both would make the
+    same ID in one millisecond."""
+    # The next ID, in the child and in the parent, is made a millisecond later: from
+    # its random bits alone (an ID of the same millisecond could be the last one + 1).
+    ids = TimeOrderedIds(clock=SteppedClock(1_700_000_000_000 * MS, [MS, 0]))
+    ids("rcpt_")  # draws the pool the parent goes on using
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one ID, written to the pipe, then out without cleanup
+        try:
+            os.write(write, ids("rcpt_").encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == len("rcpt_") + 32
+    assert child != ids("rcpt_")

@@ -162,3 +162,26 @@ async def commit_for_turn(tx: TurnTransaction) -> TurnCommit:
 def test_a_lock_timeout_that_never_ends_or_is_negative_is_refused(value: float) -> None:
     with pytest.raises(ValueError, match="lock_timeout"):
         InMemoryDurability(lock_timeout=value)
+
+
+async def test_a_failed_turn_start_lets_the_threads_lock_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``lock_and_begin`` (the default ``start_turn``): when ``begin_turn`` fails under
+    the lock, its error reaches the caller and the lock is released, so the next turn
+    takes it at once (``wait=False`` would raise ``ThreadBusyError`` otherwise)."""
+    durability = InMemoryDurability()
+    recorder = await durability.recorder()
+    begin_turn = recorder.begin_turn
+    failures = [OSError("the store went away")]
+
+    async def failing_once(thread_id: str, turn_id: str, known: int | None) -> TurnStart:
+        if failures:
+            raise failures.pop()
+        return await begin_turn(thread_id, turn_id, known)
+
+    monkeypatch.setattr(recorder, "begin_turn", failing_once)
+    with pytest.raises(OSError, match="went away"):
+        await durability.with_turn(TurnScope("t", "1"), commit_for_turn)
+    result = await durability.with_turn(TurnScope("t", "1"), commit_for_turn, wait=False)
+    assert result.checkpoint_version == 1

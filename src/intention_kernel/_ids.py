@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from intention_kernel.errors import InvalidRequestError
@@ -66,23 +67,55 @@ class TimeOrderedIds:
     80 fresh random bits start each millisecond.
     """
 
-    __slots__ = ("_clock", "_last", "_lock")
+    __slots__ = ("__weakref__", "_clock", "_last", "_lock", "_pool", "_used")
 
     def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
         self._clock = clock  # nanoseconds since the Unix epoch
         self._last = 0
         # Turns of one process may run on several threads (an event loop each, the
         # SQLite worker). Without the lock, two threads could read the same ``_last``
-        # and hand out the same ID in one millisecond.
+        # and hand out the same ID in one millisecond, or the same random bits.
         self._lock = threading.Lock()
+        # Random bytes drawn ahead, 10 an ID, and how many are used. One ``urandom``
+        # call per pool, not per ID: each call releases the GIL, and with turns in
+        # flight the thread then waits for the SQLite worker to hand it back.
+        self._pool = b""
+        self._used = 0
+        _generators.add(self)
 
     def __call__(self, prefix: str) -> str:
-        value = (self._clock() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
+        millis = self._clock() // 1_000_000
         with self._lock:
+            used, pool = self._used, self._pool
+            if used == len(pool):
+                pool = self._pool = os.urandom(_POOL_BYTES)
+                used = 0
+            self._used = used + 10
+            value = millis << 80 | int.from_bytes(pool[used : used + 10])
             if value <= self._last:
                 value = self._last + 1
             self._last = value
         return f"{prefix}{value:032x}"
+
+    def _forget_pool(self) -> None:
+        self._pool = b""
+        self._used = 0
+
+
+#: The random bytes one ``urandom`` call draws: the random bits of 64 IDs.
+_POOL_BYTES = 640
+
+#: Every generator, so that a forked child drops the bytes drawn ahead: the parent uses
+#: them too, and the two would make IDs with the same random bits in one millisecond.
+_generators: weakref.WeakSet[TimeOrderedIds] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for generator in list(_generators):
+        generator._forget_pool()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 #: The process's generator of receipt and event IDs: ``new_id("rcpt_")``.

@@ -27,10 +27,11 @@ third-party durability that offers the same methods.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
+from types import TracebackType
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from intention_kernel.checkpoint import KernelCheckpoint
@@ -73,22 +74,65 @@ ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
 PlanFn = Callable[[Receipt | None], EffectPlan]
 
 
-@asynccontextmanager
-async def lock_and_begin(
+def lock_and_begin(
     recorder: TurnRecorder,
     thread_id: str,
     turn_id: str,
     known_version: int | None,
     *,
     wait: bool = True,
-) -> AsyncIterator[TurnStart]:
+) -> AbstractAsyncContextManager[TurnStart]:
     """A turn's start as ``TurnRecorder.start_turn`` does it by default: the lock, then
     ``begin_turn``, and the lock held for the block. ``wait=False`` is passed on to
     ``lock`` only when given, so that a recorder written before it existed still serves
     every turn that waits."""
-    held = recorder.lock(thread_id) if wait else recorder.lock(thread_id, wait=False)
-    async with held:
-        yield await recorder.begin_turn(thread_id, turn_id, known_version)
+    return _LockAndBegin(recorder, thread_id, turn_id, known_version, wait)
+
+
+class _LockAndBegin:
+    """:func:`lock_and_begin`'s context manager: a class, not a generator, because every
+    turn enters one (``asynccontextmanager`` costs several frames more per turn)."""
+
+    __slots__ = ("_held", "_known_version", "_recorder", "_thread_id", "_turn_id", "_wait")
+
+    def __init__(
+        self,
+        recorder: TurnRecorder,
+        thread_id: str,
+        turn_id: str,
+        known_version: int | None,
+        wait: bool,
+    ) -> None:
+        self._recorder = recorder
+        self._thread_id = thread_id
+        self._turn_id = turn_id
+        self._known_version = known_version
+        self._wait = wait
+        self._held: AbstractAsyncContextManager[object] | None = None
+
+    async def __aenter__(self) -> TurnStart:
+        recorder, thread_id = self._recorder, self._thread_id
+        held = recorder.lock(thread_id) if self._wait else recorder.lock(thread_id, wait=False)
+        await held.__aenter__()
+        self._held = held
+        try:
+            return await recorder.begin_turn(thread_id, self._turn_id, self._known_version)
+        except BaseException as exc:
+            # The read failed: the lock is let go with its error, as the block's end would.
+            self._held = None
+            if await held.__aexit__(type(exc), exc, exc.__traceback__):
+                raise RuntimeError("the thread's lock swallowed begin_turn's error") from exc
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        held, self._held = self._held, None
+        assert held is not None, "lock_and_begin exited without being entered"
+        return await held.__aexit__(exc_type, exc, tb)
 
 
 @dataclass(frozen=True, slots=True)
