@@ -20,6 +20,8 @@ from intention_kernel.errors import (
     CorruptStoreError,
     FencedCommitError,
     StoreError,
+    ThreadBusyError,
+    ThreadLockTimeoutError,
 )
 from intention_kernel.testing.conformance import (
     DurabilityConformance,
@@ -142,6 +144,41 @@ async def test_writes_hop_to_the_worker_thread_only_while_turns_overlap(tmp_path
         alone_again = set(hopped)
     assert alone == alone_again == {False}
     assert True in together
+
+
+async def test_a_refused_or_timed_out_thread_lock_leaves_lone_writes_inline(
+    tmp_path: Path,
+) -> None:
+    """A turn that never got its thread lock (busy at once, or timed out) stops counting
+    as in flight: the next lone turn still writes inline, not on the worker thread."""
+    hopped: list[bool] = []
+
+    def trace(connection: str, sql: str) -> None:
+        if connection == "writer":
+            hopped.append(threading.current_thread().name == "ik-sqlite")
+
+    held, done = asyncio.Event(), asyncio.Event()
+
+    async def holding(tx: TurnTransaction) -> TurnCommit:
+        held.set()
+        await done.wait()
+        return commit_for(tx)
+
+    async def quick(tx: TurnTransaction) -> TurnCommit:
+        return commit_for(tx)
+
+    async with SQLiteDurability(tmp_path / "k.db", trace=trace, lock_timeout=0.05) as store:
+        holder = asyncio.create_task(store.with_turn(TurnScope("a", "0"), holding))
+        await held.wait()
+        with pytest.raises(ThreadBusyError):
+            await store.with_turn(TurnScope("a", "1"), quick, wait=False)
+        with pytest.raises(ThreadLockTimeoutError):
+            await store.with_turn(TurnScope("a", "2"), quick)
+        done.set()
+        await holder
+        hopped.clear()
+        await store.with_turn(TurnScope("b", "1"), quick)
+    assert hopped and set(hopped) == {False}
 
 
 async def test_reads_use_the_writers_connection_only_while_no_write_can_be_on_the_worker(

@@ -48,7 +48,7 @@ import functools
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -405,18 +405,8 @@ class SQLiteConnections:
         if self._locks is not None:
             self._locks.close()
 
-    @asynccontextmanager
-    async def lock(self, thread_id: str, *, wait: bool = True) -> AsyncIterator[object]:
-        self._lockers += 1
-        try:
-            if self._locks is None:  # ":memory:" is private to this adapter
-                async with self._memory_locks.hold(thread_id, None, wait=wait) as lock:
-                    yield lock
-                return
-            async with self._locks.hold(thread_id, self._lock_timeout, wait=wait):
-                yield thread_id
-        finally:
-            self._lockers -= 1
+    def lock(self, thread_id: str, *, wait: bool = True) -> AbstractAsyncContextManager[object]:
+        return _ThreadLock(self, thread_id, wait)
 
     @asynccontextmanager
     async def claim_outbox(self, thread_id: str) -> AsyncIterator[bool]:
@@ -442,6 +432,47 @@ class SQLiteConnections:
             yield True
         finally:
             locks.release(offset)
+
+
+class _ThreadLock:
+    """:meth:`SQLiteConnections.lock`'s context manager: a class, not a generator,
+    because every turn enters one. It counts its task in ``_lockers`` from before the
+    wait until the release, so the adapter knows turns may overlap."""
+
+    __slots__ = ("_adapter", "_hold", "_thread_id", "_wait")
+
+    def __init__(self, adapter: SQLiteConnections, thread_id: str, wait: bool) -> None:
+        self._adapter = adapter
+        self._thread_id = thread_id
+        self._wait = wait
+        self._hold: AbstractAsyncContextManager[object] | None = None
+
+    async def __aenter__(self) -> object:
+        adapter, thread_id = self._adapter, self._thread_id
+        locks = adapter._locks
+        if locks is None:  # ":memory:" is private to this adapter
+            hold: AbstractAsyncContextManager[object] = adapter._memory_locks.hold(
+                thread_id, None, wait=self._wait
+            )
+        else:
+            hold = locks.hold(thread_id, adapter._lock_timeout, wait=self._wait)
+        adapter._lockers += 1
+        try:
+            held = await hold.__aenter__()
+        except BaseException:
+            adapter._lockers -= 1
+            raise
+        self._hold = hold
+        return thread_id if locks is not None else held
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        hold = self._hold
+        assert hold is not None
+        self._hold = None
+        try:
+            await hold.__aexit__(*exc_info)
+        finally:
+            self._adapter._lockers -= 1
 
 
 def _in_transaction(fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:
