@@ -59,19 +59,11 @@ import contextlib
 import sqlite3
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from queue import Empty, SimpleQueue
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
-__all__ = [
-    "GroupCounts",
-    "GroupPoint",
-    "GroupWriter",
-    "Job",
-    "WriteJob",
-    "clear_frames",
-    "commit_writes",
-]
+__all__ = ["GroupPoint", "GroupWriter", "WriteJob", "clear_frames"]
 
 T = TypeVar("T")
 
@@ -155,7 +147,8 @@ class GroupWriter:
         self._prepare: Callable[[sqlite3.Connection], None] = lambda _: None
         self._group_alone = group_alone
         self._pending = 0  # calls submitted and not yet settled (on the event loop's side)
-        self.counts = GroupCounts()  # for tests and the benchmark
+        self.groups = 0  # groups committed (or failed), for tests and the benchmark
+        self.grouped = 0  # writes run in groups of more than one
         # A daemon: an adapter that is never closed must not keep the process alive.
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
@@ -167,16 +160,6 @@ class GroupWriter:
         ``prepare(conn)`` runs on the thread before each group."""
         self._conn = conn
         self._prepare = prepare
-
-    @property
-    def groups(self) -> int:
-        """Groups committed (or failed), writes alone among them."""
-        return self.counts.groups
-
-    @property
-    def grouped(self) -> int:
-        """Writes run in groups of more than one."""
-        return self.counts.grouped
 
     @property
     def queued(self) -> int:
@@ -257,16 +240,79 @@ class GroupWriter:
         try:
             self._prepare(conn)
         except BaseException as exc:
-            self.counts.groups += 1
+            self.groups += 1
             self._settle([_failed(j, exc) for j in group])
             return
-        outcomes = commit_writes(conn, group, group_alone=self._group_alone, counts=self.counts)
+        if len(group) == 1 and not self._group_alone:
+            job = group[0]
+            try:
+                outcome: _Outcome = (job.future, job.loop, job.solo(conn), None)
+            except BaseException as exc:
+                outcome = (job.future, job.loop, None, exc)
+            self.groups += 1
+            self._settle([outcome])
+            return
+        while group:
+            group = self._commit_group(conn, group)
+
+    def _commit_group(self, conn: sqlite3.Connection, group: list[WriteJob]) -> list[WriteJob]:
+        """Run ``group`` in one transaction and settle it; answer the writes not run
+        yet when SQLite lost the transaction under one of them (a new group's)."""
+        self.groups += 1
+        if len(group) > 1:
+            self.grouped += len(group)
+        done: list[tuple[WriteJob, Any, BaseException | None]] = []
+        lost: BaseException | None = None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job in group:
+                atomic = job.atomic
+                if atomic:
+                    conn.execute("SAVEPOINT ik_write")
+                try:
+                    result = job.run(conn)
+                except BaseException as exc:
+                    if not conn.in_transaction:
+                        # SQLite rolled the whole transaction back (a full disk, an I/O
+                        # error): what the writes before this one wrote is gone too.
+                        lost = exc
+                        break
+                    if atomic:
+                        # Without this rollback, the failed write's rows would commit
+                        # with the group (a fenced turn's rows among them).
+                        conn.execute("ROLLBACK TO ik_write")
+                        conn.execute("RELEASE ik_write")
+                    done.append((job, None, exc))
+                else:
+                    if atomic:
+                        conn.execute("RELEASE ik_write")
+                    done.append((job, result, None))
+            else:
+                if group_fault is not None:
+                    group_fault("before_commit", len(group))
+                conn.execute("COMMIT")
+        except BaseException as exc:
+            # BEGIN, a savepoint statement or COMMIT failed: nothing of the group is on
+            # disk, so every write fails, also those that ran (with their own error).
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.rollback()
+            ran = {id(j): failed for j, _, failed in done}
+            self._settle([_failed(j, ran.get(id(j)) or exc) for j in group])
+            return []
+        if lost is not None:
+            failing = len(done) + 1
+            self._settle([_failed(j, lost) for j in group[:failing]])
+            return group[failing:]
+        if group_fault is not None:
+            group_fault("after_commit", len(group))
         self._settle(
             [
-                (j.future, j.loop, result, exc)
-                for j, (result, exc) in zip(group, outcomes, strict=True)
+                (j.future, j.loop, result, None if failed is None else j.error(failed))
+                for j, result, failed in done
             ]
         )
+        return []
 
     def _settle(self, outcomes: list[_Outcome]) -> None:
         """Hand ``outcomes`` to their event loops, with one wake-up of each; on this
@@ -293,112 +339,6 @@ class GroupWriter:
 
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
                 loop.call_soon_threadsafe(settle)
-
-
-class Job(Protocol):
-    """What :func:`commit_writes` runs: ``run(conn)`` in a group's transaction,
-    ``solo(conn)`` alone (it opens its own transaction, rolls back and translates),
-    ``error`` translates what ``run`` or the group raised; ``atomic`` as for
-    :meth:`GroupWriter.write`."""
-
-    @property
-    def atomic(self) -> bool: ...
-
-    def run(self, conn: sqlite3.Connection, /) -> Any: ...
-
-    def solo(self, conn: sqlite3.Connection, /) -> Any: ...
-
-    def error(self, exc: BaseException, /) -> BaseException: ...
-
-
-class GroupCounts:
-    """Groups committed (or failed), and writes run in groups of more than one."""
-
-    __slots__ = ("grouped", "groups")
-
-    def __init__(self) -> None:
-        self.groups = 0
-        self.grouped = 0
-
-
-Outcome = tuple[Any, BaseException | None]
-
-
-def commit_writes(
-    conn: sqlite3.Connection, group: Sequence[Job], *, group_alone: bool, counts: GroupCounts
-) -> list[Outcome]:
-    """Run the writes ``group`` on ``conn`` as the module docstring says (alone, or in
-    one transaction with a savepoint each) and answer each one's result or error, in
-    order, only once the transaction that holds it has ended. The worker thread and a
-    writer process both commit their writes with it."""
-    if len(group) == 1 and not group_alone:
-        job = group[0]
-        counts.groups += 1
-        try:
-            return [(job.solo(conn), None)]
-        except BaseException as exc:
-            return [(None, exc)]
-    outcomes: list[Outcome] = []
-    rest = list(group)
-    while rest:
-        done, rest = _commit_group(conn, rest, counts)
-        outcomes += done
-    return outcomes
-
-
-def _commit_group(
-    conn: sqlite3.Connection, group: list[Job], counts: GroupCounts
-) -> tuple[list[Outcome], list[Job]]:
-    """Run ``group`` in one transaction; answer the outcomes of the writes it ran, and
-    the writes not run yet when SQLite lost the transaction under one of them (they
-    form a new group)."""
-    counts.groups += 1
-    if len(group) > 1:
-        counts.grouped += len(group)
-    done: list[tuple[Job, Any, BaseException | None]] = []
-    lost: BaseException | None = None
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        for job in group:
-            atomic = job.atomic
-            if atomic:
-                conn.execute("SAVEPOINT ik_write")
-            try:
-                result = job.run(conn)
-            except BaseException as exc:
-                if not conn.in_transaction:
-                    # SQLite rolled the whole transaction back (a full disk, an I/O
-                    # error): what the writes before this one wrote is gone too.
-                    lost = exc
-                    break
-                if atomic:
-                    # Without this rollback, the failed write's rows would commit with
-                    # the group (a fenced turn's rows among them).
-                    conn.execute("ROLLBACK TO ik_write")
-                    conn.execute("RELEASE ik_write")
-                done.append((job, None, exc))
-            else:
-                if atomic:
-                    conn.execute("RELEASE ik_write")
-                done.append((job, result, None))
-        else:
-            if group_fault is not None:
-                group_fault("before_commit", len(group))
-            conn.execute("COMMIT")
-    except BaseException as exc:
-        # BEGIN, a savepoint statement or COMMIT failed: nothing of the group is on
-        # disk, so every write fails, also those that ran (with their own error).
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.rollback()
-        ran = {id(j): failed for j, _, failed in done}
-        return [(None, j.error(ran.get(id(j)) or exc)) for j in group], []
-    if lost is not None:
-        failing = len(done) + 1
-        return [(None, j.error(lost)) for j in group[:failing]], group[failing:]
-    if group_fault is not None:
-        group_fault("after_commit", len(group))
-    return [(result, None if failed is None else j.error(failed)) for j, result, failed in done], []
 
 
 def _failed(job: WriteJob, exc: BaseException) -> _Outcome:
