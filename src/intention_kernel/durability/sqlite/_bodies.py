@@ -1,26 +1,27 @@
 """The SQLite recorder's writes, as data: one module-level body per kind of write.
 
 A body is ``body(conn, *args)``: its arguments are plain values (text, numbers,
-``None``, tuples, lists, dicts of those), so that a write can be sent to a writer
-*process* as its name and its arguments, and run there exactly as the worker thread
-or the event loop runs it here. A body never begins, commits or rolls back: it runs in
-the transaction its runner opened (see :mod:`._group`). A body that is not atomic
-writes with one statement, or with statements that may commit one by one.
+``None``, tuples, lists, dicts of those), built by the recorder before the write is
+queued, so the same body runs alike inline on the event loop and on the worker thread,
+and no write closes over a record or runs a callback. A body never begins, commits or
+rolls back: it runs in the transaction its runner opened (see :mod:`._group`). A body
+that is not atomic writes with one statement, or with statements that may commit one
+by one.
 
-A body's refusals (a fenced turn commit, a journal conflict, a receipt whose
-compare-and-set missed) are :class:`Refusal`, a plain exception that survives a
-pickle; the recorder turns each into its typed error on the caller's side, where the
-record it names is known (``fenced(record, reason)``, ``journal_conflict(entry)``...).
+A body's refusal (a fenced turn commit, a journal conflict, a receipt whose
+compare-and-set missed) is :class:`Refusal`; the recorder turns it into its typed
+error, where the record it names is known (``fenced(record, reason)``,
+``journal_conflict(entry)``...): each caller knows which body it ran, so the refusal
+needs no kind.
 
 The turn protocol's fault point inside a commit (``DURING_COMMIT``) is reached where
-the body runs: in the process that armed it when the write runs inline or on the
-worker thread; a writer process arms none.
+the body runs, in the thread that runs it.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from intention_kernel import _faults
@@ -51,24 +52,14 @@ from intention_kernel.durability.sqlite._statements import (
     UPSERT_FACT,
 )
 
-__all__ = ["BODIES", "CHECKPOINT_MOVED", "FENCED", "JOURNAL_CONFLICT", "RECEIPT_MOVED", "Refusal"]
-
-#: The kinds of :class:`Refusal`.
-FENCED, JOURNAL_CONFLICT, RECEIPT_MOVED, CHECKPOINT_MOVED = (
-    "fenced",
-    "journal_conflict",
-    "receipt_moved",
-    "checkpoint_moved",
-)
+__all__ = ["Refusal"]
 
 
 class Refusal(Exception):
-    """A body refused its write: ``kind`` says which refusal, ``reason`` why. Its
-    arguments are its state, so it pickles as it is."""
+    """A body refused its write; ``reason`` says why, for the error the caller raises."""
 
-    def __init__(self, kind: str, reason: str = "") -> None:
-        super().__init__(kind, reason)
-        self.kind = kind
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
         self.reason = reason
 
 
@@ -94,11 +85,11 @@ def commit_turn(
     except sqlite3.IntegrityError as exc:
         if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
             raise
-        raise Refusal(FENCED, "the turn ID was committed by another worker") from exc
+        raise Refusal("the turn ID was committed by another worker") from exc
     statement = INSERT_THREAD if params["expected"] == 0 else UPDATE_THREAD
     returned = conn.execute(statement, params).fetchone()
     if returned is None:
-        raise Refusal(FENCED, "the thread version moved")
+        raise Refusal("the thread version moved")
     next_seq, message_seq = returned
     if rewrite:
         conn.execute(DELETE_MESSAGES, (thread_id,))
@@ -141,7 +132,7 @@ def write_journal(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
     except sqlite3.IntegrityError as exc:
         if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
             raise
-        raise Refusal(JOURNAL_CONFLICT) from exc
+        raise Refusal() from exc
 
 
 def claim_receipt(conn: sqlite3.Connection, params: dict[str, Any]) -> int:
@@ -158,7 +149,7 @@ def update_receipt(conn: sqlite3.Connection, settles: bool, params: dict[str, An
     exactly the one row."""
     statement = SETTLE_RECEIPT if settles else UPDATE_RECEIPT
     if conn.execute(statement, params).rowcount != 1:
-        raise Refusal(RECEIPT_MOVED)
+        raise Refusal()
 
 
 def resolve_receipt(
@@ -195,7 +186,7 @@ def rewrite_checkpoint(
     arguments, the thread ID and the version last)."""
     returned = conn.execute(REWRITE_THREAD, thread).fetchone()
     if returned is None:
-        raise Refusal(CHECKPOINT_MOVED)
+        raise Refusal()
     thread_id = thread[-2]
     first = returned[0] - len(messages) + 1
     conn.execute(DELETE_MESSAGES, (thread_id,))
@@ -220,25 +211,3 @@ def prune_turns(
     rows = conn.execute(PRUNE_TURNS, args).fetchall()
     keys = [(row[0], row[1]) for row in rows]
     return len(keys), (max(keys) if len(keys) == limit else None)
-
-
-Body = Callable[..., Any]
-
-#: Every body by its name: what a writer process is sent instead of the function.
-BODIES: dict[str, Body] = {
-    body.__name__: body
-    for body in (
-        commit_turn,
-        write_journal,
-        claim_receipt,
-        insert_receipt,
-        update_receipt,
-        resolve_receipt,
-        mark_published,
-        mark_failed,
-        rewrite_checkpoint,
-        prune_events,
-        prune_journal,
-        prune_turns,
-    )
-}

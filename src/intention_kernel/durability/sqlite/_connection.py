@@ -152,9 +152,8 @@ class SQLiteConnections:
         *,
         atomic: bool = False,
     ) -> T:
-        """Run the write ``body(conn, *args)`` (one of :mod:`._bodies`) as :meth:`_run`
-        runs a write; ``args`` are plain values, so that a writer process can be sent
-        the body's name and them instead of the function."""
+        """Run the write ``body(conn, *args)`` (one of :mod:`._bodies`, over plain
+        values) as :meth:`_run` runs a write."""
         return await self._run(lambda conn: body(conn, *args), thread_id, atomic=atomic)
 
     def _call(
@@ -465,12 +464,12 @@ class _ThreadLock:
         self._hold = hold
         return thread_id if locks is not None else held
 
-    async def __aexit__(self, *exc_info: Any) -> None:
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
         hold = self._hold
         assert hold is not None
         self._hold = None
         try:
-            await hold.__aexit__(*exc_info)
+            return await hold.__aexit__(*exc_info)
         finally:
             self._adapter._lockers -= 1
 
