@@ -500,6 +500,60 @@ async def test_stale_commit_is_fenced(
     await assert_outbox_holds_only_committed_turns(cluster)
 
 
+#: Opens and closes a SQLiteDurability on each path read from stdin; answers one line each.
+OPENER = """
+import asyncio, sys
+from intention_kernel.durability.sqlite import SQLiteDurability
+async def open_close(path):
+    async with SQLiteDurability(path):
+        pass
+print("ready", flush=True)
+for line in sys.stdin:
+    try:
+        asyncio.run(open_close(line.strip()))
+        print("opened", flush=True)
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {exc}", flush=True)
+"""
+
+
+@pytest.mark.slow
+async def test_processes_opening_one_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    """The first connections to a new file race to switch it to WAL. SQLite answers
+    that race busy without waiting, so without a retry some processes failed to open."""
+    processes = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            OPENER,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(8)
+    ]
+    try:
+
+        async def answer(process: asyncio.subprocess.Process) -> str:
+            assert process.stdout is not None
+            line = await asyncio.wait_for(process.stdout.readline(), PROCESS_TIMEOUT)
+            return line.decode().strip()
+
+        assert [await answer(p) for p in processes] == ["ready"] * 8
+        for round_ in range(20):
+            path = str(tmp_path / f"new-{round_}.db")
+            for process in processes:  # every process gets the path before any answers
+                assert process.stdin is not None
+                process.stdin.write(f"{path}\n".encode())
+            await asyncio.gather(*(p.stdin.drain() for p in processes if p.stdin is not None))
+            answers = await asyncio.gather(*(answer(p) for p in processes))
+            assert answers == ["opened"] * 8, f"round {round_}: {answers}"
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.kill()
+            await process.communicate()
+
+
 # -- the event loop --------------------------------------------------------------------------
 
 #: Holds the database's write lock (``BEGIN IMMEDIATE``) until a line arrives on stdin.

@@ -47,6 +47,7 @@ import contextlib
 import functools
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -319,7 +320,7 @@ class SQLiteConnections:
                 conn.text_factory = _TEXT
                 self._traced(conn, "writer")
                 conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-                conn.execute("PRAGMA journal_mode = WAL")
+                _into_wal(conn, self._busy_timeout_ms / 1000)
                 conn.execute(f"PRAGMA synchronous = {self._synchronous}")
                 migrate(conn)
             except BaseException:
@@ -485,6 +486,26 @@ def _in_transaction(fn: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.
         return result
 
     return transaction
+
+
+def _into_wal(conn: sqlite3.Connection, timeout: float) -> None:
+    """Switch ``conn``'s database to WAL, waiting up to ``timeout`` seconds for others.
+
+    SQLite answers busy at once, without its busy handler, when connections of other
+    processes switch a new file at the same moment. Without this retry one of them fails
+    to open.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 def _is_corrupt(exc: sqlite3.Error) -> bool:
