@@ -2,7 +2,8 @@
 
 The same rows, the same statements and the same commits as the kernel's adapters
 (one read, ``prepared`` and ``completed`` receipt writes, one commit of result +
-checkpoint core + the appended messages + the changed fact + events), with the same
+checkpoint core + the appended messages + the changed fact + events; on SQLite the
+receipt index as rows, one appended and the oldest trimmed), with the same
 per-thread lock (an OS record lock for SQLite, an advisory lock for PostgreSQL),
 written the way one would by hand: synchronous, JSON built with ``json.dumps``,
 thread state kept in memory. No framework: the kernel's overhead is its ratio to this.
@@ -24,7 +25,7 @@ from bench.workload import MAX_MESSAGES, FakeProvider, message, payment
 SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS threads (thread_id TEXT PRIMARY KEY, tenant_id TEXT,
     version INTEGER NOT NULL, checkpoint TEXT, next_seq INTEGER NOT NULL,
-    message_seq INTEGER NOT NULL, updated_at TEXT NOT NULL);
+    message_seq INTEGER NOT NULL, updated_at TEXT NOT NULL, receipt_seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS turns (thread_id TEXT NOT NULL, turn_id TEXT NOT NULL,
     request_digest TEXT, version INTEGER NOT NULL, result TEXT NOT NULL,
     created_at TEXT NOT NULL, PRIMARY KEY (thread_id, turn_id));
@@ -37,10 +38,14 @@ CREATE TABLE IF NOT EXISTS messages (thread_id TEXT NOT NULL, seq INTEGER NOT NU
     body TEXT NOT NULL, PRIMARY KEY (thread_id, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS facts (thread_id TEXT NOT NULL, key TEXT NOT NULL,
     body TEXT NOT NULL, PRIMARY KEY (thread_id, key));
+CREATE TABLE IF NOT EXISTS receipt_index (thread_id TEXT NOT NULL, seq INTEGER NOT NULL,
+    key TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (thread_id, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS outbox (position INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE, thread_id TEXT NOT NULL, turn_id TEXT, seq INTEGER NOT NULL,
     type TEXT NOT NULL, payload TEXT, created_at TEXT NOT NULL, UNIQUE (thread_id, seq));
 """
+#: Entries a checkpoint's receipt index keeps (the agent's ``max_receipts``).
+MAX_RECEIPTS = 100
 
 
 class _Thread:
@@ -76,7 +81,7 @@ def _turn_documents(
             "step_id": step,
         }
     )
-    del state.receipts[:-100]
+    del state.receipts[:-MAX_RECEIPTS]
     result = {
         "thread_id": thread,
         "turn_id": turn,
@@ -136,9 +141,14 @@ def _turn_documents(
             },
         ),
     ]
+    entry = state.receipts[-1]
+    bare = {k: v for k, v in core.items() if k != "receipts"}
     return {
         "result": json.dumps(result, separators=(",", ":")),
         "core": json.dumps(core, separators=(",", ":")),
+        # SQLite's rows: the core without its receipt index, and the index's new entry.
+        "bare_core": json.dumps(bare, separators=(",", ":")),
+        "index_entry": (entry["key"], json.dumps(entry, separators=(",", ":"))),
         "messages": [
             json.dumps({"role": r, "content": c, "turn_id": turn}, separators=(",", ":"))
             for r, c in (("user", message(n)), ("assistant", reply))
@@ -214,13 +224,23 @@ class SQLiteFloor:
                 "INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?)",
                 (thread, turn, _digest(n), state.version, docs["result"], now),
             )
-            next_seq, message_seq = conn.execute(
-                "INSERT INTO threads VALUES (?, NULL, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO"
-                " UPDATE SET version = excluded.version, checkpoint = excluded.checkpoint,"
+            next_seq, message_seq, receipt_seq = conn.execute(
+                "INSERT INTO threads VALUES (?, NULL, ?, ?, ?, ?, ?, 1) ON CONFLICT (thread_id)"
+                " DO UPDATE SET version = excluded.version, checkpoint = excluded.checkpoint,"
                 " next_seq = next_seq + ?, message_seq = message_seq + 2,"
-                " updated_at = excluded.updated_at RETURNING next_seq, message_seq",
-                (thread, state.version, docs["core"], 4, 2, now, 3),
+                " updated_at = excluded.updated_at, receipt_seq = receipt_seq + 1"
+                " RETURNING next_seq, message_seq, receipt_seq",
+                (thread, state.version, docs["bare_core"], 4, 2, now, 3),
             ).fetchone()
+            conn.execute(
+                "INSERT INTO receipt_index VALUES (?, ?, ?, ?)",
+                (thread, receipt_seq, *docs["index_entry"]),
+            )
+            if receipt_seq > MAX_RECEIPTS:
+                conn.execute(
+                    "DELETE FROM receipt_index WHERE thread_id = ? AND seq = ?",
+                    (thread, receipt_seq - MAX_RECEIPTS),
+                )
             conn.executemany(
                 "INSERT INTO messages VALUES (?, ?, ?)",
                 [(thread, message_seq - 1 + i, body) for i, body in enumerate(docs["messages"])],

@@ -78,6 +78,8 @@ class KernelRow:
             "messages": "SELECT sum(length(body)) FROM ik_messages WHERE thread_id = {p}",
             "facts": "SELECT sum(length(body)) FROM ik_facts WHERE thread_id = {p}",
             "fact_rows": "SELECT count(*) FROM ik_facts WHERE thread_id = {p}",
+            # SQLite only: its receipt index rows (PostgreSQL keeps the index in the core).
+            "index": "SELECT sum(length(body)) FROM ik_receipt_index WHERE thread_id = {p}",
         }
         out: dict[str, int] = {}
         if self.store == "sqlite":
@@ -99,7 +101,7 @@ class KernelRow:
                         out[name] = int(row[0] or 0) if row else 0
                     except psycopg.errors.UndefinedTable:
                         out[name] = 0
-        out["total"] = out["core"] + out["messages"] + out["facts"]
+        out["total"] = out["core"] + out["messages"] + out["facts"] + out["index"]
         return out
 
 

@@ -29,10 +29,12 @@ from intention_kernel.checkpoint import (
     Message,
     decode_checkpoint,
     delta_between,
+    encode_bare_core,
     encode_checkpoint,
     encode_checkpoint_core,
     encode_fact,
     encode_message,
+    encode_receipt_ref,
 )
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.engine import RecordedDurability
@@ -107,6 +109,9 @@ async def test_each_turn_writes_what_it_said_recorded_and_its_core(
         await original(self, record)
 
     monkeypatch.setattr(type(recorder), "commit_turn", spy)
+    index_rows = recorder.options.receipt_index_rows
+    index: list[tuple[str, str]] = []  # the index rows, as the records say to write them
+    moved = trimmed = 0
     async with store:
         kernel = Kernel(_agent(), store)
         previous: KernelCheckpoint | None = None
@@ -117,7 +122,19 @@ async def test_each_turn_writes_what_it_said_recorded_and_its_core(
             assert checkpoint is not None
             said = [m for m in checkpoint.messages if m.turn_id == f"k{n}"]
             before = len(previous.messages) if previous else 0
-            assert record.checkpoint == encode_checkpoint_core(checkpoint)
+            if index_rows:
+                assert record.checkpoint == encode_bare_core(checkpoint)
+                gone = set(record.moved_index_keys)
+                index = [e for e in index if e[0] not in gone] + list(record.receipt_index)
+                index = index[record.trim_index :]
+                assert index == [(r.key, encode_receipt_ref(r)) for r in checkpoint.receipts]
+                assert len(record.receipt_index) <= 2  # what the turn used, not the index
+                moved += bool(gone)
+                trimmed += record.trim_index
+            else:
+                assert record.checkpoint == encode_checkpoint_core(checkpoint)
+                assert (tuple(record.receipt_index), tuple(record.moved_index_keys)) == ((), ())
+                assert record.trim_index == 0
             assert list(record.messages) == [encode_message(m) for m in said] and len(said) == 2
             assert (record.keep_messages, record.trim_messages) == (
                 len(checkpoint.messages),
@@ -129,6 +146,41 @@ async def test_each_turn_writes_what_it_said_recorded_and_its_core(
             assert list(record.facts) == [(k, encode_fact(r)) for k, r in recorded.items()]
             assert (tuple(record.removed_facts), record.rewrite) == ((), False)
             previous = checkpoint
+    assert (moved > 0 and trimmed > 0) is index_rows  # the run moved keys and trimmed
+
+
+async def test_the_receipt_index_in_rows_reads_back_as_the_index_in_a_core(
+    tmp_path: Path,
+) -> None:
+    """SQLite keeps the receipt index in rows (keys moved to the end, entries appended,
+    the oldest trimmed); the memory store keeps it in the core. The same turns leave
+    the same index after each one, read back from the store, and from a new store on
+    the file, which has no checkpoint in memory."""
+    memory, sqlite = InMemoryDurability(), SQLiteDurability(tmp_path / "k.db")
+    assert (await memory.recorder()).options.receipt_index_rows is False
+    assert (await sqlite.recorder()).options.receipt_index_rows is True
+
+    def index(checkpoint: KernelCheckpoint | None) -> list[tuple[str, str, str, str]]:
+        assert checkpoint is not None
+        return [(r.key, r.status, r.turn_id, r.step_id) for r in checkpoint.receipts]
+
+    async with memory:
+        in_core = Kernel(_agent(), memory)
+        async with sqlite:
+            in_rows = Kernel(_agent(), sqlite)
+            for n in range(1, 61):
+                await in_core.turn("t", f"k{n}", f"pay {n}")
+                await in_rows.turn("t", f"k{n}", f"pay {n}")
+                expected = index(await memory.load_checkpoint("t"))
+                assert index(await sqlite.load_checkpoint("t")) == expected
+                assert len(expected) <= 10
+            assert len(expected) == 10
+        async with SQLiteDurability(tmp_path / "k.db") as reopened:
+            assert index(await reopened.load_checkpoint("t")) == expected
+            await Kernel(_agent(), reopened).turn("t", "k61", "pay 61")
+            await in_core.turn("t", "k61", "pay 61")
+            expected = index(await memory.load_checkpoint("t"))
+            assert index(await reopened.load_checkpoint("t")) == expected
 
 
 async def test_a_delta_that_does_not_make_the_checkpoint_is_refused(

@@ -25,6 +25,7 @@ from intention_kernel.checkpoint import KernelCheckpoint, encode_checkpoint
 from intention_kernel.durability.sqlite import MIGRATIONS, SQLiteDurability
 from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.testing.agents import FakeProvider, billing_agent
+from sqlite_history import undo_migration_8
 
 MAX_MESSAGES = 6
 
@@ -82,8 +83,11 @@ async def test_a_long_thread_loads_a_bounded_exact_checkpoint_on_a_cache_miss(
     with sqlite3.connect(path) as conn:
         stored = conn.execute("SELECT count(*) FROM ik_messages").fetchone()[0]
         core = conn.execute("SELECT checkpoint FROM ik_threads").fetchone()[0]
+        index = conn.execute("SELECT count(*) FROM ik_receipt_index").fetchone()[0]
     assert stored == MAX_MESSAGES  # trimmed rows are deleted, not only hidden
-    assert "facts" not in json.loads(core) and len(core) < 5_000  # the hot row stays small
+    assert index == 20  # so are trimmed receipt index rows
+    assert {"facts", "receipts"}.isdisjoint(json.loads(core))
+    assert len(core) < 1_000, len(core)  # the hot row stays well under one page
     assert len(calls) == turns + 1
 
 
@@ -91,6 +95,7 @@ def _downgrade_to_version_1(path: Path, checkpoints: dict[str, KernelCheckpoint]
     """Turn the database into what schema version 1 wrote: whole checkpoint documents
     in ``ik_threads.checkpoint`` and no message or fact rows."""
     with sqlite3.connect(path) as conn:
+        undo_migration_8(conn)
         for thread_id, checkpoint in checkpoints.items():
             conn.execute(
                 "UPDATE ik_threads SET checkpoint = ? WHERE thread_id = ?",
@@ -145,3 +150,42 @@ async def test_a_version_1_database_is_upgraded_and_its_threads_go_on(tmp_path: 
     async with SQLiteDurability(path) as reopened:  # read back from rows only
         assert await reopened.load_checkpoint("t") == after
     assert provider.calls() == 1
+
+
+async def test_a_receipt_index_stored_in_its_core_moves_into_rows_on_the_next_commit(
+    tmp_path: Path,
+) -> None:
+    """Before migration 8 a core held its thread's receipt index. Such a core reads as
+    it was, and the thread's next commit writes the index as rows and a core without it;
+    every row is written anew, as after any base that is not stored exactly."""
+    path, calls = tmp_path / "k.db", []
+    async with SQLiteDurability(path) as store:
+        kernel = Kernel(_agent(calls), store)
+        for n in range(1, 31):
+            await kernel.turn("t", str(n), f"pay {n}")
+        before = await store.load_checkpoint("t")
+    assert before is not None and len(before.receipts) == 20
+    with sqlite3.connect(path) as conn:
+        undo_migration_8(conn)
+        core = json.loads(conn.execute("SELECT checkpoint FROM ik_threads").fetchone()[0])
+    assert len(core["receipts"]) == 20
+
+    async with SQLiteDurability(path) as upgraded:
+        assert await upgraded.load_checkpoint("t") == before
+        await Kernel(_agent(calls), upgraded).turn("t", "31", "pay 31")
+        after = await upgraded.load_checkpoint("t")
+    assert after is not None and after.receipts[:-1] == before.receipts[1:]
+    assert [r.key for r in after.receipts] == [f"shop.pay:pay:{n}" for n in range(12, 32)]
+    with sqlite3.connect(path) as conn:
+        core = json.loads(conn.execute("SELECT checkpoint FROM ik_threads").fetchone()[0])
+        rows = conn.execute("SELECT key FROM ik_receipt_index ORDER BY seq").fetchall()
+        messages = conn.execute("SELECT count(*) FROM ik_messages").fetchone()[0]
+    assert "receipts" not in core
+    assert [key for (key,) in rows] == [r.key for r in after.receipts]
+    assert messages == MAX_MESSAGES
+    async with SQLiteDurability(path) as reopened:  # read back from rows only
+        assert await reopened.load_checkpoint("t") == after
+        await Kernel(_agent(calls), reopened).turn("t", "32", "pay 32")
+        last = await reopened.load_checkpoint("t")
+    assert last is not None and last.receipts[:-1] == after.receipts[1:]
+    assert len(calls) == 32

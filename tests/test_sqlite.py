@@ -37,6 +37,7 @@ from proving_support import (
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
 )
+from sqlite_history import undo_migration_8
 from sqlite_owner import watch_connections
 
 
@@ -312,6 +313,7 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(tmp_path:
 
     def back_to_version_3() -> None:
         with sqlite3.connect(path) as conn:
+            undo_migration_8(conn)
             conn.execute("ALTER TABLE ik_receipts DROP COLUMN tenant_id")
             conn.execute("ALTER TABLE ik_turns DROP COLUMN announced")  # migration 5
             conn.execute("DROP TABLE ik_journal")  # migration 6
@@ -328,6 +330,7 @@ async def test_receipts_stored_before_migration_7_read_as_approved_by_no_one(
 
     def back_to_version_6() -> None:
         with sqlite3.connect(path) as conn:
+            undo_migration_8(conn)
             conn.execute("ALTER TABLE ik_receipts DROP COLUMN actor")
             conn.execute("DELETE FROM ik_schema WHERE version > 6")
 

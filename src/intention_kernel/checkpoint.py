@@ -43,6 +43,7 @@ __all__ = [
     "delta_between",
     "encode_checkpoint",
     "encode_checkpoint_core",
+    "encode_bare_core",
     "encode_core",
     "encode_fact",
     "encode_message",
@@ -246,6 +247,12 @@ def encode_core(checkpoint: KernelCheckpoint, receipts: Sequence[str]) -> str:
     return f'{head[:-1]},"receipts":[{",".join(receipts)}]}}'
 
 
+def encode_bare_core(checkpoint: KernelCheckpoint) -> str:
+    """The core without its receipt index, for a store that keeps each index entry in a
+    row of its own (``RecorderOptions.receipt_index_rows``)."""
+    return _to_json(checkpoint, exclude=_ROWS_AND_RECEIPTS).decode()  # type: ignore[arg-type]
+
+
 def encode_receipt_ref(ref: ReceiptRef) -> str:
     """One receipt index entry as compact JSON, as it appears in a core."""
     return _receipt_ref_json(ref).decode()
@@ -330,16 +337,22 @@ def encode_fact(record: FactRecord) -> str:
 
 
 def assemble_checkpoint(
-    core: str, messages: Sequence[str], facts: Sequence[tuple[str, str]]
+    core: str,
+    messages: Sequence[str],
+    facts: Sequence[tuple[str, str]],
+    receipt_index: Sequence[str] | None = None,
 ) -> tuple[str, bool]:
     """The whole checkpoint document from a stored core and its message and fact rows
-    (oldest message first; facts as ``(key, record JSON)`` in recording order).
+    (oldest message first; facts as ``(key, record JSON)`` in recording order), and its
+    receipt index rows (oldest first; ``None``: the core holds the index).
 
-    Returns the document and whether it was stored in pieces. A core that holds its own
-    messages or facts is a whole document (written by an earlier version of the
-    library): it is returned as it is, rows ignored, and the second value is ``False``.
-    Anything that is not a JSON object is returned unchanged for ``decode_checkpoint``
-    to refuse.
+    Returns the document and whether it was stored in pieces as a commit of it would
+    store it. A core that holds its own messages or facts is a whole document (written
+    by an earlier version of the library): it is returned as it is, rows ignored, and
+    the second value is ``False``. A core that holds its receipt index although index
+    rows were read was written before its store kept them: its own index is used, and
+    the second value is ``False`` too. Anything that is not a JSON object is returned
+    unchanged for ``decode_checkpoint`` to refuse.
     """
     try:
         document = json.loads(core)
@@ -349,7 +362,10 @@ def assemble_checkpoint(
         return core, False
     facts_text = ",".join(f"{json.dumps(key, ensure_ascii=False)}:{body}" for key, body in facts)
     head = core.rstrip()[:-1]
-    return f'{head},"messages":[{",".join(messages)}],"facts":{{{facts_text}}}}}', True
+    rows = f'"messages":[{",".join(messages)}],"facts":{{{facts_text}}}}}'
+    if receipt_index is None or "receipts" in document:
+        return f"{head},{rows}", receipt_index is None
+    return f'{head},"receipts":[{",".join(receipt_index)}],{rows}', True
 
 
 def decode_checkpoint(

@@ -43,9 +43,11 @@ from intention_kernel.checkpoint import (
     check_compatible,
     current_revision,
     decode_checkpoint,
+    encode_bare_core,
     encode_checkpoint_core,
     encode_fact,
     encode_message,
+    encode_receipt_ref,
 )
 from intention_kernel.deadlines import (
     Clock,
@@ -214,6 +216,7 @@ async def migrate_checkpoints(
         raise ValueError("batch must be at least 1")
     current = current_revision() if migrations is None else len(migrations) + 1
     recorder = await store.recorder()
+    index_rows = recorder.options.receipt_index_rows
     migrated, failed = 0, []
     after: str | None = None
     while True:
@@ -228,7 +231,8 @@ async def migrate_checkpoints(
                     if revision is not None and revision >= current:
                         continue  # migrated meanwhile, by another run or a turn
                     checkpoint = _decode(thread_id, thread, migrations)
-                    await recorder.rewrite_checkpoint(_rewrite(thread_id, checkpoint))
+                    rewrite = _rewrite(thread_id, checkpoint, index_rows)
+                    await recorder.rewrite_checkpoint(rewrite)
                     store.forget_checkpoint(thread_id)
                     migrated += 1
             except ThreadBusyError as exc:
@@ -444,7 +448,9 @@ def _decode(
     thread_id: str, thread: StoredThread, migrations: Sequence[Migration] | None
 ) -> KernelCheckpoint:
     assert thread.checkpoint is not None
-    text, _ = assemble_checkpoint(thread.checkpoint, thread.messages, thread.facts)
+    text, _ = assemble_checkpoint(
+        thread.checkpoint, thread.messages, thread.facts, thread.receipt_index
+    )
     checkpoint = decode_checkpoint(text, thread_id=thread_id, migrations=migrations)
     if checkpoint.version != thread.version:
         raise CorruptRecordError(
@@ -455,13 +461,20 @@ def _decode(
     return checkpoint
 
 
-def _rewrite(thread_id: str, checkpoint: KernelCheckpoint) -> CheckpointRewrite:
+def _rewrite(thread_id: str, checkpoint: KernelCheckpoint, index_rows: bool) -> CheckpointRewrite:
+    """``checkpoint`` written anew; its receipt index in rows when ``index_rows``."""
+    if index_rows:
+        core = encode_bare_core(checkpoint)
+        index = [(r.key, encode_receipt_ref(r)) for r in checkpoint.receipts]
+    else:
+        core, index = encode_checkpoint_core(checkpoint), []
     return CheckpointRewrite(
         thread_id=thread_id,
         version=checkpoint.version,
-        checkpoint=encode_checkpoint_core(checkpoint),
+        checkpoint=core,
         schema_revision=checkpoint.schema_revision,
         fingerprint=checkpoint.agent_fingerprint,
         messages=[encode_message(m) for m in checkpoint.messages],
         facts=[(key, encode_fact(record)) for key, record in checkpoint.facts.items()],
+        receipt_index=index,
     )

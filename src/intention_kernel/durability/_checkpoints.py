@@ -67,9 +67,10 @@ class CheckpointCache:
         return base
 
     def remember(
-        self, thread_id: str, checkpoint: KernelCheckpoint, receipts: Sequence[str]
+        self, thread_id: str, checkpoint: KernelCheckpoint, receipts: Sequence[str] | None
     ) -> None:
-        """Keep ``checkpoint``, just committed with ``receipts`` as its index's JSON."""
+        """Keep ``checkpoint``, just committed with ``receipts`` as its index's JSON
+        (``None``: its index is in rows, not in its core)."""
         self._remember(thread_id, Base(checkpoint, True, receipts))
 
     def _remember(self, thread_id: str, entry: Base) -> None:
@@ -92,7 +93,9 @@ def decode(thread_id: str, thread: StoredThread) -> tuple[KernelCheckpoint, bool
     migrated checkpoint's rows are of an older shape, so its next commit rewrites them)."""
     assert thread.checkpoint is not None
     core = thread.checkpoint
-    text, stored_in_rows = assemble_checkpoint(core, thread.messages, thread.facts)
+    text, stored_in_rows = assemble_checkpoint(
+        core, thread.messages, thread.facts, thread.receipt_index
+    )
     # The core is encoded with ``schema_revision`` first; anything else is just not
     # trusted as exact, which costs one full rewrite and is always safe.
     exact = stored_in_rows and core.startswith(f'{{"schema_revision":{current_revision()},')

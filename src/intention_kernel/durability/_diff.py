@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from intention_kernel.checkpoint import (
     CheckpointDelta,
     KernelCheckpoint,
+    encode_bare_core,
     encode_core,
     encode_fact,
     encode_message,
@@ -35,27 +36,38 @@ class Base:
 @dataclass(frozen=True, slots=True)
 class CheckpointRows:
     """The rows of a commit, named as ``TurnRecord`` names them; and ``receipts``, the
-    JSON of each entry of the new core's receipt index, for the next commit's core."""
+    JSON of each entry of the new core's receipt index, for the next commit's core
+    (``None`` when the index is in rows of its own, not in the core)."""
 
     core: str
-    receipts: Sequence[str]
+    receipts: Sequence[str] | None
     messages: Sequence[str]
     keep_messages: int
     trim_messages: int = 0
     facts: Sequence[tuple[str, str]] = ()
     removed_facts: Sequence[str] = ()
     rewrite: bool = False
+    receipt_index: Sequence[tuple[str, str]] = ()
+    moved_index_keys: Sequence[str] = ()
+    trim_index: int = 0
 
 
 def checkpoint_rows(
-    base: Base, checkpoint: KernelCheckpoint, delta: CheckpointDelta
+    base: Base, checkpoint: KernelCheckpoint, delta: CheckpointDelta, *, index_rows: bool = False
 ) -> CheckpointRows:
     """The rows that turn the stored ``base`` into ``checkpoint`` by ``delta`` (checked
-    first with :func:`delta_problems`); every message and fact row anew when the base's
-    rows are not stored exactly."""
-    receipts = _receipts(base, checkpoint, delta)
-    core = encode_core(checkpoint, receipts)
+    first with :func:`delta_problems`); every row anew when the base's rows are not
+    stored exactly. With ``index_rows`` the receipt index is rows too, not in the core."""
     messages = checkpoint.messages
+    if index_rows:
+        core = encode_bare_core(checkpoint)
+        receipts = None
+        entries = checkpoint.receipts if not base.exact else delta.receipts_appended
+        index = [(r.key, encode_receipt_ref(r)) for r in entries]
+    else:
+        receipts = _receipts(base, checkpoint, delta)
+        core = encode_core(checkpoint, receipts)
+        index = []
     if not base.exact:
         # No stored base to write a difference from: every row anew.
         return CheckpointRows(
@@ -65,6 +77,7 @@ def checkpoint_rows(
             keep_messages=len(messages),
             facts=[(key, encode_fact(r)) for key, r in checkpoint.facts.items()],
             rewrite=True,
+            receipt_index=index,
         )
     return CheckpointRows(
         core=core,
@@ -74,6 +87,9 @@ def checkpoint_rows(
         trim_messages=delta.messages_trimmed,
         facts=[(r.key, encode_fact(r)) for r in delta.facts_set],
         removed_facts=delta.facts_removed,
+        receipt_index=index,
+        moved_index_keys=delta.receipts_moved if index_rows else (),
+        trim_index=delta.receipts_trimmed if index_rows else 0,
     )
 
 

@@ -305,10 +305,11 @@ def stored_thread(
     checkpoint: str | None,
     messages: Sequence[str] | None = None,
     facts: Sequence[Sequence[str]] | None = None,
+    receipt_index: Sequence[str] | None = None,
 ) -> StoredThread:
     """A thread row and its checkpoint's rows (``facts`` as key, body pairs)."""
     pairs = [(key, body) for key, body in facts or ()]
-    return StoredThread(version, tenant_id, checkpoint, messages or (), pairs)
+    return StoredThread(version, tenant_id, checkpoint, messages or (), pairs, receipt_index)
 
 
 def fenced(record: TurnRecord, why: str) -> FencedCommitError:

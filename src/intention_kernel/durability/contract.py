@@ -150,10 +150,17 @@ class RecorderOptions:
     attempt, and is not resolvable as not applied
     (:func:`~intention_kernel.effects.resolve`). A recorder for which this is true and
     that does not say so lets an operator mark a running write as not applied.
+
+    ``receipt_index_rows``: the store keeps each entry of a checkpoint's receipt index
+    in a row of its own, as it keeps messages and facts. Its cores then leave the index
+    out (``TurnRecord.receipt_index``), so a turn rewrites one small thread row and an
+    entry or two instead of the whole index; ``begin_turn`` and ``read_thread`` return
+    the rows in ``StoredThread.receipt_index``.
     """
 
     finishes_writes_when_cancelled: bool = False
     attempts_outlive_lock: bool = False
+    receipt_index_rows: bool = False
 
 
 class TurnRecorder(Protocol):
@@ -382,7 +389,9 @@ class Recorder(
 
 class MigrationRecorder(TurnRecorder, MaintenanceRecorder, Protocol):
     """What a checkpoint migration uses: the lock and ``read_thread`` of the turns, the
-    scan and rewrite of maintenance."""
+    scan and rewrite of maintenance, and ``options`` (whether the receipt index is rows)."""
+
+    options: RecorderOptions
 
 
 # -- what the outer ring takes ------------------------------------------------------------

@@ -89,6 +89,7 @@ class RecordedDurability:
         # the task, a round of the event loop, would only cost time per effect).
         finishes = recorder.options.finishes_writes_when_cancelled
         self._settle: Callable[[Any], Awaitable[None]] = awaited if finishes else shielded
+        self._index_rows = recorder.options.receipt_index_rows
         self._opened = False
         self._open_lock = asyncio.Lock()
         self._checkpoints = CheckpointCache(self.CHECKPOINT_CACHE_SIZE)
@@ -263,7 +264,7 @@ class RecordedDurability:
         commit: TurnCommit,
         base: Base,
         tx: Transaction,
-    ) -> tuple[TurnRecord, Sequence[str]]:
+    ) -> tuple[TurnRecord, Sequence[str] | None]:
         """The record of ``commit``, and the JSON of its core's receipt index entries."""
         if not isinstance(commit, TurnCommit):
             raise KernelError(f"operation must return a TurnCommit, got {type(commit).__name__}")
@@ -291,7 +292,7 @@ class RecordedDurability:
                 thread_id=scope.thread_id,
                 turn_id=scope.turn_id,
             )
-        rows = checkpoint_rows(base, checkpoint, delta)
+        rows = checkpoint_rows(base, checkpoint, delta, index_rows=self._index_rows)
         announced = tuple(commit.announced)
         # A key this transaction did not meet through run_effect is marked too: only a
         # receipt known to carry this turn ID may rely on the turn row.
@@ -319,6 +320,9 @@ class RecordedDurability:
             announced=announced,
             mark_announced=marks,
             journaled=tx.journaled,
+            receipt_index=rows.receipt_index,
+            moved_index_keys=rows.moved_index_keys,
+            trim_index=rows.trim_index,
         )
         return record, rows.receipts
 

@@ -61,7 +61,9 @@ class StoredThread:
     ``checkpoint`` is the stored core document, ``None`` while ``version`` is 0 (no
     committed turn). ``messages`` are the message rows, oldest first; ``facts`` the
     fact rows as ``(key, record JSON)``, in the order their keys were first stored.
-    Both are empty when ``checkpoint`` is not shipped.
+    Both are empty when ``checkpoint`` is not shipped. ``receipt_index``: the receipt
+    index rows (each entry's JSON, oldest first) of a store that keeps them
+    (``RecorderOptions.receipt_index_rows``), else ``None``: the core holds the index.
     """
 
     version: int
@@ -69,6 +71,7 @@ class StoredThread:
     checkpoint: str | None
     messages: Sequence[str] = ()
     facts: Sequence[tuple[str, str]] = ()
+    receipt_index: Sequence[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,11 @@ class TurnRecord:
     place in the order), ``removed_facts`` are deleted. With ``rewrite``, every message
     and fact row of the thread is deleted first, and ``messages``/``facts`` are all of
     them (the stored rows were not the base this difference was computed from).
+    For a store that keeps the receipt index in rows (``RecorderOptions.receipt_index_rows``)
+    the core leaves the index out: the rows of the ``moved_index_keys`` are deleted, then
+    ``receipt_index`` rows (``(key, entry JSON)``) appended after the rest, then the
+    ``trim_index`` oldest rows deleted; with ``rewrite``, every index row is deleted
+    first and ``receipt_index`` is the whole index. Other stores get them empty.
     ``announced`` names completed receipts (by key) whose ``effect.completed`` event
     is among ``events``. A receipt that this turn ID completed is announced by the turn
     row itself: an adapter may store the keys with it and read a receipt as announced
@@ -143,6 +151,9 @@ class TurnRecord:
     announced: Sequence[str] = ()
     mark_announced: Sequence[str] = ()
     journaled: bool = False
+    receipt_index: Sequence[tuple[str, str]] = ()
+    moved_index_keys: Sequence[str] = ()
+    trim_index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +176,8 @@ class JournalEntry:
 @dataclass(frozen=True, slots=True)
 class CheckpointRewrite:
     """A thread's checkpoint written anew in place, at the same ``version`` (a schema
-    migration): the core, and every message and fact row, encoded as in a :class:`TurnRecord`."""
+    migration): the core, and every message and fact row, encoded as in a :class:`TurnRecord`;
+    and every receipt index row, for a store that keeps them (else empty)."""
 
     thread_id: str
     version: int
@@ -174,6 +186,7 @@ class CheckpointRewrite:
     fingerprint: str
     messages: Sequence[str]
     facts: Sequence[tuple[str, str]]
+    receipt_index: Sequence[tuple[str, str]] = ()
 
 
 @dataclass(frozen=True, slots=True)

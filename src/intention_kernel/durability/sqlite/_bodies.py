@@ -29,9 +29,12 @@ from intention_kernel.durability.sqlite._statements import (
     BUMP_THREAD_SEQ,
     DELETE_FACT,
     DELETE_FACTS,
+    DELETE_INDEX,
+    DELETE_INDEX_KEY,
     DELETE_JOURNAL,
     DELETE_MESSAGES,
     INSERT_EVENT,
+    INSERT_INDEX,
     INSERT_JOURNAL,
     INSERT_MESSAGE,
     INSERT_RECEIPT,
@@ -46,6 +49,7 @@ from intention_kernel.durability.sqlite._statements import (
     PRUNE_TURNS,
     REWRITE_THREAD,
     SETTLE_RECEIPT,
+    TRIM_INDEX,
     TRIM_MESSAGES,
     UPDATE_RECEIPT,
     UPDATE_THREAD,
@@ -75,10 +79,13 @@ def commit_turn(
     journaled: bool,
     rewrite: bool,
     events: Sequence[tuple[Any, ...]],
+    index: tuple[Sequence[tuple[str, str]], Sequence[str], int] | None,
 ) -> None:
     """A turn's commit: its row, the thread's row (a compare-and-set of its version),
     its checkpoint's rows and its events. ``turn``: the ``ik_turns`` row; ``trim``:
-    ``(trim_messages, keep_messages)``; ``events``: rows without their ``seq``."""
+    ``(trim_messages, keep_messages)``; ``events``: rows without their ``seq``;
+    ``index``: ``(receipt_index, moved_index_keys, trim_index)``, ``None`` when the
+    turn left the receipt index as it was."""
     thread_id, turn_id = turn[0], turn[1]
     try:
         conn.execute(INSERT_TURN, turn)
@@ -90,10 +97,11 @@ def commit_turn(
     returned = conn.execute(statement, params).fetchone()
     if returned is None:
         raise Refusal("the thread version moved")
-    next_seq, message_seq = returned
+    next_seq, message_seq, receipt_seq = returned
     if rewrite:
         conn.execute(DELETE_MESSAGES, (thread_id,))
         conn.execute(DELETE_FACTS, (thread_id,))
+        conn.execute(DELETE_INDEX, (thread_id,))
     # Each executemany only when it has rows: an empty one still looks up and resets
     # its statement.
     if messages:
@@ -110,6 +118,8 @@ def commit_turn(
         conn.executemany(UPSERT_FACT, [(thread_id, k, body) for k, body in facts])
     if removed_facts:
         conn.executemany(DELETE_FACT, [(thread_id, k) for k in removed_facts])
+    if index is not None:
+        write_index(conn, thread_id, receipt_seq, *index)
     if mark_announced:
         conn.executemany(MARK_ANNOUNCED, [(thread_id, k) for k in mark_announced])
     if journaled:
@@ -122,6 +132,29 @@ def commit_turn(
         )
     if _faults.armed:  # every row written, the transaction still open
         _faults.reach(_faults.DURING_COMMIT)
+
+
+def write_index(
+    conn: sqlite3.Connection,
+    thread_id: str,
+    receipt_seq: int,
+    appended: Sequence[tuple[str, str]],
+    moved: Sequence[str] = (),
+    trim: int = 0,
+) -> None:
+    """The receipt index's rows: the ``moved`` keys' rows deleted, ``appended`` numbered
+    up to ``receipt_seq`` (the thread's number after this write), the ``trim`` oldest
+    deleted. The order is the delta's: trimming after appending may drop new rows too."""
+    if moved:
+        conn.executemany(DELETE_INDEX_KEY, [(thread_id, key) for key in moved])
+    if appended:
+        first = receipt_seq - len(appended) + 1
+        conn.executemany(
+            INSERT_INDEX,
+            [(thread_id, first + i, key, body) for i, (key, body) in enumerate(appended)],
+        )
+    if trim:
+        conn.execute(TRIM_INDEX, (thread_id, trim))
 
 
 def write_journal(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
@@ -181,6 +214,7 @@ def rewrite_checkpoint(
     thread: tuple[Any, ...],
     messages: Sequence[str],
     facts: Sequence[tuple[str, str]],
+    index: Sequence[tuple[str, str]],
 ) -> None:
     """A migrated checkpoint over the same version (``thread``: ``REWRITE_THREAD``'s
     arguments, the thread ID and the version last)."""
@@ -188,6 +222,8 @@ def rewrite_checkpoint(
     if returned is None:
         raise Refusal()
     thread_id = thread[-2]
+    conn.execute(DELETE_INDEX, (thread_id,))
+    write_index(conn, thread_id, returned[1], index)
     first = returned[0] - len(messages) + 1
     conn.execute(DELETE_MESSAGES, (thread_id,))
     conn.executemany(

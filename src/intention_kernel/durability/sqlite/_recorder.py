@@ -63,6 +63,7 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_CLAIM,
     SELECT_FACTS,
     SELECT_FAILING,
+    SELECT_INDEX,
     SELECT_INTERACTIONS,
     SELECT_JOURNAL,
     SELECT_MESSAGES,
@@ -81,7 +82,9 @@ __all__ = ["SQLiteRecorder"]
 
 class SQLiteRecorder(SQLiteConnections, Recorder):
     #: ``_run`` never lets a cancellation through before its hop ends.
-    options = RecorderOptions(finishes_writes_when_cancelled=True, attempts_outlive_lock=False)
+    options = RecorderOptions(
+        finishes_writes_when_cancelled=True, attempts_outlive_lock=False, receipt_index_rows=True
+    )
 
     # -- turns ---------------------------------------------------------------------------------
 
@@ -128,6 +131,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             "checkpoint": record.checkpoint,
             "events": len(record.events),
             "messages": len(record.messages),
+            "index": len(record.receipt_index),
             "now": now,
         }
         turn = (
@@ -140,6 +144,11 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             dump_value(list(record.announced)) if record.announced else None,
         )
         trim = (record.trim_messages, record.keep_messages) if record.trim_messages else None
+        index = (
+            (record.receipt_index, record.moved_index_keys, record.trim_index)
+            if record.receipt_index or record.moved_index_keys or record.trim_index
+            else None
+        )
         args = (
             turn,
             params,
@@ -151,6 +160,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             bool(record.journaled),
             bool(record.rewrite),
             _event_rows(record.events, record.thread_id, record.turn_id, now),
+            index,
         )
         try:
             await self._write(bodies.commit_turn, args, record.thread_id, atomic=True)
@@ -347,10 +357,11 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             rewrite.schema_revision,
             rewrite.fingerprint,
             len(rewrite.messages),
+            len(rewrite.receipt_index),
             thread_id,
             rewrite.version,
         )
-        args = (thread, rewrite.messages, rewrite.facts)
+        args = (thread, rewrite.messages, rewrite.facts, rewrite.receipt_index)
         try:
             await self._write(bodies.rewrite_checkpoint, args, thread_id, atomic=True)
         except Refusal as refused:
@@ -387,7 +398,10 @@ def _thread(row: Sequence[Any] | None) -> StoredThread | None:
 def _with_rows(conn: sqlite3.Connection, thread_id: str, thread: StoredThread) -> StoredThread:
     messages = [row[0] for row in conn.execute(SELECT_MESSAGES, (thread_id,))]
     facts = conn.execute(SELECT_FACTS, (thread_id,)).fetchall()
-    return stored_thread(thread.version, thread.tenant_id, thread.checkpoint, messages, facts)
+    index = [row[0] for row in conn.execute(SELECT_INDEX, (thread_id,))]
+    return stored_thread(
+        thread.version, thread.tenant_id, thread.checkpoint, messages, facts, index
+    )
 
 
 def _receipt_params(r: Receipt) -> dict[str, Any]:

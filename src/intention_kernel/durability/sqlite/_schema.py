@@ -138,6 +138,19 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE ik_receipts ADD COLUMN actor TEXT;
     """,
+    # 8: the checkpoint's receipt index in rows of its own, numbered by ``receipt_seq``,
+    # so that the thread row stays under one page. A core stored before holds its index:
+    # it is read as it is, and its thread's next commit moves the index into rows.
+    """
+    ALTER TABLE ik_threads ADD COLUMN receipt_seq INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE ik_receipt_index (
+        thread_id TEXT NOT NULL,
+        seq       INTEGER NOT NULL,
+        key       TEXT NOT NULL,
+        body      TEXT NOT NULL,
+        PRIMARY KEY (thread_id, seq)
+    ) WITHOUT ROWID;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

@@ -12,6 +12,7 @@ SELECT_TURN = """
 SELECT_THREAD = "SELECT version, tenant_id, checkpoint FROM ik_threads WHERE thread_id = ?"
 SELECT_MESSAGES = "SELECT body FROM ik_messages WHERE thread_id = ? ORDER BY seq"
 SELECT_FACTS = "SELECT key, body FROM ik_facts WHERE thread_id = ? ORDER BY rowid"
+SELECT_INDEX = "SELECT body FROM ik_receipt_index WHERE thread_id = ? ORDER BY seq"
 # The checkpoint document only when the caller does not already hold this version.
 SELECT_THREAD_UNLESS_KNOWN = """
     SELECT version, tenant_id, CASE WHEN version IS ? THEN NULL ELSE checkpoint END
@@ -65,16 +66,17 @@ INSERT_TURN = """
 # only); anything above 0 means another turn committed first, so the WHERE refuses.
 INSERT_THREAD = """
     INSERT INTO ik_threads (thread_id, tenant_id, version, schema_revision, fingerprint,
-                            checkpoint, next_seq, updated_at, message_seq)
+                            checkpoint, next_seq, updated_at, message_seq, receipt_seq)
     VALUES (:thread_id, :tenant_id, :version, :schema_revision, :fingerprint, :checkpoint,
-            1 + :events, :now, :messages)
+            1 + :events, :now, :messages, :index)
     ON CONFLICT (thread_id) DO UPDATE SET
         tenant_id = excluded.tenant_id, version = excluded.version,
         schema_revision = excluded.schema_revision, fingerprint = excluded.fingerprint,
         checkpoint = excluded.checkpoint, next_seq = ik_threads.next_seq + :events,
-        updated_at = excluded.updated_at, message_seq = ik_threads.message_seq + :messages
+        updated_at = excluded.updated_at, message_seq = ik_threads.message_seq + :messages,
+        receipt_seq = ik_threads.receipt_seq + :index
     WHERE ik_threads.version = 0
-    RETURNING next_seq, message_seq
+    RETURNING next_seq, message_seq, receipt_seq
 """
 # Later commits: fenced on the version and the owner this turn loaded, as PostgreSQL's
 # commit is. ``IS`` matches NULL (no tenant) too. The thread lock keeps other turns
@@ -84,9 +86,9 @@ UPDATE_THREAD = """
     UPDATE ik_threads
     SET version = :version, schema_revision = :schema_revision, fingerprint = :fingerprint,
         checkpoint = :checkpoint, next_seq = next_seq + :events, updated_at = :now,
-        message_seq = message_seq + :messages
+        message_seq = message_seq + :messages, receipt_seq = receipt_seq + :index
     WHERE thread_id = :thread_id AND version = :expected AND tenant_id IS :tenant_id
-    RETURNING next_seq, message_seq
+    RETURNING next_seq, message_seq, receipt_seq
 """
 # The checkpoint's rows (see ``TurnRecord``): messages numbered on from message_seq.
 INSERT_MESSAGE = "INSERT INTO ik_messages (thread_id, seq, body) VALUES (?, ?, ?)"
@@ -99,6 +101,16 @@ UPSERT_FACT = """
 """
 DELETE_FACT = "DELETE FROM ik_facts WHERE thread_id = ? AND key = ?"
 DELETE_FACTS = "DELETE FROM ik_facts WHERE thread_id = ?"
+# The receipt index's rows, numbered on from receipt_seq; a moved key's row is found
+# among the thread's few rows (at most ``Agent.max_receipts`` of them).
+INSERT_INDEX = "INSERT INTO ik_receipt_index (thread_id, seq, key, body) VALUES (?, ?, ?, ?)"
+DELETE_INDEX_KEY = "DELETE FROM ik_receipt_index WHERE thread_id = ? AND key = ?"
+TRIM_INDEX = """
+    DELETE FROM ik_receipt_index WHERE thread_id = ?1 AND seq IN (
+        SELECT seq FROM ik_receipt_index WHERE thread_id = ?1 ORDER BY seq LIMIT ?2
+    )
+"""
+DELETE_INDEX = "DELETE FROM ik_receipt_index WHERE thread_id = ?"
 # Operator events on a thread that may have no committed turn yet.
 BUMP_THREAD_SEQ = """
     INSERT INTO ik_threads (thread_id, version, next_seq, updated_at) VALUES (?, 0, 2, ?)
@@ -171,9 +183,10 @@ SELECT_INTERACTIONS = """
 # Fenced on the version: a turn committed since the migration read the thread.
 REWRITE_THREAD = """
     UPDATE ik_threads
-    SET checkpoint = ?, schema_revision = ?, fingerprint = ?, message_seq = message_seq + ?
+    SET checkpoint = ?, schema_revision = ?, fingerprint = ?, message_seq = message_seq + ?,
+        receipt_seq = receipt_seq + ?
     WHERE thread_id = ? AND version = ?
-    RETURNING message_seq
+    RETURNING message_seq, receipt_seq
 """
 PRUNE_EVENTS = """
     DELETE FROM ik_outbox WHERE position IN (

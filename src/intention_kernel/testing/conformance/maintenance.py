@@ -249,7 +249,9 @@ async def stored(durability: Operable, thread_id: str) -> tuple[int, list[str]]:
     recorder = await durability.recorder()
     [(_, thread)] = [t for t in await recorder.scan_threads(None, 100, None) if t[0] == thread_id]
     assert thread.checkpoint is not None
-    text, _ = assemble_checkpoint(thread.checkpoint, thread.messages, thread.facts)
+    text, _ = assemble_checkpoint(
+        thread.checkpoint, thread.messages, thread.facts, thread.receipt_index
+    )
     checkpoint = decode_checkpoint(text, migrations=MIGRATIONS)
     revision = int(thread.checkpoint.split(",", 1)[0].split(":")[1])
     return revision, [m.content for m in checkpoint.messages]

@@ -1,0 +1,23 @@
+"""SQLite files as earlier versions of the library left them, for the upgrade tests."""
+
+from __future__ import annotations
+
+import sqlite3
+
+__all__ = ["undo_migration_8"]
+
+
+def undo_migration_8(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 8 held it: each receipt index in its core,
+    no index rows, no ``receipt_seq``."""
+    threads = conn.execute("SELECT thread_id, checkpoint FROM ik_threads WHERE version > 0")
+    for thread_id, core in threads.fetchall():
+        index = conn.execute(
+            "SELECT body FROM ik_receipt_index WHERE thread_id = ? ORDER BY seq", (thread_id,)
+        )
+        if '"receipts":' not in core:
+            core = f'{core[:-1]},"receipts":[{",".join(row[0] for row in index)}]}}'
+        conn.execute("UPDATE ik_threads SET checkpoint = ? WHERE thread_id = ?", (core, thread_id))
+    conn.execute("DROP TABLE ik_receipt_index")
+    conn.execute("ALTER TABLE ik_threads DROP COLUMN receipt_seq")
+    conn.execute("DELETE FROM ik_schema WHERE version > 7")
