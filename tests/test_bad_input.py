@@ -143,6 +143,13 @@ def unreadable_announcements(store: Store) -> None:
     truncate_rows("ik_turns", "announced", "turn_id = '2'")(store)
 
 
+def truncated_index_rows(store: Store) -> None:
+    """SQLite's receipt index rows, torn (PostgreSQL keeps the index in the core)."""
+    if store.kind == "postgres":
+        pytest.skip("PostgreSQL keeps the receipt index in the core: no rows to tear")
+    truncate_rows("ik_receipt_index", "body")(store)
+
+
 @dataclass(frozen=True)
 class Corruption:
     tamper: Callable[[Store], None]
@@ -171,6 +178,7 @@ CORRUPTIONS = {
     ),
     "message-rows-truncated": Corruption(truncate_rows("ik_messages", "body"), CorruptRecordError),
     "fact-rows-truncated": Corruption(truncate_rows("ik_facts", "body"), CorruptRecordError),
+    "receipt-index-rows-truncated": Corruption(truncated_index_rows, CorruptRecordError),
     "receipt-unknown-state": Corruption(unknown_receipt_state, CorruptRecordError),
     "receipt-value-truncated": Corruption(
         truncate_rows("ik_receipts", "value"), CorruptRecordError
