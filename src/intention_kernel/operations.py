@@ -43,11 +43,6 @@ from intention_kernel.checkpoint import (
     check_compatible,
     current_revision,
     decode_checkpoint,
-    encode_bare_core,
-    encode_checkpoint_core,
-    encode_fact,
-    encode_message,
-    encode_receipt_ref,
 )
 from intention_kernel.deadlines import (
     Clock,
@@ -59,6 +54,7 @@ from intention_kernel.deadlines import (
     system_clock,
 )
 from intention_kernel.durability import TurnTransaction
+from intention_kernel.durability._diff import all_rows
 from intention_kernel.durability.contract import (
     Expirable,
     MaintenanceRecorder,
@@ -463,18 +459,14 @@ def _decode(
 
 def _rewrite(thread_id: str, checkpoint: KernelCheckpoint, index_rows: bool) -> CheckpointRewrite:
     """``checkpoint`` written anew; its receipt index in rows when ``index_rows``."""
-    if index_rows:
-        core = encode_bare_core(checkpoint)
-        index = [(r.key, encode_receipt_ref(r)) for r in checkpoint.receipts]
-    else:
-        core, index = encode_checkpoint_core(checkpoint), []
+    rows = all_rows(checkpoint, index_rows=index_rows)
     return CheckpointRewrite(
         thread_id=thread_id,
         version=checkpoint.version,
-        checkpoint=core,
+        checkpoint=rows.core,
         schema_revision=checkpoint.schema_revision,
         fingerprint=checkpoint.agent_fingerprint,
-        messages=[encode_message(m) for m in checkpoint.messages],
-        facts=[(key, encode_fact(record)) for key, record in checkpoint.facts.items()],
-        receipt_index=index,
+        messages=rows.messages,
+        facts=rows.facts,
+        receipt_index=rows.receipt_index,
     )

@@ -17,7 +17,7 @@ from intention_kernel.checkpoint import (
 )
 from intention_kernel.facts import FactRecord
 
-__all__ = ["Base", "CheckpointRows", "checkpoint_rows", "delta_problems"]
+__all__ = ["Base", "CheckpointRows", "all_rows", "checkpoint_rows", "delta_problems"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,38 +58,49 @@ def checkpoint_rows(
     """The rows that turn the stored ``base`` into ``checkpoint`` by ``delta`` (checked
     first with :func:`delta_problems`); every row anew when the base's rows are not
     stored exactly. With ``index_rows`` the receipt index is rows too, not in the core."""
-    messages = checkpoint.messages
+    if not base.exact:
+        # No stored base to write a difference from.
+        return all_rows(checkpoint, index_rows=index_rows)
     if index_rows:
         core = encode_bare_core(checkpoint)
         receipts = None
-        entries = checkpoint.receipts if not base.exact else delta.receipts_appended
-        index = [(r.key, encode_receipt_ref(r)) for r in entries]
+        index = [(r.key, encode_receipt_ref(r)) for r in delta.receipts_appended]
     else:
         receipts = _receipts(base, checkpoint, delta)
         core = encode_core(checkpoint, receipts)
         index = []
-    if not base.exact:
-        # No stored base to write a difference from: every row anew.
-        return CheckpointRows(
-            core=core,
-            receipts=receipts,
-            messages=[encode_message(m) for m in messages],
-            keep_messages=len(messages),
-            facts=[(key, encode_fact(r)) for key, r in checkpoint.facts.items()],
-            rewrite=True,
-            receipt_index=index,
-        )
     return CheckpointRows(
         core=core,
         receipts=receipts,
         messages=[encode_message(m) for m in delta.messages_appended],
-        keep_messages=len(messages),
+        keep_messages=len(checkpoint.messages),
         trim_messages=delta.messages_trimmed,
         facts=[(r.key, encode_fact(r)) for r in delta.facts_set],
         removed_facts=delta.facts_removed,
         receipt_index=index,
         moved_index_keys=delta.receipts_moved if index_rows else (),
         trim_index=delta.receipts_trimmed if index_rows else 0,
+    )
+
+
+def all_rows(checkpoint: KernelCheckpoint, *, index_rows: bool = False) -> CheckpointRows:
+    """Every row of ``checkpoint`` anew, as a ``rewrite``: what a commit over a base not
+    stored exactly writes, and a checkpoint migration (``CheckpointRewrite``)."""
+    messages = checkpoint.messages
+    entries = [(r.key, encode_receipt_ref(r)) for r in checkpoint.receipts]
+    if index_rows:
+        core, receipts, index = encode_bare_core(checkpoint), None, entries
+    else:
+        receipts = [entry for _, entry in entries]
+        core, index = encode_core(checkpoint, receipts), []
+    return CheckpointRows(
+        core=core,
+        receipts=receipts,
+        messages=[encode_message(m) for m in messages],
+        keep_messages=len(messages),
+        facts=[(key, encode_fact(r)) for key, r in checkpoint.facts.items()],
+        rewrite=True,
+        receipt_index=index,
     )
 
 
