@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from intention_kernel.checkpoint import SCHEMA_REVISION, assemble_checkpoint, decode_checkpoint
+from intention_kernel.checkpoint import (
+    SCHEMA_REVISION,
+    ReceiptRef,
+    assemble_checkpoint,
+    decode_checkpoint,
+)
 from intention_kernel.durability import Durability
 from intention_kernel.durability.abc import Operable
 from intention_kernel.effects import utcnow
@@ -128,11 +133,12 @@ class MaintenanceConformance(ConformanceCase):
             assert (second.migrated, second.failed) == (1, ())  # resumed: only what was left
             assert (await migrate_checkpoints(durability, migrations=MIGRATIONS)).migrated == 0
             for thread in threads:
-                revision, contents = await stored(durability, thread)
+                revision, contents, receipts = await stored(durability, thread)
                 old = before[thread]
                 assert old is not None
                 assert revision == SCHEMA_REVISION + 1
                 assert contents == [m.content + " [v2]" for m in old.messages]  # migrated once
+                assert receipts == list(old.receipts) and receipts  # the index, rewritten too
             if inspector is not None:
                 assert await inspector.schema_revisions() == {SCHEMA_REVISION + 1}
 
@@ -244,8 +250,9 @@ def tag_messages(document: dict[str, Any]) -> dict[str, Any]:
 MIGRATIONS = [*([lambda d: d] * (SCHEMA_REVISION - 1)), tag_messages]
 
 
-async def stored(durability: Operable, thread_id: str) -> tuple[int, list[str]]:
-    """The stored checkpoint's revision (as the rows say) and its messages' contents."""
+async def stored(durability: Operable, thread_id: str) -> tuple[int, list[str], list[ReceiptRef]]:
+    """The stored checkpoint's revision (as the rows say), its messages' contents and its
+    receipt index."""
     recorder = await durability.recorder()
     [(_, thread)] = [t for t in await recorder.scan_threads(None, 100, None) if t[0] == thread_id]
     assert thread.checkpoint is not None
@@ -254,4 +261,4 @@ async def stored(durability: Operable, thread_id: str) -> tuple[int, list[str]]:
     )
     checkpoint = decode_checkpoint(text, migrations=MIGRATIONS)
     revision = int(thread.checkpoint.split(",", 1)[0].split(":")[1])
-    return revision, [m.content for m in checkpoint.messages]
+    return revision, [m.content for m in checkpoint.messages], list(checkpoint.receipts)
