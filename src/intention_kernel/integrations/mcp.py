@@ -107,6 +107,7 @@ __all__ = [
 #: idempotency key (``EffectAuthority.idempotency_key``).
 IDEMPOTENCY_KEY_META = "intention-kernel/idempotency-key"
 
+#: What a tool does to the world: a read runs at once, a write waits for a yes.
 ToolEffect = Literal["read", "write"]
 #: By tool name, or a callable over the listed tool (``None``: the default rule).
 ToolPolicy = Mapping[str, ToolEffect] | Callable[[mcp_types.Tool], ToolEffect | None]

@@ -47,8 +47,11 @@ __all__ = [
     "verify_signature",
 ]
 
+#: The header that carries ``t=<unix time>,v1=<HMAC-SHA256 hex>`` of a request.
 SIGNATURE_HEADER = "Intention-Kernel-Signature"
+#: The header that carries the event's ID: receivers dedupe on it.
 EVENT_ID_HEADER = "Intention-Kernel-Event-Id"
+#: The header that carries the event's type, percent-encoded as UTF-8.
 EVENT_TYPE_HEADER = "Intention-Kernel-Event-Type"
 _RETRYABLE = frozenset({408, 425, 429})
 
