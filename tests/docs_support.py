@@ -205,16 +205,31 @@ def check_shell(example: Example) -> str | None:
 def shell_commands(body: str) -> list[list[str]]:
     """The block's commands as words: continuations joined, comments and ``&`` dropped."""
     joined = body.replace("\\\n", " ")
-    commands = []
+    commands: list[list[str]] = []
     for line in joined.split("\n"):
-        words = shlex.split(line, comments=True)
-        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
-            words = words[1:]  # VAR=value before the command
-        if words and words[-1] == "&":
-            words = words[:-1]
-        if words:
-            commands.append(words)
-    return commands
+        for words in _split_on_operators(shlex.split(line, comments=True)):
+            commands += [words] if words else []
+    return [_without_prefix(words) for words in commands if _without_prefix(words)]
+
+
+def _split_on_operators(words: list[str]) -> list[list[str]]:
+    """``a && b; c | d`` as the three commands it runs."""
+    parts: list[list[str]] = [[]]
+    for word in words:
+        if word in ("&&", "||", ";", "|"):
+            parts.append([])
+        else:
+            parts[-1].append(word)
+    return parts
+
+
+def _without_prefix(words: list[str]) -> list[str]:
+    """The command itself: no ``VAR=value`` before it, no ``&`` after it."""
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        words = words[1:]
+    if words and words[-1] == "&":
+        words = words[:-1]
+    return words
 
 
 def check(words: list[str]) -> list[str]:
