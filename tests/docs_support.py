@@ -15,8 +15,8 @@ order and share names, as a reader pasting them one after another would. The rul
 - ``<!-- docs: skip (reason) -->`` right before a fence: the block is not run, and the
   reason is required. ``<!-- docs: file NAME -->``: the block is written to ``NAME`` in
   the document's working directory (a temporary one) instead of being run.
-- ``<!-- docs: run`` ... ``-->``: hidden setup, Python that runs in the namespace but
-  does not show on the page (what a fragment needs from the page around it).
+- ``<!-- docs: run``, a line break, Python, then ``-->``: hidden setup that runs in the
+  namespace but does not show on the page (what a fragment needs from its page).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def parse_blocks(document: Document) -> Iterator[Region]:
     for match in FENCE.finditer(text):
         events.append((match.start(), match.end(), "fence", match))
     for match in DIRECTIVE.finditer(text):
-        if match["kind"] == "run":
+        if match["kind"] == "run" and match["rest"].startswith("\n"):
             events.append((match.start(), match.end(), "run", match))
     events.sort(key=lambda event: event[0])
     previous_end = 0
