@@ -51,9 +51,8 @@ def test_every_public_module_has_a_reference_page_of_its_own() -> None:
     assert len(set(pages.values())) == len(pages), "one page per public module"
 
 
-def test_every_public_name_has_a_docstring() -> None:
-    """Each name in a public module's ``__all__`` is documented where the reference
-    renders it: a docstring, or a ``#:`` comment above a constant or an alias."""
+def load_package() -> griffe.Module:
+    """The package as the reference sees it: ``#:`` comments are docstrings too."""
     package = griffe.load(
         "intention_kernel",
         search_paths=[str(ROOT / "src")],
@@ -61,6 +60,14 @@ def test_every_public_name_has_a_docstring() -> None:
         resolve_aliases=True,
         resolve_external=False,
     )
+    assert isinstance(package, griffe.Module)
+    return package
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    """Each name in a public module's ``__all__`` is documented where the reference
+    renders it: a docstring, or a ``#:`` comment above a constant or an alias."""
+    package = load_package()
     missing = []
     for name in PUBLIC_MODULES:
         module = package if name == "intention_kernel" else package[name.partition(".")[2]]
@@ -72,3 +79,54 @@ def test_every_public_name_has_a_docstring() -> None:
             if target.docstring is None or not target.docstring.value.strip():
                 missing.append(f"{name}.{export}")
     assert missing == [], "public names without a docstring"
+
+
+#: Public methods still without a docstring, by their class's public name. The
+#: durability package is being laid out anew (issue 34); its docstrings come with it.
+#: A new undocumented method fails, and so does a name here that gained a docstring.
+KNOWN_GAPS = frozenset(
+    {
+        "Durability.aclose",
+        "Durability.list_receipts",
+        "Durability.load_checkpoint",
+        "Durability.read_outbox",
+        "Durability.resolve_receipt",
+        "Durability.with_turn",
+        "Expirable.recorder",
+        "InteractionQueue.pending_interactions",
+        "Migratable.recorder",
+        "Operable.recorder",
+        "OutboxRecorder.outbox_backlog",
+        "OutboxRecorder.read_outbox",
+        "TenantStore.load_checkpoint",
+        "TenantStore.resolve_receipt",
+        "TenantStore.thread_owner",
+        "TurnRecorder.close",
+        "RecordedDurability.aclose",
+        "RecordedDurability.with_turn",
+        "PostgresDurability.missing_store_reason",
+        "SQLiteDurability.missing_store_reason",
+    }
+)
+
+
+def test_every_public_method_has_a_docstring() -> None:
+    """Each public method of a public class is documented, but the known gaps. A
+    conformance test's name states its rule, and a fixture is described by its case."""
+    package = load_package()
+    undocumented = set()
+    for name in PUBLIC_MODULES:
+        module = package if name == "intention_kernel" else package[name.partition(".")[2]]
+        for export in module.exports or ():
+            cls = module[str(export)]
+            cls = cls.final_target if cls.is_alias else cls
+            if not cls.is_class:
+                continue
+            for member_name, member in cls.members.items():
+                if member_name.startswith(("_", "test_")) or member.is_alias:
+                    continue
+                fixture = any("fixture" in str(d.value) for d in getattr(member, "decorators", []))
+                if member.is_function and not fixture and member.docstring is None:
+                    undocumented.add(f"{export}.{member_name}")
+    assert sorted(undocumented - KNOWN_GAPS) == [], "public methods without a docstring"
+    assert sorted(KNOWN_GAPS - undocumented) == [], "documented now: remove from KNOWN_GAPS"

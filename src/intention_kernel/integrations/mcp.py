@@ -163,6 +163,7 @@ class ToolArguments(pydantic.RootModel[dict[str, Any]]):
 
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The tool's own input schema, as the server listed it."""
         return copy.deepcopy(cls.tool_schema)
 
 

@@ -164,6 +164,7 @@ class WebhookSink:
         self._client = httpx.AsyncClient(timeout=timeout, transport=transport)
 
     async def publish(self, event: OutboxEvent) -> None:
+        """POST the signed event; retry connection errors, 408, 425, 429 and 5xx."""
         import httpx
 
         body = event_body(event)
@@ -197,6 +198,7 @@ class WebhookSink:
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
+        """Close the HTTP client."""
         await self._client.aclose()
 
 
