@@ -63,4 +63,4 @@ bench-quick: $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/model-check
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/model-check build/site

@@ -8,6 +8,7 @@ each page; a docstring it cannot render fails the build.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import griffe
@@ -130,3 +131,16 @@ def test_every_public_method_has_a_docstring() -> None:
                     undocumented.add(f"{export}.{member_name}")
     assert sorted(undocumented - KNOWN_GAPS) == [], "public methods without a docstring"
     assert sorted(KNOWN_GAPS - undocumented) == [], "documented now: remove from KNOWN_GAPS"
+
+
+def test_sphinx_roles_read_as_code_spans_in_the_reference() -> None:
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    try:
+        from sphinx_roles import plain
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_hooks"))
+    text = "Uses :class:`~a.b.Kernel`, :func:`.open_durability` and :mod:`x.y`::\n\n    code"
+    assert plain(text) == "Uses `Kernel`, `open_durability` and `x.y`:\n\n    code"
+    assert plain("a literal `::` inside a sentence :: stays") == (
+        "a literal `::` inside a sentence :: stays"
+    )
