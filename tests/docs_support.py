@@ -11,7 +11,9 @@ order and share names, as a reader pasting them one after another would. The rul
 - A ```` ```text ```` block right after a python block (blank lines and one lead-in line
   such as "It prints:" between them) is that block's output, compared exactly.
 - A ```` ```sh ```` block is not run: every command it names must exist (a make target,
-  a module or script, an extra, an ``intention-kernel`` command and its options).
+  a module or script, an extra, an ``intention-kernel`` command and its options). In a
+  ```` ```console ```` block, the commands are the lines after a ``$`` prompt.
+- A json, toml, yaml or ini block must parse.
 - ``<!-- docs: skip (reason) -->`` right before a fence: the block is not run, and the
   reason is required. ``<!-- docs: file NAME -->``: the block is written to ``NAME`` in
   the document's working directory (a temporary one) instead of being run.
@@ -23,15 +25,18 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import configparser
 import contextlib
 import difflib
 import importlib.util
 import inspect
 import io
+import json
 import re
 import shlex
 import textwrap
-from collections.abc import Iterator
+import tomllib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,13 +116,16 @@ def parse_blocks(document: Document) -> Iterator[Region]:
             if previous_python and _is_lead_in(gap):
                 yield Region(start, end, block, compare_output)
             previous_python = False
-        elif lang in ("sh", "console", "bash"):
+        elif lang in ("sh", "bash", "console"):
             yield Region(start, end, block, check_shell)
+            previous_python = False
+        elif lang in DATA_LANGUAGES:
+            yield Region(start, end, block, check_data)
             previous_python = False
         else:
             raise ValueError(
-                f"{document.path}:{line}: a ```{lang} block: use python, text or sh, or mark it"
-                " with <!-- docs: skip (reason) -->"
+                f"{document.path}:{line}: a ```{lang} block: use python, text, sh, console or"
+                f" one of {sorted(DATA_LANGUAGES)}, or mark it with <!-- docs: skip (reason) -->"
             )
         previous_end = end
 
@@ -195,6 +203,34 @@ def write_file(example: Example) -> str | None:
     return None
 
 
+def check_data(example: Example) -> str | None:
+    """A configuration or data block parses in its language."""
+    block: Block = example.parsed
+    try:
+        DATA_LANGUAGES[block.lang](block.body)
+    except Exception as exc:
+        return f"this {block.lang} block does not parse: {exc}"
+    return None
+
+
+def _ini(text: str) -> None:
+    configparser.ConfigParser().read_string(text)
+
+
+def _yaml(text: str) -> None:
+    # PyYAML comes with mkdocs; imported by name, as its stubs are not installed.
+    importlib.import_module("yaml").safe_load(text)
+
+
+#: Languages of blocks that are data, not programs: each must parse.
+DATA_LANGUAGES: dict[str, Callable[[str], object]] = {
+    "json": json.loads,
+    "toml": tomllib.loads,
+    "yaml": _yaml,
+    "ini": _ini,
+}
+
+
 def check_shell(example: Example) -> str | None:
     """Every command the block names exists, with the options it gives."""
     block: Block = example.parsed
@@ -203,7 +239,10 @@ def check_shell(example: Example) -> str | None:
 
 
 def shell_commands(body: str) -> list[list[str]]:
-    """The block's commands as words: continuations joined, comments and ``&`` dropped."""
+    """The block's commands as words: continuations joined, comments and ``&`` dropped.
+    In a console session, only the lines after a ``$`` prompt are commands."""
+    if any(line.startswith("$ ") for line in body.split("\n")):
+        body = "\n".join(line[2:] for line in body.split("\n") if line.startswith("$ "))
     joined = body.replace("\\\n", " ")
     commands: list[list[str]] = []
     for line in joined.split("\n"):
@@ -264,8 +303,6 @@ def _check_python(args: list[str]) -> list[str]:
 
 
 def _check_pip(args: list[str]) -> list[str]:
-    import tomllib
-
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = set(project["optional-dependencies"])
     wanted = [

@@ -139,3 +139,32 @@ def test_documents_are_parsed_by_sybil() -> None:
     document = sybil().parse(ROOT / "README.md")
     assert isinstance(document, Document)
     assert list(document.examples()), "the README has code blocks"
+
+
+@pytest.mark.parametrize(
+    ("block", "problem"),
+    [
+        ('```json\n{"a": 1,}\n```\n', "this json block does not parse"),
+        ("```toml\n[a\n```\n", "this toml block does not parse"),
+        ("```ini\nno section = 1\n```\n", "this ini block does not parse"),
+        ("```yaml\na: [1\n```\n", "this yaml block does not parse"),
+        ("```console\n$ make no-such-target\nmake: nothing\n```\n", "no target"),
+        ("```ruby\nputs 1\n```\n", "mark it with <!-- docs: skip (reason) -->"),
+    ],
+)
+def test_a_data_block_must_parse_and_an_unknown_language_be_marked(
+    block: str, problem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(Exception, match=re.escape(problem)):
+        run_document(page(tmp_path, block), tmp_path, monkeypatch)
+
+
+def test_data_blocks_that_parse_and_a_console_session_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = (
+        '```json\n{"a": 1}\n```\n\n```toml\n[a]\nb = 1\n```\n\n'
+        "```ini\n[pgbouncer]\npool_mode = session\n```\n\n```yaml\na: [1]\n```\n\n"
+        "```console\n$ make demo\nanything the command printed\n```\n"
+    )
+    run_document(page(tmp_path, text), tmp_path, monkeypatch)
