@@ -39,12 +39,27 @@ def test_every_code_block_runs_as_the_page_shows_it(
     run_document(path, tmp_path, monkeypatch)
 
 
-def test_the_readmes_links_name_files_that_exist() -> None:
+def test_the_readmes_links_name_files_and_headings_that_exist() -> None:
+    """The README is read on the forge, outside the site's strict build: its links to
+    files and to headings of the site's pages are checked here."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
-    local = [target for target in targets if "://" not in target]
+    links = re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]*))?\)", readme)
+    local = [(target, anchor) for target, anchor in links if "://" not in target]
     assert local, "the README links to the site's pages"
-    assert [target for target in local if not (ROOT / target).exists()] == []
+    assert [target for target, _ in local if not (ROOT / target).exists()] == []
+    broken = [
+        f"{target}#{anchor}"
+        for target, anchor in local
+        if anchor and anchor not in heading_slugs(ROOT / target)
+    ]
+    assert broken == []
+
+
+def heading_slugs(page: Path) -> set[str]:
+    """The anchors of a Markdown page's headings, as the site and the forge make them."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    headings = re.findall(r"^#+ (.+)$", text, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-") for h in headings}
 
 
 # The harness itself: each rule fails a page that breaks it.
