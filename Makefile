@@ -26,8 +26,8 @@ demo: $(DEMO_STAMP)
 	$(BIN)/intention-kernel demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples
-	$(BIN)/ruff format --check src tests examples
+	$(BIN)/ruff check src tests examples docs/_hooks
+	$(BIN)/ruff format --check src tests examples docs/_hooks
 	$(BIN)/mypy examples
 
 typecheck: $(STAMP)
