@@ -8,6 +8,8 @@ order and share names, as a reader pasting them one after another would. The rul
   only the document, so a script's ``if __name__ == "__main__":`` part runs too.
 - A block whose only line is ``--8<-- "path"`` is that file of the repository, as the
   site shows it (pymdownx.snippets); the file runs.
+- A python (or pycon) block that starts with ``>>>`` is a session: it runs as a
+  doctest, and each output it shows is compared (``...`` matches anything).
 - A ```` ```text ```` block right after a python block (blank lines and one lead-in line
   such as "It prints:" between them) is that block's output, compared exactly.
 - A ```` ```sh ```` block is not run: every command it names must exist (a make target,
@@ -28,6 +30,7 @@ import asyncio
 import configparser
 import contextlib
 import difflib
+import doctest
 import importlib.util
 import inspect
 import io
@@ -109,6 +112,9 @@ def parse_blocks(document: Document) -> Iterator[Region]:
             else:
                 raise ValueError(f"{document.path}:{line}: unknown directive docs: {kind}")
             previous_python = False
+        elif lang in ("python", "pycon") and block.body.lstrip().startswith(">>>"):
+            yield Region(start, end, block, run_doctest)
+            previous_python = False  # a session shows its own output
         elif lang == "python":
             yield Region(start, end, block, run_python)
             previous_python = True
@@ -182,6 +188,18 @@ def run_python(example: Example) -> str | None:
             exec(code, namespace)
     namespace["__docs_stdout__"] = printed.getvalue()
     return None
+
+
+def run_doctest(example: Example) -> str | None:
+    """A ``>>>`` session: each statement runs, and what it prints must match."""
+    block: Block = example.parsed
+    test = doctest.DocTestParser().get_doctest(
+        block.body, example.namespace, str(example.path), str(example.path), block.line - 1
+    )
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    report = io.StringIO()
+    runner.run(test, out=report.write, clear_globs=False)
+    return report.getvalue() if runner.failures else None
 
 
 def compare_output(example: Example) -> str | None:

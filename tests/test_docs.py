@@ -183,3 +183,13 @@ def test_data_blocks_that_parse_and_a_console_session_pass(
         "```console\n$ make demo\nanything the command printed\n```\n"
     )
     run_document(page(tmp_path, text), tmp_path, monkeypatch)
+
+
+def test_a_doctest_session_runs_and_its_output_is_compared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    right = "```python\n>>> 1 + 1\n2\n>>> print('a...z')\na...\n```\n"
+    run_document(page(tmp_path, right), tmp_path, monkeypatch)
+    wrong = "```pycon\n>>> 1 + 1\n3\n```\n"
+    with pytest.raises(Exception, match="Expected:"):
+        run_document(page(tmp_path, wrong), tmp_path, monkeypatch)
