@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: demo test lint typecheck unit model-check bench bench-quick clean
+.PHONY: demo test lint typecheck docs unit model-check bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,12 +26,18 @@ demo: $(DEMO_STAMP)
 	$(BIN)/intention-kernel demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples
-	$(BIN)/ruff format --check src tests examples
+	$(BIN)/ruff check src tests examples docs/_hooks
+	$(BIN)/ruff format --check src tests examples docs/_hooks
 	$(BIN)/mypy examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# The documentation site, built into build/site (open build/site/index.html). The
+# strict build fails on a broken link or anchor and on a docstring it cannot render
+# (never with --quiet: it hides the warnings from --strict, which then passes).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 unit: $(STAMP)
 	$(BIN)/pytest
@@ -41,7 +47,7 @@ unit: $(STAMP)
 model-check:
 	$(PYTHON) models/check_protocol.py
 
-test: lint typecheck model-check unit
+test: lint typecheck docs model-check unit
 
 # Benchmarks against the hand-written floor, LangGraph and DBOS (needs PostgreSQL at
 # $$INTENTION_KERNEL_POSTGRES_DSN, default postgresql://postgres@127.0.0.1:5432/test).
@@ -57,4 +63,4 @@ bench-quick: $(BENCH_STAMP)
 	$(BIN)/python -m bench --quick
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/model-check
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/model-check build/site

@@ -1,6 +1,6 @@
 """Runnable examples, one command each, from the repository root.
 
-- ``python examples/quickstart.py [STORE_URL]``: the README's quick start, a write
+- ``python examples/quickstart.py [STORE_URL]``: the quick start, a write
   capability behind a confirmation, rules as the interpreter;
 - ``python -m examples.billing``: charges that wait for the person's confirmation;
 - ``python -m examples.travel``: bookings that confirm on their own, with a

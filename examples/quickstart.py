@@ -1,4 +1,4 @@
-"""The README's quick start, runnable: ``python examples/quickstart.py [STORE_URL]``.
+"""The quick start of the README and the site, runnable: ``python examples/quickstart.py [URL]``.
 
 A write capability that charges a payment intent at most once, rules standing in for
 a language model, and a SQLite store (default ``sqlite:///quickstart.db``). Run it

@@ -1,5 +1,5 @@
 """MCP alone against MCP inside intention-kernel: the numbers of the MCP rows of the
-README's table "Framework alone vs inside intention-kernel".
+table in docs/guides/frameworks-compared.md.
 
 Both columns call the same server (``tests/mcp_tickets_server.py``, a real process over
 stdio, which logs every call it receives before it acts). Alone, a plain ``mcp`` client

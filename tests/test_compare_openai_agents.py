@@ -6,8 +6,8 @@ SDK alone (``Runner.run``, a ``SQLiteSession``, ``RunState.to_json`` as the SDK'
 human-in-the-loop guide stores it; ``tests/compare_openai_agents_worker.py``), once
 inside intention-kernel (``KernelAgent``; ``tests/openai_agents_worker.py``). Crashes
 are real: the process sends itself SIGKILL right after the write tool returned. The
-numbers asserted here are the README's "Framework alone vs inside intention-kernel"
-rows for the SDK; where the SDK alone does it right, the test says so.
+numbers asserted here are the SDK's rows of the table in
+docs/guides/frameworks-compared.md; where the SDK alone does it right, the test says so.
 """
 
 from __future__ import annotations

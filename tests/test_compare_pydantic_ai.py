@@ -1,5 +1,5 @@
 """Pydantic AI alone against Pydantic AI inside intention-kernel: the numbers of the
-Pydantic AI rows of the README's table "Framework alone vs inside intention-kernel".
+Pydantic AI rows of the table in docs/guides/frameworks-compared.md.
 
 Both columns run the same agent (``tests/pydantic_ai_support.py``: a ``FunctionModel``,
 a cancel, a refund that needs approval, a ledger file as the provider's own record).

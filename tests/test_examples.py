@@ -312,7 +312,7 @@ def test_llm_mode_without_a_model_name_says_what_to_set(tmp_path: Path) -> None:
 
 
 def test_the_quickstart_asks_charges_once_and_replays_when_run_again(tmp_path: Path) -> None:
-    """``python examples/quickstart.py URL``, as the README shows it, from another
+    """``python examples/quickstart.py URL``, as the quick start shows it, from another
     directory: the charge waits for "yes", runs once, and a second run replays both
     deliveries without calling the provider."""
     url = f"sqlite:///{tmp_path / 'quickstart.db'}"
@@ -332,7 +332,7 @@ def test_the_quickstart_asks_charges_once_and_replays_when_run_again(tmp_path: P
     ]
 
 
-def test_the_approvals_example_shows_each_permit_rule_as_the_readme_prints_it(
+def test_the_approvals_example_shows_each_permit_rule_as_its_guide_prints_it(
     tmp_path: Path,
 ) -> None:
     """``python examples/approvals.py``: a reject's reason, an edit that runs edited, an
@@ -348,8 +348,8 @@ def test_the_approvals_example_shows_each_permit_rule_as_the_readme_prints_it(
     )
     assert proc.returncode == 0, proc.stderr
     printed = proc.stdout
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"```text\n{printed}```" in readme
+    guide = (ROOT / "docs" / "guides" / "approvals.md").read_text(encoding="utf-8")
+    assert f"```text\n{printed}```" in guide
     assert printed.splitlines()[-1] == "provider calls: ['refund 7 1200', 'payout acme 30000']"
     assert "the step says: rejected by the person: only the lid was broken" in printed
     assert "busy: the thread is running a turn" in printed

@@ -612,11 +612,10 @@ def test_importing_without_the_sdk_names_the_extra() -> None:
     assert "pip install 'intention-kernel[mcp]'" in out
 
 
-def test_the_readmes_mcp_example_runs_as_shown(tmp_path: Path) -> None:
-    """The two blocks of the README's "MCP tools" section, saved as it says and run."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## MCP tools\n", 1)[1].split("\n## ", 1)[0]
-    server, desk = re.findall(r"```python\n(.*?)```", section, re.S)
+def test_the_guides_mcp_example_runs_as_shown_and_replays(tmp_path: Path) -> None:
+    """The two blocks of the guide docs/guides/mcp.md, saved as it says and run twice."""
+    guide = Path(__file__).parents[1] / "docs" / "guides" / "mcp.md"
+    server, desk = re.findall(r"```python\n(.*?)```", guide.read_text(encoding="utf-8"), re.S)
     (tmp_path / "tickets_server.py").write_text(server)
     (tmp_path / "desk.py").write_text(desk)
 

@@ -306,9 +306,9 @@ async def test_a_streamed_model_error_fails_the_turn_before_any_event(
     assert await store.load_checkpoint(THREAD) is None
 
 
-def test_the_readmes_streaming_snippet_prints_what_the_readme_shows(tmp_path: Path) -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Streaming", 1)[1]
+def test_the_guides_streaming_snippet_prints_what_the_guide_shows(tmp_path: Path) -> None:
+    guide = Path(__file__).parents[1] / "docs" / "guides" / "agent-loop.md"
+    section = guide.read_text(encoding="utf-8").split("## Streaming", 1)[1]
     found = re.search(r"```python\n(.*?)```\s*```text\n(.*?)```", section, re.S)
     assert found is not None
     script = tmp_path / "streaming.py"

@@ -79,6 +79,7 @@ from intention_kernel.turns import (
     TurnScope,
 )
 
+#: The version of the installed library.
 __version__ = "0.1.0"
 
 # A library never prints on its own: without this, Python's last-resort handler writes

@@ -49,13 +49,21 @@ __all__ = [
     "set_action",
 ]
 
+#: The thread's lock is held; nothing of the turn is read yet.
 AFTER_LOCK = "after_lock"
+#: The checkpoint is loaded; the turn has not interpreted anything.
 AFTER_CHECKPOINT_LOAD = "after_checkpoint_load"
+#: The ``prepared`` receipt is committed; the provider is not called yet.
 AFTER_RECEIPT_PREPARED = "after_receipt_prepared"
+#: Reached by the test's provider once its write is durable, before it answers.
 IN_PROVIDER_AFTER_WRITE = "in_provider_after_write"
+#: The ``completed`` receipt is committed; the turn has not committed.
 AFTER_RECEIPT_COMPLETED = "after_receipt_completed"
+#: The commit record is built; nothing of it is written yet.
 BEFORE_COMMIT = "before_commit"
+#: Inside the adapter's commit, before its ``COMMIT`` (see the module docstring).
 DURING_COMMIT = "during_commit"
+#: The turn is committed; its result is not returned yet.
 AFTER_COMMIT = "after_commit"
 
 #: Every point, in the order a turn with one external write reaches them.

@@ -21,6 +21,7 @@ from intention_kernel.errors import InvalidRequestError
 
 __all__ = ["MAX_ID_BYTES", "MAX_ID_LENGTH", "TimeOrderedIds", "check_id", "new_id"]
 
+#: The longest ID a thread, turn or key may have, in characters.
 MAX_ID_LENGTH = 512
 #: IDs are keys of unique indexes; PostgreSQL refuses a btree entry over 2,704 bytes,
 #: and ``(thread_id, turn_id)`` of two 512-character IDs could reach 4,096.

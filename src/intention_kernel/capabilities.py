@@ -86,6 +86,7 @@ class CancellationSignal:
         return event is not None and event.is_set()
 
     def cancel(self, reason: str = "cancelled") -> None:
+        """Ask the running call to stop: sets ``event`` and records ``reason``."""
         self.reason = reason
         self.event.set()
 

@@ -78,6 +78,7 @@ class Answer:
     digest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The answer as JSON values; unset optional fields are left out."""
         # The dict feeds the stored request digest: a key is added only when its field
         # is set, so an answer without them digests as it did before they existed.
         data: dict[str, Any] = {
@@ -168,7 +169,9 @@ class Interpreter(Protocol):
     agent's ``max_rounds`` is reached. Any other interpreter is asked once per turn.
     """
 
-    async def interpret(self, request: InterpretationRequest) -> Interpretation: ...
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        """The intents, answer and reply that this request's message carries."""
+        ...
 
 
 def works_in_rounds(interpreter: object) -> bool:
@@ -219,6 +222,7 @@ class RuleInterpreter:
         return tuple(rule for _, rule in self._rules)
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        """What the first matching rule says; no match: the fallback reply."""
         text = request.message.strip()
         for pattern, rule in self._rules:
             match = pattern.search(text)

@@ -47,6 +47,7 @@ class TurnEvent:
     data: Any
 
     def to_dict(self) -> dict[str, Any]:
+        """The event as JSON values: ``{"type": ..., "data": ...}``."""
         return {"type": self.type, "data": self.data}
 
 

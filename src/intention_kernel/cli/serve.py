@@ -37,7 +37,7 @@ bearer token (see :mod:`intention_kernel.host._guard`).
 Event loop: ``--loop auto`` (the default) runs the host on uvloop where it is
 installed (the ``http`` extra installs it, except on Windows), else on asyncio's;
 ``--loop asyncio`` and ``--loop uvloop`` choose. On uvloop, the PostgreSQL adapter's asyncio
-driver costs markedly less CPU per statement (see README.md, "Benchmarks").
+driver costs markedly less CPU per statement (see docs/benchmarks.md).
 """
 
 from __future__ import annotations

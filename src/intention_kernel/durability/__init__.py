@@ -121,6 +121,7 @@ class TurnTransaction(Protocol):
         ...
 
 
+#: The body of a turn: given its transaction, the commit it asks for.
 TurnOperation = Callable[[TurnTransaction], Awaitable[TurnCommit]]
 
 

@@ -70,7 +70,9 @@ __all__ = [
     "lock_and_begin",
 ]
 
+#: Decides a resolution from the current receipt: the new receipt and its event.
 ResolutionFn = Callable[[Receipt | None], tuple[Receipt, EventDraft]]
+#: Decides what an effect call does from the receipt stored under its key.
 PlanFn = Callable[[Receipt | None], EffectPlan]
 
 

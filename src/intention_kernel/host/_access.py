@@ -47,6 +47,7 @@ from intention_kernel.host._problems import HostProblem
 
 __all__ = ["ROLES", "Access", "Principal", "Role"]
 
+#: What a principal may do: post turns and read (user), or also reconcile (operator).
 Role = Literal["user", "operator"]
 ROLES: tuple[Role, ...] = ("user", "operator")
 

@@ -68,6 +68,7 @@ def _types(*types: ProblemType) -> dict[str, ProblemType]:
     return {t.slug: t for t in types}
 
 
+#: Every problem type the host answers with, by its slug.
 PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
     ProblemType(
         "malformed-request",

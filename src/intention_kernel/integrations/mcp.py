@@ -107,6 +107,7 @@ __all__ = [
 #: idempotency key (``EffectAuthority.idempotency_key``).
 IDEMPOTENCY_KEY_META = "intention-kernel/idempotency-key"
 
+#: What a tool does to the world: a read runs at once, a write waits for a yes.
 ToolEffect = Literal["read", "write"]
 #: By tool name, or a callable over the listed tool (``None``: the default rule).
 ToolPolicy = Mapping[str, ToolEffect] | Callable[[mcp_types.Tool], ToolEffect | None]
@@ -162,6 +163,7 @@ class ToolArguments(pydantic.RootModel[dict[str, Any]]):
 
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The tool's own input schema, as the server listed it."""
         return copy.deepcopy(cls.tool_schema)
 
 

@@ -85,6 +85,7 @@ MAX_ARGUMENTS_DEPTH = MAX_NESTING
 #: ``Answer.reason``); a longer one is cut.
 MAX_REASON_CHARS = MAX_ANSWER_TEXT
 
+#: The system message the interpreter sends when it is given none.
 DEFAULT_SYSTEM_PROMPT = (
     "You are an assistant that acts for the user through the tools provided. Call a tool "
     "to look something up or to do something; call several when the user asks for several "

@@ -126,6 +126,7 @@ class OpenAIInterpreter:
             self._client = client.with_options(timeout=timeout, max_retries=max_retries)
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        """One chat-completions request: tool calls become intents, text the reply."""
         # The answer tools only in the first round: later rounds answer nothing.
         tools = toolset(request.catalog, None if request.rounds else request.interaction)
         # The wire dicts are exactly what the SDK would build from its TypedDicts.

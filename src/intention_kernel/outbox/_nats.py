@@ -180,6 +180,7 @@ class NatsSink:
         self._warned = False
 
     async def publish(self, event: OutboxEvent) -> None:
+        """Publish to ``<prefix>.<type>``; returns once JetStream acknowledged it."""
         import nats.errors
         from nats.js.errors import NoStreamResponseError
 
@@ -208,6 +209,7 @@ class NatsSink:
             ) from exc
 
     async def aclose(self) -> None:
+        """Close the connection, or stop the attempt to open one."""
         attempt, self._connecting = self._connecting, None
         if attempt is not None:
             attempt.cancel()

@@ -124,6 +124,7 @@ class OutboxRelay:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the sink; the store stays open (it is the caller's)."""
         await self.sink.aclose()
 
     async def status(self, failing_limit: int = 20) -> OutboxBacklog:

@@ -25,9 +25,13 @@ class Sink(Protocol):
     ``event.id``.
     """
 
-    async def publish(self, event: OutboxEvent) -> None: ...
+    async def publish(self, event: OutboxEvent) -> None:
+        """Deliver one event; return once acknowledged, raise otherwise."""
+        ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Release the connection or client, if the sink holds one."""
+        ...
 
 
 def event_document(event: OutboxEvent) -> dict[str, Any]:
@@ -63,6 +67,7 @@ class CallableSink:
         self.fn = fn
 
     async def publish(self, event: OutboxEvent) -> None:
+        """Call the function; a sync one runs in a worker thread."""
         if is_async_callable(self.fn):
             result = self.fn(event)
         else:
@@ -71,4 +76,4 @@ class CallableSink:
             await result
 
     async def aclose(self) -> None:
-        return None
+        """Nothing to release: the function owns its resources."""

@@ -47,8 +47,11 @@ __all__ = [
     "verify_signature",
 ]
 
+#: The header that carries ``t=<unix time>,v1=<HMAC-SHA256 hex>`` of a request.
 SIGNATURE_HEADER = "Intention-Kernel-Signature"
+#: The header that carries the event's ID: receivers dedupe on it.
 EVENT_ID_HEADER = "Intention-Kernel-Event-Id"
+#: The header that carries the event's type, percent-encoded as UTF-8.
 EVENT_TYPE_HEADER = "Intention-Kernel-Event-Type"
 _RETRYABLE = frozenset({408, 425, 429})
 
@@ -161,6 +164,7 @@ class WebhookSink:
         self._client = httpx.AsyncClient(timeout=timeout, transport=transport)
 
     async def publish(self, event: OutboxEvent) -> None:
+        """POST the signed event; retry connection errors, 408, 425, 429 and 5xx."""
         import httpx
 
         body = event_body(event)
@@ -194,6 +198,7 @@ class WebhookSink:
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
+        """Close the HTTP client."""
         await self._client.aclose()
 
 

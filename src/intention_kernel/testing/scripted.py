@@ -30,6 +30,7 @@ class ScriptedInterpreter:
         self.calls: list[InterpretationRequest] = []
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        """The script's interpretation of the request, which ``calls`` records."""
         self.calls.append(request)
         if callable(self._script):
             return self._script(request)

@@ -67,6 +67,7 @@ __all__ = ["GroupPoint", "GroupWriter", "WriteJob", "clear_frames"]
 
 T = TypeVar("T")
 
+#: A moment of a group commit: just before or just after its ``COMMIT``.
 GroupPoint = Literal["before_commit", "after_commit"]
 
 #: Called on the worker thread with ``"before_commit"`` (every write of the group ran,
