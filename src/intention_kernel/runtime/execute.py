@@ -471,6 +471,8 @@ class _Step:
                 step_id=self.item.step_id,
                 turn_id=state.scope.turn_id,
                 expires_at=deadline(state.now, within),
+                proposed_by=state.proposer,
+                who_may_answer=cap.who_may_answer,
             )
             item = AgendaItem(
                 self.item.step_id, cap.id, self.item.input, state.scope.turn_id, interaction.id
