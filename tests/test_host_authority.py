@@ -31,6 +31,9 @@ async def test_a_yes_in_a_message_through_the_host_names_the_tokens_principal(
         assert (step["status"], step["actor"]) == ("completed", "ops@acme.example")
         [receipt] = (await ops.get("/v1/receipts?thread_id=t")).json()["receipts"]
     assert receipt["actor"] == "ops@acme.example"
+    assert receipt["capability_id"] == "payments.charge"
+    assert receipt["input"] == {"payment_intent_id": "pi_1", "amount": 500}
+    assert receipt["approved_by"] == ["ops@acme.example"]
     events = [e for e in await store.read_outbox() if e.thread_id == "t"]
     for type in ("interaction.resolved", "effect.completed"):
         assert [e.payload.get("actor") for e in events if e.type == type] == ["ops@acme.example"], (

@@ -346,6 +346,8 @@ async def test_a_server_killed_mid_call_leaves_the_write_uncertain_and_never_res
     assert lost.steps[0].status == "uncertain"
     [receipt] = await sqlite.list_receipts("t1")
     assert receipt.status == "uncertain"
+    # On-call sees which tool the uncertain write called, and with what arguments.
+    assert (receipt.capability_id, receipt.input) == ("tickets.create_ticket", TICKET)
 
     # A new server process, a new kernel on the same store: the same call asked and
     # accepted again is refused by its receipt, not sent.
