@@ -336,3 +336,48 @@ def test_a_policy_on_a_capability_that_never_asks_is_refused() -> None:
     )
     with pytest.raises(CompilationError, match="needs a confirmation to answer"):
         Kernel(bad, InMemoryDurability())
+
+
+async def test_a_request_a_resumed_operation_asks_next_is_still_its_proposers(
+    store: Durability,
+) -> None:
+    """A later round of an answering turn continues the operation it resumed (a
+    bridge's run asks its next approval so): the approver does not become the
+    proposer, so the customer cannot approve the follow-up of their own request."""
+    from intention_kernel import Agent, Intent, Interpretation
+    from intention_kernel.testing import ScriptedInterpreter
+
+    provider = FakeProvider()
+
+    def interpret(request: Any) -> Interpretation:
+        if request.rounds:
+            last = request.rounds[-1]
+            if last.answer_step is not None and last.answer_step.status == "completed":
+                follow = {"payment_intent_id": "pi_2", "amount": 7}
+                return Interpretation(intents=[Intent("payments.charge", follow)])
+            return Interpretation()
+        if request.message == "yes":
+            return Interpretation(answer="accept")
+        return Interpretation(
+            intents=[Intent("payments.charge", {"payment_intent_id": "pi_1", "amount": 5})]
+        )
+
+    scripted = ScriptedInterpreter(interpret)
+    scripted.multi_round = True  # type: ignore[attr-defined]
+    base = billing_agent(provider, self_approval=False)
+    agent = Agent(
+        name="billing",
+        version="1",
+        capabilities=base.capabilities,
+        interpreter=scripted,
+        max_rounds=3,
+    )
+    kernel = Kernel(agent, store)
+    await kernel.turn("t", "1", "charge", principal=ANA)
+    resumed = await kernel.turn("t", "2", "yes", principal=BOB)
+    assert provider.calls() == 1
+    follow_up = resumed.interaction
+    assert follow_up is not None and follow_up.input["payment_intent_id"] == "pi_2"
+    assert follow_up.proposed_by == ANA.name
+    refused = await kernel.turn("t", "3", "yes", principal=ANA)
+    assert refused.interaction == follow_up and provider.calls() == 1
