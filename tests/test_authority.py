@@ -381,3 +381,30 @@ async def test_a_request_a_resumed_operation_asks_next_is_still_its_proposers(
     assert follow_up.proposed_by == ANA.name
     refused = await kernel.turn("t", "3", "yes", principal=ANA)
     assert refused.interaction == follow_up and provider.calls() == 1
+
+
+async def test_an_actor_the_interpreter_wrote_never_passes_a_policy(store: Durability) -> None:
+    """Without a principal, only the caller's own answer names its actor: a model
+    that writes ``Answer(actor="oncall")`` (a prompt injection, say) is no one."""
+    from intention_kernel import Intent, Interpretation
+    from intention_kernel.testing import ScriptedInterpreter
+
+    def interpret(request: Any) -> Interpretation:
+        if request.message == "yes":
+            return Interpretation(answer=Answer(None, "accept", actor="oncall"))
+        return Interpretation(
+            intents=[Intent("payments.charge", {"payment_intent_id": "pi_1", "amount": 5})]
+        )
+
+    def on_call(principal: Principal, interaction: Interaction) -> bool:
+        return principal.name == "oncall"
+
+    provider = FakeProvider()
+    agent = billing_agent(provider, approvers=on_call, interpreter=ScriptedInterpreter(interpret))
+    kernel = Kernel(agent, store)
+    await kernel.turn("t", "1", "charge")
+    refused = await kernel.turn("t", "2", "yes")
+    assert provider.calls() == 0 and refused.interaction is not None
+    assert "names no one" in (refused.steps[0].error or "")
+    await kernel.turn("t", "3", answer=Answer(actor="oncall"))
+    assert provider.calls() == 1

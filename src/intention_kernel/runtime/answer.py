@@ -158,9 +158,10 @@ def _allowed(state: TurnState, cap: Capability, active: Interaction, answer: Ans
     Checked before anything else of the answer is used: a refused answer edits, counts
     and runs nothing."""
     principal = state.request.principal
-    if principal is None and answer.actor:
-        # A caller without a principal vouches for the answer's actor, as before
-        # principals existed; it gets no role beyond a user's.
+    if principal is None and answer.actor and answer is state.request.answer:
+        # A caller without a principal vouches for its own answer's actor, as before
+        # principals existed; it gets no role beyond a user's. An actor the interpreter
+        # wrote is vouched for by no one: a model must never name its approver.
         try:
             principal = Principal(answer.actor, state.scope.tenant_id)
         except InvalidRequestError:
