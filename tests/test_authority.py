@@ -92,7 +92,10 @@ async def test_the_principals_tenant_is_the_turns_and_a_conflict_is_refused(
         await kernel.turn("t", "1", "balance", tenant_id="globex", principal=ANA)
     with pytest.raises(InvalidRequestError, match="differs from the principal's tenant"):
         await kernel.turn("t", "1", "balance", principal=Principal("ana"), tenant_id="acme")
+    with pytest.raises(InvalidRequestError, match="must be a Principal"):
+        await kernel.turn("t", "1", "balance", principal="ana")  # type: ignore[arg-type]
     assert await store.load_checkpoint("t") is None
+    assert await store.list_receipts(thread_id="t") == []
     await kernel.turn("t", "1", "balance", principal=ANA)
     [committed] = await events_of(store, "t", "turn.committed")
     owner = await store.thread_owner("t")  # type: ignore[attr-defined]
