@@ -41,6 +41,10 @@ from intention_kernel.errors import KernelError, ReceiptError
 
 __all__ = ["register"]
 
+#: The width at which a table folds a receipt's write (its capability and input JSON),
+#: so that a long input leaves the note its room; ``--json`` has the input whole.
+WRITE_WIDTH = 48
+
 
 def register(app: typer.Typer) -> None:
     group = typer.Typer(
@@ -112,6 +116,7 @@ def list_receipts(
         rows,
         whole=("key", "status"),
         free="note",
+        narrow={"write": WRITE_WIDTH},
     )
 
 
