@@ -81,4 +81,4 @@ async def test_the_queue_shows_who_may_answer_under_the_current_policy() -> None
     assert item["interaction"]["who_may_answer"] == "a principal with the role 'operator'"
     stored = await store.load_checkpoint("t")
     assert stored is not None and stored.interaction is not None
-    assert stored.interaction.who_may_answer == "anyone who may post to the thread"
+    assert stored.interaction.who_may_answer is None  # the default policy stores nothing

@@ -284,6 +284,15 @@ class Capability:
         return describe_approvers(self.approvers, self.self_approval, self.approvals)
 
     @property
+    def answer_policy(self) -> str | None:
+        """What an interaction it opens records as ``who_may_answer``: the description,
+        or ``None`` when anyone may answer once. Nothing more is stored for a capability
+        without a policy than before policies existed."""
+        if self.approvers is None and self.self_approval and self.approvals == 1:
+            return None
+        return self.who_may_answer
+
+    @property
     def input_schema(self) -> dict[str, Any]:
         """JSON schema of the input (an open object for ``dict`` inputs)."""
         if self.input_model is None:

@@ -87,9 +87,10 @@ class Interaction:
 
     ``proposed_by`` is the name of the principal whose turn proposed the operation
     (``None``: the turn named no principal). ``who_may_answer`` describes, for a
-    person, who may answer it (the capability's approver policy when it opened; ``None``
-    in a checkpoint stored before policies existed). Both are optional, so no schema
-    revision was needed. The policy itself is the capability's current one.
+    person, who may answer it (the capability's approver policy when it opened).
+    ``None`` means anyone who may post to the thread: the default policy, and every
+    checkpoint stored before policies existed. Both are optional, so no schema revision
+    was needed. The policy itself is the capability's current one.
     """
 
     id: str

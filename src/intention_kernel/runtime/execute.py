@@ -506,7 +506,7 @@ class _Step:
                 turn_id=state.scope.turn_id,
                 expires_at=deadline(state.now, within),
                 proposed_by=state.proposer,
-                who_may_answer=cap.who_may_answer,
+                who_may_answer=cap.answer_policy,
             )
             item = AgendaItem(
                 self.item.step_id, cap.id, self.item.input, state.scope.turn_id, interaction.id

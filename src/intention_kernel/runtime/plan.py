@@ -58,7 +58,7 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
             expires_at=deadline(state.now, cap.confirm_within),
             approvals=cap.approvals,
             proposed_by=state.proposer,
-            who_may_answer=cap.who_may_answer,
+            who_may_answer=cap.answer_policy,
         )
         state.open_interaction(
             AgendaItem(step_id, cap.id, canonical, state.scope.turn_id, interaction.id),
