@@ -34,6 +34,7 @@ from openai.types.responses.response_prompt_param import ResponsePromptParam
 
 from bridge_support import ORDERS, record_write
 from intention_kernel import Answer
+from intention_kernel.authority import Approvers
 from intention_kernel.integrations.openai_agents import KernelAgent, effect_authority
 
 # No trace export: the tests have no API key, and the SDK would say so on every run.
@@ -123,6 +124,8 @@ class Desk:
         ledger: str | Path,
         read_answer: Callable[[str], Answer | None] | None = None,
         approve_within: timedelta | None = None,
+        approvers: Approvers = None,
+        self_approval: bool = True,
         writes: dict[str, Callable[[dict[str, Any]], str]] | None = None,
     ) -> None:
         self.ledger = str(ledger)
@@ -157,6 +160,8 @@ class Desk:
             },
             read_answer=read_answer,
             approve_within=approve_within,
+            approvers=approvers,
+            self_approval=self_approval,
         )
 
     @property

@@ -403,6 +403,42 @@ async def receipts_before_actors_read_as_no_actor(
     assert provider.calls() == 2
 
 
+async def receipts_before_origins_read_with_none(
+    open_durability: Callable[[], Durability], before_origins: Callable[[], None]
+) -> None:
+    """Receipts stored before they said what their write was read with no capability,
+    no input and no approvers after the migration, their other fields as stored; the
+    store's next write records all three. ``before_origins`` makes the store look as the
+    schema before ``Receipt.capability_id`` wrote it (the columns dropped, the version
+    rolled back)."""
+    provider = FakeProvider()
+    async with open_durability() as durability:
+        kernel = Kernel(billing_agent(provider), durability)
+        await kernel.turn("t", "1", "charge pi_1 500")
+        await kernel.turn("t", "2", answer=Answer(None, "accept", actor="ana"))
+        [written] = await durability.list_receipts(thread_id="t")
+    assert written.capability_id == "payments.charge"  # what the old schema cannot hold
+    before_origins()
+    async with open_durability() as upgraded:
+        [old] = await upgraded.list_receipts(thread_id="t")
+        assert (old.capability_id, old.input, old.approved_by) == (None, None, ())
+        assert (old.status, old.actor, old.value) == ("completed", "ana", written.value)
+        kernel = Kernel(billing_agent(provider), upgraded)
+        await kernel.turn("t", "3", "charge pi_2 300")
+        await kernel.turn("t", "4", answer=Answer(None, "accept", actor="bob"))
+        receipts = await upgraded.list_receipts(thread_id="t")
+        assert [(r.key, r.capability_id, r.input, r.approved_by) for r in receipts] == [
+            ("payments.charge:charge:pi_1", None, None, ()),
+            (
+                "payments.charge:charge:pi_2",
+                "payments.charge",
+                {"payment_intent_id": "pi_2", "amount": 300},
+                ("bob",),
+            ),
+        ]
+    assert provider.calls() == 2
+
+
 def drop_schema(dsn: str, schema: str) -> None:
     import psycopg
     from psycopg import sql

@@ -37,6 +37,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from bridge_support import ORDERS, record_write
 from intention_kernel import Answer
+from intention_kernel.authority import Approvers
 from intention_kernel.integrations.pydantic_ai import KernelAgent, effect_authority
 
 
@@ -54,6 +55,8 @@ class Desk:
         ledger: str | Path,
         read_answer: Callable[[str], Answer | None] | None = None,
         approve_within: timedelta | None = None,
+        approvers: Approvers = None,
+        self_approval: bool = True,
         asks: str | Path | None = None,
         die_at_request: int | None = None,
     ) -> None:
@@ -88,6 +91,8 @@ class Desk:
             },
             read_answer=read_answer,
             approve_within=approve_within,
+            approvers=approvers,
+            self_approval=self_approval,
         )
 
     def write(self, operation: str, order_id: str, **extra: Any) -> dict[str, str]:

@@ -59,6 +59,47 @@ def test_list_shows_every_receipt_and_filters_by_status(store: Path) -> None:
     assert code == 2 and "unknown status" in output
 
 
+def test_list_shows_what_each_write_was_and_who_approved_it(store: Path) -> None:
+    code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--json")
+    assert code == 0
+    rows = [json.loads(line) for line in output.splitlines()]
+    assert [(r["capability_id"], r["input"], r["approved_by"]) for r in rows] == [
+        ("payments.charge", {"payment_intent_id": "pi_ok", "amount": 500}, []),
+        ("payments.charge", {"payment_intent_id": "pi_lost", "amount": 500}, ["ana"]),
+    ]
+    code, output = _cli("receipts", "list", "--db", f"sqlite:///{store}", "--status", "uncertain")
+    assert code == 0
+    # The table folds a write at 48 characters: here, at the space after its capability.
+    assert "| payments.charge " in output.replace("│", "|")
+    assert '{"payment_intent_id":"pi_lost","amount":500}' in output
+
+
+def test_a_receipt_resolved_not_applied_no_longer_says_it_may_have_applied(
+    store: Path,
+) -> None:
+    db = f"sqlite:///{store}"
+    code, output = _cli(
+        "receipts",
+        "resolve",
+        "t",
+        KEY,
+        "--not-applied",
+        "--note",
+        "no charge",
+        "--actor",
+        "oz",
+        "--db",
+        db,
+    )
+    assert code == 0, output
+    code, output = _cli("receipts", "list", "--db", db, "--json")
+    [resolved] = [r for r in map(json.loads, output.splitlines()) if r["key"] == KEY]
+    assert resolved["status"] == "failed"
+    assert (
+        resolved["error"] == "resolved by oz as not applied (the write did not happen): no charge"
+    )
+
+
 def test_resolve_applied_records_who_and_why_and_later_turns_reuse_the_value(
     store: Path,
 ) -> None:

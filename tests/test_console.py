@@ -845,6 +845,67 @@ def test_a_receipt_to_reconcile_names_who_approved_its_write(tmp_path: Path, pag
         expect(receipt.locator(".error")).to_contain_text("approved by ana@acme.example")
 
 
+def test_a_receipt_to_reconcile_shows_what_its_write_was(tmp_path: Path, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    provider = opened_provider(tmp_path / "provider.db")
+    provider.simulate_lost_response("pi_demo_43")
+    kernel = Kernel(build_agent(provider), InMemoryDurability())
+    with serving_in_thread(create_app(kernel)) as url:
+        for turn_id, message in (("d1", "pay invoice 43"), ("d2", "yes")):
+            sent = httpx.post(
+                f"{url}/v1/threads/{THREAD}/turns",
+                json={"turn_id": turn_id, "message": message},
+                timeout=30,
+            )
+            assert sent.status_code == 200, sent.text
+        page.goto(f"{url}/console?thread={THREAD}")
+        receipt = page.locator(".receipt", has_text="payments.charge:charge:pi_demo_43")
+        expect(receipt.locator(".write")).to_contain_text("for payments.charge {")
+        expect(receipt.locator(".error")).to_contain_text("approved by anonymous")
+
+
+def test_a_policy_shows_who_may_answer_and_the_proposer(tmp_path: Path, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    provider = opened_provider(tmp_path / "provider.db")
+    agent = build_agent(provider)
+    capabilities = [
+        replace(c, approvers=frozenset({"operator"}), self_approval=False)
+        if c.id == "payments.charge"
+        else c
+        for c in agent.capabilities
+    ]
+    kernel = Kernel(replace(agent, capabilities=capabilities), InMemoryDurability())
+    tokens = {
+        "tok-ana": Principal("ana@acme.example", None, "user"),
+        "tok-ops": Principal("ops@acme.example", None, "operator"),
+    }
+    with serving_in_thread(create_app(kernel, tokens=tokens)) as url:
+        proposed = httpx.post(
+            f"{url}/v1/threads/{THREAD}/turns",
+            json={"turn_id": "d1", "message": "pay invoice 42"},
+            headers={"Authorization": "Bearer tok-ana"},
+            timeout=30,
+        )
+        assert proposed.status_code == 200, proposed.text
+        page.goto(f"{url}/console")
+        page.get_by_label("Token").fill("tok-ops")
+        page.get_by_role("button", name="Refresh").click()
+        queued = page.locator("#queue-interactions .queue-item .capability")
+        expect(queued).to_contain_text("who may answer: a principal with the role 'operator'")
+        page.get_by_label("Thread").fill(THREAD)
+        page.get_by_role("button", name="Open").click()
+        expect(page.locator("#confirmation-who")).to_have_text(
+            "a principal with the role 'operator', other than the person who proposed it"
+            " · proposed by ana@acme.example"
+        )
+        page.get_by_role("button", name="Accept").click()
+        step = page.locator("#messages .step", has_text="payments.charge")
+        expect(step.locator(".badge")).to_have_text("completed")
+    assert [c["amount_cents"] for c in provider_charges(provider)] == [12500]
+
+
 def test_one_approval_shows_no_approvers_line(host: Host, page: Any) -> None:
     from playwright.sync_api import expect
 

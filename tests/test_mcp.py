@@ -32,6 +32,7 @@ from intention_kernel import (
     Interpretation,
     InterpretationRequest,
     Kernel,
+    Principal,
 )
 from intention_kernel.durability import Durability
 from intention_kernel.durability.sqlite import SQLiteDurability
@@ -294,6 +295,24 @@ async def test_a_write_waits_for_confirmation_and_runs_once_with_its_key_in_meta
     assert len(tickets.calls()) == 1
 
 
+async def test_a_write_tool_takes_the_approver_policy(
+    tickets: Tickets, sqlite: SQLiteDurability
+) -> None:
+    kernel, _ = await desk_kernel(
+        tickets, sqlite, trusted=True, approvers="operator", self_approval=False
+    )
+    customer = Principal("customer", "acme")
+    await kernel.turn("t1", "d1", "open a ticket", principal=customer)
+    refused = await kernel.turn("t1", "d2", "yes", principal=customer)
+    assert refused.interaction is not None and "role 'operator'" in refused.reply
+    assert tickets.calls() == []
+    accepted = await kernel.turn("t1", "d3", "yes", principal=Principal("ops", "acme", "operator"))
+    assert accepted.steps[0].status == "completed"
+    assert len(tickets.calls("create_ticket")) == 1
+    with pytest.raises(CompilationError, match="unknown roles"):
+        await mcp_capabilities(tickets.client, namespace="tickets", approvers="admin")
+
+
 async def test_a_retried_turn_that_died_before_commit_does_not_call_the_tool_again(
     store: Durability, tmp_path: Path
 ) -> None:
@@ -327,6 +346,8 @@ async def test_a_server_killed_mid_call_leaves_the_write_uncertain_and_never_res
     assert lost.steps[0].status == "uncertain"
     [receipt] = await sqlite.list_receipts("t1")
     assert receipt.status == "uncertain"
+    # On-call sees which tool the uncertain write called, and with what arguments.
+    assert (receipt.capability_id, receipt.input) == ("tickets.create_ticket", TICKET)
 
     # A new server process, a new kernel on the same store: the same call asked and
     # accepted again is refused by its receipt, not sent.

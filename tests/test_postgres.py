@@ -66,6 +66,7 @@ from proving_support import (
     StoreInspector,
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
+    receipts_before_origins_read_with_none,
 )
 from tcp_proxy import TcpProxy
 
@@ -274,6 +275,9 @@ UNDO_MIGRATION_5 = (
 UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
 UNDO_MIGRATION_8 = "DROP TABLE ik_journal"
 UNDO_MIGRATION_9 = "ALTER TABLE ik_receipts DROP COLUMN actor"
+UNDO_MIGRATION_10 = (
+    "ALTER TABLE ik_receipts DROP COLUMN capability_id, DROP COLUMN input, DROP COLUMN approved_by"
+)
 
 
 async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store) -> None:
@@ -298,6 +302,7 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     store.execute(UNDO_MIGRATION_7)
     store.execute(UNDO_MIGRATION_8)
     store.execute(UNDO_MIGRATION_9)
+    store.execute(UNDO_MIGRATION_10)
     store.execute("DELETE FROM ik_schema WHERE version > 1")
 
     async with store.durability() as upgraded:
@@ -337,6 +342,7 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(store: St
         store.execute(UNDO_MIGRATION_7)
         store.execute(UNDO_MIGRATION_8)
         store.execute(UNDO_MIGRATION_9)
+        store.execute(UNDO_MIGRATION_10)
         store.execute("DELETE FROM ik_schema WHERE version > 3")
 
     await migration_4_gives_receipts_their_owner(store.durability, back_to_version_3)
@@ -347,9 +353,18 @@ async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
 ) -> None:
     def back_to_version_8() -> None:
         store.execute(UNDO_MIGRATION_9)
+        store.execute(UNDO_MIGRATION_10)
         store.execute("DELETE FROM ik_schema WHERE version > 8")
 
     await receipts_before_actors_read_as_no_actor(store.durability, back_to_version_8)
+
+
+async def test_receipts_stored_before_migration_10_read_with_no_origin(store: Store) -> None:
+    def back_to_version_9() -> None:
+        store.execute(UNDO_MIGRATION_10)
+        store.execute("DELETE FROM ik_schema WHERE version > 9")
+
+    await receipts_before_origins_read_with_none(store.durability, back_to_version_9)
 
 
 async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:

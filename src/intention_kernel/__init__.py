@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from intention_kernel.agent import Agent
+from intention_kernel.authority import Principal
 from intention_kernel.capabilities import (
     CancellationSignal,
     Capability,
@@ -128,6 +129,7 @@ __all__ = [
     "KernelError",
     "Message",
     "OutboxEvent",
+    "Principal",
     "Receipt",
     "ReceiptError",
     "ReceiptNotFoundError",

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from intention_kernel.authority import approvers_problem
 from intention_kernel.capabilities import Capability
 from intention_kernel.errors import CompilationError
 from intention_kernel.interpretation import (
@@ -132,6 +133,16 @@ def compile_agent(agent: Agent) -> CompiledAgent:
                 f"{cap.id}: approvals={cap.approvals} needs confirmation='required' (the "
                 f"kernel holds the operation and counts the accepts); this capability has "
                 f"confirmation={cap.confirmation!r}"
+            )
+        if not cap.definition_errors:
+            # A Capability built directly (the MCP bridge's) skipped the decorator's checks.
+            problem = approvers_problem(cap.id, cap.approvers)
+            if problem is not None:
+                problems.append(problem)
+        if cap.confirmation == "none" and (cap.approvers is not None or not cap.self_approval):
+            problems.append(
+                f"{cap.id}: an approver policy needs a confirmation to answer; this "
+                "capability has confirmation='none'"
             )
         if cap.effect == "write" and cap.confirmation == "none":
             problems.append(

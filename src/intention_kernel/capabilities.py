@@ -28,6 +28,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import pydantic
 
 from intention_kernel._json import MAX_NESTING, dump_value, normalize, too_deep
+from intention_kernel.authority import (
+    Approvers,
+    approvers_problem,
+    describe_approvers,
+    frozen_roles,
+)
 from intention_kernel.deadlines import duration_problem
 from intention_kernel.errors import InvalidInputError
 from intention_kernel.facts import Fact, FactRecord, FactTable
@@ -52,6 +58,8 @@ ConfirmationMode = Literal["none", "required", "capability"]
 
 Handler = Callable[[Any, "CapabilityContext"], Awaitable[Any]]
 PromptSource = str | Callable[[Any], str]
+#: Maps an operation's input to what its receipt stores (``@capability(redact=...)``).
+Redactor = Callable[[dict[str, Any]], Any]
 
 
 class CancellationSignal:
@@ -267,6 +275,23 @@ class Capability:
     definition_errors: tuple[str, ...] = field(default=(), compare=False)
     confirm_within: timedelta | None = None
     approvals: int = 1
+    approvers: Approvers = None
+    self_approval: bool = True
+    redact: Redactor | None = None
+
+    @property
+    def who_may_answer(self) -> str:
+        """Who may answer this capability's confirmations, in words for a person."""
+        return describe_approvers(self.approvers, self.self_approval, self.approvals)
+
+    @property
+    def answer_policy(self) -> str | None:
+        """What an interaction it opens records as ``who_may_answer``: the description,
+        or ``None`` when anyone may answer once. Nothing more is stored for a capability
+        without a policy than before policies existed."""
+        if self.approvers is None and self.self_approval and self.approvals == 1:
+            return None
+        return self.who_may_answer
 
     @property
     def input_schema(self) -> dict[str, Any]:
@@ -345,6 +370,9 @@ def capability(
     prompt: PromptSource | None = None,
     confirm_within: timedelta | None = None,
     approvals: int = 1,
+    approvers: Approvers = None,
+    self_approval: bool = True,
+    redact: Redactor | None = None,
 ) -> Callable[[Handler], Capability]:
     """Declare a capability. Records only; ``Kernel(...)`` checks the definition.
 
@@ -364,6 +392,12 @@ def capability(
     :mod:`intention_kernel.runtime.answer`). Above 1 it needs ``confirmation="required"``:
     the kernel holds the operation and counts the accepts. A bad value is refused at
     compilation.
+    ``approvers`` is who may answer its confirmations, accept or reject: ``None``
+    (anyone who may post to the thread), a role or a set of roles, or a callable
+    ``(principal, interaction) -> bool`` (:mod:`intention_kernel.authority`).
+    ``self_approval=False`` refuses an accept from the principal whose turn proposed
+    the operation. A refused answer runs nothing and leaves the interaction open.
+    ``redact`` maps the input that ran before its receipt stores it (for secrets).
     """
 
     def decorate(handler: Handler) -> Capability:
@@ -382,6 +416,16 @@ def capability(
         # ``bool`` is an ``int``: ``approvals=True`` is a mistake, not one approval.
         if not isinstance(approvals, int) or isinstance(approvals, bool) or approvals < 1:
             errors.append(f"{id}: approvals must be a positive int, not {approvals!r}")
+        policy = approvers
+        problem = approvers_problem(id, approvers)
+        if problem is not None:
+            errors.append(problem)
+        else:
+            policy = frozen_roles(approvers)
+        if not isinstance(self_approval, bool):
+            errors.append(f"{id}: self_approval must be True or False, not {self_approval!r}")
+        if redact is not None and not callable(redact):
+            errors.append(f"{id}: redact must be a callable (input) -> input, not {redact!r}")
         doc = inspect.getdoc(handler) or ""
         return Capability(
             id=id,
@@ -394,6 +438,9 @@ def capability(
             definition_errors=tuple(errors),
             confirm_within=confirm_within,
             approvals=approvals,
+            approvers=policy,
+            self_approval=self_approval,
+            redact=redact,
         )
 
     return decorate

@@ -84,6 +84,13 @@ class Interaction:
     accepts; empty until then). Checkpoints stored before quorums existed read as one
     approval and no approvers: both fields are optional, so no schema revision was
     needed. Neither is part of ``digest``.
+
+    ``proposed_by`` is the name of the principal whose turn proposed the operation
+    (``None``: the turn named no principal). ``who_may_answer`` describes, for a
+    person, who may answer it (the capability's approver policy when it opened).
+    ``None`` means anyone who may post to the thread: the default policy, and every
+    checkpoint stored before policies existed. Both are optional, so no schema revision
+    was needed. The policy itself is the capability's current one.
     """
 
     id: str
@@ -98,6 +105,8 @@ class Interaction:
     expires_at: datetime | None = None
     approvals: int = 1
     approved_by: tuple[str, ...] = ()
+    proposed_by: str | None = None
+    who_may_answer: str | None = None
 
     def __post_init__(self) -> None:
         if not self.digest:

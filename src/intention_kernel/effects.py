@@ -34,12 +34,14 @@ from intention_kernel.errors import ReceiptStateError, TenantMismatchError
 __all__ = [
     "EffectAuthority",
     "EffectFn",
+    "EffectOrigin",
     "EffectPlan",
     "EffectResult",
     "Receipt",
     "ReceiptStatus",
     "Resolution",
     "new_receipt_id",
+    "not_applied_error",
     "plan_effect",
     "resolve",
     "settle",
@@ -85,6 +87,12 @@ class Receipt:
     is in ``interaction.resolved``). ``None`` when no named approver ran it, and for a
     receipt stored before the field existed. An operator's reconciliation is recorded
     apart, in ``resolution``.
+
+    ``capability_id``, ``input`` and ``approved_by`` say what the write of the latest
+    attempt was: the capability that ran it, the input that ran (after approval and
+    edits, mapped by the capability's ``redact``) and the names of everyone who approved
+    it (empty when it needed no confirmation). A receipt stored before these fields
+    existed reads ``None``, ``None`` and ``()``.
     """
 
     id: str
@@ -102,6 +110,20 @@ class Receipt:
     announced: bool = False
     tenant_id: str | None = None
     actor: str | None = None
+    capability_id: str | None = None
+    input: Any = None
+    approved_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EffectOrigin:
+    """What a write is for, recorded on its receipt with the prepare: the
+    ``capability_id``, the ``input`` that runs (already redacted) and the names of its
+    approvers (``approved_by``; empty without a confirmation)."""
+
+    capability_id: str
+    input: Any = None
+    approved_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +196,7 @@ def plan_effect(
     receipt_id: str | None = None,
     tenant_id: str | None = None,
     actor: str | None = None,
+    origin: EffectOrigin | None = None,
 ) -> EffectPlan:
     """Decide what a call to ``run_effect`` means given the stored receipt.
 
@@ -187,6 +210,7 @@ def plan_effect(
 
     ``actor`` (who approved this call's write) goes on the receipt of a new attempt; a
     completed or uncertain receipt keeps the approver of the attempt that wrote it.
+    ``origin`` (what the write is for) goes on a new attempt's receipt the same way.
     """
     if existing is not None and existing.tenant_id != tenant_id:
         raise TenantMismatchError(
@@ -208,6 +232,9 @@ def plan_effect(
             updated_at=now,
             tenant_id=tenant_id,
             actor=actor,
+            capability_id=origin.capability_id if origin is not None else None,
+            input=origin.input if origin is not None else None,
+            approved_by=origin.approved_by if origin is not None else (),
         )
         return EffectPlan("execute", None, prepared)
     status = existing.status
@@ -235,6 +262,9 @@ def plan_effect(
         updated_at=now,
         announced=False,
         actor=actor,
+        capability_id=origin.capability_id if origin is not None else None,
+        input=origin.input if origin is not None else None,
+        approved_by=origin.approved_by if origin is not None else (),
     )
     return EffectPlan("execute", existing, retry)
 
@@ -274,6 +304,9 @@ def settle(
         announced=prepared.announced,
         tenant_id=prepared.tenant_id,
         actor=prepared.actor,
+        capability_id=prepared.capability_id,
+        input=prepared.input,
+        approved_by=prepared.approved_by,
     )
 
 
@@ -296,6 +329,13 @@ def is_settlement(new: Receipt, expected: Receipt) -> bool:
         and new.announced == expected.announced
         and new.actor == expected.actor
     )
+
+
+def not_applied_error(actor: str | None, note: str | None) -> str:
+    """A receipt's ``error`` once an operator resolved it as not applied."""
+    who = f"by {actor} " if actor else ""
+    why = f": {note}" if note else ""
+    return f"resolved {who}as not applied (the write did not happen){why}"
 
 
 def resolve(
@@ -345,7 +385,9 @@ def resolve(
         existing,
         status=ReceiptStatus.COMPLETED if applied else ReceiptStatus.FAILED,
         value=value if applied else None,
-        error=existing.error if not applied else None,
+        # The resolution is what the receipt shows now: the attempt's own error said
+        # the write "may have been applied", which the operator just ruled out.
+        error=None if applied else not_applied_error(actor, note),
         updated_at=now,
         resolution=Resolution(applied=applied, note=note, actor=actor, at=now),
         announced=applied,  # the receipt.resolved event committed with it announces the write

@@ -19,6 +19,7 @@ from typing import Any
 from intention_kernel import _tracing
 from intention_kernel._json import normalize
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
+from intention_kernel.authority import Principal, same_principal
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, TurnOperation
@@ -73,6 +74,7 @@ class Kernel:
         answer: Answer | str | None = None,
         *,
         tenant_id: str | None = None,
+        principal: Principal | None = None,
     ) -> TurnResult:
         """Run (or replay) one turn.
 
@@ -80,8 +82,14 @@ class Kernel:
         transport retries: a committed ``turn_id`` returns the stored result, a
         new one is a new turn. ``answer`` (an ``Answer``, ``"accept"`` or
         ``"reject"``) answers the active interaction without interpretation.
+
+        ``principal`` is who sent the turn. Its tenant is the turn's tenant (a
+        different ``tenant_id`` is refused with ``InvalidRequestError``). Its name is
+        the actor of any answer in the turn, structured or read from the message; an
+        ``Answer`` naming another actor is refused. The capabilities' approver
+        policies judge it (:mod:`intention_kernel.authority`).
         """
-        scope, request = self._request(thread_id, turn_id, message, answer, tenant_id)
+        scope, request = self._request(thread_id, turn_id, message, answer, tenant_id, principal)
         return await self._run(scope, request)
 
     async def stream_turn(
@@ -92,6 +100,7 @@ class Kernel:
         answer: Answer | str | None = None,
         *,
         tenant_id: str | None = None,
+        principal: Principal | None = None,
     ) -> AsyncGenerator[TurnEvent, None]:
         """Run (or replay) one turn as :meth:`turn` does, yielding its events as they
         happen (:class:`~intention_kernel.TurnEvent`); the last is ``result``.
@@ -103,7 +112,7 @@ class Kernel:
         stops iterating (or is cancelled) does not abort it, it runs to its commit,
         and a retry with the same turn ID gets the committed result.
         """
-        scope, request = self._request(thread_id, turn_id, message, answer, tenant_id)
+        scope, request = self._request(thread_id, turn_id, message, answer, tenant_id, principal)
         sink = TurnSink()
         request = dataclasses.replace(request, sink=sink)
         task = asyncio.create_task(self._streamed(scope, request, sink))
@@ -149,10 +158,13 @@ class Kernel:
         message: str | None,
         answer: Answer | str | None,
         tenant_id: str | None,
+        principal: Principal | None = None,
     ) -> tuple[TurnScope, TurnRequest]:
         """The turn's scope and request, or ``InvalidRequestError`` before anything ran."""
         # The IDs are checked once, by the adapter's ``with_turn``, before it reads.
         resolved = _answer(answer)
+        if principal is not None:
+            tenant_id, resolved = _as_principal(principal, tenant_id, resolved)
         if message is None and resolved is None:
             raise InvalidRequestError("a turn needs a message, an answer, or both")
         if message is not None:
@@ -171,7 +183,7 @@ class Kernel:
             tenant_id,
             request_digest(message, resolved.to_dict() if resolved else None),
         )
-        return scope, TurnRequest(message, resolved)
+        return scope, TurnRequest(message, resolved, principal=principal)
 
     async def _run(self, scope: TurnScope, request: TurnRequest) -> TurnResult:
         compiled = self._compiled
@@ -263,6 +275,29 @@ def _answer(answer: Any) -> Answer | None:
     if answer in ("accept", "reject"):
         return Answer(None, answer)
     raise InvalidRequestError(f"answer must be 'accept', 'reject' or an Answer, got {answer!r}")
+
+
+def _as_principal(
+    principal: Principal, tenant_id: str | None, answer: Answer | None
+) -> tuple[str | None, Answer | None]:
+    """The turn's tenant and answer when ``principal`` sends it, or
+    ``InvalidRequestError``: a principal answers as itself, in its own tenant."""
+    if not isinstance(principal, Principal):
+        raise InvalidRequestError(f"principal must be a Principal, got {type(principal).__name__}")
+    if tenant_id is not None and tenant_id != principal.tenant_id:
+        raise InvalidRequestError(
+            f"tenant_id {tenant_id!r} differs from the principal's tenant "
+            f"{principal.tenant_id!r}; a principal's turns run in its own tenant"
+        )
+    if answer is not None:
+        if answer.actor is not None and not same_principal(answer.actor, principal.name):
+            raise InvalidRequestError(
+                f"the answer names actor {answer.actor!r}, but the turn is sent by "
+                f"{principal.name!r}; a principal answers only as itself"
+            )
+        if answer.actor != principal.name:
+            answer = dataclasses.replace(answer, actor=principal.name)
+    return principal.tenant_id, answer
 
 
 def _encodable(text: str) -> bool:

@@ -104,6 +104,16 @@ class Replies:
             f"other approvers is still: {pending.prompt}"
         )
 
+    def answer_not_allowed(
+        self, pending: Interaction, capability: Capability, step: StepResult
+    ) -> str:
+        """The sender may not answer ``pending``: the capability's approver policy
+        refuses them (``step.error`` says why); nothing ran and ``pending`` still waits."""
+        return (
+            "You may not answer this request, so nothing was done. It may be answered by "
+            f"{capability.who_may_answer}. The question is still: {pending.prompt}"
+        )
+
     def cancelled(self, interaction: Interaction) -> str:
         """The person said no to ``interaction`` (a ``"required"`` confirmation)."""
         return "Cancelled: nothing was done."

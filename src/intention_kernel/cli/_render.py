@@ -9,7 +9,7 @@ is built from :class:`rich.text.Text`, which Rich never parses.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -48,13 +48,22 @@ def status_text(status: object) -> Text:
     return Text(value, style=STATUS_STYLE.get(value, ""), no_wrap=True)
 
 
-def table(title: str, *columns: str, whole: tuple[str, ...] = ()) -> Table:
+def table(
+    title: str,
+    *columns: str,
+    whole: tuple[str, ...] = (),
+    narrow: Mapping[str, int] | None = None,
+) -> Table:
     """A table of data. Every column folds what does not fit, character by character,
     so no text is cut; the ``whole`` columns (keys, statuses) are never wrapped at
-    their spaces and keep their width while the others shrink."""
+    their spaces and keep their width while the others shrink. A ``narrow`` column
+    folds at the width it names (a long JSON value that would crowd out the rest)."""
     result = Table(title=Text(title), title_justify="left")
+    widths = narrow or {}
     for column in columns:
-        result.add_column(Text(column), overflow="fold", no_wrap=column in whole)
+        result.add_column(
+            Text(column), overflow="fold", no_wrap=column in whole, max_width=widths.get(column)
+        )
     return result
 
 
@@ -66,15 +75,17 @@ def print_records(
     *,
     whole: tuple[str, ...],
     free: str | None = None,
+    narrow: Mapping[str, int] | None = None,
 ) -> None:
     """Print ``rows`` as a table when it fits the terminal, else as one block per row:
     the ``whole`` columns on its first line, each other column on a line of its own.
     A table squeezed into a narrow terminal would break the keys an operator copies
     across lines, or shrink its other columns to nothing. The table fits when every
     column has its natural width, except ``free`` (a note, an error), which wraps in
-    what is left if that is at least :data:`FREE_MIN_WIDTH`."""
-    listing = table(title, *columns, whole=whole)
-    fixed = table(title, *(c for c in columns if c != free), whole=whole)
+    what is left if that is at least :data:`FREE_MIN_WIDTH`. The ``narrow`` columns fold
+    at the widths they name in a table; a block shows them whole."""
+    listing = table(title, *columns, whole=whole, narrow=narrow)
+    fixed = table(title, *(c for c in columns if c != free), whole=whole, narrow=narrow)
     for row in rows:
         listing.add_row(*row)
         fixed.add_row(*(cell for c, cell in zip(columns, row, strict=True) if c != free))

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
+from intention_kernel._json import dump_value
 from intention_kernel.cli._common import (
     DbOption,
     existing_store,
@@ -39,6 +40,10 @@ from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.errors import KernelError, ReceiptError
 
 __all__ = ["register"]
+
+#: The width at which a table folds a receipt's write (its capability and input JSON),
+#: so that a long input leaves the note its room; ``--json`` has the input whole.
+WRITE_WIDTH = 48
 
 
 def register(app: typer.Typer) -> None:
@@ -73,7 +78,8 @@ def list_receipts(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False,
 ) -> None:
-    """List the current receipt of every effect key, oldest first."""
+    """List the current receipt of every effect key, oldest first, with what each
+    write was (its capability and input) and who approved it."""
     wanted = _status(status)
     receipts = _run(
         resolve_db_url(db), lambda store: store.list_receipts(thread, wanted, tenant_id=tenant)
@@ -87,12 +93,14 @@ def list_receipts(
         note = r.error or ""
         if r.resolution is not None:
             note = f"resolved by {r.resolution.actor or '?'}: {r.resolution.note or ''}"
-        if r.actor is not None:
-            note = f"approved by {r.actor}" + (f"; {note}" if note else "")
+        approvers = ", ".join(r.approved_by) or r.actor
+        if approvers:
+            note = f"approved by {approvers}" + (f"; {note}" if note else "")
         rows.append(
             (
                 Text(r.thread_id),
                 Text(r.key),
+                Text(_write_of(r)),
                 status_text(r.status),
                 Text(str(r.attempt)),
                 Text(r.turn_id),
@@ -104,10 +112,11 @@ def list_receipts(
     print_records(
         console(),
         f"{len(receipts)} receipt(s)",
-        ("thread", "key", "status", "attempt", "turn", "step", "updated", "note"),
+        ("thread", "key", "write", "status", "attempt", "turn", "step", "updated", "note"),
         rows,
         whole=("key", "status"),
         free="note",
+        narrow={"write": WRITE_WIDTH},
     )
 
 
@@ -203,6 +212,14 @@ def _run(url: str, action: Any) -> Any:
         fail(exc)
 
 
+def _write_of(r: Receipt) -> str:
+    """What the write was, for a person: its capability and the input that ran (as
+    stored, redacted); empty for a receipt stored before receipts recorded it."""
+    if r.capability_id is None:
+        return ""
+    return r.capability_id if r.input is None else f"{r.capability_id} {dump_value(r.input)}"
+
+
 def _as_dict(r: Receipt) -> dict[str, Any]:
     return {
         "thread_id": r.thread_id,
@@ -217,6 +234,9 @@ def _as_dict(r: Receipt) -> dict[str, Any]:
         "error": r.error,
         "announced": r.announced,
         "actor": r.actor,
+        "capability_id": r.capability_id,
+        "input": r.input,
+        "approved_by": list(r.approved_by),
         "created_at": r.created_at.isoformat() if r.created_at else None,
         "updated_at": r.updated_at.isoformat() if r.updated_at else None,
         "resolution": None

@@ -83,7 +83,7 @@ from typing import Any, Protocol, Self
 
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability._options import check_seconds, take_url_options
-from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
+from intention_kernel.effects import EffectFn, EffectOrigin, EffectResult, Receipt, ReceiptStatus
 from intention_kernel.turns import OutboxEvent, TurnCommit, TurnResult, TurnScope
 
 __all__ = ["Durability", "TurnOperation", "TurnTransaction", "open_durability"]
@@ -103,10 +103,18 @@ class TurnTransaction(Protocol):
     def checkpoint(self) -> KernelCheckpoint | None: ...
 
     async def run_effect(
-        self, key: str, fn: EffectFn, *, step_id: str, actor: str | None = None
+        self,
+        key: str,
+        fn: EffectFn,
+        *,
+        step_id: str,
+        actor: str | None = None,
+        origin: EffectOrigin | None = None,
     ) -> EffectResult[Any]:
         """Run ``fn`` once per ``(thread_id, key)`` (see "Effects" above); ``actor``
-        (who approved the write, if anyone) is recorded on the receipt of the attempt."""
+        (who approved the write, if anyone) and ``origin`` (what the write is for) are
+        recorded on the receipt of the attempt, with its prepare. The runtime passes
+        ``origin`` only to a transaction whose ``run_effect`` names it."""
         ...
 
     async def recorded(

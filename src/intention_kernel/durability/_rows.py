@@ -50,7 +50,8 @@ __all__ = [
 #: a row maps onto the dataclass positionally (``decode_receipt_row``).
 RECEIPT_COLUMNS = (
     "id, thread_id, key, status, turn_id, step_id, attempt, value, error, "
-    "created_at, updated_at, resolution, announced, tenant_id, actor"
+    "created_at, updated_at, resolution, announced, tenant_id, actor, capability_id, input, "
+    "approved_by"
 )
 #: An outbox event's columns as ``decode_event_row`` reads them; a delivery adds
 #: ``attempts, last_error, retry_at``.
@@ -98,6 +99,9 @@ def decode_receipt(
     announced: bool = False,
     tenant_id: str | None = None,
     actor: str | None = None,
+    capability_id: str | None = None,
+    input: str | None = None,
+    approved_by: str | None = None,
     announced_by_turn: str | Sequence[str] | None = None,
 ) -> Receipt:
     """A receipt from its stored columns (JSON as text, timestamps already parsed).
@@ -106,9 +110,14 @@ def decode_receipt(
     ``turn_id`` announced (keys; a JSON array as text where the store has no arrays),
     ``None`` if that turn never committed: a receipt that turn completed and announced
     is announced without a mark in its own row (see ``TurnRecord.mark_announced``).
+    ``input`` and ``approved_by`` are JSON as text; all three of the write's origin
+    columns are NULL in a row stored before they existed.
     """
     try:
         resolved = load_value(resolution)
+        names = () if approved_by is None else load_value(approved_by)
+        if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+            raise ValueError("its approvers are not a list of names")
         if not announced and announced_by_turn is not None and status == "completed":
             keys = announced_by_turn
             if isinstance(keys, str):
@@ -139,6 +148,9 @@ def decode_receipt(
             announced=bool(announced),
             tenant_id=tenant_id,
             actor=actor,  # NULL in a row stored before the column existed: no actor
+            capability_id=capability_id,
+            input=load_value(input),
+            approved_by=tuple(names),
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise CorruptRecordError(
@@ -193,6 +205,10 @@ def receipt_params(r: Receipt, stamp: Callable[[datetime], Any]) -> dict[str, An
         "announced": r.announced,
         "tenant_id": r.tenant_id,
         "actor": r.actor,
+        "capability_id": r.capability_id,
+        "input": None if r.input is None else dump_value(r.input),
+        # NULL, not "[]", for none: an unconfirmed write stores nothing more than before.
+        "approved_by": dump_value(list(r.approved_by)) if r.approved_by else None,
     }
 
 
@@ -273,7 +289,10 @@ def decode_receipt_row(
         announced=row[12],
         tenant_id=row[13],
         actor=row[14],
-        announced_by_turn=row[15],
+        capability_id=row[15],
+        input=row[16],
+        approved_by=row[17],
+        announced_by_turn=row[18],
     )
 
 

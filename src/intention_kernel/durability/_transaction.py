@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from intention_kernel._json import describe_error, dump_value, load_value, normalize, text_problem
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability.records import JournalEntry
-from intention_kernel.effects import EffectFn, EffectResult, utcnow
+from intention_kernel.effects import EffectFn, EffectOrigin, EffectResult, utcnow
 from intention_kernel.errors import (
     CorruptRecordError,
     EffectUsageError,
@@ -26,8 +26,11 @@ if TYPE_CHECKING:
 
 __all__ = ["EffectRunner", "Transaction"]
 
-#: Runs one effect call of a turn: ``(scope, key, fn, step_id, actor)``.
-EffectRunner = Callable[[TurnScope, str, EffectFn, str, str | None], Awaitable[EffectResult[Any]]]
+#: Runs one effect call of a turn: ``(scope, key, fn, step_id, actor, origin)``.
+EffectRunner = Callable[
+    [TurnScope, str, EffectFn, str, str | None, EffectOrigin | None],
+    Awaitable[EffectResult[Any]],
+]
 
 
 class Transaction:
@@ -213,7 +216,13 @@ class Transaction:
         return found
 
     async def run_effect(
-        self, key: str, fn: EffectFn, *, step_id: str, actor: str | None = None
+        self,
+        key: str,
+        fn: EffectFn,
+        *,
+        step_id: str,
+        actor: str | None = None,
+        origin: EffectOrigin | None = None,
     ) -> EffectResult[Any]:
         if self._closed:
             raise EffectUsageError(
@@ -230,6 +239,8 @@ class Transaction:
             problem = (
                 "its actor is not a string" if not isinstance(actor, str) else text_problem(actor)
             )
+        if problem is None and origin is not None:
+            problem = origin_problem(origin)
         if problem is not None:  # each is stored in a text column of its own
             raise EffectUsageError(
                 f"effect {key!r} (step {step_id!r}) cannot be recorded: {problem}",
@@ -248,7 +259,7 @@ class Transaction:
             )
         self._inflight[key] = asyncio.current_task()
         try:
-            result = await self._run(self._scope, key, fn, step_id, actor)
+            result = await self._run(self._scope, key, fn, step_id, actor, origin)
             self._receipt_turns[result.receipt.key] = result.receipt.turn_id
             return result
         except TenantMismatchError as exc:
@@ -293,3 +304,24 @@ class Transaction:
         for task in self._inflight.values():
             if task is not None and task is not current:
                 task.cancel()
+
+
+def origin_problem(origin: object) -> str | None:
+    """Why a receipt cannot record ``origin``, or ``None``: every store keeps its
+    capability ID and names as text, and its input as JSON."""
+    if not isinstance(origin, EffectOrigin):
+        return f"its origin is not an EffectOrigin but {type(origin).__name__}"
+    if not isinstance(origin.capability_id, str) or not origin.capability_id:
+        return "its origin's capability ID is not a non-empty string"
+    names = origin.approved_by
+    if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
+        return "its origin's approvers are not a tuple of strings"
+    for text in (origin.capability_id, *names):
+        problem = text_problem(text)
+        if problem is not None:
+            return problem
+    try:
+        normalize([origin.input, list(names)])
+    except (TypeError, ValueError) as exc:
+        return f"its origin's input is not JSON every store can read back: {exc}"
+    return None

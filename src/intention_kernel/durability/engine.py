@@ -45,6 +45,7 @@ from intention_kernel.durability.records import (
 from intention_kernel.effects import (
     EffectAuthority,
     EffectFn,
+    EffectOrigin,
     EffectPlan,
     EffectResult,
     Receipt,
@@ -329,7 +330,13 @@ class RecordedDurability:
     # -- effects -----------------------------------------------------------------------------
 
     async def _run_effect(
-        self, scope: TurnScope, key: str, fn: EffectFn, step_id: str, actor: str | None
+        self,
+        scope: TurnScope,
+        key: str,
+        fn: EffectFn,
+        step_id: str,
+        actor: str | None,
+        origin: EffectOrigin | None = None,
     ) -> EffectResult[Any]:
         recorder = self._recorder
         now = utcnow()
@@ -344,6 +351,7 @@ class RecordedDurability:
                 now=now,
                 tenant_id=scope.tenant_id,
                 actor=actor,
+                origin=origin,
             )
 
         decided = await recorder.claim_effect(scope.thread_id, key, plan)

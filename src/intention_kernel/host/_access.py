@@ -30,55 +30,21 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from starlette.requests import Request
 
 from intention_kernel._ids import check_id
+from intention_kernel.authority import ROLES, Principal, Role
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability
 from intention_kernel.durability.contract import TenantStore
 from intention_kernel.durability.ownership import owns
 from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.effects import Receipt
-from intention_kernel.errors import KernelError
 from intention_kernel.host._problems import HostProblem
 
 __all__ = ["ROLES", "Access", "Principal", "Role"]
-
-#: What a principal may do: post turns and read (user), or also reconcile (operator).
-Role = Literal["user", "operator"]
-ROLES: tuple[Role, ...] = ("user", "operator")
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Whom a bearer token stands for: ``name`` (recorded as the actor of what it
-    resolves), the ``tenant_id`` its turns run under (``None``: no tenant) and its
-    ``role``: a ``user`` posts turns and reads its tenant's threads; an ``operator``
-    also lists and resolves their receipts."""
-
-    name: str
-    tenant_id: str | None = None
-    role: Role = "user"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise ValueError("a principal needs a name (recorded as the actor of resolutions)")
-        if self.role not in ROLES:
-            raise ValueError(f"a principal's role is 'user' or 'operator', not {self.role!r}")
-        try:
-            check_id("principal", self.name)
-            if self.tenant_id is not None:
-                check_id("tenant_id", self.tenant_id)
-        except KernelError as exc:
-            raise ValueError(str(exc)) from None
-
-    @property
-    def actor(self) -> str:
-        return self.name
-
 
 #: Every caller when the app has no tokens.
 ANONYMOUS = Principal("anonymous", None, "operator")

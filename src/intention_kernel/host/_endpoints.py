@@ -8,6 +8,7 @@ with a bare 500.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -18,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from intention_kernel._ids import check_id
 from intention_kernel.checkpoint import check_compatible
 from intention_kernel.durability.contract import InteractionQueue
-from intention_kernel.durability.records import ThreadOwner
+from intention_kernel.durability.records import PendingInteraction, ThreadOwner
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import CheckpointCompatibilityError, KernelError
 from intention_kernel.host._access import Access, Principal
@@ -101,6 +102,7 @@ class Endpoints:
         self.access = access
         # Computed once: a capability's schema is fixed when the kernel compiles it.
         self._input_schemas = {c.id: c.input_schema for c in kernel.agent.capabilities}
+        self._capabilities = {c.id: c for c in kernel.agent.capabilities}
 
     async def post_turn(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
@@ -131,7 +133,7 @@ class Endpoints:
                 turn_id,
                 body.message,
                 body.resolved_answer(principal.actor),
-                tenant_id=principal.tenant_id,
+                principal=principal,
             )
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
@@ -148,7 +150,7 @@ class Endpoints:
             turn_id,
             body.message,
             body.resolved_answer(principal.actor),
-            tenant_id=principal.tenant_id,
+            principal=principal,
         )
         try:
             # Wait for the first event: a turn refused before it ran anything answers
@@ -226,7 +228,16 @@ class Endpoints:
             owner=ThreadOwner(principal.tenant_id), after=after, limit=limit
         )
         following = found[-1].thread_id if len(found) == limit else None
-        return JSONResponse(dump(InteractionList(tuple(found), following)))
+        return JSONResponse(dump(InteractionList(tuple(map(self._current, found)), following)))
+
+    def _current(self, pending: PendingInteraction) -> PendingInteraction:
+        """``pending`` saying who may answer it under this kernel's policy: the one its
+        answers meet, which a redeploy may have changed since the interaction opened."""
+        cap = self._capabilities.get(pending.interaction.capability_id)
+        if cap is None or pending.interaction.who_may_answer == cap.who_may_answer:
+            return pending
+        shown = dataclasses.replace(pending.interaction, who_may_answer=cap.who_may_answer)
+        return dataclasses.replace(pending, interaction=shown)
 
     async def resolve_receipt(self, request: Request) -> Response:
         principal = self.access.authenticate(request)

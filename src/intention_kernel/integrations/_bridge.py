@@ -22,6 +22,7 @@ from pydantic_core import to_jsonable_python
 
 from intention_kernel._json import dump_value
 from intention_kernel.agent import Agent
+from intention_kernel.authority import Approvers
 from intention_kernel.capabilities import (
     Capability,
     CapabilityContext,
@@ -250,6 +251,8 @@ class BridgeAgent:
         description: str | None,
         read_answer: Callable[[str], Answer | Decision | None] | None,
         approve_within: timedelta | None,
+        approvers: Approvers = None,
+        self_approval: bool = True,
     ) -> None:
         self._kernel_name = name
         self._prompt = prompt or default_prompt
@@ -261,6 +264,8 @@ class BridgeAgent:
             confirmation="capability",
             description=description or f"Run the {name} agent",
             confirm_within=approve_within,
+            approvers=approvers,
+            self_approval=self_approval,
         )(handle)
         self.interpreter = BridgeInterpreter(self.capability_id, self.fact_key, read_answer, load)
 

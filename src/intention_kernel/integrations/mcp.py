@@ -85,7 +85,13 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
+from intention_kernel.authority import Approvers, approvers_problem, frozen_roles
+from intention_kernel.capabilities import (
+    Capability,
+    CapabilityContext,
+    CapabilityResult,
+    Redactor,
+)
 from intention_kernel.checkpoint import operation_digest
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import CapabilityError, CompilationError, EffectNotAppliedError
@@ -201,6 +207,9 @@ async def mcp_capabilities(
     policy: ToolPolicy | None = None,
     key: KeyFunction | None = None,
     call_timeout: float | None = None,
+    approvers: Approvers = None,
+    self_approval: bool = True,
+    redact: Redactor | None = None,
 ) -> list[Capability]:
     """List the server's tools and make each a capability (see the module docstring).
 
@@ -212,6 +221,8 @@ async def mcp_capabilities(
     - ``key``: the receipt key of a write call; by default :func:`default_key`.
     - ``call_timeout``: seconds to wait for each call's answer (the client's own default
       when ``None``); a write whose answer does not come in time is ``uncertain``.
+    - ``approvers``, ``self_approval``, ``redact``: every write tool's approver policy
+      and receipt redaction, as for ``@capability`` (:mod:`intention_kernel.authority`).
 
     Raises :class:`~intention_kernel.CompilationError` for a namespace that is not an
     ID, a policy naming an unknown tool, two tools whose capability IDs collide, or an
@@ -244,6 +255,9 @@ async def mcp_capabilities(
                 effect=_decide(tool, policy, trusted=trusted),
                 key=key,
                 call_timeout=call_timeout,
+                approvers=approvers,
+                self_approval=self_approval,
+                redact=redact,
             )
         except CompilationError as exc:
             problems.extend(exc.problems)
@@ -270,9 +284,15 @@ def tool_capability(
     effect: ToolEffect,
     key: KeyFunction | None = None,
     call_timeout: float | None = None,
+    approvers: Approvers = None,
+    self_approval: bool = True,
+    redact: Redactor | None = None,
 ) -> Capability:
     """One listed tool as a capability that calls it through ``client``; ``effect`` as
-    decided (:func:`mcp_capabilities` applies the policy). No I/O."""
+    decided (:func:`mcp_capabilities` applies the policy). No I/O.
+
+    ``approvers``, ``self_approval`` and ``redact`` apply to a write tool only (a read
+    asks no one and writes no receipt)."""
     if not _NAMESPACE.fullmatch(namespace):
         raise CompilationError(
             [f"MCP namespace {namespace!r} must be lower-case words joined by dots"]
@@ -280,6 +300,9 @@ def tool_capability(
     if effect not in ("read", "write"):
         raise CompilationError([f"MCP tool {tool.name!r}: effect must be 'read' or 'write'"])
     capability_id = f"{namespace}.{_slug(tool.name)}"
+    problem = approvers_problem(capability_id, approvers)
+    if problem is not None:
+        raise CompilationError([problem])
     model = _arguments_model(tool, capability_id)
     keyed = key or default_key
 
@@ -319,6 +342,9 @@ def tool_capability(
         description=(tool.description or tool.title or tool.name).strip().removesuffix("."),
         handler=read if effect == "read" else write,
         input_model=model,
+        approvers=None if effect == "read" else frozen_roles(approvers),
+        self_approval=True if effect == "read" else self_approval,
+        redact=None if effect == "read" else redact,
     )
 
 

@@ -10,6 +10,8 @@ by ``with_turn``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from intention_kernel.agent import CompiledAgent
 from intention_kernel.deadlines import Clock, overdue, read_clock
 from intention_kernel.durability import TurnTransaction
@@ -63,6 +65,16 @@ async def _answer(
         )
     if answer is None:
         return None, True
+    principal = state.request.principal
+    if principal is not None and answer.actor != principal.name:
+        # The turn's sender answers, whatever the interpreter wrote: a model never names
+        # the approver. ``Kernel.turn`` already set it on the request's own answer.
+        answer = replace(answer, actor=principal.name)
+    elif principal is None and answer.actor is not None and answer is not state.request.answer:
+        # No one vouches for an actor the interpreter wrote. Kept, it would pass a policy
+        # or count as one of a quorum's distinct approvers on a model's (or an
+        # injected prompt's) say-so.
+        answer = replace(answer, actor=None)
     before = len(state.steps)
     proceed = await handle_answer(state, answer)
     return (state.steps[before] if len(state.steps) > before else None), proceed

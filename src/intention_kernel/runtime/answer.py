@@ -19,13 +19,20 @@ from N distinct actors are recorded, in one turn or several:
   the actor and the approvers so far; the final accept resolves the interaction as
   today (``interaction.resolved`` names every approver) and runs the operation once;
 - an accept from an actor already in ``approved_by`` counts once: it is refused, and
-  the interaction stays as it was;
+  the interaction stays as it was (names are compared as principals, so ``"ana"`` and
+  ``"Ana "`` are one approver);
+- each approver must be allowed by the capability's approver policy (below);
 - an accept without an actor is refused: an anonymous accept cannot be told apart from
   another, so it cannot be one of N distinct ones (the host always sets the actor);
 - one reject, from anyone, closes the interaction and nothing runs;
 - an edit (``Answer(input=...)``) is refused: every approver must approve the same
   operation, so a change is a reject and a new request;
 - the digest binding and the deadline hold for every accept, the partial ones too.
+
+Who may answer is the capability's policy (``approvers``, ``self_approval``; see
+:mod:`intention_kernel.authority`), checked before anything else of the answer is used.
+An answer it refuses runs, edits and counts nothing; the interaction stays open, and
+the reply says who may answer.
 
 The number required is the larger of the interaction's ``approvals`` (as it opened) and
 the capability's current one: a redeploy may raise a pending quorum, never lower it.
@@ -36,9 +43,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from intention_kernel.authority import Principal, approver_problem, same_principal
 from intention_kernel.capabilities import Capability
 from intention_kernel.checkpoint import AgendaItem, Interaction
-from intention_kernel.errors import CapabilityError, CorruptRecordError
+from intention_kernel.errors import CapabilityError, CorruptRecordError, InvalidRequestError
 from intention_kernel.interpretation import Answer
 from intention_kernel.runtime.execute import execute
 from intention_kernel.runtime.state import TurnState
@@ -67,6 +75,8 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
         return False
     edited: tuple[Any, dict[str, Any]] | None = None
     cap = state.agent.capabilities.get(active.capability_id)
+    if cap is not None and not _allowed(state, cap, active, answer):
+        return False  # refused: nothing ran, and the interaction stays open
     required = max(active.approvals, cap.approvals if cap is not None else 1)
     if answer.input is not None and cap is not None:  # a vanished one cannot resume anyway
         edited = _edit(state, cap, active, answer, required)
@@ -119,6 +129,11 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
             return True
     # "capability" mode hands the answer, accept or reject, to the capability to judge.
     state.actor = answer.actor
+    state.approved_by = approved_by if approved_by else (answer.actor,) if answer.actor else ()
+    # A question the resumed operation asks again is still its proposer's request: an
+    # answerer who became its proposer could approve the next question of their own.
+    proposer, state.proposer = state.proposer, active.proposed_by
+    state.resumed = active
     try:
         await execute(
             state,
@@ -130,7 +145,46 @@ async def handle_answer(state: TurnState, answer: Answer) -> bool:
         )
     finally:
         state.actor = None  # the turn's later intents were approved by no one
+        state.approved_by = ()
+        state.proposer = proposer
     return True
+
+
+def _allowed(state: TurnState, cap: Capability, active: Interaction, answer: Answer) -> bool:
+    """Whether the capability's approver policy lets this answer's sender answer
+    ``active``; after a step still ``awaiting_confirmation`` says why it does not, and
+    the reply says who may answer.
+
+    Checked before anything else of the answer is used: a refused answer edits, counts
+    and runs nothing."""
+    principal = state.request.principal
+    if principal is None and answer.actor and answer is state.request.answer:
+        # A caller without a principal vouches for its own answer's actor, as before
+        # principals existed; it gets no role beyond a user's. An actor the interpreter
+        # wrote is vouched for by no one: a model must never name its approver.
+        try:
+            principal = Principal(answer.actor, state.scope.tenant_id)
+        except InvalidRequestError:
+            principal = None
+    problem = approver_problem(
+        approvers=cap.approvers,
+        self_approval=cap.self_approval,
+        principal=principal,
+        interaction=active,
+        accept=answer.decision == "accept",
+    )
+    if problem is None:
+        return True
+    step = StepResult(
+        active.step_id,
+        active.capability_id,
+        StepStatus.AWAITING_CONFIRMATION,
+        None,
+        f"answer refused: {problem}; it may be answered by {cap.who_may_answer}",
+    )
+    state.add_step(step)
+    state.replies.append(state.agent.agent.replies.answer_not_allowed(active, cap, step))
+    return False
 
 
 def _count_approval(
@@ -150,7 +204,7 @@ def _count_approval(
             "accept that names no actor cannot be told apart from another, so it was not "
             "counted"
         )
-    elif actor in active.approved_by:
+    elif any(same_principal(actor, approver) for approver in active.approved_by):
         problem = (
             f"{actor!r} has already approved this request; it needs accepts from "
             f"{required} different people, and each counts once"

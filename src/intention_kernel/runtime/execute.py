@@ -11,6 +11,8 @@ turn is abandoned and nothing commits.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -20,7 +22,7 @@ from intention_kernel._json import describe_error, normalize, text_problem
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
 from intention_kernel.deadlines import deadline
-from intention_kernel.effects import EffectFn, EffectResult, Receipt, ReceiptStatus
+from intention_kernel.effects import EffectFn, EffectOrigin, EffectResult, Receipt, ReceiptStatus
 from intention_kernel.errors import (
     CapabilityError,
     CheckpointError,
@@ -167,6 +169,7 @@ class _Step:
         self._idle: asyncio.Event | None = None  # made by ``end`` only when it must wait
         self._store_failure: BaseException | None = None
         self._receipt_ids: tuple[str, ...] | None = None  # see ``receipt_ids``
+        self._effect_origin: EffectOrigin | None = None  # see ``_origin``
 
     async def end(self) -> None:
         """Refuse further effect calls and events, and wait for the calls still running.
@@ -207,6 +210,43 @@ class _Step:
             if not self._running and self._idle is not None:
                 self._idle.set()
 
+    def _call_store(self, full_key: str, fn: EffectFn) -> Awaitable[EffectResult[Any]]:
+        """The store's ``run_effect`` for ``full_key``, with the approver and the origin.
+
+        Each keyword only when there is one and the transaction names it: a transaction
+        of an adapter written before receipts recorded them still runs the writes."""
+        state, step_id = self.state, self.item.step_id
+        run = state.tx.run_effect
+        options: dict[str, Any] = {}
+        if state.actor is not None:
+            options["actor"] = state.actor
+        if _names_origin(type(state.tx)):
+            options["origin"] = self._origin()
+        return run(full_key, fn, step_id=step_id, **options)
+
+    def _origin(self) -> EffectOrigin:
+        """What this step's writes are for: its capability, the input that runs (mapped
+        by the capability's ``redact``) and its approvers. ``CapabilityError`` when
+        ``redact`` fails or gives what no store can hold: the write does not run."""
+        origin = self._effect_origin
+        if origin is not None:
+            return origin
+        cap = self.cap
+        stored: Any = self.item.input
+        if cap.redact is not None:
+            try:
+                # A copy: the agenda's input is what the approver saw, never redacted.
+                stored = normalize(cap.redact(normalize(self.item.input)))
+            except Exception as exc:
+                raise CapabilityError(
+                    f"{cap.id}: redact failed on the input, so the write did not run: "
+                    f"{describe_error(exc)}",
+                    capability_id=cap.id,
+                ) from exc
+        origin = EffectOrigin(cap.id, stored, self.state.approved_by)
+        self._effect_origin = origin
+        return origin
+
     async def _run_effect(self, key: str, fn: EffectFn) -> EffectResult[Any]:
         cap, state = self.cap, self.state
         if cap.effect != "write":
@@ -235,13 +275,7 @@ class _Step:
             try:
                 # ``actor`` only when there is one: a transaction of an adapter written
                 # before receipts named approvers still runs the writes no one named.
-                result = await (
-                    state.tx.run_effect(full_key, fn, step_id=self.item.step_id)
-                    if state.actor is None
-                    else state.tx.run_effect(
-                        full_key, fn, step_id=self.item.step_id, actor=state.actor
-                    )
-                )
+                result = await self._call_store(full_key, fn)
             except (EffectUncertainError, EffectNotAppliedError) as exc:
                 if exc.receipt is not None:
                     if span is not None:
@@ -471,6 +505,8 @@ class _Step:
                 step_id=self.item.step_id,
                 turn_id=state.scope.turn_id,
                 expires_at=deadline(state.now, within),
+                proposed_by=state.proposer,
+                who_may_answer=cap.answer_policy,
             )
             item = AgendaItem(
                 self.item.step_id, cap.id, self.item.input, state.scope.turn_id, interaction.id
@@ -550,3 +586,15 @@ def _log_failure(exc: BaseException, receipt: Receipt, capability_id: str) -> No
                 "key": receipt.key,
             },
         )
+
+
+@functools.cache
+def _names_origin(tx_type: type) -> bool:
+    """Whether a transaction type's ``run_effect`` takes ``origin`` (asked once a type)."""
+    try:
+        parameters = inspect.signature(tx_type.run_effect).parameters  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return "origin" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )

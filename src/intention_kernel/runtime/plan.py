@@ -57,6 +57,8 @@ async def plan_intent(state: TurnState, intent: Intent) -> None:
             turn_id=state.scope.turn_id,
             expires_at=deadline(state.now, cap.confirm_within),
             approvals=cap.approvals,
+            proposed_by=state.proposer,
+            who_may_answer=cap.answer_policy,
         )
         state.open_interaction(
             AgendaItem(step_id, cap.id, canonical, state.scope.turn_id, interaction.id),

@@ -42,6 +42,11 @@ async def continue_rounds(
     # The first round goes on when it asked for steps, or when the interpreter's own
     # answer ran the pending operation: it has outcomes to read either way.
     asked = bool(first.intents) or (first.answer is not None and answer_step is not None)
+    if state.resumed is not None:
+        # The later rounds read the resumed operation's outcome and go on with it (a
+        # bridge's run asks its next approval so): their requests are its proposer's.
+        # Else its approver would become the proposer, and the real one could approve.
+        state.proposer = state.resumed.proposed_by
     while asked:
         if len(rounds) >= max_rounds:
             return finish(state, current, reply=stopped_reply(state, current, len(rounds)))

@@ -15,6 +15,7 @@ from typing import Any
 
 from intention_kernel import _tracing
 from intention_kernel.agent import CompiledAgent
+from intention_kernel.authority import Principal
 from intention_kernel.capabilities import CancellationSignal
 from intention_kernel.checkpoint import (
     AgendaItem,
@@ -38,12 +39,14 @@ class TurnRequest:
     """What the caller asked in this turn: a message, a structured answer, or both.
 
     ``sink`` receives the turn's events as they happen when the turn is streamed
-    (:meth:`~intention_kernel.Kernel.stream_turn`); ``None`` otherwise.
+    (:meth:`~intention_kernel.Kernel.stream_turn`); ``None`` otherwise. ``principal``
+    is who sent the turn (``None``: the caller named no one).
     """
 
     message: str | None
     answer: Answer | None
     sink: TurnSink | None = None
+    principal: Principal | None = None
 
 
 class TurnState:
@@ -70,6 +73,8 @@ class TurnState:
         self.scope: TurnScope = scope
         self.request = request
         self.now = now
+        #: The name of the principal who sent this turn: the proposer of what it holds.
+        self.proposer: str | None = request.principal.name if request.principal else None
         # Tested for ``None`` where an event would be reported: nothing else when unstreamed.
         self.sink = request.sink
         self.previous: KernelCheckpoint | None = previous
@@ -100,6 +105,11 @@ class TurnState:
         #: The approver of the operation running now: set while an accepted answer's
         #: operation runs, so its effect events name who approved it.
         self.actor: str | None = None
+        #: Every approver of the operation running now (the quorum's, else the actor).
+        self.approved_by: tuple[str, ...] = ()
+        #: The interaction whose accepted operation this turn ran, if any: the later
+        #: rounds continue it, so what they ask is still its proposer's request.
+        self.resumed: Interaction | None = None
         # Where the prompt of each interaction opened in this turn is among ``replies``.
         self._prompts: dict[str, int] = {}
         self.signal = CancellationSignal()

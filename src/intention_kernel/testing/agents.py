@@ -18,6 +18,7 @@ from typing import Any, Literal
 import pydantic
 
 from intention_kernel.agent import Agent
+from intention_kernel.authority import Approvers
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult, capability
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import EffectNotAppliedError
@@ -79,11 +80,15 @@ def billing_agent(
     interpreter: ScriptedInterpreter | None = None,
     confirm_within: timedelta | None = None,
     approvals: int = 1,
+    approvers: Approvers = None,
+    self_approval: bool = True,
 ) -> Agent:
     """Reads (``billing.balance``), a confirmed write (``payments.charge``), a write that
     confirms on its own (``payments.refund``) and a misbehaving read (``billing.peek``).
     ``confirm_within`` is the deadline of both writes' confirmations (none by default);
-    ``approvals`` is how many distinct actors must accept a charge (one by default)."""
+    ``approvals`` is how many distinct actors must accept a charge (one by default).
+    ``approvers`` and ``self_approval`` are both writes' approver policy (anyone, by
+    default)."""
 
     @capability("billing.balance", description="Amount due")
     async def balance(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
@@ -99,6 +104,8 @@ def billing_agent(
         prompt="Charge {amount} to {payment_intent_id}?",
         confirm_within=confirm_within,
         approvals=approvals,
+        approvers=approvers,
+        self_approval=self_approval,
     )
     async def charge(input: ChargeInput, ctx: CapabilityContext) -> CapabilityResult:
         pi = input.payment_intent_id
@@ -118,6 +125,8 @@ def billing_agent(
         effect="write",
         confirmation="capability",
         confirm_within=confirm_within,
+        approvers=approvers,
+        self_approval=self_approval,
     )
     async def refund(input: RefundInput, ctx: CapabilityContext) -> CapabilityResult:
         """Refund part of a charge."""

@@ -210,6 +210,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE ik_receipts ADD COLUMN actor text;
     """,
+    # 10: each receipt says what its write was, as in SQLite's migration 9; older
+    # receipts read NULL. Nullable columns without defaults rewrite no rows.
+    """
+    ALTER TABLE ik_receipts ADD COLUMN capability_id text, ADD COLUMN input text,
+        ADD COLUMN approved_by text;
+    """,
 )
 
 

@@ -55,7 +55,8 @@ INSERT_RECEIPT = f"""
     INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
     VALUES (%(id)s, %(thread_id)s, %(key)s, %(status)s, %(turn_id)s, %(step_id)s,
             %(attempt)s, %(value)s, %(error)s, %(created_at)s, %(updated_at)s, %(resolution)s,
-            %(announced)s, %(tenant_id)s, %(actor)s)
+            %(announced)s, %(tenant_id)s, %(actor)s, %(capability_id)s, %(input)s,
+            %(approved_by)s)
 """
 # The first call of an effect key, in one round trip: insert the planned receipt
 # unless one exists. Not a conflict hidden: no row inserted means the caller reads the
@@ -67,7 +68,8 @@ UPDATE_RECEIPT = """
     SET status = %(status)s, turn_id = %(turn_id)s, step_id = %(step_id)s,
         attempt = %(attempt)s, value = %(value)s, error = %(error)s,
         resolution = %(resolution)s, updated_at = %(updated_at)s, announced = %(announced)s,
-        actor = %(actor)s
+        actor = %(actor)s,
+        capability_id = %(capability_id)s, input = %(input)s, approved_by = %(approved_by)s
     WHERE thread_id = %(thread_id)s AND key = %(key)s
       AND status = %(expected_status)s AND attempt = %(expected_attempt)s
 """

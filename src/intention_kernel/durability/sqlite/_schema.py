@@ -151,6 +151,14 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (thread_id, seq)
     ) WITHOUT ROWID;
     """,
+    # 9: each receipt says what its write was (``Receipt.capability_id``, ``input``,
+    # ``approved_by``; the last two JSON as text). Receipts stored before read NULL:
+    # no capability, no input, no approvers, which is what they recorded.
+    """
+    ALTER TABLE ik_receipts ADD COLUMN capability_id TEXT;
+    ALTER TABLE ik_receipts ADD COLUMN input TEXT;
+    ALTER TABLE ik_receipts ADD COLUMN approved_by TEXT;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

@@ -25,7 +25,8 @@ SELECT_RECEIPT = f"{READ_RECEIPTS} WHERE r.thread_id = ? AND r.key = ?"
 INSERT_RECEIPT = f"""
     INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
     VALUES (:id, :thread_id, :key, :status, :turn_id, :step_id, :attempt, :value, :error,
-            :created_at, :updated_at, :resolution, :announced, :tenant_id, :actor)
+            :created_at, :updated_at, :resolution, :announced, :tenant_id, :actor,
+            :capability_id, :input, :approved_by)
 """
 # The tenant that claimed a thread with no committed turn: its first receipt's.
 SELECT_CLAIM = "SELECT tenant_id FROM ik_receipts WHERE thread_id = ? ORDER BY rowid LIMIT 1"
@@ -38,7 +39,8 @@ UPDATE_RECEIPT = """
     UPDATE ik_receipts
     SET status = :status, turn_id = :turn_id, step_id = :step_id, attempt = :attempt,
         value = :value, error = :error, resolution = :resolution, updated_at = :updated_at,
-        announced = :announced, actor = :actor
+        announced = :announced, actor = :actor,
+        capability_id = :capability_id, input = :input, approved_by = :approved_by
     WHERE thread_id = :thread_id AND key = :key
       AND status = :expected_status AND attempt = :expected_attempt
 """

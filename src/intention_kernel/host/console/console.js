@@ -297,6 +297,7 @@ function renderInteraction(interaction) {
   $("confirmation-expires").hidden = !expires;
   renderTimeLeft();
   renderApprovers(interaction);
+  renderWhoMayAnswer(interaction);
   // Only a held ("confirmation") operation's input is edited, against its schema. A new
   // interaction starts from its proposed input; the same one keeps what is being typed.
   const editable = interaction.kind === "confirmation" && Boolean(interaction.input_schema);
@@ -320,6 +321,18 @@ function renderApprovers(interaction) {
   const who = approvers.length ? approvers.join(", ") : "no one yet";
   $("confirmation-approvers").textContent =
     `${approvers.length} of ${interaction.approvals} · approved by ${who}`;
+}
+
+// Who may answer, under the capability's approver policy: shown when the policy is not
+// the default (anyone who may post to the thread), whose answer the kernel never refuses.
+const ANYONE = "anyone who may post to the thread";
+function renderWhoMayAnswer(interaction) {
+  const who = interaction.who_may_answer;
+  const shown = Boolean(who) && who !== ANYONE;
+  $("confirmation-who-label").hidden = !shown;
+  $("confirmation-who").hidden = !shown;
+  const proposer = interaction.proposed_by ? ` · proposed by ${interaction.proposed_by}` : "";
+  $("confirmation-who").textContent = shown ? `${who}${proposer}` : "";
 }
 
 // "answer by" with the time left, recomputed every second while a deadline is shown.
@@ -419,9 +432,20 @@ function describeReceipt(item, receipt, causeSelector) {
   const badge = item.querySelector(".badge");
   badge.textContent = receipt.status;
   badge.className = `badge ${receipt.status}`;
-  const approver = receipt.actor ? ` · approved by ${receipt.actor}` : "";
+  const approvers = (receipt.approved_by || []).join(", ") || receipt.actor;
+  const approver = approvers ? ` · approved by ${approvers}` : "";
   item.querySelector(causeSelector).textContent =
     `${receiptCause(receipt)} · attempt ${receipt.attempt} · turn ${receipt.turn_id}${approver}`;
+  // What the write was: its capability and the input that ran (redacted as stored).
+  // A receipt stored before receipts recorded it has neither, and shows no line.
+  const write = item.querySelector(".write");
+  write.hidden = !receipt.capability_id;
+  write.textContent = receipt.capability_id
+    ? `for ${receipt.capability_id}` +
+      (receipt.input === null || receipt.input === undefined
+        ? ""
+        : ` ${JSON.stringify(receipt.input)}`)
+    : "";
 }
 
 function renderReceipts(receipts) {
@@ -503,6 +527,9 @@ function renderQueue(receipts, interactions) {
           : "") +
         (pending.interaction.expires_at
           ? ` · answer by ${new Date(pending.interaction.expires_at).toLocaleString()}`
+          : "") +
+        (pending.interaction.who_may_answer
+          ? ` · who may answer: ${pending.interaction.who_may_answer}`
           : "");
       item.querySelector(".thread-link").replaceWith(threadLink(pending.thread_id));
       return item;

@@ -17,6 +17,7 @@ from agents.run_context import RunContextWrapper
 from agents.tool import FunctionTool
 from pydantic_core import to_jsonable_python
 
+from intention_kernel.authority import Approvers
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult
 from intention_kernel.errors import CapabilityError, KernelError
 from intention_kernel.integrations._bridge import (
@@ -51,6 +52,8 @@ class KernelAgent(BridgeAgent, Generic[TContext]):
     ``Kernel.turn(answer=...)`` answers. ``approve_within`` is how long an approval
     stays open (``None``: until answered); the run then reads the call as rejected,
     before the next message. ``run_config`` and ``max_turns`` are ``Runner.run``'s.
+    ``approvers`` and ``self_approval`` say who may answer its approvals, as for
+    ``@capability`` (:mod:`intention_kernel.authority`).
     """
 
     def __init__(
@@ -64,6 +67,8 @@ class KernelAgent(BridgeAgent, Generic[TContext]):
         description: str | None = None,
         read_answer: Callable[[str], Answer | Decision | None] | None = None,
         approve_within: timedelta | None = None,
+        approvers: Approvers = None,
+        self_approval: bool = True,
         run_config: RunConfig | None = None,
         max_turns: int = DEFAULT_MAX_TURNS,
     ) -> None:
@@ -112,6 +117,8 @@ class KernelAgent(BridgeAgent, Generic[TContext]):
             description=description,
             read_answer=read_answer,
             approve_within=approve_within,
+            approvers=approvers,
+            self_approval=self_approval,
         )
 
     @property

@@ -15,6 +15,7 @@ from pydantic_ai.tools import AgentDepsT
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_core import to_jsonable_python
 
+from intention_kernel.authority import Approvers
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult
 from intention_kernel.errors import CapabilityError, EffectUncertainError
 from intention_kernel.integrations._bridge import (
@@ -55,6 +56,8 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
     when it is not one; without it, only ``Kernel.turn(answer=...)`` answers.
     ``approve_within`` is how long an approval stays open (``None``: until answered);
     the run then reads the call as denied, before the next message.
+    ``approvers`` and ``self_approval`` say who may answer its approvals, as for
+    ``@capability`` (:mod:`intention_kernel.authority`).
     """
 
     def __init__(
@@ -68,6 +71,8 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
         description: str | None = None,
         read_answer: Callable[[str], Answer | Decision | None] | None = None,
         approve_within: timedelta | None = None,
+        approvers: Approvers = None,
+        self_approval: bool = True,
     ) -> None:
         super().__init__(wrapped)
         if not isinstance(wrapped.model, Model):
@@ -89,6 +94,8 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
             description=description,
             read_answer=read_answer,
             approve_within=approve_within,
+            approvers=approvers,
+            self_approval=self_approval,
         )
 
     @contextmanager
