@@ -47,7 +47,9 @@ __all__ = [
     "same_principal",
 ]
 
+#: What a principal may do: post turns and read (user), or also reconcile (operator).
 Role = Literal["user", "operator"]
+#: Every role, in order of authority.
 ROLES: tuple[Role, ...] = ("user", "operator")
 
 #: A callable approver policy: whether ``principal`` may answer ``interaction``.
