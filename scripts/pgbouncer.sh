@@ -13,6 +13,7 @@
 #                                 its config, pidfile and log
 #   PGBOUNCER_UPSTREAM_HOST [127.0.0.1], PGBOUNCER_UPSTREAM_PORT [5432]
 #   PGBOUNCER_POOL_SIZE [20]      server sessions per database and user
+#   PGBOUNCER_POOL_MODE [transaction]   or session, to compare
 # Clients then connect to postgresql://postgres@127.0.0.1:$PGBOUNCER_PORT/test.
 set -euo pipefail
 
@@ -21,6 +22,7 @@ DIR="${PGBOUNCER_DIR:-/tmp/intention-kernel-pgbouncer-$PORT}"
 UPSTREAM_HOST="${PGBOUNCER_UPSTREAM_HOST:-127.0.0.1}"
 UPSTREAM_PORT="${PGBOUNCER_UPSTREAM_PORT:-5432}"
 POOL_SIZE="${PGBOUNCER_POOL_SIZE:-20}"
+POOL_MODE="${PGBOUNCER_POOL_MODE:-transaction}"
 # PgBouncer refuses to run as root: it runs as the PostgreSQL server's OS user.
 RUN_AS="${PGBOUNCER_USER:-postgres}"
 CONFIG="$DIR/pgbouncer.ini"
@@ -72,7 +74,7 @@ pidfile = $PIDFILE
 logfile = $LOG
 ; A server session serves one transaction, then goes back to the pool: no session
 ; state (advisory locks, SET, prepared statements) survives between transactions.
-pool_mode = transaction
+pool_mode = $POOL_MODE
 ; The latency benchmark runs up to 2,000 conversations at once through one adapter
 ; pool, and the tests open many adapters: clients are cheap here, sessions are not.
 max_client_conn = 5000
@@ -100,7 +102,7 @@ start() {
     as_user "ulimit -n 8192 && exec /usr/sbin/pgbouncer -d -q '$CONFIG'"
     for _ in $(seq 1 100); do
         if answers; then
-            echo "pgbouncer answers on 127.0.0.1:$PORT (transaction mode; $DIR)"
+            echo "pgbouncer answers on 127.0.0.1:$PORT ($POOL_MODE mode; $DIR)"
             return
         fi
         sleep 0.1

@@ -3,10 +3,10 @@
 
 In transaction mode a server session serves one transaction, then goes back to the
 pool. Nothing a session keeps between transactions survives: advisory locks held by
-the session, ``SET`` outside a transaction, prepared statements. The adapter's
-session-per-turn lock relies on the first, so what cannot pass before issue 32's
-leases is marked ``xfail(strict=True)`` test by test: a mark that starts passing
-fails the run, and comes off then.
+the session, ``SET`` outside a transaction, prepared statements. Today's adapter
+relies on all three, so what cannot pass before issue 32's leases is marked
+``xfail(strict=True)``: the conformance class as a whole (each of its tests fails),
+and each process test. A mark that starts passing fails the run, and comes off then.
 
 The tests read and tamper with the store on the server directly (``postgres_dsn``);
 only the adapter under test goes through PgBouncer. Before each test, every server
