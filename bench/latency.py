@@ -515,7 +515,7 @@ def targets(result: dict[str, Any]) -> list[tuple[str, float, bool, str]]:
         if r is None or "skipped" in r:
             continue
         if "failed" in r:  # its worker died: every target of the row missed
-            out.append((f"{row}: the row ran", 1, False, " errors"))
+            out.append((f"{row}: the row ran", 0, False, " levels run"))
             continue
         for lv in r["levels"]:
             if lv["n"] not in TARGET_NS:

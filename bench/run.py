@@ -657,7 +657,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "figure": f"{m:.3f}x"
             if unit == "x"
             else f"{m:.0f}{unit}"
-            if unit.startswith((" rounds", " errors"))
+            if unit.startswith((" rounds", " errors", " levels"))
             else f"{m:.2f}{unit}",
         }
         for t, m, held, unit in checks

@@ -215,3 +215,4 @@ def test_the_latency_group_is_judged_at_500_and_2000_conversations_directly_and_
     assert checked["latency-ik-postgres, n=2000, latency 1 s: no turn fails"]["figure"] == (
         "1 errors"
     )
+    assert checked["latency-ik-pgbouncer: the row ran"]["figure"] == "0 levels run"
