@@ -43,7 +43,7 @@ import threading
 import time
 from typing import Any
 
-from bench.workload import FakeProvider, agent, message, payment
+from bench.workload import FakeProvider, agent, message
 
 PGBOUNCER_DSN = os.environ.get(
     "INTENTION_KERNEL_PGBOUNCER_DSN", "postgresql://postgres@127.0.0.1:6432/test"
@@ -118,133 +118,6 @@ class LatencyKernelRow:
         assert not result.replayed and result.steps[1].status == "completed", result
 
 
-class LatencyLangGraphRow:
-    """LangGraph's ``AsyncPostgresSaver`` on a pool of ``POOL``: the model node awaits
-    the latency and reads the balance, the second node charges and records the fact."""
-
-    def __init__(self, path: str, dsn: str, schema: str) -> None:
-        self.dsn, self.schema = dsn, schema
-        self.provider, self.clock = FakeProvider(), Clock()
-
-    async def setup(self) -> None:
-        import psycopg
-        from langchain_core.runnables import RunnableConfig
-        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-        from langgraph.graph import END, START, StateGraph
-        from psycopg.rows import dict_row
-        from psycopg_pool import AsyncConnectionPool
-
-        from bench.peers import _State
-
-        provider, clock = self.provider, self.clock
-
-        async def model(state: _State, config: RunnableConfig) -> _State:
-            await clock.model(config["configurable"]["thread_id"])
-            return {"balance": 4200}
-
-        async def write(state: _State) -> _State:
-            n = state["n"]
-            value = await provider.charge_async(
-                payment(n), 100, f"payments.charge:charge:{payment(n)}"
-            )
-            reply = f"You owe 4200.\nCharged 100 to {payment(n)}."
-            return {
-                "facts": {f"charge.{payment(n)}": value},
-                "messages": [{"role": "assistant", "content": reply}],
-            }
-
-        with psycopg.connect(self.dsn, autocommit=True) as admin:
-            admin.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-        self.pool: Any = AsyncConnectionPool(
-            self.dsn,
-            min_size=1,
-            max_size=POOL,
-            open=False,
-            kwargs={
-                "autocommit": True,
-                "prepare_threshold": 0,
-                "row_factory": dict_row,
-                "options": f"-c search_path={self.schema}",
-            },
-        )
-        await self.pool.open(wait=True)
-        saver = AsyncPostgresSaver(self.pool)
-        await saver.setup()
-        graph = StateGraph(_State)
-        graph.add_node("model", model)
-        graph.add_node("write", write)
-        graph.add_edge(START, "model")
-        graph.add_edge("model", "write")
-        graph.add_edge("write", END)
-        self.graph = graph.compile(checkpointer=saver)
-
-    async def close(self) -> None:
-        await self.pool.close()
-
-    async def turn(self, thread: str, n: int) -> None:
-        await self.graph.ainvoke(
-            {"n": n, "messages": [{"role": "user", "content": message(n)}]},
-            {"configurable": {"thread_id": thread}},
-            durability="sync",
-        )
-
-
-class LatencyDBOSRow:
-    """A DBOS workflow of two async steps (the model's call, then the charge), workflow
-    ID ``thread:turn``, on a PostgreSQL system database with a pool of ``POOL``."""
-
-    def __init__(self, path: str, dsn: str, schema: str) -> None:
-        self.dsn, self.schema = dsn, schema
-        self.provider, self.clock = FakeProvider(), Clock()
-
-    async def setup(self) -> None:
-        from dbos import DBOS, DBOSConfig, SetWorkflowID
-
-        provider, clock = self.provider, self.clock
-        config: DBOSConfig = {
-            "name": "ikbench-latency",
-            "system_database_url": self.dsn,
-            "dbos_system_schema": self.schema,
-            "sys_db_pool_size": POOL,
-            # DBOS's own engine settings, with the row's name for the session sampler.
-            "db_engine_kwargs": {
-                "connect_args": {"application_name": self.schema},
-                "pool_timeout": 30,
-                "max_overflow": 0,
-                "pool_pre_ping": True,
-            },
-            "log_level": "WARNING",
-        }
-        DBOS(config=config)
-
-        @DBOS.step()
-        async def model(thread: str) -> dict[str, int]:
-            await clock.model(thread)
-            return {"due": 4200}
-
-        @DBOS.step()
-        async def charge(n: int) -> dict[str, Any]:
-            return await provider.charge_async(
-                payment(n), 100, f"payments.charge:charge:{payment(n)}"
-            )
-
-        @DBOS.workflow()
-        async def turn(thread: str, n: int, text: str) -> dict[str, Any]:
-            balance = await model(thread)
-            value = await charge(n)
-            return {"reply": f"You owe {balance['due']}.\nCharged 100.", "value": value}
-
-        DBOS.launch()
-        self._dbos, self._set_id, self._turn = DBOS, SetWorkflowID, turn
-
-    async def close(self) -> None:
-        self._dbos.destroy()
-
-    async def turn(self, thread: str, n: int) -> None:
-        with self._set_id(f"{thread}:{n}"):
-            await self._turn(thread, n, message(n))
-
-
 def row_schema(base: str, row: str) -> str:
     """The row's schema, which its sessions also carry as ``application_name``."""
     return f"{base}_{row.split('@', 1)[0].replace('-', '_')}"
@@ -262,9 +135,13 @@ def make_latency_row(name: str, path: str, dsn: str, base: str) -> Any:
     if system == "ik":
         return LatencyKernelRow("sqlite" if store == "sqlite" else "postgres", path, named, schema)
     if system == "langgraph":
-        return LatencyLangGraphRow(path, named, schema)
+        from bench.peers import LatencyLangGraphRow
+
+        return LatencyLangGraphRow(named, schema)
     if system == "dbos":
-        return LatencyDBOSRow(path, dsn, schema)  # SQLAlchemy takes a URL, not a conninfo
+        from bench.peers import LatencyDBOSRow
+
+        return LatencyDBOSRow(dsn, schema)  # SQLAlchemy takes a URL, not a conninfo
     raise SystemExit(f"unknown row {name}")
 
 
@@ -347,7 +224,9 @@ class SessionSampler:
                     admin = stack.enter_context(
                         psycopg.connect(admin_dsn, autocommit=True, prepare_threshold=None)
                     )
-            while not self._stop.wait(0.2):
+            stopped = False
+            while not stopped:  # a last sample once stopped: a short level gets one too
+                stopped = self._stop.wait(0.2)
                 row = server.execute(SESSIONS, (self.app,)).fetchone()
                 sample = {"open": int(row[0]), "busy": int(row[1])} if row else {}
                 if admin is not None:

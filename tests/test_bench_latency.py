@@ -69,4 +69,27 @@ def test_the_latency_group_counts_every_turn_and_its_wait_for_the_store(
         assert (level["committed"], level["errors_by_type"]) == (N * TURNS, {})
         assert level["wait_p50_ms"] is not None
         assert level["wait_p99_ms"] >= level["wait_p50_ms"]
+    if row == "latency-ik-postgres":  # its pool's sessions, seen by their application_name
+        assert 1 <= level["sessions"]["open"] <= 10
     assert f"| {row} | {N} | {SECONDS:g} |" in table
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("row", "package"),
+    [
+        ("latency-langgraph-postgres", "langgraph.checkpoint.postgres.aio"),
+        ("latency-dbos-postgres", "dbos"),
+    ],
+)
+def test_the_peers_run_the_same_conversations_and_are_counted_alike(
+    row: str, package: str, postgres_dsn: str, tmp_path: Path
+) -> None:
+    pytest.importorskip(package, reason="the bench extra (make bench) installs it")
+    result = run_group(row, tmp_path)
+    [level] = result["rows"][row]["levels"]
+    assert (level["committed"], level["errors_by_type"]) == (N * TURNS, {})
+    # Every turn reached its model node or step, and its wait before it was recorded.
+    assert level["wait_p50_ms"] is not None
+    # The row's sessions were seen by their application_name while it ran.
+    assert level["sessions"]["open"] >= 1
