@@ -80,7 +80,7 @@ pool_mode = $POOL_MODE
 max_client_conn = 5000
 default_pool_size = $POOL_SIZE
 reserve_pool_size = 0
-; psycopg sends extra_float_digits at connect; PgBouncer 1.18 knows no other use for it.
+; PgBouncer refuses a startup parameter it does not know; some drivers (JDBC) send this one.
 ignore_startup_parameters = extra_float_digits
 ; Version 1.18 (Debian 12) cannot track prepared statements (max_prepared_statements
 ; came in 1.21): clients must not prepare statements on the server.
