@@ -18,6 +18,9 @@ Phases, each comparing rows only within this run:
    intention-kernel beside LangGraph's prebuilt ReAct agent, interleaved in blocks as
    in 1; commits per turn, counted; what a resubmitted turn re-ran; and what a turn
    killed mid-loop asks the model again when it is delivered again.
+6. Concurrency (``bench.concurrency``): n overlapping turns over one kernel.
+7. Latency (``bench.latency``): n conversations at once whose model calls take a
+   second or more, over one kernel and a pool of 10, directly and through PgBouncer.
 
 The report ends with the issue's targets, each judged on this run's figures (``targets``).
 
@@ -118,6 +121,10 @@ MODES: dict[str, dict[str, Any]] = {
         "loop_block": 20,
         "conc_blocks": 4,
         "conc_block": 128,
+        # The latency group (bench/latency.py): (conversations, seconds per model call).
+        "lat_levels": [(50, 1.0), (200, 1.0)],
+        "lat_turns": 2,
+        "lat_ceiling_turns": 2,
     },
     "full": {
         "warmup": 50,
@@ -142,6 +149,9 @@ MODES: dict[str, dict[str, Any]] = {
         # 64 clients take four turns each per block at the top level.
         "conc_blocks": 10,
         "conc_block": 256,
+        "lat_levels": [(100, 1.0), (500, 1.0), (2000, 1.0), (100, 5.0), (500, 5.0), (2000, 5.0)],
+        "lat_turns": 3,
+        "lat_ceiling_turns": 8,
     },
 }
 
@@ -206,7 +216,8 @@ class Proc:
         self.proc.wait(timeout=60)
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
-                pipe.close()
+                with contextlib.suppress(BrokenPipeError):  # a worker that died
+                    pipe.close()
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -634,6 +645,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         from bench.concurrency import targets as concurrency_targets
 
         checks += concurrency_targets(results["concurrency"])
+    if results.get("latency"):
+        from bench.latency import targets as latency_targets
+
+        checks += latency_targets(results["latency"])
     return [
         {
             "target": t,
@@ -642,7 +657,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "figure": f"{m:.3f}x"
             if unit == "x"
             else f"{m:.0f}{unit}"
-            if unit.startswith(" rounds")
+            if unit.startswith((" rounds", " errors", " levels"))
             else f"{m:.2f}{unit}",
         }
         for t, m, held, unit in checks
@@ -760,6 +775,10 @@ def report(results: dict[str, Any]) -> str:
         from bench.concurrency import report as concurrency_report
 
         lines += concurrency_report(results["concurrency"])
+    if results.get("latency"):
+        from bench.latency import report as latency_report
+
+        lines += latency_report(results["latency"])
     checked = results.get("targets", [])
     if checked:
         judged = [t["held"] for t in checked if t["held"] is not None]
@@ -823,7 +842,7 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument(
         "--only",
-        choices=["throughput", "growth", "scale", "loop", "concurrency"],
+        choices=["throughput", "growth", "scale", "loop", "concurrency", "latency"],
         action="append",
     )
     parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
@@ -839,13 +858,23 @@ def main() -> None:
         help="turns per row and block in the throughput table (default: "
         "the mode's, 200 in full mode)",
     )
+    parser.add_argument(
+        "--latency-levels",
+        help="the latency group's levels as conversations x seconds, comma-separated "
+        "(default: the mode's; full mode 100x1,500x1,2000x1,100x5,500x5,2000x5)",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     mode_name = "quick" if args.quick else "full"
     mode = dict(MODES[mode_name])
     if args.block:
         mode["block"] = args.block
-    phases = set(args.only or ["throughput", "growth", "scale", "loop", "concurrency"])
+    if args.latency_levels:
+        mode["lat_levels"] = [
+            (int(n), float(seconds))
+            for n, seconds in (level.split("x") for level in args.latency_levels.split(","))
+        ]
+    phases = set(args.only or ["throughput", "growth", "scale", "loop", "concurrency", "latency"])
     rows = SQLITE_ROWS + ([] if args.no_postgres else POSTGRES_ROWS)
     if args.no_peers:
         rows = [r for r in rows if r.startswith(("ik", "floor"))]
@@ -869,6 +898,7 @@ def main() -> None:
         "scale_out": [],
         "loop": {},
         "concurrency": {},
+        "latency": {},
     }
     started = time.perf_counter()
     try:
@@ -902,6 +932,11 @@ def main() -> None:
 
             print("concurrency", file=sys.stderr, flush=True)
             results["concurrency"] = concurrency(args, mode)
+        if "latency" in phases:
+            from bench.latency import latency
+
+            print("latency", file=sys.stderr, flush=True)
+            results["latency"] = latency(args, mode)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
         if not args.no_postgres:

@@ -15,6 +15,7 @@ the floor calls the sync one inline, as hand-written code would.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from intention_kernel import (
@@ -63,13 +64,20 @@ class Interpreter:
 
     ``awaits``: the interpretation awaits once (``asyncio.sleep(0)``), as a model call
     would, so that other turns run meanwhile: the concurrency group's turns overlap
-    only through this (see ``bench.concurrency``)."""
+    only through this (see ``bench.concurrency``).
 
-    def __init__(self, awaits: bool = False) -> None:
-        self.awaits = awaits
+    ``model``: awaited with the thread's ID in place of that await, as the model's call
+    (the latency group's, which awaits its latency there: see ``bench.latency``)."""
+
+    def __init__(
+        self, awaits: bool = False, model: Callable[[str], Awaitable[None]] | None = None
+    ) -> None:
+        self.awaits, self.model = awaits, model
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
-        if self.awaits:
+        if self.model is not None:
+            await self.model(request.thread_id)
+        elif self.awaits:
             await asyncio.sleep(0)
         n = request.message.rsplit(" ", 1)[1]
         return Interpretation(
@@ -81,7 +89,11 @@ class Interpreter:
 
 
 def agent(
-    provider: FakeProvider, *, sync_provider: bool = False, model_awaits: bool = False
+    provider: FakeProvider,
+    *,
+    sync_provider: bool = False,
+    model_awaits: bool = False,
+    model: Callable[[str], Awaitable[None]] | None = None,
 ) -> Agent:
     @capability("account.balance", description="Amount due")
     async def balance(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
@@ -113,6 +125,6 @@ def agent(
         name="bench",
         version="1",
         capabilities=[balance, charge],
-        interpreter=Interpreter(model_awaits),
+        interpreter=Interpreter(model_awaits, model),
         max_messages=MAX_MESSAGES,
     )

@@ -23,6 +23,8 @@ REQUIRE_SERVICES = os.environ.get("INTENTION_KERNEL_REQUIRE_SERVICES") == "1"
 POSTGRES_DSN = os.environ.get(
     "INTENTION_KERNEL_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test"
 )
+#: A PgBouncer in transaction mode in front of that server (scripts/pgbouncer.sh).
+PGBOUNCER_DSN = os.environ.get("INTENTION_KERNEL_PGBOUNCER_DSN")
 NATS_URL = os.environ.get("INTENTION_KERNEL_NATS_URL", "nats://127.0.0.1:4222")
 
 
@@ -48,6 +50,28 @@ def postgres_dsn() -> str:
     except psycopg.Error as exc:
         service_unavailable(f"PostgreSQL at {POSTGRES_DSN}", str(exc).strip())
     return POSTGRES_DSN
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_dsn(postgres_dsn: str) -> str:
+    """A reachable PgBouncer in transaction mode (INTENTION_KERNEL_PGBOUNCER_DSN, started
+    by ``scripts/pgbouncer.sh start``) in front of ``postgres_dsn``'s server, or skip/fail."""
+    import psycopg
+
+    if not PGBOUNCER_DSN:
+        service_unavailable(
+            "PgBouncer",
+            "INTENTION_KERNEL_PGBOUNCER_DSN is not set; run scripts/pgbouncer.sh start and set"
+            " it to postgresql://postgres@127.0.0.1:6432/test",
+        )
+    assert PGBOUNCER_DSN is not None
+    try:
+        # prepare_threshold=None: transaction mode keeps no prepared statement.
+        with psycopg.connect(PGBOUNCER_DSN, connect_timeout=3, prepare_threshold=None) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        service_unavailable(f"PgBouncer at {PGBOUNCER_DSN}", str(exc).strip())
+    return PGBOUNCER_DSN
 
 
 @pytest.fixture(scope="session")

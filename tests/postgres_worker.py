@@ -5,6 +5,8 @@ Run as ``python tests/postgres_worker.py '<json config>'``. Config:
 - ``dsn``, ``schema``: the store. ``ledger``: a schema holding the fake
   provider's ``calls`` table; every provider call inserts one row (autocommit)
   before it "answers", so the test counts real calls even when this process dies.
+  ``ledger_dsn`` (default ``dsn``): where the ledger is, the server itself when
+  ``dsn`` is a pooler's.
 - ``mode``:
   - ``"turns"``: run ``turns`` (``[[thread_id, turn_id], ...]``) in order. Each
     turn runs two effects: ``charge:<turn_id>`` (its own write) and
@@ -87,7 +89,10 @@ async def effect_event(tx: TurnTransaction, key: str, provider: Provider) -> Eve
 
 
 async def run_turns(config: dict[str, Any], durability: PostgresDurability) -> None:
-    ledger = await psycopg.AsyncConnection.connect(config["dsn"], autocommit=True)
+    # The ledger is the test's own bookkeeping: on the server directly (``ledger_dsn``)
+    # when the store is reached through a pooler, whose sessions keep no search_path.
+    ledger_dsn = config.get("ledger_dsn", config["dsn"])
+    ledger = await psycopg.AsyncConnection.connect(ledger_dsn, autocommit=True)
     await ledger.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(config["ledger"])))
     for i, (thread_id, turn_id) in enumerate(config["turns"]):
         provider = Provider(ledger, thread_id)

@@ -159,3 +159,60 @@ def test_the_loop_table_says_what_a_resubmitted_and_a_crashed_turn_ran() -> None
         "| loop-langgraph-sqlite | 18 |  | 3.20 |  |  | 3, 2 | same input: [1, 2, 3], 2 |" in text
     )
     assert "Targets (bench/README.md): 1 of 2 held in this run" in text
+
+
+def _latency_level(n: int, ratio: float, errors: int) -> dict[str, Any]:
+    return {
+        "n": n,
+        "latency": 1.0,
+        "turns": 3 * n,
+        "committed": 3 * n - errors,
+        "tps": ratio * n,
+        "ideal": float(n),
+        "ratio": ratio,
+        "wait_p50_ms": 1.0,
+        "wait_p99_ms": 2.0,
+        "errors": errors,
+        "errors_by_type": {"StoreError": errors} if errors else {},
+        "sessions": {"open": 10, "busy": 10},
+    }
+
+
+def test_the_latency_group_is_judged_at_500_and_2000_conversations_directly_and_pooled() -> None:
+    row = {"ceiling_tps": 900.0, "ceiling_errors": {}}
+    results: dict[str, Any] = {
+        "throughput": {},
+        "growth": {},
+        "scale_out": [],
+        "latency": {
+            "levels": [],
+            "turns": 3,
+            "rows": {
+                "latency-ik-sqlite": {**row, "levels": [_latency_level(500, 0.2, 9)]},
+                "latency-ik-postgres": {
+                    **row,
+                    "levels": [
+                        _latency_level(100, 0.1, 5),  # not a target level
+                        _latency_level(500, 0.699, 0),
+                        _latency_level(2000, 0.7, 1),
+                    ],
+                },
+                "latency-ik-pgbouncer": {"failed": "worker latency-ik-pgbouncer died (exit 1)"},
+            },
+        },
+    }
+    checked = {t["target"]: t for t in targets(results)}
+    assert {name: t["held"] for name, t in checked.items()} == {
+        "latency-ik-postgres, n=500, latency 1 s: ≥ 0.7x the ideal": False,
+        "latency-ik-postgres, n=500, latency 1 s: no turn fails": True,
+        "latency-ik-postgres, n=2000, latency 1 s: ≥ 0.7x the ideal": True,
+        "latency-ik-postgres, n=2000, latency 1 s: no turn fails": False,
+        "latency-ik-pgbouncer: the row ran": False,
+    }
+    assert checked["latency-ik-postgres, n=500, latency 1 s: ≥ 0.7x the ideal"]["figure"] == (
+        "0.699x"
+    )
+    assert checked["latency-ik-postgres, n=2000, latency 1 s: no turn fails"]["figure"] == (
+        "1 errors"
+    )
+    assert checked["latency-ik-pgbouncer: the row ran"]["figure"] == "0 levels run"

@@ -1,0 +1,238 @@
+"""The PostgreSQL adapter through a real PgBouncer in transaction mode
+(``scripts/pgbouncer.sh``): the conformance suite and the process tests, unchanged.
+
+In transaction mode a server session serves one transaction, then goes back to the
+pool. Nothing a session keeps between transactions survives: advisory locks held by
+the session, ``SET`` outside a transaction, prepared statements. Today's adapter
+relies on all three, so what cannot pass before issue 32's leases is marked
+``xfail(strict=True)``: the conformance class as a whole (each of its tests fails),
+and each process test. A mark that starts passing fails the run, and comes off then.
+
+The tests read and tamper with the store on the server directly (``postgres_dsn``);
+only the adapter under test goes through PgBouncer. Before each test, every server
+session the test is likely to get carries another client's state, as in production
+(``foreign_state``): a ``search_path`` to another schema and prepared statements named
+as psycopg names its own. An adapter that relied on session state would read another
+schema's tables, or run another client's statement under its own statement's name.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from intention_kernel.durability import Durability
+from intention_kernel.durability.postgres import PostgresDurability
+from intention_kernel.testing.conformance import DurabilityConformance, Inspector, Tamper
+from proving_support import Store as SQLStore
+from proving_support import StoreInspector
+from test_postgres import Store, _PostgresTamper
+from test_postgres_processes import Cluster
+from test_postgres_processes import (
+    test_a_killed_lock_holder_frees_its_thread_at_once as _killed_holder,
+)
+from test_postgres_processes import (
+    test_processes_opening_a_fresh_schema_at_once_migrate_it_once as _fresh_schema,
+)
+from test_postgres_processes import (
+    test_racing_workers_killed_at_random_never_duplicate_anything as _racing,
+)
+
+pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer]
+
+LEASES = "issue 32: session locks; passes once leases land"
+#: Server sessions given another client's state before each test: about the pool's
+#: size in scripts/pgbouncer.sh, and fewer than it, so that none waits for another.
+FOREIGN_SESSIONS = 8
+
+
+def foreign_state(pooled: str) -> None:
+    """Leave ``FOREIGN_SESSIONS`` of PgBouncer's server sessions as another client would:
+    ``search_path`` on a schema of its own and ``_pg3_0``.. ``_pg3_3`` prepared. Each
+    client holds a transaction open until all have one, so each is on a session of its
+    own; PgBouncer hands out the sessions released last first, so a test gets these."""
+    clients = [
+        psycopg.connect(pooled, autocommit=True, prepare_threshold=None, connect_timeout=5)
+        for _ in range(FOREIGN_SESSIONS)
+    ]
+    try:
+        for conn in clients:
+            conn.execute("BEGIN")
+            conn.execute("SELECT set_config('search_path', 'ik_pgbouncer_elsewhere', false)")
+            conn.execute("DEALLOCATE ALL")
+            for n in range(4):
+                conn.execute(f"PREPARE _pg3_{n} AS SELECT 'another client''s statement'")
+        for conn in clients:
+            conn.execute("COMMIT")
+    finally:
+        for conn in clients:
+            conn.close()
+
+
+@dataclass(frozen=True)
+class PooledStore(Store):
+    """A schema of its own, whose adapters connect through PgBouncer (``pooled``)."""
+
+    pooled: str = ""
+
+    def durability(self, via: Any = None, **options: Any) -> PostgresDurability:
+        dsn = make_conninfo(self.pooled, application_name=self.schema)
+        return PostgresDurability(dsn, schema=self.schema, **options)
+
+
+@pytest.fixture
+def pooled_store(postgres_dsn: str, pgbouncer_dsn: str) -> Iterator[PooledStore]:
+    store = PooledStore(postgres_dsn, "ik_test_" + uuid.uuid4().hex[:12], pgbouncer_dsn)
+    foreign_state(pgbouncer_dsn)
+    yield store
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(store.schema))
+        )
+
+
+def test_a_session_lock_taken_through_pgbouncer_goes_with_the_session_to_another_client(
+    pgbouncer_dsn: str,
+) -> None:
+    """Why session state cannot be relied on here: between two transactions of one
+    client, PgBouncer hands its server session to another client, with the advisory
+    lock the first one took on it. (In session mode no other client ever gets it.)"""
+    key = random.randrange(1 << 62)
+
+    def connect() -> psycopg.Connection[Any]:
+        return psycopg.connect(pgbouncer_dsn, autocommit=True, prepare_threshold=None)
+
+    def backend(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with connect() as first:
+        first.execute("SELECT pg_advisory_lock(%s)", (key,))
+        session = backend(first)
+        others: list[psycopg.Connection[Any]] = []
+        try:
+            # Other clients open transactions until one is on the first client's session:
+            # PgBouncer lends out every idle server session, that one included.
+            for _ in range(FOREIGN_SESSIONS * 2):
+                other = connect()
+                others.append(other)
+                other.execute("BEGIN")
+                if backend(other) == session:
+                    break
+            else:
+                pytest.fail("no other client got the session: is PgBouncer in session mode?")
+            # The other client's transaction now holds the first client's lock ...
+            held = other.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND pid = pg_backend_pid() AND objid = (%s::bigint & 4294967295)::oid",
+                (key,),
+            ).fetchone()
+            assert held == (1,)
+            # ... and the first client's next statement runs on another session.
+            assert backend(first) != session
+            other.execute("SELECT pg_advisory_unlock(%s)", (key,))  # else it stays there
+        finally:
+            for other in others:
+                other.close()
+
+
+# Every test of the suite fails today (checked one by one, in two runs): an adapter
+# opens, sets search_path once per session, and prepares statements, none of which
+# holds in transaction mode; then turns hold a session advisory lock. So the mark is
+# the class's; once leases land, tests that still fail get one each.
+@pytest.mark.xfail(strict=True, reason=LEASES)
+class TestPostgresDurabilityThroughPgBouncer(DurabilityConformance):
+    @pytest.fixture
+    def make_durability(self, pooled_store: PooledStore) -> Callable[[], Durability]:
+        return pooled_store.durability
+
+    @pytest.fixture
+    def tamper(self, durability: Durability, pooled_store: PooledStore) -> Tamper | None:
+        return _PostgresTamper(pooled_store)
+
+    @pytest.fixture
+    def inspector(self, pooled_store: PooledStore) -> Inspector | None:
+        return StoreInspector(SQLStore("postgres", pooled_store.dsn, pooled_store.schema))
+
+    @pytest.fixture
+    def make_durability_with_lock_timeout(
+        self, pooled_store: PooledStore
+    ) -> Callable[[float], Durability] | None:
+        return lambda seconds: pooled_store.durability(lock_timeout=seconds)
+
+
+# -- the process tests, their workers connected through PgBouncer -----------------------------
+
+
+class PooledCluster(Cluster):
+    """Workers and the test's adapters through PgBouncer; the test's own queries and the
+    provider's ledger on the server directly."""
+
+    def __init__(self, dsn: str, pooled: str, root: Path) -> None:
+        super().__init__(dsn, root)
+        self.pooled = make_conninfo(pooled, application_name=self.schema)
+
+    def durability(self, **options: Any) -> PostgresDurability:
+        return PostgresDurability(self.pooled, schema=self.schema, **options)
+
+    async def spawn(self, **config: Any) -> Any:
+        return await super().spawn(**{"dsn": self.pooled, "ledger_dsn": self.dsn, **config})
+
+
+@pytest.fixture
+async def cluster(postgres_dsn: str, pgbouncer_dsn: str, tmp_path: Path) -> Any:
+    cluster = PooledCluster(postgres_dsn, pgbouncer_dsn, tmp_path)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(cluster.ledger)))
+    cluster.query(
+        cluster.ledger,
+        "CREATE TABLE calls (n bigserial PRIMARY KEY, thread_id text NOT NULL, "
+        "key text NOT NULL, pid integer NOT NULL)",
+    )
+    foreign_state(pgbouncer_dsn)
+    yield cluster
+    for process in cluster.processes:
+        if process.returncode is None:
+            process.kill()
+        try:
+            await process.communicate()
+        except RuntimeError:  # a test's reader still owns the pipe: just reap it
+            await process.wait()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        for schema in (cluster.schema, cluster.ledger):
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=LEASES)
+async def test_processes_opening_a_fresh_schema_at_once_migrate_it_once(
+    cluster: PooledCluster,
+) -> None:
+    await _fresh_schema(cluster)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=LEASES)
+async def test_a_killed_lock_holder_frees_its_thread_at_once(cluster: PooledCluster) -> None:
+    await _killed_holder(cluster)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=LEASES)
+@pytest.mark.timeout(120)
+async def test_racing_workers_killed_at_random_never_duplicate_anything(
+    cluster: PooledCluster,
+) -> None:
+    seed = random.randrange(1 << 32)
+    print(f"random seed: {seed}")
+    await _racing(cluster, random.Random(seed))
