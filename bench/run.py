@@ -18,6 +18,9 @@ Phases, each comparing rows only within this run:
    intention-kernel beside LangGraph's prebuilt ReAct agent, interleaved in blocks as
    in 1; commits per turn, counted; what a resubmitted turn re-ran; and what a turn
    killed mid-loop asks the model again when it is delivered again.
+6. Concurrency (``bench.concurrency``): overlapping turns over one kernel.
+7. The sync facade (``bench.sync``): ``SyncKernel`` against ``Kernel`` on SQLite, the
+   turn called from a thread without an event loop, interleaved in blocks as in 1.
 
 The report ends with the issue's targets, each judged on this run's figures (``targets``).
 
@@ -634,6 +637,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         from bench.concurrency import targets as concurrency_targets
 
         checks += concurrency_targets(results["concurrency"])
+    if results.get("sync"):
+        from bench.sync import targets as sync_targets
+
+        checks += sync_targets(results["sync"])
     return [
         {
             "target": t,
@@ -760,6 +767,10 @@ def report(results: dict[str, Any]) -> str:
         from bench.concurrency import report as concurrency_report
 
         lines += concurrency_report(results["concurrency"])
+    if results.get("sync"):
+        from bench.sync import report as sync_report
+
+        lines += sync_report(results["sync"])
     checked = results.get("targets", [])
     if checked:
         judged = [t["held"] for t in checked if t["held"] is not None]
@@ -823,7 +834,7 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument(
         "--only",
-        choices=["throughput", "growth", "scale", "loop", "concurrency"],
+        choices=["throughput", "growth", "scale", "loop", "concurrency", "sync"],
         action="append",
     )
     parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
@@ -845,7 +856,7 @@ def main() -> None:
     mode = dict(MODES[mode_name])
     if args.block:
         mode["block"] = args.block
-    phases = set(args.only or ["throughput", "growth", "scale", "loop", "concurrency"])
+    phases = set(args.only or ["throughput", "growth", "scale", "loop", "concurrency", "sync"])
     rows = SQLITE_ROWS + ([] if args.no_postgres else POSTGRES_ROWS)
     if args.no_peers:
         rows = [r for r in rows if r.startswith(("ik", "floor"))]
@@ -869,6 +880,7 @@ def main() -> None:
         "scale_out": [],
         "loop": {},
         "concurrency": {},
+        "sync": {},
     }
     started = time.perf_counter()
     try:
@@ -902,6 +914,11 @@ def main() -> None:
 
             print("concurrency", file=sys.stderr, flush=True)
             results["concurrency"] = concurrency(args, mode)
+        if "sync" in phases:
+            from bench.sync import sync_group
+
+            print("sync facade", file=sys.stderr, flush=True)
+            results["sync"] = sync_group(args, mode)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
         if not args.no_postgres:

@@ -16,6 +16,7 @@ import contextvars
 import dataclasses
 import datetime
 import gc
+import inspect
 import re
 import threading
 import uuid
@@ -42,7 +43,7 @@ from intention_kernel import (
     TurnResult,
     capability,
 )
-from intention_kernel.durability import open_durability
+from intention_kernel.durability import Durability, open_durability
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from sync_support import CrowdProbe, ThreadGate, crowd_agent, drop_schema, gate_agent
@@ -479,3 +480,29 @@ def test_a_kernel_dropped_unclosed_stops_its_loop_thread_when_collected(tmp_path
     del kernel
     gc.collect()
     assert loop_threads() == before
+
+
+# -- the twin's surface ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sync_method", "async_method"),
+    [
+        (SyncKernel.turn, Kernel.turn),
+        (SyncKernel.stream_turn, Kernel.stream_turn),
+        (SyncKernel.checkpoint, Kernel.checkpoint),
+        (SyncKernel.list_receipts, Durability.list_receipts),
+        (SyncKernel.resolve_receipt, Durability.resolve_receipt),
+        (SyncKernel.read_outbox, Durability.read_outbox),
+    ],
+)
+def test_each_sync_method_takes_the_arguments_of_its_async_twin(
+    sync_method: Callable[..., Any], async_method: Callable[..., Any]
+) -> None:
+    # A parameter added to the async method (a new keyword of Kernel.turn) fails this
+    # until the twin takes it too.
+    def parameters(method: Callable[..., Any]) -> list[tuple[str, Any, Any]]:
+        signature = inspect.signature(method)
+        return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
+
+    assert parameters(sync_method) == parameters(async_method)
