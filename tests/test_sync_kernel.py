@@ -415,11 +415,16 @@ def test_close_waits_for_the_turns_in_flight_then_closes_the_store(tmp_path: Pat
     closer.join(0.3)
     assert closer.is_alive() and done == []  # close() waits for the turn in flight
     assert kernel.closed
+    second = threading.Thread(target=kernel.close)
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # a second close() returns once the first one did
     with pytest.raises(KernelClosedError):  # and refuses new calls at once
         kernel.turn("t", "2", "other")
     gate.released.set()
     turn.join()
     closer.join()
+    second.join()
     assert done[0].steps[0].status == "completed" and gate.calls == 1
     with SyncKernel(gate_agent(gate), url) as again:
         assert again.turn("t", "1", "slow").replayed

@@ -73,6 +73,7 @@ class _Engine:
         self.state = threading.Condition()
         self.active = 0
         self.closed = False
+        self.stopped = threading.Event()  # set once close() has closed everything
         self.forked_away = False  # a child of a parent that used a store object
 
     def call(self, fn: Callable[[Kernel], Coroutine[Any, Any, T]]) -> T:
@@ -133,30 +134,40 @@ class _Engine:
 
     def reset_after_fork(self) -> None:
         # A parent thread may have held the lock at the fork, and it does not exist in
-        # the child: the child would wait on it forever. Its calls are gone too.
+        # the child: the child would wait on it forever. Its calls are gone too, and a
+        # close() the parent had begun will not finish here.
         self.state = threading.Condition()
         self.active = 0
+        self.stopped = threading.Event()
+        if self.closed:
+            self.stopped.set()
 
     def close(self) -> None:
         """Refuse new calls, wait for those in flight, then stop the loop: streamed
         turns whose readers left run to their end, and the store is closed last."""
         with self.state:
-            if self.closed:
-                return
+            closing = not self.closed
             self.closed = True
-            while self.active:
-                self.state.wait()
-            loop, kernel = self.loop, self.kernel
-            self.loop = None
-            inherited = self.pid != os.getpid() or self.forked_away
-        if loop is None or inherited:
-            return  # nothing runs, or what runs is the parent's
+        if not closing:
+            self.stopped.wait()  # a second close() returns once the first one did
+            return
+        try:
+            with self.state:
+                while self.active:
+                    self.state.wait()
+                loop, kernel = self.loop, self.kernel
+                self.loop = None
+                inherited = self.pid != os.getpid() or self.forked_away
+            if loop is None or inherited:
+                return  # nothing runs, or what runs is the parent's
 
-        async def last() -> None:
-            await kernel._drain()
-            await kernel.durability.aclose()
+            async def last() -> None:
+                await kernel._drain()
+                await kernel.durability.aclose()
 
-        loop.stop(last)
+            loop.stop(last)
+        finally:
+            self.stopped.set()
 
 
 _engines: weakref.WeakSet[_Engine] = weakref.WeakSet()
@@ -329,7 +340,8 @@ class SyncKernel:
             raise EventLoopRunningError(
                 "SyncKernel.close() was called on a thread that runs an event loop"
             )
-        self._finalizer()
+        self._finalizer.detach()  # a finalizer runs once: a second close() must wait
+        self._engine.close()
 
     @property
     def closed(self) -> bool:
