@@ -36,7 +36,7 @@ def _writes(capability_id: str) -> ScriptedInterpreter:
 class CrowdProbe:
     """Counts the turns inside its capability at once, per conversation and in all.
 
-    Each turn waits there (up to half a second) until ``crowd`` conversations are inside
+    Each turn waits there (up to two seconds) until ``crowd`` conversations are inside
     together. A facade that ran one turn at a time would never gather them."""
 
     def __init__(self, crowd: int) -> None:
@@ -58,7 +58,7 @@ class CrowdProbe:
         if present >= self.crowd:
             self._gathered.set()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._gathered.wait(), 0.5)
+            await asyncio.wait_for(self._gathered.wait(), 2.0)
 
     def leave(self, thread_id: str) -> None:
         self.inside[thread_id] -= 1

@@ -437,9 +437,12 @@ def test_a_timeout_cancels_the_turn_as_asyncio_would_and_commits_nothing(
     store_url: Callable[[], str],
 ) -> None:
     gate = ThreadGate()
-    with SyncKernel(gate_agent(gate), store_url(), timeout=0.5) as kernel:
+    # Two seconds: time enough for the write to start on a loaded machine, so that the
+    # timeout finds it in flight.
+    with SyncKernel(gate_agent(gate), store_url(), timeout=2.0) as kernel:
         with pytest.raises(TimeoutError):
             kernel.turn("t", "1", "slow")
+        assert gate.entered.is_set()
         # The write was in flight: its receipt is uncertain, and the turn did not commit.
         (receipt,) = kernel.list_receipts("t")
         assert receipt.status == "uncertain" and kernel.checkpoint("t") is None
@@ -511,3 +514,43 @@ def test_each_sync_method_takes_the_arguments_of_its_async_twin(
         return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
 
     assert parameters(sync_method) == parameters(async_method)
+
+
+def test_a_kernel_whose_last_reference_drops_on_its_own_loop_closes_without_a_deadlock(
+    tmp_path: Path,
+) -> None:
+    holder: list[SyncKernel] = []
+    gate = threading.Event()
+
+    class DropsTheKernel:
+        """Round 2 waits for the gate, then drops the last reference to the kernel,
+        on the kernel's loop thread: its finalizer runs there."""
+
+        multi_round = True
+
+        async def interpret(self, request: InterpretationRequest) -> Interpretation:
+            if not request.rounds:
+                return Interpretation(intents=[Intent("billing.balance", {"due": 5})])
+            while not gate.is_set():  # noqa: ASYNC110  (set by a plain thread)
+                await asyncio.sleep(0.01)
+            holder.clear()
+            return Interpretation(reply="You owe 5.")
+
+    def loop_threads() -> int:
+        return sum(t.name.startswith("intention-kernel-") for t in threading.enumerate())
+
+    before = loop_threads()
+    agent = dataclasses.replace(billing_agent(FakeProvider()), interpreter=DropsTheKernel())
+    url = f"sqlite:///{tmp_path}/d.db"
+    holder.append(SyncKernel(agent, url))
+    with holder[0].stream_turn("t", "1", "balance") as stream:
+        assert next(stream).type == "step"
+    del stream
+    gate.set()  # the turn goes on alone, and drops the kernel on the loop thread
+    for _ in range(1000):
+        if loop_threads() == before:
+            break
+        threading.Event().wait(0.01)
+    assert loop_threads() == before  # the loop shut down instead of waiting on itself
+    with SyncKernel(agent, url) as again:
+        assert again.turn("t", "1", "balance").replayed  # and the turn had committed

@@ -66,7 +66,10 @@ class LoopThread:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
 
     def in_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -119,7 +122,18 @@ class LoopThread:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
-            self.loop.close()
+
+    def stop_soon(self, last: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """:meth:`stop` without waiting, from the loop's own thread (a finalizer that the
+        garbage collector ran there): waiting would block the loop that must do it."""
+
+        async def rites_then_stop() -> None:
+            try:
+                await _last_rites(last)
+            finally:
+                self.loop.stop()
+
+        self.loop.create_task(rites_then_stop())
 
 
 def _outcome(call: _Call[T]) -> T:

@@ -132,6 +132,24 @@ class _Engine:
             clock=old.clock,
         )
 
+    def _close_from_the_loop(self, loop: LoopThread) -> None:
+        with self.state:
+            self.loop = None
+        kernel = self.kernel
+
+        async def last() -> None:
+            try:
+                # Calls in flight count down in their own threads, which cannot set an
+                # asyncio.Event of this loop: poll.
+                while self.active:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+                await kernel._drain()
+                await kernel.durability.aclose()
+            finally:
+                self.stopped.set()
+
+        loop.stop_soon(last)
+
     def reset_after_fork(self) -> None:
         # A parent thread may have held the lock at the fork, and it does not exist in
         # the child: the child would wait on it forever. Its calls are gone too, and a
@@ -148,6 +166,13 @@ class _Engine:
         with self.state:
             closing = not self.closed
             self.closed = True
+            loop = self.loop
+        if loop is not None and loop.in_loop_thread():
+            # The garbage collector ran the finalizer on the loop's own thread: waiting
+            # there for the calls in flight, or for the loop, would wait forever.
+            if closing:
+                self._close_from_the_loop(loop)
+            return
         if not closing:
             self.stopped.wait()  # a second close() returns once the first one did
             return
