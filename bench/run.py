@@ -21,6 +21,8 @@ Phases, each comparing rows only within this run:
 6. Concurrency (``bench.concurrency``): n overlapping turns over one kernel.
 7. Latency (``bench.latency``): n conversations at once whose model calls take a
    second or more, over one kernel and a pool of 10, directly and through PgBouncer.
+8. The sync facade (``bench.sync``): ``SyncKernel`` against ``Kernel`` on SQLite, the
+   turn called from a thread without an event loop, interleaved in blocks as in 1.
 
 The report ends with the issue's targets, each judged on this run's figures (``targets``).
 
@@ -649,6 +651,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         from bench.latency import targets as latency_targets
 
         checks += latency_targets(results["latency"])
+    if results.get("sync"):
+        from bench.sync import targets as sync_targets
+
+        checks += sync_targets(results["sync"])
     return [
         {
             "target": t,
@@ -779,6 +785,10 @@ def report(results: dict[str, Any]) -> str:
         from bench.latency import report as latency_report
 
         lines += latency_report(results["latency"])
+    if results.get("sync"):
+        from bench.sync import report as sync_report
+
+        lines += sync_report(results["sync"])
     checked = results.get("targets", [])
     if checked:
         judged = [t["held"] for t in checked if t["held"] is not None]
@@ -842,7 +852,7 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument(
         "--only",
-        choices=["throughput", "growth", "scale", "loop", "concurrency", "latency"],
+        choices=["throughput", "growth", "scale", "loop", "concurrency", "latency", "sync"],
         action="append",
     )
     parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
@@ -874,7 +884,9 @@ def main() -> None:
             (int(n), float(seconds))
             for n, seconds in (level.split("x") for level in args.latency_levels.split(","))
         ]
-    phases = set(args.only or ["throughput", "growth", "scale", "loop", "concurrency", "latency"])
+    phases = set(
+        args.only or ["throughput", "growth", "scale", "loop", "concurrency", "latency", "sync"]
+    )
     rows = SQLITE_ROWS + ([] if args.no_postgres else POSTGRES_ROWS)
     if args.no_peers:
         rows = [r for r in rows if r.startswith(("ik", "floor"))]
@@ -899,6 +911,7 @@ def main() -> None:
         "loop": {},
         "concurrency": {},
         "latency": {},
+        "sync": {},
     }
     started = time.perf_counter()
     try:
@@ -937,6 +950,11 @@ def main() -> None:
 
             print("latency", file=sys.stderr, flush=True)
             results["latency"] = latency(args, mode)
+        if "sync" in phases:
+            from bench.sync import sync_group
+
+            print("sync facade", file=sys.stderr, flush=True)
+            results["sync"] = sync_group(args, mode)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
         if not args.no_postgres:

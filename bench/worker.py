@@ -356,7 +356,14 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever a library prints must not reach the protocol
     sys.stdout = sys.stderr
-    if UVLOOP_SUFFIX in args.row:
+    if plain(args.row).startswith("sync-"):  # SyncKernel: no event loop in this thread
+        from bench.sync import SyncKernelRow
+        from bench.sync import serve as serve_blocking
+
+        setting = "NORMAL" if plain(args.row).endswith("-normal") else "FULL"
+        path = os.path.join(args.dir, f"{args.row}.db")
+        serve_blocking(SyncKernelRow(path, setting), args.ident, out)
+    elif UVLOOP_SUFFIX in args.row:
         import uvloop
 
         uvloop.run(serve(args, out))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from intention_kernel._sync import SyncKernel, TurnStream
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
 from intention_kernel.capabilities import (
@@ -39,16 +40,20 @@ from intention_kernel.errors import (
     EffectUncertainError,
     EffectUsageError,
     EffectValueError,
+    EventLoopRunningError,
     FencedCommitError,
+    ForkedKernelError,
     InterpretationError,
     InvalidInputError,
     InvalidRequestError,
     JournalError,
+    KernelClosedError,
     KernelError,
     ReceiptError,
     ReceiptNotFoundError,
     ReceiptStateError,
     StoreError,
+    SyncKernelError,
     TenantMismatchError,
     ThreadBusyError,
     ThreadLockTimeoutError,
@@ -110,11 +115,13 @@ __all__ = [
     "EffectUncertainError",
     "EffectUsageError",
     "EffectValueError",
+    "EventLoopRunningError",
     "Evidence",
     "Fact",
     "FactRecord",
     "FactRef",
     "FencedCommitError",
+    "ForkedKernelError",
     "Intent",
     "Interaction",
     "Interpretation",
@@ -126,6 +133,7 @@ __all__ = [
     "JournalError",
     "Kernel",
     "KernelCheckpoint",
+    "KernelClosedError",
     "KernelError",
     "Message",
     "OutboxEvent",
@@ -143,6 +151,8 @@ __all__ = [
     "StepResult",
     "StepStatus",
     "StoreError",
+    "SyncKernel",
+    "SyncKernelError",
     "TenantMismatchError",
     "ThreadBusyError",
     "ThreadLockTimeoutError",
@@ -152,6 +162,7 @@ __all__ = [
     "TurnExpiredError",
     "TurnResult",
     "TurnScope",
+    "TurnStream",
     "UnknownCapabilityError",
     "__version__",
     "capability",

@@ -31,6 +31,10 @@ message, so that hosts can react without parsing text::
     │                                 store's lock timeout (HTTP 503)
     ├── FencedCommitError             the thread moved on while the turn ran; nothing committed
     ├── TenantMismatchError           the thread belongs to another tenant
+    ├── SyncKernelError               SyncKernel cannot serve the call (also a RuntimeError)
+    │   ├── EventLoopRunningError     called on a thread that runs an event loop: use Kernel
+    │   ├── KernelClosedError         called after close()
+    │   └── ForkedKernelError         used before a fork, over a store it cannot open anew
     ├── ReceiptError
     │   ├── ReceiptNotFoundError      no receipt for that (thread, key)
     │   └── ReceiptStateError         the receipt is not in a state the operation accepts
@@ -60,16 +64,20 @@ __all__ = [
     "EffectUncertainError",
     "EffectUsageError",
     "EffectValueError",
+    "EventLoopRunningError",
     "FencedCommitError",
+    "ForkedKernelError",
     "InterpretationError",
     "InvalidInputError",
     "InvalidRequestError",
     "JournalError",
+    "KernelClosedError",
     "KernelError",
     "ReceiptError",
     "ReceiptNotFoundError",
     "ReceiptStateError",
     "StoreError",
+    "SyncKernelError",
     "TenantMismatchError",
     "ThreadBusyError",
     "ThreadLockTimeoutError",
@@ -290,6 +298,33 @@ class FencedCommitError(KernelError):
 
 class TenantMismatchError(KernelError):
     """The thread exists under another tenant; it is neither read nor written."""
+
+
+class SyncKernelError(KernelError, RuntimeError):
+    """:class:`~intention_kernel.SyncKernel` cannot serve this call; nothing ran.
+
+    A misuse of the synchronous facade, not a failure of the turn: the call never
+    reached the store, so the same delivery may be made again the right way."""
+
+
+class EventLoopRunningError(SyncKernelError):
+    """A ``SyncKernel`` method was called on a thread that runs an event loop.
+
+    Blocking there would stall every task of that loop, or deadlock on the kernel's own
+    loop. Async code awaits :class:`~intention_kernel.Kernel` over the same store."""
+
+
+class KernelClosedError(SyncKernelError):
+    """A ``SyncKernel`` was called after ``close()`` (or after its ``with`` block)."""
+
+
+class ForkedKernelError(SyncKernelError):
+    """A ``SyncKernel`` ran in a parent process, which then forked; the child called it.
+
+    Its store object holds the parent's connections and files, which a child must not
+    use. A kernel built from a URL opens the store anew in the child instead. Otherwise,
+    build the kernel in the child (Celery's ``worker_process_init``, gunicorn's
+    ``post_fork``), or before the parent first uses it."""
 
 
 class ReceiptError(KernelError):

@@ -131,6 +131,14 @@ class Kernel:
         finally:
             sink.detach()
 
+    async def _drain(self) -> None:
+        """Wait until every streamed turn has ended, its reader gone or not.
+
+        ``SyncKernel.close`` awaits this before it closes the store. Closed first, the
+        store would fail a turn whose reader left before its commit."""
+        while self._streaming:
+            await asyncio.gather(*self._streaming, return_exceptions=True)
+
     async def _streamed(self, scope: TurnScope, request: TurnRequest, sink: TurnSink) -> None:
         """Run the streamed turn and hand its end to the sink: the result, or its error."""
         try:

@@ -1,0 +1,458 @@
+"""SyncKernel: the synchronous twin of :class:`~intention_kernel.Kernel`, for plain threads.
+
+psycopg names its twins ``Connection`` and ``AsyncConnection``: one namespace, the same
+methods, a prefix on one of the two. Here the async class came first, and SPEC fixes
+its name, so the prefix goes on the twin: ``SyncKernel``, beside ``Kernel``. A module
+``intention_kernel.sync`` with a second ``Kernel`` would give two classes one name. A
+traceback, a type hint or an import would then not say which one it meant.
+
+One engine, a thin facade. A ``SyncKernel`` holds an ordinary ``Kernel`` and one event
+loop on a daemon thread (:mod:`intention_kernel._loopthread`). Each call runs the async
+method there, as a task, while the calling thread blocks. The store's connections,
+locks and pools are made, used and closed on that loop. So a Django view, a Flask
+handler or a Celery task calls ``turn`` with no event loop of its own. Many threads may
+share one instance: their turns run concurrently on the loop, and the store's
+per-thread lock still serializes the turns of each conversation thread.
+
+Forks: a child process inherits the parent's objects but not its threads. A kernel
+that never ran in the parent starts its loop in the child. One that ran there and was
+built from a URL opens the store anew in the child. One built over a store object
+raises ``ForkedKernelError``, since that object holds the parent's connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import weakref
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from intention_kernel._loopthread import LoopThread
+from intention_kernel.agent import Agent
+from intention_kernel.authority import Principal
+from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel.deadlines import Clock, system_clock
+from intention_kernel.durability import Durability, open_durability
+from intention_kernel.durability._options import check_seconds
+from intention_kernel.effects import Receipt, ReceiptStatus
+from intention_kernel.errors import (
+    EventLoopRunningError,
+    ForkedKernelError,
+    KernelClosedError,
+)
+from intention_kernel.interpretation import Answer
+from intention_kernel.kernel import Kernel
+from intention_kernel.streaming import TurnEvent
+from intention_kernel.turns import OutboxEvent, TurnResult
+
+__all__ = ["SyncKernel", "TurnStream"]
+
+T = TypeVar("T")
+
+#: What forked children inherited from a parent that had used it: the parent's loop,
+#: kernel and store. Kept referenced forever, so that no finalizer in the child closes
+#: a connection or a file that the parent still uses (a PostgreSQL connection closed
+#: in the child would send the server the parent's goodbye).
+_INHERITED: list[object] = []
+
+
+class _Engine:
+    """A ``SyncKernel``'s state, apart from the object, so that its finalizer can close
+    it: the kernel, its loop thread, and the calls in flight."""
+
+    def __init__(self, kernel: Kernel, url: str | None, timeout: float | None) -> None:
+        self.kernel = kernel
+        self.url = url
+        self.timeout = timeout
+        self.pid = os.getpid()
+        self.loop: LoopThread | None = None
+        # Guards ``loop``, ``active`` and ``closed``. ``close`` waits on it until the
+        # calls in flight ended; without the count, it could close the store under one.
+        self.state = threading.Condition()
+        self.active = 0
+        self.closed = False
+        self.stopped = threading.Event()  # set once close() has closed everything
+        self.forked_away = False  # a child of a parent that used a store object
+
+    def call(self, fn: Callable[[Kernel], Coroutine[Any, Any, T]]) -> T:
+        """Await ``fn(kernel)`` on the loop, from a thread that runs no event loop."""
+        if asyncio._get_running_loop() is not None:
+            # On the kernel's own loop this would deadlock; on another, stall it.
+            raise EventLoopRunningError(
+                "SyncKernel was called on a thread that runs an event loop: blocking "
+                "there stalls the loop; await the methods of Kernel (SyncKernel.kernel) "
+                "instead, or call SyncKernel from a plain thread"
+            )
+        with self.state:
+            loop = self._loop()
+            kernel = self.kernel
+            self.active += 1
+        try:
+            return loop.call(fn, kernel, timeout=self.timeout)
+        finally:
+            with self.state:
+                self.active -= 1
+                if self.closed and not self.active:
+                    self.state.notify_all()
+
+    def _loop(self) -> LoopThread:
+        """The loop to call on, started on first use; under ``state``."""
+        if self.closed:
+            raise KernelClosedError("this SyncKernel is closed")
+        if self.pid != os.getpid():
+            self._forked()
+        if self.forked_away:
+            raise ForkedKernelError(
+                "this SyncKernel ran in the parent process before the fork, over a store "
+                "object that holds the parent's connections; build the kernel in the "
+                "child (Celery's worker_process_init, gunicorn's post_fork), or give it "
+                "a URL, which each process opens anew"
+            )
+        if self.loop is None:
+            self.loop = LoopThread(f"intention-kernel-{self.kernel.agent.name}")
+        return self.loop
+
+    def _forked(self) -> None:
+        """First call in a forked child: the parent's loop thread does not exist here."""
+        self.pid = os.getpid()
+        if self.loop is None:
+            return  # nothing ran in the parent: the store was never opened
+        _INHERITED.append((self.loop, self.kernel))
+        self.loop = None
+        if self.url is None:
+            self.forked_away = True
+            return
+        old = self.kernel
+        self.kernel = Kernel(
+            old.agent,
+            open_durability(self.url),
+            max_message_chars=old.max_message_chars,
+            clock=old.clock,
+        )
+
+    def _close_from_the_loop(self, loop: LoopThread) -> None:
+        with self.state:
+            self.loop = None
+        kernel = self.kernel
+
+        async def last() -> None:
+            try:
+                # Calls in flight count down in their own threads, which cannot set an
+                # asyncio.Event of this loop: poll.
+                while self.active:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+                await kernel._drain()
+                await kernel.durability.aclose()
+            finally:
+                self.stopped.set()
+
+        loop.stop_soon(last)
+
+    def reset_after_fork(self) -> None:
+        # A parent thread may have held the lock at the fork, and it does not exist in
+        # the child: the child would wait on it forever. Its calls are gone too, and a
+        # close() the parent had begun will not finish here.
+        self.state = threading.Condition()
+        self.active = 0
+        self.stopped = threading.Event()
+        if self.closed:
+            self.stopped.set()
+
+    def close(self) -> None:
+        """Refuse new calls, wait for those in flight, then stop the loop: streamed
+        turns whose readers left run to their end, and the store is closed last."""
+        with self.state:
+            closing = not self.closed
+            self.closed = True
+            loop = self.loop
+        if loop is not None and loop.in_loop_thread():
+            # The garbage collector ran the finalizer on the loop's own thread: waiting
+            # there for the calls in flight, or for the loop, would wait forever.
+            if closing:
+                self._close_from_the_loop(loop)
+            return
+        if not closing:
+            self.stopped.wait()  # a second close() returns once the first one did
+            return
+        try:
+            with self.state:
+                while self.active:
+                    self.state.wait()
+                loop, kernel = self.loop, self.kernel
+                self.loop = None
+                inherited = self.pid != os.getpid() or self.forked_away
+            if loop is None or inherited:
+                return  # nothing runs, or what runs is the parent's
+
+            async def last() -> None:
+                await kernel._drain()
+                await kernel.durability.aclose()
+
+            loop.stop(last)
+        finally:
+            self.stopped.set()
+
+
+_engines: weakref.WeakSet[_Engine] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for engine in list(_engines):
+        engine.reset_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class SyncKernel:
+    """Runs an agent's turns durably, for callers without an event loop.
+
+    The same arguments, results and errors as :class:`~intention_kernel.Kernel`, as
+    blocking methods. ``durability`` is a store object (``SQLiteDurability(path)``,
+    ``PostgresDurability(dsn)``, ...) that nothing opened yet, or a URL for
+    :func:`~intention_kernel.durability.open_durability`. The kernel opens it on first
+    use and owns it: :meth:`close` closes it.
+
+    ``timeout`` (seconds, ``None`` for no bound) bounds each call. A turn still running
+    then is cancelled, as ``asyncio.wait_for`` cancels it: nothing commits, and a write
+    in flight leaves its receipt ``uncertain``. ``TimeoutError`` is raised once the
+    cancelled turn ended. ``KeyboardInterrupt`` in a waiting thread cancels the same way.
+
+    Safe to share between threads. Every method refuses a thread that runs an event
+    loop with ``EventLoopRunningError``: async code awaits :attr:`kernel` instead.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        durability: Durability | str,
+        *,
+        max_message_chars: int = 32_000,
+        clock: Clock = system_clock,
+        timeout: float | None = None,
+    ) -> None:
+        if timeout is not None and not check_seconds("timeout", timeout):
+            raise ValueError("timeout must be more than 0 seconds")
+        url = durability if isinstance(durability, str) else None
+        store = open_durability(durability) if isinstance(durability, str) else durability
+        kernel = Kernel(agent, store, max_message_chars=max_message_chars, clock=clock)
+        self._engine = _Engine(kernel, url, timeout)
+        _engines.add(self._engine)
+        # Closes a kernel dropped unclosed, at collection or at exit: it holds nothing
+        # but the engine, so the kernel object itself can be collected.
+        self._finalizer = weakref.finalize(self, self._engine.close)
+
+    # -- what the kernel is ------------------------------------------------------------------
+
+    @property
+    def kernel(self) -> Kernel:
+        """The async kernel underneath. Its store lives on this object's event loop:
+        await its methods only through :meth:`run`."""
+        return self._engine.kernel
+
+    @property
+    def agent(self) -> Agent:
+        return self._engine.kernel.agent
+
+    @property
+    def durability(self) -> Durability:
+        """The store; await its methods only through :meth:`run`."""
+        return self._engine.kernel.durability
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable hash of the agent's name, version and capability definitions."""
+        return self._engine.kernel.fingerprint
+
+    @property
+    def timeout(self) -> float | None:
+        return self._engine.timeout
+
+    # -- turns -------------------------------------------------------------------------------
+
+    def turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        message: str | None = None,
+        answer: Answer | str | None = None,
+        *,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+    ) -> TurnResult:
+        """Run (or replay) one turn: :meth:`Kernel.turn <intention_kernel.Kernel.turn>`."""
+        return self._engine.call(
+            lambda k: k.turn(
+                thread_id, turn_id, message, answer, tenant_id=tenant_id, principal=principal
+            )
+        )
+
+    def stream_turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        message: str | None = None,
+        answer: Answer | str | None = None,
+        *,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+    ) -> TurnStream:
+        """Run (or replay) one turn, iterating its events as they happen:
+        :meth:`Kernel.stream_turn <intention_kernel.Kernel.stream_turn>` as a plain
+        iterator (:class:`TurnStream`). The last event is ``result``.
+
+        The turn starts at the first ``next()``. Closing the iterator early does not
+        abort the turn: it runs on to its commit, as on the async kernel."""
+        return TurnStream(
+            self,
+            lambda k: k.stream_turn(
+                thread_id, turn_id, message, answer, tenant_id=tenant_id, principal=principal
+            ),
+        )
+
+    # -- inspection and operations -----------------------------------------------------------
+
+    def checkpoint(self, thread_id: str) -> KernelCheckpoint | None:
+        """The thread's latest committed checkpoint, or ``None``."""
+        return self._engine.call(lambda k: k.checkpoint(thread_id))
+
+    def list_receipts(
+        self,
+        thread_id: str | None = None,
+        status: ReceiptStatus | str | None = None,
+        *,
+        tenant_id: str | None = None,
+    ) -> list[Receipt]:
+        """The current receipt per ``(thread_id, key)``, oldest first (operator-level:
+        every tenant's unless ``tenant_id`` filters)."""
+        return self._engine.call(
+            lambda k: k.durability.list_receipts(thread_id, status, tenant_id=tenant_id)
+        )
+
+    def resolve_receipt(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        applied: bool,
+        value: Any = None,
+        note: str | None = None,
+        actor: str | None = None,
+    ) -> Receipt:
+        """Reconcile an uncertain receipt: the write was ``applied`` (with ``value``) or
+        not. Emits ``receipt.resolved``; anything but an unsettled receipt is an error."""
+        return self._engine.call(
+            lambda k: k.durability.resolve_receipt(
+                thread_id, key, applied=applied, value=value, note=note, actor=actor
+            )
+        )
+
+    def read_outbox(
+        self, thread_id: str | None = None, after: int | None = None, limit: int = 100
+    ) -> list[OutboxEvent]:
+        """Committed events in ``position`` order, after the given position."""
+        return self._engine.call(lambda k: k.durability.read_outbox(thread_id, after, limit))
+
+    def run(self, fn: Callable[[Kernel], Coroutine[Any, Any, T]]) -> T:
+        """Await ``fn(kernel)`` on this object's event loop and return its result: for
+        what the facade does not wrap, as in
+        ``sync.run(lambda k: k.durability.pending_interactions())``."""
+        return self._engine.call(fn)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Refuse new calls, wait for the calls in flight, let streamed turns whose
+        readers left reach their commit, then close the store and stop the loop.
+        Calling it again does nothing."""
+        if asyncio._get_running_loop() is not None:
+            raise EventLoopRunningError(
+                "SyncKernel.close() was called on a thread that runs an event loop"
+            )
+        self._finalizer.detach()  # a finalizer runs once: a second close() must wait
+        self._engine.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._engine.closed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class TurnStream:
+    """The events of one streamed turn as a plain iterator (``SyncKernel.stream_turn``),
+    and a context manager that closes it. One thread at a time reads it."""
+
+    def __init__(
+        self,
+        kernel: SyncKernel,
+        start: Callable[[Kernel], AsyncGenerator[TurnEvent, None]],
+    ) -> None:
+        # The kernel, not its engine: a stream still read keeps its kernel open.
+        self._kernel = kernel
+        self._start: Callable[[Kernel], AsyncGenerator[TurnEvent, None]] | None = start
+        self._events: AsyncGenerator[TurnEvent, None] | None = None
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> TurnEvent:
+        with self._lock:
+            event = self._kernel._engine.call(self._advance)
+        if event is None:
+            raise StopIteration
+        return event
+
+    async def _advance(self, kernel: Kernel) -> TurnEvent | None:
+        """The next event, or ``None`` at the end (a coroutine cannot raise
+        ``StopIteration``: Python turns it into ``RuntimeError``)."""
+        # On the loop: the generator is made there, on the engine's current kernel.
+        if self._events is None:
+            if self._start is None:
+                return None
+            self._events, self._start = self._start(kernel), None
+        try:
+            return await self._events.__anext__()
+        except StopAsyncIteration:
+            self._events = None
+            return None
+        except BaseException:
+            self._events = None  # a generator that raised has ended
+            raise
+
+    def close(self) -> None:
+        """Stop reading. The turn itself runs on to its commit (or its failure)."""
+        with self._lock:
+            self._start = None
+            if self._events is None or self._kernel.closed:
+                return  # never started, ended, or closed with the kernel's loop
+            self._kernel._engine.call(self._aclose)
+
+    async def _aclose(self, kernel: Kernel) -> None:
+        events, self._events = self._events, None
+        if events is not None:
+            await events.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
