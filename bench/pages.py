@@ -13,7 +13,8 @@ deterministic figures, where time on a shared machine is not:
 ``--max-receipts N`` keeps N receipts in each checkpoint's index instead of the
 agent's 100 (the index is rows of ``ik_receipt_index`` since migration 8; before, it
 was most of the ``ik_threads`` row, which this option shrank). ``--overlap N`` runs N
-clients at once, each on a thread of its own, the interpretation awaiting once (as ``bench.concurrency`` does), so that writes group.
+clients at once, each on a thread of its own, the interpretation awaiting once (as
+``bench.concurrency`` does), so that writes group.
 Against another source tree: ``PYTHONPATH=/path/to/tree/src python -m bench.pages``.
 """
 
