@@ -735,3 +735,232 @@ async def test_an_approval_given_after_a_restart_runs_the_approved_call_once_acr
     calls = read_ledger(workers.ledger)
     assert [(c["operation"], c["order_id"], c["cents"]) for c in calls] == [("refund", "42", 1250)]
     assert len({c["pid"] for c in calls}) == 1
+
+
+# -- what runs after an accept is what was shown -----------------------------------------------
+
+
+async def test_an_accept_runs_nothing_when_the_saved_graph_waits_on_another_call(
+    tmp_path: Path,
+) -> None:
+    """The interaction shows refund 42; a saved state that waits on refund 43 (a record
+    the kernel did not write) must not resume: nobody approved refund 43."""
+    import dataclasses
+
+    from intention_kernel.checkpoint import encode_checkpoint
+
+    desk = Desk(tmp_path / "ledger")
+    async with InMemoryDurability() as store:
+        kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+        asked = await kernel.turn("t1", "turn-1", "refund 42")
+        await kernel.turn("t2", "turn-1", "refund 43")
+        assert asked.interaction is not None
+        first, other = await store.load_checkpoint("t1"), await store.load_checkpoint("t2")
+        assert first is not None and other is not None
+        record = first.facts["desk.conversation"]
+        swapped = {**record.value, "state": other.facts["desk.conversation"].value["state"]}
+        facts = {**first.facts, "desk.conversation": dataclasses.replace(record, value=swapped)}
+        text = encode_checkpoint(dataclasses.replace(first, facts=facts))
+        await store.tamper().write_checkpoint_text("t1", text)
+        accepted = await kernel.turn("t1", "turn-2", answer=Answer(digest=asked.interaction.digest))
+    assert [s.status for s in accepted.steps] == ["failed"]
+    assert "no longer waits on the answered interrupts; nothing ran" in (
+        accepted.steps[0].error or ""
+    )
+    assert read_ledger(desk.ledger) == []
+
+
+def write_and_refunds(messages: list[BaseMessage]) -> AIMessage:
+    """A cancel and two refunds in one response, then what came back."""
+    if isinstance(messages[-1], ToolMessage):
+        done = [m for m in messages if isinstance(m, ToolMessage)]
+        return AIMessage(", ".join(f"{m.name}={m.content}" for m in done[-3:]))
+    calls = [
+        {"name": "cancel_order", "args": {"order_id": "42"}, "id": "c1"},
+        {"name": "issue_refund", "args": {"order_id": "43", "cents": 800}, "id": "c2"},
+        {"name": "issue_refund", "args": {"order_id": "42", "cents": 1250}, "id": "c3"},
+    ]
+    return AIMessage("", tool_calls=calls)
+
+
+def held_orders(result: Any) -> list[str]:
+    assert result.interaction is not None
+    return [call["args"]["order_id"] for call in result.interaction.details]
+
+
+async def test_approvals_asked_together_are_answered_together(
+    store: Durability, tmp_path: Path
+) -> None:
+    """The ReAct agent runs each call of a response as a task of its own: both
+    refunds pause at once, one interaction holds them, one accept runs both."""
+    desk = Desk(tmp_path / "ledger", script=write_and_refunds, read_answer=words)
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    asked = await kernel.turn("t1", "turn-1", "go")
+    assert held_orders(asked) == ["43", "42"]
+    assert asked.interaction is not None
+    assert asked.interaction.prompt.count("Run issue_refund with") == 2
+    assert [c["operation"] for c in read_ledger(desk.ledger)] == ["cancel"]
+    done = await kernel.turn("t1", "turn-2", "yes")
+    assert done.interaction is None
+    assert done.reply == (
+        'cancel_order={"id": "cancel_42"}, issue_refund={"id": "refund_43"}, '
+        'issue_refund={"id": "refund_42"}'
+    )
+    ledger = sorted((c["operation"], c["order_id"]) for c in read_ledger(desk.ledger))
+    assert ledger == [("cancel", "42"), ("refund", "42"), ("refund", "43")]
+
+
+async def test_calls_of_one_tool_node_task_pause_one_at_a_time(
+    store: Durability, tmp_path: Path
+) -> None:
+    """A hand-built ``ToolNode`` runs a response's calls in one task: each refund is
+    asked in turn, and an accept never resumes a call the person was not shown."""
+    desk = Desk(
+        tmp_path / "ledger", shape="hand-built", script=write_and_refunds, read_answer=words
+    )
+    kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+    first = await kernel.turn("t1", "turn-1", "go")
+    assert held_orders(first) == ["43"]
+    assert [c["operation"] for c in read_ledger(desk.ledger)] == ["cancel"]
+    second = await kernel.turn("t1", "turn-2", "yes")
+    assert held_orders(second) == ["42"]
+    assert [(c["operation"], c["order_id"]) for c in read_ledger(desk.ledger)] == [
+        ("cancel", "42"),
+        ("refund", "43"),
+    ]
+    done = await kernel.turn("t1", "turn-3", "yes")
+    assert done.interaction is None
+    assert done.reply == (
+        'cancel_order={"id": "cancel_42"}, issue_refund={"id": "refund_43"}, '
+        'issue_refund={"id": "refund_42"}'
+    )
+    assert [(c["operation"], c["order_id"]) for c in read_ledger(desk.ledger)] == [
+        ("cancel", "42"),
+        ("refund", "43"),
+        ("refund", "42"),
+    ]
+    receipts = await store.list_receipts(thread_id="t1")
+    assert {r.status for r in receipts} == {ReceiptStatus.COMPLETED}
+    assert len(receipts) == 3
+
+
+def test_a_tool_node_with_a_sync_wrapper_only_is_refused(tmp_path: Path) -> None:
+    desk = Desk(tmp_path / "ledger")
+    builder = StateGraph(MessagesState)
+    node = ToolNode(desk.tools, wrap_tool_call=lambda request, execute: execute(request))
+    builder.add_node("tools", node)
+    builder.add_edge(START, "tools")
+    with pytest.raises(CompilationError, match="sync wrap_tool_call only"):
+        KernelAgent(
+            builder.compile(),
+            name="desk",
+            reads={"order_status"},
+            writes={"cancel_order": str, "issue_refund": str},
+        )
+
+
+async def test_the_applications_tool_wrapper_runs_outside_the_receipt(
+    store: Durability, tmp_path: Path
+) -> None:
+    seen: list[str] = []
+
+    async def audit(request: Any, execute: Any) -> Any:
+        seen.append(request.tool_call["name"])
+        return await execute(request)
+
+    desk = Desk(tmp_path / "ledger")
+    model = desk.model
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", lambda s: {"messages": [model.invoke(s["messages"])]})
+    builder.add_node("tools", ToolNode(desk.tools, awrap_tool_call=audit))
+    builder.add_edge(START, "model")
+    builder.add_edge("model", "tools")
+    builder.add_edge("tools", END)
+    bridge = KernelAgent(
+        builder.compile(),
+        name="desk",
+        reads={"order_status"},
+        writes={"cancel_order": lambda a: a["order_id"], "issue_refund": str},
+    )
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    await kernel.turn("t1", "turn-1", "cancel 42")
+    await kernel.turn("t1", "turn-2", "cancel 42")
+    assert seen == ["cancel_order", "cancel_order"]
+    assert len(read_ledger(desk.ledger)) == 1  # the second met its receipt
+
+
+async def test_an_applications_llm_cache_still_serves_calls_outside_turns(tmp_path: Path) -> None:
+    from langchain_core.caches import InMemoryCache
+    from langchain_core.globals import get_llm_cache, set_llm_cache
+    from langchain_core.messages import HumanMessage
+
+    before = get_llm_cache()
+    cache = InMemoryCache()
+    set_llm_cache(cache)
+    try:
+        desk = Desk(tmp_path / "ledger")  # installs the journal's cache over it
+        assert get_llm_cache() is not cache
+        await desk.model.ainvoke([HumanMessage("status of 42")])
+        await desk.model.ainvoke([HumanMessage("status of 42")])
+        assert len(desk.requests) == 1  # the second came from the application's cache
+        async with InMemoryDurability() as store:
+            kernel = Kernel(desk.bridge.as_agent(version="1"), store)
+            result = await kernel.turn("t1", "turn-1", "status of 42")
+        # Inside the turn, the journal answers, never the application's cache: the
+        # model was asked for call 1 too.
+        assert result.reply == f"order_status: {json.dumps(STATUS_42)}"
+        assert [len(r) for r in desk.requests] == [1, 1, 3]
+    finally:
+        set_llm_cache(before)
+
+
+async def test_a_write_left_running_by_a_failed_tool_node_ends_within_its_step(
+    store: Durability, tmp_path: Path
+) -> None:
+    """A ``ToolNode`` ends its task at a call's exception without cancelling the
+    others: the kernel's step waits for a write still running, so its receipt is
+    settled (not left ``prepared``) and its provider call counted once."""
+    import asyncio
+
+    ledger = tmp_path / "ledger"
+
+    @tool
+    def order_status(order_id: str) -> str:
+        """An order's state."""
+        raise RuntimeError("the status service is down")
+
+    @tool
+    async def cancel_order(order_id: str) -> dict[str, str]:
+        """Cancel an order."""
+        from bridge_support import record_write
+        from intention_kernel.integrations.langgraph import effect_authority
+
+        await asyncio.sleep(0.05)
+        return record_write(str(ledger), effect_authority, "cancel", order_id)
+
+    def script(messages: list[BaseMessage]) -> AIMessage:
+        calls = [
+            {"name": "order_status", "args": {"order_id": "42"}, "id": "s1"},
+            {"name": "cancel_order", "args": {"order_id": "42"}, "id": "c1"},
+        ]
+        return AIMessage("", tool_calls=calls)
+
+    model = ScriptedChatModel(script=script)
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", lambda s: {"messages": [model.invoke(s["messages"])]})
+    builder.add_node("tools", ToolNode([order_status, cancel_order]))
+    builder.add_edge(START, "model")
+    builder.add_edge("model", "tools")
+    builder.add_edge("tools", END)
+    bridge = KernelAgent(
+        builder.compile(),
+        name="desk",
+        reads={"order_status"},
+        writes={"cancel_order": lambda a: a["order_id"]},
+    )
+    result = await Kernel(bridge.as_agent(version="1"), store).turn("t1", "turn-1", "go")
+    assert [s.status for s in result.steps] == ["failed"]
+    assert "the status service is down" in (result.steps[0].error or "")
+    (receipt,) = await store.list_receipts(thread_id="t1")
+    assert receipt.status == ReceiptStatus.COMPLETED
+    assert len(read_ledger(ledger)) == 1

@@ -61,9 +61,16 @@ whose consent is its own, ``confirmation="capability"``):
   result, which the model reads. An interrupt inside a write tool's own body pauses
   after its receipt was held: the receipt is then ``uncertain``; use ``approve``.
 
+A ``ToolNode`` runs a response's calls at once; inside a turn the bridge runs those
+of one task one at a time, in order, and none after a call paused. The prebuilt ReAct
+agent runs each call as a task of its own: its approvals pause together and are
+answered together. A hand-built ``ToolNode`` asks them one after another; an answer
+given earlier is replayed to its call when the task resumes, and that call must still
+have the arguments accepted.
+
 Limits: while an approval is pending, a new message is answered with the pending
-question. Interrupts raised together are answered together. The saved state keeps the
-thread's whole message list, as LangGraph's own checkpoints do.
+question. The saved state keeps the thread's whole message list, as LangGraph's own
+checkpoints do.
 
 Needs the ``langgraph`` extra: ``pip install 'intention-kernel[langgraph]'``.
 """

@@ -125,7 +125,9 @@ class KernelAgent(BridgeAgent):
                     capability_id=self.capability_id,
                 )
             if ctx.answer is None:
-                asked = Conversation(conversation.state, calls, asked=True)
+                asked = Conversation(
+                    conversation.state, calls, asked=True, approved=conversation.approved
+                )
                 return self._ask(calls, [_shown(call) for call in calls], asked.dump())
             return await self._resume(ctx, conversation, calls, ctx.answer)
         run = await _Run.start(self, ctx, conversation)
@@ -161,9 +163,9 @@ class KernelAgent(BridgeAgent):
             "actor": answer.actor,
         }
         if answer.decision == "accept":
-            run.step.approved = {
-                c.tool_call_id: c.args for c in calls if c.tool_call_id and c.args is not None
-            }
+            run.step.approved.update(
+                {c.tool_call_id: c.args for c in calls if c.tool_call_id and c.args is not None}
+            )
         await run.invoke(Command(resume={c.interrupt_id: resume for c in calls}))
         return await run.outcome()
 
@@ -203,7 +205,9 @@ class _Run:
                 thread_id=ctx.thread_id,
                 turn_id=ctx.turn_id,
             ) from exc
-        return cls(agent, ctx, saver)
+        run = cls(agent, ctx, saver)
+        run.step.approved = dict(conversation.approved)
+        return run
 
     async def invoke(self, input: Any) -> None:
         token = STEP.set(self.step)
@@ -218,6 +222,7 @@ class _Run:
             raise
         finally:
             STEP.reset(token)
+            self.step.gates.clear()  # a resumed task may reuse its namespace
         if self.step.uncertain is not None:
             raise self.step.uncertain
 
@@ -238,7 +243,8 @@ class _Run:
                 )
                 for i in state.interrupts
             ]
-            return agent._held(calls, Conversation(saved, calls).dump())
+            held = Conversation(saved, calls, approved=self.step.approved)
+            return agent._held(calls, held.dump())
         output = to_jsonable_python(agent._to_reply(state.values))
         return agent._done(output, Conversation(saved).dump())
 

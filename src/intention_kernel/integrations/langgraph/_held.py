@@ -51,6 +51,9 @@ class Conversation:
     state: list[dict[str, str]] = field(default_factory=list)
     pending: list[Call] = field(default_factory=list)
     asked: bool = False
+    #: The arguments of each call accepted while the graph still waits on others, by
+    #: tool call ID: a resumed ``ToolNode`` task replays their answers.
+    approved: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, value: Any) -> Conversation:
@@ -60,10 +63,16 @@ class Conversation:
             [dict(entry) for entry in value.get("state") or []],
             [Call.model_validate(call) for call in value.get("pending") or []],
             bool(value.get("asked", False)),
+            dict(value.get("approved") or {}),
         )
 
     def dump(self) -> dict[str, Any]:
-        return {"state": self.state, "pending": dump(self.pending), "asked": self.asked}
+        return {
+            "state": self.state,
+            "pending": dump(self.pending),
+            "asked": self.asked,
+            "approved": self.approved,
+        }
 
 
 async def snapshot(saver: BaseCheckpointSaver[Any], thread_id: str) -> list[dict[str, str]]:

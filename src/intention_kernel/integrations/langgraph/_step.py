@@ -12,9 +12,24 @@ from typing import Any, TypeVar
 from intention_kernel.capabilities import CapabilityContext
 from intention_kernel.errors import CapabilityError, EffectUncertainError
 
-__all__ = ["STEP", "KernelStep"]
+__all__ = ["STEP", "KernelStep", "TaskGate"]
 
 T = TypeVar("T")
+
+
+@dataclass
+class TaskGate:
+    """The tool calls of one ``ToolNode`` task, run one at a time.
+
+    A ``ToolNode`` runs a response's calls at once (``asyncio.gather``) and ends its
+    task at the first exception, an interrupt included, without cancelling the
+    others. Calls asking for approval together would each pause, and the answer to
+    one could resume another. So: one call at a time, in the response's order, and
+    none once a call paused (it runs when the task is resumed).
+    """
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stopped: bool = False
 
 
 @dataclass
@@ -35,6 +50,8 @@ class KernelStep:
     paused: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The first uncertain write of the run, however the graph handled its error.
     uncertain: EffectUncertainError | None = None
+    #: The gate of each ``ToolNode`` task of the run, by its checkpoint namespace.
+    gates: dict[str, TaskGate] = field(default_factory=dict)
 
     def next_key(self, digest: str) -> str:
         """The journal key of the next model call with this prompt digest.

@@ -23,12 +23,25 @@ from langgraph.types import Command, interrupt
 
 from intention_kernel.errors import CapabilityError, CompilationError, EffectUncertainError
 from intention_kernel.integrations._bridge import REJECTED, KeyFunction, run_write
-from intention_kernel.integrations.langgraph._step import STEP, KernelStep
+from intention_kernel.integrations.langgraph._step import STEP, KernelStep, TaskGate
 
 __all__ = ["IN_TOOL_NODE", "ToolSeam", "tool_nodes"]
 
 #: The tool a ``ToolNode`` of a kernel run is calling now (read by the guard).
 IN_TOOL_NODE: ContextVar[str | None] = ContextVar("ik_langgraph_tool", default=None)
+
+
+class _Skipped(GraphInterrupt):
+    """A tool call not run because a call before it paused or failed its task.
+
+    An interrupt to LangGraph and the ``ToolNode`` (which never handles one), with no
+    interrupt of its own: the task's first exception, the real pause, is the one seen.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(())
+        self.tool_name = name
+
 
 Execute = Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
 
@@ -117,8 +130,14 @@ class ToolSeam:
         call = request.tool_call
         name, call_id = call["name"], call.get("id") or ""
         args = dict(call.get("args") or {})
-        token = IN_TOOL_NODE.set(name)
-        try:
+        configurable = request.runtime.config.get("configurable") or {}
+        gate = step.gates.setdefault(str(configurable.get("checkpoint_ns", "")), TaskGate())
+        async with gate.lock:
+            if gate.stopped:
+                # A call before this one paused or failed the task: this one runs on
+                # its resume, or not at all.
+                raise _Skipped(name)
+            token = IN_TOOL_NODE.set(name)
             try:
                 if name in self.approve:
                     refused = self._ask(step, name, call_id, args)
@@ -128,6 +147,7 @@ class ToolSeam:
                     return await self._write(step, request, execute, name, call_id, args)
                 return await execute(request)
             except GraphInterrupt as paused:
+                gate.stopped = True
                 for raised in paused.args[0] if paused.args else ():
                     step.paused[raised.id] = {
                         "tool_name": name,
@@ -135,8 +155,8 @@ class ToolSeam:
                         "args": args,
                     }
                 raise
-        finally:
-            IN_TOOL_NODE.reset(token)
+            finally:
+                IN_TOOL_NODE.reset(token)
 
     def _ask(
         self, step: KernelStep, name: str, call_id: str, args: dict[str, Any]
