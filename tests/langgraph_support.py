@@ -31,6 +31,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import interrupt
 
 from bridge_support import ORDERS, record_write
 from intention_kernel import Answer
@@ -109,14 +110,42 @@ def tool_results(messages: Sequence[BaseMessage]) -> list[tuple[str | None, Any]
     return results
 
 
-def react_agent(model: BaseChatModel, tools: list[Any]) -> Any:
+def react_agent(model: BaseChatModel, tools: list[Any], checkpointer: Any = None) -> Any:
     with warnings.catch_warnings():
         # Deprecated since LangGraph 1.0 for langchain's create_agent (another package);
         # still LangGraph's own prebuilt ReAct agent.
         warnings.simplefilter("ignore")
         from langgraph.prebuilt import create_react_agent
 
-        return create_react_agent(model, tools)
+        return create_react_agent(model, tools, checkpointer=checkpointer)
+
+
+def desk_tools(write: Callable[..., dict[str, str]], *, interrupting: bool = False) -> list[Any]:
+    """The desk's tools; ``interrupting``: the refund asks with ``interrupt()`` first
+    (LangGraph alone), and runs only on ``{"decision": "accept"}``."""
+
+    @tool
+    def order_status(order_id: str) -> dict[str, Any]:
+        """The order's state and what it cost."""
+        return {"order_id": order_id, "status": "delivered", "cents": ORDERS[order_id]}
+
+    @tool
+    def cancel_order(order_id: str) -> dict[str, str]:
+        """Cancel an order."""
+        return write("cancel", order_id)
+
+    @tool
+    def issue_refund(order_id: str, cents: int) -> Any:
+        """Refund an order."""
+        if interrupting:
+            answer = interrupt(
+                {"tool_name": "issue_refund", "args": {"order_id": order_id, "cents": cents}}
+            )
+            if answer.get("decision") != "accept":
+                return f"Not refunded: {answer.get('reason')}"
+        return write("refund", order_id, cents=cents)
+
+    return [order_status, cancel_order, issue_refund]
 
 
 def hand_built(model: BaseChatModel, tools: list[Any]) -> Any:
@@ -147,6 +176,8 @@ class Desk:
         asks: str | Path | None = None,
         die_at_request: int | None = None,
         script: Script = desk_script,
+        alone: bool = False,
+        checkpointer: Any = None,
     ) -> None:
         self.ledger = str(ledger)
         self.model = ScriptedChatModel(
@@ -156,22 +187,12 @@ class Desk:
             die_at_request=die_at_request,
         )
 
-        @tool
-        def order_status(order_id: str) -> dict[str, Any]:
-            """The order's state and what it cost."""
-            return {"order_id": order_id, "status": "delivered", "cents": ORDERS[order_id]}
-
-        @tool
-        def cancel_order(order_id: str) -> dict[str, str]:
-            """Cancel an order."""
-            return self.write("cancel", order_id)
-
-        @tool
-        def issue_refund(order_id: str, cents: int) -> dict[str, str]:
-            """Refund an order."""
-            return self.write("refund", order_id, cents=cents)
-
-        self.tools = [order_status, cancel_order, issue_refund]
+        self.tools = desk_tools(self.write, interrupting=alone)
+        if alone:
+            # LangGraph alone, as its guides show it: the refund asks with interrupt()
+            # and the graph keeps its state in the checkpointer it is compiled with.
+            self.graph = react_agent(self.model, self.tools, checkpointer=checkpointer)
+            return
         build = react_agent if shape == "react" else hand_built
         self.graph = build(self.model, self.tools)
         self.bridge = KernelAgent(
