@@ -964,3 +964,44 @@ async def test_a_write_left_running_by_a_failed_tool_node_ends_within_its_step(
     (receipt,) = await store.list_receipts(thread_id="t1")
     assert receipt.status == ReceiptStatus.COMPLETED
     assert len(read_ledger(ledger)) == 1
+
+
+async def test_a_model_called_synchronously_in_an_async_node_fails_the_step(
+    store: Durability, tmp_path: Path
+) -> None:
+    """Its journal lookup would block the event loop that must run it: refused, and
+    the model is never asked."""
+    desk = Desk(tmp_path / "ledger")
+    model = desk.model
+
+    async def call_model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", call_model)
+    builder.add_edge(START, "model")
+    builder.add_edge("model", END)
+    bridge = KernelAgent(builder.compile(), name="desk")
+    result = await Kernel(bridge.as_agent(version="1"), store).turn("t1", "turn-1", "hi")
+    assert [s.status for s in result.steps] == ["failed"]
+    assert "call it with ainvoke there" in (result.steps[0].error or "")
+    assert desk.requests == []
+
+
+async def test_a_journal_cache_replaced_by_the_application_fails_the_step(
+    store: Durability, tmp_path: Path
+) -> None:
+    from langchain_core.globals import get_llm_cache, set_llm_cache
+
+    desk = Desk(tmp_path / "ledger")
+    before = get_llm_cache()
+    set_llm_cache(None)  # after the bridge installed its cache
+    try:
+        result = await Kernel(desk.bridge.as_agent(version="1"), store).turn(
+            "t1", "turn-1", "cancel 42"
+        )
+    finally:
+        set_llm_cache(before)
+    assert [s.status for s in result.steps] == ["failed"]
+    assert "answered without the turn's journal" in (result.steps[0].error or "")
+    assert read_ledger(desk.ledger) == []
