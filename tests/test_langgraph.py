@@ -1005,3 +1005,43 @@ async def test_a_journal_cache_replaced_by_the_application_fails_the_step(
     assert [s.status for s in result.steps] == ["failed"]
     assert "answered without the turn's journal" in (result.steps[0].error or "")
     assert read_ledger(desk.ledger) == []
+
+
+def test_a_graph_run_by_one_kernel_agent_is_refused_by_another(tmp_path: Path) -> None:
+    desk = Desk(tmp_path / "ledger")
+    with pytest.raises(CompilationError, match="run by another KernelAgent already"):
+        KernelAgent(
+            desk.graph,
+            name="other",
+            reads={"order_status"},
+            writes={"cancel_order": str, "issue_refund": str},
+        )
+
+
+async def test_an_interrupt_left_unanswered_reaches_its_node_as_a_reject(
+    store: Durability,
+) -> None:
+    seen: list[Any] = []
+
+    def review(state: MessagesState) -> dict[str, Any]:
+        answer = interrupt({"plan": "restart the server"})
+        seen.append(answer)
+        return {"messages": [AIMessage(f"{answer['decision']}: {answer['reason']}")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("review", review)
+    builder.add_edge(START, "review")
+    builder.add_edge("review", END)
+    bridge = KernelAgent(builder.compile(), name="ops", approve_within=timedelta(minutes=5))
+    clock = MovingClock()
+    kernel = Kernel(bridge.as_agent(version="1"), store, clock=clock)
+    asked = await kernel.turn("t1", "turn-1", "restart")
+    assert asked.interaction is not None
+    clock.now += timedelta(minutes=5)
+    await kernel.turn("t1", "turn-2", "restart")
+    assert seen[0] == {
+        "decision": "reject",
+        "reason": "The approval request closed unanswered.",
+        "value": None,
+        "actor": None,
+    }

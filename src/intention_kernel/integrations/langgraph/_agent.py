@@ -134,7 +134,12 @@ class KernelAgent(BridgeAgent):
         if conversation.pending:
             # The approval closed without an answer (it expired, or an operator
             # resolved it): the graph reads it as rejected before the new message.
-            closed = {"decision": "reject", "reason": CLOSED_UNANSWERED}
+            closed = {
+                "decision": "reject",
+                "reason": CLOSED_UNANSWERED,
+                "value": None,
+                "actor": None,
+            }
             await run.invoke(Command(resume={c.interrupt_id: closed for c in conversation.pending}))
         assert input.prompt is not None  # AgentInput holds exactly one of the two
         await run.invoke(self._to_input(input.prompt))

@@ -27,6 +27,9 @@ from intention_kernel.integrations.langgraph._step import STEP, KernelStep, Task
 
 __all__ = ["IN_TOOL_NODE", "ToolSeam", "tool_nodes"]
 
+#: The attribute that marks a ``ToolNode`` wrapper as a seam's (its ``ToolSeam``).
+SEAM = "_intention_kernel_seam"
+
 #: The tool a ``ToolNode`` of a kernel run is calling now (read by the guard).
 IN_TOOL_NODE: ContextVar[str | None] = ContextVar("ik_langgraph_tool", default=None)
 
@@ -100,28 +103,35 @@ class ToolSeam:
                     f"{self.capability_id}: a ToolNode has a sync wrap_tool_call only; give "
                     "it an async awrap_tool_call too, which the kernel runs inside"
                 )
+            if getattr(node._awrap_tool_call, SEAM, None) not in (None, self):
+                # Two seams on one node would hold two receipts for one write, the
+                # inner one prepared inside the outer one's provider call.
+                problems.append(
+                    f"{self.capability_id}: a ToolNode of the graph is run by another "
+                    "KernelAgent already; compile the graph once for each"
+                )
         if problems:
             raise CompilationError(problems)
         for node in nodes:
-            outer = node._awrap_tool_call
-            if getattr(outer, "__self__", None) is self:
+            if getattr(node._awrap_tool_call, SEAM, None) is self:
                 continue
+            node._awrap_tool_call = self._around(node._awrap_tool_call)
+
+    def _around(self, outer: Any) -> Any:
+        """The node's wrapper: this seam, inside the application's ``outer`` if any."""
+
+        async def wrapped(request: ToolCallRequest, execute: Execute) -> ToolMessage | Command[Any]:
             if outer is None:
-                node._awrap_tool_call = self.wrap
-            else:
+                return await self.wrap(request, execute)
 
-                async def chained(
-                    request: ToolCallRequest,
-                    execute: Execute,
-                    outer: Any = outer,
-                ) -> ToolMessage | Command[Any]:
-                    async def inner(request: ToolCallRequest) -> ToolMessage | Command[Any]:
-                        return await self.wrap(request, execute)
+            async def inner(request: ToolCallRequest) -> ToolMessage | Command[Any]:
+                return await self.wrap(request, execute)
 
-                    result: ToolMessage | Command[Any] = await outer(request, inner)
-                    return result
+            result: ToolMessage | Command[Any] = await outer(request, inner)
+            return result
 
-                node._awrap_tool_call = chained
+        setattr(wrapped, SEAM, self)
+        return wrapped
 
     async def wrap(self, request: ToolCallRequest, execute: Execute) -> ToolMessage | Command[Any]:
         step = STEP.get()
