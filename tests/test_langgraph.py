@@ -1045,3 +1045,53 @@ async def test_an_interrupt_left_unanswered_reaches_its_node_as_a_reject(
         "value": None,
         "actor": None,
     }
+
+
+async def test_an_interrupt_in_a_subgraph_resumes_in_a_later_turn(store: Durability) -> None:
+    """The saved state holds each namespace's checkpoint: the subgraph's too."""
+
+    def review(state: MessagesState) -> dict[str, Any]:
+        answer = interrupt({"plan": "deploy"})
+        return {"messages": [AIMessage(f"reviewed: {answer['decision']}")]}
+
+    inner = StateGraph(MessagesState)
+    inner.add_node("review", review)
+    inner.add_edge(START, "review")
+    inner.add_edge("review", END)
+    outer = StateGraph(MessagesState)
+    outer.add_node("inner", inner.compile())
+    outer.add_node("after", lambda s: {"messages": [AIMessage(f"then {s['messages'][-1].text}")]})
+    outer.add_edge(START, "inner")
+    outer.add_edge("inner", "after")
+    outer.add_edge("after", END)
+    bridge = KernelAgent(outer.compile(), name="ops")
+    kernel = Kernel(bridge.as_agent(version="1"), store)
+    asked = await kernel.turn("t1", "turn-1", "go")
+    assert asked.interaction is not None
+    assert [c["value"] for c in asked.interaction.details] == [{"plan": "deploy"}]
+    done = await kernel.turn("t1", "turn-2", answer=Answer(digest=asked.interaction.digest))
+    assert done.reply == "then reviewed: accept"
+
+
+async def test_an_interrupt_inside_a_write_tools_body_leaves_its_receipt_uncertain(
+    store: Durability,
+) -> None:
+    """The pause comes after the receipt was held: whether the write ran before it is
+    unknown, so it is never run again (``approve`` asks before the receipt)."""
+
+    @tool
+    def cancel_order(order_id: str) -> str:
+        """Cancel an order."""
+        interrupt({"cancel": order_id})
+        return "cancelled"
+
+    def script(messages: list[BaseMessage]) -> AIMessage:
+        call = {"name": "cancel_order", "args": {"order_id": "42"}, "id": "c1"}
+        return AIMessage("", tool_calls=[call])
+
+    graph = react_agent(ScriptedChatModel(script=script), [cancel_order])
+    bridge = KernelAgent(graph, name="desk", writes={"cancel_order": lambda a: a["order_id"]})
+    result = await Kernel(bridge.as_agent(version="1"), store).turn("t1", "turn-1", "cancel")
+    assert [s.status for s in result.steps] == ["uncertain"]
+    (receipt,) = await store.list_receipts(thread_id="t1")
+    assert receipt.status == ReceiptStatus.UNCERTAIN

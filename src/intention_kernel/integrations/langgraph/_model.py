@@ -1,14 +1,14 @@
 """The chat-model seam: every model call of a graph run is answered from, or recorded
 in, the turn's journal before the graph sees its response.
 
-LangChain's chat models consult an LLM cache before they call their provider, and
-update it with the response before returning it. :class:`JournalCache` is that cache:
-installed process-wide once (it wraps whichever cache was installed before, and
-defers to it outside a kernel run), it answers a call of a kernel run from the
-journal, and records a response the model was asked for. :class:`JournalGuard`, a
-callback handler on each kernel run, refuses any model response that did not pass
-through the journal: a model with its own cache, ``cache=False`` or a direct
-``astream`` would otherwise call its provider again on every redelivery.
+LangChain's chat models consult an LLM cache before they call their provider. They
+update it with the response before returning it. :class:`JournalCache` is that cache,
+installed process-wide once. Inside a kernel run it answers a call from the journal,
+or records the response the model gave. Outside, it defers to the cache installed
+before it. :class:`JournalGuard`, a callback handler on each kernel run, refuses a
+model response that did not pass through the journal. A model with its own cache,
+``cache=False`` or a direct ``astream`` would otherwise be asked again on every
+redelivery.
 """
 
 from __future__ import annotations

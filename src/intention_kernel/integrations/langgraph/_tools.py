@@ -35,7 +35,7 @@ IN_TOOL_NODE: ContextVar[str | None] = ContextVar("ik_langgraph_tool", default=N
 
 
 class _Skipped(GraphInterrupt):
-    """A tool call not run because a call before it paused or failed its task.
+    """A tool call not run because a call before it paused its task.
 
     An interrupt to LangGraph and the ``ToolNode`` (which never handles one), with no
     interrupt of its own: the task's first exception, the real pause, is the one seen.
@@ -144,8 +144,8 @@ class ToolSeam:
         gate = step.gates.setdefault(str(configurable.get("checkpoint_ns", "")), TaskGate())
         async with gate.lock:
             if gate.stopped:
-                # A call before this one paused or failed the task: this one runs on
-                # its resume, or not at all.
+                # A call before this one paused the task: this one runs when the task
+                # is resumed.
                 raise _Skipped(name)
             token = IN_TOOL_NODE.set(name)
             try:
