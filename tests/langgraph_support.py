@@ -4,7 +4,8 @@ The model is a pure function of the messages it is sent, so a redelivered turn, 
 a new process, asks for the same calls. With ``asks``, each call the model answers is
 also a line of that file (its process and how many messages it carried), which
 outlives a process that dies; with ``die_at_request=N`` the process sends itself
-SIGKILL as its model is about to answer its N-th call (that call is not logged).
+SIGKILL as its model is about to answer its N-th call (that call is not logged); with
+``delay``, each call takes that many seconds.
 
 Tools: ``order_status`` (a read), ``cancel_order`` (a write, keyed by the order) and
 ``issue_refund`` (a write keyed by the order that needs approval). Each write appends
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -48,6 +50,7 @@ class ScriptedChatModel(BaseChatModel):
     requests: list[list[BaseMessage]] = pydantic.Field(default_factory=list)
     asks: str | None = None
     die_at_request: int | None = None
+    delay: float = 0.0
 
     @property
     def _llm_type(self) -> str:
@@ -61,10 +64,12 @@ class ScriptedChatModel(BaseChatModel):
     ) -> ChatResult:
         if self.die_at_request is not None and len(self.requests) + 1 == self.die_at_request:
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(self.delay)  # a provider that takes its time: turns overlap
         self.requests.append(list(messages))
         if self.asks is not None:
+            line = {"pid": os.getpid(), "messages": len(messages), "at": time.time()}
             with open(self.asks, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"pid": os.getpid(), "messages": len(messages)}) + "\n")
+                f.write(json.dumps(line) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
         return ChatResult(generations=[ChatGeneration(message=self.script(messages))])
@@ -178,6 +183,7 @@ class Desk:
         script: Script = desk_script,
         alone: bool = False,
         checkpointer: Any = None,
+        delay: float = 0.0,
     ) -> None:
         self.ledger = str(ledger)
         self.model = ScriptedChatModel(
@@ -185,6 +191,7 @@ class Desk:
             requests=[],
             asks=None if asks is None else str(asks),
             die_at_request=die_at_request,
+            delay=delay,
         )
 
         self.tools = desk_tools(self.write, interrupting=alone)

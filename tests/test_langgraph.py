@@ -1095,3 +1095,34 @@ async def test_an_interrupt_inside_a_write_tools_body_leaves_its_receipt_uncerta
     assert [s.status for s in result.steps] == ["uncertain"]
     (receipt,) = await store.list_receipts(thread_id="t1")
     assert receipt.status == ReceiptStatus.UNCERTAIN
+
+
+@pytest.mark.slow
+async def test_two_processes_on_one_thread_take_turns_and_lose_nothing(
+    workers: Workers, tmp_path: Path
+) -> None:
+    """Two processes submit a turn of one thread at the same instant (LangGraph #8796:
+    two writers on one thread). The kernel's lock serializes them: one turn's model
+    calls all come before the other's, and the thread's state holds both exchanges."""
+    import asyncio
+
+    asks = tmp_path / "asks.jsonl"
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    both = {"asks": str(asks), "delay": 0.3, "barrier": {"dir": str(barrier), "count": 2}}
+    first, second = await asyncio.gather(
+        workers.run([{"thread_id": "t1", "turn_id": "a", "message": "status of 42"}], **both),
+        workers.run([{"thread_id": "t1", "turn_id": "b", "message": "status of 43"}], **both),
+    )
+    calls = read_ledger(asks)
+    pids = [c["pid"] for c in sorted(calls, key=lambda c: c["at"])]
+    assert len(pids) == 4
+    assert pids[0] == pids[1] != pids[2] == pids[3]  # never interleaved
+    # Both were submitted before the first turn's last model call: they overlapped.
+    assert max(first[0]["started"], second[0]["started"]) < calls[1]["at"]
+    assert [c["messages"] for c in calls] == [1, 3, 5, 7]  # the second read the first
+    third = {"thread_id": "t1", "turn_id": "c", "message": "status of 42"}
+    (done,) = await workers.run([third], asks=str(asks))
+    assert done["result"]["reply"] == f"order_status: {json.dumps(STATUS_42)}"
+    # The next turn reads both exchanges (4 messages each) and its own message.
+    assert [c["messages"] for c in read_ledger(asks)[4:]] == [9, 11]
