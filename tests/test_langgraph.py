@@ -1048,7 +1048,7 @@ async def test_an_interrupt_left_unanswered_reaches_its_node_as_a_reject(
 
 
 async def test_an_interrupt_in_a_subgraph_resumes_in_a_later_turn(store: Durability) -> None:
-    """The saved state holds each namespace's checkpoint: the subgraph's too."""
+    """The saved state holds the paused subgraph's checkpoint too, until it ends."""
 
     def review(state: MessagesState) -> dict[str, Any]:
         answer = interrupt({"plan": "deploy"})
@@ -1066,11 +1066,23 @@ async def test_an_interrupt_in_a_subgraph_resumes_in_a_later_turn(store: Durabil
     outer.add_edge("after", END)
     bridge = KernelAgent(outer.compile(), name="ops")
     kernel = Kernel(bridge.as_agent(version="1"), store)
-    asked = await kernel.turn("t1", "turn-1", "go")
-    assert asked.interaction is not None
-    assert [c["value"] for c in asked.interaction.details] == [{"plan": "deploy"}]
-    done = await kernel.turn("t1", "turn-2", answer=Answer(digest=asked.interaction.digest))
-    assert done.reply == "then reviewed: accept"
+
+    async def namespaces() -> list[str]:
+        checkpoint = await store.load_checkpoint("t1")
+        assert checkpoint is not None
+        return [entry["ns"] for entry in checkpoint.facts["ops.conversation"].value["state"]]
+
+    for run in ("1", "2"):
+        asked = await kernel.turn("t1", f"ask-{run}", "go")
+        assert asked.interaction is not None
+        assert [c["value"] for c in asked.interaction.details] == [{"plan": "deploy"}]
+        (subgraph,) = [ns for ns in await namespaces() if ns]
+        assert subgraph.startswith("inner:")
+        answer = Answer(digest=asked.interaction.digest)
+        done = await kernel.turn("t1", f"answer-{run}", answer=answer)
+        assert done.reply == "then reviewed: accept"
+        # The finished subgraph's checkpoint is not kept: the fact does not grow.
+        assert await namespaces() == [""]
 
 
 async def test_an_interrupt_inside_a_write_tools_body_leaves_its_receipt_uncertain(
@@ -1126,3 +1138,29 @@ async def test_two_processes_on_one_thread_take_turns_and_lose_nothing(
     assert done["result"]["reply"] == f"order_status: {json.dumps(STATUS_42)}"
     # The next turn reads both exchanges (4 messages each) and its own message.
     assert [c["messages"] for c in read_ledger(asks)[4:]] == [9, 11]
+
+
+async def test_a_subgraph_with_a_history_of_its_own_keeps_it_across_turns(
+    store: Durability,
+) -> None:
+    """``compile(checkpointer=True)``: the subgraph's namespace names no task, and its
+    checkpoint is kept from turn to turn."""
+
+    class Inner(MessagesState, total=False):
+        runs: int  # the subgraph's own: the parent's state has no such key
+
+    def count(state: Inner) -> dict[str, Any]:
+        runs = state.get("runs", 0) + 1
+        return {"runs": runs, "messages": [AIMessage(f"run {runs}")]}
+
+    inner = StateGraph(Inner)
+    inner.add_node("count", count)
+    inner.add_edge(START, "count")
+    inner.add_edge("count", END)
+    outer = StateGraph(MessagesState)
+    outer.add_node("inner", inner.compile(checkpointer=True))
+    outer.add_edge(START, "inner")
+    outer.add_edge("inner", END)
+    kernel = Kernel(KernelAgent(outer.compile(), name="ops").as_agent(version="1"), store)
+    replies = [(await kernel.turn("t1", f"turn-{i}", "go")).reply for i in range(3)]
+    assert replies == ["run 1", "run 2", "run 3"]

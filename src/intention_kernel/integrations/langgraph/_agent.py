@@ -238,7 +238,8 @@ class _Run:
     async def outcome(self) -> CapabilityResult:
         agent = self.agent
         state = await self.graph.aget_state(self.config)
-        saved = await snapshot(self.saver, self.step.ctx.thread_id)
+        pending = {task.id for task in state.tasks}
+        saved = await snapshot(self.saver, self.step.ctx.thread_id, pending)
         if state.interrupts:
             calls = [
                 Call(

@@ -75,14 +75,25 @@ class Conversation:
         }
 
 
-async def snapshot(saver: BaseCheckpointSaver[Any], thread_id: str) -> list[dict[str, str]]:
-    """The latest checkpoint of each namespace of ``thread_id`` in ``saver``, with its
-    pending writes (an interrupt is one), as JSON."""
+async def snapshot(
+    saver: BaseCheckpointSaver[Any], thread_id: str, pending: set[str]
+) -> list[dict[str, str]]:
+    """The latest checkpoint of each namespace of ``thread_id`` in ``saver`` that a
+    later run may read, with its pending writes (an interrupt is one), as JSON.
+
+    ``pending`` holds the IDs of the graph's unfinished tasks. A subgraph's namespace
+    names the task that ran it (``node:<task id>``): once that task finished, nothing
+    reads it again, and keeping it would grow the fact by one entry a run. A
+    namespace without a task ID (a subgraph with a history of its own) is kept.
+    """
     latest: dict[str, dict[str, str]] = {}
     async for saved in saver.alist({"configurable": {"thread_id": thread_id}}):
         ns = saved.config["configurable"].get("checkpoint_ns", "")
         if ns in latest:
             continue  # listed newest first: only the latest is kept
+        _, _, task = ns.split("|", 1)[0].partition(":")
+        if task and task not in pending:
+            continue
         kind, data = saver.serde.dumps_typed(
             {
                 "checkpoint": saved.checkpoint,
