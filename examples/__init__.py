@@ -9,6 +9,8 @@
   (``KernelAgent``), its model a ``FunctionModel`` (no API key);
 - ``python -m examples.openai_agents_desk``: an OpenAI Agents SDK agent inside durable
   turns (``KernelAgent``), its model a scripted ``agents.Model`` (no API key).
+- ``python -m examples.langgraph_desk``: a LangGraph ReAct agent inside durable turns
+  (``KernelAgent``), its model a scripted LangChain chat model (no API key).
 
 Both take ``--db sqlite:///file.db`` or ``--db postgresql://...``, ``--thread`` and
 ``--llm`` (see :mod:`examples._conversation`).

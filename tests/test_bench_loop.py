@@ -59,7 +59,8 @@ def test_the_kernel_loop_row_replays_a_committed_turn_and_reports_a_crashed_ones
 def test_langgraphs_react_row_runs_a_resubmitted_turn_again_and_resumes_a_crashed_one(
     tmp_path: Path,
 ) -> None:
-    pytest.importorskip("langgraph.prebuilt", reason="the bench extra (make bench) installs it")
+    # The langgraph extra (in dev) brings langgraph; its SQLite saver comes with bench.
+    pytest.importorskip("langgraph.checkpoint.sqlite", reason="the bench extra installs it")
     measured = run_row("loop-langgraph-sqlite", tmp_path)
     # No turn ID: each resubmission asks the model three times and runs both tools.
     assert (measured["replays"]["model_rerun"], measured["replays"]["effects_rerun"]) == (9, 6)

@@ -519,6 +519,75 @@ def test_the_pydantic_ai_desk_killed_mid_turn_calls_the_provider_once(
     assert (tmp_path / "model.log").read_text().split() == ["1", "3"]
 
 
+# -- the LangGraph help desk -------------------------------------------------------------------
+
+
+def test_the_langgraph_desk_writes_once_and_approves_across_a_restart(store: list[str]) -> None:
+    """``python -m examples.langgraph_desk``: a LangGraph ReAct agent whose cancel is
+    applied once although its turn is delivered again, and whose refund waits for a
+    "yes" across a restart and then runs once; a second run replays every turn."""
+    output = run_example("langgraph_desk", *store)
+    assert summary(output) == {
+        "committed": 4,
+        "replayed": 2,
+        "failed_steps": 0,
+        "provider_calls": 2,
+    }
+    assert "[turn-3] agent: Refund 1250 cents for order 42? Reply yes, or no and why." in output
+    assert '[turn-4] agent: issue_refund for order 42: {"id": "refund_42"}' in output
+    assert re.findall(r"^provider: (\S+) applied (\d+)x$", output, re.M) == [
+        ("desk.agent:cancel_order:43", "1"),
+        ("desk.agent:issue_refund:42", "1"),
+    ]
+    again = run_example("langgraph_desk", *store)
+    assert summary(again) == {
+        "committed": 0,
+        "replayed": 6,
+        "failed_steps": 0,
+        "provider_calls": 0,
+    }
+
+
+def test_the_langgraph_desk_killed_mid_turn_calls_the_provider_once(
+    store: list[str], tmp_path: Path
+) -> None:
+    """``python -m examples.langgraph_desk.crash``: a real process dies after the
+    cancel's provider call, before its turn commits; the redelivery in a new process
+    commits the stored result, the shop was called once and the model asked once per
+    call."""
+    args = [
+        *store,
+        "--ledger",
+        str(tmp_path / "shop.ledger"),
+        "--model-log",
+        str(tmp_path / "model.log"),
+    ]
+    died = subprocess.run(
+        [sys.executable, "-m", "examples.langgraph_desk.crash", *args, "--die"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert died.returncode == 137, died.stderr
+    assert "summary:" not in died.stdout
+    assert len((tmp_path / "shop.ledger").read_text().splitlines()) == 1
+    output = run_example("langgraph_desk.crash", *args)
+    assert summary(output) == {
+        "committed": 1,
+        "replayed": 0,
+        "failed_steps": 0,
+        "provider_calls": 1,
+    }
+    assert '[crash-1] agent: cancel_order for order 42: {"id": "cancel_42"}' in output
+    assert "[crash-1] step desk.agent: completed" in output
+    # The call that asked for the cancel was recorded before the cancel ran: the
+    # redelivery asked the model only for the one that reads its result.
+    assert "model: requests=2 asked=2" in output
+    assert (tmp_path / "model.log").read_text().split() == ["1", "3"]
+
+
 # -- the OpenAI Agents SDK help desk -----------------------------------------------------------
 
 

@@ -1,0 +1,1 @@
+"""The help desk on a LangGraph ReAct agent (see ``__main__``)."""
