@@ -35,6 +35,7 @@ import importlib.util
 import inspect
 import io
 import json
+import os
 import re
 import shlex
 import textwrap
@@ -305,6 +306,13 @@ def check(words: list[str]) -> list[str]:
         return [f"pytest: no file {path}" for path in paths if not (ROOT / path).exists()]
     if tool == "intention-kernel":
         return _check_cli(args)
+    if tool == "export":
+        bad = [a for a in args if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", a)]
+        return [f"export: not VAR=value: {a}" for a in bad]
+    if tool.startswith("scripts/"):
+        # A script of the repository's: it exists and may be run.
+        script = ROOT / tool
+        return [] if os.access(script, os.X_OK) else [f"{tool}: no such executable script"]
     if tool in SYSTEM_TOOLS:
         return []
     return [f"{words[0]}: not a command the docs know (add it to SYSTEM_TOOLS if it is one)"]
