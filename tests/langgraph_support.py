@@ -184,6 +184,7 @@ class Desk:
         alone: bool = False,
         checkpointer: Any = None,
         delay: float = 0.0,
+        **policy: Any,
     ) -> None:
         self.ledger = str(ledger)
         self.model = ScriptedChatModel(
@@ -213,6 +214,7 @@ class Desk:
             approve={"issue_refund"},
             read_answer=read_answer,
             approve_within=approve_within,
+            **policy,
         )
 
     @property

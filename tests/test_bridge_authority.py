@@ -1,5 +1,5 @@
 """The bridges' approval tools take the capability's approver policy (issue 31): a
-customer cannot approve the refund they asked for, through either framework."""
+customer cannot approve the refund they asked for, through any framework."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ OPERATOR = Principal("oncall", "acme", "operator")
 
 
 def desk_of(framework: str, ledger: Path, **policy: Any) -> Any:
+    if framework == "langgraph":
+        import langgraph_support
+
+        return langgraph_support.Desk(ledger, read_answer=words, **policy)
     if framework == "pydantic_ai":
         import pydantic_ai_support
 
@@ -26,7 +30,7 @@ def desk_of(framework: str, ledger: Path, **policy: Any) -> Any:
     return openai_agents_support.Desk(ledger, read_answer=words, **policy)
 
 
-@pytest.mark.parametrize("framework", ["pydantic_ai", "openai_agents"])
+@pytest.mark.parametrize("framework", ["pydantic_ai", "openai_agents", "langgraph"])
 async def test_a_bridges_approval_refuses_the_customers_own_yes(
     store: Durability, tmp_path: Path, framework: str
 ) -> None:

@@ -13,6 +13,7 @@ from langgraph.pregel import Pregel
 from langgraph.types import Command
 from pydantic_core import to_jsonable_python
 
+from intention_kernel.authority import Approvers
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult
 from intention_kernel.errors import CapabilityError, CorruptRecordError, EffectUncertainError
 from intention_kernel.integrations._bridge import (
@@ -64,6 +65,8 @@ class KernelAgent(BridgeAgent):
     arguments. ``read_answer`` reads a message sent while an approval is pending as the
     person's answer, or ``None`` when it is not one. ``approve_within`` is how long an
     approval stays open (``None``: until answered); the run then reads it as rejected.
+    ``approvers`` and ``self_approval`` say who may answer its approvals, as for
+    ``@capability`` (:mod:`intention_kernel.authority`).
     ``to_input`` makes the graph's input from a message, ``to_reply`` the reply from
     its final state. ``context`` is LangGraph's run context; ``config`` is merged into
     every run's config (``recursion_limit``, tags).
@@ -84,6 +87,8 @@ class KernelAgent(BridgeAgent):
         description: str | None = None,
         read_answer: Callable[[str], Answer | Decision | None] | None = None,
         approve_within: timedelta | None = None,
+        approvers: Approvers = None,
+        self_approval: bool = True,
         to_input: Callable[[str], Any] = default_input,
         to_reply: Callable[[Any], Any] = default_output,
         context: Any = None,
@@ -102,6 +107,8 @@ class KernelAgent(BridgeAgent):
             description=description,
             read_answer=read_answer,
             approve_within=approve_within,
+            approvers=approvers,
+            self_approval=self_approval,
         )
         self._writes = dict(writes or {})
         self._reads = frozenset(reads)
