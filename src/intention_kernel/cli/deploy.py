@@ -58,6 +58,8 @@ REASONS = {
     "corrupt": "corrupt",
     "busy": "thread stayed busy",
     "moved": "a turn committed meanwhile",
+    "conflict": "turn ID taken by another request",
+    "failed": "refused by the store",
 }
 
 

@@ -10,8 +10,9 @@ dropped unrun, and ``interaction.expired`` is emitted. Each is closed by a turn 
 own under the thread's lock, beside live turns; running the command again, or two at
 once, closes each interaction once. No agent is needed: no agent code runs. Run it
 from cron (every minute, say) when consumers of ``interaction.expired`` must hear of
-an abandoned confirmation before someone writes to its thread again. Exit status 1 if
-a thread could not be reached (busy past the lock timeout, or unreadable): run it again.
+an abandoned confirmation before someone writes to its thread again. A thread it cannot
+close (busy past the lock timeout, unreadable, or its expiry turn ID taken by a client
+turn) is listed, and every other thread is still closed. Exit status 1 if any was listed.
 """
 
 from __future__ import annotations
