@@ -208,8 +208,9 @@ def sqlite_path(value: str) -> str:
 
 
 def refuse(message: str, code: int = EXIT_REFUSED) -> NoReturn:
-    """Print ``message`` on stderr and exit non-zero."""
-    stderr.print(Text.assemble(("refused:", "bold red"), " ", message))
+    """Print ``message`` on stderr, as one line, and exit non-zero."""
+    # Not wrapped at the terminal's width: a refusal is one line for logs and for grep.
+    stderr.print(Text.assemble(("refused:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -248,11 +249,15 @@ def existing_store(url: str) -> Operable:
 def open_store(url: str, *, lock_timeout: float | None = None) -> Durability:
     """The adapter for ``url`` (see :func:`resolve_db_url`), built once, not opened, with a
     short connect timeout (:data:`CONNECT_TIMEOUT`); refuses (exit status 2) a URL or an
-    option no adapter accepts."""
+    option no adapter accepts, and an adapter whose extra is not installed. Every command
+    opens its store here, so each says the same one line."""
     from intention_kernel.durability import open_durability
     from intention_kernel.errors import KernelError
 
     try:
         return open_durability(url, lock_timeout=lock_timeout, connect_timeout=CONNECT_TIMEOUT)
     except (KernelError, ValueError) as exc:
+        refuse(str(exc))
+    except ImportError as exc:
+        # The adapter's module names its extra (``pip install 'intention-kernel[postgres]'``).
         refuse(str(exc))
