@@ -36,6 +36,8 @@ COMMANDS: dict[str, list[str]] = {
     "outbox-status": ["outbox", "status"],
     "outbox-relay": ["outbox", "relay", "--to", "nats://127.0.0.1:1"],
     "interactions-expire": ["interactions", "expire"],
+    "interactions-list": ["interactions", "list"],
+    "threads-show": ["threads", "show", "t"],
     "serve": ["serve", "--agent", "host_support:billing_agent", "--port", "1"],
 }
 
