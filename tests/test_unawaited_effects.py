@@ -62,7 +62,7 @@ async def test_a_forgotten_await_fails_the_step_and_runs_nothing(store: Durabili
     provider = Provider()
 
     async def charge(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
-        ctx.run_effect(f"charge:{input['pi']}", provider.charge)  # no await
+        ctx.run_effect(f"charge:{input['pi']}", provider.charge)  # type: ignore[unused-coroutine]
         return CapabilityResult(value="done", reply="Charged.")
 
     kernel = kernel_with(store, charge)
@@ -88,7 +88,7 @@ async def test_one_forgotten_call_among_awaited_ones_fails_the_step(store: Durab
         await asyncio.gather(
             ctx.run_effect("a", provider.charge), ctx.run_effect("b", provider.charge)
         )
-        ctx.run_effect("c", provider.charge)
+        ctx.run_effect("c", provider.charge)  # type: ignore[unused-coroutine]
         return CapabilityResult(value="done")
 
     result = await run_collecting_warnings(kernel_with(store, charge), "1", "charge")
