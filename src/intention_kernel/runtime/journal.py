@@ -16,14 +16,14 @@ loses it, not close it. A one-round interpreter never records anything.
 
 Every round goes on from the value as the store reads it back (``tx.recorded`` returns
 it), in the first delivery too, so that a redelivery makes exactly the same decisions.
+A streamed redelivery streams the text of each round it takes from the journal as one
+``delta``, so that its stream carries the turn's text as a live delivery's does.
 
 A model's arguments may hold what no store can (NaN, infinity, a lone surrogate). A
 one-round turn fails that step; a round must too, not the whole turn. So a round is
 recorded with what can be kept: such an intent keeps its capability and says why its
 input was not kept (``error``, a failed step), and the model's response is kept with
 those values spelled out as text (:func:`~intention_kernel._json.storable_copy`).
-A streamed redelivery streams the text of each round it takes from the journal as one
-``delta``, so that its stream carries the turn's text as a live delivery's does.
 """
 
 from __future__ import annotations
