@@ -5,7 +5,8 @@
 states stored, the depth reached, the memory and the seconds. It exits non-zero if
 the model has a counterexample (its trail printed with ``spin -t -p``) or a mutant
 has none. pan is compiled into ``build/model-check/`` (git-ignored). Needs ``spin``
-and ``cc``. Standard library only, so that ``make model-check`` needs no venv.
+and ``cc`` (``apt-get install spin gcc``); without them it says so in one line and
+exits 2. Standard library only, so that ``make model-check`` needs no venv.
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ class Result:
         )
 
 
+#: The Debian (and Ubuntu) package of each tool a run needs.
+PACKAGES = {"spin": "spin", "cc": "gcc"}
+
+
 def tools_missing() -> list[str]:
     """The tools a run needs that are not on the PATH."""
     return [tool for tool in ("spin", "cc") if shutil.which(tool) is None]
@@ -166,7 +171,13 @@ def _number(pattern: str, text: str) -> int:
 def main() -> int:
     missing = tools_missing()
     if missing:
-        print(f"model-check needs {' and '.join(missing)} on the PATH", file=sys.stderr)
+        # One line: ``make test`` runs this first, and a fresh machine has no SPIN.
+        packages = " ".join(PACKAGES[tool] for tool in missing)
+        print(
+            f"model-check needs {' and '.join(missing)} on the PATH: "
+            f"install it with `apt-get install {packages}` (Debian, Ubuntu)",
+            file=sys.stderr,
+        )
         return 2
     failed = False
     for run in MODEL_RUNS:

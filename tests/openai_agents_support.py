@@ -127,6 +127,7 @@ class Desk:
         approvers: Approvers = None,
         self_approval: bool = True,
         writes: dict[str, Callable[[dict[str, Any]], str]] | None = None,
+        reads: list[str] | None = None,
     ) -> None:
         self.ledger = str(ledger)
         self.model = FakeModel(self.script)
@@ -158,6 +159,7 @@ class Desk:
                 "cancel_order": lambda args: args["order_id"],
                 "issue_refund": lambda args: args["order_id"],
             },
+            reads=reads if reads is not None else ["order_status"],
             read_answer=read_answer,
             approve_within=approve_within,
             approvers=approvers,

@@ -89,6 +89,7 @@ class Desk:
                 "cancel_order": lambda args: args["order_id"],
                 "issue_refund": lambda args: args["order_id"],
             },
+            reads=["order_status"],
             read_answer=read_answer,
             approve_within=approve_within,
             approvers=approvers,

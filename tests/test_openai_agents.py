@@ -181,7 +181,12 @@ async def test_a_rejects_reason_reaches_the_model(store: Durability, tmp_path: P
 async def test_an_approval_tool_without_a_key_is_refused_before_asking(
     store: Durability, tmp_path: Path
 ) -> None:
-    desk = Desk(tmp_path / "ledger", writes={"cancel_order": lambda a: a["order_id"]})
+    # Listed as a read, the approval tool passes the bridge's list and fails at its call.
+    desk = Desk(
+        tmp_path / "ledger",
+        writes={"cancel_order": lambda a: a["order_id"]},
+        reads=["order_status", "issue_refund"],
+    )
     result = await Kernel(desk.bridge.as_agent(version="1"), store).turn(
         "t1", "turn-1", "refund 42"
     )
@@ -421,7 +426,11 @@ async def test_a_model_named_in_the_run_config_is_resolved_by_its_provider_and_r
     bridge: KernelAgent[Any] = KernelAgent(
         desk.agent.clone(model=None),
         name="desk",
-        writes={"cancel_order": lambda args: args["order_id"]},
+        writes={
+            "cancel_order": lambda args: args["order_id"],
+            "issue_refund": lambda args: args["order_id"],
+        },
+        reads=["order_status"],
         run_config=RunConfig(model="desk-model-1", model_provider=Provider()),
     )
     kernel = Kernel(bridge.as_agent(version="1"), store)
@@ -534,7 +543,10 @@ async def test_arguments_that_do_not_match_the_schema_reach_the_model_and_run_no
 async def test_a_key_function_that_gives_no_key_fails_the_step_and_runs_nothing(
     store: Durability, tmp_path: Path
 ) -> None:
-    desk = Desk(tmp_path / "ledger", writes={"cancel_order": lambda a: ""})
+    desk = Desk(
+        tmp_path / "ledger",
+        writes={"cancel_order": lambda a: "", "issue_refund": lambda a: a["order_id"]},
+    )
     result = await Kernel(desk.bridge.as_agent(version="1"), store).turn(
         "t1", "turn-1", "cancel 42"
     )

@@ -74,3 +74,32 @@ def test_each_mutant_of_the_protocol_has_a_counterexample_for_the_property_it_br
     assert result.violation is not None, result.report
     assert run.expect in result.violation, result.violation
     assert result.trail, "pan wrote no trail to replay"
+
+
+@pytest.mark.parametrize(
+    ("tools", "package"), [(["cc"], "apt-get install spin"), ([], "apt-get install spin gcc")]
+)
+def test_a_machine_without_spin_is_told_in_one_line_which_package_to_install(
+    tmp_path: Path, tools: list[str], package: str
+) -> None:
+    """``make test`` runs the model check first: on a fresh machine without SPIN its one
+    line of output must say what to install, not leave the person to search."""
+    import shutil
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in tools:
+        found = shutil.which(tool)
+        assert found is not None, f"{tool} is needed to run this test"
+        (bin_dir / tool).symlink_to(found)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "models" / "check_protocol.py")],
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert package in line and "spin" in line

@@ -314,7 +314,13 @@ async def test_an_approval_tool_without_a_key_is_refused_before_asking(
     store: Durability, tmp_path: Path
 ) -> None:
     desk = Desk(tmp_path / "ledger")
-    bridge = KernelAgent(desk.agent, name="desk", writes={"cancel_order": lambda a: a["order_id"]})
+    # Listed as a read, the approval tool passes the bridge's list and fails at its call.
+    bridge = KernelAgent(
+        desk.agent,
+        name="desk",
+        writes={"cancel_order": lambda a: a["order_id"]},
+        reads=["order_status", "issue_refund"],
+    )
     result = await Kernel(bridge.as_agent(version="1"), store).turn("t1", "turn-1", "refund 42")
     assert [s.status for s in result.steps] == ["failed"]
     assert "'issue_refund' needs approval but has no key in writes" in (result.steps[0].error or "")
@@ -337,7 +343,12 @@ async def test_a_key_function_that_gives_no_key_fails_the_step_and_runs_nothing(
     store: Durability, tmp_path: Path, key_of: Any, error: str
 ) -> None:
     desk = Desk(tmp_path / "ledger")
-    bridge = KernelAgent(desk.agent, name="desk", writes={"cancel_order": key_of})
+    bridge = KernelAgent(
+        desk.agent,
+        name="desk",
+        writes={"cancel_order": key_of, "issue_refund": lambda a: a["order_id"]},
+        reads=["order_status"],
+    )
     result = await Kernel(bridge.as_agent(version="1"), store).turn("t1", "turn-1", "cancel 42")
     assert [s.status for s in result.steps] == ["failed"]
     assert error in (result.steps[0].error or "")

@@ -107,6 +107,7 @@ def build_agent(shop: FakeShop, model_log: Path | None = None) -> Agent:
             "cancel_order": lambda args: args["order_id"],
             "issue_refund": lambda args: args["order_id"],
         },
+        reads=["order_status"],
         prompt=refund_question,
         read_answer=read_answer,
     )

@@ -15,6 +15,7 @@ cannot hold NUL, which JSON escapes inside values but a bare column cannot.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "dump_value",
     "load_value",
     "normalize",
+    "storable_copy",
     "storable_text",
     "text_problem",
     "too_deep",
@@ -132,6 +134,22 @@ def storable_text(text: str) -> str:
     if text.isascii():
         return text.replace("\x00", "\\x00") if "\x00" in text else text
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def storable_copy(value: Any) -> Any:
+    """``value`` with what no store can hold spelled out: NaN and infinities as the
+    strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, lone surrogates escaped as
+    ``\\udXXX``, tuples as lists. Other values are kept, so :func:`normalize` may still
+    refuse the copy (a set, an object). Lossy: only for what is shown, never run."""
+    if isinstance(value, str):
+        return value if value.isascii() or _storable(value) else storable_text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return {storable_copy(k): storable_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable_copy(item) for item in value]
+    return value
 
 
 def describe_error(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ import inspect
 import sys
 import threading
 import typing
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import MappingProxyType
@@ -157,7 +157,7 @@ class CapabilityResult:
 
 
 class _EffectRunner(Protocol):
-    async def __call__(self, key: str, fn: EffectFn) -> EffectResult[Any]: ...
+    def __call__(self, key: str, fn: EffectFn) -> Coroutine[Any, Any, EffectResult[Any]]: ...
 
 
 class _Recorder(Protocol):
@@ -215,8 +215,8 @@ class CapabilityContext:
         self._emit = emit
         self._recorded = recorded
 
-    async def run_effect(self, key: str, fn: EffectFn) -> EffectResult[Any]:
-        """Run an external write at most once per ``key`` in this thread.
+    def run_effect(self, key: str, fn: EffectFn) -> Coroutine[Any, Any, EffectResult[Any]]:
+        """Run an external write at most once per ``key`` in this thread: await it.
 
         The stored key is ``"<capability_id>:<key>"``. A completed receipt for it
         returns the original value without calling ``fn``; an uncertain one
@@ -233,9 +233,11 @@ class CapabilityContext:
 
         Await the call before the capability returns: a step ends when all of its
         effect calls have ended, and a call made after that is refused with
-        ``EffectUsageError`` before ``fn`` is called (nothing could announce it).
+        ``EffectUsageError`` before ``fn`` is called (nothing could announce it). A
+        call the capability never awaited never ran: it fails the step, naming the key.
         """
-        return await self._run_effect(key, fn)
+        # Not ``async def``: the step must see the call made, even if never awaited.
+        return self._run_effect(key, fn)
 
     async def recorded(self, key: str, compute: Callable[[], Awaitable[Any]]) -> Any:
         """The JSON value this step recorded under ``key`` in an earlier delivery of

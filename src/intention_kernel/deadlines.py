@@ -30,7 +30,12 @@ from typing import Any
 
 from intention_kernel.checkpoint import Interaction
 from intention_kernel.errors import KernelError
-from intention_kernel.turns import EventDraft, StepResult, StepStatus
+from intention_kernel.turns import (
+    EXPIRY_TURN_PREFIX,
+    EventDraft,
+    StepResult,
+    StepStatus,
+)
 
 __all__ = [
     "Clock",
@@ -112,5 +117,5 @@ def expired_step(interaction: Interaction) -> StepResult:
 def expiry_turn_id(interaction: Interaction) -> str:
     """The turn ID under which the sweep expires ``interaction``. One per interaction,
     so that a sweep run twice (or two at once) commits it once: the second delivery of
-    the turn ID is a replay. Applications must not deliver turns with IDs of this form."""
-    return f"expire:{interaction.id}"
+    the turn ID is a replay. Its prefix is reserved: the kernel refuses it to clients."""
+    return f"{EXPIRY_TURN_PREFIX}{interaction.id}"

@@ -21,7 +21,8 @@ message, so that hosts can react without parsing text::
     │       └── CorruptStoreError     the store's file is damaged (a garbage page, truncated)
     ├── InterpretationError           the interpreter raised or returned garbage; nothing committed
     ├── InvalidRequestError           a request is malformed (turn IDs, message, answer; a
-    │                                 receipt filter or resolution; a TurnResult document)
+    │   │                             receipt filter or resolution; a TurnResult document)
+    │   └── ReservedTurnIdError       a client's turn ID uses a prefix of the kernel's turns
     ├── JournalError                  tx.recorded given a key or value the journal cannot store
     ├── TurnConflictError             a committed (or journaled) turn ID with another request
     ├── TurnExpiredError              a committed turn whose stored result was pruned (retention)
@@ -76,6 +77,7 @@ __all__ = [
     "ReceiptError",
     "ReceiptNotFoundError",
     "ReceiptStateError",
+    "ReservedTurnIdError",
     "StoreError",
     "SyncKernelError",
     "TenantMismatchError",
@@ -246,6 +248,15 @@ class InvalidRequestError(KernelError, ValueError):
     answer, or an answer of the wrong type; ``list_receipts`` with an unknown status;
     ``resolve_receipt`` with a value that is not JSON (NaN, infinity); a document
     ``TurnResult.from_dict`` cannot read. Nothing was read or written."""
+
+
+class ReservedTurnIdError(InvalidRequestError):
+    """A client's turn ID begins with a prefix the kernel keeps for its own turns.
+
+    The expiry sweep closes an interaction in turn ``expire:<interaction id>``. A
+    client turn under that ID would commit first, and the sweep's turn would then
+    conflict on every run. ``turn_id`` names the refused ID; nothing was read or written.
+    """
 
 
 class JournalError(KernelError, ValueError):

@@ -27,7 +27,7 @@ from intention_kernel.errors import InvalidRequestError
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.streaming import TurnEvent, TurnSink
-from intention_kernel.turns import TurnResult, TurnScope, request_digest
+from intention_kernel.turns import TurnResult, TurnScope, check_client_turn_id, request_digest
 
 __all__ = ["Kernel"]
 
@@ -80,8 +80,10 @@ class Kernel:
 
         ``turn_id`` must identify the user's delivery and stay the same across
         transport retries: a committed ``turn_id`` returns the stored result, a
-        new one is a new turn. ``answer`` (an ``Answer``, ``"accept"`` or
-        ``"reject"``) answers the active interaction without interpretation.
+        new one is a new turn. One that begins with a prefix the kernel keeps for
+        its own turns (``expire:``) is refused with ``ReservedTurnIdError``.
+        ``answer`` (an ``Answer``, ``"accept"`` or ``"reject"``) answers the active
+        interaction without interpretation.
 
         ``principal`` is who sent the turn. Its tenant is the turn's tenant (a
         different ``tenant_id`` is refused with ``InvalidRequestError``). Its name is
@@ -170,6 +172,8 @@ class Kernel:
     ) -> tuple[TurnScope, TurnRequest]:
         """The turn's scope and request, or ``InvalidRequestError`` before anything ran."""
         # The IDs are checked once, by the adapter's ``with_turn``, before it reads.
+        # Only the reserved prefixes are the kernel's: the sweep calls ``with_turn`` itself.
+        check_client_turn_id(turn_id)
         resolved = _answer(answer)
         if principal is not None:
             tenant_id, resolved = _as_principal(principal, tenant_id, resolved)

@@ -68,7 +68,10 @@ from intention_kernel.errors import (
     CheckpointError,
     CorruptRecordError,
     FencedCommitError,
+    KernelError,
     ThreadBusyError,
+    TurnConflictError,
+    TurnExpiredError,
 )
 from intention_kernel.replies import Replies
 from intention_kernel.turns import (
@@ -91,7 +94,9 @@ __all__ = [
     "prune",
 ]
 
-RefusalReason = Literal["newer_revision", "foreign_fingerprint", "corrupt", "busy", "moved"]
+RefusalReason = Literal[
+    "newer_revision", "foreign_fingerprint", "corrupt", "busy", "moved", "conflict", "failed"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,8 +336,11 @@ async def expire_interactions(
     fingerprint it was written under, so the sweep needs no ``--agent``. ``replies``
     words the stored turns' reply (``Replies()``, the default wording, unless given).
 
-    A thread that stayed busy past the lock timeout, or whose checkpoint cannot be read,
-    is reported in ``failed`` and left as it was; run it again to retry those.
+    A thread the sweep cannot close is reported in ``failed``, left as it was, and the
+    sweep goes on to the next: one busy past the lock timeout, one whose checkpoint
+    cannot be read, or one whose expiry turn ID a client's turn took before the kernel
+    reserved the prefix (``conflict``; the thread's next turn expires it). Any other
+    refusal of the store is reported as ``failed``. Run the sweep again to retry them.
     """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError("batch must be at least 1")
@@ -347,10 +355,7 @@ async def expire_interactions(
             try:
                 checkpoint = _decode(thread_id, thread, None)
             except CheckpointError as exc:
-                reason: RefusalReason = (
-                    "newer_revision" if isinstance(exc, CheckpointCompatibilityError) else "corrupt"
-                )
-                failed.append(RefusedThread(thread_id, reason, str(exc)))
+                failed.append(RefusedThread(thread_id, _sweep_reason(exc), str(exc)))
                 continue
             active = checkpoint.interaction
             if active is None or not overdue(active, now):
@@ -359,14 +364,10 @@ async def expire_interactions(
                 result = await _expire(store, thread_id, thread.tenant_id, active, clock, wording)
             except _NotOverdue:
                 continue
-            except ThreadBusyError as exc:
-                failed.append(RefusedThread(thread_id, "busy", str(exc)))
-                continue
-            except CheckpointError as exc:
-                reason = (
-                    "newer_revision" if isinstance(exc, CheckpointCompatibilityError) else "corrupt"
-                )
-                failed.append(RefusedThread(thread_id, reason, str(exc)))
+            except KernelError as exc:
+                # One thread's refusal must not stop the sweep: the threads after it
+                # would then never expire, on this run or any other.
+                failed.append(RefusedThread(thread_id, _sweep_reason(exc), str(exc)))
                 continue
             if not result.replayed:
                 expired += 1
@@ -423,6 +424,19 @@ async def _expire(
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+def _sweep_reason(error: KernelError) -> RefusalReason:
+    """How the sweep reports a thread whose expiry turn raised ``error``."""
+    if isinstance(error, ThreadBusyError):
+        return "busy"
+    if isinstance(error, CheckpointCompatibilityError):
+        return "newer_revision"
+    if isinstance(error, CheckpointError):
+        return "corrupt"
+    if isinstance(error, TurnConflictError | TurnExpiredError):
+        return "conflict"
+    return "failed"
 
 
 def _stamp(thread: StoredThread) -> tuple[int | None, str | None]:

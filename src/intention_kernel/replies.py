@@ -140,10 +140,16 @@ class Replies:
         )
 
     def done(self, capability: Capability, value: Any) -> str:
-        """A step completed without a reply of its own; ``value`` is its JSON value."""
-        if value is None:
+        """A step completed without a reply of its own; ``value`` is its JSON value.
+
+        This is the whole reply of a turn that only answers (``Kernel.turn(answer=...)``):
+        no model words it. So it is a sentence, never a JSON document. A short value (a
+        string, a number, a few named scalars) is shown in brackets; any other stays in
+        the step's ``value``."""
+        summary = _summary(value)
+        if summary is None:
             return f"Done: {self.label(capability)}."
-        return f"{self.label(capability)}: {dump_value(value)}"
+        return f"Done: {self.label(capability)} ({summary})."
 
     def failed(self, capability: Capability, step: StepResult, error: BaseException) -> str:
         """A step failed. ``error`` is what the capability raised (an
@@ -170,3 +176,58 @@ class Replies:
             f"I stopped after {rounds} rounds of work without finishing; what was done so far "
             "is above."
         )
+
+
+#: The longest value text :meth:`Replies.done` shows; a longer one stays in the step.
+_MAX_SHOWN = 120
+#: The most named values :meth:`Replies.done` shows of an object.
+_MAX_FIELDS = 5
+
+
+def _summary(value: Any) -> str | None:
+    """``value`` as a short phrase for a person, or ``None`` when it has none: a string
+    or number as it is; an object as ``name: value`` pairs of its few scalars, those of
+    the objects it holds included (an MCP result's ``structuredContent``, say)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        pairs = _pairs(value, _DEPTH)
+        if not pairs or len(pairs) > _MAX_FIELDS:
+            return None
+        text = ", ".join(f"{name}: {shown}" for name, shown in pairs)
+    else:
+        shown = _scalar(value)
+        if shown is None:
+            return None
+        text = shown
+    return text if len(text) <= _MAX_SHOWN else None
+
+
+#: How deep :func:`_summary` looks into objects held by objects.
+_DEPTH = 2
+
+
+def _pairs(value: dict[str, Any], depth: int) -> list[tuple[str, str]]:
+    """The scalars of ``value`` and of the objects it holds, ``depth`` levels down, in
+    order; lists and deeper objects are left out (they stay in the step's value)."""
+    pairs: list[tuple[str, str]] = []
+    for name, item in value.items():
+        if isinstance(item, dict):
+            if depth > 1:
+                pairs += _pairs(item, depth - 1)
+            continue
+        shown = _scalar(item)
+        if shown is not None:
+            pairs.append((str(name), shown))
+    return pairs
+
+
+def _scalar(value: Any) -> str | None:
+    """A string, number or boolean as a person reads it; ``None`` for anything else."""
+    if isinstance(value, bool):
+        return dump_value(value)  # true, false: as the JSON value reads
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str):
+        return value if value.strip() and "\n" not in value else None
+    return None

@@ -21,11 +21,13 @@ import pydantic
 
 from intention_kernel._ids import new_id
 from intention_kernel.checkpoint import CheckpointDelta, Interaction, KernelCheckpoint
-from intention_kernel.errors import CorruptRecordError, InvalidRequestError
+from intention_kernel.errors import CorruptRecordError, InvalidRequestError, ReservedTurnIdError
 from intention_kernel.facts import FactRecord
 
 __all__ = [
+    "EXPIRY_TURN_PREFIX",
     "KERNEL_EVENT_NAMESPACES",
+    "RESERVED_TURN_PREFIXES",
     "EventDraft",
     "OutboxEvent",
     "StepResult",
@@ -33,6 +35,7 @@ __all__ = [
     "TurnCommit",
     "TurnResult",
     "TurnScope",
+    "check_client_turn_id",
     "committed_event",
     "decode_result",
     "encode_result",
@@ -51,6 +54,29 @@ def kernel_event_namespace(type: str) -> str | None:
     for ``"turn"`` itself), or ``None`` if it is free for capabilities."""
     namespace = type.split(".", 1)[0]
     return namespace if namespace in KERNEL_EVENT_NAMESPACES else None
+
+
+#: The prefix of the expiry sweep's turns: ``expire:<interaction id>``.
+EXPIRY_TURN_PREFIX = "expire:"
+
+#: Prefixes of the turn IDs the kernel makes for its own turns. A client turn under
+#: such an ID would commit first; the kernel's own turn would then conflict with it.
+#: A new kind of kernel turn adds its prefix here, so clients are refused it too.
+RESERVED_TURN_PREFIXES: tuple[str, ...] = (EXPIRY_TURN_PREFIX,)
+
+
+def check_client_turn_id(turn_id: str) -> str:
+    """``turn_id`` if a client may deliver a turn under it; ``ReservedTurnIdError`` if it
+    begins with a prefix of the kernel's own turns. Compared exactly, as stores compare."""
+    if isinstance(turn_id, str):
+        for prefix in RESERVED_TURN_PREFIXES:
+            if turn_id.startswith(prefix):
+                raise ReservedTurnIdError(
+                    f"turn ID {turn_id!r} begins with {prefix!r}, a prefix reserved for the "
+                    "kernel's own turns; choose another turn ID",
+                    turn_id=turn_id,
+                )
+    return turn_id
 
 
 @dataclass(frozen=True, slots=True)

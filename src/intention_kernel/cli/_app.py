@@ -12,7 +12,16 @@ from typing import Annotated
 import typer
 
 from intention_kernel import __version__
-from intention_kernel.cli import demo, deploy, interactions, outbox, prune, receipts, serve
+from intention_kernel.cli import (
+    demo,
+    deploy,
+    interactions,
+    outbox,
+    prune,
+    receipts,
+    serve,
+    threads,
+)
 from intention_kernel.cli._help import Group
 
 __all__ = ["GROUPS", "app"]
@@ -26,6 +35,7 @@ GROUPS: tuple[Callable[[typer.Typer], None], ...] = (
     deploy.register,
     prune.register,
     interactions.register,
+    threads.register,
 )
 
 app = typer.Typer(

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import inspect
 import logging
 import os
 import sys
@@ -22,10 +20,10 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
 import typer
 from rich.text import Text
 
+from intention_kernel.cli._agent import load_agent
 from intention_kernel.cli._render import console
 
 if TYPE_CHECKING:
-    from intention_kernel.agent import Agent
     from intention_kernel.durability import Durability
     from intention_kernel.durability.contract import Operable
 
@@ -128,59 +126,6 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass  # always sys.stderr
 
 
-def load_agent(spec: str, *, db_url: str | None = None) -> Agent:
-    """The agent named by ``module:attribute`` (dotted attributes allowed).
-
-    The attribute may be an ``Agent`` or a callable returning one, called without
-    arguments, or with ``db_url=`` (the store the command uses) when it takes a
-    parameter of that name: a factory that keeps files of its own can put them
-    beside the store. The current directory is importable, as with ``python -m``.
-    Raises ``ValueError`` with a message for a person on any problem.
-    """
-    from intention_kernel.agent import Agent
-
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ValueError(f"--agent must look like module:attribute, got {spec!r}")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        target: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r} for --agent {spec}: {exc}") from exc
-    for name in attribute.split("."):
-        try:
-            target = getattr(target, name)
-        except AttributeError:
-            raise ValueError(f"{spec}: {name!r} not found") from None
-    if isinstance(target, Agent):
-        return target
-    if not callable(target):
-        raise ValueError(f"{spec} is a {type(target).__name__}, not an Agent or a factory")
-    arguments: dict[str, str] = {}
-    try:
-        signature = inspect.signature(target)
-    except ValueError:  # no signature to inspect (a builtin): just call it
-        pass
-    else:
-        parameter = signature.parameters.get("db_url")
-        if db_url is not None and parameter is not None and parameter.kind in _BY_KEYWORD:
-            arguments["db_url"] = db_url
-        try:
-            signature.bind(**arguments)
-        except TypeError as exc:
-            raise ValueError(
-                f"{spec} must be callable without arguments (or with db_url only): {exc}"
-            ) from None
-    built = target(**arguments)
-    if not isinstance(built, Agent):
-        raise ValueError(f"{spec}() returned a {type(built).__name__}, not an Agent")
-    return built
-
-
-_BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-
-
 def resolve_db_url(explicit: str | None, environ: Mapping[str, str] | None = None) -> str:
     """The store a command uses: ``--db``, else ``$INTENTION_KERNEL_DB``, else the default;
     a plain path (``./app.db``, ``/tmp/x.db``: no ``scheme://``) is a SQLite file."""
@@ -208,8 +153,9 @@ def sqlite_path(value: str) -> str:
 
 
 def refuse(message: str, code: int = EXIT_REFUSED) -> NoReturn:
-    """Print ``message`` on stderr and exit non-zero."""
-    stderr.print(Text.assemble(("refused:", "bold red"), " ", message))
+    """Print ``message`` on stderr, as one line, and exit non-zero."""
+    # Not wrapped at the terminal's width: a refusal is one line for logs and for grep.
+    stderr.print(Text.assemble(("refused:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -248,11 +194,15 @@ def existing_store(url: str) -> Operable:
 def open_store(url: str, *, lock_timeout: float | None = None) -> Durability:
     """The adapter for ``url`` (see :func:`resolve_db_url`), built once, not opened, with a
     short connect timeout (:data:`CONNECT_TIMEOUT`); refuses (exit status 2) a URL or an
-    option no adapter accepts."""
+    option no adapter accepts, and an adapter whose extra is not installed. Every command
+    opens its store here, so each says the same one line."""
     from intention_kernel.durability import open_durability
     from intention_kernel.errors import KernelError
 
     try:
         return open_durability(url, lock_timeout=lock_timeout, connect_timeout=CONNECT_TIMEOUT)
     except (KernelError, ValueError) as exc:
+        refuse(str(exc))
+    except ImportError as exc:
+        # The adapter's module names its extra (``pip install 'intention-kernel[postgres]'``).
         refuse(str(exc))

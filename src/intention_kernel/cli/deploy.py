@@ -21,6 +21,7 @@ Run it once every worker runs the library that knows the new revision.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Annotated, Any
 
@@ -28,6 +29,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from intention_kernel.cli._agent import entered_agent
 from intention_kernel.cli._common import (
     EXIT_FAILED,
     AgentOption,
@@ -35,7 +37,6 @@ from intention_kernel.cli._common import (
     ThreadBatchOption,
     existing_store,
     fail,
-    load_agent,
     refuse,
     resolve_db_url,
     stderr,
@@ -58,6 +59,8 @@ REASONS = {
     "corrupt": "corrupt",
     "busy": "thread stayed busy",
     "moved": "a turn committed meanwhile",
+    "conflict": "turn ID taken by another request",
+    "failed": "refused by the store",
 }
 
 
@@ -73,11 +76,18 @@ def check(
 ) -> None:
     """Report stored checkpoints by revision and fingerprint, and the threads AGENT refuses."""
     url = resolve_db_url(db)
-    try:
-        loaded = load_agent(agent, db_url=url)
-    except ValueError as exc:
-        refuse(str(exc))
-    report: CheckReport = run_operation(url, lambda s: check_checkpoints(s, loaded))
+
+    async def checked(store: Any) -> CheckReport:
+        # The agent is entered on the operation's loop, as ``serve`` enters it: an agent
+        # that needs async set-up (an MCP client listing its tools) is checked too.
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                loaded = await stack.enter_async_context(entered_agent(agent, db_url=url))
+            except ValueError as exc:
+                refuse(str(exc))
+            return await check_checkpoints(store, loaded)
+
+    report: CheckReport = run_operation(url, checked)
     if as_json:
         typer.echo(
             json.dumps(

@@ -86,7 +86,7 @@ def list_receipts(
     )
     if as_json:
         for receipt in receipts:
-            typer.echo(json.dumps(_as_dict(receipt), ensure_ascii=False))
+            typer.echo(json.dumps(receipt_as_dict(receipt), ensure_ascii=False))
         return
     rows = []
     for r in receipts:
@@ -220,7 +220,8 @@ def _write_of(r: Receipt) -> str:
     return r.capability_id if r.input is None else f"{r.capability_id} {dump_value(r.input)}"
 
 
-def _as_dict(r: Receipt) -> dict[str, Any]:
+def receipt_as_dict(r: Receipt) -> dict[str, Any]:
+    """A receipt as ``receipts list --json`` (and ``threads show --json``) print it."""
     return {
         "thread_id": r.thread_id,
         "tenant_id": r.tenant_id,

@@ -4,10 +4,13 @@ Loads the agent (``--agent module:attr``), opens the store (``--db URL``), and
 serves :func:`intention_kernel.host.create_app` until interrupted; the store is
 closed on the way out. Needs the ``http`` extra besides ``cli``.
 
-The agent factory is called with ``db_url=`` when it takes that parameter (see
-:func:`~intention_kernel.cli._common.load_agent`). ``--lock-timeout SECONDS`` bounds
-how long a turn waits for a thread another turn holds before the host answers 503
-``lock-timeout`` with ``Retry-After`` (default: the store's, 30 s).
+``--agent`` names an ``Agent``, a factory (called with ``db_url=`` when it takes that
+parameter), an async factory, or an async context manager for an agent that needs
+async set-up (an MCP client): it is entered on the serving loop before the host
+starts and exited on shutdown (see :mod:`~intention_kernel.cli._agent`).
+``--lock-timeout SECONDS`` bounds how long a turn waits for a thread another turn
+holds before the host answers 503 ``lock-timeout`` with ``Retry-After`` (default: the
+store's, 30 s).
 
 Tokens (repeatable) turn authentication on; each stands for a principal with a
 name, a tenant and a role (see :class:`intention_kernel.host.Principal`)::
@@ -43,6 +46,7 @@ driver costs markedly less CPU per statement (see docs/benchmarks.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import ipaddress
 import os
@@ -52,10 +56,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
+from intention_kernel.cli._agent import entered_agent
 from intention_kernel.cli._common import (
     AgentOption,
     DbOption,
-    load_agent,
     log_warnings_to_stderr,
     open_store,
     refuse,
@@ -191,12 +195,8 @@ def serve(
             "can reach it could run turns and resolve receipts. Give tokens (--token or "
             f"${TOKENS_ENV_VAR}), or --insecure if a gateway in front authenticates callers."
         )
-    try:
-        loaded = load_agent(agent, db_url=url)
-    except ValueError as exc:
-        refuse(str(exc))
     with log_warnings_to_stderr():
-        run(_serve(loaded, url, host, port, tokens, lock_timeout, hosts))
+        run(_serve(agent, url, host, port, tokens, lock_timeout, hosts))
 
 
 def allowed_hosts(bound: str, given: list[str]) -> list[str]:
@@ -270,6 +270,25 @@ def parse_tokens(specs: list[str]) -> dict[str, Principal]:
 
 
 async def _serve(
+    spec: str,
+    url: str,
+    host: str,
+    port: int,
+    tokens: dict[str, Principal] | None,
+    lock_timeout: float | None,
+    hosts: list[str],
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        # On the serving loop: a client the agent opens (an MCP session) belongs to it.
+        # Entered first, so exited last: after the server stopped and the store closed.
+        try:
+            agent = await stack.enter_async_context(entered_agent(spec, db_url=url))
+        except ValueError as exc:
+            refuse(str(exc))
+        await _serve_agent(agent, url, host, port, tokens, lock_timeout, hosts)
+
+
+async def _serve_agent(
     agent: Agent,
     url: str,
     host: str,

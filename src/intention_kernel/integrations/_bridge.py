@@ -12,7 +12,7 @@ framework.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
@@ -53,7 +53,10 @@ __all__ = [
     "dump",
     "effect_authority",
     "find_cause",
+    "listing_problems",
     "run_write",
+    "tool_names",
+    "unlisted_tool",
 ]
 
 #: Derives a write tool's business operation ID from the call's arguments (as the
@@ -69,6 +72,44 @@ REJECTED = "The person rejected the tool call."
 _AUTHORITY: ContextVar[EffectAuthority | None] = ContextVar("ik_bridge_authority", default=None)
 
 E = TypeVar("E", bound=BaseException)
+
+
+def tool_names(what: str, names: Collection[str] | None) -> frozenset[str]:
+    """``names`` (a bridge's ``reads``) as a set; a bare string would be read letter by
+    letter, so it is refused (``TypeError``)."""
+    if names is None:
+        return frozenset()
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{what} must be a collection of tool names, got {names!r}")
+    return frozenset(names)
+
+
+def unlisted_tool(name: str) -> str:
+    """What a bridge says of tool ``name``, in neither ``writes`` nor ``reads``."""
+    return (
+        f"tool {name!r} is in neither writes nor reads: list it in writes (with the "
+        "function that derives its operation ID) if it changes anything, or in reads if "
+        "it only reads; an unlisted tool is not run"
+    )
+
+
+def listing_problems(
+    tools: Iterable[str], writes: Mapping[str, KeyFunction], reads: frozenset[str]
+) -> list[str]:
+    """Why ``tools`` are not each in exactly one of ``writes`` and ``reads``.
+
+    The bridges fail closed: run as a read, an unlisted write would run again on every
+    redelivery, with no receipt to stop it."""
+    problems = [
+        f"tool {name!r} is in both writes and reads: a tool is one or the other"
+        for name in sorted(reads & set(writes))
+    ]
+    problems += [
+        unlisted_tool(name)
+        for name in sorted(set(tools))
+        if name not in writes and name not in reads
+    ]
+    return problems
 
 
 def effect_authority() -> EffectAuthority:

@@ -17,8 +17,9 @@ The last one never raises for what the model *said*: an unknown function becomes
 an intent for that (unknown) capability, and a tool call that names no function or
 whose arguments cannot be read (not JSON, not an object, nested deeper than
 :data:`MAX_ARGUMENTS_DEPTH`) becomes an intent carrying the reason, so the kernel
-records a ``failed`` step with a clear error. It raises only when the body is not
-a chat completion at all.
+records a ``failed`` step with a clear error. An answer tool whose arguments cannot
+be read, or hold what no store can (NaN, a lone surrogate), answers nothing. It raises
+only when the body is not a chat completion at all.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from intention_kernel._json import MAX_NESTING, too_deep
+from intention_kernel._json import MAX_NESTING, normalize, too_deep
 from intention_kernel.checkpoint import Interaction
 from intention_kernel.errors import InterpretationError
 from intention_kernel.facts import FactRecord
@@ -362,6 +363,8 @@ def interpretation_from_completion(
     for call in _calls(message):
         if call.name in ANSWER_TOOLS:
             arguments, error = _arguments(call.arguments)
+            if error is None:
+                error = _unstorable(arguments)
             if error is not None:
                 # Never guess what an answer to a write meant: ask again.
                 log.warning("the model's %s call is unreadable: %s", call.name, error)
@@ -488,6 +491,16 @@ def _arguments(arguments: Any) -> tuple[dict[str, Any], str | None]:
     if too_deep(decoded, MAX_ARGUMENTS_DEPTH):
         return {}, f"the model's arguments are nested more than {MAX_ARGUMENTS_DEPTH} deep"
     return dict(decoded), None
+
+
+def _unstorable(arguments: dict[str, Any]) -> str | None:
+    """Why no store can hold an answer's arguments (NaN, a lone surrogate), if so. An
+    answer is recorded as it is before it applies; such an answer is unreadable."""
+    try:
+        normalize(arguments)
+    except (TypeError, ValueError) as exc:
+        return f"the model's arguments hold a value no store can hold: {exc}"
+    return None
 
 
 def _text(value: Any) -> str | None:

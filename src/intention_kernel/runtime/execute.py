@@ -103,7 +103,7 @@ async def _execute(
         signal=state.signal,
         facts=state.facts,
         answer=answer,
-        run_effect=step.run_effect,
+        run_effect=step.call_effect,
         emit=step.emit,
         recorded=step.recorded,
     )
@@ -122,6 +122,9 @@ async def _execute(
     except asyncio.CancelledError:
         state.signal.cancel("the turn was cancelled")
         raise
+    unawaited = step.unawaited()
+    if unawaited is not None and failure is None:
+        failure = unawaited
     if isinstance(failure, EffectUncertainError):
         result = step.finish(StepStatus.UNCERTAIN, error=describe_error(failure))
     elif failure is not None:
@@ -170,6 +173,8 @@ class _Step:
         self._store_failure: BaseException | None = None
         self._receipt_ids: tuple[str, ...] | None = None  # see ``receipt_ids``
         self._effect_origin: EffectOrigin | None = None  # see ``_origin``
+        # Each effect call the capability made while the step ran, started or not.
+        self._calls: list[tuple[str, Coroutine[Any, Any, EffectResult[Any]]]] = []
 
     async def end(self) -> None:
         """Refuse further effect calls and events, and wait for the calls still running.
@@ -194,7 +199,52 @@ class _Step:
             key=key,
         )
 
+    def unawaited(self) -> EffectUsageError | None:
+        """The error of effect calls the capability made and never awaited, once the step
+        ended; ``None`` if it awaited them all.
+
+        Such a call never ran: no receipt, no provider call. Completing the step would
+        tell the person a write was done that was not. Each is closed here, so that no
+        "never awaited" warning follows; one a task still holds runs and is refused.
+        """
+        calls, self._calls = self._calls, []
+        keys: list[str] = []
+        tasks: set[Any] | None = None
+        for key, call in calls:
+            if inspect.getcoroutinestate(call) != inspect.CORO_CREATED:
+                continue
+            keys.append(key)
+            if tasks is None:
+                tasks = {task.get_coro() for task in asyncio.all_tasks()}
+            if call not in tasks:
+                call.close()
+        if not keys:
+            return None
+        scope = self.state.scope
+        named = ", ".join(f"ctx.run_effect({key!r})" for key in keys)
+        logger.error(
+            "%s: %s never awaited in step %r; the step failed and nothing ran",
+            self.cap.id,
+            named,
+            self.item.step_id,
+            extra={"thread_id": scope.thread_id, "turn_id": scope.turn_id},
+        )
+        return EffectUsageError(
+            f"{self.cap.id}: {named} was not awaited, so the write never ran and nothing "
+            "was done; await every run_effect call before the capability returns",
+            thread_id=scope.thread_id,
+            turn_id=scope.turn_id,
+            key=keys[0],
+        )
+
     # -- what the capability calls --------------------------------------------------------------
+
+    def call_effect(self, key: str, fn: EffectFn) -> Coroutine[Any, Any, EffectResult[Any]]:
+        """``ctx.run_effect``: the call, kept while the step runs to see that it is awaited."""
+        call = self.run_effect(key, fn)
+        if not self.ended:
+            self._calls.append((key, call))
+        return call
 
     async def run_effect(self, key: str, fn: EffectFn) -> EffectResult[Any]:
         if self.ended:

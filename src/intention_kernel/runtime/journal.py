@@ -18,6 +18,12 @@ Every round goes on from the value as the store reads it back (``tx.recorded`` r
 it), in the first delivery too, so that a redelivery makes exactly the same decisions.
 A streamed redelivery streams the text of each round it takes from the journal as one
 ``delta``, so that its stream carries the turn's text as a live delivery's does.
+
+A model's arguments may hold what no store can (NaN, infinity, a lone surrogate). A
+one-round turn fails that step; a round must too, not the whole turn. So a round is
+recorded with what can be kept: such an intent keeps its capability and says why its
+input was not kept (``error``, a failed step), and the model's response is kept with
+those values spelled out as text (:func:`~intention_kernel._json.storable_copy`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from intention_kernel._json import MAX_NESTING, describe_error, normalize, storable_copy, too_deep
 from intention_kernel.errors import CorruptRecordError, InterpretationError, JournalError
 from intention_kernel.interpretation import Answer, Intent, Interpretation, Round
 from intention_kernel.runtime.interpret import interpret
@@ -69,22 +76,40 @@ async def interpret_recorded(state: TurnState, rounds: tuple[Round, ...] = ()) -
 
 
 def encode_round(interpretation: Interpretation) -> dict[str, Any]:
-    """A checked interpretation as a JSON document (not yet normalized: intent inputs
-    and the response as the interpreter gave them)."""
+    """A checked interpretation as a JSON document that every store can hold: an intent
+    whose input cannot be stored is kept as a failed one, and the response with its
+    unstorable values spelled out. Anything else that is not JSON is left for
+    ``tx.recorded`` to refuse (the interpreter itself returned garbage)."""
     answer = interpretation.answer
     return {
-        "intents": [
-            {
-                "capability_id": intent.capability_id,
-                "input": dict(intent.input) if isinstance(intent.input, Mapping) else intent.input,
-                "error": intent.error,
-            }
-            for intent in interpretation.intents
-        ],
+        "intents": [_encode_intent(intent) for intent in interpretation.intents],
         "answer": answer.to_dict() if isinstance(answer, Answer) else answer,
         "reply": interpretation.reply,
-        "response": interpretation.response,
+        "response": _storable_response(interpretation.response),
     }
+
+
+def _encode_intent(intent: Intent) -> dict[str, Any]:
+    raw = dict(intent.input) if isinstance(intent.input, Mapping) else intent.input
+    try:
+        kept = normalize(raw)
+    except (TypeError, ValueError) as exc:
+        # No store holds the input, so no delivery could run it: a failed step, as in a
+        # one-round turn. Recorded so, every delivery fails the same step the same way.
+        why = f"the arguments hold a value no store can hold ({describe_error(exc)})"
+        return {"capability_id": intent.capability_id, "input": {}, "error": intent.error or why}
+    return {"capability_id": intent.capability_id, "input": kept, "error": intent.error}
+
+
+def _storable_response(response: Any) -> Any:
+    """The interpreter's response, with NaN, infinities and lone surrogates spelled out
+    if it holds any. It is only shown to the interpreter again, never run."""
+    try:
+        return normalize(response)
+    except (TypeError, ValueError):
+        if too_deep(response, MAX_NESTING):
+            return response  # refused by ``tx.recorded``, with its reason
+        return storable_copy(response)
 
 
 def decode_round(value: Any, state: TurnState, key: str) -> Interpretation:

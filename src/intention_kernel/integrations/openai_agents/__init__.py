@@ -15,7 +15,8 @@
     desk = SDKAgent(name="desk", instructions="You run the help desk.", model="gpt-4o-mini",
                     tools=[order_status, issue_refund])
     bridge = KernelAgent(desk, name="desk",
-                         writes={"issue_refund": lambda args: args["order_id"]})
+                         writes={"issue_refund": lambda args: args["order_id"]},
+                         reads=["order_status"])
     kernel = Kernel(bridge.as_agent(version="1"), durability)
 
 The design, in the terms of the SDK (the seams its Temporal and DBOS integrations use:
@@ -37,9 +38,11 @@ capability, ``<name>.agent`` (a write whose consent is its own,
   derives from the call's arguments. A retried or redelivered turn runs the agent
   again, and the tool call meets its receipt: completed, the stored value goes back to
   the model and the tool is not called; uncertain, the step is ``uncertain`` (the write
-  is never retried blindly). Any other tool is a read and runs as it is, again on a
-  redelivery. A write tool that did nothing says so with ``EffectNotAppliedError`` (a
-  failed step; a later turn may retry it); any other exception leaves its receipt
+  is never retried blindly). A tool named in ``reads`` (hosted tools too) runs as it
+  is, again on a redelivery. A tool in neither is refused when the bridge is built
+  (``CompilationError``): the bridge fails closed. A write tool that did nothing says
+  so with ``EffectNotAppliedError`` (a failed step; a later turn may retry it); any
+  other exception leaves its receipt
   ``uncertain``: the bridge cannot know whether the write happened before it. The
   tool's ``failure_error_function`` is not applied to a write: it would turn an
   exception into text for the model, and a write that may have happened into one that

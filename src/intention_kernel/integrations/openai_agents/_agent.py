@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
@@ -19,13 +19,15 @@ from pydantic_core import to_jsonable_python
 
 from intention_kernel.authority import Approvers
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult
-from intention_kernel.errors import CapabilityError, KernelError
+from intention_kernel.errors import CapabilityError, CompilationError, KernelError
 from intention_kernel.integrations._bridge import (
     CLOSED_UNANSWERED,
     REJECTED,
     BridgeAgent,
     KeyFunction,
     find_cause,
+    listing_problems,
+    tool_names,
 )
 from intention_kernel.integrations.openai_agents._held import AgentInput, Call, Conversation, load
 from intention_kernel.integrations.openai_agents._model import RUN, KernelModel, StepRun
@@ -43,8 +45,11 @@ class KernelAgent(BridgeAgent, Generic[TContext]):
     ``name`` names the kernel capability (``<name>.agent``) and the agent
     (:meth:`as_agent`). ``writes`` maps each write tool's name (a function tool of
     ``agent``) to the function that derives its business operation ID from the call's
-    arguments; every other tool is a read. ``context`` is passed to every run (it is
-    not stored: a paused run resumes with the live one). ``prompt`` renders an
+    arguments; ``reads`` names the tools that only read (run as they are, no receipt;
+    hosted tools too). Every tool of ``agent`` must be in one of the two: one in
+    neither is refused here with ``CompilationError`` (the bridge fails closed).
+    ``context`` is passed to every run (it is not stored: a paused run resumes with
+    the live one). ``prompt`` renders an
     approval's question from the tool's name and arguments. ``read_answer`` reads a
     message sent while an approval is pending as the person's answer (``"accept"``,
     ``"reject"`` or an :class:`~intention_kernel.Answer`, a reject's ``reason``
@@ -62,6 +67,7 @@ class KernelAgent(BridgeAgent, Generic[TContext]):
         *,
         name: str,
         writes: Mapping[str, KeyFunction] | None = None,
+        reads: Collection[str] | None = None,
         context: TContext | None = None,
         prompt: Callable[[str, dict[str, Any]], str] | None = None,
         description: str | None = None,
@@ -92,6 +98,15 @@ class KernelAgent(BridgeAgent, Generic[TContext]):
                 f"writes names {', '.join(map(repr, unknown))}, which is not a function tool of "
                 f"agent {agent.name!r} (its function tools: {', '.join(sorted(tools)) or 'none'})"
             )
+        reads_set = tool_names("reads", reads)
+        names = [t.name for t in agent.tools]
+        problems = listing_problems(names, self._writes, reads_set)
+        problems += [
+            f"reads names {name!r}, which is not a tool of agent {agent.name!r}"
+            for name in sorted(reads_set - set(names))
+        ]
+        if problems:
+            raise CompilationError(problems)
         config = run_config if run_config is not None else RunConfig()
         model: Model | str | None = config.model if config.model is not None else agent.model
         # The run sees the wrapped model and the wrapped write tools only. The config's

@@ -15,7 +15,8 @@
     def issue_refund(order_id: str, cents: int) -> dict[str, str]: ...   # a write
 
     bridge = KernelAgent(desk, name="desk",
-                         writes={"issue_refund": lambda args: args["order_id"]})
+                         writes={"issue_refund": lambda args: args["order_id"]},
+                         reads=["order_status"])
     kernel = Kernel(bridge.as_agent(version="1"), durability)
 
 The design, in the terms of Pydantic AI's durable-execution interface (the one its
@@ -32,7 +33,10 @@ and each of its toolsets wrapped (a ``WrapperToolset``), inside one kernel capab
   derives from the call's arguments. A retried or redelivered turn re-runs the agent,
   and the tool call meets its receipt: completed, the stored value goes back to the
   model and the tool is not called; uncertain, the step is ``uncertain`` (the write is
-  never retried blindly). Any other tool is a read and runs as it is. A write tool
+  never retried blindly). A tool named in ``reads`` runs as it is, with no receipt.
+  A tool in neither is refused (the bridge fails closed): when the bridge is built if
+  a function toolset holds it (``CompilationError``), else when a run lists it (the
+  step fails before the model is asked, nothing runs). A write tool
   that did nothing says so with ``EffectNotAppliedError`` (a failed step; a later turn
   may retry it); any other exception, ``ModelRetry`` included, leaves its receipt
   ``uncertain``: the bridge cannot know whether the write happened before it.

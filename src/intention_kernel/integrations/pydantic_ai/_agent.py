@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Generic
@@ -12,18 +12,20 @@ from pydantic_ai.agent import AbstractAgent, AgentRunResult, WrapperAgent
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 from pydantic_ai.tools import AgentDepsT
-from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 from pydantic_core import to_jsonable_python
 
 from intention_kernel.authority import Approvers
 from intention_kernel.capabilities import CapabilityContext, CapabilityResult
-from intention_kernel.errors import CapabilityError, EffectUncertainError
+from intention_kernel.errors import CapabilityError, CompilationError, EffectUncertainError
 from intention_kernel.integrations._bridge import (
     CLOSED_UNANSWERED,
     REJECTED,
     BridgeAgent,
     KeyFunction,
     find_cause,
+    listing_problems,
+    tool_names,
 )
 from intention_kernel.integrations.pydantic_ai._held import (
     AgentInput,
@@ -48,10 +50,14 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
 
     ``name`` names the kernel capability (``<name>.agent``) and the agent
     (:meth:`as_agent`). ``writes`` maps each write tool's name to the function that
-    derives its business operation ID from the call's arguments; every other tool is a
-    read. ``deps`` is passed to every run. ``prompt`` renders an approval's question
-    from the tool's name and arguments. ``read_answer`` reads a message sent while an
-    approval is pending as the person's answer (``"accept"``, ``"reject"`` or an
+    derives its business operation ID from the call's arguments; ``reads`` names the
+    tools that only read (run as they are, no receipt). Every tool must be in one of
+    the two: the bridge fails closed. One the agent's function toolsets hold is refused
+    here (``CompilationError``); one a toolset lists only at run time (a prefixed or
+    dynamic toolset, an MCP server) fails the step before the model is asked. ``deps``
+    is passed to every run. ``prompt`` renders an approval's question from the tool's
+    name and arguments. ``read_answer`` reads a message sent while an approval is
+    pending as the person's answer (``"accept"``, ``"reject"`` or an
     :class:`~intention_kernel.Answer`, a reject's ``reason`` included), or ``None``
     when it is not one; without it, only ``Kernel.turn(answer=...)`` answers.
     ``approve_within`` is how long an approval stays open (``None``: until answered);
@@ -66,6 +72,7 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
         *,
         name: str,
         writes: Mapping[str, KeyFunction] | None = None,
+        reads: Collection[str] | None = None,
         deps: AgentDepsT = None,  # type: ignore[assignment]
         prompt: Callable[[str, dict[str, Any]], str] | None = None,
         description: str | None = None,
@@ -81,10 +88,13 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
                 "None): the kernel wraps it to route its requests"
             )
         self._writes = dict(writes or {})
+        self._reads = tool_names("reads", reads)
+        _check_listed(wrapped, self._writes, self._reads)
         self._deps = deps
         self._model = KernelModel(wrapped.model)
         self._toolsets: list[AbstractToolset[AgentDepsT]] = [
-            KernelToolset(toolset, writes=self._writes) for toolset in wrapped.toolsets
+            KernelToolset(toolset, writes=self._writes, reads=self._reads)
+            for toolset in wrapped.toolsets
         ]
         self._setup_bridge(
             name,
@@ -212,3 +222,20 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
                 )
             return self._held(calls, Conversation(messages, calls).dump())
         return self._done(to_jsonable_python(output), Conversation(messages).dump())
+
+
+def _check_listed(
+    agent: AbstractAgent[Any, Any], writes: Mapping[str, KeyFunction], reads: frozenset[str]
+) -> None:
+    """Refuse a function tool in neither ``writes`` nor ``reads``, or a tool in both.
+    Only function toolsets name their tools before a run; the others are checked when
+    a run lists them (``KernelToolset.get_tools``)."""
+    tools = [
+        name
+        for toolset in agent.toolsets
+        if isinstance(toolset, FunctionToolset)
+        for name in toolset.tools
+    ]
+    problems = listing_problems(tools, writes, reads)
+    if problems:
+        raise CompilationError(problems)

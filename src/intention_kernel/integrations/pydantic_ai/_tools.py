@@ -30,7 +30,7 @@ from pydantic_core import to_jsonable_python
 
 from intention_kernel.capabilities import CapabilityContext
 from intention_kernel.errors import CapabilityError, CorruptRecordError
-from intention_kernel.integrations._bridge import KeyFunction, run_write
+from intention_kernel.integrations._bridge import KeyFunction, run_write, unlisted_tool
 
 __all__ = ["STEP", "KernelModel", "KernelStep", "KernelToolset"]
 
@@ -156,9 +156,27 @@ def _corrupt(ctx: CapabilityContext, key: str, why: str) -> CorruptRecordError:
 
 @dataclass
 class KernelToolset(WrapperToolset[AgentDepsT]):
-    """A toolset whose write tools run through the turn's receipts."""
+    """A toolset whose write tools run through the turn's receipts, and which refuses,
+    in a kernel run, any tool in neither ``writes`` nor ``reads``."""
 
     writes: Mapping[str, KeyFunction] = field(default_factory=dict)
+    reads: frozenset[str] = frozenset()
+
+    async def get_tools(self, ctx: RunContext[AgentDepsT]) -> dict[str, ToolsetTool[AgentDepsT]]:
+        tools = await super().get_tools(ctx)
+        current = STEP.get()
+        if current is None:
+            return tools  # outside a kernel run the toolset is the application's, as it was
+        unlisted = [n for n in sorted(tools) if n not in self.writes and n not in self.reads]
+        if unlisted:
+            # Listed before each model request: refused here, the model is never offered
+            # the tool, and nothing the run would do after it has run.
+            step = current.ctx
+            raise CapabilityError(
+                f"{step.capability_id}: " + "; ".join(unlisted_tool(n) for n in unlisted),
+                capability_id=step.capability_id,
+            )
+        return tools
 
     async def call_tool(
         self,
