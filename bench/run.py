@@ -118,6 +118,11 @@ MODES: dict[str, dict[str, Any]] = {
         "loop_block": 20,
         "conc_blocks": 4,
         "conc_block": 128,
+        "cost_warmup": 64,
+        "cost_blocks": 3,
+        "cost_block": 128,
+        "cost_calls": 128,
+        "import_runs": 5,
     },
     "full": {
         "warmup": 50,
@@ -142,6 +147,12 @@ MODES: dict[str, dict[str, Any]] = {
         # 64 clients take four turns each per block at the top level.
         "conc_blocks": 10,
         "conc_block": 256,
+        # Calls per turn are deterministic: one batch is enough. CPU per turn is not.
+        "cost_warmup": 128,
+        "cost_blocks": 9,
+        "cost_block": 256,
+        "cost_calls": 512,
+        "import_runs": 9,
     },
 }
 
@@ -634,6 +645,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         from bench.concurrency import targets as concurrency_targets
 
         checks += concurrency_targets(results["concurrency"])
+    if results.get("cost"):
+        from bench.cost import targets as cost_targets
+
+        checks += cost_targets(results["cost"])
     return [
         {
             "target": t,
@@ -760,6 +775,10 @@ def report(results: dict[str, Any]) -> str:
         from bench.concurrency import report as concurrency_report
 
         lines += concurrency_report(results["concurrency"])
+    if results.get("cost"):
+        from bench.cost import report as cost_report
+
+        lines += cost_report(results["cost"])
     checked = results.get("targets", [])
     if checked:
         judged = [t["held"] for t in checked if t["held"] is not None]
@@ -816,6 +835,22 @@ def loop_report(looped: dict[str, Any]) -> list[str]:
     return lines
 
 
+def base_tree(base: str) -> str:
+    """``--base``'s source tree: the directory itself, or a git ref's ``src/`` (and
+    ``pyproject.toml``) extracted into a temporary directory."""
+    if (Path(base) / "src").is_dir():
+        return base
+    target = tempfile.mkdtemp(prefix="ikbench-base-")
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", base, "src", "pyproject.toml"],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", target], input=archive.stdout, check=True)
+    return target
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 1-2 minute run")
@@ -823,15 +858,16 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument(
         "--only",
-        choices=["throughput", "growth", "scale", "loop", "concurrency"],
+        choices=["throughput", "growth", "scale", "loop", "concurrency", "cost"],
         action="append",
     )
     parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
     parser.add_argument("--label", default="", help="appended to the result file's name")
     parser.add_argument(
         "--base",
-        help=f"a source tree (with src/) to compare against: adds an '{BASE_SUFFIX}' twin of "
-        "each intention-kernel row (and a scale-out group), interleaved with the current code",
+        help="a source tree (with src/) or a git ref to compare against: adds an "
+        f"'{BASE_SUFFIX}' twin of each intention-kernel row (and a scale-out group), "
+        "interleaved with the current code",
     )
     parser.add_argument(
         "--block",
@@ -845,7 +881,10 @@ def main() -> None:
     mode = dict(MODES[mode_name])
     if args.block:
         mode["block"] = args.block
-    phases = set(args.only or ["throughput", "growth", "scale", "loop", "concurrency"])
+    phases = set(args.only or ["throughput", "growth", "scale", "loop", "concurrency", "cost"])
+    args.base_ref = args.base
+    if args.base:
+        args.base = base_tree(args.base)
     rows = SQLITE_ROWS + ([] if args.no_postgres else POSTGRES_ROWS)
     if args.no_peers:
         rows = [r for r in rows if r.startswith(("ik", "floor"))]
@@ -869,6 +908,7 @@ def main() -> None:
         "scale_out": [],
         "loop": {},
         "concurrency": {},
+        "cost": {},
     }
     started = time.perf_counter()
     try:
@@ -902,8 +942,15 @@ def main() -> None:
 
             print("concurrency", file=sys.stderr, flush=True)
             results["concurrency"] = concurrency(args, mode)
+        if "cost" in phases:
+            from bench.cost import cost
+
+            print("cost", file=sys.stderr, flush=True)
+            results["cost"] = cost(args, mode)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
+        if args.base and args.base != args.base_ref:
+            shutil.rmtree(args.base, ignore_errors=True)
         if not args.no_postgres:
             drop_schemas(args.schema)
     results["seconds"] = time.perf_counter() - started

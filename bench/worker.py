@@ -118,6 +118,10 @@ def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
             return LoopKernelRow(name, sync, path, dsn, schema + "_loop_ik")
         if store == "langgraph":
             return LoopLangGraphRow(name, sync, path, dsn, schema + "_loop_lg")
+    if kind == "bridge":  # bridge-ik-sqlite: the Pydantic AI bridge (bench/bridge.py)
+        from bench.bridge import BridgeKernelRow
+
+        return BridgeKernelRow(sync, path, dsn, schema + "_bridge")
     if kind == "ik":
         offload = True if "offload" in options else False if "inline" in options else None
         sync_provider = "syncfn" in (sync, *options)
@@ -295,6 +299,10 @@ async def serve(args: argparse.Namespace, out: Any) -> None:
             answer = await worker.replays(**command)
         elif op == "overlap":
             answer = await worker.overlap(**command)
+        elif op == "cost":  # bench.cost: one measured batch
+            from bench.cost import measure
+
+            answer = await measure(worker, **command)
         elif op == "growth":
             answer = await worker.growth(**command)
         elif op == "crash":  # a loop row: a delivery killed mid-loop, then delivered again
