@@ -15,6 +15,12 @@ from typing import Any
 
 #: Model requests a turn makes (read, write, final text).
 REQUESTS = 3
+#: Turns of the benchmark's sequence per conversation. The bridge keeps a
+#: conversation's whole history and Pydantic AI walks it at each request, so a turn
+#: costs more the longer its thread; a new conversation every ``SPAN`` turns of the
+#: sequence (about ten turns each, over ten threads round-robin) keeps a turn's cost
+#: the same from the first block to the last.
+SPAN = 100
 DUE = 4200
 
 
@@ -108,9 +114,9 @@ class BridgeKernelRow:
         await self.durability.aclose()
 
     async def turn(self, thread: str, n: int) -> None:
-        result = await self.kernel.turn(thread, str(n), question(n))
+        result = await self.kernel.turn(f"{thread}-{n // SPAN}", str(n), question(n))
         assert not result.replayed and result.reply == final_text(str(n)), result
 
     async def replay(self, thread: str, n: int) -> None:
-        result = await self.kernel.turn(thread, str(n), question(n))
+        result = await self.kernel.turn(f"{thread}-{n // SPAN}", str(n), question(n))
         assert result.replayed, result

@@ -18,6 +18,9 @@ Phases, each comparing rows only within this run:
    intention-kernel beside LangGraph's prebuilt ReAct agent, interleaved in blocks as
    in 1; commits per turn, counted; what a resubmitted turn re-ran; and what a turn
    killed mid-loop asks the model again when it is delivered again.
+6. Concurrency (``bench.concurrency``): n turns in flight over one kernel.
+7. The cost meter (``bench.cost``, ``--only cost`` only): CPU, Python calls and
+   instructions per turn, per path, and the package's import time.
 
 The report ends with the issue's targets, each judged on this run's figures (``targets``).
 
@@ -881,7 +884,8 @@ def main() -> None:
     mode = dict(MODES[mode_name])
     if args.block:
         mode["block"] = args.block
-    phases = set(args.only or ["throughput", "growth", "scale", "loop", "concurrency", "cost"])
+    # The cost meter (``bench.cost``) runs only when asked for: it adds minutes to a run.
+    phases = set(args.only or ["throughput", "growth", "scale", "loop", "concurrency"])
     args.base_ref = args.base
     if args.base:
         args.base = base_tree(args.base)
