@@ -23,6 +23,8 @@ Phases, each comparing rows only within this run:
    second or more, over one kernel and a pool of 10, directly and through PgBouncer.
 8. The sync facade (``bench.sync``): ``SyncKernel`` against ``Kernel`` on SQLite, the
    turn called from a thread without an event loop, interleaved in blocks as in 1.
+9. The cost meter (``bench.cost``, ``--only cost`` only): CPU, Python calls and
+   instructions per turn, per path, and the package's import time.
 
 The report ends with the issue's targets, each judged on this run's figures (``targets``).
 
@@ -127,6 +129,11 @@ MODES: dict[str, dict[str, Any]] = {
         "lat_levels": [(50, 1.0), (200, 1.0)],
         "lat_turns": 2,
         "lat_ceiling_turns": 2,
+        "cost_warmup": 64,
+        "cost_blocks": 3,
+        "cost_block": 128,
+        "cost_calls": 128,
+        "import_runs": 5,
     },
     "full": {
         "warmup": 50,
@@ -154,6 +161,12 @@ MODES: dict[str, dict[str, Any]] = {
         "lat_levels": [(100, 1.0), (500, 1.0), (2000, 1.0), (100, 5.0), (500, 5.0), (2000, 5.0)],
         "lat_turns": 3,
         "lat_ceiling_turns": 8,
+        # Calls per turn are deterministic: one batch is enough. CPU per turn is not.
+        "cost_warmup": 128,
+        "cost_blocks": 9,
+        "cost_block": 256,
+        "cost_calls": 512,
+        "import_runs": 9,
     },
 }
 
@@ -655,6 +668,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         from bench.sync import targets as sync_targets
 
         checks += sync_targets(results["sync"])
+    if results.get("cost"):
+        from bench.cost import targets as cost_targets
+
+        checks += cost_targets(results["cost"])
     return [
         {
             "target": t,
@@ -789,6 +806,10 @@ def report(results: dict[str, Any]) -> str:
         from bench.sync import report as sync_report
 
         lines += sync_report(results["sync"])
+    if results.get("cost"):
+        from bench.cost import report as cost_report
+
+        lines += cost_report(results["cost"])
     checked = results.get("targets", [])
     if checked:
         judged = [t["held"] for t in checked if t["held"] is not None]
@@ -845,6 +866,22 @@ def loop_report(looped: dict[str, Any]) -> list[str]:
     return lines
 
 
+def base_tree(base: str) -> str:
+    """``--base``'s source tree: the directory itself, or a git ref's ``src/`` (and
+    ``pyproject.toml``) extracted into a temporary directory."""
+    if (Path(base) / "src").is_dir():
+        return base
+    target = tempfile.mkdtemp(prefix="ikbench-base-")
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", base, "src", "pyproject.toml"],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", target], input=archive.stdout, check=True)
+    return target
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 1-2 minute run")
@@ -852,15 +889,16 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument(
         "--only",
-        choices=["throughput", "growth", "scale", "loop", "concurrency", "latency", "sync"],
+        choices=["throughput", "growth", "scale", "loop", "concurrency", "latency", "sync", "cost"],
         action="append",
     )
     parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
     parser.add_argument("--label", default="", help="appended to the result file's name")
     parser.add_argument(
         "--base",
-        help=f"a source tree (with src/) to compare against: adds an '{BASE_SUFFIX}' twin of "
-        "each intention-kernel row (and a scale-out group), interleaved with the current code",
+        help="a source tree (with src/) or a git ref to compare against: adds an "
+        f"'{BASE_SUFFIX}' twin of each intention-kernel row (and a scale-out group), "
+        "interleaved with the current code",
     )
     parser.add_argument(
         "--block",
@@ -884,9 +922,13 @@ def main() -> None:
             (int(n), float(seconds))
             for n, seconds in (level.split("x") for level in args.latency_levels.split(","))
         ]
+    # The cost meter (``bench.cost``) runs only when asked for: it adds minutes to a run.
     phases = set(
         args.only or ["throughput", "growth", "scale", "loop", "concurrency", "latency", "sync"]
     )
+    args.base_ref = args.base
+    if args.base:
+        args.base = base_tree(args.base)
     rows = SQLITE_ROWS + ([] if args.no_postgres else POSTGRES_ROWS)
     if args.no_peers:
         rows = [r for r in rows if r.startswith(("ik", "floor"))]
@@ -912,6 +954,7 @@ def main() -> None:
         "concurrency": {},
         "latency": {},
         "sync": {},
+        "cost": {},
     }
     started = time.perf_counter()
     try:
@@ -955,8 +998,15 @@ def main() -> None:
 
             print("sync facade", file=sys.stderr, flush=True)
             results["sync"] = sync_group(args, mode)
+        if "cost" in phases:
+            from bench.cost import cost
+
+            print("cost", file=sys.stderr, flush=True)
+            results["cost"] = cost(args, mode)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
+        if args.base and args.base != args.base_ref:
+            shutil.rmtree(args.base, ignore_errors=True)
         if not args.no_postgres:
             drop_schemas(args.schema)
     results["seconds"] = time.perf_counter() - started

@@ -122,6 +122,10 @@ def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
         from bench.latency import make_latency_row
 
         return make_latency_row(name, path, dsn, schema)
+    if kind == "bridge":  # bridge-ik-sqlite: the Pydantic AI bridge (bench/bridge.py)
+        from bench.bridge import BridgeKernelRow
+
+        return BridgeKernelRow(sync, path, dsn, schema + "_bridge")
     if kind == "ik":
         offload = True if "offload" in options else False if "inline" in options else None
         sync_provider = "syncfn" in (sync, *options)
@@ -303,6 +307,10 @@ async def serve(args: argparse.Namespace, out: Any) -> None:
             from bench.latency import run_level
 
             answer = await run_level(row, args.ident, **command)
+        elif op == "cost":  # bench.cost: one measured batch
+            from bench.cost import measure
+
+            answer = await measure(worker, **command)
         elif op == "growth":
             answer = await worker.growth(**command)
         elif op == "crash":  # a loop row: a delivery killed mid-loop, then delivered again

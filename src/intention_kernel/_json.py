@@ -105,10 +105,9 @@ def normalize(value: Any) -> Any:
 def _checked_round_trip(value: Any) -> Any:
     """``value`` through the encoder and back. Refused first, each with its reason, if
     it nests too deep or holds an integer too long."""
-    if too_deep(value, MAX_NESTING):
-        raise ValueError(f"value is nested more than {MAX_NESTING} levels deep")
-    if _has_long_int(value):
-        raise ValueError(_TOO_LONG)
+    problem = _refusal(value)
+    if problem is not None:
+        raise ValueError(problem)
     return json.loads(dump_value(value))
 
 
@@ -183,20 +182,40 @@ def too_deep(value: Any, limit: int) -> bool:
 _NOT_PLAIN: Any = object()
 
 
-def _has_long_int(value: Any) -> bool:
-    """Whether ``value`` holds an integer of more than ``MAX_INT_DIGITS`` digits
-    (iterative, like :func:`too_deep`)."""
-    pending = [value]
+def _refusal(value: Any) -> str | None:
+    """Why no store can keep ``value``, if it nests more than :data:`MAX_NESTING` deep
+    or holds an integer of more than :data:`MAX_INT_DIGITS` digits; else ``None``.
+
+    One iterative walk for both rules, as :func:`too_deep` walks for one: a value that
+    reaches this slow path is often large (a conversation, say), and a walk per rule
+    cost a turn of such values twice the calls. Exact types are tested first, the ABC
+    ``isinstance`` only for what is left. The depth rule wins when both are broken,
+    as it did when it was checked first.
+    """
+    too_long = False
+    pending: list[tuple[Any, int]] = [((value,), 0)]
     while pending:
-        item = pending.pop()
-        if isinstance(item, int) and not isinstance(item, bool):
-            if not -_INT_BOUND < item < _INT_BOUND:
-                return True
-        elif isinstance(item, Mapping):
-            pending.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            pending.extend(item)
-    return False
+        item, depth = pending.pop()
+        kind = type(item)
+        children: Any = item.values() if kind is dict or isinstance(item, Mapping) else item
+        for child in children:
+            kind = type(child)
+            if kind is str or kind is float or kind is bool or child is None:
+                continue
+            if kind is int:
+                if not -_INT_BOUND < child < _INT_BOUND:
+                    too_long = True
+            elif kind is dict or kind is list or isinstance(child, (Mapping, list, tuple)):
+                if depth + 1 > MAX_NESTING:
+                    return f"value is nested more than {MAX_NESTING} levels deep"
+                pending.append((child, depth + 1))
+            elif (
+                isinstance(child, int)
+                and not isinstance(child, bool)
+                and not -_INT_BOUND < child < _INT_BOUND
+            ):
+                too_long = True
+    return _TOO_LONG if too_long else None
 
 
 def _plain(value: Any, depth: int) -> Any:

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 
+from intention_kernel._adapters import LazyAdapter, first_use_serializer
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import CheckpointCompatibilityError, CorruptRecordError
 from intention_kernel.facts import FactRecord
@@ -213,24 +214,26 @@ def current_revision() -> int:
     return len(CHECKPOINT_MIGRATIONS) + 1
 
 
-_ADAPTER: pydantic.TypeAdapter[KernelCheckpoint] = pydantic.TypeAdapter(KernelCheckpoint)
-_MESSAGE: pydantic.TypeAdapter[Message] = pydantic.TypeAdapter(Message)
-_FACT: pydantic.TypeAdapter[FactRecord] = pydantic.TypeAdapter(FactRecord)
-_RECEIPT_REF: pydantic.TypeAdapter[ReceiptRef] = pydantic.TypeAdapter(ReceiptRef)
+# Built at their first use (see ``_adapters``): at import they cost a third of it.
+_ADAPTER = LazyAdapter(KernelCheckpoint)
+_MESSAGE = LazyAdapter(Message)
+_FACT = LazyAdapter(FactRecord)
+_RECEIPT_REF = LazyAdapter(ReceiptRef)
 _ROWS = frozenset(("messages", "facts"))
 _ROWS_AND_RECEIPTS = _ROWS | {"receipts"}
 # The serializers of the pieces every commit writes, called directly: ``dump_json`` is
 # a layer of Python that passes each of its options' defaults on every call, and the
-# serializer's own defaults are the same, so the bytes are too.
-_to_json = _ADAPTER.serializer.to_json
-_message_json = _MESSAGE.serializer.to_json
-_fact_json = _FACT.serializer.to_json
-_receipt_ref_json = _RECEIPT_REF.serializer.to_json
+# serializer's own defaults are the same, so the bytes are too. Each name is rebound
+# to the real serializer at its first call.
+_to_json = first_use_serializer(globals(), "_to_json", _ADAPTER)
+_message_json = first_use_serializer(globals(), "_message_json", _MESSAGE)
+_fact_json = first_use_serializer(globals(), "_fact_json", _FACT)
+_receipt_ref_json = first_use_serializer(globals(), "_receipt_ref_json", _RECEIPT_REF)
 
 
 def encode_checkpoint(checkpoint: KernelCheckpoint) -> str:
     """The checkpoint as compact JSON text."""
-    return _ADAPTER.dump_json(checkpoint).decode()
+    return _ADAPTER().dump_json(checkpoint).decode()
 
 
 # Adapters store a checkpoint in pieces, so that a turn writes what it changed and not
@@ -241,7 +244,7 @@ def encode_checkpoint(checkpoint: KernelCheckpoint) -> str:
 
 def encode_checkpoint_core(checkpoint: KernelCheckpoint) -> str:
     """The checkpoint without its messages and facts, as compact JSON text."""
-    return _ADAPTER.dump_json(checkpoint, exclude=_ROWS).decode()  # type: ignore[arg-type]
+    return _ADAPTER().dump_json(checkpoint, exclude=_ROWS).decode()  # type: ignore[arg-type]
 
 
 def encode_core(checkpoint: KernelCheckpoint, receipts: Sequence[str]) -> str:
@@ -252,14 +255,14 @@ def encode_core(checkpoint: KernelCheckpoint, receipts: Sequence[str]) -> str:
     writer keeps each entry's JSON from the previous core instead of encoding it again.
     The index is the core's last field, so it is put after the rest of the core.
     """
-    head = _to_json(checkpoint, exclude=_ROWS_AND_RECEIPTS).decode()  # type: ignore[arg-type]
+    head = _to_json(checkpoint, exclude=_ROWS_AND_RECEIPTS).decode()
     return f'{head[:-1]},"receipts":[{",".join(receipts)}]}}'
 
 
 def encode_bare_core(checkpoint: KernelCheckpoint) -> str:
     """The core without its receipt index, for a store that keeps each index entry in a
     row of its own (``RecorderOptions.receipt_index_rows``)."""
-    return _to_json(checkpoint, exclude=_ROWS_AND_RECEIPTS).decode()  # type: ignore[arg-type]
+    return _to_json(checkpoint, exclude=_ROWS_AND_RECEIPTS).decode()
 
 
 def encode_receipt_ref(ref: ReceiptRef) -> str:
@@ -398,7 +401,7 @@ def decode_checkpoint(
         if registered:
             # Fast path: the document is very likely current; validate straight from JSON.
             try:
-                checkpoint = _ADAPTER.validate_json(text)
+                checkpoint = _ADAPTER().validate_json(text)
             except pydantic.ValidationError:
                 checkpoint = None
             if checkpoint is not None and checkpoint.schema_revision == current:
@@ -432,7 +435,7 @@ def decode_checkpoint(
         document = migrate(document)
     document["schema_revision"] = current
     try:
-        return _ADAPTER.validate_python(document)
+        return _ADAPTER().validate_python(document)
     except pydantic.ValidationError as exc:
         raise CorruptRecordError(
             f"stored checkpoint of thread {thread_id!r} does not match schema revision "

@@ -16,8 +16,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import pydantic
-
+from intention_kernel._adapters import LazyAdapter
 from intention_kernel.checkpoint import Interaction
 from intention_kernel.turns import StepResult
 
@@ -26,8 +25,9 @@ __all__ = ["TurnEvent", "TurnEventType", "TurnSink"]
 TurnEventType = Literal["delta", "step", "interaction", "result"]
 
 # The same serializations as inside ``TurnResult.to_dict()``.
-_STEP: pydantic.TypeAdapter[StepResult] = pydantic.TypeAdapter(StepResult)
-_INTERACTION: pydantic.TypeAdapter[Interaction] = pydantic.TypeAdapter(Interaction)
+# Built at their first use (see ``_adapters``).
+_STEP = LazyAdapter(StepResult)
+_INTERACTION = LazyAdapter(Interaction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +69,10 @@ class TurnSink:
             self._put(TurnEvent("delta", {"text": text}))
 
     def step(self, step: StepResult) -> None:
-        self._put(TurnEvent("step", _STEP.dump_python(step, mode="json")))
+        self._put(TurnEvent("step", _STEP().dump_python(step, mode="json")))
 
     def interaction(self, interaction: Interaction) -> None:
-        self._put(TurnEvent("interaction", _INTERACTION.dump_python(interaction, mode="json")))
+        self._put(TurnEvent("interaction", _INTERACTION().dump_python(interaction, mode="json")))
 
     def result(self, data: dict[str, Any]) -> None:
         self._put(TurnEvent("result", data))

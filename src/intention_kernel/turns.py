@@ -19,6 +19,7 @@ from typing import Any
 
 import pydantic
 
+from intention_kernel._adapters import LazyAdapter, first_use_serializer
 from intention_kernel._ids import new_id
 from intention_kernel.checkpoint import CheckpointDelta, Interaction, KernelCheckpoint
 from intention_kernel.errors import CorruptRecordError, InvalidRequestError, ReservedTurnIdError
@@ -149,14 +150,14 @@ class TurnResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-compatible dict; :meth:`from_dict` reverses it."""
-        result: dict[str, Any] = _RESULT.dump_python(self, mode="json")
+        result: dict[str, Any] = _RESULT().dump_python(self, mode="json")
         return result
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TurnResult:
         """The result :meth:`to_dict` returned; ``InvalidRequestError`` for anything else."""
         try:
-            return _RESULT.validate_python(data)
+            return _RESULT().validate_python(data)
         except pydantic.ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(the document)"
@@ -231,9 +232,10 @@ class TurnCommit:
     delta: CheckpointDelta | None = None
 
 
-_RESULT: pydantic.TypeAdapter[TurnResult] = pydantic.TypeAdapter(TurnResult)
-# Its serializer, called directly, as the checkpoint's pieces are (see ``checkpoint``).
-_result_json = _RESULT.serializer.to_json
+_RESULT = LazyAdapter(TurnResult)
+# Its serializer, called directly, as the checkpoint's pieces are (see ``checkpoint``),
+# and built at its first use (see ``_adapters``).
+_result_json = first_use_serializer(globals(), "_result_json", _RESULT)
 
 
 def encode_result(result: TurnResult) -> str:
@@ -242,7 +244,7 @@ def encode_result(result: TurnResult) -> str:
 
 def decode_result(text: str | bytes, *, replayed: bool, thread_id: str | None = None) -> TurnResult:
     try:
-        result = _RESULT.validate_json(text)
+        result = _RESULT().validate_json(text)
     except pydantic.ValidationError as exc:
         raise CorruptRecordError(
             f"stored turn result of thread {thread_id!r} cannot be decoded: "

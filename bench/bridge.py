@@ -1,0 +1,125 @@
+"""The Pydantic AI bridge row: a Pydantic AI agent run as a kernel turn (``bridge-ik-*``).
+
+A turn asks "pay invoice N". A ``FunctionModel`` with no latency answers request 1
+with a call to ``invoice_due`` (a read tool), request 2 with a call to ``pay_invoice``
+(a write tool, keyed by the invoice, so it runs through ``run_effect``) and request 3
+with the final text. ``KernelAgent`` runs the agent inside the kernel's capability,
+so a turn is the bridge's whole path: its model and toolset wrappers, the receipt of
+the write, the conversation fact and the turn's commit. The cost meter
+(``bench.cost``) reports it per turn and per model request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Model requests a turn makes (read, write, final text).
+REQUESTS = 3
+#: Turns of the benchmark's sequence per conversation. The bridge keeps a
+#: conversation's whole history and Pydantic AI walks it at each request, so a turn
+#: costs more the longer its thread; a new conversation every ``SPAN`` turns of the
+#: sequence (about ten turns each, over ten threads round-robin) keeps a turn's cost
+#: the same from the first block to the last.
+SPAN = 100
+DUE = 4200
+
+
+def question(n: int) -> str:
+    return f"pay invoice {n}"
+
+
+def final_text(invoice: str) -> str:
+    return f"Paid {DUE} on invoice {invoice}."
+
+
+class BridgeCalls:
+    """What ran in this process: writes (``calls``, like a provider's) and requests."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.model = 0
+
+
+def bridge_agent(calls: BridgeCalls) -> Any:
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from intention_kernel.integrations.pydantic_ai import KernelAgent
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.model += 1
+        last = messages[-1]
+        assert isinstance(last, ModelRequest)
+        part = last.parts[-1]
+        if isinstance(part, UserPromptPart):
+            invoice = str(part.content).rsplit(" ", 1)[1]
+            return ModelResponse(parts=[ToolCallPart("invoice_due", {"invoice_id": invoice})])
+        assert isinstance(part, ToolReturnPart), part
+        content: Any = part.content
+        if part.tool_name == "invoice_due":
+            call = ToolCallPart("pay_invoice", {"invoice_id": content["invoice_id"]})
+            return ModelResponse(parts=[call])
+        return ModelResponse(parts=[TextPart(final_text(content["invoice_id"]))])
+
+    agent: PydanticAgent[None, str] = PydanticAgent(FunctionModel(model), name="payer")
+
+    @agent.tool_plain
+    def invoice_due(invoice_id: str) -> dict[str, Any]:
+        """What an invoice owes."""
+        return {"invoice_id": invoice_id, "due": DUE}
+
+    @agent.tool_plain
+    def pay_invoice(invoice_id: str) -> dict[str, Any]:
+        """Pay an invoice."""
+        calls.calls += 1
+        return {"invoice_id": invoice_id, "paid": DUE}
+
+    bridge = KernelAgent(
+        agent,
+        name="payer",
+        writes={"pay_invoice": lambda args: args["invoice_id"]},
+        reads=["invoice_due"],
+    )
+    return bridge.as_agent(version="1")
+
+
+class BridgeKernelRow:
+    """The bridge on ``SQLiteDurability`` (``FULL``) or ``PostgresDurability``."""
+
+    def __init__(self, store: str, path: str, dsn: str, schema: str) -> None:
+        self.store, self.path, self.dsn, self.schema = store, path, dsn, schema
+        self.provider = BridgeCalls()
+
+    async def setup(self) -> None:
+        from intention_kernel import Kernel
+
+        if self.store == "sqlite":
+            from intention_kernel.durability.sqlite import SQLiteDurability
+
+            self.durability: Any = SQLiteDurability(self.path)
+        else:
+            from intention_kernel.durability.postgres import PostgresDurability
+
+            self.durability = PostgresDurability(self.dsn, schema=self.schema)
+        await self.durability.__aenter__()
+        self.kernel = Kernel(bridge_agent(self.provider), self.durability)
+
+    async def close(self) -> None:
+        await self.durability.aclose()
+
+    async def turn(self, thread: str, n: int) -> None:
+        result = await self.kernel.turn(f"{thread}-{n // SPAN}", str(n), question(n))
+        assert not result.replayed and result.reply == final_text(str(n)), result
+
+    async def replay(self, thread: str, n: int) -> None:
+        result = await self.kernel.turn(f"{thread}-{n // SPAN}", str(n), question(n))
+        assert result.replayed, result

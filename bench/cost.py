@@ -1,0 +1,395 @@
+"""The cost meter: what a turn costs the process, per path (``python -m bench --only cost``).
+
+Three figures per path, each in the row's worker process (``bench.worker``):
+
+- **CPU µs/turn**: the process's CPU time (all its threads) per turn, median over
+  blocks run in an order rotated block by block. It leaves out the time other jobs
+  hold the cores, but not the caches they evict: it still moves with the load.
+- **Python calls/turn**: cProfile's count of function calls (Python and built-in) on
+  the event loop's thread, over one batch of turns run after the blocks. It does not
+  depend on the machine's load: run twice, the same tree gives the same count, up to
+  a turn that meets a WAL checkpoint or a pooled ID refill. The SQLite adapter's
+  writer thread is not profiled (it runs SQLite's C code, and little Python).
+- **instructions/turn**: ``perf stat -e instructions:u`` attached to the worker over
+  one batch, all its threads, user space only; where the machine exposes no hardware
+  counters (most VMs), or ``perf`` is missing, the row says why instead.
+
+The paths: the kernel and the hand-written floor (``bench.floor``) with one client and
+64 turns in flight (``bench.concurrency``'s rows) on SQLite ``FULL`` and PostgreSQL,
+the agent loop (``bench.loop``, three model rounds) and the Pydantic AI bridge
+(``bench.bridge``, three model requests); the last two are also reported per round.
+The PostgreSQL floor runs one turn at a time (its asyncio connection is one session),
+so only its one-client row exists. With ``--base REF`` each kernel path gets a twin
+run on that git ref's ``src/`` tree, in the same blocks: before and after in one run.
+
+The group also measures the import time of ``intention_kernel``, in each tree: ``-X
+importtime``'s cumulative figure for the package, and the wall time of a fresh
+``python -c "import intention_kernel"`` against a bare ``python -c pass``, medians of
+several runs alternating between trees (bytecode caches warm, so "cold" means a new
+process, not a cold disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import pstats
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: (path name, worker row, turns in flight, model rounds a turn).
+PATHS: list[tuple[str, str, int, int]] = [
+    ("kernel, SQLite FULL, 1 client", "ik-sqlite-full", 1, 1),
+    ("floor, SQLite FULL, 1 client", "floor-sqlite-full", 1, 1),
+    ("kernel, SQLite FULL, 64 in flight", "ik-sqlite-full-overlap", 64, 1),
+    ("floor, SQLite FULL, 64 in flight", "floor-sqlite-full", 64, 1),
+    ("kernel, PostgreSQL, 1 client", "ik-postgres", 1, 1),
+    ("floor, PostgreSQL asyncio, 1 client", "floor-postgres-async", 1, 1),
+    ("kernel, PostgreSQL, 64 in flight", "ik-postgres-full-overlap", 64, 1),
+    ("agent loop, SQLite, 3 rounds", "loop-ik-sqlite", 1, 3),
+    ("agent loop, PostgreSQL, 3 rounds", "loop-ik-postgres", 1, 3),
+    ("Pydantic AI bridge, SQLite, 3 requests", "bridge-ik-sqlite", 1, 3),
+]
+#: Each kernel path's floor, for the "x floor" column: (row, in flight) of each.
+FLOORS = {
+    ("ik-sqlite-full", 1): ("floor-sqlite-full", 1),
+    ("ik-sqlite-full-overlap", 64): ("floor-sqlite-full", 64),
+    ("ik-postgres", 1): ("floor-postgres-async", 1),
+    ("ik-postgres-full-overlap", 64): ("floor-postgres-async", 1),
+}
+#: The issue's target for a cold import, milliseconds.
+IMPORT_TARGET_MS = 150.0
+IMPORT_RUNS = 7
+
+
+# -- in the worker process -------------------------------------------------------------
+
+
+async def measure(worker: Any, what: str, n: int, count: int) -> dict[str, Any]:
+    """One batch of ``count`` turns, ``n`` in flight, measured as ``what`` says:
+    ``cpu`` (process time), ``calls`` (cProfile) or ``instructions`` (perf). A batch
+    with ``n`` in flight runs at least one turn per client."""
+    count = max(count, n)
+
+    async def batch() -> int:
+        if n == 1:
+            return len((await worker.turns(count))["lat"])
+        return int((await worker.overlap(n, count))["turns"])
+
+    if what == "cpu":
+        cpu = time.process_time()
+        turns = await batch()
+        return {"turns": turns, "cpu_us": 1e6 * (time.process_time() - cpu) / turns}
+    if what == "calls":
+        profiler = cProfile.Profile()
+        profiler.enable()
+        turns = await batch()
+        profiler.disable()
+        total = pstats.Stats(profiler).total_calls  # type: ignore[attr-defined]
+        return {"turns": turns, "calls": total / turns}
+    if what == "instructions":
+        perf = await asyncio.create_subprocess_exec(
+            *("perf", "stat", "-x,", "-e", "instructions:u", "-p", str(os.getpid())),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        await asyncio.sleep(0.5)  # perf attaches to every thread of the process
+        turns = await batch()
+        perf.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(perf.communicate(), 30)
+        count_, reason = parse_perf(err.decode())
+        if count_ is None:
+            return {"turns": turns, "instructions": None, "reason": reason}
+        return {"turns": turns, "instructions": count_ / turns}
+    raise ValueError(f"unknown measure {what!r}")
+
+
+def parse_perf(stderr: str) -> tuple[float | None, str]:
+    """The instruction count in ``perf stat -x,``'s output, or why there is none."""
+    for line in stderr.splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[2].startswith("instructions"):
+            try:
+                return float(fields[0]), ""
+            except ValueError:
+                return None, f"perf: {fields[0]} (no hardware counters here)"
+    return None, "perf: " + (stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def perf_available() -> tuple[bool, str]:
+    """Whether ``perf stat`` counts instructions on this machine, and if not, why."""
+    try:
+        done = subprocess.run(
+            ["perf", "stat", "-x,", "-e", "instructions:u", "true"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"perf not available ({e.__class__.__name__}; Debian: linux-perf)"
+    value, reason = parse_perf(done.stderr)
+    return value is not None, reason
+
+
+# -- import time -----------------------------------------------------------------------
+
+
+def import_time(trees: dict[str, Path | None], runs: int = IMPORT_RUNS) -> dict[str, Any]:
+    """``intention_kernel``'s import time in each tree (``None``: the installed one)."""
+    out: dict[str, Any] = {}
+    env = {label: _env(tree) for label, tree in trees.items()}
+    for label in trees:  # bytecode caches written once, outside the figures
+        _python(["-c", "import intention_kernel"], env[label])
+    walls: dict[str, list[float]] = {label: [] for label in trees}
+    bare: list[float] = []
+    cumulative: dict[str, list[float]] = {label: [] for label in trees}
+    heaviest: dict[str, list[tuple[float, str]]] = {}
+    for _ in range(runs):
+        bare.append(_python(["-c", "pass"], env[next(iter(trees))])[0])
+        for label in trees:
+            walls[label].append(_python(["-c", "import intention_kernel"], env[label])[0])
+            _, err = _python(["-X", "importtime", "-c", "import intention_kernel"], env[label])
+            total, top = _importtime(err)
+            cumulative[label].append(total)
+            heaviest[label] = top
+    for label in trees:
+        out[label] = {
+            "wall_ms": statistics.median(walls[label]),
+            "python_alone_ms": statistics.median(bare),
+            "importtime_ms": statistics.median(cumulative[label]),
+            "heaviest": heaviest[label],
+            "calls": import_calls(env[label]),
+            "runs": runs,
+        }
+    return out
+
+
+def _env(tree: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree / "src")
+    return env
+
+
+def _python(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+    """Runs the interpreter; its wall time in ms and its stderr."""
+    t = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, *argv], env=env, capture_output=True, text=True, check=True
+    )
+    return 1000 * (time.perf_counter() - t), done.stderr
+
+
+def _importtime(stderr: str) -> tuple[float, list[tuple[float, str]]]:
+    """``-X importtime``'s cumulative ms for the package, and the five top-level
+    packages whose modules took longest on their own (self ms, summed): a module's
+    self time includes what its body runs, a pydantic schema built at import say."""
+    total, packages = 0.0, dict[str, float]()
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        own, cumulative, name = line[len("import time:") :].split("|")
+        if name.strip() == "intention_kernel":
+            total = int(cumulative) / 1000
+        top = name.strip().split(".")[0]
+        packages[top] = packages.get(top, 0.0) + int(own) / 1000
+    return total, sorted(((ms, top) for top, ms in packages.items()), reverse=True)[:5]
+
+
+IMPORT_CALLS = (
+    "import cProfile, pstats\n"
+    "p = cProfile.Profile()\n"
+    "p.enable()\n"
+    "import intention_kernel\n"
+    "p.disable()\n"
+    "print(pstats.Stats(p).total_calls)\n"
+)
+
+
+def import_calls(env: dict[str, str]) -> int:
+    """Python calls made by ``import intention_kernel`` in a fresh process: a count
+    that does not move with the machine's load, as import times do."""
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_CALLS], env=env, capture_output=True, text=True, check=True
+    )
+    return int(done.stdout.split()[-1])
+
+
+# -- the coordinator -------------------------------------------------------------------
+
+
+def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
+    from bench.run import BASE_SUFFIX, Proc
+
+    paths = [p for p in PATHS if not (args.no_postgres and "postgres" in p[1])]
+    missing: dict[str, str] = {}
+    try:
+        import pydantic_ai  # noqa: F401
+    except ImportError:
+        missing["bridge-ik-sqlite"] = "pydantic-ai not installed (the pydantic-ai extra)"
+    entries = [(name, row, n, rounds) for name, row, n, rounds in paths if row not in missing]
+    if args.base:  # each kernel path against the base tree, in the same blocks
+        entries += [
+            (f"{name} @base", row + BASE_SUFFIX, n, rounds)
+            for name, row, n, rounds in entries
+            if not row.startswith("floor")
+        ]
+    perf_ok, perf_reason = perf_available()
+    procs = {name: Proc(row, args, ident=f"cost{k}") for k, (name, row, _, _) in enumerate(entries)}
+    blocks: dict[str, list[float]] = {name: [] for name, *_ in entries}
+    calls: dict[str, float] = {}
+    instructions: dict[str, float | None] = {}
+    reasons: dict[str, str] = {}
+    count = mode["cost_block"]
+    try:
+        for p in procs.values():
+            p.call("setup")
+        for name, _, n, _ in entries:  # warm-up
+            procs[name].call("cost", what="cpu", n=n, count=mode["cost_warmup"])
+        for b in range(mode["cost_blocks"]):
+            k = b % len(entries)
+            for name, _, n, _ in entries[k:] + entries[:k]:
+                blocks[name].append(
+                    procs[name].call("cost", what="cpu", n=n, count=count)["cpu_us"]
+                )
+            print(f"  cost block {b + 1}/{mode['cost_blocks']}", file=sys.stderr, flush=True)
+        for name, _, n, _ in entries:
+            calls[name] = procs[name].call("cost", what="calls", n=n, count=mode["cost_calls"])[
+                "calls"
+            ]
+            if perf_ok:
+                got = procs[name].call("cost", what="instructions", n=n, count=count)
+                instructions[name] = got["instructions"]
+                if got["instructions"] is None:
+                    reasons[name] = got["reason"]
+    finally:
+        for p in procs.values():
+            p.stop()
+    rows: list[dict[str, Any]] = []
+    by_row = {(row, n): name for name, row, n, _ in entries}
+    for name, row, n, rounds in entries:
+        row_out: dict[str, Any] = {
+            "path": name,
+            "row": row,
+            "in_flight": n,
+            "rounds": rounds,
+            "cpu_us": statistics.median(blocks[name]),
+            "cpu_us_blocks": blocks[name],
+            "calls": calls[name],
+            "instructions": instructions.get(name),
+        }
+        plain_row = row.removesuffix(BASE_SUFFIX)
+        floor = by_row.get(FLOORS.get((plain_row, n), ("", 0)))
+        if floor is not None:
+            row_out["floor"] = floor
+            row_out["cpu_ratio"] = statistics.median(
+                a / f for a, f in zip(blocks[name], blocks[floor], strict=True)
+            )
+            row_out["calls_ratio"] = calls[name] / calls[floor]
+        if row.endswith(BASE_SUFFIX):
+            current = name.removesuffix(" @base")
+            rows[[r["path"] for r in rows].index(current)]["base"] = {
+                "cpu_us": row_out["cpu_us"],
+                "calls": row_out["calls"],
+                "instructions": row_out["instructions"],
+                "cpu_vs_base": statistics.median(
+                    a / b for a, b in zip(blocks[current], blocks[name], strict=True)
+                ),
+            }
+            continue
+        rows.append(row_out)
+    trees: dict[str, Path | None] = {"this tree": Path(__file__).parent.parent}
+    if args.base:
+        trees[f"base {args.base_ref}"] = Path(args.base)
+    imports = import_time(trees, mode["import_runs"])
+    return {
+        "paths": rows,
+        "missing": missing,
+        "instructions": {"available": perf_ok, "reason": perf_reason, "per_row": reasons},
+        "imports": imports,
+        "block": count,
+        "blocks": mode["cost_blocks"],
+        "calls_batch": mode["cost_calls"],
+        "load": os.getloadavg(),
+        "base": args.base_ref if args.base else None,
+    }
+
+
+def report(result: dict[str, Any]) -> list[str]:
+    base = result.get("base")
+    load = ", ".join(f"{x:.1f}" for x in result["load"])
+    lines = [
+        "",
+        f"Cost per turn ({result['blocks']} blocks of {result['block']} turns for CPU; "
+        f"calls over {result['calls_batch']} turns; load average at the end {load}):",
+        "",
+    ]
+    head = "| path | CPU µs/turn (x floor) | Python calls/turn (x floor) | instructions/turn |"
+    rule = "|---|---|---|---|"
+    if base:
+        head += f" `{base}`: CPU µs, calls | this / `{base}`: CPU, calls |"
+        rule += "---|---|"
+    lines += [head, rule]
+    for r in result["paths"]:
+        cpu = f"{r['cpu_us']:.0f}" + (f" ({r['cpu_ratio']:.2f})" if "cpu_ratio" in r else "")
+        calls = f"{r['calls']:.0f}" + (f" ({r['calls_ratio']:.2f})" if "calls_ratio" in r else "")
+        if r["rounds"] > 1:
+            cpu += f"; {r['cpu_us'] / r['rounds']:.0f} a round"
+            calls += f"; {r['calls'] / r['rounds']:.0f} a round"
+        instructions = result["instructions"]
+        if r["instructions"] is not None:
+            instr = f"{r['instructions']:,.0f}"
+        else:
+            instr = "not available: " + instructions["per_row"].get(
+                r["path"], instructions["reason"]
+            )
+        line = f"| {r['path']} | {cpu} | {calls} | {instr} |"
+        if base:
+            b = r.get("base")
+            if b is None:
+                line += " - | - |"
+            else:
+                line += (
+                    f" {b['cpu_us']:.0f}, {b['calls']:.0f} "
+                    f"| {b['cpu_vs_base']:.2f}, {r['calls'] / b['calls']:.2f} |"
+                )
+        lines.append(line)
+    for row, why in result["missing"].items():
+        lines.append(f"| {row} | not available: {why} | | |" + (" | |" if base else ""))
+    lines += [
+        "",
+        f"Import of intention_kernel (medians of {next(iter(result['imports'].values()))['runs']}"
+        f" fresh processes; target < {IMPORT_TARGET_MS:.0f} ms):",
+        "",
+        "| tree | wall ms | bare python ms | -X importtime ms | Python calls "
+        "| heaviest packages (self ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, i in result["imports"].items():
+        heavy = ", ".join(f"{name} {ms:.0f}" for ms, name in i["heaviest"])
+        lines.append(
+            f"| {label} | {i['wall_ms']:.0f} | {i['python_alone_ms']:.0f} "
+            f"| {i['importtime_ms']:.0f} | {i['calls']} | {heavy} |"
+        )
+    return lines
+
+
+def targets(result: dict[str, Any]) -> list[tuple[str, float, bool, str]]:
+    this = result["imports"].get("this tree")
+    if this is None:
+        return []
+    return [
+        (
+            f'a fresh `python -c "import intention_kernel"` < {IMPORT_TARGET_MS:.0f} ms',
+            this["wall_ms"],
+            this["wall_ms"] < IMPORT_TARGET_MS,
+            " ms",
+        )
+    ]

@@ -1,0 +1,107 @@
+"""The cost meter (``python -m bench --only cost``) measures what it says, in worker
+processes as ``python -m bench`` runs them: every path's CPU and Python calls per turn,
+the kernel above its floor, a base tree's twin row, and the import's figures. Small
+sizes; nothing here asserts a time."""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench.cost import cost, parse_perf
+from bench.run import Proc, base_tree, drop_schemas
+
+TINY = {
+    "cost_warmup": 4,
+    "cost_blocks": 1,
+    "cost_block": 64,
+    "cost_calls": 64,
+    "import_runs": 1,
+}
+
+
+@pytest.mark.slow
+def test_the_meter_reports_every_sqlite_path_and_its_base_twin(tmp_path: Path) -> None:
+    pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra runs the bridge row")
+    args = argparse.Namespace(
+        dir=str(tmp_path),
+        schema=f"ikt_cost_{uuid.uuid4().hex[:8]}",
+        no_postgres=True,
+        base=base_tree("HEAD"),
+        base_ref="HEAD",
+    )
+    result = cost(args, TINY)
+    paths = {p["path"]: p for p in result["paths"]}
+    assert set(paths) == {
+        "kernel, SQLite FULL, 1 client",
+        "floor, SQLite FULL, 1 client",
+        "kernel, SQLite FULL, 64 in flight",
+        "floor, SQLite FULL, 64 in flight",
+        "agent loop, SQLite, 3 rounds",
+        "Pydantic AI bridge, SQLite, 3 requests",
+    }
+    for p in paths.values():
+        assert p["cpu_us"] > 0 and p["calls"] > 0, p
+        if p["row"].startswith("floor"):
+            assert "base" not in p
+        else:  # each kernel path ran against the base tree too, in the same blocks
+            assert p["base"]["calls"] > 0 and p["base"]["cpu_vs_base"] > 0, p
+    # The kernel does the floor's work and more: it makes more calls than the floor.
+    for n in ("1 client", "64 in flight"):
+        kernel = paths[f"kernel, SQLite FULL, {n}"]
+        assert kernel["floor"] == f"floor, SQLite FULL, {n}"
+        assert kernel["calls"] > paths[kernel["floor"]]["calls"]
+        assert kernel["calls_ratio"] > 1
+    # Three model rounds cost more Python than the one-round turn.
+    assert (
+        paths["agent loop, SQLite, 3 rounds"]["calls"]
+        > paths["kernel, SQLite FULL, 1 client"]["calls"] / 2
+    )
+    if result["instructions"]["available"]:
+        assert all(p["instructions"] > 0 for p in paths.values())
+    else:  # no hardware counters: every row says why, none makes a figure up
+        assert result["instructions"]["reason"].startswith("perf")
+        assert all(p["instructions"] is None for p in paths.values())
+    imports = result["imports"]
+    assert set(imports) == {"this tree", "base HEAD"}
+    for figures in imports.values():
+        assert figures["wall_ms"] > figures["python_alone_ms"] > 0
+        assert figures["importtime_ms"] > 0 and figures["calls"] > 1000
+        assert "intention_kernel" in [name for _, name in figures["heaviest"]]
+
+
+def measured(row: str, n: int, tmp_path: Path, schema: str) -> dict[str, Any]:
+    p = Proc(row, argparse.Namespace(dir=str(tmp_path), schema=schema, base=None))
+    try:
+        p.call("setup")
+        p.call("cost", what="cpu", n=n, count=4)
+        return p.call("cost", what="calls", n=n, count=n * 2)
+    finally:
+        p.stop()
+
+
+@pytest.mark.postgres
+def test_the_meter_counts_the_kernels_calls_on_postgresql_above_its_floor(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    schema = f"ikt_cost_{uuid.uuid4().hex[:8]}"
+    try:
+        kernel = measured("ik-postgres", 1, tmp_path, schema)
+        floor = measured("floor-postgres-async", 1, tmp_path, schema)
+        overlap = measured("ik-postgres-full-overlap", 64, tmp_path, schema)
+    finally:
+        drop_schemas(schema)
+    assert kernel["turns"] == 2 and overlap["turns"] == 128
+    assert kernel["calls"] > floor["calls"] > 0
+    assert overlap["calls"] > 0
+
+
+def test_perf_output_is_read_as_a_count_or_as_the_reason_there_is_none() -> None:
+    assert parse_perf("123456,,instructions:u,1000,100.00,,\n") == (123456.0, "")
+    count, reason = parse_perf("<not supported>,,instructions:u,0,100.00,,\n")
+    assert count is None and "not supported" in reason
+    count, reason = parse_perf("perf: command not found\n")
+    assert count is None and reason == "perf: perf: command not found"
