@@ -57,6 +57,7 @@ from intention_kernel.errors import (
     UnknownCapabilityError,
 )
 from intention_kernel.facts import Evidence, Fact, FactRecord, FactRef
+from intention_kernel.inbox import Queued
 from intention_kernel.interpretation import (
     Answer,
     CapabilitySpec,
@@ -130,6 +131,7 @@ __all__ = [
     "Message",
     "OutboxEvent",
     "Principal",
+    "Queued",
     "Receipt",
     "ReceiptError",
     "ReceiptNotFoundError",

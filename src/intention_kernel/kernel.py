@@ -23,7 +23,8 @@ from intention_kernel.authority import Principal, same_principal
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, TurnOperation
-from intention_kernel.errors import InvalidRequestError
+from intention_kernel.errors import CompilationError, InvalidRequestError
+from intention_kernel.inbox import Inbox, InboxStore, Queued
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.streaming import TurnEvent, TurnSink
@@ -60,6 +61,17 @@ class Kernel:
         self.clock = clock
         # The tasks of streamed turns still running (see ``stream_turn``).
         self._streaming: set[asyncio.Task[None]] = set()
+        self._inbox: Inbox | None = None
+        if agent.on_busy == "queue":
+            has_inbox = getattr(durability, "has_inbox", None)
+            if not isinstance(durability, InboxStore) or has_inbox is False:
+                raise CompilationError(
+                    [
+                        "on_busy='queue' needs a store that keeps a thread inbox; "
+                        f"{type(durability).__name__} keeps none"
+                    ]
+                )
+            self._inbox = Inbox(durability, self._run_waiting)
 
     @property
     def fingerprint(self) -> str:
@@ -90,7 +102,54 @@ class Kernel:
         policies judge it (:mod:`intention_kernel.authority`).
         """
         scope, request = self._request(thread_id, turn_id, message, answer, tenant_id, principal)
+        if self._inbox is not None:
+            result = await self._inbox.submit(scope, request, wait=True)
+            assert isinstance(result, TurnResult)
+            return result
         return await self._run(scope, request)
+
+    async def submit(
+        self,
+        thread_id: str,
+        turn_id: str,
+        message: str | None = None,
+        answer: Answer | str | None = None,
+        *,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+    ) -> TurnResult | Queued:
+        """Deliver one turn and answer at once, as :meth:`turn` takes it.
+
+        With ``Agent(on_busy="queue")``, a turn whose thread is busy (or has queued
+        turns) is committed to the thread's inbox before this returns: the answer is a
+        :class:`~intention_kernel.Queued` naming its position. It runs later as its own
+        turn, in the order of acceptance: the worker holding the thread drains the
+        inbox after its commit. A queued turn ID delivered again answers its position
+        while it waits, its result (``replayed=True``) once it ran. With any other
+        ``on_busy`` this is :meth:`turn`.
+        """
+        scope, request = self._request(thread_id, turn_id, message, answer, tenant_id, principal)
+        if self._inbox is not None:
+            return await self._inbox.submit(scope, request, wait=False)
+        return await self._run(scope, request)
+
+    async def drain(self, thread_id: str) -> list[TurnResult]:
+        """Run the thread's queued turns now, in order, waiting for its lock; their
+        results. For a thread whose worker crashed after accepting a message: the next
+        turn on the thread drains it too. Needs ``Agent(on_busy="queue")``."""
+        if self._inbox is None:
+            raise InvalidRequestError("drain needs an agent with on_busy='queue'")
+        return await self._inbox.drain(thread_id)
+
+    async def drained(self) -> None:
+        """Wait until this kernel's background drains (after a commit) have ended."""
+        if self._inbox is not None:
+            await self._inbox.idle()
+
+    def _run_waiting(
+        self, scope: TurnScope, request: TurnRequest, wait: bool
+    ) -> Awaitable[TurnResult]:
+        return self._run(scope, request, wait=wait)
 
     async def stream_turn(
         self,
@@ -185,7 +244,9 @@ class Kernel:
         )
         return scope, TurnRequest(message, resolved, principal=principal)
 
-    async def _run(self, scope: TurnScope, request: TurnRequest) -> TurnResult:
+    async def _run(
+        self, scope: TurnScope, request: TurnRequest, *, wait: bool | None = None
+    ) -> TurnResult:
         compiled = self._compiled
         thread_id, turn_id = scope.thread_id, scope.turn_id
         # The turn's operation, ``run_turn`` with all but ``tx`` bound: a partial, which
@@ -193,7 +254,8 @@ class Kernel:
         operation: TurnOperation = functools.partial(
             run_turn, compiled, request=request, clock=self.clock
         )
-        durability, reject = self.durability, compiled.agent.on_busy == "reject"
+        durability = self.durability
+        reject = compiled.agent.on_busy == "reject" if wait is None else not wait
 
         def with_turn() -> Awaitable[TurnResult]:
             # ``wait=False``: one attempt at the thread's lock, ThreadBusyError at once

@@ -19,10 +19,12 @@ from datetime import datetime
 
 from intention_kernel.durability import _check_seconds
 from intention_kernel.durability._looplocks import LoopLocks
-from intention_kernel.durability._rows import journal_conflict
+from intention_kernel.durability._rows import inbox_conflict, journal_conflict
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
+    InboxEntry,
+    InboxRecorder,
     JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
@@ -82,9 +84,12 @@ class _State:
     relayed: set[str] = field(default_factory=set)  # threads claimed by a relay
     # The journal, per (thread, turn), by key in write order.
     journal: dict[tuple[str, str], dict[str, JournalEntry]] = field(default_factory=dict)
+    # Each thread's inbox, in acceptance order, and the last number given to an entry.
+    inbox: dict[str, list[InboxEntry]] = field(default_factory=dict)
+    inbox_seq: int = 0
 
 
-class _MemoryRecorder(Recorder):
+class _MemoryRecorder(Recorder, InboxRecorder):
     #: ``write_receipt`` never suspends, so no cancellation can interrupt it.
     options = RecorderOptions(finishes_writes_when_cancelled=True, attempts_outlive_lock=False)
 
@@ -162,6 +167,38 @@ class _MemoryRecorder(Recorder):
         if entry.key in entries:
             raise journal_conflict(entry)
         entries[entry.key] = entry
+
+    # -- the inbox -----------------------------------------------------------------------------
+
+    async def enqueue(self, entry: InboxEntry) -> int | None:
+        state = self._state
+        if (entry.thread_id, entry.turn_id) in state.turns:
+            return None
+        entries = state.inbox.setdefault(entry.thread_id, [])
+        for position, queued in enumerate(entries, 1):
+            if queued.turn_id == entry.turn_id:
+                if (
+                    entry.request_digest is not None
+                    and queued.request_digest is not None
+                    and entry.request_digest != queued.request_digest
+                ):
+                    raise inbox_conflict(entry)
+                return position
+        state.inbox_seq += 1
+        entries.append(replace(entry, seq=state.inbox_seq))
+        return len(entries)
+
+    async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
+        return list(self._state.inbox.get(thread_id, ()))
+
+    async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
+        entries = self._state.inbox.get(thread_id, [])
+        kept = [e for e in entries if e.turn_id != turn_id]
+        if kept:
+            self._state.inbox[thread_id] = kept
+        else:
+            self._state.inbox.pop(thread_id, None)
+        return len(kept) != len(entries)
 
     async def commit_turn(self, record: TurnRecord) -> None:
         state = self._state

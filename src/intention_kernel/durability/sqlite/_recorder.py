@@ -30,6 +30,7 @@ from intention_kernel.durability._rows import (
     decode_event_row,
     decode_receipt_row,
     fenced,
+    inbox_conflict,
     journal_conflict,
     receipt_moved,
     receipt_params,
@@ -39,6 +40,8 @@ from intention_kernel.durability._rows import (
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
+    InboxEntry,
+    InboxRecorder,
     JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
@@ -63,6 +66,7 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_CLAIM,
     SELECT_FACTS,
     SELECT_FAILING,
+    SELECT_INBOX,
     SELECT_INDEX,
     SELECT_INTERACTIONS,
     SELECT_JOURNAL,
@@ -80,7 +84,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 __all__ = ["SQLiteRecorder"]
 
 
-class SQLiteRecorder(SQLiteConnections, Recorder):
+class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
     #: ``_run`` never lets a cancellation through before its hop ends.
     options = RecorderOptions(
         finishes_writes_when_cancelled=True, attempts_outlive_lock=False, receipt_index_rows=True
@@ -193,6 +197,40 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             await self._write(bodies.write_journal, (row,), entry.thread_id)
         except Refusal as refused:
             raise journal_conflict(entry) from refused
+
+    # -- the inbox -----------------------------------------------------------------------------
+
+    async def enqueue(self, entry: InboxEntry) -> int | None:
+        row = (
+            entry.thread_id,
+            entry.turn_id,
+            entry.tenant_id,
+            entry.request_digest,
+            entry.request,
+            _stamp(entry.created_at),
+        )
+        try:
+            # Atomic: the committed-turn check, the insert and the count see one state.
+            position: int | None = await self._write(
+                bodies.enqueue, (row,), entry.thread_id, atomic=True
+            )
+        except Refusal as refused:
+            raise inbox_conflict(entry) from refused
+        return position
+
+    async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
+        def read(conn: sqlite3.Connection) -> list[InboxEntry]:
+            rows = conn.execute(SELECT_INBOX, (thread_id,)).fetchall()
+            return [
+                InboxEntry(thread_id, r[0], r[1], r[2], r[3], datetime.fromisoformat(r[4]), r[5])
+                for r in rows
+            ]
+
+        return await self._read(read, thread_id)
+
+    async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
+        removed: int = await self._write(bodies.remove_inbox, (thread_id, turn_id), thread_id)
+        return removed == 1
 
     # -- effects -------------------------------------------------------------------------------
 
