@@ -32,6 +32,9 @@ __all__ = ["Queued"]
 
 logger = logging.getLogger("intention_kernel.inbox")
 
+#: How long a background drain pauses after the thread's lock timed out on it.
+RETRY_SECONDS = 0.1
+
 
 @dataclass(frozen=True, slots=True)
 class Queued:
@@ -97,12 +100,13 @@ def decode_entry(entry: InboxEntry) -> tuple[TurnScope, TurnRequest]:
 class Inbox:
     """The kernel's side of the inbox: accept, then drain in order of acceptance.
 
-    The rule that keeps a message from waiting forever: whoever releases a thread's
-    lock reads the inbox again afterwards. A message that found the lock busy was
-    accepted before that release, so the holder's read sees it. Without the read
-    after release, a message queued just before the holder finished would wait for the
-    thread's next turn. A holder that crashed reads nothing: the next turn on the
-    thread, in any process, drains first (or :meth:`drain`, called explicitly).
+    The rule that keeps a message from waiting forever: the process that queued it
+    waits for the thread's lock in the background, and drains the inbox once it has
+    it. The holder need not read the inbox after its commit, which would cost every
+    turn a statement. A message is never left for the holder to notice: the holder
+    may have read the inbox just before the message arrived. A process that queued a
+    message and then crashed drains nothing. The next turn on the thread, in any
+    process, then drains first (as does :meth:`drain`, called explicitly).
     """
 
     def __init__(self, store: InboxStore, run: RunTurn) -> None:
@@ -130,7 +134,6 @@ class Inbox:
             except ThreadBusyError:
                 pass
             else:
-                self.after_release(thread_id)
                 return result
         entry = InboxEntry(
             thread_id,
@@ -150,8 +153,8 @@ class Inbox:
             results = await self._drain(thread_id, wait=wait, until=scope.turn_id)
         finally:
             del self._waiting[key]
-        if scope.turn_id in results:
-            self.after_release(thread_id)  # the turns queued behind it, in the background
+        if not wait or scope.turn_id in results:
+            self.watch(thread_id)  # this turn, or those queued behind it
         if ran.done():  # run by this call's drain, or by another drain of this kernel
             return ran.result()
         if scope.turn_id in results:  # another worker ran it first: the replay
@@ -172,11 +175,12 @@ class Inbox:
         while self._drains:
             await asyncio.gather(*self._drains.values(), return_exceptions=True)
 
-    def after_release(self, thread_id: str) -> None:
-        """Drain the thread in the background: this process just released its lock."""
+    def watch(self, thread_id: str) -> None:
+        """Drain the thread in the background, waiting for its lock: this process
+        queued a message on it."""
         running = self._drains.get(thread_id)
         if running is not None and not running.done():
-            self._again.add(thread_id)  # it may have read the inbox before this release
+            self._again.add(thread_id)  # it may have read the inbox before the message
             return
         self._drains[thread_id] = asyncio.create_task(self._background(thread_id))
 
@@ -185,7 +189,10 @@ class Inbox:
             while True:
                 self._again.discard(thread_id)
                 try:
-                    await self._drain(thread_id, wait=False, until=None)
+                    await self._drain(thread_id, wait=True, until=None)
+                except ThreadBusyError:  # the lock timed out: a long turn; wait again
+                    self._again.add(thread_id)
+                    await asyncio.sleep(RETRY_SECONDS)  # a store whose lock timeout is 0
                 except Exception as error:  # the entry stays: the next turn retries it
                     logger.warning(
                         "draining the inbox of thread %r failed: %s: %s",
