@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from intention_kernel._inbox import Queued
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
 from intention_kernel.capabilities import (
@@ -57,7 +58,6 @@ from intention_kernel.errors import (
     UnknownCapabilityError,
 )
 from intention_kernel.facts import Evidence, Fact, FactRecord, FactRef
-from intention_kernel.inbox import Queued
 from intention_kernel.interpretation import (
     Answer,
     CapabilitySpec,

@@ -51,7 +51,7 @@ class Agent:
     ``ThreadBusyError``); ``"reject"`` raises ``ThreadBusyError`` at once and changes
     nothing, for front ends that prefer to tell the person to wait. It is not part of
     the fingerprint. ``"queue"`` commits the turn to the thread's durable inbox and
-    runs it after the running one (:mod:`intention_kernel.inbox`).
+    runs it after the running one (see :class:`~intention_kernel.Queued`).
     """
 
     name: str

@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
 from intention_kernel import _tracing
+from intention_kernel._inbox import Inbox, InboxStore, Queued
 from intention_kernel._json import normalize
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.authority import Principal, same_principal
@@ -24,7 +25,6 @@ from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, TurnOperation
 from intention_kernel.errors import CompilationError, InvalidRequestError
-from intention_kernel.inbox import Inbox, InboxStore, Queued
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.streaming import TurnEvent, TurnSink

@@ -30,7 +30,7 @@ from intention_kernel.turns import TurnResult, TurnScope
 
 __all__ = ["Queued"]
 
-logger = logging.getLogger("intention_kernel.inbox")
+logger = logging.getLogger("intention_kernel._inbox")
 
 #: How long a background drain pauses after the thread's lock timed out on it.
 RETRY_SECONDS = 0.1
