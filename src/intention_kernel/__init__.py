@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from intention_kernel._inbox import Queued
+from intention_kernel._inbox import Cancellation, Queued
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
 from intention_kernel.capabilities import (
@@ -53,6 +53,7 @@ from intention_kernel.errors import (
     TenantMismatchError,
     ThreadBusyError,
     ThreadLockTimeoutError,
+    TurnCancelledError,
     TurnConflictError,
     TurnExpiredError,
     UnknownCapabilityError,
@@ -94,6 +95,7 @@ __all__ = [
     "Agent",
     "Answer",
     "CancellationSignal",
+    "Cancellation",
     "Capability",
     "CapabilityContext",
     "CapabilityError",
@@ -149,6 +151,7 @@ __all__ = [
     "ThreadBusyError",
     "ThreadLockTimeoutError",
     "TurnCommit",
+    "TurnCancelledError",
     "TurnConflictError",
     "TurnEvent",
     "TurnExpiredError",

@@ -16,19 +16,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from intention_kernel._json import dump_value, load_value
 from intention_kernel.authority import Principal
 from intention_kernel.durability.records import InboxEntry
 from intention_kernel.effects import utcnow
-from intention_kernel.errors import ThreadBusyError, TurnConflictError
+from intention_kernel.errors import ThreadBusyError, TurnCancelledError, TurnConflictError
 from intention_kernel.interpretation import Answer
 from intention_kernel.runtime import TurnRequest
 from intention_kernel.turns import TurnResult, TurnScope
 
-__all__ = ["Queued"]
+__all__ = ["Cancellation", "Queued"]
 
 logger = logging.getLogger("intention_kernel._inbox")
 
@@ -53,6 +53,22 @@ class Queued:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-compatible dict."""
         return {"thread_id": self.thread_id, "turn_id": self.turn_id, "position": self.position}
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    """What :meth:`Kernel.cancel <intention_kernel.Kernel.cancel>` found and did.
+
+    ``status`` is ``"committed"`` (the turn had committed: nothing changed),
+    ``"dequeued"`` (it waited in the inbox and was removed: it will not run) or
+    ``"requested"`` (it may be running: it stops at its next safe point and commits
+    what it did, its reply saying it was cancelled).
+    """
+
+    thread_id: str
+    turn_id: str
+    status: Literal["committed", "dequeued", "requested"]
+    reason: str | None = None
 
 
 #: Runs one turn: ``(scope, request, wait)``; ``wait=False`` raises ThreadBusyError at once.
@@ -94,7 +110,7 @@ def decode_entry(entry: InboxEntry) -> tuple[TurnScope, TurnRequest]:
     answer = Answer(**data["answer"]) if data["answer"] is not None else None
     principal = Principal(**data["principal"]) if data["principal"] is not None else None
     scope = TurnScope(entry.thread_id, entry.turn_id, entry.tenant_id, entry.request_digest)
-    return scope, TurnRequest(data["message"], answer, principal=principal)
+    return scope, TurnRequest(data["message"], answer, principal=principal, queued=True)
 
 
 class Inbox:
@@ -159,8 +175,8 @@ class Inbox:
             return ran.result()
         if scope.turn_id in results:  # another worker ran it first: the replay
             return results[scope.turn_id]
-        if wait:  # another worker ran it: its stored result
-            return await self._run(scope, request, True)
+        if wait:  # another worker ran it (its stored result), or it was cancelled
+            return await self._run(scope, replace(request, queued=True), True)
         return Queued(thread_id, scope.turn_id, position)
 
     async def drain(self, thread_id: str) -> list[TurnResult]:
@@ -229,8 +245,8 @@ class Inbox:
                 if wait:
                     raise
                 return results
-            except TurnConflictError:
-                # Its turn ID was committed for another request: it can never run.
+            except (TurnConflictError, TurnCancelledError):
+                # Committed for another request, or cancelled: it can never run.
                 await store.remove_inbox(thread_id, head.turn_id)
                 continue
             # Removed only after the commit: a crash before this line leaves the entry,

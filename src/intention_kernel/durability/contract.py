@@ -417,6 +417,21 @@ class InboxRecorder(Protocol):
         """Delete the entry of ``turn_id``; whether there was one."""
         ...
 
+    async def request_cancel(
+        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+    ) -> str:
+        """Ask turn ``turn_id`` to stop, in one transaction; what was found:
+
+        - ``"committed"``: the turn is committed, and nothing was written;
+        - ``"dequeued"``: its inbox entry was deleted, and the request recorded;
+        - ``"requested"``: the request is recorded, for the turn to read at its next
+          safe point. A request already recorded keeps its first reason."""
+        ...
+
+    async def read_cancel(self, thread_id: str, turn_id: str) -> tuple[bool, str | None]:
+        """Whether turn ``turn_id`` was asked to stop, and the reason given."""
+        ...
+
 
 class MigrationRecorder(TurnRecorder, MaintenanceRecorder, Protocol):
     """What a checkpoint migration uses: the lock and ``read_thread`` of the turns, the

@@ -479,6 +479,15 @@ class RecordedDurability:
         inbox = await self._inbox(thread_id)
         return await inbox.remove_inbox(thread_id, check_id("turn_id", turn_id))
 
+    async def request_cancel(self, thread_id: str, turn_id: str, reason: str | None) -> str:
+        """Ask turn ``turn_id`` to stop (see :meth:`InboxRecorder.request_cancel`)."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.request_cancel(thread_id, check_id("turn_id", turn_id), reason, utcnow())
+
+    async def read_cancel(self, thread_id: str, turn_id: str) -> tuple[bool, str | None]:
+        """Whether turn ``turn_id`` was asked to stop, and the reason given."""
+        return await (await self._inbox(thread_id)).read_cancel(thread_id, turn_id)
+
     # -- inspection and operations -----------------------------------------------------------
 
     async def load_checkpoint(

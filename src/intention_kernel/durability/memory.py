@@ -87,6 +87,8 @@ class _State:
     # Each thread's inbox, in acceptance order, and the last number given to an entry.
     inbox: dict[str, list[InboxEntry]] = field(default_factory=dict)
     inbox_seq: int = 0
+    # The stop requests (``Kernel.cancel``), by (thread, turn): the reason given.
+    cancels: dict[tuple[str, str], str | None] = field(default_factory=dict)
 
 
 class _MemoryRecorder(Recorder, InboxRecorder):
@@ -199,6 +201,19 @@ class _MemoryRecorder(Recorder, InboxRecorder):
         else:
             self._state.inbox.pop(thread_id, None)
         return len(kept) != len(entries)
+
+    async def request_cancel(
+        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+    ) -> str:
+        state = self._state
+        if (thread_id, turn_id) in state.turns:
+            return "committed"
+        state.cancels.setdefault((thread_id, turn_id), reason)
+        return "dequeued" if await self.remove_inbox(thread_id, turn_id) else "requested"
+
+    async def read_cancel(self, thread_id: str, turn_id: str) -> tuple[bool, str | None]:
+        key = (thread_id, turn_id)
+        return key in self._state.cancels, self._state.cancels.get(key)
 
     async def commit_turn(self, record: TurnRecord) -> None:
         state = self._state

@@ -56,6 +56,7 @@ from intention_kernel.durability.postgres._statements import (
     DELETE_MESSAGES,
     HAS_UNSEQUENCED,
     INBOX_POSITION,
+    INSERT_CANCEL,
     INSERT_EVENT,
     INSERT_FACTS,
     INSERT_INBOX,
@@ -73,6 +74,7 @@ from intention_kernel.durability.postgres._statements import (
     REWRITE_THREAD,
     SCAN_THREADS,
     SELECT_BACKLOG,
+    SELECT_CANCEL,
     SELECT_FAILING,
     SELECT_INBOX,
     SELECT_INBOX_ENTRY,
@@ -248,6 +250,29 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
             return cur.rowcount == 1
 
         return await self._run(None, write)
+
+    async def request_cancel(
+        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+    ) -> str:
+        key = (thread_id, turn_id)
+
+        async def write(conn: Connection) -> str:
+            # One transaction: the committed-turn check, the request and the dequeue.
+            async with conn.transaction():
+                if await (await execute(conn, SELECT_TURN_EXISTS, key)).fetchone():
+                    return "committed"
+                await execute(conn, INSERT_CANCEL, (thread_id, turn_id, reason, at))
+                removed = (await execute(conn, DELETE_INBOX, key)).rowcount
+                return "dequeued" if removed else "requested"
+
+        return await self._run(None, write)
+
+    async def read_cancel(self, thread_id: str, turn_id: str) -> tuple[bool, str | None]:
+        async def read(conn: Connection) -> tuple[bool, str | None]:
+            row = await (await execute(conn, SELECT_CANCEL, (thread_id, turn_id))).fetchone()
+            return (False, None) if row is None else (True, row[0])
+
+        return await self._run(None, read)
 
     # -- effects -------------------------------------------------------------------------------
 

@@ -217,7 +217,8 @@ MIGRATIONS: tuple[str, ...] = (
         ADD COLUMN approved_by text;
     """,
     # 11: each thread's inbox, as in SQLite's migration 10: messages accepted while a
-    # turn ran (``on_busy="queue"``), ordered by ``seq``, the order of acceptance.
+    # turn ran (``on_busy="queue"``), ordered by ``seq``, the order of acceptance; and
+    # the requests to stop a turn (``Kernel.cancel``).
     """
     CREATE TABLE ik_inbox (
         seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -226,6 +227,11 @@ MIGRATIONS: tuple[str, ...] = (
         CONSTRAINT ik_inbox_turn UNIQUE (thread_id, turn_id)
     );
     CREATE INDEX ik_inbox_order ON ik_inbox (thread_id, seq);
+    CREATE TABLE ik_cancels (
+        thread_id text NOT NULL, turn_id text NOT NULL, reason text,
+        created_at timestamptz NOT NULL,
+        CONSTRAINT ik_cancels_pkey PRIMARY KEY (thread_id, turn_id)
+    );
     """,
 )
 

@@ -258,3 +258,9 @@ SELECT_INBOX = """
     WHERE thread_id = %s ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
+# A request already there keeps its first reason: asking again changes nothing.
+INSERT_CANCEL = """
+    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at) VALUES (%s, %s, %s, %s)
+    ON CONFLICT ON CONSTRAINT ik_cancels_pkey DO NOTHING
+"""
+SELECT_CANCEL = "SELECT reason FROM ik_cancels WHERE thread_id = %s AND turn_id = %s"

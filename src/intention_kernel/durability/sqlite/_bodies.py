@@ -35,6 +35,7 @@ from intention_kernel.durability.sqlite._statements import (
     DELETE_JOURNAL,
     DELETE_MESSAGES,
     INBOX_POSITION,
+    INSERT_CANCEL,
     INSERT_EVENT,
     INSERT_INBOX,
     INSERT_INDEX,
@@ -194,6 +195,17 @@ def enqueue(conn: sqlite3.Connection, row: tuple[Any, ...]) -> int | None:
 def remove_inbox(conn: sqlite3.Connection, thread_id: str, turn_id: str) -> int:
     """Delete a thread's inbox entry: 1 if there was one, else 0."""
     return conn.execute(DELETE_INBOX, (thread_id, turn_id)).rowcount
+
+
+def request_cancel(conn: sqlite3.Connection, row: tuple[Any, ...]) -> str:
+    """A stop request, atomic: ``"committed"`` (nothing written), ``"dequeued"`` or
+    ``"requested"`` (see ``InboxRecorder.request_cancel``)."""
+    thread_id, turn_id = row[:2]
+    if conn.execute(SELECT_TURN_EXISTS, (thread_id, turn_id)).fetchone() is not None:
+        return "committed"
+    conn.execute(INSERT_CANCEL, row)
+    removed = conn.execute(DELETE_INBOX, (thread_id, turn_id)).rowcount
+    return "dequeued" if removed else "requested"
 
 
 def claim_receipt(conn: sqlite3.Connection, params: dict[str, Any]) -> int:

@@ -63,6 +63,7 @@ from intention_kernel.durability.sqlite._statements import (
     READ_RECEIPTS,
     SCAN_THREADS,
     SELECT_BACKLOG,
+    SELECT_CANCEL,
     SELECT_CLAIM,
     SELECT_FACTS,
     SELECT_FAILING,
@@ -231,6 +232,20 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         removed: int = await self._write(bodies.remove_inbox, (thread_id, turn_id), thread_id)
         return removed == 1
+
+    async def request_cancel(
+        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+    ) -> str:
+        row = (thread_id, turn_id, reason, _stamp(at))
+        found: str = await self._write(bodies.request_cancel, (row,), thread_id, atomic=True)
+        return found
+
+    async def read_cancel(self, thread_id: str, turn_id: str) -> tuple[bool, str | None]:
+        def read(conn: sqlite3.Connection) -> tuple[bool, str | None]:
+            row = conn.execute(SELECT_CANCEL, (thread_id, turn_id)).fetchone()
+            return (False, None) if row is None else (True, row[0])
+
+        return await self._read(read, thread_id)
 
     # -- effects -------------------------------------------------------------------------------
 

@@ -159,7 +159,8 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE ik_receipts ADD COLUMN input TEXT;
     ALTER TABLE ik_receipts ADD COLUMN approved_by TEXT;
     """,
-    # 10: each thread's inbox, messages accepted while a turn ran (``on_busy="queue"``).
+    # 10: each thread's inbox, messages accepted while a turn ran (``on_busy="queue"``),
+    # and the requests to stop a turn (``Kernel.cancel``).
     # ``seq`` orders the entries by acceptance; AUTOINCREMENT never reuses a number.
     """
     CREATE TABLE ik_inbox (
@@ -173,6 +174,13 @@ MIGRATIONS: tuple[str, ...] = (
         UNIQUE (thread_id, turn_id)
     );
     CREATE INDEX ik_inbox_order ON ik_inbox (thread_id, seq);
+    CREATE TABLE ik_cancels (
+        thread_id  TEXT NOT NULL,
+        turn_id    TEXT NOT NULL,
+        reason     TEXT,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (thread_id, turn_id)
+    ) WITHOUT ROWID;
     """,
 )
 

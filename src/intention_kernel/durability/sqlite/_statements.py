@@ -151,6 +151,12 @@ SELECT_INBOX = """
     WHERE thread_id = ? ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
+# A request already there keeps its first reason: asking again changes nothing.
+INSERT_CANCEL = """
+    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at) VALUES (?, ?, ?, ?)
+    ON CONFLICT (thread_id, turn_id) DO NOTHING
+"""
+SELECT_CANCEL = "SELECT reason FROM ik_cancels WHERE thread_id = ? AND turn_id = ?"
 
 # -- the relay (see ``Recorder.claim_outbox``) --
 # Threads whose first unpublished event is due, oldest first. The inner query walks
