@@ -8,6 +8,8 @@ Run as ``python tests/crash_worker.py '<json config>'``:
   an ``"answer"`` instead of (or beside) its message: ``Answer(**answer)``.
 - ``approvals``: optional, how many distinct actors must accept a charge (default 1).
 - ``hold``: optional; when true, the process waits after its last turn, to be killed.
+- ``cancel``: optional ``{"thread_id", "turn_id", "reason"}``: the process asks that
+  turn to stop (``Kernel.cancel``) before any turn, and prints ``{"cancelled": status}``.
 - ``on_busy``: optional, the agent's policy (``"queue"``: turns go through
   ``Kernel.submit``, and a queued one prints ``{"turn_id", "queued": position}``).
 - ``fault``: optional ``{"point", "action", "skip"}`` armed (for one pass, after
@@ -68,7 +70,13 @@ async def main(config: dict[str, Any]) -> None:
                 faults.inject(fault["point"], hold, skip=fault.get("skip", 0))
             else:
                 faults.inject(fault["point"], fault["action"], skip=fault.get("skip", 0))
-        for turn in config["turns"]:
+        if "cancel" in config:
+            asked = config["cancel"]
+            done = await kernel.cancel(
+                asked["thread_id"], asked["turn_id"], reason=asked.get("reason")
+            )
+            print(json.dumps({"cancelled": done.status}), flush=True)
+        for turn in config.get("turns", []):
             outcome: dict[str, Any] = {"turn_id": turn["turn_id"]}
             try:
                 answer = Answer(**turn["answer"]) if "answer" in turn else None

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +29,9 @@ from intention_kernel import (
 )
 from intention_kernel.durability import Durability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from proving_support import read_all_events
+from proving_support import Store, make_sql_store, read_all_events
+
+WORKER = Path(__file__).with_name("crash_worker.py")
 
 HELD = 10.0
 
@@ -184,3 +190,38 @@ async def test_a_turn_in_rounds_keeps_the_rounds_it_ran_and_stops_before_the_nex
     assert result.reply.endswith("Cancelled before it finished.")
     checkpoint = await store.load_checkpoint("t")
     assert checkpoint is not None and checkpoint.facts["balance"].value == 1
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    yield from make_sql_store(request.param, request, tmp_path)
+
+
+@pytest.mark.slow
+async def test_a_cancel_from_another_process_stops_the_running_turn(
+    sql_store: Store, tmp_path: Path
+) -> None:
+    async with sql_store.durability() as durability:
+        interpreter = HeldInterpreter()
+        kernel = kernel_for(durability, interpreter, cancel_check_after=0.0)
+        running = asyncio.create_task(kernel.turn("t", "1", "look twice"))
+        await asyncio.wait_for(interpreter.entered.wait(), HELD)
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(WORKER),
+            json.dumps(
+                {
+                    "store": sql_store.config(),
+                    "ledger": str(tmp_path / "unused.ledger"),
+                    "cancel": {"thread_id": "t", "turn_id": "1", "reason": "stop"},
+                }
+            ),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(worker.communicate(), 60)
+        assert json.loads(out) == {"cancelled": "requested"}, err.decode()
+        interpreter.release.set()
+        result = await asyncio.wait_for(running, HELD)
+        assert result.steps == ()
+        assert result.reply.endswith("Cancelled before it finished: stop")
