@@ -11,6 +11,7 @@ def undo_migration_10(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 10 held it: no thread inbox."""
     conn.execute("DROP TABLE ik_inbox")
     conn.execute("DROP TABLE ik_cancels")
+    conn.execute("DROP TABLE ik_interrupts")
     conn.execute("DELETE FROM ik_schema WHERE version > 9")
 
 

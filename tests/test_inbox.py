@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 
-from intention_kernel import Kernel, Queued, TurnConflictError, TurnResult
+from intention_kernel import (
+    Intent,
+    Interpretation,
+    InterpretationRequest,
+    Kernel,
+    Queued,
+    TurnConflictError,
+    TurnResult,
+)
 from intention_kernel.durability import Durability
 from intention_kernel.durability.engine import RecordedDurability
 from intention_kernel.testing import faults
@@ -48,6 +56,10 @@ async def charging(kernel: Kernel, provider: FakeProvider) -> AsyncIterator[asyn
         provider.released.set()
         if not running.done():
             await asyncio.wait_for(asyncio.shield(running), HELD)
+
+
+def of_turn(events: list[Any], turn_id: str, type: str) -> list[Any]:
+    return [e for e in events if e.turn_id == turn_id and e.type == type]
 
 
 def committed(events: list[Any], turn_id: str) -> int:
@@ -270,3 +282,55 @@ async def test_a_message_whose_accepting_process_is_killed_runs_once_with_the_ne
         third = await kernel.submit("t", "3", "balance")
         assert isinstance(third, TurnResult)
         assert (third.replayed, third.checkpoint_version) == (True, 3)
+
+
+# -- on_busy="interrupt" -------------------------------------------------------------------------
+
+
+class HeldInterpreter:
+    """For "look twice": asks for two balance look-ups once ``release`` is set;
+    ``entered`` says it was asked. Any other message asks for one look-up at once."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        if request.message == "look twice":
+            self.entered.set()
+            await self.release.wait()
+            return Interpretation(
+                intents=[Intent("billing.balance", {"due": 1}), Intent("billing.balance", {})]
+            )
+        return Interpretation(intents=[Intent("billing.balance", {"due": 7})])
+
+
+@pytest.mark.parametrize("same_kernel", [True, False])
+async def test_interrupt_stops_the_running_turn_and_runs_the_new_message_next(
+    store: Durability, same_kernel: bool
+) -> None:
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="interrupt"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    sender = kernel if same_kernel else Kernel(agent, store)
+    running = asyncio.create_task(kernel.turn("t", "2", "look twice"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    ack = await sender.submit("t", "3", "balance please")
+    assert ack == Queued("t", "3", 1)
+    interpreter.release.set()
+    interrupted = await asyncio.wait_for(running, HELD)
+    assert interrupted.steps == ()  # stopped before its first step
+    assert interrupted.reply.endswith("Interrupted by a new message.")
+    assert interrupted.checkpoint_version == 2
+    await sender.drained()
+    third = await sender.submit("t", "3", "balance please")
+    assert isinstance(third, TurnResult)
+    # The new message ran next, in full: the interrupt did not stop it.
+    assert (third.replayed, third.checkpoint_version) == (True, 3)
+    assert [s.value for s in third.steps] == [{"due": 7}]
+    events = await read_all_events(store, thread_id="t")
+    assert len(of_turn(events, "2", "turn.cancelled")) == 1
+    assert of_turn(events, "3", "turn.cancelled") == []

@@ -237,6 +237,7 @@ async def test_schema_is_created_once_in_its_own_namespace_and_versioned(store: 
         "ik_cancels",
         "ik_facts",
         "ik_inbox",
+        "ik_interrupts",
         "ik_journal",
         "ik_messages",
         "ik_outbox",
@@ -277,7 +278,7 @@ UNDO_MIGRATION_5 = (
 UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
 UNDO_MIGRATION_8 = "DROP TABLE ik_journal"
 UNDO_MIGRATION_9 = "ALTER TABLE ik_receipts DROP COLUMN actor"
-UNDO_MIGRATION_11 = "DROP TABLE ik_inbox, ik_cancels"
+UNDO_MIGRATION_11 = "DROP TABLE ik_inbox, ik_cancels, ik_interrupts"
 UNDO_MIGRATION_10 = (
     "ALTER TABLE ik_receipts DROP COLUMN capability_id, DROP COLUMN input, DROP COLUMN approved_by"
 )

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from intention_kernel._json import dump_value, load_value
 from intention_kernel.authority import Principal
+from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability.records import InboxEntry
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import ThreadBusyError, TurnCancelledError, TurnConflictError
@@ -82,6 +83,8 @@ class InboxStore(Protocol):
     async def enqueue(self, entry: InboxEntry) -> int | None: ...
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]: ...
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool: ...
+    async def request_interrupt(self, thread_id: str, base_version: int) -> None: ...
+    async def load_checkpoint(self, thread_id: str) -> KernelCheckpoint | None: ...
 
 
 def encode_request(request: TurnRequest) -> str:
@@ -125,9 +128,11 @@ class Inbox:
     process, then drains first (as does :meth:`drain`, called explicitly).
     """
 
-    def __init__(self, store: InboxStore, run: RunTurn) -> None:
+    def __init__(self, store: InboxStore, run: RunTurn, *, interrupt: bool = False) -> None:
         self._store = store
         self._run = run
+        # ``on_busy="interrupt"``: a message that finds the thread busy stops its turn.
+        self._interrupt = interrupt
         # The background drain of each thread, and threads to drain once more after it.
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
@@ -144,6 +149,13 @@ class Inbox:
         turn, and return its result. Without ``wait``, answer :class:`Queued` when the
         thread is busy."""
         store, thread_id = self._store, scope.thread_id
+        base = None
+        if self._interrupt:
+            # Read before the attempt at the lock: a turn running at the attempt started
+            # from this version or a later one. Read after a refusal, it could already
+            # be the base of the turn that runs next, this message's own.
+            checkpoint = await store.load_checkpoint(thread_id)
+            base = checkpoint.version if checkpoint is not None else 0
         if not await store.read_inbox(thread_id):
             try:
                 result = await self._run(scope, request, False)
@@ -162,6 +174,10 @@ class Inbox:
         position = await store.enqueue(entry)
         if position is None:  # committed already: the replay (or its conflict)
             return await self._run(scope, request, True)
+        if base is not None:
+            # Accepted first, then the stop: a crash between leaves a queued message.
+            # A turn on that base that already committed is stopped by nothing.
+            await store.request_interrupt(thread_id, base)
         key = (thread_id, scope.turn_id)
         ran: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
         self._waiting[key] = ran

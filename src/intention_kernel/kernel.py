@@ -77,16 +77,18 @@ class Kernel:
         # The tasks of streamed turns still running (see ``stream_turn``).
         self._streaming: set[asyncio.Task[None]] = set()
         self._inbox: Inbox | None = None
-        if agent.on_busy == "queue":
+        if agent.on_busy in ("queue", "interrupt"):
             has_inbox = getattr(durability, "has_inbox", None)
             if not isinstance(durability, InboxStore) or has_inbox is False:
                 raise CompilationError(
                     [
-                        "on_busy='queue' needs a store that keeps a thread inbox; "
+                        f"on_busy={agent.on_busy!r} needs a store that keeps a thread inbox; "
                         f"{type(durability).__name__} keeps none"
                     ]
                 )
-            self._inbox = Inbox(durability, self._run_waiting)
+            self._inbox = Inbox(
+                durability, self._run_waiting, interrupt=agent.on_busy == "interrupt"
+            )
 
     @property
     def fingerprint(self) -> str:
@@ -181,12 +183,14 @@ class Kernel:
         key, store, replies = (scope.thread_id, scope.turn_id), self.durability, self.agent.replies
         started, after = time.monotonic(), 0.0 if request.queued else self.cancel_check_after
 
-        async def stop() -> str | None:
+        async def stop(base_version: int) -> str | None:
             if key in self._cancels:
                 return replies.turn_cancelled(self._cancels[key])
             if time.monotonic() - started < after:
                 return None
-            found, reason = await store.read_cancel(*key)  # type: ignore[attr-defined]
+            found, reason = await store.read_cancel(*key, base_version)  # type: ignore[attr-defined]
+            if found == "interrupt":
+                return replies.turn_interrupted()
             return replies.turn_cancelled(reason) if found else None
 
         return dataclasses.replace(request, stop=stop)

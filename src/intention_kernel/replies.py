@@ -126,6 +126,10 @@ class Replies:
             else ("Cancelled before it finished.")
         )
 
+    def turn_interrupted(self) -> str:
+        """A new message interrupted the turn (``Agent(on_busy="interrupt")``)."""
+        return "Interrupted by a new message."
+
     def superseded(self, interaction: Interaction) -> str:
         """``interaction`` opened earlier in this turn was replaced by a later request."""
         return f"Not asked, superseded by a later request: {interaction.prompt}"

@@ -428,8 +428,18 @@ class InboxRecorder(Protocol):
           safe point. A request already recorded keeps its first reason."""
         ...
 
-    async def read_cancel(self, thread_id: str, turn_id: str) -> tuple[bool, str | None]:
-        """Whether turn ``turn_id`` was asked to stop, and the reason given."""
+    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
+        """Ask the turn that commits on top of checkpoint ``base_version`` to stop: a
+        new message interrupts it (``on_busy="interrupt"``). A later turn's base is
+        newer, so the request never stops the message that made it."""
+        ...
+
+    async def read_cancel(
+        self, thread_id: str, turn_id: str, base_version: int
+    ) -> tuple[str | None, str | None]:
+        """Whether the turn was asked to stop, in one read: ``("cancel", reason)`` for a
+        request naming ``turn_id``, ``("interrupt", None)`` for one naming its
+        ``base_version``, else ``(None, None)``. A cancel wins over an interrupt."""
         ...
 
 

@@ -484,9 +484,17 @@ class RecordedDurability:
         inbox = await self._inbox(thread_id)
         return await inbox.request_cancel(thread_id, check_id("turn_id", turn_id), reason, utcnow())
 
-    async def read_cancel(self, thread_id: str, turn_id: str) -> tuple[bool, str | None]:
-        """Whether turn ``turn_id`` was asked to stop, and the reason given."""
-        return await (await self._inbox(thread_id)).read_cancel(thread_id, turn_id)
+    async def request_interrupt(self, thread_id: str, base_version: int) -> None:
+        """Ask the turn that commits on top of ``base_version`` to stop
+        (see :meth:`InboxRecorder.request_interrupt`)."""
+        await (await self._inbox(thread_id)).request_interrupt(thread_id, base_version, utcnow())
+
+    async def read_cancel(
+        self, thread_id: str, turn_id: str, base_version: int
+    ) -> tuple[str | None, str | None]:
+        """Whether the turn was asked to stop (see :meth:`InboxRecorder.read_cancel`)."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.read_cancel(thread_id, turn_id, base_version)
 
     # -- inspection and operations -----------------------------------------------------------
 

@@ -89,6 +89,7 @@ class _State:
     inbox_seq: int = 0
     # The stop requests (``Kernel.cancel``), by (thread, turn): the reason given.
     cancels: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    interrupts: set[tuple[str, int]] = field(default_factory=set)  # (thread, base version)
 
 
 class _MemoryRecorder(Recorder, InboxRecorder):
@@ -211,9 +212,18 @@ class _MemoryRecorder(Recorder, InboxRecorder):
         state.cancels.setdefault((thread_id, turn_id), reason)
         return "dequeued" if await self.remove_inbox(thread_id, turn_id) else "requested"
 
-    async def read_cancel(self, thread_id: str, turn_id: str) -> tuple[bool, str | None]:
-        key = (thread_id, turn_id)
-        return key in self._state.cancels, self._state.cancels.get(key)
+    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
+        self._state.interrupts.add((thread_id, base_version))
+
+    async def read_cancel(
+        self, thread_id: str, turn_id: str, base_version: int
+    ) -> tuple[str | None, str | None]:
+        state = self._state
+        if (thread_id, turn_id) in state.cancels:
+            return "cancel", state.cancels[(thread_id, turn_id)]
+        if (thread_id, base_version) in state.interrupts:
+            return "interrupt", None
+        return None, None
 
     async def commit_turn(self, record: TurnRecord) -> None:
         state = self._state

@@ -34,7 +34,8 @@ async def run_turn(
 ) -> TurnCommit:
     # Read under the thread's lock (``with_turn`` calls the operation holding it), so
     # no other turn or sweep decides this thread's deadlines meanwhile.
-    if request.queued and request.stop is not None and await request.stop() is not None:
+    base = tx.checkpoint.version if tx.checkpoint is not None else 0
+    if request.queued and request.stop is not None and await request.stop(base) is not None:
         # A queued turn cancelled after a drain read it: nothing runs or commits.
         raise TurnCancelledError(
             f"turn {tx.scope.turn_id!r} of thread {tx.scope.thread_id!r} was cancelled "

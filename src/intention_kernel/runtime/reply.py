@@ -91,7 +91,7 @@ async def stopped(state: TurnState, interpretation: Interpretation) -> TurnCommi
     confirmation it opened, which stays open for the person to answer. The steps
     not yet run are dropped, and the reply ends with the stop's line."""
     check = state.request.stop
-    line = None if check is None else await check()
+    line = None if check is None else await check(state.previous.version if state.previous else 0)
     if line is None:
         return None
     lines = [interpretation.reply] if interpretation.reply else []

@@ -60,6 +60,7 @@ from intention_kernel.durability.postgres._statements import (
     INSERT_EVENT,
     INSERT_FACTS,
     INSERT_INBOX,
+    INSERT_INTERRUPT,
     INSERT_JOURNAL,
     INSERT_MESSAGES,
     INSERT_RECEIPT,
@@ -267,10 +268,21 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
 
         return await self._run(None, write)
 
-    async def read_cancel(self, thread_id: str, turn_id: str) -> tuple[bool, str | None]:
-        async def read(conn: Connection) -> tuple[bool, str | None]:
-            row = await (await execute(conn, SELECT_CANCEL, (thread_id, turn_id))).fetchone()
-            return (False, None) if row is None else (True, row[0])
+    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
+        async def write(conn: Connection) -> None:
+            await execute(conn, INSERT_INTERRUPT, (thread_id, base_version, at))
+
+        await self._run(None, write)
+
+    async def read_cancel(
+        self, thread_id: str, turn_id: str, base_version: int
+    ) -> tuple[str | None, str | None]:
+        async def read(conn: Connection) -> tuple[str | None, str | None]:
+            params = (thread_id, turn_id, thread_id, base_version)
+            row = await (await execute(conn, SELECT_CANCEL, params)).fetchone()
+            if row is None:
+                return None, None
+            return ("cancel", row[1]) if row[0] == 0 else ("interrupt", None)
 
         return await self._run(None, read)
 

@@ -232,6 +232,11 @@ MIGRATIONS: tuple[str, ...] = (
         created_at timestamptz NOT NULL,
         CONSTRAINT ik_cancels_pkey PRIMARY KEY (thread_id, turn_id)
     );
+    CREATE TABLE ik_interrupts (
+        thread_id text NOT NULL, base_version bigint NOT NULL,
+        created_at timestamptz NOT NULL,
+        CONSTRAINT ik_interrupts_pkey PRIMARY KEY (thread_id, base_version)
+    );
     """,
 )
 

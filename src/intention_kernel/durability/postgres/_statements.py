@@ -263,4 +263,15 @@ INSERT_CANCEL = """
     INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at) VALUES (%s, %s, %s, %s)
     ON CONFLICT ON CONSTRAINT ik_cancels_pkey DO NOTHING
 """
-SELECT_CANCEL = "SELECT reason FROM ik_cancels WHERE thread_id = %s AND turn_id = %s"
+# Interrupting the same turn twice asks one thing: the second request changes nothing.
+INSERT_INTERRUPT = """
+    INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (%s, %s, %s)
+    ON CONFLICT ON CONSTRAINT ik_interrupts_pkey DO NOTHING
+"""
+# A cancel (kind 0) sorts before an interrupt (kind 1).
+SELECT_CANCEL = """
+    SELECT 0 AS kind, reason FROM ik_cancels WHERE thread_id = %s AND turn_id = %s
+    UNION ALL
+    SELECT 1, NULL FROM ik_interrupts WHERE thread_id = %s AND base_version = %s
+    ORDER BY kind LIMIT 1
+"""

@@ -39,6 +39,7 @@ from intention_kernel.durability.sqlite._statements import (
     INSERT_EVENT,
     INSERT_INBOX,
     INSERT_INDEX,
+    INSERT_INTERRUPT,
     INSERT_JOURNAL,
     INSERT_MESSAGE,
     INSERT_RECEIPT,
@@ -206,6 +207,11 @@ def request_cancel(conn: sqlite3.Connection, row: tuple[Any, ...]) -> str:
     conn.execute(INSERT_CANCEL, row)
     removed = conn.execute(DELETE_INBOX, (thread_id, turn_id)).rowcount
     return "dequeued" if removed else "requested"
+
+
+def request_interrupt(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
+    """An interrupt request: one autocommitted statement."""
+    conn.execute(INSERT_INTERRUPT, row)
 
 
 def claim_receipt(conn: sqlite3.Connection, params: dict[str, Any]) -> int:

@@ -240,10 +240,19 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
         found: str = await self._write(bodies.request_cancel, (row,), thread_id, atomic=True)
         return found
 
-    async def read_cancel(self, thread_id: str, turn_id: str) -> tuple[bool, str | None]:
-        def read(conn: sqlite3.Connection) -> tuple[bool, str | None]:
-            row = conn.execute(SELECT_CANCEL, (thread_id, turn_id)).fetchone()
-            return (False, None) if row is None else (True, row[0])
+    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
+        row = (thread_id, base_version, _stamp(at))
+        await self._write(bodies.request_interrupt, (row,), thread_id)
+
+    async def read_cancel(
+        self, thread_id: str, turn_id: str, base_version: int
+    ) -> tuple[str | None, str | None]:
+        def read(conn: sqlite3.Connection) -> tuple[str | None, str | None]:
+            params = (thread_id, turn_id, thread_id, base_version)
+            row = conn.execute(SELECT_CANCEL, params).fetchone()
+            if row is None:
+                return None, None
+            return ("cancel", row[1]) if row[0] == 0 else ("interrupt", None)
 
         return await self._read(read, thread_id)
 

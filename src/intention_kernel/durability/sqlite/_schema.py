@@ -160,7 +160,7 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE ik_receipts ADD COLUMN approved_by TEXT;
     """,
     # 10: each thread's inbox, messages accepted while a turn ran (``on_busy="queue"``),
-    # and the requests to stop a turn (``Kernel.cancel``).
+    # and the requests to stop a turn (``Kernel.cancel``, ``on_busy="interrupt"``).
     # ``seq`` orders the entries by acceptance; AUTOINCREMENT never reuses a number.
     """
     CREATE TABLE ik_inbox (
@@ -180,6 +180,12 @@ MIGRATIONS: tuple[str, ...] = (
         reason     TEXT,
         created_at TEXT NOT NULL,
         PRIMARY KEY (thread_id, turn_id)
+    ) WITHOUT ROWID;
+    CREATE TABLE ik_interrupts (
+        thread_id    TEXT NOT NULL,
+        base_version INTEGER NOT NULL,
+        created_at   TEXT NOT NULL,
+        PRIMARY KEY (thread_id, base_version)
     ) WITHOUT ROWID;
     """,
 )

@@ -156,7 +156,18 @@ INSERT_CANCEL = """
     INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at) VALUES (?, ?, ?, ?)
     ON CONFLICT (thread_id, turn_id) DO NOTHING
 """
-SELECT_CANCEL = "SELECT reason FROM ik_cancels WHERE thread_id = ? AND turn_id = ?"
+# Interrupting the same turn twice asks one thing: the second request changes nothing.
+INSERT_INTERRUPT = """
+    INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (?, ?, ?)
+    ON CONFLICT (thread_id, base_version) DO NOTHING
+"""
+# A cancel (kind 0) sorts before an interrupt (kind 1).
+SELECT_CANCEL = """
+    SELECT 0, reason FROM ik_cancels WHERE thread_id = ? AND turn_id = ?
+    UNION ALL
+    SELECT 1, NULL FROM ik_interrupts WHERE thread_id = ? AND base_version = ?
+    ORDER BY 1 LIMIT 1
+"""
 
 # -- the relay (see ``Recorder.claim_outbox``) --
 # Threads whose first unpublished event is due, oldest first. The inner query walks
