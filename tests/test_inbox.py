@@ -334,3 +334,24 @@ async def test_interrupt_stops_the_running_turn_and_runs_the_new_message_next(
     events = await read_all_events(store, thread_id="t")
     assert len(of_turn(events, "2", "turn.cancelled")) == 1
     assert of_turn(events, "3", "turn.cancelled") == []
+
+
+async def test_a_message_of_another_tenant_queued_on_a_thread_does_not_block_it(
+    store: Durability,
+) -> None:
+    """A queued message whose turn can never run (another tenant's, on this thread) is
+    dropped by the drain, and the messages behind it run."""
+    provider = FakeProvider()
+    kernel = queue_kernel(provider, store)
+    await kernel.turn("t", "1", "charge pi_1 500", tenant_id="acme")
+    provider.behaviour["pi_1"] = "block"
+    running = asyncio.create_task(kernel.turn("t", "2", "yes", tenant_id="acme"))
+    await asyncio.wait_for(provider.entered.wait(), HELD)
+    assert await kernel.submit("t", "3", "balance", tenant_id="other") == Queued("t", "3", 1)
+    assert await kernel.submit("t", "4", "balance", tenant_id="acme") == Queued("t", "4", 2)
+    provider.released.set()
+    await asyncio.wait_for(running, HELD)
+    await kernel.drained()
+    assert await inbox(store, "t") == []
+    events = await read_all_events(store, thread_id="t")
+    assert (committed(events, "3"), committed(events, "4")) == (0, 1)

@@ -24,7 +24,12 @@ from intention_kernel.authority import Principal
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability.records import InboxEntry
 from intention_kernel.effects import utcnow
-from intention_kernel.errors import ThreadBusyError, TurnCancelledError, TurnConflictError
+from intention_kernel.errors import (
+    TenantMismatchError,
+    ThreadBusyError,
+    TurnCancelledError,
+    TurnConflictError,
+)
 from intention_kernel.interpretation import Answer
 from intention_kernel.runtime import TurnRequest
 from intention_kernel.turns import TurnResult, TurnScope
@@ -139,6 +144,7 @@ class Inbox:
         # The turns a caller of this kernel waits for, by (thread, turn): a drain of
         # this kernel that runs one hands its result over, which is not a replay.
         self._waiting: dict[tuple[str, str], asyncio.Future[TurnResult]] = {}
+        self._waiters: dict[tuple[str, str], int] = {}
 
     async def submit(
         self, scope: TurnScope, request: TurnRequest, *, wait: bool
@@ -179,12 +185,16 @@ class Inbox:
             # A turn on that base that already committed is stopped by nothing.
             await store.request_interrupt(thread_id, base)
         key = (thread_id, scope.turn_id)
-        ran: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
-        self._waiting[key] = ran
+        # A redelivery waiting beside this call shares its future; the last one out
+        # removes it.
+        ran = self._waiting.setdefault(key, asyncio.get_running_loop().create_future())
+        self._waiters[key] = self._waiters.get(key, 0) + 1
         try:
             results = await self._drain(thread_id, wait=wait, until=scope.turn_id)
         finally:
-            del self._waiting[key]
+            self._waiters[key] -= 1
+            if not self._waiters[key]:
+                del self._waiters[key], self._waiting[key]
         if not wait or scope.turn_id in results:
             self.watch(thread_id)  # this turn, or those queued behind it
         if ran.done():  # run by this call's drain, or by another drain of this kernel
@@ -261,8 +271,9 @@ class Inbox:
                 if wait:
                     raise
                 return results
-            except (TurnConflictError, TurnCancelledError):
-                # Committed for another request, or cancelled: it can never run.
+            except (TurnConflictError, TurnCancelledError, TenantMismatchError):
+                # Committed for another request, cancelled, or sent by another tenant
+                # than the thread's: it can never run, and would block those behind it.
                 await store.remove_inbox(thread_id, head.turn_id)
                 continue
             # Removed only after the commit: a crash before this line leaves the entry,
