@@ -21,7 +21,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from intention_kernel._json import dump_value, load_value
 from intention_kernel.authority import Principal
-from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability.records import InboxEntry
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import (
@@ -89,7 +88,7 @@ class InboxStore(Protocol):
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]: ...
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool: ...
     async def request_interrupt(self, thread_id: str, base_version: int) -> None: ...
-    async def load_checkpoint(self, thread_id: str) -> KernelCheckpoint | None: ...
+    async def thread_version(self, thread_id: str) -> int: ...
 
 
 def encode_request(request: TurnRequest) -> str:
@@ -160,8 +159,7 @@ class Inbox:
             # Read before the attempt at the lock: a turn running at the attempt started
             # from this version or a later one. Read after a refusal, it could already
             # be the base of the turn that runs next, this message's own.
-            checkpoint = await store.load_checkpoint(thread_id)
-            base = checkpoint.version if checkpoint is not None else 0
+            base = await store.thread_version(thread_id)
         if not await store.read_inbox(thread_id):
             try:
                 result = await self._run(scope, request, False)

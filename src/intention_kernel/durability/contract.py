@@ -428,6 +428,10 @@ class InboxRecorder(Protocol):
           safe point. A request already recorded keeps its first reason."""
         ...
 
+    async def thread_version(self, thread_id: str) -> int:
+        """The thread's committed version (0 for a thread with no committed turn)."""
+        ...
+
     async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
         """Ask the turn that commits on top of checkpoint ``base_version`` to stop: a
         new message interrupts it (``on_busy="interrupt"``). A later turn's base is

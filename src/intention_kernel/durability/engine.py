@@ -484,6 +484,10 @@ class RecordedDurability:
         inbox = await self._inbox(thread_id)
         return await inbox.request_cancel(thread_id, check_id("turn_id", turn_id), reason, utcnow())
 
+    async def thread_version(self, thread_id: str) -> int:
+        """The thread's committed version (0 before its first committed turn)."""
+        return await (await self._inbox(thread_id)).thread_version(thread_id)
+
     async def request_interrupt(self, thread_id: str, base_version: int) -> None:
         """Ask the turn that commits on top of ``base_version`` to stop
         (see :meth:`InboxRecorder.request_interrupt`)."""

@@ -212,6 +212,10 @@ class _MemoryRecorder(Recorder, InboxRecorder):
         state.cancels.setdefault((thread_id, turn_id), reason)
         return "dequeued" if await self.remove_inbox(thread_id, turn_id) else "requested"
 
+    async def thread_version(self, thread_id: str) -> int:
+        thread = self._state.threads.get(thread_id)
+        return thread.version if thread is not None else 0
+
     async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
         self._state.interrupts.add((thread_id, base_version))
 

@@ -86,6 +86,7 @@ from intention_kernel.durability.postgres._statements import (
     SELECT_THREAD,
     SELECT_TURN_EXISTS,
     SELECT_UNPUBLISHED,
+    SELECT_VERSION,
     SEQUENCE_OUTBOX,
     SETTLE_RECEIPT,
     UPDATE_RECEIPT,
@@ -267,6 +268,13 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
                 return "dequeued" if removed else "requested"
 
         return await self._run(None, write)
+
+    async def thread_version(self, thread_id: str) -> int:
+        async def read(conn: Connection) -> int:
+            row = await (await execute(conn, SELECT_VERSION, (thread_id,))).fetchone()
+            return int(row[0]) if row is not None else 0
+
+        return await self._run(None, read)
 
     async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
         async def write(conn: Connection) -> None:

@@ -268,6 +268,7 @@ INSERT_INTERRUPT = """
     INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (%s, %s, %s)
     ON CONFLICT ON CONSTRAINT ik_interrupts_pkey DO NOTHING
 """
+SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = %s"
 # A cancel (kind 0) sorts before an interrupt (kind 1).
 SELECT_CANCEL = """
     SELECT 0 AS kind, reason FROM ik_cancels WHERE thread_id = %s AND turn_id = %s

@@ -77,6 +77,7 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_THREAD_UNLESS_KNOWN,
     SELECT_TURN,
     SELECT_UNPUBLISHED,
+    SELECT_VERSION,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
@@ -239,6 +240,13 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
         row = (thread_id, turn_id, reason, _stamp(at))
         found: str = await self._write(bodies.request_cancel, (row,), thread_id, atomic=True)
         return found
+
+    async def thread_version(self, thread_id: str) -> int:
+        def read(conn: sqlite3.Connection) -> int:
+            row = conn.execute(SELECT_VERSION, (thread_id,)).fetchone()
+            return int(row[0]) if row is not None else 0
+
+        return await self._read(read, thread_id)
 
     async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
         row = (thread_id, base_version, _stamp(at))

@@ -161,6 +161,7 @@ INSERT_INTERRUPT = """
     INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (?, ?, ?)
     ON CONFLICT (thread_id, base_version) DO NOTHING
 """
+SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = ?"
 # A cancel (kind 0) sorts before an interrupt (kind 1).
 SELECT_CANCEL = """
     SELECT 0, reason FROM ik_cancels WHERE thread_id = ? AND turn_id = ?
