@@ -8,6 +8,10 @@ Run as ``python tests/crash_worker.py '<json config>'``:
   an ``"answer"`` instead of (or beside) its message: ``Answer(**answer)``.
 - ``approvals``: optional, how many distinct actors must accept a charge (default 1).
 - ``hold``: optional; when true, the process waits after its last turn, to be killed.
+- ``cancel``: optional ``{"thread_id", "turn_id", "reason"}``: the process asks that
+  turn to stop (``Kernel.cancel``) before any turn, and prints ``{"cancelled": status}``.
+- ``on_busy``: optional, the agent's policy (``"queue"``: turns go through
+  ``Kernel.submit``, and a queued one prints ``{"turn_id", "queued": position}``).
 - ``fault``: optional ``{"point", "action", "skip"}`` armed (for one pass, after
   ``skip`` passes through the point, default 0) before the first turn. ``action`` is
   ``"exit"`` (``os._exit(137)`` at the point), or ``"exit_when"`` with ``"file"``: at
@@ -22,6 +26,7 @@ Each finished turn prints one JSON line: ``{"turn_id", "result"}`` with
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -29,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-from intention_kernel import Answer, Kernel, KernelError
+from intention_kernel import Answer, Kernel, KernelError, Queued
 from intention_kernel.testing import faults
 from proving_support import LedgerProvider, open_store, proving_agent
 
@@ -54,6 +59,8 @@ async def main(config: dict[str, Any]) -> None:
     provider = LedgerProvider(path=config["ledger"])
     async with open_store(config["store"]) as durability:
         agent = proving_agent(provider, approvals=config.get("approvals", 1))
+        if "on_busy" in config:
+            agent = dataclasses.replace(agent, on_busy=config["on_busy"])
         kernel = Kernel(agent, durability)
         fault = config.get("fault")
         if fault is not None:
@@ -63,17 +70,27 @@ async def main(config: dict[str, Any]) -> None:
                 faults.inject(fault["point"], hold, skip=fault.get("skip", 0))
             else:
                 faults.inject(fault["point"], fault["action"], skip=fault.get("skip", 0))
-        for turn in config["turns"]:
+        if "cancel" in config:
+            asked = config["cancel"]
+            done = await kernel.cancel(
+                asked["thread_id"], asked["turn_id"], reason=asked.get("reason")
+            )
+            print(json.dumps({"cancelled": done.status}), flush=True)
+        for turn in config.get("turns", []):
             outcome: dict[str, Any] = {"turn_id": turn["turn_id"]}
             try:
                 answer = Answer(**turn["answer"]) if "answer" in turn else None
-                result = await kernel.turn(
+                run = kernel.submit if config.get("on_busy") == "queue" else kernel.turn
+                result = await run(
                     turn["thread_id"], turn["turn_id"], turn.get("message"), answer=answer
                 )
             except KernelError as exc:
                 outcome.update(error=type(exc).__name__, message=str(exc))
             else:
-                outcome["result"] = result.to_dict()
+                if isinstance(result, Queued):
+                    outcome["queued"] = result.position
+                else:
+                    outcome["result"] = result.to_dict()
             print(json.dumps(outcome), flush=True)
         if config.get("hold"):
             await asyncio.Event().wait()  # killed here, its turns committed

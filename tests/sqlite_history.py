@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["undo_migration_8", "undo_migration_9"]
+__all__ = ["undo_migration_8", "undo_migration_9", "undo_migration_10"]
+
+
+def undo_migration_10(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 10 held it: no thread inbox."""
+    conn.execute("DROP TABLE ik_inbox")
+    conn.execute("DROP TABLE ik_cancels")
+    conn.execute("DROP TABLE ik_interrupts")
+    conn.execute("DELETE FROM ik_schema WHERE version > 9")
 
 
 def undo_migration_9(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 9 held it: receipts without the write's
-    capability, input and approvers."""
+    capability, input and approvers (and no later migration either)."""
+    undo_migration_10(conn)
     for column in ("capability_id", "input", "approved_by"):
         conn.execute(f"ALTER TABLE ik_receipts DROP COLUMN {column}")
     conn.execute("DELETE FROM ik_schema WHERE version > 8")

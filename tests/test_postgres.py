@@ -234,7 +234,10 @@ async def test_schema_is_created_once_in_its_own_namespace_and_versioned(store: 
         store.schema,
     )
     assert [t for (t,) in tables] == [
+        "ik_cancels",
         "ik_facts",
+        "ik_inbox",
+        "ik_interrupts",
         "ik_journal",
         "ik_messages",
         "ik_outbox",
@@ -275,6 +278,7 @@ UNDO_MIGRATION_5 = (
 UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
 UNDO_MIGRATION_8 = "DROP TABLE ik_journal"
 UNDO_MIGRATION_9 = "ALTER TABLE ik_receipts DROP COLUMN actor"
+UNDO_MIGRATION_11 = "DROP TABLE ik_inbox, ik_cancels, ik_interrupts"
 UNDO_MIGRATION_10 = (
     "ALTER TABLE ik_receipts DROP COLUMN capability_id, DROP COLUMN input, DROP COLUMN approved_by"
 )
@@ -302,6 +306,7 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     store.execute(UNDO_MIGRATION_7)
     store.execute(UNDO_MIGRATION_8)
     store.execute(UNDO_MIGRATION_9)
+    store.execute(UNDO_MIGRATION_11)
     store.execute(UNDO_MIGRATION_10)
     store.execute("DELETE FROM ik_schema WHERE version > 1")
 
@@ -342,6 +347,7 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(store: St
         store.execute(UNDO_MIGRATION_7)
         store.execute(UNDO_MIGRATION_8)
         store.execute(UNDO_MIGRATION_9)
+        store.execute(UNDO_MIGRATION_11)
         store.execute(UNDO_MIGRATION_10)
         store.execute("DELETE FROM ik_schema WHERE version > 3")
 
@@ -353,6 +359,7 @@ async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
 ) -> None:
     def back_to_version_8() -> None:
         store.execute(UNDO_MIGRATION_9)
+        store.execute(UNDO_MIGRATION_11)
         store.execute(UNDO_MIGRATION_10)
         store.execute("DELETE FROM ik_schema WHERE version > 8")
 
@@ -361,6 +368,7 @@ async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
 
 async def test_receipts_stored_before_migration_10_read_with_no_origin(store: Store) -> None:
     def back_to_version_9() -> None:
+        store.execute(UNDO_MIGRATION_11)
         store.execute(UNDO_MIGRATION_10)
         store.execute("DELETE FROM ik_schema WHERE version > 9")
 

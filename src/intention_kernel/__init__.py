@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from intention_kernel._inbox import Cancellation, Queued
 from intention_kernel._sync import SyncKernel, TurnStream
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
@@ -58,6 +59,7 @@ from intention_kernel.errors import (
     TenantMismatchError,
     ThreadBusyError,
     ThreadLockTimeoutError,
+    TurnCancelledError,
     TurnConflictError,
     TurnExpiredError,
     UnknownCapabilityError,
@@ -99,6 +101,7 @@ __all__ = [
     "Agent",
     "Answer",
     "CancellationSignal",
+    "Cancellation",
     "Capability",
     "CapabilityContext",
     "CapabilityError",
@@ -139,6 +142,7 @@ __all__ = [
     "Message",
     "OutboxEvent",
     "Principal",
+    "Queued",
     "Receipt",
     "ReceiptError",
     "ReceiptNotFoundError",
@@ -159,6 +163,7 @@ __all__ = [
     "ThreadBusyError",
     "ThreadLockTimeoutError",
     "TurnCommit",
+    "TurnCancelledError",
     "TurnConflictError",
     "TurnEvent",
     "TurnExpiredError",

@@ -50,7 +50,9 @@ class Agent:
     ``"wait"`` queues behind it (up to the store's lock timeout, then
     ``ThreadBusyError``); ``"reject"`` raises ``ThreadBusyError`` at once and changes
     nothing, for front ends that prefer to tell the person to wait. It is not part of
-    the fingerprint.
+    the fingerprint. ``"queue"`` commits the turn to the thread's durable inbox and
+    runs it after the running one (see :class:`~intention_kernel.Queued`);
+    ``"interrupt"`` queues it too, and stops the running turn at its next safe point.
     """
 
     name: str
@@ -62,7 +64,7 @@ class Agent:
     compatible_fingerprints: Sequence[str] = field(default=())
     replies: Replies = field(default_factory=Replies)
     max_rounds: int = 8
-    on_busy: Literal["wait", "reject"] = "wait"
+    on_busy: Literal["wait", "reject", "queue", "interrupt"] = "wait"
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,10 @@ def compile_agent(agent: Agent) -> CompiledAgent:
         problems.append(f"max_rounds must be an integer, not {agent.max_rounds!r}")
     elif agent.max_rounds < 1:
         problems.append("max_rounds must be at least 1")
-    if agent.on_busy not in ("wait", "reject"):
-        problems.append(f"on_busy must be 'wait' or 'reject', not {agent.on_busy!r}")
+    if agent.on_busy not in ("wait", "reject", "queue", "interrupt"):
+        problems.append(
+            f"on_busy must be 'wait', 'reject', 'queue' or 'interrupt', not {agent.on_busy!r}"
+        )
     if not callable(getattr(agent.interpreter, "interpret", None)):
         problems.append("the interpreter needs an async interpret(request) method")
     if not isinstance(agent.replies, Replies):

@@ -26,6 +26,7 @@ message, so that hosts can react without parsing text::
     ├── JournalError                  tx.recorded given a key or value the journal cannot store
     ├── TurnConflictError             a committed (or journaled) turn ID with another request
     ├── TurnExpiredError              a committed turn whose stored result was pruned (retention)
+    ├── TurnCancelledError            a queued turn cancelled before it ran (``Kernel.cancel``)
     ├── ThreadBusyError               another turn holds the thread: refused at once
     │   │                             (``Agent(on_busy="reject")``, HTTP 409)
     │   └── ThreadLockTimeoutError    the thread's lock was not obtained within the
@@ -83,6 +84,7 @@ __all__ = [
     "TenantMismatchError",
     "ThreadBusyError",
     "ThreadLockTimeoutError",
+    "TurnCancelledError",
     "TurnConflictError",
     "TurnExpiredError",
     "UnknownCapabilityError",
@@ -280,6 +282,11 @@ class TurnExpiredError(KernelError):
     The turn stays committed, so it is never run again; its result can no longer be
     returned. A very late transport retry gets this error instead of a second run.
     """
+
+
+class TurnCancelledError(KernelError):
+    """A queued turn was cancelled (``Kernel.cancel``) before it ran: nothing of it was
+    committed, and it will not run from the inbox."""
 
 
 class ThreadBusyError(KernelError):

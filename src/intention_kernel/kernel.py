@@ -13,17 +13,19 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
 from intention_kernel import _tracing
+from intention_kernel._inbox import Cancellation, Inbox, InboxStore, Queued
 from intention_kernel._json import normalize
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.authority import Principal, same_principal
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
-from intention_kernel.durability import Durability, TurnOperation
-from intention_kernel.errors import InvalidRequestError
+from intention_kernel.durability import Durability, TurnOperation, _check_seconds
+from intention_kernel.errors import CompilationError, InvalidRequestError
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.streaming import TurnEvent, TurnSink
@@ -40,6 +42,12 @@ class Kernel:
     ``max_message_chars`` bounds a user message; longer ones are refused with
     ``InvalidRequestError`` before anything is read or written.
 
+    ``cancel_check_after``: a turn reads the store for a stop request
+    (:meth:`cancel`) at its safe points only once it has run this many seconds. A
+    quicker turn would finish before anyone could stop it, and need not pay the read.
+    A turn queued in the inbox reads it at its first safe point, and a stop this
+    kernel requested is seen at once.
+
     ``clock`` is where turns get the time (:mod:`intention_kernel.deadlines`): each turn
     reads it once, holding the thread's lock, to open and judge confirmation deadlines.
     It must return a timezone-aware ``datetime``; tests pass one they move.
@@ -52,14 +60,35 @@ class Kernel:
         *,
         max_message_chars: int = 32_000,
         clock: Clock = system_clock,
+        cancel_check_after: float = 0.05,
     ) -> None:
         self._compiled: CompiledAgent = compile_agent(agent)
         self.agent = agent
         self.durability = durability
         self.max_message_chars = max_message_chars
         self.clock = clock
+        self.cancel_check_after = _check_seconds("cancel_check_after", cancel_check_after)
+        # Cancels this kernel requested, by (thread, turn): its turns see them at once.
+        self._cancels: dict[tuple[str, str], str | None] = {}
+        # Whether the store keeps stop requests (``Kernel.cancel``).
+        self._stoppable = isinstance(durability, InboxStore) and (
+            getattr(durability, "has_inbox", True) is not False
+        )
         # The tasks of streamed turns still running (see ``stream_turn``).
         self._streaming: set[asyncio.Task[None]] = set()
+        self._inbox: Inbox | None = None
+        if agent.on_busy in ("queue", "interrupt"):
+            has_inbox = getattr(durability, "has_inbox", None)
+            if not isinstance(durability, InboxStore) or has_inbox is False:
+                raise CompilationError(
+                    [
+                        f"on_busy={agent.on_busy!r} needs a store that keeps a thread inbox; "
+                        f"{type(durability).__name__} keeps none"
+                    ]
+                )
+            self._inbox = Inbox(
+                durability, self._run_waiting, interrupt=agent.on_busy == "interrupt"
+            )
 
     @property
     def fingerprint(self) -> str:
@@ -92,7 +121,99 @@ class Kernel:
         policies judge it (:mod:`intention_kernel.authority`).
         """
         scope, request = self._request(thread_id, turn_id, message, answer, tenant_id, principal)
+        if self._inbox is not None:
+            result = await self._inbox.submit(scope, request, wait=True)
+            assert isinstance(result, TurnResult)
+            return result
         return await self._run(scope, request)
+
+    async def submit(
+        self,
+        thread_id: str,
+        turn_id: str,
+        message: str | None = None,
+        answer: Answer | str | None = None,
+        *,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+    ) -> TurnResult | Queued:
+        """Deliver one turn and answer at once, as :meth:`turn` takes it.
+
+        With ``Agent(on_busy="queue")``, a turn whose thread is busy (or has queued
+        turns) is committed to the thread's inbox before this returns: the answer is a
+        :class:`~intention_kernel.Queued` naming its position. It runs later as its own
+        turn, in the order of acceptance: the worker holding the thread drains the
+        inbox after its commit. A queued turn ID delivered again answers its position
+        while it waits, its result (``replayed=True``) once it ran. With any other
+        ``on_busy`` this is :meth:`turn`.
+        """
+        scope, request = self._request(thread_id, turn_id, message, answer, tenant_id, principal)
+        if self._inbox is not None:
+            return await self._inbox.submit(scope, request, wait=False)
+        return await self._run(scope, request)
+
+    async def cancel(
+        self, thread_id: str, turn_id: str, *, reason: str | None = None
+    ) -> Cancellation:
+        """Stop turn ``turn_id`` of the thread, in any process.
+
+        A committed turn is left as it is (``status="committed"``). A turn waiting in
+        the inbox is removed from it (``"dequeued"``). Otherwise the request is
+        recorded (``"requested"``): the running turn stops at its next safe point,
+        before its next step or round. It commits what it did, and its reply says it
+        was cancelled. An effect call already sent settles by its receipt, as always.
+        A confirmation the turn opened stays open: stopping is not a refusal. A turn
+        ID not yet delivered stops at its first safe point when it comes."""
+        if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_ANSWER_TEXT):
+            raise InvalidRequestError(
+                f"a cancel's reason must be a string of at most {MAX_ANSWER_TEXT} characters"
+            )
+        if not self._stoppable:
+            raise InvalidRequestError(
+                f"{type(self.durability).__name__} keeps no stop requests; cancel needs one"
+            )
+        store: Any = self.durability
+        status = await store.request_cancel(thread_id, turn_id, reason)
+        if status != "committed":
+            self._cancels[(thread_id, turn_id)] = reason
+        return Cancellation(thread_id, turn_id, status, reason)
+
+    def _stop(self, scope: TurnScope, request: TurnRequest) -> TurnRequest:
+        """``request`` with its ``stop``: what each safe point of the turn asks."""
+        if not self._stoppable:
+            return request
+        key, store, replies = (scope.thread_id, scope.turn_id), self.durability, self.agent.replies
+        started, after = time.monotonic(), 0.0 if request.queued else self.cancel_check_after
+
+        async def stop(base_version: int) -> str | None:
+            if key in self._cancels:
+                return replies.turn_cancelled(self._cancels[key])
+            if time.monotonic() - started < after:
+                return None
+            found, reason = await store.read_cancel(*key, base_version)  # type: ignore[attr-defined]
+            if found == "interrupt":
+                return replies.turn_interrupted()
+            return replies.turn_cancelled(reason) if found else None
+
+        return dataclasses.replace(request, stop=stop)
+
+    async def drain(self, thread_id: str) -> list[TurnResult]:
+        """Run the thread's queued turns now, in order, waiting for its lock; their
+        results. For a thread whose worker crashed after accepting a message: the next
+        turn on the thread drains it too. Needs ``Agent(on_busy="queue")``."""
+        if self._inbox is None:
+            raise InvalidRequestError("drain needs an agent with on_busy='queue'")
+        return await self._inbox.drain(thread_id)
+
+    async def drained(self) -> None:
+        """Wait until this kernel's background drains (after a commit) have ended."""
+        if self._inbox is not None:
+            await self._inbox.idle()
+
+    def _run_waiting(
+        self, scope: TurnScope, request: TurnRequest, wait: bool
+    ) -> Awaitable[TurnResult]:
+        return self._run(scope, request, wait=wait)
 
     async def stream_turn(
         self,
@@ -197,15 +318,18 @@ class Kernel:
         )
         return scope, TurnRequest(message, resolved, principal=principal)
 
-    async def _run(self, scope: TurnScope, request: TurnRequest) -> TurnResult:
+    async def _run(
+        self, scope: TurnScope, request: TurnRequest, *, wait: bool | None = None
+    ) -> TurnResult:
         compiled = self._compiled
         thread_id, turn_id = scope.thread_id, scope.turn_id
         # The turn's operation, ``run_turn`` with all but ``tx`` bound: a partial, which
         # adds no frame of Python to the call.
         operation: TurnOperation = functools.partial(
-            run_turn, compiled, request=request, clock=self.clock
+            run_turn, compiled, request=self._stop(scope, request), clock=self.clock
         )
-        durability, reject = self.durability, compiled.agent.on_busy == "reject"
+        durability = self.durability
+        reject = compiled.agent.on_busy == "reject" if wait is None else not wait
 
         def with_turn() -> Awaitable[TurnResult]:
             # ``wait=False``: one attempt at the thread's lock, ThreadBusyError at once
@@ -228,6 +352,8 @@ class Kernel:
                 _tracing.annotate(
                     span, replayed=result.replayed, checkpoint_version=result.checkpoint_version
                 )
+        if self._cancels:
+            self._cancels.pop((thread_id, turn_id), None)  # committed: no stop is left to see
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "turn %r of thread %r %s (version %d)",

@@ -118,6 +118,18 @@ class Replies:
         """The person said no to ``interaction`` (a ``"required"`` confirmation)."""
         return "Cancelled: nothing was done."
 
+    def turn_cancelled(self, reason: str | None) -> str:
+        """The turn was asked to stop (``Kernel.cancel``) and stopped before its end."""
+        return (
+            f"Cancelled before it finished: {reason}"
+            if reason
+            else ("Cancelled before it finished.")
+        )
+
+    def turn_interrupted(self) -> str:
+        """A new message interrupted the turn (``Agent(on_busy="interrupt")``)."""
+        return "Interrupted by a new message."
+
     def superseded(self, interaction: Interaction) -> str:
         """``interaction`` opened earlier in this turn was replaced by a later request."""
         return f"Not asked, superseded by a later request: {interaction.prompt}"

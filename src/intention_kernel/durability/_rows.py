@@ -18,13 +18,14 @@ from typing import Any
 
 from intention_kernel._json import dump_value, load_value
 from intention_kernel.durability.abc import (
+    InboxEntry,
     JournalEntry,
     OutboxDelivery,
     StoredThread,
     TurnRecord,
 )
 from intention_kernel.effects import Receipt, ReceiptStatus, Resolution, is_settlement, utcnow
-from intention_kernel.errors import CorruptRecordError, FencedCommitError
+from intention_kernel.errors import CorruptRecordError, FencedCommitError, TurnConflictError
 from intention_kernel.turns import OutboxEvent
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "decode_receipt_row",
     "dump_resolution",
     "fenced",
+    "inbox_conflict",
     "journal_conflict",
     "receipt_moved",
     "receipt_params",
@@ -347,6 +349,16 @@ def receipt_moved(receipt: Receipt) -> FencedCommitError:
         f"receipt {receipt.key!r} on thread {receipt.thread_id!r} changed while its effect ran",
         thread_id=receipt.thread_id,
         key=receipt.key,
+    )
+
+
+def inbox_conflict(entry: InboxEntry) -> TurnConflictError:
+    """The refusal of an inbox entry whose turn ID holds another request already."""
+    return TurnConflictError(
+        f"turn {entry.turn_id!r} of thread {entry.thread_id!r} is already queued for a "
+        "different request; use a new turn ID for a new request",
+        thread_id=entry.thread_id,
+        turn_id=entry.turn_id,
     )
 
 

@@ -20,6 +20,7 @@ from intention_kernel.durability import Durability, TurnOperation, TurnTransacti
 from intention_kernel.durability.contract import (
     EffectRecorder,
     Expirable,
+    InboxRecorder,
     InteractionQueue,
     JournalRecorder,
     MaintenanceRecorder,
@@ -40,6 +41,7 @@ from intention_kernel.durability.ownership import owner_of, owns
 from intention_kernel.durability.records import (
     INTERACTION_MARKER,
     CheckpointRewrite,
+    InboxEntry,
     JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
@@ -58,6 +60,8 @@ __all__ = [
     "CheckpointRewrite",
     "Durability",
     "EffectRecorder",
+    "InboxEntry",
+    "InboxRecorder",
     "Expirable",
     "InteractionQueue",
     "JournalEntry",

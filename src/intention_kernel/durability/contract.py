@@ -38,6 +38,7 @@ from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability
 from intention_kernel.durability.records import (
     CheckpointRewrite,
+    InboxEntry,
     JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
@@ -52,6 +53,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = [
     "EffectRecorder",
+    "InboxRecorder",
     "Expirable",
     "InteractionQueue",
     "JournalRecorder",
@@ -387,6 +389,62 @@ class Recorder(
 
     #: The recorder's declared options, read once by the engine.
     options: RecorderOptions = RecorderOptions()
+
+
+@runtime_checkable
+class InboxRecorder(Protocol):
+    """A thread's inbox: messages accepted while a turn ran, to run after it.
+
+    Each method is one short transaction, taken without the thread's lock: a message
+    is accepted while another turn holds it. The inbox only orders and keeps the
+    messages. What keeps a queued turn from running twice is the turn's own unique
+    ``(thread_id, turn_id)``: an entry whose turn committed is replayed, never rerun.
+    """
+
+    async def enqueue(self, entry: InboxEntry) -> int | None:
+        """Accept ``entry`` and return its 1-based position among the thread's entries.
+
+        ``None``: its turn is already committed, and nothing was written. An entry
+        already there under the turn ID keeps its place, and its position is returned;
+        with another ``request_digest`` it raises ``TurnConflictError`` instead."""
+        ...
+
+    async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
+        """The thread's entries, in the order they were accepted."""
+        ...
+
+    async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
+        """Delete the entry of ``turn_id``; whether there was one."""
+        ...
+
+    async def request_cancel(
+        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+    ) -> str:
+        """Ask turn ``turn_id`` to stop, in one transaction; what was found:
+
+        - ``"committed"``: the turn is committed, and nothing was written;
+        - ``"dequeued"``: its inbox entry was deleted, and the request recorded;
+        - ``"requested"``: the request is recorded, for the turn to read at its next
+          safe point. A request already recorded keeps its first reason."""
+        ...
+
+    async def thread_version(self, thread_id: str) -> int:
+        """The thread's committed version (0 for a thread with no committed turn)."""
+        ...
+
+    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
+        """Ask the turn that commits on top of checkpoint ``base_version`` to stop: a
+        new message interrupts it (``on_busy="interrupt"``). A later turn's base is
+        newer, so the request never stops the message that made it."""
+        ...
+
+    async def read_cancel(
+        self, thread_id: str, turn_id: str, base_version: int
+    ) -> tuple[str | None, str | None]:
+        """Whether the turn was asked to stop, in one read: ``("cancel", reason)`` for a
+        request naming ``turn_id``, ``("interrupt", None)`` for one naming its
+        ``base_version``, else ``(None, None)``. A cancel wins over an interrupt."""
+        ...
 
 
 class MigrationRecorder(TurnRecorder, MaintenanceRecorder, Protocol):

@@ -34,9 +34,10 @@ from intention_kernel.durability._resolution import (
     suggest_keys,
 )
 from intention_kernel.durability._transaction import Transaction
-from intention_kernel.durability.contract import Recorder
+from intention_kernel.durability.contract import InboxRecorder, Recorder
 from intention_kernel.durability.ownership import owner_of, owns
 from intention_kernel.durability.records import (
+    InboxEntry,
     PendingInteraction,
     StoredTurn,
     ThreadOwner,
@@ -443,6 +444,61 @@ class RecordedDurability:
             key=prepared.key,
             receipt=uncertain,
         )
+
+    # -- the inbox -----------------------------------------------------------------------------
+
+    @property
+    def has_inbox(self) -> bool:
+        """Whether this adapter's recorder keeps a thread inbox (:class:`InboxRecorder`)."""
+        return isinstance(self._recorder, InboxRecorder)
+
+    async def _inbox(self, thread_id: str) -> InboxRecorder:
+        recorder = await self._ready()
+        check_id("thread_id", thread_id)
+        if not isinstance(recorder, InboxRecorder):
+            raise InvalidRequestError(
+                f"this store's recorder ({type(recorder).__name__}) keeps no thread inbox"
+            )
+        return recorder
+
+    async def enqueue(self, entry: InboxEntry) -> int | None:
+        """Accept ``entry`` into its thread's inbox: its 1-based position, or ``None``
+        when its turn is already committed (see :meth:`InboxRecorder.enqueue`)."""
+        inbox = await self._inbox(entry.thread_id)
+        check_id("turn_id", entry.turn_id)
+        if entry.tenant_id is not None:
+            check_id("tenant_id", entry.tenant_id)
+        return await inbox.enqueue(entry)
+
+    async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
+        """The thread's inbox, in the order its entries were accepted."""
+        return await (await self._inbox(thread_id)).read_inbox(thread_id)
+
+    async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
+        """Delete the inbox entry of ``turn_id``; whether there was one."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.remove_inbox(thread_id, check_id("turn_id", turn_id))
+
+    async def request_cancel(self, thread_id: str, turn_id: str, reason: str | None) -> str:
+        """Ask turn ``turn_id`` to stop (see :meth:`InboxRecorder.request_cancel`)."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.request_cancel(thread_id, check_id("turn_id", turn_id), reason, utcnow())
+
+    async def thread_version(self, thread_id: str) -> int:
+        """The thread's committed version (0 before its first committed turn)."""
+        return await (await self._inbox(thread_id)).thread_version(thread_id)
+
+    async def request_interrupt(self, thread_id: str, base_version: int) -> None:
+        """Ask the turn that commits on top of ``base_version`` to stop
+        (see :meth:`InboxRecorder.request_interrupt`)."""
+        await (await self._inbox(thread_id)).request_interrupt(thread_id, base_version, utcnow())
+
+    async def read_cancel(
+        self, thread_id: str, turn_id: str, base_version: int
+    ) -> tuple[str | None, str | None]:
+        """Whether the turn was asked to stop (see :meth:`InboxRecorder.read_cancel`)."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.read_cancel(thread_id, turn_id, base_version)
 
     # -- inspection and operations -----------------------------------------------------------
 

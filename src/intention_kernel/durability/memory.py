@@ -19,10 +19,12 @@ from datetime import datetime
 
 from intention_kernel.durability import _check_seconds
 from intention_kernel.durability._looplocks import LoopLocks
-from intention_kernel.durability._rows import journal_conflict
+from intention_kernel.durability._rows import inbox_conflict, journal_conflict
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
+    InboxEntry,
+    InboxRecorder,
     JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
@@ -82,9 +84,15 @@ class _State:
     relayed: set[str] = field(default_factory=set)  # threads claimed by a relay
     # The journal, per (thread, turn), by key in write order.
     journal: dict[tuple[str, str], dict[str, JournalEntry]] = field(default_factory=dict)
+    # Each thread's inbox, in acceptance order, and the last number given to an entry.
+    inbox: dict[str, list[InboxEntry]] = field(default_factory=dict)
+    inbox_seq: int = 0
+    # The stop requests (``Kernel.cancel``), by (thread, turn): the reason given.
+    cancels: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    interrupts: set[tuple[str, int]] = field(default_factory=set)  # (thread, base version)
 
 
-class _MemoryRecorder(Recorder):
+class _MemoryRecorder(Recorder, InboxRecorder):
     #: ``write_receipt`` never suspends, so no cancellation can interrupt it.
     options = RecorderOptions(finishes_writes_when_cancelled=True, attempts_outlive_lock=False)
 
@@ -162,6 +170,64 @@ class _MemoryRecorder(Recorder):
         if entry.key in entries:
             raise journal_conflict(entry)
         entries[entry.key] = entry
+
+    # -- the inbox -----------------------------------------------------------------------------
+
+    async def enqueue(self, entry: InboxEntry) -> int | None:
+        state = self._state
+        if (entry.thread_id, entry.turn_id) in state.turns:
+            return None
+        entries = state.inbox.setdefault(entry.thread_id, [])
+        for position, queued in enumerate(entries, 1):
+            if queued.turn_id == entry.turn_id:
+                if (
+                    entry.request_digest is not None
+                    and queued.request_digest is not None
+                    and entry.request_digest != queued.request_digest
+                ):
+                    raise inbox_conflict(entry)
+                return position
+        state.inbox_seq += 1
+        entries.append(replace(entry, seq=state.inbox_seq))
+        return len(entries)
+
+    async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
+        return list(self._state.inbox.get(thread_id, ()))
+
+    async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
+        entries = self._state.inbox.get(thread_id, [])
+        kept = [e for e in entries if e.turn_id != turn_id]
+        if kept:
+            self._state.inbox[thread_id] = kept
+        else:
+            self._state.inbox.pop(thread_id, None)
+        return len(kept) != len(entries)
+
+    async def request_cancel(
+        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+    ) -> str:
+        state = self._state
+        if (thread_id, turn_id) in state.turns:
+            return "committed"
+        state.cancels.setdefault((thread_id, turn_id), reason)
+        return "dequeued" if await self.remove_inbox(thread_id, turn_id) else "requested"
+
+    async def thread_version(self, thread_id: str) -> int:
+        thread = self._state.threads.get(thread_id)
+        return thread.version if thread is not None else 0
+
+    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
+        self._state.interrupts.add((thread_id, base_version))
+
+    async def read_cancel(
+        self, thread_id: str, turn_id: str, base_version: int
+    ) -> tuple[str | None, str | None]:
+        state = self._state
+        if (thread_id, turn_id) in state.cancels:
+            return "cancel", state.cancels[(thread_id, turn_id)]
+        if (thread_id, base_version) in state.interrupts:
+            return "interrupt", None
+        return None, None
 
     async def commit_turn(self, record: TurnRecord) -> None:
         state = self._state

@@ -21,6 +21,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 __all__ = [
     "INTERACTION_MARKER",
     "CheckpointRewrite",
+    "InboxEntry",
     "JournalEntry",
     "OutboxBacklog",
     "OutboxDelivery",
@@ -171,6 +172,24 @@ class JournalEntry:
     request_digest: str | None
     value: str
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEntry:
+    """A message accepted into a thread's inbox while a turn ran on the thread.
+
+    One per ``(thread_id, turn_id)``; ``request`` is the JSON text of what the turn
+    will run (message, answer, principal), ``request_digest`` its digest. ``seq``
+    orders a store's entries by acceptance (0 until the store numbers it).
+    """
+
+    thread_id: str
+    turn_id: str
+    tenant_id: str | None
+    request_digest: str | None
+    request: str
+    created_at: datetime
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)

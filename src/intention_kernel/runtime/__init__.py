@@ -15,12 +15,13 @@ from dataclasses import replace
 from intention_kernel.agent import CompiledAgent
 from intention_kernel.deadlines import Clock, overdue, read_clock
 from intention_kernel.durability import TurnTransaction
+from intention_kernel.errors import TurnCancelledError
 from intention_kernel.interpretation import Answer, Interpretation
 from intention_kernel.runtime.answer import handle_answer
 from intention_kernel.runtime.interpret import interpret
 from intention_kernel.runtime.journal import interpret_recorded
 from intention_kernel.runtime.plan import plan_intent
-from intention_kernel.runtime.reply import finish
+from intention_kernel.runtime.reply import finish, stopped
 from intention_kernel.runtime.rounds import continue_rounds
 from intention_kernel.runtime.state import TurnRequest, TurnState
 from intention_kernel.turns import StepResult, TurnCommit
@@ -33,6 +34,15 @@ async def run_turn(
 ) -> TurnCommit:
     # Read under the thread's lock (``with_turn`` calls the operation holding it), so
     # no other turn or sweep decides this thread's deadlines meanwhile.
+    base = tx.checkpoint.version if tx.checkpoint is not None else 0
+    if request.queued and request.stop is not None and await request.stop(base) is not None:
+        # A queued turn cancelled after a drain read it: nothing runs or commits.
+        raise TurnCancelledError(
+            f"turn {tx.scope.turn_id!r} of thread {tx.scope.thread_id!r} was cancelled "
+            "before it ran",
+            thread_id=tx.scope.thread_id,
+            turn_id=tx.scope.turn_id,
+        )
     state = TurnState(agent, tx, request, read_clock(clock))
     if state.interaction is not None and overdue(state.interaction, state.now):
         # Before interpretation: the interpreter never sees an expired question as
@@ -45,6 +55,8 @@ async def run_turn(
     answer_step, proceed = await _answer(state, interpretation)
     if proceed:
         for intent in interpretation.intents:
+            if (stop := await stopped(state, interpretation)) is not None:
+                return stop
             await plan_intent(state, intent)
     if in_rounds and proceed:
         return await continue_rounds(state, interpretation, answer_step)

@@ -12,7 +12,7 @@ from intention_kernel.interpretation import Interpretation
 from intention_kernel.runtime.state import TurnState
 from intention_kernel.turns import TurnCommit, TurnResult, committed_event
 
-__all__ = ["finish"]
+__all__ = ["finish", "stopped"]
 
 
 def finish(
@@ -82,3 +82,20 @@ def finish(
     )
     state.events.append(committed_event(version, state.steps))
     return TurnCommit(result, checkpoint, tuple(state.events), tuple(state.announced), delta)
+
+
+async def stopped(state: TurnState, interpretation: Interpretation) -> TurnCommit | None:
+    """At a safe point: the commit of a turn asked to stop, or ``None`` to go on.
+
+    What the turn did so far commits: its steps, facts and events, and any
+    confirmation it opened, which stays open for the person to answer. The steps
+    not yet run are dropped, and the reply ends with the stop's line."""
+    check = state.request.stop
+    line = None if check is None else await check(state.previous.version if state.previous else 0)
+    if line is None:
+        return None
+    lines = [interpretation.reply] if interpretation.reply else []
+    lines.extend(state.replies)
+    lines.append(line)
+    state.emit("turn.cancelled", {"reply": line})
+    return finish(state, interpretation, reply="\n".join(lines))

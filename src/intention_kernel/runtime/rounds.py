@@ -18,7 +18,7 @@ from __future__ import annotations
 from intention_kernel.interpretation import Interpretation, Round
 from intention_kernel.runtime.journal import interpret_recorded
 from intention_kernel.runtime.plan import plan_intent
-from intention_kernel.runtime.reply import finish
+from intention_kernel.runtime.reply import finish, stopped
 from intention_kernel.runtime.state import TurnState
 from intention_kernel.turns import StepResult, TurnCommit
 
@@ -50,10 +50,14 @@ async def continue_rounds(
     while asked:
         if len(rounds) >= max_rounds:
             return finish(state, current, reply=stopped_reply(state, current, len(rounds)))
+        if (stop := await stopped(state, current)) is not None:
+            return stop
         current = await interpret_recorded(state, tuple(rounds))
         start = len(state.steps)
         state.round = len(rounds) + 1
         for intent in current.intents:
+            if (stop := await stopped(state, current)) is not None:
+                return stop
             await plan_intent(state, intent)
         rounds.append(
             Round(

@@ -9,6 +9,7 @@ the next checkpoint and the result.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -40,13 +41,19 @@ class TurnRequest:
 
     ``sink`` receives the turn's events as they happen when the turn is streamed
     (:meth:`~intention_kernel.Kernel.stream_turn`); ``None`` otherwise. ``principal``
-    is who sent the turn (``None``: the caller named no one).
+    is who sent the turn (``None``: the caller named no one). ``stop(base_version)``
+    is asked at each safe point (before each step, before each later round), with
+    the version of the checkpoint the turn started from: ``None`` goes on, a line of
+    text stops the turn, which commits with that line in its reply.
+    ``queued``: the turn comes from its thread's inbox.
     """
 
     message: str | None
     answer: Answer | None
     sink: TurnSink | None = None
     principal: Principal | None = None
+    stop: Callable[[int], Awaitable[str | None]] | None = None
+    queued: bool = False
 
 
 class TurnState:

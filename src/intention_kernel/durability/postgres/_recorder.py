@@ -21,6 +21,7 @@ from intention_kernel.durability._rows import (
     decode_event_row,
     decode_receipt_row,
     fenced,
+    inbox_conflict,
     journal_conflict,
     receipt_moved,
     receipt_params,
@@ -30,6 +31,8 @@ from intention_kernel.durability._rows import (
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
+    InboxEntry,
+    InboxRecorder,
     JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
@@ -49,10 +52,15 @@ from intention_kernel.durability.postgres._sessions import Connection, execute, 
 from intention_kernel.durability.postgres._statements import (
     BUMP_THREAD_SEQ,
     DELETE_FACTS,
+    DELETE_INBOX,
     DELETE_MESSAGES,
     HAS_UNSEQUENCED,
+    INBOX_POSITION,
+    INSERT_CANCEL,
     INSERT_EVENT,
     INSERT_FACTS,
+    INSERT_INBOX,
+    INSERT_INTERRUPT,
     INSERT_JOURNAL,
     INSERT_MESSAGES,
     INSERT_RECEIPT,
@@ -67,13 +75,18 @@ from intention_kernel.durability.postgres._statements import (
     REWRITE_THREAD,
     SCAN_THREADS,
     SELECT_BACKLOG,
+    SELECT_CANCEL,
     SELECT_FAILING,
+    SELECT_INBOX,
+    SELECT_INBOX_ENTRY,
     SELECT_INTERACTIONS,
     SELECT_JOURNAL,
     SELECT_OUTBOX,
     SELECT_RECEIPT,
     SELECT_THREAD,
+    SELECT_TURN_EXISTS,
     SELECT_UNPUBLISHED,
+    SELECT_VERSION,
     SEQUENCE_OUTBOX,
     SETTLE_RECEIPT,
     UPDATE_RECEIPT,
@@ -86,7 +99,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 __all__ = ["PostgresRecorder"]
 
 
-class PostgresRecorder(PostgresLocks, Recorder):
+class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
     # The thread lock dies with its session, and a session can die (killed by an
     # administrator, cut by the network) while its worker's provider call still runs:
     # a ``prepared`` receipt under the lock may be a live attempt's. A write awaits the
@@ -182,6 +195,104 @@ class PostgresRecorder(PostgresLocks, Recorder):
                 raise
 
         await self._run(entry.thread_id, write)
+
+    # -- the inbox -----------------------------------------------------------------------------
+
+    # Pooled sessions (``_run(None, ...)``): a message is accepted while another turn,
+    # maybe of this process, holds the thread's lock and its session.
+
+    async def enqueue(self, entry: InboxEntry) -> int | None:
+        row = (
+            entry.thread_id,
+            entry.turn_id,
+            entry.tenant_id,
+            entry.request_digest,
+            entry.request,
+            entry.created_at,
+        )
+        key = (entry.thread_id, entry.turn_id)
+
+        async def write(conn: Connection) -> int | None:
+            # One transaction: the committed-turn check, the insert and the count.
+            # Repeated after a lost acknowledgement, it finds its own entry.
+            async with conn.transaction():
+                if await (await execute(conn, SELECT_TURN_EXISTS, key)).fetchone():
+                    return None
+                inserted = await (await execute(conn, INSERT_INBOX, row)).fetchone()
+                if inserted is None:
+                    seq, digest = present(
+                        await (await execute(conn, SELECT_INBOX_ENTRY, key)).fetchone()
+                    )
+                    if (
+                        entry.request_digest is not None
+                        and digest is not None
+                        and digest != entry.request_digest
+                    ):
+                        raise inbox_conflict(entry)
+                else:
+                    seq = inserted[0]
+                position: int = await fetch_value(conn, INBOX_POSITION, entry.thread_id, seq)
+                return position
+
+        return await self._run(None, write)
+
+    async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
+        async def read(conn: Connection) -> list[InboxEntry]:
+            cur = await execute(conn, SELECT_INBOX, (thread_id,))
+            return [
+                InboxEntry(thread_id, turn_id, tenant_id, digest, request, _utc(at), seq)
+                for turn_id, tenant_id, digest, request, at, seq in await cur.fetchall()
+            ]
+
+        return await self._run(None, read)
+
+    async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
+        async def write(conn: Connection) -> bool:
+            cur = await execute(conn, DELETE_INBOX, (thread_id, turn_id))
+            return cur.rowcount == 1
+
+        return await self._run(None, write)
+
+    async def request_cancel(
+        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+    ) -> str:
+        key = (thread_id, turn_id)
+
+        async def write(conn: Connection) -> str:
+            # One transaction: the committed-turn check, the request and the dequeue.
+            async with conn.transaction():
+                if await (await execute(conn, SELECT_TURN_EXISTS, key)).fetchone():
+                    return "committed"
+                await execute(conn, INSERT_CANCEL, (thread_id, turn_id, reason, at))
+                removed = (await execute(conn, DELETE_INBOX, key)).rowcount
+                return "dequeued" if removed else "requested"
+
+        return await self._run(None, write)
+
+    async def thread_version(self, thread_id: str) -> int:
+        async def read(conn: Connection) -> int:
+            row = await (await execute(conn, SELECT_VERSION, (thread_id,))).fetchone()
+            return int(row[0]) if row is not None else 0
+
+        return await self._run(None, read)
+
+    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
+        async def write(conn: Connection) -> None:
+            await execute(conn, INSERT_INTERRUPT, (thread_id, base_version, at))
+
+        await self._run(None, write)
+
+    async def read_cancel(
+        self, thread_id: str, turn_id: str, base_version: int
+    ) -> tuple[str | None, str | None]:
+        async def read(conn: Connection) -> tuple[str | None, str | None]:
+            params = (thread_id, turn_id, thread_id, base_version)
+            row = await (await execute(conn, SELECT_CANCEL, params)).fetchone()
+            if row is None:
+                return None, None
+            return ("cancel", row[1]) if row[0] == 0 else ("interrupt", None)
+
+        return await self._run(None, read)
 
     # -- effects -------------------------------------------------------------------------------
 

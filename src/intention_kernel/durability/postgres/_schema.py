@@ -216,6 +216,28 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE ik_receipts ADD COLUMN capability_id text, ADD COLUMN input text,
         ADD COLUMN approved_by text;
     """,
+    # 11: each thread's inbox, as in SQLite's migration 10: messages accepted while a
+    # turn ran (``on_busy="queue"``), ordered by ``seq``, the order of acceptance; and
+    # the requests to stop a turn (``Kernel.cancel``).
+    """
+    CREATE TABLE ik_inbox (
+        seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        thread_id text NOT NULL, turn_id text NOT NULL, tenant_id text,
+        request_digest text, request text NOT NULL, created_at timestamptz NOT NULL,
+        CONSTRAINT ik_inbox_turn UNIQUE (thread_id, turn_id)
+    );
+    CREATE INDEX ik_inbox_order ON ik_inbox (thread_id, seq);
+    CREATE TABLE ik_cancels (
+        thread_id text NOT NULL, turn_id text NOT NULL, reason text,
+        created_at timestamptz NOT NULL,
+        CONSTRAINT ik_cancels_pkey PRIMARY KEY (thread_id, turn_id)
+    );
+    CREATE TABLE ik_interrupts (
+        thread_id text NOT NULL, base_version bigint NOT NULL,
+        created_at timestamptz NOT NULL,
+        CONSTRAINT ik_interrupts_pkey PRIMARY KEY (thread_id, base_version)
+    );
+    """,
 )
 
 

@@ -238,3 +238,41 @@ def receipts_query(
     where = " AND ".join(conditions)
     query = f"{READ_RECEIPTS} {where and 'WHERE ' + where} "
     return query + "ORDER BY r.created_at, r.ordinal", filters
+
+
+# -- the inbox (see ``InboxRecorder``) --
+SELECT_TURN_EXISTS = "SELECT 1 FROM ik_turns WHERE thread_id = %s AND turn_id = %s"
+# An entry already there keeps its seq: the statement inserts nothing and the caller
+# reads the entry's own seq and digest, to compare them (a conflict is an error).
+INSERT_INBOX = """
+    INSERT INTO ik_inbox (thread_id, turn_id, tenant_id, request_digest, request, created_at)
+    VALUES (%s, %s, %s, %s, %s, %s)
+    ON CONFLICT ON CONSTRAINT ik_inbox_turn DO NOTHING RETURNING seq
+"""
+SELECT_INBOX_ENTRY = (
+    "SELECT seq, request_digest FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
+)
+INBOX_POSITION = "SELECT COUNT(*) FROM ik_inbox WHERE thread_id = %s AND seq <= %s"
+SELECT_INBOX = """
+    SELECT turn_id, tenant_id, request_digest, request, created_at, seq FROM ik_inbox
+    WHERE thread_id = %s ORDER BY seq
+"""
+DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
+# A request already there keeps its first reason: asking again changes nothing.
+INSERT_CANCEL = """
+    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at) VALUES (%s, %s, %s, %s)
+    ON CONFLICT ON CONSTRAINT ik_cancels_pkey DO NOTHING
+"""
+# Interrupting the same turn twice asks one thing: the second request changes nothing.
+INSERT_INTERRUPT = """
+    INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (%s, %s, %s)
+    ON CONFLICT ON CONSTRAINT ik_interrupts_pkey DO NOTHING
+"""
+SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = %s"
+# A cancel (kind 0) sorts before an interrupt (kind 1).
+SELECT_CANCEL = """
+    SELECT 0 AS kind, reason FROM ik_cancels WHERE thread_id = %s AND turn_id = %s
+    UNION ALL
+    SELECT 1, NULL FROM ik_interrupts WHERE thread_id = %s AND base_version = %s
+    ORDER BY kind LIMIT 1
+"""

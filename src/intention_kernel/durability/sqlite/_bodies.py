@@ -29,12 +29,17 @@ from intention_kernel.durability.sqlite._statements import (
     BUMP_THREAD_SEQ,
     DELETE_FACT,
     DELETE_FACTS,
+    DELETE_INBOX,
     DELETE_INDEX,
     DELETE_INDEX_KEY,
     DELETE_JOURNAL,
     DELETE_MESSAGES,
+    INBOX_POSITION,
+    INSERT_CANCEL,
     INSERT_EVENT,
+    INSERT_INBOX,
     INSERT_INDEX,
+    INSERT_INTERRUPT,
     INSERT_JOURNAL,
     INSERT_MESSAGE,
     INSERT_RECEIPT,
@@ -48,6 +53,8 @@ from intention_kernel.durability.sqlite._statements import (
     PRUNE_JOURNAL,
     PRUNE_TURNS,
     REWRITE_THREAD,
+    SELECT_INBOX_ENTRY,
+    SELECT_TURN_EXISTS,
     SETTLE_RECEIPT,
     TRIM_INDEX,
     TRIM_MESSAGES,
@@ -166,6 +173,45 @@ def write_journal(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
         if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
             raise
         raise Refusal() from exc
+
+
+def enqueue(conn: sqlite3.Connection, row: tuple[Any, ...]) -> int | None:
+    """An inbox entry, atomic: its position, or ``None`` when its turn is committed.
+    An entry already there under the turn ID keeps its place; one for another request
+    digest is refused (:class:`Refusal`)."""
+    thread_id, turn_id, _, digest = row[:4]
+    if conn.execute(SELECT_TURN_EXISTS, (thread_id, turn_id)).fetchone() is not None:
+        return None
+    found = conn.execute(SELECT_INBOX_ENTRY, (thread_id, turn_id)).fetchone()
+    if found is None:
+        seq = conn.execute(INSERT_INBOX, row).lastrowid
+    elif digest is not None and found[1] is not None and digest != found[1]:
+        raise Refusal("queued for another request")
+    else:
+        seq = found[0]
+    position: int = conn.execute(INBOX_POSITION, (thread_id, seq)).fetchone()[0]
+    return position
+
+
+def remove_inbox(conn: sqlite3.Connection, thread_id: str, turn_id: str) -> int:
+    """Delete a thread's inbox entry: 1 if there was one, else 0."""
+    return conn.execute(DELETE_INBOX, (thread_id, turn_id)).rowcount
+
+
+def request_cancel(conn: sqlite3.Connection, row: tuple[Any, ...]) -> str:
+    """A stop request, atomic: ``"committed"`` (nothing written), ``"dequeued"`` or
+    ``"requested"`` (see ``InboxRecorder.request_cancel``)."""
+    thread_id, turn_id = row[:2]
+    if conn.execute(SELECT_TURN_EXISTS, (thread_id, turn_id)).fetchone() is not None:
+        return "committed"
+    conn.execute(INSERT_CANCEL, row)
+    removed = conn.execute(DELETE_INBOX, (thread_id, turn_id)).rowcount
+    return "dequeued" if removed else "requested"
+
+
+def request_interrupt(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
+    """An interrupt request: one autocommitted statement."""
+    conn.execute(INSERT_INTERRUPT, row)
 
 
 def claim_receipt(conn: sqlite3.Connection, params: dict[str, Any]) -> int:

@@ -30,6 +30,7 @@ from intention_kernel.durability._rows import (
     decode_event_row,
     decode_receipt_row,
     fenced,
+    inbox_conflict,
     journal_conflict,
     receipt_moved,
     receipt_params,
@@ -39,6 +40,8 @@ from intention_kernel.durability._rows import (
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
+    InboxEntry,
+    InboxRecorder,
     JournalEntry,
     OutboxBacklog,
     OutboxDelivery,
@@ -60,9 +63,11 @@ from intention_kernel.durability.sqlite._statements import (
     READ_RECEIPTS,
     SCAN_THREADS,
     SELECT_BACKLOG,
+    SELECT_CANCEL,
     SELECT_CLAIM,
     SELECT_FACTS,
     SELECT_FAILING,
+    SELECT_INBOX,
     SELECT_INDEX,
     SELECT_INTERACTIONS,
     SELECT_JOURNAL,
@@ -72,6 +77,7 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_THREAD_UNLESS_KNOWN,
     SELECT_TURN,
     SELECT_UNPUBLISHED,
+    SELECT_VERSION,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
@@ -80,7 +86,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 __all__ = ["SQLiteRecorder"]
 
 
-class SQLiteRecorder(SQLiteConnections, Recorder):
+class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
     #: ``_run`` never lets a cancellation through before its hop ends.
     options = RecorderOptions(
         finishes_writes_when_cancelled=True, attempts_outlive_lock=False, receipt_index_rows=True
@@ -193,6 +199,70 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             await self._write(bodies.write_journal, (row,), entry.thread_id)
         except Refusal as refused:
             raise journal_conflict(entry) from refused
+
+    # -- the inbox -----------------------------------------------------------------------------
+
+    async def enqueue(self, entry: InboxEntry) -> int | None:
+        row = (
+            entry.thread_id,
+            entry.turn_id,
+            entry.tenant_id,
+            entry.request_digest,
+            entry.request,
+            _stamp(entry.created_at),
+        )
+        try:
+            # Atomic: the committed-turn check, the insert and the count see one state.
+            position: int | None = await self._write(
+                bodies.enqueue, (row,), entry.thread_id, atomic=True
+            )
+        except Refusal as refused:
+            raise inbox_conflict(entry) from refused
+        return position
+
+    async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
+        def read(conn: sqlite3.Connection) -> list[InboxEntry]:
+            rows = conn.execute(SELECT_INBOX, (thread_id,)).fetchall()
+            return [
+                InboxEntry(thread_id, r[0], r[1], r[2], r[3], datetime.fromisoformat(r[4]), r[5])
+                for r in rows
+            ]
+
+        return await self._read(read, thread_id)
+
+    async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
+        removed: int = await self._write(bodies.remove_inbox, (thread_id, turn_id), thread_id)
+        return removed == 1
+
+    async def request_cancel(
+        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+    ) -> str:
+        row = (thread_id, turn_id, reason, _stamp(at))
+        found: str = await self._write(bodies.request_cancel, (row,), thread_id, atomic=True)
+        return found
+
+    async def thread_version(self, thread_id: str) -> int:
+        def read(conn: sqlite3.Connection) -> int:
+            row = conn.execute(SELECT_VERSION, (thread_id,)).fetchone()
+            return int(row[0]) if row is not None else 0
+
+        return await self._read(read, thread_id)
+
+    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
+        row = (thread_id, base_version, _stamp(at))
+        await self._write(bodies.request_interrupt, (row,), thread_id)
+
+    async def read_cancel(
+        self, thread_id: str, turn_id: str, base_version: int
+    ) -> tuple[str | None, str | None]:
+        def read(conn: sqlite3.Connection) -> tuple[str | None, str | None]:
+            params = (thread_id, turn_id, thread_id, base_version)
+            row = conn.execute(SELECT_CANCEL, params).fetchone()
+            if row is None:
+                return None, None
+            return ("cancel", row[1]) if row[0] == 0 else ("interrupt", None)
+
+        return await self._read(read, thread_id)
 
     # -- effects -------------------------------------------------------------------------------
 

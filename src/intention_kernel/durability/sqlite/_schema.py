@@ -159,6 +159,35 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE ik_receipts ADD COLUMN input TEXT;
     ALTER TABLE ik_receipts ADD COLUMN approved_by TEXT;
     """,
+    # 10: each thread's inbox, messages accepted while a turn ran (``on_busy="queue"``),
+    # and the requests to stop a turn (``Kernel.cancel``, ``on_busy="interrupt"``).
+    # ``seq`` orders the entries by acceptance; AUTOINCREMENT never reuses a number.
+    """
+    CREATE TABLE ik_inbox (
+        seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+        thread_id      TEXT NOT NULL,
+        turn_id        TEXT NOT NULL,
+        tenant_id      TEXT,
+        request_digest TEXT,
+        request        TEXT NOT NULL,
+        created_at     TEXT NOT NULL,
+        UNIQUE (thread_id, turn_id)
+    );
+    CREATE INDEX ik_inbox_order ON ik_inbox (thread_id, seq);
+    CREATE TABLE ik_cancels (
+        thread_id  TEXT NOT NULL,
+        turn_id    TEXT NOT NULL,
+        reason     TEXT,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (thread_id, turn_id)
+    ) WITHOUT ROWID;
+    CREATE TABLE ik_interrupts (
+        thread_id    TEXT NOT NULL,
+        base_version INTEGER NOT NULL,
+        created_at   TEXT NOT NULL,
+        PRIMARY KEY (thread_id, base_version)
+    ) WITHOUT ROWID;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

@@ -138,6 +138,38 @@ INSERT_JOURNAL = """
 # In the turn's commit, when the turn used the journal (``TurnRecord.journaled``).
 DELETE_JOURNAL = "DELETE FROM ik_journal WHERE thread_id = ? AND turn_id = ?"
 
+# -- the inbox (see ``InboxRecorder``) --
+SELECT_TURN_EXISTS = "SELECT 1 FROM ik_turns WHERE thread_id = ? AND turn_id = ?"
+SELECT_INBOX_ENTRY = "SELECT seq, request_digest FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
+INSERT_INBOX = """
+    INSERT INTO ik_inbox (thread_id, turn_id, tenant_id, request_digest, request, created_at)
+    VALUES (?, ?, ?, ?, ?, ?)
+"""
+INBOX_POSITION = "SELECT COUNT(*) FROM ik_inbox WHERE thread_id = ? AND seq <= ?"
+SELECT_INBOX = """
+    SELECT turn_id, tenant_id, request_digest, request, created_at, seq FROM ik_inbox
+    WHERE thread_id = ? ORDER BY seq
+"""
+DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
+# A request already there keeps its first reason: asking again changes nothing.
+INSERT_CANCEL = """
+    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at) VALUES (?, ?, ?, ?)
+    ON CONFLICT (thread_id, turn_id) DO NOTHING
+"""
+# Interrupting the same turn twice asks one thing: the second request changes nothing.
+INSERT_INTERRUPT = """
+    INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (?, ?, ?)
+    ON CONFLICT (thread_id, base_version) DO NOTHING
+"""
+SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = ?"
+# A cancel (kind 0) sorts before an interrupt (kind 1).
+SELECT_CANCEL = """
+    SELECT 0, reason FROM ik_cancels WHERE thread_id = ? AND turn_id = ?
+    UNION ALL
+    SELECT 1, NULL FROM ik_interrupts WHERE thread_id = ? AND base_version = ?
+    ORDER BY 1 LIMIT 1
+"""
+
 # -- the relay (see ``Recorder.claim_outbox``) --
 # Threads whose first unpublished event is due, oldest first. The inner query walks
 # ik_outbox_unpublished only; the join finds each head by the (thread_id, seq) key.

@@ -1,0 +1,227 @@
+"""Cancelling a turn (issue 36): ``Kernel.cancel`` stops a running turn at its next safe
+point (before its next step or round), in this process or another; the turn commits
+what it did, and its reply says it was cancelled. On every store.
+
+The turn is really running, its interpreter held on an event, when the cancel comes."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from intention_kernel import (
+    Cancellation,
+    Intent,
+    Interpretation,
+    InterpretationRequest,
+    InvalidRequestError,
+    Kernel,
+    Queued,
+    TurnCancelledError,
+    TurnResult,
+)
+from intention_kernel.durability import Durability
+from intention_kernel.testing.agents import FakeProvider, billing_agent
+from proving_support import Store, make_sql_store, read_all_events
+
+WORKER = Path(__file__).with_name("crash_worker.py")
+
+HELD = 10.0
+
+
+class HeldInterpreter:
+    """Asks for two balance look-ups, once ``release`` is set; ``entered`` says it was
+    asked. Other messages ask for one look-up at once."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        if request.message == "look twice":
+            self.entered.set()
+            await self.release.wait()
+            return Interpretation(
+                intents=[Intent("billing.balance", {"due": 1}), Intent("billing.balance", {})]
+            )
+        return Interpretation(intents=[Intent("billing.balance", {"due": 7})])
+
+
+def kernel_for(store: Durability, interpreter: HeldInterpreter, **options: Any) -> Kernel:
+    agent = dataclasses.replace(billing_agent(FakeProvider()), interpreter=interpreter)
+    return Kernel(agent, store, **options)
+
+
+def of_turn(events: list[Any], turn_id: str, type: str) -> list[Any]:
+    return [e for e in events if e.turn_id == turn_id and e.type == type]
+
+
+@pytest.mark.parametrize("where", ["this kernel", "another kernel"])
+async def test_a_cancelled_turn_stops_before_its_next_step_and_says_so(
+    store: Durability, where: str
+) -> None:
+    interpreter = HeldInterpreter()
+    # Another kernel stands for another process: only the store carries the request.
+    kernel = kernel_for(store, interpreter, cancel_check_after=0.0)
+    canceller = kernel if where == "this kernel" else kernel_for(store, HeldInterpreter())
+    running = asyncio.create_task(kernel.turn("t", "1", "look twice"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    asked = await canceller.cancel("t", "1", reason="changed my mind")
+    assert asked == Cancellation("t", "1", "requested", "changed my mind")
+    interpreter.release.set()
+    result = await asyncio.wait_for(running, HELD)
+    assert result.steps == ()  # stopped before its first step
+    assert result.reply.endswith("Cancelled before it finished: changed my mind")
+    assert result.checkpoint_version == 1  # it committed what it did: nothing
+    events = await read_all_events(store, thread_id="t")
+    assert len(of_turn(events, "1", "turn.cancelled")) == 1
+    assert len(of_turn(events, "1", "turn.committed")) == 1
+    # A redelivery replays the cancelled result; the thread goes on.
+    again = await kernel.turn("t", "1", "look twice")
+    assert (again.replayed, again.reply) == (True, result.reply)
+    assert (await kernel.turn("t", "2", "balance")).steps[0].value == {"due": 7}
+
+
+async def test_a_cancel_of_a_committed_turn_changes_nothing(store: Durability) -> None:
+    kernel = kernel_for(store, HeldInterpreter())
+    done = await kernel.turn("t", "1", "balance")
+    before = await store.load_checkpoint("t")
+    events = await read_all_events(store)
+    assert await kernel.cancel("t", "1") == Cancellation("t", "1", "committed")
+    assert await store.load_checkpoint("t") == before
+    assert await read_all_events(store) == events
+    replay = await kernel.turn("t", "1", "balance")
+    assert (replay.replayed, replay.reply) == (True, done.reply)
+
+
+async def test_a_cancel_of_a_queued_turn_removes_it_from_the_inbox(store: Durability) -> None:
+    provider = FakeProvider()
+    kernel = Kernel(dataclasses.replace(billing_agent(provider), on_busy="queue"), store)
+    await kernel.turn("t", "1", "charge pi_1 500")
+    provider.behaviour["pi_1"] = "block"
+    running = asyncio.create_task(kernel.turn("t", "2", "yes"))
+    await asyncio.wait_for(provider.entered.wait(), HELD)
+    assert await kernel.submit("t", "3", "balance") == Queued("t", "3", 1)
+    assert await kernel.submit("t", "4", "balance") == Queued("t", "4", 2)
+    assert await kernel.cancel("t", "3") == Cancellation("t", "3", "dequeued")
+    provider.released.set()
+    # A write in flight is not undone by a cancel of another turn: it settles.
+    assert (await asyncio.wait_for(running, HELD)).steps[0].status == "completed"
+    await kernel.drained()
+    events = await read_all_events(store, thread_id="t")
+    assert of_turn(events, "3", "turn.committed") == []  # it never ran
+    assert len(of_turn(events, "4", "turn.committed")) == 1
+    fourth = await kernel.submit("t", "4", "balance")
+    assert isinstance(fourth, TurnResult) and fourth.checkpoint_version == 3
+
+
+async def test_a_cancel_with_a_reason_that_is_not_text_is_refused(store: Durability) -> None:
+    kernel = kernel_for(store, HeldInterpreter())
+    with pytest.raises(InvalidRequestError):
+        await kernel.cancel("t", "1", reason=42)  # type: ignore[arg-type]
+    assert await store.load_checkpoint("t") is None
+
+
+async def test_a_caller_waiting_on_a_queued_turn_that_is_cancelled_is_told(
+    store: Durability,
+) -> None:
+    provider = FakeProvider()
+    kernel = Kernel(dataclasses.replace(billing_agent(provider), on_busy="queue"), store)
+    await kernel.turn("t", "1", "charge pi_1 500")
+    provider.behaviour["pi_1"] = "block"
+    running = asyncio.create_task(kernel.turn("t", "2", "yes"))
+    await asyncio.wait_for(provider.entered.wait(), HELD)
+    waiting = asyncio.create_task(kernel.turn("t", "3", "balance"))
+    for _ in range(500):  # until the message is in the inbox
+        if await store.read_inbox("t"):  # type: ignore[attr-defined]
+            break
+        await asyncio.sleep(0.01)
+    assert await kernel.cancel("t", "3") == Cancellation("t", "3", "dequeued")
+    provider.released.set()
+    await asyncio.wait_for(running, HELD)
+    with pytest.raises(TurnCancelledError) as cancelled:
+        await asyncio.wait_for(waiting, HELD)
+    assert cancelled.value.turn_id == "3"
+    await kernel.drained()
+    events = await read_all_events(store, thread_id="t")
+    assert of_turn(events, "3", "turn.committed") == []
+
+
+class RoundsInterpreter:
+    """Works in rounds: round 1 looks up a balance at once; round 2 is held until
+    ``release``, then asks for another look-up; round 3 writes the reply."""
+
+    multi_round = True
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        if len(request.rounds) == 0:
+            return Interpretation(intents=[Intent("billing.balance", {"due": 1})])
+        if len(request.rounds) == 1:
+            self.entered.set()
+            await self.release.wait()
+            return Interpretation(intents=[Intent("billing.balance", {"due": 2})])
+        return Interpretation(reply="All looked up.")
+
+
+async def test_a_turn_in_rounds_keeps_the_rounds_it_ran_and_stops_before_the_next_steps(
+    store: Durability,
+) -> None:
+    interpreter = RoundsInterpreter()
+    agent = dataclasses.replace(billing_agent(FakeProvider()), interpreter=interpreter)
+    kernel, other = Kernel(agent, store, cancel_check_after=0.0), Kernel(agent, store)
+    running = asyncio.create_task(kernel.turn("t", "1", "look it all up"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    assert (await other.cancel("t", "1")).status == "requested"
+    interpreter.release.set()
+    result = await asyncio.wait_for(running, HELD)
+    # Round 1's step ran and is committed; round 2's step never ran; no round 3.
+    assert [s.value for s in result.steps] == [{"due": 1}]
+    assert result.reply.endswith("Cancelled before it finished.")
+    checkpoint = await store.load_checkpoint("t")
+    assert checkpoint is not None and checkpoint.facts["balance"].value == 1
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    yield from make_sql_store(request.param, request, tmp_path)
+
+
+@pytest.mark.slow
+async def test_a_cancel_from_another_process_stops_the_running_turn(
+    sql_store: Store, tmp_path: Path
+) -> None:
+    async with sql_store.durability() as durability:
+        interpreter = HeldInterpreter()
+        kernel = kernel_for(durability, interpreter, cancel_check_after=0.0)
+        running = asyncio.create_task(kernel.turn("t", "1", "look twice"))
+        await asyncio.wait_for(interpreter.entered.wait(), HELD)
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(WORKER),
+            json.dumps(
+                {
+                    "store": sql_store.config(),
+                    "ledger": str(tmp_path / "unused.ledger"),
+                    "cancel": {"thread_id": "t", "turn_id": "1", "reason": "stop"},
+                }
+            ),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(worker.communicate(), 60)
+        assert json.loads(out) == {"cancelled": "requested"}, err.decode()
+        interpreter.release.set()
+        result = await asyncio.wait_for(running, HELD)
+        assert result.steps == ()
+        assert result.reply.endswith("Cancelled before it finished: stop")
