@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["undo_migration_8"]
+__all__ = ["undo_migration_8", "undo_migration_9"]
+
+
+def undo_migration_9(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 9 held it: journal entries with no tenant."""
+    conn.execute("ALTER TABLE ik_journal DROP COLUMN tenant_id")
+    conn.execute("DELETE FROM ik_schema WHERE version > 8")
 
 
 def undo_migration_8(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 8 held it: each receipt index in its core,
-    no index rows, no ``receipt_seq``."""
+    no index rows, no ``receipt_seq`` (and what later migrations added, undone first)."""
+    undo_migration_9(conn)
     threads = conn.execute("SELECT thread_id, checkpoint FROM ik_threads WHERE version > 0")
     for thread_id, core in threads.fetchall():
         index = conn.execute(

@@ -34,10 +34,11 @@ from proving_support import (
     Store,
     StoreInspector,
     damage_sqlite_table,
+    journal_before_tenants_gets_its_threads_owner,
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
 )
-from sqlite_history import undo_migration_8
+from sqlite_history import undo_migration_8, undo_migration_9
 from sqlite_owner import watch_connections
 
 
@@ -335,6 +336,20 @@ async def test_receipts_stored_before_migration_7_read_as_approved_by_no_one(
             conn.execute("DELETE FROM ik_schema WHERE version > 6")
 
     await receipts_before_actors_read_as_no_actor(lambda: SQLiteDurability(path), back_to_version_6)
+
+
+async def test_migration_9_gives_existing_journal_entries_their_threads_owner(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "k.db"
+
+    def back_to_version_8() -> None:
+        with sqlite3.connect(path) as conn:
+            undo_migration_9(conn)
+
+    await journal_before_tenants_gets_its_threads_owner(
+        lambda: SQLiteDurability(path), back_to_version_8
+    )
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])

@@ -263,6 +263,9 @@ class JournalRecorder(Protocol):
     records each model round's response in it before any step of that round runs.
 
     Both methods are called under the thread's lock, by the turn that owns the entries.
+    Each entry keeps its ``tenant_id``. On a thread with no committed turn, a recorder
+    reports the tenant of the earliest entry as ``TurnStart.claimed_by`` when the thread
+    has no receipt.
     An entry lives until the turn commits (``commit_turn`` deletes the turn's entries in
     its own transaction when ``TurnRecord.journaled`` is set) or, for a turn that never
     commits, until retention (``prune_journal``).

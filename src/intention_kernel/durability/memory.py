@@ -115,8 +115,21 @@ class _MemoryRecorder(Recorder):
             return TurnStart(stored, None, thread.tenant_id if thread else None)
         if thread is not None and thread.version == known_version:
             return TurnStart(None, StoredThread(thread.version, thread.tenant_id, None))
-        claimed = None if thread and thread.version else self._state.claims.get(thread_id)
+        claimed = None if thread and thread.version else self._claim(thread_id)
         return TurnStart(None, self._snapshot(thread), claimed_by=claimed)
+
+    def _claim(self, thread_id: str) -> ThreadOwner | None:
+        """The tenant of the thread's first receipt or, if none, of its first journal
+        entry still stored (the SQL stores read the same from their rows)."""
+        state = self._state
+        claimed = state.claims.get(thread_id)
+        if claimed is not None:
+            return claimed
+        for (thread, _), entries in state.journal.items():  # only turns never committed
+            if thread == thread_id and entries:
+                first = next(iter(entries.values()))
+                return ThreadOwner(first.tenant_id)
+        return None
 
     async def read_thread(self, thread_id: str) -> StoredThread | None:
         return self._snapshot(self._state.threads.get(thread_id))

@@ -155,8 +155,8 @@ class PostgresRecorder(PostgresLocks, Recorder):
         async def read(conn: Connection) -> list[JournalEntry]:
             cur = await execute(conn, SELECT_JOURNAL, (thread_id, turn_id))
             return [
-                JournalEntry(thread_id, turn_id, key, digest, value, _utc(created_at))
-                for key, digest, value, created_at in await cur.fetchall()
+                JournalEntry(thread_id, turn_id, key, digest, value, _utc(created_at), tenant)
+                for key, digest, value, created_at, tenant in await cur.fetchall()
             ]
 
         return await self._run(thread_id, read)
@@ -169,6 +169,7 @@ class PostgresRecorder(PostgresLocks, Recorder):
             entry.request_digest,
             entry.value,
             entry.created_at,
+            entry.tenant_id,
         )
 
         async def write(conn: Connection) -> None:

@@ -118,14 +118,15 @@ SELECT_OUTBOX = f"SELECT {OUTBOX_COLUMNS} FROM ik_outbox WHERE position > %(afte
 
 # -- the journal (see ``JournalRecorder``) --
 SELECT_JOURNAL = """
-    SELECT key, request_digest, value, created_at FROM ik_journal
+    SELECT key, request_digest, value, created_at, tenant_id FROM ik_journal
     WHERE thread_id = %s AND turn_id = %s ORDER BY ordinal
 """
 # No ON CONFLICT: an entry already there is a conflict (the lock was lost), refused by
 # ``ik_journal_pkey``.
 INSERT_JOURNAL = """
-    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at)
-    VALUES (%s, %s, %s, %s, %s, %s)
+    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at,
+                            tenant_id)
+    VALUES (%s, %s, %s, %s, %s, %s, %s)
 """
 
 # -- the relay (see ``Recorder.claim_outbox``) --

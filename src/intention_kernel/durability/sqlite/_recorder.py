@@ -173,7 +173,9 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
         def read(conn: sqlite3.Connection) -> list[JournalEntry]:
             rows = conn.execute(SELECT_JOURNAL, (thread_id, turn_id)).fetchall()
             return [
-                JournalEntry(thread_id, turn_id, r[0], r[1], r[2], datetime.fromisoformat(r[3]))
+                JournalEntry(
+                    thread_id, turn_id, r[0], r[1], r[2], datetime.fromisoformat(r[3]), r[4]
+                )
                 for r in rows
             ]
 
@@ -187,6 +189,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             entry.request_digest,
             entry.value,
             _stamp(entry.created_at),
+            entry.tenant_id,
         )
 
         try:

@@ -27,8 +27,18 @@ INSERT_RECEIPT = f"""
     VALUES (:id, :thread_id, :key, :status, :turn_id, :step_id, :attempt, :value, :error,
             :created_at, :updated_at, :resolution, :announced, :tenant_id, :actor)
 """
-# The tenant that claimed a thread with no committed turn: its first receipt's.
-SELECT_CLAIM = "SELECT tenant_id FROM ik_receipts WHERE thread_id = ? ORDER BY rowid LIMIT 1"
+# The tenant that claimed a thread with no committed turn: its first receipt's or, with
+# no receipt, its first journal entry's (a turn that recorded rounds and never
+# committed). Each probe walks its table's primary key on ``thread_id``.
+SELECT_CLAIM = """
+    SELECT tenant_id FROM (
+        SELECT 0 AS source, tenant_id FROM (
+            SELECT tenant_id FROM ik_receipts WHERE thread_id = ?1 ORDER BY rowid LIMIT 1)
+        UNION ALL
+        SELECT 1 AS source, tenant_id FROM (
+            SELECT tenant_id FROM ik_journal WHERE thread_id = ?1 ORDER BY rowid LIMIT 1))
+    ORDER BY source LIMIT 1
+"""
 # The first call of an effect key in one statement: insert the planned receipt unless
 # one exists. Not a conflict hidden: no row inserted means the caller reads the
 # existing receipt and plans from it (``claim_effect``).
@@ -124,14 +134,15 @@ INSERT_EVENT = """
 
 # -- the journal (see ``JournalRecorder``) --
 SELECT_JOURNAL = """
-    SELECT key, request_digest, value, created_at FROM ik_journal
+    SELECT key, request_digest, value, created_at, tenant_id FROM ik_journal
     WHERE thread_id = ? AND turn_id = ? ORDER BY rowid
 """
 # No ON CONFLICT: an entry already there is a conflict (the lock was lost), refused by
 # the primary key.
 INSERT_JOURNAL = """
-    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at)
-    VALUES (?, ?, ?, ?, ?, ?)
+    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at,
+                            tenant_id)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
 """
 # In the turn's commit, when the turn used the journal (``TurnRecord.journaled``).
 DELETE_JOURNAL = "DELETE FROM ik_journal WHERE thread_id = ? AND turn_id = ?"

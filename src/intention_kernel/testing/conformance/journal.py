@@ -19,6 +19,7 @@ from intention_kernel.errors import (
     FencedCommitError,
     InterpretationError,
     JournalError,
+    TenantMismatchError,
     TurnConflictError,
 )
 from intention_kernel.interpretation import Intent, Interpretation, InterpretationRequest
@@ -273,6 +274,90 @@ class JournalConformance(ConformanceCase):
             recorder = await as_operable(durability, operable).recorder()
             assert await recorder.read_journal("t", "turn-1") == []
 
+    @pytest.mark.parametrize(
+        ("first", "other"),
+        [("acme", "globex"), (None, "acme"), ("acme", None)],
+        ids=["tenant-vs-tenant", "none-vs-tenant", "tenant-vs-none"],
+    )
+    async def test_a_failed_turns_recorded_rounds_are_its_tenants_alone(
+        self,
+        durability: Durability,
+        provider: FakeProvider,
+        first: str | None,
+        other: str | None,
+    ) -> None:
+        """The first tenant's turn records round 1 (which read its data) and fails in
+        round 2, on a thread with no committed turn. Another tenant delivering the same
+        thread ID, turn ID and message is refused before anything runs, and so is any
+        other turn of it on the thread: the journal claimed the thread. The first
+        tenant's redelivery still takes round 1 from the journal and completes."""
+        asked: list[tuple[str | None, int]] = []
+        fail_round_2 = [True]
+        tenant: list[str | None] = [first]
+
+        def script(request: InterpretationRequest) -> Interpretation:
+            asked.append((tenant[0], len(request.rounds) + 1))
+            if not request.rounds:
+                return Interpretation([Intent("billing.balance", {"due": 70})], reply="looking")
+            if fail_round_2.pop() if fail_round_2 else False:
+                raise RuntimeError("the model's connection dropped")
+            [step] = request.rounds[0].steps
+            return Interpretation(reply=f"you owe {step.value['due']}")
+
+        kernel = Kernel(rounds_agent(provider, script), durability)
+        with pytest.raises(InterpretationError):
+            await kernel.turn("t", "turn-1", "what do I owe?", tenant_id=first)
+        assert asked == [(first, 1), (first, 2)]
+
+        tenant[0] = other
+        for turn_id in ("turn-1", "turn-2"):
+            with pytest.raises(TenantMismatchError) as refused:
+                await kernel.turn("t", turn_id, "what do I owe?", tenant_id=other)
+            assert (refused.value.thread_id, refused.value.turn_id) == ("t", turn_id)
+        assert asked == [(first, 1), (first, 2)]  # the other tenant's turns ran nothing
+        assert await durability.load_checkpoint("t") is None  # and committed nothing
+
+        tenant[0] = first
+        result = await kernel.turn("t", "turn-1", "what do I owe?", tenant_id=first)
+        assert result.reply == "you owe 70" and not result.replayed
+        assert asked == [(first, 1), (first, 2), (first, 2)]
+        tenant[0] = other
+        with pytest.raises(TenantMismatchError):  # the thread is the first tenant's now
+            await kernel.turn("t", "turn-1", "what do I owe?", tenant_id=other)
+        assert asked == [(first, 1), (first, 2), (first, 2)]
+
+    async def test_a_journal_entry_of_another_tenant_is_never_read(
+        self, durability: Durability, operable: bool
+    ) -> None:
+        """An entry of the turn ID recorded by another tenant (a row written before
+        entries kept their tenant, say) is refused when the turn reads its journal:
+        nothing is computed from it and nothing is committed, even when the operation
+        catches the error."""
+        await durability.with_turn(TurnScope("t", "turn-0", tenant_id="acme"), _commits)
+        recorder = await journal_of(durability, operable).recorder()
+        async with recorder.lock("t"):
+            await recorder.write_journal(
+                JournalEntry("t", "turn-1", "k", None, '"globex data"', utcnow(), "globex")
+            )
+        seen: list[Any] = []
+
+        async def swallows(tx: TurnTransaction) -> TurnCommit:
+            try:
+                seen.append(await tx.recorded("k", Computations("acme data")))
+            except TenantMismatchError as exc:
+                seen.append(exc)
+            return commit_for(tx)
+
+        with pytest.raises(TenantMismatchError) as refused:
+            await durability.with_turn(TurnScope("t", "turn-1", tenant_id="acme"), swallows)
+        assert (refused.value.thread_id, refused.value.turn_id) == ("t", "turn-1")
+        [error] = seen
+        assert isinstance(error, TenantMismatchError)
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None and checkpoint.version == 1
+        [entry] = await recorder.read_journal("t", "turn-1")
+        assert (entry.value, entry.tenant_id) == ('"globex data"', "globex")
+
     async def test_a_write_of_a_recorded_round_is_settled_by_its_receipt(
         self, durability: Durability, provider: FakeProvider
     ) -> None:
@@ -333,6 +418,10 @@ class JournalConformance(ConformanceCase):
         finally:
             del recorder.read_journal, recorder.write_journal
         assert calls == []
+
+
+async def _commits(tx: TurnTransaction) -> TurnCommit:
+    return commit_for(tx)
 
 
 async def _never_runs(tx: TurnTransaction) -> TurnCommit:
