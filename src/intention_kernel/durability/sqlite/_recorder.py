@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
@@ -52,6 +53,7 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
+from intention_kernel.durability.contract import replay_or_lock_and_begin
 from intention_kernel.durability.sqlite import _bodies as bodies
 from intention_kernel.durability.sqlite._bodies import Refusal
 from intention_kernel.durability.sqlite._connection import SQLiteConnections
@@ -88,13 +90,28 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
 
     # -- turns ---------------------------------------------------------------------------------
 
+    def start_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None, *, wait: bool = True
+    ) -> AbstractAsyncContextManager[TurnStart]:
+        """The lock and ``begin_turn``; on a busy thread, a committed turn is answered
+        without the lock, as PostgreSQL's ``start_turn`` answers it. Without this, a
+        replay waited for whatever turn held the thread (or was refused at once with
+        ``wait=False``), although it writes nothing."""
+
+        async def committed() -> TurnStart | None:
+            return await self._read(lambda conn: _committed(conn, thread_id, turn_id), thread_id)
+
+        return replay_or_lock_and_begin(
+            self, committed, thread_id, turn_id, known_version, wait=wait
+        )
+
     async def begin_turn(
         self, thread_id: str, turn_id: str, known_version: int | None
     ) -> TurnStart:
         def read(conn: sqlite3.Connection) -> TurnStart:
-            row = conn.execute(SELECT_TURN, (thread_id, turn_id)).fetchone()
-            if row is not None:
-                return TurnStart(StoredTurn(row[0], row[1], row[3] is not None), None, row[2])
+            replay = _committed(conn, thread_id, turn_id)
+            if replay is not None:
+                return replay
             thread = conn.execute(SELECT_THREAD_UNLESS_KNOWN, (known_version, thread_id))
             found = _thread(thread.fetchone())
             if found is None or not found.version:
@@ -392,6 +409,16 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
             bodies.prune_turns, (args, limit)
         )
         return pruned
+
+
+def _committed(conn: sqlite3.Connection, thread_id: str, turn_id: str) -> TurnStart | None:
+    """The committed turn and its thread's owner, in one statement (one snapshot), or
+    ``None``. A committed turn never changes but for its pruning, which one statement
+    sees whole: no lock is needed to read it."""
+    row = conn.execute(SELECT_TURN, (thread_id, turn_id)).fetchone()
+    if row is None:
+        return None
+    return TurnStart(StoredTurn(row[0], row[1], row[3] is not None), None, row[2])
 
 
 def _thread(row: Sequence[Any] | None) -> StoredThread | None:
