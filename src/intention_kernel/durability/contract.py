@@ -364,7 +364,8 @@ class JournalRecorder(Protocol):
     has no receipt.
     An entry lives until the turn commits (``commit_turn`` deletes the turn's entries in
     its own transaction when ``TurnRecord.journaled`` is set) or, for a turn that never
-    commits, until retention (``prune_journal``).
+    commits, until retention deletes all of the turn's entries at once
+    (``prune_journal``).
     """
 
     async def read_journal(self, thread_id: str, turn_id: str) -> list[JournalEntry]:
@@ -464,9 +465,18 @@ class MaintenanceRecorder(Protocol):
         when fewer than ``limit`` were left). Turns pruned before are not read again."""
         ...
 
-    async def prune_journal(self, before: datetime, limit: int) -> int:
-        """Delete up to ``limit`` journal entries written before ``before`` (those of
-        turns that never committed: a commit deletes its own); return how many."""
+    async def stale_journals(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        """Up to ``limit`` turns ``(thread_id, turn_id)`` in key order after ``after``
+        whose journal entries were all written before ``before``: turns that never
+        committed (a commit deletes its own entries)."""
+        ...
+
+    async def prune_journal(self, thread_id: str, turn_id: str, before: datetime) -> int:
+        """Delete every journal entry of the turn, in one statement, if each was written
+        before ``before``; otherwise delete none. Return how many were deleted. Called
+        under the thread's lock, so no turn writes the journal meanwhile."""
         ...
 
 

@@ -414,20 +414,23 @@ class _MemoryRecorder(Recorder):
             state.turns[key] = StoredTurn(state.turns[key].request_digest, "", expired=True)
         return len(keys), (keys[-1] if len(keys) == limit else None)
 
-    async def prune_journal(self, before: datetime, limit: int) -> int:
+    async def stale_journals(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        return sorted(
+            turn
+            for turn, entries in self._state.journal.items()
+            if (after is None or turn > after)
+            and all(entry.created_at < before for entry in entries.values())
+        )[:limit]
+
+    async def prune_journal(self, thread_id: str, turn_id: str, before: datetime) -> int:
         journal = self._state.journal
-        doomed = [
-            (turn, entry.key)
-            for turn, entries in journal.items()
-            for entry in entries.values()
-            if entry.created_at < before
-        ][:limit]
-        for turn, key in doomed:
-            entries = journal[turn]
-            del entries[key]
-            if not entries:
-                del journal[turn]
-        return len(doomed)
+        entries = journal.get((thread_id, turn_id), {})
+        if not entries or any(entry.created_at >= before for entry in entries.values()):
+            return 0
+        del journal[(thread_id, turn_id)]
+        return len(entries)
 
 
 class InMemoryDurability(RecordedDurability):

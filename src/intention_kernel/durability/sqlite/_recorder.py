@@ -74,6 +74,7 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_THREAD_UNLESS_KNOWN,
     SELECT_TURN,
     SELECT_UNPUBLISHED,
+    STALE_JOURNALS,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
@@ -394,9 +395,19 @@ class SQLiteRecorder(SQLiteConnections, Recorder):
         args = (_stamp(before), limit)
         return int(await self._write(bodies.prune_events, (args,)))
 
-    async def prune_journal(self, before: datetime, limit: int) -> int:
-        args = (_stamp(before), limit)
-        return int(await self._write(bodies.prune_journal, (args,)))
+    async def stale_journals(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        args = (*(after or ("", "")), _stamp(before), limit)
+
+        def read(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+            return [(row[0], row[1]) for row in conn.execute(STALE_JOURNALS, args)]
+
+        return await self._read(read)
+
+    async def prune_journal(self, thread_id: str, turn_id: str, before: datetime) -> int:
+        args = (thread_id, turn_id, _stamp(before))
+        return int(await self._write(bodies.prune_journal, (args,), thread_id))
 
     async def prune_turns(
         self, before: datetime, after: tuple[str, str] | None, limit: int

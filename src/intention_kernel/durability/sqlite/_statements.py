@@ -216,7 +216,17 @@ PRUNE_TURNS = """
         ORDER BY thread_id, turn_id LIMIT ?)
     RETURNING thread_id, turn_id
 """
+# A turn's journal is pruned whole (see ``operations.prune``): the turns whose newest
+# entry is older than the cutoff, in key order (the primary key's), after the cursor.
+STALE_JOURNALS = """
+    SELECT thread_id, turn_id FROM ik_journal
+    WHERE (thread_id, turn_id) > (?, ?)
+    GROUP BY thread_id, turn_id HAVING max(created_at) < ?
+    ORDER BY thread_id, turn_id LIMIT ?
+"""
+# Then each turn's entries, all or none, under its thread's lock: an entry written
+# since the scan (a redelivery that ran meanwhile) keeps them all.
 PRUNE_JOURNAL = """
-    DELETE FROM ik_journal WHERE rowid IN (
-        SELECT rowid FROM ik_journal WHERE created_at < ? ORDER BY rowid LIMIT ?)
+    DELETE FROM ik_journal WHERE thread_id = ?1 AND turn_id = ?2 AND NOT EXISTS (
+        SELECT 1 FROM ik_journal WHERE thread_id = ?1 AND turn_id = ?2 AND created_at >= ?3)
 """
