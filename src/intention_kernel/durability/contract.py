@@ -150,14 +150,18 @@ class _ReplayOrLockAndBegin:
         held = lock_and_begin(recorder, thread_id, turn_id, self._known_version, wait=False)
         try:
             start = await held.__aenter__()
-        except ThreadBusyError:
-            replay = await self._committed()
-            if replay is not None:
-                return replay  # no lock held: ``__aexit__`` has nothing to release
-            if not self._wait:
-                raise
-            held = lock_and_begin(recorder, thread_id, turn_id, self._known_version)
-            start = await held.__aenter__()
+        except ThreadBusyError as exc:
+            busy = exc
+        else:
+            self._held = held
+            return start
+        replay = await self._committed()
+        if replay is not None:
+            return replay  # no lock held: ``__aexit__`` has nothing to release
+        if not self._wait:
+            raise busy
+        held = lock_and_begin(recorder, thread_id, turn_id, self._known_version)
+        start = await held.__aenter__()
         self._held = held
         return start
 
