@@ -377,6 +377,54 @@ async def migration_4_gives_receipts_their_owner(
             await upgraded.with_turn(TurnScope("crashed", "1", tenant_id="acme"), charge({}))
 
 
+async def journal_before_tenants_gets_its_threads_owner(
+    open_durability: Callable[[], Durability], before_tenants: Callable[[], None]
+) -> None:
+    """Journal entries written before they carried a tenant: those on a committed
+    thread take its owner, so that its tenant's redelivery still goes on from them;
+    those on a thread with no committed turn cannot tell whose they are, and refuse
+    every tenant's turn there (unknown fails closed). ``before_tenants`` makes the
+    store look as the schema before ``JournalEntry.tenant_id`` wrote it."""
+
+    def reads(expected: object) -> Callable[[TurnTransaction], Any]:
+        async def operation(tx: TurnTransaction) -> TurnCommit:
+            assert await tx.recorded("k", _computed("asked again")) == expected
+            return commit_for(tx)
+
+        return operation
+
+    async def dies(tx: TurnTransaction) -> TurnCommit:
+        await tx.recorded("k", _computed("first answer"))
+        raise RuntimeError("crashed before its commit")
+
+    async with open_durability() as durability:
+        await durability.with_turn(TurnScope("owned", "1", tenant_id="acme"), _commits)
+        for thread_id in ("owned", "unowned"):
+            with pytest.raises(RuntimeError):
+                await durability.with_turn(TurnScope(thread_id, "2", tenant_id="acme"), dies)
+    before_tenants()
+
+    async with open_durability() as upgraded:
+        again = await upgraded.with_turn(
+            TurnScope("owned", "2", tenant_id="acme"), reads("first answer")
+        )
+        assert again.checkpoint_version == 2
+        for tenant in ("acme", "globex"):
+            with pytest.raises(TenantMismatchError):
+                await upgraded.with_turn(TurnScope("unowned", "2", tenant_id=tenant), reads(None))
+
+
+def _computed(value: object) -> Callable[[], Any]:
+    async def compute() -> object:
+        return value
+
+    return compute
+
+
+async def _commits(tx: TurnTransaction) -> TurnCommit:
+    return commit_for(tx)
+
+
 async def receipts_before_actors_read_as_no_actor(
     open_durability: Callable[[], Durability], before_actors: Callable[[], None]
 ) -> None:

@@ -6,14 +6,16 @@ Run as ``python tests/rounds_worker.py '<json config>'``:
 - ``store``: :meth:`proving_support.Store.config`;
 - ``files``: ``{"asks", "tools", "ledger"}``: each ask of the model (one JSON line per
   round it is asked), each tool call, and the provider's ledger, as fsynced lines;
-- ``turn``: ``{"thread_id", "turn_id", "message"}``;
+- ``turn``: ``{"thread_id", "turn_id", "message"}``, and optionally ``"tenant_id"``;
 - ``die``: optional, where the process exits at once (``os._exit``, no cleanup):
   ``"in_balance"`` (round 1's first step starts), ``"in_pay"`` (round 2's first step
   starts, before its write), ``"asked_round_3"`` (the model is asked round 3: rounds 1
   and 2 answered and recorded, their steps done).
 
 The model answers three rounds: read the balance, pay 100 on ``pi_1`` (a write that
-pays at once), then the final text. It prints one JSON line with the result.
+pays at once), then the final text. It prints one JSON line with the result. A turn
+refused as another tenant's prints ``{"refused": "<error class>"}`` and exits with
+``REFUSED``.
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ from intention_kernel import (
     Kernel,
     capability,
 )
+from intention_kernel.errors import TenantMismatchError
 from intention_kernel.testing import faults
 from proving_support import LedgerProvider, PayInput, append_line, open_store
+
+#: The exit status of a delivery refused with ``TenantMismatchError``.
+REFUSED = 3
 
 
 class CountingModel:
@@ -98,9 +104,16 @@ async def main(config: dict[str, Any]) -> None:
     agent = rounds_agent(config["files"], config.get("die"))
     async with open_store(config["store"]) as durability:
         turn = config["turn"]
-        result = await Kernel(agent, durability).turn(
-            turn["thread_id"], turn["turn_id"], turn["message"]
-        )
+        try:
+            result = await Kernel(agent, durability).turn(
+                turn["thread_id"],
+                turn["turn_id"],
+                turn["message"],
+                tenant_id=turn.get("tenant_id"),
+            )
+        except TenantMismatchError as exc:
+            print(json.dumps({"refused": type(exc).__name__}), flush=True)
+            sys.exit(REFUSED)
         print(json.dumps(result.to_dict()), flush=True)
 
 

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["undo_migration_8", "undo_migration_9", "undo_migration_10"]
+__all__ = ["undo_migration_8", "undo_migration_9", "undo_migration_10", "undo_migration_11"]
+
+
+def undo_migration_11(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 11 held it: journal entries with no tenant."""
+    conn.execute("ALTER TABLE ik_journal DROP COLUMN tenant_id")
+    conn.execute("DELETE FROM ik_schema WHERE version > 10")
 
 
 def undo_migration_10(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 10 held it: no thread inbox."""
+    undo_migration_11(conn)
     conn.execute("DROP TABLE ik_inbox")
     conn.execute("DROP TABLE ik_cancels")
     conn.execute("DROP TABLE ik_interrupts")
@@ -26,7 +33,7 @@ def undo_migration_9(conn: sqlite3.Connection) -> None:
 
 def undo_migration_8(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 8 held it: each receipt index in its core,
-    no index rows, no ``receipt_seq`` (and none of the later migrations either)."""
+    no index rows, no ``receipt_seq`` (and what later migrations added, undone first)."""
     undo_migration_9(conn)
     threads = conn.execute("SELECT thread_id, checkpoint FROM ik_threads WHERE version > 0")
     for thread_id, core in threads.fetchall():

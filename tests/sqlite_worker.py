@@ -21,6 +21,7 @@ SQLite file, a provider ledger and the turns to run, and the fault to inject:
   the capability returns, so before the turn commits). Exit status 137.
 - ``provider_delay``: seconds the provider takes.
 - ``lock_timeout``: passed to ``SQLiteDurability``.
+- ``on_busy``: passed to ``Agent`` (``"wait"``, the default, or ``"reject"``).
 
 Each finished turn prints one JSON line on stdout: ``{"turn_id", "result"}``
 with ``TurnResult.to_dict()``, or ``{"turn_id", "error", "message",
@@ -163,6 +164,7 @@ def build_agent(config: dict[str, Any]) -> Agent:
         version="1",
         capabilities=[charge],
         interpreter=ScriptedInterpreter(interpret),
+        on_busy=config.get("on_busy", "wait"),
     )
 
 

@@ -24,6 +24,7 @@ from intention_kernel.host import Principal, create_app
 from intention_kernel.testing import InMemoryDurability, faults
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from proving_support import LedgerProvider, Store, make_sql_store, proving_agent, read_all_events
+from test_host_streaming import parse_sse
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 
@@ -132,6 +133,49 @@ async def test_the_host_answers_409_thread_busy_at_once_while_a_turn_runs(
     assert busy.json()["thread_id"] == "t"
     assert streamed.status_code == 409, streamed.text
     assert streamed.json()["type"] == "/problems/thread-busy"
+    assert accepted.status_code == 200 and provider.calls() == 1
+
+
+async def test_the_host_replays_a_committed_turn_at_once_while_a_turn_runs(
+    store: Durability,
+) -> None:
+    """Issue 31, N5: a redelivery of a committed turn is answered 200 with
+    ``replayed: true`` while another turn of the thread runs, on JSON and SSE, with
+    ``on_busy="reject"``; it was 409 ``thread-busy`` on SQLite and in memory."""
+    provider = FakeProvider()
+    kernel = Kernel(agent(provider, "reject"), store)
+    app = create_app(kernel, tokens={"tok": Principal("ana", "acme")})
+    auth = {"authorization": "Bearer tok"}
+    proposal = {"turn_id": "1", "message": "charge pi_1 500"}
+    async with asgi_client(app) as client:
+        first = await client.post("/v1/threads/t/turns", json=proposal, headers=auth)
+        assert first.status_code == 200, first.text
+        provider.behaviour["pi_1"] = "block"
+        running = asyncio.create_task(
+            client.post(
+                "/v1/threads/t/turns", json={"turn_id": "2", "message": "yes"}, headers=auth
+            )
+        )
+        await asyncio.wait_for(provider.entered.wait(), HELD)
+        again = await asyncio.wait_for(
+            client.post("/v1/threads/t/turns", json=proposal, headers=auth), AT_ONCE
+        )
+        streamed = await asyncio.wait_for(
+            client.post(
+                "/v1/threads/t/turns",
+                json=proposal,
+                headers={**auth, "accept": "text/event-stream"},
+            ),
+            AT_ONCE,
+        )
+        assert not running.done()
+        provider.released.set()
+        accepted = await asyncio.wait_for(running, HELD)
+    assert again.status_code == 200, again.text
+    assert again.json() == dict(first.json(), replayed=True)
+    assert streamed.status_code == 200, streamed.text
+    [(_, result)] = [e for e in parse_sse(streamed.text) if e[0] == "result"]
+    assert result == dict(first.json(), replayed=True)
     assert accepted.status_code == 200 and provider.calls() == 1
 
 

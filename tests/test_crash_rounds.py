@@ -31,6 +31,7 @@ import pytest
 
 from intention_kernel.testing import faults
 from proving_support import Store, make_sql_store
+from rounds_worker import REFUSED
 
 WORKER = Path(__file__).with_name("rounds_worker.py")
 PROCESS_TIMEOUT = 60.0
@@ -95,9 +96,13 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 
 async def deliver(
-    store: Store, files: dict[str, str], die: str | None, status: int
+    store: Store,
+    files: dict[str, str],
+    die: str | None,
+    status: int,
+    turn: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    config = {"store": store.config(), "files": files, "turn": TURN, "die": die}
+    config = {"store": store.config(), "files": files, "turn": turn or TURN, "die": die}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(WORKER),
@@ -159,3 +164,46 @@ async def test_a_redelivery_never_asks_the_model_again_for_a_recorded_round(
     [replayed] = await deliver(store, files, None, 0)
     assert replayed == dict(result, replayed=True)
     assert len(lines(asks)) == len(death.asked_before) + len(death.asked_again)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("first", "other"),
+    [("acme", "globex"), (None, "acme"), ("acme", None)],
+    ids=["tenant-vs-tenant", "none-vs-tenant", "tenant-vs-none"],
+)
+async def test_another_tenant_cannot_go_on_from_a_dead_tenants_rounds(
+    store: Store, tmp_path: Path, first: str | None, other: str | None
+) -> None:
+    """The first tenant's worker dies in round 2 (rounds 1 and 2 recorded, the balance
+    read) on a thread with no committed turn. Another tenant's worker delivers the same
+    thread ID, turn ID and message: it is refused before the model or a tool is asked
+    anything, and leaves the journal as it was. The first tenant's redelivery goes on
+    from its rounds and completes; the other tenant stays refused."""
+    files = {name: str(tmp_path / f"{name}.jsonl") for name in ("asks", "tools", "ledger")}
+    asks, tools, ledger = (Path(files[name]) for name in ("asks", "tools", "ledger"))
+    async with store.durability():
+        pass
+    mine, theirs = dict(TURN, tenant_id=first), dict(TURN, tenant_id=other)
+    placeholder = "?" if store.kind == "sqlite" else "%s"
+    journal = f"SELECT key, tenant_id FROM ik_journal WHERE thread_id = {placeholder} ORDER BY key"
+
+    assert await deliver(store, files, "in_pay", faults.EXIT_STATUS, mine) == []
+    recorded = [("kernel.round.1", first), ("kernel.round.2", first)]
+    assert store.query(journal, TURN["thread_id"]) == recorded
+    before = (lines(asks), lines(tools), lines(ledger))
+
+    refused = {"refused": "TenantMismatchError"}
+    assert await deliver(store, files, None, REFUSED, theirs) == [refused]
+    other_turn = dict(theirs, turn_id="turn-2")
+    assert await deliver(store, files, None, REFUSED, other_turn) == [refused]
+    assert (lines(asks), lines(tools), lines(ledger)) == before
+    assert store.query(journal, TURN["thread_id"]) == recorded
+    assert store.query("SELECT count(*) FROM ik_turns") == [(0,)]
+
+    [result] = await deliver(store, files, None, 0, mine)
+    assert [line["round"] for line in lines(asks)[len(before[0]) :]] == [3]
+    assert result["reply"] == "paid: ch_pi_1_1" and result["replayed"] is False
+    assert len(lines(ledger)) == 1
+    assert await deliver(store, files, None, REFUSED, theirs) == [refused]
+    assert await deliver(store, files, None, 0, mine) == [dict(result, replayed=True)]

@@ -203,3 +203,50 @@ async def test_a_tenantless_token_cannot_read_a_first_turn_committed_while_it_lo
         assert (read.status_code, read.json()["detail"]) == (404, f"no thread {THREAD!r}")
         assert (await acme.get(f"/v1/threads/{THREAD}")).json()["version"] == 1
     assert provider_calls == []
+
+
+# -- a first turn that recorded model rounds and failed --------------------------------------
+
+
+@pytest.mark.parametrize("other", ["tok-globex", "tok-ops"])
+async def test_a_failed_first_turns_recorded_rounds_are_not_another_tenants(
+    store: RecordedDurability, other: str
+) -> None:
+    """Issue 31, N1 over HTTP. Acme's first turn on a thread records round 1 (its
+    balance read) and fails in round 2: 502. Another token (another tenant, or none)
+    posting the same thread ID, turn ID and message gets 404, as JSON and as SSE, and
+    learns nothing; acme's redelivery goes on from round 1 and answers 200."""
+    asked: list[int] = []
+    failed: list[bool] = []
+
+    def script(request: Any) -> Interpretation:
+        asked.append(len(request.rounds) + 1)
+        if not request.rounds:
+            return Interpretation([Intent("billing.balance", {"due": 70})])
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("the model's connection dropped")
+        [step] = request.rounds[0].steps
+        return Interpretation(reply=f"acme owes {step.value['due']}")
+
+    interpreter = ScriptedInterpreter(script, multi_round=True)
+    kernel = Kernel(billing_agent(FakeProvider(), interpreter=interpreter), store)
+    app = create_app(kernel, tokens=TOKENS)
+    turn = {"turn_id": "d1", "message": "what do I owe?"}
+    async with asgi_client(app, "tok-acme") as acme, asgi_client(app, other) as stranger:
+        first = await acme.post("/v1/threads/acct-1/turns", json=turn)
+        assert first.status_code == 502, first.text
+        assert asked == [1, 2]
+        refused = await stranger.post("/v1/threads/acct-1/turns", json=turn)
+        streamed = await stranger.post(
+            "/v1/threads/acct-1/turns", json=turn, headers={"accept": "text/event-stream"}
+        )
+        for answer in (refused, streamed):
+            assert answer.status_code == 404, answer.text
+            assert answer.json()["type"] == "/problems/not-found"
+            assert "70" not in answer.text
+        assert asked == [1, 2]  # the stranger's deliveries asked the model nothing
+        mine = await acme.post("/v1/threads/acct-1/turns", json=turn)
+        assert mine.status_code == 200, mine.text
+        assert mine.json()["reply"] == "acme owes 70" and asked == [1, 2, 2]
+        assert (await stranger.post("/v1/threads/acct-1/turns", json=turn)).status_code == 404

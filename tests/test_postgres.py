@@ -64,6 +64,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResu
 from proving_support import Store as SQLStore
 from proving_support import (
     StoreInspector,
+    journal_before_tenants_gets_its_threads_owner,
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
     receipts_before_origins_read_with_none,
@@ -278,6 +279,7 @@ UNDO_MIGRATION_5 = (
 UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
 UNDO_MIGRATION_8 = "DROP TABLE ik_journal"
 UNDO_MIGRATION_9 = "ALTER TABLE ik_receipts DROP COLUMN actor"
+UNDO_MIGRATION_12 = "ALTER TABLE ik_journal DROP COLUMN tenant_id"
 UNDO_MIGRATION_11 = "DROP TABLE ik_inbox, ik_cancels, ik_interrupts"
 UNDO_MIGRATION_10 = (
     "ALTER TABLE ik_receipts DROP COLUMN capability_id, DROP COLUMN input, DROP COLUMN approved_by"
@@ -358,9 +360,10 @@ async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
     store: Store,
 ) -> None:
     def back_to_version_8() -> None:
-        store.execute(UNDO_MIGRATION_9)
+        store.execute(UNDO_MIGRATION_12)
         store.execute(UNDO_MIGRATION_11)
         store.execute(UNDO_MIGRATION_10)
+        store.execute(UNDO_MIGRATION_9)
         store.execute("DELETE FROM ik_schema WHERE version > 8")
 
     await receipts_before_actors_read_as_no_actor(store.durability, back_to_version_8)
@@ -368,11 +371,22 @@ async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
 
 async def test_receipts_stored_before_migration_10_read_with_no_origin(store: Store) -> None:
     def back_to_version_9() -> None:
+        store.execute(UNDO_MIGRATION_12)
         store.execute(UNDO_MIGRATION_11)
         store.execute(UNDO_MIGRATION_10)
         store.execute("DELETE FROM ik_schema WHERE version > 9")
 
     await receipts_before_origins_read_with_none(store.durability, back_to_version_9)
+
+
+async def test_migration_12_gives_existing_journal_entries_their_threads_owner(
+    store: Store,
+) -> None:
+    def back_to_version_11() -> None:
+        store.execute(UNDO_MIGRATION_12)
+        store.execute("DELETE FROM ik_schema WHERE version > 11")
+
+    await journal_before_tenants_gets_its_threads_owner(store.durability, back_to_version_11)
 
 
 async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:

@@ -34,11 +34,12 @@ from proving_support import (
     Store,
     StoreInspector,
     damage_sqlite_table,
+    journal_before_tenants_gets_its_threads_owner,
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
     receipts_before_origins_read_with_none,
 )
-from sqlite_history import undo_migration_8, undo_migration_9
+from sqlite_history import undo_migration_8, undo_migration_9, undo_migration_11
 from sqlite_owner import watch_connections
 
 
@@ -346,6 +347,20 @@ async def test_receipts_stored_before_migration_9_read_with_no_origin(tmp_path: 
             undo_migration_9(conn)
 
     await receipts_before_origins_read_with_none(lambda: SQLiteDurability(path), back_to_version_8)
+
+
+async def test_migration_11_gives_existing_journal_entries_their_threads_owner(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "k.db"
+
+    def back_to_version_10() -> None:
+        with sqlite3.connect(path) as conn:
+            undo_migration_11(conn)
+
+    await journal_before_tenants_gets_its_threads_owner(
+        lambda: SQLiteDurability(path), back_to_version_10
+    )
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])

@@ -424,6 +424,41 @@ async def test_a_busy_thread_times_out_with_thread_busy_error(cluster: Cluster) 
     await assert_outbox_holds_only_committed_turns(cluster)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("on_busy", ["reject", "wait"])
+async def test_a_replay_is_answered_while_another_process_holds_the_thread(
+    cluster: Cluster, on_busy: str
+) -> None:
+    """A process holds the thread in a turn (its capability waits for a file). Another
+    process delivers a turn of the thread that was already committed: it is replayed,
+    without waiting for the lock (``on_busy="reject"`` would refuse it, and a short
+    lock timeout time out, if it waited). A new turn of that process is still busy."""
+    committed = turn("th-replay", "first", "pi_first", 100)
+    [original] = await (await cluster.spawn([committed])).finish()
+    holder = await cluster.spawn(
+        [turn("th-replay", "second", "pi_second", 200)],
+        ready=cluster.path("holding"),
+        hold_until=cluster.path("release"),
+    )
+    await cluster.wait_for_file(cluster.path("holding"), holder)
+    redelivery = await cluster.spawn(
+        [committed, turn("th-replay", "third", "pi_third", 300)],
+        on_busy=on_busy,
+        lock_timeout=0.5,
+    )
+    replayed, refused = await redelivery.finish()
+    assert replayed["result"] == dict(original["result"], replayed=True)
+    busy = "ThreadBusyError" if on_busy == "reject" else "ThreadLockTimeoutError"
+    assert (refused["error"], refused["error_thread_id"]) == (busy, "th-replay")
+    assert holder.process.returncode is None  # the holder still holds the thread
+
+    touch(cluster.path("release"))
+    [second] = await holder.finish()
+    assert second["result"]["checkpoint_version"] == 2
+    assert cluster.committed_turns() == [("th-replay", "first", 1), ("th-replay", "second", 2)]
+    assert cluster.ledger_keys() == [charge_key("pi_first"), charge_key("pi_second")]
+
+
 # -- fencing (in one process: the lock has to be bypassed to get a stale commit) -------------
 
 
@@ -447,7 +482,7 @@ async def balance(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityRe
 
 
 @asynccontextmanager
-async def no_lock(thread_id: str) -> AsyncIterator[object]:
+async def no_lock(thread_id: str, *, wait: bool = True) -> AsyncIterator[object]:
     yield thread_id
 
 

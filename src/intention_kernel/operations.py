@@ -59,6 +59,7 @@ from intention_kernel.durability.contract import (
     Expirable,
     MaintenanceRecorder,
     Migratable,
+    MigrationRecorder,
     Recorded,
 )
 from intention_kernel.durability.records import CheckpointRewrite, StoredThread
@@ -252,7 +253,7 @@ async def migrate_checkpoints(
 
 
 async def prune(
-    store: Recorded[MaintenanceRecorder],
+    store: Recorded[MigrationRecorder],  # maintenance, and the thread locks
     *,
     older_than: timedelta,
     batch: int = 1000,
@@ -264,9 +265,15 @@ async def prune(
     Unpublished events are kept whatever their age (the relay still owes them). A
     pruned turn keeps its ``(thread_id, turn_id)`` and request digest: delivering it
     again raises ``TurnExpiredError`` (or ``TurnConflictError`` for another request).
-    Journal entries older than the cutoff are deleted too: they belong to turns that
-    never committed (a commit deletes its own), and a delivery of such a turn after
-    this asks the model again for the rounds they held.
+    The journal of a turn that never committed (a commit deletes its own) is deleted
+    too once all of its entries are older than the cutoff: a delivery of that turn
+    after this asks the model again for every round, from the first.
+
+    A turn's journal goes as a whole, under its thread's lock, or not at all. Entries
+    pruned one by one by age would leave a turn's later rounds without its first ones,
+    and a redelivery would go on from a transcript no delivery produced. Without the
+    lock, a redelivery running meanwhile could record a round after the older ones
+    were deleted. A thread busy with a turn is skipped; a later run prunes it.
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
@@ -290,11 +297,18 @@ async def prune(
         if after is None:
             break
     journal = 0
+    stale: tuple[str, str] | None = None
     while True:
-        deleted = await recorder.prune_journal(cutoff, batch)
-        journal += deleted
-        if deleted < batch:
+        found = await recorder.stale_journals(cutoff, stale, batch)
+        for thread_id, turn_id in found:
+            try:
+                async with recorder.lock(thread_id, wait=False):
+                    journal += await recorder.prune_journal(thread_id, turn_id, cutoff)
+            except ThreadBusyError:
+                continue  # a turn runs on the thread, perhaps this one redelivered
+        if len(found) < batch:
             break
+        stale = found[-1]
     return PruneReport(cutoff, events, turns, journal)
 
 

@@ -10,7 +10,9 @@ than the given time ago (``90s``, ``15m``, ``12h``, ``30d``, ``2w``, or a sum su
 ``1d12h``), ``--batch`` rows per transaction, beside live turns. Each committed
 ``(thread_id, turn_id)`` is kept: a very late retry of a pruned turn is refused
 (``TurnExpiredError``, HTTP 409 ``turn-expired``), never run again. Unpublished
-events and effect receipts are never pruned.
+events and effect receipts are never pruned. A turn's journal goes whole, once all of
+its entries are older than the cutoff, or not at all; a thread busy with a turn keeps
+its journal until a later run.
 """
 
 from __future__ import annotations

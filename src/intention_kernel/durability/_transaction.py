@@ -176,7 +176,13 @@ class Transaction:
                 turn_id=scope.turn_id,
             )
         entry = JournalEntry(
-            scope.thread_id, scope.turn_id, key, scope.request_digest, text, utcnow()
+            scope.thread_id,
+            scope.turn_id,
+            key,
+            scope.request_digest,
+            text,
+            utcnow(),
+            scope.tenant_id,
         )
         # Marked before the write: a write whose acknowledgement is lost may still have
         # stored the entry, which the commit must then delete too.
@@ -190,6 +196,18 @@ class Transaction:
         entries = await self._journal.read_journal(scope.thread_id, scope.turn_id)
         found: dict[str, Any] = {}
         for entry in entries:
+            if entry.tenant_id != scope.tenant_id:
+                # Another tenant's turn of this ID recorded these values: continuing from
+                # them would put that tenant's model responses in this tenant's reply.
+                # Marked refused, so that no commit follows even if the error is caught.
+                refused = TenantMismatchError(
+                    f"turn {scope.turn_id!r} of thread {scope.thread_id!r} was started by "
+                    "another tenant, whose model responses are recorded; nothing was read",
+                    thread_id=scope.thread_id,
+                    turn_id=scope.turn_id,
+                )
+                self._refused = refused
+                raise refused
             if (
                 scope.request_digest is not None
                 and entry.request_digest is not None

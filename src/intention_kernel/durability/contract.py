@@ -27,7 +27,7 @@ third-party durability that offers the same methods.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -49,6 +49,7 @@ from intention_kernel.durability.records import (
     TurnStart,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus
+from intention_kernel.errors import ThreadBusyError
 from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = [
@@ -70,6 +71,7 @@ __all__ = [
     "TenantStore",
     "TurnRecorder",
     "lock_and_begin",
+    "replay_or_lock_and_begin",
 ]
 
 #: Decides a resolution from the current receipt: the new receipt and its event.
@@ -91,6 +93,92 @@ def lock_and_begin(
     ``lock`` only when given, so that a recorder written before it existed still serves
     every turn that waits."""
     return _LockAndBegin(recorder, thread_id, turn_id, known_version, wait)
+
+
+def replay_or_lock_and_begin(
+    recorder: TurnRecorder,
+    committed: Callable[[], Awaitable[TurnStart | None]],
+    thread_id: str,
+    turn_id: str,
+    known_version: int | None,
+    *,
+    wait: bool = True,
+) -> AbstractAsyncContextManager[TurnStart]:
+    """A turn's start that answers a committed turn without the thread's lock when
+    another turn holds it: a ``start_turn`` for a recorder whose ``lock`` takes ``wait``.
+
+    It first tries the lock without waiting, then ``begin_turn``: a free thread costs
+    nothing more than :func:`lock_and_begin`. On a busy thread it awaits ``committed()``,
+    the turn's ``TurnStart`` if it was committed (read in one snapshot), else ``None``.
+    A committed turn is yielded with no lock held: a replay writes nothing, so it need
+    not wait for the running turn (nor be refused, with ``wait=False``). Otherwise it
+    waits for the lock as :func:`lock_and_begin` does, or raises ``ThreadBusyError``
+    with ``wait=False``. ``begin_turn`` reads the turn again under the lock: the turn
+    may commit while this one waits, and is then replayed, not run twice."""
+    return _ReplayOrLockAndBegin(recorder, committed, thread_id, turn_id, known_version, wait)
+
+
+class _ReplayOrLockAndBegin:
+    """:func:`replay_or_lock_and_begin`'s context manager (a class, as every turn
+    enters one)."""
+
+    __slots__ = (
+        "_committed",
+        "_held",
+        "_known_version",
+        "_recorder",
+        "_thread_id",
+        "_turn_id",
+        "_wait",
+    )
+
+    def __init__(
+        self,
+        recorder: TurnRecorder,
+        committed: Callable[[], Awaitable[TurnStart | None]],
+        thread_id: str,
+        turn_id: str,
+        known_version: int | None,
+        wait: bool,
+    ) -> None:
+        self._recorder = recorder
+        self._committed = committed
+        self._thread_id = thread_id
+        self._turn_id = turn_id
+        self._known_version = known_version
+        self._wait = wait
+        self._held: AbstractAsyncContextManager[TurnStart] | None = None
+
+    async def __aenter__(self) -> TurnStart:
+        recorder, thread_id, turn_id = self._recorder, self._thread_id, self._turn_id
+        held = lock_and_begin(recorder, thread_id, turn_id, self._known_version, wait=False)
+        try:
+            start = await held.__aenter__()
+        except ThreadBusyError as exc:
+            busy = exc
+        else:
+            self._held = held
+            return start
+        replay = await self._committed()
+        if replay is not None:
+            return replay  # no lock held: ``__aexit__`` has nothing to release
+        if not self._wait:
+            raise busy
+        held = lock_and_begin(recorder, thread_id, turn_id, self._known_version)
+        start = await held.__aenter__()
+        self._held = held
+        return start
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        held, self._held = self._held, None
+        if held is None:  # a replay, answered without the lock
+            return None
+        return await held.__aexit__(exc_type, exc, tb)
 
 
 class _LockAndBegin:
@@ -171,18 +259,29 @@ class TurnRecorder(Protocol):
     """Turns: the store's lifecycle, the thread lock, a turn's start and its commit.
 
     ``start_turn`` has a default, inherited by a recorder that subclasses this Protocol
-    and declared by one that does not: it takes ``lock`` and then calls ``begin_turn``.
-    A recorder may override it to do both in fewer round trips, and may then leave the
-    lock untaken when it found the committed turn (a replay writes nothing).
+    and declared by one that does not: it takes ``lock`` and then calls ``begin_turn``
+    (:func:`replay_or_lock_and_begin`). A recorder may override it to do both in fewer
+    round trips. Either way, a committed turn must be answered without waiting for the
+    lock while another turn holds the thread (a replay writes nothing).
     """
 
     def start_turn(
         self, thread_id: str, turn_id: str, known_version: int | None, *, wait: bool = True
     ) -> AbstractAsyncContextManager[TurnStart]:
         """Hold the thread's lock for the block and yield what ``begin_turn`` reads;
-        ``wait`` as for ``lock``. A recorder that overrides it may answer a committed
-        turn without the lock, busy or not."""
-        return lock_and_begin(self, thread_id, turn_id, known_version, wait=wait)
+        ``wait`` as for ``lock``. A committed turn may come without the lock, and must
+        when another turn holds the thread.
+
+        The default reads a busy thread's committed turn with ``begin_turn``, without
+        the lock, and uses that read only if it found the turn."""
+
+        async def committed() -> TurnStart | None:
+            start = await self.begin_turn(thread_id, turn_id, known_version)
+            return start if start.turn is not None else None
+
+        return replay_or_lock_and_begin(
+            self, committed, thread_id, turn_id, known_version, wait=wait
+        )
 
     async def open(self) -> None:
         """Connect and create or migrate the schema. Called once, before anything else."""
@@ -202,8 +301,9 @@ class TurnRecorder(Protocol):
         must be released if the holder dies, and must not hold a database
         write transaction open while held. Raises ``ThreadBusyError`` after the
         adapter's configured wait; with ``wait=False``, after one attempt (at once,
-        when another holder has it: ``Agent(on_busy="reject")``). The engine passes
-        ``wait`` only when it is ``False``.
+        when another holder has it: ``Agent(on_busy="reject")``). The default
+        ``start_turn`` first tries it with ``wait=False``, to answer a replay on a
+        busy thread.
         """
         ...
 
@@ -267,9 +367,13 @@ class JournalRecorder(Protocol):
     records each model round's response in it before any step of that round runs.
 
     Both methods are called under the thread's lock, by the turn that owns the entries.
+    Each entry keeps its ``tenant_id``. On a thread with no committed turn, a recorder
+    reports the tenant of the earliest entry as ``TurnStart.claimed_by`` when the thread
+    has no receipt.
     An entry lives until the turn commits (``commit_turn`` deletes the turn's entries in
     its own transaction when ``TurnRecord.journaled`` is set) or, for a turn that never
-    commits, until retention (``prune_journal``).
+    commits, until retention deletes all of the turn's entries at once
+    (``prune_journal``).
     """
 
     async def read_journal(self, thread_id: str, turn_id: str) -> list[JournalEntry]:
@@ -369,9 +473,18 @@ class MaintenanceRecorder(Protocol):
         when fewer than ``limit`` were left). Turns pruned before are not read again."""
         ...
 
-    async def prune_journal(self, before: datetime, limit: int) -> int:
-        """Delete up to ``limit`` journal entries written before ``before`` (those of
-        turns that never committed: a commit deletes its own); return how many."""
+    async def stale_journals(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        """Up to ``limit`` turns ``(thread_id, turn_id)`` in key order after ``after``
+        whose journal entries were all written before ``before``: turns that never
+        committed (a commit deletes its own entries)."""
+        ...
+
+    async def prune_journal(self, thread_id: str, turn_id: str, before: datetime) -> int:
+        """Delete every journal entry of the turn, in one statement, if each was written
+        before ``before``; otherwise delete none. Return how many were deleted. Called
+        under the thread's lock, so no turn writes the journal meanwhile."""
         ...
 
 

@@ -123,8 +123,21 @@ class _MemoryRecorder(Recorder, InboxRecorder):
             return TurnStart(stored, None, thread.tenant_id if thread else None)
         if thread is not None and thread.version == known_version:
             return TurnStart(None, StoredThread(thread.version, thread.tenant_id, None))
-        claimed = None if thread and thread.version else self._state.claims.get(thread_id)
+        claimed = None if thread and thread.version else self._claim(thread_id)
         return TurnStart(None, self._snapshot(thread), claimed_by=claimed)
+
+    def _claim(self, thread_id: str) -> ThreadOwner | None:
+        """The tenant of the thread's first receipt or, if none, of its first journal
+        entry still stored (the SQL stores read the same from their rows)."""
+        state = self._state
+        claimed = state.claims.get(thread_id)
+        if claimed is not None:
+            return claimed
+        for (thread, _), entries in state.journal.items():  # only turns never committed
+            if thread == thread_id and entries:
+                first = next(iter(entries.values()))
+                return ThreadOwner(first.tenant_id)
+        return None
 
     async def read_thread(self, thread_id: str) -> StoredThread | None:
         return self._snapshot(self._state.threads.get(thread_id))
@@ -467,20 +480,23 @@ class _MemoryRecorder(Recorder, InboxRecorder):
             state.turns[key] = StoredTurn(state.turns[key].request_digest, "", expired=True)
         return len(keys), (keys[-1] if len(keys) == limit else None)
 
-    async def prune_journal(self, before: datetime, limit: int) -> int:
+    async def stale_journals(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        return sorted(
+            turn
+            for turn, entries in self._state.journal.items()
+            if (after is None or turn > after)
+            and all(entry.created_at < before for entry in entries.values())
+        )[:limit]
+
+    async def prune_journal(self, thread_id: str, turn_id: str, before: datetime) -> int:
         journal = self._state.journal
-        doomed = [
-            (turn, entry.key)
-            for turn, entries in journal.items()
-            for entry in entries.values()
-            if entry.created_at < before
-        ][:limit]
-        for turn, key in doomed:
-            entries = journal[turn]
-            del entries[key]
-            if not entries:
-                del journal[turn]
-        return len(doomed)
+        entries = journal.get((thread_id, turn_id), {})
+        if not entries or any(entry.created_at >= before for entry in entries.values()):
+            return 0
+        del journal[(thread_id, turn_id)]
+        return len(entries)
 
 
 class InMemoryDurability(RecordedDurability):

@@ -1,7 +1,8 @@
 """The tenant-ownership rule, as pure functions of what one snapshot shows.
 
 A thread belongs to the tenant of its first durable write: its first committed turn
-or, before that, the first effect receipt a turn prepared on it (a
+or, before that, the first effect receipt a turn prepared on it, or else the first
+journal entry a turn recorded on it (a
 :class:`~intention_kernel.durability.records.ThreadOwner`). ``with_turn`` refuses a turn
 of any other tenant with ``TenantMismatchError``; hosts apply the same rule to reads.
 
@@ -13,6 +14,12 @@ retry. A ``run_effect`` with the same key would also be shown the first tenant's
 provider value. Each receipt records its tenant, and a recorder reads the thread's
 earliest receipt in the same round trip as the rest of a turn's start
 (``TurnStart.claimed_by``), so the claim costs no write and no round trip.
+
+A journal entry claims the thread for the same reason. A first turn that recorded
+model rounds and failed leaves them on a thread with no owner. Unclaimed, another
+tenant delivering the same thread ID, turn ID and message would go on from them: the
+first tenant's model responses would reach its reply, and its commit would take the
+thread. Each entry records its tenant too, and only that tenant's turn reads it.
 
 Once something durable is written on a thread its owner never changes. A caller that
 decides on the same snapshot (or under the same lock) as its read or its write
@@ -29,8 +36,8 @@ __all__ = ["owner_of", "owns"]
 
 def owner_of(thread: StoredThread | None, claimed_by: ThreadOwner | None) -> ThreadOwner | None:
     """The owner of a thread from what one snapshot shows: the tenant of its committed
-    turns if it has one, else ``claimed_by`` (the tenant of its earliest receipt, or
-    ``None`` if it has none)."""
+    turns if it has one, else ``claimed_by`` (the tenant of its earliest receipt or
+    journal entry, or ``None`` if it has neither)."""
     if thread is not None and thread.version:
         return ThreadOwner(thread.tenant_id)
     return claimed_by

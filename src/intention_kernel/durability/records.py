@@ -79,7 +79,7 @@ class StoredThread:
 class ThreadOwner:
     """Whom a thread belongs to (``tenant_id`` ``None``: no tenant): the tenant of the
     first durable write on it, which is its first committed turn or, before that, the
-    first effect receipt a turn prepared on it. The rule that decides with it is
+    first effect receipt or journal entry a turn wrote on it. The rule that decides with it is
     :func:`~intention_kernel.durability.ownership.owns`."""
 
     tenant_id: str | None
@@ -91,9 +91,10 @@ class TurnStart:
 
     ``claimed_by``: only when there is no committed turn of this ID and the thread has
     no committed turn (no row, or version 0), the tenant of the thread's earliest
-    receipt, or ``None`` if it has none. A recorder that cannot tell leaves it ``None``;
-    the receipts' own tenant check (:func:`~intention_kernel.effects.plan_effect`) then
-    still keeps their values from another tenant.
+    receipt or, if it has none, of its earliest journal entry; ``None`` if it has
+    neither. A recorder that cannot tell leaves it ``None``. The receipts' own tenant
+    check (:func:`~intention_kernel.effects.plan_effect`) then still keeps their values
+    from another tenant, and the journal's (``tx.recorded``) its entries.
     """
 
     turn: StoredTurn | None
@@ -164,6 +165,9 @@ class JournalEntry:
 
     One per ``(thread_id, turn_id, key)``; ``value`` is its JSON text, ``request_digest``
     the digest of the request the turn was running for (``TurnScope.request_digest``).
+    ``tenant_id`` is the tenant of that turn (``None``: no tenant). An entry claims a
+    thread with no committed turn for its tenant, as a receipt does (``ThreadOwner``).
+    Only a turn of that tenant may read it.
     """
 
     thread_id: str
@@ -172,6 +176,7 @@ class JournalEntry:
     request_digest: str | None
     value: str
     created_at: datetime
+    tenant_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

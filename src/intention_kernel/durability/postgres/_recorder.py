@@ -89,6 +89,7 @@ from intention_kernel.durability.postgres._statements import (
     SELECT_VERSION,
     SEQUENCE_OUTBOX,
     SETTLE_RECEIPT,
+    STALE_JOURNALS,
     UPDATE_RECEIPT,
     receipts_query,
 )
@@ -168,8 +169,8 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
         async def read(conn: Connection) -> list[JournalEntry]:
             cur = await execute(conn, SELECT_JOURNAL, (thread_id, turn_id))
             return [
-                JournalEntry(thread_id, turn_id, key, digest, value, _utc(created_at))
-                for key, digest, value, created_at in await cur.fetchall()
+                JournalEntry(thread_id, turn_id, key, digest, value, _utc(created_at), tenant)
+                for key, digest, value, created_at, tenant in await cur.fetchall()
             ]
 
         return await self._run(thread_id, read)
@@ -182,6 +183,7 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
             entry.request_digest,
             entry.value,
             entry.created_at,
+            entry.tenant_id,
         )
 
         async def write(conn: Connection) -> None:
@@ -512,11 +514,24 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
 
         return await self._run(None, prune)
 
-    async def prune_journal(self, before: datetime, limit: int) -> int:
-        async def prune(conn: Connection) -> int:
-            return (await conn.execute(PRUNE_JOURNAL, (before, limit))).rowcount
+    async def stale_journals(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        args = (*(after or ("", "")), before, limit)
 
-        return await self._run(None, prune)
+        async def read(conn: Connection) -> list[tuple[str, str]]:
+            cur = await conn.execute(STALE_JOURNALS, args)
+            return [(row[0], row[1]) for row in await cur.fetchall()]
+
+        return await self._run(None, read)
+
+    async def prune_journal(self, thread_id: str, turn_id: str, before: datetime) -> int:
+        params = {"thread_id": thread_id, "turn_id": turn_id, "before": before}
+
+        async def prune(conn: Connection) -> int:
+            return (await conn.execute(PRUNE_JOURNAL, params)).rowcount
+
+        return await self._run(thread_id, prune)
 
     async def prune_turns(
         self, before: datetime, after: tuple[str, str] | None, limit: int

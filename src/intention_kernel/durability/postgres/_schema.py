@@ -39,8 +39,25 @@ CHECKPOINT_ROWS = """
 # and the CPU psycopg's asyncio driver spends on it. The two IFs stay apart: SQL
 # does not promise to evaluate ``FOUND OR NOT pg_try_advisory_lock(...)`` left to
 # right, and a lock taken for a replay would never be released.
-START_TURN_FUNCTION = (
-    """
+_RECEIPT_CLAIM = """(SELECT ARRAY[r.tenant_id] FROM ik_receipts r
+                                       WHERE r.thread_id = p_thread
+                                       ORDER BY r.ordinal LIMIT 1)"""
+# The claim since migration 12: the first receipt's tenant or, with no receipt, the
+# first journal entry's (a turn that recorded rounds and never committed). Each probe
+# walks its table's primary key on ``thread_id``; an ARRAY[NULL] (no tenant) is not
+# NULL, so COALESCE moves on only when the thread has no receipt at all.
+_RECEIPT_OR_JOURNAL_CLAIM = """COALESCE(
+                   (SELECT ARRAY[r.tenant_id] FROM ik_receipts r
+                    WHERE r.thread_id = p_thread ORDER BY r.ordinal LIMIT 1),
+                   (SELECT ARRAY[j.tenant_id] FROM ik_journal j
+                    WHERE j.thread_id = p_thread ORDER BY j.ordinal LIMIT 1))"""
+
+
+def _start_turn_function(claim: str) -> str:
+    """``ik_start_turn``'s definition, with ``claim`` as the expression of the tenant
+    that claimed a thread with no committed turn (a one-element array, or NULL)."""
+    return (
+        """
 CREATE OR REPLACE FUNCTION ik_start_turn(p_lock bigint, p_thread text, p_turn text,
                                          p_known bigint)
 RETURNS TABLE (locked boolean, request_digest text, result text, expired boolean,
@@ -73,18 +90,21 @@ BEGIN
             LEFT JOIN ik_turns t ON t.thread_id = p_thread AND t.turn_id = p_turn
         )
         SELECT p_lock IS NOT NULL, request_digest, result, expired, version, tenant_id,
-               CASE WHEN unowned THEN (SELECT ARRAY[r.tenant_id] FROM ik_receipts r
-                                       WHERE r.thread_id = p_thread
-                                       ORDER BY r.ordinal LIMIT 1) END,
+               CASE WHEN unowned THEN """
+        + claim
+        + """ END,
                CASE WHEN ship THEN checkpoint END,
 """
-    + CHECKPOINT_ROWS.format(ship="ship", thread_id="p_thread")
-    + """
+        + CHECKPOINT_ROWS.format(ship="ship", thread_id="p_thread")
+        + """
         FROM found;
 END
 $$;
 """
-)
+    )
+
+
+START_TURN_FUNCTION = _start_turn_function(_RECEIPT_CLAIM)
 START_TURN = "SELECT * FROM ik_start_turn(%(lock)s, %(thread_id)s, %(turn_id)s, %(known_version)s)"
 BEGIN_TURN = "SELECT * FROM ik_start_turn(NULL, %(thread_id)s, %(turn_id)s, %(known_version)s)"
 
@@ -238,6 +258,17 @@ MIGRATIONS: tuple[str, ...] = (
         CONSTRAINT ik_interrupts_pkey PRIMARY KEY (thread_id, base_version)
     );
     """,
+    # 12: each journal entry records its tenant, as in SQLite's migration 11: an entry
+    # claims a thread with no committed turn, as a receipt does, and only its tenant's
+    # turn may read it. Existing entries on a committed thread take its owner; the
+    # others keep NULL (no tenant), as migration 4 left receipts: unknown fails closed.
+    # ``ik_start_turn`` reads the journal's claim after the receipts'.
+    """
+    ALTER TABLE ik_journal ADD COLUMN tenant_id text;
+    UPDATE ik_journal j SET tenant_id = th.tenant_id FROM ik_threads th
+    WHERE th.thread_id = j.thread_id AND th.version > 0;
+    """
+    + _start_turn_function(_RECEIPT_OR_JOURNAL_CLAIM),
 )
 
 

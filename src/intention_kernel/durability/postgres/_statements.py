@@ -120,14 +120,15 @@ SELECT_OUTBOX = f"SELECT {OUTBOX_COLUMNS} FROM ik_outbox WHERE position > %(afte
 
 # -- the journal (see ``JournalRecorder``) --
 SELECT_JOURNAL = """
-    SELECT key, request_digest, value, created_at FROM ik_journal
+    SELECT key, request_digest, value, created_at, tenant_id FROM ik_journal
     WHERE thread_id = %s AND turn_id = %s ORDER BY ordinal
 """
 # No ON CONFLICT: an entry already there is a conflict (the lock was lost), refused by
 # ``ik_journal_pkey``.
 INSERT_JOURNAL = """
-    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at)
-    VALUES (%s, %s, %s, %s, %s, %s)
+    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at,
+                            tenant_id)
+    VALUES (%s, %s, %s, %s, %s, %s, %s)
 """
 
 # -- the relay (see ``Recorder.claim_outbox``) --
@@ -219,9 +220,21 @@ PRUNE_TURNS = """
     RETURNING t.thread_id, t.turn_id
 """
 
+# A turn's journal is pruned whole (see ``operations.prune``): the turns whose newest
+# entry is older than the cutoff, in key order (``ik_journal_pkey``'s), after the cursor.
+STALE_JOURNALS = """
+    SELECT thread_id, turn_id FROM ik_journal
+    WHERE (thread_id, turn_id) > (%s, %s)
+    GROUP BY thread_id, turn_id HAVING max(created_at) < %s
+    ORDER BY thread_id, turn_id LIMIT %s
+"""
+# Then each turn's entries, all or none, under its thread's lock: an entry written
+# since the scan (a redelivery that ran meanwhile) keeps them all.
 PRUNE_JOURNAL = """
-    DELETE FROM ik_journal WHERE ordinal IN (
-        SELECT ordinal FROM ik_journal WHERE created_at < %s ORDER BY ordinal LIMIT %s)
+    DELETE FROM ik_journal WHERE thread_id = %(thread_id)s AND turn_id = %(turn_id)s
+    AND NOT EXISTS (
+        SELECT 1 FROM ik_journal WHERE thread_id = %(thread_id)s AND turn_id = %(turn_id)s
+        AND created_at >= %(before)s)
 """
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
@@ -55,6 +56,7 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
+from intention_kernel.durability.contract import replay_or_lock_and_begin
 from intention_kernel.durability.sqlite import _bodies as bodies
 from intention_kernel.durability.sqlite._bodies import Refusal
 from intention_kernel.durability.sqlite._connection import SQLiteConnections
@@ -78,6 +80,7 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_TURN,
     SELECT_UNPUBLISHED,
     SELECT_VERSION,
+    STALE_JOURNALS,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
@@ -94,13 +97,28 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
 
     # -- turns ---------------------------------------------------------------------------------
 
+    def start_turn(
+        self, thread_id: str, turn_id: str, known_version: int | None, *, wait: bool = True
+    ) -> AbstractAsyncContextManager[TurnStart]:
+        """The lock and ``begin_turn``; on a busy thread, a committed turn is answered
+        without the lock, as PostgreSQL's ``start_turn`` answers it. Without this, a
+        replay waited for whatever turn held the thread (or was refused at once with
+        ``wait=False``), although it writes nothing."""
+
+        async def committed() -> TurnStart | None:
+            return await self._read(lambda conn: _committed(conn, thread_id, turn_id), thread_id)
+
+        return replay_or_lock_and_begin(
+            self, committed, thread_id, turn_id, known_version, wait=wait
+        )
+
     async def begin_turn(
         self, thread_id: str, turn_id: str, known_version: int | None
     ) -> TurnStart:
         def read(conn: sqlite3.Connection) -> TurnStart:
-            row = conn.execute(SELECT_TURN, (thread_id, turn_id)).fetchone()
-            if row is not None:
-                return TurnStart(StoredTurn(row[0], row[1], row[3] is not None), None, row[2])
+            replay = _committed(conn, thread_id, turn_id)
+            if replay is not None:
+                return replay
             thread = conn.execute(SELECT_THREAD_UNLESS_KNOWN, (known_version, thread_id))
             found = _thread(thread.fetchone())
             if found is None or not found.version:
@@ -179,7 +197,9 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
         def read(conn: sqlite3.Connection) -> list[JournalEntry]:
             rows = conn.execute(SELECT_JOURNAL, (thread_id, turn_id)).fetchall()
             return [
-                JournalEntry(thread_id, turn_id, r[0], r[1], r[2], datetime.fromisoformat(r[3]))
+                JournalEntry(
+                    thread_id, turn_id, r[0], r[1], r[2], datetime.fromisoformat(r[3]), r[4]
+                )
                 for r in rows
             ]
 
@@ -193,6 +213,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
             entry.request_digest,
             entry.value,
             _stamp(entry.created_at),
+            entry.tenant_id,
         )
 
         try:
@@ -444,9 +465,19 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
         args = (_stamp(before), limit)
         return int(await self._write(bodies.prune_events, (args,)))
 
-    async def prune_journal(self, before: datetime, limit: int) -> int:
-        args = (_stamp(before), limit)
-        return int(await self._write(bodies.prune_journal, (args,)))
+    async def stale_journals(
+        self, before: datetime, after: tuple[str, str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        args = (*(after or ("", "")), _stamp(before), limit)
+
+        def read(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+            return [(row[0], row[1]) for row in conn.execute(STALE_JOURNALS, args)]
+
+        return await self._read(read)
+
+    async def prune_journal(self, thread_id: str, turn_id: str, before: datetime) -> int:
+        args = (thread_id, turn_id, _stamp(before))
+        return int(await self._write(bodies.prune_journal, (args,), thread_id))
 
     async def prune_turns(
         self, before: datetime, after: tuple[str, str] | None, limit: int
@@ -459,6 +490,16 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
             bodies.prune_turns, (args, limit)
         )
         return pruned
+
+
+def _committed(conn: sqlite3.Connection, thread_id: str, turn_id: str) -> TurnStart | None:
+    """The committed turn and its thread's owner, in one statement (one snapshot), or
+    ``None``. A committed turn never changes but for its pruning, which one statement
+    sees whole: no lock is needed to read it."""
+    row = conn.execute(SELECT_TURN, (thread_id, turn_id)).fetchone()
+    if row is None:
+        return None
+    return TurnStart(StoredTurn(row[0], row[1], row[3] is not None), None, row[2])
 
 
 def _thread(row: Sequence[Any] | None) -> StoredThread | None:

@@ -188,6 +188,19 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (thread_id, base_version)
     ) WITHOUT ROWID;
     """,
+    # 11: each journal entry records its tenant, the tenant of the turn that wrote it. An
+    # entry claims a thread with no committed turn, as a receipt does (``ThreadOwner``),
+    # and only its tenant's turn may read it. Without it, another tenant delivering the
+    # same thread and turn IDs went on from the first tenant's model responses. Existing
+    # entries on a committed thread take its owner, the only tenant whose turns could
+    # write them; the others keep NULL (no tenant), as migration 4 left receipts:
+    # unknown fails closed, until retention prunes them.
+    """
+    ALTER TABLE ik_journal ADD COLUMN tenant_id TEXT;
+    UPDATE ik_journal SET tenant_id = (
+        SELECT th.tenant_id FROM ik_threads th
+        WHERE th.thread_id = ik_journal.thread_id AND th.version > 0);
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

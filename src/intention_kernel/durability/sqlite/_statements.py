@@ -28,8 +28,18 @@ INSERT_RECEIPT = f"""
             :created_at, :updated_at, :resolution, :announced, :tenant_id, :actor,
             :capability_id, :input, :approved_by)
 """
-# The tenant that claimed a thread with no committed turn: its first receipt's.
-SELECT_CLAIM = "SELECT tenant_id FROM ik_receipts WHERE thread_id = ? ORDER BY rowid LIMIT 1"
+# The tenant that claimed a thread with no committed turn: its first receipt's or, with
+# no receipt, its first journal entry's (a turn that recorded rounds and never
+# committed). Each probe walks its table's primary key on ``thread_id``.
+SELECT_CLAIM = """
+    SELECT tenant_id FROM (
+        SELECT 0 AS source, tenant_id FROM (
+            SELECT tenant_id FROM ik_receipts WHERE thread_id = ?1 ORDER BY rowid LIMIT 1)
+        UNION ALL
+        SELECT 1 AS source, tenant_id FROM (
+            SELECT tenant_id FROM ik_journal WHERE thread_id = ?1 ORDER BY rowid LIMIT 1))
+    ORDER BY source LIMIT 1
+"""
 # The first call of an effect key in one statement: insert the planned receipt unless
 # one exists. Not a conflict hidden: no row inserted means the caller reads the
 # existing receipt and plans from it (``claim_effect``).
@@ -126,14 +136,15 @@ INSERT_EVENT = """
 
 # -- the journal (see ``JournalRecorder``) --
 SELECT_JOURNAL = """
-    SELECT key, request_digest, value, created_at FROM ik_journal
+    SELECT key, request_digest, value, created_at, tenant_id FROM ik_journal
     WHERE thread_id = ? AND turn_id = ? ORDER BY rowid
 """
 # No ON CONFLICT: an entry already there is a conflict (the lock was lost), refused by
 # the primary key.
 INSERT_JOURNAL = """
-    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at)
-    VALUES (?, ?, ?, ?, ?, ?)
+    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at,
+                            tenant_id)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
 """
 # In the turn's commit, when the turn used the journal (``TurnRecord.journaled``).
 DELETE_JOURNAL = "DELETE FROM ik_journal WHERE thread_id = ? AND turn_id = ?"
@@ -239,7 +250,17 @@ PRUNE_TURNS = """
         ORDER BY thread_id, turn_id LIMIT ?)
     RETURNING thread_id, turn_id
 """
+# A turn's journal is pruned whole (see ``operations.prune``): the turns whose newest
+# entry is older than the cutoff, in key order (the primary key's), after the cursor.
+STALE_JOURNALS = """
+    SELECT thread_id, turn_id FROM ik_journal
+    WHERE (thread_id, turn_id) > (?, ?)
+    GROUP BY thread_id, turn_id HAVING max(created_at) < ?
+    ORDER BY thread_id, turn_id LIMIT ?
+"""
+# Then each turn's entries, all or none, under its thread's lock: an entry written
+# since the scan (a redelivery that ran meanwhile) keeps them all.
 PRUNE_JOURNAL = """
-    DELETE FROM ik_journal WHERE rowid IN (
-        SELECT rowid FROM ik_journal WHERE created_at < ? ORDER BY rowid LIMIT ?)
+    DELETE FROM ik_journal WHERE thread_id = ?1 AND turn_id = ?2 AND NOT EXISTS (
+        SELECT 1 FROM ik_journal WHERE thread_id = ?1 AND turn_id = ?2 AND created_at >= ?3)
 """

@@ -232,6 +232,29 @@ class ApprovalConformance(ConformanceCase):
         again = await kernel.turn("t", "3", "balance 7")
         assert (again.replayed, again.checkpoint_version) == (False, 3)
 
+    async def test_on_busy_reject_replays_a_committed_turn_while_a_turn_runs(
+        self, durability: Durability, provider: FakeProvider
+    ) -> None:
+        """A redelivery of a committed turn is answered while another turn of the thread
+        runs (its provider call held), not refused as busy: it writes nothing."""
+        agent: Agent = dataclasses.replace(billing_agent(provider), on_busy="reject")
+        kernel = Kernel(agent, durability)
+        first = await kernel.turn("t", "1", "charge pi_1 500")
+        provider.behaviour["pi_1"] = "block"
+        running = asyncio.create_task(kernel.turn("t", "2", "yes"))
+        try:
+            await asyncio.wait_for(provider.entered.wait(), 10)
+            # Well below any lock timeout: a replay after a wait would miss it.
+            again = await asyncio.wait_for(kernel.turn("t", "1", "charge pi_1 500"), 2)
+            assert again == dataclasses.replace(first, replayed=True)
+            with pytest.raises(ThreadBusyError):
+                await asyncio.wait_for(kernel.turn("t", "3", "balance 7"), 2)
+            assert not running.done()
+        finally:
+            provider.released.set()
+            accepted = await asyncio.wait_for(running, 10)
+        assert accepted.steps[0].status == StepStatus.COMPLETED and provider.calls() == 1
+
     # -- older stored confirmations -----------------------------------------------------------
 
     async def test_a_confirmation_stored_before_deadlines_quorums_and_actors_reads_as_none(

@@ -4,7 +4,9 @@ each model round of an interpreter that works in rounds among them."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -19,6 +21,7 @@ from intention_kernel.errors import (
     FencedCommitError,
     InterpretationError,
     JournalError,
+    TenantMismatchError,
     TurnConflictError,
 )
 from intention_kernel.interpretation import Intent, Interpretation, InterpretationRequest
@@ -237,6 +240,71 @@ class JournalConformance(ConformanceCase):
         assert await recorded_in(durability, scope, "k", again) == "asked again"
         assert again.calls == 1
 
+    async def test_prune_deletes_a_turns_journal_whole_or_not_at_all(
+        self, durability: Durability, operable: bool
+    ) -> None:
+        """Retention takes a turn's journal only once every entry of it is older than
+        the cutoff, and then all of it, in batches of any size. The recorder deletes
+        none of a turn's entries if one is newer (written since the scan)."""
+        maintained = journal_of(durability, operable)
+        recorder = await maintained.recorder()
+        base = utcnow() - timedelta(days=1)
+
+        def entry(thread_id: str, turn_id: str, key: str, minutes: int) -> JournalEntry:
+            return JournalEntry(
+                thread_id, turn_id, key, None, "1", base + timedelta(minutes=minutes)
+            )
+
+        old_and_new = [entry("t", "split", "a", 0), entry("t", "split", "b", 10)]
+        stale = [entry(f"s{n}", "old", key, n) for n in range(3) for key in ("a", "b")]
+        for written in (*old_and_new, *stale):
+            async with recorder.lock(written.thread_id):
+                await recorder.write_journal(written)
+        cutoff = base + timedelta(minutes=5)
+        assert await recorder.stale_journals(cutoff, None, 10) == [
+            ("s0", "old"),
+            ("s1", "old"),
+            ("s2", "old"),
+        ]
+        async with recorder.lock("t"):
+            assert await recorder.prune_journal("t", "split", cutoff) == 0
+        report = await prune(maintained, older_than=timedelta(0), now=cutoff, batch=1)
+        assert report.journal == 6
+        assert [e.key for e in await recorder.read_journal("t", "split")] == ["a", "b"]
+        for n in range(3):
+            assert await recorder.read_journal(f"s{n}", "old") == []
+        report = await prune(maintained, older_than=timedelta(0), now=base + timedelta(hours=1))
+        assert report.journal == 2
+        assert await recorder.read_journal("t", "split") == []
+
+    async def test_prune_leaves_the_journal_of_a_busy_thread_for_a_later_run(
+        self, durability: Durability, operable: bool
+    ) -> None:
+        """A thread whose lock a turn holds may be running a redelivery of the very turn
+        whose journal is stale: retention skips it, and a later run deletes it."""
+        maintained = journal_of(durability, operable)
+        scope = TurnScope("t", "abandoned")
+        await record_then_die(durability, scope, "k", Computations("old"))
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def held(tx: TurnTransaction) -> TurnCommit:
+            entered.set()
+            await release.wait()
+            return commit_for(tx)
+
+        running = asyncio.create_task(durability.with_turn(TurnScope("t", "holder"), held))
+        later = utcnow() + timedelta(hours=1)
+        try:
+            await asyncio.wait_for(entered.wait(), 10)
+            report = await prune(maintained, older_than=timedelta(0), now=later)
+            assert report.journal == 0
+        finally:
+            release.set()
+            await running
+        assert await _peek(durability, scope, "k") == "old"
+        report = await prune(maintained, older_than=timedelta(0), now=later)
+        assert report.journal == 1
+
     # =========================================================================================
     # The runtime's rounds
     # =========================================================================================
@@ -272,6 +340,129 @@ class JournalConformance(ConformanceCase):
         if operable:
             recorder = await as_operable(durability, operable).recorder()
             assert await recorder.read_journal("t", "turn-1") == []
+
+    @pytest.mark.parametrize(
+        ("first", "other"),
+        [("acme", "globex"), (None, "acme"), ("acme", None)],
+        ids=["tenant-vs-tenant", "none-vs-tenant", "tenant-vs-none"],
+    )
+    async def test_a_failed_turns_recorded_rounds_are_its_tenants_alone(
+        self,
+        durability: Durability,
+        provider: FakeProvider,
+        first: str | None,
+        other: str | None,
+    ) -> None:
+        """The first tenant's turn records round 1 (which read its data) and fails in
+        round 2, on a thread with no committed turn. Another tenant delivering the same
+        thread ID, turn ID and message is refused before anything runs, and so is any
+        other turn of it on the thread: the journal claimed the thread. The first
+        tenant's redelivery still takes round 1 from the journal and completes."""
+        asked: list[tuple[str | None, int]] = []
+        fail_round_2 = [True]
+        tenant: list[str | None] = [first]
+
+        def script(request: InterpretationRequest) -> Interpretation:
+            asked.append((tenant[0], len(request.rounds) + 1))
+            if not request.rounds:
+                return Interpretation([Intent("billing.balance", {"due": 70})], reply="looking")
+            if fail_round_2.pop() if fail_round_2 else False:
+                raise RuntimeError("the model's connection dropped")
+            [step] = request.rounds[0].steps
+            return Interpretation(reply=f"you owe {step.value['due']}")
+
+        kernel = Kernel(rounds_agent(provider, script), durability)
+        with pytest.raises(InterpretationError):
+            await kernel.turn("t", "turn-1", "what do I owe?", tenant_id=first)
+        assert asked == [(first, 1), (first, 2)]
+
+        tenant[0] = other
+        for turn_id in ("turn-1", "turn-2"):
+            with pytest.raises(TenantMismatchError) as refused:
+                await kernel.turn("t", turn_id, "what do I owe?", tenant_id=other)
+            assert (refused.value.thread_id, refused.value.turn_id) == ("t", turn_id)
+        assert asked == [(first, 1), (first, 2)]  # the other tenant's turns ran nothing
+        assert await durability.load_checkpoint("t") is None  # and committed nothing
+
+        tenant[0] = first
+        result = await kernel.turn("t", "turn-1", "what do I owe?", tenant_id=first)
+        assert result.reply == "you owe 70" and not result.replayed
+        assert asked == [(first, 1), (first, 2), (first, 2)]
+        tenant[0] = other
+        with pytest.raises(TenantMismatchError):  # the thread is the first tenant's now
+            await kernel.turn("t", "turn-1", "what do I owe?", tenant_id=other)
+        assert asked == [(first, 1), (first, 2), (first, 2)]
+
+    async def test_a_journal_entry_of_another_tenant_is_never_read(
+        self, durability: Durability, operable: bool
+    ) -> None:
+        """An entry of the turn ID recorded by another tenant (a row written before
+        entries kept their tenant, say) is refused when the turn reads its journal:
+        nothing is computed from it and nothing is committed, even when the operation
+        catches the error."""
+        await durability.with_turn(TurnScope("t", "turn-0", tenant_id="acme"), _commits)
+        recorder = await journal_of(durability, operable).recorder()
+        async with recorder.lock("t"):
+            await recorder.write_journal(
+                JournalEntry("t", "turn-1", "k", None, '"globex data"', utcnow(), "globex")
+            )
+        seen: list[Any] = []
+
+        async def swallows(tx: TurnTransaction) -> TurnCommit:
+            try:
+                seen.append(await tx.recorded("k", Computations("acme data")))
+            except TenantMismatchError as exc:
+                seen.append(exc)
+            return commit_for(tx)
+
+        with pytest.raises(TenantMismatchError) as refused:
+            await durability.with_turn(TurnScope("t", "turn-1", tenant_id="acme"), swallows)
+        assert (refused.value.thread_id, refused.value.turn_id) == ("t", "turn-1")
+        [error] = seen
+        assert isinstance(error, TenantMismatchError)
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None and checkpoint.version == 1
+        [entry] = await recorder.read_journal("t", "turn-1")
+        assert (entry.value, entry.tenant_id) == ('"globex data"', "globex")
+
+    async def test_a_redelivery_after_prune_asks_every_round_again(
+        self, durability: Durability, provider: FakeProvider, operable: bool
+    ) -> None:
+        """A turn recorded rounds 1 and 2 and failed in round 3. Retention with a cutoff
+        between the two rounds' entries keeps both; once both are older, it deletes
+        both. The redelivery then asks every round again, from the first: never round
+        1 anew with round 2 from the journal (a transcript no delivery produced)."""
+        maintained = journal_of(durability, operable)
+        recorder = await maintained.recorder()
+        asked: list[int] = []
+        fail_round_3 = [True]
+
+        def script(request: InterpretationRequest) -> Interpretation:
+            number = len(request.rounds) + 1
+            asked.append(number)
+            if number == 1:
+                return Interpretation([Intent("billing.balance", {"due": 70})], reply="one")
+            if number == 2:
+                time.sleep(0.002)  # round 2's entry is written after round 1's
+                return Interpretation([Intent("billing.balance", {"due": 80})], reply="two")
+            if fail_round_3.pop() if fail_round_3 else False:
+                raise RuntimeError("the model's connection dropped")
+            return Interpretation(reply=f"asked {len(asked)} times")
+
+        kernel = Kernel(rounds_agent(provider, script), durability)
+        with pytest.raises(InterpretationError):
+            await kernel.turn("t", "turn-1", "what do I owe?")
+        first, second = await recorder.read_journal("t", "turn-1")
+        assert (first.key, second.key) == ("kernel.round.1", "kernel.round.2")
+        assert first.created_at < second.created_at
+        between = first.created_at + (second.created_at - first.created_at) / 2
+        report = await prune(maintained, older_than=timedelta(0), now=between)
+        assert report.journal == 0
+        report = await prune(maintained, older_than=timedelta(0), now=utcnow())
+        assert report.journal == 2
+        result = await kernel.turn("t", "turn-1", "what do I owe?")
+        assert asked == [1, 2, 3, 1, 2, 3]
+        assert result.reply == "asked 6 times" and not result.replayed
 
     async def test_a_write_of_a_recorded_round_is_settled_by_its_receipt(
         self, durability: Durability, provider: FakeProvider
@@ -333,6 +524,10 @@ class JournalConformance(ConformanceCase):
         finally:
             del recorder.read_journal, recorder.write_journal
         assert calls == []
+
+
+async def _commits(tx: TurnTransaction) -> TurnCommit:
+    return commit_for(tx)
 
 
 async def _never_runs(tx: TurnTransaction) -> TurnCommit:

@@ -113,6 +113,73 @@ class TurnConformance(ConformanceCase):
         again = await durability.with_turn(TurnScope("t", "2"), refused, wait=False)
         assert (again.replayed, again.checkpoint_version) == (False, 2)
 
+    async def test_a_committed_turn_is_replayed_at_once_while_another_turn_holds_the_thread(
+        self, durability: Durability
+    ) -> None:
+        """A redelivery of a committed turn writes nothing, so it neither waits for the
+        thread's lock nor is refused as busy: it is answered while another turn of the
+        thread runs, with ``wait=False`` (``on_busy="reject"``) or not. A new turn is
+        still refused, and a redelivery for another request is still a conflict."""
+        scope = TurnScope("t", "1", request_digest="d1")
+        first = await durability.with_turn(scope, _commits)
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def held(tx: TurnTransaction) -> TurnCommit:
+            entered.set()
+            await release.wait()
+            return commit_for(tx)
+
+        running = asyncio.create_task(durability.with_turn(TurnScope("t", "2"), held))
+        try:
+            await asyncio.wait_for(entered.wait(), 10)
+            for wait in (False, True):
+                # Well below any lock timeout: a replay after a wait would miss it.
+                again = await asyncio.wait_for(
+                    durability.with_turn(scope, _never_runs, wait=wait), 2
+                )
+                assert again == replace(first, replayed=True)
+                with pytest.raises(TurnConflictError):
+                    await asyncio.wait_for(
+                        durability.with_turn(replace(scope, request_digest="d2"), _never_runs),
+                        2,
+                    )
+            with pytest.raises(ThreadBusyError) as busy:
+                await asyncio.wait_for(
+                    durability.with_turn(TurnScope("t", "3"), _never_runs, wait=False), 2
+                )
+            assert not isinstance(busy.value, ThreadLockTimeoutError)
+            assert not running.done()
+        finally:
+            release.set()
+            second = await running
+        assert (second.replayed, second.checkpoint_version) == (False, 2)
+
+    async def test_a_delivery_that_waits_while_its_turn_commits_replays_it(
+        self, durability: Durability
+    ) -> None:
+        """A second delivery of a turn that is still running waits for the lock; once the
+        first commits, the second finds the committed turn under the lock and replays
+        it: the operation runs once."""
+        entered, release = asyncio.Event(), asyncio.Event()
+        ran: list[str] = []
+
+        async def held(tx: TurnTransaction) -> TurnCommit:
+            ran.append(tx.scope.turn_id)
+            entered.set()
+            await release.wait()
+            return commit_for(tx)
+
+        running = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
+        await asyncio.wait_for(entered.wait(), 10)
+        waiting = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
+        for _ in range(20):  # let it find no committed turn and start waiting
+            await asyncio.sleep(0.005)
+        assert not waiting.done()
+        release.set()
+        first, second = await asyncio.wait_for(asyncio.gather(running, waiting), 10)
+        assert (first.replayed, second.replayed) == (False, True)
+        assert second == replace(first, replayed=True) and ran == ["1"]
+
     async def test_a_turn_that_waits_past_the_lock_timeout_is_refused_as_a_lock_timeout(
         self, make_durability_with_lock_timeout: Callable[[float], Durability] | None
     ) -> None:
@@ -658,3 +725,11 @@ class TurnConformance(ConformanceCase):
         await kernel.turn("t", "after", "balance 9")  # the runtime continues from them
         assert await durability.load_checkpoint("t") == committed[-1]
         assert [m.content for m in committed[-1].messages][:1] == ["by hand"]
+
+
+async def _commits(tx: TurnTransaction) -> TurnCommit:
+    return commit_for(tx)
+
+
+async def _never_runs(tx: TurnTransaction) -> TurnCommit:
+    raise AssertionError("a committed turn's operation ran again")
