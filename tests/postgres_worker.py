@@ -14,9 +14,15 @@ Run as ``python tests/postgres_worker.py '<json config>'``. Config:
     relay would). Prints one JSON line per turn: ``{"turn", "replayed"}`` or
     ``{"turn", "error"}``.
   - ``"hold"``: start a turn on ``thread``, create the ``ready`` file while
-    holding the thread lock, and wait forever (to be killed).
+    holding the thread's lease, and wait forever (to be killed).
   - ``"open"``: open the store (creating the schema) once the ``barrier`` file
     exists, then exit.
+  - ``"pause"``: one turn (``thread``, ``turn``) that runs the effect ``key``, then
+    records a journal entry and commits. At ``where`` (``"before_effect"`` or
+    ``"in_provider"``, after the provider call is logged) it creates ``ready`` and
+    waits for ``go``: the test SIGSTOPs it there. Prints ``{"committed": true}`` or
+    ``{"error": "<class name>"}``.
+- ``lease_expiry``: the adapter's (seconds, default 30).
 - ``arrived`` / ``barrier``: create ``arrived`` once ready (the store open, except
   in ``"open"`` mode) and wait for ``barrier``, so that processes start together.
 """
@@ -40,7 +46,7 @@ from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import EffectUncertainError, KernelError
 from intention_kernel.testing.conformance import commit_for
-from intention_kernel.turns import EventDraft, TurnCommit, TurnScope
+from intention_kernel.turns import EventDraft, TurnCommit, TurnResult, TurnScope
 
 
 def exists(path: str) -> bool:
@@ -114,6 +120,44 @@ async def run_turns(config: dict[str, Any], durability: PostgresDurability) -> N
     await ledger.close()
 
 
+async def run_paused(config: dict[str, Any], durability: PostgresDurability) -> None:
+    ledger = await psycopg.AsyncConnection.connect(config["dsn"], autocommit=True)
+    await ledger.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(config["ledger"])))
+    where = config["where"]
+
+    async def stop_here() -> None:
+        touch(config["ready"])
+        await wait_for_file(config["go"])
+
+    async def provider(authority: EffectAuthority) -> dict[str, Any]:
+        await ledger.execute(
+            "INSERT INTO calls (thread_id, key, pid) VALUES (%s, %s, %s)",
+            (config["thread"], authority.key, os.getpid()),
+        )
+        if where == "in_provider":
+            await stop_here()
+        return {"charged": authority.key}
+
+    async def one() -> int:
+        return 1
+
+    async def operation(tx: TurnTransaction) -> TurnCommit:
+        if where == "before_effect":
+            await stop_here()
+        await tx.run_effect(config["key"], provider, step_id="s")
+        await tx.recorded("after", one)
+        return commit_for(tx, [EventDraft("turn.committed", {"by": os.getpid()})])
+
+    try:
+        result: TurnResult = await durability.with_turn(
+            TurnScope(config["thread"], config["turn"]), operation
+        )
+        print(json.dumps({"committed": not result.replayed}), flush=True)
+    except KernelError as exc:
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+    await ledger.close()
+
+
 async def arrive(config: dict[str, Any]) -> None:
     if config.get("arrived"):
         touch(config["arrived"])
@@ -124,13 +168,18 @@ async def main(config: dict[str, Any]) -> None:
     if config["mode"] == "open":
         await arrive(config)
     durability = PostgresDurability(
-        config["dsn"], schema=config["schema"], lock_timeout=config.get("lock_timeout", 20.0)
+        config["dsn"],
+        schema=config["schema"],
+        lock_timeout=config.get("lock_timeout", 20.0),
+        lease_expiry=config.get("lease_expiry", 30.0),
     )
     async with durability:
         if config["mode"] != "open":
             await arrive(config)
         if config["mode"] == "turns":
             await run_turns(config, durability)
+        elif config["mode"] == "pause":
+            await run_paused(config, durability)
         elif config["mode"] == "hold":
 
             async def hold(tx: TurnTransaction) -> TurnCommit:

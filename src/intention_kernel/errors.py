@@ -30,6 +30,7 @@ message, so that hosts can react without parsing text::
     │   └── ThreadLockTimeoutError    the thread's lock was not obtained within the
     │                                 store's lock timeout (HTTP 503)
     ├── FencedCommitError             the thread moved on while the turn ran; nothing committed
+    │   └── LeaseLostError            the turn's thread lease lapsed or was taken over
     ├── TenantMismatchError           the thread belongs to another tenant
     ├── ReceiptError
     │   ├── ReceiptNotFoundError      no receipt for that (thread, key)
@@ -66,6 +67,7 @@ __all__ = [
     "InvalidRequestError",
     "JournalError",
     "KernelError",
+    "LeaseLostError",
     "ReceiptError",
     "ReceiptNotFoundError",
     "ReceiptStateError",
@@ -285,6 +287,16 @@ class FencedCommitError(KernelError):
 
     This only happens when the turn lost its claim on the thread; nothing was
     committed and the turn may be retried with the same turn ID.
+    """
+
+
+class LeaseLostError(FencedCommitError):
+    """The turn's lease on its thread lapsed or was taken over, so a write was refused.
+
+    PostgreSQL serializes a thread's turns with leases that expire. A worker paused
+    past its lease (a long GC pause, a frozen VM, a partition) finds every later write
+    refused: its receipt prepare, its journal entry, its commit. Nothing it did after
+    the lease was lost is stored or announced. The same delivery may be retried.
     """
 
 
