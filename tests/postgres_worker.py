@@ -68,16 +68,16 @@ async def wait_for_file(path: str) -> None:
 class Provider:
     """The fake payment provider: one committed row per call, then a slow answer."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], thread_id: str) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Any], thread_id: str, ledger: str) -> None:
         self.conn = conn
         self.thread_id = thread_id
+        # Named in full: behind a transaction pooler no session's search_path holds.
+        insert = sql.SQL("INSERT INTO {}.calls (thread_id, key, pid) VALUES (%s, %s, %s)")
+        self.insert = insert.format(sql.Identifier(ledger))
 
     async def __call__(self, authority: EffectAuthority) -> dict[str, Any]:
         await asyncio.sleep(random.uniform(0, 0.003))
-        await self.conn.execute(
-            "INSERT INTO calls (thread_id, key, pid) VALUES (%s, %s, %s)",
-            (self.thread_id, authority.key, os.getpid()),
-        )
+        await self.conn.execute(self.insert, (self.thread_id, authority.key, os.getpid()))
         # The answer is on its way: a window in which a kill leaves the write applied and
         # its receipt prepared (the test kills victims as soon as their call is logged).
         await asyncio.sleep(random.uniform(0.002, 0.008))
@@ -93,10 +93,11 @@ async def effect_event(tx: TurnTransaction, key: str, provider: Provider) -> Eve
 
 
 async def run_turns(config: dict[str, Any], durability: PostgresDurability) -> None:
-    ledger = await psycopg.AsyncConnection.connect(config["dsn"], autocommit=True)
-    await ledger.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(config["ledger"])))
+    ledger = await psycopg.AsyncConnection.connect(
+        config["dsn"], autocommit=True, prepare_threshold=None
+    )
     for i, (thread_id, turn_id) in enumerate(config["turns"]):
-        provider = Provider(ledger, thread_id)
+        provider = Provider(ledger, thread_id, config["ledger"])
 
         async def operation(tx: TurnTransaction, provider: Provider = provider) -> TurnCommit:
             turn_id = tx.scope.turn_id
@@ -121,19 +122,18 @@ async def run_turns(config: dict[str, Any], durability: PostgresDurability) -> N
 
 
 async def run_paused(config: dict[str, Any], durability: PostgresDurability) -> None:
-    ledger = await psycopg.AsyncConnection.connect(config["dsn"], autocommit=True)
-    await ledger.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(config["ledger"])))
+    ledger = await psycopg.AsyncConnection.connect(
+        config["dsn"], autocommit=True, prepare_threshold=None
+    )
     where = config["where"]
+    log_call = Provider(ledger, config["thread"], config["ledger"])
 
     async def stop_here() -> None:
         touch(config["ready"])
         await wait_for_file(config["go"])
 
     async def provider(authority: EffectAuthority) -> dict[str, Any]:
-        await ledger.execute(
-            "INSERT INTO calls (thread_id, key, pid) VALUES (%s, %s, %s)",
-            (config["thread"], authority.key, os.getpid()),
-        )
+        await ledger.execute(log_call.insert, (config["thread"], authority.key, os.getpid()))
         if where == "in_provider":
             await stop_here()
         return {"charged": authority.key}

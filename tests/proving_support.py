@@ -216,8 +216,8 @@ class Store:
         import psycopg
         from psycopg import sql
 
-        with psycopg.connect(self.location, autocommit=True) as pg:
-            pg.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        with psycopg.connect(self.location) as pg:
+            pg.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(self.schema)))
             cur = pg.execute(text.encode(), args or None)
             return cur.fetchall() if cur.description else []
 

@@ -87,8 +87,8 @@ class Store:
 
     def execute(self, query: str, *args: object) -> list[tuple[Any, ...]]:
         """Run one statement in the test's schema and return its rows."""
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        with psycopg.connect(self.dsn) as conn:
+            conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(self.schema)))
             cur = conn.execute(query.encode(), args or None)
             return cur.fetchall() if cur.description else []
 

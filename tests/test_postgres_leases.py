@@ -58,9 +58,9 @@ class Schema:
         return PostgresDurability(self.dsn, schema=self.name, **options)
 
     def query(self, text: str, *args: object, schema: str | None = None) -> list[Any]:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with psycopg.connect(self.dsn) as conn:  # one transaction: one server session
             conn.execute(
-                sql.SQL("SET search_path TO {}").format(sql.Identifier(schema or self.name))
+                sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema or self.name))
             )
             cur = conn.execute(text.encode(), args or None)
             return cur.fetchall() if cur.description else []

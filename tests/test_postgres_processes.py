@@ -52,8 +52,8 @@ class Cluster:
         return PostgresDurability(self.dsn, schema=self.schema, **options)
 
     def query(self, schema: str, text: str, *args: object) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        with psycopg.connect(self.dsn) as conn:
+            conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
             cur = conn.execute(text.encode(), args or None)
             return cur.fetchall() if cur.description else []
 
@@ -302,11 +302,10 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
 
     async with (
         cluster.durability() as relay,
-        await psycopg.AsyncConnection.connect(cluster.dsn, autocommit=True) as ledger,
+        await psycopg.AsyncConnection.connect(
+            cluster.dsn, autocommit=True, prepare_threshold=None
+        ) as ledger,
     ):
-        await ledger.execute(
-            sql.SQL("SET search_path TO {}").format(sql.Identifier(cluster.ledger))
-        )
         seen: list[OutboxEvent] = []
         stop = asyncio.Event()
 
@@ -316,7 +315,8 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
                 await asyncio.sleep(0.002)
 
         async def calls_by(pid: int) -> int:
-            cur = await ledger.execute("SELECT count(*) FROM calls WHERE pid = %s", (pid,))
+            count = sql.SQL("SELECT count(*) FROM {}.calls WHERE pid = %s")
+            cur = await ledger.execute(count.format(sql.Identifier(cluster.ledger)), (pid,))
             return int((await cur.fetchone() or (0,))[0])
 
         async def kill_mid_turn(victim: int) -> None:

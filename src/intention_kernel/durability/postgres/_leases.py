@@ -253,8 +253,8 @@ class PostgresLeases(PostgresSessions):
 
     async def _renew(self, lease: Lease) -> None:
         """Extend ``lease`` every third of its expiry while its holder runs. A renewal
-        that fails for the store is tried again at the next interval: the lease
-        outlives two failed renewals, and the fence judges the rest."""
+        that fails for the store is tried again at the next interval, until the lease
+        lapses; the fence judges every write meanwhile."""
         params = {**lease.params, "expiry": self._expiry}
 
         async def renew(conn: Connection) -> bool:

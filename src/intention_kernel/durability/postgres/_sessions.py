@@ -88,6 +88,16 @@ class _Translated:
 
 _TRANSLATED = _Translated()
 
+#: What a migration meets when another worker's committed the same objects first.
+_DUPLICATE = (
+    psycopg.errors.UniqueViolation,
+    psycopg.errors.DuplicateSchema,
+    psycopg.errors.DuplicateTable,
+    psycopg.errors.DuplicateObject,
+    psycopg.errors.DuplicateFunction,
+    psycopg.errors.DuplicateColumn,
+)
+
 #: The adapter's tables and functions, as statements name them.
 _NAMES = re.compile(
     r"\b(ik_(?:threads|turns|receipts|outbox_head|outbox|messages|facts|journal|leases|schema"
@@ -313,6 +323,18 @@ class PostgresSessions:
 
     async def _migrate(self, conn: Connection) -> None:
         """Apply pending migrations; safe when several workers start at once."""
+        for attempt in range(3):
+            try:
+                await self._migrate_once(conn)
+                return
+            except _DUPLICATE:
+                # Another worker's migration committed the same objects first: seen
+                # through PgBouncer, where the lock below did not always hold it off.
+                # Its work is done; look again.
+                if attempt == 2:
+                    raise
+
+    async def _migrate_once(self, conn: Connection) -> None:
         if await self._schema_version(conn) == len(MIGRATIONS):
             return  # the common case: no lock, no DDL, no CREATE privilege needed
         async with conn.transaction():
