@@ -48,6 +48,8 @@ class Run:
 MODEL_RUNS = (
     Run("protocol"),
     Run("protocol-ltl", ("-DLOCK_RELEASE_DELAYED", "-DMAX_RESOLVE=1"), ltl=True),
+    # PostgreSQL's thread leases: pauses past the expiry, takeovers, fenced writes.
+    Run("leases", ("-DLEASES",)),
 )
 
 #: Each mutant, and the property whose assertion (or claim) it must break.
@@ -58,6 +60,10 @@ MUTANT_RUNS = (
     Run("tenant-outside-lock", ("-DTENANT_OUTSIDE_LOCK",), expect="(rtenant==principal)"),
     Run("live-resolve", ("-DLIVE_RESOLVE",), expect="(applied_since_na<=1)"),
     Run("no-journal-read", ("-DNO_JOURNAL_READ",), expect="!(journal[t])|| !( !(lost[me]))"),
+    Run("unfenced-prepare", ("-DLEASES", "-DUNFENCED_PREPARE"), expect="!(lost[me])"),
+    Run("unfenced-journal", ("-DLEASES", "-DUNFENCED_JOURNAL"), expect="!(lost[me])"),
+    Run("renew-no-epoch", ("-DLEASES", "-DRENEW_NO_EPOCH"), expect="!(lost[me])"),
+    Run("expiry-short", ("-DLEASES", "-DEXPIRY_SHORT"), expect="(paused[me]|| !(lost[me]))"),
     Run(
         "lock-outlives-holder",
         ("-DLOCK_RELEASE_DELAYED", "-DLOCK_OUTLIVES_HOLDER", "-DMAX_RESOLVE=1"),

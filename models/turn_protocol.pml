@@ -41,6 +41,22 @@
  *
  * Mutants (compile with -D...): NO_FENCE, RETRY_PREPARED, NO_LOCK,
  * TENANT_OUTSIDE_LOCK, LIVE_RESOLVE, NO_JOURNAL_READ. Each must produce a counterexample.
+ *
+ * LEASES (compile with -DLEASES): PostgreSQL's thread leases (durability/postgres/
+ * _leases.py) in place of a lock held by a session. The lease has an epoch that each
+ * grant increments, and is live until it lapses. A worker may pause at any durable
+ * point for longer than its lease (MAX_PAUSE): the lease lapses, and another worker
+ * may take the thread before it wakes. Its renewal (RENEW, between durable points)
+ * extends only a lease still live at its own epoch. Every write of a turn (receipt
+ * prepare, journal entry, commit) checks the lease in the same atomic step (FENCE);
+ * the outcome of a provider call is fenced by its attempt instead (SETTLE). A dead
+ * worker's lease lapses (its expiry). Two more properties:
+ *   (!lost[me])            no write by a worker that lost its lease;
+ *   (paused[me]||!lost[me]) a worker that never paused never loses its lease (its
+ *                          renewals come at a third of the expiry);
+ * and four more mutants: UNFENCED_PREPARE, UNFENCED_JOURNAL, RENEW_NO_EPOCH (renewal
+ * extends whatever lease the row holds, a lapsed one of its own included) and
+ * EXPIRY_SHORT (the lease may lapse between two renewals of a running worker).
  */
 
 #ifndef MAX_CRASH
@@ -54,6 +70,9 @@
 #endif
 #ifndef MAX_RESOLVE
 #define MAX_RESOLVE 2    /* the operator's resolution requests */
+#endif
+#ifndef MAX_PAUSE
+#define MAX_PAUSE 1      /* pauses past the lease's expiry (LEASES) */
 #endif
 
 #define NW 3             /* workers 1..NW */
@@ -85,6 +104,13 @@ bit sess[OP + 1];        /* its lock session is up */
 byte crashes;
 byte losses;
 byte doubles;
+byte pauses;
+
+/* -- the lease (LEASES): its row in ik_leases ------------------------------------------- */
+byte lease_epoch;        /* grows with each grant */
+byte lease_holder;       /* who was granted the current epoch */
+bit lease_live;          /* not lapsed, not released */
+bit paused[NW + 1];      /* ghost: the worker paused past its lease at least once */
 
 /* -- ghosts: what the properties count --------------------------------------------------- */
 byte applied_since_na;   /* provider applications of K since the last "not applied" */
@@ -105,7 +131,11 @@ bit in_call[NW + 1];     /* the worker's attempt is prepared and its provider ca
 #else
 #define EXCLUSIVE (!lost[me])
 #endif
+#ifdef LEASES
+#define HELD_BY_ANYONE (lease_live)
+#else
 #define HELD_BY_ANYONE (held[1] || held[2] || held[3] || held[OP])
+#endif
 /* The thread's owner (ThreadOwner): the first commit's tenant, else the first
    receipt's, else nobody (TNONE: a thread nobody owns looks like the tenant-less
    caller's, as Access.sees reads it). */
@@ -120,6 +150,54 @@ bit in_call[NW + 1];     /* the worker's attempt is prepared and its provider ca
    raises (StoreError) before anything else is written. */
 #define STATEMENT if :: !sess[me] -> goto aborted :: else -> skip fi;
 
+#ifdef LEASES
+#define LEASE_OK (lease_live && lease_epoch == myepoch)
+/* The holder's renewal (_renew): extends its lease only if it is still live at its own
+   epoch; else the lease is lost for good. */
+#ifdef RENEW_NO_EPOCH
+#define RENEW if :: held[me] -> lease_live = 1 :: else -> skip fi
+#else
+#define RENEW \
+    if \
+    :: held[me] && !(lease_live && lease_epoch == myepoch) -> lost[me] = 1 \
+    :: else -> skip \
+    fi
+#endif
+#ifdef EXPIRY_SHORT
+/* The lease may lapse between two renewals of a worker that runs on. */
+#define LAPSE_RUNNING \
+    :: held[me] && lease_live && lease_epoch == myepoch -> \
+        atomic { lease_live = 0; lost[me] = 1 }
+#else
+#define LAPSE_RUNNING
+#endif
+/* A durable point of a turn: go on (renewing), crash, or pause past the lease's
+   expiry (it lapses; others may take the thread before this worker goes on). */
+#define POINT \
+    if \
+    :: RENEW \
+    :: crashes < MAX_CRASH -> crashes++; goto crashed \
+    :: pauses < MAX_PAUSE && held[me] && LEASE_OK -> \
+        atomic { pauses++; paused[me] = 1; lease_live = 0; lost[me] = 1 } \
+    LAPSE_RUNNING \
+    fi
+/* A pause anywhere else (not a fault point: no crash here): while a capability runs,
+   say, between the model's answer and the effect's prepare. */
+#define PAUSE \
+    if \
+    :: RENEW \
+    :: pauses < MAX_PAUSE && held[me] && LEASE_OK -> \
+        atomic { pauses++; paused[me] = 1; lease_live = 0; lost[me] = 1 } \
+    LAPSE_RUNNING \
+    fi
+/* A write of a lease holder, fenced in the same statement: refused (LeaseLostError)
+   unless its lease is live at its epoch. */
+#define FENCE \
+    assert(paused[me] || !lost[me]); \
+    if :: !LEASE_OK -> goto aborted :: else -> skip fi;
+/* The write itself: never by a worker that lost its lease. */
+#define FENCED_WRITE assert(!lost[me]);
+#else
 /* A durable point of a turn: go on, crash, or lose the lock's session. */
 #define POINT \
     if \
@@ -128,6 +206,11 @@ bit in_call[NW + 1];     /* the worker's attempt is prepared and its provider ca
     :: losses < MAX_LOSS && held[me] && sess[me] -> \
         atomic { losses++; sess[me] = 0; lost[me] = 1; RELEASE_DEAD } \
     fi
+#define FENCE
+#define FENCED_WRITE
+#define LEASE_OK 1
+#define PAUSE skip
+#endif
 
 /* The commit's durable point: go on, or crash with the commit rolled back (SQLite,
    or PostgreSQL before the server ran it) or completed by the server (PostgreSQL). */
@@ -139,7 +222,7 @@ bit in_call[NW + 1];     /* the worker's attempt is prepared and its provider ca
             crashes++; \
             if \
             :: skip \
-            :: sess[me] && !FENCED -> COMMIT \
+            :: sess[me] && LEASE_OK && !FENCED -> COMMIT; LET_GO \
             fi \
         }; \
         goto crashed \
@@ -158,7 +241,10 @@ bit in_call[NW + 1];     /* the worker's attempt is prepared and its provider ca
     fi
 
 #define DEAD_HOLDER ((held[1] && !sess[1]) || (held[2] && !sess[2]) || (held[3] && !sess[3]))
-#ifdef LOCK_RELEASE_DELAYED
+#ifdef LEASES
+/* A dead holder stops renewing: its lease lapses (at its expiry). */
+#define RELEASE_DEAD if :: held[me] && lease_epoch == myepoch -> lease_live = 0 :: else -> skip fi
+#elif defined(LOCK_RELEASE_DELAYED)
 #define RELEASE_DEAD skip         /* the reaper process drops it, later */
 #else
 /* The lock of a dead session is dropped as it dies (the safety runs: a dead holder
@@ -180,6 +266,14 @@ bit in_call[NW + 1];     /* the worker's attempt is prepared and its provider ca
     :: else -> skip \
     fi
 
+#ifdef LEASES
+/* Let go of the lease: only a lease still at its own epoch (RELEASE_LEASE names its
+   owner, one grant). */
+#define LET_GO if :: held[me] && lease_epoch == myepoch -> lease_live = 0 :: else -> skip fi
+#else
+#define LET_GO skip
+#endif
+
 #ifdef NO_FENCE
 #define FENCED (turn_row[t])
 #else
@@ -191,6 +285,7 @@ proctype worker(byte me; byte t)
     byte myv;            /* the version this turn loaded */
     byte seen;           /* commits it had seen when it loaded the thread */
     byte myatt;          /* the attempt it prepared */
+    byte myepoch;        /* the lease epoch it was granted (LEASES) */
     bit ran;             /* it ran the accepted operation (closed the confirmation) */
     bit runs_k;          /* its operation calls run_effect(K) */
     bit recorded;        /* it found its round in the journal */
@@ -204,6 +299,11 @@ proctype worker(byte me; byte t)
         :: turn_row[t] -> goto done
 #ifdef NO_LOCK
         :: else -> sess[me] = 1
+#elif defined(LEASES)
+        /* ik_start_turn_leased: the lease, only if it lapsed; a new epoch. */
+        :: !turn_row[t] && !lease_live ->
+            lease_epoch++; myepoch = lease_epoch; lease_holder = me; lease_live = 1;
+            held[me] = 1; sess[me] = 1
 #else
         :: !turn_row[t] && !HELD_BY_ANYONE -> held[me] = 1; sess[me] = 1
         :: !turn_row[t] && HELD_BY_ANYONE && doubles < MAX_DOUBLE ->
@@ -249,12 +349,17 @@ after_checkpoint_load: POINT;
         atomic { assert(!journal[t] || !EXCLUSIVE); asks[t]++ };
         atomic {
             STATEMENT
+#ifndef UNFENCED_JOURNAL
+            FENCE
+#endif
+            FENCED_WRITE
             if
             :: journal[t] -> goto aborted
             :: else -> journal[t] = 1
             fi
         }
     fi;
+    PAUSE;
     /* run_effect(K), if the operation calls it. claim_effect: read K's receipt, plan
        it (plan_effect), persist the plan's write, in one transaction on the turn's
        session. */
@@ -264,6 +369,10 @@ after_checkpoint_load: POINT;
         :: else -> runs_k = 0
         fi;
         STATEMENT
+#ifndef UNFENCED_PREPARE
+        FENCE
+#endif
+        FENCED_WRITE
         if
         :: rstatus == NONE ->
             rstatus = PREPARED; rattempt = 1; rtenant = TA; myatt = 1
@@ -312,16 +421,19 @@ before_commit: POINT;
 during_commit: COMMIT_POINT;
     atomic {
         STATEMENT
+        FENCE
+        FENCED_WRITE
         if
         :: FENCED -> goto release           /* FencedCommitError */
-        :: else -> COMMIT; held[me] = 0
+        :: else -> COMMIT; LET_GO; held[me] = 0
         fi
     };
 after_commit: POINT;
 aborted:
 release:
-    /* The lock is released: unlocked on a live session; a dead one holds nothing. */
-    held[me] = 0;
+    /* The lock is released: unlocked on a live session; a dead one holds nothing. The
+       lease is let go of (if still at its epoch). */
+    atomic { LET_GO; held[me] = 0 };
     goto done;
 crashed:
     atomic {
@@ -332,7 +444,7 @@ done:
     skip
 }
 
-#if defined(LOCK_RELEASE_DELAYED) && !defined(LOCK_OUTLIVES_HOLDER)
+#if defined(LOCK_RELEASE_DELAYED) && !defined(LOCK_OUTLIVES_HOLDER) && !defined(LEASES)
 /* The server, or the operating system, drops the locks of dead sessions and
    processes, some time after they died. (LOCK_OUTLIVES_HOLDER: nobody does, as with
    a lease row that has no expiry.) */
@@ -380,6 +492,9 @@ proctype operator()
         atomic {
 #ifndef NO_LOCK
             !HELD_BY_ANYONE ->
+#endif
+#ifdef LEASES
+            lease_epoch++; lease_holder = OP;    /* granted, and let go at the end */
 #endif
 #ifndef TENANT_OUTSIDE_LOCK
             if

@@ -16,9 +16,15 @@ Run as ``python tests/postgres_worker.py '<json config>'``. Config:
     relay would). Prints one JSON line per turn: ``{"turn", "replayed"}`` or
     ``{"turn", "error"}``.
   - ``"hold"``: start a turn on ``thread``, create the ``ready`` file while
-    holding the thread lock, and wait forever (to be killed).
+    holding the thread's lease, and wait forever (to be killed).
   - ``"open"``: open the store (creating the schema) once the ``barrier`` file
     exists, then exit.
+  - ``"pause"``: one turn (``thread``, ``turn``) that runs the effect ``key``, then
+    records a journal entry and commits. At ``where`` (``"before_effect"`` or
+    ``"in_provider"``, after the provider call is logged) it creates ``ready`` and
+    waits for ``go``: the test SIGSTOPs it there. Prints ``{"committed": true}`` or
+    ``{"error": "<class name>"}``.
+- ``lease_expiry``: the adapter's (seconds, default 30).
 - ``arrived`` / ``barrier``: create ``arrived`` once ready (the store open, except
   in ``"open"`` mode) and wait for ``barrier``, so that processes start together.
 """
@@ -42,7 +48,7 @@ from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import EffectUncertainError, KernelError
 from intention_kernel.testing.conformance import commit_for
-from intention_kernel.turns import EventDraft, TurnCommit, TurnScope
+from intention_kernel.turns import EventDraft, TurnCommit, TurnResult, TurnScope
 
 
 def exists(path: str) -> bool:
@@ -64,16 +70,16 @@ async def wait_for_file(path: str) -> None:
 class Provider:
     """The fake payment provider: one committed row per call, then a slow answer."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], thread_id: str) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Any], thread_id: str, ledger: str) -> None:
         self.conn = conn
         self.thread_id = thread_id
+        # Named in full: behind a transaction pooler no session's search_path holds.
+        insert = sql.SQL("INSERT INTO {}.calls (thread_id, key, pid) VALUES (%s, %s, %s)")
+        self.insert = insert.format(sql.Identifier(ledger))
 
     async def __call__(self, authority: EffectAuthority) -> dict[str, Any]:
         await asyncio.sleep(random.uniform(0, 0.003))
-        await self.conn.execute(
-            "INSERT INTO calls (thread_id, key, pid) VALUES (%s, %s, %s)",
-            (self.thread_id, authority.key, os.getpid()),
-        )
+        await self.conn.execute(self.insert, (self.thread_id, authority.key, os.getpid()))
         # The answer is on its way: a window in which a kill leaves the write applied and
         # its receipt prepared (the test kills victims as soon as their call is logged).
         await asyncio.sleep(random.uniform(0.002, 0.008))
@@ -90,12 +96,12 @@ async def effect_event(tx: TurnTransaction, key: str, provider: Provider) -> Eve
 
 async def run_turns(config: dict[str, Any], durability: PostgresDurability) -> None:
     # The ledger is the test's own bookkeeping: on the server directly (``ledger_dsn``)
-    # when the store is reached through a pooler, whose sessions keep no search_path.
-    ledger_dsn = config.get("ledger_dsn", config["dsn"])
-    ledger = await psycopg.AsyncConnection.connect(ledger_dsn, autocommit=True)
-    await ledger.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(config["ledger"])))
+    # when the store is reached through a pooler. Its statements name their schema.
+    ledger = await psycopg.AsyncConnection.connect(
+        config.get("ledger_dsn", config["dsn"]), autocommit=True, prepare_threshold=None
+    )
     for i, (thread_id, turn_id) in enumerate(config["turns"]):
-        provider = Provider(ledger, thread_id)
+        provider = Provider(ledger, thread_id, config["ledger"])
 
         async def operation(tx: TurnTransaction, provider: Provider = provider) -> TurnCommit:
             turn_id = tx.scope.turn_id
@@ -119,6 +125,43 @@ async def run_turns(config: dict[str, Any], durability: PostgresDurability) -> N
     await ledger.close()
 
 
+async def run_paused(config: dict[str, Any], durability: PostgresDurability) -> None:
+    ledger = await psycopg.AsyncConnection.connect(
+        config["dsn"], autocommit=True, prepare_threshold=None
+    )
+    where = config["where"]
+    log_call = Provider(ledger, config["thread"], config["ledger"])
+
+    async def stop_here() -> None:
+        touch(config["ready"])
+        await wait_for_file(config["go"])
+
+    async def provider(authority: EffectAuthority) -> dict[str, Any]:
+        await ledger.execute(log_call.insert, (config["thread"], authority.key, os.getpid()))
+        if where == "in_provider":
+            await stop_here()
+        return {"charged": authority.key}
+
+    async def one() -> int:
+        return 1
+
+    async def operation(tx: TurnTransaction) -> TurnCommit:
+        if where == "before_effect":
+            await stop_here()
+        await tx.run_effect(config["key"], provider, step_id="s")
+        await tx.recorded("after", one)
+        return commit_for(tx, [EventDraft("turn.committed", {"by": os.getpid()})])
+
+    try:
+        result: TurnResult = await durability.with_turn(
+            TurnScope(config["thread"], config["turn"]), operation
+        )
+        print(json.dumps({"committed": not result.replayed}), flush=True)
+    except KernelError as exc:
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+    await ledger.close()
+
+
 async def arrive(config: dict[str, Any]) -> None:
     if config.get("arrived"):
         touch(config["arrived"])
@@ -129,13 +172,18 @@ async def main(config: dict[str, Any]) -> None:
     if config["mode"] == "open":
         await arrive(config)
     durability = PostgresDurability(
-        config["dsn"], schema=config["schema"], lock_timeout=config.get("lock_timeout", 20.0)
+        config["dsn"],
+        schema=config["schema"],
+        lock_timeout=config.get("lock_timeout", 20.0),
+        lease_expiry=config.get("lease_expiry", 30.0),
     )
     async with durability:
         if config["mode"] != "open":
             await arrive(config)
         if config["mode"] == "turns":
             await run_turns(config, durability)
+        elif config["mode"] == "pause":
+            await run_paused(config, durability)
         elif config["mode"] == "hold":
 
             async def hold(tx: TurnTransaction) -> TurnCommit:

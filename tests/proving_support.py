@@ -216,8 +216,8 @@ class Store:
         import psycopg
         from psycopg import sql
 
-        with psycopg.connect(self.location, autocommit=True) as pg:
-            pg.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        with psycopg.connect(self.location) as pg:
+            pg.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(self.schema)))
             cur = pg.execute(text.encode(), args or None)
             return cur.fetchall() if cur.description else []
 
@@ -231,7 +231,9 @@ class Store:
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
                 self.schema,
             )
-        return sorted(name for (name,) in rows if name != "ik_schema")
+        # ik_leases holds who may write a thread, not what was written: every turn
+        # takes a lease (a new epoch), committed or refused.
+        return sorted(name for (name,) in rows if name not in ("ik_schema", "ik_leases"))
 
     def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
         """Every row of every table of the adapter, sorted: equal snapshots mean that
@@ -266,6 +268,8 @@ def open_store(config: dict[str, str], **options: Any) -> Durability:
         return SQLiteDurability(config["location"], **options)
     from intention_kernel.durability.postgres import PostgresDurability
 
+    # A worker killed mid-turn keeps its thread until its lease lapses: 2 s here.
+    options.setdefault("lease_expiry", 2.0)
     return PostgresDurability(config["location"], schema=config["schema"], **options)
 
 

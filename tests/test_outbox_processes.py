@@ -138,7 +138,8 @@ def test_relay_processes_share_a_store_and_a_killed_one_only_repeats_its_batch(
         else:
             url = stack.enter_context(new_database(request.getfixturevalue("postgres_dsn")))
         asyncio.run(seed(url))
-        fleet = Fleet(url, tmp_path)
+        # A killed relay's claims lapse after the lease expiry: 3 s here, not 30.
+        fleet = Fleet(url if kind == "sqlite" else f"{url}?lease_expiry=3", tmp_path)
         stack.callback(fleet.stop)
 
         stop = tmp_path / "stop"

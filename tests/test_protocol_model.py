@@ -65,6 +65,17 @@ def test_the_turn_protocol_has_no_counterexample_under_any_interleaving(build: P
     assert result.states > 1_000_000, result.report  # the whole space, not a stub
 
 
+@pytest.mark.slow
+def test_the_protocol_with_thread_leases_has_no_counterexample(build: Path) -> None:
+    """PostgreSQL's leases: workers paused past their lease, takeovers, fenced writes."""
+    [run] = [run for run in checker.MODEL_RUNS if run.name == "leases"]
+    result = checker.verify(run, build)
+    print(result.summary())
+    assert result.violation is None, result.trail
+    assert result.complete, result.report
+    assert result.states > 1_000_000, result.report
+
+
 @pytest.mark.parametrize("run", checker.MUTANT_RUNS, ids=lambda run: run.name)
 def test_each_mutant_of_the_protocol_has_a_counterexample_for_the_property_it_breaks(
     run: Any, build: Path

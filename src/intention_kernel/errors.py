@@ -32,6 +32,7 @@ message, so that hosts can react without parsing text::
     │   └── ThreadLockTimeoutError    the thread's lock was not obtained within the
     │                                 store's lock timeout (HTTP 503)
     ├── FencedCommitError             the thread moved on while the turn ran; nothing committed
+    │   └── LeaseLostError            the turn's thread lease lapsed or was taken over
     ├── TenantMismatchError           the thread belongs to another tenant
     ├── SyncKernelError               SyncKernel cannot serve the call (also a RuntimeError)
     │   ├── EventLoopRunningError     called on a thread that runs an event loop: use Kernel
@@ -75,6 +76,7 @@ __all__ = [
     "JournalError",
     "KernelClosedError",
     "KernelError",
+    "LeaseLostError",
     "ReceiptError",
     "ReceiptNotFoundError",
     "ReceiptStateError",
@@ -311,6 +313,16 @@ class FencedCommitError(KernelError):
 
     This only happens when the turn lost its claim on the thread; nothing was
     committed and the turn may be retried with the same turn ID.
+    """
+
+
+class LeaseLostError(FencedCommitError):
+    """The turn's lease on its thread lapsed or was taken over, so a write was refused.
+
+    PostgreSQL serializes a thread's turns with leases that expire. A worker paused
+    past its lease (a long GC pause, a frozen VM, a partition) finds every later write
+    refused: its receipt prepare, its journal entry, its commit. Nothing it did after
+    the lease was lost is stored or announced. The same delivery may be retried.
     """
 
 

@@ -184,9 +184,10 @@ def open_durability(
 
     - ``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` → ``SQLiteDurability``
     - ``postgresql://user@host:5432/db`` (or ``postgres://``) → ``PostgresDurability``.
-      Two query parameters are the adapter's, not libpq's, and are removed before the
-      rest reaches libpq: ``schema`` (the PostgreSQL schema holding the tables) and
-      ``lock_timeout`` (seconds to wait for a busy thread), as in
+      Three query parameters are the adapter's, not libpq's, and are removed before
+      the rest reaches libpq: ``schema`` (the PostgreSQL schema holding the tables),
+      ``lock_timeout`` (seconds to wait for a busy thread) and ``lease_expiry``
+      (seconds a thread lease lasts unless renewed), as in
       ``postgresql://app@db/app?schema=billing&lock_timeout=5&sslmode=require``.
     - ``memory://`` → ``InMemoryDurability`` (tests and examples only)
 
@@ -223,11 +224,17 @@ def open_durability(
             raise ValueError("lock_timeout= twice: in the durability URL and as an option")
         if timeout is not None:
             lock_timeout = _seconds("lock_timeout", timeout)
+        expiry = options.get("lease_expiry")
         return postgres.PostgresDurability(
             dsn,
             schema=options.get("schema", postgres.DEFAULT_SCHEMA),
             lock_timeout=postgres.DEFAULT_LOCK_TIMEOUT if lock_timeout is None else lock_timeout,
             connect_timeout=connect_timeout,
+            lease_expiry=(
+                postgres.DEFAULT_LEASE_EXPIRY
+                if expiry is None
+                else _seconds("lease_expiry", expiry)
+            ),
         )
     if scheme == "memory":
         from intention_kernel.durability.memory import InMemoryDurability

@@ -2,31 +2,34 @@
 
 Design, and why:
 
-- **Per-thread serialization with a session-level advisory lock** held on one
-  pooled connection for the whole turn. No transaction is open while the
-  interpreter or a capability runs (the session sits idle, holding only the
-  lock), and the server drops the lock the moment the session ends: a killed
-  worker frees its threads at once, a vanished host within about 25 seconds
-  (server-side TCP keepalives and ``tcp_user_timeout``, set on every session).
-- **Every statement of a turn runs on that same connection.** A commit that
-  succeeds was therefore made by a session that still held the lock; if the
-  session died, the lock died with it and so does every later statement of
-  the turn, which then commits nothing. It also means one connection per
-  in-flight turn: a turn never waits for a second connection while holding
-  the first, so a full pool cannot deadlock.
-- **Fenced commit.** Result, checkpoint and events are one transaction that
-  inserts the ``(thread_id, turn_id)`` primary key and compares-and-sets the
-  thread version and owner, exactly as the SQLite adapter does. A lost commit
-  acknowledgement is resolved by the retry, which finds the turn row and replays.
+- **Per-thread serialization with leases**, not sessions. A turn takes its
+  thread in one statement: a row of ``ik_leases`` with an owner, a fencing epoch
+  that only grows, and an expiry on the server's clock. It then holds no session
+  while the interpreter or a capability runs, and borrows one per statement it
+  must write. A task renews the lease while the turn runs; a dead worker's
+  threads are free once their leases expire (``lease_expiry``, 30 s by default).
+- **Every write is fenced by the lease, in the same statement**: a receipt
+  prepare, a journal entry, the commit, an operator's resolution. A worker paused
+  past its lease (or cut off) finds each of them refused (``LeaseLostError``):
+  nothing it started is committed or announced. Only a provider call's outcome
+  is fenced by the attempt that prepared it instead, so it is still recorded
+  unless the next holder already judged the receipt uncertain.
+- **Fenced commit.** Result, checkpoint and events are one statement that checks
+  and releases the lease, inserts the ``(thread_id, turn_id)`` primary key and
+  compares-and-sets the thread version and owner, as the SQLite adapter does. A
+  lost commit acknowledgement is resolved by the retry, which finds the turn row.
 - **Outbox positions in commit order.** A sequence is not commit-ordered in
   PostgreSQL (position 5 can commit after 6, and a relay that saw 6 would skip
   5 forever), so turns insert their events unnumbered and ``read_outbox``
   first numbers every committed, unnumbered event from a counter row, one
   numbering transaction at a time. Turn commits take no global lock.
+- **Transaction poolers welcome.** No session state is used between
+  transactions: tables are named with their schema, no advisory lock outlives
+  its transaction, and no statement is prepared on the server.
 
 Modules: ``_schema`` (migrations and the turn-start function), ``_statements`` (SQL),
 ``_commit`` (the commit statement builder), ``_sessions`` (the pool, its retry, the
-cursor cache), ``_locks`` (advisory-lock sessions and relay claims), ``_recorder``
+cursor cache, the portability probe), ``_leases`` (thread leases and relay claims), ``_recorder``
 (the storage contract), ``_adapter`` (``PostgresDurability``).
 """
 
@@ -42,6 +45,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     ) from exc
 
 from intention_kernel.durability.postgres._adapter import (
+    DEFAULT_LEASE_EXPIRY as DEFAULT_LEASE_EXPIRY,
+)
+from intention_kernel.durability.postgres._adapter import (
     DEFAULT_LOCK_TIMEOUT as DEFAULT_LOCK_TIMEOUT,
 )
 from intention_kernel.durability.postgres._adapter import DEFAULT_SCHEMA as DEFAULT_SCHEMA
@@ -52,6 +58,7 @@ from intention_kernel.durability.postgres._commit import commit_statement as com
 from intention_kernel.durability.postgres._schema import BEGIN_TURN as BEGIN_TURN
 from intention_kernel.durability.postgres._schema import MIGRATIONS as MIGRATIONS
 from intention_kernel.durability.postgres._sessions import advisory_key as advisory_key
+from intention_kernel.durability.postgres._sessions import qualify as qualify
 from intention_kernel.durability.postgres._statements import (
     INSERT_RECEIPT_IF_NEW as INSERT_RECEIPT_IF_NEW,
 )

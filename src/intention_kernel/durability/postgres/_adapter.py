@@ -14,13 +14,21 @@ from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.durability.postgres._recorder import PostgresRecorder
 from intention_kernel.errors import StoreError
 
-__all__ = ["DEFAULT_LOCK_TIMEOUT", "DEFAULT_SCHEMA", "URL_OPTIONS", "PostgresDurability"]
+__all__ = [
+    "DEFAULT_LEASE_EXPIRY",
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_SCHEMA",
+    "URL_OPTIONS",
+    "PostgresDurability",
+]
 
 DEFAULT_SCHEMA = "intention_kernel"
 DEFAULT_LOCK_TIMEOUT = 30.0
+#: Seconds a thread lease lasts unless renewed: a dead worker's threads are free after it.
+DEFAULT_LEASE_EXPIRY = 30.0
 #: Query parameters of a ``postgresql://`` URL that ``open_durability`` takes for the
 #: adapter (they are not libpq's, which refuses unknown ones).
-URL_OPTIONS = ("schema", "lock_timeout")
+URL_OPTIONS = ("schema", "lock_timeout", "lease_expiry")
 
 
 class PostgresDurability(RecordedDurability):
@@ -34,9 +42,13 @@ class PostgresDurability(RecordedDurability):
       created and migrated on first use.
     - ``lock_timeout``: how long a turn waits for a busy thread before
       ``ThreadBusyError``.
-    - ``min_pool_size`` / ``max_pool_size``: the connection pool. Each in-flight
-      turn holds one session from its lock to its commit, so ``max_pool_size``
-      bounds the concurrent turns of this adapter.
+    - ``lease_expiry``: how long a thread lease lasts unless its holder renews it
+      (every third of it, while the turn runs). A worker that died, or was paused
+      longer than this, loses its threads: another worker takes them, and every
+      later write of the paused one is refused (``LeaseLostError``).
+    - ``min_pool_size`` / ``max_pool_size``: the connection pool. A turn borrows a
+      session for one statement at a time and holds none while its model or a
+      provider call runs, so the pool bounds statements in flight, not turns.
     - ``pool_timeout``: how long to wait for a free session (and, unless
       ``connect_timeout`` is given, to connect); a turn's wait for a session is bounded
       by this, not by ``lock_timeout``, so a turn on an idle thread never fails because
@@ -45,11 +57,12 @@ class PostgresDurability(RecordedDurability):
       libpq's bound on each connection attempt (whole seconds, at least 2); the CLI
       passes a short one, so that an unreachable server is reported at once.
 
-    Each is finite, non-negative seconds (``pool_timeout`` and ``connect_timeout``
-    more than 0); NaN, infinity and negative values are refused with ``ValueError``.
+    Each is finite, non-negative seconds (``pool_timeout``, ``connect_timeout`` and
+    ``lease_expiry`` more than 0); NaN, infinity and negative values are refused
+    with ``ValueError``.
 
-    Session-level advisory locks need a real session per client: behind a pooler
-    such as PgBouncer, use session pooling, not transaction pooling.
+    No session carries state between transactions, so a transaction pooler
+    (PgBouncer in transaction mode, Supabase's, Neon's) works in front of the server.
     """
 
     def __init__(
@@ -62,9 +75,12 @@ class PostgresDurability(RecordedDurability):
         max_pool_size: int = 10,
         pool_timeout: float = 30.0,
         connect_timeout: float | None = None,
+        lease_expiry: float = DEFAULT_LEASE_EXPIRY,
     ) -> None:
         if not schema or "\x00" in schema or len(schema.encode()) > 63:
             raise ValueError(f"not a PostgreSQL schema name: {schema!r}")
+        if "%" in schema:  # statements name the schema, and psycopg reads % as a placeholder
+            raise ValueError(f"a schema name with '%' is not supported: {schema!r}")
         if not 0 <= min_pool_size <= max_pool_size or max_pool_size < 1:
             raise ValueError("need 0 <= min_pool_size <= max_pool_size and max_pool_size >= 1")
         lock_timeout = check_seconds("lock_timeout", lock_timeout)
@@ -72,18 +88,27 @@ class PostgresDurability(RecordedDurability):
             raise ValueError("pool_timeout must be more than 0 seconds")
         if connect_timeout is not None and not check_seconds("connect_timeout", connect_timeout):
             raise ValueError("connect_timeout must be more than 0 seconds")
+        if not check_seconds("lease_expiry", lease_expiry):
+            raise ValueError("lease_expiry must be more than 0 seconds")
         _check_dsn(dsn)
         self.schema = schema
         self._sessions = PostgresRecorder(
-            dsn, schema, lock_timeout, (min_pool_size, max_pool_size), pool_timeout, connect_timeout
+            dsn,
+            schema,
+            lock_timeout,
+            (min_pool_size, max_pool_size),
+            pool_timeout,
+            connect_timeout,
+            lease_expiry,
         )
         super().__init__(self._sessions)
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
-        """One of the adapter's pooled sessions, held for the block, configured as the
-        sessions its turns run on (``search_path`` set to ``schema``, generic plans, TCP
-        keepalives), in autocommit mode; opens the adapter if it is not open yet.
+        """One of the adapter's pooled sessions, held for the block, in autocommit mode;
+        opens the adapter if it is not open yet. Like every session of the adapter it
+        carries no settings: name the adapter's tables in ``schema`` (or set
+        ``search_path`` in the block).
 
         For the application's own statements beside the adapter's: its own tables, a
         diagnostic, an ``EXPLAIN`` of a query of the adapter's. A held session is one

@@ -15,8 +15,9 @@ __all__ = ["COMMIT_PARTS", "commit_parts", "commit_statement"]
 UPSERT_THREAD = """
     INSERT INTO ik_threads (thread_id, tenant_id, version, schema_revision, fingerprint,
                             checkpoint, next_seq, updated_at, message_seq)
-    VALUES (%(thread_id)s, %(tenant_id)s, %(version)s, %(schema_revision)s, %(fingerprint)s,
-            %(checkpoint)s, 1 + %(events)s, %(created_at)s, %(appended)s)
+    SELECT %(thread_id)s, %(tenant_id)s, %(version)s, %(schema_revision)s, %(fingerprint)s,
+           %(checkpoint)s, 1 + %(events)s, %(created_at)s, %(appended)s
+    FROM lease
     ON CONFLICT (thread_id) DO UPDATE SET
         tenant_id = excluded.tenant_id, version = excluded.version,
         schema_revision = excluded.schema_revision, fingerprint = excluded.fingerprint,
@@ -33,6 +34,7 @@ UPDATE_THREAD = """
         fingerprint = %(fingerprint)s, checkpoint = %(checkpoint)s,
         next_seq = next_seq + %(events)s, updated_at = %(created_at)s,
         message_seq = message_seq + %(appended)s
+    FROM lease
     WHERE thread_id = %(thread_id)s AND version = %(expected_version)s
       AND tenant_id IS NOT DISTINCT FROM %(tenant_id)s
     RETURNING next_seq, message_seq
@@ -42,18 +44,15 @@ UPDATE_THREAD = """
 # returned: a fenced commit writes nothing and returns no row; a turn ID committed
 # meanwhile violates ``ik_turns_pkey`` and aborts the statement.
 #
-# The commit also hands the thread lock over to its own transaction, which saves
-# the turn a separate UNLOCK round trip: it takes the same advisory key at
-# transaction level (granted at once, the session holding it already), then drops
-# the session-level hold. The server releases a transaction's locks only after its
-# commit is durable and visible to new snapshots (or after its rollback), so the
-# next holder of the thread always reads this turn. Dropping the session hold
-# before taking the transaction one would let another worker lock the thread and
-# read it without this commit (to be fenced later); the ``xact_lock`` CTE is
-# materialized, and the unlock reads it, so that the order is fixed. The unlock
-# also reads ``turn``, so that it runs only once the turn row is in: the usual
-# failure (the turn ID committed meanwhile) leaves the session lock as it was,
-# for ``_release``. ``released`` says whether the session hold was dropped. Parameters are
+# The commit is fenced by the turn's lease, and releases it, in its first part
+# (``lease``): the lease row, still at the turn's epoch and alive on the server's
+# clock, lapses at once; the thread's compare-and-set reads that part, so a turn
+# that lost its lease writes nothing (see FENCE in ``_statements`` for why the row
+# lock settles every race with a takeover). The release commits with the turn: a
+# worker taking the thread next waits for the lease row, then reads this commit.
+# A refused commit (the turn ID committed meanwhile) rolls the release back too,
+# and the adapter lets go of the lease itself. ``leased`` says whether the lease
+# held; a NULL ``next_seq`` with it, that the thread version moved. Parameters are
 # the ``TurnRecord`` fields, with ``events`` the count and ``event_*`` arrays, and
 # the checkpoint's rows as arrays (see ``TurnRecord``). The parts of one statement
 # share a snapshot: the deletes see only the rows stored before it, never the ones
@@ -67,8 +66,11 @@ UPDATE_THREAD = """
 # one whose input is an empty array, and a usual turn writes through six of the ten
 # writing parts (no fact removed, no rewrite, no receipt of another turn to mark).
 COMMIT_HEAD = """
-    WITH xact_lock AS MATERIALIZED (
-        SELECT pg_try_advisory_xact_lock(%(lock)s) AS held
+    WITH lease AS (
+        UPDATE ik_leases SET expires_at = 'epoch'
+        WHERE thread_id = %(thread_id)s AND kind = 'turn' AND epoch = %(lease_epoch)s
+          AND owner = %(lease_owner)s AND expires_at > clock_timestamp()
+        RETURNING epoch
     ), thread AS ({thread}), turn AS (
         INSERT INTO ik_turns (thread_id, turn_id, request_digest, version, result, created_at,
                               announced)
@@ -147,9 +149,7 @@ COMMIT_PARTS = {
     )""",
 }
 COMMIT_TAIL = """
-    SELECT next_seq, (SELECT pg_advisory_unlock(%(lock)s) FROM xact_lock, turn
-                      WHERE xact_lock.held AND turn.inserted) AS released
-    FROM thread
+    SELECT (SELECT next_seq FROM thread), (SELECT count(*) FROM lease) AS leased
 """
 
 

@@ -1,13 +1,20 @@
 """The PostgreSQL recorder: the storage contract's reads and writes, as statements.
 
-Transactions per turn: one read, one statement per effect state change, and one commit
-for result + checkpoint + events; a turn that records model rounds adds one read of its
-journal and one statement per round recorded.
+Transactions per turn: one to take the lease and read, one statement per effect
+state change, and one commit for result + checkpoint + events (which also releases
+the lease); a turn that records model rounds adds one read of its journal and one
+statement per round recorded. A turn longer than a third of the lease's expiry adds
+a renewal per third. Each borrows a pooled session for one statement: no session is
+held while the model or a provider call runs.
+
+Every write a turn makes under its lease is fenced by it (``FENCE``), but one: the
+outcome of a provider call, which is fenced by the attempt that prepared it
+(``SETTLE_RECEIPT``), so that it is recorded even after the lease was lost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any
@@ -46,7 +53,7 @@ from intention_kernel.durability.abc import (
     TurnStart,
 )
 from intention_kernel.durability.postgres._commit import commit_parts, commit_statement
-from intention_kernel.durability.postgres._locks import PostgresLocks
+from intention_kernel.durability.postgres._leases import PostgresLeases
 from intention_kernel.durability.postgres._schema import BEGIN_TURN, turn_start
 from intention_kernel.durability.postgres._sessions import Connection, execute, fetch_value, present
 from intention_kernel.durability.postgres._statements import (
@@ -55,6 +62,7 @@ from intention_kernel.durability.postgres._statements import (
     DELETE_INBOX,
     DELETE_MESSAGES,
     HAS_UNSEQUENCED,
+    HOLD_LEASE,
     INBOX_POSITION,
     INSERT_CANCEL,
     INSERT_EVENT,
@@ -81,6 +89,7 @@ from intention_kernel.durability.postgres._statements import (
     SELECT_INBOX_ENTRY,
     SELECT_INTERACTIONS,
     SELECT_JOURNAL,
+    SELECT_JOURNAL_ENTRY,
     SELECT_OUTBOX,
     SELECT_RECEIPT,
     SELECT_THREAD,
@@ -94,17 +103,17 @@ from intention_kernel.durability.postgres._statements import (
     receipts_query,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
-from intention_kernel.errors import FencedCommitError, StoreError
+from intention_kernel.errors import FencedCommitError, LeaseLostError
 from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = ["PostgresRecorder"]
 
 
-class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
-    # The thread lock dies with its session, and a session can die (killed by an
-    # administrator, cut by the network) while its worker's provider call still runs:
-    # a ``prepared`` receipt under the lock may be a live attempt's. A write awaits the
-    # pool and the server, so a cancellation can interrupt it.
+class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
+    # A lease can be lost (it lapsed while its worker was paused, or the worker lost
+    # the server) while its worker's provider call still runs: a ``prepared`` receipt
+    # under a lease may be a live attempt's. A write awaits the pool and the server,
+    # so a cancellation can interrupt it.
     options = RecorderOptions(finishes_writes_when_cancelled=False, attempts_outlive_lock=True)
 
     # -- turns ---------------------------------------------------------------------------------
@@ -112,20 +121,21 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
     async def begin_turn(
         self, thread_id: str, turn_id: str, known_version: int | None
     ) -> TurnStart:
+        params = {"thread_id": thread_id, "turn_id": turn_id, "known_version": known_version}
+
         async def read(conn: Connection) -> TurnStart:
-            params = {"thread_id": thread_id, "turn_id": turn_id, "known_version": known_version}
-            cur = await execute(conn, BEGIN_TURN, params)
+            cur = await execute(conn, self._q(BEGIN_TURN), params)
             return turn_start(present(await cur.fetchone())[1:])
 
-        return await self._run(thread_id, read)
+        return await self._run(read)
 
     async def read_thread(self, thread_id: str) -> StoredThread | None:
         async def read(conn: Connection) -> StoredThread | None:
-            cur = await conn.execute(SELECT_THREAD, {"thread_id": thread_id})
+            cur = await conn.execute(self._q(SELECT_THREAD), {"thread_id": thread_id})
             row = await cur.fetchone()
             return None if row is None else _thread(*row)
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     async def commit_turn(self, record: TurnRecord) -> None:
         params = {f.name: getattr(record, f.name) for f in fields(record)}
@@ -143,65 +153,97 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
             mark_announced=list(record.mark_announced),
         )
         del params["facts"]
-        statement = commit_statement(record.expected_version == 0, commit_parts(record))
-        held = self._held.get(record.thread_id)
-        params["lock"] = held.key if held else self._thread_key(record.thread_id)
+        statement = self._q(commit_statement(record.expected_version == 0, commit_parts(record)))
+        lease = self._leases.get(record.thread_id)
+        params.update(self.lease_params(record.thread_id))
 
         async def commit(conn: Connection) -> None:
             if _faults.armed:  # as the one-statement commit transaction is sent
                 _faults.reach(_faults.DURING_COMMIT)
             try:
-                committed = await (await execute(conn, statement, params)).fetchone()
+                row = await (await execute(conn, statement, params)).fetchone()
             except UniqueViolation as exc:
                 if exc.diag.constraint_name == "ik_turns_pkey":
                     raise fenced(record, "the turn ID was committed by another worker") from exc
                 raise
-            if committed is None:
+            next_seq, leased = present(row)
+            if not leased:
+                raise lease_lost(record)
+            if next_seq is None:
                 raise fenced(record, "the thread version moved")
-            if held is not None and held.conn is conn and committed[1]:
-                held.committed = True
+            if lease is not None:
+                lease.committed = True  # the statement released it
 
-        await self._run(record.thread_id, commit)
+        # Not repeated on another session if this one breaks: the commit may have
+        # landed, and the turn then raises StoreError. Its redelivery finds the turn
+        # row and replays it, or runs the turn again if nothing landed.
+        await self._run(commit, repeat=False)
 
     # -- the journal -------------------------------------------------------------------------
 
     async def read_journal(self, thread_id: str, turn_id: str) -> list[JournalEntry]:
         async def read(conn: Connection) -> list[JournalEntry]:
-            cur = await execute(conn, SELECT_JOURNAL, (thread_id, turn_id))
+            cur = await execute(conn, self._q(SELECT_JOURNAL), (thread_id, turn_id))
             return [
                 JournalEntry(thread_id, turn_id, key, digest, value, _utc(created_at), tenant)
                 for key, digest, value, created_at, tenant in await cur.fetchall()
             ]
 
-        return await self._run(thread_id, read)
+        return await self._run(read)
 
     async def write_journal(self, entry: JournalEntry) -> None:
-        row = (
-            entry.thread_id,
-            entry.turn_id,
-            entry.key,
+        params = {
+            **self.lease_params(entry.thread_id),
+            "turn_id": entry.turn_id,
+            "key": entry.key,
+            "request_digest": entry.request_digest,
+            "value": entry.value,
+            "created_at": entry.created_at,
+            "tenant_id": entry.tenant_id,
+        }
+        tries = 0
+
+        async def write(conn: Connection) -> None:
+            # One statement, fenced by the lease: no entry is written without it.
+            nonlocal tries
+            tries += 1
+            try:
+                leased, _ = present(
+                    await (await execute(conn, self._q(INSERT_JOURNAL), params)).fetchone()
+                )
+            except UniqueViolation as exc:
+                if exc.diag.constraint_name != "ik_journal_pkey":
+                    raise
+                if tries > 1 and await self._journaled(conn, entry):
+                    return  # this very write, applied before its session broke
+                raise journal_conflict(entry) from exc
+            if not leased:
+                raise LeaseLostError(
+                    f"journal entry {entry.key!r} of turn {entry.turn_id!r} on thread "
+                    f"{entry.thread_id!r} was not recorded: the turn's lease was lost",
+                    thread_id=entry.thread_id,
+                    turn_id=entry.turn_id,
+                    key=entry.key,
+                )
+
+        await self._run(write)
+
+    async def _journaled(self, conn: Connection, entry: JournalEntry) -> bool:
+        cur = await conn.execute(
+            self._q(SELECT_JOURNAL_ENTRY), (entry.thread_id, entry.turn_id, entry.key)
+        )
+        row = await cur.fetchone()
+        return row is not None and (row[0], row[1], row[2], row[3]) == (
             entry.request_digest,
             entry.value,
             entry.created_at,
             entry.tenant_id,
         )
 
-        async def write(conn: Connection) -> None:
-            # One autocommitted statement on the lock's session: a session that died
-            # with the lock fails it, so no entry is written without the lock.
-            try:
-                await execute(conn, INSERT_JOURNAL, row)
-            except UniqueViolation as exc:
-                if exc.diag.constraint_name == "ik_journal_pkey":
-                    raise journal_conflict(entry) from exc
-                raise
-
-        await self._run(entry.thread_id, write)
-
     # -- the inbox -----------------------------------------------------------------------------
 
-    # Pooled sessions (``_run(None, ...)``): a message is accepted while another turn,
-    # maybe of this process, holds the thread's lock and its session.
+    # Pooled sessions, one statement or transaction at a time: a message is accepted
+    # while another turn, maybe of this process, holds the thread's lease.
 
     async def enqueue(self, entry: InboxEntry) -> int | None:
         row = (
@@ -218,12 +260,12 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
             # One transaction: the committed-turn check, the insert and the count.
             # Repeated after a lost acknowledgement, it finds its own entry.
             async with conn.transaction():
-                if await (await execute(conn, SELECT_TURN_EXISTS, key)).fetchone():
+                if await (await execute(conn, self._q(SELECT_TURN_EXISTS), key)).fetchone():
                     return None
-                inserted = await (await execute(conn, INSERT_INBOX, row)).fetchone()
+                inserted = await (await execute(conn, self._q(INSERT_INBOX), row)).fetchone()
                 if inserted is None:
                     seq, digest = present(
-                        await (await execute(conn, SELECT_INBOX_ENTRY, key)).fetchone()
+                        await (await execute(conn, self._q(SELECT_INBOX_ENTRY), key)).fetchone()
                     )
                     if (
                         entry.request_digest is not None
@@ -233,27 +275,29 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
                         raise inbox_conflict(entry)
                 else:
                     seq = inserted[0]
-                position: int = await fetch_value(conn, INBOX_POSITION, entry.thread_id, seq)
+                position: int = await fetch_value(
+                    conn, self._q(INBOX_POSITION), entry.thread_id, seq
+                )
                 return position
 
-        return await self._run(None, write)
+        return await self._run(write)
 
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
         async def read(conn: Connection) -> list[InboxEntry]:
-            cur = await execute(conn, SELECT_INBOX, (thread_id,))
+            cur = await execute(conn, self._q(SELECT_INBOX), (thread_id,))
             return [
                 InboxEntry(thread_id, turn_id, tenant_id, digest, request, _utc(at), seq)
                 for turn_id, tenant_id, digest, request, at, seq in await cur.fetchall()
             ]
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         async def write(conn: Connection) -> bool:
-            cur = await execute(conn, DELETE_INBOX, (thread_id, turn_id))
+            cur = await execute(conn, self._q(DELETE_INBOX), (thread_id, turn_id))
             return cur.rowcount == 1
 
-        return await self._run(None, write)
+        return await self._run(write)
 
     async def request_cancel(
         self, thread_id: str, turn_id: str, reason: str | None, at: datetime
@@ -263,93 +307,154 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
         async def write(conn: Connection) -> str:
             # One transaction: the committed-turn check, the request and the dequeue.
             async with conn.transaction():
-                if await (await execute(conn, SELECT_TURN_EXISTS, key)).fetchone():
+                if await (await execute(conn, self._q(SELECT_TURN_EXISTS), key)).fetchone():
                     return "committed"
-                await execute(conn, INSERT_CANCEL, (thread_id, turn_id, reason, at))
-                removed = (await execute(conn, DELETE_INBOX, key)).rowcount
+                await execute(conn, self._q(INSERT_CANCEL), (thread_id, turn_id, reason, at))
+                removed = (await execute(conn, self._q(DELETE_INBOX), key)).rowcount
                 return "dequeued" if removed else "requested"
 
-        return await self._run(None, write)
+        return await self._run(write)
 
     async def thread_version(self, thread_id: str) -> int:
         async def read(conn: Connection) -> int:
-            row = await (await execute(conn, SELECT_VERSION, (thread_id,))).fetchone()
+            row = await (await execute(conn, self._q(SELECT_VERSION), (thread_id,))).fetchone()
             return int(row[0]) if row is not None else 0
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
         async def write(conn: Connection) -> None:
-            await execute(conn, INSERT_INTERRUPT, (thread_id, base_version, at))
+            await execute(conn, self._q(INSERT_INTERRUPT), (thread_id, base_version, at))
 
-        await self._run(None, write)
+        await self._run(write)
 
     async def read_cancel(
         self, thread_id: str, turn_id: str, base_version: int
     ) -> tuple[str | None, str | None]:
         async def read(conn: Connection) -> tuple[str | None, str | None]:
             params = (thread_id, turn_id, thread_id, base_version)
-            row = await (await execute(conn, SELECT_CANCEL, params)).fetchone()
+            row = await (await execute(conn, self._q(SELECT_CANCEL), params)).fetchone()
             if row is None:
                 return None, None
             return ("cancel", row[1]) if row[0] == 0 else ("interrupt", None)
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     # -- effects -------------------------------------------------------------------------------
 
     async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
+        lease = self.lease_params(thread_id)
+        # Planned once, outside the hop: a hop repeated after its session broke then
+        # recognizes its own receipt (same ID) instead of taking it for another's.
+        first = plan(None)
+        tries = 0
+
         async def claim(conn: Connection) -> EffectPlan:
+            nonlocal tries
+            tries += 1
             # Most keys are new: try what a first call writes, and read only if a
             # receipt was there already.
-            first = plan(None)
             if first.write is not None:
-                params = _receipt_params(first.write)
-                if (await execute(conn, INSERT_RECEIPT_IF_NEW, params)).rowcount == 1:
+                params = {**_receipt_params(first.write), **lease}
+                row = await (await execute(conn, self._q(INSERT_RECEIPT_IF_NEW), params)).fetchone()
+                leased, written = present(row)
+                if not leased:
+                    raise receipt_lease_lost(thread_id, key)
+                if written:
                     return first
             # No wrapping transaction: the write is one statement whose primary key
             # (insert) or compare-and-set (update) refuses it if anyone wrote the
-            # receipt since the read, which under the thread lock nobody should.
-            existing = _receipt(
-                await (await execute(conn, SELECT_RECEIPT, (thread_id, key))).fetchone()
-            )
+            # receipt since the read, which under the lease nobody should.
+            cur = await execute(conn, self._q(SELECT_RECEIPT), (thread_id, key))
+            existing = _receipt(await cur.fetchone())
+            own = first.write
+            if tries > 1 and own is not None and existing is not None and existing.id == own.id:
+                return first  # this hop's own insert, applied before its session broke
             decided = plan(existing)
             if decided.write is None:
                 return decided
             if existing is not None:
-                await _update_receipt(conn, decided.write, existing)
+                try:
+                    await self._fenced_update(conn, decided.write, existing, lease)
+                except LeaseLostError:
+                    raise
+                except FencedCommitError:
+                    if tries == 1 or not await self._stored(conn, decided.write):
+                        raise
                 return decided
             try:
-                await execute(conn, INSERT_RECEIPT, _receipt_params(decided.write))
+                row = await (
+                    await execute(
+                        conn, self._q(INSERT_RECEIPT), {**_receipt_params(decided.write), **lease}
+                    )
+                ).fetchone()
             except UniqueViolation as exc:
                 if exc.diag.constraint_name == "ik_receipts_pkey":
                     raise receipt_moved(decided.write) from exc
                 raise
+            if not present(row)[0]:
+                raise receipt_lease_lost(thread_id, key)
             return decided
 
-        return await self._run(thread_id, claim)
+        return await self._run(claim)
+
+    async def _fenced_update(
+        self, conn: Connection, new: Receipt, expected: Receipt, lease: dict[str, Any]
+    ) -> None:
+        """Write every column of ``new`` over ``expected``, fenced by ``lease``."""
+        params = {
+            **receipt_params(new, _same),
+            "expected_status": expected.status.value,
+            "expected_attempt": expected.attempt,
+            **lease,
+        }
+        leased, written = present(
+            await (await execute(conn, self._q(UPDATE_RECEIPT), params)).fetchone()
+        )
+        if not leased:
+            raise receipt_lease_lost(new.thread_id, new.key)
+        if written != 1:
+            raise receipt_moved(new)
+
+    async def _stored(self, conn: Connection, receipt: Receipt) -> bool:
+        """Whether the stored receipt is ``receipt`` (its status, attempt and time)."""
+        cur = await execute(conn, self._q(SELECT_RECEIPT), (receipt.thread_id, receipt.key))
+        stored = _receipt(await cur.fetchone())
+        return stored is not None and (stored.status, stored.attempt, stored.updated_at) == (
+            receipt.status,
+            receipt.attempt,
+            receipt.updated_at,
+        )
 
     async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
-        async def write(conn: Connection) -> None:
-            await _update_receipt(conn, receipt, expected)
+        write = receipt_write(receipt, expected, _same)
+        if not write.settles:
+            lease = self.lease_params(receipt.thread_id)
 
-        thread_id = receipt.thread_id
-        try:
-            await self._run(thread_id, write)
-        except StoreError:
-            held = self._held.get(thread_id)
-            if held is None or not await self._give_back_dead(held):
-                raise
-            # The turn's session (and its lock) died, here typically during the provider
-            # call, so the outcome is known but was not recorded: left ``prepared``, the
-            # receipt would turn uncertain and a completed write would wait for an
-            # operator. Record it once more on another session. Without the lock this is
-            # still safe: the write compares-and-sets the status and attempt that this
-            # call prepared, so if a turn that locked the thread since found the receipt
-            # prepared and made it uncertain (or an operator resolved it), the write is
-            # refused (FencedCommitError) and the receipt stays as they left it. The turn
-            # itself cannot commit: its next statement fails on the dead session.
-            await self._run(None, _settle_again(receipt, expected))
+            async def rewrite(conn: Connection) -> None:
+                await self._fenced_update(conn, receipt, expected, lease)
+
+            await self._run(rewrite, repeat=False)
+            return
+        tries = 0
+
+        async def settle(conn: Connection) -> None:
+            # The outcome of this attempt, fenced by the attempt and not by the lease
+            # (see SETTLE_RECEIPT): a provider call that returns after the lease was
+            # lost is still recorded, unless the next holder made the receipt
+            # uncertain first. Then the write is refused and the receipt stays as the
+            # next holder left it; the turn cannot commit, its lease being gone.
+            nonlocal tries
+            tries += 1
+            try:
+                write.check((await execute(conn, self._q(SETTLE_RECEIPT), write.params)).rowcount)
+            except FencedCommitError:
+                # A repeat of a write whose acknowledgement was lost with its session
+                # finds it applied: not a conflict.
+                if tries == 1 or not await self._stored(conn, receipt):
+                    raise
+
+        await self._run(settle)
 
     async def read_receipts(
         self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
@@ -357,24 +462,35 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
         query, filters = receipts_query(thread_id, status, tenant_id)
 
         async def read(conn: Connection) -> list[Receipt]:
-            rows = await (await conn.execute(query, filters)).fetchall()
+            rows = await (await conn.execute(self._q(query), filters)).fetchall()
             return [present(_receipt(row)) for row in rows]
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     async def resolve_receipt(self, thread_id: str, key: str, resolution: ResolutionFn) -> Receipt:
+        lease = self.lease_params(thread_id)
+
         async def apply(conn: Connection) -> Receipt:
             async with conn.transaction():
-                cur = await conn.execute(SELECT_RECEIPT, (thread_id, key))
+                # The lease first, its row locked to the end of the transaction: an
+                # operator whose lease lapsed resolves nothing.
+                if not await fetch_value(conn, self._q(HOLD_LEASE), lease):
+                    raise LeaseLostError(
+                        f"receipt {key!r} on thread {thread_id!r} was not resolved: the "
+                        "thread's lease was lost",
+                        thread_id=thread_id,
+                        key=key,
+                    )
+                cur = await conn.execute(self._q(SELECT_RECEIPT), (thread_id, key))
                 existing = _receipt(await cur.fetchone())
                 resolved, event = resolution(existing)
-                await _update_receipt(conn, resolved, present(existing))
+                await self._fenced_update(conn, resolved, present(existing), lease)
                 now = utcnow()
-                next_seq = await fetch_value(conn, BUMP_THREAD_SEQ, thread_id, now)
-                await _insert_events(conn, thread_id, None, [event], next_seq, now)
+                next_seq = await fetch_value(conn, self._q(BUMP_THREAD_SEQ), thread_id, now)
+                await self._insert_events(conn, thread_id, None, [event], next_seq, now)
                 return resolved
 
-        return await self._run(thread_id, apply)
+        return await self._run(apply, repeat=False)
 
     # -- outbox --------------------------------------------------------------------------------
 
@@ -388,62 +504,73 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
         async def read(conn: Connection) -> list[OutboxEvent]:
             # Number every event committed so far before reading, so that a caller
             # sees its own committed turns. Repeating it after a lost ack is harmless.
-            if await fetch_value(conn, HAS_UNSEQUENCED):
+            if await fetch_value(conn, self._q(HAS_UNSEQUENCED)):
                 async with conn.transaction():
-                    head = await fetch_value(conn, LOCK_OUTBOX_HEAD)
-                    await conn.execute(SEQUENCE_OUTBOX, {"head": head})
-            return [_event(row) for row in await (await conn.execute(query, args)).fetchall()]
+                    head = await fetch_value(conn, self._q(LOCK_OUTBOX_HEAD))
+                    await conn.execute(self._q(SEQUENCE_OUTBOX), {"head": head})
+            return [
+                _event(row) for row in await (await conn.execute(self._q(query), args)).fetchall()
+            ]
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     async def _sequence(self, conn: Connection) -> None:
         """Number every committed, unnumbered event (see SEQUENCE_OUTBOX)."""
-        if await fetch_value(conn, HAS_UNSEQUENCED):
+        if await fetch_value(conn, self._q(HAS_UNSEQUENCED)):
             async with conn.transaction():
-                head = await fetch_value(conn, LOCK_OUTBOX_HEAD)
-                await conn.execute(SEQUENCE_OUTBOX, {"head": head})
+                head = await fetch_value(conn, self._q(LOCK_OUTBOX_HEAD))
+                await conn.execute(self._q(SEQUENCE_OUTBOX), {"head": head})
 
     async def pending_threads(self, now: datetime, limit: int) -> list[str]:
         async def read(conn: Connection) -> list[str]:
             await self._sequence(conn)
-            cur = await conn.execute(PENDING_THREADS, {"now": now, "limit": limit})
+            cur = await conn.execute(self._q(PENDING_THREADS), {"now": now, "limit": limit})
             return [row[0] for row in await cur.fetchall()]
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     async def read_unpublished(self, thread_id: str, limit: int) -> list[OutboxDelivery]:
         async def read(conn: Connection) -> list[OutboxDelivery]:
-            cur = await conn.execute(SELECT_UNPUBLISHED, (thread_id, limit))
+            cur = await conn.execute(self._q(SELECT_UNPUBLISHED), (thread_id, limit))
             return [_delivery(row) for row in await cur.fetchall()]
 
-        return await self._on_claim(thread_id, read)
+        return await self._run(read)
 
     async def mark_published(self, thread_id: str, seqs: Sequence[int], at: datetime) -> None:
-        params = {"at": at, "thread_id": thread_id, "seqs": list(seqs)}
+        params = {**self.claim_params(thread_id), "at": at, "seqs": list(seqs)}
 
         async def mark(conn: Connection) -> None:
-            await conn.execute(MARK_PUBLISHED, params)
+            await conn.execute(self._q(MARK_PUBLISHED), params)
 
-        await self._on_claim(thread_id, mark)
+        await self._run(mark)
 
     async def mark_failed(
         self, thread_id: str, seq: int, attempts: int, error: str, retry_at: datetime
     ) -> None:
         async def mark(conn: Connection) -> None:
-            await conn.execute(MARK_FAILED, (attempts, error, retry_at, thread_id, seq))
+            params = {
+                **self.claim_params(thread_id),
+                "attempts": attempts,
+                "error": error,
+                "retry_at": retry_at,
+                "seq": seq,
+            }
+            await conn.execute(self._q(MARK_FAILED), params)
 
-        await self._on_claim(thread_id, mark)
+        await self._run(mark)
 
     async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog:
         async def read(conn: Connection) -> OutboxBacklog:
             async with conn.transaction():  # one snapshot for the count and the failures
                 await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                count, oldest = present(await (await conn.execute(SELECT_BACKLOG)).fetchone())
-                cur = await conn.execute(SELECT_FAILING, (failing_limit,))
+                count, oldest = present(
+                    await (await conn.execute(self._q(SELECT_BACKLOG))).fetchone()
+                )
+                cur = await conn.execute(self._q(SELECT_FAILING), (failing_limit,))
                 failing = [_delivery(row) for row in await cur.fetchall()]
             return OutboxBacklog(count, None if oldest is None else _utc(oldest), failing)
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     # -- deploy check, migration, retention ----------------------------------------------------
 
@@ -453,10 +580,10 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
         params = {"after": after or "", "below": below_revision, "limit": limit}
 
         async def read(conn: Connection) -> list[tuple[str, StoredThread]]:
-            rows = await (await conn.execute(SCAN_THREADS, params)).fetchall()
+            rows = await (await conn.execute(self._q(SCAN_THREADS), params)).fetchall()
             return [(row[0], _thread(*row[1:])) for row in rows]
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     async def read_interactions(
         self, after: str | None, limit: int, owner: ThreadOwner | None
@@ -470,18 +597,28 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
         }
 
         async def read(conn: Connection) -> list[tuple[str, StoredThread]]:
-            rows = await (await conn.execute(SELECT_INTERACTIONS, params)).fetchall()
+            rows = await (await conn.execute(self._q(SELECT_INTERACTIONS), params)).fetchall()
             return [(row[0], StoredThread(row[1], row[2], row[3])) for row in rows]
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
         thread_id, messages = rewrite.thread_id, list(rewrite.messages)
 
+        lease = self._leases.get(thread_id)
+
         async def write(conn: Connection) -> None:
             async with conn.transaction():
+                # Under a lease (a migration holds one), fenced by it as well.
+                if lease is not None and not await fetch_value(
+                    conn, self._q(HOLD_LEASE), lease.params
+                ):
+                    raise LeaseLostError(
+                        f"thread {thread_id!r} was not migrated: its lease was lost",
+                        thread_id=thread_id,
+                    )
                 cur = await conn.execute(
-                    REWRITE_THREAD,
+                    self._q(REWRITE_THREAD),
                     (
                         rewrite.checkpoint,
                         rewrite.schema_revision,
@@ -497,22 +634,22 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
                         f"thread {thread_id!r} moved on while its checkpoint was migrated",
                         thread_id=thread_id,
                     )
-                await conn.execute(DELETE_MESSAGES, (thread_id,))
+                await conn.execute(self._q(DELETE_MESSAGES), (thread_id,))
                 first = returned[0] - len(messages) + 1
-                await conn.execute(INSERT_MESSAGES, (thread_id, first, messages))
-                await conn.execute(DELETE_FACTS, (thread_id,))
+                await conn.execute(self._q(INSERT_MESSAGES), (thread_id, first, messages))
+                await conn.execute(self._q(DELETE_FACTS), (thread_id,))
                 keys = [key for key, _ in rewrite.facts]
                 bodies = [body for _, body in rewrite.facts]
-                await conn.execute(INSERT_FACTS, (thread_id, keys, bodies))
+                await conn.execute(self._q(INSERT_FACTS), (thread_id, keys, bodies))
 
-        await self._run(thread_id, write)
+        await self._run(write)
 
     async def prune_events(self, before: datetime, limit: int) -> int:
         async def prune(conn: Connection) -> int:
             await self._sequence(conn)  # only numbered events are deleted: number them
-            return (await conn.execute(PRUNE_EVENTS, (before, limit))).rowcount
+            return (await conn.execute(self._q(PRUNE_EVENTS), (before, limit))).rowcount
 
-        return await self._run(None, prune)
+        return await self._run(prune)
 
     async def stale_journals(
         self, before: datetime, after: tuple[str, str] | None, limit: int
@@ -520,18 +657,19 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
         args = (*(after or ("", "")), before, limit)
 
         async def read(conn: Connection) -> list[tuple[str, str]]:
-            cur = await conn.execute(STALE_JOURNALS, args)
+            cur = await conn.execute(self._q(STALE_JOURNALS), args)
             return [(row[0], row[1]) for row in await cur.fetchall()]
 
-        return await self._run(None, read)
+        return await self._run(read)
 
     async def prune_journal(self, thread_id: str, turn_id: str, before: datetime) -> int:
-        params = {"thread_id": thread_id, "turn_id": turn_id, "before": before}
+        # Fenced by the lease the caller took (``operations.prune``).
+        params = {**self.lease_params(thread_id), "turn_id": turn_id, "before": before}
 
         async def prune(conn: Connection) -> int:
-            return (await conn.execute(PRUNE_JOURNAL, params)).rowcount
+            return (await conn.execute(self._q(PRUNE_JOURNAL), params)).rowcount
 
-        return await self._run(thread_id, prune)
+        return await self._run(prune)
 
     async def prune_turns(
         self, before: datetime, after: tuple[str, str] | None, limit: int
@@ -539,11 +677,29 @@ class PostgresRecorder(PostgresLocks, Recorder, InboxRecorder):
         start = after or ("", "")
 
         async def prune(conn: Connection) -> tuple[int, tuple[str, str] | None]:
-            cur = await conn.execute(PRUNE_TURNS, (*start, before, limit))
+            cur = await conn.execute(self._q(PRUNE_TURNS), (*start, before, limit))
             keys = [(row[0], row[1]) for row in await cur.fetchall()]
             return len(keys), (max(keys) if len(keys) == limit else None)
 
-        return await self._run(None, prune)
+        return await self._run(prune)
+
+    async def _insert_events(
+        self,
+        conn: Connection,
+        thread_id: str,
+        turn_id: str | None,
+        events: Sequence[EventDraft],
+        next_seq: int,
+        now: datetime,
+    ) -> None:
+        """Append ``events``, numbered to end just before the thread's new ``next_seq``."""
+        first = next_seq - len(events)
+        rows = [
+            (e.id, thread_id, turn_id, first + i, e.type, dump_value(e.payload), now)
+            for i, e in enumerate(events)
+        ]
+        async with conn.cursor() as cur:
+            await cur.executemany(self._q(INSERT_EVENT), rows)
 
 
 def _thread(
@@ -556,24 +712,6 @@ def _thread(
     return stored_thread(version, tenant_id, checkpoint, messages, facts)
 
 
-async def _insert_events(
-    conn: Connection,
-    thread_id: str,
-    turn_id: str | None,
-    events: Sequence[EventDraft],
-    next_seq: int,
-    now: datetime,
-) -> None:
-    """Append ``events``, numbered to end just before the thread's new ``next_seq``."""
-    first = next_seq - len(events)
-    rows = [
-        (e.id, thread_id, turn_id, first + i, e.type, dump_value(e.payload), now)
-        for i, e in enumerate(events)
-    ]
-    async with conn.cursor() as cur:
-        await cur.executemany(INSERT_EVENT, rows)
-
-
 def _receipt_params(r: Receipt) -> dict[str, Any]:
     """The receipt's columns as stored here: times as ``timestamptz``."""
     return receipt_params(r, _same)
@@ -583,30 +721,21 @@ def _same(moment: datetime) -> datetime:
     return moment
 
 
-def _settle_again(new: Receipt, expected: Receipt) -> Callable[[Connection], Awaitable[None]]:
-    """The receipt write ``new`` over ``expected``, safe to repeat: a write found applied
-    already (its acknowledgement lost with a session) is not refused as a conflict."""
-
-    async def write(conn: Connection) -> None:
-        try:
-            await _update_receipt(conn, new, expected)
-        except FencedCommitError:
-            cur = await execute(conn, SELECT_RECEIPT, (new.thread_id, new.key))
-            stored = _receipt(await cur.fetchone())
-            if stored is None or (stored.status, stored.attempt, stored.updated_at) != (
-                new.status,
-                new.attempt,
-                new.updated_at,
-            ):
-                raise
-
-    return write
+def receipt_lease_lost(thread_id: str, key: str) -> LeaseLostError:
+    return LeaseLostError(
+        f"receipt {key!r} on thread {thread_id!r} was not written: the turn's lease was lost",
+        thread_id=thread_id,
+        key=key,
+    )
 
 
-async def _update_receipt(conn: Connection, new: Receipt, expected: Receipt) -> None:
-    write = receipt_write(new, expected, _same)
-    statement = SETTLE_RECEIPT if write.settles else UPDATE_RECEIPT
-    write.check((await execute(conn, statement, write.params)).rowcount)
+def lease_lost(record: TurnRecord) -> LeaseLostError:
+    return LeaseLostError(
+        f"turn {record.turn_id!r} of thread {record.thread_id!r} was not committed: its "
+        "lease on the thread lapsed or was taken over while it ran",
+        thread_id=record.thread_id,
+        turn_id=record.turn_id,
+    )
 
 
 def _receipt(row: Sequence[Any] | None) -> Receipt | None:

@@ -8,7 +8,13 @@ from typing import Any
 from intention_kernel.durability._rows import stored_thread
 from intention_kernel.durability.abc import StoredTurn, ThreadOwner, TurnStart
 
-__all__ = ["BEGIN_TURN", "CHECKPOINT_ROWS", "MIGRATIONS", "START_TURN", "turn_start"]
+__all__ = [
+    "BEGIN_TURN",
+    "CHECKPOINT_ROWS",
+    "MIGRATIONS",
+    "START_TURN",
+    "turn_start",
+]
 
 # A thread's checkpoint rows: messages oldest first, facts as [key, body] pairs in
 # recording order (``ordinal`` survives an upsert). Scalar subqueries in a CASE run
@@ -19,7 +25,8 @@ CHECKPOINT_ROWS = """
     CASE WHEN {ship} THEN (SELECT array_agg(ARRAY[key, body] ORDER BY ordinal) FROM ik_facts
                            WHERE thread_id = {thread_id}) END
 """
-# A turn's start in one round trip: ``ik_start_turn(lock, thread, turn, known)``.
+# A turn's start in one round trip, as schema versions 6 to 12 had it (migration 13
+# replaces it by ``ik_start_turn_leased``, below): ``ik_start_turn(lock, thread, turn, known)``.
 #
 # First the committed turn: found, it is returned as it is, without the lock (a
 # replay writes nothing, and a committed turn never changes but for its pruning).
@@ -105,8 +112,119 @@ $$;
 
 
 START_TURN_FUNCTION = _start_turn_function(_RECEIPT_CLAIM)
-START_TURN = "SELECT * FROM ik_start_turn(%(lock)s, %(thread_id)s, %(turn_id)s, %(known_version)s)"
-BEGIN_TURN = "SELECT * FROM ik_start_turn(NULL, %(thread_id)s, %(turn_id)s, %(known_version)s)"
+
+# Thread leases (migration 13). A lease row per thread and kind ('turn' for turns and
+# operator actions, 'relay' for the outbox relay): who holds it, a fencing ``epoch``
+# and when it lapses, on the server's clock. Taking a lease bumps the epoch, so every
+# holder has an epoch of its own; its writes name that epoch and fail once it moved.
+# Rows are never deleted: a deleted row would restart its epoch at 1, and a holder of
+# an earlier epoch 1 could write again. A released lease lapses at once (its expiry
+# goes back to 1970).
+#
+# ``ik_start_turn_leased(take, thread, turn, known, owner, expiry)``: the committed turn
+# if there is one, answered without a lease (a replay writes nothing); else the lease,
+# taken only if it lapsed, and then the read, in a snapshot taken after the lease was
+# granted (a VOLATILE function takes one per query, under READ COMMITTED). The upsert
+# waits for the row lock of a commit that releases the lease, so the read that follows
+# sees that commit. A thread with no committed turn is claimed by its first receipt's
+# tenant or, with none, its first journal entry's (see migration 12). ``epoch`` is
+# NULL for a replay; no row means another holder's lease is alive. With ``take``
+# false only the read runs (``begin_turn``).
+# ``SET search_path FROM CURRENT`` pins the function to its schema: behind a transaction
+# pooler no session setting can be relied on.
+LEASES = (
+    """
+CREATE TABLE ik_leases (
+    thread_id text NOT NULL, kind text NOT NULL, owner text NOT NULL,
+    epoch bigint NOT NULL, expires_at timestamptz NOT NULL,
+    CONSTRAINT ik_leases_pkey PRIMARY KEY (thread_id, kind)
+);
+DO $$
+BEGIN
+    -- lz4 for the long text columns, where the server has it: a session setting
+    -- (default_toast_compression) did this before, and sessions carry no settings now.
+    IF EXISTS (SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression'
+               AND 'lz4' = ANY(enumvals)) THEN
+        EXECUTE 'ALTER TABLE ik_threads ALTER COLUMN checkpoint SET COMPRESSION lz4';
+        EXECUTE 'ALTER TABLE ik_turns ALTER COLUMN result SET COMPRESSION lz4';
+        EXECUTE 'ALTER TABLE ik_journal ALTER COLUMN value SET COMPRESSION lz4';
+    END IF;
+END
+$$;
+CREATE OR REPLACE FUNCTION ik_start_turn(p_lock bigint, p_thread text, p_turn text,
+                                         p_known bigint)
+RETURNS TABLE (locked boolean, request_digest text, result text, expired boolean,
+               version bigint, tenant_id text, claimed_by text[], checkpoint text,
+               messages text[], facts text[])
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RAISE EXCEPTION 'this intention-kernel schema uses thread leases (schema version 13); '
+        'a worker of an older library shares it: upgrade every worker'
+        USING ERRCODE = 'object_not_in_prerequisite_state';
+END
+$$;
+CREATE FUNCTION ik_start_turn_leased(p_take boolean, p_thread text, p_turn text,
+                                     p_known bigint, p_owner text, p_expiry interval)
+RETURNS TABLE (epoch bigint, request_digest text, result text, expired boolean,
+               version bigint, tenant_id text, claimed_by text[], checkpoint text,
+               messages text[], facts text[])
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    v_epoch bigint;
+BEGIN
+    IF p_take THEN
+        RETURN QUERY
+            SELECT NULL::bigint, t.request_digest, t.result, t.pruned_at IS NOT NULL,
+                   th.version, th.tenant_id, NULL::text[], NULL::text, NULL::text[],
+                   NULL::text[]
+            FROM ik_turns t LEFT JOIN ik_threads th ON th.thread_id = p_thread
+            WHERE t.thread_id = p_thread AND t.turn_id = p_turn;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        INSERT INTO ik_leases AS l (thread_id, kind, owner, epoch, expires_at)
+        VALUES (p_thread, 'turn', p_owner, 1, clock_timestamp() + p_expiry)
+        ON CONFLICT (thread_id, kind) DO UPDATE
+            SET owner = p_owner, epoch = l.epoch + 1,
+                expires_at = clock_timestamp() + p_expiry
+            WHERE l.expires_at <= clock_timestamp()
+        RETURNING l.epoch INTO v_epoch;
+        IF v_epoch IS NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY
+        WITH found AS (
+            SELECT t.request_digest, t.result, t.pruned_at IS NOT NULL AS expired,
+                   th.version, th.tenant_id, th.checkpoint,
+                   t.turn_id IS NULL AND th.version IS DISTINCT FROM p_known AS ship,
+                   t.turn_id IS NULL AND COALESCE(th.version, 0) = 0 AS unowned
+            FROM (SELECT 1) AS one
+            LEFT JOIN ik_threads th ON th.thread_id = p_thread
+            LEFT JOIN ik_turns t ON t.thread_id = p_thread AND t.turn_id = p_turn
+        )
+        SELECT v_epoch, request_digest, result, expired, version, tenant_id,
+               CASE WHEN unowned THEN """
+    + _RECEIPT_OR_JOURNAL_CLAIM
+    + """ END,
+               CASE WHEN ship THEN checkpoint END,
+"""
+    + CHECKPOINT_ROWS.format(ship="ship", thread_id="p_thread")
+    + """
+        FROM found;
+END
+$$;
+"""
+)
+START_TURN = (
+    "SELECT * FROM ik_start_turn_leased(true, %(thread_id)s, %(turn_id)s, %(known_version)s,"
+    " %(owner)s, %(expiry)s)"
+)
+BEGIN_TURN = (
+    "SELECT * FROM ik_start_turn_leased(false, %(thread_id)s, %(turn_id)s, %(known_version)s,"
+    " NULL, NULL)"
+)
 
 
 #: Ordered schema migrations, run inside the adapter's schema (``search_path``);
@@ -269,6 +387,10 @@ MIGRATIONS: tuple[str, ...] = (
     WHERE th.thread_id = j.thread_id AND th.version > 0;
     """
     + _start_turn_function(_RECEIPT_OR_JOURNAL_CLAIM),
+    # 13: thread leases replace session advisory locks (see LEASES). The old turn-start
+    # function now refuses: a worker of an older library, still running, fails its next
+    # turn with this message instead of locking threads that leases do not see.
+    LEASES,
 )
 
 
@@ -285,7 +407,7 @@ INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (%s,
 
 
 def turn_start(row: Sequence[Any]) -> TurnStart:
-    """A row of ``ik_start_turn`` without its ``locked`` column."""
+    """A row of ``ik_start_turn_leased`` without its ``epoch`` column."""
     digest, result, expired, version, tenant_id, claim, *stored = row
     if result is not None:
         return TurnStart(StoredTurn(digest, result, bool(expired)), None, tenant_id)

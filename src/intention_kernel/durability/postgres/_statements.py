@@ -9,38 +9,60 @@ from intention_kernel.durability._rows import OUTBOX_COLUMNS, RECEIPT_COLUMNS, s
 from intention_kernel.durability.postgres._schema import CHECKPOINT_ROWS
 from intention_kernel.effects import ReceiptStatus
 
-# Per session, once: our schema only (no surprise from a "$user" or public table),
-# and keepalives so that the server notices a vanished host (and drops its
-# advisory locks) within idle + interval * count = 25 s instead of hours. Keepalives
-# probe only a connection with nothing in flight: if the host vanished while the
-# server was sending (a result, a notice), the kernel retransmits instead, for about
-# 15 minutes by default (tcp_retries2). ``tcp_user_timeout`` (PostgreSQL 12+, where
-# the server's platform has TCP_USER_TIMEOUT) bounds that to the same 25 s, and with
-# keepalives on it also closes an idle connection once 25 s of probes went unanswered.
-# (All four are ignored on a Unix socket, which has no remote host.) And lz4,
-# where the server has it (PostgreSQL 14+ built with it), to compress what the
-# session writes out of line: a long thread's core (its receipt index, up to
-# ``max_receipts`` entries) is rewritten every turn, and the default pglz compresses
-# it more slowly. Values already stored keep their method, and any server with lz4
-# reads both. And generic plans only: in the default mode the server kept planning
-# the commit statement anew at every execution (custom plans look cheaper when its
-# gated parts fold away); every statement here is written for a generic plan, and a
-# partial index an operator's query needs is matched by a literal (read_receipts).
-CONFIGURE_SESSION = """
-    SELECT set_config('search_path', %s, false),
-           set_config('tcp_keepalives_idle', '10', false),
-           set_config('tcp_keepalives_interval', '5', false),
-           set_config('tcp_keepalives_count', '3', false),
-           set_config('plan_cache_mode', 'force_generic_plan', false),
-           (SELECT set_config(name, '25000', false) FROM pg_settings
-            WHERE name = 'tcp_user_timeout'),
-           (SELECT set_config(name, 'lz4', false) FROM pg_settings
-            WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals))
-"""
-
-TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
-UNLOCK = "SELECT pg_advisory_unlock(%s)"
 LOCK_XACT = "SELECT pg_advisory_xact_lock(%s)"
+
+# -- leases (see LEASES in ``_schema``) --
+# The fence every write of a lease holder carries, in the same statement: the row of
+# its lease, still at its epoch and alive on the server's clock, locked FOR SHARE
+# until the statement's transaction ends. Taking the lease over updates that row, so
+# the two conflict: either the write locked it first, and the taker waits for the
+# write's commit (the write then happened before the takeover, which reads it), or
+# the taker did, and the write waits, re-reads the row (READ COMMITTED) and finds
+# another epoch: it writes nothing. A write can therefore never land after another
+# holder took the thread. MATERIALIZED keeps the planner from folding it away.
+FENCE = """lease AS MATERIALIZED (
+        SELECT epoch FROM ik_leases
+        WHERE thread_id = %(thread_id)s AND kind = %(lease_kind)s AND epoch = %(lease_epoch)s
+          AND owner = %(lease_owner)s AND expires_at > clock_timestamp()
+        FOR SHARE)"""
+# A lease still alive is extended from now, by the server's clock; one that lapsed or
+# moved on is not (no row: the holder lost it).
+RENEW_LEASE = """
+    UPDATE ik_leases SET expires_at = clock_timestamp() + %(expiry)s
+    WHERE thread_id = %(thread_id)s AND kind = %(lease_kind)s AND epoch = %(lease_epoch)s
+      AND owner = %(lease_owner)s AND expires_at > clock_timestamp()
+    RETURNING true
+"""
+# Let go at the end of a turn that did not commit (a commit releases its own lease).
+# The owner names one acquisition (see ``_new_owner``), so it also releases a lease
+# whose grant was interrupted before its epoch came back.
+RELEASE_LEASE = """
+    UPDATE ik_leases SET expires_at = 'epoch'
+    WHERE thread_id = %(thread_id)s AND kind = %(lease_kind)s AND owner = %(lease_owner)s
+      AND expires_at > clock_timestamp()
+"""
+# A lease taken without a turn (``lock``: operator actions, relay claims).
+TAKE_LEASE = """
+    INSERT INTO ik_leases AS l (thread_id, kind, owner, epoch, expires_at)
+    VALUES (%(thread_id)s, %(lease_kind)s, %(lease_owner)s, 1, clock_timestamp() + %(expiry)s)
+    ON CONFLICT (thread_id, kind) DO UPDATE
+        SET owner = excluded.owner, epoch = l.epoch + 1,
+            expires_at = clock_timestamp() + %(expiry)s
+        WHERE l.expires_at <= clock_timestamp()
+    RETURNING l.epoch
+"""
+# The portability probe's row, and its attempt at a takeover (see ``_probe``).
+LEASE_PROBE_ROW = """
+    INSERT INTO ik_leases (thread_id, kind, owner, epoch, expires_at)
+    VALUES (%(thread_id)s, %(lease_kind)s, %(lease_owner)s, %(lease_epoch)s,
+            clock_timestamp() + interval '1 hour')
+"""
+TRY_LEASE_UPDATE = """
+    UPDATE ik_leases SET epoch = epoch + 1
+    WHERE thread_id = %(thread_id)s AND kind = %(lease_kind)s
+"""
+# Inside a transaction: the fence alone, its row lock held to the transaction's end.
+HOLD_LEASE = "WITH " + FENCE + " SELECT count(*) FROM lease"
 
 SELECT_THREAD = (
     "SELECT version, tenant_id, checkpoint,"
@@ -51,30 +73,52 @@ SELECT_THREAD = (
 
 READ_RECEIPTS = select_receipts(RECEIPT_COLUMNS)
 SELECT_RECEIPT = f"{READ_RECEIPTS} WHERE r.thread_id = %s AND r.key = %s"
-INSERT_RECEIPT = f"""
-    INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
-    VALUES (%(id)s, %(thread_id)s, %(key)s, %(status)s, %(turn_id)s, %(step_id)s,
+_RECEIPT_VALUES = """%(id)s, %(thread_id)s, %(key)s, %(status)s, %(turn_id)s, %(step_id)s,
             %(attempt)s, %(value)s, %(error)s, %(created_at)s, %(updated_at)s, %(resolution)s,
             %(announced)s, %(tenant_id)s, %(actor)s, %(capability_id)s, %(input)s,
-            %(approved_by)s)
+            %(approved_by)s"""
+# Receipt writes of a lease holder: each answers whether the lease held (``leased``)
+# and how many rows it wrote. The write reads the fence, so it writes nothing without it.
+INSERT_RECEIPT = f"""
+    WITH {FENCE}, written AS (
+        INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
+        SELECT {_RECEIPT_VALUES} FROM lease
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM written)
 """
 # The first call of an effect key, in one round trip: insert the planned receipt
 # unless one exists. Not a conflict hidden: no row inserted means the caller reads the
 # existing receipt and plans from it (``claim_effect``).
-INSERT_RECEIPT_IF_NEW = INSERT_RECEIPT + " ON CONFLICT (thread_id, key) DO NOTHING"
-# Compare-and-set: the receipt must still be in the state the caller last saw.
-UPDATE_RECEIPT = """
-    UPDATE ik_receipts
-    SET status = %(status)s, turn_id = %(turn_id)s, step_id = %(step_id)s,
-        attempt = %(attempt)s, value = %(value)s, error = %(error)s,
-        resolution = %(resolution)s, updated_at = %(updated_at)s, announced = %(announced)s,
-        actor = %(actor)s,
-        capability_id = %(capability_id)s, input = %(input)s, approved_by = %(approved_by)s
-    WHERE thread_id = %(thread_id)s AND key = %(key)s
-      AND status = %(expected_status)s AND attempt = %(expected_attempt)s
+INSERT_RECEIPT_IF_NEW = f"""
+    WITH {FENCE}, written AS (
+        INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
+        SELECT {_RECEIPT_VALUES} FROM lease
+        ON CONFLICT (thread_id, key) DO NOTHING
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM written)
 """
-# The outcome of an attempt (see ``is_settlement``): the same compare-and-set, writing
-# (and sending) only what an outcome changes.
+# Compare-and-set: the receipt must still be in the state the caller last saw, and
+# the caller must hold the thread's lease.
+UPDATE_RECEIPT = f"""
+    WITH {FENCE}, written AS (
+        UPDATE ik_receipts
+        SET status = %(status)s, turn_id = %(turn_id)s, step_id = %(step_id)s,
+            attempt = %(attempt)s, value = %(value)s, error = %(error)s,
+            resolution = %(resolution)s, updated_at = %(updated_at)s,
+            announced = %(announced)s, actor = %(actor)s,
+            capability_id = %(capability_id)s, input = %(input)s, approved_by = %(approved_by)s
+        FROM lease
+        WHERE thread_id = %(thread_id)s AND key = %(key)s
+          AND status = %(expected_status)s AND attempt = %(expected_attempt)s
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM written)
+"""
+# The outcome of an attempt (see ``is_settlement``): a compare-and-set on the attempt
+# that prepared it, writing (and sending) only what an outcome changes. Not fenced by
+# the lease: the outcome is a fact about that one attempt, and ``prepared`` with its
+# attempt number names it exactly (a later attempt has another number). So an outcome
+# known after the lease was lost is still recorded, unless the next holder already made
+# the receipt uncertain (or an operator resolved it), which this write never undoes.
 SETTLE_RECEIPT = """
     UPDATE ik_receipts
     SET status = %(status)s, value = %(value)s, error = %(error)s, updated_at = %(updated_at)s
@@ -123,12 +167,21 @@ SELECT_JOURNAL = """
     SELECT key, request_digest, value, created_at, tenant_id FROM ik_journal
     WHERE thread_id = %s AND turn_id = %s ORDER BY ordinal
 """
-# No ON CONFLICT: an entry already there is a conflict (the lock was lost), refused by
-# ``ik_journal_pkey``.
-INSERT_JOURNAL = """
-    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at,
-                            tenant_id)
-    VALUES (%s, %s, %s, %s, %s, %s, %s)
+# No ON CONFLICT: an entry already there is a conflict (the lease was lost), refused by
+# ``ik_journal_pkey``. Fenced: no entry is written without the lease.
+INSERT_JOURNAL = f"""
+    WITH {FENCE}, written AS (
+        INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at,
+                                tenant_id)
+        SELECT %(thread_id)s, %(turn_id)s, %(key)s, %(request_digest)s, %(value)s,
+               %(created_at)s, %(tenant_id)s
+        FROM lease
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM written)
+"""
+SELECT_JOURNAL_ENTRY = """
+    SELECT request_digest, value, created_at, tenant_id FROM ik_journal
+    WHERE thread_id = %s AND turn_id = %s AND key = %s
 """
 
 # -- the relay (see ``Recorder.claim_outbox``) --
@@ -149,13 +202,19 @@ SELECT_UNPUBLISHED = f"""
     WHERE thread_id = %s AND published_at IS NULL AND position IS NOT NULL
     ORDER BY seq LIMIT %s
 """
-MARK_PUBLISHED = """
-    UPDATE ik_outbox SET published_at = %(at)s
+# Marks of a relay that claimed the thread, fenced by its claim (a lease of kind
+# 'relay'), so that a relay whose claim lapsed never marks what another relay owns.
+MARK_PUBLISHED = f"""
+    WITH {FENCE}
+    UPDATE ik_outbox SET published_at = %(at)s FROM lease
     WHERE thread_id = %(thread_id)s AND seq = ANY(%(seqs)s) AND published_at IS NULL
 """
-MARK_FAILED = """
-    UPDATE ik_outbox SET attempts = %s, last_error = %s, retry_at = %s
-    WHERE thread_id = %s AND seq = %s AND published_at IS NULL
+MARK_FAILED = f"""
+    WITH {FENCE}
+    UPDATE ik_outbox SET attempts = %(attempts)s, last_error = %(error)s,
+        retry_at = %(retry_at)s
+    FROM lease
+    WHERE thread_id = %(thread_id)s AND seq = %(seq)s AND published_at IS NULL
 """
 SELECT_BACKLOG = "SELECT count(*), min(created_at) FROM ik_outbox WHERE published_at IS NULL"
 SELECT_FAILING = f"""
@@ -228,10 +287,13 @@ STALE_JOURNALS = """
     GROUP BY thread_id, turn_id HAVING max(created_at) < %s
     ORDER BY thread_id, turn_id LIMIT %s
 """
-# Then each turn's entries, all or none, under its thread's lock: an entry written
-# since the scan (a redelivery that ran meanwhile) keeps them all.
-PRUNE_JOURNAL = """
-    DELETE FROM ik_journal WHERE thread_id = %(thread_id)s AND turn_id = %(turn_id)s
+# Then each turn's entries, all or none, under its thread's lease: an entry written
+# since the scan (a redelivery that ran meanwhile) keeps them all. Fenced, so a
+# pruner whose lease lapsed deletes nothing.
+PRUNE_JOURNAL = f"""
+    WITH {FENCE}
+    DELETE FROM ik_journal USING lease
+    WHERE thread_id = %(thread_id)s AND turn_id = %(turn_id)s
     AND NOT EXISTS (
         SELECT 1 FROM ik_journal WHERE thread_id = %(thread_id)s AND turn_id = %(turn_id)s
         AND created_at >= %(before)s)

@@ -1,0 +1,381 @@
+"""Thread leases on PostgreSQL: a paused holder, renewal, expiry on the server's clock,
+and real worker processes stopped (SIGSTOP) past their lease while another takes over.
+
+A paused worker is made two ways: in this process, by blocking the event loop inside
+a provider call (nothing runs, the lease renewal included, as in a long GC pause);
+and as a real process frozen with SIGSTOP and woken with SIGCONT. Every test works
+in a schema of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from intention_kernel import effects
+from intention_kernel.durability import TurnTransaction
+from intention_kernel.durability.postgres import PostgresDurability
+from intention_kernel.effects import EffectAuthority
+from intention_kernel.errors import (
+    EffectUncertainError,
+    FencedCommitError,
+    LeaseLostError,
+    ThreadBusyError,
+)
+from intention_kernel.testing.conformance import commit_for
+from intention_kernel.turns import EventDraft, TurnCommit, TurnScope
+
+pytestmark = pytest.mark.postgres
+
+WORKER = Path(__file__).with_name("postgres_worker.py")
+
+
+class Schema:
+    """A schema of its own for the store, and one for the provider's ledger."""
+
+    def __init__(self, dsn: str) -> None:
+        suffix = uuid.uuid4().hex[:12]
+        self.name, self.ledger = f"ik_test_{suffix}", f"ik_ledger_{suffix}"
+        self.dsn = make_conninfo(dsn, application_name=self.name)
+
+    def durability(self, **options: Any) -> PostgresDurability:
+        return PostgresDurability(self.dsn, schema=self.name, **options)
+
+    def query(self, text: str, *args: object, schema: str | None = None) -> list[Any]:
+        with psycopg.connect(self.dsn) as conn:  # one transaction: one server session
+            conn.execute(
+                sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema or self.name))
+            )
+            cur = conn.execute(text.encode(), args or None)
+            return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture
+def schema(postgres_dsn: str) -> Iterator[Schema]:
+    made = Schema(postgres_dsn)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(made.ledger)))
+    made.query(
+        "CREATE TABLE calls (n bigserial PRIMARY KEY, thread_id text NOT NULL, "
+        "key text NOT NULL, pid integer NOT NULL)",
+        schema=made.ledger,
+    )
+    yield made
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        for name in (made.name, made.ledger):
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+async def plain(tx: TurnTransaction) -> TurnCommit:
+    return commit_for(tx, (EventDraft("turn.committed", {"by": tx.scope.turn_id}),))
+
+
+async def one() -> int:
+    return 1
+
+
+def in_another_worker(schema: Schema, scope: TurnScope, key: str | None) -> dict[str, Any]:
+    """Run a turn on an adapter of its own, in a thread with its own event loop, while
+    this thread's event loop is blocked (paused). It waits for the thread's lease, runs
+    the effect ``key`` if given, and commits; returns what it saw."""
+    seen: dict[str, Any] = {}
+
+    async def operation(tx: TurnTransaction) -> TurnCommit:
+        if key is not None:
+            try:
+                await tx.run_effect(key, lambda a: seen.setdefault("called", a.key), step_id="s")
+            except EffectUncertainError:
+                seen["uncertain"] = True
+        return await plain(tx)
+
+    async def turn() -> None:
+        async with schema.durability(lock_timeout=20) as other:
+            seen["result"] = await other.with_turn(scope, operation)
+
+    worker = threading.Thread(target=asyncio.run, args=(turn(),))
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive()
+    return seen
+
+
+# -- a holder paused in this process ---------------------------------------------------------
+
+
+async def test_a_paused_holder_past_its_lease_writes_nothing_after_another_took_over(
+    schema: Schema,
+) -> None:
+    """The holder's event loop stops inside its provider call for longer than its lease.
+    Another worker takes the thread and commits. When the holder wakes, the outcome of
+    its call is still recorded (fenced by its attempt), but its journal entry and its
+    commit are refused: nothing else of its turn is stored or announced."""
+    calls: list[str] = []
+    other: dict[str, Any] = {}
+
+    async def provider(authority: EffectAuthority) -> str:
+        calls.append(authority.key)
+        # Blocks the event loop: no renewal, no statement, as in a long pause.
+        other.update(in_another_worker(schema, TurnScope("t", "other"), None))
+        return "paid"
+
+    async def paused(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("charge", provider, step_id="s")
+        await tx.recorded("after the call", one)
+        return await plain(tx)
+
+    async with schema.durability(lease_expiry=1.0) as holder:
+        with pytest.raises(LeaseLostError) as refused:
+            await holder.with_turn(TurnScope("t", "paused"), paused)
+        assert (refused.value.thread_id, refused.value.turn_id) == ("t", "paused")
+        [receipt] = await holder.list_receipts()
+        assert (receipt.status, receipt.value) == ("completed", "paid")
+        events = await holder.read_outbox()
+        # A redelivery replays the recorded outcome: no second call.
+        again = await holder.with_turn(TurnScope("t", "paused"), paused)
+    assert other["result"].checkpoint_version == 1
+    assert again.checkpoint_version == 2 and not again.replayed
+    assert calls == ["charge"]
+    assert [e.payload for e in events] == [{"by": "other"}]
+    assert schema.query("SELECT turn_id FROM ik_turns ORDER BY version") == [
+        ("other",),
+        ("paused",),
+    ]
+
+
+async def test_a_paused_holders_late_outcome_never_overwrites_the_next_holders_judgement(
+    schema: Schema,
+) -> None:
+    """The same pause, but the next holder runs the same effect key: it finds the
+    receipt prepared by a live attempt and fails closed (uncertain), without calling
+    the provider. The paused holder's late outcome is then refused, and the receipt
+    stays uncertain for an operator: no provider is ever called twice."""
+    calls: list[str] = []
+    other: dict[str, Any] = {}
+
+    async def provider(authority: EffectAuthority) -> str:
+        calls.append(authority.key)
+        other.update(in_another_worker(schema, TurnScope("t", "other"), "charge"))
+        return "paid"
+
+    async def paused(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("charge", provider, step_id="s")
+        return await plain(tx)
+
+    async with schema.durability(lease_expiry=1.0) as holder:
+        with pytest.raises(FencedCommitError):
+            await holder.with_turn(TurnScope("t", "paused"), paused)
+        [receipt] = await holder.list_receipts()
+    assert other == {"uncertain": True, "result": other["result"]}
+    assert receipt.status == "uncertain"
+    assert calls == ["charge"]
+    assert schema.query("SELECT turn_id FROM ik_turns") == [("other",)]
+
+
+async def test_a_renewed_lease_keeps_the_thread_through_a_call_longer_than_its_expiry(
+    schema: Schema,
+) -> None:
+    """A provider call three times as long as the lease: the holder renews it while it
+    runs, so another worker is kept off the thread the whole time, and the turn
+    commits."""
+    async with (
+        schema.durability(lease_expiry=0.5) as holder,
+        schema.durability(lock_timeout=0.1) as other,
+    ):
+        refusals: list[type[BaseException]] = []
+
+        async def provider(authority: EffectAuthority) -> str:
+            for _ in range(6):  # 1.5 s in all, three lease lifetimes
+                await asyncio.sleep(0.25)
+                try:
+                    await other.with_turn(TurnScope("t", "intruder"), plain)
+                except ThreadBusyError as exc:
+                    refusals.append(type(exc))
+            return "done"
+
+        async def long_call(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("slow", provider, step_id="s")
+            return await plain(tx)
+
+        result = await holder.with_turn(TurnScope("t", "long"), long_call)
+    assert result.checkpoint_version == 1
+    assert len(refusals) == 6
+    assert schema.query("SELECT turn_id FROM ik_turns") == [("long",)]
+
+
+async def test_expiry_is_judged_by_the_servers_clock_not_the_workers(
+    schema: Schema, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose clock runs an hour fast neither gives its lease a later expiry
+    nor takes a live lease early: the lease's expiry is the server's clock plus
+    ``lease_expiry``, and only the server's clock says when it lapsed."""
+    fast = effects.utcnow() + timedelta(hours=1)
+    monkeypatch.setattr(effects, "utcnow", lambda: fast)
+    monkeypatch.setattr(time, "time", lambda: fast.timestamp())
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(tx: TurnTransaction) -> TurnCommit:
+        entered.set()
+        await release.wait()
+        return await plain(tx)
+
+    async with (
+        schema.durability(lease_expiry=30) as holder,
+        schema.durability(lock_timeout=0.2) as other,
+    ):
+        held = asyncio.create_task(holder.with_turn(TurnScope("t", "1"), gate))
+        await asyncio.wait_for(entered.wait(), 5)
+        [(left,)] = schema.query(
+            "SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM ik_leases"
+        )
+        assert 0 < float(left) <= 30
+        with pytest.raises(ThreadBusyError):
+            await other.with_turn(TurnScope("t", "2"), plain)
+        release.set()
+        assert (await held).checkpoint_version == 1
+
+
+# -- real processes, SIGSTOP -----------------------------------------------------------------
+
+
+async def spawn(schema: Schema, **config: Any) -> asyncio.subprocess.Process:
+    config = {"dsn": schema.dsn, "schema": schema.name, "ledger": schema.ledger, **config}
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(WORKER),
+        json.dumps(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+@pytest.fixture
+async def processes() -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    started: list[asyncio.subprocess.Process] = []
+    yield started
+    for process in started:  # never leave a process behind, stopped or not
+        if process.returncode is None:
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+        await process.communicate()
+
+
+def exists(path: Path) -> bool:
+    return path.exists()
+
+
+async def wait_for(path: Path, process: asyncio.subprocess.Process) -> None:
+    deadline = time.monotonic() + 30
+    while not exists(path):
+        if process.returncode is not None:
+            _, stderr = await process.communicate()
+            pytest.fail(f"worker exited early:\n{stderr.decode()}")
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["before_effect", "in_provider"])
+async def test_a_worker_stopped_past_its_lease_is_refused_every_write_after_it_wakes(
+    schema: Schema,
+    tmp_path: Path,
+    processes: list[asyncio.subprocess.Process],
+    where: str,
+) -> None:
+    """A real worker process is SIGSTOPped mid-turn (before its effect, or inside its
+    provider call) for longer than its lease. Another worker takes the thread, runs
+    the same effect key and commits. SIGCONT: the woken worker's writes are all
+    refused (its prepare, or its outcome over the other's uncertain judgement, its
+    journal entry, its commit). No provider is called twice, no turn commits twice,
+    and only the other worker's events exist."""
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    async with schema.durability() as store:  # creates the schema before the worker
+        pass
+    worker = await spawn(
+        schema,
+        mode="pause",
+        thread="t",
+        turn="paused",
+        key="charge",
+        where=where,
+        ready=str(ready),
+        go=str(go),
+        lease_expiry=1.0,
+    )
+    processes.append(worker)
+    await wait_for(ready, worker)
+    os.kill(worker.pid, signal.SIGSTOP)
+    calls_by_other: list[str] = []
+
+    async def takes_over(tx: TurnTransaction) -> TurnCommit:
+        # Prepared by the stopped worker's live attempt, the receipt fails closed.
+        with contextlib.suppress(EffectUncertainError):
+            await tx.run_effect("charge", lambda a: calls_by_other.append(a.key), step_id="s")
+        return await plain(tx)
+
+    try:
+        async with schema.durability(lock_timeout=20) as store:
+            taken = await store.with_turn(TurnScope("t", "other"), takes_over)
+            assert taken.checkpoint_version == 1
+    finally:
+        go.touch()
+        os.kill(worker.pid, signal.SIGCONT)
+    stdout, stderr = await asyncio.wait_for(worker.communicate(), 60)
+    assert worker.returncode == 0, stderr.decode()
+    [outcome] = [json.loads(line) for line in stdout.decode().splitlines()]
+    assert outcome["error"] in {"LeaseLostError", "FencedCommitError"}, outcome
+
+    async with schema.durability() as store:
+        receipts = await store.list_receipts()
+        events = await store.read_outbox()
+    calls = schema.query("SELECT key, pid FROM calls", schema=schema.ledger)
+    if where == "before_effect":
+        # Its prepare was refused: it never called the provider; the other one did.
+        assert outcome["error"] == "LeaseLostError"
+        assert calls == [] and calls_by_other == ["charge"]
+        assert [r.status for r in receipts] == ["completed"]
+    else:
+        # It called once before it stopped; the other failed closed, called nothing.
+        assert [key for key, _ in calls] == ["charge"] and calls_by_other == []
+        assert [r.status for r in receipts] == ["uncertain"]
+    assert schema.query("SELECT turn_id FROM ik_turns") == [("other",)]
+    assert schema.query("SELECT count(*) FROM ik_journal") == [(0,)]
+    assert [e.payload for e in events] == [{"by": "other"}]
+
+
+async def test_a_schema_whose_name_needs_quoting_serves_turns(postgres_dsn: str) -> None:
+    """Every statement names the schema (no ``search_path``), quoted: a name with a
+    space and a double quote works. A percent sign (a placeholder to psycopg) is
+    refused at once."""
+    with pytest.raises(ValueError, match="'%'"):
+        PostgresDurability(postgres_dsn, schema="100%s")
+    odd = f'ik test "{uuid.uuid4().hex[:6]}" ÿ'
+    try:
+        async with PostgresDurability(postgres_dsn, schema=odd) as store:
+
+            async def work(tx: TurnTransaction) -> TurnCommit:
+                await tx.recorded("round", one)
+                await tx.run_effect("charge", lambda authority: "paid", step_id="s")
+                return await plain(tx)
+
+            assert (await store.with_turn(TurnScope("t", "1"), work)).checkpoint_version == 1
+            assert [r.status for r in await store.list_receipts()] == ["completed"]
+            assert len(await store.read_outbox()) == 1
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(odd)))
