@@ -3,10 +3,9 @@
 
 In transaction mode a server session serves one transaction, then goes back to the
 pool. Nothing a session keeps between transactions survives: advisory locks held by
-the session, ``SET`` outside a transaction, prepared statements. Today's adapter
-relies on all three, so what cannot pass before issue 32's leases is marked
-``xfail(strict=True)``: the conformance class as a whole (each of its tests fails),
-and each process test. A mark that starts passing fails the run, and comes off then.
+the session, ``SET`` outside a transaction, prepared statements. The adapter relies on
+none of them since thread leases (issue 32) replaced session advisory locks; before,
+every test here failed.
 
 The tests read and tamper with the store on the server directly (``postgres_dsn``);
 only the adapter under test goes through PgBouncer. Before each test, every server
@@ -38,7 +37,7 @@ from proving_support import StoreInspector
 from test_postgres import Store, _PostgresTamper
 from test_postgres_processes import Cluster
 from test_postgres_processes import (
-    test_a_killed_lock_holder_frees_its_thread_at_once as _killed_holder,
+    test_a_killed_lease_holder_frees_its_thread_when_its_lease_expires as _killed_holder,
 )
 from test_postgres_processes import (
     test_processes_opening_a_fresh_schema_at_once_migrate_it_once as _fresh_schema,
@@ -49,7 +48,6 @@ from test_postgres_processes import (
 
 pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer]
 
-LEASES = "issue 32: session locks; passes once leases land"
 #: Server sessions given another client's state before each test: about the pool's
 #: size in scripts/pgbouncer.sh, and fewer than it, so that none waits for another.
 FOREIGN_SESSIONS = 8
@@ -146,11 +144,8 @@ def test_a_session_lock_taken_through_pgbouncer_goes_with_the_session_to_another
                 other.close()
 
 
-# Every test of the suite fails today (checked one by one, in two runs): an adapter
-# opens, sets search_path once per session, and prepares statements, none of which
-# holds in transaction mode; then turns hold a session advisory lock. So the mark is
-# the class's; once leases land, tests that still fail get one each.
-@pytest.mark.xfail(strict=True, reason=LEASES)
+# Every test of the suite failed through PgBouncer before thread leases: an adapter
+# set search_path once per session, prepared statements and held session locks.
 class TestPostgresDurabilityThroughPgBouncer(DurabilityConformance):
     @pytest.fixture
     def make_durability(self, pooled_store: PooledStore) -> Callable[[], Durability]:
@@ -214,7 +209,6 @@ async def cluster(postgres_dsn: str, pgbouncer_dsn: str, tmp_path: Path) -> Any:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=LEASES)
 async def test_processes_opening_a_fresh_schema_at_once_migrate_it_once(
     cluster: PooledCluster,
 ) -> None:
@@ -222,13 +216,13 @@ async def test_processes_opening_a_fresh_schema_at_once_migrate_it_once(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=LEASES)
-async def test_a_killed_lock_holder_frees_its_thread_at_once(cluster: PooledCluster) -> None:
+async def test_a_killed_lease_holder_frees_its_thread_when_its_lease_expires(
+    cluster: PooledCluster,
+) -> None:
     await _killed_holder(cluster)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=LEASES)
 @pytest.mark.timeout(120)
 async def test_racing_workers_killed_at_random_never_duplicate_anything(
     cluster: PooledCluster,
