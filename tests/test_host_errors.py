@@ -289,6 +289,7 @@ async def test_the_openapi_document_says_what_needs_an_operator_and_a_note(
         "forbidden",
     ]
     assert refusals("/v1/threads/{thread_id}", "get") == ["cross-origin"]
+    assert refusals("/v1/threads/{thread_id}/turns/{turn_id}", "delete") == ["cross-origin"]
     body = document["components"]["schemas"]["ResolveBody"]
     assert "note" in body["required"]
     assert {"properties": {"applied": {"const": True}}, "required": ["value"]} in body["anyOf"]

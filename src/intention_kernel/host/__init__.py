@@ -12,6 +12,9 @@ Endpoints (described by the app's own ``/openapi.json``):
 - ``POST /v1/threads/{thread_id}/turns``: one turn, ``{turn_id?, message?, answer?}``;
   the turn ID may come from an ``Idempotency-Key`` header. 200 with the
   ``TurnResult`` JSON, replays included (``Idempotency-Replayed: true``).
+- ``DELETE /v1/threads/{thread_id}/turns/{turn_id}?reason=``: stop one turn
+  (``Kernel.cancel``). 200 with the ``Cancellation`` JSON; allowed to whoever may post
+  a turn to the thread.
 - ``GET /v1/threads/{thread_id}``: version, messages, facts with evidence, the
   pending interaction, the agenda.
 - ``GET /v1/receipts?thread_id=&status=`` and ``POST /v1/receipts/resolve``.

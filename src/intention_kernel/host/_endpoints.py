@@ -167,6 +167,21 @@ class Endpoints:
             turn_id=turn_id,
         )
 
+    async def cancel_turn(self, request: Request) -> Response:
+        """``Kernel.cancel``, answered as the :class:`Cancellation` it returns."""
+        principal = self.access.authenticate(request)
+        thread_id = check_id("thread_id", request.path_params["thread_id"])
+        turn_id = check_id("turn_id", request.path_params["turn_id"])
+        reason = request.query_params.get("reason")
+        # Another tenant's thread answers as an unknown one, with no stop recorded.
+        if not await self.access.may_act(principal, thread_id):
+            raise thread_not_found(thread_id, turn_id)
+        try:
+            cancellation = await self.kernel.cancel(thread_id, turn_id, reason=reason)
+        except KernelError as error:
+            raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
+        return JSONResponse(dump(cancellation))
+
     async def get_thread(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
         thread_id = check_id("thread_id", request.path_params["thread_id"])
