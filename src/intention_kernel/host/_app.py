@@ -76,11 +76,16 @@ def create_app(
         # The turn route comes first: for a path both match, a wrong method then
         # answers 405 with this route's Allow header.
         Route("/v1/threads/{thread_id:path}/turns", guarded(api.post_turn), methods=["POST"]),
-        # DELETE only: a GET of "x/turns/1" still reads the thread of that ID.
         Route(
             "/v1/threads/{thread_id:path}/turns/{turn_id}",
             guarded(api.cancel_turn),
             methods=["DELETE"],
+        ),
+        # As for ".../turns": a GET of "x/turns/1" answers 405, not thread "x/turns/1".
+        Route(
+            "/v1/threads/{thread_id:path}/turns/{turn_id}",
+            _not_allowed("DELETE"),
+            methods=["GET", "POST", "PUT", "PATCH"],
         ),
         # Any other method on a turns path: without this route, a GET would match the
         # thread route below with "x/turns" as the thread ID and answer 404.
