@@ -405,6 +405,7 @@ async def test_the_openapi_document_describes_every_route(client: httpx.AsyncCli
     turn_op = paths["/v1/threads/{thread_id}/turns"]["post"]
     assert set(turn_op["responses"]) == {
         "200",
+        "202",
         "400",
         "403",
         "404",

@@ -164,3 +164,61 @@ def test_without_a_token_a_delete_is_401() -> None:
     with serving_in_thread(app) as base_url, httpx.Client(base_url=base_url) as anonymous:
         refused = anonymous.delete("/v1/threads/t1/turns/d1")
         assert refused.status_code == 401, refused.text
+
+
+# -- a queue agent's turn on a busy thread: 202 with its place ---------------------------------
+
+
+@pytest.fixture
+def served_queue(fresh_store: Durability) -> Iterator[tuple[str, HeldModel]]:
+    model = HeldModel()
+    agent = dataclasses.replace(billing_agent(FakeProvider()), interpreter=model, on_busy="queue")
+    app = create_app(Kernel(agent, fresh_store), tokens=TOKENS)
+    try:
+        with serving_in_thread(app) as base_url:
+            yield base_url, model
+    finally:
+        model.done.set()
+
+
+def test_a_turn_queued_behind_a_running_one_answers_202_with_its_place(
+    served_queue: tuple[str, HeldModel],
+) -> None:
+    base_url, model = served_queue
+    with client(base_url, "acme-web") as web, client(base_url, "acme-app") as app:
+        answers: list[httpx.Response] = []
+        running = threading.Thread(
+            target=lambda: answers.append(
+                web.post("/v1/threads/t1/turns", json={"turn_id": "d1", "message": "slow"})
+            )
+        )
+        running.start()
+        assert model.thinking.wait(30)
+        second = {"turn_id": "d2", "message": "hi"}
+        # Waiting for the held turn would time out: the answer comes at once.
+        queued = app.post("/v1/threads/t1/turns", json=second, timeout=10)
+        assert queued.status_code == 202, queued.text
+        assert queued.json() == {"thread_id": "t1", "turn_id": "d2", "position": 1}
+        assert app.post("/v1/threads/t1/turns", json=second, timeout=10).json() == queued.json()
+        third = app.post("/v1/threads/t1/turns", json={"turn_id": "d3", "message": "hi"})
+        assert third.status_code == 202, third.text
+        assert third.json()["position"] == 2
+        assert app.delete("/v1/threads/t1/turns/d3").json()["status"] == "dequeued"
+
+        model.done.set()
+        running.join(60)
+        [answer] = answers
+        assert answer.status_code == 200, answer.text
+        for _ in range(3000):  # the server drains the inbox in the background
+            later = app.post("/v1/threads/t1/turns", json=second)
+            if later.status_code != 202:
+                break
+            threading.Event().wait(0.01)
+        # The background drain ran it, or this redelivery did, draining the inbox first.
+        assert later.status_code == 200, later.text
+        assert later.json()["checkpoint_version"] == 2
+        replay = app.post("/v1/threads/t1/turns", json=second)
+        assert replay.headers["Idempotency-Replayed"] == "true"
+        assert replay.json() == {**later.json(), "replayed": True}
+        thread = app.get("/v1/threads/t1").json()
+        assert thread["version"] == 2  # the dequeued turn never ran

@@ -12,6 +12,8 @@ Endpoints (described by the app's own ``/openapi.json``):
 - ``POST /v1/threads/{thread_id}/turns``: one turn, ``{turn_id?, message?, answer?}``;
   the turn ID may come from an ``Idempotency-Key`` header. 200 with the
   ``TurnResult`` JSON, replays included (``Idempotency-Replayed: true``).
+  A ``"queue"`` or ``"interrupt"`` agent answers 202 with the ``Queued`` JSON for a
+  message queued behind a running turn.
 - ``DELETE /v1/threads/{thread_id}/turns/{turn_id}?reason=``: stop one turn
   (``Kernel.cancel``). 200 with the ``Cancellation`` JSON; allowed to whoever may post
   a turn to the thread.

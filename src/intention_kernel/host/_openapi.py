@@ -14,7 +14,7 @@ from typing import Any
 import pydantic
 
 from intention_kernel._ids import MAX_ID_LENGTH
-from intention_kernel._inbox import Cancellation
+from intention_kernel._inbox import Cancellation, Queued
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.host._problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
 from intention_kernel.host._wire import (
@@ -41,6 +41,7 @@ _MODELS: tuple[tuple[str, Any, pydantic.json_schema.JsonSchemaMode], ...] = (
     ("Receipt", Receipt, "serialization"),
     ("Health", Health, "serialization"),
     ("Cancellation", Cancellation, "serialization"),
+    ("Queued", Queued, "serialization"),
 )
 
 ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": r"^[^\x00]*$"}
@@ -246,7 +247,7 @@ class _Api:
                 "schema": {"type": "string", "enum": ["true", "false"]},
             }
         }
-        return self._op(
+        op = self._op(
             {
                 "operationId": "postTurn",
                 "summary": "Run (or replay) one turn",
@@ -281,6 +282,13 @@ class _Api:
             (400, 404, 409, 413, 415, 422, 500, 502, 503),
             forbids=True,  # an answer whose actor is not the caller's principal
         )
+        op["responses"]["202"] = _json(
+            "Queued in the thread's inbox (an agent with on_busy queue or interrupt, on a "
+            "busy thread): the same turn ID sent again answers its position while it "
+            "waits, and its result once it ran",
+            "Queued",
+        )
+        return op
 
     def cancel_turn(self) -> dict[str, Any]:
         return self._op(
