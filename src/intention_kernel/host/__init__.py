@@ -32,7 +32,8 @@ mapped from the :class:`~intention_kernel.KernelError` tree by class:
 ``unsupported-media-type`` 415 (a body that is not ``application/json``),
 ``turn-conflict`` 409,
 ``incompatible-checkpoint`` 409 (the thread needs a compatible agent, retrying
-cannot help), ``receipt-state`` 409, ``thread-busy`` 409 (another turn runs and the
+cannot help), ``receipt-state`` 409, ``turn-cancelled`` 409 (a queued turn cancelled before it ran),
+``thread-busy`` 409 (another turn runs and the
 agent has ``on_busy="reject"``), ``interpretation-failed`` 502,
 ``lock-timeout`` (a turn waited for the thread's whole lock timeout) / ``turn-fenced`` /
 ``store-unavailable`` 503 with ``Retry-After``.
