@@ -394,6 +394,7 @@ async def test_the_openapi_document_describes_every_route(client: httpx.AsyncCli
     paths = document["paths"]
     assert set(paths) >= {
         "/v1/threads/{thread_id}/turns",
+        "/v1/threads/{thread_id}/turns/{turn_id}",
         "/v1/threads/{thread_id}",
         "/v1/receipts",
         "/v1/receipts/resolve",
@@ -404,6 +405,7 @@ async def test_the_openapi_document_describes_every_route(client: httpx.AsyncCli
     turn_op = paths["/v1/threads/{thread_id}/turns"]["post"]
     assert set(turn_op["responses"]) == {
         "200",
+        "202",
         "400",
         "403",
         "404",

@@ -23,6 +23,7 @@ from intention_kernel import (
     TenantMismatchError,
     ThreadBusyError,
     ThreadLockTimeoutError,
+    TurnCancelledError,
     TurnConflictError,
     TurnExpiredError,
     TurnResult,
@@ -60,6 +61,7 @@ class FailingDurability(InMemoryDurability):
         (InvalidRequestError("bad id"), 422, "invalid-request"),
         (TurnConflictError("used"), 409, "turn-conflict"),
         (TurnExpiredError("pruned"), 409, "turn-expired"),
+        (TurnCancelledError("dequeued"), 409, "turn-cancelled"),
         (TenantMismatchError("theirs", thread_id="t1"), 404, "not-found"),
         (CheckpointCompatibilityError("newer"), 409, "incompatible-checkpoint"),
         (CorruptRecordError("garbled"), 500, "corrupt-record"),
@@ -289,6 +291,7 @@ async def test_the_openapi_document_says_what_needs_an_operator_and_a_note(
         "forbidden",
     ]
     assert refusals("/v1/threads/{thread_id}", "get") == ["cross-origin"]
+    assert refusals("/v1/threads/{thread_id}/turns/{turn_id}", "delete") == ["cross-origin"]
     body = document["components"]["schemas"]["ResolveBody"]
     assert "note" in body["required"]
     assert {"properties": {"applied": {"const": True}}, "required": ["value"]} in body["anyOf"]

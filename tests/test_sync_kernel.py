@@ -28,6 +28,7 @@ import pytest
 
 from intention_kernel import (
     Agent,
+    Cancellation,
     CompilationError,
     EventLoopRunningError,
     Intent,
@@ -36,6 +37,7 @@ from intention_kernel import (
     InvalidRequestError,
     Kernel,
     KernelClosedError,
+    Queued,
     ReceiptStateError,
     SyncKernel,
     TurnConflictError,
@@ -490,6 +492,79 @@ def test_a_kernel_dropped_unclosed_stops_its_loop_thread_when_collected(tmp_path
     assert loop_threads() == before
 
 
+# -- the inbox: submit, cancel, drain ---------------------------------------------------------
+
+
+class HeldModel:
+    """Waits for a plain thread to release it, then asks for two look-ups."""
+
+    def __init__(self) -> None:
+        self.thinking, self.done = threading.Event(), threading.Event()
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        self.thinking.set()
+        while not self.done.is_set():  # noqa: ASYNC110  (set by a plain thread)
+            await asyncio.sleep(0.01)
+        return Interpretation(
+            intents=[Intent("billing.balance", {"due": 5}), Intent("billing.balance", {"due": 5})]
+        )
+
+
+def test_a_plain_thread_cancels_a_turn_another_thread_runs(
+    store_url: Callable[[], str],
+) -> None:
+    model = HeldModel()
+    agent = dataclasses.replace(billing_agent(FakeProvider()), interpreter=model)
+    results: list[TurnResult] = []
+    with SyncKernel(agent, store_url(), timeout=60) as kernel:
+        running = threading.Thread(target=lambda: results.append(kernel.turn("t1", "d1", "owe?")))
+        running.start()
+        assert model.thinking.wait(30)
+        asked = kernel.cancel("t1", "d1", reason="pressed stop")  # from this plain thread
+        assert asked == Cancellation("t1", "d1", "requested", "pressed stop")
+        model.done.set()
+        running.join(60)
+        assert not running.is_alive()
+        [result] = results
+        assert result.steps == ()  # stopped at its first safe point, before a step
+        assert "pressed stop" in result.reply
+        again = kernel.cancel("t1", "d1")
+        assert again.status == "committed"
+        assert kernel.turn("t1", "d1", "owe?").replayed  # the cancelled turn committed
+
+
+def test_submit_queues_behind_a_running_turn_and_drain_runs_the_inbox(
+    store_url: Callable[[], str],
+) -> None:
+    gate = ThreadGate()
+    agent = dataclasses.replace(gate_agent(gate), on_busy="queue")
+    results: list[TurnResult | Queued] = []
+    with SyncKernel(agent, store_url(), timeout=60) as kernel:
+        running = threading.Thread(target=lambda: results.append(kernel.submit("t1", "1", "1")))
+        running.start()
+        assert gate.entered.wait(30)
+        assert kernel.submit("t1", "2", "2") == Queued("t1", "2", position=1)
+        assert kernel.submit("t1", "3", "3") == Queued("t1", "3", position=2)
+        assert kernel.cancel("t1", "3").status == "dequeued"
+        gate.released.set()
+        running.join(60)
+        assert not running.is_alive()
+        [first] = results
+        assert isinstance(first, TurnResult) and first.checkpoint_version == 1
+        kernel.drain("t1")  # waits for the thread; whoever drained, turn 2 committed
+        again = kernel.submit("t1", "2", "2")
+        assert isinstance(again, TurnResult)
+        assert (again.replayed, again.checkpoint_version) == (True, 2)
+        checkpoint = kernel.checkpoint("t1")
+        assert checkpoint is not None and checkpoint.version == 2  # turn 3 never ran
+
+
+def test_drain_on_an_agent_that_does_not_queue_is_refused(store_url: Callable[[], str]) -> None:
+    kernel = SyncKernel(billing_agent(FakeProvider()), store_url())
+    with kernel, pytest.raises(InvalidRequestError, match="on_busy='queue'"):
+        kernel.drain("t1")
+
+
 # -- the twin's surface ------------------------------------------------------------------------
 
 
@@ -502,6 +577,9 @@ def test_a_kernel_dropped_unclosed_stops_its_loop_thread_when_collected(tmp_path
         (SyncKernel.list_receipts, Durability.list_receipts),
         (SyncKernel.resolve_receipt, Durability.resolve_receipt),
         (SyncKernel.read_outbox, Durability.read_outbox),
+        (SyncKernel.submit, Kernel.submit),
+        (SyncKernel.cancel, Kernel.cancel),
+        (SyncKernel.drain, Kernel.drain),
     ],
 )
 def test_each_sync_method_takes_the_arguments_of_its_async_twin(

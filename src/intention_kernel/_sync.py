@@ -30,6 +30,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from intention_kernel._inbox import Cancellation, Queued
 from intention_kernel._loopthread import LoopThread
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
@@ -312,6 +313,36 @@ class SyncKernel:
                 thread_id, turn_id, message, answer, tenant_id=tenant_id, principal=principal
             ),
         )
+
+    def submit(
+        self,
+        thread_id: str,
+        turn_id: str,
+        message: str | None = None,
+        answer: Answer | str | None = None,
+        *,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+    ) -> TurnResult | Queued:
+        """Deliver one turn and answer at once: :meth:`Kernel.submit
+        <intention_kernel.Kernel.submit>`. A ``"queue"`` agent's turn on a busy thread
+        answers a :class:`~intention_kernel.Queued`; this kernel's loop runs it later."""
+        return self._engine.call(
+            lambda k: k.submit(
+                thread_id, turn_id, message, answer, tenant_id=tenant_id, principal=principal
+            )
+        )
+
+    def cancel(self, thread_id: str, turn_id: str, *, reason: str | None = None) -> Cancellation:
+        """Stop turn ``turn_id`` of the thread: :meth:`Kernel.cancel
+        <intention_kernel.Kernel.cancel>`. Any plain thread may cancel a turn that
+        another thread runs on this kernel: the call does not wait for it."""
+        return self._engine.call(lambda k: k.cancel(thread_id, turn_id, reason=reason))
+
+    def drain(self, thread_id: str) -> list[TurnResult]:
+        """Run the thread's queued turns now, in order: :meth:`Kernel.drain
+        <intention_kernel.Kernel.drain>`."""
+        return self._engine.call(lambda k: k.drain(thread_id))
 
     # -- inspection and operations -----------------------------------------------------------
 

@@ -12,6 +12,11 @@ Endpoints (described by the app's own ``/openapi.json``):
 - ``POST /v1/threads/{thread_id}/turns``: one turn, ``{turn_id?, message?, answer?}``;
   the turn ID may come from an ``Idempotency-Key`` header. 200 with the
   ``TurnResult`` JSON, replays included (``Idempotency-Replayed: true``).
+  A ``"queue"`` or ``"interrupt"`` agent answers 202 with the ``Queued`` JSON for a
+  message queued behind a running turn.
+- ``DELETE /v1/threads/{thread_id}/turns/{turn_id}?reason=``: stop one turn
+  (``Kernel.cancel``). 200 with the ``Cancellation`` JSON; allowed to whoever may post
+  a turn to the thread.
 - ``GET /v1/threads/{thread_id}``: version, messages, facts with evidence, the
   pending interaction, the agenda.
 - ``GET /v1/receipts?thread_id=&status=`` and ``POST /v1/receipts/resolve``.
@@ -27,7 +32,8 @@ mapped from the :class:`~intention_kernel.KernelError` tree by class:
 ``unsupported-media-type`` 415 (a body that is not ``application/json``),
 ``turn-conflict`` 409,
 ``incompatible-checkpoint`` 409 (the thread needs a compatible agent, retrying
-cannot help), ``receipt-state`` 409, ``thread-busy`` 409 (another turn runs and the
+cannot help), ``receipt-state`` 409, ``turn-cancelled`` 409 (a queued turn cancelled before it ran),
+``thread-busy`` 409 (another turn runs and the
 agent has ``on_busy="reject"``), ``interpretation-failed`` 502,
 ``lock-timeout`` (a turn waited for the thread's whole lock timeout) / ``turn-fenced`` /
 ``store-unavailable`` 503 with ``Retry-After``.

@@ -120,6 +120,15 @@ class Access:
             cache[thread_id] = visible
         return visible
 
+    async def may_act(self, principal: Principal, thread_id: str) -> bool:
+        """Whether ``principal`` may act on ``thread_id`` as posting a turn there would.
+
+        A thread nobody owns yet is free, as for a first turn. Once owned, its owner
+        never changes, so a later act cannot find another owner."""
+        if self._owners is None or not self.enabled:
+            return True
+        return owns(await self._owners.thread_owner(thread_id), principal.tenant_id)
+
     async def load_checkpoint(
         self, principal: Principal, thread_id: str
     ) -> KernelCheckpoint | None:

@@ -76,6 +76,17 @@ def create_app(
         # The turn route comes first: for a path both match, a wrong method then
         # answers 405 with this route's Allow header.
         Route("/v1/threads/{thread_id:path}/turns", guarded(api.post_turn), methods=["POST"]),
+        Route(
+            "/v1/threads/{thread_id:path}/turns/{turn_id}",
+            guarded(api.cancel_turn),
+            methods=["DELETE"],
+        ),
+        # As for ".../turns": a GET of "x/turns/1" answers 405, not thread "x/turns/1".
+        Route(
+            "/v1/threads/{thread_id:path}/turns/{turn_id}",
+            _not_allowed("DELETE"),
+            methods=["GET", "POST", "PUT", "PATCH"],
+        ),
         # Any other method on a turns path: without this route, a GET would match the
         # thread route below with "x/turns" as the thread ID and answer 404.
         Route(

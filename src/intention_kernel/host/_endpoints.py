@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from intention_kernel._ids import check_id
+from intention_kernel._inbox import Queued
 from intention_kernel.checkpoint import check_compatible
 from intention_kernel.durability.contract import InteractionQueue
 from intention_kernel.durability.records import PendingInteraction, ThreadOwner
@@ -128,7 +129,10 @@ class Endpoints:
         if accepts_event_stream(request.headers.get("accept", "")):
             return await self._stream_turn(request, thread_id, turn_id, body, principal)
         try:
-            result = await self.kernel.turn(
+            # Kernel.turn for an agent without an inbox. A "queue" or "interrupt" agent
+            # answers at once when the thread is busy: an HTTP client should not hold a
+            # connection open while the turns before its message run.
+            result = await self.kernel.submit(
                 thread_id,
                 turn_id,
                 body.message,
@@ -137,6 +141,10 @@ class Endpoints:
             )
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
+        if isinstance(result, Queued):
+            # Accepted, durably: the same turn ID sent again answers its place while it
+            # waits, and its result once it ran.
+            return JSONResponse(result.to_dict(), status_code=202)
         return JSONResponse(
             result.to_dict(), headers={REPLAYED_HEADER: "true" if result.replayed else "false"}
         )
@@ -166,6 +174,21 @@ class Endpoints:
             thread_id=thread_id,
             turn_id=turn_id,
         )
+
+    async def cancel_turn(self, request: Request) -> Response:
+        """``Kernel.cancel``, answered as the :class:`Cancellation` it returns."""
+        principal = self.access.authenticate(request)
+        thread_id = check_id("thread_id", request.path_params["thread_id"])
+        turn_id = check_id("turn_id", request.path_params["turn_id"])
+        reason = request.query_params.get("reason")
+        # Another tenant's thread answers as an unknown one, with no stop recorded.
+        if not await self.access.may_act(principal, thread_id):
+            raise thread_not_found(thread_id, turn_id)
+        try:
+            cancellation = await self.kernel.cancel(thread_id, turn_id, reason=reason)
+        except KernelError as error:
+            raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
+        return JSONResponse(dump(cancellation))
 
     async def get_thread(self, request: Request) -> Response:
         principal = self.access.authenticate(request)

@@ -14,6 +14,7 @@ from typing import Any
 import pydantic
 
 from intention_kernel._ids import MAX_ID_LENGTH
+from intention_kernel._inbox import Cancellation, Queued
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.host._problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
 from intention_kernel.host._wire import (
@@ -24,6 +25,7 @@ from intention_kernel.host._wire import (
     ThreadView,
     TurnBody,
 )
+from intention_kernel.interpretation import MAX_ANSWER_TEXT
 from intention_kernel.turns import TurnResult
 
 __all__ = ["openapi_document"]
@@ -38,6 +40,8 @@ _MODELS: tuple[tuple[str, Any, pydantic.json_schema.JsonSchemaMode], ...] = (
     ("InteractionList", InteractionList, "serialization"),
     ("Receipt", Receipt, "serialization"),
     ("Health", Health, "serialization"),
+    ("Cancellation", Cancellation, "serialization"),
+    ("Queued", Queued, "serialization"),
 )
 
 ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": r"^[^\x00]*$"}
@@ -107,6 +111,7 @@ def openapi_document(
         },
         "paths": {
             "/v1/threads/{thread_id}/turns": {"post": api.post_turn()},
+            "/v1/threads/{thread_id}/turns/{turn_id}": {"delete": api.cancel_turn()},
             "/v1/threads/{thread_id}": {"get": api.get_thread()},
             "/v1/receipts": {"get": api.list_receipts()},
             "/v1/interactions": {"get": api.list_interactions()},
@@ -242,7 +247,7 @@ class _Api:
                 "schema": {"type": "string", "enum": ["true", "false"]},
             }
         }
-        return self._op(
+        op = self._op(
             {
                 "operationId": "postTurn",
                 "summary": "Run (or replay) one turn",
@@ -276,6 +281,43 @@ class _Api:
             _streamable(_json("The turn's result (also for a replay)", "TurnResult", replayed)),
             (400, 404, 409, 413, 415, 422, 500, 502, 503),
             forbids=True,  # an answer whose actor is not the caller's principal
+        )
+        op["responses"]["202"] = _json(
+            "Queued in the thread's inbox (an agent with on_busy queue or interrupt, on a "
+            "busy thread): the same turn ID sent again answers its position while it "
+            "waits, and its result once it ran",
+            "Queued",
+        )
+        return op
+
+    def cancel_turn(self) -> dict[str, Any]:
+        return self._op(
+            {
+                "operationId": "cancelTurn",
+                "summary": "Stop one turn of the thread (Kernel.cancel)",
+                "description": (
+                    "`status` says what the cancel found. `committed`: the turn had "
+                    "committed, and nothing changed. `dequeued`: it waited in the thread's "
+                    "inbox and was removed; it will not run. `requested`: the request is "
+                    "recorded; a running turn stops at its next safe point, commits what it "
+                    "did, and its reply says it was cancelled. A turn ID not yet delivered "
+                    "stops at its first safe point. Allowed to whoever may post a turn to "
+                    "the thread; another tenant's thread is 404."
+                ),
+                "parameters": [
+                    _path_id(),
+                    {"name": "turn_id", "in": "path", "required": True, "schema": ID_SCHEMA},
+                    {
+                        "name": "reason",
+                        "in": "query",
+                        "required": False,
+                        "description": "Why, for the turn's reply and its turn.cancelled event",
+                        "schema": {"type": "string", "maxLength": MAX_ANSWER_TEXT},
+                    },
+                ],
+            },
+            _json("What the cancel found and did", "Cancellation"),
+            (404, 422, 500, 503),
         )
 
     def get_thread(self) -> dict[str, Any]:

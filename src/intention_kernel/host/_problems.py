@@ -29,6 +29,7 @@ from intention_kernel.errors import (
     TenantMismatchError,
     ThreadBusyError,
     ThreadLockTimeoutError,
+    TurnCancelledError,
     TurnConflictError,
     TurnExpiredError,
 )
@@ -128,6 +129,13 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         "retention. It is not run again; use a new turn ID for a new request.",
     ),
     ProblemType(
+        "turn-cancelled",
+        409,
+        "Turn cancelled",
+        "The turn waited in its thread's inbox and was cancelled before it ran. Nothing "
+        "of it was committed, and it will not run from the inbox.",
+    ),
+    ProblemType(
         "incompatible-checkpoint",
         409,
         "Thread state is incompatible with this agent",
@@ -216,6 +224,7 @@ _BY_ERROR: Mapping[type[KernelError], str] = {
     InvalidRequestError: "invalid-request",
     TurnConflictError: "turn-conflict",
     TurnExpiredError: "turn-expired",
+    TurnCancelledError: "turn-cancelled",
     TenantMismatchError: "not-found",
     ReceiptNotFoundError: "not-found",
     CheckpointCompatibilityError: "incompatible-checkpoint",

@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from starlette.requests import Request
 
 from intention_kernel._ids import MAX_ID_LENGTH
+from intention_kernel._inbox import Cancellation
 from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
 from intention_kernel.durability.records import PendingInteraction
 from intention_kernel.effects import Receipt
@@ -306,11 +307,13 @@ class Health:
 
 _DUMPERS: dict[type[Any], pydantic.TypeAdapter[Any]] = {
     cls: pydantic.TypeAdapter(cls)
-    for cls in (ThreadView, ReceiptList, Receipt, Health, InteractionList)
+    for cls in (ThreadView, ReceiptList, Receipt, Health, InteractionList, Cancellation)
 }
 
 
-def dump(value: ThreadView | ReceiptList | Receipt | Health | InteractionList) -> Any:
+def dump(
+    value: ThreadView | ReceiptList | Receipt | Health | InteractionList | Cancellation,
+) -> Any:
     """The JSON-compatible form of a response view."""
     return _DUMPERS[type(value)].dump_python(value, mode="json")
 
