@@ -1,12 +1,13 @@
-"""What the two framework help desks share (``examples/pydantic_ai_desk``,
-``examples/openai_agents_desk``): the orders, the shop, and how the person's reply
-reads as an answer to the refund's question, and the conversation both play
-(:func:`play`). Each desk keeps its own agent, tools and
-scripted model, written in its framework's terms.
+"""What the framework help desks share (``examples/pydantic_ai_desk``,
+``examples/openai_agents_desk``, ``examples/langgraph_desk``): the orders, the shop,
+how the person's reply reads as an answer to the refund's question, the conversation
+they play (:func:`play`) and the crash script (:func:`crash_turn`). Each desk keeps
+its own agent, tools and scripted model, written in its framework's terms.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -19,14 +20,25 @@ from examples._conversation import (
     Restart,
     Say,
     Step,
+    Tally,
     parse_args,
     print_provider,
     print_summary,
     run,
 )
-from intention_kernel import Agent, Answer
+from intention_kernel import Agent, Answer, Kernel
+from intention_kernel.durability import open_durability
+from intention_kernel.testing import faults
 
-__all__ = ["ORDERS", "SCRIPT", "FakeShop", "play", "read_answer", "refund_question"]
+__all__ = [
+    "ORDERS",
+    "SCRIPT",
+    "FakeShop",
+    "crash_turn",
+    "play",
+    "read_answer",
+    "refund_question",
+]
 
 ORDERS = {"42": 1250, "43": 800}
 
@@ -94,3 +106,34 @@ async def play(
     tally = await run(options, SCRIPT, lambda interpreter: build_agent(shop))
     print_summary(tally, len(shop.calls))
     print_provider(shop.calls, "applied")
+
+
+async def crash_turn(name: str, build_agent: Callable[[FakeShop, Path], Agent]) -> None:
+    """The crash script of a desk whose model logs its asks (``examples/<name>/crash.py``).
+
+    With ``--die`` the process exits after the cancel's receipt completed, before the
+    commit. Run again without it, the same turn is delivered again and commits.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m examples.{name}.crash")
+    parser.add_argument("--db", default=f"sqlite:///{name}.db")
+    parser.add_argument("--thread", default=f"{name}-crash")
+    parser.add_argument("--ledger", type=Path, default=Path(f"{name}.ledger"))
+    parser.add_argument("--model-log", type=Path, default=Path(f"{name}.model.log"))
+    parser.add_argument("--die", action="store_true", help="exit after the write, before commit")
+    args = parser.parse_args()
+    shop = FakeShop(ledger=args.ledger)
+    async with open_durability(args.db) as store:
+        kernel = Kernel(build_agent(shop, args.model_log), store)
+        if args.die:
+            # The fault kit's named point: after the receipt is completed, before commit.
+            faults.inject(faults.AFTER_RECEIPT_COMPLETED, "exit")
+        result = await kernel.turn(args.thread, "crash-1", "cancel order 42")
+    print(f"[crash-1] agent: {result.reply}")
+    for step in result.steps:
+        print(f"[crash-1] step {step.capability_id}: {step.status}")
+    calls = args.ledger.read_text().splitlines() if args.ledger.exists() else []
+    # A model call is told by how many messages it carried; a model asked again for
+    # one it answered would show more asks than calls.
+    asks = args.model_log.read_text().split() if args.model_log.exists() else []
+    print(f"model: requests={len(set(asks))} asked={len(asks)}")
+    print_summary(Tally.of(result), len(calls))
