@@ -82,38 +82,9 @@ def test_every_public_name_has_a_docstring() -> None:
     assert missing == [], "public names without a docstring"
 
 
-#: Public methods still without a docstring, by their class's public name. The
-#: durability package is being laid out anew (issue 34); its docstrings come with it.
-#: A new undocumented method fails, and so does a name here that gained a docstring.
-KNOWN_GAPS = frozenset(
-    {
-        "Durability.aclose",
-        "Durability.list_receipts",
-        "Durability.load_checkpoint",
-        "Durability.read_outbox",
-        "Durability.resolve_receipt",
-        "Durability.with_turn",
-        "Expirable.recorder",
-        "InteractionQueue.pending_interactions",
-        "Migratable.recorder",
-        "Operable.recorder",
-        "OutboxRecorder.outbox_backlog",
-        "OutboxRecorder.read_outbox",
-        "TenantStore.load_checkpoint",
-        "TenantStore.resolve_receipt",
-        "TenantStore.thread_owner",
-        "TurnRecorder.close",
-        "RecordedDurability.aclose",
-        "RecordedDurability.with_turn",
-        "PostgresDurability.missing_store_reason",
-        "SQLiteDurability.missing_store_reason",
-    }
-)
-
-
 def test_every_public_method_has_a_docstring() -> None:
-    """Each public method of a public class is documented, but the known gaps. A
-    conformance test's name states its rule, and a fixture is described by its case."""
+    """Each public method of a public class is documented. A conformance test's
+    name states its rule, and a fixture is described by its case."""
     package = load_package()
     undocumented = set()
     for name in PUBLIC_MODULES:
@@ -129,8 +100,7 @@ def test_every_public_method_has_a_docstring() -> None:
                 fixture = any("fixture" in str(d.value) for d in getattr(member, "decorators", []))
                 if member.is_function and not fixture and member.docstring is None:
                     undocumented.add(f"{export}.{member_name}")
-    assert sorted(undocumented - KNOWN_GAPS) == [], "public methods without a docstring"
-    assert sorted(KNOWN_GAPS - undocumented) == [], "documented now: remove from KNOWN_GAPS"
+    assert sorted(undocumented) == [], "public methods without a docstring"
 
 
 def test_sphinx_roles_read_as_code_spans_in_the_reference() -> None:

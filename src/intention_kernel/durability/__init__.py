@@ -138,9 +138,18 @@ class Durability(Protocol):
 
     async def with_turn(
         self, scope: TurnScope, operation: TurnOperation, *, wait: bool = True
-    ) -> TurnResult: ...
+    ) -> TurnResult:
+        """Run ``operation`` as the turn ``scope`` names, or replay its commit.
 
-    async def load_checkpoint(self, thread_id: str) -> KernelCheckpoint | None: ...
+        A committed turn ID answers its stored result without running anything.
+        Otherwise the thread is locked, and the operation's commit is written once.
+        With ``wait=False`` a busy thread raises ``ThreadBusyError`` at once.
+        """
+        ...
+
+    async def load_checkpoint(self, thread_id: str) -> KernelCheckpoint | None:
+        """The thread's last committed checkpoint, or ``None`` for a new thread."""
+        ...
 
     async def list_receipts(
         self,
@@ -148,7 +157,9 @@ class Durability(Protocol):
         status: ReceiptStatus | str | None = None,
         *,
         tenant_id: str | None = None,
-    ) -> list[Receipt]: ...
+    ) -> list[Receipt]:
+        """The receipts, oldest first, filtered by each argument given."""
+        ...
 
     async def resolve_receipt(
         self,
@@ -159,13 +170,22 @@ class Durability(Protocol):
         value: Any = None,
         note: str | None = None,
         actor: str | None = None,
-    ) -> Receipt: ...
+    ) -> Receipt:
+        """Settle an ``uncertain`` receipt by hand: applied or not applied.
+
+        The answer is recorded with its note and actor, and announced.
+        """
+        ...
 
     async def read_outbox(
         self, thread_id: str | None = None, after: int | None = None, limit: int = 100
-    ) -> list[OutboxEvent]: ...
+    ) -> list[OutboxEvent]:
+        """Outbox events in ``seq`` order, after ``after``, at most ``limit``."""
+        ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Release the store's connections; a closed adapter runs no turn."""
+        ...
 
     async def __aenter__(self) -> Self: ...
 

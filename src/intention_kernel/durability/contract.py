@@ -286,7 +286,9 @@ class TurnRecorder(Protocol):
     async def open(self) -> None:
         """Connect and create or migrate the schema. Called once, before anything else."""
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Close the recorder's connections. Called once, after everything else."""
+        ...
 
     async def exists(self) -> bool:
         """Whether the store already holds this recorder's schema, without creating
@@ -399,7 +401,12 @@ class OutboxRecorder(Protocol):
 
     async def read_outbox(
         self, thread_id: str | None, after: int | None, limit: int
-    ) -> list[OutboxEvent]: ...
+    ) -> list[OutboxEvent]:
+        """Events in ``seq`` order after ``after``, at most ``limit``.
+
+        ``thread_id`` keeps one thread's events; ``None`` reads them all.
+        """
+        ...
 
     def claim_outbox(self, thread_id: str) -> AbstractAsyncContextManager[bool]:
         """Try, without waiting, to become the only relay publishing ``thread_id``; the
@@ -428,7 +435,9 @@ class OutboxRecorder(Protocol):
         write is harmless), ``last_error`` and ``retry_at``."""
         ...
 
-    async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog: ...
+    async def outbox_backlog(self, failing_limit: int) -> OutboxBacklog:
+        """What is left to publish, with up to ``failing_limit`` failing threads."""
+        ...
 
 
 class MaintenanceRecorder(Protocol):
@@ -585,7 +594,9 @@ class Recorded(Protocol[_R_co]):
 class Migratable(Protocol):
     """What a checkpoint migration needs from a durability."""
 
-    async def recorder(self) -> MigrationRecorder: ...
+    async def recorder(self) -> MigrationRecorder:
+        """The opened recorder, typed for the migration's reads and rewrites."""
+        ...
 
     def forget_checkpoint(self, thread_id: str) -> None:
         """Drop any decoded copy of the thread's checkpoint held in memory: a migration
@@ -596,7 +607,9 @@ class Migratable(Protocol):
 class Expirable(Durability, Protocol):
     """What the expiry sweep needs from a durability: turns, and the interaction scan."""
 
-    async def recorder(self) -> MaintenanceRecorder: ...
+    async def recorder(self) -> MaintenanceRecorder:
+        """The opened recorder, typed for the sweep's interaction scan."""
+        ...
 
 
 @runtime_checkable
@@ -610,11 +623,15 @@ class TenantStore(Protocol):
     lock, never on an earlier read.
     """
 
-    async def thread_owner(self, thread_id: str) -> ThreadOwner | None: ...
+    async def thread_owner(self, thread_id: str) -> ThreadOwner | None:
+        """Who owns the thread, or ``None`` while nobody has claimed it."""
+        ...
 
     async def load_checkpoint(
         self, thread_id: str, *, owner: ThreadOwner | None = None
-    ) -> KernelCheckpoint | None: ...
+    ) -> KernelCheckpoint | None:
+        """The thread's checkpoint; ``None`` when missing or not ``owner``'s."""
+        ...
 
     async def resolve_receipt(
         self,
@@ -626,7 +643,12 @@ class TenantStore(Protocol):
         note: str | None = None,
         actor: str | None = None,
         owner: ThreadOwner | None = None,
-    ) -> Receipt: ...
+    ) -> Receipt:
+        """Settle an ``uncertain`` receipt, judged for ``owner`` under the lock.
+
+        A receipt on a thread ``owner`` may not act on is not found.
+        """
+        ...
 
 
 @runtime_checkable
@@ -636,7 +658,12 @@ class InteractionQueue(Protocol):
 
     async def pending_interactions(
         self, *, owner: ThreadOwner | None = None, after: str | None = None, limit: int = 100
-    ) -> list[PendingInteraction]: ...
+    ) -> list[PendingInteraction]:
+        """Open interactions, oldest first, after the cursor ``after``.
+
+        With ``owner``, only those on threads the owner may act on.
+        """
+        ...
 
 
 @runtime_checkable
@@ -652,4 +679,6 @@ class Operable(Durability, Migratable, Protocol):
         """Why :meth:`exists` said no, naming where the adapter looked."""
         ...
 
-    async def recorder(self) -> Recorder: ...
+    async def recorder(self) -> Recorder:
+        """The whole opened recorder, for the operations commands."""
+        ...

@@ -145,6 +145,7 @@ class RecordedDurability:
         return "no intention-kernel store at this location"
 
     async def aclose(self) -> None:
+        """Close the recorder once; later calls do nothing."""
         if self._opened:
             self._opened = False
             await self._recorder.close()
@@ -154,6 +155,10 @@ class RecordedDurability:
     async def with_turn(
         self, scope: TurnScope, operation: TurnOperation, *, wait: bool = True
     ) -> TurnResult:
+        """Run the turn under the thread's lock, or replay its commit.
+
+        IDs are checked before the store is touched.
+        """
         check_id("thread_id", scope.thread_id)
         check_id("turn_id", scope.turn_id)
         if scope.tenant_id is not None:

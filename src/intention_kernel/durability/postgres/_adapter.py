@@ -121,6 +121,7 @@ class PostgresDurability(RecordedDurability):
             yield conn
 
     def missing_store_reason(self) -> str:
+        """Names the schema where no store was found."""
         return f"the PostgreSQL database has no intention-kernel store in schema {self.schema!r}"
 
 

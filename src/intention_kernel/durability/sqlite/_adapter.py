@@ -77,6 +77,7 @@ class SQLiteDurability(RecordedDurability):
         )
 
     def missing_store_reason(self) -> str:
+        """Says whether the file is missing or holds no store."""
         if not os.path.isfile(self.path):
             return f"no SQLite store at {self.path!r}: the file does not exist"
         return f"{self.path!r} is not an intention-kernel store (no ik_schema table)"
