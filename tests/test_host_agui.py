@@ -10,6 +10,7 @@ too. The browser and the official TypeScript client have tests of their own
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import subprocess
@@ -180,6 +181,27 @@ async def test_a_resumed_interrupt_runs_the_write_once_and_names_the_tokens_prin
     assert provider.calls() == 1
 
 
+async def test_concurrent_runs_answering_one_interrupt_charge_once(
+    client: httpx.AsyncClient, provider: FakeProvider
+) -> None:
+    opened = await run(client, run_input("r1", user("charge pi_1 7")))
+    [interrupt] = finished(opened).outcome.interrupts  # type: ignore[union-attr]
+    same = run_input("r2", resume=resume(interrupt.id))
+    others = [run_input(f"r{n}", resume=resume(interrupt.id)) for n in range(3, 7)]
+
+    runs = await asyncio.gather(*(run(client, body) for body in [same] * 4 + others))
+
+    assert provider.calls() == 1
+    results = [finished(events).result for events in runs]
+    # The same run ID four times: one ran, three replayed what it committed.
+    assert sorted(r["replayed"] for r in results[:4]) == [False, True, True, True]
+    assert {json.dumps({**r, "replayed": None}, sort_keys=True) for r in results[:4]} == {
+        json.dumps({**results[0], "replayed": None}, sort_keys=True)
+    }
+    charged = [r for r in results if any(s["status"] == "completed" for s in r["steps"])]
+    assert len({r["turn_id"] for r in charged}) == 1
+
+
 async def test_a_tool_result_answers_the_confirmation_tool_call(
     client: httpx.AsyncClient, provider: FakeProvider
 ) -> None:
@@ -206,6 +228,24 @@ async def test_a_tool_result_answers_the_confirmation_tool_call(
     tool = {"id": "t2", "role": "tool", "toolCallId": call_id, "content": "accept"}
     await run(client, run_input("r4", tool))
     assert provider.calls() == 1
+
+
+async def test_a_tool_result_for_another_call_answers_nothing_and_the_interrupt_stands(
+    client: httpx.AsyncClient, provider: FakeProvider
+) -> None:
+    opened = await run(client, run_input("r1", user("charge pi_1 7")))
+    [interrupt] = finished(opened).outcome.interrupts  # type: ignore[union-attr]
+    other = {"id": "t1", "role": "tool", "toolCallId": "call_elsewhere", "content": "accept"}
+
+    answered = await run(client, run_input("r2", other))
+
+    assert provider.calls() == 0
+    assert "earlier question" in finished(answered).result["reply"]
+    outcome = finished(answered).outcome
+    assert outcome is not None and outcome.type == "interrupt"
+    assert [i.id for i in outcome.interrupts] == [interrupt.id]
+    # Its tool call was shown by the run that opened it, not again.
+    assert not any(e.type == EventType.TOOL_CALL_START for e in answered)
 
 
 async def test_a_cancelled_interrupt_rejects_the_operation(

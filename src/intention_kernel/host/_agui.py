@@ -139,12 +139,13 @@ def turn_input(run: RunAgentInput, principal: Principal) -> tuple[str | None, An
         return None, _answer(content, last.tool_call_id, principal, [*where, "content"])
     raise _invalid(
         [*where, "role"],
-        f"the last message is an {last.role!r} message: a run ends with the user's message "
-        f"or the tool result of a {CONFIRM_TOOL!r} call (or sends resume)",
+        f"the last message's role is {last.role!r}: a run ends with the user's message or "
+        f"the tool result of a {CONFIRM_TOOL!r} call, or sends resume",
     )
 
 
 def _text(message: UserMessage, where: list[str | int]) -> str:
+    """The message's text: its content, or its text parts one per line."""
     if isinstance(message.content, str):
         return message.content
     texts = []
@@ -196,6 +197,7 @@ def _answer(payload: Any, interaction_id: str, principal: Principal, where: list
 
 
 def _invalid(loc: list[Any], detail: str) -> HostProblem:
+    """A 422 ``invalid-request`` about the body's field at ``loc``."""
     where = ".".join(map(str, loc))
     return HostProblem(
         "invalid-request",
@@ -205,6 +207,7 @@ def _invalid(loc: list[Any], detail: str) -> HostProblem:
 
 
 def _now() -> int:
+    """Milliseconds since the epoch, as every AG-UI SDK stamps its events."""
     return time.time_ns() // 1_000_000
 
 
