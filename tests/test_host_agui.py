@@ -15,6 +15,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,6 +29,7 @@ from host_support import asgi_client, serving_in_thread
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel
 from intention_kernel.durability import Durability
 from intention_kernel.host import Principal, create_app
+from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from proving_support import process_env
 
@@ -391,7 +393,11 @@ async def test_a_body_that_is_not_json_or_not_sent_as_json_is_refused(
 
 
 class Streaming:
-    """Streams its text in pieces, then fails on ``fail`` once the text is out."""
+    """Streams its text in pieces, then fails on ``fail`` once the text is out, and
+    waits for ``go`` (set from any thread) on ``hold``."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
         assert request.stream is not None
@@ -399,6 +405,8 @@ class Streaming:
             request.stream(piece)
         if request.message == "fail":
             raise RuntimeError("the model went away")
+        if request.message == "hold":
+            await asyncio.to_thread(self.go.wait, 30)
         return Interpretation(reply="You owe 7.", intents=[Intent("billing.balance", {"due": 7})])
 
 
@@ -442,6 +450,24 @@ async def test_a_failure_after_the_run_started_is_run_error_and_commits_nothing(
     assert error.raw_event["status"] == 502
     assert error.raw_event["turn_id"] == "r1"
     assert await store.load_checkpoint("acct-1") is None
+
+
+def test_a_client_that_aborts_the_run_does_not_abort_the_turn() -> None:
+    provider, interpreter = FakeProvider(), Streaming()
+    agent = dataclasses.replace(billing_agent(provider), interpreter=interpreter)
+    body = run_input("r1", user("hold"))
+    with serving_in_thread(create_app(Kernel(agent, InMemoryDurability()))) as base:
+        with httpx.stream("POST", f"{base}{URL}", json=body, timeout=30) as response:
+            for line in response.iter_lines():
+                if "TEXT_MESSAGE_CONTENT" in line:
+                    break  # the client goes away mid-run (HttpAgent.abortRun)
+        interpreter.go.set()
+        retried = httpx.post(f"{base}{URL}", json=body, timeout=30)
+    done = parse(retried.text)[-1]
+    assert isinstance(done, RunFinishedEvent)
+    # The turn ran on to its commit without its reader: the retry is its replay.
+    assert done.result["replayed"] is True
+    assert done.result["facts"][0]["key"] == "balance"
 
 
 async def test_the_validators_transport_finds_the_endpoint_conformant_over_http(
