@@ -439,6 +439,43 @@ async def test_model_text_streams_as_it_comes_and_the_reply_follows(
     assert call.parent_message_id == events[1].message_id
 
 
+class TwoRounds:
+    """Round 1 says it looks and reads the balance; round 2 streams the answer."""
+
+    multi_round = True
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        assert request.stream is not None
+        if not request.rounds:
+            request.stream("Let me look.")
+            intents = [Intent("billing.balance", {"due": 7})]
+            return Interpretation(reply="Let me look.", intents=intents)
+        request.stream("You owe ")
+        request.stream("7.")
+        return Interpretation(reply="You owe 7.")
+
+
+async def test_each_rounds_text_is_a_message_and_the_reply_is_not_shown_twice(
+    store: Durability,
+) -> None:
+    agent = dataclasses.replace(billing_agent(FakeProvider()), interpreter=TwoRounds())
+    async with asgi_client(create_app(Kernel(agent, store))) as client:
+        events = await run(client, run_input("r1", user("what do I owe?")))
+
+    assert types(events) == [
+        "RUN_STARTED",
+        *("TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"),
+        *("TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"),
+        *("TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT"),
+        "TEXT_MESSAGE_END",
+        "STATE_SNAPSHOT",
+        "RUN_FINISHED",
+    ]
+    assert finished(events).result["reply"] == "You owe 7."
+    texts = [e.delta for e in events if e.type == EventType.TEXT_MESSAGE_CONTENT]
+    assert texts == ["Let me look.", "You owe ", "7."]
+
+
 async def test_a_failure_after_the_run_started_is_run_error_and_commits_nothing(
     streaming: httpx.AsyncClient, store: Durability
 ) -> None:
