@@ -153,10 +153,12 @@ async def test_a_resumed_interrupt_runs_the_write_once_and_names_the_tokens_prin
     [interrupt] = finished(opened).outcome.interrupts  # type: ignore[union-attr]
 
     answered = await run(
-        client, run_input("r2", user("charge pi_1 7"), resume=resume(interrupt.id))
+        client,
+        run_input("r2", user("charge pi_1 7"), resume=resume(interrupt.id), parentRunId="r1"),
     )
 
     assert provider.calls() == 1
+    assert answered[0].parent_run_id == "r1"  # echoed, as AG-UI's resumed runs show it
     assert types(answered) == [
         "RUN_STARTED",
         *("TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"),

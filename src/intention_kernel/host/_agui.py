@@ -218,10 +218,15 @@ class RunTranslator:
     the steps already shown as tool calls, the inputs the kernel reported."""
 
     def __init__(
-        self, thread_id: str, run_id: str, input_schemas: dict[str, dict[str, Any]]
+        self,
+        thread_id: str,
+        run_id: str,
+        input_schemas: dict[str, dict[str, Any]],
+        parent_run_id: str | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
+        self.parent_run_id = parent_run_id
         self._input_schemas = input_schemas
         self._count = 0
         self._open: str | None = None  # the text message being streamed
@@ -235,6 +240,7 @@ class RunTranslator:
             RunStartedEvent(
                 thread_id=self.thread_id,
                 run_id=self.run_id,
+                parent_run_id=self.parent_run_id,
                 protocol_version=PROTOCOL_VERSION,
                 timestamp=_now(),
             )
@@ -396,7 +402,7 @@ class AgUiEndpoint:
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
         replayed = first.type == "result" and first.data.get("replayed") is True
-        translator = RunTranslator(thread_id, turn_id, self._input_schemas)
+        translator = RunTranslator(thread_id, turn_id, self._input_schemas, run.parent_run_id)
         encoder = EventEncoder(accept=request.headers.get("accept", ""))
         return StreamingResponse(
             self._encoded(encoder, translator, first, events, principal),
