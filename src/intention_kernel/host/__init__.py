@@ -22,6 +22,8 @@ Endpoints (described by the app's own ``/openapi.json``):
 - ``GET /v1/receipts?thread_id=&status=`` and ``POST /v1/receipts/resolve``.
 - ``GET /v1/interactions?limit=&after=``: pending confirmations across the caller's
   threads (the console's queue).
+- ``POST /v1/agui``: one turn as an AG-UI run (``RunAgentInput`` in, AG-UI events out;
+  needs the ``agui`` extra, see :mod:`intention_kernel.host._agui`).
 - ``GET /healthz``, ``GET /openapi.json``, ``GET /problems[/{slug}]``, and the
   operator console at ``GET /console``.
 

@@ -98,6 +98,7 @@ def create_app(
         Route("/v1/receipts", guarded(api.list_receipts), methods=["GET"]),
         Route("/v1/interactions", guarded(api.list_interactions), methods=["GET"]),
         Route("/v1/receipts/resolve", guarded(api.resolve_receipt), methods=["POST"]),
+        Route("/v1/agui", guarded(_agui(api)), methods=["POST"]),
         Route("/healthz", guarded(api.health), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/problems", _problem_types, methods=["GET"]),
@@ -114,6 +115,24 @@ def create_app(
         middleware=[Middleware(RequestGuard, allowed_hosts=hosts)],
         exception_handlers={HTTPException: _http_problem},
     )
+
+
+def _agui(api: Endpoints) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /v1/agui`` (:mod:`._agui`), imported at its first request: the
+    ``ag-ui-protocol`` package is an extra, and its import is not free."""
+    handler: Callable[[Request], Awaitable[Response]] | None = None
+
+    async def run(request: Request) -> Response:
+        nonlocal handler
+        if handler is None:
+            try:
+                from intention_kernel.host._agui import AgUiEndpoint
+            except ImportError as exc:
+                raise HostProblem("not-found", str(exc)) from exc
+            handler = AgUiEndpoint(api).post
+        return await handler(request)
+
+    return run
 
 
 def _not_allowed(*methods: str) -> Callable[[Request], Awaitable[Response]]:

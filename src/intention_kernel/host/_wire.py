@@ -83,7 +83,8 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-M = TypeVar("M", bound=_Body)
+# Any model: the AG-UI endpoint reads the protocol's own ``RunAgentInput``.
+M = TypeVar("M", bound=BaseModel)
 
 
 class AnswerBody(_Body):

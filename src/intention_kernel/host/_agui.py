@@ -1,0 +1,462 @@
+"""The AG-UI protocol: ``POST /v1/agui`` runs a turn as an AG-UI run.
+
+`AG-UI <https://docs.ag-ui.com>`_ is the event protocol most agent front ends
+speak. The body is AG-UI's ``RunAgentInput``; the answer is its event stream,
+built from the ``ag-ui-protocol`` package's own event types and ``EventEncoder``.
+
+A run is one turn. ``threadId`` is the thread and ``runId`` the turn ID: a client
+that retries a run with the same ``runId`` gets the committed turn again, and no
+write runs twice. What the turn says comes from the end of the input:
+
+- a ``resume`` entry answers the interrupt a previous run ended on (its
+  ``interruptId`` is the interaction's ID); ``messages`` are then ignored;
+- otherwise the last message decides: a ``user`` message is the turn's message, a
+  ``tool`` message whose ``toolCallId`` names the confirmation's tool call is the
+  answer.
+
+An answer's ``payload`` (or the tool message's content, JSON or a bare word) is
+``"accept"``, ``"reject"`` or an object as the turn API's ``answer`` takes it. Its
+actor is the token's principal, as on every turn. A ``cancelled`` resume entry
+rejects the operation. ``state``, ``tools``, ``context`` and ``forwardedProps`` are
+accepted and ignored: the kernel's state is its facts, written by capabilities only.
+
+The kernel's events map onto AG-UI's:
+
+- model text (``delta``) streams as ``TEXT_MESSAGE_*``; the committed reply's lines
+  that the stream did not show follow as one more text message;
+- each finished step is a tool call, ``TOOL_CALL_START``/``ARGS``/``END`` and
+  ``TOOL_CALL_RESULT`` (the step as the turn API reports it). A step's arguments
+  are known only where the kernel reports them (a confirmed operation's input);
+- a confirmation opened by the turn is a tool call without a result, named
+  :data:`CONFIRM_TOOL`, and the run finishes with an ``interrupt`` outcome naming
+  it: AG-UI's human-in-the-loop pattern;
+- ``STATE_SNAPSHOT`` carries the thread's facts and version after the run;
+- ``RUN_FINISHED`` carries the ``TurnResult`` JSON as its ``result``.
+
+Refusals before the turn ran anything answer problem details with their status, as
+the turn API does. A failure after the stream started is ``RUN_ERROR``, its
+``code`` the problem type's slug and its ``rawEvent`` the problem details.
+"""
+
+from __future__ import annotations
+
+try:
+    from ag_ui.core import (
+        PROTOCOL_VERSION,
+        BaseEvent,
+        Interrupt,
+        RunAgentInput,
+        RunErrorEvent,
+        RunFinishedEvent,
+        RunFinishedInterruptOutcome,
+        RunFinishedSuccessOutcome,
+        RunStartedEvent,
+        StateSnapshotEvent,
+        TextMessageContentEvent,
+        TextMessageEndEvent,
+        TextMessageStartEvent,
+        TextPart,
+        ToolCallArgsEvent,
+        ToolCallEndEvent,
+        ToolCallResultEvent,
+        ToolCallStartEvent,
+        ToolMessage,
+        UserMessage,
+    )
+    from ag_ui.encoder import EventEncoder
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "the AG-UI endpoint needs the ag-ui-protocol package: pip install 'intention-kernel[agui]'",
+        name=exc.name,
+    ) from exc
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import pydantic
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from intention_kernel.errors import KernelError
+from intention_kernel.host._access import Principal
+from intention_kernel.host._endpoints import REPLAYED_HEADER, Endpoints
+from intention_kernel.host._problems import HostProblem, problem_body, problem_for
+from intention_kernel.host._wire import AnswerBody, TurnBody, read_body
+from intention_kernel.interpretation import Answer
+from intention_kernel.streaming import TurnEvent
+
+__all__ = ["CONFIRM_TOOL", "AgUiEndpoint", "RunTranslator", "turn_input"]
+
+log = logging.getLogger("intention_kernel.host")
+
+#: The name of the tool call that asks the person to confirm an operation.
+CONFIRM_TOOL = "confirm"
+
+#: A step still waiting for its answer: the confirmation's tool call stands for it.
+_AWAITING = "awaiting_confirmation"
+
+_PAYLOAD: pydantic.TypeAdapter[Literal["accept", "reject"] | AnswerBody] = pydantic.TypeAdapter(
+    Literal["accept", "reject"] | AnswerBody
+)
+
+
+def _answer_schema() -> dict[str, Any]:
+    """What an interrupt's answer may be (its ``responseSchema``), without the prose."""
+    schema = _PAYLOAD.json_schema()
+    for definition in schema.get("$defs", {}).values():
+        definition.pop("description", None)
+    return schema
+
+
+ANSWER_SCHEMA = _answer_schema()
+
+
+def turn_input(run: RunAgentInput, principal: Principal) -> tuple[str | None, Answer | None]:
+    """The turn's message and answer in ``run``; ``HostProblem`` when it has none."""
+    if run.resume:
+        if len(run.resume) > 1:
+            raise _invalid(["resume"], "a thread has one pending interrupt: send one resume entry")
+        entry = run.resume[0]
+        if entry.status == "cancelled":
+            reason = "the person cancelled the interrupt"
+            return None, Answer(entry.interrupt_id, "reject", reason=reason, actor=principal.actor)
+        return None, _answer(entry.payload, entry.interrupt_id, principal, ["resume", 0, "payload"])
+    if not run.messages:
+        raise _invalid(["messages"], "a run needs a user message, a tool result or a resume")
+    where: list[str | int] = ["messages", len(run.messages) - 1]
+    last = run.messages[-1]
+    if isinstance(last, UserMessage):
+        return _text(last, where), None
+    if isinstance(last, ToolMessage):
+        if last.error is not None:
+            answer = Answer(last.tool_call_id, "reject", reason=last.error, actor=principal.actor)
+            return None, answer
+        content = _tool_content(last, where)
+        return None, _answer(content, last.tool_call_id, principal, [*where, "content"])
+    raise _invalid(
+        [*where, "role"],
+        f"the last message's role is {last.role!r}: a run ends with the user's message or "
+        f"the tool result of a {CONFIRM_TOOL!r} call, or sends resume",
+    )
+
+
+def _text(message: UserMessage, where: list[str | int]) -> str:
+    """The message's text: its content, or its text parts one per line."""
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for index, part in enumerate(message.content):
+        if not isinstance(part, TextPart):
+            raise _invalid(
+                [*where, "content", index, "type"],
+                f"a message's parts must be text; this agent cannot read a {part.type!r} part",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _tool_content(message: ToolMessage, where: list[str | int]) -> Any:
+    """The tool message's answer: its content read as JSON, else the bare text."""
+    if not isinstance(message.content, str):
+        raise _invalid([*where, "content"], "a confirmation's tool result must be text (JSON)")
+    try:
+        return json.loads(message.content)
+    except ValueError:
+        return message.content.strip()
+
+
+def _answer(payload: Any, interaction_id: str, principal: Principal, where: list[Any]) -> Answer:
+    """``payload`` as the answer to ``interaction_id``, its actor the principal."""
+    try:
+        parsed = _PAYLOAD.validate_python(payload, strict=True)
+    except pydantic.ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        raise HostProblem(
+            "invalid-request",
+            'an answer is "accept", "reject" or an object with a decision: '
+            + "; ".join(
+                f"{'.'.join(map(str, [*where, *e['loc']]))}: {e['msg']}" for e in errors[:3]
+            ),
+            errors=[
+                {"loc": [*where, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in errors
+            ],
+        ) from None
+    if isinstance(parsed, AnswerBody) and parsed.interaction_id not in (None, interaction_id):
+        raise _invalid(
+            [*where, "interaction_id"],
+            f"the answer names interaction {parsed.interaction_id!r}, "
+            f"but it answers {interaction_id!r}",
+        )
+    answer = TurnBody(answer=parsed).resolved_answer(principal.actor)
+    assert answer is not None
+    return dataclasses.replace(answer, interaction_id=interaction_id)
+
+
+def _invalid(loc: list[Any], detail: str) -> HostProblem:
+    """A 422 ``invalid-request`` about the body's field at ``loc``."""
+    where = ".".join(map(str, loc))
+    return HostProblem(
+        "invalid-request",
+        f"{where}: {detail}",
+        errors=[{"loc": loc, "msg": detail, "type": "value_error"}],
+    )
+
+
+def _now() -> int:
+    """Milliseconds since the epoch, as every AG-UI SDK stamps its events."""
+    return time.time_ns() // 1_000_000
+
+
+class RunTranslator:
+    """Turns the kernel's events of one turn into the AG-UI events of one run.
+
+    It keeps what the run has shown: the open text message, the text streamed last,
+    the steps already shown as tool calls, the inputs the kernel reported."""
+
+    def __init__(
+        self,
+        thread_id: str,
+        run_id: str,
+        input_schemas: dict[str, dict[str, Any]],
+        parent_run_id: str | None = None,
+    ) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.parent_run_id = parent_run_id
+        self._input_schemas = input_schemas
+        self._count = 0
+        self._open: str | None = None  # the text message being streamed
+        self._last_message: str | None = None
+        self._streamed = ""  # the text of the last streamed message
+        self._shown: set[str] = set()  # step IDs shown as tool calls
+        self._inputs: dict[str, dict[str, Any]] = {}  # step ID → input, where reported
+
+    def started(self) -> list[BaseEvent]:
+        return [
+            RunStartedEvent(
+                thread_id=self.thread_id,
+                run_id=self.run_id,
+                parent_run_id=self.parent_run_id,
+                protocol_version=PROTOCOL_VERSION,
+                timestamp=_now(),
+            )
+        ]
+
+    def translate(self, event: TurnEvent) -> list[BaseEvent]:
+        """The AG-UI events for one kernel event (several, or none)."""
+        if event.type == "delta":
+            return self._delta(event.data["text"])
+        if event.type == "step":
+            return [*self._close(), *self._step(event.data)]
+        if event.type == "interaction":
+            # Shown at the end, if it is still the pending one: a later step of the
+            # same turn may supersede it.
+            self._inputs[event.data["step_id"]] = event.data["input"]
+            return []
+        return self._finished(event.data)
+
+    def failed(self, problem: HostProblem) -> list[BaseEvent]:
+        """The run's end when the turn failed: nothing was committed."""
+        body = problem_body(problem)
+        return [
+            RunErrorEvent(
+                message=problem.detail, code=problem.type.slug, raw_event=body, timestamp=_now()
+            )
+        ]
+
+    def _id(self, kind: str) -> str:
+        self._count += 1
+        return f"{self.run_id}-{kind}{self._count}"
+
+    def _delta(self, text: str) -> list[BaseEvent]:
+        events: list[BaseEvent] = []
+        if self._open is None:
+            self._open = self._last_message = self._id("m")
+            self._streamed = ""
+            events.append(
+                TextMessageStartEvent(message_id=self._open, role="assistant", timestamp=_now())
+            )
+        self._streamed += text
+        events.append(TextMessageContentEvent(message_id=self._open, delta=text, timestamp=_now()))
+        return events
+
+    def _close(self) -> list[BaseEvent]:
+        if self._open is None:
+            return []
+        message_id, self._open = self._open, None
+        return [TextMessageEndEvent(message_id=message_id, timestamp=_now())]
+
+    def _text(self, text: str) -> list[BaseEvent]:
+        """One whole text message."""
+        return [*self._delta(text), *self._close()]
+
+    def _step(self, step: dict[str, Any]) -> list[BaseEvent]:
+        step_id = step["step_id"]
+        if step["status"] == _AWAITING or step_id in self._shown:
+            return []
+        self._shown.add(step_id)
+        known = step.get("approved_input") or self._inputs.get(step_id)
+        return [
+            *self._call(step_id, step["capability_id"], known),
+            ToolCallResultEvent(
+                message_id=self._id("r"),
+                tool_call_id=step_id,
+                content=json.dumps(step, ensure_ascii=False),
+                role="tool",
+                timestamp=_now(),
+            ),
+        ]
+
+    def _call(self, call_id: str, name: str, args: Any) -> list[BaseEvent]:
+        events: list[BaseEvent] = [
+            ToolCallStartEvent(
+                tool_call_id=call_id,
+                tool_call_name=name,
+                parent_message_id=self._last_message,
+                timestamp=_now(),
+            )
+        ]
+        if args is not None:
+            delta = json.dumps(args, ensure_ascii=False)
+            events.append(ToolCallArgsEvent(tool_call_id=call_id, delta=delta, timestamp=_now()))
+        events.append(ToolCallEndEvent(tool_call_id=call_id, timestamp=_now()))
+        return events
+
+    def _finished(self, result: dict[str, Any]) -> list[BaseEvent]:
+        events = self._close()
+        for step in result["steps"]:  # a replay reports its steps only here
+            events += self._step(step)
+        reply: str = result["reply"]
+        if self._streamed and reply.startswith(self._streamed):
+            reply = reply[len(self._streamed) :].lstrip("\n")
+        if reply:
+            events += self._text(reply)
+        interaction = result["interaction"]
+        outcome: RunFinishedInterruptOutcome | RunFinishedSuccessOutcome
+        if interaction is None:
+            outcome = RunFinishedSuccessOutcome()
+        else:
+            if interaction["turn_id"] == self.run_id:
+                # Opened by this turn: the front end has not seen its tool call yet.
+                events += self._call(
+                    interaction["id"], CONFIRM_TOOL, self._confirmation(interaction)
+                )
+            outcome = RunFinishedInterruptOutcome(interrupts=[self._interrupt(interaction)])
+        return [
+            *events,
+            RunFinishedEvent(
+                thread_id=self.thread_id,
+                run_id=self.run_id,
+                result=result,
+                outcome=outcome,
+                timestamp=_now(),
+            ),
+        ]
+
+    def _confirmation(self, interaction: dict[str, Any]) -> dict[str, Any]:
+        """The confirmation tool call's arguments: the interaction as the thread view
+        shows it, with the schema of the input an accept may edit."""
+        schema = None
+        if interaction["kind"] == "confirmation":
+            schema = self._input_schemas.get(interaction["capability_id"])
+        return {**interaction, "input_schema": schema}
+
+    def _interrupt(self, interaction: dict[str, Any]) -> Interrupt:
+        return Interrupt(
+            id=interaction["id"],
+            reason=interaction["kind"],
+            message=interaction["prompt"],
+            tool_call_id=interaction["id"],
+            response_schema=ANSWER_SCHEMA,
+            expires_at=interaction["expires_at"],
+            metadata={
+                "capability_id": interaction["capability_id"],
+                "digest": interaction["digest"],
+            },
+        )
+
+
+class AgUiEndpoint:
+    """``POST /v1/agui``, for the kernel and access policy of ``api``."""
+
+    def __init__(self, api: Endpoints) -> None:
+        self.api = api
+        self._input_schemas = {c.id: c.input_schema for c in api.kernel.agent.capabilities}
+
+    async def post(self, request: Request) -> Response:
+        principal = self.api.access.authenticate(request)
+        run = await read_body(request, RunAgentInput)
+        message, answer = turn_input(run, principal)
+        thread_id, turn_id = run.thread_id, run.run_id
+        events = self.api.kernel.stream_turn(
+            thread_id, turn_id, message, answer, principal=principal
+        )
+        try:
+            # As the turn API's stream: a turn refused before it ran anything answers
+            # problem details with its status, not a run that only says so.
+            first = await anext(events)
+        except KernelError as error:
+            raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
+        replayed = first.type == "result" and first.data.get("replayed") is True
+        translator = RunTranslator(thread_id, turn_id, self._input_schemas, run.parent_run_id)
+        encoder = EventEncoder(accept=request.headers.get("accept", ""))
+        return StreamingResponse(
+            self._encoded(encoder, translator, first, events, principal),
+            media_type=encoder.get_content_type(),
+            headers={
+                REPLAYED_HEADER: "true" if replayed else "false",
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+            },
+        )
+
+    async def _encoded(
+        self,
+        encoder: EventEncoder,
+        translator: RunTranslator,
+        first: TurnEvent,
+        rest: AsyncIterator[TurnEvent],
+        principal: Principal,
+    ) -> AsyncIterator[str]:
+        thread_id, turn_id = translator.thread_id, translator.run_id
+        for event in translator.started():
+            yield encoder.encode(event)
+        try:
+            current: TurnEvent | None = first
+            while current is not None:
+                for out in translator.translate(current):
+                    if isinstance(out, RunFinishedEvent):
+                        for snapshot in await self._snapshot(principal, thread_id):
+                            yield encoder.encode(snapshot)
+                        out = out.model_copy(update={"timestamp": _now()})
+                    yield encoder.encode(out)
+                current = await anext(rest, None)
+        except KernelError as error:
+            problem = problem_for(error, thread_id=thread_id, turn_id=turn_id)
+            log.warning("AG-UI run %r of thread %r failed: %s", turn_id, thread_id, problem.detail)
+            for out in translator.failed(problem):
+                yield encoder.encode(out)
+        except Exception:
+            log.exception("AG-UI run %r of thread %r failed", turn_id, thread_id)
+            detail = "an unexpected error occurred; see the server log"
+            problem = HostProblem("internal-error", detail, thread_id=thread_id, turn_id=turn_id)
+            for out in translator.failed(problem):
+                yield encoder.encode(out)
+
+    async def _snapshot(self, principal: Principal, thread_id: str) -> list[BaseEvent]:
+        """The thread's facts and version, read after the turn committed; none when the
+        read fails: the turn is committed, and the run must not say it failed."""
+        try:
+            checkpoint = await self.api.access.load_checkpoint(principal, thread_id)
+        except KernelError as error:
+            log.warning("AG-UI run on thread %r: no state snapshot: %s", thread_id, error)
+            return []
+        if checkpoint is None:
+            return []
+        facts = {key: checkpoint.facts[key].value for key in sorted(checkpoint.facts)}
+        snapshot = {"version": checkpoint.version, "facts": facts}
+        return [StateSnapshotEvent(snapshot=snapshot, timestamp=_now())]
