@@ -88,5 +88,12 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 
 from intention_kernel.integrations._bridge import KeyFunction, effect_authority
 from intention_kernel.integrations.langgraph._agent import KernelAgent
+from intention_kernel.integrations.langgraph._saver import CheckpointConflictError, KernelSaver
 
-__all__ = ["KernelAgent", "KeyFunction", "effect_authority"]
+__all__ = [
+    "CheckpointConflictError",
+    "KernelAgent",
+    "KernelSaver",
+    "KeyFunction",
+    "effect_authority",
+]
