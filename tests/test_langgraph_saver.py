@@ -393,3 +393,114 @@ async def test_a_postgres_schema_from_before_migration_14_is_upgraded(postgres_d
     finally:
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+# -- two writers on one thread, in two processes ---------------------------------------------
+
+
+def _two_writers(url: str, thread_id: str, folder: Path) -> list[dict[str, Any]]:
+    import json
+    import subprocess
+    import sys
+
+    worker = Path(__file__).with_name("langgraph_saver_worker.py")
+    barrier = {"dir": str(folder / f"barrier-{thread_id}"), "count": 2}
+    Path(barrier["dir"]).mkdir()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(worker),
+                json.dumps(
+                    {
+                        "url": url,
+                        "thread_id": thread_id,
+                        "writer": writer,
+                        "start": start,
+                        "barrier": barrier,
+                    }
+                ),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).parent,
+        )
+        for writer, start in (("A", 100), ("B", 200))
+    ]
+    outcomes = []
+    for writer, proc in zip("AB", procs, strict=True):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outcomes.append({"writer": writer, **json.loads(out.strip().splitlines()[-1])})
+    return outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fresh", [True, False], ids=["new-thread", "existing-thread"])
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_two_processes_driving_one_thread_one_wins_the_other_is_refused(
+    kind: str, fresh: bool, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Both processes read the thread before either writes (a barrier before the first
+    put), then race. One run completes; the other is refused with a typed error at
+    its first put that the winner made stale. The thread's history, walked from its
+    latest checkpoint, is the winner's alone: nothing of the loser is in it."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'k.db'}"
+        drop: Callable[[], None] = lambda: None  # noqa: E731
+    else:
+        import psycopg
+        from psycopg import sql
+
+        dsn: str = request.getfixturevalue("postgres_dsn")
+        schema = "ik_saver_" + uuid.uuid4().hex[:12]
+        url = f"{dsn}?schema={schema}"
+
+        def drop() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+                )
+
+    try:
+        config: RunnableConfig = {"configurable": {"thread_id": "race", "writer": "setup"}}
+        with KernelSaver(url) as saver:
+            if not fresh:
+                assert _graph(saver).invoke({"n": 0, "seen": []}, config)["n"] == 2
+            before = len(list(saver.list(config)))
+        outcomes = _two_writers(url, "race", tmp_path)
+        assert sorted(o["outcome"] for o in outcomes) == ["done", "refused"], outcomes
+        [winner] = [o for o in outcomes if o["outcome"] == "done"]
+        [loser] = [o for o in outcomes if o["outcome"] == "refused"]
+        assert loser["error"] == "CheckpointConflictError"
+        start = 100 if winner["writer"] == "A" else 200
+        assert winner["n"] == start + 3
+
+        with KernelSaver(url) as saver:
+            latest = saver.get_tuple(config)
+            assert latest is not None
+            assert latest.checkpoint["channel_values"]["n"] == start + 3
+            assert latest.checkpoint["channel_values"]["seen"] == [
+                winner["writer"],
+                "one",
+                "two",
+                "three",
+            ]
+            lineage, cursor = [], latest
+            while cursor is not None:
+                lineage.append(cursor.metadata.get("writer"))
+                parent = cursor.parent_config
+                cursor = None if parent is None else saver.get_tuple(parent)
+            run = [w for w in lineage if w != "setup"]
+            assert run and set(run) == {winner["writer"]}, lineage
+            assert lineage[len(run) :] == ["setup"] * (len(lineage) - len(run))
+            # The winner's input checkpoint and its four steps. Of the loser's: on a
+            # new thread its first put, kept aside as a root of its own; else none.
+            stored = list(saver.list(config))
+            assert len(stored) - before == 5 + fresh
+            aside = [t for t in stored if t.metadata.get("writer") == loser["writer"]]
+            assert len(aside) == fresh
+            assert all(t.parent_config is None for t in aside)
+    finally:
+        drop()
