@@ -116,6 +116,15 @@ class SyncMethods(BaseCheckpointSaver[int]):
     async def adelete_thread(self, thread_id: str) -> None:
         await asyncio.to_thread(self.saver.delete_thread, thread_id)
 
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.saver.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.saver.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.saver.prune, thread_ids, strategy=strategy)
+
 
 async def test_the_conformance_suite_passes_on_each_store(store_url: StoreURL) -> None:
     @checkpointer_test(name="KernelSaver")
@@ -127,9 +136,18 @@ async def test_the_conformance_suite_passes_on_each_store(store_url: StoreURL) -
     report.print_report()
     assert report.passed_all_base(), report.to_dict()
     results = report.to_dict()["results"]
-    for base in ("put", "put_writes", "get_tuple", "list", "delete_thread"):
-        assert results[base]["passed"] is True, results[base]
-        assert results[base]["tests_failed"] == 0
+    for capability in (
+        "put",
+        "put_writes",
+        "get_tuple",
+        "list",
+        "delete_thread",
+        "delete_for_runs",
+        "copy_thread",
+        "prune",
+    ):
+        assert results[capability]["passed"] is True, results[capability]
+        assert results[capability]["tests_failed"] == 0
 
 
 async def test_the_conformance_suite_passes_through_the_sync_methods(store_url: StoreURL) -> None:
@@ -144,6 +162,9 @@ async def test_the_conformance_suite_passes_through_the_sync_methods(store_url: 
     report = await validate(factory)
     report.print_report()
     assert report.passed_all_base(), report.to_dict()
+    results = report.to_dict()["results"]
+    for capability in ("delete_for_runs", "copy_thread", "prune"):
+        assert results[capability]["passed"] is True, results[capability]
 
 
 async def test_an_adapter_object_is_used_and_left_open(tmp_path: Path) -> None:
@@ -242,6 +263,35 @@ async def test_the_same_checkpoint_put_again_is_stored_once(store_url: StoreURL)
         # The same ID under another parent is refused.
         with pytest.raises(CheckpointConflictError, match="another parent"):
             await saver.aput(generate_config("t"), checkpoint, generate_metadata(), {})
+
+
+async def test_deleting_the_latest_checkpoints_run_makes_the_newest_left_the_latest(
+    store_url: StoreURL,
+) -> None:
+    async with KernelSaver(store_url()) as saver:
+        base = await _put(saver, None, run_id="r1")
+        second = await _put(saver, base, run_id="r1")
+        await _put(saver, second, run_id="r2")
+        await saver.adelete_for_runs(["r2"])
+        latest = await saver.aget_tuple(generate_config("t"))
+        assert latest is not None and latest.config == second
+        await _put(saver, second, run_id="r3")  # the line goes on from there
+        await saver.adelete_for_runs(["r1", "r3"])
+        assert await saver.aget_tuple(generate_config("t")) is None
+        assert await _ids(saver) == []
+        await _put(saver, None)  # an empty thread again: a first checkpoint is the latest
+
+
+async def test_an_unknown_prune_strategy_is_refused_and_prunes_nothing(
+    store_url: StoreURL,
+) -> None:
+    async with KernelSaver(store_url()) as saver:
+        await _put(saver, await _put(saver, None))
+        with pytest.raises(InvalidRequestError, match="strategy"):
+            await saver.aprune(["t"], strategy="keep_oldest")
+        assert len(await _ids(saver)) == 2
+        await saver.aprune(["t"])
+        assert len(await _ids(saver)) == 1
 
 
 async def test_a_config_without_a_thread_is_refused_with_nothing_stored(

@@ -398,9 +398,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE ik_lg_checkpoints (
         thread_id text NOT NULL, checkpoint_ns text NOT NULL, checkpoint_id text NOT NULL,
         parent_id text, type text NOT NULL, checkpoint bytea NOT NULL,
-        metadata_type text NOT NULL, metadata bytea NOT NULL,
+        metadata_type text NOT NULL, metadata bytea NOT NULL, run_id text,
         CONSTRAINT ik_lg_checkpoints_pkey PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
     );
+    CREATE INDEX ik_lg_checkpoints_run ON ik_lg_checkpoints (run_id) WHERE run_id IS NOT NULL;
     CREATE TABLE ik_lg_writes (
         thread_id text NOT NULL, checkpoint_ns text NOT NULL, checkpoint_id text NOT NULL,
         task_id text NOT NULL, idx integer NOT NULL, channel text NOT NULL,

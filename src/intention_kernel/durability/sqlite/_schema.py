@@ -203,7 +203,8 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 12: LangGraph's checkpoints, for ``KernelSaver`` (a graph driven by its own
     # application). A checkpoint row holds the serialized checkpoint and its metadata;
-    # a write row one pending write of a task. ``ik_lg_heads`` names each namespace's
+    # a write row one pending write of a task (``run_id``: the metadata's, for
+    # ``delete_for_runs``). ``ik_lg_heads`` names each namespace's
     # latest checkpoint: a put moves it only from the parent it names (compare-and-set).
     """
     CREATE TABLE ik_lg_checkpoints (
@@ -215,8 +216,10 @@ MIGRATIONS: tuple[str, ...] = (
         checkpoint    BLOB NOT NULL,
         metadata_type TEXT NOT NULL,
         metadata      BLOB NOT NULL,
+        run_id        TEXT,
         PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
     ) WITHOUT ROWID;
+    CREATE INDEX ik_lg_checkpoints_run ON ik_lg_checkpoints (run_id) WHERE run_id IS NOT NULL;
     CREATE TABLE ik_lg_writes (
         thread_id     TEXT NOT NULL,
         checkpoint_ns TEXT NOT NULL,

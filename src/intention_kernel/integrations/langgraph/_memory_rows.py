@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
+from dataclasses import replace
 
 from intention_kernel.integrations.langgraph._rows import (
     StoredCheckpoint,
@@ -92,11 +93,55 @@ class MemoryRows:
 
     async def delete_thread(self, thread_id: str) -> None:
         with self._lock:
-            for table in (self._checkpoints, self._heads):
-                for place in [p for p in table if p[0] == thread_id]:
-                    del table[place]
-            for key in [k for k in self._writes if k[0] == thread_id]:
-                del self._writes[key]
+            self._delete([thread_id])
+
+    def _delete(self, thread_ids: Sequence[str]) -> None:
+        for table in (self._checkpoints, self._heads):
+            for place in [p for p in table if p[0] in thread_ids]:
+                del table[place]
+        for key in [k for k in self._writes if k[0] in thread_ids]:
+            del self._writes[key]
+
+    async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        wanted = set(run_ids)
+        with self._lock:
+            for place, rows in self._checkpoints.items():
+                gone = [cid for cid, row in rows.items() if row.run_id in wanted]
+                for checkpoint_id in gone:
+                    del rows[checkpoint_id]
+                    self._writes.pop((*place, checkpoint_id), None)
+                if self._heads.get(place) in gone:
+                    if rows:
+                        self._heads[place] = max(rows)
+                    else:
+                        del self._heads[place]
+
+    async def copy_thread(self, source: str, target: str) -> None:
+        with self._lock:
+            for (thread, ns), rows in list(self._checkpoints.items()):
+                if thread == source:
+                    copied = self._checkpoints.setdefault((target, ns), {})
+                    for checkpoint_id, row in rows.items():
+                        copied[checkpoint_id] = replace(row, thread_id=target)
+            for (thread, ns, checkpoint_id), writes in list(self._writes.items()):
+                if thread == source:
+                    self._writes[(target, ns, checkpoint_id)] = dict(writes)
+            for (thread, ns), head in list(self._heads.items()):
+                if thread == source:
+                    self._heads[(target, ns)] = head
+
+    async def prune(self, thread_ids: Sequence[str], *, keep_latest: bool) -> None:
+        with self._lock:
+            if not keep_latest:
+                self._delete(thread_ids)
+                return
+            for place, rows in self._checkpoints.items():
+                if place[0] not in thread_ids:
+                    continue
+                head = self._heads.get(place)
+                for checkpoint_id in [cid for cid in rows if cid != head]:
+                    del rows[checkpoint_id]
+                    self._writes.pop((*place, checkpoint_id), None)
 
 
 #: One set of rows per memory store: two savers over one store share its threads.

@@ -52,6 +52,8 @@ class StoredCheckpoint:
     checkpoint: bytes
     metadata_type: str
     metadata: bytes
+    #: The metadata's ``run_id``, for ``delete_for_runs``.
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,20 @@ class CheckpointRows(Protocol):
 
     async def delete_thread(self, thread_id: str) -> None:
         """Remove every row of the thread, in every namespace."""
+        ...
+
+    async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Remove the checkpoints of these runs and their writes. A namespace whose head
+        was one of them gets its newest remaining checkpoint as head, or none."""
+        ...
+
+    async def copy_thread(self, source: str, target: str) -> None:
+        """Copy every row of ``source`` (checkpoints, writes, heads) to ``target``."""
+        ...
+
+    async def prune(self, thread_ids: Sequence[str], *, keep_latest: bool) -> None:
+        """Remove each thread's rows; with ``keep_latest``, all but each namespace's
+        head and its writes."""
         ...
 
 

@@ -144,11 +144,19 @@ class KernelSaver(BaseCheckpointSaver[int]):
     ) -> StoredCheckpoint:
         thread_id, ns = _place(config)
         kind, body = self.serde.dumps_typed(checkpoint)
-        meta_kind, meta = self.serde.dumps_typed(
-            get_serializable_checkpoint_metadata(config, metadata)
-        )
+        stored = get_serializable_checkpoint_metadata(config, metadata)
+        meta_kind, meta = self.serde.dumps_typed(stored)
+        run_id = stored.get("run_id")
         return StoredCheckpoint(
-            thread_id, ns, checkpoint["id"], get_checkpoint_id(config), kind, body, meta_kind, meta
+            thread_id,
+            ns,
+            checkpoint["id"],
+            get_checkpoint_id(config),
+            kind,
+            body,
+            meta_kind,
+            meta,
+            None if run_id is None else str(run_id),
         )
 
     def _writes(
@@ -266,6 +274,30 @@ class KernelSaver(BaseCheckpointSaver[int]):
         """Delete every checkpoint and write of ``thread_id``."""
         await self._on_home(lambda rows: rows.delete_thread(str(thread_id)))
 
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints whose metadata names one of ``run_ids``, with their
+        writes. A namespace whose latest checkpoint went has its newest remaining one
+        as latest."""
+        wanted = [str(run_id) for run_id in run_ids]
+        if wanted:
+            await self._on_home(lambda rows: rows.delete_for_runs(wanted))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, write and latest mark of one thread to another."""
+        source, target = str(source_thread_id), str(target_thread_id)
+        await self._on_home(lambda rows: rows.copy_thread(source, target))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``"keep_latest"``: keep only each namespace's latest checkpoint and its writes;
+        ``"delete"``: delete the threads. Another strategy is refused.
+
+        A graph with a ``DeltaChannel`` rebuilds it from older checkpoints: do not
+        keep only the latest of its threads (see LangGraph's ``prune``)."""
+        keep_latest = _strategy(strategy)
+        threads = [str(thread_id) for thread_id in thread_ids]
+        if threads:
+            await self._on_home(lambda rows: rows.prune(threads, keep_latest=keep_latest))
+
     # -- sync --------------------------------------------------------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -333,6 +365,24 @@ class KernelSaver(BaseCheckpointSaver[int]):
     def delete_thread(self, thread_id: str) -> None:
         """The sync twin of :meth:`adelete_thread`."""
         self._block(lambda rows: rows.delete_thread(str(thread_id)))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """The sync twin of :meth:`adelete_for_runs`."""
+        wanted = [str(run_id) for run_id in run_ids]
+        if wanted:
+            self._block(lambda rows: rows.delete_for_runs(wanted))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """The sync twin of :meth:`acopy_thread`."""
+        source, target = str(source_thread_id), str(target_thread_id)
+        self._block(lambda rows: rows.copy_thread(source, target))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """The sync twin of :meth:`aprune`."""
+        keep_latest = _strategy(strategy)
+        threads = [str(thread_id) for thread_id in thread_ids]
+        if threads:
+            self._block(lambda rows: rows.prune(threads, keep_latest=keep_latest))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -403,6 +453,15 @@ def _place(config: RunnableConfig) -> tuple[str, str]:
             'KernelSaver needs a thread: pass config={"configurable": {"thread_id": ...}}'
         )
     return str(thread_id), str(configurable.get("checkpoint_ns") or "")
+
+
+def _strategy(strategy: str) -> bool:
+    """Whether a prune ``strategy`` keeps the latest checkpoints; an unknown one is refused."""
+    if strategy not in ("keep_latest", "delete"):
+        raise InvalidRequestError(
+            f"prune strategy {strategy!r} is not 'keep_latest' or 'delete'; nothing was pruned"
+        )
+    return strategy == "keep_latest"
 
 
 def _text(configurable: dict[str, Any], key: str) -> str | None:

@@ -29,8 +29,14 @@ if TYPE_CHECKING:
 __all__ = ["PostgresRows", "SQLiteRows"]
 
 _COLUMNS = (
-    "thread_id, checkpoint_ns, checkpoint_id, parent_id, type, checkpoint, metadata_type, metadata"
+    "thread_id, checkpoint_ns, checkpoint_id, parent_id, type, checkpoint, metadata_type, "
+    "metadata, run_id"
 )
+#: The same columns, with the thread ID a placeholder (a copy to another thread).
+_COPIED = (
+    "?, checkpoint_ns, checkpoint_id, parent_id, type, checkpoint, metadata_type, metadata, run_id"
+)
+_WRITES_COPIED = "?, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, value, task_path"
 _WRITE_COLUMNS = "task_id, idx, channel, type, value, task_path"
 
 # -- SQLite ------------------------------------------------------------------------------------
@@ -41,7 +47,7 @@ _SQLITE_PARENT = (
     "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
 )
 _SQLITE_INSERT = (
-    f"INSERT OR REPLACE INTO ik_lg_checkpoints ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT OR REPLACE INTO ik_lg_checkpoints ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SQLITE_MOVE = "INSERT OR REPLACE INTO ik_lg_heads VALUES (?, ?, ?)"
 _SQLITE_WRITE = (
@@ -58,7 +64,7 @@ _SQLITE_WRITES = (
 
 def _checkpoint(row: Sequence[Any]) -> StoredCheckpoint:
     return StoredCheckpoint(
-        row[0], row[1], row[2], row[3], row[4], bytes(row[5]), row[6], bytes(row[7])
+        row[0], row[1], row[2], row[3], row[4], bytes(row[5]), row[6], bytes(row[7]), row[8]
     )
 
 
@@ -76,6 +82,7 @@ def _row_params(row: StoredCheckpoint) -> tuple[Any, ...]:
         row.checkpoint,
         row.metadata_type,
         row.metadata,
+        row.run_id,
     )
 
 
@@ -187,11 +194,111 @@ class SQLiteRows:
         return await self._db._read(read, thread_id)
 
     async def delete_thread(self, thread_id: str) -> None:
-        def body(conn: sqlite3.Connection) -> None:
-            for table in ("ik_lg_checkpoints", "ik_lg_writes", "ik_lg_heads"):
-                conn.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
+        await self.prune([thread_id], keep_latest=False)
 
-        await self._db._write(body, (), thread_id, atomic=True)
+    async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            for run_id in run_ids:
+                places = _Maintenance.places(conn.execute(_RUN_PLACES, (run_id,)).fetchall())
+                for place in places:
+                    for statement, params in _Maintenance.run_steps(place, run_id):
+                        conn.execute(statement, params)
+
+        await self._db._write(body, (), None, atomic=True)
+
+    async def copy_thread(self, source: str, target: str) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            for statement in _COPY:
+                conn.execute(statement, (target, source))
+
+        await self._db._write(body, (), target, atomic=True)
+
+    async def prune(self, thread_ids: Sequence[str], *, keep_latest: bool) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            for thread_id in thread_ids:
+                if not keep_latest:
+                    for statement in _DELETE_THREAD:
+                        conn.execute(statement, (thread_id,))
+                    continue
+                heads = conn.execute(_HEADS, (thread_id,)).fetchall()
+                for statement, params in _Maintenance.keep_latest(thread_id, heads):
+                    conn.execute(statement, params)
+
+        await self._db._write(body, (), None, atomic=True)
+
+
+# -- maintenance, the same statements on both stores (PostgreSQL's with %s) -----------------
+
+_RUN_PLACES = "SELECT DISTINCT thread_id, checkpoint_ns FROM ik_lg_checkpoints WHERE run_id = ?"
+_RUN_WRITES = (
+    "DELETE FROM ik_lg_writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id IN "
+    "(SELECT checkpoint_id FROM ik_lg_checkpoints "
+    "WHERE thread_id = ? AND checkpoint_ns = ? AND run_id = ?)"
+)
+_RUN_CHECKPOINTS = (
+    "DELETE FROM ik_lg_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND run_id = ?"
+)
+# A head whose checkpoint is gone gives way to the newest remaining one, if any.
+_LOST_HEAD = (
+    "DELETE FROM ik_lg_heads WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id "
+    "NOT IN (SELECT checkpoint_id FROM ik_lg_checkpoints "
+    "WHERE thread_id = ? AND checkpoint_ns = ?)"
+)
+_NEWEST_HEAD = (
+    "INSERT INTO ik_lg_heads SELECT thread_id, checkpoint_ns, MAX(checkpoint_id) "
+    "FROM ik_lg_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? "
+    "GROUP BY thread_id, checkpoint_ns ON CONFLICT DO NOTHING"
+)
+_COPY = (
+    f"INSERT INTO ik_lg_checkpoints ({_COLUMNS}) SELECT {_COPIED} FROM ik_lg_checkpoints "
+    "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+    f"INSERT INTO ik_lg_writes (thread_id, checkpoint_ns, checkpoint_id, {_WRITE_COLUMNS}) "
+    f"SELECT {_WRITES_COPIED} FROM ik_lg_writes WHERE thread_id = ? ON CONFLICT DO NOTHING",
+    "INSERT INTO ik_lg_heads SELECT ?, checkpoint_ns, checkpoint_id FROM ik_lg_heads "
+    "WHERE thread_id = ? ON CONFLICT (thread_id, checkpoint_ns) "
+    "DO UPDATE SET checkpoint_id = EXCLUDED.checkpoint_id",
+)
+_DELETE_THREAD = tuple(
+    f"DELETE FROM {table} WHERE thread_id = ?"
+    for table in ("ik_lg_checkpoints", "ik_lg_writes", "ik_lg_heads")
+)
+_HEADS = "SELECT checkpoint_ns, checkpoint_id FROM ik_lg_heads WHERE thread_id = ?"
+_ALL_BUT_HEAD = tuple(
+    f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id <> ?"
+    for table in ("ik_lg_checkpoints", "ik_lg_writes")
+)
+_HEADLESS = tuple(
+    f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns NOT IN "
+    "(SELECT checkpoint_ns FROM ik_lg_heads WHERE thread_id = ?)"
+    for table in ("ik_lg_checkpoints", "ik_lg_writes")
+)
+
+
+class _Maintenance:
+    """``delete_for_runs``, ``copy_thread`` and ``prune`` as statement lists, run by
+    each store in one transaction: ``execute(statement, params)`` returns the rows."""
+
+    @staticmethod
+    def places(rows: list[Sequence[Any]]) -> list[tuple[str, str]]:
+        return sorted({(str(r[0]), str(r[1])) for r in rows})
+
+    @staticmethod
+    def run_steps(place: tuple[str, str], run_id: str) -> list[tuple[str, tuple[Any, ...]]]:
+        return [
+            (_RUN_WRITES, (*place, *place, run_id)),
+            (_RUN_CHECKPOINTS, (*place, run_id)),
+            (_LOST_HEAD, (*place, *place)),
+            (_NEWEST_HEAD, place),
+        ]
+
+    @staticmethod
+    def keep_latest(
+        thread_id: str, heads: list[Sequence[Any]]
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        steps = [(statement, (thread_id, thread_id)) for statement in _HEADLESS]
+        for ns, head in heads:
+            steps += [(statement, (thread_id, ns, head)) for statement in _ALL_BUT_HEAD]
+        return steps
 
 
 def _write_params(write: StoredWrite) -> tuple[Any, ...]:
@@ -211,10 +318,10 @@ _PG_PARENT = (
     "WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
 )
 _PG_INSERT = (
-    f"INSERT INTO ik_lg_checkpoints ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+    f"INSERT INTO ik_lg_checkpoints ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
     "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
     "type = EXCLUDED.type, checkpoint = EXCLUDED.checkpoint, "
-    "metadata_type = EXCLUDED.metadata_type, metadata = EXCLUDED.metadata"
+    "metadata_type = EXCLUDED.metadata_type, metadata = EXCLUDED.metadata, run_id = EXCLUDED.run_id"
 )
 _PG_MOVE = (
     "INSERT INTO ik_lg_heads VALUES (%s, %s, %s) ON CONFLICT (thread_id, checkpoint_ns) "
@@ -356,12 +463,54 @@ class PostgresRows:
 
         return await self._db._run(hop)
 
-    async def delete_thread(self, thread_id: str) -> None:
-        q = self._db._q
+    def _pg(self, statement: str) -> str:
+        """A maintenance statement as PostgreSQL takes it: %s placeholders, qualified."""
+        return self._db._q(statement.replace("?", "%s"))
 
+    async def _lock(self, conn: Connection, places: list[tuple[str, str]]) -> None:
+        """Lock each place as a put does, in order (two maintainers never deadlock)."""
+        from intention_kernel.durability.postgres._sessions import advisory_key
+        from intention_kernel.durability.postgres._statements import LOCK_XACT
+
+        for place in sorted(places):
+            await conn.execute(LOCK_XACT, (advisory_key("langgraph", *place),))
+
+    async def delete_thread(self, thread_id: str) -> None:
+        await self.prune([thread_id], keep_latest=False)
+
+    async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         async def hop(conn: Connection) -> None:
             async with conn.transaction():
-                for table in ("ik_lg_checkpoints", "ik_lg_writes", "ik_lg_heads"):
-                    await conn.execute(q(f"DELETE FROM {table} WHERE thread_id = %s"), (thread_id,))
+                for run_id in run_ids:
+                    found = await conn.execute(self._pg(_RUN_PLACES), (run_id,))
+                    places = _Maintenance.places(await found.fetchall())
+                    await self._lock(conn, places)
+                    for place in places:
+                        for statement, params in _Maintenance.run_steps(place, run_id):
+                            await conn.execute(self._pg(statement), params)
+
+        await self._db._run(hop)
+
+    async def copy_thread(self, source: str, target: str) -> None:
+        async def hop(conn: Connection) -> None:
+            async with conn.transaction():
+                for statement in _COPY:
+                    await conn.execute(self._pg(statement), (target, source))
+
+        await self._db._run(hop)
+
+    async def prune(self, thread_ids: Sequence[str], *, keep_latest: bool) -> None:
+        async def hop(conn: Connection) -> None:
+            async with conn.transaction():
+                for thread_id in thread_ids:
+                    if not keep_latest:
+                        for statement in _DELETE_THREAD:
+                            await conn.execute(self._pg(statement), (thread_id,))
+                        continue
+                    found = await conn.execute(self._pg(_HEADS), (thread_id,))
+                    heads = await found.fetchall()
+                    await self._lock(conn, [(thread_id, str(ns)) for ns, _ in heads])
+                    for statement, params in _Maintenance.keep_latest(thread_id, heads):
+                        await conn.execute(self._pg(statement), params)
 
         await self._db._run(hop)
