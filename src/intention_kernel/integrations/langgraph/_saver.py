@@ -59,8 +59,10 @@ class KernelSaver(BaseCheckpointSaver[int]):
     ``store``: a URL for :func:`open_durability` (``sqlite:///app.db``,
     ``postgresql://...``, ``memory://``), which the saver opens and closes; or an
     adapter object (``SQLiteDurability``, ``PostgresDurability``,
-    ``InMemoryDurability``), which the application closes. ``serde``: LangGraph's
-    serializer (its default when None).
+    ``InMemoryDurability``), which the application closes. An adapter object is used
+    on the saver's loop (see the module docstring): from sync code alone, that is the
+    saver's own loop thread, which ``close`` stops, so pass a URL there. ``serde``:
+    LangGraph's serializer (its default when None).
 
     Use it as LangGraph's own savers: ``graph.compile(checkpointer=saver)``, then
     ``graph.invoke(..., {"configurable": {"thread_id": ...}})`` or ``ainvoke``. A

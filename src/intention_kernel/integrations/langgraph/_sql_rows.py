@@ -279,7 +279,7 @@ class _Maintenance:
     each store in one transaction: ``execute(statement, params)`` returns the rows."""
 
     @staticmethod
-    def places(rows: list[Sequence[Any]]) -> list[tuple[str, str]]:
+    def places(rows: Sequence[Sequence[Any]]) -> list[tuple[str, str]]:
         return sorted({(str(r[0]), str(r[1])) for r in rows})
 
     @staticmethod
@@ -293,9 +293,11 @@ class _Maintenance:
 
     @staticmethod
     def keep_latest(
-        thread_id: str, heads: list[Sequence[Any]]
+        thread_id: str, heads: Sequence[Sequence[Any]]
     ) -> list[tuple[str, tuple[Any, ...]]]:
-        steps = [(statement, (thread_id, thread_id)) for statement in _HEADLESS]
+        steps: list[tuple[str, tuple[Any, ...]]] = [
+            (statement, (thread_id, thread_id)) for statement in _HEADLESS
+        ]
         for ns, head in heads:
             steps += [(statement, (thread_id, ns, head)) for statement in _ALL_BUT_HEAD]
         return steps
