@@ -2,7 +2,9 @@
 
 Run as ``python tests/langgraph_saver_worker.py '<json config>'``: ``url`` (the store),
 ``thread_id``, ``writer`` (its name, which LangGraph copies into each checkpoint's
-metadata), ``start`` (the graph's input number) and ``barrier`` (``{"dir", "count"}``).
+metadata), ``start`` (the graph's input number, or None to resume the thread with
+``invoke(None)``), ``barrier`` (``{"dir", "count"}``, optional) and ``die_in`` (a
+node's name, optional: the process sends itself SIGKILL when that node starts).
 The worker drives a sync graph through a KernelSaver. Before its first put it waits
 until ``count`` workers got there too, so that every worker read the thread before any
 wrote it. It prints one JSON line: ``{"outcome": "done", "n"}`` or ``{"outcome":
@@ -14,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -34,7 +37,7 @@ class Count(TypedDict):
 class GatedSaver(KernelSaver):
     """A KernelSaver whose first put waits for the other workers at the barrier."""
 
-    def __init__(self, url: str, barrier: dict[str, Any]) -> None:
+    def __init__(self, url: str, barrier: dict[str, Any] | None) -> None:
         super().__init__(url)
         self.barrier: dict[str, Any] | None = barrier
 
@@ -61,9 +64,11 @@ def meet(barrier: dict[str, Any]) -> None:
         time.sleep(0.01)
 
 
-def graph(saver: KernelSaver) -> Any:
+def graph(saver: KernelSaver, die_in: str | None = None) -> Any:
     def step(name: str) -> Any:
         def run(state: Count) -> dict[str, Any]:
+            if name == die_in:
+                os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.05)  # room for the other writer to interleave, if it could
             return {"n": state["n"] + 1, "seen": [*state["seen"], name]}
 
@@ -81,14 +86,14 @@ def graph(saver: KernelSaver) -> Any:
 
 
 def main(config: dict[str, Any]) -> None:
-    with GatedSaver(config["url"], config["barrier"]) as saver:
+    with GatedSaver(config["url"], config.get("barrier")) as saver:
         run: RunnableConfig = {
             "configurable": {"thread_id": config["thread_id"], "writer": config["writer"]}
         }
+        start = config["start"]
+        given = None if start is None else {"n": start, "seen": [config["writer"]]}
         try:
-            result = graph(saver).invoke(
-                {"n": config["start"], "seen": [config["writer"]]}, run, durability="sync"
-            )
+            result = graph(saver, config.get("die_in")).invoke(given, run, durability="sync")
         except CheckpointConflictError as refused:
             print(json.dumps({"outcome": "refused", "error": type(refused).__name__}))
             return

@@ -554,3 +554,69 @@ def test_two_processes_driving_one_thread_one_wins_the_other_is_refused(
             assert all(t.parent_config is None for t in aside)
     finally:
         drop()
+
+
+# -- a process killed between steps ----------------------------------------------------------
+
+
+def _worker(config: dict[str, Any]) -> tuple[int, str]:
+    import json
+    import subprocess
+    import sys
+
+    worker = Path(__file__).with_name("langgraph_saver_worker.py")
+    done = subprocess.run(
+        [sys.executable, str(worker), json.dumps(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent,
+        check=False,
+    )
+    return done.returncode, done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_run_killed_between_steps_goes_on_from_its_last_checkpoint_in_another_process(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """SIGKILL as the graph's second node starts: the checkpoint after its first node is
+    stored, and a new process resumes from it (``invoke(None)``). The first node never
+    runs again; the thread's history is one line, killed run and resumed run alike."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'k.db'}"
+    else:
+        dsn: str = request.getfixturevalue("postgres_dsn")
+        schema = "ik_saver_" + uuid.uuid4().hex[:12]
+        url = f"{dsn}?schema={schema}"
+    try:
+        base = {"url": url, "thread_id": "crash", "writer": "first"}
+        code, _ = _worker({**base, "start": 10, "die_in": "two"})
+        assert code == -9  # killed by SIGKILL
+        config: RunnableConfig = {"configurable": {"thread_id": "crash"}}
+        with KernelSaver(url) as saver:
+            latest = saver.get_tuple(config)
+            assert latest is not None
+            assert latest.checkpoint["channel_values"]["seen"] == ["first", "one"]
+        code, out = _worker({**base, "writer": "second", "start": None})
+        assert code == 0 and '"n": 13' in out, out
+        with KernelSaver(url) as saver:
+            latest = saver.get_tuple(config)
+            assert latest is not None
+            assert latest.checkpoint["channel_values"]["seen"] == ["first", "one", "two", "three"]
+            lineage, cursor = [], latest
+            while cursor is not None:
+                lineage.append(cursor.checkpoint["id"])
+                parent = cursor.parent_config
+                cursor = None if parent is None else saver.get_tuple(parent)
+            assert sorted(t.checkpoint["id"] for t in saver.list(config)) == sorted(lineage)
+    finally:
+        if kind == "postgres":
+            import psycopg
+            from psycopg import sql
+
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+                )
