@@ -78,6 +78,7 @@ class MemoryRows:
         checkpoint_ns: str | None,
         checkpoint_id: str | None,
         before: str | None,
+        limit: int | None = None,
     ) -> list[tuple[StoredCheckpoint, list[StoredWrite]]]:
         with self._lock:
             found = [
@@ -89,7 +90,7 @@ class MemoryRows:
                 and (before is None or row.checkpoint_id < before)
             ]
             found.sort(key=lambda row: row.checkpoint_id, reverse=True)
-            return [self._with_writes(row) for row in found]
+            return [self._with_writes(row) for row in found[:limit]]
 
     async def delete_thread(self, thread_id: str) -> None:
         with self._lock:

@@ -99,8 +99,9 @@ class CheckpointRows(Protocol):
         checkpoint_ns: str | None,
         checkpoint_id: str | None,
         before: str | None,
+        limit: int | None = None,
     ) -> list[tuple[StoredCheckpoint, list[StoredWrite]]]:
-        """Matching checkpoints with their writes, newest ID first."""
+        """Matching checkpoints with their writes, newest ID first (``limit``: at most)."""
         ...
 
     async def delete_thread(self, thread_id: str) -> None:

@@ -211,7 +211,8 @@ class KernelSaver(BaseCheckpointSaver[int]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints matching ``config`` and the metadata ``filter``, newest first."""
-        for tup in await self._on_home(lambda rows: self._search(rows, config, before)):
+        found = await self._on_home(lambda rows: self._search(rows, config, before, filter, limit))
+        for tup in found:
             if limit is not None and limit <= 0:
                 return
             if self._matches(tup, filter):
@@ -220,14 +221,22 @@ class KernelSaver(BaseCheckpointSaver[int]):
                 yield tup
 
     async def _search(
-        self, rows: CheckpointRows, config: RunnableConfig | None, before: RunnableConfig | None
+        self,
+        rows: CheckpointRows,
+        config: RunnableConfig | None,
+        before: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        limit: int | None,
     ) -> list[CheckpointTuple]:
+        """The matching checkpoints; without a metadata filter, the store applies the
+        limit (a filter reads the metadata, which only this side decodes)."""
         wanted = (config or {}).get("configurable", {})
         found = await rows.search(
             _text(wanted, "thread_id"),
             _text(wanted, "checkpoint_ns"),
             _text(wanted, "checkpoint_id"),
             None if before is None else get_checkpoint_id(before),
+            None if filter or limit is None else max(limit, 0),
         )
         return [self._tuple(row, writes) for row, writes in found]
 
@@ -318,7 +327,7 @@ class KernelSaver(BaseCheckpointSaver[int]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         """The sync twin of :meth:`alist`."""
-        found = self._block(lambda rows: self._search(rows, config, before))
+        found = self._block(lambda rows: self._search(rows, config, before, filter, limit))
         for tup in found:
             if limit is not None and limit <= 0:
                 return

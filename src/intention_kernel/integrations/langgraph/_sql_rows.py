@@ -182,9 +182,13 @@ class SQLiteRows:
         checkpoint_ns: str | None,
         checkpoint_id: str | None,
         before: str | None,
+        limit: int | None = None,
     ) -> list[tuple[StoredCheckpoint, list[StoredWrite]]]:
         where, params = _search_where(thread_id, checkpoint_ns, checkpoint_id, before, "?")
         query = f"SELECT {_COLUMNS} FROM ik_lg_checkpoints{where} ORDER BY checkpoint_id DESC"
+        if limit is not None:
+            query += " LIMIT ?"
+            params.append(limit)
 
         def read(conn: sqlite3.Connection) -> list[tuple[StoredCheckpoint, list[StoredWrite]]]:
             conn.execute("BEGIN")
@@ -450,11 +454,15 @@ class PostgresRows:
         checkpoint_ns: str | None,
         checkpoint_id: str | None,
         before: str | None,
+        limit: int | None = None,
     ) -> list[tuple[StoredCheckpoint, list[StoredWrite]]]:
         where, params = _search_where(thread_id, checkpoint_ns, checkpoint_id, before, "%s")
-        query = self._db._q(
-            f"SELECT {_COLUMNS} FROM ik_lg_checkpoints{where} ORDER BY checkpoint_id DESC"
-        )
+        if limit is not None:
+            where += " ORDER BY checkpoint_id DESC LIMIT %s"
+            params.append(limit)
+        else:
+            where += " ORDER BY checkpoint_id DESC"
+        query = self._db._q(f"SELECT {_COLUMNS} FROM ik_lg_checkpoints{where}")
 
         async def hop(conn: Connection) -> list[tuple[StoredCheckpoint, list[StoredWrite]]]:
             async with conn.transaction():
