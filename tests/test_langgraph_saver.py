@@ -620,3 +620,39 @@ def test_a_run_killed_between_steps_goes_on_from_its_last_checkpoint_in_another_
                 conn.execute(
                     sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
                 )
+
+
+async def test_update_state_on_an_older_checkpoint_branches_from_it(store_url: StoreURL) -> None:
+    config: RunnableConfig = {"configurable": {"thread_id": "g"}}
+    async with KernelSaver(store_url()) as saver:
+        graph = _graph(saver)
+        await graph.ainvoke({"n": 1, "seen": []}, config)
+        first = [s async for s in graph.aget_state_history(config)][-1]  # the oldest
+        await graph.ainvoke({"n": 5, "seen": []}, config)
+        branched = await graph.aupdate_state(first.config, {"n": 100})
+        latest = await graph.aget_state(config)
+        assert latest.config == branched and latest.values["n"] == 100
+
+
+def test_a_subgraph_keeps_its_own_namespace_through_the_saver(store_url: StoreURL) -> None:
+    class Inner(TypedDict):
+        n: int
+
+    inner = StateGraph(Inner)
+    inner.add_node("add", lambda s: {"n": s["n"] + 10})
+    inner.add_edge(START, "add")
+    inner.add_edge("add", END)
+    url = store_url()
+    with KernelSaver(InMemoryDurability() if url == "memory://" else url) as saver:
+        outer = StateGraph(Inner)
+        outer.add_node("inner", inner.compile(checkpointer=True))
+        outer.add_edge(START, "inner")
+        outer.add_edge("inner", END)
+        graph = outer.compile(checkpointer=saver)
+        config: RunnableConfig = {"configurable": {"thread_id": "s"}}
+        assert graph.invoke({"n": 1}, config) == {"n": 11}
+        assert graph.invoke({"n": 2}, config) == {"n": 12}
+        spaces = {t.config["configurable"]["checkpoint_ns"] for t in saver.list(None)}
+        assert "" in spaces and "inner" in spaces
+        sub = saver.get_tuple({"configurable": {"thread_id": "s", "checkpoint_ns": "inner"}})
+        assert sub is not None and sub.checkpoint["channel_values"]["n"] == 12
