@@ -391,6 +391,29 @@ MIGRATIONS: tuple[str, ...] = (
     # function now refuses: a worker of an older library, still running, fails its next
     # turn with this message instead of locking threads that leases do not see.
     LEASES,
+    # 14: LangGraph's checkpoints, for ``KernelSaver``, as in SQLite's migration 12: a
+    # checkpoint row, a row per pending write, and each namespace's latest checkpoint,
+    # which a put moves only from the parent it names (compare-and-set).
+    """
+    CREATE TABLE ik_lg_checkpoints (
+        thread_id text NOT NULL, checkpoint_ns text NOT NULL, checkpoint_id text NOT NULL,
+        parent_id text, type text NOT NULL, checkpoint bytea NOT NULL,
+        metadata_type text NOT NULL, metadata bytea NOT NULL, run_id text,
+        CONSTRAINT ik_lg_checkpoints_pkey PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+    );
+    CREATE INDEX ik_lg_checkpoints_run ON ik_lg_checkpoints (run_id) WHERE run_id IS NOT NULL;
+    CREATE TABLE ik_lg_writes (
+        thread_id text NOT NULL, checkpoint_ns text NOT NULL, checkpoint_id text NOT NULL,
+        task_id text NOT NULL, idx integer NOT NULL, channel text NOT NULL,
+        type text NOT NULL, value bytea NOT NULL, task_path text NOT NULL,
+        CONSTRAINT ik_lg_writes_pkey
+            PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+    );
+    CREATE TABLE ik_lg_heads (
+        thread_id text NOT NULL, checkpoint_ns text NOT NULL, checkpoint_id text NOT NULL,
+        CONSTRAINT ik_lg_heads_pkey PRIMARY KEY (thread_id, checkpoint_ns)
+    );
+    """,
 )
 
 

@@ -201,6 +201,44 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT th.tenant_id FROM ik_threads th
         WHERE th.thread_id = ik_journal.thread_id AND th.version > 0);
     """,
+    # 12: LangGraph's checkpoints, for ``KernelSaver`` (a graph driven by its own
+    # application). A checkpoint row holds the serialized checkpoint and its metadata;
+    # a write row one pending write of a task (``run_id``: the metadata's, for
+    # ``delete_for_runs``). ``ik_lg_heads`` names each namespace's
+    # latest checkpoint: a put moves it only from the parent it names (compare-and-set).
+    """
+    CREATE TABLE ik_lg_checkpoints (
+        thread_id     TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        parent_id     TEXT,
+        type          TEXT NOT NULL,
+        checkpoint    BLOB NOT NULL,
+        metadata_type TEXT NOT NULL,
+        metadata      BLOB NOT NULL,
+        run_id        TEXT,
+        PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX ik_lg_checkpoints_run ON ik_lg_checkpoints (run_id) WHERE run_id IS NOT NULL;
+    CREATE TABLE ik_lg_writes (
+        thread_id     TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        task_id       TEXT NOT NULL,
+        idx           INTEGER NOT NULL,
+        channel       TEXT NOT NULL,
+        type          TEXT NOT NULL,
+        value         BLOB NOT NULL,
+        task_path     TEXT NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+    ) WITHOUT ROWID;
+    CREATE TABLE ik_lg_heads (
+        thread_id     TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns)
+    ) WITHOUT ROWID;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

@@ -68,6 +68,16 @@ answered together. A hand-built ``ToolNode`` asks them one after another; an ans
 given earlier is replayed to its call when the task resumes, and that call must still
 have the arguments accepted.
 
+LangChain's ``HumanInTheLoopMiddleware`` (``create_agent``) pauses on a review request,
+held as any interrupt. The answer becomes the middleware's decision: an accept is
+``approve``; ``value={"args": ...}`` is ``edit``; ``value={"respond": text}`` is
+``respond``; a reject is ``reject``, with its reason (see ``_hitl``).
+
+:class:`KernelSaver` is a LangGraph checkpointer on the same stores, for graphs the
+application drives itself (``graph.invoke``). A checkpoint is stored only if its
+parent is still its thread's latest; a stale one raises
+:class:`CheckpointConflictError`, so two writers of one thread never interleave.
+
 Limits: while an approval is pending, a new message is answered with the pending
 question. The saved state keeps the thread's whole message list, as LangGraph's own
 checkpoints do.
@@ -88,5 +98,12 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 
 from intention_kernel.integrations._bridge import KeyFunction, effect_authority
 from intention_kernel.integrations.langgraph._agent import KernelAgent
+from intention_kernel.integrations.langgraph._saver import CheckpointConflictError, KernelSaver
 
-__all__ = ["KernelAgent", "KeyFunction", "effect_authority"]
+__all__ = [
+    "CheckpointConflictError",
+    "KernelAgent",
+    "KernelSaver",
+    "KeyFunction",
+    "effect_authority",
+]

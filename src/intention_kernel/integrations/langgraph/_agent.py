@@ -29,6 +29,7 @@ from intention_kernel.integrations.langgraph._held import (
     restore,
     snapshot,
 )
+from intention_kernel.integrations.langgraph._hitl import is_review, review_decisions, shown_action
 from intention_kernel.integrations.langgraph._model import JournalGuard, install_journal_cache
 from intention_kernel.integrations.langgraph._step import STEP, KernelStep
 from intention_kernel.integrations.langgraph._tools import ToolSeam
@@ -147,7 +148,7 @@ class KernelAgent(BridgeAgent):
                 "value": None,
                 "actor": None,
             }
-            await run.invoke(Command(resume={c.interrupt_id: closed for c in conversation.pending}))
+            await run.invoke(_resume_command(self, conversation.pending, closed))
         assert input.prompt is not None  # AgentInput holds exactly one of the two
         await run.invoke(self._to_input(input.prompt))
         return await run.outcome()
@@ -178,13 +179,35 @@ class KernelAgent(BridgeAgent):
             run.step.approved.update(
                 {c.tool_call_id: c.args for c in calls if c.tool_call_id and c.args is not None}
             )
-        await run.invoke(Command(resume={c.interrupt_id: resume for c in calls}))
+        await run.invoke(_resume_command(self, calls, resume))
         return await run.outcome()
+
+
+def _resume_command(agent: KernelAgent, calls: list[Call], answer: dict[str, Any]) -> Command[Any]:
+    """The ``Command`` that answers ``calls``: ``answer`` itself, or the decisions of
+    LangChain's human-in-the-loop middleware for its review requests (see ``_hitl``).
+    An answer a review request does not allow fails the step before anything runs."""
+    resume: dict[str, Any] = {}
+    for call in calls:
+        if not is_review(call.value):
+            resume[call.interrupt_id] = answer
+            continue
+        try:
+            resume[call.interrupt_id] = review_decisions(call.value, answer)
+        except ValueError as exc:
+            raise CapabilityError(
+                f"{agent.capability_id}: {exc}; nothing ran",
+                capability_id=agent.capability_id,
+            ) from exc
+    return Command(resume=resume)
 
 
 def _shown(call: Call) -> tuple[str, dict[str, Any]]:
     if call.tool_name is not None and call.args is not None:
         return call.tool_name, call.args
+    action = shown_action(call.value)
+    if action is not None:
+        return action
     value = call.value if isinstance(call.value, dict) else {"value": call.value}
     return "interrupt", value
 
