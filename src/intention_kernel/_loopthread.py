@@ -82,7 +82,7 @@ class _Loop(asyncio.SelectorEventLoop):
     def call_soon_threadsafe(
         self,
         callback: Callable[[Unpack[_Ts]], object],
-        *args: Unpack[_Ts],
+        *args: *_Ts,
         context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
         handle = super().call_soon_threadsafe(callback, *args, context=context)
