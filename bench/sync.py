@@ -7,8 +7,9 @@ unit (``bench.workload``):
   event loop (the throughput table's rows);
 - ``sync-sqlite-full`` / ``sync-sqlite-normal``: ``SyncKernel`` over the same store
   settings, called from the worker's main thread, which runs no event loop at all (a
-  script, a Celery task, a WSGI thread). Each turn crosses to the kernel's loop thread
-  and back: that crossing is the facade's cost.
+  script, a Celery task, a WSGI thread). A lone caller drives the kernel's loop in its
+  own thread: each turn is a task and a ``run_until_complete``, which is the facade's
+  cost (until 2026-12-05 each turn crossed to the loop's thread and back).
 
 Blocks run the four rows in an order rotated block by block, as the throughput phase
 does (``bench.run.throughput``). A setting's ratio is the median over blocks of the

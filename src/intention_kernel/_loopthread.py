@@ -29,9 +29,11 @@ from __future__ import annotations
 import _signal  # type: ignore[import-not-found]  # signal's C functions, without its enums
 import asyncio
 import contextvars
+import os
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar, TypeVarTuple, Unpack
 
@@ -119,6 +121,7 @@ class LoopThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self._ident = self._thread.ident
+        _loop_threads.add(self)
         if not self._borrowable:
             self._wake()  # the loop's thread runs the loop forever, as it always did
 
@@ -334,6 +337,23 @@ def _outcome(call: _Call[T]) -> T:
 
 
 _SIGINT = int(signal.SIGINT)
+
+
+#: Every loop thread, so that a forked child drops what it inherited (see below).
+_loop_threads: weakref.WeakSet[LoopThread] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    # The child has none of the parent's threads: a lock one of them held at the fork
+    # would stay held. An inherited loop is never driven in the child (``_sync``
+    # starts a new one), and work scheduled on it there wakes nothing.
+    for inherited in list(_loop_threads):
+        inherited._state = threading.Condition(threading.RLock())
+        inherited._driver = -1
+        inherited._exit = True
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _nothing() -> None:
