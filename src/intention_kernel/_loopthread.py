@@ -111,7 +111,7 @@ class LoopThread:
         self._driver: int | None = None  # the ident of the thread that runs the loop
         self._exit = False
         self._idle_check: asyncio.TimerHandle | None = None
-        self._tasks = 0  # the loop's tasks that have not ended
+        self._tasks: list[asyncio.Task[Any]] = []  # the loop's tasks, ended ones pruned
         self._borrowable = _can_drive_in_caller()
         self.loop: asyncio.AbstractEventLoop = (
             _Loop(self) if self._borrowable else asyncio.new_event_loop()
@@ -160,23 +160,29 @@ class LoopThread:
         """Whether anything is left to run: a task, a callback or a timer. Under
         ``_state``, by the thread that drives the loop, once it stopped."""
         loop: Any = self.loop
-        if not self._borrowable or self._tasks or loop._ready:
+        if not self._borrowable or self._running_tasks() or loop._ready:
             return True
         return any(not timer.cancelled() for timer in loop._scheduled)
+
+    def _running_tasks(self) -> list[asyncio.Task[Any]]:
+        """The loop's tasks that have not ended; by the thread that drives the loop."""
+        tasks = self._tasks
+        if tasks:
+            tasks = self._tasks = [task for task in tasks if not task.done()]
+        return tasks
 
     def _new_task(
         self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], **kwargs: Any
     ) -> asyncio.Task[T]:
-        """The loop's task factory: a plain task, counted until it ends. Tasks are made
-        on the thread that drives the loop, which alone counts them."""
+        """The loop's task factory: a plain task, listed until it ended. Tasks are made
+        on the thread that drives the loop, which alone lists them. No done callback:
+        a finished task then leaves nothing to run, and its caller stops at once."""
         task = asyncio.Task(coro, loop=loop, **kwargs)
-        self._tasks += 1
-        task.add_done_callback(self._task_ended)
+        self._tasks.append(task)
         return task
 
     def _task_ended(self, task: asyncio.Task[Any]) -> None:
-        self._tasks -= 1
-        if not self._tasks and self._driver == self._ident:
+        if self._driver == self._ident:
             self._stop_when_idle()
 
     def _stop_when_idle(self) -> None:
@@ -186,8 +192,12 @@ class LoopThread:
         if self._idle_check is not None:
             self._idle_check.cancel()
             self._idle_check = None
-        if self._tasks:
-            return  # the last task's end checks again
+        tasks = self._running_tasks()
+        if tasks:
+            for task in tasks:  # each task's end checks again, once
+                task.remove_done_callback(self._task_ended)
+                task.add_done_callback(self._task_ended)
+            return
         timers = [timer.when() for timer in loop._scheduled if not timer.cancelled()]
         if timers:
             self._idle_check = loop.call_at(min(timers), self._stop_when_idle)
@@ -277,7 +287,13 @@ class LoopThread:
         try:
             task = loop.create_task(fn(*args))
             try:
-                result = loop.run_until_complete(task)
+                # One pass of the loop first: a turn that never waits (SQLite, one
+                # caller) ends within it, and nothing is left to run after it.
+                loop.stop()
+                loop.run_forever()
+                if not task.done():
+                    loop.run_until_complete(task)
+                result = task.result()
             except BaseException:
                 if not task.done():  # something outside the task stopped the loop
                     task.cancel()
