@@ -701,3 +701,25 @@ def test_a_call_while_another_runs_joins_it_and_the_loop_returns_to_its_callers(
         seen.clear()
         assert kernel.turn("c", "1", "go").checkpoint_version == 1
         assert seen == [threading.get_ident()]  # this caller drives the loop again
+
+
+def test_under_another_event_loop_policy_every_call_runs_on_the_loop_thread(
+    tmp_path: Path,
+) -> None:
+    """Only the standard selector loop is driven by its callers: under another policy
+    (uvloop's here) each call hops to the kernel's loop thread, as it always did."""
+    uvloop = pytest.importorskip("uvloop")
+    seen: list[int] = []
+    policy = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        kernel = SyncKernel(loop_runner_agent(seen), f"sqlite:///{tmp_path}/u.db")
+        with kernel:
+            assert kernel.turn("t", "1", "go").checkpoint_version == 1
+            assert kernel.turn("t", "2", "go").checkpoint_version == 2
+            loop = kernel._engine.loop
+            assert loop is not None and type(loop.loop).__module__.startswith("uvloop")
+            assert seen == [loop._thread.ident] * 2
+        assert not loop._thread.is_alive()
+    finally:
+        asyncio.set_event_loop_policy(policy)
