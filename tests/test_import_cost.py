@@ -15,6 +15,48 @@ def test_importing_the_package_builds_no_pydantic_adapter() -> None:
     assert done.stdout.split() == ["False"]
 
 
+#: Packages of the optional extras (and the standard library's drivers) that only some
+#: paths need: a store, the HTTP host, a bridge, tracing, the CLI.
+EXTRAS = (
+    "sqlite3",
+    "psycopg",
+    "psycopg_pool",
+    "starlette",
+    "uvicorn",
+    "uvloop",
+    "httpx",
+    "nats",
+    "opentelemetry",
+    "jsonschema",
+    "openai",
+    "agents",
+    "mcp",
+    "pydantic_ai",
+    "langgraph",
+    "langchain_core",
+    "typer",
+    "rich",
+)
+
+EXTRAS_PROBE = (
+    "import sys\n"
+    "import intention_kernel\n"
+    "from intention_kernel import Kernel, SyncKernel, capability\n"
+    "print(' '.join(sorted({m.partition('.')[0] for m in sys.modules})))\n"
+)
+
+
+def test_importing_the_package_loads_no_optional_extra() -> None:
+    """The core import (and its public names) loads no store driver, host, bridge,
+    tracing or CLI package: each path imports its own when it is first used."""
+    done = subprocess.run(
+        [sys.executable, "-c", EXTRAS_PROBE], capture_output=True, text=True, check=True
+    )
+    loaded = set(done.stdout.split())
+    assert "intention_kernel" in loaded
+    assert sorted(loaded.intersection(EXTRAS)) == []
+
+
 def test_a_serializer_stand_in_gives_way_to_the_serializer_at_its_first_call() -> None:
     import types
 

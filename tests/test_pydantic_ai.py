@@ -649,3 +649,35 @@ async def test_an_approved_call_whose_arguments_its_schema_coerced_runs(
     accepted = await kernel.turn("t1", "turn-2", answer="accept")
     assert accepted.reply == "refunded"
     assert refunds == [1250]
+
+
+async def test_a_turn_validates_the_stored_history_once_however_long_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The history is read once a turn, by the run that needs it: the interpreter
+    reads only the calls held for approval. Validating every message twice a turn
+    made each turn cost more, the longer its thread."""
+    from intention_kernel.integrations.pydantic_ai import _held
+    from intention_kernel.testing import InMemoryDurability
+
+    validated: list[int] = []
+    real = _held.ModelMessagesTypeAdapter
+
+    class Counting:
+        def validate_python(self, value: Any) -> Any:
+            validated.append(len(value))
+            return real.validate_python(value)
+
+        def dump_python(self, value: Any, **options: Any) -> Any:
+            return real.dump_python(value, **options)
+
+    monkeypatch.setattr(_held, "ModelMessagesTypeAdapter", Counting())
+    desk = Desk(tmp_path / "ledger")
+    kernel = Kernel(desk.bridge.as_agent(version="1"), InMemoryDurability())
+    for n in range(4):
+        validated.clear()
+        result = await kernel.turn("t1", f"turn-{n}", "status of 42")
+        assert result.steps[0].status == "completed"
+        # The capability's own read of the history; the first turn has none yet.
+        assert len(validated) == (1 if n else 0)
+    assert validated[0] > 0  # the history of the earlier turns

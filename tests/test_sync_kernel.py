@@ -632,3 +632,94 @@ def test_a_kernel_whose_last_reference_drops_on_its_own_loop_closes_without_a_de
     assert loop_threads() == before  # the loop shut down instead of waiting on itself
     with SyncKernel(agent, url) as again:
         assert again.turn("t", "1", "balance").replayed  # and the turn had committed
+
+
+# -- who runs the loop -------------------------------------------------------------------------
+
+
+def loop_runner_agent(seen: list[int], gate: threading.Event | None = None) -> Agent:
+    """One capability that records the thread it runs on, after ``gate`` opens."""
+
+    @capability("desk.where", description="Records the thread the turn runs on")
+    async def where(input: dict[str, Any], ctx: Any) -> Any:
+        while gate is not None and not gate.is_set():  # noqa: ASYNC110  (a plain thread sets it)
+            await asyncio.sleep(0.005)
+        seen.append(threading.get_ident())
+        return {"ok": True}
+
+    return Agent(
+        name="where",
+        version="1",
+        capabilities=[where],
+        interpreter=ScriptedInterpreter({"go": Interpretation([Intent("desk.where", {})])}),
+    )
+
+
+def test_a_lone_caller_runs_its_turn_in_its_own_thread(tmp_path: Path) -> None:
+    """With no other call in flight, the turn runs in the calling thread: no hop to the
+    loop's thread, whose wake-up was most of the facade's cost."""
+    seen: list[int] = []
+    with SyncKernel(loop_runner_agent(seen), f"sqlite:///{tmp_path}/l.db") as kernel:
+        assert kernel.turn("t", "1", "go").steps[0].status == "completed"
+        elsewhere: list[int] = []
+        worker = threading.Thread(
+            target=lambda: elsewhere.append(kernel.turn("t", "2", "go").checkpoint_version)
+        )
+        worker.start()
+        worker.join(30)
+        assert elsewhere == [2]
+        loop_thread = kernel._engine.loop._thread.ident  # type: ignore[union-attr]
+    assert seen[0] == threading.get_ident() and seen[1] == worker.ident
+    assert loop_thread not in seen
+
+
+def test_a_call_while_another_runs_joins_it_and_the_loop_returns_to_its_callers(
+    tmp_path: Path,
+) -> None:
+    """A second caller's turn runs on the loop the first caller drives; the first turn,
+    left running when its neighbour's ended, goes on on the loop's own thread; once
+    nothing runs, the next caller drives the loop again."""
+    seen: list[int] = []
+    gate = threading.Event()
+    url = f"sqlite:///{tmp_path}/j.db"
+    with SyncKernel(loop_runner_agent(seen, gate), url) as kernel:
+        first: list[TurnResult] = []
+        holder = threading.Thread(target=lambda: first.append(kernel.turn("a", "1", "go")))
+        holder.start()
+        for _ in range(1000):  # the holder drives the loop, waiting on the gate
+            if kernel._engine.active:
+                break
+            threading.Event().wait(0.005)
+        other: list[TurnResult] = []
+        joiner = threading.Thread(target=lambda: other.append(kernel.turn("b", "1", "go")))
+        joiner.start()
+        threading.Event().wait(0.05)
+        gate.set()
+        holder.join(30)
+        joiner.join(30)
+        assert [r.checkpoint_version for r in first + other] == [1, 1]
+        seen.clear()
+        assert kernel.turn("c", "1", "go").checkpoint_version == 1
+        assert seen == [threading.get_ident()]  # this caller drives the loop again
+
+
+def test_under_another_event_loop_policy_every_call_runs_on_the_loop_thread(
+    tmp_path: Path,
+) -> None:
+    """Only the standard selector loop is driven by its callers: under another policy
+    (uvloop's here) each call hops to the kernel's loop thread, as it always did."""
+    uvloop = pytest.importorskip("uvloop")
+    seen: list[int] = []
+    policy = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        kernel = SyncKernel(loop_runner_agent(seen), f"sqlite:///{tmp_path}/u.db")
+        with kernel:
+            assert kernel.turn("t", "1", "go").checkpoint_version == 1
+            assert kernel.turn("t", "2", "go").checkpoint_version == 2
+            loop = kernel._engine.loop
+            assert loop is not None and type(loop.loop).__module__.startswith("uvloop")
+            assert seen == [loop._thread.ident] * 2
+        assert not loop._thread.is_alive()
+    finally:
+        asyncio.set_event_loop_policy(policy)

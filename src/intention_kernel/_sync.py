@@ -7,12 +7,14 @@ its name, so the prefix goes on the twin: ``SyncKernel``, beside ``Kernel``. A m
 traceback, a type hint or an import would then not say which one it meant.
 
 One engine, a thin facade. A ``SyncKernel`` holds an ordinary ``Kernel`` and one event
-loop on a daemon thread (:mod:`intention_kernel._loopthread`). Each call runs the async
-method there, as a task, while the calling thread blocks. The store's connections,
-locks and pools are made, used and closed on that loop. So a Django view, a Flask
-handler or a Celery task calls ``turn`` with no event loop of its own. Many threads may
-share one instance: their turns run concurrently on the loop, and the store's
-per-thread lock still serializes the turns of each conversation thread.
+loop with a daemon thread of its own (:mod:`intention_kernel._loopthread`). Each call
+runs the async method on that loop, as a task, and returns when the task ended. A
+lone caller runs the loop in its own thread; while a call runs, others hand theirs to
+it, and the loop's thread takes over what is left when it ends. The store's
+connections, locks and pools are made, used and closed on that loop. So a Django view,
+a Flask handler or a Celery task calls ``turn`` with no event loop of its own. Many
+threads may share one instance: their turns run concurrently on the loop, and the
+store's per-thread lock still serializes the turns of each conversation thread.
 
 Forks: a child process inherits the parent's objects but not its threads. A kernel
 that never ran in the parent starts its loop in the child. One that ran there and was

@@ -31,6 +31,7 @@ from intention_kernel.integrations.pydantic_ai._held import (
     AgentInput,
     Call,
     Conversation,
+    HeldCalls,
     denied,
     held_call,
 )
@@ -99,7 +100,7 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
         self._setup_bridge(
             name,
             self._handle,
-            Conversation.load,
+            HeldCalls.load,
             prompt=prompt,
             description=description,
             read_answer=read_answer,

@@ -13,7 +13,7 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRe
 
 from intention_kernel.integrations._bridge import BridgeInput, dump
 
-__all__ = ["AgentInput", "Call", "Conversation", "denied", "held_call"]
+__all__ = ["AgentInput", "Call", "Conversation", "HeldCalls", "denied", "held_call"]
 
 
 class Call(pydantic.BaseModel):
@@ -55,6 +55,25 @@ class Conversation:
             "pending": dump(self.pending),
             "asked": self.asked,
         }
+
+
+@dataclass(frozen=True)
+class HeldCalls:
+    """What the bridge's interpreter reads of the conversation fact: the calls held
+    for approval, and whether they were asked. Not the run's history: validating all
+    its messages at every turn made each turn cost more the longer its thread."""
+
+    pending: list[Call]
+    asked: bool = False
+
+    @classmethod
+    def load(cls, value: Any) -> HeldCalls:
+        if not isinstance(value, Mapping):
+            return cls([])
+        return cls(
+            [Call.model_validate(call) for call in value.get("pending") or []],
+            bool(value.get("asked", False)),
+        )
 
 
 def denied(calls: Sequence[Call], message: str) -> DeferredToolResults:
