@@ -226,7 +226,8 @@ class LoopThread:
         Any ``BaseException`` raised in the wait (``KeyboardInterrupt``) cancels the
         task the same way and is raised again once the task ended.
         """
-        if timeout is None and self._borrowable:
+        # A thread that runs a loop of its own cannot drive this one too.
+        if timeout is None and self._borrowable and asyncio._get_running_loop() is None:
             me = threading.get_ident()
             with self._state:
                 idle = self._driver is None and not self._exit

@@ -102,7 +102,7 @@ class KernelSaver(BaseCheckpointSaver[int]):
 
         if home is running:
             return await call()
-        self._check_home(home)
+        self._check_home(home, self._loop_thread)
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(), home))
 
     def _block(self, fn: Callable[[CheckpointRows], Coroutine[Any, Any, T]]) -> T:
@@ -120,11 +120,15 @@ class KernelSaver(BaseCheckpointSaver[int]):
                 "on: waiting there would block that loop; use the async graph methods "
                 "(ainvoke, astream), which call aput and aget_tuple"
             )
-        self._check_home(home)
+        loop_thread = self._loop_thread
+        self._check_home(home, loop_thread)
 
         async def call() -> T:
             return await fn(await self._ready())
 
+        if loop_thread is not None and home is loop_thread.loop:
+            # The saver's own loop runs only while a caller or its thread drives it.
+            return loop_thread.call(call)
         return asyncio.run_coroutine_threadsafe(call(), home).result()
 
     def _check_open(self) -> None:
@@ -132,8 +136,10 @@ class KernelSaver(BaseCheckpointSaver[int]):
             raise KernelClosedError("this KernelSaver is closed")
 
     @staticmethod
-    def _check_home(home: asyncio.AbstractEventLoop) -> None:
-        if home.is_closed() or not home.is_running():
+    def _check_home(home: asyncio.AbstractEventLoop, loop_thread: LoopThread | None) -> None:
+        # The saver's own loop may be idle between calls: it is not a dead loop.
+        own = loop_thread is not None and home is loop_thread.loop
+        if home.is_closed() or not (own or home.is_running()):
             raise EventLoopRunningError(
                 "the event loop KernelSaver's store was opened on is no longer running; "
                 "make a KernelSaver for each event loop (asyncio.run) that uses it"
