@@ -49,6 +49,8 @@ class KernelRow:
             options: dict[str, Any] = {"synchronous": self.synchronous}
             if self.offload_writes is not None:  # (also runs against older versions)
                 options["offload_writes"] = self.offload_writes
+            options.update(_seam())
+            self.seam: Any = options.get("seam")
             self.durability: Any = SQLiteDurability(self.path, **options)
         else:
             from intention_kernel.durability.postgres import PostgresDurability
@@ -324,7 +326,7 @@ async def serve(args: argparse.Namespace, out: Any) -> None:
                 "pg_statements": pg_counter.statements if pg_counter else None,
                 "commits": counter.commits if counter else None,
                 "effects": row.provider.calls,
-                "groups": _writer_groups(getattr(row, "durability", None)),
+                "groups": _writer_groups(row),
             }
         elif op == "rss":
             answer = {"rss_kb": _rss()}
@@ -339,9 +341,25 @@ async def serve(args: argparse.Namespace, out: Any) -> None:
         out.flush()
 
 
-def _writer_groups(durability: Any) -> int | None:
-    """Transactions the SQLite adapter's writer thread ran (groups, or writes alone);
-    ``None`` for another store, or a ``--base`` tree older than the probe."""
+def _seam() -> dict[str, Any]:
+    """``seam=`` a new ``WriterProbe``, where the tree under test takes one."""
+    try:
+        from intention_kernel.testing.sqlite import WriterProbe
+
+        return {"seam": WriterProbe()}
+    except (ImportError, TypeError):  # a --base tree older than the seam option
+        return {}
+
+
+def _writer_groups(row: Any) -> int | None:
+    """Transactions the SQLite adapter's writer thread ran (groups, or writes alone).
+
+    ``None`` for another store, or a ``--base`` tree older than the probe.
+    """
+    seam = getattr(row, "seam", None)
+    if seam is not None:
+        return int(seam.groups)
+    durability = getattr(row, "durability", None)
     try:
         from intention_kernel.durability.sqlite import SQLiteDurability
         from intention_kernel.testing.sqlite import WriterProbe

@@ -29,11 +29,11 @@ from typing import Any
 from intention_kernel import Kernel
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing import faults
-from intention_kernel.testing.sqlite import GroupPoint, arm_group_points
+from intention_kernel.testing.sqlite import GroupAction, GroupPoint, WriterProbe
 from proving_support import LedgerProvider, append_line, proving_agent
 
 
-def arm(point: str, group: int) -> None:
+def arm(point: str, group: int) -> GroupAction:
     seen = 0
 
     def die(reached: GroupPoint, size: int) -> None:
@@ -43,16 +43,15 @@ def arm(point: str, group: int) -> None:
             if seen == group:
                 os._exit(faults.EXIT_STATUS)
 
-    arm_group_points(die)
+    return die
 
 
 async def main(config: dict[str, Any]) -> None:
     provider = LedgerProvider(path=config["ledger"], sync=False)  # survives SIGKILL as is
-    async with SQLiteDurability(config["db"]) as durability:
+    kill = config.get("kill")
+    probe = WriterProbe(points=None if kill is None else arm(kill["point"], kill["group"]))
+    async with SQLiteDurability(config["db"], seam=probe) as durability:
         kernel = Kernel(proving_agent(provider), durability)
-        kill = config.get("kill")
-        if kill is not None:
-            arm(kill["point"], kill["group"])
 
         async def client(k: int) -> None:
             for i in range(config["turns"]):

@@ -46,7 +46,7 @@ from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.interpretation import Interpretation, InterpretationRequest
 from intention_kernel.testing import faults
 from intention_kernel.testing.agents import billing_agent, billing_interpreter
-from intention_kernel.testing.sqlite import GroupPoint, WriterProbe, arm_group_points
+from intention_kernel.testing.sqlite import GroupAction, GroupPoint, WriterProbe
 from proving_support import LedgerProvider, open_store
 
 
@@ -59,12 +59,15 @@ def turn_id(index: int) -> str:
     return f"turn-{index + 1:04d}"
 
 
-def arm(fault: dict[str, Any]) -> None:
-    """Die at ``fault``'s point, after ``skip`` passes (see the module docstring)."""
+def arm(fault: dict[str, Any]) -> GroupAction | None:
+    """Die at ``fault``'s point, after ``skip`` passes (see the module docstring).
+
+    A group commit's point is the SQLite adapter's: the action for its ``WriterProbe``.
+    """
     point, skip = fault["point"], fault["skip"]
     if point not in ("before_commit", "after_commit"):
         faults.inject(point, "exit", skip=skip)
-        return
+        return None
     passes = 0
 
     def die(reached: GroupPoint, size: int) -> None:
@@ -74,7 +77,7 @@ def arm(fault: dict[str, Any]) -> None:
             if passes > skip:
                 os._exit(faults.EXIT_STATUS)
 
-    arm_group_points(die)
+    return die
 
 
 def interpreter(model_await: float, rng: random.Random) -> Any:
@@ -97,13 +100,14 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
     rng = random.Random(config["seed"])
     provider = LedgerProvider(path=config["ledger"], sync=False)
     provider.behaviour.update(schedule["behaviour"])
-    if config.get("fault"):
-        arm(config["fault"])
+    points = arm(config["fault"]) if config.get("fault") else None
+    probe = WriterProbe(points=points)
+    options = {"seam": probe} if config["store"]["kind"] == "sqlite" else {}
 
     def emit(record: dict[str, Any]) -> None:
         print(json.dumps(record), flush=True)
 
-    async with open_store(config["store"]) as durability:
+    async with open_store(config["store"], **options) as durability:
         agent = billing_agent(provider, interpreter=interpreter(config.get("model_await", 0), rng))
         kernel = Kernel(agent, durability)
 
@@ -166,7 +170,6 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
 
         await asyncio.gather(*(task() for _ in range(config["tasks"])))
         if isinstance(durability, SQLiteDurability):
-            probe = WriterProbe(durability)
             emit({"writer": {"groups": probe.groups, "grouped": probe.grouped}})
 
 

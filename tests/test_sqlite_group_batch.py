@@ -23,9 +23,8 @@ from intention_kernel.testing.sqlite import WriterProbe
 # -- helpers ---------------------------------------------------------------------------------
 
 
-async def _in_one_group(store: SQLiteDurability, *writes: Any) -> list[Any]:
+async def _in_one_group(probe: WriterProbe, *writes: Any) -> list[Any]:
     """Run the awaitables ``writes`` (each one write) as one group; their outcomes."""
-    probe = WriterProbe(store)
     grouped = probe.grouped
     gate = await probe.hold()
     started = [asyncio.ensure_future(w) for w in writes]
@@ -42,11 +41,12 @@ def _scratch(path: Path) -> None:
 
 
 @asynccontextmanager
-async def _scratch_store(path: Path) -> AsyncIterator[tuple[SQLiteDurability, WriterProbe]]:
-    """An adapter, writes on its worker thread, on a file with a ``scratch`` table."""
+async def _scratch_store(path: Path) -> AsyncIterator[WriterProbe]:
+    """The probe of an adapter open on a file with a ``scratch`` table, writes on its thread."""
     _scratch(path)
-    async with SQLiteDurability(path, offload_writes=True) as store:
-        yield store, WriterProbe(store)
+    probe = WriterProbe()
+    async with SQLiteDurability(path, offload_writes=True, seam=probe):
+        yield probe
 
 
 def _rows(path: Path) -> set[str]:
@@ -85,9 +85,9 @@ async def test_a_failed_one_statement_write_leaves_no_row_and_its_group_mates_co
     SQLite's statement rollback takes them back, and nothing else: the atomic write
     before it and the write after it commit."""
     path = tmp_path / "k.db"
-    async with _scratch_store(path) as (store, probe):
+    async with _scratch_store(path) as probe:
         done = await _in_one_group(
-            store,
+            probe,
             probe.write(_insert("atomic before"), atomic=True),
             probe.write(_insert("b", "dup", "dup")),
             probe.write(_insert("after")),
@@ -106,7 +106,7 @@ async def test_a_failed_write_that_is_not_atomic_leaves_what_it_leaves_alone(
     transaction and commits with it: the same rows either way, and the caller sees
     the same error."""
     path = tmp_path / "k.db"
-    async with _scratch_store(path) as (store, probe):
+    async with _scratch_store(path) as probe:
         if how == "alone":
             groups = probe.groups
             with pytest.raises(StoreError, match="UNIQUE"):
@@ -114,7 +114,7 @@ async def test_a_failed_write_that_is_not_atomic_leaves_what_it_leaves_alone(
             assert probe.groups == groups + 1
             await probe.write(_insert("mate"))
         else:
-            done = await _in_one_group(store, probe.write(_then_fail), probe.write(_insert("mate")))
+            done = await _in_one_group(probe, probe.write(_then_fail), probe.write(_insert("mate")))
             assert isinstance(done[0], StoreError) and "UNIQUE" in str(done[0])
             assert done[1] is None
     assert _rows(path) == {"first of two", "mate"}
@@ -124,9 +124,9 @@ async def test_an_atomic_write_that_fails_after_writing_rolls_back_alone(tmp_pat
     """An atomic body's rows before its failure are taken back by its savepoint; the
     writes that are not atomic around it keep theirs."""
     path = tmp_path / "k.db"
-    async with _scratch_store(path) as (store, probe):
+    async with _scratch_store(path) as probe:
         done = await _in_one_group(
-            store,
+            probe,
             probe.write(_insert("before")),
             probe.write(_then_fail, atomic=True),
             probe.write(_insert("after")),
@@ -142,10 +142,11 @@ async def test_a_journal_entry_recorded_twice_in_one_group_is_refused_alone(
     """Two writes of one journal key in one group (a lost lock): the second is refused
     by the primary key, the first and another turn's entry commit."""
     path = tmp_path / "k.db"
-    async with SQLiteDurability(path, offload_writes=True) as store:
+    probe = WriterProbe()
+    async with SQLiteDurability(path, offload_writes=True, seam=probe) as store:
         recorder = await store.recorder()
         done = await _in_one_group(
-            store,
+            probe,
             recorder.write_journal(_entry("k", '"first"')),
             recorder.write_journal(_entry("k", '"second"')),
             recorder.write_journal(_entry("k", '"other turn"', turn="turn-2")),
@@ -165,7 +166,8 @@ async def test_a_receipt_outcome_that_finds_its_receipt_moved_fails_alone(
     outcome in the same group commits."""
     path = tmp_path / "k.db"
     plan = functools.partial(plan_effect, thread_id="t", turn_id="1", step_id="s", now=utcnow())
-    async with SQLiteDurability(path, offload_writes=True) as store:
+    probe = WriterProbe()
+    async with SQLiteDurability(path, offload_writes=True, seam=probe) as store:
         recorder = await store.recorder()
         prepared = {}
         for key in ("a", "b"):
@@ -173,7 +175,7 @@ async def test_a_receipt_outcome_that_finds_its_receipt_moved_fails_alone(
             assert claimed.write is not None
             prepared[key] = claimed.write
         done = await _in_one_group(
-            store,
+            probe,
             recorder.write_receipt(
                 settle(prepared["a"], "completed", now=utcnow(), value=1), prepared["a"]
             ),
@@ -200,11 +202,11 @@ async def test_only_atomic_writes_take_a_savepoint_in_a_group(tmp_path: Path) ->
         if role == "writer":
             statements.append(" ".join(sql.split()))
 
-    async with SQLiteDurability(path, offload_writes=True, trace=trace) as store:
-        probe = WriterProbe(store)
+    probe = WriterProbe()
+    async with SQLiteDurability(path, offload_writes=True, trace=trace, seam=probe):
         statements.clear()
         await _in_one_group(
-            store,
+            probe,
             probe.write(_insert("one")),
             probe.write(_insert("two"), atomic=True),
             probe.write(_insert("three")),
@@ -229,7 +231,7 @@ async def test_a_cancelled_caller_goes_on_only_after_its_write_committed(tmp_pat
     drop its thread lock) while the write may still run: it sees the cancellation once
     the write's group committed, and the write is on disk."""
     path = tmp_path / "k.db"
-    async with _scratch_store(path) as (_, probe):
+    async with _scratch_store(path) as probe:
         gate = await probe.hold()
         write = asyncio.ensure_future(probe.write(_insert("cancelled")))
         mate = asyncio.ensure_future(probe.write(_insert("mate")))
@@ -250,7 +252,7 @@ async def test_a_timed_out_caller_waits_for_its_write_too(tmp_path: Path) -> Non
     """``asyncio.wait_for`` cancels the write's task at its timeout: the timeout reaches
     the caller only after the write committed."""
     path = tmp_path / "k.db"
-    async with _scratch_store(path) as (_, probe):
+    async with _scratch_store(path) as probe:
         gate = await probe.hold()
         timed = asyncio.ensure_future(asyncio.wait_for(probe.write(_insert("late")), 0.01))
         await gate.wait_for_queued(1)

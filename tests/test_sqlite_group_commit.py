@@ -21,7 +21,6 @@ from intention_kernel.testing.conformance import commit_for
 from intention_kernel.testing.sqlite import (
     GroupPoint,
     WriterProbe,
-    group_points,
     grouping_durability,
 )
 from intention_kernel.turns import EventDraft, TurnCommit, TurnScope
@@ -66,11 +65,12 @@ async def test_a_group_is_acknowledged_only_after_its_commit(tmp_path: Path) -> 
             assert release.wait(10)
 
     threads = [f"t{i}" for i in range(8)]
-    async with SQLiteDurability(path) as store:
-        gate = await WriterProbe(store).hold()
+    probe = WriterProbe()
+    async with SQLiteDurability(path, seam=probe) as store:
+        gate = await probe.hold()
         turns = [asyncio.ensure_future(store.with_turn(TurnScope(t, "1"), _slow)) for t in threads]
         await gate.wait_for_queued(len(threads))
-        with group_points(hold):
+        with probe.group_points(hold):
             await gate.release()
             assert await asyncio.to_thread(held.wait, 10)
             # Every statement of the group ran; COMMIT did not: no turn is acknowledged,
@@ -86,8 +86,8 @@ async def test_a_group_is_acknowledged_only_after_its_commit(tmp_path: Path) -> 
 
 async def test_overlapping_turns_share_commits(tmp_path: Path) -> None:
     """Without any gate, turns that overlap share transactions: fewer groups than writes."""
-    async with SQLiteDurability(tmp_path / "k.db") as store:
-        probe = WriterProbe(store)
+    probe = WriterProbe()
+    async with SQLiteDurability(tmp_path / "k.db", seam=probe) as store:
         await asyncio.gather(*(store.with_turn(TurnScope(f"t{i}", "1"), _slow) for i in range(32)))
         writes = probe.groups
         grouped = probe.grouped
@@ -101,10 +101,10 @@ async def test_overlapping_turns_share_commits(tmp_path: Path) -> None:
 
 async def test_a_fenced_turn_in_a_group_rolls_back_alone(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
-    async with SQLiteDurability(path) as store:
+    probe = WriterProbe()
+    async with SQLiteDurability(path, seam=probe) as store:
         for t in ("a", "b", "c"):
             await store.with_turn(TurnScope(t, "1"), _slow)
-        probe = WriterProbe(store)
         gate = await probe.hold()
         turns = {t: asyncio.ensure_future(store.with_turn(TurnScope(t, "2"), _slow)) for t in "abc"}
         await gate.wait_for_queued(3)
@@ -127,7 +127,8 @@ async def test_a_duplicate_delivery_inside_one_group_commits_once(
     with a deleted lock file would): the turn-ID key fences the second, alone."""
     path = tmp_path / "k.db"
     outcomes: list[Any] = []
-    async with SQLiteDurability(path) as store:
+    probe = WriterProbe()
+    async with SQLiteDurability(path, seam=probe) as store:
         recorder = await store.recorder()
         original = recorder.commit_turn
 
@@ -141,7 +142,6 @@ async def test_a_duplicate_delivery_inside_one_group_commits_once(
             if outcomes[-1] is not None and outcomes[-2] is not None:
                 raise outcomes[-1]
 
-        probe = WriterProbe(store)
         gate = await probe.hold()
         monkeypatch.setattr(recorder, "commit_turn", twice)
         other = asyncio.ensure_future(store.with_turn(TurnScope("b", "1"), _slow))
@@ -164,7 +164,8 @@ async def test_a_failed_commit_fails_the_whole_group(tmp_path: Path) -> None:
     transaction after every statement succeeded: no write of the group is
     acknowledged, none is on disk, and the next group commits normally."""
     path = tmp_path / "k.db"
-    async with SQLiteDurability(path) as store:
+    probe = WriterProbe()
+    async with SQLiteDurability(path, seam=probe) as store:
         with sqlite3.connect(path) as conn:
             conn.executescript(
                 """
@@ -176,7 +177,6 @@ async def test_a_failed_commit_fails_the_whole_group(tmp_path: Path) -> None:
                 BEGIN INSERT INTO trap VALUES (1); END;
                 """
             )
-        probe = WriterProbe(store)
         await probe.call(lambda conn: conn.execute("PRAGMA foreign_keys = ON"))
         gate = await probe.hold()
         threads = ["a", "poison", "c", "d"]
@@ -201,8 +201,8 @@ async def test_a_transaction_lost_under_a_write_fails_every_write_it_held(tmp_pa
         await asyncio.sleep(0.01)
         return commit_for(tx, [EventDraft("big", "x" * 3000)])  # a page of its own
 
-    async with SQLiteDurability(path) as store:
-        probe = WriterProbe(store)
+    probe = WriterProbe()
+    async with SQLiteDurability(path, seam=probe) as store:
 
         def nearly_full(conn: sqlite3.Connection) -> None:  # room for about three such turns
             (pages,) = conn.execute("PRAGMA page_count").fetchone()
@@ -265,8 +265,8 @@ async def test_what_a_write_hands_back_holds_no_statement(
     live statement: a cursor it returns is closed, and the frames of an error it
     raises (a partly read cursor in a local, say) are cleared on the worker."""
     problems = watch_connections(monkeypatch)
-    async with grouping_durability(tmp_path / "k.db") as store:
-        probe = WriterProbe(store)
+    probe = WriterProbe(group_alone=True)
+    async with grouping_durability(tmp_path / "k.db", probe=probe):
         cursor = await probe.write(
             lambda conn: conn.executemany("UPDATE ik_threads SET version = ?", [(1,), (2,)]),
             atomic=True,
@@ -295,8 +295,8 @@ async def test_with_offload_writes_false_no_write_runs_inline_beside_a_busy_hop(
     running statements on it from the event loop while the worker is inside one."""
     problems = watch_connections(monkeypatch)
     path = tmp_path / "k.db"
-    async with SQLiteDurability(path, offload_writes=False) as store:
-        probe = WriterProbe(store)
+    probe = WriterProbe()
+    async with SQLiteDurability(path, offload_writes=False, seam=probe) as store:
         await store.with_turn(TurnScope("a", "1"), _slow)
         other = sqlite3.connect(path, isolation_level=None)
         try:
@@ -325,9 +325,10 @@ async def test_a_read_never_rolls_back_a_transaction_it_did_not_begin(tmp_path: 
     its ``COMMIT`` would then fail, or (Python's ``commit()`` with no transaction open
     does nothing) succeed with nothing written, and acknowledged writes would be lost."""
     path = tmp_path / "k.db"
-    async with SQLiteDurability(path) as store:
+    probe = WriterProbe()
+    async with SQLiteDurability(path, seam=probe) as store:
         await store.with_turn(TurnScope("a", "1"), _slow)
-        conn = WriterProbe(store).connection()  # idle: the event loop may use it
+        conn = probe.connection()  # idle: the event loop may use it
         conn.execute("CREATE TABLE scratch (x)")
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO scratch VALUES (1)")
@@ -351,8 +352,8 @@ async def test_a_write_that_breaks_its_savepoint_fails_its_group_and_the_worker_
     path = tmp_path / "k.db"
     with sqlite3.connect(path) as setup:
         setup.execute("CREATE TABLE scratch (x)")
-    async with grouping_durability(path) as store:
-        probe = WriterProbe(store)
+    probe = WriterProbe(group_alone=True)
+    async with grouping_durability(path, probe=probe):
 
         def breaks(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO scratch VALUES ('broken')")
@@ -402,8 +403,8 @@ async def test_a_grouping_durability_runs_even_a_lone_write_in_a_savepoint(tmp_p
 async def test_the_probe_hands_out_the_writers_connection_only_while_the_writer_is_idle(
     tmp_path: Path,
 ) -> None:
-    async with SQLiteDurability(tmp_path / "k.db") as store:
-        probe = WriterProbe(store)
+    probe = WriterProbe()
+    async with SQLiteDurability(tmp_path / "k.db", seam=probe):
         assert probe.idle and probe.queued == 0
         gate = await probe.hold()
         assert not probe.idle and probe.queued == 1
@@ -419,8 +420,8 @@ async def test_the_probe_hands_out_the_writers_connection_only_while_the_writer_
 async def test_a_gate_that_let_go_by_itself_says_so(tmp_path: Path) -> None:
     """A gate that timed out no longer held the writes queued behind it: a test that
     meant them to form one group must not pass on it."""
-    async with SQLiteDurability(tmp_path / "k.db") as store:
-        probe = WriterProbe(store)
+    probe = WriterProbe()
+    async with SQLiteDurability(tmp_path / "k.db", seam=probe):
         gate = await probe.hold(let_go_after=0.01)
         await probe.call(lambda conn: None)  # runs after the gate let go
         with pytest.raises(AssertionError, match="timed out"):
@@ -432,20 +433,66 @@ async def test_group_points_run_only_inside_their_block(tmp_path: Path) -> None:
     inner: list[str] = []
 
     async def group_of_two(store: SQLiteDurability, turn: str) -> None:
-        gate = await WriterProbe(store).hold()
+        gate = await probe.hold()
         turns = [store.with_turn(TurnScope(t, turn), _slow) for t in "ab"]
         running = [asyncio.ensure_future(t) for t in turns]
         await gate.wait_for_queued(2)
         await gate.release()
         await asyncio.gather(*running)
 
-    async with SQLiteDurability(tmp_path / "k.db") as store:
-        with group_points(lambda point, size: reached.append((point, size))):
+    probe = WriterProbe()
+    async with SQLiteDurability(tmp_path / "k.db", seam=probe) as store:
+        with probe.group_points(lambda point, size: reached.append((point, size))):
             await group_of_two(store, "1")
-            with group_points(lambda point, size: inner.append(point)):
+            with probe.group_points(lambda point, size: inner.append(point)):
                 await group_of_two(store, "2")
             assert reached == [("before_commit", 2), ("after_commit", 2)]
             await group_of_two(store, "3")  # the outer action is armed again
         await group_of_two(store, "4")  # and none after the block
     assert inner == ["before_commit", "after_commit"]
     assert reached == [("before_commit", 2), ("after_commit", 2)] * 2
+
+
+async def test_group_points_run_only_for_their_own_adapter(tmp_path: Path) -> None:
+    """A probe's points are its adapter's: another adapter of the process never runs them."""
+    reached: list[str] = []
+    probe, other = WriterProbe(points=lambda point, size: reached.append(point)), WriterProbe()
+    async with (
+        SQLiteDurability(tmp_path / "a.db", seam=probe) as mine,
+        SQLiteDurability(tmp_path / "b.db", seam=other) as theirs,
+    ):
+        for store, seam, turn in ((theirs, other, "1"), (mine, probe, "2")):
+            gate = await seam.hold()
+            running = [
+                asyncio.ensure_future(store.with_turn(TurnScope(t, turn), _slow)) for t in "ab"
+            ]
+            await gate.wait_for_queued(2)
+            await gate.release()
+            await asyncio.gather(*running)
+            if store is theirs:
+                assert other.grouped == 2
+                assert reached == []  # the other adapter's group ran no point of this probe
+    assert reached == ["before_commit", "after_commit"]
+
+
+async def test_a_probe_refuses_calls_while_its_adapter_is_not_open(tmp_path: Path) -> None:
+    """Before the adapter opens and after it closes, a call says so; reopened, the counts
+    are the new writer thread's."""
+    probe = WriterProbe()
+    store = SQLiteDurability(tmp_path / "k.db", offload_writes=True, seam=probe)
+    with pytest.raises(KernelError, match="closed"):
+        _ = probe.groups
+    async with store:
+        await store.with_turn(TurnScope("a", "1"), _slow)
+        assert probe.groups >= 1
+        assert probe.idle
+    with pytest.raises(KernelError, match="closed"):
+        await probe.call(lambda conn: None)
+    async with store:
+        assert probe.groups == 0  # a new writer thread
+        await probe.call(lambda conn: None)
+
+
+def test_grouping_durability_refuses_a_probe_that_does_not_group_alone(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="group_alone=True"):
+        grouping_durability(tmp_path / "k.db", probe=WriterProbe())

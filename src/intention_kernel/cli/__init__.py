@@ -7,15 +7,17 @@ failing with a traceback.
 Layout, so that command groups can be added without touching the others:
 
 - :mod:`._app` assembles the typer application from the groups it lists;
-- :mod:`._common` holds the conventions every command shares: ``--db URL``
-  (defaulting to ``$INTENTION_KERNEL_DB``, then ``sqlite:///intention-kernel.db``,
-  resolved in :func:`~._common.resolve_db_url` only), refusals and exit codes;
+- :mod:`._common` holds the conventions every command shares.
+  Those are ``--db URL``, refusals and exit codes.
+  ``--db`` defaults to ``$INTENTION_KERNEL_DB``, then ``sqlite:///intention-kernel.db``.
+  Only :func:`~._common.resolve_db_url` resolves it;
 - one module per command or group (``demo.py``, ``serve.py``, ``receipts.py``,
   ``outbox.py``, ``deploy.py`` for ``check`` and ``migrate``, ``prune.py``), each
   exposing ``register(app)``.
 
-Exit status: 0 on success, 1 when a command ran and found a problem, 2 when a
-command refused its arguments or its store.
+Exit status 0 means success.
+1 means a command ran and found a problem.
+2 means a command refused its arguments or its store.
 """
 
 from __future__ import annotations

@@ -3,18 +3,22 @@
 The attribute may be:
 
 - an ``Agent``;
-- a factory returning one, called without arguments, or with ``db_url=`` (the store
-  the command uses) when it takes a parameter of that name: a factory that keeps files
-  of its own can put them beside the store;
+- a factory returning one, called without arguments.
+  If it takes a parameter named ``db_url``, it gets the store the command uses.
+  A factory that keeps files of its own can then put them beside the store;
 - an async factory (``async def``) returning one, awaited;
-- an async context manager yielding one (an ``@asynccontextmanager`` function, or a
-  factory returning such a manager, or the manager itself), for an agent that needs
-  async set-up and tear-down: an MCP client, an interpreter to close.
+- an async context manager yielding one.
+  That is an ``@asynccontextmanager`` function, a factory returning such a manager,
+  or the manager itself.
+  It suits an agent that needs async set-up and tear-down.
+  An MCP client needs that, and so does an interpreter to close.
 
-:func:`entered_agent` accepts them all; it runs on the command's event loop, so a
-client the agent opens belongs to the loop that serves it. It enters a manager before
-the command starts and exits it when the command ends. :func:`load_agent` builds
-without a loop, for code that cannot await: it refuses the async forms.
+:func:`entered_agent` accepts them all.
+It runs on the command's event loop.
+So a client the agent opens belongs to the loop that serves it.
+It enters a manager before the command starts, and exits it when the command ends.
+:func:`load_agent` builds without a loop, for code that cannot await.
+It refuses the async forms.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Conventions shared by every command: the store URL, the agent, refusals, exit codes.
 
-Operations commands (``check``, ``migrate``, ``prune``, ``outbox``, ``receipts``) open
-their store with :func:`existing_store`, which refuses a store that does not exist yet
-(exit status 2) instead of letting the adapter create one: a mistyped ``--db`` would
-otherwise report an empty, healthy store. Only turns (``serve``, the application)
-create a store.
+Operations commands open their store with :func:`existing_store`.
+They are ``check``, ``migrate``, ``prune``, ``outbox`` and ``receipts``.
+:func:`existing_store` refuses a store that does not exist yet (exit status 2).
+It does not let the adapter create one.
+A mistyped ``--db`` would otherwise report an empty, healthy store.
+Only turns (``serve``, the application) create a store.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ __all__ = [
 DB_ENV_VAR = "INTENTION_KERNEL_DB"
 DEFAULT_DB_URL = "sqlite:///intention-kernel.db"
 
-#: Seconds a command waits to reach a PostgreSQL server before it refuses the store: a
-#: person at a terminal is waiting, and a server that does not answer in this time is
-#: not going to.
+#: Seconds a command waits to reach a PostgreSQL server before it refuses the store.
+#: A person at a terminal is waiting.
+#: A server that does not answer in this time is not going to.
 CONNECT_TIMEOUT = 5.0
 
 #: A command ran and found a problem (a failed check, an error from the store).
@@ -95,10 +96,13 @@ stderr = console(stderr=True)
 
 @contextlib.contextmanager
 def log_warnings_to_stderr() -> Iterator[None]:
-    """Print the library's WARNING and ERROR records on stderr while a long-running
-    command (``serve``, ``outbox relay``) runs: it is an application, and the package
-    only installs a ``NullHandler``, so an uncertain write or a failing request would
-    otherwise go unseen. Short commands report through their own output instead."""
+    """Print the library's WARNING and ERROR records on stderr during a long-running command.
+
+    Those commands are ``serve`` and ``outbox relay``.
+    Such a command is an application, and the package only installs a ``NullHandler``.
+    An uncertain write or a failing request would otherwise go unseen.
+    Short commands report through their own output instead.
+    """
     logger = logging.getLogger("intention_kernel")
     handler = _StderrHandler()
     logger.addHandler(handler)
@@ -160,20 +164,28 @@ def refuse(message: str, code: int = EXIT_REFUSED) -> NoReturn:
 
 
 def fail(error: Exception) -> NoReturn:
-    """Report an error a command met on its store: a damaged store (or a row no command
-    can read) is refused with exit status 2, as a store that does not exist is, since
-    running the command again cannot help; any other error is exit status 1."""
+    """Report an error a command met on its store.
+
+    A damaged store is refused with exit status 2, as a store that does not exist is.
+    So is a row no command can read.
+    Running the command again cannot help with those.
+    Any other error is exit status 1.
+    """
     from intention_kernel.errors import CorruptRecordError
 
     refuse(str(error), EXIT_REFUSED if isinstance(error, CorruptRecordError) else EXIT_FAILED)
 
 
 def existing_store(url: str) -> Operable:
-    """The adapter (not yet opened) for the store at ``url``; refuses (exit status 2) a
-    URL that names no store yet: a SQLite file that does not exist or holds no
-    intention-kernel tables, or a PostgreSQL schema the adapter never created; and a
-    store that cannot be reached or is damaged. Nothing is created either way: the
-    adapter's own ``exists()`` asks, without opening it."""
+    """The adapter (not yet opened) for the store at ``url``.
+
+    It refuses (exit status 2) a URL that names no store yet.
+    Such a URL names a SQLite file that does not exist or holds no intention-kernel tables.
+    Or it names a PostgreSQL schema the adapter never created.
+    It also refuses a store that cannot be reached or is damaged.
+    Nothing is created either way.
+    The adapter's own ``exists()`` asks, without opening it.
+    """
     from intention_kernel.durability.contract import Operable
     from intention_kernel.errors import KernelError
 
@@ -192,10 +204,13 @@ def existing_store(url: str) -> Operable:
 
 
 def open_store(url: str, *, lock_timeout: float | None = None) -> Durability:
-    """The adapter for ``url`` (see :func:`resolve_db_url`), built once, not opened, with a
-    short connect timeout (:data:`CONNECT_TIMEOUT`); refuses (exit status 2) a URL or an
-    option no adapter accepts, and an adapter whose extra is not installed. Every command
-    opens its store here, so each says the same one line."""
+    """The adapter for ``url`` (see :func:`resolve_db_url`), built once, not opened.
+
+    It has a short connect timeout (:data:`CONNECT_TIMEOUT`).
+    It refuses (exit status 2) a URL or an option no adapter accepts.
+    It also refuses an adapter whose extra is not installed.
+    Every command opens its store here, so each says the same one line.
+    """
     from intention_kernel.durability import open_durability
     from intention_kernel.errors import KernelError
 

@@ -1,11 +1,12 @@
 """Help pages without type placeholders.
 
-Typer prints a type beside every option that has no metavar (``<bool>`` beside a flag,
-``<str>`` beside a text option or an argument). A flag takes no value, so it shows
-none; every option that takes one names its value with a metavar (``--status
-STATUS``), and an argument's metavar is its name. Commands and
-groups are built with :class:`Command` and :class:`Group` so that the flags Typer
-adds (``--help``) follow the same rule.
+Typer prints a type beside every option that has no metavar.
+It prints ``<bool>`` beside a flag, and ``<str>`` beside a text option or an argument.
+A flag takes no value, so it shows none.
+Every option that takes a value names it with a metavar (``--status STATUS``).
+An argument's metavar is its name.
+Commands and groups are built with :class:`Command` and :class:`Group`.
+So the flags Typer adds (``--help``) follow the same rule.
 """
 
 from __future__ import annotations

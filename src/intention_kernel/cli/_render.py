@@ -1,10 +1,12 @@
 """Printing for the CLI: stored data goes out verbatim.
 
 Keys, thread IDs, errors and notes come from applications, providers and operators.
-Rich would read ``[...]`` in them as markup (a stray closing tag crashes the command,
-a style tag vanishes from a key an operator must copy) and ``:name:`` as an emoji
-code. So every console here has markup, emoji and highlighting off, and styled output
-is built from :class:`rich.text.Text`, which Rich never parses.
+Rich would read ``[...]`` in them as markup.
+A stray closing tag would crash the command.
+A style tag would vanish from a key an operator must copy.
+Rich would also read ``:name:`` as an emoji code.
+So every console here has markup, emoji and highlighting off.
+Styled output is built from :class:`rich.text.Text`, which Rich never parses.
 """
 
 from __future__ import annotations
@@ -54,10 +56,14 @@ def table(
     whole: tuple[str, ...] = (),
     narrow: Mapping[str, int] | None = None,
 ) -> Table:
-    """A table of data. Every column folds what does not fit, character by character,
-    so no text is cut; the ``whole`` columns (keys, statuses) are never wrapped at
-    their spaces and keep their width while the others shrink. A ``narrow`` column
-    folds at the width it names (a long JSON value that would crowd out the rest)."""
+    """A table of data.
+
+    Every column folds what does not fit, character by character, so no text is cut.
+    The ``whole`` columns (keys, statuses) are never wrapped at their spaces.
+    They keep their width while the others shrink.
+    A ``narrow`` column folds at the width it names.
+    That suits a long JSON value that would crowd out the rest.
+    """
     result = Table(title=Text(title), title_justify="left")
     widths = narrow or {}
     for column in columns:
@@ -77,13 +83,18 @@ def print_records(
     free: str | None = None,
     narrow: Mapping[str, int] | None = None,
 ) -> None:
-    """Print ``rows`` as a table when it fits the terminal, else as one block per row:
-    the ``whole`` columns on its first line, each other column on a line of its own.
-    A table squeezed into a narrow terminal would break the keys an operator copies
-    across lines, or shrink its other columns to nothing. The table fits when every
-    column has its natural width, except ``free`` (a note, an error), which wraps in
-    what is left if that is at least :data:`FREE_MIN_WIDTH`. The ``narrow`` columns fold
-    at the widths they name in a table; a block shows them whole."""
+    """Print ``rows`` as a table when it fits the terminal, else as one block per row.
+
+    A block has the ``whole`` columns on its first line.
+    Each other column has a line of its own.
+    A table squeezed into a narrow terminal would break the keys an operator copies.
+    Or it would shrink its other columns to nothing.
+    The table fits when every column has its natural width, except ``free``.
+    ``free`` is a note or an error; it wraps in what is left.
+    What is left must be at least :data:`FREE_MIN_WIDTH`.
+    The ``narrow`` columns fold at the widths they name in a table.
+    A block shows them whole.
+    """
     listing = table(title, *columns, whole=whole, narrow=narrow)
     fixed = table(title, *(c for c in columns if c != free), whole=whole, narrow=narrow)
     for row in rows:

@@ -1,15 +1,18 @@
 """``intention-kernel demo``: the billing agent's scenes, as a transcript a person can follow.
 
-The scenes run in :func:`intention_kernel.demo.run_demo` and come back as data;
-this module only renders them with rich, as they happen.
+The scenes run in :func:`intention_kernel.demo.run_demo` and come back as data.
+This module only renders them with rich, as they happen.
 
-Where the demo keeps its data: by default a fresh temporary SQLite file, removed
-when the command ends, so every run starts from the same state and nothing is
-left in the working directory. ``--db PATH`` keeps the file for inspection; the
-demo recreates it on each run, and refuses to touch an existing file that it did
-not create (one without the demo provider's tables). The demo never uses
-``$INTENTION_KERNEL_DB``: it deletes and recreates its database, which must
-never be the store that variable points at.
+By default the demo keeps its data in a fresh temporary SQLite file.
+The file is removed when the command ends.
+So every run starts from the same state, and nothing is left in the working directory.
+``--db PATH`` keeps the file for inspection.
+The demo recreates it on each run.
+It refuses to touch an existing file that it did not create.
+Such a file has no demo provider tables.
+The demo never uses ``$INTENTION_KERNEL_DB``.
+It deletes and recreates its database.
+That must never be the store the variable points at.
 """
 
 from __future__ import annotations

@@ -5,16 +5,20 @@
     intention-kernel check --agent myapp.agents:agent --db postgresql://...
     intention-kernel migrate --db postgresql://... --batch 200
 
-``check`` reads every stored checkpoint, counts them by schema revision and agent
-fingerprint, and lists each thread the agent would refuse (a newer schema revision,
-a fingerprint it does not declare compatible, a record that does not decode); the
-exit status is 1 if there is any. Run it against the new agent before rolling it out.
-A store without any checkpoint passes with a warning (exit status 0); a store that
-does not exist is refused (exit status 2), as by every operations command.
+``check`` reads every stored checkpoint.
+It counts them by schema revision and agent fingerprint.
+It lists each thread the agent would refuse.
+The agent refuses a newer schema revision and a fingerprint it does not declare compatible.
+It also refuses a record that does not decode.
+The exit status is 1 if there is any.
+Run it against the new agent before rolling it out.
+A store without any checkpoint passes with a warning (exit status 0).
+A store that does not exist is refused (exit status 2), as by every operations command.
 
-``migrate`` rewrites checkpoints of older schema revisions as the current one, in
-batches, one thread at a time under its own lock held only for a read and a short
-write, so live turns go on. It is resumable: run it again after an interruption.
+``migrate`` rewrites checkpoints of older schema revisions as the current one.
+It works in batches, one thread at a time.
+It holds the thread's own lock only for a read and a short write, so live turns go on.
+It is resumable: run it again after an interruption.
 Run it once every worker runs the library that knows the new revision.
 """
 
@@ -78,8 +82,9 @@ def check(
     url = resolve_db_url(db)
 
     async def checked(store: Any) -> CheckReport:
-        # The agent is entered on the operation's loop, as ``serve`` enters it: an agent
-        # that needs async set-up (an MCP client listing its tools) is checked too.
+        # The agent is entered on the operation's loop, as ``serve`` enters it.
+        # So an agent that needs async set-up is checked too.
+        # An MCP client listing its tools is one.
         async with contextlib.AsyncExitStack() as stack:
             try:
                 loaded = await stack.enter_async_context(entered_agent(agent, db_url=url))

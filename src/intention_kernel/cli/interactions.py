@@ -5,21 +5,28 @@
     intention-kernel interactions list --db postgresql://... [--tenant acme] [--json]
     intention-kernel interactions expire --db postgresql://...
 
-``list`` shows every pending interaction, one per thread: its thread and tenant, its
-ID, the capability it would run, the prompt the person was shown, its deadline, the
-approvals it has and needs, and who may answer it. With ``--json``, one object a line.
+``list`` shows every pending interaction, one per thread.
+It shows its thread and tenant, its ID, and the capability it would run.
+It shows the prompt the person was shown and its deadline.
+It shows the approvals it has and needs, and who may answer it.
+With ``--json``, one object a line.
 
 ``expire``:
 
-Closes every interaction whose ``expires_at`` has passed (a capability declared
-``confirm_within``), as the next turn on its thread would: its held operation is
-dropped unrun, and ``interaction.expired`` is emitted. Each is closed by a turn of its
-own under the thread's lock, beside live turns; running the command again, or two at
-once, closes each interaction once. No agent is needed: no agent code runs. Run it
-from cron (every minute, say) when consumers of ``interaction.expired`` must hear of
-an abandoned confirmation before someone writes to its thread again. A thread it cannot
-close (busy past the lock timeout, unreadable, or its expiry turn ID taken by a client
-turn) is listed, and every other thread is still closed. Exit status 1 if any was listed.
+Closes every interaction whose ``expires_at`` has passed.
+Only a capability that declared ``confirm_within`` sets one.
+It closes them as the next turn on the thread would.
+The held operation is dropped unrun, and ``interaction.expired`` is emitted.
+Each is closed by a turn of its own under the thread's lock, beside live turns.
+Running the command again, or two at once, closes each interaction once.
+No agent is needed: no agent code runs.
+Run it from cron (every minute, say) in one case.
+That is when consumers of ``interaction.expired`` must hear of an abandoned confirmation.
+They then hear before someone writes to its thread again.
+A thread it cannot close is listed, and every other thread is still closed.
+It may be busy past the lock timeout, or unreadable.
+Or a client turn may have taken its expiry turn ID.
+Exit status 1 if any was listed.
 """
 
 from __future__ import annotations

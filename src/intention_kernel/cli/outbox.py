@@ -7,20 +7,24 @@
     intention-kernel outbox relay --to myapp.events:publish --once
     intention-kernel outbox status
 
-A ``module:callable`` target is called once per event, as
-``fn(event: OutboxEvent) -> None`` (run in a worker thread) or
-``async def fn(event) -> None``: returning
-acknowledges the event, raising fails the attempt (retried with backoff, blocking
-only that thread). Delivery is at least once, so the function dedupes on
-``event.id``. An object with ``async publish(event)`` and ``async aclose()``
-(:class:`~intention_kernel.outbox.Sink`) is used as it is.
+A ``module:callable`` target is called once per event.
+It is ``fn(event: OutboxEvent) -> None``, run in a worker thread.
+Or it is ``async def fn(event) -> None``.
+Returning acknowledges the event.
+Raising fails the attempt, which is retried with backoff.
+A failed attempt blocks only that thread.
+Delivery is at least once, so the function dedupes on ``event.id``.
+An object with ``async publish(event)`` and ``async aclose()`` is used as it is.
+That is a :class:`~intention_kernel.outbox.Sink`.
 
-``relay`` runs until interrupted (SIGINT or SIGTERM let the pass in hand finish),
-or makes one pass with ``--once`` (exit status 1 if an event failed). A running relay
-outlives store errors (a database restart, say): each is logged and the pass retried
-after a backoff. Any number of relays may run on one database (PostgreSQL, or a
-SQLite file on one host): they share the threads. ``status`` shows how many events
-wait, since when, and the events that keep failing.
+``relay`` runs until interrupted.
+SIGINT or SIGTERM let the pass in hand finish.
+With ``--once`` it makes one pass (exit status 1 if an event failed).
+A running relay outlives store errors (a database restart, say).
+Each is logged, and the pass retried after a backoff.
+Any number of relays may run on one database; they share the threads.
+The database is PostgreSQL, or a SQLite file on one host.
+``status`` shows how many events wait, since when, and the events that keep failing.
 """
 
 from __future__ import annotations

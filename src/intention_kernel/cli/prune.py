@@ -4,15 +4,18 @@
 
     intention-kernel prune --older-than 30d --db postgresql://...
 
-Deletes published outbox events, drops the stored results of turns, and deletes the
-journal entries (recorded model rounds) of turns that never committed, created more
-than the given time ago (``90s``, ``15m``, ``12h``, ``30d``, ``2w``, or a sum such as
-``1d12h``), ``--batch`` rows per transaction, beside live turns. Each committed
-``(thread_id, turn_id)`` is kept: a very late retry of a pruned turn is refused
-(``TurnExpiredError``, HTTP 409 ``turn-expired``), never run again. Unpublished
-events and effect receipts are never pruned. A turn's journal goes whole, once all of
-its entries are older than the cutoff, or not at all; a thread busy with a turn keeps
-its journal until a later run.
+Three things created more than the given time ago are pruned.
+Published outbox events are deleted, and the stored results of turns are dropped.
+The journal entries (recorded model rounds) of turns that never committed are deleted.
+The time is ``90s``, ``15m``, ``12h``, ``30d``, ``2w``, or a sum such as ``1d12h``.
+It works ``--batch`` rows per transaction, beside live turns.
+Each committed ``(thread_id, turn_id)`` is kept.
+So a very late retry of a pruned turn is refused, never run again.
+It gets ``TurnExpiredError``, or HTTP 409 ``turn-expired``.
+Unpublished events and effect receipts are never pruned.
+A turn's journal goes whole, once all of its entries are older than the cutoff.
+Otherwise none of it goes.
+A thread busy with a turn keeps its journal until a later run.
 """
 
 from __future__ import annotations

@@ -1,18 +1,21 @@
 """``intention-kernel receipts``: inspect effect receipts and reconcile uncertain ones.
 
-An ``uncertain`` receipt is a write that may or may not have happened (the
-provider's answer was lost, the process died mid-call). The kernel refuses to
-retry it; an operator checks the provider and records the truth::
+An ``uncertain`` receipt is a write that may or may not have happened.
+The provider's answer was lost, say, or the process died mid-call.
+The kernel refuses to retry it.
+An operator checks the provider and records the truth::
 
     intention-kernel receipts list --status uncertain
     intention-kernel receipts resolve THREAD KEY --applied --value '{"charge_id": "ch_1"}' \
         --note "found in the provider dashboard"
     intention-kernel receipts resolve THREAD KEY --not-applied --note "provider has no record"
 
-``--applied`` makes later calls return the value without calling the provider, so
-it needs ``--value`` (``--value null`` if the provider returned nothing);
-``--not-applied`` lets a later call retry. ``--note`` is required. The resolution is recorded on the
-receipt with who, when and why, and emitted as a ``receipt.resolved`` event.
+``--applied`` makes later calls return the value without calling the provider.
+So it needs ``--value`` (``--value null`` if the provider returned nothing).
+``--not-applied`` lets a later call retry.
+``--note`` is required.
+The resolution is recorded on the receipt with who, when and why.
+It is emitted as a ``receipt.resolved`` event.
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ from intention_kernel.errors import KernelError, ReceiptError
 
 __all__ = ["register"]
 
-#: The width at which a table folds a receipt's write (its capability and input JSON),
-#: so that a long input leaves the note its room; ``--json`` has the input whole.
+#: The width at which a table folds a receipt's write (its capability and input JSON).
+#: A long input then leaves the note its room.
+#: ``--json`` has the input whole.
 WRITE_WIDTH = 48
 
 
@@ -213,8 +217,11 @@ def _run(url: str, action: Any) -> Any:
 
 
 def _write_of(r: Receipt) -> str:
-    """What the write was, for a person: its capability and the input that ran (as
-    stored, redacted); empty for a receipt stored before receipts recorded it."""
+    """What the write was, for a person: its capability and the input that ran.
+
+    The input is as stored, so redacted.
+    It is empty for a receipt stored before receipts recorded it.
+    """
     if r.capability_id is None:
         return ""
     return r.capability_id if r.input is None else f"{r.capability_id} {dump_value(r.input)}"

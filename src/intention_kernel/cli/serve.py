@@ -1,46 +1,57 @@
 """``intention-kernel serve``: the HTTP host on uvicorn.
 
-Loads the agent (``--agent module:attr``), opens the store (``--db URL``), and
-serves :func:`intention_kernel.host.create_app` until interrupted; the store is
-closed on the way out. Needs the ``http`` extra besides ``cli``.
+It loads the agent (``--agent module:attr``) and opens the store (``--db URL``).
+It serves :func:`intention_kernel.host.create_app` until interrupted.
+The store is closed on the way out.
+It needs the ``http`` extra besides ``cli``.
 
-``--agent`` names an ``Agent``, a factory (called with ``db_url=`` when it takes that
-parameter), an async factory, or an async context manager for an agent that needs
-async set-up (an MCP client): it is entered on the serving loop before the host
-starts and exited on shutdown (see :mod:`~intention_kernel.cli._agent`).
-``--lock-timeout SECONDS`` bounds how long a turn waits for a thread another turn
-holds before the host answers 503 ``lock-timeout`` with ``Retry-After`` (default: the
-store's, 30 s).
+``--agent`` names an ``Agent``, a factory, an async factory, or an async context manager.
+A factory is called with ``db_url=`` when it takes that parameter.
+A context manager suits an agent that needs async set-up, such as an MCP client.
+It is entered on the serving loop before the host starts, and exited on shutdown.
+See :mod:`~intention_kernel.cli._agent`.
+``--lock-timeout SECONDS`` bounds how long a turn waits for a thread another turn holds.
+After it, the host answers 503 ``lock-timeout`` with ``Retry-After``.
+The default is the store's, 30 s.
 
-Tokens (repeatable) turn authentication on; each stands for a principal with a
-name, a tenant and a role (see :class:`intention_kernel.host.Principal`)::
+Tokens (repeatable) turn authentication on.
+Each stands for a principal with a name, a tenant and a role
+(see :class:`intention_kernel.host.Principal`)::
 
     --token SECRET=TENANT                                 a user of TENANT
     --token 'SECRET=TENANT;role=operator;principal=NAME'  an operator of TENANT
     --token 'SECRET=;role=operator;principal=NAME'        an operator without a tenant
 
-A ``user`` (a chat front end) posts turns under its tenant and reads that tenant's
-threads; an ``operator`` also lists and resolves its receipts, recorded as NAME.
-After the tenant come ``;``-separated attributes: ``role`` (``user``, the default,
-or ``operator``) and ``principal`` (the name; a user's defaults to its tenant). A
-token without a tenant must name its principal: ``SECRET=`` alone, which once was a
-tenant-less operator, is refused rather than silently made a user. A tenant ID that
-holds ``;`` cannot be given this way (use ``create_app``). Tokens on a command line
-are visible to local users (``ps``): prefer ``$INTENTION_KERNEL_TOKENS`` (the same
-specifications, comma-separated).
+A ``user`` (a chat front end) posts turns under its tenant.
+It reads that tenant's threads.
+An ``operator`` also lists and resolves its receipts, recorded as NAME.
+After the tenant come ``;``-separated attributes.
+``role`` is ``user`` (the default) or ``operator``.
+``principal`` is the name; a user's defaults to its tenant.
+A token without a tenant must name its principal.
+``SECRET=`` alone once was a tenant-less operator.
+It is now refused, rather than silently made a user.
+A tenant ID that holds ``;`` cannot be given this way (use ``create_app``).
+Tokens on a command line are visible to local users (``ps``).
+Prefer ``$INTENTION_KERNEL_TOKENS``: the same specifications, comma-separated.
 
-Who may call: without tokens, the host trusts every caller that reaches it, so it
-listens only on a loopback address unless ``--insecure`` says that this is meant
-(``--host 0.0.0.0`` without ``--token`` refuses to start). It answers only requests
-whose ``Host`` is a loopback name, the address it listens on, or a name given with
-``--allowed-host`` (repeatable; ``*.example.com`` for subdomains, ``*`` for any): a
-DNS-rebinding page sends its own name. Browser requests from another origin need a
-bearer token (see :mod:`intention_kernel.host._guard`).
+Who may call: without tokens, the host trusts every caller that reaches it.
+So it listens only on a loopback address unless ``--insecure`` says that this is meant.
+``--host 0.0.0.0`` without ``--token`` refuses to start.
+It answers only requests whose ``Host`` is one of three kinds of name.
+A loopback name is one, and the address it listens on is another.
+The third is a name given with ``--allowed-host``.
+That option is repeatable: ``*.example.com`` for subdomains, ``*`` for any.
+A DNS-rebinding page sends its own name.
+Browser requests from another origin need a bearer token
+(see :mod:`intention_kernel.host._guard`).
 
-Event loop: ``--loop auto`` (the default) runs the host on uvloop where it is
-installed (the ``http`` extra installs it, except on Windows), else on asyncio's;
-``--loop asyncio`` and ``--loop uvloop`` choose. On uvloop, the PostgreSQL adapter's asyncio
-driver costs markedly less CPU per statement (see docs/benchmarks.md).
+Event loop: ``--loop auto`` (the default) runs the host on uvloop where it is installed.
+The ``http`` extra installs it, except on Windows.
+Elsewhere it runs on asyncio's loop.
+``--loop asyncio`` and ``--loop uvloop`` choose.
+On uvloop, the PostgreSQL adapter's asyncio driver costs markedly less CPU per statement.
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -200,9 +211,12 @@ def serve(
 
 
 def allowed_hosts(bound: str, given: list[str]) -> list[str]:
-    """The names the host answers to besides the loopback ones: ``given``, and the
-    address it listens on when that is one address (not ``0.0.0.0`` or ``::``), which
-    clients reaching it by that address send as their ``Host``."""
+    """The names the host answers to besides the loopback ones.
+
+    Those are ``given``, and the address it listens on when that is one address.
+    ``0.0.0.0`` and ``::`` are not one address.
+    Clients reaching the host by that address send it as their ``Host``.
+    """
     from intention_kernel.host._guard import check_host_patterns
 
     hosts = list(check_host_patterns(given))

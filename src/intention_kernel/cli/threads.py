@@ -4,12 +4,14 @@
 
     intention-kernel threads show acct-42 --db postgresql://... [--steps 10] [--json]
 
-Prints the thread's latest checkpoint (version, tenant, schema revision, agent
-fingerprint; how many messages, facts and agenda items it holds; the pending
-interaction), its recent steps and its receipts. The steps come from the thread's
-``turn.committed`` events, newest last: a retention ``prune`` may have removed older
-ones. With ``--json``, one JSON document. A thread with no committed turn is refused
-(exit status 2).
+Prints the thread's latest checkpoint, its recent steps and its receipts.
+The checkpoint shows version, tenant, schema revision and agent fingerprint.
+It shows how many messages, facts and agenda items it holds.
+It shows the pending interaction.
+The steps come from the thread's ``turn.committed`` events, newest last.
+A retention ``prune`` may have removed older ones.
+With ``--json``, one JSON document.
+A thread with no committed turn is refused (exit status 2).
 """
 
 from __future__ import annotations

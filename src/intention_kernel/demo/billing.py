@@ -2,12 +2,13 @@
 
 Two capabilities and a rule-based interpreter:
 
-- ``billing.balance`` (read): the amount due on an invoice, from :data:`INVOICES`,
-  or the charge that paid it, from the thread's facts;
-- ``payments.charge`` (write, confirmation ``"required"``): charges the invoice's
-  payment intent through :class:`~intention_kernel.demo.provider.FakePaymentProvider`
-  inside ``ctx.run_effect``, keyed by the payment intent, so the charge happens at
-  most once per payment intent in a thread, whatever is retried.
+- ``billing.balance`` (read): the amount due on an invoice, from :data:`INVOICES`.
+  Or it is the charge that paid the invoice, from the thread's facts.
+- ``payments.charge`` (write, confirmation ``"required"``) charges the invoice's
+  payment intent.
+  It calls :class:`~intention_kernel.demo.provider.FakePaymentProvider`
+  inside ``ctx.run_effect``, keyed by the payment intent.
+  So the charge happens at most once per payment intent in a thread, whatever is retried.
 
 ::
 
@@ -216,8 +217,9 @@ def build_agent(provider: FakePaymentProvider, invoices: Mapping[str, Invoice] =
 def build_interpreter(invoices: Mapping[str, Invoice] = INVOICES) -> RuleInterpreter:
     """Regular expressions standing in for a language model.
 
-    "pay invoice N" only matches invoices that exist, so an unknown one falls
-    through to the balance rule, which says it cannot find it.
+    "pay invoice N" only matches invoices that exist.
+    So an unknown one falls through to the balance rule.
+    That rule says it cannot find the invoice.
     """
     known = "|".join(sorted(invoices, key=len, reverse=True)) or "(?!)"
     return RuleInterpreter(

@@ -1,8 +1,8 @@
 """The demo's database file: made ready for a fresh run, never someone else's.
 
-The demo keeps its fake provider's ledger in the same SQLite file as the kernel's
-store, so it recreates that file on each run. It only removes a file it created
-itself, recognised by the ledger's table.
+The demo keeps its fake provider's ledger in the SQLite file of the kernel's store.
+So it recreates that file on each run.
+It only removes a file it created itself, recognised by the ledger's table.
 """
 
 from __future__ import annotations

@@ -1,21 +1,26 @@
 """A fake payment provider whose every call is recorded on disk.
 
-It stands for the external system a write capability talks to (Stripe, Adyen,
-a bank API), so it lives *outside* the kernel: its own tables in the demo's
-SQLite file, its own connection per request, nothing shared with the durability
-adapter. Two tables make its behaviour checkable after the fact:
+It stands for the external system a write capability talks to.
+Stripe, Adyen or a bank API would be one.
+So it lives *outside* the kernel, with its own tables in the demo's SQLite file.
+It opens its own connection per request.
+It shares nothing with the durability adapter.
+Two tables make its behaviour checkable after the fact:
 
-- ``demo_provider_calls``: one row per request that reached the provider, whatever
-  happened to it. This is the "provider calls" count of the transcript; if the
-  kernel ever called the provider twice for one payment, it would show here even
-  though the provider's own idempotency would hide it from the customer.
-- ``demo_provider_charges``: one row per charge actually applied (money moved),
-  with a ``UNIQUE`` idempotency key as Stripe has: a second request with the same
-  key returns the stored charge instead of charging again.
+- ``demo_provider_calls``: one row per request that reached the provider.
+  A request gets its row whatever happened to it.
+  This is the "provider calls" count of the transcript.
+  A kernel that called the provider twice for one payment would show here.
+  It would show even though the provider's own idempotency hid it from the customer.
+- ``demo_provider_charges``: one row per charge actually applied (money moved).
+  Each has a ``UNIQUE`` idempotency key, as Stripe has.
+  A second request with the same key returns the stored charge.
+  It does not charge again.
 
-:meth:`FakePaymentProvider.simulate_lost_response` arms the failure that matters
-most: the charge is applied and committed, then the response never arrives (the
-caller sees a timeout). Only the caller's receipt can tell what to do next.
+:meth:`FakePaymentProvider.simulate_lost_response` arms the failure that matters most.
+The charge is applied and committed, then the response never arrives.
+The caller sees a timeout.
+Only the caller's receipt can tell what to do next.
 """
 
 from __future__ import annotations
@@ -113,8 +118,8 @@ class ProviderCall:
 class FakePaymentProvider:
     """A payment API with Stripe-like idempotency keys, recorded in ``path``.
 
-    Every request opens its own connection, like an HTTP call would, and runs in
-    a worker thread so the event loop is never blocked on a disk flush.
+    Every request opens its own connection, like an HTTP call would.
+    It runs in a worker thread, so the event loop is never blocked on a disk flush.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -127,8 +132,11 @@ class FakePaymentProvider:
         await self._run(lambda conn: None)
 
     def simulate_lost_response(self, payment_intent_id: str) -> None:
-        """Arm a one-shot failure: the next charge of this payment intent is applied
-        and committed, then :class:`ProviderTimeout` is raised instead of the response."""
+        """Arm a one-shot failure for the next charge of this payment intent.
+
+        The charge is applied and committed.
+        Then :class:`ProviderTimeout` is raised instead of the response.
+        """
         self._lose_response_for.add(payment_intent_id)
 
     async def create_charge(

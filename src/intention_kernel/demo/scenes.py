@@ -1,23 +1,28 @@
 """The demo's scenes, run against a real SQLite file and returned as data.
 
-:func:`run_demo` plays the billing conversation scene by scene and returns a
-:class:`DemoRun`: every turn's :class:`~intention_kernel.TurnResult` with the
-receipts and provider-ledger counts read from disk right after it, the
-simulated restart, the operator's reconciliation, a summary, and the checks
-that the guarantees held. Rendering is someone else's job (``intention-kernel
-demo`` renders with rich; the tests assert on the data); an ``observer``
-receives each scene and step as it happens, so a renderer can stream.
+:func:`run_demo` plays the billing conversation scene by scene.
+It returns a :class:`DemoRun`.
+That holds every turn's :class:`~intention_kernel.TurnResult`.
+With each come the receipts and provider-ledger counts read from disk right after it.
+It also holds the simulated restart and the operator's reconciliation.
+A summary and the checks that the guarantees held complete it.
+Rendering is someone else's job.
+``intention-kernel demo`` renders with rich; the tests assert on the data.
+An ``observer`` receives each scene and step as it happens, so a renderer can stream.
 
 The scenes, on one thread:
 
-(a) a read question; (b) a charge that waits for confirmation, then a restart
-of the process's state (adapter closed, file reopened); (c) a read question
-while the charge is pending; (d) acceptance: the provider is called once;
-(e) the same delivery retried under the same turn ID: replayed, nothing runs;
-(f) the same payment intent charged again in new turns: the receipt answers,
-the provider is not called; (g) a lost provider response: ``uncertain``, a
-retry fails closed, an operator reconciles, and a last retry returns the
-reconciled charge.
+- (a) A read question.
+- (b) A charge that waits for confirmation.
+  Then the process's state restarts: the adapter is closed and the file reopened.
+- (c) A read question while the charge is pending.
+- (d) Acceptance: the provider is called once.
+- (e) The same delivery retried under the same turn ID: replayed, nothing runs.
+- (f) The same payment intent charged again in new turns.
+  The receipt answers, and the provider is not called.
+- (g) A lost provider response: ``uncertain``.
+  A retry fails closed, and an operator reconciles.
+  A last retry returns the reconciled charge.
 """
 
 from __future__ import annotations

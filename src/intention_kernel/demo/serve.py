@@ -2,10 +2,11 @@
 
     intention-kernel serve --agent intention_kernel.demo:serve_agent --db sqlite:///app.db
 
-The fake provider keeps its ledger in a SQLite file of its own:
-``$INTENTION_KERNEL_DEMO_PROVIDER_DB`` if set; else, when the store is a SQLite
-file, beside it (``app.db`` → ``app.demo-provider.db``); else (PostgreSQL)
-``demo-provider.db`` in the current directory.
+The fake provider keeps its ledger in a SQLite file of its own.
+It is ``$INTENTION_KERNEL_DEMO_PROVIDER_DB`` if that is set.
+Otherwise, when the store is a SQLite file, it sits beside it.
+``app.db`` gets ``app.demo-provider.db``.
+Otherwise (PostgreSQL) it is ``demo-provider.db`` in the current directory.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What a demo run produces: scenes of turns, a restart and an operator action, as data.
 
-Everything here is read back from the store after each step (receipts, outbox,
-the provider's ledger), so a renderer or a test sees what is on disk, not what
-the code hoped for.
+Everything here is read back from the store after each step.
+That covers the receipts, the outbox and the provider's ledger.
+So a renderer or a test sees what is on disk, not what the code hoped for.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
-"""The records a recorder reads and writes: what is stored of turns, threads, the
-outbox and their owners, as plain frozen values.
+"""The records a recorder reads and writes, as plain frozen values.
 
-A checkpoint is stored in pieces, so that a turn's cost does not grow with its
-thread: the thread row holds the small *core* (everything but messages and facts,
-:func:`~intention_kernel.checkpoint.encode_checkpoint_core`), and each message and each
-fact has a row of its own. A commit writes the core, the messages the turn appended and
-the facts it changed (:class:`TurnRecord`); reading assembles the whole document again
+They are what is stored of turns, threads, the outbox and their owners.
+
+A checkpoint is stored in pieces, so a turn's cost does not grow with its thread.
+The thread row holds the small *core*: everything but messages and facts
+(:func:`~intention_kernel.checkpoint.encode_checkpoint_core`).
+Each message and each fact has a row of its own.
+A commit writes the core, the messages the turn appended and the facts it changed.
+That is a :class:`TurnRecord`.
+Reading assembles the whole document again
 (:func:`~intention_kernel.checkpoint.assemble_checkpoint`).
 """
 
@@ -33,12 +36,13 @@ __all__ = [
     "TurnStart",
 ]
 
-#: Text that every stored checkpoint core with an active interaction contains: the
-#: compact JSON the codec writes puts ``"interaction":{`` at its top level, and JSON
-#: escapes every quote inside a string, so it can appear nowhere else but as an object
-#: under an ``interaction`` key nested deeper (a capability's input, say). A recorder
-#: selects threads by it without parsing each core (``read_interactions``), and the
-#: engine's ``pending_interactions`` decodes the few it selects.
+#: Text that every stored checkpoint core with an active interaction contains.
+#: The codec's compact JSON puts ``"interaction":{`` at the core's top level.
+#: JSON escapes every quote inside a string, so the text is never inside one.
+#: Elsewhere it can only be an object under a nested ``interaction`` key.
+#: A capability's input could hold one, say.
+#: A recorder selects threads by it without parsing each core (``read_interactions``).
+#: The engine's ``pending_interactions`` then decodes the few it selects.
 INTERACTION_MARKER = '"interaction":{'
 
 
@@ -46,8 +50,9 @@ INTERACTION_MARKER = '"interaction":{'
 class StoredTurn:
     """A committed turn as stored: the request digest and the result JSON.
 
-    ``expired``: retention dropped the result (``result`` is then empty); the turn is
-    still committed, so a late delivery is refused with ``TurnExpiredError``.
+    ``expired``: retention dropped the result, and ``result`` is then empty.
+    The turn is still committed.
+    So a late delivery is refused with ``TurnExpiredError``.
     """
 
     request_digest: str | None
@@ -59,12 +64,15 @@ class StoredTurn:
 class StoredThread:
     """A thread row and its checkpoint's rows.
 
-    ``checkpoint`` is the stored core document, ``None`` while ``version`` is 0 (no
-    committed turn). ``messages`` are the message rows, oldest first; ``facts`` the
-    fact rows as ``(key, record JSON)``, in the order their keys were first stored.
-    Both are empty when ``checkpoint`` is not shipped. ``receipt_index``: the receipt
-    index rows (each entry's JSON, oldest first) of a store that keeps them
-    (``RecorderOptions.receipt_index_rows``), else ``None``: the core holds the index.
+    ``checkpoint`` is the stored core document.
+    It is ``None`` while ``version`` is 0 (no committed turn).
+    ``messages`` are the message rows, oldest first.
+    ``facts`` are the fact rows as ``(key, record JSON)``.
+    They come in the order their keys were first stored.
+    Both are empty when ``checkpoint`` is not shipped.
+    ``receipt_index`` holds the receipt index rows, each entry's JSON, oldest first.
+    Only a store that keeps them has them (``RecorderOptions.receipt_index_rows``).
+    Otherwise it is ``None``, and the core holds the index.
     """
 
     version: int
@@ -77,10 +85,14 @@ class StoredThread:
 
 @dataclass(frozen=True, slots=True)
 class ThreadOwner:
-    """Whom a thread belongs to (``tenant_id`` ``None``: no tenant): the tenant of the
-    first durable write on it, which is its first committed turn or, before that, the
-    first effect receipt or journal entry a turn wrote on it. The rule that decides with it is
-    :func:`~intention_kernel.durability.ownership.owns`."""
+    """Whom a thread belongs to (``tenant_id`` ``None``: no tenant).
+
+    It is the tenant of the first durable write on the thread.
+    That write is its first committed turn.
+    Before one, it is the first effect receipt or journal entry a turn wrote there.
+    The rule that decides with it is
+    :func:`~intention_kernel.durability.ownership.owns`.
+    """
 
     tenant_id: str | None
 
@@ -89,12 +101,15 @@ class ThreadOwner:
 class TurnStart:
     """What a turn reads before it runs: the prior result, or else the thread row.
 
-    ``claimed_by``: only when there is no committed turn of this ID and the thread has
-    no committed turn (no row, or version 0), the tenant of the thread's earliest
-    receipt or, if it has none, of its earliest journal entry; ``None`` if it has
-    neither. A recorder that cannot tell leaves it ``None``. The receipts' own tenant
-    check (:func:`~intention_kernel.effects.plan_effect`) then still keeps their values
-    from another tenant, and the journal's (``tx.recorded``) its entries.
+    ``claimed_by`` is set only when no turn of this ID committed.
+    The thread must also have no committed turn (no row, or version 0).
+    It is then the tenant of the thread's earliest receipt.
+    Without a receipt, it is the tenant of the earliest journal entry.
+    It is ``None`` if the thread has neither.
+    A recorder that cannot tell leaves it ``None``.
+    The receipts' own tenant check still keeps their values from another tenant
+    (:func:`~intention_kernel.effects.plan_effect`).
+    The journal's check (``tx.recorded``) likewise keeps its entries.
     """
 
     turn: StoredTurn | None
@@ -107,29 +122,45 @@ class TurnStart:
 class TurnRecord:
     """Everything one turn commits, in one transaction.
 
-    The checkpoint comes as a difference with the stored one: ``checkpoint`` is the new
-    core document; ``messages`` are appended after the stored message rows (numbered
-    on from the thread's last message number), after which only the newest
-    ``keep_messages`` rows are kept: the ``trim_messages`` rows just older than those
-    are deleted (a bounded range, so that a store need not look at older ones);
-    ``facts`` are inserted or replace the row of their key (a replaced row keeps its
-    place in the order), ``removed_facts`` are deleted. With ``rewrite``, every message
-    and fact row of the thread is deleted first, and ``messages``/``facts`` are all of
-    them (the stored rows were not the base this difference was computed from).
-    For a store that keeps the receipt index in rows (``RecorderOptions.receipt_index_rows``)
-    the core leaves the index out: the rows of the ``moved_index_keys`` are deleted, then
-    ``receipt_index`` rows (``(key, entry JSON)``) appended after the rest, then the
-    ``trim_index`` oldest rows deleted; with ``rewrite``, every index row is deleted
-    first and ``receipt_index`` is the whole index. Other stores get them empty.
-    ``announced`` names completed receipts (by key) whose ``effect.completed`` event
-    is among ``events``. A receipt that this turn ID completed is announced by the turn
-    row itself: an adapter may store the keys with it and read a receipt as announced
-    when the turn named by its ``turn_id`` committed and lists its key (one write fewer
-    per effect). Those in ``mark_announced``, completed under another turn ID (one that
-    never committed), must be marked announced in their own row by the commit.
-    ``journaled``: the turn wrote or read journal entries (:class:`JournalEntry`); the
-    commit deletes every entry of ``(thread_id, turn_id)`` in its transaction. It is
-    ``False`` for a turn that never used the journal, whose commit has nothing to delete.
+    The checkpoint comes as a difference with the stored one.
+    ``checkpoint`` is the new core document.
+    ``messages`` are appended after the stored message rows.
+    Their numbers go on from the thread's last message number.
+    Then only the newest ``keep_messages`` rows are kept.
+    The ``trim_messages`` rows just older than those are deleted.
+    That range is bounded, so a store need not look at older rows.
+    ``facts`` are inserted, or replace the row of their key.
+    A replaced row keeps its place in the order.
+    ``removed_facts`` are deleted.
+
+    With ``rewrite``, every message and fact row of the thread is deleted first.
+    ``messages`` and ``facts`` are then all of them.
+    The stored rows were not the base this difference was computed from.
+
+    A store may keep the receipt index in rows (``RecorderOptions.receipt_index_rows``).
+    For such a store the core leaves the index out.
+    The rows of the ``moved_index_keys`` are deleted first.
+    Then the ``receipt_index`` rows (``(key, entry JSON)``) are appended after the rest.
+    Then the ``trim_index`` oldest rows are deleted.
+    With ``rewrite``, every index row is deleted first.
+    ``receipt_index`` is then the whole index.
+    Other stores get these fields empty.
+
+    ``announced`` names completed receipts (by key).
+    Their ``effect.completed`` events are among ``events``.
+    A receipt that this turn ID completed is announced by the turn row itself.
+    An adapter may store the keys with the turn row.
+    It then reads a receipt as announced when two things hold.
+    The turn named by its ``turn_id`` committed, and that turn lists its key.
+    This saves one write per effect.
+    ``mark_announced`` names receipts completed under another turn ID.
+    That turn never committed.
+    The commit must mark each of them announced in its own row.
+
+    ``journaled``: the turn wrote or read journal entries (:class:`JournalEntry`).
+    The commit then deletes every entry of ``(thread_id, turn_id)`` in its transaction.
+    It is ``False`` for a turn that never used the journal.
+    That turn's commit has nothing to delete.
     """
 
     thread_id: str
@@ -160,13 +191,18 @@ class TurnRecord:
 
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
-    """A value a turn recorded before it committed (``tx.recorded``): a model round's
-    response, say, so that a redelivery of the same turn is not asked it again.
+    """A value a turn recorded before it committed (``tx.recorded``).
 
-    One per ``(thread_id, turn_id, key)``; ``value`` is its JSON text, ``request_digest``
-    the digest of the request the turn was running for (``TurnScope.request_digest``).
-    ``tenant_id`` is the tenant of that turn (``None``: no tenant). An entry claims a
-    thread with no committed turn for its tenant, as a receipt does (``ThreadOwner``).
+    A model round's response is one, say.
+    A redelivery of the same turn then does not ask for it again.
+
+    There is one per ``(thread_id, turn_id, key)``.
+    ``value`` is its JSON text.
+    ``request_digest`` is the digest of the request the turn was running for.
+    That is ``TurnScope.request_digest``.
+    ``tenant_id`` is the tenant of that turn (``None``: no tenant).
+    An entry claims a thread with no committed turn for its tenant.
+    A receipt does the same (``ThreadOwner``).
     Only a turn of that tenant may read it.
     """
 
@@ -183,9 +219,12 @@ class JournalEntry:
 class InboxEntry:
     """A message accepted into a thread's inbox while a turn ran on the thread.
 
-    One per ``(thread_id, turn_id)``; ``request`` is the JSON text of what the turn
-    will run (message, answer, principal), ``request_digest`` its digest. ``seq``
-    orders a store's entries by acceptance (0 until the store numbers it).
+    There is one per ``(thread_id, turn_id)``.
+    ``request`` is the JSON text of what the turn will run.
+    That is its message, answer and principal.
+    ``request_digest`` is its digest.
+    ``seq`` orders a store's entries by acceptance.
+    It is 0 until the store numbers it.
     """
 
     thread_id: str
@@ -199,9 +238,14 @@ class InboxEntry:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointRewrite:
-    """A thread's checkpoint written anew in place, at the same ``version`` (a schema
-    migration): the core, and every message and fact row, encoded as in a :class:`TurnRecord`;
-    and every receipt index row, for a store that keeps them (else empty)."""
+    """A thread's checkpoint written anew in place, at the same ``version``.
+
+    A schema migration writes one.
+    It holds the core and every message and fact row.
+    They are encoded as in a :class:`TurnRecord`.
+    It also holds every receipt index row, for a store that keeps them.
+    For other stores, ``receipt_index`` is empty.
+    """
 
     thread_id: str
     version: int
@@ -215,8 +259,11 @@ class CheckpointRewrite:
 
 @dataclass(frozen=True, slots=True)
 class OutboxDelivery:
-    """An outbox event not yet published, and what the relay recorded about it: failed
-    ``attempts``, the ``last_error``, and the earliest time to try again (``retry_at``)."""
+    """An outbox event not yet published, and what the relay recorded about it.
+
+    That is its failed ``attempts`` and its ``last_error``.
+    ``retry_at`` is the earliest time to try again.
+    """
 
     event: OutboxEvent
     attempts: int = 0
@@ -235,8 +282,11 @@ class OutboxBacklog:
 
 @dataclass(frozen=True, slots=True)
 class PendingInteraction:
-    """A thread's active interaction (a confirmation waiting for a person), as of its
-    latest committed checkpoint (``version``); ``tenant_id`` is the thread's owner."""
+    """A thread's active interaction: a confirmation waiting for a person.
+
+    It is as of the thread's latest committed checkpoint (``version``).
+    ``tenant_id`` is the thread's owner.
+    """
 
     thread_id: str
     tenant_id: str | None

@@ -11,52 +11,67 @@
         kernel = Kernel(Agent(name="desk", version="1", capabilities=tools,
                               interpreter=interpreter), store)
 
-Each tool the server lists becomes the capability ``<namespace>.<tool>`` (the tool's
-name in lower case, every character other than a letter, a digit or ``_`` made
-``_``), described by the tool's description, whose input schema is the tool's own.
+Each tool the server lists becomes the capability ``<namespace>.<tool>``.
+The tool part is the tool's name in lower case.
+Every character other than a letter, a digit or ``_`` becomes ``_``.
+The capability is described by the tool's description.
+Its input schema is the tool's own.
 
-**Reads and writes.** A tool is a read only when the application marks the server
-``trusted`` and the tool's annotations say ``readOnlyHint: true``. Every other tool is
-a write with ``confirmation="required"``: the kernel holds it until the person accepts.
-Annotations are hints from the server, not guarantees (the MCP specification tells
-clients to treat them as untrusted unless the server is): an untrusted server may call
-a delete read-only. ``policy`` changes the decision per tool, by tool name (a mapping
-to ``"read"`` or ``"write"``) or with a callable that takes the listed
-``mcp.types.Tool`` and returns ``"read"``, ``"write"`` or ``None`` (the default rule).
+**Reads and writes.** A tool is a read only when two things hold.
+The application marks the server ``trusted``.
+The tool's annotations say ``readOnlyHint: true``.
+Every other tool is a write with ``confirmation="required"``.
+The kernel holds such a write until the person accepts.
+Annotations are hints from the server, not guarantees.
+The MCP specification tells clients to treat them as untrusted unless the server is.
+An untrusted server may call a delete read-only.
+``policy`` changes the decision per tool.
+It is a mapping from tool name to ``"read"`` or ``"write"``.
+Or it is a callable that takes the listed ``mcp.types.Tool``.
+The callable returns ``"read"``, ``"write"`` or ``None`` (the default rule).
 
-**Writes.** Each call runs through ``ctx.run_effect`` with the receipt key
-``key(tool_name, arguments)``, by default ``"<tool name>:<sha256 of the canonical JSON
-of the arguments>"``: the same call asked again in the thread (a redelivered or
-retried turn, the model asking twice) reuses its receipt, and the server is called at
-most once; other arguments are another call. The receipt's idempotency key travels in
-the request's ``_meta`` under :data:`IDEMPOTENCY_KEY_META`, for a server that
-deduplicates on its side as well. What the server answers decides the receipt:
+**Writes.** Each call runs through ``ctx.run_effect``.
+Its receipt key is ``key(tool_name, arguments)``.
+By default that is ``"<tool name>:<sha256 of the canonical JSON of the arguments>"``.
+The same call asked again in the thread reuses its receipt.
+A redelivered or retried turn asks again, and so does a model asking twice.
+The server is called at most once.
+Other arguments are another call.
+The receipt's idempotency key travels in the request's ``_meta``.
+It is under :data:`IDEMPOTENCY_KEY_META`, for a server that deduplicates as well.
+What the server answers decides the receipt:
 
 - a result: ``completed``, the step's value is the result (see :func:`result_value`);
-- a result with ``isError: true``: ``failed`` (``EffectNotAppliedError``), a failed
-  step whose error holds the tool's text, which a model that works in rounds sees. The
-  kernel takes the server at its word: an error result is the server saying the tool
-  did not do its work, so a later call with the same arguments may run it again;
-- a JSON-RPC error whose code refuses the request before it runs (parse error, invalid
-  request, method not found, invalid params, and MCP's header mismatch, unsupported
-  protocol version, missing client capability, URL elicitation required): ``failed``;
-- anything else (no answer: the connection closed, the process died, the timeout
-  passed; an internal error; a result the client cannot read; cancellation):
-  ``uncertain``. The request may have reached the server and run. It is never sent
-  again for that key: an operator resolves the receipt
-  (``intention-kernel receipts resolve``).
+- a result with ``isError: true``: ``failed`` (``EffectNotAppliedError``).
+  The failed step's error holds the tool's text.
+  A model that works in rounds sees it.
+  The kernel takes the server at its word.
+  An error result is the server saying the tool did not do its work.
+  So a later call with the same arguments may run it again;
+- a JSON-RPC error whose code refuses the request before it runs: ``failed``.
+  Those codes are parse error, invalid request, method not found and invalid params.
+  MCP adds header mismatch and unsupported protocol version.
+  It also adds missing client capability and URL elicitation required;
+- anything else: ``uncertain``.
+  That is no answer: the connection closed, the process died, the timeout passed.
+  It is also an internal error, a result the client cannot read, or cancellation.
+  The request may have reached the server and run.
+  It is never sent again for that key.
+  An operator resolves the receipt (``intention-kernel receipts resolve``).
 
-**Inputs.** Arguments are validated against the tool's input schema (JSON Schema; the
-draft its ``$schema`` names, 2020-12 without one) when the step is planned, so bad
-arguments are a failed step before anything is sent and a confirmation never holds
-arguments the schema refuses. The schema is part of the agent's fingerprint: a server
-that changes a tool's schema changes the fingerprint, and threads of the old one are
-refused until the agent declares it compatible.
+**Inputs.** Arguments are validated against the tool's input schema when the step is planned.
+The schema is a JSON Schema of the draft its ``$schema`` names (2020-12 without one).
+So bad arguments are a failed step before anything is sent.
+A confirmation never holds arguments the schema refuses.
+The schema is part of the agent's fingerprint.
+A server that changes a tool's schema changes the fingerprint.
+Threads of the old one are then refused until the agent declares it compatible.
 
-**Connection.** The capabilities call through the ``client`` they were built with; the
-application owns it (opens it, closes it). Once its connection is lost, reads fail and
-writes become uncertain until the application connects again and builds a new kernel
-from a new list.
+**Connection.** The capabilities call through the ``client`` they were built with.
+The application owns it: it opens it and closes it.
+Once its connection is lost, reads fail and writes become uncertain.
+That lasts until the application connects again.
+It then builds a new kernel from a new list.
 
 Needs the ``mcp`` extra: ``pip install 'intention-kernel[mcp]'``.
 """
@@ -120,9 +135,11 @@ ToolPolicy = Mapping[str, ToolEffect] | Callable[[mcp_types.Tool], ToolEffect | 
 #: ``(tool name, validated arguments) -> receipt key`` (a business operation ID).
 KeyFunction = Callable[[str, dict[str, Any]], str]
 
-# JSON-RPC errors that refuse a request before any handler runs it: the tool was not
-# called. Any other code (an internal error, the SDK's own "connection closed" and
-# "timed out", a server's own code) may come after the tool ran.
+# JSON-RPC errors that refuse a request before any handler runs it.
+# With one of them, the tool was not called.
+# Any other code may come after the tool ran.
+# That includes an internal error and a server's own code.
+# It also includes the SDK's own "connection closed" and "timed out".
 _REFUSALS = frozenset(
     {
         mcp_types.PARSE_ERROR,
@@ -142,9 +159,10 @@ _NAMESPACE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*")
 class ToolArguments(pydantic.RootModel[dict[str, Any]]):
     """The arguments of one MCP tool, validated against the tool's input schema.
 
-    :func:`tool_capability` makes one subclass per tool. Its JSON schema is the
-    tool's schema as the server listed it, not one pydantic derives: the model sees
-    it verbatim and the fingerprint hashes it.
+    :func:`tool_capability` makes one subclass per tool.
+    Its JSON schema is the tool's schema as the server listed it.
+    It is not one pydantic derives.
+    The model sees it verbatim, and the fingerprint hashes it.
     """
 
     tool_name: ClassVar[str] = ""
@@ -216,17 +234,20 @@ async def mcp_capabilities(
     - ``namespace``: the first part of every capability ID (``"tickets"``,
       ``"infra.github"``): lower-case words joined by dots.
     - ``trusted``: whether the application trusts this server's annotations.
-    - ``policy``: ``"read"`` or ``"write"`` per tool; a mapping must name only tools
-      the server lists (a misspelt name would silently keep the default).
+    - ``policy``: ``"read"`` or ``"write"`` per tool.
+      A mapping must name only tools the server lists.
+      A misspelt name would silently keep the default.
     - ``key``: the receipt key of a write call; by default :func:`default_key`.
-    - ``call_timeout``: seconds to wait for each call's answer (the client's own default
-      when ``None``); a write whose answer does not come in time is ``uncertain``.
-    - ``approvers``, ``self_approval``, ``redact``: every write tool's approver policy
-      and receipt redaction, as for ``@capability`` (:mod:`intention_kernel.authority`).
+    - ``call_timeout``: seconds to wait for each call's answer.
+      ``None`` means the client's own default.
+      A write whose answer does not come in time is ``uncertain``.
+    - ``approvers``, ``self_approval``, ``redact``: every write tool's approver policy.
+      They also set its receipt redaction.
+      They work as for ``@capability`` (:mod:`intention_kernel.authority`).
 
-    Raises :class:`~intention_kernel.CompilationError` for a namespace that is not an
-    ID, a policy naming an unknown tool, two tools whose capability IDs collide, or an
-    input schema that is not a JSON Schema.
+    Raises :class:`~intention_kernel.CompilationError` in four cases.
+    The namespace is not an ID, or a policy names an unknown tool.
+    Two tools' capability IDs collide, or an input schema is not a JSON Schema.
     """
     tools: list[mcp_types.Tool] = []
     cursor: str | None = None

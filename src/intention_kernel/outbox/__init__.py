@@ -9,10 +9,12 @@
     ) as relay:
         await relay.run()            # until cancelled; run_once() for one pass
 
-Each thread's events are published in ``seq`` order, each marked published only once
-the sink acknowledged it, at least once (sinks dedupe on ``event.id``); several relays
-on one database share the threads. See :mod:`intention_kernel.outbox._relay` for how,
-and :mod:`intention_kernel.outbox._webhook` for verifying webhook signatures.
+Each thread's events are published in ``seq`` order.
+Each is marked published only once the sink acknowledged it.
+Delivery is at least once, and sinks dedupe on ``event.id``.
+Several relays on one database share the threads.
+See :mod:`intention_kernel.outbox._relay` for how.
+See :mod:`intention_kernel.outbox._webhook` for verifying webhook signatures.
 """
 
 from __future__ import annotations

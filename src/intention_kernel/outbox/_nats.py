@@ -1,23 +1,26 @@
 """The NATS JetStream sink (extra ``nats``).
 
-Each event goes to ``<prefix>.<event type>`` (so ``intention_kernel.turn.committed``)
-with the event ID as the ``Nats-Msg-Id`` header: JetStream drops a message whose ID it
-saw within the stream's duplicate window (two minutes by default), so a relay that
-republishes after a crash does not duplicate it there. ``publish`` returns once the
-stream acknowledged the message.
+Each event goes to ``<prefix>.<event type>``, so ``intention_kernel.turn.committed``.
+The event ID goes in the ``Nats-Msg-Id`` header.
+JetStream drops a message whose ID it saw within the stream's duplicate window.
+That window is two minutes by default.
+So a relay that republishes after a crash does not duplicate the message there.
+``publish`` returns once the stream acknowledged the message.
 
-Connections, and why they are bounded: nats-py's defaults retry a connection 60 times,
-two seconds apart, and log a traceback per attempt, so a relay pointed at a server that
-is down would hang for minutes in one publish. Here the relay owns the retrying (each
-failed attempt is recorded on the event and tried again with the relay's backoff):
+Connections, and why they are bounded:
+nats-py's defaults retry a connection 60 times, two seconds apart.
+They also log a traceback per attempt.
+A relay pointed at a server that is down would hang for minutes in one publish.
+Here the relay owns the retrying.
+Each failed attempt is recorded on the event and tried again with the relay's backoff.
 
-- a connection is tried ``reconnect_attempts + 1`` times, ``reconnect_wait`` apart, each
-  within ``connect_timeout``, and a failure raises :class:`NatsError`;
-- after an outage longer than that, nats-py closes its client for good; the sink then
-  drops it and connects anew on the next publish;
-- the first connection error of an outage is logged once at WARNING on the
-  ``intention_kernel.outbox`` logger (the later ones at DEBUG, until a connection
-  succeeds again), never as a traceback.
+- A connection is tried ``reconnect_attempts + 1`` times, ``reconnect_wait`` apart.
+  Each try has ``connect_timeout``, and a failure raises :class:`NatsError`.
+- After an outage longer than that, nats-py closes its client for good.
+  The sink then drops it and connects anew on the next publish.
+- The first connection error of an outage is logged once at WARNING.
+  It goes to the ``intention_kernel.outbox`` logger, never as a traceback.
+  The later ones go at DEBUG, until a connection succeeds again.
 """
 
 from __future__ import annotations
@@ -54,15 +57,17 @@ class NatsSink:
     """Publishes to NATS JetStream at ``url`` (``nats://127.0.0.1:4222``).
 
     - ``subject_prefix``: subjects are ``<prefix>.<event type>``.
-    - ``stream``: with ``ensure_stream``, the stream is created on first use if it does
-      not exist, capturing ``<prefix>.>``. A stream that already exists is used as it
-      is: it must capture ``<prefix>.>`` (JetStream acknowledges only messages a stream
-      stores; an event no stream captures fails, and is retried, until one does).
+    - ``stream``: with ``ensure_stream``, the stream is created on first use if missing.
+      It captures ``<prefix>.>``.
+      A stream that already exists is used as it is.
+      It must capture ``<prefix>.>``: JetStream acknowledges only messages a stream stores.
+      An event no stream captures fails, and is retried, until one does.
     - ``timeout``: how long to wait for the acknowledgement.
-    - ``connect_timeout``, ``reconnect_attempts``, ``reconnect_wait``: each connection
-      attempt's timeout, how many more attempts after the first (when connecting, and
-      when the connection drops; at least 1, as nats-py counts them), and the pause
-      between them, in seconds.
+    - ``connect_timeout``: each connection attempt's timeout, in seconds.
+    - ``reconnect_attempts``: how many more attempts after the first.
+      They apply when connecting, and when the connection drops.
+      It is at least 1, as nats-py counts them.
+    - ``reconnect_wait``: the pause between attempts, in seconds.
     """
 
     def __init__(
@@ -161,8 +166,9 @@ class NatsSink:
         return jetstream
 
     async def _on_error(self, exc: Exception) -> None:
-        # nats-py reports every failed connection attempt here (by default: a logged
-        # traceback each); one line per outage is enough beside the relay's own.
+        # nats-py reports every failed connection attempt here.
+        # By default each would be a logged traceback.
+        # One line per outage is enough beside the relay's own.
         self._last_error = exc
         if self._warned:
             logger.debug("NATS at %s: %s", self.url, _describe(exc), extra={"url": self.url})

@@ -2,24 +2,27 @@
 
 How it works, and why:
 
-- **Publication state lives on the event rows** (``published_at``, ``attempts``,
-  ``last_error``, ``retry_at``), written by the relay in its own short transactions.
-  A relay keeps nothing in memory that a restart would lose: it starts again from
-  the first unpublished event of each thread.
-- **One relay per thread at a time.** Before publishing a thread's events the relay
-  claims the thread (``OutboxRecorder.claim_outbox``: an advisory lock on PostgreSQL, a
-  byte of the lock file on SQLite), never blocking turns, released when the relay
-  dies. The claim is what keeps two relays from interleaving one thread or
-  publishing event N+1 before N is acknowledged; relays on one database share the
-  threads between them.
-- **In order, acknowledged first.** A claimed thread's unpublished events are read
-  in ``seq`` order and published one after the other; each is marked published only
-  after the sink acknowledged it (those of one batch in one transaction, before the
-  claim is released). A crash between the acknowledgement and the mark republishes
-  the event: delivery is at least once, and sinks dedupe on the event ID.
-- **A failing event blocks its thread, not the others.** Its attempts, last error
-  and next try (exponential backoff with jitter) are recorded; the thread's later
-  events wait behind it, other threads go on.
+- **Publication state lives on the event rows.**
+  Those are ``published_at``, ``attempts``, ``last_error`` and ``retry_at``.
+  The relay writes them in its own short transactions.
+  A relay keeps nothing in memory that a restart would lose.
+  It starts again from the first unpublished event of each thread.
+- **One relay per thread at a time.** The relay claims a thread before publishing its events.
+  The claim is ``OutboxRecorder.claim_outbox``.
+  It is an advisory lock on PostgreSQL, and a byte of the lock file on SQLite.
+  It never blocks turns, and it is released when the relay dies.
+  The claim keeps two relays from interleaving one thread.
+  It also keeps a relay from publishing event N+1 before N is acknowledged.
+  Relays on one database share the threads between them.
+- **In order, acknowledged first.** A claimed thread's unpublished events are read in ``seq`` order.
+  They are published one after the other.
+  Each is marked published only after the sink acknowledged it.
+  The marks of one batch are written in one transaction, before the claim is released.
+  A crash between the acknowledgement and the mark republishes the event.
+  So delivery is at least once, and sinks dedupe on the event ID.
+- **A failing event blocks its thread, not the others.** Its attempts are recorded.
+  So are its last error and its next try (exponential backoff with jitter).
+  The thread's later events wait behind it, and other threads go on.
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ __all__ = ["OutboxRelay", "RelayReport"]
 logger = logging.getLogger("intention_kernel.outbox")
 
 MAX_ERROR_CHARS = 2000
-#: The shortest pause of :meth:`OutboxRelay.run` after a store error (``retry_base``
-#: may be 0 in tests): a store that stays down is never polled in a busy loop.
+#: The shortest pause of :meth:`OutboxRelay.run` after a store error.
+#: ``retry_base`` may be 0 in tests.
+#: With this floor, a store that stays down is never polled in a busy loop.
 _MIN_STORE_PAUSE = 0.05
 
 
@@ -74,13 +78,15 @@ class OutboxRelay:
       or a function of the event, sync or async.
     - ``batch_size``: events of one thread read and published per claim.
     - ``threads_per_poll``: due threads looked up at a time.
-    - ``concurrency``: threads published at the same time (each holds a claim and, on
-      PostgreSQL, a pooled session while it does; claims beyond ``max_pool_size - 1``
-      wait for one, so any concurrency works with any pool).
+    - ``concurrency``: threads published at the same time.
+      Each holds a claim while it publishes; on PostgreSQL, also a pooled session.
+      Claims beyond ``max_pool_size - 1`` wait for a session.
+      So any concurrency works with any pool.
     - ``poll_interval``: how long :meth:`run` sleeps when there is nothing to publish.
-    - ``retry_base`` / ``retry_max``: backoff of a failing event, in seconds: the
-      n-th failure waits ``retry_base * 2**(n-1)``, capped at ``retry_max``, with
-      jitter. :meth:`run` waits the same way after a store error.
+    - ``retry_base`` / ``retry_max``: backoff of a failing event, in seconds.
+      The n-th failure waits ``retry_base * 2**(n-1)``, capped at ``retry_max``.
+      A jitter is applied.
+      :meth:`run` waits the same way after a store error.
 
     ``await relay.run_once()`` publishes everything due now; ``await relay.run()``
     keeps doing so until cancelled or ``stop`` is set. The relay closes its sink on
@@ -140,11 +146,12 @@ class OutboxRelay:
     ) -> RelayReport:
         """Publish until cancelled or ``stop`` is set, polling when idle; return the total.
 
-        A store error (the database restarting, no pooled session in time) does not end
-        it: it is logged at ERROR on ``intention_kernel.outbox`` and the pass is tried
-        again after the relay's backoff (``retry_base`` doubling, capped at
-        ``retry_max``), until a pass succeeds. ``on_pass`` is called with the report of
-        each pass that published or failed something.
+        A store error does not end it: the database restarting, say.
+        No pooled session in time is another.
+        The error is logged at ERROR on ``intention_kernel.outbox``.
+        The pass is tried again after the relay's backoff, until a pass succeeds.
+        That backoff is ``retry_base``, doubling, capped at ``retry_max``.
+        ``on_pass`` is called with the report of each pass that published or failed something.
         """
         stop = stop or asyncio.Event()
         total = RelayReport()
@@ -200,9 +207,10 @@ class OutboxRelay:
             todo = [t for t in due if t not in passed][: self.threads_per_poll]
             if not todo:
                 return total
-            # A task group, so that a store error in one thread cancels the others (each
-            # marks what its sink acknowledged first) before the pass ends with it; with
-            # gather they would go on publishing behind the caller's back.
+            # A task group, so that a store error in one thread cancels the others.
+            # Each of them first marks what its sink acknowledged.
+            # Then the pass ends with the error.
+            # With gather they would go on publishing behind the caller's back.
             errors: list[BaseException] = []
             try:
                 async with asyncio.TaskGroup() as group:
@@ -246,9 +254,10 @@ class OutboxRelay:
                     acked.append(event.seq)
             finally:
                 if acked:
-                    # Even if cancelled: these were acknowledged. And the claim is kept
-                    # until the mark is written: released earlier, another relay would
-                    # read them as unpublished and publish them again.
+                    # Even if cancelled: these were acknowledged.
+                    # The claim is kept until the mark is written.
+                    # Released earlier, another relay would read them as unpublished.
+                    # It would then publish them again.
                     await shielded(recorder.mark_published(thread_id, acked, utcnow()))
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug(

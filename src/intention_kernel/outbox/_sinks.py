@@ -54,12 +54,14 @@ def event_body(event: OutboxEvent) -> bytes:
 
 
 class CallableSink:
-    """Calls ``fn(event)`` for each event; ``fn`` may be sync or async, and acknowledges
-    by returning (an exception is a failed attempt).
+    """Calls ``fn(event)`` for each event; ``fn`` may be sync or async.
 
-    A sync ``fn`` runs in a worker thread (``asyncio.to_thread``): a blocking client
-    (most queue and HTTP SDKs) would otherwise stall every other task of the process,
-    the relay's other threads and any turns included."""
+    ``fn`` acknowledges by returning; an exception is a failed attempt.
+    A sync ``fn`` runs in a worker thread (``asyncio.to_thread``).
+    A blocking client would otherwise stall every other task of the process.
+    Most queue and HTTP SDKs are blocking clients.
+    The tasks stalled would include the relay's other threads and any turns.
+    """
 
     def __init__(self, fn: Callable[[OutboxEvent], Awaitable[Any] | Any]) -> None:
         if not callable(fn):

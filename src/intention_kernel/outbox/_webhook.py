@@ -4,22 +4,29 @@ Each event is one ``POST`` of :func:`~intention_kernel.outbox.event_body` (JSON)
 
 - ``Intention-Kernel-Event-Id``: the event ID (dedupe on it: delivery is at least once);
 - ``Intention-Kernel-Event-Type``: the event type, percent-encoded as UTF-8
-  (:func:`encode_event_type`): every character outside visible ASCII (``!`` to ``~``),
-  and ``%`` itself, becomes ``%XX`` per byte, so that any type a capability emits fits
-  in a header. The kernel's own types, and any made of letters, digits and ``._-:/``,
-  are sent unchanged; ``urllib.parse.unquote`` gives the type back. The body's
-  ``type`` field is the type as it is, for receivers that read only the body;
-- ``Intention-Kernel-Signature: t=<unix seconds>,v1=<hex>``, where ``v1`` is
-  HMAC-SHA256 with the shared secret over ``"<t>." + body`` (the exact bytes sent).
+  (:func:`encode_event_type`).
+  Every character outside visible ASCII (``!`` to ``~``) becomes ``%XX`` per byte.
+  So does ``%`` itself.
+  So any type a capability emits fits in a header.
+  The kernel's own types are sent unchanged.
+  So are any made of letters, digits and ``._-:/``.
+  ``urllib.parse.unquote`` gives the type back.
+  The body's ``type`` field is the type as it is, for receivers that read only the body;
+- ``Intention-Kernel-Signature: t=<unix seconds>,v1=<hex>``.
+  ``v1`` is HMAC-SHA256 with the shared secret over ``"<t>." + body``.
+  The body is the exact bytes sent.
 
-A receiver recomputes the HMAC over the raw body (before parsing it), compares in
-constant time, and refuses a timestamp older than its tolerance (five minutes by
-default), so that a captured request cannot be replayed later;
-:func:`verify_signature` does all three. Any 2xx answer acknowledges the event. A
-connection error, a timeout, 408, 425, 429 or a 5xx is retried with exponential
-backoff (``Retry-After`` honoured, up to ``max_backoff``); other answers fail at
-once. The relay then records the failure and tries again later, the thread's later
-events waiting behind it.
+A receiver recomputes the HMAC over the raw body, before parsing it.
+It compares in constant time.
+It refuses a timestamp older than its tolerance (five minutes by default).
+So a captured request cannot be replayed later.
+:func:`verify_signature` does all three.
+Any 2xx answer acknowledges the event.
+A connection error, a timeout, 408, 425, 429 or a 5xx is retried with exponential backoff.
+``Retry-After`` is honoured, up to ``max_backoff``.
+Other answers fail at once.
+The relay then records the failure and tries again later.
+The thread's later events wait behind it.
 """
 
 from __future__ import annotations
@@ -69,12 +76,15 @@ _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 
 
 def encode_event_type(event_type: str) -> str:
-    """The ``Intention-Kernel-Event-Type`` header value of ``event_type``: percent-encoded
-    UTF-8 outside visible ASCII, and for ``%`` (``urllib.parse.unquote`` reverses it).
+    """The ``Intention-Kernel-Event-Type`` header value of ``event_type``.
 
-    Sent raw, a type with a space at either end, a control character or a non-ASCII
-    letter is refused by the HTTP client or mangled on the way, and the relay would
-    retry that event, and hold back its thread's later ones, for good.
+    It is percent-encoded UTF-8 outside visible ASCII, and for ``%``.
+    ``urllib.parse.unquote`` reverses it.
+    Some types cannot be sent raw.
+    A space at either end, a control character or a non-ASCII letter is one.
+    The HTTP client refuses such a type, or it is mangled on the way.
+    The relay would then retry that event for good.
+    It would hold back its thread's later events for good, too.
     """
     return quote(event_type, safe=_HEADER_SAFE, errors="backslashreplace")
 
@@ -126,9 +136,9 @@ class WebhookSink:
     - ``sleep``: how the sink waits between attempts (``asyncio.sleep``; tests pass a
       function that records the delays instead).
 
-    The n-th retry waits ``backoff * 2**(n-1)`` seconds, capped at ``max_backoff``,
-    times a jitter in ``[0.5, 1]``; an answer with ``Retry-After`` waits what it says,
-    capped at ``max_backoff`` too.
+    The n-th retry waits ``backoff * 2**(n-1)`` seconds, capped at ``max_backoff``.
+    That wait is multiplied by a jitter in ``[0.5, 1]``.
+    An answer with ``Retry-After`` waits what it says, capped at ``max_backoff`` too.
     """
 
     def __init__(

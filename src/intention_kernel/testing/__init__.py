@@ -1,7 +1,9 @@
-"""Testing kit: the in-memory adapter, a scripted interpreter, the adapter
-conformance suite (:mod:`intention_kernel.testing.conformance`), fault points
-(:mod:`intention_kernel.testing.faults`) and a seam into the SQLite adapter's group
-commit (:mod:`intention_kernel.testing.sqlite`)."""
+"""Testing kit: the in-memory adapter, a scripted interpreter, and three modules.
+
+- :mod:`intention_kernel.testing.conformance` is the adapter conformance suite.
+- :mod:`intention_kernel.testing.faults` arms fault points.
+- :mod:`intention_kernel.testing.sqlite` is a seam into the SQLite adapter's group commit.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """A small billing agent and a fake payment provider, for conformance tests.
 
 The provider keeps a ledger of every call that reached it, so a test can prove
-that a write happened exactly once. Its behaviour per payment intent is
-scripted: succeed, fail without applying, apply and then lose the response,
-return a value that cannot be stored, or block until released.
+that a write happened exactly once. Its behaviour per payment intent is scripted.
+It may succeed, fail without applying, or apply and then lose the response.
+It may also return a value that cannot be stored, or block until released.
 """
 
 from __future__ import annotations
@@ -83,12 +83,15 @@ def billing_agent(
     approvers: Approvers = None,
     self_approval: bool = True,
 ) -> Agent:
-    """Reads (``billing.balance``), a confirmed write (``payments.charge``), a write that
-    confirms on its own (``payments.refund``) and a misbehaving read (``billing.peek``).
-    ``confirm_within`` is the deadline of both writes' confirmations (none by default);
+    """A billing agent of four capabilities.
+
+    They are a read (``billing.balance``) and a confirmed write (``payments.charge``).
+    A write confirms on its own (``payments.refund``), and a read misbehaves (``billing.peek``).
+    ``confirm_within`` is the deadline of both writes' confirmations (none by default).
     ``approvals`` is how many distinct actors must accept a charge (one by default).
-    ``approvers`` and ``self_approval`` are both writes' approver policy (anyone, by
-    default)."""
+    ``approvers`` and ``self_approval`` are both writes' approver policy.
+    By default anyone may approve.
+    """
 
     @capability("billing.balance", description="Amount due")
     async def balance(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
@@ -163,9 +166,12 @@ _COMMAND = re.compile(r"^(?P<verb>\w+)(?:\s+(?P<pi>\S+))?(?:\s+(?P<amount>-?\d+)
 
 
 def billing_interpreter() -> ScriptedInterpreter:
-    """Understands ``balance``, ``charge pi_1 500``, ``refund pi_1 100``, ``peek``,
-    ``ghost`` (an unknown capability), ``yes`` and ``no``; several commands may be
-    joined with `` and ``."""
+    """An interpreter of the billing agent's commands.
+
+    It understands ``balance``, ``charge pi_1 500``, ``refund pi_1 100`` and ``peek``.
+    It also understands ``ghost`` (an unknown capability), ``yes`` and ``no``.
+    Several commands may be joined with `` and ``.
+    """
 
     def interpret(request: InterpretationRequest) -> Interpretation:
         intents: list[Intent] = []

@@ -14,14 +14,16 @@ In a worker process, make the process really die there (``os._exit``, so no
 
     faults.inject(faults.AFTER_RECEIPT_PREPARED, "exit")
 
-A worker arms its faults itself, from its own configuration (its command line,
-say): the library never reads fault settings from the environment.
+A worker arms its faults itself, from its own configuration (its command line, say).
+The library never reads fault settings from the environment.
 
-The points (see :mod:`intention_kernel._faults` for exactly where each one is):
-``AFTER_LOCK``, ``AFTER_CHECKPOINT_LOAD``, ``AFTER_RECEIPT_PREPARED``,
-``IN_PROVIDER_AFTER_WRITE`` (reached by the test's own provider code, through
-:func:`reach`), ``AFTER_RECEIPT_COMPLETED``, ``BEFORE_COMMIT``, ``DURING_COMMIT``
-and ``AFTER_COMMIT``. Unarmed, the mechanism costs one flag check per point.
+The points are these; :mod:`intention_kernel._faults` shows exactly where each one is.
+
+- ``AFTER_LOCK``, ``AFTER_CHECKPOINT_LOAD``, ``AFTER_RECEIPT_PREPARED``.
+- ``IN_PROVIDER_AFTER_WRITE``, which the test's own provider code reaches with :func:`reach`.
+- ``AFTER_RECEIPT_COMPLETED``, ``BEFORE_COMMIT``, ``DURING_COMMIT`` and ``AFTER_COMMIT``.
+
+Unarmed, the mechanism costs one flag check per point.
 """
 
 from __future__ import annotations
@@ -73,10 +75,12 @@ Action = Literal["exit", "raise"] | Callable[[str], None]
 class InjectedFault(BaseException):
     """Raised at a point armed with ``"raise"``.
 
-    A ``BaseException``, like the process death it stands for: no ``except Exception``
-    in the code under test (a capability's error handling, the runtime turning a
-    failure into a ``failed`` step, an effect's ``uncertain`` bookkeeping) intercepts
-    it, so it unwinds the turn as a crash would, except that the process survives.
+    It is a ``BaseException``, like the process death it stands for.
+    So no ``except Exception`` in the code under test intercepts it.
+    Such code is a capability's error handling, say.
+    The runtime turning a failure into a ``failed`` step is another.
+    An effect's ``uncertain`` bookkeeping is a third.
+    So it unwinds the turn as a crash would, except that the process survives.
     """
 
     def __init__(self, point: str) -> None:
@@ -103,9 +107,12 @@ def inject(
     times: int | None = 1,
     exit_status: int = EXIT_STATUS,
 ) -> Fault:
-    """Arm ``point``: after letting ``skip`` passes through, run ``action`` (``"exit"``:
-    ``os._exit(exit_status)``; ``"raise"``: :class:`InjectedFault`; or a callable taking
-    the point's name) on the next ``times`` passes (``None``: on every later pass).
+    """Arm ``point``: after ``skip`` passes, run ``action`` on the next ``times`` passes.
+
+    ``action`` is ``"exit"``, for ``os._exit(exit_status)``.
+    It may be ``"raise"``, for :class:`InjectedFault`.
+    It may also be a callable taking the point's name.
+    ``times`` of ``None`` means every later pass.
 
     Replaces whatever was armed at ``point``. Returns the :class:`Fault`, whose
     counters show whether the point was reached.

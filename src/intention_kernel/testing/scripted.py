@@ -12,11 +12,13 @@ __all__ = ["ScriptedInterpreter"]
 class ScriptedInterpreter:
     """Interprets by lookup (``{message: Interpretation}``) or by a callable.
 
-    An unknown message gives an interpretation with no intents. ``calls``
-    records every request, so a test can assert that a replay interpreted
-    nothing. With ``multi_round=True`` it works in rounds: a callable script is asked
-    again after each round's steps ran (``request.rounds`` says what they did), and a
-    lookup script answers a later round with no intents.
+    An unknown message gives an interpretation with no intents.
+    ``calls`` records every request.
+    So a test can assert that a replay interpreted nothing.
+    With ``multi_round=True`` it works in rounds.
+    A callable script is then asked again after each round's steps ran.
+    ``request.rounds`` says what they did.
+    A lookup script answers a later round with no intents.
     """
 
     def __init__(

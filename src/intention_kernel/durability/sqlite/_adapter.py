@@ -7,10 +7,10 @@ from typing import Literal
 
 from intention_kernel.durability._options import check_seconds
 from intention_kernel.durability.abc import RecordedDurability
-from intention_kernel.durability.sqlite._connection import StatementTrace
+from intention_kernel.durability.sqlite._connection import StatementTrace, WriterSeam
 from intention_kernel.durability.sqlite._recorder import SQLiteRecorder
 
-__all__ = ["SQLiteDurability", "StatementTrace"]
+__all__ = ["SQLiteDurability", "StatementTrace", "WriterSeam"]
 
 
 class SQLiteDurability(RecordedDurability):
@@ -44,6 +44,8 @@ class SQLiteDurability(RecordedDurability):
       thread is named ``ik-sqlite``). For logging, counting statements per turn, or
       seeing where writes run. It runs inside the statement: it must be quick and must
       not raise.
+    - ``seam``: a testing seam into the worker thread, for tests of group commit.
+      It is :class:`intention_kernel.testing.sqlite.WriterProbe`; production passes none.
 
     The lock file ``<path>.locks`` sits beside the database's real file (symlinks
     resolved, so every path to one database shares one lock file); keep them on a local
@@ -59,6 +61,7 @@ class SQLiteDurability(RecordedDurability):
         busy_timeout: float = 30.0,
         offload_writes: bool | None = None,
         trace: StatementTrace | None = None,
+        seam: WriterSeam | None = None,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError("synchronous must be 'FULL' or 'NORMAL'")
@@ -73,6 +76,7 @@ class SQLiteDurability(RecordedDurability):
                 busy_timeout=busy_timeout,
                 offload_writes=offload_writes,
                 trace=trace,
+                seam=seam,
             )
         )
 

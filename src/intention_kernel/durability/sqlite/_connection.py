@@ -51,21 +51,63 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Any, Literal, Protocol, TypeAlias, TypeVar
 
 from intention_kernel.durability._filelock import LockFile, lock_offset
 from intention_kernel.durability._looplocks import LoopLocks
-from intention_kernel.durability.sqlite._group import GroupWriter, clear_frames
+from intention_kernel.durability.sqlite._group import GroupPoint, GroupWriter, clear_frames
 from intention_kernel.durability.sqlite._schema import HAS_SCHEMA_TABLE, migrate
 from intention_kernel.errors import CorruptRecordError, CorruptStoreError, KernelError, StoreError
 
-__all__ = ["SQLiteConnections", "StatementTrace"]
+__all__ = ["SQLiteConnections", "StatementTrace", "WriterAccess", "WriterSeam"]
 
 T = TypeVar("T")
 
 #: Called with the connection's role and the text of each statement it runs, in the
 #: thread that runs it (the worker thread ``ik-sqlite`` or the event loop's).
 StatementTrace: TypeAlias = Callable[[Literal["writer", "reader"], str], None]
+
+
+class WriterSeam(Protocol):
+    """A testing kit's hold on one adapter's worker thread (``SQLiteDurability(seam=...)``).
+
+    :class:`intention_kernel.testing.sqlite.WriterProbe` is the one the package ships.
+    Production code passes none.
+    """
+
+    @property
+    def group_alone(self) -> bool:
+        """Whether even a lone write on the worker thread runs the group way.
+
+        It then gets a transaction and a savepoint of its own.
+        The adapter reads it when it opens.
+        """
+        ...
+
+    def at_point(self, point: GroupPoint, size: int) -> None:
+        """Called on the worker thread at each point of each group commit."""
+        ...
+
+    def opened(self, writer: WriterAccess | None) -> None:
+        """Called when the adapter opens (its writer) and closes (``None``)."""
+        ...
+
+
+class WriterAccess:
+    """The open writer of one adapter, as its :class:`WriterSeam` sees it."""
+
+    def __init__(
+        self, connections: SQLiteConnections, worker: GroupWriter, conn: sqlite3.Connection
+    ) -> None:
+        self._connections = connections
+        #: The worker thread that runs the writes.
+        self.worker = worker
+        #: The writer's connection.
+        self.conn = conn
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T], *, atomic: bool) -> T:
+        """``fn(conn)`` as a write of the adapter's own (see ``SQLiteConnections._run``)."""
+        return await self._connections._run(fn, atomic=atomic)
 
 
 class SQLiteConnections:
@@ -81,9 +123,11 @@ class SQLiteConnections:
         busy_timeout: float,
         offload_writes: bool | None,
         trace: StatementTrace | None = None,
+        seam: WriterSeam | None = None,
     ) -> None:
         self._path = path
         self._trace = trace
+        self._seam = seam
         self._offload_writes = offload_writes
         self._synchronous = synchronous
         self._lock_timeout = lock_timeout
@@ -101,10 +145,6 @@ class SQLiteConnections:
         self._lockers = 0  # tasks holding or awaiting a thread lock of this adapter
 
     # -- plumbing ------------------------------------------------------------------------------
-
-    #: Whether even a lone write on the worker thread runs the group way (a
-    #: transaction and a savepoint of its own): a test switch, read when the adapter opens.
-    group_alone = False
 
     async def _run(
         self,
@@ -307,7 +347,12 @@ class SQLiteConnections:
         return await self._hop(fn, thread_id)
 
     async def open(self) -> None:
-        self._worker = GroupWriter("ik-sqlite", group_alone=self.group_alone)
+        seam = self._seam
+        self._worker = GroupWriter(
+            "ik-sqlite",
+            group_alone=seam is not None and seam.group_alone,
+            points=None if seam is None else seam.at_point,
+        )
 
         def connect() -> sqlite3.Connection:
             directory = os.path.dirname(os.path.abspath(self._path))
@@ -353,6 +398,8 @@ class SQLiteConnections:
             # -wal and -shm files a crash left behind, and then refuse the lock file.
             await self.close()
             raise self._open_error(exc) from exc
+        if seam is not None:
+            seam.opened(WriterAccess(self, self._worker, self._conn))
 
     def _traced(self, conn: sqlite3.Connection, role: Literal["writer", "reader"]) -> None:
         """Hand each statement ``conn`` runs to the ``trace`` option, if one was given."""
@@ -396,6 +443,8 @@ class SQLiteConnections:
         self._conn = None
         self._worker = None
         self._reader = None
+        if self._seam is not None:
+            self._seam.opened(None)
         if reader is not None:
             reader.close()
         if conn is not None and worker is not None:

@@ -63,20 +63,21 @@ from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import Any, Literal, TypeVar
 
-__all__ = ["GroupPoint", "GroupWriter", "WriteJob", "clear_frames"]
+__all__ = ["GroupPoint", "GroupPoints", "GroupWriter", "WriteJob", "clear_frames"]
 
 T = TypeVar("T")
 
 #: A moment of a group commit: just before or just after its ``COMMIT``.
 GroupPoint = Literal["before_commit", "after_commit"]
 
-#: Called on the worker thread with ``"before_commit"`` (every write of the group ran,
-#: ``COMMIT`` not sent) and ``"after_commit"`` (``COMMIT`` returned, no future settled
-#: yet), and the group's size. Tests set it to die, stall or look at the file there;
-#: these points are the adapter's own, not steps of the turn protocol (whose fault
-#: points the protocol model checks), so they live here and not in ``_faults``.
-#: Tests arm it through :mod:`intention_kernel.testing.sqlite`.
-group_fault: Callable[[GroupPoint, int], None] | None = None
+#: Called on the worker thread at each point of a group commit, with the group's size.
+#: ``"before_commit"``: every write of the group ran, and ``COMMIT`` is not sent.
+#: ``"after_commit"``: ``COMMIT`` returned, and no future is settled yet.
+#: Tests die, stall or look at the file there.
+#: These points are the adapter's own, not steps of the turn protocol.
+#: The protocol model checks only the protocol's points, so these are not in ``_faults``.
+#: A test hands one to the adapter through :mod:`intention_kernel.testing.sqlite`.
+GroupPoints = Callable[[GroupPoint, int], None]
 
 
 class WriteJob:
@@ -138,15 +139,20 @@ class GroupWriter:
     """The worker thread of one writer connection: writes in groups, other calls alone.
 
     A submitted call always runs to its end, and its future cannot be cancelled.
-    ``group_alone`` makes even a lone write run inside a group's transaction and
-    savepoint (the conformance suite uses it to run every write the group way).
+    ``group_alone`` makes even a lone write run inside a group's transaction.
+    That write also gets a savepoint, as in a group.
+    The conformance suite uses it to run every write the group way.
+    ``points`` is called at each group's :data:`GroupPoints`.
     """
 
-    def __init__(self, name: str, *, group_alone: bool = False) -> None:
+    def __init__(
+        self, name: str, *, group_alone: bool = False, points: GroupPoints | None = None
+    ) -> None:
         self._jobs: SimpleQueue[WriteJob | _Call | None] = SimpleQueue()
         self._conn: sqlite3.Connection | None = None
         self._prepare: Callable[[sqlite3.Connection], None] = lambda _: None
         self._group_alone = group_alone
+        self._points = points
         self._pending = 0  # calls submitted and not yet settled (on the event loop's side)
         self.groups = 0  # groups committed (or failed), for tests and the benchmark
         self.grouped = 0  # writes run in groups of more than one
@@ -289,8 +295,8 @@ class GroupWriter:
                         conn.execute("RELEASE ik_write")
                     done.append((job, result, None))
             else:
-                if group_fault is not None:
-                    group_fault("before_commit", len(group))
+                if self._points is not None:
+                    self._points("before_commit", len(group))
                 conn.execute("COMMIT")
         except BaseException as exc:
             # BEGIN, a savepoint statement or COMMIT failed: nothing of the group is on
@@ -305,8 +311,8 @@ class GroupWriter:
             failing = len(done) + 1
             self._settle([_failed(j, lost) for j in group[:failing]])
             return group[failing:]
-        if group_fault is not None:
-            group_fault("after_commit", len(group))
+        if self._points is not None:
+            self._points("after_commit", len(group))
         self._settle(
             [
                 (j.future, j.loop, result, None if failed is None else j.error(failed))

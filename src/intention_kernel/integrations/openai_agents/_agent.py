@@ -43,22 +43,27 @@ class KernelAgent(BridgeAgent, Generic[TContext]):
     """An Agents SDK agent whose runs are turns of an intention-kernel thread.
 
     ``name`` names the kernel capability (``<name>.agent``) and the agent
-    (:meth:`as_agent`). ``writes`` maps each write tool's name (a function tool of
-    ``agent``) to the function that derives its business operation ID from the call's
-    arguments; ``reads`` names the tools that only read (run as they are, no receipt;
-    hosted tools too). Every tool of ``agent`` must be in one of the two: one in
-    neither is refused here with ``CompilationError`` (the bridge fails closed).
-    ``context`` is passed to every run (it is not stored: a paused run resumes with
-    the live one). ``prompt`` renders an
-    approval's question from the tool's name and arguments. ``read_answer`` reads a
-    message sent while an approval is pending as the person's answer (``"accept"``,
-    ``"reject"`` or an :class:`~intention_kernel.Answer`, a reject's ``reason``
-    included), or ``None`` when it is not one; without it, only
-    ``Kernel.turn(answer=...)`` answers. ``approve_within`` is how long an approval
-    stays open (``None``: until answered); the run then reads the call as rejected,
-    before the next message. ``run_config`` and ``max_turns`` are ``Runner.run``'s.
-    ``approvers`` and ``self_approval`` say who may answer its approvals, as for
-    ``@capability`` (:mod:`intention_kernel.authority`).
+    (:meth:`as_agent`).
+    ``writes`` maps each write tool's name to a function of the call's arguments.
+    That function derives the call's business operation ID.
+    Each write tool is a function tool of ``agent``.
+    ``reads`` names the tools that only read; hosted tools count too.
+    They run as they are, with no receipt.
+    Every tool of ``agent`` must be in one of the two.
+    One in neither is refused here with ``CompilationError``: the bridge fails closed.
+    ``context`` is passed to every run.
+    It is not stored: a paused run resumes with the live one.
+    ``prompt`` renders an approval's question from the tool's name and arguments.
+    ``read_answer`` reads a message sent while an approval is pending.
+    It returns the person's answer, or ``None`` when the message is not one.
+    An answer is ``"accept"``, ``"reject"`` or an :class:`~intention_kernel.Answer`.
+    A reject's ``reason`` is included.
+    Without ``read_answer``, only ``Kernel.turn(answer=...)`` answers.
+    ``approve_within`` is how long an approval stays open (``None``: until answered).
+    After that, the run reads the call as rejected, before the next message.
+    ``run_config`` and ``max_turns`` are ``Runner.run``'s.
+    ``approvers`` and ``self_approval`` say who may answer its approvals.
+    They work as for ``@capability`` (:mod:`intention_kernel.authority`).
     """
 
     def __init__(
@@ -157,9 +162,10 @@ class KernelAgent(BridgeAgent, Generic[TContext]):
                 run_config=self._run_config,
             )
         except Exception as exc:
-            # An uncertain write must stay uncertain, however the SDK wrapped it (a
-            # UserError around the tool's exception): a failed step would let a later
-            # turn retry it. Any other kernel error is reported as itself.
+            # An uncertain write must stay uncertain, however the SDK wrapped it.
+            # The SDK may wrap the tool's exception in a UserError.
+            # A failed step would let a later turn retry the write.
+            # Any other kernel error is reported as itself.
             found = find_cause(exc, KernelError)
             if found is not None and found is not exc:
                 raise found from exc

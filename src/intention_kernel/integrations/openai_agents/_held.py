@@ -1,6 +1,9 @@
-"""What a paused run holds: the calls awaiting approval, the capability's input, and
-the ``<name>.conversation`` fact (the thread's input items and the paused
-``RunState``) as JSON."""
+"""What a paused run holds, as JSON.
+
+That is the calls awaiting approval, the capability's input,
+and the ``<name>.conversation`` fact.
+The fact holds the thread's input items and the paused ``RunState``.
+"""
 
 from __future__ import annotations
 
@@ -77,8 +80,11 @@ class Conversation:
 
 
 def load(value: Any) -> Conversation:
-    """What the interpreter reads: the fact, or an empty conversation for one that
-    cannot be read (the capability reports that, as a failed step)."""
+    """What the interpreter reads: the fact, or an empty conversation.
+
+    It reads an empty one when the fact cannot be read.
+    The capability reports that, as a failed step.
+    """
     try:
         return Conversation.load(value)
     except ValueError:

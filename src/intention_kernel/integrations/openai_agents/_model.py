@@ -1,5 +1,8 @@
-"""The model as a kernel run calls it: each response recorded in the turn's journal
-before the run acts on it, and read from there when the turn is delivered again."""
+"""The model as a kernel run calls it.
+
+Each response is recorded in the turn's journal before the run acts on it.
+It is read from there when the turn is delivered again.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +36,11 @@ _OUTPUT_ITEM: pydantic.TypeAdapter[ResponseOutputItem] = pydantic.TypeAdapter(Re
 
 @dataclass
 class StepRun:
-    """The kernel step the runs of the moment belong to, and how many model responses
-    they have received so far (the next response's position)."""
+    """The kernel step the runs of the moment belong to, and their response count.
+
+    That count is how many model responses they have received so far.
+    It is the next response's position.
+    """
 
     ctx: CapabilityContext
     responses: int = 0
@@ -83,14 +89,17 @@ def load_response(value: Any, key: str, ctx: CapabilityContext) -> ModelResponse
 class KernelModel(Model):
     """The agent's model, as a kernel run calls it.
 
-    ``wrapped`` is a ``Model``, or a model name (``None``: the SDK's default) that
-    ``provider`` resolves on the first request. Inside a kernel run, response N of the
-    step is ``ctx.recorded("model.<N>", ...)``: recorded before the run acts on it, and
-    on a redelivery of the turn read back without asking the model. Responses are
-    matched by position, not by request: a read that returns something else after the
-    crash still meets the response recorded after the first read. A request that fails
-    records nothing and takes no position (the SDK's retry, or a redelivery, asks again
-    at the same position). Outside a kernel run the model is called as it is.
+    ``wrapped`` is a ``Model``, or a model name (``None``: the SDK's default).
+    ``provider`` resolves a name on the first request.
+    Inside a kernel run, response N of the step is ``ctx.recorded("model.<N>", ...)``.
+    It is recorded before the run acts on it.
+    On a redelivery of the turn, it is read back without asking the model.
+    Responses are matched by position, not by request.
+    A read may return something else after the crash.
+    The run still meets the response recorded after the first read.
+    A request that fails records nothing and takes no position.
+    The SDK's retry, or a redelivery, asks again at the same position.
+    Outside a kernel run the model is called as it is.
     """
 
     def __init__(self, wrapped: Model | str | None, provider: ModelProvider) -> None:

@@ -1,5 +1,8 @@
-"""Write tools through the turn's receipts: a function tool named in ``writes`` runs
-inside ``ctx.run_effect`` with a key the application derives from its arguments."""
+"""Write tools through the turn's receipts.
+
+A function tool named in ``writes`` runs inside ``ctx.run_effect``.
+Its key is one the application derives from the call's arguments.
+"""
 
 from __future__ import annotations
 
@@ -20,12 +23,13 @@ __all__ = ["kernel_tool"]
 def kernel_tool(tool: FunctionTool, key_of: KeyFunction) -> FunctionTool:
     """A copy of ``tool`` whose calls inside a kernel run go through a receipt.
 
-    The body runs without the tool's failure handler (``failure_error_function``):
-    that handler turns an exception into text for the model, which would record a
-    write that may have happened as a completed one. Here an exception leaves the
-    receipt ``uncertain`` and ends the run (``EffectNotAppliedError``: ``failed``).
-    Arguments are checked against the tool's JSON schema before anything is held:
-    bad ones reach the model as the tool's output, and nothing runs.
+    The body runs without the tool's failure handler (``failure_error_function``).
+    That handler turns an exception into text for the model.
+    A write that may have happened would then be recorded as completed.
+    Here an exception leaves the receipt ``uncertain`` and ends the run.
+    ``EffectNotAppliedError`` instead makes the step ``failed``.
+    Arguments are checked against the tool's JSON schema before anything is held.
+    Bad ones reach the model as the tool's output, and nothing runs.
     """
     bare = dataclasses.replace(
         tool, _failure_error_function=None, _use_default_failure_error_function=False
