@@ -62,6 +62,8 @@ MODEL_RUNS = (
     Run("inbox", model="inbox.pml"),
     Run("inbox-interrupt", ("-DINTERRUPT",), model="inbox.pml"),
     Run("inbox-steer", ("-DSTEER",), model="inbox.pml"),
+    # Timers: set with a turn, claimed with a lease, fired once (models/timers.pml).
+    Run("timers", model="timers.pml"),
 )
 
 #: Each mutant, and the property whose assertion (or claim) it must break.
@@ -129,6 +131,17 @@ MUTANT_RUNS = (
         expect="(runs[i]<=1)",
         model="inbox.pml",
     ),
+    # The timers' mutants.
+    Run(
+        "timer-settled-apart",
+        ("-DSETTLE_OUTSIDE",),
+        expect="(lost==0)",
+        model="timers.pml",
+    ),
+    Run("timer-fresh-id", ("-DFRESH_TURN_ID",), expect="(applied[mydue]<=1)", model="timers.pml"),
+    Run("timer-claim-forever", ("-DNO_CLAIM_EXPIRY",), expect="(lost==0)", model="timers.pml"),
+    Run("timer-row-unread", ("-DNO_ROW_CHECK",), expect="!(voided[mydue])", model="timers.pml"),
+    Run("timer-set-early", ("-DSET_OUTSIDE_TURN",), expect="set_by[mydue]", model="timers.pml"),
 )
 
 
