@@ -16,31 +16,41 @@
  * an entry already there keeps its place), then the drain of the thread up to the
  * inbox's end. With wait (Kernel.turn) it then runs its own turn ID once more, to
  * replay its result. Crash points: after the lock, at each round boundary, before and
- * after the commit, after the enqueue and after the interrupt's request.
+ * after the commit, after the enqueue and after the interrupt's request. A turn reads
+ * its stop at every safe point (cancel_check_after=0).
  *
  * Configurations (-D...):
- *   (none)      QUEUE: three messages, the first delivered twice; a cancel of any.
+ *   (none)      QUEUE: messages 1 and 2 (1 delivered twice, once waiting); a cancel
+ *               of any turn ID.
  *   INTERRUPT   message 1 runs in two rounds; messages 2 and 3 interrupt it.
- *   STEER       message 1 runs in two rounds, journaled, delivered twice; message 2
- *               steers it; message 3 queues behind.
+ *   STEER       message 1 runs in two rounds, journaled, delivered twice, and once
+ *               more after every client ended (its client redelivers it until it
+ *               commits); message 2 steers it.
+ *
+ * Steer, as issue 36 specifies it: at each round boundary of message 1's turn, the
+ * steer entries waiting in the inbox are handed over, recorded in that round's
+ * journal entry; a redelivery reads them there. The turn's commit gives each steer's
+ * turn ID its result and removes the entry. A steer handed over leaves the queue:
+ * the drain skips it, and re-reads under the lock that its head was not handed over.
  *
  * Properties (assertions; pan's report names the expression):
- *   (runs[msg]<=1)          no message runs (commits its effect) twice;
- *   lost: (lost==0)         at the end, every accepted message has run or was
+ *   (runs[msg]<=1)          no message runs (commits its effect) twice (a steer:
+ *                           (runs[i]<=1));
+ *   (lost==0)               at the end, every accepted message has run or was
  *                           cancelled: none lost;
- *   order: (late==0)        a message accepted (acknowledged) before another's first
+ *   (late==0)               a message accepted (acknowledged) before another's first
  *                           delivery began commits first: the order of acceptance;
- *   (!dequeued||nothing)    a message cancelled out of the inbox runs no step,
+ *   (!(dequeued[cur])||nothing) a message cancelled out of the inbox runs no step,
  *                           and its queued turn commits nothing;
- *   (other_interrupter)     a turn stopped by an interrupt was stopped by another
+ *   other_interrupter       a turn stopped by an interrupt was stopped by another
  *                           message: the new message is never stopped by its own;
  *   (unsettled==0)          at the end, every turn that saw a stop (and did not
  *                           crash) committed what it did, once;
- *   (seen_round[s]==r)      a steer is seen by the same round on every delivery.
+ *   (seen_round[i]==r)      a steer is seen by the same round on every delivery.
  *
  * Mutants: REMOVE_BEFORE_RUN, FRESH_TURN_ID, NO_INBOX_CHECK, NO_START_CHECK,
  * STOP_ABORTS, BASE_ONLY_INTERRUPT, INTERRUPT_AS_IMPLEMENTED, NO_STEER_JOURNAL,
- * STEER_TAKES_COMMITTED. Each must produce a counterexample (check_protocol.py).
+ * STEER_TAKES_COMMITTED, STEER_UNCHECKED_AT_BEGIN. Each must produce a counterexample (check_protocol.py).
  *
  * INTERRUPT_AS_IMPLEMENTED is the interrupt of the code at this writing: a request
  * keyed by the base version alone, which a queued turn reads at its start and at
