@@ -247,6 +247,7 @@ async def test_schema_is_created_once_in_its_own_namespace_and_versioned(store: 
         "ik_outbox_head",
         "ik_receipts",
         "ik_schema",
+        "ik_streams",
         "ik_threads",
         "ik_turns",
     ]

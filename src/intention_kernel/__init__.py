@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from intention_kernel._inbox import Cancellation, Queued
+from intention_kernel._turnstream import TurnStatus
 from intention_kernel._sync import SyncKernel, TurnStream
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
@@ -168,6 +169,7 @@ __all__ = [
     "TurnCancelledError",
     "TurnConflictError",
     "TurnEvent",
+    "TurnStatus",
     "TurnExpiredError",
     "TurnResult",
     "TurnScope",

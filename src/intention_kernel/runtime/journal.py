@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from intention_kernel._json import MAX_NESTING, describe_error, normalize, storable_copy, too_deep
+from intention_kernel.durability._transaction import Transaction
 from intention_kernel.errors import CorruptRecordError, InterpretationError, JournalError
 from intention_kernel.interpretation import Answer, Intent, Interpretation, Round
 from intention_kernel.runtime.interpret import interpret
@@ -59,8 +60,16 @@ async def interpret_recorded(state: TurnState, rounds: tuple[Round, ...] = ()) -
     def asks_for_steps(value: Any) -> bool:
         return bool(value["intents"]) or value["answer"] is not None or answer_pending
 
+    sink = state.sink
+    record = sink.record if sink is not None else None
     try:
-        value = await state.tx.recorded(key, ask, keep=asks_for_steps)
+        if record is not None and isinstance(state.tx, Transaction):
+            # The events since the last round go with this round's entry.
+            value = await state.tx.recorded(
+                key, ask, keep=asks_for_steps, stream=record.segment_text
+            )
+        else:
+            value = await state.tx.recorded(key, ask, keep=asks_for_steps)
     except JournalError as exc:
         raise InterpretationError(
             f"the interpreter returned an interpretation that cannot be recorded: {exc}",
@@ -68,10 +77,18 @@ async def interpret_recorded(state: TurnState, rounds: tuple[Round, ...] = ()) -
             turn_id=state.scope.turn_id,
         ) from exc
     interpretation = decode_round(value, state, key)
-    if not asked and state.sink is not None and interpretation.reply:
+    if sink is None:
+        return interpretation
+    if record is not None:
+        if not asked:  # the round's events as recorded, with their IDs
+            await record.replay(sink, interpretation.reply)
+        elif asks_for_steps(value):  # recorded: its segment is stored
+            record.advance()
+            sink.wake()
+    elif not asked and interpretation.reply:
         # A streamed redelivery shows the text of a round it took from the journal, as
         # the model's stream showed it live: one delta, where the model sent pieces.
-        state.sink.delta(interpretation.reply)
+        sink.delta(interpretation.reply)
     return interpretation
 
 

@@ -179,6 +179,29 @@ INSERT_JOURNAL = f"""
         RETURNING 1)
     SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM written)
 """
+# The same with a streamed turn's segment (``StreamRecorder``), in one statement.
+INSERT_JOURNAL_STREAMED = f"""
+    WITH {FENCE}, written AS (
+        INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at,
+                                tenant_id)
+        SELECT %(thread_id)s, %(turn_id)s, %(key)s, %(request_digest)s, %(value)s,
+               %(created_at)s, %(tenant_id)s
+        FROM lease
+        RETURNING 1), streamed AS (
+        INSERT INTO ik_streams (thread_id, turn_id, segment, events, created_at)
+        SELECT %(thread_id)s, %(turn_id)s, %(segment)s, %(events)s, %(created_at)s
+        FROM lease
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM written)
+"""
+SELECT_STREAM_TURN = """
+    SELECT request_digest, result, pruned_at IS NOT NULL FROM ik_turns
+    WHERE thread_id = %s AND turn_id = %s
+"""
+SELECT_STREAM = """
+    SELECT segment, events FROM ik_streams WHERE thread_id = %s AND turn_id = %s
+    ORDER BY segment
+"""
 SELECT_JOURNAL_ENTRY = """
     SELECT request_digest, value, created_at, tenant_id FROM ik_journal
     WHERE thread_id = %s AND turn_id = %s AND key = %s

@@ -44,6 +44,7 @@ from intention_kernel.durability.sqlite._statements import (
     INSERT_MESSAGE,
     INSERT_RECEIPT,
     INSERT_RECEIPT_IF_NEW,
+    INSERT_STREAM,
     INSERT_THREAD,
     INSERT_TURN,
     MARK_ANNOUNCED,
@@ -173,6 +174,12 @@ def write_journal(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
         if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
             raise
         raise Refusal() from exc
+
+
+def write_streamed(conn: sqlite3.Connection, row: tuple[Any, ...], stream: tuple[Any, ...]) -> None:
+    """A journal entry and its stream segment, in one transaction (``atomic``)."""
+    write_journal(conn, row)
+    conn.execute(INSERT_STREAM, stream)
 
 
 def enqueue(conn: sqlite3.Connection, row: tuple[Any, ...]) -> int | None:

@@ -201,6 +201,19 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT th.tenant_id FROM ik_threads th
         WHERE th.thread_id = ik_journal.thread_id AND th.version > 0);
     """,
+    # 12: a streamed turn's events, by segment (``StreamRecorder``): written with the
+    # journal entry of each round, kept after the commit deletes the entry, read by
+    # the turn's watchers in any process.
+    """
+    CREATE TABLE IF NOT EXISTS ik_streams (
+        thread_id  TEXT NOT NULL,
+        turn_id    TEXT NOT NULL,
+        segment    INTEGER NOT NULL,
+        events     TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (thread_id, turn_id, segment)
+    ) WITHOUT ROWID;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

@@ -146,6 +146,15 @@ INSERT_JOURNAL = """
                             tenant_id)
     VALUES (?, ?, ?, ?, ?, ?, ?)
 """
+# A streamed turn's segment, with its round's journal entry (``StreamRecorder``).
+INSERT_STREAM = """
+    INSERT INTO ik_streams (thread_id, turn_id, segment, events, created_at)
+    VALUES (?, ?, ?, ?, ?)
+"""
+SELECT_STREAM = """
+    SELECT segment, events FROM ik_streams WHERE thread_id = ? AND turn_id = ?
+    ORDER BY segment
+"""
 # In the turn's commit, when the turn used the journal (``TurnRecord.journaled``).
 DELETE_JOURNAL = "DELETE FROM ik_journal WHERE thread_id = ? AND turn_id = ?"
 
