@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 
 from intention_kernel._inbox import Cancellation, Queued
-from intention_kernel._turnstream import TurnStatus
 from intention_kernel._sync import SyncKernel, TurnStream
+from intention_kernel._turnstream import TurnStatus
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
 from intention_kernel.capabilities import (

@@ -274,17 +274,18 @@ async def watch_store(
 
 async def status_of(
     store: Any, thread_id: str, turn_id: str, *, tenant_id: str | None, live: bool
-) -> TurnStatus:
-    """The turn's :class:`TurnStatus`; ``live``: this process runs it now."""
+) -> tuple[TurnStatus, bool]:
+    """The turn's :class:`TurnStatus`, and whether it waits in its thread's inbox;
+    ``live``: this process runs it now."""
     await check_owner(store, thread_id, turn_id, tenant_id)
     found: StoredStream = await store.read_stream(thread_id, turn_id)
     if found.turn is not None:
         result = committed_result(found.turn, thread_id, turn_id)
-        return TurnStatus(thread_id, turn_id, "committed", result)
-    if found.segments or live:
-        return TurnStatus(thread_id, turn_id, "running")
+        return TurnStatus(thread_id, turn_id, "committed", result), False
+    queued = False
     if getattr(store, "has_inbox", False) is True:
         entries = await store.read_inbox(thread_id)
-        if any(entry.turn_id == turn_id for entry in entries):
-            return TurnStatus(thread_id, turn_id, "queued")
-    return TurnStatus(thread_id, turn_id, "unknown")
+        queued = any(entry.turn_id == turn_id for entry in entries)
+    if found.segments or live:
+        return TurnStatus(thread_id, turn_id, "running"), queued
+    return TurnStatus(thread_id, turn_id, "queued" if queued else "unknown"), queued

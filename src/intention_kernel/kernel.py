@@ -379,14 +379,13 @@ class Kernel:
             tenant_id, _ = _as_principal(principal, tenant_id, None)
         if self._streams is None:
             raise InvalidRequestError(f"{type(self.durability).__name__} keeps no turn streams")
-        found = await streams.status_of(
-            self._streams,
-            thread_id,
-            turn_id,
-            tenant_id=tenant_id,
-            live=(thread_id, turn_id) in self._live,
+        key = (thread_id, turn_id)
+        found, queued = await streams.status_of(
+            self._streams, *key, tenant_id=tenant_id, live=key in self._live
         )
-        if found.status == "queued" and isinstance(self.durability, InboxStore):
+        if queued and key not in self._live:
+            # Perhaps nobody drains it: its accepting process died. This one does now
+            # (it waits for the thread's lock; a live holder's commit is replayed).
             self._detacher().watch(thread_id)
         return found
 
