@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -49,7 +49,7 @@ class Recording:
 
     def __init__(self, load: Loader | None = None) -> None:
         self._load = load
-        self.token = secrets.token_hex(4)
+        self.token = os.urandom(4).hex()
         self.segment = 1
         self._seq = 0
         self._pending: list[TurnEvent] = []

@@ -290,12 +290,14 @@ class Kernel:
         # would otherwise be collected before its commit.
         self._streaming.add(task)
         task.add_done_callback(self._streaming.discard)
-        self._live[key] = sink
-        task.add_done_callback(lambda _: self._live.pop(key) if self._live.get(key) is sink else 0)
+        self._live[key] = sink  # until ``_streamed`` ends
+        last: str | None = None
         try:
             while True:
                 event = await sink.next()
                 if event is None:  # the reader fell behind: on from the store
+                    if last is not None:
+                        position = streams.parse_after(last)
                     async for event in self._watch(scope, position, failed=task):
                         yield event
                     return
@@ -303,8 +305,7 @@ class Kernel:
                     raise event
                 if position is None or position.before(event):
                     yield event
-                    if event.id is not None and event.type != "result":
-                        position = streams.parse_after(event.id)
+                    last = event.id
                 if event.type == "result":
                     return
         finally:
@@ -356,7 +357,7 @@ class Kernel:
             if failed is not None and failed.done() and (error := failed.result()) is not None:
                 raise error  # the turn this stream ran failed: no result will come
             sink = self._live.get(key)
-            return sink.changed if sink is not None else None
+            return sink.changed() if sink is not None else None
 
         async for event in streams.watch_store(
             self._streams, *key, position, tenant_id=scope.tenant_id, poll=poll, wake=wake
@@ -453,23 +454,28 @@ class Kernel:
         """Run the streamed turn and hand its end to the sink: the result, or its error
         (also returned, for a reader that went on from the store)."""
         try:
-            result = await self._run(scope, request)
-        except asyncio.CancelledError as cancelled:
-            sink.fail(cancelled)  # the reader must not wait for a result that never comes
-            raise
-        except Exception as error:
-            sink.fail(error)
-            logger.debug(
-                "streamed turn %r of thread %r failed: %s: %s",
-                scope.turn_id,
-                scope.thread_id,
-                type(error).__name__,
-                error,
-                extra={"thread_id": scope.thread_id, "turn_id": scope.turn_id},
-            )
-            return error
-        sink.result(result.to_dict())
-        return None
+            try:
+                result = await self._run(scope, request)
+            except asyncio.CancelledError as cancelled:
+                sink.fail(cancelled)  # the reader must not wait for a result that never comes
+                raise
+            except Exception as error:
+                sink.fail(error)
+                logger.debug(
+                    "streamed turn %r of thread %r failed: %s: %s",
+                    scope.turn_id,
+                    scope.thread_id,
+                    type(error).__name__,
+                    error,
+                    extra={"thread_id": scope.thread_id, "turn_id": scope.turn_id},
+                )
+                return error
+            sink.result(result.to_dict())
+            return None
+        finally:
+            key = (scope.thread_id, scope.turn_id)
+            if self._live.get(key) is sink:
+                del self._live[key]
 
     def _request(
         self,

@@ -67,7 +67,7 @@ class TurnSink:
     from the store (``lagging``).
     """
 
-    __slots__ = ("_queue", "changed", "lagging", "limit", "record")
+    __slots__ = ("_changed", "_queue", "lagging", "limit", "record")
 
     def __init__(self, record: Any = None, *, limit: int = 0) -> None:
         self._queue: asyncio.Queue[TurnEvent | BaseException | None] | None = asyncio.Queue()
@@ -77,8 +77,8 @@ class TurnSink:
         self.limit = limit
         #: Whether the reader fell ``limit`` events behind, and was dropped.
         self.lagging = False
-        #: Set at each recorded round and at the turn's end: watchers wake on it.
-        self.changed = asyncio.Event()
+        # Set at the next recorded round or the turn's end; made when a watcher asks.
+        self._changed: asyncio.Event | None = None
 
     def delta(self, text: str) -> None:
         """A piece of the model's text (``InterpretationRequest.stream``)."""
@@ -105,10 +105,17 @@ class TurnSink:
         """The reader is gone: drop whatever comes next."""
         self._queue = None
 
+    def changed(self) -> asyncio.Event:
+        """An event set at the next recorded round or the turn's end (for watchers)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
     def wake(self) -> None:
         """Wake the turn's watchers: a round was recorded, or the turn ended."""
-        self.changed.set()
-        self.changed = asyncio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     async def next(self) -> TurnEvent | BaseException | None:
         """The next event, the turn's error, or ``None`` once the reader lags."""

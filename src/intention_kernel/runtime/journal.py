@@ -63,7 +63,7 @@ async def interpret_recorded(state: TurnState, rounds: tuple[Round, ...] = ()) -
     sink = state.sink
     record = sink.record if sink is not None else None
     try:
-        if record is not None and isinstance(state.tx, Transaction):
+        if record is not None and type(state.tx) is Transaction:
             # The events since the last round go with this round's entry.
             value = await state.tx.recorded(
                 key, ask, keep=asks_for_steps, stream=record.segment_text
@@ -82,7 +82,7 @@ async def interpret_recorded(state: TurnState, rounds: tuple[Round, ...] = ()) -
     if record is not None:
         if not asked:  # the round's events as recorded, with their IDs
             await record.replay(sink, interpretation.reply)
-        elif asks_for_steps(value):  # recorded: its segment is stored
+        elif value["intents"] or value["answer"] is not None or answer_pending:  # recorded
             record.advance()
             sink.wake()
     elif not asked and interpretation.reply:
