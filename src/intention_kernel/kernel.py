@@ -278,7 +278,7 @@ class Kernel:
         and a retry with the same turn ID gets the committed result.
         """
         scope, request = self._request(thread_id, turn_id, message, answer, tenant_id, principal)
-        position = streams.parse_after(after)
+        position = streams.parse_after(after) if after is not None else None
         store, key = self._streams, (thread_id, turn_id)
         if position is not None and store is None:
             raise InvalidRequestError(f"{type(self.durability).__name__} keeps no turn streams")

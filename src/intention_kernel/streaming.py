@@ -67,7 +67,7 @@ class TurnSink:
     from the store (``lagging``).
     """
 
-    __slots__ = ("_changed", "_queue", "lagging", "limit", "record")
+    __slots__ = ("_changed", "_queue", "_unread", "lagging", "limit", "record")
 
     def __init__(self, record: Any = None, *, limit: int = 0) -> None:
         self._queue: asyncio.Queue[TurnEvent | BaseException | None] | None = asyncio.Queue()
@@ -77,6 +77,7 @@ class TurnSink:
         self.limit = limit
         #: Whether the reader fell ``limit`` events behind, and was dropped.
         self.lagging = False
+        self._unread = 0  # events in the queue: ``qsize()`` without its two calls
         # Set at the next recorded round or the turn's end; made when a watcher asks.
         self._changed: asyncio.Event | None = None
 
@@ -120,6 +121,7 @@ class TurnSink:
     async def next(self) -> TurnEvent | BaseException | None:
         """The next event, the turn's error, or ``None`` once the reader lags."""
         assert self._queue is not None, "a detached sink has no reader"
+        self._unread -= 1
         return await self._queue.get()
 
     def offer(self, event: TurnEvent) -> None:
@@ -127,10 +129,11 @@ class TurnSink:
         queue = self._queue
         if queue is None or self.lagging:
             return
-        if self.limit and queue.qsize() >= self.limit:
+        if self.limit and self._unread >= self.limit:
             self.lagging = True
             queue.put_nowait(None)  # the reader goes on from the store
             return
+        self._unread += 1
         queue.put_nowait(event)
 
     def _put(self, type: TurnEventType, data: Any) -> None:
