@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["undo_migration_8", "undo_migration_9", "undo_migration_10", "undo_migration_11"]
+__all__ = [
+    "undo_migration_8",
+    "undo_migration_9",
+    "undo_migration_10",
+    "undo_migration_11",
+    "undo_migration_12",
+]
+
+
+def undo_migration_12(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 12 held it: no turn streams."""
+    conn.execute("DROP TRIGGER ik_journal_streams")
+    conn.execute("DROP TABLE ik_streams")
+    conn.execute("ALTER TABLE ik_journal DROP COLUMN segment")
+    conn.execute("ALTER TABLE ik_journal DROP COLUMN events")
+    conn.execute("DELETE FROM ik_schema WHERE version > 11")
 
 
 def undo_migration_11(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 11 held it: journal entries with no tenant."""
+    undo_migration_12(conn)
     conn.execute("ALTER TABLE ik_journal DROP COLUMN tenant_id")
     conn.execute("DELETE FROM ik_schema WHERE version > 10")
 

@@ -12,12 +12,15 @@ runs to its commit with nobody watching. With real processes: a delivery killed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +33,14 @@ from intention_kernel import (
     Principal,
     TenantMismatchError,
     TurnEvent,
+    TurnExpiredError,
 )
 from intention_kernel.durability import Durability
+from intention_kernel.effects import utcnow
+from intention_kernel.operations import prune
 from intention_kernel.testing import InMemoryDurability
 from proving_support import Store, make_sql_store
+from sqlite_history import undo_migration_12
 from streams_support import StreamingRounds, streams_kernel
 
 THREAD = "acct-1"
@@ -340,12 +347,48 @@ async def test_a_store_from_before_turn_streams_is_upgraded(sql_store: Store) ->
     a turn left half done there (rounds journaled, no segment) goes on, streamed."""
     async with sql_store.durability() as store:
         await streams_kernel(store, StreamingRounds()).turn(THREAD, "t0", MESSAGE)
-    sql_store.query("DROP TABLE ik_streams")
     [(version,)] = sql_store.query("SELECT max(version) FROM ik_schema")
-    sql_store.query(f"DELETE FROM ik_schema WHERE version = {version}")
+    if sql_store.kind == "sqlite":
+        with contextlib.closing(sqlite3.connect(sql_store.location)) as conn, conn:
+            undo_migration_12(conn)
+    else:
+        sql_store.query("DROP TABLE ik_streams")
+        sql_store.query(f"DELETE FROM ik_schema WHERE version = {version}")
     async with sql_store.durability() as store:
         kernel = streams_kernel(store, StreamingRounds())
         events = await collect(kernel.stream_turn(THREAD, "t1", MESSAGE))
         assert texts(await collect(kernel.watch_turn(THREAD, "t1"))) == "r1a r1b r2a r2b "
     assert texts(events) == "r1a r1b r2a r2b r3a r3b "
     assert sql_store.query("SELECT max(version) FROM ik_schema") == [(version,)]
+
+
+async def test_retention_prunes_a_turns_stream_with_its_result_or_its_journal(
+    store: Durability,
+) -> None:
+    model = StreamingRounds()
+    kernel = streams_kernel(store, model)
+    await collect(kernel.stream_turn(THREAD, "t1", MESSAGE))
+    original = model.interpret
+
+    async def third_round_fails(request: Any) -> Any:
+        if len(request.rounds) == 2:
+            raise RuntimeError("the model went away")
+        return await original(request)
+
+    model.interpret = third_round_fails  # type: ignore[method-assign]
+    with pytest.raises(InterpretationError):
+        await collect(kernel.stream_turn(THREAD, "t2", MESSAGE))  # rounds 1, 2 recorded
+    model.interpret = original  # type: ignore[method-assign]
+    assert [n for n, _ in (await store.read_stream(THREAD, "t2")).segments] == [1, 2]  # type: ignore[attr-defined]
+
+    report = await prune(store, older_than=timedelta(0), now=utcnow() + timedelta(hours=1))  # type: ignore[arg-type]
+    assert (report.turns, report.journal) == (1, 2)
+    for turn_id in ("t1", "t2"):
+        assert (await store.read_stream(THREAD, turn_id)).segments == ()  # type: ignore[attr-defined]
+    with pytest.raises(TurnExpiredError):
+        await anext(kernel.watch_turn(THREAD, "t1"))
+    # The turn whose journal was pruned runs again from its first round, streamed anew.
+    again = await collect(kernel.stream_turn(THREAD, "t2", MESSAGE))
+    assert texts(again) == "r1a r1b r2a r2b r3a r3b "
+    watched = await collect(kernel.watch_turn(THREAD, "t2"))
+    assert watched[:-1] == [e for e in again if position(e)[0] <= 2]

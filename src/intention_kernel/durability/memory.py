@@ -490,6 +490,7 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder):
         )[:limit]
         for key in keys:
             state.turns[key] = StoredTurn(state.turns[key].request_digest, "", expired=True)
+            state.streams.pop(key, None)  # a pruned turn's stream goes with its result
         return len(keys), (keys[-1] if len(keys) == limit else None)
 
     async def stale_journals(
@@ -508,6 +509,7 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder):
         if not entries or any(entry.created_at >= before for entry in entries.values()):
             return 0
         del journal[(thread_id, turn_id)]
+        self._state.streams.pop((thread_id, turn_id), None)  # the stream goes with it
         return len(entries)
 
 

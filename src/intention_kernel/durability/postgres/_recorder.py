@@ -689,7 +689,8 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder):
         params = {**self.lease_params(thread_id), "turn_id": turn_id, "before": before}
 
         async def prune(conn: Connection) -> int:
-            return (await conn.execute(self._q(PRUNE_JOURNAL), params)).rowcount
+            cur = await conn.execute(self._q(PRUNE_JOURNAL), params)
+            return int(present(await cur.fetchone())[0])
 
         return await self._run(prune)
 

@@ -223,11 +223,8 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder)
             if entry.stream is None:
                 await self._write(bodies.write_journal, (row,), entry.thread_id)
             else:
-                segment, events = entry.stream
-                stream = (entry.thread_id, entry.turn_id, segment, events, row[5])
-                await self._write(
-                    bodies.write_streamed, (row, stream), entry.thread_id, atomic=True
-                )
+                streamed = (*row, *entry.stream)
+                await self._write(bodies.write_streamed, (streamed,), entry.thread_id)
         except Refusal as refused:
             raise journal_conflict(entry) from refused
 
@@ -497,7 +494,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder)
 
     async def prune_journal(self, thread_id: str, turn_id: str, before: datetime) -> int:
         args = (thread_id, turn_id, _stamp(before))
-        return int(await self._write(bodies.prune_journal, (args,), thread_id))
+        return int(await self._write(bodies.prune_journal, (args,), thread_id, atomic=True))
 
     async def prune_turns(
         self, before: datetime, after: tuple[str, str] | None, limit: int
@@ -507,7 +504,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder)
 
         args = (now, *start, cutoff, limit)
         pruned: tuple[int, tuple[str, str] | None] = await self._write(
-            bodies.prune_turns, (args, limit)
+            bodies.prune_turns, (args, limit), atomic=True
         )
         return pruned
 

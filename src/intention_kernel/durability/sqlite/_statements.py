@@ -146,11 +146,16 @@ INSERT_JOURNAL = """
                             tenant_id)
     VALUES (?, ?, ?, ?, ?, ?, ?)
 """
-# A streamed turn's segment, with its round's journal entry (``StreamRecorder``).
-INSERT_STREAM = """
-    INSERT INTO ik_streams (thread_id, turn_id, segment, events, created_at)
-    VALUES (?, ?, ?, ?, ?)
+# A streamed turn's segment, with its round's journal entry (``StreamRecorder``): the
+# trigger ``ik_journal_streams`` copies it into ``ik_streams``, in the same statement.
+INSERT_JOURNAL_STREAMED = """
+    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at,
+                            tenant_id, segment, events)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
+# Retention: a turn's stream goes with its result, or with its journal if it never
+# committed (a redelivery then records its segments again).
+DELETE_STREAM = "DELETE FROM ik_streams WHERE thread_id = ? AND turn_id = ?"
 SELECT_STREAM = """
     SELECT segment, events FROM ik_streams WHERE thread_id = ? AND turn_id = ?
     ORDER BY segment
