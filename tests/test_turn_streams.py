@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -392,3 +393,17 @@ async def test_retention_prunes_a_turns_stream_with_its_result_or_its_journal(
     assert texts(again) == "r1a r1b r2a r2b r3a r3b "
     watched = await collect(kernel.watch_turn(THREAD, "t2"))
     assert watched[:-1] == [e for e in again if position(e)[0] <= 2]
+
+
+async def test_a_turn_nobody_streams_or_queued_records_no_events(store: Durability) -> None:
+    """``kernel.turn`` pays nothing for streams, on a queueing agent too; a turn drained
+    from the inbox (a detached one) records its rounds, so that it can be watched."""
+    plain = streams_kernel(store, StreamingRounds())
+    agent = dataclasses.replace(plain.agent, on_busy="queue")
+    queueing = Kernel(agent, store)
+    await plain.turn(THREAD, "t1", MESSAGE)
+    await queueing.turn(THREAD, "t2", MESSAGE)
+    await queueing.detach_turn(THREAD, "t3", MESSAGE)
+    await queueing.drained()
+    read = store.read_stream  # type: ignore[attr-defined]
+    assert [len((await read(THREAD, t)).segments) for t in ("t1", "t2", "t3")] == [0, 0, 2]

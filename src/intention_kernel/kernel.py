@@ -234,8 +234,9 @@ class Kernel:
     def _run_waiting(
         self, scope: TurnScope, request: TurnRequest, wait: bool
     ) -> Awaitable[TurnResult]:
-        if self._streams is not None and request.sink is None:
-            return self._run_recorded(scope, request, wait)  # watchable, as detached
+        if request.queued and self._streams is not None and request.sink is None:
+            # A turn drained from the inbox (a detached one, say): watchable.
+            return self._run_recorded(scope, request, wait)
         return self._run(scope, request, wait=wait)
 
     async def _run_recorded(self, scope: TurnScope, request: TurnRequest, wait: bool) -> TurnResult:

@@ -16,8 +16,10 @@ loses it, not close it. A one-round interpreter never records anything.
 
 Every round goes on from the value as the store reads it back (``tx.recorded`` returns
 it), in the first delivery too, so that a redelivery makes exactly the same decisions.
-A streamed redelivery streams the text of each round it takes from the journal as one
-``delta``, so that its stream carries the turn's text as a live delivery's does.
+A streamed redelivery streams each round it takes from the journal as it was recorded
+(:mod:`intention_kernel._turnstream`): the same events, with the same IDs. A round
+recorded without its events (its delivery was not streamed) is streamed as its text,
+one ``delta``, so that the stream carries the turn's text as a live delivery's does.
 
 A model's arguments may hold what no store can (NaN, infinity, a lone surrogate). A
 one-round turn fails that step; a round must too, not the whole turn. So a round is
