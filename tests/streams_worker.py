@@ -7,6 +7,7 @@ Run as ``python tests/streams_worker.py '<json config>'``:
 - ``turn``: ``{"thread_id", "turn_id", "message"}``;
 - ``hang``: optional, a round at which the model streams one provisional piece of text
   and then waits forever (the test kills the process there);
+- ``slow``: optional, the seconds round 2 sleeps first;
 - ``after``: optional, the event ID the stream resumes after.
 
 It prints one JSON line per event (``{"id", "type", "data"}``), flushed at once.
@@ -26,7 +27,8 @@ from streams_support import StreamingRounds, streams_kernel
 async def main(config: dict[str, Any]) -> None:
     turn = config["turn"]
     async with open_store(config["store"]) as store:
-        kernel = streams_kernel(store, StreamingRounds(hang=config.get("hang")))
+        model = StreamingRounds(hang=config.get("hang"), slow=config.get("slow", 0.0))
+        kernel = streams_kernel(store, model)
         stream = kernel.stream_turn(
             turn["thread_id"], turn["turn_id"], turn["message"], after=config.get("after")
         )

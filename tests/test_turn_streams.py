@@ -337,6 +337,32 @@ async def test_a_stream_killed_mid_turn_is_resumed_by_another_process(sql_store:
     assert watched[-1].data == {**resumed[-1].data, "replayed": True}
 
 
+async def test_fifty_watchers_in_another_process_see_what_the_turn_recorded(
+    sql_store: Store,
+) -> None:
+    worker = start_worker(sql_store, slow=1.0)
+    try:
+        async with sql_store.durability() as store:
+            kernel = streams_kernel(store, StreamingRounds())
+            watchers = [
+                asyncio.create_task(collect(kernel.watch_turn(THREAD, "t1", poll=0.05)))
+                for _ in range(50)
+            ]
+            out, _ = await asyncio.to_thread(worker.communicate, timeout=60)
+            results = await asyncio.wait_for(asyncio.gather(*watchers), 60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0
+    live = [TurnEvent(d["type"], d["data"], d["id"]) for d in map(json.loads, out.splitlines())]
+    expected = [e for e in live if position(e)[0] <= 2]
+    assert texts(expected) == "r1a r1b r2a r2b "
+    for watched in results:
+        assert watched[:-1] == expected
+        assert watched[-1].data == {**live[-1].data, "replayed": True}
+
+
 def test_kernel_refuses_a_bad_stream_buffer() -> None:
     with pytest.raises(InvalidRequestError, match="stream_buffer"):
         streams_kernel(InMemoryDurability(), StreamingRounds(), stream_buffer=0)
