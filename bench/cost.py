@@ -55,6 +55,7 @@ PATHS: list[tuple[str, str, int, int]] = [
     ("floor, PostgreSQL asyncio, 1 client", "floor-postgres-async", 1, 1),
     ("kernel, PostgreSQL, 64 in flight", "ik-postgres-full-overlap", 64, 1),
     ("agent loop, SQLite, 3 rounds", "loop-ik-sqlite", 1, 3),
+    ("agent loop streamed, SQLite, 3 rounds", "loop-ik-sqlite-stream", 1, 3),
     ("agent loop, PostgreSQL, 3 rounds", "loop-ik-postgres", 1, 3),
     ("Pydantic AI bridge, SQLite, 3 requests", "bridge-ik-sqlite", 1, 3),
 ]
@@ -237,6 +238,8 @@ def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
     from bench.run import BASE_SUFFIX, Proc
 
     paths = [p for p in PATHS if not (args.no_postgres and "postgres" in p[1])]
+    if getattr(args, "cost_rows", None):  # ``--cost-rows``: these paths only
+        paths = [p for p in paths if p[1] in args.cost_rows.split(",")]
     missing: dict[str, str] = {}
     try:
         import pydantic_ai  # noqa: F401

@@ -9,6 +9,8 @@ person's last message).
 
 - ``loop-ik-*``: intention-kernel, an interpreter that works in rounds
   (``multi_round = True``), on ``SQLiteDurability`` / ``PostgresDurability``.
+  ``loop-ik-*-stream``: the same turn through ``Kernel.stream_turn``, every event read
+  (with ``--base``: today's stream beside this tree's resumable one).
 - ``loop-langgraph-*``: LangGraph's prebuilt ReAct agent (``create_react_agent``) on the
   same two tools as ``@tool`` functions and a fake ``BaseChatModel`` that answers the
   same rounds, on ``SqliteSaver`` / ``PostgresSaver``, invoked with ``durability="sync"``
@@ -88,9 +90,12 @@ def _tell(event: dict[str, Any]) -> None:
 
 
 class LoopKernelRow:
-    def __init__(self, name: str, store: str, path: str, dsn: str, schema: str) -> None:
+    def __init__(
+        self, name: str, store: str, path: str, dsn: str, schema: str, stream: bool = False
+    ) -> None:
         self.name, self.store, self.path, self.dsn, self.schema = name, store, path, dsn, schema
         self.provider = LoopCalls()
+        self.stream = stream
 
     async def setup(self) -> None:
         from intention_kernel import Kernel
@@ -110,6 +115,12 @@ class LoopKernelRow:
         await self.durability.aclose()
 
     async def turn(self, thread: str, n: int) -> None:
+        if self.stream:
+            events = [e async for e in self.kernel.stream_turn(thread, str(n), question(n))]
+            event = events[-1]
+            assert event.type == "result" and not event.data["replayed"], event
+            assert event.data["reply"] == final_text(str(n)), event
+            return
         result = await self.kernel.turn(thread, str(n), question(n))
         assert not result.replayed and result.reply == final_text(str(n)), result
         assert [s.status for s in result.steps] == ["completed", "completed"], result

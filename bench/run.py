@@ -893,6 +893,9 @@ def main() -> None:
         action="append",
     )
     parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
+    parser.add_argument(
+        "--cost-rows", help="comma-separated worker rows of the cost meter (default: all)"
+    )
     parser.add_argument("--label", default="", help="appended to the result file's name")
     parser.add_argument(
         "--base",

@@ -117,7 +117,8 @@ def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
         from bench.loop import LoopKernelRow, LoopLangGraphRow
 
         if store == "ik":
-            return LoopKernelRow(name, sync, path, dsn, schema + "_loop_ik")
+            stream = "stream" in options
+            return LoopKernelRow(name, sync, path, dsn, schema + "_loop_ik", stream)
         if store == "langgraph":
             return LoopLangGraphRow(name, sync, path, dsn, schema + "_loop_lg")
     if kind == "latency":  # latency-ik-postgres, latency-dbos-postgres (bench/latency.py)

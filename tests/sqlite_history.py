@@ -10,14 +10,25 @@ __all__ = [
     "undo_migration_10",
     "undo_migration_11",
     "undo_migration_12",
+    "undo_migration_13",
 ]
 
 
 def undo_migration_12(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 12 held it: no LangGraph checkpoints."""
+    undo_migration_13(conn)
     for table in ("ik_lg_checkpoints", "ik_lg_writes", "ik_lg_heads"):
         conn.execute(f"DROP TABLE {table}")
     conn.execute("DELETE FROM ik_schema WHERE version > 11")
+
+
+def undo_migration_13(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 13 held it: no turn streams."""
+    conn.execute("DROP TRIGGER ik_journal_streams")
+    conn.execute("DROP TABLE ik_streams")
+    conn.execute("ALTER TABLE ik_journal DROP COLUMN segment")
+    conn.execute("ALTER TABLE ik_journal DROP COLUMN events")
+    conn.execute("DELETE FROM ik_schema WHERE version > 12")
 
 
 def undo_migration_11(conn: sqlite3.Connection) -> None:

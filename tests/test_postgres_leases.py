@@ -158,6 +158,29 @@ async def test_a_paused_holder_past_its_lease_writes_nothing_after_another_took_
     ]
 
 
+async def test_a_paused_holder_past_its_lease_records_no_stream_segment(schema: Schema) -> None:
+    """A streamed round's segment goes with its journal entry: refused together when
+    the lease was lost, so no watcher ever reads a segment of a fenced delivery."""
+    other: dict[str, Any] = {}
+
+    async def provider(authority: EffectAuthority) -> str:
+        other.update(in_another_worker(schema, TurnScope("t", "other"), None))
+        return "paid"
+
+    async def paused(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("charge", provider, step_id="s")
+        segment = (1, '{"delivery": "d", "events": []}')
+        await tx.recorded("round", one, stream=lambda: segment)  # type: ignore[call-arg]
+        return await plain(tx)
+
+    async with schema.durability(lease_expiry=1.0) as holder:
+        with pytest.raises(LeaseLostError):
+            await holder.with_turn(TurnScope("t", "paused"), paused)
+    assert other["result"].checkpoint_version == 1
+    assert schema.query("SELECT count(*) FROM ik_journal") == [(0,)]
+    assert schema.query("SELECT count(*) FROM ik_streams") == [(0,)]
+
+
 async def test_a_paused_holders_late_outcome_never_overwrites_the_next_holders_judgement(
     schema: Schema,
 ) -> None:

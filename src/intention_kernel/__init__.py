@@ -12,6 +12,7 @@ import logging
 
 from intention_kernel._inbox import Cancellation, Queued
 from intention_kernel._sync import SyncKernel, TurnStream
+from intention_kernel._turnstream import TurnStatus
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
 from intention_kernel.capabilities import (
@@ -168,6 +169,7 @@ __all__ = [
     "TurnCancelledError",
     "TurnConflictError",
     "TurnEvent",
+    "TurnStatus",
     "TurnExpiredError",
     "TurnResult",
     "TurnScope",

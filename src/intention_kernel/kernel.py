@@ -14,17 +14,20 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any
 
 from intention_kernel import _tracing
-from intention_kernel._inbox import Cancellation, Inbox, InboxStore, Queued
+from intention_kernel import _turnstream as streams
+from intention_kernel._inbox import Cancellation, Inbox, InboxStore, Queued, encode_request
 from intention_kernel._json import normalize
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.authority import Principal, same_principal
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, TurnOperation, _check_seconds
+from intention_kernel.durability.records import InboxEntry
+from intention_kernel.effects import utcnow
 from intention_kernel.errors import CompilationError, InvalidRequestError
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
@@ -51,6 +54,10 @@ class Kernel:
     ``clock`` is where turns get the time (:mod:`intention_kernel.deadlines`): each turn
     reads it once, holding the thread's lock, to open and judge confirmation deadlines.
     It must return a timezone-aware ``datetime``; tests pass one they move.
+
+    ``stream_buffer``: the most events a streamed turn's reader may fall behind. A
+    slower reader is dropped from the live queue and goes on from the store, so that
+    it neither slows the turn nor fills memory (on a store that keeps turn streams).
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class Kernel:
         max_message_chars: int = 32_000,
         clock: Clock = system_clock,
         cancel_check_after: float = 0.05,
+        stream_buffer: int = 1024,
     ) -> None:
         self._compiled: CompiledAgent = compile_agent(agent)
         self.agent = agent
@@ -75,8 +83,17 @@ class Kernel:
             getattr(durability, "has_inbox", True) is not False
         )
         # The tasks of streamed turns still running (see ``stream_turn``).
-        self._streaming: set[asyncio.Task[None]] = set()
+        self._streaming: set[asyncio.Task[BaseException | None]] = set()
+        if not isinstance(stream_buffer, int) or stream_buffer < 1:
+            raise InvalidRequestError(
+                f"stream_buffer must be a positive int, got {stream_buffer!r}"
+            )
+        self.stream_buffer = stream_buffer
+        # The store, if it keeps turn streams; the sinks of turns this process runs.
+        self._streams = streams.stream_store(durability)
+        self._live: dict[tuple[str, str], TurnSink] = {}
         self._inbox: Inbox | None = None
+        self._detached: Inbox | None = None  # drains detached turns (``detach_turn``)
         if agent.on_busy in ("queue", "interrupt"):
             has_inbox = getattr(durability, "has_inbox", None)
             if not isinstance(durability, InboxStore) or has_inbox is False:
@@ -202,18 +219,38 @@ class Kernel:
         results. For a thread whose worker crashed after accepting a message: the next
         turn on the thread drains it too. Needs ``Agent(on_busy="queue")``."""
         if self._inbox is None:
-            raise InvalidRequestError("drain needs an agent with on_busy='queue'")
+            if self._detached is None and (self._streams is None or not self._stoppable):
+                raise InvalidRequestError("drain needs an agent with on_busy='queue'")
+            return await self._detacher().drain(thread_id)  # detached turns
         return await self._inbox.drain(thread_id)
 
     async def drained(self) -> None:
         """Wait until this kernel's background drains (after a commit) have ended."""
         if self._inbox is not None:
             await self._inbox.idle()
+        if self._detached is not None:
+            await self._detached.idle()
 
     def _run_waiting(
         self, scope: TurnScope, request: TurnRequest, wait: bool
     ) -> Awaitable[TurnResult]:
+        if request.queued and self._streams is not None and request.sink is None:
+            # A turn drained from the inbox (a detached one, say): watchable.
+            return self._run_recorded(scope, request, wait)
         return self._run(scope, request, wait=wait)
+
+    async def _run_recorded(self, scope: TurnScope, request: TurnRequest, wait: bool) -> TurnResult:
+        """Run a queued turn with its stream recorded, for watchers: nobody reads it live."""
+        key = (scope.thread_id, scope.turn_id)
+        sink = TurnSink(streams.Recording(streams.loader(self._streams, *key)))
+        sink.detach()
+        self._live[key] = sink
+        try:
+            return await self._run(scope, dataclasses.replace(request, sink=sink), wait=wait)
+        finally:
+            if self._live.get(key) is sink:
+                del self._live[key]
+            sink.wake()
 
     async def stream_turn(
         self,
@@ -224,9 +261,15 @@ class Kernel:
         *,
         tenant_id: str | None = None,
         principal: Principal | None = None,
+        after: str | None = None,
     ) -> AsyncGenerator[TurnEvent, None]:
         """Run (or replay) one turn as :meth:`turn` does, yielding its events as they
         happen (:class:`~intention_kernel.TurnEvent`); the last is ``result``.
+
+        Each event has an ``id``. ``after`` (an event's ID) resumes the stream of a
+        retried delivery: only later events are yielded. Rounds that an earlier
+        delivery recorded are streamed as recorded, never run again for the stream
+        (:meth:`watch_turn` has the rules).
 
         A replayed turn yields only its ``result``. Every event before ``result`` is
         provisional: if the turn fails, the iterator raises what :meth:`turn` would
@@ -236,23 +279,167 @@ class Kernel:
         and a retry with the same turn ID gets the committed result.
         """
         scope, request = self._request(thread_id, turn_id, message, answer, tenant_id, principal)
-        sink = TurnSink()
+        position = streams.parse_after(after) if after is not None else None
+        store, key = self._streams, (thread_id, turn_id)
+        if position is not None and store is None:
+            raise InvalidRequestError(f"{type(self.durability).__name__} keeps no turn streams")
+        record = streams.Recording(streams.loader(store, *key)) if store is not None else None
+        sink = TurnSink(record, limit=self.stream_buffer if store is not None else 0)
         request = dataclasses.replace(request, sink=sink)
         task = asyncio.create_task(self._streamed(scope, request, sink))
         # The loop keeps only a weak reference to a task: a turn whose reader left
         # would otherwise be collected before its commit.
         self._streaming.add(task)
         task.add_done_callback(self._streaming.discard)
+        self._live[key] = sink  # until ``_streamed`` ends
+        last: str | None = None
         try:
             while True:
                 event = await sink.next()
+                if event is None:  # the reader fell behind: on from the store
+                    if last is not None:
+                        position = streams.parse_after(last)
+                    async for event in self._watch(scope, position, failed=task):
+                        yield event
+                    return
                 if isinstance(event, BaseException):
                     raise event
-                yield event
+                if position is None or position.before(event):
+                    yield event
+                    last = event.id
                 if event.type == "result":
                     return
         finally:
             sink.detach()
+
+    def watch_turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        *,
+        after: str | None = None,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+        poll: float = 0.1,
+    ) -> AsyncIterator[TurnEvent]:
+        """The events of turn ``turn_id`` after event ``after``, as the store records
+        them, from any process; the last is ``result``, once the turn committed.
+
+        It runs nothing: it reads the turn's recorded rounds while the turn runs (every
+        ``poll`` seconds, or at once in the process running it), and its result after
+        the commit. Events are recorded by round, with the round's journal entry: a
+        watcher sees each round's events once its next round is recorded, never a
+        version that was not. What follows the last recorded round comes as the
+        ``result`` alone. A turn that never commits is watched until the caller stops.
+        ``InvalidRequestError`` for an ID that names no event, or a store that keeps
+        no turn streams; ``TenantMismatchError`` for another tenant's thread.
+        """
+        check_client_turn_id(turn_id)
+        position = streams.parse_after(after)
+        if principal is not None:
+            tenant_id, _ = _as_principal(principal, tenant_id, None)
+        poll = _check_seconds("poll", poll)
+        if self._streams is None:
+            raise InvalidRequestError(f"{type(self.durability).__name__} keeps no turn streams")
+        scope = TurnScope(thread_id, turn_id, tenant_id)
+        return self._watch(scope, position, poll=poll)
+
+    async def _watch(
+        self,
+        scope: TurnScope,
+        position: streams.After | None,
+        *,
+        poll: float = 0.1,
+        failed: asyncio.Task[BaseException | None] | None = None,
+    ) -> AsyncIterator[TurnEvent]:
+        key = (scope.thread_id, scope.turn_id)
+
+        def wake() -> asyncio.Event | None:
+            if failed is not None and failed.done() and (error := failed.result()) is not None:
+                raise error  # the turn this stream ran failed: no result will come
+            sink = self._live.get(key)
+            return sink.changed() if sink is not None else None
+
+        async for event in streams.watch_store(
+            self._streams, *key, position, tenant_id=scope.tenant_id, poll=poll, wake=wake
+        ):
+            yield event
+
+    async def turn_status(
+        self,
+        thread_id: str,
+        turn_id: str,
+        *,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+    ) -> streams.TurnStatus:
+        """Where turn ``turn_id`` is: queued, running, committed (with its result), or
+        unknown (:class:`~intention_kernel.TurnStatus`). A queued turn whose thread
+        nobody drains (its accepting process died) is drained by this process now."""
+        check_client_turn_id(turn_id)
+        if principal is not None:
+            tenant_id, _ = _as_principal(principal, tenant_id, None)
+        if self._streams is None:
+            raise InvalidRequestError(f"{type(self.durability).__name__} keeps no turn streams")
+        key = (thread_id, turn_id)
+        found, queued = await streams.status_of(
+            self._streams, *key, tenant_id=tenant_id, live=key in self._live
+        )
+        if queued and key not in self._live:
+            # Perhaps nobody drains it: its accepting process died. This one does now
+            # (it waits for the thread's lock; a live holder's commit is replayed).
+            self._detacher().watch(thread_id)
+        return found
+
+    async def detach_turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        message: str | None = None,
+        answer: Answer | str | None = None,
+        *,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+    ) -> streams.TurnStatus:
+        """Accept one turn and answer at once; the turn runs to its commit in the
+        background, whether or not anybody watches it (:meth:`watch_turn`).
+
+        The turn is first committed to its thread's inbox, so it survives this
+        process: if the process dies, the next process that drains the thread runs
+        it (its next turn with ``on_busy="queue"``, :meth:`drain`, or a
+        :meth:`turn_status` of it). The answer is ``"queued"``, or ``"committed"``
+        with the stored result when the turn ID was already committed."""
+        scope, request = self._request(thread_id, turn_id, message, answer, tenant_id, principal)
+        store = self._streams
+        if store is None or not isinstance(self.durability, InboxStore) or not self._stoppable:
+            raise InvalidRequestError(
+                f"{type(self.durability).__name__} keeps no thread inbox and turn streams; "
+                "a detached turn needs both"
+            )
+        await streams.check_owner(store, thread_id, turn_id, scope.tenant_id)
+        entry = InboxEntry(
+            thread_id,
+            turn_id,
+            scope.tenant_id,
+            scope.request_digest,
+            encode_request(request),
+            utcnow(),
+        )
+        if await self.durability.enqueue(entry) is None:  # committed: its result
+            return streams.TurnStatus(
+                thread_id, turn_id, "committed", await self._run(scope, request)
+            )
+        self._detacher().watch(thread_id)
+        return streams.TurnStatus(thread_id, turn_id, "queued")
+
+    def _detacher(self) -> Inbox:
+        """The inbox that drains detached turns: the agent's own, if it has one."""
+        if self._inbox is not None:
+            return self._inbox
+        if self._detached is None:
+            assert isinstance(self.durability, InboxStore)
+            self._detached = Inbox(self.durability, self._run_waiting)
+        return self._detached
 
     async def _drain(self) -> None:
         """Wait until every streamed turn has ended, its reader gone or not.
@@ -262,25 +449,34 @@ class Kernel:
         while self._streaming:
             await asyncio.gather(*self._streaming, return_exceptions=True)
 
-    async def _streamed(self, scope: TurnScope, request: TurnRequest, sink: TurnSink) -> None:
-        """Run the streamed turn and hand its end to the sink: the result, or its error."""
+    async def _streamed(
+        self, scope: TurnScope, request: TurnRequest, sink: TurnSink
+    ) -> BaseException | None:
+        """Run the streamed turn and hand its end to the sink: the result, or its error
+        (also returned, for a reader that went on from the store)."""
         try:
-            result = await self._run(scope, request)
-        except asyncio.CancelledError as cancelled:
-            sink.fail(cancelled)  # the reader must not wait for a result that never comes
-            raise
-        except Exception as error:
-            sink.fail(error)
-            logger.debug(
-                "streamed turn %r of thread %r failed: %s: %s",
-                scope.turn_id,
-                scope.thread_id,
-                type(error).__name__,
-                error,
-                extra={"thread_id": scope.thread_id, "turn_id": scope.turn_id},
-            )
-            return
-        sink.result(result.to_dict())
+            try:
+                result = await self._run(scope, request)
+            except asyncio.CancelledError as cancelled:
+                sink.fail(cancelled)  # the reader must not wait for a result that never comes
+                raise
+            except Exception as error:
+                sink.fail(error)
+                logger.debug(
+                    "streamed turn %r of thread %r failed: %s: %s",
+                    scope.turn_id,
+                    scope.thread_id,
+                    type(error).__name__,
+                    error,
+                    extra={"thread_id": scope.thread_id, "turn_id": scope.turn_id},
+                )
+                return error
+            sink.result(result.to_dict())
+            return None
+        finally:
+            key = (scope.thread_id, scope.turn_id)
+            if self._live.get(key) is sink:
+                del self._live[key]
 
     def _request(
         self,

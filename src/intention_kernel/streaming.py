@@ -41,10 +41,15 @@ class TurnEvent:
       the same turn is reported ``rejected``).
     - ``interaction``: an interaction opened by the turn, as in ``TurnResult.to_dict()``.
     - ``result``: the last event, ``TurnResult.to_dict()`` of the committed turn.
+
+    ``id`` orders the turn's events: ``"<round>.<sequence>.<delivery>"``, and
+    ``"result"`` for the last. A stream resumes after any of them
+    (:meth:`Kernel.watch_turn <intention_kernel.Kernel.watch_turn>`).
     """
 
     type: TurnEventType
     data: Any
+    id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The event as JSON values: ``{"type": ..., "data": ...}``."""
@@ -54,42 +59,88 @@ class TurnEvent:
 class TurnSink:
     """Where the runtime reports a streamed turn's events: a queue the stream reads.
 
-    The runtime calls it from the turn's own task. Once the stream's reader is gone
-    (:meth:`detach`), events are dropped, and the turn runs on to its commit.
+    The runtime calls it from the turn's own task. Each event gets its ID here, and is
+    kept until the journal entry of the next round records it
+    (:mod:`intention_kernel._turnstream`). Once the stream's reader is gone
+    (:meth:`detach`), events are still kept for the record, and the turn runs on to its
+    commit. A reader that falls ``limit`` events behind is dropped: its stream goes on
+    from the store (``lagging``).
     """
 
-    __slots__ = ("_queue",)
+    __slots__ = ("_changed", "_queue", "_unread", "lagging", "limit", "record")
 
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[TurnEvent | BaseException] | None = asyncio.Queue()
+    def __init__(self, record: Any = None, *, limit: int = 0) -> None:
+        self._queue: asyncio.Queue[TurnEvent | BaseException | None] | None = asyncio.Queue()
+        #: The turn's recording (``_turnstream.Recording``), or ``None``.
+        self.record = record
+        #: The most events a reader may fall behind (0: no bound).
+        self.limit = limit
+        #: Whether the reader fell ``limit`` events behind, and was dropped.
+        self.lagging = False
+        self._unread = 0  # events in the queue: ``qsize()`` without its two calls
+        # Set at the next recorded round or the turn's end; made when a watcher asks.
+        self._changed: asyncio.Event | None = None
 
     def delta(self, text: str) -> None:
         """A piece of the model's text (``InterpretationRequest.stream``)."""
         if text:
-            self._put(TurnEvent("delta", {"text": text}))
+            self._put("delta", {"text": text})
 
     def step(self, step: StepResult) -> None:
-        self._put(TurnEvent("step", _STEP().dump_python(step, mode="json")))
+        self._put("step", _STEP().dump_python(step, mode="json"))
 
     def interaction(self, interaction: Interaction) -> None:
-        self._put(TurnEvent("interaction", _INTERACTION().dump_python(interaction, mode="json")))
+        self._put("interaction", _INTERACTION().dump_python(interaction, mode="json"))
 
     def result(self, data: dict[str, Any]) -> None:
-        self._put(TurnEvent("result", data))
+        self.offer(TurnEvent("result", data, "result"))
+        self.wake()
 
     def fail(self, error: BaseException) -> None:
         """The turn raised ``error``: the reader raises it in turn."""
-        if self._queue is not None:
+        if self._queue is not None and not self.lagging:
             self._queue.put_nowait(error)
+        self.wake()
 
     def detach(self) -> None:
         """The reader is gone: drop whatever comes next."""
         self._queue = None
 
-    async def next(self) -> TurnEvent | BaseException:
+    def changed(self) -> asyncio.Event:
+        """An event set at the next recorded round or the turn's end (for watchers)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def wake(self) -> None:
+        """Wake the turn's watchers: a round was recorded, or the turn ended."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def next(self) -> TurnEvent | BaseException | None:
+        """The next event, the turn's error, or ``None`` once the reader lags."""
         assert self._queue is not None, "a detached sink has no reader"
+        self._unread -= 1
         return await self._queue.get()
 
-    def _put(self, event: TurnEvent) -> None:
-        if self._queue is not None:
-            self._queue.put_nowait(event)
+    def offer(self, event: TurnEvent) -> None:
+        """Hand ``event`` to the reader, unless it is gone or lags."""
+        queue = self._queue
+        if queue is None or self.lagging:
+            return
+        if self.limit and self._unread >= self.limit:
+            self.lagging = True
+            queue.put_nowait(None)  # the reader goes on from the store
+            return
+        self._unread += 1
+        queue.put_nowait(event)
+
+    def _put(self, type: TurnEventType, data: Any) -> None:
+        record = self.record
+        if record is None:
+            self.offer(TurnEvent(type, data))
+        else:
+            event = record.stamp(type, data)
+            if event is not None:
+                self.offer(event)

@@ -108,6 +108,7 @@ class Transaction:
         compute: Callable[[], Awaitable[Any]],
         *,
         keep: Callable[[Any], bool] | None = None,
+        stream: Callable[[], tuple[int, str]] | None = None,
     ) -> Any:
         """The JSON value recorded under ``key`` by this turn ID; if there is none,
         ``await compute()``, recorded (unless ``keep`` says not to) and returned.
@@ -120,6 +121,9 @@ class Transaction:
         for nothing, which the commit that follows records anyway). A key that is not
         storable text, or a value that is not JSON, raises ``JournalError`` and records
         nothing.
+
+        ``stream()``, called just before the write, gives a streamed turn's events
+        since its previous entry: written with the entry, in its transaction.
         """
         scope = self._scope
         if self._closed:
@@ -183,6 +187,7 @@ class Transaction:
             text,
             utcnow(),
             scope.tenant_id,
+            stream() if stream is not None else None,
         )
         # Marked before the write: a write whose acknowledgement is lost may still have
         # stored the entry, which the commit must then delete too.

@@ -43,6 +43,7 @@ from intention_kernel.durability.records import (
     OutboxBacklog,
     OutboxDelivery,
     PendingInteraction,
+    StoredStream,
     StoredThread,
     ThreadOwner,
     TurnRecord,
@@ -68,6 +69,7 @@ __all__ = [
     "Recorder",
     "RecorderOptions",
     "ResolutionFn",
+    "StreamRecorder",
     "TenantStore",
     "TurnRecorder",
     "lock_and_begin",
@@ -566,6 +568,22 @@ class InboxRecorder(Protocol):
         """Whether the turn was asked to stop, in one read: ``("cancel", reason)`` for a
         request naming ``turn_id``, ``("interrupt", None)`` for one naming its
         ``base_version``, else ``(None, None)``. A cancel wins over an interrupt."""
+        ...
+
+
+@runtime_checkable
+class StreamRecorder(Protocol):
+    """Turn streams: the events of a streamed turn, kept by round for its watchers.
+
+    ``write_journal`` stores an entry's ``stream`` in the same transaction as the entry,
+    and keeps it after the turn's commit deletes the entry. Any process reads it
+    without the thread's lock (:mod:`intention_kernel.turn_streams`).
+    """
+
+    async def read_stream(self, thread_id: str, turn_id: str) -> StoredStream:
+        """The committed turn, if it is, then the turn's stream segments in order.
+
+        The turn is read first: once it is committed, no segment is written after."""
         ...
 
 

@@ -34,11 +34,12 @@ from intention_kernel.durability._resolution import (
     suggest_keys,
 )
 from intention_kernel.durability._transaction import Transaction
-from intention_kernel.durability.contract import InboxRecorder, Recorder
+from intention_kernel.durability.contract import InboxRecorder, Recorder, StreamRecorder
 from intention_kernel.durability.ownership import owner_of, owns
 from intention_kernel.durability.records import (
     InboxEntry,
     PendingInteraction,
+    StoredStream,
     StoredTurn,
     ThreadOwner,
     TurnRecord,
@@ -504,6 +505,24 @@ class RecordedDurability:
         """Whether the turn was asked to stop (see :meth:`InboxRecorder.read_cancel`)."""
         inbox = await self._inbox(thread_id)
         return await inbox.read_cancel(thread_id, turn_id, base_version)
+
+    # -- turn streams ------------------------------------------------------------------------
+
+    @property
+    def has_streams(self) -> bool:
+        """Whether this adapter's recorder keeps turn streams (:class:`StreamRecorder`)."""
+        return isinstance(self._recorder, StreamRecorder)
+
+    async def read_stream(self, thread_id: str, turn_id: str) -> StoredStream:
+        """The turn's committed result, if any, and its recorded stream segments."""
+        recorder = await self._ready()
+        check_id("thread_id", thread_id)
+        check_id("turn_id", turn_id)
+        if not isinstance(recorder, StreamRecorder):
+            raise InvalidRequestError(
+                f"this store's recorder ({type(recorder).__name__}) keeps no turn streams"
+            )
+        return await recorder.read_stream(thread_id, turn_id)
 
     # -- inspection and operations -----------------------------------------------------------
 

@@ -33,8 +33,10 @@ from intention_kernel.durability.abc import (
     Recorder,
     RecorderOptions,
     ResolutionFn,
+    StoredStream,
     StoredThread,
     StoredTurn,
+    StreamRecorder,
     ThreadOwner,
     TurnRecord,
     TurnStart,
@@ -84,6 +86,8 @@ class _State:
     relayed: set[str] = field(default_factory=set)  # threads claimed by a relay
     # The journal, per (thread, turn), by key in write order.
     journal: dict[tuple[str, str], dict[str, JournalEntry]] = field(default_factory=dict)
+    # Streamed turns' events by (thread, turn), by segment (``StreamRecorder``).
+    streams: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
     # Each thread's inbox, in acceptance order, and the last number given to an entry.
     inbox: dict[str, list[InboxEntry]] = field(default_factory=dict)
     inbox_seq: int = 0
@@ -92,7 +96,7 @@ class _State:
     interrupts: set[tuple[str, int]] = field(default_factory=set)  # (thread, base version)
 
 
-class _MemoryRecorder(Recorder, InboxRecorder):
+class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder):
     #: ``write_receipt`` never suspends, so no cancellation can interrupt it.
     options = RecorderOptions(finishes_writes_when_cancelled=True, attempts_outlive_lock=False)
 
@@ -183,6 +187,14 @@ class _MemoryRecorder(Recorder, InboxRecorder):
         if entry.key in entries:
             raise journal_conflict(entry)
         entries[entry.key] = entry
+        if entry.stream is not None:
+            segments = self._state.streams.setdefault((entry.thread_id, entry.turn_id), {})
+            segments[entry.stream[0]] = entry.stream[1]
+
+    async def read_stream(self, thread_id: str, turn_id: str) -> StoredStream:
+        turn = self._state.turns.get((thread_id, turn_id))
+        segments = self._state.streams.get((thread_id, turn_id), {})
+        return StoredStream(turn, tuple(sorted(segments.items())))
 
     # -- the inbox -----------------------------------------------------------------------------
 
@@ -478,6 +490,7 @@ class _MemoryRecorder(Recorder, InboxRecorder):
         )[:limit]
         for key in keys:
             state.turns[key] = StoredTurn(state.turns[key].request_digest, "", expired=True)
+            state.streams.pop(key, None)  # a pruned turn's stream goes with its result
         return len(keys), (keys[-1] if len(keys) == limit else None)
 
     async def stale_journals(
@@ -496,6 +509,7 @@ class _MemoryRecorder(Recorder, InboxRecorder):
         if not entries or any(entry.created_at >= before for entry in entries.values()):
             return 0
         del journal[(thread_id, turn_id)]
+        self._state.streams.pop((thread_id, turn_id), None)  # the stream goes with it
         return len(entries)
 
 

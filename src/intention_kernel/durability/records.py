@@ -29,6 +29,7 @@ __all__ = [
     "OutboxBacklog",
     "OutboxDelivery",
     "PendingInteraction",
+    "StoredStream",
     "StoredThread",
     "StoredTurn",
     "ThreadOwner",
@@ -213,6 +214,21 @@ class JournalEntry:
     value: str
     created_at: datetime
     tenant_id: str | None = None
+    #: A streamed turn's events since its previous entry: ``(segment, JSON text)``.
+    #: Kept with the entry, in the same transaction, and after the turn's commit.
+    stream: tuple[int, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredStream:
+    """What a watcher reads of a turn (``StreamRecorder.read_stream``).
+
+    ``turn`` is the committed turn, ``None`` while it is not committed. ``segments``
+    are the recorded ``(segment, JSON text)`` pairs, in segment order.
+    """
+
+    turn: StoredTurn | None
+    segments: tuple[tuple[int, str], ...]
 
 
 @dataclass(frozen=True, slots=True)

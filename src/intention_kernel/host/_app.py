@@ -77,6 +77,21 @@ def create_app(
         # answers 405 with this route's Allow header.
         Route("/v1/threads/{thread_id:path}/turns", guarded(api.post_turn), methods=["POST"]),
         Route(
+            "/v1/threads/{thread_id:path}/turns/{turn_id}/events",
+            guarded(api.get_turn_events),
+            methods=["GET"],
+        ),
+        Route(
+            "/v1/threads/{thread_id:path}/turns/{turn_id}/events",
+            _not_allowed("GET"),
+            methods=["POST", "PUT", "PATCH", "DELETE"],
+        ),
+        Route(
+            "/v1/threads/{thread_id:path}/turns/{turn_id}",
+            guarded(api.get_turn),
+            methods=["GET"],
+        ),
+        Route(
             "/v1/threads/{thread_id:path}/turns/{turn_id}",
             guarded(api.cancel_turn),
             methods=["DELETE"],
@@ -84,8 +99,8 @@ def create_app(
         # As for ".../turns": a GET of "x/turns/1" answers 405, not thread "x/turns/1".
         Route(
             "/v1/threads/{thread_id:path}/turns/{turn_id}",
-            _not_allowed("DELETE"),
-            methods=["GET", "POST", "PUT", "PATCH"],
+            _not_allowed("GET", "DELETE"),
+            methods=["POST", "PUT", "PATCH"],
         ),
         # Any other method on a turns path: without this route, a GET would match the
         # thread route below with "x/turns" as the thread ID and answer 404.

@@ -23,6 +23,7 @@ from intention_kernel.durability.contract import InteractionQueue
 from intention_kernel.durability.records import PendingInteraction, ThreadOwner
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.errors import CheckpointCompatibilityError, KernelError
+from intention_kernel.host import _turnstreams as turnstreams
 from intention_kernel.host._access import Access, Principal
 from intention_kernel.host._problems import (
     HostProblem,
@@ -128,6 +129,10 @@ class Endpoints:
             )
         if accepts_event_stream(request.headers.get("accept", "")):
             return await self._stream_turn(request, thread_id, turn_id, body, principal)
+        if turnstreams.prefers_async(request.headers.get("prefer", "")):
+            return await turnstreams.detach_turn(
+                self.kernel, thread_id, turn_id, body, principal, REPLAYED_HEADER
+            )
         try:
             # Kernel.turn for an agent without an inbox. A "queue" or "interrupt" agent
             # answers at once when the thread is busy: an HTTP client should not hold a
@@ -159,6 +164,7 @@ class Endpoints:
             body.message,
             body.resolved_answer(principal.actor),
             principal=principal,
+            after=request.headers.get("last-event-id") or None,
         )
         try:
             # Wait for the first event: a turn refused before it ran anything answers
@@ -189,6 +195,18 @@ class Endpoints:
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
         return JSONResponse(dump(cancellation))
+
+    async def get_turn(self, request: Request) -> Response:
+        """A turn's status, and its result once committed (a detached turn's URL)."""
+        principal = self.access.authenticate(request)
+        await turnstreams.check_access(self.access, principal, request.path_params["thread_id"])
+        return await turnstreams.turn_status(self.kernel, request, principal)
+
+    async def get_turn_events(self, request: Request) -> Response:
+        """A turn's events as server-sent events, resumable (``Last-Event-ID``)."""
+        principal = self.access.authenticate(request)
+        await turnstreams.check_access(self.access, principal, request.path_params["thread_id"])
+        return await turnstreams.turn_events(self.kernel, request, principal)
 
     async def get_thread(self, request: Request) -> Response:
         principal = self.access.authenticate(request)

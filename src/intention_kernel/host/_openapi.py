@@ -15,6 +15,7 @@ import pydantic
 
 from intention_kernel._ids import MAX_ID_LENGTH
 from intention_kernel._inbox import Cancellation, Queued
+from intention_kernel._turnstream import TurnStatus
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.host._problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
 from intention_kernel.host._wire import (
@@ -42,6 +43,7 @@ _MODELS: tuple[tuple[str, Any, pydantic.json_schema.JsonSchemaMode], ...] = (
     ("Health", Health, "serialization"),
     ("Cancellation", Cancellation, "serialization"),
     ("Queued", Queued, "serialization"),
+    ("TurnStatus", TurnStatus, "serialization"),
 )
 
 ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": r"^[^\x00]*$"}
@@ -111,7 +113,11 @@ def openapi_document(
         },
         "paths": {
             "/v1/threads/{thread_id}/turns": {"post": api.post_turn()},
-            "/v1/threads/{thread_id}/turns/{turn_id}": {"delete": api.cancel_turn()},
+            "/v1/threads/{thread_id}/turns/{turn_id}": {
+                "get": api.get_turn(),
+                "delete": api.cancel_turn(),
+            },
+            "/v1/threads/{thread_id}/turns/{turn_id}/events": {"get": api.get_turn_events()},
             "/v1/threads/{thread_id}": {"get": api.get_thread()},
             "/v1/receipts": {"get": api.list_receipts()},
             "/v1/interactions": {"get": api.list_interactions()},
@@ -285,9 +291,84 @@ class _Api:
         op["responses"]["202"] = _json(
             "Queued in the thread's inbox (an agent with on_busy queue or interrupt, on a "
             "busy thread): the same turn ID sent again answers its position while it "
-            "waits, and its result once it ran",
+            "waits, and its result once it ran. With `Prefer: respond-async`: the turn is "
+            "accepted and runs to its commit in the background (a TurnStatus with its "
+            "`url` and `events`; `Location` and `Preference-Applied: respond-async`)",
             "Queued",
         )
+        op["responses"]["202"]["content"]["application/json"]["schema"] = {
+            "anyOf": [_ref("Queued"), _ref("TurnStatus")]
+        }
+        op["parameters"] += [
+            {
+                "name": "Prefer",
+                "in": "header",
+                "required": False,
+                "description": "`respond-async` (RFC 7240): answer 202 at once, run detached",
+                "schema": {"type": "string"},
+            },
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "required": False,
+                "description": "With `Accept: text/event-stream`: resume after this event",
+                "schema": {"type": "string"},
+            },
+        ]
+        return op
+
+    def get_turn(self) -> dict[str, Any]:
+        return self._op(
+            {
+                "operationId": "getTurn",
+                "summary": "A turn's status, and its result once committed",
+                "description": (
+                    "`queued`, `running` or `committed` (with `result`). A queued turn "
+                    "whose accepting process died is drained by the process answering."
+                ),
+                "parameters": [
+                    _path_id(),
+                    {"name": "turn_id", "in": "path", "required": True, "schema": ID_SCHEMA},
+                ],
+            },
+            _json("Where the turn is", "TurnStatus"),
+            (404, 422, 500, 503),
+        )
+
+    def get_turn_events(self) -> dict[str, Any]:
+        op = self._op(
+            {
+                "operationId": "getTurnEvents",
+                "summary": "A turn's events as server-sent events, resumable",
+                "description": (
+                    "Each event has an `id:`. The stream resumes after the `Last-Event-ID` "
+                    "header (or the `after` query parameter), from any process on the "
+                    "store. Rounds are recorded as they end; `result` comes last."
+                ),
+                "parameters": [
+                    _path_id(),
+                    {"name": "turn_id", "in": "path", "required": True, "schema": ID_SCHEMA},
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "required": False,
+                        "schema": {"type": "string"},
+                    },
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string"},
+                    },
+                ],
+            },
+            {
+                "description": "The turn's events",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+            (404, 422, 500, 503),
+        )
+        op["responses"]["204"] = {"description": "Resumed after `result`: nothing is left"}
         return op
 
     def cancel_turn(self) -> dict[str, Any]:

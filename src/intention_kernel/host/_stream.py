@@ -1,8 +1,9 @@
 """A streamed turn as server-sent events: ``POST /v1/threads/{id}/turns`` with
 ``Accept: text/event-stream``.
 
-Each :class:`~intention_kernel.TurnEvent` is one event, ``event: <type>`` and
-``data: <JSON>``; the last is ``result``, the same document the JSON answer carries. The
+Each :class:`~intention_kernel.TurnEvent` is one event, ``event: <type>``, ``data:
+<JSON>`` and ``id: <event ID>``; the last is ``result``, the same document the JSON answer
+carries. A retry that sends ``Last-Event-ID`` resumes after that event. The
 response starts only once the turn's first event is there, so a turn refused before it
 ran anything (a conflict, a busy thread, a failing model) answers problem details with
 its status, as without streaming. A failure after that arrives as an ``error`` event
@@ -26,7 +27,7 @@ from intention_kernel.errors import KernelError
 from intention_kernel.host._problems import HostProblem, problem_body, problem_for
 from intention_kernel.streaming import TurnEvent
 
-__all__ = ["EVENT_STREAM", "accepts_event_stream", "event_stream_response"]
+__all__ = ["EVENT_STREAM", "accepts_event_stream", "event_stream_response", "stream_events"]
 
 EVENT_STREAM = "text/event-stream"
 
@@ -60,7 +61,7 @@ def event_stream_response(
 ) -> StreamingResponse:
     """The response streaming ``first`` and then ``rest``."""
     return StreamingResponse(
-        _events(first, rest, thread_id=thread_id, turn_id=turn_id),
+        stream_events(first, rest, thread_id=thread_id, turn_id=turn_id),
         media_type=EVENT_STREAM,
         headers={
             **headers,
@@ -71,13 +72,14 @@ def event_stream_response(
     )
 
 
-async def _events(
+async def stream_events(
     first: TurnEvent, rest: AsyncIterator[TurnEvent], *, thread_id: str, turn_id: str
 ) -> AsyncIterator[str]:
-    yield _event(first.type, first.data)
+    """``first`` and then ``rest`` as server-sent events; a failure as ``error``."""
+    yield _event(first.type, first.data, first.id)
     try:
         async for event in rest:
-            yield _event(event.type, event.data)
+            yield _event(event.type, event.data, event.id)
     except KernelError as error:
         problem = problem_for(error, thread_id=thread_id, turn_id=turn_id)
         log.warning("streamed turn %r of thread %r failed: %s", turn_id, thread_id, problem.detail)
@@ -89,6 +91,8 @@ async def _events(
         yield _event("error", problem_body(problem))
 
 
-def _event(type: str, data: Any) -> str:
+def _event(type: str, data: Any, id: str | None = None) -> str:
     # ``json.dumps`` escapes every newline, so the data is always one ``data:`` line.
-    return f"event: {type}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+    # An event ID holds digits, dots and letters only (``_turnstream``): one line too.
+    event = f"event: {type}\ndata: {json.dumps(data, ensure_ascii=False)}\n"
+    return f"{event}id: {id}\n\n" if id is not None else event + "\n"

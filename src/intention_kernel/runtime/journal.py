@@ -16,8 +16,10 @@ loses it, not close it. A one-round interpreter never records anything.
 
 Every round goes on from the value as the store reads it back (``tx.recorded`` returns
 it), in the first delivery too, so that a redelivery makes exactly the same decisions.
-A streamed redelivery streams the text of each round it takes from the journal as one
-``delta``, so that its stream carries the turn's text as a live delivery's does.
+A streamed redelivery streams each round it takes from the journal as it was recorded
+(:mod:`intention_kernel._turnstream`): the same events, with the same IDs. A round
+recorded without its events (its delivery was not streamed) is streamed as its text,
+one ``delta``, so that the stream carries the turn's text as a live delivery's does.
 
 A model's arguments may hold what no store can (NaN, infinity, a lone surrogate). A
 one-round turn fails that step; a round must too, not the whole turn. So a round is
@@ -32,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from intention_kernel._json import MAX_NESTING, describe_error, normalize, storable_copy, too_deep
+from intention_kernel.durability._transaction import Transaction
 from intention_kernel.errors import CorruptRecordError, InterpretationError, JournalError
 from intention_kernel.interpretation import Answer, Intent, Interpretation, Round
 from intention_kernel.runtime.interpret import interpret
@@ -59,8 +62,16 @@ async def interpret_recorded(state: TurnState, rounds: tuple[Round, ...] = ()) -
     def asks_for_steps(value: Any) -> bool:
         return bool(value["intents"]) or value["answer"] is not None or answer_pending
 
+    sink = state.sink
+    record = sink.record if sink is not None else None
     try:
-        value = await state.tx.recorded(key, ask, keep=asks_for_steps)
+        if record is not None and type(state.tx) is Transaction:
+            # The events since the last round go with this round's entry.
+            value = await state.tx.recorded(
+                key, ask, keep=asks_for_steps, stream=record.segment_text
+            )
+        else:
+            value = await state.tx.recorded(key, ask, keep=asks_for_steps)
     except JournalError as exc:
         raise InterpretationError(
             f"the interpreter returned an interpretation that cannot be recorded: {exc}",
@@ -68,10 +79,18 @@ async def interpret_recorded(state: TurnState, rounds: tuple[Round, ...] = ()) -
             turn_id=state.scope.turn_id,
         ) from exc
     interpretation = decode_round(value, state, key)
-    if not asked and state.sink is not None and interpretation.reply:
+    if sink is None:
+        return interpretation
+    if record is not None:
+        if not asked:  # the round's events as recorded, with their IDs
+            await record.replay(sink, interpretation.reply)
+        elif value["intents"] or value["answer"] is not None or answer_pending:  # recorded
+            record.advance()
+            sink.wake()
+    elif not asked and interpretation.reply:
         # A streamed redelivery shows the text of a round it took from the journal, as
         # the model's stream showed it live: one delta, where the model sent pieces.
-        state.sink.delta(interpretation.reply)
+        sink.delta(interpretation.reply)
     return interpretation
 
 

@@ -47,7 +47,10 @@ from intention_kernel.durability.abc import (
     Recorder,
     RecorderOptions,
     ResolutionFn,
+    StoredStream,
     StoredThread,
+    StoredTurn,
+    StreamRecorder,
     ThreadOwner,
     TurnRecord,
     TurnStart,
@@ -70,6 +73,7 @@ from intention_kernel.durability.postgres._statements import (
     INSERT_INBOX,
     INSERT_INTERRUPT,
     INSERT_JOURNAL,
+    INSERT_JOURNAL_STREAMED,
     INSERT_MESSAGES,
     INSERT_RECEIPT,
     INSERT_RECEIPT_IF_NEW,
@@ -92,6 +96,8 @@ from intention_kernel.durability.postgres._statements import (
     SELECT_JOURNAL_ENTRY,
     SELECT_OUTBOX,
     SELECT_RECEIPT,
+    SELECT_STREAM,
+    SELECT_STREAM_TURN,
     SELECT_THREAD,
     SELECT_TURN_EXISTS,
     SELECT_UNPUBLISHED,
@@ -109,7 +115,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 __all__ = ["PostgresRecorder"]
 
 
-class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
+class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder):
     # A lease can be lost (it lapsed while its worker was paused, or the worker lost
     # the server) while its worker's provider call still runs: a ``prepared`` receipt
     # under a lease may be a live attempt's. A write awaits the pool and the server,
@@ -201,6 +207,10 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
             "created_at": entry.created_at,
             "tenant_id": entry.tenant_id,
         }
+        statement = INSERT_JOURNAL
+        if entry.stream is not None:
+            statement = INSERT_JOURNAL_STREAMED
+            params["segment"], params["events"] = entry.stream
         tries = 0
 
         async def write(conn: Connection) -> None:
@@ -209,7 +219,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
             tries += 1
             try:
                 leased, _ = present(
-                    await (await execute(conn, self._q(INSERT_JOURNAL), params)).fetchone()
+                    await (await execute(conn, self._q(statement), params)).fetchone()
                 )
             except UniqueViolation as exc:
                 if exc.diag.constraint_name != "ik_journal_pkey":
@@ -227,6 +237,18 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
                 )
 
         await self._run(write)
+
+    async def read_stream(self, thread_id: str, turn_id: str) -> StoredStream:
+        async def read(conn: Connection) -> StoredStream:
+            # The turn first: once it is committed, no segment is written after it.
+            cur = await execute(conn, self._q(SELECT_STREAM_TURN), (thread_id, turn_id))
+            found = await cur.fetchone()
+            turn = None if found is None else StoredTurn(found[0], found[1], bool(found[2]))
+            cur = await execute(conn, self._q(SELECT_STREAM), (thread_id, turn_id))
+            segments = tuple((int(n), str(e)) for n, e in await cur.fetchall())
+            return StoredStream(turn, segments)
+
+        return await self._run(read)
 
     async def _journaled(self, conn: Connection, entry: JournalEntry) -> bool:
         cur = await conn.execute(
@@ -667,7 +689,8 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
         params = {**self.lease_params(thread_id), "turn_id": turn_id, "before": before}
 
         async def prune(conn: Connection) -> int:
-            return (await conn.execute(self._q(PRUNE_JOURNAL), params)).rowcount
+            cur = await conn.execute(self._q(PRUNE_JOURNAL), params)
+            return int(present(await cur.fetchone())[0])
 
         return await self._run(prune)
 

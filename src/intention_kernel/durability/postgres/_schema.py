@@ -414,6 +414,16 @@ MIGRATIONS: tuple[str, ...] = (
         CONSTRAINT ik_lg_heads_pkey PRIMARY KEY (thread_id, checkpoint_ns)
     );
     """,
+    # 15: a streamed turn's events, by segment (``StreamRecorder``): written with the
+    # journal entry of each round, kept after the commit deletes the entry, read by
+    # the turn's watchers in any process.
+    """
+    CREATE TABLE IF NOT EXISTS ik_streams (
+        thread_id text NOT NULL, turn_id text NOT NULL, segment integer NOT NULL,
+        events text NOT NULL, created_at timestamptz NOT NULL,
+        CONSTRAINT ik_streams_pkey PRIMARY KEY (thread_id, turn_id, segment)
+    );
+    """,
 )
 
 

@@ -179,6 +179,29 @@ INSERT_JOURNAL = f"""
         RETURNING 1)
     SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM written)
 """
+# The same with a streamed turn's segment (``StreamRecorder``), in one statement.
+INSERT_JOURNAL_STREAMED = f"""
+    WITH {FENCE}, written AS (
+        INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at,
+                                tenant_id)
+        SELECT %(thread_id)s, %(turn_id)s, %(key)s, %(request_digest)s, %(value)s,
+               %(created_at)s, %(tenant_id)s
+        FROM lease
+        RETURNING 1), streamed AS (
+        INSERT INTO ik_streams (thread_id, turn_id, segment, events, created_at)
+        SELECT %(thread_id)s, %(turn_id)s, %(segment)s, %(events)s, %(created_at)s
+        FROM lease
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM written)
+"""
+SELECT_STREAM_TURN = """
+    SELECT request_digest, result, pruned_at IS NOT NULL FROM ik_turns
+    WHERE thread_id = %s AND turn_id = %s
+"""
+SELECT_STREAM = """
+    SELECT segment, events FROM ik_streams WHERE thread_id = %s AND turn_id = %s
+    ORDER BY segment
+"""
 SELECT_JOURNAL_ENTRY = """
     SELECT request_digest, value, created_at, tenant_id FROM ik_journal
     WHERE thread_id = %s AND turn_id = %s AND key = %s
@@ -271,12 +294,16 @@ PRUNE_EVENTS = """
 # per committed turn; retention runs from cron, turns all day.) ``t.pruned_at IS NULL``
 # again in the UPDATE: a concurrent prune that took the row first is not counted twice.
 PRUNE_TURNS = """
-    UPDATE ik_turns t SET result = '', pruned_at = now()
-    FROM (SELECT thread_id, turn_id FROM ik_turns
-          WHERE (thread_id, turn_id) > (%s, %s) AND pruned_at IS NULL AND created_at < %s
-          ORDER BY thread_id, turn_id LIMIT %s) k
-    WHERE t.thread_id = k.thread_id AND t.turn_id = k.turn_id AND t.pruned_at IS NULL
-    RETURNING t.thread_id, t.turn_id
+    WITH pruned AS (
+        UPDATE ik_turns t SET result = '', pruned_at = now()
+        FROM (SELECT thread_id, turn_id FROM ik_turns
+              WHERE (thread_id, turn_id) > (%s, %s) AND pruned_at IS NULL AND created_at < %s
+              ORDER BY thread_id, turn_id LIMIT %s) k
+        WHERE t.thread_id = k.thread_id AND t.turn_id = k.turn_id AND t.pruned_at IS NULL
+        RETURNING t.thread_id, t.turn_id), streams AS (
+        DELETE FROM ik_streams s USING pruned p
+        WHERE s.thread_id = p.thread_id AND s.turn_id = p.turn_id)
+    SELECT thread_id, turn_id FROM pruned
 """
 
 # A turn's journal is pruned whole (see ``operations.prune``): the turns whose newest
@@ -291,12 +318,16 @@ STALE_JOURNALS = """
 # since the scan (a redelivery that ran meanwhile) keeps them all. Fenced, so a
 # pruner whose lease lapsed deletes nothing.
 PRUNE_JOURNAL = f"""
-    WITH {FENCE}
-    DELETE FROM ik_journal USING lease
-    WHERE thread_id = %(thread_id)s AND turn_id = %(turn_id)s
-    AND NOT EXISTS (
-        SELECT 1 FROM ik_journal WHERE thread_id = %(thread_id)s AND turn_id = %(turn_id)s
-        AND created_at >= %(before)s)
+    WITH {FENCE}, gone AS (
+        DELETE FROM ik_journal USING lease
+        WHERE thread_id = %(thread_id)s AND turn_id = %(turn_id)s
+        AND NOT EXISTS (
+            SELECT 1 FROM ik_journal WHERE thread_id = %(thread_id)s AND turn_id = %(turn_id)s
+            AND created_at >= %(before)s)
+        RETURNING 1), streams AS (
+        DELETE FROM ik_streams
+        WHERE thread_id = %(thread_id)s AND turn_id = %(turn_id)s AND EXISTS (SELECT 1 FROM gone))
+    SELECT count(*) FROM gone
 """
 
 

@@ -34,6 +34,7 @@ from intention_kernel.durability.sqlite._statements import (
     DELETE_INDEX_KEY,
     DELETE_JOURNAL,
     DELETE_MESSAGES,
+    DELETE_STREAM,
     INBOX_POSITION,
     INSERT_CANCEL,
     INSERT_EVENT,
@@ -41,6 +42,7 @@ from intention_kernel.durability.sqlite._statements import (
     INSERT_INDEX,
     INSERT_INTERRUPT,
     INSERT_JOURNAL,
+    INSERT_JOURNAL_STREAMED,
     INSERT_MESSAGE,
     INSERT_RECEIPT,
     INSERT_RECEIPT_IF_NEW,
@@ -175,6 +177,17 @@ def write_journal(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
         raise Refusal() from exc
 
 
+def write_streamed(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
+    """A journal entry and its stream segment: one autocommitted statement, whose
+    trigger copies the segment into ``ik_streams``."""
+    try:
+        conn.execute(INSERT_JOURNAL_STREAMED, row)
+    except sqlite3.IntegrityError as exc:
+        if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+            raise
+        raise Refusal() from exc
+
+
 def enqueue(conn: sqlite3.Connection, row: tuple[Any, ...]) -> int | None:
     """An inbox entry, atomic: its position, or ``None`` when its turn is committed.
     An entry already there under the turn ID keeps its place; one for another request
@@ -284,12 +297,18 @@ def prune_events(conn: sqlite3.Connection, args: tuple[Any, ...]) -> int:
 
 
 def prune_journal(conn: sqlite3.Connection, args: tuple[Any, ...]) -> int:
-    return conn.execute(PRUNE_JOURNAL, args).rowcount
+    """Atomic: the turn's journal and its stream go together."""
+    pruned: int = conn.execute(PRUNE_JOURNAL, args).rowcount
+    if pruned:
+        conn.execute(DELETE_STREAM, args[:2])
+    return pruned
 
 
 def prune_turns(
     conn: sqlite3.Connection, args: tuple[Any, ...], limit: int
 ) -> tuple[int, tuple[str, str] | None]:
+    """Atomic: each pruned turn's stream goes with its result."""
     rows = conn.execute(PRUNE_TURNS, args).fetchall()
     keys = [(row[0], row[1]) for row in rows]
+    conn.executemany(DELETE_STREAM, keys)
     return len(keys), (max(keys) if len(keys) == limit else None)

@@ -50,8 +50,10 @@ from intention_kernel.durability.abc import (
     Recorder,
     RecorderOptions,
     ResolutionFn,
+    StoredStream,
     StoredThread,
     StoredTurn,
+    StreamRecorder,
     ThreadOwner,
     TurnRecord,
     TurnStart,
@@ -75,6 +77,7 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_JOURNAL,
     SELECT_MESSAGES,
     SELECT_RECEIPT,
+    SELECT_STREAM,
     SELECT_THREAD,
     SELECT_THREAD_UNLESS_KNOWN,
     SELECT_TURN,
@@ -89,7 +92,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 __all__ = ["SQLiteRecorder"]
 
 
-class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
+class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder):
     #: ``_run`` never lets a cancellation through before its hop ends.
     options = RecorderOptions(
         finishes_writes_when_cancelled=True, attempts_outlive_lock=False, receipt_index_rows=True
@@ -217,9 +220,23 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
         )
 
         try:
-            await self._write(bodies.write_journal, (row,), entry.thread_id)
+            if entry.stream is None:
+                await self._write(bodies.write_journal, (row,), entry.thread_id)
+            else:
+                streamed = (*row, *entry.stream)
+                await self._write(bodies.write_streamed, (streamed,), entry.thread_id)
         except Refusal as refused:
             raise journal_conflict(entry) from refused
+
+    async def read_stream(self, thread_id: str, turn_id: str) -> StoredStream:
+        def read(conn: sqlite3.Connection) -> StoredStream:
+            # The turn first: once it is committed, no segment is written after it.
+            found = conn.execute(SELECT_TURN, (thread_id, turn_id)).fetchone()
+            turn = None if found is None else StoredTurn(found[0], found[1], found[3] is not None)
+            segments = conn.execute(SELECT_STREAM, (thread_id, turn_id)).fetchall()
+            return StoredStream(turn, tuple((int(n), str(e)) for n, e in segments))
+
+        return await self._read(read, thread_id)
 
     # -- the inbox -----------------------------------------------------------------------------
 
@@ -477,7 +494,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
 
     async def prune_journal(self, thread_id: str, turn_id: str, before: datetime) -> int:
         args = (thread_id, turn_id, _stamp(before))
-        return int(await self._write(bodies.prune_journal, (args,), thread_id))
+        return int(await self._write(bodies.prune_journal, (args,), thread_id, atomic=True))
 
     async def prune_turns(
         self, before: datetime, after: tuple[str, str] | None, limit: int
@@ -487,7 +504,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
 
         args = (now, *start, cutoff, limit)
         pruned: tuple[int, tuple[str, str] | None] = await self._write(
-            bodies.prune_turns, (args, limit)
+            bodies.prune_turns, (args, limit), atomic=True
         )
         return pruned
 

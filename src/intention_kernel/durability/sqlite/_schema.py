@@ -239,6 +239,27 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (thread_id, checkpoint_ns)
     ) WITHOUT ROWID;
     """,
+    # 13: a streamed turn's events, by segment (``StreamRecorder``): written with the
+    # journal entry of each round, kept after the commit deletes the entry, read by
+    # the turn's watchers in any process. The entry carries its segment, and a trigger
+    # copies it: one autocommitted statement per round, as before.
+    """
+    CREATE TABLE IF NOT EXISTS ik_streams (
+        thread_id  TEXT NOT NULL,
+        turn_id    TEXT NOT NULL,
+        segment    INTEGER NOT NULL,
+        events     TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (thread_id, turn_id, segment)
+    ) WITHOUT ROWID;
+    ALTER TABLE ik_journal ADD COLUMN segment INTEGER;
+    ALTER TABLE ik_journal ADD COLUMN events TEXT;
+    CREATE TRIGGER IF NOT EXISTS ik_journal_streams AFTER INSERT ON ik_journal
+    WHEN NEW.events IS NOT NULL BEGIN
+        INSERT INTO ik_streams (thread_id, turn_id, segment, events, created_at)
+        VALUES (NEW.thread_id, NEW.turn_id, NEW.segment, NEW.events, NEW.created_at);
+    END;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (
@@ -247,6 +268,18 @@ CREATE_SCHEMA_TABLE = (
 SELECT_SCHEMA_VERSION = "SELECT COALESCE(MAX(version), 0) FROM ik_schema"
 HAS_SCHEMA_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ik_schema'"
 INSERT_SCHEMA_VERSION = "INSERT INTO ik_schema (version, applied_at) VALUES (?, ?)"
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of ``script``: a trigger's body holds semicolons of its own."""
+    statements, pending = [], ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                statements.append(pending)
+            pending = ""
+    return statements
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -266,9 +299,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 f"({len(MIGRATIONS)}); upgrade intention-kernel"
             )
         for version in range(current + 1, len(MIGRATIONS) + 1):
-            for statement in MIGRATIONS[version - 1].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+            for statement in _statements(MIGRATIONS[version - 1]):
+                conn.execute(statement)
             conn.execute(INSERT_SCHEMA_VERSION, (version, utcnow().isoformat()))
         conn.execute("COMMIT")
     except BaseException:

@@ -146,6 +146,20 @@ INSERT_JOURNAL = """
                             tenant_id)
     VALUES (?, ?, ?, ?, ?, ?, ?)
 """
+# A streamed turn's segment, with its round's journal entry (``StreamRecorder``): the
+# trigger ``ik_journal_streams`` copies it into ``ik_streams``, in the same statement.
+INSERT_JOURNAL_STREAMED = """
+    INSERT INTO ik_journal (thread_id, turn_id, key, request_digest, value, created_at,
+                            tenant_id, segment, events)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+# Retention: a turn's stream goes with its result, or with its journal if it never
+# committed (a redelivery then records its segments again).
+DELETE_STREAM = "DELETE FROM ik_streams WHERE thread_id = ? AND turn_id = ?"
+SELECT_STREAM = """
+    SELECT segment, events FROM ik_streams WHERE thread_id = ? AND turn_id = ?
+    ORDER BY segment
+"""
 # In the turn's commit, when the turn used the journal (``TurnRecord.journaled``).
 DELETE_JOURNAL = "DELETE FROM ik_journal WHERE thread_id = ? AND turn_id = ?"
 

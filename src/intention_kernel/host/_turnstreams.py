@@ -1,0 +1,139 @@
+"""Detached turns and resumable streams on the host.
+
+- ``POST /v1/threads/{id}/turns`` with ``Prefer: respond-async`` (RFC 7240) accepts the
+  turn into its thread's inbox and answers ``202`` at once, with the turn's URL in
+  ``Location`` and ``Preference-Applied: respond-async``. The turn runs to its commit
+  whether or not anybody watches it (:meth:`~intention_kernel.Kernel.detach_turn`).
+- ``GET .../turns/{turn_id}`` answers its :class:`~intention_kernel.TurnStatus`.
+- ``GET .../turns/{turn_id}/events`` streams its events as server-sent events, from any
+  process: each with its ``id:``, resumed after the ``Last-Event-ID`` header (or the
+  ``after`` query parameter) (:meth:`~intention_kernel.Kernel.watch_turn`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from intention_kernel._ids import check_id
+from intention_kernel.errors import KernelError
+from intention_kernel.host._access import Principal
+from intention_kernel.host._problems import HostProblem, problem_for, thread_not_found
+from intention_kernel.host._stream import EVENT_STREAM, stream_events
+from intention_kernel.host._wire import TurnBody
+from intention_kernel.kernel import Kernel
+from intention_kernel.streaming import TurnEvent
+
+__all__ = [
+    "check_access",
+    "detach_turn",
+    "prefers_async",
+    "turn_events",
+    "turn_status",
+    "turn_url",
+]
+
+
+def prefers_async(prefer: str) -> bool:
+    """Whether a ``Prefer`` header (RFC 7240) asks for ``respond-async``."""
+    for preference in prefer.split(","):
+        token = preference.split(";", 1)[0].split("=", 1)[0].strip().lower()
+        if token == "respond-async":
+            return True
+    return False
+
+
+def turn_url(thread_id: str, turn_id: str) -> str:
+    """The path of a turn on the host."""
+    return f"/v1/threads/{quote(thread_id, safe='/')}/turns/{quote(turn_id, safe='')}"
+
+
+async def detach_turn(
+    kernel: Kernel,
+    thread_id: str,
+    turn_id: str,
+    body: TurnBody,
+    principal: Principal,
+    replayed_header: str,
+) -> Response:
+    """``202`` and the turn's URL once the turn is accepted; a committed turn ID answers
+    its stored result (``200``), as without the preference."""
+    try:
+        status = await kernel.detach_turn(
+            thread_id,
+            turn_id,
+            body.message,
+            body.resolved_answer(principal.actor),
+            principal=principal,
+        )
+    except KernelError as error:
+        raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
+    if status.result is not None:
+        return JSONResponse(status.result.to_dict(), headers={replayed_header: "true"})
+    url = turn_url(thread_id, turn_id)
+    return JSONResponse(
+        {**status.to_dict(), "url": url, "events": f"{url}/events"},
+        status_code=202,
+        headers={"Location": url, "Preference-Applied": "respond-async"},
+    )
+
+
+async def turn_status(kernel: Kernel, request: Request, principal: Principal) -> Response:
+    """The turn's status and, once committed, its result."""
+    thread_id, turn_id = _ids(request)
+    try:
+        status = await kernel.turn_status(thread_id, turn_id, principal=principal)
+    except KernelError as error:
+        raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
+    if status.status == "unknown":
+        raise HostProblem(
+            "not-found", f"no turn {turn_id!r} on thread {thread_id!r}", thread_id=thread_id
+        )
+    return JSONResponse(status.to_dict())
+
+
+async def turn_events(kernel: Kernel, request: Request, principal: Principal) -> Response:
+    """The turn's stream, after ``Last-Event-ID`` (or ``?after=``)."""
+    thread_id, turn_id = _ids(request)
+    after = request.headers.get("last-event-id") or request.query_params.get("after")
+    try:
+        status = await kernel.turn_status(thread_id, turn_id, principal=principal)
+        if status.status == "unknown":
+            raise HostProblem(
+                "not-found", f"no turn {turn_id!r} on thread {thread_id!r}", thread_id=thread_id
+            )
+        events = kernel.watch_turn(thread_id, turn_id, after=after, principal=principal)
+    except KernelError as error:
+        raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
+    if after == "result":  # resumed after the last event: nothing is left
+        return Response(status_code=204)  # an EventSource stops reconnecting on 204
+    return StreamingResponse(
+        _watched(events, thread_id=thread_id, turn_id=turn_id),
+        media_type=EVENT_STREAM,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _watched(
+    events: AsyncIterator[TurnEvent], *, thread_id: str, turn_id: str
+) -> AsyncIterator[str]:
+    # A comment first: the response starts at once, even if the turn is still queued.
+    yield ": watching\n\n"
+    first = await anext(events)
+    async for chunk in stream_events(first, events, thread_id=thread_id, turn_id=turn_id):
+        yield chunk
+
+
+def _ids(request: Request) -> tuple[str, str]:
+    thread_id = check_id("thread_id", request.path_params["thread_id"])
+    turn_id = check_id("turn_id", request.path_params["turn_id"])
+    return thread_id, turn_id
+
+
+async def check_access(access: object, principal: Principal, thread_id: str) -> None:
+    """Another tenant's thread answers as an unknown one."""
+    if not await access.may_act(principal, thread_id):  # type: ignore[attr-defined]
+        raise thread_not_found(thread_id)
