@@ -559,10 +559,20 @@ def test_submit_queues_behind_a_running_turn_and_drain_runs_the_inbox(
         assert checkpoint is not None and checkpoint.version == 2  # turn 3 never ran
 
 
-def test_drain_on_an_agent_that_does_not_queue_is_refused(store_url: Callable[[], str]) -> None:
+def test_drain_on_an_agent_that_does_not_queue_runs_its_detached_turns(
+    store_url: Callable[[], str],
+) -> None:
     kernel = SyncKernel(billing_agent(FakeProvider()), store_url())
-    with kernel, pytest.raises(InvalidRequestError, match="on_busy='queue'"):
+    with kernel:
+        assert kernel.drain("t1") == []  # nothing detached: nothing ran
+        accepted = kernel.detach_turn("t1", "d1", "balance 500")
+        assert accepted.turn_id == "d1"
         kernel.drain("t1")
+        status = kernel.turn_status("t1", "d1")
+        assert status.status == "committed"
+        assert status.result is not None and status.result.turn_id == "d1"
+        events = list(kernel.watch_turn("t1", "d1"))
+        assert [e.type for e in events][-1] == "result"
 
 
 # -- the twin's surface ------------------------------------------------------------------------
@@ -580,6 +590,9 @@ def test_drain_on_an_agent_that_does_not_queue_is_refused(store_url: Callable[[]
         (SyncKernel.submit, Kernel.submit),
         (SyncKernel.cancel, Kernel.cancel),
         (SyncKernel.drain, Kernel.drain),
+        (SyncKernel.watch_turn, Kernel.watch_turn),
+        (SyncKernel.turn_status, Kernel.turn_status),
+        (SyncKernel.detach_turn, Kernel.detach_turn),
     ],
 )
 def test_each_sync_method_takes_the_arguments_of_its_async_twin(

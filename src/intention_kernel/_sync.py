@@ -28,12 +28,13 @@ import asyncio
 import os
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from intention_kernel._inbox import Cancellation, Queued
 from intention_kernel._loopthread import LoopThread
+from intention_kernel._turnstream import TurnStatus
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
 from intention_kernel.checkpoint import KernelCheckpoint
@@ -302,18 +303,76 @@ class SyncKernel:
         *,
         tenant_id: str | None = None,
         principal: Principal | None = None,
+        after: str | None = None,
     ) -> TurnStream:
         """Run (or replay) one turn, iterating its events as they happen:
         :meth:`Kernel.stream_turn <intention_kernel.Kernel.stream_turn>` as a plain
         iterator (:class:`TurnStream`). The last event is ``result``.
 
         The turn starts at the first ``next()``. Closing the iterator early does not
-        abort the turn: it runs on to its commit, as on the async kernel."""
+        abort the turn: it runs on to its commit, as on the async kernel.
+        ``after`` (an event's ID) resumes the stream after that event."""
         return TurnStream(
             self,
             lambda k: k.stream_turn(
-                thread_id, turn_id, message, answer, tenant_id=tenant_id, principal=principal
+                thread_id,
+                turn_id,
+                message,
+                answer,
+                tenant_id=tenant_id,
+                principal=principal,
+                after=after,
             ),
+        )
+
+    def watch_turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        *,
+        after: str | None = None,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+        poll: float = 0.1,
+    ) -> TurnStream:
+        """The recorded events of a turn run anywhere, as a plain iterator:
+        :meth:`Kernel.watch_turn <intention_kernel.Kernel.watch_turn>`. It runs nothing."""
+        return TurnStream(
+            self,
+            lambda k: k.watch_turn(
+                thread_id, turn_id, after=after, tenant_id=tenant_id, principal=principal, poll=poll
+            ),
+        )
+
+    def turn_status(
+        self,
+        thread_id: str,
+        turn_id: str,
+        *,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+    ) -> TurnStatus:
+        """Where a turn is: :meth:`Kernel.turn_status <intention_kernel.Kernel.turn_status>`."""
+        return self._engine.call(
+            lambda k: k.turn_status(thread_id, turn_id, tenant_id=tenant_id, principal=principal)
+        )
+
+    def detach_turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        message: str | None = None,
+        answer: Answer | str | None = None,
+        *,
+        tenant_id: str | None = None,
+        principal: Principal | None = None,
+    ) -> TurnStatus:
+        """Accept a turn that runs on in the background: :meth:`Kernel.detach_turn
+        <intention_kernel.Kernel.detach_turn>`. This kernel's loop runs it."""
+        return self._engine.call(
+            lambda k: k.detach_turn(
+                thread_id, turn_id, message, answer, tenant_id=tenant_id, principal=principal
+            )
         )
 
     def submit(
@@ -431,12 +490,12 @@ class TurnStream:
     def __init__(
         self,
         kernel: SyncKernel,
-        start: Callable[[Kernel], AsyncGenerator[TurnEvent, None]],
+        start: Callable[[Kernel], AsyncIterator[TurnEvent]],
     ) -> None:
         # The kernel, not its engine: a stream still read keeps its kernel open.
         self._kernel = kernel
-        self._start: Callable[[Kernel], AsyncGenerator[TurnEvent, None]] | None = start
-        self._events: AsyncGenerator[TurnEvent, None] | None = None
+        self._start: Callable[[Kernel], AsyncIterator[TurnEvent]] | None = start
+        self._events: AsyncIterator[TurnEvent] | None = None
         self._lock = threading.Lock()
 
     def __iter__(self) -> Self:
@@ -476,8 +535,9 @@ class TurnStream:
 
     async def _aclose(self, kernel: Kernel) -> None:
         events, self._events = self._events, None
-        if events is not None:
-            await events.aclose()
+        aclose = getattr(events, "aclose", None)  # a generator's; a plain iterator has none
+        if aclose is not None:
+            await aclose()
 
     def __enter__(self) -> Self:
         return self
