@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from intention_kernel._inbox import Cancellation, Queued
+from intention_kernel._timer_runner import TimerOutcome
 from intention_kernel._sync import SyncKernel, TurnStream
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
@@ -69,6 +70,7 @@ from intention_kernel.facts import Evidence, Fact, FactRecord, FactRef
 from intention_kernel.interpretation import (
     Answer,
     CapabilitySpec,
+    FiredTimer,
     Intent,
     Interpretation,
     InterpretationRequest,
@@ -77,6 +79,7 @@ from intention_kernel.interpretation import (
     Rule,
     RuleInterpreter,
 )
+from intention_kernel.durability.records import Timer
 from intention_kernel.kernel import Kernel
 from intention_kernel.replies import Replies
 from intention_kernel.streaming import TurnEvent
@@ -123,6 +126,7 @@ __all__ = [
     "EventLoopRunningError",
     "Evidence",
     "Fact",
+    "FiredTimer",
     "FactRecord",
     "FactRef",
     "FencedCommitError",
@@ -164,6 +168,8 @@ __all__ = [
     "TenantMismatchError",
     "ThreadBusyError",
     "ThreadLockTimeoutError",
+    "Timer",
+    "TimerOutcome",
     "TurnCommit",
     "TurnCancelledError",
     "TurnConflictError",

@@ -21,7 +21,7 @@ import threading
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -35,11 +35,13 @@ from intention_kernel.authority import (
     frozen_roles,
 )
 from intention_kernel.deadlines import duration_problem
-from intention_kernel.errors import InvalidInputError
+from intention_kernel.errors import EffectUsageError, InvalidInputError
 from intention_kernel.facts import Fact, FactRecord, FactTable
 
 if TYPE_CHECKING:
+    from intention_kernel.durability.records import Timer, TimerWrite
     from intention_kernel.effects import EffectFn, EffectResult
+    from intention_kernel.turns import EventDraft
     from intention_kernel.interpretation import Answer
 
 __all__ = [
@@ -164,6 +166,15 @@ class _Recorder(Protocol):
     async def __call__(self, key: str, compute: Callable[[], Awaitable[Any]]) -> Any: ...
 
 
+class _TimerStage(Protocol):
+    """Where a step stages its timer writes (the runtime's step)."""
+
+    @property
+    def now(self) -> datetime: ...
+
+    def stage_timer(self, write: TimerWrite, event: EventDraft) -> None: ...
+
+
 class CapabilityContext:
     """What a running capability sees of its turn.
 
@@ -175,6 +186,7 @@ class CapabilityContext:
         "_emit",
         "_recorded",
         "_run_effect",
+        "_timers",
         "answer",
         "capability_id",
         "facts",
@@ -199,6 +211,7 @@ class CapabilityContext:
         run_effect: _EffectRunner,
         emit: Callable[[str, Any], None],
         recorded: _Recorder,
+        timers: _TimerStage | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.turn_id = turn_id
@@ -214,6 +227,7 @@ class CapabilityContext:
         self._run_effect = run_effect
         self._emit = emit
         self._recorded = recorded
+        self._timers = timers
 
     def run_effect(self, key: str, fn: EffectFn) -> Coroutine[Any, Any, EffectResult[Any]]:
         """Run an external write at most once per ``key`` in this thread: await it.
@@ -261,6 +275,61 @@ class CapabilityContext:
         ``effect.``, ``receipt.``) are refused with ``EffectUsageError``.
         """
         self._emit(type, payload)
+
+    def schedule(
+        self,
+        key: str,
+        *,
+        at: datetime | None = None,
+        after: timedelta | None = None,
+        message: str | None = None,
+        data: Any = None,
+        unless_version_after: int | None = None,
+        every: timedelta | None = None,
+    ) -> Timer:
+        """Set timer ``key`` of this thread: a turn the kernel runs when it is due.
+
+        Exactly one of ``at`` (a timezone-aware time) and ``after`` (from the turn's
+        time) says when. The timer is committed with this turn, and only if the step
+        completes: a turn that does not commit sets no timer. Setting a key again moves
+        its timer. When due it runs as a turn under the agent's interpreter, which sees
+        ``message`` and ``data`` in ``InterpretationRequest.timer``. With
+        ``unless_version_after``, it is void if the thread's version is then above it;
+        with ``every``, it recurs. Bad input raises ``InvalidRequestError``.
+        """
+        from intention_kernel._timers import plan_timer, set_event
+        from intention_kernel.durability.records import TimerWrite
+
+        stage = self._stage()
+        timer = plan_timer(
+            self.thread_id,
+            key,
+            now=stage.now,
+            at=at,
+            after=after,
+            message=message,
+            data=data,
+            unless_version_after=unless_version_after,
+            every=every,
+            tenant_id=self.tenant_id,
+        )
+        stage.stage_timer(TimerWrite(self.thread_id, timer.key, timer), set_event(timer))
+        return timer
+
+    def cancel_timer(self, key: str) -> None:
+        """Cancel timer ``key`` of this thread, with this turn's commit (a key with no
+        timer is no error); ``timer.cancelled`` is emitted with the turn."""
+        from intention_kernel._timers import cancelled_event, check_key
+        from intention_kernel.durability.records import TimerWrite
+
+        stage = self._stage()
+        key = check_key(key)
+        stage.stage_timer(TimerWrite(self.thread_id, key, None), cancelled_event(key))
+
+    def _stage(self) -> _TimerStage:
+        if self._timers is None:
+            raise EffectUsageError(f"{self.capability_id}: this context cannot set timers")
+        return self._timers
 
 
 @dataclass(frozen=True, slots=True)

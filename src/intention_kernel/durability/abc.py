@@ -34,6 +34,7 @@ from intention_kernel.durability.contract import (
     RecorderOptions,
     ResolutionFn,
     TenantStore,
+    TimerRecorder,
     TurnRecorder,
 )
 from intention_kernel.durability.engine import RecordedDurability
@@ -49,6 +50,8 @@ from intention_kernel.durability.records import (
     StoredThread,
     StoredTurn,
     ThreadOwner,
+    Timer,
+    TimerWrite,
     TurnRecord,
     TurnStart,
 )
@@ -84,6 +87,9 @@ __all__ = [
     "StoredTurn",
     "TenantStore",
     "ThreadOwner",
+    "Timer",
+    "TimerRecorder",
+    "TimerWrite",
     "TurnOperation",
     "TurnRecord",
     "TurnRecorder",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from intention_kernel._timers import merge_writes
 from intention_kernel.checkpoint import (
     CheckpointDelta,
     KernelCheckpoint,
@@ -81,7 +82,14 @@ def finish(
         checkpoint_version=version,
     )
     state.events.append(committed_event(version, state.steps))
-    return TurnCommit(result, checkpoint, tuple(state.events), tuple(state.announced), delta)
+    return TurnCommit(
+        result,
+        checkpoint,
+        tuple(state.events),
+        tuple(state.announced),
+        delta,
+        merge_writes(state.timers) if state.timers else (),
+    )
 
 
 async def stopped(state: TurnState, interpretation: Interpretation) -> TurnCommit | None:

@@ -1,0 +1,236 @@
+"""Timers: the rules of a turn the kernel runs later, pure and shared by every store.
+
+A timer is a future turn of its thread. ``ctx.schedule`` stages one in a running turn
+(committed with that turn, or not at all); ``Kernel.schedule`` sets one from
+application code, under the thread's lock. The key is the timer's identity in its
+thread: setting the key again moves it. When due, a worker runs it as a turn
+(:mod:`intention_kernel._timer_runner`) under the turn ID :func:`timer_turn_id`, made
+of the key and the due time. That ID is what keeps an occurrence from running twice:
+a turn commits once per ``(thread_id, turn_id)``.
+
+Everything here decides; nothing reads or writes a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from intention_kernel._ids import check_id
+from intention_kernel._json import normalize
+from intention_kernel.durability.records import Timer, TimerWrite
+from intention_kernel.errors import InvalidRequestError
+from intention_kernel.interpretation import FiredTimer
+from intention_kernel.turns import TIMER_TURN_PREFIX, EventDraft, request_digest
+
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "MAX_TIMER_MESSAGE",
+    "cancelled_event",
+    "check_key",
+    "fired_event",
+    "fired_timer",
+    "merge_writes",
+    "next_due",
+    "plan_timer",
+    "set_event",
+    "settled",
+    "timer_digest",
+    "timer_turn_id",
+]
+
+#: The longest key: its turn ID adds the prefix and the due time, within 512 characters.
+MAX_KEY_LENGTH = 256
+#: The longest message a timer carries, as a turn's message is bounded by default.
+MAX_TIMER_MESSAGE = 32_000
+#: The shortest period of a recurring timer.
+MIN_EVERY = timedelta(seconds=1)
+
+
+def check_key(key: object) -> str:
+    """``key`` if it can name a timer; ``InvalidRequestError`` if not."""
+    if isinstance(key, str) and len(key) > MAX_KEY_LENGTH:
+        raise InvalidRequestError(
+            f"a timer key is at most {MAX_KEY_LENGTH} characters long, got {len(key)}"
+        )
+    return check_id("timer key", key)
+
+
+def _instant(name: str, value: object) -> datetime:
+    if not isinstance(value, datetime):
+        raise InvalidRequestError(f"{name} must be a datetime, got {value!r}")
+    if value.utcoffset() is None:
+        raise InvalidRequestError(
+            f"{name} must be timezone-aware (a naive datetime names no instant), got {value!r}"
+        )
+    return value.astimezone(UTC)
+
+
+def plan_timer(
+    thread_id: str,
+    key: object,
+    *,
+    now: datetime,
+    at: object = None,
+    after: object = None,
+    message: object = None,
+    data: object = None,
+    unless_version_after: object = None,
+    every: object = None,
+    tenant_id: str | None = None,
+) -> Timer:
+    """The timer that ``schedule`` sets, or ``InvalidRequestError`` naming what is wrong.
+
+    Exactly one of ``at`` (a timezone-aware ``datetime``) and ``after`` (a ``timedelta``
+    of zero or more, from ``now``) says when. A time already past fires at once."""
+    check_id("thread_id", thread_id)
+    key = check_key(key)
+    if (at is None) == (after is None):
+        raise InvalidRequestError("a timer needs exactly one of at= and after=")
+    if at is not None:
+        due = _instant("at", at)
+    else:
+        if not isinstance(after, timedelta):
+            raise InvalidRequestError(f"after must be a datetime.timedelta, got {after!r}")
+        if after < timedelta(0):
+            raise InvalidRequestError(f"after must not be negative, got {after}")
+        try:
+            due = now + after
+        except OverflowError:
+            raise InvalidRequestError(f"after={after} reaches past year 9999") from None
+    if message is not None:
+        if not isinstance(message, str):
+            raise InvalidRequestError(f"a timer's message must be a string, got {message!r}")
+        if len(message) > MAX_TIMER_MESSAGE:
+            raise InvalidRequestError(
+                f"a timer's message is at most {MAX_TIMER_MESSAGE} characters, got {len(message)}"
+            )
+        try:
+            message.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequestError("a timer's message is not valid Unicode text") from None
+    try:
+        stored = normalize(data)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"a timer's data must be JSON: {exc}") from exc
+    if unless_version_after is not None and (
+        isinstance(unless_version_after, bool)
+        or not isinstance(unless_version_after, int)
+        or unless_version_after < 0
+    ):
+        raise InvalidRequestError(
+            f"unless_version_after must be a version (an integer of 0 or more), "
+            f"got {unless_version_after!r}"
+        )
+    if every is not None:
+        if not isinstance(every, timedelta):
+            raise InvalidRequestError(f"every must be a datetime.timedelta, got {every!r}")
+        if every < MIN_EVERY:
+            raise InvalidRequestError(f"every must be at least {MIN_EVERY}, got {every}")
+    return Timer(
+        thread_id=thread_id,
+        key=key,
+        due_at=due,
+        message=message,
+        data=stored,
+        tenant_id=tenant_id,
+        unless_version_after=unless_version_after,
+        every=every,
+        set_at=now,
+    )
+
+
+def timer_turn_id(key: str, due_at: datetime) -> str:
+    """The turn ID of the occurrence of timer ``key`` due at ``due_at``: the same in
+    every worker, so that a second claim of it replays the first one's turn."""
+    stamp = due_at.astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    return f"{TIMER_TURN_PREFIX}{key}@{stamp}"
+
+
+def timer_digest(timer: Timer) -> str:
+    """The request digest of the timer's turn: what it was set to carry."""
+    return request_digest(
+        timer.message,
+        {"timer": timer.key, "due_at": timer.due_at.isoformat(), "data": timer.data},
+    )
+
+
+def fired_timer(timer: Timer) -> FiredTimer:
+    """What the timer's turn tells its interpreter (``InterpretationRequest.timer``)."""
+    return FiredTimer(timer.key, timer.due_at, timer.message, timer.data)
+
+
+def same_occurrence(stored: Timer | None, claimed: Timer) -> bool:
+    """Whether ``stored`` is still the pending occurrence a worker claimed: not moved
+    (set again), cancelled or settled since."""
+    return (
+        stored is not None
+        and stored.status == "pending"
+        and stored.due_at == claimed.due_at
+        and stored.set_at == claimed.set_at
+    )
+
+
+def next_due(timer: Timer, now: datetime) -> datetime | None:
+    """When a recurring timer fires next after its occurrence at ``due_at``, or ``None``
+    for a one-shot timer. Missed occurrences are not caught up one by one: the one
+    firing stands for all of them, and the next is the first due after ``now``."""
+    if timer.every is None:
+        return None
+    due = timer.due_at + timer.every
+    if due <= now:
+        skipped = (now - due) // timer.every + 1
+        due += timer.every * skipped
+    return due
+
+
+def settled(timer: Timer, turn_id: str, now: datetime, *, void: bool = False) -> TimerWrite:
+    """The write that settles the occurrence ``timer`` whose turn is ``turn_id``: the
+    row becomes fired (or void), or a recurring timer's next occurrence."""
+    following = None if void else next_due(timer, now)
+    if following is not None:
+        row = replace(timer, due_at=following, claimed_until=None, turn_id=turn_id, set_at=now)
+        return TimerWrite(timer.thread_id, timer.key, row)
+    row = replace(
+        timer,
+        status="void" if void else "fired",
+        settled_at=now,
+        turn_id=turn_id,
+        claimed_until=None,
+    )
+    return TimerWrite(timer.thread_id, timer.key, row)
+
+
+def merge_writes(writes: Iterable[TimerWrite]) -> tuple[TimerWrite, ...]:
+    """One write per key, the last one made, in the order keys were first written: a
+    store then never writes one row twice in a commit."""
+    merged: dict[str, TimerWrite] = {}
+    for write in writes:
+        merged[write.key] = write
+    return tuple(merged.values())
+
+
+def _payload(timer: Timer) -> dict[str, Any]:
+    payload: dict[str, Any] = {"key": timer.key, "due_at": timer.due_at.isoformat()}
+    if timer.every is not None:
+        payload["every_seconds"] = timer.every.total_seconds()
+    if timer.unless_version_after is not None:
+        payload["unless_version_after"] = timer.unless_version_after
+    return payload
+
+
+def set_event(timer: Timer) -> EventDraft:
+    """The ``timer.set`` event of a timer set (or moved)."""
+    return EventDraft("timer.set", _payload(timer))
+
+
+def cancelled_event(key: str, reason: str = "cancelled") -> EventDraft:
+    """The ``timer.cancelled`` event: cancelled, or void because the thread moved on."""
+    return EventDraft("timer.cancelled", {"key": key, "reason": reason})
+
+
+def fired_event(timer: Timer, turn_id: str) -> EventDraft:
+    """The ``timer.fired`` event, committed with the timer's turn."""
+    return EventDraft("timer.fired", {**_payload(timer), "turn_id": turn_id})

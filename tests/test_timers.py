@@ -1,0 +1,285 @@
+"""Timers and scheduled turns (issue 37): a timer is a future turn of its thread, set in
+a turn (``ctx.schedule``, committed with it) or by the application (``Kernel.schedule``),
+fired once as a turn under a turn ID made of its key and due time. On every store."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from intention_kernel import (
+    Agent,
+    CapabilityContext,
+    FiredTimer,
+    Intent,
+    Interpretation,
+    InterpretationRequest,
+    InvalidRequestError,
+    Kernel,
+    ReservedTurnIdError,
+    capability,
+)
+from intention_kernel.durability import Durability
+
+START = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def move(self, **delta: float) -> None:
+        self.now += timedelta(**delta)
+
+
+class Interpreter:
+    """Rules for the tests: "remind in N" sets a timer; a timer's turn runs the
+    ``notes.note`` capability with what the timer carried."""
+
+    def __init__(self) -> None:
+        self.requests: list[InterpretationRequest] = []
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        self.requests.append(request)
+        if request.timer is not None:
+            return Interpretation(
+                [Intent("notes.note", {"text": f"timer {request.timer.key}"})],
+                reply=f"timer {request.timer.key} fired",
+            )
+        words = request.message.split()
+        if words[:1] == ["remind"]:
+            return Interpretation([Intent("notes.remind", {"key": words[1], "minutes": 5})])
+        if words[:1] == ["cancel"]:
+            return Interpretation([Intent("notes.cancel", {"key": words[1]})])
+        if words[:1] == ["broken"]:
+            return Interpretation([Intent("notes.broken", {"key": words[1]})])
+        return Interpretation(reply="ok")
+
+
+@capability("notes.remind", effect="read", description="Set a reminder")
+async def remind(input: dict[str, Any], ctx: CapabilityContext) -> str:
+    ctx.schedule(
+        input["key"], after=timedelta(minutes=input["minutes"]), message="remind", data={"n": 1}
+    )
+    return "set"
+
+
+@capability("notes.cancel", effect="read", description="Cancel a reminder")
+async def cancel(input: dict[str, Any], ctx: CapabilityContext) -> str:
+    ctx.cancel_timer(input["key"])
+    return "cancelled"
+
+
+@capability("notes.broken", effect="read", description="Set a reminder, then fail")
+async def broken(input: dict[str, Any], ctx: CapabilityContext) -> str:
+    ctx.schedule(input["key"], after=timedelta(minutes=1))
+    raise RuntimeError("the step fails after staging its timer")
+
+
+@capability("notes.note", effect="read", description="Note something")
+async def note(input: dict[str, Any], ctx: CapabilityContext) -> str:
+    return str(input["text"])
+
+
+def make_kernel(store: Durability, clock: Clock) -> tuple[Kernel, Interpreter]:
+    interpreter = Interpreter()
+    agent = Agent(
+        name="notes",
+        version="1",
+        capabilities=[remind, cancel, broken, note],
+        interpreter=interpreter,
+    )
+    return Kernel(agent, store, clock=clock), interpreter
+
+
+async def events_of(store: Durability, type: str) -> list[Any]:
+    return [e for e in await store.read_outbox(limit=1000) if e.type == type]  # type: ignore[attr-defined]
+
+
+async def test_a_timer_set_in_a_turn_fires_once_as_a_turn_when_due(store: Durability) -> None:
+    clock = Clock()
+    kernel, interpreter = make_kernel(store, clock)
+    await kernel.turn("t", "1", "remind r1")
+    (timer,) = await kernel.timers("t")
+    assert (timer.key, timer.status, timer.due_at) == ("r1", "pending", START + timedelta(minutes=5))
+    assert timer.data == {"n": 1} and timer.message == "remind"
+    assert await kernel.fire_due_timers() == []  # not due yet
+    clock.move(minutes=5)
+    (fired,) = await kernel.fire_due_timers()
+    assert fired.outcome == "fired"
+    assert fired.turn_id == "timer:r1@20261205T090500.000000Z"
+    assert fired.result is not None and fired.result.reply.startswith("timer r1 fired")
+    assert fired.result.steps[0].value == "timer r1"
+    seen = interpreter.requests[-1]
+    assert seen.timer == FiredTimer("r1", START + timedelta(minutes=5), "remind", {"n": 1})
+    assert await kernel.fire_due_timers() == []  # fired once
+    (settled,) = await kernel.timers("t")
+    assert (settled.status, settled.turn_id) == ("fired", fired.turn_id)
+    assert [e.turn_id for e in await events_of(store, "timer.fired")] == [fired.turn_id]
+    assert [e.turn_id for e in await events_of(store, "timer.set")] == ["1"]
+    checkpoint = await kernel.checkpoint("t")
+    assert checkpoint is not None and checkpoint.version == 2
+    # No person spoke in the timer's turn: only the assistant's line is added.
+    assert [m.role for m in checkpoint.messages if m.turn_id == fired.turn_id] == ["assistant"]
+
+
+async def test_a_step_that_fails_sets_no_timer(store: Durability) -> None:
+    kernel, _ = make_kernel(store, Clock())
+    result = await kernel.turn("t", "1", "broken r1")
+    assert result.steps[0].status == "failed"
+    assert await kernel.timers("t") == []
+    assert await events_of(store, "timer.set") == []
+
+
+async def test_setting_a_key_again_moves_the_timer(store: Durability) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    await kernel.turn("t", "1", "remind r1")
+    clock.move(minutes=3)
+    await kernel.turn("t", "2", "remind r1")
+    (timer,) = await kernel.timers("t")
+    assert timer.due_at == START + timedelta(minutes=8)
+    clock.move(minutes=2)
+    assert await kernel.fire_due_timers() == []  # the first due time is gone
+    clock.move(minutes=3)
+    assert [f.outcome for f in await kernel.fire_due_timers()] == ["fired"]
+
+
+async def test_a_cancelled_timer_never_fires(store: Durability) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    await kernel.turn("t", "1", "remind r1")
+    await kernel.turn("t", "2", "cancel r1")
+    assert await kernel.timers("t") == []
+    await kernel.schedule("t", "r2", after=timedelta(minutes=1))
+    assert await kernel.cancel_timer("t", "r2") is True
+    assert await kernel.cancel_timer("t", "r2") is False
+    clock.move(hours=1)
+    assert await kernel.fire_due_timers() == []
+    assert len(await events_of(store, "timer.cancelled")) == 2
+
+
+async def test_kernel_schedule_sets_a_timer_from_application_code(store: Durability) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    at = START + timedelta(hours=2)
+    timer = await kernel.schedule("t", "weekly", at=at, message="summary", data=[1, 2])
+    assert timer.due_at == at
+    (event,) = await events_of(store, "timer.set")
+    assert event.turn_id is None and event.payload["key"] == "weekly"
+    clock.move(hours=2)
+    (fired,) = await kernel.fire_due_timers()
+    assert fired.outcome == "fired" and fired.result is not None
+    assert fired.result.checkpoint_version == 1
+
+
+async def test_a_timer_is_void_if_the_thread_moved_on(store: Durability) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    await kernel.turn("t", "1", "hello")
+    await kernel.schedule("t", "nudge", after=timedelta(minutes=1), unless_version_after=1)
+    await kernel.schedule("t", "kept", after=timedelta(minutes=1), unless_version_after=2)
+    await kernel.turn("t", "2", "hello again")  # version 2: the nudge is void
+    clock.move(minutes=1)
+    outcomes = {f.key: f.outcome for f in await kernel.fire_due_timers()}
+    assert outcomes == {"nudge": "void", "kept": "fired"}
+    statuses = {t.key: t.status for t in await kernel.timers("t")}
+    assert statuses == {"nudge": "void", "kept": "fired"}
+    assert await kernel.fire_due_timers() == []
+
+
+async def test_a_recurring_timer_fires_each_occurrence_once_and_a_missed_one_once(
+    store: Durability,
+) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    await kernel.schedule("t", "tick", after=timedelta(minutes=1), every=timedelta(minutes=1))
+    clock.move(minutes=1)
+    (first,) = await kernel.fire_due_timers()
+    clock.move(minutes=10)  # nine occurrences missed while no worker ran
+    (second,) = await kernel.fire_due_timers()
+    assert await kernel.fire_due_timers() == []
+    assert first.turn_id != second.turn_id
+    assert (first.outcome, second.outcome) == ("fired", "fired")
+    (timer,) = await kernel.timers("t")
+    assert timer.status == "pending" and timer.due_at == START + timedelta(minutes=12)
+
+
+async def test_a_timer_key_set_again_at_a_fired_time_replays_and_settles(
+    store: Durability,
+) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    at = START + timedelta(minutes=1)
+    await kernel.schedule("t", "once", at=at)
+    clock.move(minutes=1)
+    (fired,) = await kernel.fire_due_timers()
+    await kernel.schedule("t", "once", at=at)  # the same occurrence again
+    (again,) = await kernel.fire_due_timers()
+    assert again.outcome == "replayed" and again.turn_id == fired.turn_id
+    assert await kernel.fire_due_timers() == []
+    assert len(await events_of(store, "turn.committed")) == 1
+
+
+@pytest.mark.parametrize(
+    ("when", "problem"),
+    [
+        ({}, "exactly one of at= and after="),
+        ({"at": START, "after": timedelta(0)}, "exactly one of at= and after="),
+        ({"at": datetime(2026, 12, 5, 9, 0)}, "timezone-aware"),
+        ({"at": "tomorrow"}, "must be a datetime"),
+        ({"after": timedelta(seconds=-1)}, "must not be negative"),
+        ({"after": 5}, "must be a datetime.timedelta"),
+        ({"after": timedelta(0), "data": {1, 2}}, "must be JSON"),
+        ({"after": timedelta(0), "message": 5}, "message must be a string"),
+        ({"after": timedelta(0), "unless_version_after": -1}, "unless_version_after"),
+        ({"after": timedelta(0), "every": timedelta(0)}, "every must be at least"),
+    ],
+)
+async def test_bad_timer_input_is_refused_and_changes_nothing(
+    store: Durability, when: dict[str, Any], problem: str
+) -> None:
+    kernel, _ = make_kernel(store, Clock())
+    with pytest.raises(InvalidRequestError, match=problem):
+        await kernel.schedule("t", "k", **when)
+    assert await kernel.timers() == []
+    assert await store.read_outbox() == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("key", ["", "x" * 300, "a\x00b", 7])
+async def test_a_bad_timer_key_is_refused(store: Durability, key: Any) -> None:
+    kernel, _ = make_kernel(store, Clock())
+    with pytest.raises(InvalidRequestError):
+        await kernel.schedule("t", key, after=timedelta(0))
+    with pytest.raises(InvalidRequestError):
+        await kernel.cancel_timer("t", key)
+    assert await kernel.timers() == []
+
+
+async def test_a_client_may_not_use_a_timer_turn_id(store: Durability) -> None:
+    kernel, _ = make_kernel(store, Clock())
+    with pytest.raises(ReservedTurnIdError):
+        await kernel.turn("t", "timer:r1@20261205T090500.000000Z", "hello")
+
+
+async def test_a_capability_may_not_emit_timer_events(store: Durability) -> None:
+    @capability("notes.forge", effect="read", description="Forge")
+    async def forge(input: dict[str, Any], ctx: CapabilityContext) -> str:
+        ctx.emit("timer.fired", {})
+        return "forged"
+
+    class Forger:
+        async def interpret(self, request: InterpretationRequest) -> Interpretation:
+            return Interpretation([Intent("notes.forge", {})])
+
+    kernel = Kernel(Agent(name="f", version="1", capabilities=[forge], interpreter=Forger()), store)
+    result = await kernel.turn("t", "1", "go")
+    assert result.steps[0].status == "failed"
+    assert await events_of(store, "timer.fired") == []
