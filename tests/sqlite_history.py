@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["undo_migration_8", "undo_migration_9", "undo_migration_10", "undo_migration_11"]
+__all__ = [
+    "undo_migration_8",
+    "undo_migration_9",
+    "undo_migration_10",
+    "undo_migration_11",
+    "undo_migration_12",
+]
+
+
+def undo_migration_12(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 12 held it: no timers."""
+    conn.execute("DROP TABLE ik_timers")
+    conn.execute("DELETE FROM ik_schema WHERE version > 11")
 
 
 def undo_migration_11(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 11 held it: journal entries with no tenant."""
+    undo_migration_12(conn)
     conn.execute("ALTER TABLE ik_journal DROP COLUMN tenant_id")
     conn.execute("DELETE FROM ik_schema WHERE version > 10")
 

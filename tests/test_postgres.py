@@ -248,6 +248,7 @@ async def test_schema_is_created_once_in_its_own_namespace_and_versioned(store: 
         "ik_receipts",
         "ik_schema",
         "ik_threads",
+        "ik_timers",
         "ik_turns",
     ]
     times = store.execute(
@@ -281,6 +282,7 @@ UNDO_MIGRATION_5 = (
 UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
 UNDO_MIGRATION_8 = "DROP TABLE ik_journal"
 UNDO_MIGRATION_9 = "ALTER TABLE ik_receipts DROP COLUMN actor"
+UNDO_MIGRATION_14 = "DROP TABLE ik_timers"
 UNDO_MIGRATION_13 = (
     "DROP TABLE ik_leases;"
     " DROP FUNCTION ik_start_turn_leased(boolean, text, text, bigint, text, interval)"
@@ -314,6 +316,7 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     store.execute(UNDO_MIGRATION_7)
     store.execute(UNDO_MIGRATION_8)
     store.execute(UNDO_MIGRATION_9)
+    store.execute(UNDO_MIGRATION_14)
     store.execute(UNDO_MIGRATION_13)
     store.execute(UNDO_MIGRATION_11)
     store.execute(UNDO_MIGRATION_10)
@@ -356,6 +359,7 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(store: St
         store.execute(UNDO_MIGRATION_7)
         store.execute(UNDO_MIGRATION_8)
         store.execute(UNDO_MIGRATION_9)
+        store.execute(UNDO_MIGRATION_14)
         store.execute(UNDO_MIGRATION_13)
         store.execute(UNDO_MIGRATION_11)
         store.execute(UNDO_MIGRATION_10)
@@ -368,6 +372,7 @@ async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
     store: Store,
 ) -> None:
     def back_to_version_8() -> None:
+        store.execute(UNDO_MIGRATION_14)
         store.execute(UNDO_MIGRATION_13)
         store.execute(UNDO_MIGRATION_12)
         store.execute(UNDO_MIGRATION_11)
@@ -380,6 +385,7 @@ async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
 
 async def test_receipts_stored_before_migration_10_read_with_no_origin(store: Store) -> None:
     def back_to_version_9() -> None:
+        store.execute(UNDO_MIGRATION_14)
         store.execute(UNDO_MIGRATION_13)
         store.execute(UNDO_MIGRATION_12)
         store.execute(UNDO_MIGRATION_11)
@@ -393,6 +399,7 @@ async def test_migration_12_gives_existing_journal_entries_their_threads_owner(
     store: Store,
 ) -> None:
     def back_to_version_11() -> None:
+        store.execute(UNDO_MIGRATION_14)
         store.execute(UNDO_MIGRATION_13)
         store.execute(UNDO_MIGRATION_12)
         store.execute("DELETE FROM ik_schema WHERE version > 11")

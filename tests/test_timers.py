@@ -4,7 +4,9 @@ fired once as a turn under a turn ID made of its key and due time. On every stor
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,8 @@ from intention_kernel import (
     capability,
 )
 from intention_kernel.durability import Durability
+from intention_kernel.durability.sqlite import SQLiteDurability
+from sqlite_history import undo_migration_12
 
 START = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
 
@@ -283,3 +287,22 @@ async def test_a_capability_may_not_emit_timer_events(store: Durability) -> None
     result = await kernel.turn("t", "1", "go")
     assert result.steps[0].status == "failed"
     assert await events_of(store, "timer.fired") == []
+
+
+async def test_a_sqlite_store_from_before_timers_is_upgraded_and_keeps_its_threads(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "k.db"
+    clock = Clock()
+    async with SQLiteDurability(path) as before:
+        kernel, _ = make_kernel(before, clock)
+        await kernel.turn("t", "1", "hello")
+    with sqlite3.connect(path) as conn:
+        undo_migration_12(conn)
+    async with SQLiteDurability(path) as upgraded:
+        kernel, _ = make_kernel(upgraded, clock)
+        await kernel.turn("t", "2", "remind r1")
+        clock.move(minutes=5)
+        (fired,) = await kernel.fire_due_timers()
+        assert fired.outcome == "fired" and fired.result is not None
+        assert fired.result.checkpoint_version == 3

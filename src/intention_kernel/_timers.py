@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from intention_kernel._ids import check_id
-from intention_kernel._json import normalize
+from intention_kernel._json import normalize, text_problem
 from intention_kernel.durability.records import Timer, TimerWrite
 from intention_kernel.errors import InvalidRequestError
 from intention_kernel.interpretation import FiredTimer
@@ -107,10 +107,9 @@ def plan_timer(
             raise InvalidRequestError(
                 f"a timer's message is at most {MAX_TIMER_MESSAGE} characters, got {len(message)}"
             )
-        try:
-            message.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidRequestError("a timer's message is not valid Unicode text") from None
+        problem = text_problem(message)
+        if problem is not None:  # stored in a text column of its own
+            raise InvalidRequestError(f"a timer's message cannot be stored: {problem}")
     try:
         stored = normalize(data)
     except (TypeError, ValueError) as exc:

@@ -14,7 +14,7 @@ from typing import Any
 from intention_kernel._json import dump_value, load_value
 from intention_kernel.durability.records import Timer, TimerWrite
 
-__all__ = ["TIMER_COLUMNS", "decode_timer", "split_writes", "timer_row"]
+__all__ = ["TIMER_COLUMNS", "decode_timer", "split_writes", "timer_json", "timer_row"]
 
 #: The columns of ``ik_timers``, in the order of :func:`timer_row` and :func:`decode_timer`.
 TIMER_COLUMNS = (
@@ -55,6 +55,18 @@ def split_writes(
     upserts = [timer_row(w.timer, stamp) for w in writes if w.timer is not None]
     deletes = [(w.thread_id, w.key) for w in writes if w.timer is None]
     return upserts, deletes
+
+
+def timer_json(writes: Sequence[TimerWrite]) -> str:
+    """The rows ``writes`` set, as one JSON array of objects (PostgreSQL's commit reads
+    it with ``jsonb_to_recordset``); times as ISO text with their offset."""
+    names = TIMER_COLUMNS.replace(" ", "").split(",")[1:12]
+    rows = [
+        dict(zip(names, timer_row(w.timer, datetime.isoformat)[1:12], strict=True))
+        for w in writes
+        if w.timer is not None
+    ]
+    return dump_value(rows)
 
 
 def decode_timer(row: Sequence[Any], parse: Callable[[Any], datetime | None]) -> Timer:

@@ -391,6 +391,19 @@ MIGRATIONS: tuple[str, ...] = (
     # function now refuses: a worker of an older library, still running, fails its next
     # turn with this message instead of locking threads that leases do not see.
     LEASES,
+    # 14: each thread's timers, as in SQLite's migration 12: one row per key; workers
+    # claim the due ones through ``ik_timers_due``, pending rows only, earliest first.
+    """
+    CREATE TABLE ik_timers (
+        thread_id text NOT NULL, key text NOT NULL, tenant_id text,
+        due_at timestamptz NOT NULL, message text, data text,
+        unless_version_after bigint, every_us bigint, status text NOT NULL,
+        set_at timestamptz, settled_at timestamptz, turn_id text,
+        claimed_until timestamptz,
+        CONSTRAINT ik_timers_pkey PRIMARY KEY (thread_id, key)
+    );
+    CREATE INDEX ik_timers_due ON ik_timers (due_at) WHERE status = 'pending';
+    """,
 )
 
 

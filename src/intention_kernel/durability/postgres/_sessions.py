@@ -101,7 +101,7 @@ _DUPLICATE = (
 #: The adapter's tables and functions, as statements name them.
 _NAMES = re.compile(
     r"\b(ik_(?:threads|turns|receipts|outbox_head|outbox|messages|facts|journal|leases|schema"
-    r"|inbox|cancels|interrupts|start_turn_leased))\b"
+    r"|inbox|cancels|interrupts|timers|start_turn_leased))\b"
 )
 
 

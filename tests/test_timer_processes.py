@@ -1,0 +1,124 @@
+"""Timers fired by several real worker processes, on SQLite and on PostgreSQL, while
+workers are killed (SIGKILL mid-run, and ``os._exit`` at a turn's durable points):
+each timer's turn commits exactly once, and none is lost. The killed workers' claims
+are taken over once they end (``claim_for``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from intention_kernel import Kernel
+from intention_kernel.testing import faults
+from proving_support import Store, make_sql_store
+from timer_worker import timer_agent
+
+WORKER = Path(__file__).with_name("timer_worker.py")
+TIMERS = 240
+THREADS = 40
+DEADLINE = 120.0  # seconds for every timer to be settled
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    yield from make_sql_store(request.param, request, tmp_path)
+
+
+async def set_timers(store: Store) -> set[tuple[str, str]]:
+    """``TIMERS`` timers over ``THREADS`` threads, all due already."""
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    async with store.durability() as durability:
+        kernel = Kernel(timer_agent(0.0), durability)
+        keys = set()
+        for n in range(TIMERS):
+            thread, key = f"t{n % THREADS}", f"k{n}"
+            await kernel.schedule(thread, key, at=due - timedelta(microseconds=n))
+            keys.add((thread, key))
+    return keys
+
+
+async def spawn(store: Store, **options: Any) -> asyncio.subprocess.Process:
+    config = {"store": store.config(), "claim_for": 1.5, "limit": 8, "hold": 0.01, **options}
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(WORKER),
+        json.dumps(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+def fired_count(store: Store) -> int:
+    return int(store.query("SELECT count(*) FROM ik_timers WHERE status = 'fired'")[0][0])
+
+
+async def check_exactly_once(store: Store, keys: set[tuple[str, str]]) -> None:
+    """Every timer fired, each by exactly one committed turn announced once."""
+    rows = store.query("SELECT thread_id, key, status, turn_id FROM ik_timers")
+    assert {(t, k) for t, k, _, _ in rows} == keys
+    assert Counter(status for _, _, status, _ in rows) == {"fired": TIMERS}
+    turns = {(t, u) for t, _, _, u in rows}
+    committed = store.query("SELECT thread_id, turn_id FROM ik_turns")
+    assert sorted(committed) == sorted(turns)  # one turn per timer, and no other
+    events = store.query("SELECT thread_id, turn_id, type FROM ik_outbox WHERE turn_id IS NOT NULL")
+    per_turn = Counter((t, u, kind) for t, u, kind in events)
+    for thread, turn in turns:
+        assert per_turn[(thread, turn, "turn.committed")] == 1
+        assert per_turn[(thread, turn, "timer.fired")] == 1
+    versions = store.query("SELECT thread_id, version FROM ik_threads")
+    assert sum(v for _, v in versions) == TIMERS  # no thread committed a turn twice
+
+
+async def finish(processes: list[asyncio.subprocess.Process]) -> list[str]:
+    lines = []
+    for process in processes:
+        out, err = await asyncio.wait_for(process.communicate(), DEADLINE)
+        if process.returncode not in (0, -signal.SIGKILL, faults.EXIT_STATUS):
+            pytest.fail(f"a worker exited with {process.returncode}: {err.decode()[-2000:]}")
+        lines.extend(out.decode().splitlines())
+    return lines
+
+
+async def test_workers_killed_mid_run_fire_each_timer_exactly_once(sql_store: Store) -> None:
+    keys = await set_timers(sql_store)
+    workers = [await spawn(sql_store) for _ in range(3)]
+    start = time.monotonic()
+    while fired_count(sql_store) < TIMERS // 6:  # well into the run
+        assert time.monotonic() - start < DEADLINE, "the workers fire nothing"
+        await asyncio.sleep(0.01)
+    workers[0].send_signal(signal.SIGKILL)  # its claims and turns in flight are left
+    workers.append(await spawn(sql_store))  # a late worker joins
+    lines = await finish(workers)
+    assert workers[0].returncode == -signal.SIGKILL
+    await check_exactly_once(sql_store, keys)
+    outcomes = Counter(json.loads(line)["o"] for line in lines)
+    assert outcomes["failed"] == 0
+    assert outcomes["fired"] <= TIMERS
+
+
+@pytest.mark.parametrize(
+    "point", [faults.AFTER_LOCK, faults.BEFORE_COMMIT, faults.DURING_COMMIT, faults.AFTER_COMMIT]
+)
+async def test_a_worker_dying_at_a_durable_point_leaves_no_timer_lost_or_doubled(
+    sql_store: Store, point: str
+) -> None:
+    keys = await set_timers(sql_store)
+    dying = await spawn(sql_store, fault={"point": point, "skip": 2})
+    start = time.monotonic()
+    while fired_count(sql_store) == 0 and dying.returncode is None:  # a head start
+        assert time.monotonic() - start < DEADLINE, "the dying worker fires nothing"
+        await asyncio.sleep(0.01)
+    workers = [dying, await spawn(sql_store), await spawn(sql_store)]
+    await finish(workers)
+    assert dying.returncode == faults.EXIT_STATUS  # it died where it was told
+    await check_exactly_once(sql_store, keys)
