@@ -4,6 +4,7 @@ fired once as a turn under a turn ID made of its key and due time. On every stor
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -306,3 +307,84 @@ async def test_a_sqlite_store_from_before_timers_is_upgraded_and_keeps_its_threa
         (fired,) = await kernel.fire_due_timers()
         assert fired.outcome == "fired" and fired.result is not None
         assert fired.result.checkpoint_version == 3
+
+
+class Held:
+    """A capability held until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def agent(self) -> Agent:
+        @capability("jobs.hold", effect="read", description="Hold")
+        async def hold(input: dict[str, Any], ctx: CapabilityContext) -> str:
+            self.entered.set()
+            await asyncio.wait_for(self.release.wait(), 10)
+            return "held"
+
+        class Interpreter:
+            async def interpret(self, request: InterpretationRequest) -> Interpretation:
+                return Interpretation([Intent("jobs.hold", {})])
+
+        return Agent(name="h", version="1", capabilities=[hold], interpreter=Interpreter())
+
+
+async def test_a_timer_on_a_busy_thread_waits_for_the_running_turn(store: Durability) -> None:
+    held = Held()
+    kernel = Kernel(held.agent(), store)
+    running = asyncio.create_task(kernel.turn("t", "1", "go"))
+    await asyncio.wait_for(held.entered.wait(), 10)
+    # Kernel.schedule waits for the thread's lock: at once on another thread.
+    await kernel.schedule("other", "x", after=timedelta(0))
+    setting = asyncio.create_task(kernel.schedule("t", "soon", after=timedelta(0)))
+    await asyncio.sleep(0.05)
+    assert not setting.done()  # waits for the running turn
+    held.release.set()
+    await running
+    await setting
+    outcomes = {(f.thread_id, f.outcome) for f in await kernel.fire_due_timers()}
+    assert outcomes == {("t", "fired"), ("other", "fired")}
+    checkpoint = await kernel.checkpoint("t")
+    assert checkpoint is not None and checkpoint.version == 2
+
+
+async def test_a_timer_firing_waits_for_a_turn_running_on_its_thread(store: Durability) -> None:
+    held = Held()
+    kernel = Kernel(held.agent(), store)
+    await kernel.schedule("t", "soon", after=timedelta(0))
+    running = asyncio.create_task(kernel.turn("t", "1", "go"))
+    await asyncio.wait_for(held.entered.wait(), 10)
+    firing = asyncio.create_task(kernel.fire_due_timers())
+    await asyncio.sleep(0.05)
+    assert not firing.done()  # its turn waits for the thread's lock
+    held.release.set()
+    await running
+    held.release = asyncio.Event()
+    held.entered = asyncio.Event()
+    await asyncio.wait_for(held.entered.wait(), 10)
+    held.release.set()
+    (fired,) = await firing
+    assert fired.outcome == "fired" and fired.result is not None
+    assert fired.result.checkpoint_version == 2
+
+
+async def test_a_claim_that_lapses_while_its_turn_runs_is_replayed_not_run_twice(
+    store: Durability,
+) -> None:
+    held = Held()
+    first, second = Kernel(held.agent(), store), Kernel(held.agent(), store)
+    await first.schedule("t", "once", after=timedelta(0))
+    firing = asyncio.create_task(first.fire_due_timers(claim_for=0.01))
+    await asyncio.wait_for(held.entered.wait(), 10)
+    await asyncio.sleep(0.02)  # the first claim is over while its turn still runs
+    again = asyncio.create_task(second.fire_due_timers())
+    await asyncio.sleep(0.05)
+    held.release.set()
+    (one,), (two,) = await firing, await again
+    assert (one.outcome, two.outcome) == ("fired", "replayed")
+    assert one.turn_id == two.turn_id
+    events = await events_of(store, "turn.committed")
+    assert [e.turn_id for e in events] == [one.turn_id]
+    (timer,) = await first.timers("t")
+    assert timer.status == "fired"
