@@ -113,7 +113,11 @@ async def test_a_timer_set_in_a_turn_fires_once_as_a_turn_when_due(store: Durabi
     kernel, interpreter = make_kernel(store, clock)
     await kernel.turn("t", "1", "remind r1")
     (timer,) = await kernel.timers("t")
-    assert (timer.key, timer.status, timer.due_at) == ("r1", "pending", START + timedelta(minutes=5))
+    assert (timer.key, timer.status, timer.due_at) == (
+        "r1",
+        "pending",
+        START + timedelta(minutes=5),
+    )
     assert timer.data == {"n": 1} and timer.message == "remind"
     assert await kernel.fire_due_timers() == []  # not due yet
     clock.move(minutes=5)

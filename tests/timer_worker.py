@@ -68,5 +68,10 @@ async def main(config: dict[str, Any]) -> None:
                 await asyncio.sleep(0.05)  # claimed by another worker: wait for its end
 
 
+def jobs_agent() -> Agent:
+    """The agent ``intention-kernel timers run --agent timer_worker:jobs_agent`` runs."""
+    return timer_agent(0.0)
+
+
 if __name__ == "__main__":
     asyncio.run(main(json.loads(sys.argv[1])))

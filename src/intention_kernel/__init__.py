@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 
 from intention_kernel._inbox import Cancellation, Queued
-from intention_kernel._timer_runner import TimerOutcome
 from intention_kernel._sync import SyncKernel, TurnStream
+from intention_kernel._timer_runner import TimerOutcome
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
 from intention_kernel.capabilities import (
@@ -23,6 +23,7 @@ from intention_kernel.capabilities import (
     capability,
 )
 from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
+from intention_kernel.durability.records import Timer
 from intention_kernel.effects import (
     EffectAuthority,
     EffectResult,
@@ -79,7 +80,6 @@ from intention_kernel.interpretation import (
     Rule,
     RuleInterpreter,
 )
-from intention_kernel.durability.records import Timer
 from intention_kernel.kernel import Kernel
 from intention_kernel.replies import Replies
 from intention_kernel.streaming import TurnEvent

@@ -30,6 +30,7 @@ worker runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -227,10 +228,8 @@ async def run_timers(
         if stop is None:
             await asyncio.sleep(poll_interval)
         else:
-            try:
+            with contextlib.suppress(TimeoutError):  # the poll: nothing to stop yet
                 await asyncio.wait_for(stop.wait(), poll_interval)
-            except TimeoutError:
-                pass
 
 
 async def _fire(kernel: Kernel, recorder: _Recorder, timer: Timer) -> TimerOutcome:

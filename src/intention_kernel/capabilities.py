@@ -41,8 +41,8 @@ from intention_kernel.facts import Fact, FactRecord, FactTable
 if TYPE_CHECKING:
     from intention_kernel.durability.records import Timer, TimerWrite
     from intention_kernel.effects import EffectFn, EffectResult
-    from intention_kernel.turns import EventDraft
     from intention_kernel.interpretation import Answer
+    from intention_kernel.turns import EventDraft
 
 __all__ = [
     "CancellationSignal",

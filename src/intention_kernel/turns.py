@@ -51,9 +51,7 @@ __all__ = [
 #: Event types the kernel and its adapters emit live in these namespaces (``turn.committed``,
 #: ``effect.completed``, ``receipt.resolved``, ...). Consumers rely on them (one
 #: ``turn.committed`` per committed turn), so capabilities may not emit into them.
-KERNEL_EVENT_NAMESPACES = frozenset(
-    ("turn", "interaction", "fact", "effect", "receipt", "timer")
-)
+KERNEL_EVENT_NAMESPACES = frozenset(("turn", "interaction", "fact", "effect", "receipt", "timer"))
 
 
 def kernel_event_namespace(type: str) -> str | None:

@@ -27,8 +27,8 @@ from intention_kernel.checkpoint import (
 )
 from intention_kernel.deadlines import expired_event, expired_step
 from intention_kernel.durability import TurnTransaction
-from intention_kernel.facts import FactLedger, FactRecord, FactTable
 from intention_kernel.durability.records import TimerWrite
+from intention_kernel.facts import FactLedger, FactRecord, FactTable
 from intention_kernel.interpretation import Answer, FiredTimer
 from intention_kernel.streaming import TurnSink
 from intention_kernel.turns import EventDraft, StepResult, StepStatus, TurnScope

@@ -35,6 +35,11 @@ from intention_kernel.durability._rows import (
     receipt_write,
     stored_thread,
 )
+from intention_kernel.durability._timer_rows import (
+    decode_timer,
+    split_writes,
+    timer_json,
+)
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
@@ -55,11 +60,6 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
-from intention_kernel.durability._timer_rows import (
-    decode_timer,
-    split_writes,
-    timer_json,
-)
 from intention_kernel.durability.postgres._commit import commit_parts, commit_statement
 from intention_kernel.durability.postgres._leases import PostgresLeases
 from intention_kernel.durability.postgres._schema import BEGIN_TURN, turn_start
@@ -67,14 +67,10 @@ from intention_kernel.durability.postgres._sessions import Connection, execute, 
 from intention_kernel.durability.postgres._statements import (
     BUMP_THREAD_SEQ,
     CLAIM_TIMERS,
-    DELETE_TIMER,
-    PRUNE_TIMERS,
-    SELECT_TIMER,
-    SELECT_TIMERS,
-    UPSERT_TIMER,
     DELETE_FACTS,
     DELETE_INBOX,
     DELETE_MESSAGES,
+    DELETE_TIMER,
     HAS_UNSEQUENCED,
     HOLD_LEASE,
     INBOX_POSITION,
@@ -93,6 +89,7 @@ from intention_kernel.durability.postgres._statements import (
     PENDING_THREADS,
     PRUNE_EVENTS,
     PRUNE_JOURNAL,
+    PRUNE_TIMERS,
     PRUNE_TURNS,
     REWRITE_THREAD,
     SCAN_THREADS,
@@ -107,6 +104,8 @@ from intention_kernel.durability.postgres._statements import (
     SELECT_OUTBOX,
     SELECT_RECEIPT,
     SELECT_THREAD,
+    SELECT_TIMER,
+    SELECT_TIMERS,
     SELECT_TURN_EXISTS,
     SELECT_UNPUBLISHED,
     SELECT_VERSION,
@@ -114,6 +113,7 @@ from intention_kernel.durability.postgres._statements import (
     SETTLE_RECEIPT,
     STALE_JOURNALS,
     UPDATE_RECEIPT,
+    UPSERT_TIMER,
     receipts_query,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow

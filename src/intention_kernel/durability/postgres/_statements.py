@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from intention_kernel.durability._timer_rows import TIMER_COLUMNS
 from intention_kernel.durability._rows import OUTBOX_COLUMNS, RECEIPT_COLUMNS, select_receipts
+from intention_kernel.durability._timer_rows import TIMER_COLUMNS
 from intention_kernel.durability.postgres._schema import CHECKPOINT_ROWS
 from intention_kernel.effects import ReceiptStatus
 

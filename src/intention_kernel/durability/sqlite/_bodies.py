@@ -28,9 +28,6 @@ from intention_kernel import _faults
 from intention_kernel.durability.sqlite._statements import (
     BUMP_THREAD_SEQ,
     CLAIM_TIMERS,
-    DELETE_TIMER,
-    PRUNE_TIMERS,
-    UPSERT_TIMER,
     DELETE_FACT,
     DELETE_FACTS,
     DELETE_INBOX,
@@ -38,6 +35,7 @@ from intention_kernel.durability.sqlite._statements import (
     DELETE_INDEX_KEY,
     DELETE_JOURNAL,
     DELETE_MESSAGES,
+    DELETE_TIMER,
     INBOX_POSITION,
     INSERT_CANCEL,
     INSERT_EVENT,
@@ -55,6 +53,7 @@ from intention_kernel.durability.sqlite._statements import (
     MARK_PUBLISHED,
     PRUNE_EVENTS,
     PRUNE_JOURNAL,
+    PRUNE_TIMERS,
     PRUNE_TURNS,
     REWRITE_THREAD,
     SELECT_INBOX_ENTRY,
@@ -65,6 +64,7 @@ from intention_kernel.durability.sqlite._statements import (
     UPDATE_RECEIPT,
     UPDATE_THREAD,
     UPSERT_FACT,
+    UPSERT_TIMER,
 )
 
 __all__ = ["Refusal"]

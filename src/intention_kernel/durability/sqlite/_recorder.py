@@ -38,6 +38,7 @@ from intention_kernel.durability._rows import (
     receipt_write,
     stored_thread,
 )
+from intention_kernel.durability._timer_rows import decode_timer, split_writes
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
@@ -59,7 +60,6 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
-from intention_kernel.durability._timer_rows import decode_timer, split_writes
 from intention_kernel.durability.contract import replay_or_lock_and_begin
 from intention_kernel.durability.sqlite import _bodies as bodies
 from intention_kernel.durability.sqlite._bodies import Refusal

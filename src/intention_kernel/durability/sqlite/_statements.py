@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from intention_kernel.durability._timer_rows import TIMER_COLUMNS
 from intention_kernel.durability._rows import OUTBOX_COLUMNS, RECEIPT_COLUMNS, select_receipts
+from intention_kernel.durability._timer_rows import TIMER_COLUMNS
 
 SELECT_TURN = """
     SELECT t.request_digest, t.result, th.tenant_id, t.pruned_at
