@@ -33,7 +33,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -69,7 +70,15 @@ from intention_kernel.turns import TurnCommit, TurnResult, TurnScope
 if TYPE_CHECKING:
     from intention_kernel.kernel import Kernel
 
-__all__ = ["TimerOutcome", "cancel_timer", "fire_due", "list_timers", "run_timers", "schedule"]
+__all__ = [
+    "TimerOutcome",
+    "background_timers",
+    "cancel_timer",
+    "fire_due",
+    "list_timers",
+    "run_timers",
+    "schedule",
+]
 
 logger = logging.getLogger("intention_kernel.timers")
 
@@ -230,6 +239,30 @@ async def run_timers(
         else:
             with contextlib.suppress(TimeoutError):  # the poll: nothing to stop yet
                 await asyncio.wait_for(stop.wait(), poll_interval)
+
+
+def background_timers(
+    kernel: Kernel, *, poll_interval: float = 0.25
+) -> Callable[[Any], AbstractAsyncContextManager[None]]:
+    """An ASGI lifespan running :func:`run_timers` for the app's life, if the kernel's
+    store keeps timers; stopped (after its pass) when the app shuts down."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        try:
+            await timer_store(kernel)
+        except InvalidRequestError:
+            yield  # a store without timers: nothing to fire
+            return
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_timers(kernel, poll_interval=poll_interval, stop=stop))
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
+
+    return lifespan
 
 
 async def _fire(kernel: Kernel, recorder: _Recorder, timer: Timer) -> TimerOutcome:

@@ -65,7 +65,9 @@ def list_timers(
         str | None,
         typer.Option("--status", metavar="STATUS", help="pending, fired or void (default: all)"),
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many")] = 1000,
+    limit: Annotated[
+        int, typer.Option("--limit", metavar="N", min=1, help="At most this many")
+    ] = 1000,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False,
 ) -> None:
     """List timers: when each is due, and what became of it."""
@@ -131,11 +133,19 @@ def run(
     db: DbOption = None,
     once: Annotated[bool, typer.Option("--once", help="One pass, then exit")] = False,
     poll: Annotated[
-        float, typer.Option("--poll", min=0.01, help="Seconds between passes while idle")
+        float,
+        typer.Option(
+            "--poll", metavar="SECONDS", min=0.01, help="Seconds between passes while idle"
+        ),
     ] = 0.25,
     claim_for: Annotated[
         float,
-        typer.Option("--claim-for", min=0.1, help="Seconds a claim keeps other workers off"),
+        typer.Option(
+            "--claim-for",
+            metavar="SECONDS",
+            min=0.1,
+            help="Seconds a claim keeps other workers off",
+        ),
     ] = 60.0,
 ) -> None:
     """Fire due timers as turns of AGENT, once each, until interrupted."""
