@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from intention_kernel._timer_runner import background_timers
 from intention_kernel.host._access import Access, Principal
 from intention_kernel.host._endpoints import Endpoints, guarded
 from intention_kernel.host._guard import RequestGuard, check_host_patterns
@@ -22,7 +23,6 @@ from intention_kernel.host._problems import (
     ProblemType,
     problem_response,
 )
-from intention_kernel._timer_runner import background_timers
 from intention_kernel.kernel import Kernel
 
 __all__ = ["create_app"]
