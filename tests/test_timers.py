@@ -26,6 +26,7 @@ from intention_kernel import (
 )
 from intention_kernel.durability import Durability
 from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.operations import prune
 from sqlite_history import undo_migration_12
 
 START = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
@@ -392,3 +393,21 @@ async def test_a_claim_that_lapses_while_its_turn_runs_is_replayed_not_run_twice
     assert [e.turn_id for e in events] == [one.turn_id]
     (timer,) = await first.timers("t")
     assert timer.status == "fired"
+
+
+async def test_prune_removes_settled_timers_and_keeps_pending_ones(store: Durability) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    await kernel.schedule("t", "done", after=timedelta(0))
+    await kernel.schedule("t", "later", after=timedelta(days=30))
+    (fired,) = await kernel.fire_due_timers()
+    assert fired.outcome == "fired"
+    report = await prune(store, older_than=timedelta(days=1), now=START)  # type: ignore[arg-type]
+    assert report.timers == 0  # settled at START: not older than the cutoff
+    report = await prune(store, older_than=timedelta(0), now=START + timedelta(days=2))  # type: ignore[arg-type]
+    assert report.timers == 1
+    assert [t.key for t in await kernel.timers("t")] == ["later"]
+    # The fired timer's turn ID stays committed: its occurrence cannot run again.
+    await kernel.schedule("t", "done", at=START)
+    (again,) = await kernel.fire_due_timers()
+    assert again.outcome in ("replayed", "void") and again.turn_id == fired.turn_id

@@ -61,6 +61,7 @@ from intention_kernel.durability.contract import (
     Migratable,
     MigrationRecorder,
     Recorded,
+    TimerRecorder,
 )
 from intention_kernel.durability.records import CheckpointRewrite, StoredThread
 from intention_kernel.effects import utcnow
@@ -138,13 +139,15 @@ class MigrationReport:
 
 @dataclass(frozen=True, slots=True)
 class PruneReport:
-    """What :func:`prune` removed: events deleted, turn results dropped, and journal
-    entries (recorded model responses) of turns that never committed deleted."""
+    """What :func:`prune` removed: events deleted, turn results dropped, journal
+    entries (recorded model responses) of turns that never committed deleted, and
+    timers fired (or void) before the cutoff deleted."""
 
     cutoff: datetime
     events: int = 0
     turns: int = 0
     journal: int = 0
+    timers: int = 0
 
 
 async def check_checkpoints(
@@ -274,6 +277,7 @@ async def prune(
     and a redelivery would go on from a transcript no delivery produced. Without the
     lock, a redelivery running meanwhile could record a round after the older ones
     were deleted. A thread busy with a turn is skipped; a later run prunes it.
+    Timers that fired (or were void) before the cutoff are deleted; pending ones stay.
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
@@ -309,7 +313,15 @@ async def prune(
         if len(found) < batch:
             break
         stale = found[-1]
-    return PruneReport(cutoff, events, turns, journal)
+    timers = 0
+    if isinstance(recorder, TimerRecorder):
+        # A settled timer's row goes with its turn's result: its turn ID is kept.
+        while True:
+            deleted = await recorder.prune_timers(cutoff, batch)
+            timers += deleted
+            if deleted < batch:
+                break
+    return PruneReport(cutoff, events, turns, journal, timers)
 
 
 @dataclass(frozen=True, slots=True)
