@@ -26,7 +26,7 @@ from intention_kernel import (
 )
 from intention_kernel.durability import Durability
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.operations import prune
+from intention_kernel.operations import expire_interactions, prune
 from sqlite_history import undo_migration_12
 
 START = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
@@ -411,3 +411,86 @@ async def test_prune_removes_settled_timers_and_keeps_pending_ones(store: Durabi
     await kernel.schedule("t", "done", at=START)
     (again,) = await kernel.fire_due_timers()
     assert again.outcome in ("replayed", "void") and again.turn_id == fired.turn_id
+
+
+def approval_kernel(store: Durability, clock: Clock) -> Kernel:
+    @capability(
+        "orders.ship",
+        effect="write",
+        description="Ship an order",
+        prompt="Ship order {order}?",
+        confirm_within=timedelta(minutes=30),
+        remind_before=timedelta(minutes=10),
+    )
+    async def ship(input: dict[str, Any], ctx: CapabilityContext) -> str:
+        return "shipped"
+
+    class Orders:
+        async def interpret(self, request: InterpretationRequest) -> Interpretation:
+            if request.message.startswith("ship"):
+                return Interpretation([Intent("orders.ship", {"order": request.message[5:]})])
+            return Interpretation(reply="ok")
+
+    agent = Agent(name="orders", version="1", capabilities=[ship], interpreter=Orders())
+    return Kernel(agent, store, clock=clock)
+
+
+async def test_a_confirmation_expires_on_time_by_itself_after_a_reminder(
+    store: Durability,
+) -> None:
+    clock = Clock()
+    kernel = approval_kernel(store, clock)
+    opened = await kernel.turn("t", "1", "ship o1")
+    assert opened.interaction is not None
+    interaction_id = opened.interaction.id
+    clock.move(minutes=19)
+    assert await kernel.fire_due_timers() == []
+    clock.move(minutes=1)  # ten minutes before the deadline: the reminder
+    (reminder,) = await kernel.fire_due_timers()
+    assert reminder.outcome == "fired" and reminder.result is not None
+    assert reminder.result.reply.startswith("Reminder: Ship order o1?")
+    (reminded,) = await events_of(store, "interaction.reminded")
+    assert reminded.payload["interaction_id"] == interaction_id
+    clock.move(minutes=10)  # the deadline: the expiry, with no one writing
+    (expiry,) = await kernel.fire_due_timers()
+    assert expiry.outcome == "fired" and expiry.turn_id == f"expire:{interaction_id}"
+    (expired,) = await events_of(store, "interaction.expired")
+    assert expired.turn_id == expiry.turn_id
+    checkpoint = await kernel.checkpoint("t")
+    assert checkpoint is not None and checkpoint.interaction is None and checkpoint.agenda == ()
+    assert await kernel.fire_due_timers() == []
+    # The kernel's own timers announce nothing of themselves.
+    assert await events_of(store, "timer.fired") == []
+
+
+async def test_an_answered_confirmation_takes_its_timers_with_it(store: Durability) -> None:
+    clock = Clock()
+    kernel = approval_kernel(store, clock)
+    await kernel.turn("t", "1", "ship o1")
+    assert {t.key.split(":")[1] for t in await kernel.timers("t")} == {"expire", "remind"}
+    await kernel.turn("t", "2", answer="accept")
+    assert await kernel.timers("t") == []
+    clock.move(hours=1)
+    assert await kernel.fire_due_timers() == []
+
+
+async def test_the_sweep_and_the_expiry_timer_expire_a_confirmation_once(
+    store: Durability,
+) -> None:
+    clock = Clock()
+    kernel = approval_kernel(store, clock)
+    await kernel.turn("t", "1", "ship o1")
+    clock.move(minutes=31)
+    report = await expire_interactions(store, clock=clock)  # type: ignore[arg-type]
+    assert report.expired == 1
+    outcomes = sorted(f.outcome for f in await kernel.fire_due_timers())
+    # The reminder is late and void; the expiry's turn was the sweep's: replayed.
+    assert outcomes == ["replayed", "void"]
+    assert len(await events_of(store, "interaction.expired")) == 1
+    assert await kernel.fire_due_timers() == []
+
+
+async def test_a_kernel_timer_key_is_refused_to_applications(store: Durability) -> None:
+    kernel, _ = make_kernel(store, Clock())
+    with pytest.raises(InvalidRequestError, match="keeps for its own timers"):
+        await kernel.schedule("t", "kernel:expire:x", after=timedelta(0))

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -41,6 +41,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from intention_kernel._ids import check_id
 from intention_kernel._timers import (
+    EXPIRY_TIMER_PREFIX,
+    KERNEL_TIMER_PREFIX,
+    REMINDER_TIMER_PREFIX,
     cancelled_event,
     check_key,
     fired_event,
@@ -64,6 +67,7 @@ from intention_kernel.errors import (
     TurnConflictError,
     TurnExpiredError,
 )
+from intention_kernel.operations import expiry_commit, expiry_scope, reminder_commit
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.turns import TurnCommit, TurnResult, TurnScope
 
@@ -265,13 +269,65 @@ def background_timers(
     return lifespan
 
 
+#: Makes a timer's commit under the thread's lock: ``(tx, the row, now)`` → the commit,
+#: or ``None`` when the occurrence is void (the row is then settled so).
+_Make = Callable[[TurnTransaction, Timer, datetime], Awaitable[TurnCommit | None]]
+
+
+def _agent_turn(kernel: Kernel, timer: Timer) -> tuple[TurnScope, _Make]:
+    """An application's timer: a turn of the agent, under its interpreter."""
+    turn_id = timer_turn_id(timer.key, timer.due_at)
+    scope = TurnScope(timer.thread_id, turn_id, timer.tenant_id, timer_digest(timer))
+    request = TurnRequest(None, None, timer=fired_timer(timer))
+    compiled, clock = kernel._compiled, kernel.clock
+
+    async def make(tx: TurnTransaction, current: Timer, now: datetime) -> TurnCommit | None:
+        version = tx.checkpoint.version if tx.checkpoint is not None else 0
+        guard = current.unless_version_after
+        if guard is not None and version > guard:
+            return None
+        commit = await run_turn(compiled, tx, request, clock)
+        writes = merge_writes((settled(current, turn_id, now), *commit.timers))
+        events = (fired_event(current, turn_id), *commit.events)
+        return dataclasses.replace(commit, events=events, timers=writes)
+
+    return scope, make
+
+
+def _kernel_turn(kernel: Kernel, timer: Timer) -> tuple[TurnScope, _Make]:
+    """One of the kernel's timers: a confirmation's expiry (the sweep's turn, under the
+    sweep's turn ID, so that the two expire it once between them) or its reminder."""
+    data = timer.data if isinstance(timer.data, dict) else {}
+    interaction_id = str(data.get("interaction_id", ""))
+    replies, clock = kernel.agent.replies, kernel.clock
+    expiry = timer.key.startswith(EXPIRY_TIMER_PREFIX)
+    if expiry:
+        scope = expiry_scope(timer.thread_id, timer.tenant_id, interaction_id)
+    else:
+        turn_id = timer_turn_id(timer.key, timer.due_at)
+        scope = TurnScope(timer.thread_id, turn_id, timer.tenant_id, timer_digest(timer))
+
+    async def make(tx: TurnTransaction, current: Timer, now: datetime) -> TurnCommit | None:
+        if expiry:
+            commit = expiry_commit(tx, interaction_id, clock, replies)
+        else:
+            commit = reminder_commit(tx, interaction_id, now, replies)
+        if commit is None:
+            return None  # answered, replaced or expired meanwhile
+        writes = [settled(current, scope.turn_id, now)]
+        if expiry:  # its reminder, if still pending, has nothing left to remind of
+            writes.append(TimerWrite(timer.thread_id, REMINDER_TIMER_PREFIX + interaction_id, None))
+        return dataclasses.replace(commit, timers=tuple(writes))
+
+    return scope, make
+
+
 async def _fire(kernel: Kernel, recorder: _Recorder, timer: Timer) -> TimerOutcome:
     """Run the occurrence ``timer`` as its turn, settled in that turn's commit."""
     thread_id, key = timer.thread_id, timer.key
-    turn_id = timer_turn_id(key, timer.due_at)
-    scope = TurnScope(thread_id, turn_id, timer.tenant_id, timer_digest(timer))
-    request = TurnRequest(None, None, timer=fired_timer(timer))
-    compiled, clock = kernel._compiled, kernel.clock
+    own = key.startswith(KERNEL_TIMER_PREFIX)
+    scope, make = (_kernel_turn if own else _agent_turn)(kernel, timer)
+    turn_id, clock = scope.turn_id, kernel.clock
 
     def outcome(
         kind: Outcome, result: TurnResult | None = None, error: str | None = None
@@ -284,18 +340,13 @@ async def _fire(kernel: Kernel, recorder: _Recorder, timer: Timer) -> TimerOutco
         if current is None or not same_occurrence(current, timer):
             raise _Stale
         now = read_clock(clock)
-        version = tx.checkpoint.version if tx.checkpoint is not None else 0
-        guard = current.unless_version_after
-        if guard is not None and version > guard:
+        commit = await make(tx, current, now)
+        if commit is None:
             void = settled(current, turn_id, now, void=True)
-            await recorder.write_timers(
-                thread_id, (void,), (cancelled_event(key, "the thread moved on"),)
-            )
+            events = () if own else (cancelled_event(key, "the thread moved on"),)
+            await recorder.write_timers(thread_id, (void,), events)
             raise _Void
-        commit = await run_turn(compiled, tx, request, clock)
-        writes = merge_writes((settled(current, turn_id, now), *commit.timers))
-        events = (fired_event(current, turn_id), *commit.events)
-        return dataclasses.replace(commit, events=events, timers=writes)
+        return commit
 
     try:
         result = await kernel.durability.with_turn(scope, operation)
@@ -334,5 +385,8 @@ async def _settle(
         if current is None or not same_occurrence(current, timer):
             return
         write = settled(current, turn_id, read_clock(kernel.clock), void=void)
-        events: Sequence[Any] = (cancelled_event(timer.key, "its turn cannot run"),) if void else ()
+        own = timer.key.startswith(KERNEL_TIMER_PREFIX)
+        events: Sequence[Any] = (
+            (cancelled_event(timer.key, "its turn cannot run"),) if void and not own else ()
+        )
         await recorder.write_timers(timer.thread_id, (write,), events)

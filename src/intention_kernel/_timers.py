@@ -20,13 +20,18 @@ from typing import Any
 
 from intention_kernel._ids import check_id
 from intention_kernel._json import normalize, text_problem
+from intention_kernel.checkpoint import Interaction
 from intention_kernel.durability.records import Timer, TimerWrite
 from intention_kernel.errors import InvalidRequestError
 from intention_kernel.interpretation import FiredTimer
 from intention_kernel.turns import TIMER_TURN_PREFIX, EventDraft, request_digest
 
 __all__ = [
+    "EXPIRY_TIMER_PREFIX",
+    "KERNEL_TIMER_PREFIX",
     "MAX_KEY_LENGTH",
+    "REMINDER_TIMER_PREFIX",
+    "interaction_timers",
     "MAX_TIMER_MESSAGE",
     "cancelled_event",
     "check_key",
@@ -49,13 +54,59 @@ MAX_TIMER_MESSAGE = 32_000
 MIN_EVERY = timedelta(seconds=1)
 
 
+#: The prefix of the keys of the kernel's own timers: a confirmation's expiry and its
+#: reminder. They emit no ``timer.*`` events, and applications may not use the prefix.
+KERNEL_TIMER_PREFIX = "kernel:"
+#: The timer that expires interaction ``<id>`` at its ``expires_at``.
+EXPIRY_TIMER_PREFIX = KERNEL_TIMER_PREFIX + "expire:"
+#: The timer that reminds the person of interaction ``<id>`` before it expires.
+REMINDER_TIMER_PREFIX = KERNEL_TIMER_PREFIX + "remind:"
+
+
 def check_key(key: object) -> str:
-    """``key`` if it can name a timer; ``InvalidRequestError`` if not."""
+    """``key`` if an application can name a timer so; ``InvalidRequestError`` if not."""
     if isinstance(key, str) and len(key) > MAX_KEY_LENGTH:
         raise InvalidRequestError(
             f"a timer key is at most {MAX_KEY_LENGTH} characters long, got {len(key)}"
         )
+    if isinstance(key, str) and key.startswith(KERNEL_TIMER_PREFIX):
+        raise InvalidRequestError(
+            f"timer key {key!r} begins with {KERNEL_TIMER_PREFIX!r}, which the kernel keeps "
+            "for its own timers"
+        )
     return check_id("timer key", key)
+
+
+def interaction_timers(
+    thread_id: str,
+    tenant_id: str | None,
+    before: Interaction | None,
+    after: Interaction | None,
+    remind_before: timedelta | None,
+    now: datetime,
+) -> list[TimerWrite]:
+    """The kernel's timers a turn sets or deletes as its active interaction changes
+    from ``before`` to ``after``: one that expires an interaction with a deadline on
+    time, and one that reminds the person ``remind_before`` ahead of it. An
+    interaction closed or replaced takes its timers with it."""
+    writes: list[TimerWrite] = []
+    if before is not None and before.expires_at is not None:
+        if after is not None and after.id == before.id:
+            return writes  # the same question still waits: its timers stand
+        for prefix in (EXPIRY_TIMER_PREFIX, REMINDER_TIMER_PREFIX):
+            writes.append(TimerWrite(thread_id, prefix + before.id, None))
+    if after is None or after.expires_at is None:
+        return writes
+    data = {"interaction_id": after.id}
+
+    def timer(prefix: str, due: datetime) -> TimerWrite:
+        row = Timer(thread_id, prefix + after.id, due, None, data, tenant_id, set_at=now)
+        return TimerWrite(thread_id, row.key, row)
+
+    writes.append(timer(EXPIRY_TIMER_PREFIX, after.expires_at))
+    if remind_before is not None and after.expires_at - remind_before > now:
+        writes.append(timer(REMINDER_TIMER_PREFIX, after.expires_at - remind_before))
+    return writes
 
 
 def _instant(name: str, value: object) -> datetime:

@@ -349,6 +349,7 @@ class Capability:
     approvers: Approvers = None
     self_approval: bool = True
     redact: Redactor | None = None
+    remind_before: timedelta | None = None
 
     @property
     def who_may_answer(self) -> str:
@@ -444,6 +445,7 @@ def capability(
     approvers: Approvers = None,
     self_approval: bool = True,
     redact: Redactor | None = None,
+    remind_before: timedelta | None = None,
 ) -> Callable[[Handler], Capability]:
     """Declare a capability. Records only; ``Kernel(...)`` checks the definition.
 
@@ -469,6 +471,10 @@ def capability(
     ``self_approval=False`` refuses an accept from the principal whose turn proposed
     the operation. A refused answer runs nothing and leaves the interaction open.
     ``redact`` maps the input that ran before its receipt stores it (for secrets).
+    ``remind_before`` (a positive ``timedelta``): a confirmation with a deadline gets
+    a reminder turn that long before it expires, if it still waits then (a timer; see
+    :mod:`intention_kernel._timers`). Its reply and ``interaction.reminded`` carry the
+    prompt again.
     """
 
     def decorate(handler: Handler) -> Capability:
@@ -482,6 +488,10 @@ def capability(
             errors.append(f"{id}: {problem}")
         if confirm_within is not None:
             problem = duration_problem("confirm_within", confirm_within)
+            if problem is not None:
+                errors.append(f"{id}: {problem}")
+        if remind_before is not None:
+            problem = duration_problem("remind_before", remind_before)
             if problem is not None:
                 errors.append(f"{id}: {problem}")
         # ``bool`` is an ``int``: ``approvals=True`` is a mistake, not one approval.
@@ -512,6 +522,7 @@ def capability(
             approvers=policy,
             self_approval=self_approval,
             redact=redact,
+            remind_before=remind_before,
         )
 
     return decorate

@@ -44,6 +44,7 @@ __all__ = [
     "expired_event",
     "expired_step",
     "expiry_turn_id",
+    "expiry_turn_id_of",
     "overdue",
     "read_clock",
     "system_clock",
@@ -118,4 +119,9 @@ def expiry_turn_id(interaction: Interaction) -> str:
     """The turn ID under which the sweep expires ``interaction``. One per interaction,
     so that a sweep run twice (or two at once) commits it once: the second delivery of
     the turn ID is a replay. Its prefix is reserved: the kernel refuses it to clients."""
-    return f"{EXPIRY_TURN_PREFIX}{interaction.id}"
+    return expiry_turn_id_of(interaction.id)
+
+
+def expiry_turn_id_of(interaction_id: str) -> str:
+    """:func:`expiry_turn_id` of the interaction ``interaction_id``."""
+    return f"{EXPIRY_TURN_PREFIX}{interaction_id}"
