@@ -5,14 +5,17 @@ A capability declares how long a person has to answer (``confirm_within``, or
 ``expires_at`` (UTC), and ``None`` means no deadline. An interaction is overdue once
 the clock reads ``expires_at`` or later.
 
-No timer closes an overdue interaction. Two things decide it, each under the thread's
-lock, with the same rules from this module:
+Three things close an overdue interaction, each under the thread's lock, with the same
+rules from this module:
 
 - the next turn on the thread, which reads the clock once, when it holds the lock,
   before it interprets anything: an accept that arrives after the deadline runs
   nothing, and its reply says the request expired;
+- the kernel's expiry timer, set when the interaction opened, which a timer worker
+  fires at ``expires_at`` (:mod:`intention_kernel._timer_runner`);
 - the operator's sweep, :func:`~intention_kernel.operations.expire_interactions`
-  (``intention-kernel interactions expire``), for threads nobody writes to.
+  (``intention-kernel interactions expire``). The timer and the sweep share the turn
+  ID :func:`expiry_turn_id`, so between them an interaction is expired once.
 
 Either way the interaction and its held operation leave the checkpoint, its step is
 reported ``rejected``, and ``interaction.expired`` is emitted with the commit (an
