@@ -494,3 +494,30 @@ async def test_a_kernel_timer_key_is_refused_to_applications(store: Durability) 
     kernel, _ = make_kernel(store, Clock())
     with pytest.raises(InvalidRequestError, match="keeps for its own timers"):
         await kernel.schedule("t", "kernel:expire:x", after=timedelta(0))
+
+
+async def test_a_timer_set_for_another_tenant_than_the_threads_is_void(
+    store: Durability,
+) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    await kernel.turn("t", "1", "hello", tenant_id="acme")
+    await kernel.schedule("t", "foreign", after=timedelta(0), tenant_id="other")
+    (fired,) = await kernel.fire_due_timers()
+    assert fired.outcome == "void" and "TenantMismatchError" in (fired.error or "")
+    (timer,) = await kernel.timers("t")
+    assert timer.status == "void"
+    checkpoint = await kernel.checkpoint("t")
+    assert checkpoint is not None and checkpoint.version == 1
+    assert await kernel.fire_due_timers() == []
+
+
+async def test_a_timer_set_in_a_tenants_turn_fires_in_that_tenant(store: Durability) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    await kernel.turn("t", "1", "remind r1", tenant_id="acme")
+    (timer,) = await kernel.timers("t")
+    assert timer.tenant_id == "acme"
+    clock.move(minutes=5)
+    (fired,) = await kernel.fire_due_timers()
+    assert fired.outcome == "fired"

@@ -582,7 +582,9 @@ class TimerRecorder(Protocol):
         under the thread's lock; a store with leases refuses it without the lease."""
         ...
 
-    async def read_timer(self, thread_id: str, key: str) -> Timer | None: ...
+    async def read_timer(self, thread_id: str, key: str) -> Timer | None:
+        """The thread's timer ``key``, whatever its status, or ``None``."""
+        ...
 
     async def read_timers(
         self, thread_id: str | None, status: str | None, after: tuple[str, str] | None, limit: int
