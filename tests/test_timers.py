@@ -521,3 +521,38 @@ async def test_a_timer_set_in_a_tenants_turn_fires_in_that_tenant(store: Durabil
     clock.move(minutes=5)
     (fired,) = await kernel.fire_due_timers()
     assert fired.outcome == "fired"
+
+
+async def test_a_cron_timer_fires_at_each_of_its_times_once(store: Durability) -> None:
+    clock = Clock()  # Saturday 2026-12-05 09:00 UTC
+    kernel, _ = make_kernel(store, clock)
+    timer = await kernel.schedule("t", "weekly", cron="0 9 * * MON", message="summary")
+    assert timer.due_at == datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
+    clock.now = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
+    (first,) = await kernel.fire_due_timers()
+    assert first.turn_id == "timer:weekly@20261207T090000.000000Z"
+    (moved,) = await kernel.timers("t")
+    assert (moved.status, moved.due_at) == ("pending", datetime(2026, 12, 14, 9, 0, tzinfo=UTC))
+    clock.now = datetime(2027, 1, 1, tzinfo=UTC)  # three Mondays missed
+    (late,) = await kernel.fire_due_timers()
+    assert late.outcome == "fired" and await kernel.fire_due_timers() == []
+    (after,) = await kernel.timers("t")
+    assert after.due_at == datetime(2027, 1, 4, 9, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("when", "problem"),
+    [
+        ({"cron": "every monday"}, "is not a cron expression"),
+        ({"cron": "0 9 * * MON", "after": timedelta(0)}, "cron= says when on its own"),
+        ({"cron": "0 9 * * MON", "every": timedelta(days=1)}, "cron= says when on its own"),
+        ({"cron": 5}, "must be a cron expression"),
+    ],
+)
+async def test_a_bad_cron_timer_is_refused(
+    store: Durability, when: dict[str, Any], problem: str
+) -> None:
+    kernel, _ = make_kernel(store, Clock())
+    with pytest.raises(InvalidRequestError, match=problem):
+        await kernel.schedule("t", "k", **when)
+    assert await kernel.timers() == []

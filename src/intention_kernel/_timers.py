@@ -13,6 +13,7 @@ Everything here decides; nothing reads or writes a store.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -38,6 +39,7 @@ __all__ = [
     "fired_event",
     "fired_timer",
     "merge_writes",
+    "next_cron",
     "next_due",
     "plan_timer",
     "set_event",
@@ -130,17 +132,24 @@ def plan_timer(
     data: object = None,
     unless_version_after: object = None,
     every: object = None,
+    cron: object = None,
     tenant_id: str | None = None,
 ) -> Timer:
     """The timer that ``schedule`` sets, or ``InvalidRequestError`` naming what is wrong.
 
     Exactly one of ``at`` (a timezone-aware ``datetime``) and ``after`` (a ``timedelta``
-    of zero or more, from ``now``) says when. A time already past fires at once."""
+    of zero or more, from ``now``) says when, or ``cron`` alone (a cron expression, in
+    UTC: the first occurrence is its next time after ``now``). A time already past
+    fires at once."""
     check_id("thread_id", thread_id)
     key = check_key(key)
-    if (at is None) == (after is None):
-        raise InvalidRequestError("a timer needs exactly one of at= and after=")
-    if at is not None:
+    if cron is not None:
+        if at is not None or after is not None or every is not None:
+            raise InvalidRequestError("cron= says when on its own: give no at=, after= or every=")
+        due = next_cron(cron, now)
+    elif (at is None) == (after is None):
+        raise InvalidRequestError("a timer needs exactly one of at= and after= (or cron=)")
+    elif at is not None:
         due = _instant("at", at)
     else:
         if not isinstance(after, timedelta):
@@ -189,7 +198,25 @@ def plan_timer(
         unless_version_after=unless_version_after,
         every=every,
         set_at=now,
+        cron=cron,
     )
+
+
+def next_cron(expression: object, after: datetime) -> datetime:
+    """The first time of cron ``expression`` (in UTC) after ``after``. Needs the
+    ``cron`` extra (croniter); ``InvalidRequestError`` for a bad expression."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise InvalidRequestError(f"cron must be a cron expression, got {expression!r}")
+    try:
+        croniter: Any = importlib.import_module("croniter").croniter
+    except ImportError:
+        raise InvalidRequestError(
+            "cron= needs croniter: pip install 'intention-kernel[cron]'"
+        ) from None
+    if not croniter.is_valid(expression):
+        raise InvalidRequestError(f"{expression!r} is not a cron expression")
+    following: datetime = croniter(expression, after.astimezone(UTC)).get_next(datetime)
+    return following.astimezone(UTC)
 
 
 def timer_turn_id(key: str, due_at: datetime) -> str:
@@ -227,6 +254,8 @@ def next_due(timer: Timer, now: datetime) -> datetime | None:
     """When a recurring timer fires next after its occurrence at ``due_at``, or ``None``
     for a one-shot timer. Missed occurrences are not caught up one by one: the one
     firing stands for all of them, and the next is the first due after ``now``."""
+    if timer.cron is not None:
+        return next_cron(timer.cron, max(now, timer.due_at))
     if timer.every is None:
         return None
     due = timer.due_at + timer.every
@@ -266,6 +295,8 @@ def _payload(timer: Timer) -> dict[str, Any]:
     payload: dict[str, Any] = {"key": timer.key, "due_at": timer.due_at.isoformat()}
     if timer.every is not None:
         payload["every_seconds"] = timer.every.total_seconds()
+    if timer.cron is not None:
+        payload["cron"] = timer.cron
     if timer.unless_version_after is not None:
         payload["unless_version_after"] = timer.unless_version_after
     return payload

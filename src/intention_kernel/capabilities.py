@@ -286,6 +286,7 @@ class CapabilityContext:
         data: Any = None,
         unless_version_after: int | None = None,
         every: timedelta | None = None,
+        cron: str | None = None,
     ) -> Timer:
         """Set timer ``key`` of this thread: a turn the kernel runs when it is due.
 
@@ -295,7 +296,9 @@ class CapabilityContext:
         its timer. When due it runs as a turn under the agent's interpreter, which sees
         ``message`` and ``data`` in ``InterpretationRequest.timer``. With
         ``unless_version_after``, it is void if the thread's version is then above it;
-        with ``every``, it recurs. Bad input raises ``InvalidRequestError``.
+        with ``every``, it recurs; with ``cron`` alone (a cron expression in UTC, the
+        ``cron`` extra), it fires at each of its times. Bad input raises
+        ``InvalidRequestError``.
         """
         from intention_kernel._timers import plan_timer, set_event
         from intention_kernel.durability.records import TimerWrite
@@ -311,6 +314,7 @@ class CapabilityContext:
             data=data,
             unless_version_after=unless_version_after,
             every=every,
+            cron=cron,
             tenant_id=self.tenant_id,
         )
         stage.stage_timer(TimerWrite(self.thread_id, timer.key, timer), set_event(timer))

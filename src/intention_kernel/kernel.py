@@ -381,6 +381,7 @@ class Kernel:
         data: Any = None,
         unless_version_after: int | None = None,
         every: timedelta | None = None,
+        cron: str | None = None,
         tenant_id: str | None = None,
     ) -> Timer:
         """Set timer ``key`` of the thread from application code, as
@@ -399,6 +400,7 @@ class Kernel:
             data=data,
             unless_version_after=unless_version_after,
             every=every,
+            cron=cron,
         )
 
     async def cancel_timer(self, thread_id: str, key: str) -> bool:

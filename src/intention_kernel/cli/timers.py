@@ -91,7 +91,7 @@ def list_timers(
             Text(t.key),
             Text(t.status),
             Text(t.due_at.isoformat(timespec="seconds")),
-            Text("" if t.every is None else str(t.every)),
+            Text(t.cron or ("" if t.every is None else str(t.every))),
             Text(t.turn_id or ""),
         )
         for t in timers
@@ -119,6 +119,7 @@ def timer_as_dict(timer: Timer) -> dict[str, Any]:
         "status": timer.status,
         "due_at": at(timer.due_at),
         "every_seconds": None if timer.every is None else timer.every.total_seconds(),
+        "cron": timer.cron,
         "unless_version_after": timer.unless_version_after,
         "message": timer.message,
         "data": timer.data,

@@ -19,7 +19,7 @@ __all__ = ["TIMER_COLUMNS", "decode_timer", "split_writes", "timer_json", "timer
 #: The columns of ``ik_timers``, in the order of :func:`timer_row` and :func:`decode_timer`.
 TIMER_COLUMNS = (
     "thread_id, key, tenant_id, due_at, message, data, unless_version_after, every_us, "
-    "status, set_at, settled_at, turn_id, claimed_until"
+    "status, set_at, settled_at, turn_id, claimed_until, cron"
 )
 
 _MICROSECOND = timedelta(microseconds=1)
@@ -45,6 +45,7 @@ def timer_row(timer: Timer, stamp: Callable[[datetime], Any]) -> tuple[Any, ...]
         at(timer.settled_at),
         timer.turn_id,
         None,
+        timer.cron,
     )
 
 
@@ -60,9 +61,13 @@ def split_writes(
 def timer_json(writes: Sequence[TimerWrite]) -> str:
     """The rows ``writes`` set, as one JSON array of objects (PostgreSQL's commit reads
     it with ``jsonb_to_recordset``); times as ISO text with their offset."""
-    names = TIMER_COLUMNS.replace(" ", "").split(",")[1:12]
+    names = TIMER_COLUMNS.replace(" ", "").split(",")
     rows = [
-        dict(zip(names, timer_row(w.timer, datetime.isoformat)[1:12], strict=True))
+        {
+            name: value
+            for name, value in zip(names, timer_row(w.timer, datetime.isoformat), strict=True)
+            if name not in ("thread_id", "claimed_until")
+        }
         for w in writes
         if w.timer is not None
     ]
@@ -92,4 +97,5 @@ def decode_timer(row: Sequence[Any], parse: Callable[[Any], datetime | None]) ->
         settled_at=at(row[10]),
         turn_id=row[11],
         claimed_until=at(row[12]),
+        cron=row[13],
     )

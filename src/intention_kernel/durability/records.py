@@ -264,7 +264,8 @@ class Timer:
     (:attr:`~intention_kernel.interpretation.InterpretationRequest.timer`).
     ``unless_version_after``: the timer is void if the thread's version is above it
     when it is due. ``every``: it recurs, each occurrence ``every`` after the last due
-    time. ``turn_id`` is the turn that fired it (or voided it). ``claimed_until``: a
+    time; with ``cron`` (a cron expression, in UTC), at its next time after the
+    last. ``turn_id`` is the turn that fired it (or voided it). ``claimed_until``: a
     worker claimed it and is firing it until then; after that another may.
     """
 
@@ -281,6 +282,7 @@ class Timer:
     settled_at: datetime | None = None
     turn_id: str | None = None
     claimed_until: datetime | None = None
+    cron: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,21 +156,21 @@ TIMER_PARTS = {
     "timers": """, timer_rows AS (
         INSERT INTO ik_timers (thread_id, key, tenant_id, due_at, message, data,
                                unless_version_after, every_us, status, set_at, settled_at,
-                               turn_id, claimed_until)
+                               turn_id, claimed_until, cron)
         SELECT %(thread_id)s, r.key, r.tenant_id, r.due_at, r.message, r.data,
                r.unless_version_after, r.every_us, r.status, r.set_at, r.settled_at,
-               r.turn_id, NULL
+               r.turn_id, NULL, r.cron
         FROM thread, jsonb_to_recordset(%(timer_rows)s::jsonb) AS r(
             key text, tenant_id text, due_at timestamptz, message text, data text,
             unless_version_after bigint, every_us bigint, status text,
-            set_at timestamptz, settled_at timestamptz, turn_id text)
+            set_at timestamptz, settled_at timestamptz, turn_id text, cron text)
         ON CONFLICT (thread_id, key) DO UPDATE SET
             tenant_id = excluded.tenant_id, due_at = excluded.due_at,
             message = excluded.message, data = excluded.data,
             unless_version_after = excluded.unless_version_after,
             every_us = excluded.every_us, status = excluded.status,
             set_at = excluded.set_at, settled_at = excluded.settled_at,
-            turn_id = excluded.turn_id, claimed_until = NULL
+            turn_id = excluded.turn_id, claimed_until = NULL, cron = excluded.cron
     )""",
     "timer_deletes": """, timer_deletes AS (
         DELETE FROM ik_timers t USING thread

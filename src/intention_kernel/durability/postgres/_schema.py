@@ -399,7 +399,7 @@ MIGRATIONS: tuple[str, ...] = (
         due_at timestamptz NOT NULL, message text, data text,
         unless_version_after bigint, every_us bigint, status text NOT NULL,
         set_at timestamptz, settled_at timestamptz, turn_id text,
-        claimed_until timestamptz,
+        claimed_until timestamptz, cron text,
         CONSTRAINT ik_timers_pkey PRIMARY KEY (thread_id, key)
     );
     CREATE INDEX ik_timers_due ON ik_timers (due_at) WHERE status = 'pending';

@@ -356,7 +356,7 @@ SELECT_CANCEL = """
 
 # -- timers ---------------------------------------------------------------------------------
 
-_TIMER_VALUES = ", ".join(["%s"] * 13)
+_TIMER_VALUES = ", ".join(["%s"] * 14)
 _TIMER_UPDATE = ", ".join(
     f"{c} = excluded.{c}" for c in TIMER_COLUMNS.replace(" ", "").split(",")[2:]
 )

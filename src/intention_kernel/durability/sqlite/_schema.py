@@ -219,6 +219,7 @@ MIGRATIONS: tuple[str, ...] = (
         settled_at           TEXT,
         turn_id              TEXT,
         claimed_until        TEXT,
+        cron                 TEXT,
         PRIMARY KEY (thread_id, key)
     ) WITHOUT ROWID;
     CREATE INDEX ik_timers_due ON ik_timers (due_at) WHERE status = 'pending';

@@ -271,7 +271,7 @@ PRUNE_JOURNAL = """
 
 UPSERT_TIMER = f"""
     INSERT OR REPLACE INTO ik_timers ({TIMER_COLUMNS})
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 DELETE_TIMER = "DELETE FROM ik_timers WHERE thread_id = ? AND key = ?"
 SELECT_TIMER = f"SELECT {TIMER_COLUMNS} FROM ik_timers WHERE thread_id = ? AND key = ?"
