@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import signal
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from intention_kernel import Kernel
+from intention_kernel.durability.records import Timer, TimerWrite
 from intention_kernel.testing import faults
 from proving_support import Store, make_sql_store
 from timer_worker import timer_agent
@@ -122,3 +124,54 @@ async def test_a_worker_dying_at_a_durable_point_leaves_no_timer_lost_or_doubled
     await finish(workers)
     assert dying.returncode == faults.EXIT_STATUS  # it died where it was told
     await check_exactly_once(sql_store, keys)
+
+
+#: Timers of the soak by default; ``--soak-turns N`` sets another count.
+SOAK_TIMERS = 2_000
+
+
+@pytest.mark.soak
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_soak_workers_killed_at_random_fire_every_timer_exactly_once(
+    sql_store: Store, request: pytest.FixtureRequest
+) -> None:
+    """Many timers, three workers at a time, one killed (SIGKILL) every second and
+    replaced: at the end each timer fired by exactly one committed turn."""
+    count = request.config.getoption("--soak-turns") or SOAK_TIMERS
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    keys: set[tuple[str, str]] = set()
+    async with sql_store.durability() as durability:
+        recorder: Any = await durability.recorder()  # type: ignore[attr-defined]
+        threads = max(1, count // 50)
+        for t in range(threads):
+            thread = f"s{t}"
+            writes = []
+            for n in range(t, count, threads):
+                at = due - timedelta(microseconds=n)
+                timer = Timer(thread, f"k{n}", at, set_at=datetime.now(UTC))
+                writes.append(TimerWrite(thread, timer.key, timer))
+                keys.add((thread, timer.key))
+            async with recorder.lock(thread):
+                await recorder.write_timers(thread, writes, ())
+    workers = [await spawn(sql_store, hold=0.0) for _ in range(3)]
+    spawned = list(workers)
+    rng = random.Random(request.config.getoption("--soak-seed") or 37)
+    deadline = time.monotonic() + 800
+    while fired_count(sql_store) < count:
+        assert time.monotonic() < deadline, f"{fired_count(sql_store)} of {count} fired"
+        await asyncio.sleep(1.0)
+        victim = workers.pop(rng.randrange(len(workers)))
+        if victim.returncode is None:
+            victim.send_signal(signal.SIGKILL)
+        replacement = await spawn(sql_store, hold=0.0)
+        workers.append(replacement)
+        spawned.append(replacement)
+    await finish(spawned)
+    rows = sql_store.query("SELECT thread_id, key, status, turn_id FROM ik_timers")
+    assert {(t, k) for t, k, _, _ in rows} == keys
+    assert Counter(status for _, _, status, _ in rows) == {"fired": count}
+    committed = sql_store.query("SELECT thread_id, turn_id FROM ik_turns")
+    assert sorted(committed) == sorted((t, u) for t, _, _, u in rows)
+    events = sql_store.query("SELECT turn_id FROM ik_outbox WHERE type = 'timer.fired'")
+    assert len(events) == count and len(set(events)) == count

@@ -198,7 +198,7 @@ def plan_timer(
         unless_version_after=unless_version_after,
         every=every,
         set_at=now,
-        cron=cron,
+        cron=cron if isinstance(cron, str) else None,  # checked by ``next_cron``
     )
 
 
