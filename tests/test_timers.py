@@ -363,13 +363,9 @@ async def test_a_timer_firing_waits_for_a_turn_running_on_its_thread(store: Dura
     firing = asyncio.create_task(kernel.fire_due_timers())
     await asyncio.sleep(0.05)
     assert not firing.done()  # its turn waits for the thread's lock
-    held.release.set()
+    held.release.set()  # the timer's own turn then runs through the capability too
     await running
-    held.release = asyncio.Event()
-    held.entered = asyncio.Event()
-    await asyncio.wait_for(held.entered.wait(), 10)
-    held.release.set()
-    (fired,) = await firing
+    (fired,) = await asyncio.wait_for(firing, 10)
     assert fired.outcome == "fired" and fired.result is not None
     assert fired.result.checkpoint_version == 2
 
@@ -382,9 +378,16 @@ async def test_a_claim_that_lapses_while_its_turn_runs_is_replayed_not_run_twice
     await first.schedule("t", "once", after=timedelta(0))
     firing = asyncio.create_task(first.fire_due_timers(claim_for=0.01))
     await asyncio.wait_for(held.entered.wait(), 10)
+    (claimed,) = await first.timers("t")
     await asyncio.sleep(0.02)  # the first claim is over while its turn still runs
     again = asyncio.create_task(second.fire_due_timers())
-    await asyncio.sleep(0.05)
+    for _ in range(1000):  # until the second worker claimed it too
+        (now,) = await first.timers("t")
+        if now.claimed_until != claimed.claimed_until:
+            break
+        await asyncio.sleep(0.01)
+    assert now.claimed_until is not None and claimed.claimed_until is not None
+    assert now.claimed_until > claimed.claimed_until
     held.release.set()
     (one,), (two,) = await firing, await again
     assert (one.outcome, two.outcome) == ("fired", "replayed")
