@@ -11,6 +11,7 @@ __all__ = [
     "undo_migration_11",
     "undo_migration_12",
     "undo_migration_13",
+    "undo_migration_14",
 ]
 
 
@@ -24,11 +25,18 @@ def undo_migration_12(conn: sqlite3.Connection) -> None:
 
 def undo_migration_13(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 13 held it: no turn streams."""
+    undo_migration_14(conn)
     conn.execute("DROP TRIGGER ik_journal_streams")
     conn.execute("DROP TABLE ik_streams")
     conn.execute("ALTER TABLE ik_journal DROP COLUMN segment")
     conn.execute("ALTER TABLE ik_journal DROP COLUMN events")
     conn.execute("DELETE FROM ik_schema WHERE version > 12")
+
+
+def undo_migration_14(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 14 held it: no timers."""
+    conn.execute("DROP TABLE ik_timers")
+    conn.execute("DELETE FROM ik_schema WHERE version > 13")
 
 
 def undo_migration_11(conn: sqlite3.Connection) -> None:

@@ -252,6 +252,7 @@ async def test_schema_is_created_once_in_its_own_namespace_and_versioned(store: 
         "ik_schema",
         "ik_streams",
         "ik_threads",
+        "ik_timers",
         "ik_turns",
     ]
     times = store.execute(
@@ -285,6 +286,7 @@ UNDO_MIGRATION_5 = (
 UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
 UNDO_MIGRATION_8 = "DROP TABLE ik_journal"
 UNDO_MIGRATION_9 = "ALTER TABLE ik_receipts DROP COLUMN actor"
+UNDO_MIGRATION_16 = "DROP TABLE ik_timers"
 UNDO_MIGRATION_15 = "DROP TABLE ik_streams"
 UNDO_MIGRATION_14 = "DROP TABLE ik_lg_checkpoints, ik_lg_writes, ik_lg_heads"
 UNDO_MIGRATION_13 = (
@@ -320,6 +322,7 @@ async def test_a_version_1_schema_is_upgraded_and_its_threads_go_on(store: Store
     store.execute(UNDO_MIGRATION_7)
     store.execute(UNDO_MIGRATION_8)
     store.execute(UNDO_MIGRATION_9)
+    store.execute(UNDO_MIGRATION_16)
     store.execute(UNDO_MIGRATION_15)
     store.execute(UNDO_MIGRATION_14)
     store.execute(UNDO_MIGRATION_13)
@@ -364,6 +367,7 @@ async def test_migration_4_gives_existing_receipts_their_threads_owner(store: St
         store.execute(UNDO_MIGRATION_7)
         store.execute(UNDO_MIGRATION_8)
         store.execute(UNDO_MIGRATION_9)
+        store.execute(UNDO_MIGRATION_16)
         store.execute(UNDO_MIGRATION_15)
         store.execute(UNDO_MIGRATION_14)
         store.execute(UNDO_MIGRATION_13)
@@ -378,6 +382,7 @@ async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
     store: Store,
 ) -> None:
     def back_to_version_8() -> None:
+        store.execute(UNDO_MIGRATION_16)
         store.execute(UNDO_MIGRATION_15)
         store.execute(UNDO_MIGRATION_14)
         store.execute(UNDO_MIGRATION_13)
@@ -392,6 +397,7 @@ async def test_receipts_stored_before_migration_9_read_as_approved_by_no_one(
 
 async def test_receipts_stored_before_migration_10_read_with_no_origin(store: Store) -> None:
     def back_to_version_9() -> None:
+        store.execute(UNDO_MIGRATION_16)
         store.execute(UNDO_MIGRATION_15)
         store.execute(UNDO_MIGRATION_14)
         store.execute(UNDO_MIGRATION_13)
@@ -407,6 +413,7 @@ async def test_migration_12_gives_existing_journal_entries_their_threads_owner(
     store: Store,
 ) -> None:
     def back_to_version_11() -> None:
+        store.execute(UNDO_MIGRATION_16)
         store.execute(UNDO_MIGRATION_15)
         store.execute(UNDO_MIGRATION_14)
         store.execute(UNDO_MIGRATION_13)

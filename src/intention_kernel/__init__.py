@@ -12,6 +12,7 @@ import logging
 
 from intention_kernel._inbox import Cancellation, Queued
 from intention_kernel._sync import SyncKernel, TurnStream
+from intention_kernel._timer_runner import TimerOutcome
 from intention_kernel._turnstream import TurnStatus
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
@@ -23,6 +24,7 @@ from intention_kernel.capabilities import (
     capability,
 )
 from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
+from intention_kernel.durability.records import Timer
 from intention_kernel.effects import (
     EffectAuthority,
     EffectResult,
@@ -70,6 +72,7 @@ from intention_kernel.facts import Evidence, Fact, FactRecord, FactRef
 from intention_kernel.interpretation import (
     Answer,
     CapabilitySpec,
+    FiredTimer,
     Intent,
     Interpretation,
     InterpretationRequest,
@@ -124,6 +127,7 @@ __all__ = [
     "EventLoopRunningError",
     "Evidence",
     "Fact",
+    "FiredTimer",
     "FactRecord",
     "FactRef",
     "FencedCommitError",
@@ -165,6 +169,8 @@ __all__ = [
     "TenantMismatchError",
     "ThreadBusyError",
     "ThreadLockTimeoutError",
+    "Timer",
+    "TimerOutcome",
     "TurnCommit",
     "TurnCancelledError",
     "TurnConflictError",

@@ -21,7 +21,7 @@ import threading
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -35,12 +35,14 @@ from intention_kernel.authority import (
     frozen_roles,
 )
 from intention_kernel.deadlines import duration_problem
-from intention_kernel.errors import InvalidInputError
+from intention_kernel.errors import EffectUsageError, InvalidInputError
 from intention_kernel.facts import Fact, FactRecord, FactTable
 
 if TYPE_CHECKING:
+    from intention_kernel.durability.records import Timer, TimerWrite
     from intention_kernel.effects import EffectFn, EffectResult
     from intention_kernel.interpretation import Answer
+    from intention_kernel.turns import EventDraft
 
 __all__ = [
     "CancellationSignal",
@@ -164,6 +166,15 @@ class _Recorder(Protocol):
     async def __call__(self, key: str, compute: Callable[[], Awaitable[Any]]) -> Any: ...
 
 
+class _TimerStage(Protocol):
+    """Where a step stages its timer writes (the runtime's step)."""
+
+    @property
+    def now(self) -> datetime: ...
+
+    def stage_timer(self, write: TimerWrite, event: EventDraft) -> None: ...
+
+
 class CapabilityContext:
     """What a running capability sees of its turn.
 
@@ -175,6 +186,7 @@ class CapabilityContext:
         "_emit",
         "_recorded",
         "_run_effect",
+        "_timers",
         "answer",
         "capability_id",
         "facts",
@@ -199,6 +211,7 @@ class CapabilityContext:
         run_effect: _EffectRunner,
         emit: Callable[[str, Any], None],
         recorded: _Recorder,
+        timers: _TimerStage | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.turn_id = turn_id
@@ -214,6 +227,7 @@ class CapabilityContext:
         self._run_effect = run_effect
         self._emit = emit
         self._recorded = recorded
+        self._timers = timers
 
     def run_effect(self, key: str, fn: EffectFn) -> Coroutine[Any, Any, EffectResult[Any]]:
         """Run an external write at most once per ``key`` in this thread: await it.
@@ -262,6 +276,65 @@ class CapabilityContext:
         """
         self._emit(type, payload)
 
+    def schedule(
+        self,
+        key: str,
+        *,
+        at: datetime | None = None,
+        after: timedelta | None = None,
+        message: str | None = None,
+        data: Any = None,
+        unless_version_after: int | None = None,
+        every: timedelta | None = None,
+        cron: str | None = None,
+    ) -> Timer:
+        """Set timer ``key`` of this thread: a turn the kernel runs when it is due.
+
+        Exactly one of ``at`` (a timezone-aware time) and ``after`` (from the turn's
+        time) says when. The timer is committed with this turn, and only if the step
+        completes: a turn that does not commit sets no timer. Setting a key again moves
+        its timer. When due it runs as a turn under the agent's interpreter, which sees
+        ``message`` and ``data`` in ``InterpretationRequest.timer``. With
+        ``unless_version_after``, it is void if the thread's version is then above it;
+        with ``every``, it recurs; with ``cron`` alone (a cron expression in UTC, the
+        ``cron`` extra), it fires at each of its times. Bad input raises
+        ``InvalidRequestError``.
+        """
+        from intention_kernel._timers import plan_timer, set_event
+        from intention_kernel.durability.records import TimerWrite
+
+        stage = self._stage()
+        timer = plan_timer(
+            self.thread_id,
+            key,
+            now=stage.now,
+            at=at,
+            after=after,
+            message=message,
+            data=data,
+            unless_version_after=unless_version_after,
+            every=every,
+            cron=cron,
+            tenant_id=self.tenant_id,
+        )
+        stage.stage_timer(TimerWrite(self.thread_id, timer.key, timer), set_event(timer))
+        return timer
+
+    def cancel_timer(self, key: str) -> None:
+        """Cancel timer ``key`` of this thread, with this turn's commit (a key with no
+        timer is no error); ``timer.cancelled`` is emitted with the turn."""
+        from intention_kernel._timers import cancelled_event, check_key
+        from intention_kernel.durability.records import TimerWrite
+
+        stage = self._stage()
+        key = check_key(key)
+        stage.stage_timer(TimerWrite(self.thread_id, key, None), cancelled_event(key))
+
+    def _stage(self) -> _TimerStage:
+        if self._timers is None:
+            raise EffectUsageError(f"{self.capability_id}: this context cannot set timers")
+        return self._timers
+
 
 @dataclass(frozen=True, slots=True)
 class Capability:
@@ -280,6 +353,7 @@ class Capability:
     approvers: Approvers = None
     self_approval: bool = True
     redact: Redactor | None = None
+    remind_before: timedelta | None = None
 
     @property
     def who_may_answer(self) -> str:
@@ -375,6 +449,7 @@ def capability(
     approvers: Approvers = None,
     self_approval: bool = True,
     redact: Redactor | None = None,
+    remind_before: timedelta | None = None,
 ) -> Callable[[Handler], Capability]:
     """Declare a capability. Records only; ``Kernel(...)`` checks the definition.
 
@@ -400,6 +475,10 @@ def capability(
     ``self_approval=False`` refuses an accept from the principal whose turn proposed
     the operation. A refused answer runs nothing and leaves the interaction open.
     ``redact`` maps the input that ran before its receipt stores it (for secrets).
+    ``remind_before`` (a positive ``timedelta``): a confirmation with a deadline gets
+    a reminder turn that long before it expires, if it still waits then (a timer; see
+    :mod:`intention_kernel._timers`). Its reply and ``interaction.reminded`` carry the
+    prompt again.
     """
 
     def decorate(handler: Handler) -> Capability:
@@ -413,6 +492,10 @@ def capability(
             errors.append(f"{id}: {problem}")
         if confirm_within is not None:
             problem = duration_problem("confirm_within", confirm_within)
+            if problem is not None:
+                errors.append(f"{id}: {problem}")
+        if remind_before is not None:
+            problem = duration_problem("remind_before", remind_before)
             if problem is not None:
                 errors.append(f"{id}: {problem}")
         # ``bool`` is an ``int``: ``approvals=True`` is a mistake, not one approval.
@@ -443,6 +526,7 @@ def capability(
             approvers=policy,
             self_approval=self_approval,
             redact=redact,
+            remind_before=remind_before,
         )
 
     return decorate

@@ -5,14 +5,17 @@ A capability declares how long a person has to answer (``confirm_within``, or
 ``expires_at`` (UTC), and ``None`` means no deadline. An interaction is overdue once
 the clock reads ``expires_at`` or later.
 
-No timer closes an overdue interaction. Two things decide it, each under the thread's
-lock, with the same rules from this module:
+Three things close an overdue interaction, each under the thread's lock, with the same
+rules from this module:
 
 - the next turn on the thread, which reads the clock once, when it holds the lock,
   before it interprets anything: an accept that arrives after the deadline runs
   nothing, and its reply says the request expired;
+- the kernel's expiry timer, set when the interaction opened, which a timer worker
+  fires at ``expires_at`` (:mod:`intention_kernel._timer_runner`);
 - the operator's sweep, :func:`~intention_kernel.operations.expire_interactions`
-  (``intention-kernel interactions expire``), for threads nobody writes to.
+  (``intention-kernel interactions expire``). The timer and the sweep share the turn
+  ID :func:`expiry_turn_id`, so between them an interaction is expired once.
 
 Either way the interaction and its held operation leave the checkpoint, its step is
 reported ``rejected``, and ``interaction.expired`` is emitted with the commit (an
@@ -44,6 +47,7 @@ __all__ = [
     "expired_event",
     "expired_step",
     "expiry_turn_id",
+    "expiry_turn_id_of",
     "overdue",
     "read_clock",
     "system_clock",
@@ -118,4 +122,9 @@ def expiry_turn_id(interaction: Interaction) -> str:
     """The turn ID under which the sweep expires ``interaction``. One per interaction,
     so that a sweep run twice (or two at once) commits it once: the second delivery of
     the turn ID is a replay. Its prefix is reserved: the kernel refuses it to clients."""
-    return f"{EXPIRY_TURN_PREFIX}{interaction.id}"
+    return expiry_turn_id_of(interaction.id)
+
+
+def expiry_turn_id_of(interaction_id: str) -> str:
+    """:func:`expiry_turn_id` of the interaction ``interaction_id``."""
+    return f"{EXPIRY_TURN_PREFIX}{interaction_id}"

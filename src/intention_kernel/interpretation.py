@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
+from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from intention_kernel.checkpoint import Interaction, Message
@@ -21,6 +22,7 @@ __all__ = [
     "Answer",
     "CapabilitySpec",
     "Decision",
+    "FiredTimer",
     "Intent",
     "Interpretation",
     "InterpretationRequest",
@@ -146,6 +148,9 @@ class InterpretationRequest:
     an interpreter may call it with each piece of the model's text as it arrives (it
     returns at once). It is ``None`` otherwise; an interpreter that never calls it still
     works, and the stream then carries no text before the result.
+
+    ``timer`` is set in a timer's turn (:class:`FiredTimer`), and ``None`` in a turn a
+    person sent: an interpreter tells the two apart by it.
     """
 
     thread_id: str
@@ -157,6 +162,23 @@ class InterpretationRequest:
     catalog: tuple[CapabilitySpec, ...]
     rounds: tuple[Round, ...] = ()
     stream: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    timer: FiredTimer | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FiredTimer:
+    """The timer whose turn this is (:attr:`InterpretationRequest.timer`).
+
+    ``key`` names it in its thread, ``due_at`` (UTC) is when it was due, and ``message``
+    and ``data`` are what ``schedule`` gave it. A timer's turn is no person's message:
+    its request's ``message`` is the timer's message (or empty), and no user message is
+    added to the conversation.
+    """
+
+    key: str
+    due_at: datetime
+    message: str | None = None
+    data: Any = None
 
 
 @runtime_checkable

@@ -15,18 +15,20 @@ import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from datetime import datetime, timedelta
 from typing import Any
 
-from intention_kernel import _tracing
+from intention_kernel import _timer_runner, _tracing
 from intention_kernel import _turnstream as streams
 from intention_kernel._inbox import Cancellation, Inbox, InboxStore, Queued, encode_request
 from intention_kernel._json import normalize
+from intention_kernel._timer_runner import TimerOutcome
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.authority import Principal, same_principal
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, TurnOperation, _check_seconds
-from intention_kernel.durability.records import InboxEntry
+from intention_kernel.durability.records import InboxEntry, Timer
 from intention_kernel.effects import utcnow
 from intention_kernel.errors import CompilationError, InvalidRequestError
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
@@ -560,6 +562,76 @@ class Kernel:
                 extra={"thread_id": thread_id, "turn_id": turn_id, "replayed": result.replayed},
             )
         return result
+
+    # -- timers (see ``_timers`` and ``_timer_runner``) --------------------------------------
+
+    async def schedule(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        at: datetime | None = None,
+        after: timedelta | None = None,
+        message: str | None = None,
+        data: Any = None,
+        unless_version_after: int | None = None,
+        every: timedelta | None = None,
+        cron: str | None = None,
+        tenant_id: str | None = None,
+    ) -> Timer:
+        """Set timer ``key`` of the thread from application code, as
+        :meth:`CapabilityContext.schedule <intention_kernel.CapabilityContext.schedule>`
+        does in a turn; ``after`` counts from the kernel's clock. It is written at once,
+        under the thread's lock (so after a running turn commits), with ``timer.set``.
+        Bad input raises ``InvalidRequestError`` and changes nothing."""
+        return await _timer_runner.schedule(
+            self,
+            thread_id,
+            key,
+            tenant_id=tenant_id,
+            at=at,
+            after=after,
+            message=message,
+            data=data,
+            unless_version_after=unless_version_after,
+            every=every,
+            cron=cron,
+        )
+
+    async def cancel_timer(self, thread_id: str, key: str) -> bool:
+        """Cancel the thread's pending timer ``key``, under its lock, with
+        ``timer.cancelled``; whether there was one."""
+        return await _timer_runner.cancel_timer(self, thread_id, key)
+
+    async def timers(
+        self, thread_id: str | None = None, *, status: str | None = None, limit: int = 100
+    ) -> list[Timer]:
+        """Up to ``limit`` timers (of one thread, of one status if given), by thread and key."""
+        return await _timer_runner.list_timers(self, thread_id, status=status, limit=limit)
+
+    async def fire_due_timers(
+        self, *, limit: int = 100, claim_for: float = 60.0
+    ) -> list[TimerOutcome]:
+        """Claim up to ``limit`` due timers and run each as its turn, once; what became
+        of each. Any number of processes may call it at once: see
+        :mod:`intention_kernel._timer_runner` for the protocol. ``claim_for``: how long
+        other workers leave a claimed timer alone (a worker killed after its claim is
+        taken over once it ends)."""
+        return await _timer_runner.fire_due(self, limit=limit, claim_for=claim_for)
+
+    async def run_timers(
+        self,
+        *,
+        poll_interval: float = 0.25,
+        limit: int = 100,
+        claim_for: float = 60.0,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        """Fire due timers until ``stop`` is set or the task is cancelled, polling every
+        ``poll_interval`` seconds (:meth:`fire_due_timers` in a loop)."""
+        await _timer_runner.run_timers(
+            self, poll_interval=poll_interval, limit=limit, claim_for=claim_for, stop=stop
+        )
 
     async def checkpoint(self, thread_id: str) -> KernelCheckpoint | None:
         """The thread's latest committed checkpoint (a convenience over the adapter)."""

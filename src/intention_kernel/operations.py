@@ -48,7 +48,7 @@ from intention_kernel.deadlines import (
     Clock,
     expired_event,
     expired_step,
-    expiry_turn_id,
+    expiry_turn_id_of,
     overdue,
     read_clock,
     system_clock,
@@ -61,6 +61,7 @@ from intention_kernel.durability.contract import (
     Migratable,
     MigrationRecorder,
     Recorded,
+    TimerRecorder,
 )
 from intention_kernel.durability.records import CheckpointRewrite, StoredThread
 from intention_kernel.effects import utcnow
@@ -76,6 +77,7 @@ from intention_kernel.errors import (
 )
 from intention_kernel.replies import Replies
 from intention_kernel.turns import (
+    EventDraft,
     TurnCommit,
     TurnResult,
     TurnScope,
@@ -138,13 +140,15 @@ class MigrationReport:
 
 @dataclass(frozen=True, slots=True)
 class PruneReport:
-    """What :func:`prune` removed: events deleted, turn results dropped, and journal
-    entries (recorded model responses) of turns that never committed deleted."""
+    """What :func:`prune` removed: events deleted, turn results dropped, journal
+    entries (recorded model responses) of turns that never committed deleted, and
+    timers fired (or void) before the cutoff deleted."""
 
     cutoff: datetime
     events: int = 0
     turns: int = 0
     journal: int = 0
+    timers: int = 0
 
 
 async def check_checkpoints(
@@ -274,6 +278,7 @@ async def prune(
     and a redelivery would go on from a transcript no delivery produced. Without the
     lock, a redelivery running meanwhile could record a round after the older ones
     were deleted. A thread busy with a turn is skipped; a later run prunes it.
+    Timers that fired (or were void) before the cutoff are deleted; pending ones stay.
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
@@ -309,7 +314,15 @@ async def prune(
         if len(found) < batch:
             break
         stale = found[-1]
-    return PruneReport(cutoff, events, turns, journal)
+    timers = 0
+    if isinstance(recorder, TimerRecorder):
+        # A settled timer's row goes with its turn's result: its turn ID is kept.
+        while True:
+            deleted = await recorder.prune_timers(cutoff, batch)
+            timers += deleted
+            if deleted < batch:
+                break
+    return PruneReport(cutoff, events, turns, journal, timers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,40 +414,96 @@ async def _expire(
 ) -> TurnResult:
     """Close ``seen`` on ``thread_id`` in a turn of its own, if it is still the active
     interaction and overdue when the turn holds the lock; ``_NotOverdue`` otherwise."""
-    turn_id = expiry_turn_id(seen)
-    scope = TurnScope(
-        thread_id, turn_id, tenant_id, request_digest(None, {"expire_interaction": seen.id})
-    )
+    scope = expiry_scope(thread_id, tenant_id, seen.id)
 
     async def operation(tx: TurnTransaction) -> TurnCommit:
-        checkpoint = tx.checkpoint
-        active = checkpoint.interaction if checkpoint is not None else None
-        if checkpoint is None or active is None or active.id != seen.id:
+        commit = expiry_commit(tx, seen.id, clock, replies)
+        if commit is None:
             raise _NotOverdue
-        if not overdue(active, read_clock(clock)):
-            raise _NotOverdue  # the clock went back, or a test moved it
-        version = checkpoint.version + 1
-        step = expired_step(active)
-        following = dataclasses.replace(
-            checkpoint,
-            version=version,
-            agenda=tuple(a for a in checkpoint.agenda if a.interaction_id != active.id),
-            interaction=None,
-        )
-        result = TurnResult(
-            thread_id=thread_id,
-            turn_id=turn_id,
-            replayed=False,
-            reply=replies.expired(active),
-            interaction=None,
-            steps=(step,),
-            checkpoint_version=version,
-        )
-        events = (expired_event(active), committed_event(version, (step,)))
-        # Only the core changes: no message, fact or receipt index row is written.
-        return TurnCommit(result, following, events, delta=CheckpointDelta(checkpoint.version))
+        return commit
 
     return await store.with_turn(scope, operation)
+
+
+def reminder_commit(
+    tx: TurnTransaction, interaction_id: str, now: datetime, replies: Replies
+) -> TurnCommit | None:
+    """The commit of a reminder that interaction ``interaction_id`` still waits and
+    expires soon (``remind_before``); ``None`` if it is no longer active, or overdue.
+    The turn changes nothing but the version: its reply and ``interaction.reminded``
+    carry the prompt again."""
+    checkpoint = tx.checkpoint
+    active = checkpoint.interaction if checkpoint is not None else None
+    if checkpoint is None or active is None or active.id != interaction_id:
+        return None
+    if overdue(active, now):
+        return None  # too late to remind: the expiry closes it
+    version = checkpoint.version + 1
+    result = TurnResult(
+        thread_id=tx.scope.thread_id,
+        turn_id=tx.scope.turn_id,
+        replayed=False,
+        reply=replies.reminder(active),
+        interaction=active,
+        checkpoint_version=version,
+    )
+    assert active.expires_at is not None
+    reminded = EventDraft(
+        "interaction.reminded",
+        {
+            "interaction_id": active.id,
+            "capability_id": active.capability_id,
+            "prompt": active.prompt,
+            "expires_at": active.expires_at.isoformat(),
+        },
+    )
+    following = dataclasses.replace(checkpoint, version=version)
+    events = (reminded, committed_event(version, ()))
+    return TurnCommit(result, following, events, delta=CheckpointDelta(checkpoint.version))
+
+
+def expiry_scope(thread_id: str, tenant_id: str | None, interaction_id: str) -> TurnScope:
+    """The scope of the turn that expires ``interaction_id``: the sweep's and the expiry
+    timer's are the same, so that between them it is expired once."""
+    return TurnScope(
+        thread_id,
+        expiry_turn_id_of(interaction_id),
+        tenant_id,
+        request_digest(None, {"expire_interaction": interaction_id}),
+    )
+
+
+def expiry_commit(
+    tx: TurnTransaction, interaction_id: str, clock: Clock, replies: Replies
+) -> TurnCommit | None:
+    """The commit that closes interaction ``interaction_id`` as expired, decided under
+    the thread's lock; ``None`` if it is no longer the active one, or not overdue."""
+    checkpoint = tx.checkpoint
+    active = checkpoint.interaction if checkpoint is not None else None
+    if checkpoint is None or active is None or active.id != interaction_id:
+        return None
+    if not overdue(active, read_clock(clock)):
+        return None  # the clock went back, or a test moved it
+    version = checkpoint.version + 1
+    step = expired_step(active)
+    following = dataclasses.replace(
+        checkpoint,
+        version=version,
+        agenda=tuple(a for a in checkpoint.agenda if a.interaction_id != active.id),
+        interaction=None,
+    )
+    result = TurnResult(
+        thread_id=tx.scope.thread_id,
+        turn_id=tx.scope.turn_id,
+        replayed=False,
+        reply=replies.expired(active),
+        interaction=None,
+        steps=(step,),
+        checkpoint_version=version,
+    )
+    events = (expired_event(active), committed_event(version, (step,)))
+    # Only the core changes: no message, fact or receipt index row is written.
+    return TurnCommit(result, following, events, delta=CheckpointDelta(checkpoint.version))
 
 
 # -- helpers -----------------------------------------------------------------------------------

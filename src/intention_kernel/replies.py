@@ -52,6 +52,13 @@ class Replies:
         """The turn produced no reply at all (no intent, no answer, no interpreter reply)."""
         return "Sorry, I could not find anything to do for that."
 
+    def reminder(self, interaction: Interaction) -> str:
+        """``interaction`` still waits for an answer and expires soon (``remind_before``)."""
+        when = (
+            interaction.expires_at.isoformat(timespec="minutes") if interaction.expires_at else ""
+        )
+        return f"Reminder: {interaction.prompt} This request expires at {when}."
+
     def nothing_pending(self) -> str:
         """An answer arrived while no question waits for one; nothing ran."""
         return "There is nothing waiting for an answer, so nothing was done."

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from json.encoder import encode_basestring_ascii
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 
@@ -25,10 +25,14 @@ from intention_kernel.checkpoint import CheckpointDelta, Interaction, KernelChec
 from intention_kernel.errors import CorruptRecordError, InvalidRequestError, ReservedTurnIdError
 from intention_kernel.facts import FactRecord
 
+if TYPE_CHECKING:
+    from intention_kernel.durability.records import TimerWrite
+
 __all__ = [
     "EXPIRY_TURN_PREFIX",
     "KERNEL_EVENT_NAMESPACES",
     "RESERVED_TURN_PREFIXES",
+    "TIMER_TURN_PREFIX",
     "EventDraft",
     "OutboxEvent",
     "StepResult",
@@ -47,7 +51,7 @@ __all__ = [
 #: Event types the kernel and its adapters emit live in these namespaces (``turn.committed``,
 #: ``effect.completed``, ``receipt.resolved``, ...). Consumers rely on them (one
 #: ``turn.committed`` per committed turn), so capabilities may not emit into them.
-KERNEL_EVENT_NAMESPACES = frozenset(("turn", "interaction", "fact", "effect", "receipt"))
+KERNEL_EVENT_NAMESPACES = frozenset(("turn", "interaction", "fact", "effect", "receipt", "timer"))
 
 
 def kernel_event_namespace(type: str) -> str | None:
@@ -60,10 +64,13 @@ def kernel_event_namespace(type: str) -> str | None:
 #: The prefix of the expiry sweep's turns: ``expire:<interaction id>``.
 EXPIRY_TURN_PREFIX = "expire:"
 
+#: The prefix of a timer's turns: ``timer:<key>@<due time>`` (see ``_timers``).
+TIMER_TURN_PREFIX = "timer:"
+
 #: Prefixes of the turn IDs the kernel makes for its own turns. A client turn under
 #: such an ID would commit first; the kernel's own turn would then conflict with it.
 #: A new kind of kernel turn adds its prefix here, so clients are refused it too.
-RESERVED_TURN_PREFIXES: tuple[str, ...] = (EXPIRY_TURN_PREFIX,)
+RESERVED_TURN_PREFIXES: tuple[str, ...] = (EXPIRY_TURN_PREFIX, TIMER_TURN_PREFIX)
 
 
 def check_client_turn_id(turn_id: str) -> str:
@@ -223,6 +230,9 @@ class TurnCommit:
     always gives it. Without it the adapter finds it by comparing the two checkpoints'
     values (:func:`~intention_kernel.checkpoint.delta_between`), which costs what the
     thread holds rather than what the turn changed.
+
+    ``timers`` are the thread's timer rows the turn sets, settles or deletes
+    (``ctx.schedule``, a timer's own turn): committed with it, or not at all.
     """
 
     result: TurnResult
@@ -230,6 +240,7 @@ class TurnCommit:
     events: Sequence[EventDraft] = ()
     announced: Sequence[str] = ()
     delta: CheckpointDelta | None = None
+    timers: Sequence[TimerWrite] = ()
 
 
 _RESULT = LazyAdapter(TurnResult)

@@ -21,6 +21,7 @@ from intention_kernel.cli import (
     receipts,
     serve,
     threads,
+    timers,
 )
 from intention_kernel.cli._help import Group
 
@@ -36,6 +37,7 @@ GROUPS: tuple[Callable[[typer.Typer], None], ...] = (
     prune.register,
     interactions.register,
     threads.register,
+    timers.register,
 )
 
 app = typer.Typer(

@@ -95,5 +95,6 @@ def prune(
     console().print(
         f"pruned {report.events} published event(s) and {report.turns} turn result(s) "
         f"created before {report.cutoff.isoformat(timespec='seconds')}, and "
-        f"{report.journal} journal entry(ies) of turns that never committed"
+        f"{report.journal} journal entry(ies) of turns that never committed, and "
+        f"{report.timers} settled timer(s)"
     )

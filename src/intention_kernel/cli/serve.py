@@ -180,6 +180,10 @@ def serve(
             help="The event loop: uvloop where installed (auto), or asyncio's",
         ),
     ] = Loop.AUTO,
+    no_timers: Annotated[
+        bool,
+        typer.Option("--no-timers", help="Do not fire timers here (run timers run elsewhere)"),
+    ] = False,
 ) -> None:
     """Serve the agent over HTTP: turns, threads, receipts, /openapi.json and /console."""
     run = loop_runner(loop)
@@ -207,7 +211,7 @@ def serve(
             f"${TOKENS_ENV_VAR}), or --insecure if a gateway in front authenticates callers."
         )
     with log_warnings_to_stderr():
-        run(_serve(agent, url, host, port, tokens, lock_timeout, hosts))
+        run(_serve(agent, url, host, port, tokens, lock_timeout, hosts, not no_timers))
 
 
 def allowed_hosts(bound: str, given: list[str]) -> list[str]:
@@ -291,6 +295,7 @@ async def _serve(
     tokens: dict[str, Principal] | None,
     lock_timeout: float | None,
     hosts: list[str],
+    timers: bool = True,
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         # On the serving loop: a client the agent opens (an MCP session) belongs to it.
@@ -299,7 +304,7 @@ async def _serve(
             agent = await stack.enter_async_context(entered_agent(spec, db_url=url))
         except ValueError as exc:
             refuse(str(exc))
-        await _serve_agent(agent, url, host, port, tokens, lock_timeout, hosts)
+        await _serve_agent(agent, url, host, port, tokens, lock_timeout, hosts, timers)
 
 
 async def _serve_agent(
@@ -310,6 +315,7 @@ async def _serve_agent(
     tokens: dict[str, Principal] | None,
     lock_timeout: float | None,
     hosts: list[str],
+    timers: bool = True,
 ) -> None:
     import uvicorn
 
@@ -330,7 +336,7 @@ async def _serve_agent(
     try:
         try:
             kernel = Kernel(agent, durability)
-            app = create_app(kernel, tokens=tokens, allowed_hosts=hosts)
+            app = create_app(kernel, tokens=tokens, allowed_hosts=hosts, timers=timers)
         except (KernelError, TypeError, ValueError) as exc:
             refuse(str(exc))
         if tokens:
@@ -348,7 +354,8 @@ async def _serve_agent(
                 f" · {auth} · answers Host {names} · {loop} event loop · console at /console",
             )
         )
-        config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="info")
+        # The lifespan runs the timer loop beside the requests (``create_app(timers=)``).
+        config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info")
         await uvicorn.Server(config).serve()
     finally:
         await durability.aclose()

@@ -35,6 +35,7 @@ from intention_kernel.durability.contract import (
     ResolutionFn,
     StreamRecorder,
     TenantStore,
+    TimerRecorder,
     TurnRecorder,
 )
 from intention_kernel.durability.engine import RecordedDurability
@@ -51,6 +52,8 @@ from intention_kernel.durability.records import (
     StoredThread,
     StoredTurn,
     ThreadOwner,
+    Timer,
+    TimerWrite,
     TurnRecord,
     TurnStart,
 )
@@ -88,6 +91,9 @@ __all__ = [
     "StreamRecorder",
     "TenantStore",
     "ThreadOwner",
+    "Timer",
+    "TimerRecorder",
+    "TimerWrite",
     "TurnOperation",
     "TurnRecord",
     "TurnRecorder",

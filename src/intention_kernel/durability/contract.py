@@ -46,6 +46,8 @@ from intention_kernel.durability.records import (
     StoredStream,
     StoredThread,
     ThreadOwner,
+    Timer,
+    TimerWrite,
     TurnRecord,
     TurnStart,
 )
@@ -71,6 +73,7 @@ __all__ = [
     "ResolutionFn",
     "StreamRecorder",
     "TenantStore",
+    "TimerRecorder",
     "TurnRecorder",
     "lock_and_begin",
     "replay_or_lock_and_begin",
@@ -584,6 +587,48 @@ class StreamRecorder(Protocol):
         """The committed turn, if it is, then the turn's stream segments in order.
 
         The turn is read first: once it is committed, no segment is written after."""
+        ...
+
+
+@runtime_checkable
+class TimerRecorder(Protocol):
+    """A thread's timers: turns the kernel runs later (:mod:`intention_kernel._timers`).
+
+    One row per ``(thread_id, key)`` (a :class:`Timer`). A turn writes its thread's rows
+    in its commit (``TurnRecord.timers``); outside a turn they are written only under
+    the thread's lock (``write_timers``). Workers claim due rows without the lock: a
+    claim only sets ``claimed_until``, so that one worker at a time fires a timer. What
+    keeps a timer from firing twice is its turn's unique ``(thread_id, turn_id)``, and
+    the commit of that turn settling the row.
+    """
+
+    async def write_timers(
+        self, thread_id: str, writes: Sequence[TimerWrite], events: Sequence[EventDraft]
+    ) -> None:
+        """Apply ``writes`` and append ``events`` (no turn) in one transaction. Called
+        under the thread's lock; a store with leases refuses it without the lease."""
+        ...
+
+    async def read_timer(self, thread_id: str, key: str) -> Timer | None:
+        """The thread's timer ``key``, whatever its status, or ``None``."""
+        ...
+
+    async def read_timers(
+        self, thread_id: str | None, status: str | None, after: tuple[str, str] | None, limit: int
+    ) -> list[Timer]:
+        """Up to ``limit`` timers in ``(thread_id, key)`` order after ``after``, of one
+        thread and one status when given."""
+        ...
+
+    async def claim_timers(self, now: datetime, until: datetime, limit: int) -> list[Timer]:
+        """Claim up to ``limit`` pending timers due at ``now`` whose claim (if any) ended
+        by ``now``, earliest due first, in one transaction: each gets ``claimed_until =
+        until``. Two workers claiming at once never get the same row."""
+        ...
+
+    async def prune_timers(self, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` timers fired or void that were settled before
+        ``before``; return how many."""
         ...
 
 

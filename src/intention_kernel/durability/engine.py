@@ -286,6 +286,8 @@ class RecordedDurability:
             problems.append("result.checkpoint_version differs from the checkpoint's version")
         if result.replayed:
             problems.append("a new result cannot be marked replayed")
+        if any(w.thread_id != scope.thread_id for w in commit.timers):
+            problems.append("a timer write names another thread")
         delta = commit.delta
         if delta is None:
             delta = delta_between(base.checkpoint, checkpoint)
@@ -331,6 +333,7 @@ class RecordedDurability:
             receipt_index=rows.receipt_index,
             moved_index_keys=rows.moved_index_keys,
             trim_index=rows.trim_index,
+            timers=tuple(commit.timers),
         )
         return record, rows.receipts
 

@@ -38,6 +38,9 @@ from intention_kernel.durability.abc import (
     StoredTurn,
     StreamRecorder,
     ThreadOwner,
+    Timer,
+    TimerRecorder,
+    TimerWrite,
     TurnRecord,
     TurnStart,
 )
@@ -94,9 +97,11 @@ class _State:
     # The stop requests (``Kernel.cancel``), by (thread, turn): the reason given.
     cancels: dict[tuple[str, str], str | None] = field(default_factory=dict)
     interrupts: set[tuple[str, int]] = field(default_factory=set)  # (thread, base version)
+    # The timers, by (thread, key).
+    timers: dict[tuple[str, str], Timer] = field(default_factory=dict)
 
 
-class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder):
+class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
     #: ``write_receipt`` never suspends, so no cancellation can interrupt it.
     options = RecorderOptions(finishes_writes_when_cancelled=True, attempts_outlive_lock=False)
 
@@ -292,6 +297,66 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder):
         self._append(record.thread_id, record.turn_id, record.events)
         if record.journaled:
             state.journal.pop((record.thread_id, record.turn_id), None)
+        self._write_timers(record.timers)
+
+    # -- timers --------------------------------------------------------------------------------
+
+    def _write_timers(self, writes: Sequence[TimerWrite]) -> None:
+        timers = self._state.timers
+        for write in writes:
+            if write.timer is None:
+                timers.pop((write.thread_id, write.key), None)
+            else:
+                timers[(write.thread_id, write.key)] = replace(write.timer, claimed_until=None)
+
+    async def write_timers(
+        self, thread_id: str, writes: Sequence[TimerWrite], events: Sequence[EventDraft]
+    ) -> None:
+        self._write_timers(writes)
+        if events:
+            self._append(thread_id, None, events)
+
+    async def read_timer(self, thread_id: str, key: str) -> Timer | None:
+        return self._state.timers.get((thread_id, key))
+
+    async def read_timers(
+        self, thread_id: str | None, status: str | None, after: tuple[str, str] | None, limit: int
+    ) -> list[Timer]:
+        keys = sorted(
+            k
+            for k, t in self._state.timers.items()
+            if (thread_id is None or k[0] == thread_id)
+            and (status is None or t.status == status)
+            and (after is None or k > after)
+        )
+        return [self._state.timers[k] for k in keys[:limit]]
+
+    async def claim_timers(self, now: datetime, until: datetime, limit: int) -> list[Timer]:
+        timers = self._state.timers
+        due = sorted(
+            (t for t in timers.values() if t.status == "pending" and t.due_at <= now),
+            key=lambda t: (t.due_at, t.thread_id, t.key),
+        )
+        claimed: list[Timer] = []
+        for timer in due:
+            if timer.claimed_until is not None and timer.claimed_until > now:
+                continue
+            timer = timers[(timer.thread_id, timer.key)] = replace(timer, claimed_until=until)
+            claimed.append(timer)
+            if len(claimed) >= limit:
+                break
+        return claimed
+
+    async def prune_timers(self, before: datetime, limit: int) -> int:
+        timers = self._state.timers
+        doomed = [
+            k
+            for k, t in timers.items()
+            if t.status != "pending" and t.settled_at is not None and t.settled_at < before
+        ][:limit]
+        for key in doomed:
+            del timers[key]
+        return len(doomed)
 
     def _append(self, thread_id: str, turn_id: str | None, events: Sequence[EventDraft]) -> None:
         state = self._state

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from intention_kernel.checkpoint import Interaction
 from intention_kernel.turns import EventDraft, OutboxEvent
@@ -33,6 +34,8 @@ __all__ = [
     "StoredThread",
     "StoredTurn",
     "ThreadOwner",
+    "Timer",
+    "TimerWrite",
     "TurnRecord",
     "TurnStart",
 ]
@@ -162,6 +165,10 @@ class TurnRecord:
     The commit then deletes every entry of ``(thread_id, turn_id)`` in its transaction.
     It is ``False`` for a turn that never used the journal.
     That turn's commit has nothing to delete.
+
+    ``timers``: the thread's timer rows this turn set, settled or deleted.
+    There is at most one write per key (:class:`TimerWrite`).
+    They are written only if the commit is.
     """
 
     thread_id: str
@@ -188,6 +195,7 @@ class TurnRecord:
     receipt_index: Sequence[tuple[str, str]] = ()
     moved_index_keys: Sequence[str] = ()
     trim_index: int = 0
+    timers: Sequence[TimerWrite] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,3 +316,49 @@ class PendingInteraction:
     tenant_id: str | None
     version: int
     interaction: Interaction
+
+
+#: What became of a timer: ``pending`` (it will fire), ``fired`` (its turn committed)
+#: or ``void`` (its guard found the thread moved on, or its turn could never run).
+TimerStatus = Literal["pending", "fired", "void"]
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """A timer of a thread: a turn the kernel will run at ``due_at``.
+
+    ``key`` is its identity in the thread: setting the key again moves it. ``message``
+    and ``data`` are what its turn hands the interpreter
+    (:attr:`~intention_kernel.interpretation.InterpretationRequest.timer`).
+    ``unless_version_after``: the timer is void if the thread's version is above it
+    when it is due. ``every``: it recurs, each occurrence ``every`` after the last due
+    time; with ``cron`` (a cron expression, in UTC), at its next time after the
+    last. ``turn_id`` is the turn that fired it (or voided it). ``claimed_until``: a
+    worker claimed it and is firing it until then; after that another may.
+    """
+
+    thread_id: str
+    key: str
+    due_at: datetime
+    message: str | None = None
+    data: Any = None
+    tenant_id: str | None = None
+    unless_version_after: int | None = None
+    every: timedelta | None = None
+    status: TimerStatus = "pending"
+    set_at: datetime | None = None
+    settled_at: datetime | None = None
+    turn_id: str | None = None
+    claimed_until: datetime | None = None
+    cron: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TimerWrite:
+    """One write to a thread's timer rows: the row of ``key`` becomes ``timer`` (an
+    insert or a replacement, its claim cleared), or is deleted when ``timer`` is
+    ``None``."""
+
+    thread_id: str
+    key: str
+    timer: Timer | None

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from intention_kernel._timer_runner import background_timers
 from intention_kernel.host._access import Access, Principal
 from intention_kernel.host._endpoints import Endpoints, guarded
 from intention_kernel.host._guard import RequestGuard, check_host_patterns
@@ -39,6 +40,8 @@ def create_app(
     *,
     tokens: Mapping[str, Principal | str | None] | None = None,
     allowed_hosts: Sequence[str] = (),
+    timers: bool = True,
+    timer_poll: float = 0.25,
 ) -> Starlette:
     """An ASGI app serving ``kernel``: the turn API, inspection, reconciliation,
     ``/openapi.json`` and the operator console at ``/console``.
@@ -56,6 +59,10 @@ def create_app(
     and refuses browser requests from another origin that carry no bearer token
     (see :mod:`intention_kernel.host._guard`). Request bodies must be
     ``application/json``.
+
+    With ``timers`` (the default), the app's lifespan fires the store's due timers in
+    the background (:meth:`Kernel.run_timers`, every ``timer_poll`` seconds while
+    idle), if its store keeps timers. Any number of hosts may do so at once.
     """
     from intention_kernel import __version__
 
@@ -129,6 +136,7 @@ def create_app(
         routes=routes,
         middleware=[Middleware(RequestGuard, allowed_hosts=hosts)],
         exception_handlers={HTTPException: _http_problem},
+        lifespan=background_timers(kernel, poll_interval=timer_poll) if timers else None,
     )
 
 

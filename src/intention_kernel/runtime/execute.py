@@ -15,6 +15,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import datetime
 from typing import Any
 
 from intention_kernel import _tracing
@@ -22,6 +23,7 @@ from intention_kernel._json import describe_error, normalize, text_problem
 from intention_kernel.capabilities import Capability, CapabilityContext, CapabilityResult
 from intention_kernel.checkpoint import AgendaItem, Interaction, ReceiptRef
 from intention_kernel.deadlines import deadline
+from intention_kernel.durability.records import TimerWrite
 from intention_kernel.effects import EffectFn, EffectOrigin, EffectResult, Receipt, ReceiptStatus
 from intention_kernel.errors import (
     CapabilityError,
@@ -106,6 +108,7 @@ async def _execute(
         run_effect=step.call_effect,
         emit=step.emit,
         recorded=step.recorded,
+        timers=step,
     )
     failure: Exception | None = None
     try:
@@ -167,6 +170,7 @@ class _Step:
         self.receipts: list[Receipt] = []
         self.effect_events: list[EventDraft] = []
         self.emitted: list[EventDraft] = []
+        self.timer_writes: list[TimerWrite] = []
         self.ended = False
         self._running = 0  # effect calls started and not yet ended
         self._idle: asyncio.Event | None = None  # made by ``end`` only when it must wait
@@ -423,6 +427,19 @@ class _Step:
             ) from exc
         self.emitted.append(EventDraft(type, payload))
 
+    def stage_timer(self, write: TimerWrite, event: EventDraft) -> None:
+        """Stage a timer write (``ctx.schedule``, ``ctx.cancel_timer``) and its event:
+        committed with the turn if this step completes, like its emitted events."""
+        if self.ended:
+            raise self._refuse_after_end(f"timer {write.key!r} staged")
+        self.timer_writes.append(write)
+        self.emitted.append(event)
+
+    @property
+    def now(self) -> datetime:
+        """The turn's time (read once under the thread's lock)."""
+        return self.state.now
+
     def _note(self, receipt: Receipt, *, attempted: bool, created: bool = False) -> None:
         """Index the receipt in the checkpoint and emit the matching effect event.
 
@@ -541,6 +558,7 @@ class _Step:
                 {"key": record.key, "version": record.version, "step_id": self.item.step_id},
             )
         state.events.extend(self.emitted)
+        state.timers.extend(self.timer_writes)
         if result.confirmation is not None:
             within = result.confirmation.expires_in
             if within is None:

@@ -26,9 +26,11 @@ async def interpret(state: TurnState, rounds: tuple[Round, ...] = ()) -> Interpr
     ``Interpretation`` fails the turn with :class:`InterpretationError` before
     anything ran or was written, so the same delivery can be retried.
     """
-    message = state.request.message
+    message, timer = state.request.message, state.request.timer
     if message is None:
-        return Interpretation()
+        if timer is None:
+            return Interpretation()
+        message = timer.message or ""  # a timer's turn: see ``FiredTimer``
     request = InterpretationRequest(
         thread_id=state.scope.thread_id,
         turn_id=state.scope.turn_id,
@@ -39,6 +41,7 @@ async def interpret(state: TurnState, rounds: tuple[Round, ...] = ()) -> Interpr
         catalog=state.agent.catalog,
         rounds=rounds,
         stream=state.sink.delta if state.sink is not None else None,
+        timer=timer,
     )
     interpreter = state.agent.agent.interpreter
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from intention_kernel._timers import interaction_timers, merge_writes
 from intention_kernel.checkpoint import (
     CheckpointDelta,
     KernelCheckpoint,
@@ -81,7 +82,29 @@ def finish(
         checkpoint_version=version,
     )
     state.events.append(committed_event(version, state.steps))
-    return TurnCommit(result, checkpoint, tuple(state.events), tuple(state.announced), delta)
+    interaction, before = state.interaction, previous.interaction if previous else None
+    if interaction is not before and (
+        (interaction is not None and interaction.expires_at is not None)
+        or (before is not None and before.expires_at is not None)
+    ):
+        # A deadline opened or closed: its expiry (and reminder) timers follow.
+        cap = state.agent.capabilities.get(interaction.capability_id) if interaction else None
+        state.timers[:0] = interaction_timers(
+            scope.thread_id,
+            scope.tenant_id,
+            before,
+            interaction,
+            cap.remind_before if cap is not None else None,
+            state.now,
+        )
+    return TurnCommit(
+        result,
+        checkpoint,
+        tuple(state.events),
+        tuple(state.announced),
+        delta,
+        merge_writes(state.timers) if state.timers else (),
+    )
 
 
 async def stopped(state: TurnState, interpretation: Interpretation) -> TurnCommit | None:

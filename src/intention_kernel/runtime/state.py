@@ -27,8 +27,9 @@ from intention_kernel.checkpoint import (
 )
 from intention_kernel.deadlines import expired_event, expired_step
 from intention_kernel.durability import TurnTransaction
+from intention_kernel.durability.records import TimerWrite
 from intention_kernel.facts import FactLedger, FactRecord, FactTable
-from intention_kernel.interpretation import Answer
+from intention_kernel.interpretation import Answer, FiredTimer
 from intention_kernel.streaming import TurnSink
 from intention_kernel.turns import EventDraft, StepResult, StepStatus, TurnScope
 
@@ -45,7 +46,8 @@ class TurnRequest:
     is asked at each safe point (before each step, before each later round), with
     the version of the checkpoint the turn started from: ``None`` goes on, a line of
     text stops the turn, which commits with that line in its reply.
-    ``queued``: the turn comes from its thread's inbox.
+    ``queued``: the turn comes from its thread's inbox. ``timer``: the turn is a
+    timer's, which no person sent (``message`` and ``answer`` are then ``None``).
     """
 
     message: str | None
@@ -54,6 +56,7 @@ class TurnRequest:
     principal: Principal | None = None
     stop: Callable[[int], Awaitable[str | None]] | None = None
     queued: bool = False
+    timer: FiredTimer | None = None
 
 
 class TurnState:
@@ -106,6 +109,8 @@ class TurnState:
         self.answered: tuple[str, str] | None = None
         self.recorded: list[FactRecord] = []
         self.events: list[EventDraft] = []
+        #: Timer writes staged by the completed steps (``ctx.schedule``), in order.
+        self.timers: list[TimerWrite] = []
         # Keys of completed receipts whose effect.completed is among ``events``.
         self.announced: dict[str, None] = {}
         self.replies: list[str] = []

@@ -7,7 +7,7 @@ import re
 
 from intention_kernel.durability.abc import TurnRecord
 
-__all__ = ["COMMIT_PARTS", "commit_parts", "commit_statement"]
+__all__ = ["COMMIT_PARTS", "TIMER_PARTS", "commit_parts", "commit_statement"]
 
 # First commit of a thread. A row may already exist at version 0 (operator events
 # only); anything above 0 means another turn committed first, so the WHERE refuses
@@ -148,6 +148,35 @@ COMMIT_PARTS = {
         WHERE j.thread_id = %(thread_id)s AND j.turn_id = %(turn_id)s
     )""",
 }
+# The parts of a turn that writes its thread's timers: rare, so kept apart from the hot
+# path's parts above (a statement with them is longer than psycopg's query cache takes).
+TIMER_PARTS = {
+    # The thread's timer rows the turn sets or settles (``TurnRecord.timers``), one
+    # JSON array of rows; at most one write per key, so no row is written twice.
+    "timers": """, timer_rows AS (
+        INSERT INTO ik_timers (thread_id, key, tenant_id, due_at, message, data,
+                               unless_version_after, every_us, status, set_at, settled_at,
+                               turn_id, claimed_until, cron)
+        SELECT %(thread_id)s, r.key, r.tenant_id, r.due_at, r.message, r.data,
+               r.unless_version_after, r.every_us, r.status, r.set_at, r.settled_at,
+               r.turn_id, NULL, r.cron
+        FROM thread, jsonb_to_recordset(%(timer_rows)s::jsonb) AS r(
+            key text, tenant_id text, due_at timestamptz, message text, data text,
+            unless_version_after bigint, every_us bigint, status text,
+            set_at timestamptz, settled_at timestamptz, turn_id text, cron text)
+        ON CONFLICT (thread_id, key) DO UPDATE SET
+            tenant_id = excluded.tenant_id, due_at = excluded.due_at,
+            message = excluded.message, data = excluded.data,
+            unless_version_after = excluded.unless_version_after,
+            every_us = excluded.every_us, status = excluded.status,
+            set_at = excluded.set_at, settled_at = excluded.settled_at,
+            turn_id = excluded.turn_id, claimed_until = NULL, cron = excluded.cron
+    )""",
+    "timer_deletes": """, timer_deletes AS (
+        DELETE FROM ik_timers t USING thread
+        WHERE t.thread_id = %(thread_id)s AND t.key = ANY(%(timer_deletes)s::text[])
+    )""",
+}
 COMMIT_TAIL = """
     SELECT (SELECT next_seq FROM thread), (SELECT count(*) FROM lease) AS leased
 """
@@ -157,11 +186,12 @@ COMMIT_TAIL = """
 def commit_statement(first: bool, parts: frozenset[str]) -> str:
     """The commit of a thread's first turn (``first``) or of a later one, with the
     optional ``parts`` (keys of ``COMMIT_PARTS``) that the turn needs."""
-    unknown = parts - COMMIT_PARTS.keys()
+    unknown = parts - COMMIT_PARTS.keys() - TIMER_PARTS.keys()
     if unknown:
         raise ValueError(f"unknown commit parts: {sorted(unknown)}")
     head = COMMIT_HEAD.format(thread=UPSERT_THREAD if first else UPDATE_THREAD)
-    body = "".join(text for name, text in COMMIT_PARTS.items() if name in parts)
+    every = (*COMMIT_PARTS.items(), *TIMER_PARTS.items())
+    body = "".join(text for name, text in every if name in parts)
     return _compact(head + body + COMMIT_TAIL)
 
 
@@ -176,6 +206,8 @@ def commit_parts(record: TurnRecord) -> frozenset[str]:
             ("facts", bool(record.facts)),
             ("mark_announced", bool(record.mark_announced)),
             ("journal", record.journaled),
+            ("timers", any(w.timer is not None for w in record.timers)),
+            ("timer_deletes", any(w.timer is None for w in record.timers)),
         )
         if needed
     )

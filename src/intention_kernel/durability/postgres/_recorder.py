@@ -35,6 +35,11 @@ from intention_kernel.durability._rows import (
     receipt_write,
     stored_thread,
 )
+from intention_kernel.durability._timer_rows import (
+    decode_timer,
+    split_writes,
+    timer_json,
+)
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
@@ -52,6 +57,9 @@ from intention_kernel.durability.abc import (
     StoredTurn,
     StreamRecorder,
     ThreadOwner,
+    Timer,
+    TimerRecorder,
+    TimerWrite,
     TurnRecord,
     TurnStart,
 )
@@ -61,9 +69,11 @@ from intention_kernel.durability.postgres._schema import BEGIN_TURN, turn_start
 from intention_kernel.durability.postgres._sessions import Connection, execute, fetch_value, present
 from intention_kernel.durability.postgres._statements import (
     BUMP_THREAD_SEQ,
+    CLAIM_TIMERS,
     DELETE_FACTS,
     DELETE_INBOX,
     DELETE_MESSAGES,
+    DELETE_TIMER,
     HAS_UNSEQUENCED,
     HOLD_LEASE,
     INBOX_POSITION,
@@ -83,6 +93,7 @@ from intention_kernel.durability.postgres._statements import (
     PENDING_THREADS,
     PRUNE_EVENTS,
     PRUNE_JOURNAL,
+    PRUNE_TIMERS,
     PRUNE_TURNS,
     REWRITE_THREAD,
     SCAN_THREADS,
@@ -99,6 +110,8 @@ from intention_kernel.durability.postgres._statements import (
     SELECT_STREAM,
     SELECT_STREAM_TURN,
     SELECT_THREAD,
+    SELECT_TIMER,
+    SELECT_TIMERS,
     SELECT_TURN_EXISTS,
     SELECT_UNPUBLISHED,
     SELECT_VERSION,
@@ -106,6 +119,7 @@ from intention_kernel.durability.postgres._statements import (
     SETTLE_RECEIPT,
     STALE_JOURNALS,
     UPDATE_RECEIPT,
+    UPSERT_TIMER,
     receipts_query,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
@@ -115,7 +129,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 __all__ = ["PostgresRecorder"]
 
 
-class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder):
+class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
     # A lease can be lost (it lapsed while its worker was paused, or the worker lost
     # the server) while its worker's provider call still runs: a ``prepared`` receipt
     # under a lease may be a live attempt's. A write awaits the pool and the server,
@@ -158,7 +172,12 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder):
             announced=list(record.announced) or None,
             mark_announced=list(record.mark_announced),
         )
-        del params["facts"]
+        del params["facts"], params["timers"]
+        if record.timers:
+            params.update(
+                timer_rows=timer_json(record.timers),
+                timer_deletes=[w.key for w in record.timers if w.timer is None],
+            )
         statement = self._q(commit_statement(record.expected_version == 0, commit_parts(record)))
         lease = self._leases.get(record.thread_id)
         params.update(self.lease_params(record.thread_id))
@@ -184,6 +203,78 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder):
         # landed, and the turn then raises StoreError. Its redelivery finds the turn
         # row and replays it, or runs the turn again if nothing landed.
         await self._run(commit, repeat=False)
+
+    # -- timers --------------------------------------------------------------------------------
+
+    async def write_timers(
+        self, thread_id: str, writes: Sequence[TimerWrite], events: Sequence[EventDraft]
+    ) -> None:
+        lease = self.lease_params(thread_id)
+        upserts, deletes = split_writes(writes, _same)
+
+        async def write(conn: Connection) -> None:
+            async with conn.transaction():
+                # The lease first, its row locked to the end of the transaction: a
+                # caller whose lease lapsed writes nothing (a turn may hold the thread).
+                if not await fetch_value(conn, self._q(HOLD_LEASE), lease):
+                    raise LeaseLostError(
+                        f"the timers of thread {thread_id!r} were not written: the "
+                        "thread's lease was lost",
+                        thread_id=thread_id,
+                    )
+                async with conn.cursor() as cur:
+                    if upserts:
+                        await cur.executemany(self._q(UPSERT_TIMER), upserts)
+                    if deletes:
+                        await cur.executemany(self._q(DELETE_TIMER), deletes)
+                now = utcnow()
+                for event in events:
+                    next_seq = await fetch_value(conn, self._q(BUMP_THREAD_SEQ), thread_id, now)
+                    await self._insert_events(conn, thread_id, None, [event], next_seq, now)
+
+        await self._run(write, repeat=False)
+
+    async def read_timer(self, thread_id: str, key: str) -> Timer | None:
+        async def read(conn: Connection) -> Timer | None:
+            cur = await conn.execute(self._q(SELECT_TIMER), (thread_id, key))
+            row = await cur.fetchone()
+            return None if row is None else decode_timer(row, _same)
+
+        return await self._run(read)
+
+    async def read_timers(
+        self, thread_id: str | None, status: str | None, after: tuple[str, str] | None, limit: int
+    ) -> list[Timer]:
+        params = {
+            "thread_id": thread_id,
+            "status": status,
+            "after_thread": after[0] if after else None,
+            "after_key": after[1] if after else None,
+            "limit": limit,
+        }
+
+        async def read(conn: Connection) -> list[Timer]:
+            rows = await (await conn.execute(self._q(SELECT_TIMERS), params)).fetchall()
+            return [decode_timer(row, _same) for row in rows]
+
+        return await self._run(read)
+
+    async def claim_timers(self, now: datetime, until: datetime, limit: int) -> list[Timer]:
+        params = {"now": now, "until": until, "limit": limit}
+
+        async def claim(conn: Connection) -> list[Timer]:
+            rows = await (await conn.execute(self._q(CLAIM_TIMERS), params)).fetchall()
+            return [decode_timer(row, _same) for row in rows]
+
+        # Not repeated on another session: a claim that landed is not claimed again
+        # until it ends, so a repeat would return nothing for those rows.
+        return await self._run(claim, repeat=False)
+
+    async def prune_timers(self, before: datetime, limit: int) -> int:
+        async def prune(conn: Connection) -> int:
+            return (await conn.execute(self._q(PRUNE_TIMERS), (before, limit))).rowcount
+
+        return await self._run(prune)
 
     # -- the journal -------------------------------------------------------------------------
 

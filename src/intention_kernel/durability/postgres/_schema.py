@@ -424,6 +424,19 @@ MIGRATIONS: tuple[str, ...] = (
         CONSTRAINT ik_streams_pkey PRIMARY KEY (thread_id, turn_id, segment)
     );
     """,
+    # 16: each thread's timers, as in SQLite's migration 14: one row per key; workers
+    # claim the due ones through ``ik_timers_due``, pending rows only, earliest first.
+    """
+    CREATE TABLE ik_timers (
+        thread_id text NOT NULL, key text NOT NULL, tenant_id text,
+        due_at timestamptz NOT NULL, message text, data text,
+        unless_version_after bigint, every_us bigint, status text NOT NULL,
+        set_at timestamptz, settled_at timestamptz, turn_id text,
+        claimed_until timestamptz, cron text,
+        CONSTRAINT ik_timers_pkey PRIMARY KEY (thread_id, key)
+    );
+    CREATE INDEX ik_timers_due ON ik_timers (due_at) WHERE status = 'pending';
+    """,
 )
 
 

@@ -101,7 +101,8 @@ _DUPLICATE = (
 #: The adapter's tables and functions, as statements name them.
 _NAMES = re.compile(
     r"\b(ik_(?:threads|turns|receipts|outbox_head|outbox|messages|facts|journal|leases|schema"
-    r"|inbox|cancels|interrupts|streams|start_turn_leased|lg_checkpoints|lg_writes|lg_heads))\b"
+    r"|inbox|cancels|interrupts|streams|timers|start_turn_leased|lg_checkpoints|lg_writes"
+    r"|lg_heads))\b"
 )
 
 

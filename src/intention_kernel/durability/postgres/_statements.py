@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from intention_kernel.durability._rows import OUTBOX_COLUMNS, RECEIPT_COLUMNS, select_receipts
+from intention_kernel.durability._timer_rows import TIMER_COLUMNS
 from intention_kernel.durability.postgres._schema import CHECKPOINT_ROWS
 from intention_kernel.effects import ReceiptStatus
 
@@ -381,4 +382,43 @@ SELECT_CANCEL = """
     UNION ALL
     SELECT 1, NULL FROM ik_interrupts WHERE thread_id = %s AND base_version = %s
     ORDER BY kind LIMIT 1
+"""
+
+
+# -- timers ---------------------------------------------------------------------------------
+
+_TIMER_VALUES = ", ".join(["%s"] * 14)
+_TIMER_UPDATE = ", ".join(
+    f"{c} = excluded.{c}" for c in TIMER_COLUMNS.replace(" ", "").split(",")[2:]
+)
+# A write replaces the timer: setting a key again moves it (not a conflict hidden).
+UPSERT_TIMER = f"""
+    INSERT INTO ik_timers ({TIMER_COLUMNS}) VALUES ({_TIMER_VALUES})
+    ON CONFLICT (thread_id, key) DO UPDATE SET {_TIMER_UPDATE}
+"""
+DELETE_TIMER = "DELETE FROM ik_timers WHERE thread_id = %s AND key = %s"
+SELECT_TIMER = f"SELECT {TIMER_COLUMNS} FROM ik_timers WHERE thread_id = %s AND key = %s"
+SELECT_TIMERS = f"""
+    SELECT {TIMER_COLUMNS} FROM ik_timers
+    WHERE (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s)
+      AND (%(status)s::text IS NULL OR status = %(status)s)
+      AND (%(after_thread)s::text IS NULL
+           OR (thread_id, key) > (%(after_thread)s, %(after_key)s))
+    ORDER BY thread_id, key LIMIT %(limit)s
+"""
+# SKIP LOCKED: a worker claiming at the same time takes other rows instead of waiting,
+# and a row it locked is claimed by one of them only (the update re-checks the claim).
+CLAIM_TIMERS = f"""
+    UPDATE ik_timers t SET claimed_until = %(until)s
+    FROM (SELECT thread_id, key FROM ik_timers
+          WHERE status = 'pending' AND due_at <= %(now)s
+            AND (claimed_until IS NULL OR claimed_until <= %(now)s)
+          ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+    WHERE t.thread_id = c.thread_id AND t.key = c.key
+    RETURNING {", ".join("t." + c for c in TIMER_COLUMNS.replace(" ", "").split(","))}
+"""
+PRUNE_TIMERS = """
+    DELETE FROM ik_timers WHERE (thread_id, key) IN (
+        SELECT thread_id, key FROM ik_timers
+        WHERE status <> 'pending' AND settled_at < %s LIMIT %s)
 """

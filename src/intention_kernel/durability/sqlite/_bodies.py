@@ -27,6 +27,7 @@ from typing import Any
 from intention_kernel import _faults
 from intention_kernel.durability.sqlite._statements import (
     BUMP_THREAD_SEQ,
+    CLAIM_TIMERS,
     DELETE_FACT,
     DELETE_FACTS,
     DELETE_INBOX,
@@ -35,6 +36,7 @@ from intention_kernel.durability.sqlite._statements import (
     DELETE_JOURNAL,
     DELETE_MESSAGES,
     DELETE_STREAM,
+    DELETE_TIMER,
     INBOX_POSITION,
     INSERT_CANCEL,
     INSERT_EVENT,
@@ -53,6 +55,7 @@ from intention_kernel.durability.sqlite._statements import (
     MARK_PUBLISHED,
     PRUNE_EVENTS,
     PRUNE_JOURNAL,
+    PRUNE_TIMERS,
     PRUNE_TURNS,
     REWRITE_THREAD,
     SELECT_INBOX_ENTRY,
@@ -63,6 +66,7 @@ from intention_kernel.durability.sqlite._statements import (
     UPDATE_RECEIPT,
     UPDATE_THREAD,
     UPSERT_FACT,
+    UPSERT_TIMER,
 )
 
 __all__ = ["Refusal"]
@@ -89,12 +93,13 @@ def commit_turn(
     rewrite: bool,
     events: Sequence[tuple[Any, ...]],
     index: tuple[Sequence[tuple[str, str]], Sequence[str], int] | None,
+    timers: TimerRows | None = None,
 ) -> None:
     """A turn's commit: its row, the thread's row (a compare-and-set of its version),
     its checkpoint's rows and its events. ``turn``: the ``ik_turns`` row; ``trim``:
     ``(trim_messages, keep_messages)``; ``events``: rows without their ``seq``;
     ``index``: ``(receipt_index, moved_index_keys, trim_index)``, ``None`` when the
-    turn left the receipt index as it was."""
+    turn left the receipt index as it was. ``timers``: the timer rows the turn writes."""
     thread_id, turn_id = turn[0], turn[1]
     try:
         conn.execute(INSERT_TURN, turn)
@@ -139,8 +144,49 @@ def commit_turn(
             INSERT_EVENT,
             [(r[0], r[1], r[2], first_seq + i, r[3], r[4], r[5]) for i, r in enumerate(events)],
         )
+    if timers is not None:
+        write_timer_rows(conn, timers)
     if _faults.armed:  # every row written, the transaction still open
         _faults.reach(_faults.DURING_COMMIT)
+
+
+#: A commit's timer writes: the rows to insert or replace, and the keys to delete.
+TimerRows = tuple[Sequence[tuple[Any, ...]], Sequence[tuple[str, str]]]
+
+
+def write_timer_rows(conn: sqlite3.Connection, timers: TimerRows) -> None:
+    """Replace or delete the timer rows (at most one write per row)."""
+    upserts, deletes = timers
+    if upserts:
+        conn.executemany(UPSERT_TIMER, upserts)
+    if deletes:
+        conn.executemany(DELETE_TIMER, deletes)
+
+
+def write_timers(
+    conn: sqlite3.Connection,
+    timers: TimerRows,
+    thread_id: str,
+    now: str,
+    events: Sequence[tuple[Any, ...]],
+) -> None:
+    """Timer writes outside a turn (under the thread's lock) and their events, each at
+    the thread's next sequence number (``events``: rows without it)."""
+    write_timer_rows(conn, timers)
+    for event in events:
+        seq = conn.execute(BUMP_THREAD_SEQ, (thread_id, now)).fetchone()[0] - 1
+        conn.execute(
+            INSERT_EVENT, (event[0], event[1], event[2], seq, event[3], event[4], event[5])
+        )
+
+
+def claim_timers(conn: sqlite3.Connection, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Claim due timers in one statement; the claimed rows."""
+    return [tuple(row) for row in conn.execute(CLAIM_TIMERS, params).fetchall()]
+
+
+def prune_timers(conn: sqlite3.Connection, args: tuple[Any, ...]) -> int:
+    return conn.execute(PRUNE_TIMERS, args).rowcount
 
 
 def write_index(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from intention_kernel._json import dump_value
@@ -38,6 +38,7 @@ from intention_kernel.durability._rows import (
     receipt_write,
     stored_thread,
 )
+from intention_kernel.durability._timer_rows import decode_timer, split_writes
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
@@ -55,6 +56,9 @@ from intention_kernel.durability.abc import (
     StoredTurn,
     StreamRecorder,
     ThreadOwner,
+    Timer,
+    TimerRecorder,
+    TimerWrite,
     TurnRecord,
     TurnStart,
 )
@@ -80,6 +84,8 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_STREAM,
     SELECT_THREAD,
     SELECT_THREAD_UNLESS_KNOWN,
+    SELECT_TIMER,
+    SELECT_TIMERS,
     SELECT_TURN,
     SELECT_UNPUBLISHED,
     SELECT_VERSION,
@@ -92,7 +98,7 @@ from intention_kernel.turns import EventDraft, OutboxEvent
 __all__ = ["SQLiteRecorder"]
 
 
-class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder):
+class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
     #: ``_run`` never lets a cancellation through before its hop ends.
     options = RecorderOptions(
         finishes_writes_when_cancelled=True, attempts_outlive_lock=False, receipt_index_rows=True
@@ -188,11 +194,60 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder)
             bool(record.rewrite),
             _event_rows(record.events, record.thread_id, record.turn_id, now),
             index,
+            split_writes(record.timers, _stamp) if record.timers else None,
         )
         try:
             await self._write(bodies.commit_turn, args, record.thread_id, atomic=True)
         except Refusal as refused:
             raise fenced(record, refused.reason) from refused
+
+    # -- timers --------------------------------------------------------------------------------
+
+    async def write_timers(
+        self, thread_id: str, writes: Sequence[TimerWrite], events: Sequence[EventDraft]
+    ) -> None:
+        now = utcnow().isoformat()
+        rows = _event_rows(events, thread_id, None, now)
+        args = (split_writes(writes, _stamp), thread_id, now, rows)
+        await self._write(bodies.write_timers, args, thread_id, atomic=True)
+
+    async def read_timer(self, thread_id: str, key: str) -> Timer | None:
+        def read(conn: sqlite3.Connection) -> Timer | None:
+            row = conn.execute(SELECT_TIMER, (thread_id, key)).fetchone()
+            return None if row is None else decode_timer(row, _parse_time)
+
+        return await self._read(read, thread_id)
+
+    async def read_timers(
+        self, thread_id: str | None, status: str | None, after: tuple[str, str] | None, limit: int
+    ) -> list[Timer]:
+        params = {
+            "thread_id": thread_id,
+            "status": status,
+            "after_thread": after[0] if after else None,
+            "after_key": after[1] if after else None,
+            "limit": limit,
+        }
+
+        def read(conn: sqlite3.Connection) -> list[Timer]:
+            rows = conn.execute(SELECT_TIMERS, params).fetchall()
+            return [decode_timer(row, _parse_time) for row in rows]
+
+        return await self._read(read, thread_id)
+
+    async def claim_timers(self, now: datetime, until: datetime, limit: int) -> list[Timer]:
+        params: dict[str, Any] = {
+            "now": _stamp(now.astimezone(UTC)),
+            "until": _stamp(until.astimezone(UTC)),
+            "limit": limit,
+        }
+        rows = await self._write(bodies.claim_timers, (params,))
+        return [decode_timer(row, _parse_time) for row in rows]
+
+    async def prune_timers(self, before: datetime, limit: int) -> int:
+        args = (_stamp(before.astimezone(UTC)), limit)
+        deleted: int = await self._write(bodies.prune_timers, (args,))
+        return deleted
 
     # -- the journal -------------------------------------------------------------------------
 

@@ -260,6 +260,29 @@ MIGRATIONS: tuple[str, ...] = (
         VALUES (NEW.thread_id, NEW.turn_id, NEW.segment, NEW.events, NEW.created_at);
     END;
     """,
+    # 14: each thread's timers (``ctx.schedule``), one row per key. Workers claim the
+    # due ones by ``ik_timers_due``: pending rows only, earliest first. Times are UTC
+    # ISO text with microseconds, so text order is time order.
+    """
+    CREATE TABLE ik_timers (
+        thread_id            TEXT NOT NULL,
+        key                  TEXT NOT NULL,
+        tenant_id            TEXT,
+        due_at               TEXT NOT NULL,
+        message              TEXT,
+        data                 TEXT,
+        unless_version_after INTEGER,
+        every_us             INTEGER,
+        status               TEXT NOT NULL,
+        set_at               TEXT,
+        settled_at           TEXT,
+        turn_id              TEXT,
+        claimed_until        TEXT,
+        cron                 TEXT,
+        PRIMARY KEY (thread_id, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX ik_timers_due ON ik_timers (due_at) WHERE status = 'pending';
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from intention_kernel.durability._rows import OUTBOX_COLUMNS, RECEIPT_COLUMNS, select_receipts
+from intention_kernel.durability._timer_rows import TIMER_COLUMNS
 
 SELECT_TURN = """
     SELECT t.request_digest, t.result, th.tenant_id, t.pruned_at
@@ -277,4 +278,37 @@ STALE_JOURNALS = """
 PRUNE_JOURNAL = """
     DELETE FROM ik_journal WHERE thread_id = ?1 AND turn_id = ?2 AND NOT EXISTS (
         SELECT 1 FROM ik_journal WHERE thread_id = ?1 AND turn_id = ?2 AND created_at >= ?3)
+"""
+
+
+# -- timers ---------------------------------------------------------------------------------
+
+UPSERT_TIMER = f"""
+    INSERT OR REPLACE INTO ik_timers ({TIMER_COLUMNS})
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+DELETE_TIMER = "DELETE FROM ik_timers WHERE thread_id = ? AND key = ?"
+SELECT_TIMER = f"SELECT {TIMER_COLUMNS} FROM ik_timers WHERE thread_id = ? AND key = ?"
+# Keyset pages in (thread_id, key) order; each filter off when its parameter is NULL.
+SELECT_TIMERS = f"""
+    SELECT {TIMER_COLUMNS} FROM ik_timers
+    WHERE (:thread_id IS NULL OR thread_id = :thread_id)
+      AND (:status IS NULL OR status = :status)
+      AND (:after_thread IS NULL OR (thread_id, key) > (:after_thread, :after_key))
+    ORDER BY thread_id, key LIMIT :limit
+"""
+# One statement, so one write transaction: two workers never claim the same row.
+CLAIM_TIMERS = f"""
+    UPDATE ik_timers SET claimed_until = :until
+    WHERE (thread_id, key) IN (
+        SELECT thread_id, key FROM ik_timers
+        WHERE status = 'pending' AND due_at <= :now
+          AND (claimed_until IS NULL OR claimed_until <= :now)
+        ORDER BY due_at LIMIT :limit)
+    RETURNING {TIMER_COLUMNS}
+"""
+PRUNE_TIMERS = """
+    DELETE FROM ik_timers WHERE (thread_id, key) IN (
+        SELECT thread_id, key FROM ik_timers
+        WHERE status != 'pending' AND settled_at < ? LIMIT ?)
 """
