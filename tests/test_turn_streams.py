@@ -370,7 +370,7 @@ def test_kernel_refuses_a_bad_stream_buffer() -> None:
 
 
 async def test_a_store_from_before_turn_streams_is_upgraded(sql_store: Store) -> None:
-    """The migration that adds ``ik_streams`` (the last one) runs on an older store, and
+    """The migration that adds ``ik_streams`` runs on an older store, and
     a turn left half done there (rounds journaled, no segment) goes on, streamed."""
     async with sql_store.durability() as store:
         await streams_kernel(store, StreamingRounds()).turn(THREAD, "t0", MESSAGE)
@@ -379,8 +379,9 @@ async def test_a_store_from_before_turn_streams_is_upgraded(sql_store: Store) ->
         with contextlib.closing(sqlite3.connect(sql_store.location)) as conn, conn:
             undo_migration_13(conn)
     else:
-        sql_store.query("DROP TABLE ik_streams")
-        sql_store.query(f"DELETE FROM ik_schema WHERE version = {version}")
+        # Migration 15 added the streams; 16 (timers) is undone with it.
+        sql_store.query("DROP TABLE ik_streams, ik_timers")
+        sql_store.query("DELETE FROM ik_schema WHERE version >= 15")
     async with sql_store.durability() as store:
         kernel = streams_kernel(store, StreamingRounds())
         events = await collect(kernel.stream_turn(THREAD, "t1", MESSAGE))
