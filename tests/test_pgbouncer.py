@@ -39,6 +39,10 @@ from intention_kernel.testing.conformance import DurabilityConformance, Inspecto
 from proving_support import Store as SQLStore
 from proving_support import StoreInspector
 from test_postgres import Store, _PostgresTamper
+from test_postgres_leases import Schema, processes
+from test_postgres_leases import (
+    test_a_worker_stopped_past_its_lease_is_refused_every_write_after_it_wakes as _stopped,
+)
 from test_postgres_processes import Cluster, finish, touch
 from test_postgres_processes import (
     test_a_killed_lease_holder_frees_its_thread_when_its_lease_expires as _killed_holder,
@@ -51,6 +55,7 @@ from test_postgres_processes import (
 )
 
 pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer]
+__all__ = ["processes"]  # a fixture of test_postgres_leases, used here
 
 #: Server sessions given another client's state before each test: about the pool's
 #: size in scripts/pgbouncer.sh, and fewer than it, so that none waits for another.
@@ -234,6 +239,35 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
     seed = random.randrange(1 << 32)
     print(f"random seed: {seed}")
     await _racing(cluster, random.Random(seed))
+
+
+@pytest.fixture
+def pooled_schema(postgres_dsn: str, pgbouncer_dsn: str) -> Iterator[Schema]:
+    """A store schema and a ledger schema, every client of both through PgBouncer."""
+    made = Schema(pgbouncer_dsn)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(made.ledger)))
+    made.query(
+        "CREATE TABLE calls (n bigserial PRIMARY KEY, thread_id text NOT NULL, "
+        "key text NOT NULL, pid integer NOT NULL)",
+        schema=made.ledger,
+    )
+    foreign_state(pgbouncer_dsn)
+    yield made
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        for name in (made.name, made.ledger):
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["before_effect", "in_provider"])
+async def test_a_worker_stopped_past_its_lease_is_refused_every_write_after_it_wakes(
+    pooled_schema: Schema,
+    tmp_path: Path,
+    processes: list[asyncio.subprocess.Process],
+    where: str,
+) -> None:
+    await _stopped(pooled_schema, tmp_path, processes, where)
 
 
 @pytest.mark.slow
