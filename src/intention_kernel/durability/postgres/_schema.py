@@ -235,10 +235,11 @@ $$;
 # - A take happens only on a lapsed lease, so a crash that forgets it leaves the row
 #   lapsed (or absent) again, never alive for an earlier holder.
 # - Every write of the holder is fenced by its epoch and its owner (a grant's own):
-#   after a forgotten take the row names neither, so each write is refused.
+#   after a forgotten take the row names neither, so each write is refused. (The
+#   next take may hand out the forgotten epoch again, to another owner.)
 # - A write that commits flushes the WAL up to its own commit record, which follows
 #   the take's: whatever a holder wrote durably, its lease was durable first.
-# A poll of a busy thread locks the lease row, which also wrote a commit to flush.
+# A poll of a busy thread locks the lease row: it waited for a flush too, now it does not.
 ASYNC_LEASE_TAKE = _start_turn_leased_function(
     "CREATE OR REPLACE FUNCTION",
     "        PERFORM set_config('synchronous_commit', 'off', true);\n",
