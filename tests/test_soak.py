@@ -328,7 +328,7 @@ async def test_soak_with_random_kills_and_duplicate_deliveries_loses_and_duplica
 
     turns = request.config.getoption("--soak-turns") or CI_TURNS
     report = await run_soak(soak, store, turns, walk)
-    show(f"soak audit ({store.kind})", report, capsys)
+    show(f"soak audit ({request.node.callspec.params['store']})", report, capsys)
 
 
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
