@@ -25,7 +25,9 @@ thread's turns commit in schedule order whichever process commits them. One
 JSON line per delivery: ``{"t", "u", "replayed", "digest", "steps"}`` (the digest of
 the result without its ``replayed`` flag; each step's capability and status),
 ``{"t", "u", "refused"}`` for a refused
-conflicting request, or ``{"t", "u", "error"}`` for anything unexpected. A walk that
+conflicting request, ``{"t", "u", "lease_lost"}`` for a delivery refused a write
+because its lease lapsed while the process was stopped (it is delivered again), or
+``{"t", "u", "error"}`` for anything unexpected. A walk that
 ends on SQLite writes ``{"writer": {"groups", "grouped"}}`` last: the transactions its
 writer thread ran, and how many writes shared one with others.
 """
@@ -43,6 +45,7 @@ from typing import Any
 
 from intention_kernel import Kernel, ThreadBusyError, TurnConflictError, TurnResult
 from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.errors import LeaseLostError
 from intention_kernel.interpretation import Interpretation, InterpretationRequest
 from intention_kernel.testing import faults
 from intention_kernel.testing.agents import billing_agent, billing_interpreter
@@ -117,6 +120,10 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
                     return await kernel.turn(thread_id, turn, message)
                 except ThreadBusyError:
                     await asyncio.sleep(rng.uniform(0, 0.01))
+                except LeaseLostError:
+                    # Paused past its lease (the test's SIGSTOP), this process was
+                    # refused a write: delivered again, as a host retries a failed turn.
+                    emit({"t": thread_id, "u": turn, "lease_lost": True})
 
         async def answer(thread_id: str, turn: str, message: str) -> None:
             result = await deliver(thread_id, turn, message)

@@ -17,7 +17,9 @@ schema's tables, or run another client's statement under its own statement's nam
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,12 +32,18 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from intention_kernel.durability import Durability
-from intention_kernel.durability.postgres import PostgresDurability
+from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability
+from intention_kernel.durability.postgres._schema import CREATE_SCHEMA_TABLE, INSERT_SCHEMA_VERSION
+from intention_kernel.durability.postgres._sessions import advisory_key
 from intention_kernel.testing.conformance import DurabilityConformance, Inspector, Tamper
 from proving_support import Store as SQLStore
 from proving_support import StoreInspector
 from test_postgres import Store, _PostgresTamper
-from test_postgres_processes import Cluster
+from test_postgres_leases import Schema, processes
+from test_postgres_leases import (
+    test_a_worker_stopped_past_its_lease_is_refused_every_write_after_it_wakes as _stopped,
+)
+from test_postgres_processes import Cluster, finish, touch
 from test_postgres_processes import (
     test_a_killed_lease_holder_frees_its_thread_when_its_lease_expires as _killed_holder,
 )
@@ -47,6 +55,7 @@ from test_postgres_processes import (
 )
 
 pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer]
+__all__ = ["processes"]  # a fixture of test_postgres_leases, used here
 
 #: Server sessions given another client's state before each test: about the pool's
 #: size in scripts/pgbouncer.sh, and fewer than it, so that none waits for another.
@@ -230,3 +239,112 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
     seed = random.randrange(1 << 32)
     print(f"random seed: {seed}")
     await _racing(cluster, random.Random(seed))
+
+
+@pytest.fixture
+def pooled_schema(postgres_dsn: str, pgbouncer_dsn: str) -> Iterator[Schema]:
+    """A store schema and a ledger schema, every client of both through PgBouncer."""
+    made = Schema(pgbouncer_dsn)
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(made.ledger)))
+    made.query(
+        "CREATE TABLE calls (n bigserial PRIMARY KEY, thread_id text NOT NULL, "
+        "key text NOT NULL, pid integer NOT NULL)",
+        schema=made.ledger,
+    )
+    foreign_state(pgbouncer_dsn)
+    yield made
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        for name in (made.name, made.ledger):
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["before_effect", "in_provider"])
+async def test_a_worker_stopped_past_its_lease_is_refused_every_write_after_it_wakes(
+    pooled_schema: Schema,
+    tmp_path: Path,
+    processes: list[asyncio.subprocess.Process],
+    where: str,
+) -> None:
+    await _stopped(pooled_schema, tmp_path, processes, where)
+
+
+@pytest.mark.slow
+async def test_workers_that_waited_for_the_migration_lock_see_what_its_holder_created(
+    cluster: PooledCluster, postgres_dsn: str
+) -> None:
+    """Real processes open a fresh schema through PgBouncer while this test holds the
+    migration's lock, so that every one of them looks, finds no schema, and waits.
+    The test then migrates the schema as the adapter does and commits. Each waiter
+    must see the schema it waited for and apply nothing: none may fail.
+
+    Before the fix they often did (UniqueViolation on ``pg_namespace``). A server
+    session takes in the catalog changes other sessions committed at the start of a
+    transaction, or when it locks a relation; not after an advisory lock's wait.
+    PgBouncer's server sessions are warm, and answered ``CREATE SCHEMA IF NOT
+    EXISTS`` from a cache that still said "no such schema" (see
+    ABSORB_CATALOG_CHANGES). Fresh sessions rarely show it: their first cache miss
+    takes the changes in. The adapter no longer retries a migration that failed."""
+    key = advisory_key("migrate", cluster.schema)
+    warm_up(cluster.pooled, cluster.schema)
+    barrier = cluster.path("go")
+    with psycopg.connect(postgres_dsn) as holder:  # one transaction, committed at the end
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+        openers = [
+            await cluster.spawn(mode="open", arrived=cluster.path(f"arrived-{i}"), barrier=barrier)
+            for i in range(6)
+        ]
+        for i, process in enumerate(openers):
+            await cluster.wait_for_file(cluster.path(f"arrived-{i}"), process)
+        touch(barrier)
+        deadline = time.monotonic() + 30
+        while waiting_for(postgres_dsn, key) < len(openers):
+            assert time.monotonic() < deadline, "the openers never all waited for the lock"
+            await asyncio.sleep(0.02)
+        holder.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(cluster.schema)))
+        holder.execute(
+            "SELECT set_config('search_path', %s, true)",
+            (sql.Identifier(cluster.schema).as_string(holder),),
+        )
+        holder.execute(CREATE_SCHEMA_TABLE)
+        for version, migration in enumerate(MIGRATIONS, 1):
+            holder.execute(migration.encode())
+            holder.execute(INSERT_SCHEMA_VERSION, (version,))
+    for process in openers:
+        assert await finish(process) == []
+    versions = cluster.query(cluster.schema, "SELECT version FROM ik_schema ORDER BY version")
+    assert [v for (v,) in versions] == list(range(1, len(MIGRATIONS) + 1))
+
+
+def warm_up(pooled: str, schema: str) -> None:
+    """Leave ``FOREIGN_SESSIONS`` of PgBouncer's server sessions as a busy one would be:
+    each has looked for ``schema`` (and cached that it has none) and has run the
+    migration's first statements on another schema, in a transaction of its own."""
+    clients = [
+        psycopg.connect(pooled, autocommit=True, prepare_threshold=None, connect_timeout=5)
+        for _ in range(FOREIGN_SESSIONS)
+    ]
+    try:
+        for conn in clients:  # each holds a transaction open: each on a session of its own
+            conn.execute("BEGIN")
+            conn.execute("SELECT to_regclass(format('%%I.ik_schema', %s::text))", (schema,))
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (random.randrange(1 << 62),))
+            conn.execute("CREATE SCHEMA IF NOT EXISTS public")
+        for conn in clients:
+            conn.execute("COMMIT")
+    finally:
+        for conn in clients:
+            conn.close()
+
+
+def waiting_for(dsn: str, key: int) -> int:
+    """How many sessions wait for the advisory lock ``key``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND objid = (%s::bigint & 4294967295)::oid",
+            (key,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])

@@ -402,3 +402,39 @@ async def test_a_schema_whose_name_needs_quoting_serves_turns(postgres_dsn: str)
     finally:
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(odd)))
+
+
+async def test_taking_a_lease_waits_for_no_flush_and_a_write_under_it_does(
+    schema: Schema,
+) -> None:
+    """The lease's take commits asynchronously (migration 17): its transaction turns
+    ``synchronous_commit`` off for itself alone. A read without a take leaves it on,
+    and so does every write of the holder: a write that commits flushes the take's
+    record with its own, so nothing durable ever rests on a take the disk lost."""
+    async with schema.durability():
+        pass  # creates and migrates the schema
+
+    def setting_after(statement: str, *args: object) -> str:
+        with psycopg.connect(schema.dsn) as conn:  # one transaction, then rolled back
+            conn.execute(statement.encode(), args or None)
+            row = conn.execute("SHOW synchronous_commit").fetchone()
+            conn.rollback()
+        assert row is not None
+        return str(row[0])
+
+    start = sql.SQL("SELECT * FROM {}.ik_start_turn_leased(%s, 't', 'u', NULL, %s, %s)").format(
+        sql.Identifier(schema.name)
+    )
+    taken = start.as_string(None)
+    assert setting_after("SHOW synchronous_commit") == "on"
+    assert setting_after(taken, True, "owner", timedelta(seconds=30)) == "off"
+    assert setting_after(taken, False, None, None) == "on"
+    # A turn runs through it, from its take to its commit, as before.
+    async with schema.durability() as store:
+
+        async def work(tx: TurnTransaction) -> TurnCommit:
+            await tx.run_effect("charge", lambda authority: "paid", step_id="s")
+            return await plain(tx)
+
+        assert (await store.with_turn(TurnScope("t", "1"), work)).checkpoint_version == 1
+        assert [r.status for r in await store.list_receipts()] == ["completed"]

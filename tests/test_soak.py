@@ -12,7 +12,11 @@ conflicting requests on purpose. Meanwhile the library's own outbox relay
 publishes to a file. The test SIGKILLs a random worker (now and then the relay) at
 moments spread over the whole run, by the share of turns committed so far, and
 starts a replacement, some armed to die at a durable fault point; a replacement takes
-each thread up at its last committed turn, delivered again. Finally one worker
+each thread up at its last committed turn, delivered again. On PostgreSQL some of
+those moments SIGSTOP a worker past its lease instead, then SIGCONT it: the others
+take its threads, and each write it tries on waking is refused (it delivers that
+turn again, and gets the committed result). The ``pgbouncer`` store runs every
+client of the soak through PgBouncer in transaction mode. Finally one worker
 delivers everything once more (the retries a host does after a crash), operators
 reconcile every uncertain receipt, the relay drains, and the audit checks, and
 prints:
@@ -28,7 +32,8 @@ prints:
 - every committed event delivered by the relay at least once (again only after a
   relay died), each thread's events in ``seq`` order; one ``turn.committed`` per
   turn; one ``effect.completed`` per applied write; the outbox in commit order;
-- every checkpoint at its thread's last turn; no lock left behind, on either store.
+- every checkpoint at its thread's last turn; no lock left behind, on either store;
+- a write refused for a lost lease only in a worker the test stopped past its lease.
 
 The concurrent mode (SQLite; issue 22) runs the same schedule and audit with one
 worker process at a time, every thread at once on it (a task each, each turn's
@@ -49,6 +54,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import sqlite3
 import sys
 import time
@@ -91,6 +97,10 @@ KILLED_UNTIL = 0.9  # of the scheduled turns committed: kills are spread up to t
 RELAY_KILLS = 0.2  # of the kills, aimed at the relay
 REPLACEMENTS_WITH_A_FAULT = 0.4
 RANDOM_SIGKILL = "random SIGKILL"
+#: On PostgreSQL, the share of the test's moments that SIGSTOP a worker instead of
+#: killing it, for longer than its lease (2 s, see ``open_store``), then SIGCONT it.
+PAUSES = 0.4
+PAUSED_FOR = 3.5
 #: The concurrent mode's workers: every thread at once (a task each), each turn awaiting
 #: a model for about 5 ms, a duplicate delivered while the first copy is in flight.
 CONCURRENT: dict[str, Any] = {"tasks": THREADS, "model_await": 0.005, "together": True}
@@ -144,6 +154,7 @@ class Worker:
     fault: dict[str, Any] | None
     relay: bool = False
     killed_at: float | None = None  # share of the turns committed when the test killed it
+    paused: int = 0  # times the test stopped it past its lease (SIGSTOP, then SIGCONT)
     lines: list[dict[str, Any]] = field(default_factory=list)
     reader: asyncio.Task[None] | None = None
 
@@ -255,23 +266,35 @@ class Soak:
             if self.store.kind == "sqlite":
                 self.progress = sqlite3.connect(self.store.location, isolation_level=None)
             else:
-                self.progress = psycopg.connect(self.store.location, autocommit=True)
-                self.progress.execute(
-                    sql.SQL("SET search_path TO {}").format(sql.Identifier(self.store.schema))
+                self.progress = psycopg.connect(
+                    self.store.location, autocommit=True, prepare_threshold=None
                 )
-        row = self.progress.execute("SELECT count(*) FROM ik_turns").fetchone()
+        if self.store.kind == "sqlite":
+            row = self.progress.execute("SELECT count(*) FROM ik_turns").fetchone()
+        else:  # named in full: behind PgBouncer no session setting holds
+            count = sql.SQL("SELECT count(*) FROM {}.ik_turns")
+            row = self.progress.execute(count.format(sql.Identifier(self.store.schema))).fetchone()
         assert row is not None
         return int(row[0])
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("pgbouncer", marks=[pytest.mark.postgres, pytest.mark.pgbouncer]),
+    ]
+)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The store; ``pgbouncer``: PostgreSQL with every client of the soak (workers,
+    relays, the test's adapter and its queries) through PgBouncer in transaction mode."""
     if request.param == "sqlite":
         yield Store("sqlite", str(tmp_path / "soak.db"))
         return
     dsn: str = request.getfixturevalue("postgres_dsn")
+    via = dsn if request.param == "postgres" else request.getfixturevalue("pgbouncer_dsn")
     schema = new_schema()
-    yield Store("postgres", make_conninfo(dsn, application_name=schema), schema)
+    yield Store("postgres", make_conninfo(via, application_name=schema), schema)
     drop_schema(dsn, schema)
 
 
@@ -305,7 +328,7 @@ async def test_soak_with_random_kills_and_duplicate_deliveries_loses_and_duplica
 
     turns = request.config.getoption("--soak-turns") or CI_TURNS
     report = await run_soak(soak, store, turns, walk)
-    show(f"soak audit ({store.kind})", report, capsys)
+    show(f"soak audit ({request.node.callspec.params['store']})", report, capsys)
 
 
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
@@ -438,6 +461,14 @@ async def kill_through_the_run(soak: Soak, total: int) -> None:
         if not running:
             return
         victim = soak.rng.choice(running)
+        if soak.store.kind == "postgres" and soak.rng.random() < PAUSES:
+            # Frozen past its lease: its threads go to the others, and once woken its
+            # writes are refused (it delivers those turns again, see soak_worker.py).
+            victim.process.send_signal(signal.SIGSTOP)
+            await asyncio.sleep(PAUSED_FOR)
+            victim.process.send_signal(signal.SIGCONT)
+            victim.paused += 1
+            continue
         victim.process.kill()
         await victim.wait()
         if victim.process.returncode == -9:  # not exited at its own fault point first
@@ -506,6 +537,10 @@ def audit_turns(
     assert set(final) == set(scheduled)
     outcomes = [o for w in soak.workers for o in w.deliveries]
     assert [o for o in outcomes if "error" in o] == []
+    # A write refused for a lost lease: only in a process the test stopped past it.
+    lost = [o for w in soak.workers if not w.paused for o in w.deliveries if "lease_lost" in o]
+    assert lost == [], "a worker that was never stopped lost its lease"
+    lost_after_pauses = sum(1 for o in outcomes if "lease_lost" in o)
     answered = [o for o in outcomes if "digest" in o]
     wrong = [o for o in answered if o["digest"] != final[(o["t"], o["u"])]]
     assert wrong == [], "a delivery was answered with something else than the committed result"
@@ -513,9 +548,16 @@ def audit_turns(
     assert all(n == 1 for n in fresh.values()), "a turn was executed (not replayed) twice"
     refused = sum(1 for o in outcomes if o.get("refused"))
     replays = len(answered) - len(fresh)
+    pauses = sum(w.paused for w in soak.workers)
     report.append(
         f"deliveries: {len(answered)}; {replays} answered by replay with "
         f"the committed result; {refused} conflicting requests refused; 0 errors"
+        + (
+            f"; {lost_after_pauses} refused a write after their worker was stopped past "
+            f"its lease ({pauses} pauses), each delivered again"
+            if pauses
+            else ""
+        )
     )
 
 

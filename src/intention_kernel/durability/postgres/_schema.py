@@ -113,6 +113,70 @@ $$;
 
 START_TURN_FUNCTION = _start_turn_function(_RECEIPT_CLAIM)
 
+
+def _start_turn_leased_function(create: str, take: str = "") -> str:
+    """``ik_start_turn_leased``'s definition, made by ``create`` (``CREATE FUNCTION`` or
+    ``CREATE OR REPLACE FUNCTION``), with ``take`` run just before the lease is taken."""
+    return (
+        create
+        + """ ik_start_turn_leased(p_take boolean, p_thread text, p_turn text,
+                                     p_known bigint, p_owner text, p_expiry interval)
+RETURNS TABLE (epoch bigint, request_digest text, result text, expired boolean,
+               version bigint, tenant_id text, claimed_by text[], checkpoint text,
+               messages text[], facts text[])
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+#variable_conflict use_column
+DECLARE
+    v_epoch bigint;
+BEGIN
+    IF p_take THEN
+        RETURN QUERY
+            SELECT NULL::bigint, t.request_digest, t.result, t.pruned_at IS NOT NULL,
+                   th.version, th.tenant_id, NULL::text[], NULL::text, NULL::text[],
+                   NULL::text[]
+            FROM ik_turns t LEFT JOIN ik_threads th ON th.thread_id = p_thread
+            WHERE t.thread_id = p_thread AND t.turn_id = p_turn;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+"""
+        + take
+        + """        INSERT INTO ik_leases AS l (thread_id, kind, owner, epoch, expires_at)
+        VALUES (p_thread, 'turn', p_owner, 1, clock_timestamp() + p_expiry)
+        ON CONFLICT (thread_id, kind) DO UPDATE
+            SET owner = p_owner, epoch = l.epoch + 1,
+                expires_at = clock_timestamp() + p_expiry
+            WHERE l.expires_at <= clock_timestamp()
+        RETURNING l.epoch INTO v_epoch;
+        IF v_epoch IS NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY
+        WITH found AS (
+            SELECT t.request_digest, t.result, t.pruned_at IS NOT NULL AS expired,
+                   th.version, th.tenant_id, th.checkpoint,
+                   t.turn_id IS NULL AND th.version IS DISTINCT FROM p_known AS ship,
+                   t.turn_id IS NULL AND COALESCE(th.version, 0) = 0 AS unowned
+            FROM (SELECT 1) AS one
+            LEFT JOIN ik_threads th ON th.thread_id = p_thread
+            LEFT JOIN ik_turns t ON t.thread_id = p_thread AND t.turn_id = p_turn
+        )
+        SELECT v_epoch, request_digest, result, expired, version, tenant_id,
+               CASE WHEN unowned THEN """
+        + _RECEIPT_OR_JOURNAL_CLAIM
+        + """ END,
+               CASE WHEN ship THEN checkpoint END,
+"""
+        + CHECKPOINT_ROWS.format(ship="ship", thread_id="p_thread")
+        + """
+        FROM found;
+END
+$$;
+"""
+    )
+
+
 # Thread leases (migration 13). A lease row per thread and kind ('turn' for turns and
 # operator actions, 'relay' for the outbox relay): who holds it, a fencing ``epoch``
 # and when it lapses, on the server's clock. Taking a lease bumps the epoch, so every
@@ -132,8 +196,7 @@ START_TURN_FUNCTION = _start_turn_function(_RECEIPT_CLAIM)
 # false only the read runs (``begin_turn``).
 # ``SET search_path FROM CURRENT`` pins the function to its schema: behind a transaction
 # pooler no session setting can be relied on.
-LEASES = (
-    """
+LEASES = """
 CREATE TABLE ik_leases (
     thread_id text NOT NULL, kind text NOT NULL, owner text NOT NULL,
     epoch bigint NOT NULL, expires_at timestamptz NOT NULL,
@@ -163,59 +226,23 @@ BEGIN
         USING ERRCODE = 'object_not_in_prerequisite_state';
 END
 $$;
-CREATE FUNCTION ik_start_turn_leased(p_take boolean, p_thread text, p_turn text,
-                                     p_known bigint, p_owner text, p_expiry interval)
-RETURNS TABLE (epoch bigint, request_digest text, result text, expired boolean,
-               version bigint, tenant_id text, claimed_by text[], checkpoint text,
-               messages text[], facts text[])
-LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
-#variable_conflict use_column
-DECLARE
-    v_epoch bigint;
-BEGIN
-    IF p_take THEN
-        RETURN QUERY
-            SELECT NULL::bigint, t.request_digest, t.result, t.pruned_at IS NOT NULL,
-                   th.version, th.tenant_id, NULL::text[], NULL::text, NULL::text[],
-                   NULL::text[]
-            FROM ik_turns t LEFT JOIN ik_threads th ON th.thread_id = p_thread
-            WHERE t.thread_id = p_thread AND t.turn_id = p_turn;
-        IF FOUND THEN
-            RETURN;
-        END IF;
-        INSERT INTO ik_leases AS l (thread_id, kind, owner, epoch, expires_at)
-        VALUES (p_thread, 'turn', p_owner, 1, clock_timestamp() + p_expiry)
-        ON CONFLICT (thread_id, kind) DO UPDATE
-            SET owner = p_owner, epoch = l.epoch + 1,
-                expires_at = clock_timestamp() + p_expiry
-            WHERE l.expires_at <= clock_timestamp()
-        RETURNING l.epoch INTO v_epoch;
-        IF v_epoch IS NULL THEN
-            RETURN;
-        END IF;
-    END IF;
-    RETURN QUERY
-        WITH found AS (
-            SELECT t.request_digest, t.result, t.pruned_at IS NOT NULL AS expired,
-                   th.version, th.tenant_id, th.checkpoint,
-                   t.turn_id IS NULL AND th.version IS DISTINCT FROM p_known AS ship,
-                   t.turn_id IS NULL AND COALESCE(th.version, 0) = 0 AS unowned
-            FROM (SELECT 1) AS one
-            LEFT JOIN ik_threads th ON th.thread_id = p_thread
-            LEFT JOIN ik_turns t ON t.thread_id = p_thread AND t.turn_id = p_turn
-        )
-        SELECT v_epoch, request_digest, result, expired, version, tenant_id,
-               CASE WHEN unowned THEN """
-    + _RECEIPT_OR_JOURNAL_CLAIM
-    + """ END,
-               CASE WHEN ship THEN checkpoint END,
-"""
-    + CHECKPOINT_ROWS.format(ship="ship", thread_id="p_thread")
-    + """
-        FROM found;
-END
-$$;
-"""
+""" + _start_turn_leased_function("CREATE FUNCTION")
+# Migration 14: a lease's take commits without waiting for its WAL to reach the disk
+# (``synchronous_commit`` off for that one transaction, ``set_config(..., true)``).
+# Before, a turn waited for four flushes: the take, the receipt's prepare and
+# settlement, and the commit. The take's commit is still visible to every session at
+# once; only its durability waits for the WAL writer (a fraction of a second). Safe:
+# - A take happens only on a lapsed lease, so a crash that forgets it leaves the row
+#   lapsed (or absent) again, never alive for an earlier holder.
+# - Every write of the holder is fenced by its epoch and its owner (a grant's own):
+#   after a forgotten take the row names neither, so each write is refused. (The
+#   next take may hand out the forgotten epoch again, to another owner.)
+# - A write that commits flushes the WAL up to its own commit record, which follows
+#   the take's: whatever a holder wrote durably, its lease was durable first.
+# A poll of a busy thread locks the lease row: it waited for a flush too, now it does not.
+ASYNC_LEASE_TAKE = _start_turn_leased_function(
+    "CREATE OR REPLACE FUNCTION",
+    "        PERFORM set_config('synchronous_commit', 'off', true);\n",
 )
 START_TURN = (
     "SELECT * FROM ik_start_turn_leased(true, %(thread_id)s, %(turn_id)s, %(known_version)s,"
@@ -437,6 +464,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX ik_timers_due ON ik_timers (due_at) WHERE status = 'pending';
     """,
+    # 17: the lease's take commits without a flush of its own (see ASYNC_LEASE_TAKE).
+    # Same signature and answers: a worker of the previous library, still running, goes
+    # on calling it.
+    ASYNC_LEASE_TAKE,
 )
 
 

@@ -11,6 +11,15 @@ from intention_kernel.durability.postgres._schema import CHECKPOINT_ROWS
 from intention_kernel.effects import ReceiptStatus
 
 LOCK_XACT = "SELECT pg_advisory_xact_lock(%s)"
+# After waiting for LOCK_XACT, the catalog changes its previous holder committed are
+# not yet in this session's caches. PostgreSQL takes them in at a transaction's start,
+# or when the session locks a relation it had not locked in this transaction; an
+# advisory lock does neither. A session warm from earlier work (as a pooler's server
+# sessions are) then answers ``CREATE SCHEMA IF NOT EXISTS`` from its cache ("no such
+# schema"), and its insert of the schema meets the committed one: UniqueViolation.
+# Locking a catalog that nothing before it in the transaction touches (security
+# labels) takes the changes in; anyone may read it, and the lock blocks nothing.
+ABSORB_CATALOG_CHANGES = "LOCK TABLE pg_catalog.pg_seclabel IN ACCESS SHARE MODE"
 
 # -- leases (see LEASES in ``_schema``) --
 # The fence every write of a lease holder carries, in the same statement: the row of
