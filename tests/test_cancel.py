@@ -225,3 +225,66 @@ async def test_a_cancel_from_another_process_stops_the_running_turn(
         result = await asyncio.wait_for(running, HELD)
         assert result.steps == ()
         assert result.reply.endswith("Cancelled before it finished: stop")
+
+
+AT_ONCE = 2.0  # far below the running turn's hold: an answer that waited for it misses it
+
+
+@pytest.mark.parametrize("where", ["this kernel", "another kernel"])
+async def test_a_caller_waiting_on_a_queued_turn_is_told_at_once_when_it_is_dequeued(
+    store: Durability, where: str
+) -> None:
+    """The caller of ``Kernel.turn`` is told while the turn ahead still runs, not after."""
+    provider = FakeProvider()
+    queueing = dataclasses.replace(billing_agent(provider), on_busy="queue")
+    kernel = Kernel(queueing, store)
+    canceller = kernel if where == "this kernel" else Kernel(queueing, store)
+    await kernel.turn("t", "1", "charge pi_1 500")
+    provider.behaviour["pi_1"] = "block"
+    running = asyncio.create_task(kernel.turn("t", "2", "yes"))
+    await asyncio.wait_for(provider.entered.wait(), HELD)
+    waiting = asyncio.create_task(kernel.turn("t", "3", "balance"))
+    for _ in range(500):  # until the message is in the inbox
+        if await store.read_inbox("t"):  # type: ignore[attr-defined]
+            break
+        await asyncio.sleep(0.01)
+    assert await canceller.cancel("t", "3") == Cancellation("t", "3", "dequeued")
+    try:
+        with pytest.raises(TurnCancelledError) as cancelled:
+            await asyncio.wait_for(waiting, AT_ONCE)
+        assert cancelled.value.turn_id == "3"
+        assert not running.done()  # told while the turn ahead still runs
+    finally:
+        provider.released.set()
+    assert (await asyncio.wait_for(running, HELD)).steps[0].status == "completed"
+    await kernel.drained()
+    events = await read_all_events(store, thread_id="t")
+    assert of_turn(events, "3", "turn.committed") == []
+
+
+@pytest.mark.parametrize("answer", ["structured", "in the message"])
+async def test_a_cancel_before_the_turn_stops_its_accept_of_a_held_confirmation(
+    store: Durability, answer: str
+) -> None:
+    """A cancel recorded before the turn came is read before its accept runs the write:
+    the write never starts, and the confirmation stays open to answer later."""
+    provider = FakeProvider()
+    kernel = Kernel(billing_agent(provider), store)
+    proposed = await kernel.turn("t", "1", "charge pi_1 500")
+    assert proposed.interaction is not None
+    # Another kernel stands for another process: only the store carries the request.
+    other = Kernel(billing_agent(FakeProvider()), store)
+    assert await other.cancel("t", "2", reason="stop") == Cancellation(
+        "t", "2", "requested", "stop"
+    )
+    if answer == "structured":
+        result = await kernel.turn("t", "2", answer="accept")
+    else:
+        result = await kernel.turn("t", "2", "yes")
+    assert provider.calls() == 0  # the write never started
+    assert result.steps == ()
+    assert result.reply.endswith("Cancelled before it finished: stop")
+    assert result.interaction is not None  # still open: stopping is not a refusal
+    assert result.interaction.turn_id == "1"
+    later = await kernel.turn("t", "3", answer="accept")
+    assert later.steps[0].status == "completed" and provider.calls() == 1

@@ -14,6 +14,7 @@ then removed, never run again. The inbox only keeps and orders the messages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -39,6 +40,8 @@ logger = logging.getLogger("intention_kernel._inbox")
 
 #: How long a background drain pauses after the thread's lock timed out on it.
 RETRY_SECONDS = 0.1
+#: How often a caller waiting for a queued turn asks the store whether it was dequeued.
+DEQUEUE_POLL_SECONDS = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,12 @@ class Inbox:
         # this kernel that runs one hands its result over, which is not a replay.
         self._waiting: dict[tuple[str, str], asyncio.Future[TurnResult]] = {}
         self._waiters: dict[tuple[str, str], int] = {}
+        # The queued turns this kernel started (under the thread's lock), by (thread, turn).
+        self._running: set[tuple[str, str]] = set()
+        # Set by a cancel through this kernel: its waiting callers look at once.
+        self._dequeued: dict[tuple[str, str], asyncio.Event] = {}
+        # Drains whose caller was told its turn was dequeued: they run on to their end.
+        self._left: set[asyncio.Task[dict[str, TurnResult]]] = set()
 
     async def submit(
         self, scope: TurnScope, request: TurnRequest, *, wait: bool
@@ -188,11 +197,16 @@ class Inbox:
         ran = self._waiting.setdefault(key, asyncio.get_running_loop().create_future())
         self._waiters[key] = self._waiters.get(key, 0) + 1
         try:
-            results = await self._drain(thread_id, wait=wait, until=scope.turn_id)
+            if wait:
+                results = await self._drain_or_dequeued(scope)
+            else:
+                results = await self._drain(thread_id, wait=False, until=scope.turn_id)
         finally:
             self._waiters[key] -= 1
             if not self._waiters[key]:
                 del self._waiters[key], self._waiting[key]
+                self._dequeued.pop(key, None)
+                self._running.discard(key)
         if not wait or scope.turn_id in results:
             self.watch(thread_id)  # this turn, or those queued behind it
         if ran.done():  # run by this call's drain, or by another drain of this kernel
@@ -202,6 +216,66 @@ class Inbox:
         if wait:  # another worker ran it (its stored result), or it was cancelled
             return await self._run(scope, replace(request, queued=True), True)
         return Queued(thread_id, scope.turn_id, position)
+
+    async def _drain_or_dequeued(self, scope: TurnScope) -> dict[str, TurnResult]:
+        """Drain up to the caller's queued turn, or raise ``TurnCancelledError`` as soon
+        as a cancel removed it from the inbox before it started.
+
+        The drain may be waiting for the lock behind a long turn: the caller is told
+        at once, and the drain runs on in the background. A cancel through this kernel
+        is seen at once; one from another process within ``DEQUEUE_POLL_SECONDS``."""
+        thread_id, turn_id = scope.thread_id, scope.turn_id
+        drain = asyncio.ensure_future(self._drain(thread_id, wait=True, until=turn_id))
+        watch = asyncio.ensure_future(self._until_dequeued(thread_id, turn_id))
+        try:
+            await asyncio.wait({drain, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if drain.done() or not watch.done() or watch.cancelled():
+            return await drain
+        self._left.add(drain)
+        drain.add_done_callback(self._drain_left)
+        raise TurnCancelledError(
+            f"turn {turn_id!r} of thread {thread_id!r} was cancelled before it ran",
+            thread_id=thread_id,
+            turn_id=turn_id,
+        )
+
+    async def _until_dequeued(self, thread_id: str, turn_id: str) -> None:
+        """Return once the turn was cancelled out of the inbox, not yet run here."""
+        key = (thread_id, turn_id)
+        event = self._dequeued.setdefault(key, asyncio.Event())
+        read_cancel = getattr(self._store, "read_cancel", None)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), DEQUEUE_POLL_SECONDS)
+            event.clear()
+            if key in self._running or read_cancel is None:
+                continue  # running here: its own stop check ends it
+            found, _ = await read_cancel(thread_id, turn_id, -1)
+            if found != "cancel":
+                continue
+            queued = await self._store.read_inbox(thread_id)
+            if all(e.turn_id != turn_id for e in queued) and key not in self._running:
+                return
+
+    def started(self, thread_id: str, turn_id: str) -> None:
+        """A queued turn of this kernel holds the lock and starts: a cancel now stops it
+        at its safe points, and its caller waits for what it commits."""
+        self._running.add((thread_id, turn_id))
+
+    def dequeued(self, thread_id: str, turn_id: str) -> None:
+        """A cancel through this kernel asked the turn to stop: wake its waiting callers."""
+        event = self._dequeued.get((thread_id, turn_id))
+        if event is not None:
+            event.set()
+
+    def _drain_left(self, drain: asyncio.Task[dict[str, TurnResult]]) -> None:
+        self._left.discard(drain)
+        if not drain.cancelled() and drain.exception() is not None:
+            logger.warning(
+                "a drain whose caller left failed: %s", drain.exception(), exc_info=False
+            )
 
     async def drain(self, thread_id: str) -> list[TurnResult]:
         """Run every queued turn of the thread, waiting for its lock; their results."""
@@ -263,6 +337,7 @@ class Inbox:
                 return results  # another worker ran it meanwhile
             head = entries[0]
             scope, request = decode_entry(head)
+            key = (thread_id, head.turn_id)
             try:
                 result = await self._run(scope, request, wait)
             except ThreadBusyError:
@@ -274,6 +349,8 @@ class Inbox:
                 # than the thread's: it can never run, and would block those behind it.
                 await store.remove_inbox(thread_id, head.turn_id)
                 continue
+            finally:
+                self._running.discard(key)
             # Removed only after the commit: a crash before this line leaves the entry,
             # and the next drain replays the committed turn instead of running it.
             await store.remove_inbox(thread_id, head.turn_id)

@@ -163,7 +163,9 @@ class Kernel:
         before its next step or round. It commits what it did, and its reply says it
         was cancelled. An effect call already sent settles by its receipt, as always.
         A confirmation the turn opened stays open: stopping is not a refusal. A turn
-        ID not yet delivered stops at its first safe point when it comes."""
+        ID not yet delivered stops at its first safe point when it comes; a turn that
+        accepts a confirmation reads the request before the write starts. A caller
+        waiting for a dequeued turn gets ``TurnCancelledError`` at once."""
         if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_ANSWER_TEXT):
             raise InvalidRequestError(
                 f"a cancel's reason must be a string of at most {MAX_ANSWER_TEXT} characters"
@@ -176,6 +178,8 @@ class Kernel:
         status = await store.request_cancel(thread_id, turn_id, reason)
         if status != "committed":
             self._cancels[(thread_id, turn_id)] = reason
+            if self._inbox is not None:
+                self._inbox.dequeued(thread_id, turn_id)
         return Cancellation(thread_id, turn_id, status, reason)
 
     def _stop(self, scope: TurnScope, request: TurnRequest) -> TurnRequest:
@@ -185,10 +189,14 @@ class Kernel:
         key, store, replies = (scope.thread_id, scope.turn_id), self.durability, self.agent.replies
         started, after = time.monotonic(), 0.0 if request.queued else self.cancel_check_after
 
-        async def stop(base_version: int) -> str | None:
+        inbox = self._inbox if request.queued else None
+
+        async def stop(base_version: int, at_once: bool) -> str | None:
+            if inbox is not None:
+                inbox.started(*key)  # under the lock: its waiting caller now waits for it
             if key in self._cancels:
                 return replies.turn_cancelled(self._cancels[key])
-            if time.monotonic() - started < after:
+            if not at_once and time.monotonic() - started < after:
                 return None
             found, reason = await store.read_cancel(*key, base_version)  # type: ignore[attr-defined]
             if found == "interrupt":

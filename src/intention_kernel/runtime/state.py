@@ -41,10 +41,12 @@ class TurnRequest:
 
     ``sink`` receives the turn's events as they happen when the turn is streamed
     (:meth:`~intention_kernel.Kernel.stream_turn`); ``None`` otherwise. ``principal``
-    is who sent the turn (``None``: the caller named no one). ``stop(base_version)``
-    is asked at each safe point (before each step, before each later round), with
-    the version of the checkpoint the turn started from: ``None`` goes on, a line of
-    text stops the turn, which commits with that line in its reply.
+    is who sent the turn (``None``: the caller named no one). ``stop(base_version,
+    at_once)`` is asked at each safe point (before each step, before each later
+    round, before an accept runs), with the version of the checkpoint the turn
+    started from: ``None`` goes on, a line of text stops the turn, which commits
+    with that line in its reply. ``at_once``: read the store now, however young
+    the turn is (an accept is about to run a write).
     ``queued``: the turn comes from its thread's inbox.
     """
 
@@ -52,7 +54,7 @@ class TurnRequest:
     answer: Answer | None
     sink: TurnSink | None = None
     principal: Principal | None = None
-    stop: Callable[[int], Awaitable[str | None]] | None = None
+    stop: Callable[[int, bool], Awaitable[str | None]] | None = None
     queued: bool = False
 
 
