@@ -47,6 +47,7 @@ from intention_kernel import (
     capability,
 )
 from intention_kernel.durability import Durability, TurnTransaction
+from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import EffectNotAppliedError, TenantMismatchError
@@ -546,3 +547,29 @@ def damage_sqlite_table(path: str | Path, table: str) -> None:
     with open(path, "r+b") as file:
         file.seek((root - 1) * page_size)
         file.write(b"\xff" * page_size)
+
+
+async def cancels_before_scopes_stop_any_tenant(
+    open_durability: Callable[[], Durability],
+    before_scopes: Callable[[], None],
+    old_cancel: Callable[[str, str, str], None],
+) -> None:
+    """A stop request stored before requests carried a scope was made for any tenant,
+    and still stops a turn of any tenant after the upgrade; a new scoped one of
+    another tenant stops nothing. ``old_cancel(thread, turn, reason)`` writes a row
+    as the schema before scopes did."""
+    async with open_durability() as durability:
+        await durability.with_turn(TurnScope("t", "1", tenant_id="acme"), _commits)
+    before_scopes()
+    old_cancel("t", "2", "before the upgrade")
+    async with open_durability() as upgraded:
+        store: Any = upgraded
+        assert await store.read_cancel("t", "2", 1, "acme") == ("cancel", "before the upgrade")
+        found = await store.request_cancel("t", "3", "mine", owner=ThreadOwner("globex"))
+        assert found == "not-found"  # acme's thread
+        assert await store.read_cancel("t", "3", 1, "acme") == (None, None)
+        assert await store.request_cancel("t", "3", "ok", owner=ThreadOwner("acme")) == (
+            "requested"
+        )
+        assert await store.read_cancel("t", "3", 1, "acme") == ("cancel", "ok")
+        assert await store.read_cancel("t", "3", 1, "globex") == (None, None)

@@ -4,11 +4,34 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["undo_migration_8", "undo_migration_9", "undo_migration_10", "undo_migration_11"]
+__all__ = [
+    "undo_migration_8",
+    "undo_migration_9",
+    "undo_migration_10",
+    "undo_migration_11",
+    "undo_migration_12",
+]
+
+
+def undo_migration_12(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 12 held it: stop requests with no scope."""
+    conn.executescript(
+        """
+        CREATE TABLE ik_cancels_old (
+            thread_id TEXT NOT NULL, turn_id TEXT NOT NULL, reason TEXT,
+            created_at TEXT NOT NULL, PRIMARY KEY (thread_id, turn_id)
+        ) WITHOUT ROWID;
+        INSERT INTO ik_cancels_old SELECT thread_id, turn_id, reason, created_at FROM ik_cancels;
+        DROP TABLE ik_cancels;
+        ALTER TABLE ik_cancels_old RENAME TO ik_cancels;
+        DELETE FROM ik_schema WHERE version > 11;
+        """
+    )
 
 
 def undo_migration_11(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 11 held it: journal entries with no tenant."""
+    undo_migration_12(conn)
     conn.execute("ALTER TABLE ik_journal DROP COLUMN tenant_id")
     conn.execute("DELETE FROM ik_schema WHERE version > 10")
 

@@ -24,10 +24,12 @@ from intention_kernel import (
     InvalidRequestError,
     Kernel,
     Queued,
+    TenantMismatchError,
     TurnCancelledError,
     TurnResult,
 )
 from intention_kernel.durability import Durability
+from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from proving_support import Store, make_sql_store, read_all_events
 
@@ -288,3 +290,42 @@ async def test_a_cancel_before_the_turn_stops_its_accept_of_a_held_confirmation(
     assert result.interaction.turn_id == "1"
     later = await kernel.turn("t", "3", answer="accept")
     assert later.steps[0].status == "completed" and provider.calls() == 1
+
+
+async def test_a_cancel_for_a_tenant_touches_only_that_tenants_turns(store: Durability) -> None:
+    """``owner=``: judged in the store's transaction, on every store. Another tenant's
+    queued turn is refused and stays; its running first turn, on a thread nobody owns
+    yet, gets a request that only the canceller's own tenant would read."""
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="queue"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    globex = Kernel(agent, store)  # another process, of another tenant's caller
+    running = asyncio.create_task(kernel.turn("u", "1", "look twice", tenant_id="acme"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    queued = await kernel.submit("u", "2", "balance", tenant_id="acme")
+    assert queued == Queued("u", "2", 1)
+    with pytest.raises(TenantMismatchError):
+        await globex.cancel("u", "2", owner=ThreadOwner("globex"))
+    with pytest.raises(TenantMismatchError):
+        await globex.cancel("u", "2", owner=ThreadOwner(None))  # no tenant is another
+    assert [e.turn_id for e in await store.read_inbox("u")] == ["2"]  # type: ignore[attr-defined]
+    asked = await globex.cancel("u", "1", reason="mine", owner=ThreadOwner("globex"))
+    assert asked.status == "requested"  # free thread: recorded, for globex's turns only
+    interpreter.release.set()
+    result = await asyncio.wait_for(running, HELD)
+    assert len(result.steps) == 2  # it stopped nothing
+    await kernel.drained()
+    # Committed by acme now: globex neither learns it nor records anything.
+    with pytest.raises(TenantMismatchError):
+        await globex.cancel("u", "1", owner=ThreadOwner("globex"))
+    with pytest.raises(TenantMismatchError):
+        await globex.cancel("u", "3", owner=ThreadOwner("globex"))
+    assert (await kernel.cancel("u", "1", owner=ThreadOwner("acme"))).status == "committed"
+    # The owner's own request, scoped, stops its own turn.
+    assert (await kernel.cancel("u", "3", owner=ThreadOwner("acme"))).status == "requested"
+    stopped = await kernel.turn("u", "3", "balance", tenant_id="acme")
+    assert stopped.steps == () and "Cancelled" in stopped.reply
+    events = await read_all_events(store, thread_id="u")
+    assert len(of_turn(events, "2", "turn.committed")) == 1  # the queued turn ran

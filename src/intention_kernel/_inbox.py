@@ -226,7 +226,7 @@ class Inbox:
         is seen at once; one from another process within ``DEQUEUE_POLL_SECONDS``."""
         thread_id, turn_id = scope.thread_id, scope.turn_id
         drain = asyncio.ensure_future(self._drain(thread_id, wait=True, until=turn_id))
-        watch = asyncio.ensure_future(self._until_dequeued(thread_id, turn_id))
+        watch = asyncio.ensure_future(self._until_dequeued(thread_id, turn_id, scope.tenant_id))
         try:
             await asyncio.wait({drain, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -241,7 +241,7 @@ class Inbox:
             turn_id=turn_id,
         )
 
-    async def _until_dequeued(self, thread_id: str, turn_id: str) -> None:
+    async def _until_dequeued(self, thread_id: str, turn_id: str, tenant_id: str | None) -> None:
         """Return once the turn was cancelled out of the inbox, not yet run here."""
         key = (thread_id, turn_id)
         event = self._dequeued.setdefault(key, asyncio.Event())
@@ -252,7 +252,7 @@ class Inbox:
             event.clear()
             if key in self._running or read_cancel is None:
                 continue  # running here: its own stop check ends it
-            found, _ = await read_cancel(thread_id, turn_id, -1)
+            found, _ = await read_cancel(thread_id, turn_id, -1, tenant_id)
             if found != "cancel":
                 continue
             queued = await self._store.read_inbox(thread_id)

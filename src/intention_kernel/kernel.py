@@ -25,7 +25,9 @@ from intention_kernel.authority import Principal, same_principal
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, TurnOperation, _check_seconds
-from intention_kernel.errors import CompilationError, InvalidRequestError
+from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope
+from intention_kernel.durability.records import ThreadOwner
+from intention_kernel.errors import CompilationError, InvalidRequestError, TenantMismatchError
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.streaming import TurnEvent, TurnSink
@@ -69,7 +71,8 @@ class Kernel:
         self.clock = clock
         self.cancel_check_after = _check_seconds("cancel_check_after", cancel_check_after)
         # Cancels this kernel requested, by (thread, turn): its turns see them at once.
-        self._cancels: dict[tuple[str, str], str | None] = {}
+        # Each by its scope (``ownership.cancel_scope``): a turn sees its tenant's only.
+        self._cancels: dict[tuple[str, str], dict[str, str | None]] = {}
         # Whether the store keeps stop requests (``Kernel.cancel``).
         self._stoppable = isinstance(durability, InboxStore) and (
             getattr(durability, "has_inbox", True) is not False
@@ -153,7 +156,12 @@ class Kernel:
         return await self._run(scope, request)
 
     async def cancel(
-        self, thread_id: str, turn_id: str, *, reason: str | None = None
+        self,
+        thread_id: str,
+        turn_id: str,
+        *,
+        reason: str | None = None,
+        owner: ThreadOwner | None = None,
     ) -> Cancellation:
         """Stop turn ``turn_id`` of the thread, in any process.
 
@@ -165,7 +173,12 @@ class Kernel:
         A confirmation the turn opened stays open: stopping is not a refusal. A turn
         ID not yet delivered stops at its first safe point when it comes; a turn that
         accepts a confirmation reads the request before the write starts. A caller
-        waiting for a dequeued turn gets ``TurnCancelledError`` at once."""
+        waiting for a dequeued turn gets ``TurnCancelledError`` at once.
+
+        ``owner``: cancel only as a caller of that tenant (``ThreadOwner(None)``: a
+        caller without one), as a host does for its principal. A thread or queued turn
+        of another tenant raises ``TenantMismatchError`` and records nothing. The
+        request then stops only a turn of the caller's tenant."""
         if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_ANSWER_TEXT):
             raise InvalidRequestError(
                 f"a cancel's reason must be a string of at most {MAX_ANSWER_TEXT} characters"
@@ -175,9 +188,17 @@ class Kernel:
                 f"{type(self.durability).__name__} keeps no stop requests; cancel needs one"
             )
         store: Any = self.durability
-        status = await store.request_cancel(thread_id, turn_id, reason)
+        if owner is None:
+            status = await store.request_cancel(thread_id, turn_id, reason)
+        else:
+            status = await store.request_cancel(thread_id, turn_id, reason, owner=owner)
+            if status == "not-found":
+                raise TenantMismatchError(
+                    f"thread {thread_id!r} or its turn {turn_id!r} belongs to another tenant"
+                )
         if status != "committed":
-            self._cancels[(thread_id, turn_id)] = reason
+            scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
+            self._cancels.setdefault((thread_id, turn_id), {}).setdefault(scope, reason)
             if self._inbox is not None:
                 self._inbox.dequeued(thread_id, turn_id)
         return Cancellation(thread_id, turn_id, status, reason)
@@ -190,15 +211,19 @@ class Kernel:
         started, after = time.monotonic(), 0.0 if request.queued else self.cancel_check_after
 
         inbox = self._inbox if request.queued else None
+        own = cancel_scope(scope.tenant_id)
 
         async def stop(base_version: int, at_once: bool) -> str | None:
             if inbox is not None:
                 inbox.started(*key)  # under the lock: its waiting caller now waits for it
-            if key in self._cancels:
-                return replies.turn_cancelled(self._cancels[key])
+            asked = self._cancels.get(key)
+            if asked is not None:
+                for mine in (ANY_TENANT, own):
+                    if mine in asked:
+                        return replies.turn_cancelled(asked[mine])
             if not at_once and time.monotonic() - started < after:
                 return None
-            found, reason = await store.read_cancel(*key, base_version)  # type: ignore[attr-defined]
+            found, reason = await store.read_cancel(*key, base_version, scope.tenant_id)  # type: ignore[attr-defined]
             if found == "interrupt":
                 return replies.turn_interrupted()
             return replies.turn_cancelled(reason) if found else None

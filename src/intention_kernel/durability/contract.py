@@ -531,14 +531,25 @@ class InboxRecorder(Protocol):
         ...
 
     async def request_cancel(
-        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+        self,
+        thread_id: str,
+        turn_id: str,
+        reason: str | None,
+        at: datetime,
+        owner: ThreadOwner | None = None,
     ) -> str:
         """Ask turn ``turn_id`` to stop, in one transaction; what was found:
 
         - ``"committed"``: the turn is committed, and nothing was written;
         - ``"dequeued"``: its inbox entry was deleted, and the request recorded;
         - ``"requested"``: the request is recorded, for the turn to read at its next
-          safe point. A request already recorded keeps its first reason."""
+          safe point. A request already recorded keeps its first reason;
+        - ``"not-found"`` (only with ``owner``): the thread's committed turns or the
+          turn's inbox entry are another tenant's, and nothing was written.
+
+        With ``owner``, the request is stored under its tenant
+        (:func:`~intention_kernel.durability.ownership.cancel_scope`) and stops only a
+        turn of that tenant; without, it stops the turn whatever its tenant."""
         ...
 
     async def thread_version(self, thread_id: str) -> int:
@@ -552,11 +563,12 @@ class InboxRecorder(Protocol):
         ...
 
     async def read_cancel(
-        self, thread_id: str, turn_id: str, base_version: int
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         """Whether the turn was asked to stop, in one read: ``("cancel", reason)`` for a
-        request naming ``turn_id``, ``("interrupt", None)`` for one naming its
-        ``base_version``, else ``(None, None)``. A cancel wins over an interrupt."""
+        request naming ``turn_id`` (stored for any tenant or for ``tenant_id``, the
+        turn's), ``("interrupt", None)`` for one naming its ``base_version``, else
+        ``(None, None)``. A cancel wins over an interrupt."""
         ...
 
 

@@ -39,6 +39,7 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
+from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope, owns
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
 from intention_kernel.turns import EventDraft, OutboxEvent
@@ -87,8 +88,8 @@ class _State:
     # Each thread's inbox, in acceptance order, and the last number given to an entry.
     inbox: dict[str, list[InboxEntry]] = field(default_factory=dict)
     inbox_seq: int = 0
-    # The stop requests (``Kernel.cancel``), by (thread, turn): the reason given.
-    cancels: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    # The stop requests (``Kernel.cancel``), by (thread, turn, scope): the reason given.
+    cancels: dict[tuple[str, str, str], str | None] = field(default_factory=dict)
     interrupts: set[tuple[str, int]] = field(default_factory=set)  # (thread, base version)
 
 
@@ -217,12 +218,27 @@ class _MemoryRecorder(Recorder, InboxRecorder):
         return len(kept) != len(entries)
 
     async def request_cancel(
-        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+        self,
+        thread_id: str,
+        turn_id: str,
+        reason: str | None,
+        at: datetime,
+        owner: ThreadOwner | None = None,
     ) -> str:
         state = self._state
+        if owner is not None:
+            thread = state.threads.get(thread_id)
+            found = ThreadOwner(thread.tenant_id) if thread and thread.version else None
+            if not owns(found or self._claim(thread_id), owner.tenant_id):
+                return "not-found"
         if (thread_id, turn_id) in state.turns:
             return "committed"
-        state.cancels.setdefault((thread_id, turn_id), reason)
+        if owner is not None:
+            for queued in state.inbox.get(thread_id, ()):
+                if queued.turn_id == turn_id and queued.tenant_id != owner.tenant_id:
+                    return "not-found"
+        scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
+        state.cancels.setdefault((thread_id, turn_id, scope), reason)
         return "dequeued" if await self.remove_inbox(thread_id, turn_id) else "requested"
 
     async def thread_version(self, thread_id: str) -> int:
@@ -233,11 +249,12 @@ class _MemoryRecorder(Recorder, InboxRecorder):
         self._state.interrupts.add((thread_id, base_version))
 
     async def read_cancel(
-        self, thread_id: str, turn_id: str, base_version: int
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         state = self._state
-        if (thread_id, turn_id) in state.cancels:
-            return "cancel", state.cancels[(thread_id, turn_id)]
+        for scope in (ANY_TENANT, cancel_scope(tenant_id)):
+            if (thread_id, turn_id, scope) in state.cancels:
+                return "cancel", state.cancels[(thread_id, turn_id, scope)]
         if (thread_id, base_version) in state.interrupts:
             return "interrupt", None
         return None, None

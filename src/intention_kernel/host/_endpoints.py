@@ -22,7 +22,7 @@ from intention_kernel.checkpoint import check_compatible
 from intention_kernel.durability.contract import InteractionQueue
 from intention_kernel.durability.records import PendingInteraction, ThreadOwner
 from intention_kernel.effects import ReceiptStatus
-from intention_kernel.errors import CheckpointCompatibilityError, KernelError
+from intention_kernel.errors import CheckpointCompatibilityError, KernelError, TenantMismatchError
 from intention_kernel.host._access import Access, Principal
 from intention_kernel.host._problems import (
     HostProblem,
@@ -184,8 +184,11 @@ class Endpoints:
         # Another tenant's thread answers as an unknown one, with no stop recorded.
         if not await self.access.may_act(principal, thread_id):
             raise thread_not_found(thread_id, turn_id)
+        owner = ThreadOwner(principal.tenant_id) if self.access.enabled else None
         try:
-            cancellation = await self.kernel.cancel(thread_id, turn_id, reason=reason)
+            cancellation = await self.kernel.cancel(thread_id, turn_id, reason=reason, owner=owner)
+        except TenantMismatchError as error:  # judged again in the store's transaction
+            raise thread_not_found(thread_id, turn_id) from error
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
         return JSONResponse(dump(cancellation))

@@ -52,6 +52,7 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
+from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope
 from intention_kernel.durability.postgres._commit import commit_parts, commit_statement
 from intention_kernel.durability.postgres._leases import PostgresLeases
 from intention_kernel.durability.postgres._schema import BEGIN_TURN, turn_start
@@ -84,9 +85,11 @@ from intention_kernel.durability.postgres._statements import (
     SCAN_THREADS,
     SELECT_BACKLOG,
     SELECT_CANCEL,
+    SELECT_CANCEL_OWNER,
     SELECT_FAILING,
     SELECT_INBOX,
     SELECT_INBOX_ENTRY,
+    SELECT_INBOX_TENANT,
     SELECT_INTERACTIONS,
     SELECT_JOURNAL,
     SELECT_JOURNAL_ENTRY,
@@ -300,16 +303,33 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
         return await self._run(write)
 
     async def request_cancel(
-        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+        self,
+        thread_id: str,
+        turn_id: str,
+        reason: str | None,
+        at: datetime,
+        owner: ThreadOwner | None = None,
     ) -> str:
         key = (thread_id, turn_id)
+        scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
 
         async def write(conn: Connection) -> str:
-            # One transaction: the committed-turn check, the request and the dequeue.
+            # One transaction: the owner and committed-turn checks, the request and the
+            # dequeue.
             async with conn.transaction():
+                if owner is not None:
+                    found = await fetch_value(conn, self._q(SELECT_CANCEL_OWNER), {"t": thread_id})
+                    if found is not None and found[0] != owner.tenant_id:
+                        return "not-found"
                 if await (await execute(conn, self._q(SELECT_TURN_EXISTS), key)).fetchone():
                     return "committed"
-                await execute(conn, self._q(INSERT_CANCEL), (thread_id, turn_id, reason, at))
+                if owner is not None:
+                    cur = await execute(conn, self._q(SELECT_INBOX_TENANT), key)
+                    queued = await cur.fetchone()
+                    if queued is not None and queued[0] != owner.tenant_id:
+                        return "not-found"
+                row = (thread_id, turn_id, reason, at, scope)
+                await execute(conn, self._q(INSERT_CANCEL), row)
                 removed = (await execute(conn, self._q(DELETE_INBOX), key)).rowcount
                 return "dequeued" if removed else "requested"
 
@@ -329,10 +349,10 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
         await self._run(write)
 
     async def read_cancel(
-        self, thread_id: str, turn_id: str, base_version: int
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         async def read(conn: Connection) -> tuple[str | None, str | None]:
-            params = (thread_id, turn_id, thread_id, base_version)
+            params = (thread_id, turn_id, cancel_scope(tenant_id), thread_id, base_version)
             row = await (await execute(conn, self._q(SELECT_CANCEL), params)).fetchone()
             if row is None:
                 return None, None

@@ -391,6 +391,17 @@ MIGRATIONS: tuple[str, ...] = (
     # function now refuses: a worker of an older library, still running, fails its next
     # turn with this message instead of locking threads that leases do not see.
     LEASES,
+    # 14: each stop request records its caller's scope, as in SQLite's migration 12:
+    # ``'*'`` for any tenant, else the tenant it stops; a turn reads only its own
+    # tenant's and those for any. Requests stored before were made for any tenant.
+    # The key gains the scope: one tenant's request never keeps another's out.
+    """
+    ALTER TABLE ik_cancels ADD COLUMN IF NOT EXISTS scope text NOT NULL DEFAULT '*';
+    ALTER TABLE ik_cancels ALTER COLUMN scope DROP DEFAULT;
+    ALTER TABLE ik_cancels DROP CONSTRAINT ik_cancels_pkey;
+    ALTER TABLE ik_cancels
+        ADD CONSTRAINT ik_cancels_pkey PRIMARY KEY (thread_id, turn_id, scope);
+    """,
 )
 
 

@@ -333,11 +333,25 @@ SELECT_INBOX = """
     WHERE thread_id = %s ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
-# A request already there keeps its first reason: asking again changes nothing.
+# A request already there keeps its first reason: asking again changes nothing. Each
+# request is stored under its caller's scope (``ownership.cancel_scope``).
 INSERT_CANCEL = """
-    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at) VALUES (%s, %s, %s, %s)
+    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at, scope)
+    VALUES (%s, %s, %s, %s, %s)
     ON CONFLICT ON CONSTRAINT ik_cancels_pkey DO NOTHING
 """
+# The owner of a thread, for a scoped stop request: the tenant of its committed turns,
+# else of its first receipt, else of its first journal entry (a one-element array).
+SELECT_CANCEL_OWNER = """
+    SELECT COALESCE(
+        (SELECT ARRAY[th.tenant_id] FROM ik_threads th
+         WHERE th.thread_id = %(t)s AND th.version > 0),
+        (SELECT ARRAY[r.tenant_id] FROM ik_receipts r
+         WHERE r.thread_id = %(t)s ORDER BY r.ordinal LIMIT 1),
+        (SELECT ARRAY[j.tenant_id] FROM ik_journal j
+         WHERE j.thread_id = %(t)s ORDER BY j.ordinal LIMIT 1))
+"""
+SELECT_INBOX_TENANT = "SELECT tenant_id FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
 # Interrupting the same turn twice asks one thing: the second request changes nothing.
 INSERT_INTERRUPT = """
     INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (%s, %s, %s)
@@ -346,7 +360,8 @@ INSERT_INTERRUPT = """
 SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = %s"
 # A cancel (kind 0) sorts before an interrupt (kind 1).
 SELECT_CANCEL = """
-    SELECT 0 AS kind, reason FROM ik_cancels WHERE thread_id = %s AND turn_id = %s
+    SELECT 0 AS kind, reason FROM ik_cancels
+    WHERE thread_id = %s AND turn_id = %s AND scope IN ('*', %s)
     UNION ALL
     SELECT 1, NULL FROM ik_interrupts WHERE thread_id = %s AND base_version = %s
     ORDER BY kind LIMIT 1

@@ -57,6 +57,7 @@ from intention_kernel.durability.abc import (
     TurnStart,
 )
 from intention_kernel.durability.contract import replay_or_lock_and_begin
+from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope
 from intention_kernel.durability.sqlite import _bodies as bodies
 from intention_kernel.durability.sqlite._bodies import Refusal
 from intention_kernel.durability.sqlite._connection import SQLiteConnections
@@ -256,10 +257,16 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
         return removed == 1
 
     async def request_cancel(
-        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+        self,
+        thread_id: str,
+        turn_id: str,
+        reason: str | None,
+        at: datetime,
+        owner: ThreadOwner | None = None,
     ) -> str:
-        row = (thread_id, turn_id, reason, _stamp(at))
-        found: str = await self._write(bodies.request_cancel, (row,), thread_id, atomic=True)
+        scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
+        row = (thread_id, turn_id, reason, _stamp(at), scope)
+        found: str = await self._write(bodies.request_cancel, (row, owner), thread_id, atomic=True)
         return found
 
     async def thread_version(self, thread_id: str) -> int:
@@ -274,10 +281,10 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
         await self._write(bodies.request_interrupt, (row,), thread_id)
 
     async def read_cancel(
-        self, thread_id: str, turn_id: str, base_version: int
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         def read(conn: sqlite3.Connection) -> tuple[str | None, str | None]:
-            params = (thread_id, turn_id, thread_id, base_version)
+            params = (thread_id, turn_id, cancel_scope(tenant_id), thread_id, base_version)
             row = conn.execute(SELECT_CANCEL, params).fetchone()
             if row is None:
                 return None, None

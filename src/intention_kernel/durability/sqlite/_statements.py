@@ -162,11 +162,16 @@ SELECT_INBOX = """
     WHERE thread_id = ? ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
-# A request already there keeps its first reason: asking again changes nothing.
+# A request already there keeps its first reason: asking again changes nothing. Each
+# request is stored under its caller's scope (``ownership.cancel_scope``).
 INSERT_CANCEL = """
-    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at) VALUES (?, ?, ?, ?)
-    ON CONFLICT (thread_id, turn_id) DO NOTHING
+    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at, scope)
+    VALUES (?, ?, ?, ?, ?)
+    ON CONFLICT (thread_id, turn_id, scope) DO NOTHING
 """
+# The tenant of a thread's committed turns, for a scoped stop request.
+SELECT_COMMITTED_TENANT = "SELECT tenant_id FROM ik_threads WHERE thread_id = ? AND version > 0"
+SELECT_INBOX_TENANT = "SELECT tenant_id FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
 # Interrupting the same turn twice asks one thing: the second request changes nothing.
 INSERT_INTERRUPT = """
     INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (?, ?, ?)
@@ -175,7 +180,8 @@ INSERT_INTERRUPT = """
 SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = ?"
 # A cancel (kind 0) sorts before an interrupt (kind 1).
 SELECT_CANCEL = """
-    SELECT 0, reason FROM ik_cancels WHERE thread_id = ? AND turn_id = ?
+    SELECT 0, reason FROM ik_cancels
+    WHERE thread_id = ? AND turn_id = ? AND scope IN ('*', ?)
     UNION ALL
     SELECT 1, NULL FROM ik_interrupts WHERE thread_id = ? AND base_version = ?
     ORDER BY 1 LIMIT 1
