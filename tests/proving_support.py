@@ -573,3 +573,25 @@ async def cancels_before_scopes_stop_any_tenant(
         )
         assert await store.read_cancel("t", "3", 1, "acme") == ("cancel", "ok")
         assert await store.read_cancel("t", "3", 1, "globex") == (None, None)
+
+
+async def inbox_before_steers_reads_as_queued(
+    open_durability: Callable[[], Durability], before_steers: Callable[[], None]
+) -> None:
+    """An entry queued before steering existed is a queued message after the upgrade:
+    not a steer, taken by no turn, still waiting in its place."""
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+
+    async with open_durability() as durability:
+        store: Any = durability
+        entry = InboxEntry("t", "q1", "acme", None, '{"message": "hi"}', utcnow())
+        assert await store.enqueue(entry) == 1
+    before_steers()
+    async with open_durability() as upgraded:
+        store = upgraded
+        [kept] = await store.read_inbox("t")
+        assert (kept.turn_id, kept.steer, kept.taken_by) == ("q1", False, None)
+        assert await store.taker("t", "q1") is None
+        assert await store.take_steers("t", "x") == []  # a queued entry is no steer
+        assert [e.turn_id for e in await store.read_inbox("t")] == ["q1"]

@@ -10,11 +10,20 @@ __all__ = [
     "undo_migration_10",
     "undo_migration_11",
     "undo_migration_12",
+    "undo_migration_13",
 ]
+
+
+def undo_migration_13(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 13 held it: an inbox without steers."""
+    conn.execute("ALTER TABLE ik_inbox DROP COLUMN steer")
+    conn.execute("ALTER TABLE ik_inbox DROP COLUMN taken_by")
+    conn.execute("DELETE FROM ik_schema WHERE version > 12")
 
 
 def undo_migration_12(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 12 held it: stop requests with no scope."""
+    undo_migration_13(conn)
     conn.executescript(
         """
         CREATE TABLE ik_cancels_old (

@@ -65,6 +65,7 @@ from proving_support import Store as SQLStore
 from proving_support import (
     StoreInspector,
     cancels_before_scopes_stop_any_tenant,
+    inbox_before_steers_reads_as_queued,
     journal_before_tenants_gets_its_threads_owner,
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
@@ -419,6 +420,16 @@ async def test_stop_requests_stored_before_migration_14_stop_any_tenants_turn(
         )
 
     await cancels_before_scopes_stop_any_tenant(store.durability, back_to_version_13, old_cancel)
+
+
+async def test_inbox_entries_stored_before_migration_15_are_queued_messages(
+    store: Store,
+) -> None:
+    def back_to_version_14() -> None:
+        store.execute("ALTER TABLE ik_inbox DROP COLUMN steer, DROP COLUMN taken_by")
+        store.execute("DELETE FROM ik_schema WHERE version > 14")
+
+    await inbox_before_steers_reads_as_queued(store.durability, back_to_version_14)
 
 
 async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:

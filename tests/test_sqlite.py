@@ -35,12 +35,19 @@ from proving_support import (
     StoreInspector,
     cancels_before_scopes_stop_any_tenant,
     damage_sqlite_table,
+    inbox_before_steers_reads_as_queued,
     journal_before_tenants_gets_its_threads_owner,
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
     receipts_before_origins_read_with_none,
 )
-from sqlite_history import undo_migration_8, undo_migration_9, undo_migration_11, undo_migration_12
+from sqlite_history import (
+    undo_migration_8,
+    undo_migration_9,
+    undo_migration_11,
+    undo_migration_12,
+    undo_migration_13,
+)
 from sqlite_owner import watch_connections
 
 
@@ -383,6 +390,18 @@ async def test_stop_requests_stored_before_migration_12_stop_any_tenants_turn(
     await cancels_before_scopes_stop_any_tenant(
         lambda: SQLiteDurability(path), back_to_version_11, old_cancel
     )
+
+
+async def test_inbox_entries_stored_before_migration_13_are_queued_messages(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "k.db"
+
+    def back_to_version_12() -> None:
+        with sqlite3.connect(path) as conn:
+            undo_migration_13(conn)
+
+    await inbox_before_steers_reads_as_queued(lambda: SQLiteDurability(path), back_to_version_12)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])

@@ -57,10 +57,20 @@ class Queued:
     thread_id: str
     turn_id: str
     position: int
+    #: The running turn this message was handed to (``on_busy="steer"``); its
+    #: ``position`` is then 0, and its result will be that turn's.
+    taken_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-compatible dict."""
-        return {"thread_id": self.thread_id, "turn_id": self.turn_id, "position": self.position}
+        """A JSON-compatible dict (``taken_by`` only when the message was handed over)."""
+        data: dict[str, Any] = {
+            "thread_id": self.thread_id,
+            "turn_id": self.turn_id,
+            "position": self.position,
+        }
+        if self.taken_by is not None:
+            data["taken_by"] = self.taken_by
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +91,17 @@ class Cancellation:
 
 #: Runs one turn: ``(scope, request, wait)``; ``wait=False`` raises ThreadBusyError at once.
 RunTurn = Callable[[TurnScope, TurnRequest, bool], Awaitable[TurnResult]]
+#: A committed turn's result (replayed), or ``None`` while it is not committed.
+Committed = Callable[[TurnScope, bool], Awaitable[TurnResult | None]]
+
+
+class Steered(Exception):
+    """Raised under the thread's lock as a queued turn starts: a running turn took its
+    message at a round boundary (``taken_by``), so it does not run on its own."""
+
+    def __init__(self, taken_by: str) -> None:
+        super().__init__(taken_by)
+        self.taken_by = taken_by
 
 
 @runtime_checkable
@@ -90,6 +111,7 @@ class InboxStore(Protocol):
     async def enqueue(self, entry: InboxEntry) -> int | None: ...
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]: ...
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool: ...
+    async def taker(self, thread_id: str, turn_id: str) -> str | None: ...
     async def request_interrupt(self, thread_id: str, base_version: int) -> None: ...
     async def thread_version(self, thread_id: str) -> int: ...
 
@@ -135,11 +157,20 @@ class Inbox:
     process, then drains first (as does :meth:`drain`, called explicitly).
     """
 
-    def __init__(self, store: InboxStore, run: RunTurn, *, interrupt: bool = False) -> None:
+    def __init__(
+        self,
+        store: InboxStore,
+        run: RunTurn,
+        *,
+        interrupt: bool = False,
+        steer: Committed | None = None,
+    ) -> None:
         self._store = store
         self._run = run
         # ``on_busy="interrupt"``: a message that finds the thread busy stops its turn.
         self._interrupt = interrupt
+        # ``on_busy="steer"``: how to read the result of the turn that took a message.
+        self._committed = steer
         # The background drain of each thread, and threads to drain once more after it.
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
@@ -163,6 +194,10 @@ class Inbox:
         turn, and return its result. Without ``wait``, answer :class:`Queued` when the
         thread is busy."""
         store, thread_id = self._store, scope.thread_id
+        if self._committed is not None:
+            taken_by = await store.taker(thread_id, scope.turn_id)
+            if taken_by is not None:  # handed to a turn: its result is this one's
+                return await self._steered(scope, taken_by, wait)
         base = None
         if self._interrupt:
             # Read before the attempt at the lock: a turn running at the attempt started
@@ -183,6 +218,11 @@ class Inbox:
             scope.request_digest,
             encode_request(request),
             utcnow(),
+            steer=(
+                self._committed is not None
+                and request.message is not None
+                and request.answer is None
+            ),
         )
         position = await store.enqueue(entry)
         if position is None:  # committed already: the replay (or its conflict)
@@ -213,9 +253,35 @@ class Inbox:
             return ran.result()
         if scope.turn_id in results:  # another worker ran it first: the replay
             return results[scope.turn_id]
+        if self._committed is not None and entry.steer:
+            taken_by = await store.taker(thread_id, scope.turn_id)
+            if taken_by is not None:
+                return await self._steered(scope, taken_by, wait)
         if wait:  # another worker ran it (its stored result), or it was cancelled
-            return await self._run(scope, replace(request, queued=True), True)
+            try:
+                return await self._run(scope, replace(request, queued=True), True)
+            except Steered as steered:  # taken just before it could start
+                return await self._steered(scope, steered.taken_by, True)
         return Queued(thread_id, scope.turn_id, position)
+
+    async def _steered(self, scope: TurnScope, taken_by: str, wait: bool) -> TurnResult | Queued:
+        """The answer for a message that turn ``taken_by`` took at a round boundary:
+        that turn's result once committed. Until then, :class:`Queued` with its taker
+        (``wait=False``), or ``ThreadBusyError`` after waiting for the thread's lock:
+        the taker failed before its commit, and its redelivery commits both."""
+        assert self._committed is not None
+        taker = TurnScope(scope.thread_id, taken_by, scope.tenant_id, None)
+        result = await self._committed(taker, wait)
+        if result is not None:
+            return result
+        if not wait:
+            return Queued(scope.thread_id, scope.turn_id, 0, taken_by)
+        raise ThreadBusyError(
+            f"turn {scope.turn_id!r} was handed to turn {taken_by!r} of thread "
+            f"{scope.thread_id!r}, which has not committed; deliver {taken_by!r} again",
+            thread_id=scope.thread_id,
+            turn_id=scope.turn_id,
+        )
 
     async def _drain_or_dequeued(self, scope: TurnScope) -> dict[str, TurnResult]:
         """Drain up to the caller's queued turn, or raise ``TurnCancelledError`` as soon
@@ -344,6 +410,8 @@ class Inbox:
                 if wait:
                     raise
                 return results
+            except Steered:  # a round boundary took it: no longer waiting to run
+                continue
             except (TurnConflictError, TurnCancelledError, TenantMismatchError):
                 # Committed for another request, cancelled, or sent by another tenant
                 # than the thread's: it can never run, and would block those behind it.

@@ -18,7 +18,14 @@ from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
 from intention_kernel import _tracing
-from intention_kernel._inbox import Cancellation, Inbox, InboxStore, Queued
+from intention_kernel._inbox import (
+    Cancellation,
+    Inbox,
+    InboxStore,
+    Queued,
+    Steered,
+    decode_entry,
+)
 from intention_kernel._json import normalize
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
 from intention_kernel.authority import Principal, same_principal
@@ -27,7 +34,12 @@ from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, TurnOperation, _check_seconds
 from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope
 from intention_kernel.durability.records import ThreadOwner
-from intention_kernel.errors import CompilationError, InvalidRequestError, TenantMismatchError
+from intention_kernel.errors import (
+    CompilationError,
+    InvalidRequestError,
+    TenantMismatchError,
+    ThreadBusyError,
+)
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.streaming import TurnEvent, TurnSink
@@ -80,7 +92,7 @@ class Kernel:
         # The tasks of streamed turns still running (see ``stream_turn``).
         self._streaming: set[asyncio.Task[None]] = set()
         self._inbox: Inbox | None = None
-        if agent.on_busy in ("queue", "interrupt"):
+        if agent.on_busy in ("queue", "steer", "interrupt"):
             has_inbox = getattr(durability, "has_inbox", None)
             if not isinstance(durability, InboxStore) or has_inbox is False:
                 raise CompilationError(
@@ -90,7 +102,10 @@ class Kernel:
                     ]
                 )
             self._inbox = Inbox(
-                durability, self._run_waiting, interrupt=agent.on_busy == "interrupt"
+                durability,
+                self._run_waiting,
+                interrupt=agent.on_busy == "interrupt",
+                steer=self._committed if agent.on_busy == "steer" else None,
             )
 
     @property
@@ -212,10 +227,18 @@ class Kernel:
 
         inbox = self._inbox if request.queued else None
         own = cancel_scope(scope.tenant_id)
+        steering = self._compiled.agent.on_busy == "steer"
+        starting = request.queued and steering
 
         async def stop(base_version: int, at_once: bool) -> str | None:
+            nonlocal starting
             if inbox is not None:
                 inbox.started(*key)  # under the lock: its waiting caller now waits for it
+            if starting:  # a queued steer a running turn took since: it runs no more
+                starting = False
+                taken_by = await store.taker(*key)  # type: ignore[attr-defined]
+                if taken_by is not None:
+                    raise Steered(taken_by)
             asked = self._cancels.get(key)
             if asked is not None:
                 for mine in (ANY_TENANT, own):
@@ -228,7 +251,32 @@ class Kernel:
                 return replies.turn_interrupted()
             return replies.turn_cancelled(reason) if found else None
 
-        return dataclasses.replace(request, stop=stop)
+        if not steering:
+            return dataclasses.replace(request, stop=stop)
+
+        async def steers() -> list[dict[str, str]]:
+            taken = await store.take_steers(*key)  # type: ignore[attr-defined]
+            return [
+                {"turn_id": entry.turn_id, "message": message}
+                for entry in taken
+                if (message := decode_entry(entry)[1].message) is not None
+            ]
+
+        return dataclasses.replace(request, stop=stop, steers=steers)
+
+    async def _committed(self, scope: TurnScope, wait: bool) -> TurnResult | None:
+        """The committed turn's result, replayed; ``None`` while it is not committed
+        (or, with ``wait=False``, while another turn holds the thread)."""
+
+        async def not_committed(tx: Any) -> Any:
+            raise _NotCommitted
+
+        try:
+            if wait:
+                return await self.durability.with_turn(scope, not_committed)
+            return await self.durability.with_turn(scope, not_committed, wait=False)
+        except (_NotCommitted, ThreadBusyError):
+            return None
 
     async def drain(self, thread_id: str) -> list[TurnResult]:
         """Run the thread's queued turns now, in order, waiting for its lock; their
@@ -478,3 +526,7 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+class _NotCommitted(Exception):
+    """A probe for a committed turn found none (``Kernel._committed``)."""

@@ -523,11 +523,23 @@ class InboxRecorder(Protocol):
         ...
 
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
-        """The thread's entries, in the order they were accepted."""
+        """The thread's entries that wait to run, in the order they were accepted
+        (a steer a turn took is not one: see :meth:`taker`)."""
+        ...
+
+    async def taker(self, thread_id: str, turn_id: str) -> str | None:
+        """The turn that took the steer entry of ``turn_id``, or ``None``."""
         ...
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         """Delete the entry of ``turn_id``; whether there was one."""
+        ...
+
+    async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
+        """In one transaction: mark every steer entry of the thread that no turn took
+        as taken by ``turn_id``; return all that ``turn_id`` took, in order of
+        acceptance. Called at a round boundary of that turn, under the thread's lock,
+        so a repeat after a crash returns those taken before and any new ones."""
         ...
 
     async def request_cancel(

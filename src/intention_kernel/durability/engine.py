@@ -474,6 +474,17 @@ class RecordedDurability:
         """The thread's inbox, in the order its entries were accepted."""
         return await (await self._inbox(thread_id)).read_inbox(thread_id)
 
+    async def taker(self, thread_id: str, turn_id: str) -> str | None:
+        """The turn that took the steer of ``turn_id``, whose result it replays."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.taker(thread_id, check_id("turn_id", turn_id))
+
+    async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
+        """Take the thread's untaken steers for ``turn_id``; all it took
+        (see :meth:`InboxRecorder.take_steers`)."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.take_steers(thread_id, check_id("turn_id", turn_id))
+
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         """Delete the inbox entry of ``turn_id``; whether there was one."""
         inbox = await self._inbox(thread_id)

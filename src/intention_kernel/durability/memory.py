@@ -192,7 +192,8 @@ class _MemoryRecorder(Recorder, InboxRecorder):
         if (entry.thread_id, entry.turn_id) in state.turns:
             return None
         entries = state.inbox.setdefault(entry.thread_id, [])
-        for position, queued in enumerate(entries, 1):
+        waiting = [e for e in entries if e.taken_by is None]
+        for queued in entries:
             if queued.turn_id == entry.turn_id:
                 if (
                     entry.request_digest is not None
@@ -200,13 +201,26 @@ class _MemoryRecorder(Recorder, InboxRecorder):
                     and entry.request_digest != queued.request_digest
                 ):
                     raise inbox_conflict(entry)
-                return position
+                return sum(1 for e in waiting if e.seq <= queued.seq)
         state.inbox_seq += 1
         entries.append(replace(entry, seq=state.inbox_seq))
-        return len(entries)
+        return len(waiting) + 1
 
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
-        return list(self._state.inbox.get(thread_id, ()))
+        return [e for e in self._state.inbox.get(thread_id, ()) if e.taken_by is None]
+
+    async def taker(self, thread_id: str, turn_id: str) -> str | None:
+        for entry in self._state.inbox.get(thread_id, ()):
+            if entry.turn_id == turn_id:
+                return entry.taken_by
+        return None
+
+    async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
+        entries = self._state.inbox.get(thread_id, [])
+        entries[:] = [
+            replace(e, taken_by=turn_id) if e.steer and e.taken_by is None else e for e in entries
+        ]
+        return [e for e in entries if e.taken_by == turn_id]
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         entries = self._state.inbox.get(thread_id, [])

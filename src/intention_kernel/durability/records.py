@@ -186,6 +186,11 @@ class InboxEntry:
     One per ``(thread_id, turn_id)``; ``request`` is the JSON text of what the turn
     will run (message, answer, principal), ``request_digest`` its digest. ``seq``
     orders a store's entries by acceptance (0 until the store numbers it).
+
+    ``steer``: the message is for the running turn (``on_busy="steer"``), handed to
+    it at its next round boundary. ``taken_by`` is the turn that took it there; the
+    entry's turn ID then replays that turn's result. Untaken, it runs as its own
+    turn, as a queued one does.
     """
 
     thread_id: str
@@ -195,6 +200,8 @@ class InboxEntry:
     request: str
     created_at: datetime
     seq: int = 0
+    steer: bool = False
+    taken_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

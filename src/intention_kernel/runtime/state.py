@@ -47,7 +47,9 @@ class TurnRequest:
     started from: ``None`` goes on, a line of text stops the turn, which commits
     with that line in its reply. ``at_once``: read the store now, however young
     the turn is (an accept is about to run a write).
-    ``queued``: the turn comes from its thread's inbox.
+    ``queued``: the turn comes from its thread's inbox. ``steers()`` takes the
+    messages sent to steer this turn (``on_busy="steer"``) that wait in its inbox,
+    as ``{"turn_id", "message"}`` dicts: asked at each round boundary.
     """
 
     message: str | None
@@ -56,6 +58,7 @@ class TurnRequest:
     principal: Principal | None = None
     stop: Callable[[int, bool], Awaitable[str | None]] | None = None
     queued: bool = False
+    steers: Callable[[], Awaitable[list[dict[str, str]]]] | None = None
 
 
 class TurnState:
@@ -103,6 +106,8 @@ class TurnState:
         self.steps: list[StepResult] = []
         #: The round whose steps run now (set by ``continue_rounds``); steps carry it.
         self.round = 1
+        #: The turn IDs of the steers handed to this turn so far (``rounds.take_steers``).
+        self.steered: set[str] = set()
         #: ``(step ID, actor)`` of the interaction an answer resolved in this turn: that
         #: step, when it is recorded, names who answered (see :meth:`close_interaction`).
         self.answered: tuple[str, str] | None = None

@@ -95,6 +95,8 @@ from intention_kernel.durability.postgres._statements import (
     SELECT_JOURNAL_ENTRY,
     SELECT_OUTBOX,
     SELECT_RECEIPT,
+    SELECT_TAKEN,
+    SELECT_TAKER,
     SELECT_THREAD,
     SELECT_TURN_EXISTS,
     SELECT_UNPUBLISHED,
@@ -102,6 +104,7 @@ from intention_kernel.durability.postgres._statements import (
     SEQUENCE_OUTBOX,
     SETTLE_RECEIPT,
     STALE_JOURNALS,
+    TAKE_STEERS,
     UPDATE_RECEIPT,
     receipts_query,
 )
@@ -256,6 +259,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
             entry.request_digest,
             entry.request,
             entry.created_at,
+            entry.steer,
         )
         key = (entry.thread_id, entry.turn_id)
 
@@ -288,12 +292,28 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
         async def read(conn: Connection) -> list[InboxEntry]:
             cur = await execute(conn, self._q(SELECT_INBOX), (thread_id,))
-            return [
-                InboxEntry(thread_id, turn_id, tenant_id, digest, request, _utc(at), seq)
-                for turn_id, tenant_id, digest, request, at, seq in await cur.fetchall()
-            ]
+            return _entries(thread_id, await cur.fetchall())
 
         return await self._run(read)
+
+    async def taker(self, thread_id: str, turn_id: str) -> str | None:
+        async def read(conn: Connection) -> str | None:
+            cur = await execute(conn, self._q(SELECT_TAKER), (thread_id, turn_id))
+            row = await cur.fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._run(read)
+
+    async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
+        async def take(conn: Connection) -> list[InboxEntry]:
+            # One transaction: a repeat after a lost acknowledgement reads the same.
+            async with conn.transaction():
+                params = {"thread": thread_id, "turn": turn_id}
+                await execute(conn, self._q(TAKE_STEERS), params)
+                cur = await execute(conn, self._q(SELECT_TAKEN), (thread_id, turn_id))
+                return _entries(thread_id, await cur.fetchall())
+
+        return await self._run(take)
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         async def write(conn: Connection) -> bool:
@@ -773,3 +793,11 @@ def _delivery(row: Sequence[Any]) -> OutboxDelivery:
 def _utc(value: datetime) -> datetime:
     # timestamptz comes back in the session's time zone; normalize as utcnow() does.
     return value.astimezone(UTC)
+
+
+def _entries(thread_id: str, rows: list[Any]) -> list[InboxEntry]:
+    """Inbox rows (``SELECT_INBOX``'s columns) as entries."""
+    return [
+        InboxEntry(thread_id, turn, tenant, digest, request, _utc(at), seq, steer, taken_by)
+        for turn, tenant, digest, request, at, seq, steer, taken_by in rows
+    ]

@@ -402,6 +402,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE ik_cancels
         ADD CONSTRAINT ik_cancels_pkey PRIMARY KEY (thread_id, turn_id, scope);
     """,
+    # 15: steering, as in SQLite's migration 13: ``steer`` marks a message for the
+    # running turn, ``taken_by`` names the turn whose round boundary took it.
+    """
+    ALTER TABLE ik_inbox ADD COLUMN IF NOT EXISTS steer boolean NOT NULL DEFAULT false;
+    ALTER TABLE ik_inbox ADD COLUMN IF NOT EXISTS taken_by text;
+    """,
 )
 
 

@@ -320,17 +320,34 @@ SELECT_TURN_EXISTS = "SELECT 1 FROM ik_turns WHERE thread_id = %s AND turn_id = 
 # An entry already there keeps its seq: the statement inserts nothing and the caller
 # reads the entry's own seq and digest, to compare them (a conflict is an error).
 INSERT_INBOX = """
-    INSERT INTO ik_inbox (thread_id, turn_id, tenant_id, request_digest, request, created_at)
-    VALUES (%s, %s, %s, %s, %s, %s)
+    INSERT INTO ik_inbox
+        (thread_id, turn_id, tenant_id, request_digest, request, created_at, steer)
+    VALUES (%s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT ON CONSTRAINT ik_inbox_turn DO NOTHING RETURNING seq
 """
 SELECT_INBOX_ENTRY = (
     "SELECT seq, request_digest FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
 )
-INBOX_POSITION = "SELECT COUNT(*) FROM ik_inbox WHERE thread_id = %s AND seq <= %s"
+INBOX_POSITION = """
+    SELECT COUNT(*) FROM ik_inbox WHERE thread_id = %s AND seq <= %s AND taken_by IS NULL
+"""
 SELECT_INBOX = """
-    SELECT turn_id, tenant_id, request_digest, request, created_at, seq FROM ik_inbox
-    WHERE thread_id = %s ORDER BY seq
+    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
+    FROM ik_inbox WHERE thread_id = %s AND taken_by IS NULL ORDER BY seq
+"""
+# The turn that took a steer: its turn ID replays that turn's result.
+SELECT_TAKER = """
+    SELECT taken_by FROM ik_inbox
+    WHERE thread_id = %s AND turn_id = %s AND taken_by IS NOT NULL
+"""
+# A round boundary of a turn takes the steers nobody took, and reads all it took.
+TAKE_STEERS = """
+    UPDATE ik_inbox SET taken_by = %(turn)s
+    WHERE thread_id = %(thread)s AND steer AND taken_by IS NULL
+"""
+SELECT_TAKEN = """
+    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
+    FROM ik_inbox WHERE thread_id = %s AND taken_by = %s ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
 # A request already there keeps its first reason: asking again changes nothing. Each

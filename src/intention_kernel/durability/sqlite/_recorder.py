@@ -76,12 +76,15 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_JOURNAL,
     SELECT_MESSAGES,
     SELECT_RECEIPT,
+    SELECT_TAKEN,
+    SELECT_TAKER,
     SELECT_THREAD,
     SELECT_THREAD_UNLESS_KNOWN,
     SELECT_TURN,
     SELECT_UNPUBLISHED,
     SELECT_VERSION,
     STALE_JOURNALS,
+    TAKE_STEERS,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
@@ -232,6 +235,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
             entry.request_digest,
             entry.request,
             _stamp(entry.created_at),
+            1 if entry.steer else 0,
         )
         try:
             # Atomic: the committed-turn check, the insert and the count see one state.
@@ -244,13 +248,24 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder):
 
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
         def read(conn: sqlite3.Connection) -> list[InboxEntry]:
-            rows = conn.execute(SELECT_INBOX, (thread_id,)).fetchall()
-            return [
-                InboxEntry(thread_id, r[0], r[1], r[2], r[3], datetime.fromisoformat(r[4]), r[5])
-                for r in rows
-            ]
+            return _entries(thread_id, conn.execute(SELECT_INBOX, (thread_id,)).fetchall())
 
         return await self._read(read, thread_id)
+
+    async def taker(self, thread_id: str, turn_id: str) -> str | None:
+        def read(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(SELECT_TAKER, (thread_id, turn_id)).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._read(read, thread_id)
+
+    async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
+        def take(conn: sqlite3.Connection) -> list[InboxEntry]:
+            conn.execute(TAKE_STEERS, (thread_id, turn_id))
+            return _entries(thread_id, conn.execute(SELECT_TAKEN, (thread_id, turn_id)).fetchall())
+
+        taken: list[InboxEntry] = await self._write(take, (), thread_id, atomic=True)
+        return taken
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         removed: int = await self._write(bodies.remove_inbox, (thread_id, turn_id), thread_id)
@@ -562,3 +577,13 @@ def _event_rows(
     events: Sequence[EventDraft], thread_id: str, turn_id: str | None, now: str
 ) -> list[tuple[Any, ...]]:
     return [(e.id, thread_id, turn_id, e.type, dump_value(e.payload), now) for e in events]
+
+
+def _entries(thread_id: str, rows: list[Any]) -> list[InboxEntry]:
+    """Inbox rows (``SELECT_INBOX``'s columns) as entries."""
+    return [
+        InboxEntry(
+            thread_id, r[0], r[1], r[2], r[3], datetime.fromisoformat(r[4]), r[5], bool(r[6]), r[7]
+        )
+        for r in rows
+    ]

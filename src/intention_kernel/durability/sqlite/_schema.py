@@ -222,6 +222,14 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE ik_cancels;
     ALTER TABLE ik_cancels_scoped RENAME TO ik_cancels;
     """,
+    # 13: steering (``on_busy="steer"``). ``steer`` marks a message for the running
+    # turn; ``taken_by`` names the turn whose round boundary took it, written before
+    # that round's journal entry. A taken entry never runs as a turn of its own: its
+    # turn ID replays the taker's result once the taker committed.
+    """
+    ALTER TABLE ik_inbox ADD COLUMN steer INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE ik_inbox ADD COLUMN taken_by TEXT;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

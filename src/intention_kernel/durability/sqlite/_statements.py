@@ -153,13 +153,30 @@ DELETE_JOURNAL = "DELETE FROM ik_journal WHERE thread_id = ? AND turn_id = ?"
 SELECT_TURN_EXISTS = "SELECT 1 FROM ik_turns WHERE thread_id = ? AND turn_id = ?"
 SELECT_INBOX_ENTRY = "SELECT seq, request_digest FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
 INSERT_INBOX = """
-    INSERT INTO ik_inbox (thread_id, turn_id, tenant_id, request_digest, request, created_at)
-    VALUES (?, ?, ?, ?, ?, ?)
+    INSERT INTO ik_inbox
+        (thread_id, turn_id, tenant_id, request_digest, request, created_at, steer)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
 """
-INBOX_POSITION = "SELECT COUNT(*) FROM ik_inbox WHERE thread_id = ? AND seq <= ?"
+INBOX_POSITION = """
+    SELECT COUNT(*) FROM ik_inbox WHERE thread_id = ? AND seq <= ? AND taken_by IS NULL
+"""
 SELECT_INBOX = """
-    SELECT turn_id, tenant_id, request_digest, request, created_at, seq FROM ik_inbox
-    WHERE thread_id = ? ORDER BY seq
+    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
+    FROM ik_inbox WHERE thread_id = ? AND taken_by IS NULL ORDER BY seq
+"""
+# The turn that took a steer: its turn ID replays that turn's result.
+SELECT_TAKER = """
+    SELECT taken_by FROM ik_inbox
+    WHERE thread_id = ? AND turn_id = ? AND taken_by IS NOT NULL
+"""
+# A round boundary of turn ?2 takes the steers nobody took (and those it took before).
+TAKE_STEERS = """
+    UPDATE ik_inbox SET taken_by = ?2
+    WHERE thread_id = ?1 AND steer = 1 AND taken_by IS NULL
+"""
+SELECT_TAKEN = """
+    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
+    FROM ik_inbox WHERE thread_id = ? AND taken_by = ? ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
 # A request already there keeps its first reason: asking again changes nothing. Each
