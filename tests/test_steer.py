@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +29,10 @@ from intention_kernel import (
 from intention_kernel.durability import Durability
 from intention_kernel.interpretation import Round
 from intention_kernel.interpreters._chat import round_messages
+from intention_kernel.testing import faults
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from proving_support import read_all_events
+from proving_support import Store, make_sql_store, read_all_events
+from steer_worker import SteeredModel
 
 HELD = 10.0
 
@@ -171,3 +177,84 @@ def test_a_chat_model_reads_the_steers_after_the_rounds_outcomes() -> None:
     )
     assert assistant == response
     assert person == {"role": "user", "content": "make it blue"}
+
+
+WORKER = Path(__file__).with_name("steer_worker.py")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    yield from make_sql_store(request.param, request, tmp_path)
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("die", ["taken", "asked_round_2"])
+async def test_a_process_killed_while_handing_a_steer_over_hands_the_same_on_redelivery(
+    sql_store: Store, tmp_path: Path, die: str
+) -> None:
+    """The worker's turn takes the steer at its round boundary and dies (``os._exit``)
+    before the journal entry, or after it with the model asked. The redelivery, in
+    another process, hands the same steer to the same round; the steer's turn ID
+    replays the result; nothing runs twice."""
+    files = {name: str(tmp_path / name) for name in ("asks", "entered", "release")}
+    turn = {"thread_id": "t", "turn_id": "1", "message": "paint it"}
+    async with sql_store.durability() as durability:  # the schema, before any worker
+        # This process may drain the redelivery queued behind the dead worker's lease:
+        # its model writes down its asks as the workers' does.
+        kernel = steering(durability, SteeredModel(files, None))
+        config = {"store": sql_store.config(), "files": files, "turn": turn, "die": die}
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(WORKER),
+            json.dumps(config),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            for _ in range(3000):
+                if Path(files["entered"]).exists():  # noqa: ASYNC240
+                    break
+                await asyncio.sleep(0.01)
+            # The worker holds the thread: the message is committed as a steer.
+            assert await kernel.submit("t", "2", "make it blue") == Queued("t", "2", 1)
+            Path(files["release"]).touch()  # noqa: ASYNC240
+            _, err = await asyncio.wait_for(worker.communicate(), 60)
+        finally:
+            if worker.returncode is None:
+                worker.kill()
+                await worker.communicate()
+        assert worker.returncode == faults.EXIT_STATUS, err.decode()
+        first = {line["pid"] for line in lines(Path(files["asks"]))}
+        # Taken by turn 1 before the process died: never a turn of its own.
+        assert await durability.taker("t", "2") == "1"  # type: ignore[attr-defined]
+        assert await durability.read_inbox("t") == []  # type: ignore[attr-defined]
+
+        redelivery = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(WORKER),
+            json.dumps(dict(config, die=None)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(redelivery.communicate(), 60)
+        assert redelivery.returncode == 0, err.decode()
+        result = json.loads(out)
+        assert result["reply"] == "Painted, hearing: make it blue"
+        again = [line for line in lines(Path(files["asks"])) if line["pid"] not in first]
+        # Round 1 comes from the journal; round 2 carries the steer, on every delivery.
+        assert [line["round"] for line in again] == [2]
+        asked_two = [line for line in lines(Path(files["asks"])) if line["round"] == 2]
+        assert all(line["steered"] == ["make it blue"] for line in asked_two)
+        steer = await kernel.submit("t", "2", "make it blue")
+        assert isinstance(steer, TurnResult)
+        assert (steer.turn_id, steer.reply, steer.replayed) == ("1", result["reply"], True)
+        await kernel.drained()
+        events = await read_all_events(durability, thread_id="t")
+        assert of_turn(events, "2", "turn.committed") == []
+        assert len(of_turn(events, "1", "turn.steered")) == 1
+        checkpoint = await durability.load_checkpoint("t")
+        assert checkpoint is not None and checkpoint.version == 1

@@ -537,6 +537,7 @@ class InboxRecorder(Protocol):
 
     async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
         """In one transaction: mark every steer entry of the thread that no turn took
+        (but ``turn_id``'s own, a redelivery queued behind a dead worker's lease)
         as taken by ``turn_id``; return all that ``turn_id`` took, in order of
         acceptance. Called at a round boundary of that turn, under the thread's lock,
         so a repeat after a crash returns those taken before and any new ones."""

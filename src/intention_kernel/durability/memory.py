@@ -218,7 +218,10 @@ class _MemoryRecorder(Recorder, InboxRecorder):
     async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
         entries = self._state.inbox.get(thread_id, [])
         entries[:] = [
-            replace(e, taken_by=turn_id) if e.steer and e.taken_by is None else e for e in entries
+            replace(e, taken_by=turn_id)
+            if e.steer and e.taken_by is None and e.turn_id != turn_id
+            else e
+            for e in entries
         ]
         return [e for e in entries if e.taken_by == turn_id]
 

@@ -343,7 +343,7 @@ SELECT_TAKER = """
 # A round boundary of a turn takes the steers nobody took, and reads all it took.
 TAKE_STEERS = """
     UPDATE ik_inbox SET taken_by = %(turn)s
-    WHERE thread_id = %(thread)s AND steer AND taken_by IS NULL
+    WHERE thread_id = %(thread)s AND steer AND taken_by IS NULL AND turn_id <> %(turn)s
 """
 SELECT_TAKEN = """
     SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by

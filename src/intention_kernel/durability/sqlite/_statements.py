@@ -172,7 +172,7 @@ SELECT_TAKER = """
 # A round boundary of turn ?2 takes the steers nobody took (and those it took before).
 TAKE_STEERS = """
     UPDATE ik_inbox SET taken_by = ?2
-    WHERE thread_id = ?1 AND steer = 1 AND taken_by IS NULL
+    WHERE thread_id = ?1 AND steer = 1 AND taken_by IS NULL AND turn_id <> ?2
 """
 SELECT_TAKEN = """
     SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
