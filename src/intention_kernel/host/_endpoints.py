@@ -129,9 +129,9 @@ class Endpoints:
         if accepts_event_stream(request.headers.get("accept", "")):
             return await self._stream_turn(request, thread_id, turn_id, body, principal)
         try:
-            # Kernel.turn for an agent without an inbox. A "queue" or "interrupt" agent
-            # answers at once when the thread is busy: an HTTP client should not hold a
-            # connection open while the turns before its message run.
+            # Kernel.turn for an agent without an inbox. An agent with one ("queue",
+            # "steer", "interrupt") answers at once when the thread is busy: an HTTP
+            # client should not hold a connection open while the turns before it run.
             result = await self.kernel.submit(
                 thread_id,
                 turn_id,
