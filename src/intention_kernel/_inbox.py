@@ -32,6 +32,7 @@ from intention_kernel.errors import (
 )
 from intention_kernel.interpretation import Answer
 from intention_kernel.runtime import TurnRequest
+from intention_kernel.streaming import TurnSink
 from intention_kernel.turns import TurnResult, TurnScope
 
 __all__ = ["Cancellation", "Queued"]
@@ -182,6 +183,8 @@ class Inbox:
         self._running: set[tuple[str, str]] = set()
         # Set by a cancel through this kernel: its waiting callers look at once.
         self._dequeued: dict[tuple[str, str], asyncio.Event] = {}
+        # The sinks of streamed turns queued by this kernel: a drain here streams to them.
+        self._sinks: dict[tuple[str, str], TurnSink] = {}
         # Drains whose caller was told its turn was dequeued: they run on to their end.
         self._left: set[asyncio.Task[dict[str, TurnResult]]] = set()
 
@@ -227,11 +230,14 @@ class Inbox:
         position = await store.enqueue(entry)
         if position is None:  # committed already: the replay (or its conflict)
             return await self._run(scope, request, True)
+        key = (thread_id, scope.turn_id)
+        if request.sink is not None:  # a streamed turn: it says so, then streams its run
+            request.sink.queued(Queued(thread_id, scope.turn_id, position).to_dict())
+            self._sinks[key] = request.sink
         if base is not None:
             # Accepted first, then the stop: a crash between leaves a queued message.
             # A turn on that base that already committed is stopped by nothing.
             await store.request_interrupt(thread_id, base)
-        key = (thread_id, scope.turn_id)
         # A redelivery waiting beside this call shares its future; the last one out
         # removes it.
         ran = self._waiting.setdefault(key, asyncio.get_running_loop().create_future())
@@ -247,6 +253,7 @@ class Inbox:
                 del self._waiters[key], self._waiting[key]
                 self._dequeued.pop(key, None)
                 self._running.discard(key)
+                self._sinks.pop(key, None)
         if not wait or scope.turn_id in results:
             self.watch(thread_id)  # this turn, or those queued behind it
         if ran.done():  # run by this call's drain, or by another drain of this kernel
@@ -404,6 +411,8 @@ class Inbox:
             head = entries[0]
             scope, request = decode_entry(head)
             key = (thread_id, head.turn_id)
+            if key in self._sinks:
+                request = replace(request, sink=self._sinks[key])
             try:
                 result = await self._run(scope, request, wait)
             except ThreadBusyError:

@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable
-from typing import Any
+from typing import Any, Literal
 
 from intention_kernel import _tracing
 from intention_kernel._inbox import (
@@ -243,13 +243,18 @@ class Kernel:
             if asked is not None:
                 for mine in (ANY_TENANT, own):
                     if mine in asked:
-                        return replies.turn_cancelled(asked[mine])
+                        return stopping("cancelled", replies.turn_cancelled(asked[mine]))
             if not at_once and time.monotonic() - started < after:
                 return None
             found, reason = await store.read_cancel(*key, base_version, scope.tenant_id)  # type: ignore[attr-defined]
             if found == "interrupt":
-                return replies.turn_interrupted()
-            return replies.turn_cancelled(reason) if found else None
+                return stopping("interrupted", replies.turn_interrupted())
+            return stopping("cancelled", replies.turn_cancelled(reason)) if found else None
+
+        def stopping(kind: Literal["interrupted", "cancelled"], line: str) -> str:
+            if request.sink is not None:  # a streamed turn says so as it stops
+                request.sink.stopped(kind, line)
+            return line
 
         if not steering:
             return dataclasses.replace(request, stop=stop)
@@ -344,9 +349,15 @@ class Kernel:
             await asyncio.gather(*self._streaming, return_exceptions=True)
 
     async def _streamed(self, scope: TurnScope, request: TurnRequest, sink: TurnSink) -> None:
-        """Run the streamed turn and hand its end to the sink: the result, or its error."""
+        """Run the streamed turn and hand its end to the sink: the result, or its error.
+        An agent with an inbox queues it as :meth:`turn` does (a ``queued`` event)."""
         try:
-            result = await self._run(scope, request)
+            if self._inbox is not None:
+                ran = await self._inbox.submit(scope, request, wait=True)
+                assert isinstance(ran, TurnResult)
+                result = ran
+            else:
+                result = await self._run(scope, request)
         except asyncio.CancelledError as cancelled:
             sink.fail(cancelled)  # the reader must not wait for a result that never comes
             raise

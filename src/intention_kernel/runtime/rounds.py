@@ -98,6 +98,8 @@ async def take_steers(state: TurnState, last: Round, number: int) -> Round:
         handed.add(steer["turn_id"])
         messages.append(steer["message"])
         state.emit("turn.steered", {"turn_id": steer["turn_id"], "round": number + 1})
+        if state.sink is not None:
+            state.sink.steered(steer["turn_id"], number + 1)
     return replace(last, steered=tuple(messages)) if messages else last
 
 
