@@ -37,6 +37,7 @@ from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.errors import (
     CompilationError,
     InvalidRequestError,
+    ShuttingDownError,
     TenantMismatchError,
     ThreadBusyError,
 )
@@ -89,6 +90,8 @@ class Kernel:
         self._stoppable = isinstance(durability, InboxStore) and (
             getattr(durability, "has_inbox", True) is not False
         )
+        # ``begin_shutdown`` was called: no new turn, running ones stop at a safe point.
+        self._shutting_down = False
         # The tasks of streamed turns still running (see ``stream_turn``).
         self._streaming: set[asyncio.Task[None]] = set()
         self._inbox: Inbox | None = None
@@ -107,6 +110,24 @@ class Kernel:
                 interrupt=agent.on_busy == "interrupt",
                 steer=self._committed if agent.on_busy == "steer" else None,
             )
+
+    def begin_shutdown(self) -> None:
+        """Drain this kernel for shutdown (a host on SIGTERM): it takes no new turn, and
+        a running one stops at its next safe point (before a step or a round).
+
+        Both raise :class:`~intention_kernel.ShuttingDownError`, and commit nothing. A
+        turn that reaches its commit before a safe point commits, as always. What a
+        stopped turn did stays durable: its journal keeps its rounds, its receipts its
+        writes. Its client delivers it again to another process, which goes on from
+        there; a queued message stays in the inbox for another process to drain. A
+        host gives running turns a grace period, then cancels what still runs (it
+        fails closed the same way). There is no way back: build a new ``Kernel``."""
+        self._shutting_down = True
+
+    @property
+    def shutting_down(self) -> bool:
+        """Whether :meth:`begin_shutdown` was called."""
+        return self._shutting_down
 
     @property
     def fingerprint(self) -> str:
@@ -232,6 +253,8 @@ class Kernel:
 
         async def stop(base_version: int, at_once: bool) -> str | None:
             nonlocal starting
+            if self._shutting_down:
+                raise _shutting_down(scope, "stopped at a safe point, before its commit")
             if inbox is not None:
                 inbox.started(*key)  # under the lock: its waiting caller now waits for it
             if starting:  # a queued steer a running turn took since: it runs no more
@@ -413,6 +436,8 @@ class Kernel:
     async def _run(
         self, scope: TurnScope, request: TurnRequest, *, wait: bool | None = None
     ) -> TurnResult:
+        if self._shutting_down:
+            raise _shutting_down(scope, "not taken")
         compiled = self._compiled
         thread_id, turn_id = scope.thread_id, scope.turn_id
         # The turn's operation, ``run_turn`` with all but ``tx`` bound: a partial, which
@@ -541,3 +566,12 @@ def _encodable(text: str) -> bool:
 
 class _NotCommitted(Exception):
     """A probe for a committed turn found none (``Kernel._committed``)."""
+
+
+def _shutting_down(scope: TurnScope, what: str) -> ShuttingDownError:
+    return ShuttingDownError(
+        f"this kernel drains for shutdown: turn {scope.turn_id!r} of thread "
+        f"{scope.thread_id!r} was {what}; nothing was committed, deliver it again",
+        thread_id=scope.thread_id,
+        turn_id=scope.turn_id,
+    )

@@ -12,6 +12,11 @@ starts and exited on shutdown (see :mod:`~intention_kernel.cli._agent`).
 holds before the host answers 503 ``lock-timeout`` with ``Retry-After`` (default: the
 store's, 30 s).
 
+On SIGTERM (or SIGINT) the host drains: new turns answer 503 ``shutting-down`` with
+``Retry-After``, and running turns stop at their next safe point, committing nothing
+(``Kernel.begin_shutdown``). ``--grace SECONDS`` (default 30) is how long uvicorn then
+waits for them; what still runs is cancelled, and fails closed as well.
+
 Tokens (repeatable) turn authentication on; each stands for a principal with a
 name, a tenant and a role (see :class:`intention_kernel.host.Principal`)::
 
@@ -169,6 +174,16 @@ def serve(
             help="The event loop: uvloop where installed (auto), or asyncio's",
         ),
     ] = Loop.AUTO,
+    grace: Annotated[
+        int,
+        typer.Option(
+            "--grace",
+            metavar="SECONDS",
+            min=0,
+            help="On SIGTERM or SIGINT: new turns answer 503 shutting-down, running ones "
+            "stop at their next safe point; after this long, what still runs is cancelled",
+        ),
+    ] = 30,
 ) -> None:
     """Serve the agent over HTTP: turns, threads, receipts, /openapi.json and /console."""
     run = loop_runner(loop)
@@ -196,7 +211,7 @@ def serve(
             f"${TOKENS_ENV_VAR}), or --insecure if a gateway in front authenticates callers."
         )
     with log_warnings_to_stderr():
-        run(_serve(agent, url, host, port, tokens, lock_timeout, hosts))
+        run(_serve(agent, url, host, port, tokens, lock_timeout, hosts, grace))
 
 
 def allowed_hosts(bound: str, given: list[str]) -> list[str]:
@@ -277,6 +292,7 @@ async def _serve(
     tokens: dict[str, Principal] | None,
     lock_timeout: float | None,
     hosts: list[str],
+    grace: int = 30,
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         # On the serving loop: a client the agent opens (an MCP session) belongs to it.
@@ -285,7 +301,7 @@ async def _serve(
             agent = await stack.enter_async_context(entered_agent(spec, db_url=url))
         except ValueError as exc:
             refuse(str(exc))
-        await _serve_agent(agent, url, host, port, tokens, lock_timeout, hosts)
+        await _serve_agent(agent, url, host, port, tokens, lock_timeout, hosts, grace)
 
 
 async def _serve_agent(
@@ -296,6 +312,7 @@ async def _serve_agent(
     tokens: dict[str, Principal] | None,
     lock_timeout: float | None,
     hosts: list[str],
+    grace: int = 30,
 ) -> None:
     import uvicorn
 
@@ -334,7 +351,24 @@ async def _serve_agent(
                 f" · {auth} · answers Host {names} · {loop} event loop · console at /console",
             )
         )
-        config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="info")
-        await uvicorn.Server(config).serve()
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan="off",
+            log_level="info",
+            timeout_graceful_shutdown=grace,
+        )
+
+        class DrainingServer(uvicorn.Server):
+            """On the first SIGTERM or SIGINT, drain the kernel first: new turns answer
+            503 ``shutting-down``, running ones stop at their next safe point. uvicorn
+            then waits up to ``timeout_graceful_shutdown`` and cancels the rest."""
+
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                kernel.begin_shutdown()
+                super().handle_exit(sig, frame)
+
+        await DrainingServer(config).serve()
     finally:
         await durability.aclose()
