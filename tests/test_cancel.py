@@ -11,6 +11,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from intention_kernel import (
 )
 from intention_kernel.durability import Durability
 from intention_kernel.durability.records import ThreadOwner
+from intention_kernel.effects import utcnow
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from proving_support import Store, make_sql_store, read_all_events
 
@@ -329,3 +331,34 @@ async def test_a_cancel_for_a_tenant_touches_only_that_tenants_turns(store: Dura
     assert stopped.steps == () and "Cancelled" in stopped.reply
     events = await read_all_events(store, thread_id="u")
     assert len(of_turn(events, "2", "turn.committed")) == 1  # the queued turn ran
+
+
+async def test_prune_removes_the_stop_requests_with_their_turns(store: Durability) -> None:
+    """A pruned turn's cancel goes with it, as do its thread's spent interrupts; a stop
+    request for a turn that never came stays, as the promise it is."""
+    from intention_kernel.operations import prune
+
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="interrupt"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    running = asyncio.create_task(kernel.turn("t", "2", "look twice"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    assert await kernel.submit("t", "3", "balance") == Queued("t", "3", 1)
+    interpreter.release.set()
+    assert (await asyncio.wait_for(running, HELD)).reply.endswith("Interrupted by a new message.")
+    await kernel.drained()
+    assert (await kernel.cancel("t", "4", reason="no")).status == "requested"
+    assert (await kernel.turn("t", "4", "balance")).steps == ()
+    assert (await kernel.cancel("t", "9", reason="later")).status == "requested"
+    stops: Any = store
+    assert await stops.read_cancel("t", "4", -1) == ("cancel", "no")
+    assert await stops.read_cancel("t", "x", 1) == ("interrupt", None)
+
+    report = await prune(store, older_than=timedelta(0), now=utcnow() + timedelta(minutes=1))  # type: ignore[arg-type]
+    assert report.turns == 4
+    assert await stops.read_cancel("t", "4", -1) == (None, None)
+    assert await stops.read_cancel("t", "x", 1) == (None, None)
+    assert await stops.read_cancel("t", "9", -1) == ("cancel", "later")

@@ -512,6 +512,16 @@ class _MemoryRecorder(Recorder, InboxRecorder):
         )[:limit]
         for key in keys:
             state.turns[key] = StoredTurn(state.turns[key].request_digest, "", expired=True)
+        # A pruned turn's stop requests go with it, and so do its thread's interrupts on
+        # a base the thread has moved past (kept without a time here: none is needed).
+        pruned = set(keys)
+        state.cancels = {k: v for k, v in state.cancels.items() if k[:2] not in pruned}
+        threads = {k[0] for k in keys}
+        state.interrupts = {
+            (thread, base)
+            for thread, base in state.interrupts
+            if thread not in threads or base >= state.threads[thread].version
+        }
         return len(keys), (keys[-1] if len(keys) == limit else None)
 
     async def stale_journals(

@@ -78,7 +78,9 @@ from intention_kernel.durability.postgres._statements import (
     MARK_FAILED,
     MARK_PUBLISHED,
     PENDING_THREADS,
+    PRUNE_CANCELS,
     PRUNE_EVENTS,
+    PRUNE_INTERRUPTS,
     PRUNE_JOURNAL,
     PRUNE_TURNS,
     REWRITE_THREAD,
@@ -717,8 +719,16 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder):
         start = after or ("", "")
 
         async def prune(conn: Connection) -> tuple[int, tuple[str, str] | None]:
-            cur = await conn.execute(self._q(PRUNE_TURNS), (*start, before, limit))
-            keys = [(row[0], row[1]) for row in await cur.fetchall()]
+            # One transaction: a pruned turn's stop requests, and its thread's spent
+            # interrupts, go with its result.
+            async with conn.transaction():
+                cur = await conn.execute(self._q(PRUNE_TURNS), (*start, before, limit))
+                keys = [(row[0], row[1]) for row in await cur.fetchall()]
+                async with conn.cursor() as many:
+                    if keys:
+                        await many.executemany(self._q(PRUNE_CANCELS), keys)
+                        threads = [{"thread": t, "before": before} for t in {k[0] for k in keys}]
+                        await many.executemany(self._q(PRUNE_INTERRUPTS), threads)
             return len(keys), (max(keys) if len(keys) == limit else None)
 
         return await self._run(prune)

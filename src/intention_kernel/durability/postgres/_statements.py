@@ -279,6 +279,14 @@ PRUNE_TURNS = """
     RETURNING t.thread_id, t.turn_id
 """
 
+# The stop requests of a pruned turn go with its result: it can never run again.
+PRUNE_CANCELS = "DELETE FROM ik_cancels WHERE thread_id = %s AND turn_id = %s"
+# An interrupt older than the cutoff on a base the thread has moved past stops nothing.
+PRUNE_INTERRUPTS = """
+    DELETE FROM ik_interrupts i USING ik_threads th
+    WHERE i.thread_id = %(thread)s AND th.thread_id = i.thread_id
+    AND i.created_at < %(before)s AND i.base_version < th.version
+"""
 # A turn's journal is pruned whole (see ``operations.prune``): the turns whose newest
 # entry is older than the cutoff, in key order (``ik_journal_pkey``'s), after the cursor.
 STALE_JOURNALS = """

@@ -50,7 +50,9 @@ from intention_kernel.durability.sqlite._statements import (
     MARK_ANNOUNCED,
     MARK_FAILED,
     MARK_PUBLISHED,
+    PRUNE_CANCELS,
     PRUNE_EVENTS,
+    PRUNE_INTERRUPTS,
     PRUNE_JOURNAL,
     PRUNE_TURNS,
     REWRITE_THREAD,
@@ -308,4 +310,9 @@ def prune_turns(
 ) -> tuple[int, tuple[str, str] | None]:
     rows = conn.execute(PRUNE_TURNS, args).fetchall()
     keys = [(row[0], row[1]) for row in rows]
+    # In the same transaction: a pruned turn's stop requests, and its thread's spent
+    # interrupts, go with it.
+    conn.executemany(PRUNE_CANCELS, keys)
+    cutoff = args[3]
+    conn.executemany(PRUNE_INTERRUPTS, [(thread, cutoff) for thread in {k[0] for k in keys}])
     return len(keys), (max(keys) if len(keys) == limit else None)

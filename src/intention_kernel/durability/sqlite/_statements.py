@@ -273,6 +273,13 @@ PRUNE_TURNS = """
         ORDER BY thread_id, turn_id LIMIT ?)
     RETURNING thread_id, turn_id
 """
+# The stop requests of a pruned turn go with its result: it can never run again.
+PRUNE_CANCELS = "DELETE FROM ik_cancels WHERE thread_id = ? AND turn_id = ?"
+# An interrupt older than the cutoff on a base the thread has moved past stops nothing.
+PRUNE_INTERRUPTS = """
+    DELETE FROM ik_interrupts WHERE thread_id = ?1 AND created_at < ?2
+    AND base_version < (SELECT version FROM ik_threads WHERE thread_id = ?1)
+"""
 # A turn's journal is pruned whole (see ``operations.prune``): the turns whose newest
 # entry is older than the cutoff, in key order (the primary key's), after the cursor.
 STALE_JOURNALS = """
