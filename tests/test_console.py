@@ -533,6 +533,11 @@ class RoundsModel:
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
         rounds = len(request.rounds)
+        if request.message == "look twice, slowly":
+            await asyncio.to_thread(self.gate.wait, 30)
+            return Interpretation(
+                intents=[Intent("billing.balance", {"due": 1}), Intent("billing.balance", {})]
+            )
         if request.message == "stream":
             if rounds == 0:
                 assert request.stream is not None, "the console streams its turns"
@@ -635,6 +640,30 @@ def test_a_streamed_turn_shows_text_before_its_result_and_ends_with_the_reply(
     expect(reply.locator(".who")).to_have_text(f"assistant · {committed['turn_id']}")
     expect(page.locator("#messages .turn-steps .step")).to_contain_text("billing.balance")
     assert accepts == ["text/event-stream"]  # one delivery: no retry
+
+
+def test_the_stop_button_stops_the_running_turn_at_its_next_safe_point(
+    rounds_host: RoundsHost, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{rounds_host.url}/console?thread={THREAD}")
+    stop = page.get_by_role("button", name="Stop")
+    expect(stop).to_be_hidden()  # no turn runs
+    page.get_by_label("Message").fill("look twice, slowly")
+    page.get_by_role("button", name="Send").click()
+    expect(stop).to_be_visible()
+    with page.expect_response(lambda r: r.request.method == "DELETE") as asked:
+        stop.click()
+    assert asked.value.status == 200
+    assert asked.value.json()["status"] == "requested"
+    rounds_host.model.gate.set()
+    reply = page.locator("#messages .message.assistant")
+    expect(reply).to_contain_text("Cancelled before it finished: stopped from the console")
+    expect(stop).to_be_hidden()
+    thread = httpx.get(f"{rounds_host.url}/v1/threads/{THREAD}", timeout=30).json()
+    assert thread["version"] == 1  # it committed what it did: no step
+    assert thread["messages"][-1]["content"].endswith("stopped from the console")
 
 
 def test_a_deadline_shows_the_time_left_and_then_that_it_passed(

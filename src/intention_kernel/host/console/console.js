@@ -116,6 +116,8 @@ async function postTurn(body) {
   const request = { ...body, turn_id: newTurnId() };
   for (let attempt = 1; ; attempt += 1) {
     state.live = { turnId: request.turn_id, message: body.message, text: "", steps: new Map() };
+    $("stop").hidden = false; // the turn runs: the operator may stop it
+    $("stop").disabled = false;
     renderConversation();
     try {
       const result = await streamTurn(request, onTurnEvent);
@@ -127,7 +129,24 @@ async function postTurn(body) {
       await sleep(500 * attempt);
     } finally {
       state.live = null;
+      $("stop").hidden = true;
     }
+  }
+}
+
+// Stop: ask the running turn to stop at its next safe point (DELETE, Kernel.cancel).
+// Its stream then ends with the committed reply, which says it was cancelled.
+async function stopTurn() {
+  const live = state.live;
+  if (!live) return;
+  $("stop").disabled = true;
+  const reason = encodeURIComponent("stopped from the console");
+  try {
+    await api(threadPath(`/turns/${encodeURIComponent(live.turnId)}?reason=${reason}`), {
+      method: "DELETE",
+    });
+  } catch (error) {
+    showBanner(describeError(error));
   }
 }
 
@@ -808,6 +827,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("accept").addEventListener("click", () => answer("accept"));
   $("reject").addEventListener("click", () => reject());
   $("approve-edited").addEventListener("click", () => approveEdited());
+  $("stop").addEventListener("click", () => stopTurn());
   setInterval(renderTimeLeft, 1000);
   $("send-form").addEventListener("submit", (event) => {
     event.preventDefault();
