@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from intention_kernel._ids import check_id
-from intention_kernel._inbox import Queued
+from intention_kernel._inbox import InboxStore, Queued, decode_entry
 from intention_kernel.checkpoint import check_compatible
 from intention_kernel.durability.contract import InteractionQueue
 from intention_kernel.durability.records import PendingInteraction, ThreadOwner
@@ -34,6 +34,7 @@ from intention_kernel.host._stream import accepts_event_stream, event_stream_res
 from intention_kernel.host._wire import (
     Health,
     InteractionList,
+    QueuedView,
     ReceiptList,
     ResolveBody,
     ThreadView,
@@ -211,6 +212,27 @@ class Endpoints:
         view = ThreadView.of(
             thread_id, checkpoint, compatible=compatible, input_schemas=self._input_schemas
         )
+        store = self.kernel.durability
+        if isinstance(store, InboxStore) and getattr(store, "has_inbox", True) is not False:
+            # Only what the caller's tenant queued: another's would never run here.
+            waiting = [
+                entry
+                for entry in await store.read_inbox(thread_id)
+                if not self.access.enabled or entry.tenant_id == principal.tenant_id
+            ]
+            view = dataclasses.replace(
+                view,
+                inbox=tuple(
+                    QueuedView(
+                        entry.turn_id,
+                        position,
+                        decode_entry(entry)[1].message,
+                        entry.steer,
+                        entry.created_at,
+                    )
+                    for position, entry in enumerate(waiting, 1)
+                ),
+            )
         return JSONResponse(dump(view))
 
     async def list_receipts(self, request: Request) -> Response:

@@ -134,6 +134,27 @@ async function postTurn(body) {
   }
 }
 
+// The messages waiting in the thread's inbox, in order; each can be removed (DELETE of
+// its turn: it is dequeued and never runs).
+function renderInbox(waiting) {
+  $("inbox").hidden = waiting.length === 0;
+  $("inbox-list").replaceChildren(
+    ...waiting.map((queued) => {
+      const item = el("li", "queued");
+      item.dataset.turnId = queued.turn_id;
+      item.append(el("span", "who", `${queued.steer ? "steer" : "queued"} · ${queued.turn_id}`));
+      item.append(el("span", "text", queued.message || "(an answer)"));
+      const remove = el("button", "secondary remove", "Remove");
+      remove.type = "button";
+      remove.addEventListener("click", () =>
+        run(() => api(threadPath(`/turns/${encodeURIComponent(queued.turn_id)}`), { method: "DELETE" })),
+      );
+      item.append(remove);
+      return item;
+    }),
+  );
+}
+
 // Stop: ask the running turn to stop at its next safe point (DELETE, Kernel.cancel).
 // Its stream then ends with the committed reply, which says it was cancelled.
 async function stopTurn() {
@@ -586,6 +607,7 @@ async function refresh() {
     state.messages = thread ? thread.messages : [];
     renderConversation();
     renderInteraction(thread ? thread.interaction : null);
+    renderInbox(thread ? thread.inbox || [] : []);
     renderFacts(thread ? thread.facts : []);
     renderReceipts(receipts);
     if (thread && !thread.compatible) {
