@@ -47,6 +47,7 @@ from intention_kernel import (
     capability,
 )
 from intention_kernel.durability import Durability, TurnTransaction
+from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import EffectNotAppliedError, TenantMismatchError
@@ -546,3 +547,51 @@ def damage_sqlite_table(path: str | Path, table: str) -> None:
     with open(path, "r+b") as file:
         file.seek((root - 1) * page_size)
         file.write(b"\xff" * page_size)
+
+
+async def cancels_before_scopes_stop_any_tenant(
+    open_durability: Callable[[], Durability],
+    before_scopes: Callable[[], None],
+    old_cancel: Callable[[str, str, str], None],
+) -> None:
+    """A stop request stored before requests carried a scope was made for any tenant,
+    and still stops a turn of any tenant after the upgrade; a new scoped one of
+    another tenant stops nothing. ``old_cancel(thread, turn, reason)`` writes a row
+    as the schema before scopes did."""
+    async with open_durability() as durability:
+        await durability.with_turn(TurnScope("t", "1", tenant_id="acme"), _commits)
+    before_scopes()
+    old_cancel("t", "2", "before the upgrade")
+    async with open_durability() as upgraded:
+        store: Any = upgraded
+        assert await store.read_cancel("t", "2", 1, "acme") == ("cancel", "before the upgrade")
+        found = await store.request_cancel("t", "3", "mine", owner=ThreadOwner("globex"))
+        assert found == "not-found"  # acme's thread
+        assert await store.read_cancel("t", "3", 1, "acme") == (None, None)
+        assert await store.request_cancel("t", "3", "ok", owner=ThreadOwner("acme")) == (
+            "requested"
+        )
+        assert await store.read_cancel("t", "3", 1, "acme") == ("cancel", "ok")
+        assert await store.read_cancel("t", "3", 1, "globex") == (None, None)
+
+
+async def inbox_before_steers_reads_as_queued(
+    open_durability: Callable[[], Durability], before_steers: Callable[[], None]
+) -> None:
+    """An entry queued before steering existed is a queued message after the upgrade:
+    not a steer, taken by no turn, still waiting in its place."""
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+
+    async with open_durability() as durability:
+        store: Any = durability
+        entry = InboxEntry("t", "q1", "acme", None, '{"message": "hi"}', utcnow())
+        assert await store.enqueue(entry) == 1
+    before_steers()
+    async with open_durability() as upgraded:
+        store = upgraded
+        [kept] = await store.read_inbox("t")
+        assert (kept.turn_id, kept.steer, kept.taken_by) == ("q1", False, None)
+        assert await store.taker("t", "q1") is None
+        assert await store.take_steers("t", "x") == []  # a queued entry is no steer
+        assert [e.turn_id for e in await store.read_inbox("t")] == ["q1"]

@@ -12,6 +12,8 @@ __all__ = [
     "undo_migration_12",
     "undo_migration_13",
     "undo_migration_14",
+    "undo_migration_15",
+    "undo_migration_16",
 ]
 
 
@@ -35,8 +37,33 @@ def undo_migration_13(conn: sqlite3.Connection) -> None:
 
 def undo_migration_14(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 14 held it: no timers."""
+    undo_migration_15(conn)
     conn.execute("DROP TABLE ik_timers")
     conn.execute("DELETE FROM ik_schema WHERE version > 13")
+
+
+def undo_migration_16(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 16 held it: an inbox without steers."""
+    conn.execute("ALTER TABLE ik_inbox DROP COLUMN steer")
+    conn.execute("ALTER TABLE ik_inbox DROP COLUMN taken_by")
+    conn.execute("DELETE FROM ik_schema WHERE version > 15")
+
+
+def undo_migration_15(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 15 held it: stop requests with no scope."""
+    undo_migration_16(conn)
+    conn.executescript(
+        """
+        CREATE TABLE ik_cancels_old (
+            thread_id TEXT NOT NULL, turn_id TEXT NOT NULL, reason TEXT,
+            created_at TEXT NOT NULL, PRIMARY KEY (thread_id, turn_id)
+        ) WITHOUT ROWID;
+        INSERT INTO ik_cancels_old SELECT thread_id, turn_id, reason, created_at FROM ik_cancels;
+        DROP TABLE ik_cancels;
+        ALTER TABLE ik_cancels_old RENAME TO ik_cancels;
+        DELETE FROM ik_schema WHERE version > 14;
+        """
+    )
 
 
 def undo_migration_11(conn: sqlite3.Connection) -> None:

@@ -225,7 +225,7 @@ async def test_reject_refuses_a_turn_while_another_process_runs_one(
 
 def test_on_busy_is_wait_or_reject() -> None:
     with pytest.raises(
-        CompilationError, match="on_busy must be 'wait', 'reject', 'queue' or 'interrupt'"
+        CompilationError, match="on_busy must be 'wait', 'reject', 'queue', 'steer' or 'interrupt'"
     ):
         Kernel(agent(FakeProvider(), "drop"), InMemoryDurability())
 

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,13 @@ from intention_kernel import (
     InvalidRequestError,
     Kernel,
     Queued,
+    TenantMismatchError,
     TurnCancelledError,
     TurnResult,
 )
 from intention_kernel.durability import Durability
+from intention_kernel.durability.records import ThreadOwner
+from intention_kernel.effects import utcnow
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from proving_support import Store, make_sql_store, read_all_events
 
@@ -225,3 +229,136 @@ async def test_a_cancel_from_another_process_stops_the_running_turn(
         result = await asyncio.wait_for(running, HELD)
         assert result.steps == ()
         assert result.reply.endswith("Cancelled before it finished: stop")
+
+
+AT_ONCE = 8.0  # the running turn is held until the end: an answer that waited for it misses it
+
+
+@pytest.mark.parametrize("where", ["this kernel", "another kernel"])
+async def test_a_caller_waiting_on_a_queued_turn_is_told_at_once_when_it_is_dequeued(
+    store: Durability, where: str
+) -> None:
+    """The caller of ``Kernel.turn`` is told while the turn ahead still runs, not after."""
+    provider = FakeProvider()
+    queueing = dataclasses.replace(billing_agent(provider), on_busy="queue")
+    kernel = Kernel(queueing, store)
+    canceller = kernel if where == "this kernel" else Kernel(queueing, store)
+    await kernel.turn("t", "1", "charge pi_1 500")
+    provider.behaviour["pi_1"] = "block"
+    running = asyncio.create_task(kernel.turn("t", "2", "yes"))
+    await asyncio.wait_for(provider.entered.wait(), HELD)
+    waiting = asyncio.create_task(kernel.turn("t", "3", "balance"))
+    for _ in range(500):  # until the message is in the inbox
+        if await store.read_inbox("t"):  # type: ignore[attr-defined]
+            break
+        await asyncio.sleep(0.01)
+    assert await canceller.cancel("t", "3") == Cancellation("t", "3", "dequeued")
+    try:
+        with pytest.raises(TurnCancelledError) as cancelled:
+            await asyncio.wait_for(waiting, AT_ONCE)
+        assert cancelled.value.turn_id == "3"
+        assert not running.done()  # told while the turn ahead still runs
+    finally:
+        provider.released.set()
+    assert (await asyncio.wait_for(running, HELD)).steps[0].status == "completed"
+    await kernel.drained()
+    events = await read_all_events(store, thread_id="t")
+    assert of_turn(events, "3", "turn.committed") == []
+
+
+@pytest.mark.parametrize("answer", ["structured", "in the message"])
+async def test_a_cancel_before_the_turn_stops_its_accept_of_a_held_confirmation(
+    store: Durability, answer: str
+) -> None:
+    """A cancel recorded before the turn came is read before its accept runs the write:
+    the write never starts, and the confirmation stays open to answer later."""
+    provider = FakeProvider()
+    kernel = Kernel(billing_agent(provider), store)
+    proposed = await kernel.turn("t", "1", "charge pi_1 500")
+    assert proposed.interaction is not None
+    # Another kernel stands for another process: only the store carries the request.
+    other = Kernel(billing_agent(FakeProvider()), store)
+    assert await other.cancel("t", "2", reason="stop") == Cancellation(
+        "t", "2", "requested", "stop"
+    )
+    if answer == "structured":
+        result = await kernel.turn("t", "2", answer="accept")
+    else:
+        result = await kernel.turn("t", "2", "yes")
+    assert provider.calls() == 0  # the write never started
+    assert result.steps == ()
+    assert result.reply.endswith("Cancelled before it finished: stop")
+    assert result.interaction is not None  # still open: stopping is not a refusal
+    assert result.interaction.turn_id == "1"
+    later = await kernel.turn("t", "3", answer="accept")
+    assert later.steps[0].status == "completed" and provider.calls() == 1
+
+
+async def test_a_cancel_for_a_tenant_touches_only_that_tenants_turns(store: Durability) -> None:
+    """``owner=``: judged in the store's transaction, on every store. Another tenant's
+    queued turn is refused and stays; its running first turn, on a thread nobody owns
+    yet, gets a request that only the canceller's own tenant would read."""
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="queue"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    globex = Kernel(agent, store)  # another process, of another tenant's caller
+    running = asyncio.create_task(kernel.turn("u", "1", "look twice", tenant_id="acme"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    queued = await kernel.submit("u", "2", "balance", tenant_id="acme")
+    assert queued == Queued("u", "2", 1)
+    with pytest.raises(TenantMismatchError):
+        await globex.cancel("u", "2", owner=ThreadOwner("globex"))
+    with pytest.raises(TenantMismatchError):
+        await globex.cancel("u", "2", owner=ThreadOwner(None))  # no tenant is another
+    assert [e.turn_id for e in await store.read_inbox("u")] == ["2"]  # type: ignore[attr-defined]
+    asked = await globex.cancel("u", "1", reason="mine", owner=ThreadOwner("globex"))
+    assert asked.status == "requested"  # free thread: recorded, for globex's turns only
+    interpreter.release.set()
+    result = await asyncio.wait_for(running, HELD)
+    assert len(result.steps) == 2  # it stopped nothing
+    await kernel.drained()
+    # Committed by acme now: globex neither learns it nor records anything.
+    with pytest.raises(TenantMismatchError):
+        await globex.cancel("u", "1", owner=ThreadOwner("globex"))
+    with pytest.raises(TenantMismatchError):
+        await globex.cancel("u", "3", owner=ThreadOwner("globex"))
+    assert (await kernel.cancel("u", "1", owner=ThreadOwner("acme"))).status == "committed"
+    # The owner's own request, scoped, stops its own turn.
+    assert (await kernel.cancel("u", "3", owner=ThreadOwner("acme"))).status == "requested"
+    stopped = await kernel.turn("u", "3", "balance", tenant_id="acme")
+    assert stopped.steps == () and "Cancelled" in stopped.reply
+    events = await read_all_events(store, thread_id="u")
+    assert len(of_turn(events, "2", "turn.committed")) == 1  # the queued turn ran
+
+
+async def test_prune_removes_the_stop_requests_with_their_turns(store: Durability) -> None:
+    """A pruned turn's cancel goes with it, as do its thread's spent interrupts; a stop
+    request for a turn that never came stays, as the promise it is."""
+    from intention_kernel.operations import prune
+
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="interrupt"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    running = asyncio.create_task(kernel.turn("t", "2", "look twice"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    assert await kernel.submit("t", "3", "balance") == Queued("t", "3", 1)
+    interpreter.release.set()
+    assert (await asyncio.wait_for(running, HELD)).reply.endswith("Interrupted by a new message.")
+    await kernel.drained()
+    assert (await kernel.cancel("t", "4", reason="no")).status == "requested"
+    assert (await kernel.turn("t", "4", "balance")).steps == ()
+    assert (await kernel.cancel("t", "9", reason="later")).status == "requested"
+    stops: Any = store
+    assert await stops.read_cancel("t", "4", -1) == ("cancel", "no")
+    assert await stops.read_cancel("t", "x", 1) == ("interrupt", None)
+
+    report = await prune(store, older_than=timedelta(0), now=utcnow() + timedelta(minutes=1))  # type: ignore[arg-type]
+    assert report.turns == 4
+    assert await stops.read_cancel("t", "4", -1) == (None, None)
+    assert await stops.read_cancel("t", "x", 1) == (None, None)
+    assert await stops.read_cancel("t", "9", -1) == ("cancel", "later")

@@ -530,9 +530,16 @@ class RoundsModel:
 
     def __init__(self) -> None:
         self.gate = threading.Event()
+        self.slow = threading.Event()  # a "look twice, slowly" turn waits at the gate
 
     async def interpret(self, request: InterpretationRequest) -> Interpretation:
         rounds = len(request.rounds)
+        if request.message == "look twice, slowly":
+            self.slow.set()
+            await asyncio.to_thread(self.gate.wait, 30)
+            return Interpretation(
+                intents=[Intent("billing.balance", {"due": 1}), Intent("billing.balance", {})]
+            )
         if request.message == "stream":
             if rounds == 0:
                 assert request.stream is not None, "the console streams its turns"
@@ -635,6 +642,73 @@ def test_a_streamed_turn_shows_text_before_its_result_and_ends_with_the_reply(
     expect(reply.locator(".who")).to_have_text(f"assistant · {committed['turn_id']}")
     expect(page.locator("#messages .turn-steps .step")).to_contain_text("billing.balance")
     assert accepts == ["text/event-stream"]  # one delivery: no retry
+
+
+def test_the_stop_button_stops_the_running_turn_at_its_next_safe_point(
+    rounds_host: RoundsHost, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{rounds_host.url}/console?thread={THREAD}")
+    stop = page.get_by_role("button", name="Stop")
+    expect(stop).to_be_hidden()  # no turn runs
+    page.get_by_label("Message").fill("look twice, slowly")
+    page.get_by_role("button", name="Send").click()
+    expect(stop).to_be_visible()
+    with page.expect_response(lambda r: r.request.method == "DELETE") as asked:
+        stop.click()
+    assert asked.value.status == 200
+    assert asked.value.json()["status"] == "requested"
+    rounds_host.model.gate.set()
+    reply = page.locator("#messages .message.assistant")
+    expect(reply).to_contain_text("Cancelled before it finished: stopped from the console")
+    expect(stop).to_be_hidden()
+    thread = httpx.get(f"{rounds_host.url}/v1/threads/{THREAD}", timeout=30).json()
+    assert thread["version"] == 1  # it committed what it did: no step
+    assert thread["messages"][-1]["content"].endswith("stopped from the console")
+
+
+def test_a_threads_inbox_is_shown_and_a_message_can_be_removed_from_it(
+    tmp_path: Path, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    model = RoundsModel()
+    agent = replace(agents.billing_agent(FakeProvider()), interpreter=model, on_busy="queue")
+    kernel = Kernel(agent, InMemoryDurability(), clock=lambda: NOW)
+    with serving_in_thread(create_app(kernel)) as url:
+        turns = f"{url}/v1/threads/{THREAD}/turns"
+        assert httpx.post(turns, json={"turn_id": "0", "message": "hi"}, timeout=30).is_success
+        held = threading.Thread(
+            target=lambda: httpx.post(
+                turns, json={"turn_id": "1", "message": "look twice, slowly"}, timeout=60
+            )
+        )
+        held.start()
+        try:
+            assert model.slow.wait(30)
+            for turn_id, text in (("2", "and the blue one"), ("3", "and the big one")):
+                queued = httpx.post(turns, json={"turn_id": turn_id, "message": text}, timeout=30)
+                assert queued.status_code == 202, queued.text
+            page.goto(f"{url}/console?thread={THREAD}")
+            inbox = page.locator("#inbox-list .queued")
+            expect(inbox).to_have_count(2)
+            expect(inbox.nth(0)).to_contain_text("queued · 2")
+            expect(inbox.nth(0)).to_contain_text("and the blue one")
+            expect(inbox.nth(1)).to_contain_text("and the big one")
+            inbox.nth(0).get_by_role("button", name="Remove").click()
+            expect(inbox).to_have_count(1)
+            expect(inbox.nth(0)).to_contain_text("queued · 3")
+        finally:
+            model.gate.set()
+            held.join(60)
+        for _ in range(300):  # the host drains the rest in the background
+            thread = httpx.get(f"{url}/v1/threads/{THREAD}", timeout=30).json()
+            if not thread["inbox"]:
+                break
+            threading.Event().wait(0.05)
+        assert thread["version"] == 3  # 0, 1 and 3: the removed message never ran
+        assert [m["turn_id"] for m in thread["messages"] if m["role"] == "user"] == ["0", "1", "3"]
 
 
 def test_a_deadline_shows_the_time_left_and_then_that_it_passed(

@@ -222,3 +222,43 @@ def test_a_turn_queued_behind_a_running_one_answers_202_with_its_place(
         assert replay.json() == {**later.json(), "replayed": True}
         thread = app.get("/v1/threads/t1").json()
         assert thread["version"] == 2  # the dequeued turn never ran
+
+
+def test_another_tenant_neither_dequeues_nor_stops_turns_on_a_thread_nobody_owns_yet(
+    served_queue: tuple[str, HeldModel],
+) -> None:
+    """The first turn of ``u`` is held before anything durable: nobody owns ``u`` yet.
+    Another tenant's DELETE of the turn queued behind it is 404, and its DELETE of the
+    running turn is recorded for its own tenant only: it stops nothing."""
+    base_url, model = served_queue
+    with client(base_url, "acme-web") as web, client(base_url, "globex") as foreign:
+        answers: list[httpx.Response] = []
+        running = threading.Thread(
+            target=lambda: answers.append(
+                web.post("/v1/threads/u/turns", json={"turn_id": "d1", "message": "slow"})
+            )
+        )
+        running.start()
+        assert model.thinking.wait(30)
+        queued = web.post("/v1/threads/u/turns", json={"turn_id": "d2", "message": "hi"})
+        assert queued.status_code == 202, queued.text
+
+        refused = foreign.delete("/v1/threads/u/turns/d2")
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["detail"] == "no thread 'u'"
+        foreign.delete("/v1/threads/u/turns/d1", params={"reason": "mine now"})
+
+        model.done.set()
+        running.join(60)
+        [answer] = answers
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["steps"]) == 2  # the foreign DELETE stopped nothing
+        for _ in range(3000):  # the queued turn still runs: it was not dequeued
+            later = web.post("/v1/threads/u/turns", json={"turn_id": "d2", "message": "hi"})
+            if later.status_code != 202:
+                break
+            threading.Event().wait(0.01)
+        assert later.status_code == 200, later.text
+        assert later.json()["checkpoint_version"] == 2
+        # The owner's own DELETE of a queued turn still works.
+        assert web.post("/v1/threads/u/turns", json={"turn_id": "d3", "message": "slow"}).is_success

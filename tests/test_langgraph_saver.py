@@ -422,7 +422,10 @@ async def test_a_postgres_schema_from_before_migration_14_is_upgraded(postgres_d
             before = await _a_kernel_turn(durability)
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
-            conn.execute("DROP TABLE ik_lg_checkpoints, ik_lg_writes, ik_lg_heads")
+            # Back to version 13: the saver's tables, and those of later migrations.
+            conn.execute(
+                "DROP TABLE ik_lg_checkpoints, ik_lg_writes, ik_lg_heads, ik_streams, ik_timers"
+            )
             conn.execute("DELETE FROM ik_schema WHERE version > 13")
         async with KernelSaver(f"{postgres_dsn}?schema={schema}") as saver:
             stored = await _put(saver, None)

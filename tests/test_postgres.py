@@ -64,6 +64,8 @@ from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResu
 from proving_support import Store as SQLStore
 from proving_support import (
     StoreInspector,
+    cancels_before_scopes_stop_any_tenant,
+    inbox_before_steers_reads_as_queued,
     journal_before_tenants_gets_its_threads_owner,
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
@@ -421,6 +423,36 @@ async def test_migration_12_gives_existing_journal_entries_their_threads_owner(
         store.execute("DELETE FROM ik_schema WHERE version > 11")
 
     await journal_before_tenants_gets_its_threads_owner(store.durability, back_to_version_11)
+
+
+async def test_stop_requests_stored_before_migration_18_stop_any_tenants_turn(
+    store: Store,
+) -> None:
+    def back_to_version_17() -> None:
+        store.execute(
+            "ALTER TABLE ik_cancels DROP CONSTRAINT ik_cancels_pkey;"
+            " ALTER TABLE ik_cancels DROP COLUMN scope;"
+            " ALTER TABLE ik_cancels ADD CONSTRAINT ik_cancels_pkey"
+            " PRIMARY KEY (thread_id, turn_id)"
+        )
+        store.execute("DELETE FROM ik_schema WHERE version > 17")
+
+    def old_cancel(thread_id: str, turn_id: str, reason: str) -> None:
+        store.execute(
+            "INSERT INTO ik_cancels VALUES (%s, %s, %s, now())", thread_id, turn_id, reason
+        )
+
+    await cancels_before_scopes_stop_any_tenant(store.durability, back_to_version_17, old_cancel)
+
+
+async def test_inbox_entries_stored_before_migration_19_are_queued_messages(
+    store: Store,
+) -> None:
+    def back_to_version_18() -> None:
+        store.execute("ALTER TABLE ik_inbox DROP COLUMN steer, DROP COLUMN taken_by")
+        store.execute("DELETE FROM ik_schema WHERE version > 18")
+
+    await inbox_before_steers_reads_as_queued(store.durability, back_to_version_18)
 
 
 async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:

@@ -33,13 +33,21 @@ from intention_kernel.turns import TurnCommit, TurnScope
 from proving_support import (
     Store,
     StoreInspector,
+    cancels_before_scopes_stop_any_tenant,
     damage_sqlite_table,
+    inbox_before_steers_reads_as_queued,
     journal_before_tenants_gets_its_threads_owner,
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
     receipts_before_origins_read_with_none,
 )
-from sqlite_history import undo_migration_8, undo_migration_9, undo_migration_11
+from sqlite_history import (
+    undo_migration_8,
+    undo_migration_9,
+    undo_migration_11,
+    undo_migration_15,
+    undo_migration_16,
+)
 from sqlite_owner import watch_connections
 
 
@@ -361,6 +369,39 @@ async def test_migration_11_gives_existing_journal_entries_their_threads_owner(
     await journal_before_tenants_gets_its_threads_owner(
         lambda: SQLiteDurability(path), back_to_version_10
     )
+
+
+async def test_stop_requests_stored_before_migration_15_stop_any_tenants_turn(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "k.db"
+
+    def back_to_version_14() -> None:
+        with sqlite3.connect(path) as conn:
+            undo_migration_15(conn)
+
+    def old_cancel(thread_id: str, turn_id: str, reason: str) -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                "INSERT INTO ik_cancels VALUES (?, ?, ?, '2026-01-01T00:00:00+00:00')",
+                (thread_id, turn_id, reason),
+            )
+
+    await cancels_before_scopes_stop_any_tenant(
+        lambda: SQLiteDurability(path), back_to_version_14, old_cancel
+    )
+
+
+async def test_inbox_entries_stored_before_migration_16_are_queued_messages(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "k.db"
+
+    def back_to_version_15() -> None:
+        with sqlite3.connect(path) as conn:
+            undo_migration_16(conn)
+
+    await inbox_before_steers_reads_as_queued(lambda: SQLiteDurability(path), back_to_version_15)
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])

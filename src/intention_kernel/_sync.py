@@ -41,6 +41,7 @@ from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, open_durability
 from intention_kernel.durability._options import check_seconds
+from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.errors import (
     EventLoopRunningError,
@@ -394,11 +395,18 @@ class SyncKernel:
             )
         )
 
-    def cancel(self, thread_id: str, turn_id: str, *, reason: str | None = None) -> Cancellation:
+    def cancel(
+        self,
+        thread_id: str,
+        turn_id: str,
+        *,
+        reason: str | None = None,
+        owner: ThreadOwner | None = None,
+    ) -> Cancellation:
         """Stop turn ``turn_id`` of the thread: :meth:`Kernel.cancel
         <intention_kernel.Kernel.cancel>`. Any plain thread may cancel a turn that
         another thread runs on this kernel: the call does not wait for it."""
-        return self._engine.call(lambda k: k.cancel(thread_id, turn_id, reason=reason))
+        return self._engine.call(lambda k: k.cancel(thread_id, turn_id, reason=reason, owner=owner))
 
     def drain(self, thread_id: str) -> list[TurnResult]:
         """Run the thread's queued turns now, in order: :meth:`Kernel.drain

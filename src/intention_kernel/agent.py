@@ -52,7 +52,10 @@ class Agent:
     nothing, for front ends that prefer to tell the person to wait. It is not part of
     the fingerprint. ``"queue"`` commits the turn to the thread's durable inbox and
     runs it after the running one (see :class:`~intention_kernel.Queued`);
-    ``"interrupt"`` queues it too, and stops the running turn at its next safe point.
+    ``"interrupt"`` queues it too, and stops the running turn at its next safe point;
+    ``"steer"`` queues it too, and hands it to the running turn at its next round
+    boundary (its turn ID then replays that turn's result). A message that no round
+    boundary took runs as its own turn, as with ``"queue"``.
     """
 
     name: str
@@ -64,7 +67,7 @@ class Agent:
     compatible_fingerprints: Sequence[str] = field(default=())
     replies: Replies = field(default_factory=Replies)
     max_rounds: int = 8
-    on_busy: Literal["wait", "reject", "queue", "interrupt"] = "wait"
+    on_busy: Literal["wait", "reject", "queue", "steer", "interrupt"] = "wait"
 
 
 @dataclass(frozen=True)
@@ -97,9 +100,10 @@ def compile_agent(agent: Agent) -> CompiledAgent:
         problems.append(f"max_rounds must be an integer, not {agent.max_rounds!r}")
     elif agent.max_rounds < 1:
         problems.append("max_rounds must be at least 1")
-    if agent.on_busy not in ("wait", "reject", "queue", "interrupt"):
+    if agent.on_busy not in ("wait", "reject", "queue", "steer", "interrupt"):
         problems.append(
-            f"on_busy must be 'wait', 'reject', 'queue' or 'interrupt', not {agent.on_busy!r}"
+            f"on_busy must be 'wait', 'reject', 'queue', 'steer' or 'interrupt', not "
+            f"{agent.on_busy!r}"
         )
     if not callable(getattr(agent.interpreter, "interpret", None)):
         problems.append("the interpreter needs an async interpret(request) method")

@@ -27,6 +27,7 @@ message, so that hosts can react without parsing text::
     ├── TurnConflictError             a committed (or journaled) turn ID with another request
     ├── TurnExpiredError              a committed turn whose stored result was pruned (retention)
     ├── TurnCancelledError            a queued turn cancelled before it ran (``Kernel.cancel``)
+    ├── ShuttingDownError             the kernel drains for shutdown: nothing committed (HTTP 503)
     ├── ThreadBusyError               another turn holds the thread: refused at once
     │   │                             (``Agent(on_busy="reject")``, HTTP 409)
     │   └── ThreadLockTimeoutError    the thread's lock was not obtained within the
@@ -87,6 +88,7 @@ __all__ = [
     "ThreadBusyError",
     "ThreadLockTimeoutError",
     "TurnCancelledError",
+    "ShuttingDownError",
     "TurnConflictError",
     "TurnExpiredError",
     "UnknownCapabilityError",
@@ -289,6 +291,15 @@ class TurnExpiredError(KernelError):
 class TurnCancelledError(KernelError):
     """A queued turn was cancelled (``Kernel.cancel``) before it ran: nothing of it was
     committed, and it will not run from the inbox."""
+
+
+class ShuttingDownError(KernelError):
+    """The kernel drains for shutdown (:meth:`Kernel.begin_shutdown
+    <intention_kernel.Kernel.begin_shutdown>`). A new turn is refused before it reads
+    anything; a running one stopped at a safe point before its commit. Nothing of it
+    was committed: its journal keeps the rounds it ran, and its receipts settle its
+    writes. Deliver the same turn ID again, to another process: it goes on from
+    there. The HTTP host answers 503 ``shutting-down`` with ``Retry-After``."""
 
 
 class ThreadBusyError(KernelError):

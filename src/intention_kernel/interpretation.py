@@ -118,12 +118,17 @@ class Round:
     step the round's answer ran (an accepted operation), if any. ``answer_refused`` says
     why the round's answer was not applied (answers are taken from the first round
     only: a later round's answer would be the interpreter's, not the person's).
+
+    ``steered`` holds the messages the person sent while this round's steps ran
+    (``Agent(on_busy="steer")``), in order. They were handed to the turn after this
+    round: the next round's request carries them, after this round's outcomes.
     """
 
     interpretation: Interpretation
     steps: tuple[StepResult, ...] = ()
     answer_step: StepResult | None = None
     answer_refused: str | None = None
+    steered: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,11 +16,19 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from intention_kernel import _timer_runner, _tracing
 from intention_kernel import _turnstream as streams
-from intention_kernel._inbox import Cancellation, Inbox, InboxStore, Queued, encode_request
+from intention_kernel._inbox import (
+    Cancellation,
+    Inbox,
+    InboxStore,
+    Queued,
+    Steered,
+    decode_entry,
+    encode_request,
+)
 from intention_kernel._json import normalize
 from intention_kernel._timer_runner import TimerOutcome
 from intention_kernel.agent import Agent, CompiledAgent, compile_agent
@@ -28,9 +36,16 @@ from intention_kernel.authority import Principal, same_principal
 from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, TurnOperation, _check_seconds
-from intention_kernel.durability.records import InboxEntry, Timer
+from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope
+from intention_kernel.durability.records import InboxEntry, ThreadOwner, Timer
 from intention_kernel.effects import utcnow
-from intention_kernel.errors import CompilationError, InvalidRequestError
+from intention_kernel.errors import (
+    CompilationError,
+    InvalidRequestError,
+    ShuttingDownError,
+    TenantMismatchError,
+    ThreadBusyError,
+)
 from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 from intention_kernel.runtime import TurnRequest, run_turn
 from intention_kernel.streaming import TurnEvent, TurnSink
@@ -79,11 +94,14 @@ class Kernel:
         self.clock = clock
         self.cancel_check_after = _check_seconds("cancel_check_after", cancel_check_after)
         # Cancels this kernel requested, by (thread, turn): its turns see them at once.
-        self._cancels: dict[tuple[str, str], str | None] = {}
+        # Each by its scope (``ownership.cancel_scope``): a turn sees its tenant's only.
+        self._cancels: dict[tuple[str, str], dict[str, str | None]] = {}
         # Whether the store keeps stop requests (``Kernel.cancel``).
         self._stoppable = isinstance(durability, InboxStore) and (
             getattr(durability, "has_inbox", True) is not False
         )
+        # ``begin_shutdown`` was called: no new turn, running ones stop at a safe point.
+        self._shutting_down = False
         # The tasks of streamed turns still running (see ``stream_turn``).
         self._streaming: set[asyncio.Task[BaseException | None]] = set()
         if not isinstance(stream_buffer, int) or stream_buffer < 1:
@@ -96,7 +114,7 @@ class Kernel:
         self._live: dict[tuple[str, str], TurnSink] = {}
         self._inbox: Inbox | None = None
         self._detached: Inbox | None = None  # drains detached turns (``detach_turn``)
-        if agent.on_busy in ("queue", "interrupt"):
+        if agent.on_busy in ("queue", "steer", "interrupt"):
             has_inbox = getattr(durability, "has_inbox", None)
             if not isinstance(durability, InboxStore) or has_inbox is False:
                 raise CompilationError(
@@ -106,8 +124,29 @@ class Kernel:
                     ]
                 )
             self._inbox = Inbox(
-                durability, self._run_waiting, interrupt=agent.on_busy == "interrupt"
+                durability,
+                self._run_waiting,
+                interrupt=agent.on_busy == "interrupt",
+                steer=self._committed if agent.on_busy == "steer" else None,
             )
+
+    def begin_shutdown(self) -> None:
+        """Drain this kernel for shutdown (a host on SIGTERM): it takes no new turn, and
+        a running one stops at its next safe point (before a step or a round).
+
+        Both raise :class:`~intention_kernel.ShuttingDownError`, and commit nothing. A
+        turn that reaches its commit before a safe point commits, as always. What a
+        stopped turn did stays durable: its journal keeps its rounds, its receipts its
+        writes. Its client delivers it again to another process, which goes on from
+        there; a queued message stays in the inbox for another process to drain. A
+        host gives running turns a grace period, then cancels what still runs (it
+        fails closed the same way). There is no way back: build a new ``Kernel``."""
+        self._shutting_down = True
+
+    @property
+    def shutting_down(self) -> bool:
+        """Whether :meth:`begin_shutdown` was called."""
+        return self._shutting_down
 
     @property
     def fingerprint(self) -> str:
@@ -172,7 +211,12 @@ class Kernel:
         return await self._run(scope, request)
 
     async def cancel(
-        self, thread_id: str, turn_id: str, *, reason: str | None = None
+        self,
+        thread_id: str,
+        turn_id: str,
+        *,
+        reason: str | None = None,
+        owner: ThreadOwner | None = None,
     ) -> Cancellation:
         """Stop turn ``turn_id`` of the thread, in any process.
 
@@ -182,7 +226,14 @@ class Kernel:
         before its next step or round. It commits what it did, and its reply says it
         was cancelled. An effect call already sent settles by its receipt, as always.
         A confirmation the turn opened stays open: stopping is not a refusal. A turn
-        ID not yet delivered stops at its first safe point when it comes."""
+        ID not yet delivered stops at its first safe point when it comes; a turn that
+        accepts a confirmation reads the request before the write starts. A caller
+        waiting for a dequeued turn gets ``TurnCancelledError`` at once.
+
+        ``owner``: cancel only as a caller of that tenant (``ThreadOwner(None)``: a
+        caller without one), as a host does for its principal. A thread or queued turn
+        of another tenant raises ``TenantMismatchError`` and records nothing. The
+        request then stops only a turn of the caller's tenant."""
         if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_ANSWER_TEXT):
             raise InvalidRequestError(
                 f"a cancel's reason must be a string of at most {MAX_ANSWER_TEXT} characters"
@@ -192,9 +243,19 @@ class Kernel:
                 f"{type(self.durability).__name__} keeps no stop requests; cancel needs one"
             )
         store: Any = self.durability
-        status = await store.request_cancel(thread_id, turn_id, reason)
+        if owner is None:
+            status = await store.request_cancel(thread_id, turn_id, reason)
+        else:
+            status = await store.request_cancel(thread_id, turn_id, reason, owner=owner)
+            if status == "not-found":
+                raise TenantMismatchError(
+                    f"thread {thread_id!r} or its turn {turn_id!r} belongs to another tenant"
+                )
         if status != "committed":
-            self._cancels[(thread_id, turn_id)] = reason
+            scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
+            self._cancels.setdefault((thread_id, turn_id), {}).setdefault(scope, reason)
+            if self._inbox is not None:
+                self._inbox.dequeued(thread_id, turn_id)
         return Cancellation(thread_id, turn_id, status, reason)
 
     def _stop(self, scope: TurnScope, request: TurnRequest) -> TurnRequest:
@@ -204,17 +265,65 @@ class Kernel:
         key, store, replies = (scope.thread_id, scope.turn_id), self.durability, self.agent.replies
         started, after = time.monotonic(), 0.0 if request.queued else self.cancel_check_after
 
-        async def stop(base_version: int) -> str | None:
-            if key in self._cancels:
-                return replies.turn_cancelled(self._cancels[key])
-            if time.monotonic() - started < after:
-                return None
-            found, reason = await store.read_cancel(*key, base_version)  # type: ignore[attr-defined]
-            if found == "interrupt":
-                return replies.turn_interrupted()
-            return replies.turn_cancelled(reason) if found else None
+        inbox = self._inbox if request.queued else None
+        own = cancel_scope(scope.tenant_id)
+        steering = self._compiled.agent.on_busy == "steer"
+        starting = request.queued and steering
 
-        return dataclasses.replace(request, stop=stop)
+        async def stop(base_version: int, at_once: bool) -> str | None:
+            nonlocal starting
+            if self._shutting_down:
+                raise _shutting_down(scope, "stopped at a safe point, before its commit")
+            if inbox is not None:
+                inbox.started(*key)  # under the lock: its waiting caller now waits for it
+            if starting:  # a queued steer a running turn took since: it runs no more
+                starting = False
+                taken_by = await store.taker(*key)  # type: ignore[attr-defined]
+                if taken_by is not None:
+                    raise Steered(taken_by)
+            asked = self._cancels.get(key)
+            if asked is not None:
+                for mine in (ANY_TENANT, own):
+                    if mine in asked:
+                        return stopping("cancelled", replies.turn_cancelled(asked[mine]))
+            if not at_once and time.monotonic() - started < after:
+                return None
+            found, reason = await store.read_cancel(*key, base_version, scope.tenant_id)  # type: ignore[attr-defined]
+            if found == "interrupt":
+                return stopping("interrupted", replies.turn_interrupted())
+            return stopping("cancelled", replies.turn_cancelled(reason)) if found else None
+
+        def stopping(kind: Literal["interrupted", "cancelled"], line: str) -> str:
+            if request.sink is not None:  # a streamed turn says so as it stops
+                request.sink.stopped(kind, line)
+            return line
+
+        if not steering:
+            return dataclasses.replace(request, stop=stop)
+
+        async def steers() -> list[dict[str, str]]:
+            taken = await store.take_steers(*key)  # type: ignore[attr-defined]
+            return [
+                {"turn_id": entry.turn_id, "message": message}
+                for entry in taken
+                if (message := decode_entry(entry)[1].message) is not None
+            ]
+
+        return dataclasses.replace(request, stop=stop, steers=steers)
+
+    async def _committed(self, scope: TurnScope, wait: bool) -> TurnResult | None:
+        """The committed turn's result, replayed; ``None`` while it is not committed
+        (or, with ``wait=False``, while another turn holds the thread)."""
+
+        async def not_committed(tx: Any) -> Any:
+            raise _NotCommitted
+
+        try:
+            if wait:
+                return await self.durability.with_turn(scope, not_committed)
+            return await self.durability.with_turn(scope, not_committed, wait=False)
+        except (_NotCommitted, ThreadBusyError):
+            return None
 
     async def drain(self, thread_id: str) -> list[TurnResult]:
         """Run the thread's queued turns now, in order, waiting for its lock; their
@@ -455,10 +564,16 @@ class Kernel:
         self, scope: TurnScope, request: TurnRequest, sink: TurnSink
     ) -> BaseException | None:
         """Run the streamed turn and hand its end to the sink: the result, or its error
-        (also returned, for a reader that went on from the store)."""
+        (also returned, for a reader that went on from the store). An agent with an
+        inbox queues it as :meth:`turn` does (a ``queued`` event)."""
         try:
             try:
-                result = await self._run(scope, request)
+                if self._inbox is not None:
+                    ran = await self._inbox.submit(scope, request, wait=True)
+                    assert isinstance(ran, TurnResult)
+                    result = ran
+                else:
+                    result = await self._run(scope, request)
             except asyncio.CancelledError as cancelled:
                 sink.fail(cancelled)  # the reader must not wait for a result that never comes
                 raise
@@ -519,6 +634,8 @@ class Kernel:
     async def _run(
         self, scope: TurnScope, request: TurnRequest, *, wait: bool | None = None
     ) -> TurnResult:
+        if self._shutting_down:
+            raise _shutting_down(scope, "not taken")
         compiled = self._compiled
         thread_id, turn_id = scope.thread_id, scope.turn_id
         # The turn's operation, ``run_turn`` with all but ``tx`` bound: a partial, which
@@ -713,3 +830,16 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+class _NotCommitted(Exception):
+    """A probe for a committed turn found none (``Kernel._committed``)."""
+
+
+def _shutting_down(scope: TurnScope, what: str) -> ShuttingDownError:
+    return ShuttingDownError(
+        f"this kernel drains for shutdown: turn {scope.turn_id!r} of thread "
+        f"{scope.thread_id!r} was {what}; nothing was committed, deliver it again",
+        thread_id=scope.thread_id,
+        turn_id=scope.turn_id,
+    )

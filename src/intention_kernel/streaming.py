@@ -22,7 +22,9 @@ from intention_kernel.turns import StepResult
 
 __all__ = ["TurnEvent", "TurnEventType", "TurnSink"]
 
-TurnEventType = Literal["delta", "step", "interaction", "result"]
+TurnEventType = Literal[
+    "delta", "step", "interaction", "queued", "steered", "interrupted", "cancelled", "result"
+]
 
 # The same serializations as inside ``TurnResult.to_dict()``.
 # Built at their first use (see ``_adapters``).
@@ -40,6 +42,13 @@ class TurnEvent:
       A step may be reported again with a later status (a request superseded later in
       the same turn is reported ``rejected``).
     - ``interaction``: an interaction opened by the turn, as in ``TurnResult.to_dict()``.
+    - ``queued``: the turn's message waits in its thread's inbox (an agent with
+      ``on_busy`` ``"queue"``, ``"steer"`` or ``"interrupt"``), as
+      ``Queued.to_dict()``. The stream goes on once the turn runs.
+    - ``steered``: ``{"turn_id", "round"}``, a message sent to steer this turn was
+      handed to it, before round ``round``.
+    - ``interrupted`` / ``cancelled``: ``{"reply": ...}``, the turn stops at a safe
+      point (a new message, ``Kernel.cancel``); it commits what it did.
     - ``result``: the last event, ``TurnResult.to_dict()`` of the committed turn.
 
     ``id`` orders the turn's events: ``"<round>.<sequence>.<delivery>"``, and
@@ -91,6 +100,18 @@ class TurnSink:
 
     def interaction(self, interaction: Interaction) -> None:
         self._put("interaction", _INTERACTION().dump_python(interaction, mode="json"))
+
+    def queued(self, data: dict[str, Any]) -> None:
+        """The turn waits in its thread's inbox (``Queued.to_dict()``)."""
+        self._put("queued", data)
+
+    def steered(self, turn_id: str, round: int) -> None:
+        """The message of ``turn_id`` was handed to this turn, before ``round``."""
+        self._put("steered", {"turn_id": turn_id, "round": round})
+
+    def stopped(self, kind: Literal["interrupted", "cancelled"], reply: str) -> None:
+        """The turn stops at a safe point; ``reply`` is the line it ends with."""
+        self._put(kind, {"reply": reply})
 
     def result(self, data: dict[str, Any]) -> None:
         self.offer(TurnEvent("result", data, "result"))

@@ -14,6 +14,12 @@ See :mod:`~intention_kernel.cli._agent`.
 After it, the host answers 503 ``lock-timeout`` with ``Retry-After``.
 The default is the store's, 30 s.
 
+On SIGTERM (or SIGINT) the host drains (``Kernel.begin_shutdown``).
+New turns answer 503 ``shutting-down`` with ``Retry-After``.
+Running turns stop at their next safe point, committing nothing.
+``--grace SECONDS`` (default 30) is how long uvicorn then waits for them.
+What still runs after that is cancelled, and fails closed as well.
+
 Tokens (repeatable) turn authentication on.
 Each stands for a principal with a name, a tenant and a role
 (see :class:`intention_kernel.host.Principal`)::
@@ -184,6 +190,16 @@ def serve(
         bool,
         typer.Option("--no-timers", help="Do not fire timers here (run timers run elsewhere)"),
     ] = False,
+    grace: Annotated[
+        int,
+        typer.Option(
+            "--grace",
+            metavar="SECONDS",
+            min=0,
+            help="On SIGTERM or SIGINT: new turns answer 503 shutting-down, running ones "
+            "stop at their next safe point; after this long, what still runs is cancelled",
+        ),
+    ] = 30,
 ) -> None:
     """Serve the agent over HTTP: turns, threads, receipts, /openapi.json and /console."""
     run = loop_runner(loop)
@@ -211,7 +227,7 @@ def serve(
             f"${TOKENS_ENV_VAR}), or --insecure if a gateway in front authenticates callers."
         )
     with log_warnings_to_stderr():
-        run(_serve(agent, url, host, port, tokens, lock_timeout, hosts, not no_timers))
+        run(_serve(agent, url, host, port, tokens, lock_timeout, hosts, not no_timers, grace))
 
 
 def allowed_hosts(bound: str, given: list[str]) -> list[str]:
@@ -296,6 +312,7 @@ async def _serve(
     lock_timeout: float | None,
     hosts: list[str],
     timers: bool = True,
+    grace: int = 30,
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         # On the serving loop: a client the agent opens (an MCP session) belongs to it.
@@ -304,7 +321,7 @@ async def _serve(
             agent = await stack.enter_async_context(entered_agent(spec, db_url=url))
         except ValueError as exc:
             refuse(str(exc))
-        await _serve_agent(agent, url, host, port, tokens, lock_timeout, hosts, timers)
+        await _serve_agent(agent, url, host, port, tokens, lock_timeout, hosts, timers, grace)
 
 
 async def _serve_agent(
@@ -316,6 +333,7 @@ async def _serve_agent(
     lock_timeout: float | None,
     hosts: list[str],
     timers: bool = True,
+    grace: int = 30,
 ) -> None:
     import uvicorn
 
@@ -355,7 +373,24 @@ async def _serve_agent(
             )
         )
         # The lifespan runs the timer loop beside the requests (``create_app(timers=)``).
-        config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info")
-        await uvicorn.Server(config).serve()
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan="on",
+            log_level="info",
+            timeout_graceful_shutdown=grace,
+        )
+
+        class DrainingServer(uvicorn.Server):
+            """On the first SIGTERM or SIGINT, drain the kernel first: new turns answer
+            503 ``shutting-down``, running ones stop at their next safe point. uvicorn
+            then waits up to ``timeout_graceful_shutdown`` and cancels the rest."""
+
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                kernel.begin_shutdown()
+                super().handle_exit(sig, frame)
+
+        await DrainingServer(config).serve()
     finally:
         await durability.aclose()

@@ -537,22 +537,46 @@ class InboxRecorder(Protocol):
         ...
 
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
-        """The thread's entries, in the order they were accepted."""
+        """The thread's entries that wait to run, in the order they were accepted
+        (a steer a turn took is not one: see :meth:`taker`)."""
+        ...
+
+    async def taker(self, thread_id: str, turn_id: str) -> str | None:
+        """The turn that took the steer entry of ``turn_id``, or ``None``."""
         ...
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         """Delete the entry of ``turn_id``; whether there was one."""
         ...
 
+    async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
+        """In one transaction: mark every steer entry of the thread that no turn took
+        (but ``turn_id``'s own, a redelivery queued behind a dead worker's lease)
+        as taken by ``turn_id``; return all that ``turn_id`` took, in order of
+        acceptance. Called at a round boundary of that turn, under the thread's lock,
+        so a repeat after a crash returns those taken before and any new ones."""
+        ...
+
     async def request_cancel(
-        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+        self,
+        thread_id: str,
+        turn_id: str,
+        reason: str | None,
+        at: datetime,
+        owner: ThreadOwner | None = None,
     ) -> str:
         """Ask turn ``turn_id`` to stop, in one transaction; what was found:
 
         - ``"committed"``: the turn is committed, and nothing was written;
         - ``"dequeued"``: its inbox entry was deleted, and the request recorded;
         - ``"requested"``: the request is recorded, for the turn to read at its next
-          safe point. A request already recorded keeps its first reason."""
+          safe point. A request already recorded keeps its first reason;
+        - ``"not-found"`` (only with ``owner``): the thread's committed turns or the
+          turn's inbox entry are another tenant's, and nothing was written.
+
+        With ``owner``, the request is stored under its tenant
+        (:func:`~intention_kernel.durability.ownership.cancel_scope`) and stops only a
+        turn of that tenant; without, it stops the turn whatever its tenant."""
         ...
 
     async def thread_version(self, thread_id: str) -> int:
@@ -566,11 +590,12 @@ class InboxRecorder(Protocol):
         ...
 
     async def read_cancel(
-        self, thread_id: str, turn_id: str, base_version: int
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         """Whether the turn was asked to stop, in one read: ``("cancel", reason)`` for a
-        request naming ``turn_id``, ``("interrupt", None)`` for one naming its
-        ``base_version``, else ``(None, None)``. A cancel wins over an interrupt."""
+        request naming ``turn_id`` (stored for any tenant or for ``tenant_id``, the
+        turn's), ``("interrupt", None)`` for one naming its ``base_version``, else
+        ``(None, None)``. A cancel wins over an interrupt."""
         ...
 
 

@@ -483,15 +483,42 @@ class RecordedDurability:
         """The thread's inbox, in the order its entries were accepted."""
         return await (await self._inbox(thread_id)).read_inbox(thread_id)
 
+    async def taker(self, thread_id: str, turn_id: str) -> str | None:
+        """The turn that took the steer of ``turn_id``, whose result it replays."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.taker(thread_id, check_id("turn_id", turn_id))
+
+    async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
+        """Take the thread's untaken steers for ``turn_id``; all it took
+        (see :meth:`InboxRecorder.take_steers`)."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.take_steers(thread_id, check_id("turn_id", turn_id))
+
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         """Delete the inbox entry of ``turn_id``; whether there was one."""
         inbox = await self._inbox(thread_id)
         return await inbox.remove_inbox(thread_id, check_id("turn_id", turn_id))
 
-    async def request_cancel(self, thread_id: str, turn_id: str, reason: str | None) -> str:
-        """Ask turn ``turn_id`` to stop (see :meth:`InboxRecorder.request_cancel`)."""
+    async def request_cancel(
+        self,
+        thread_id: str,
+        turn_id: str,
+        reason: str | None,
+        *,
+        owner: ThreadOwner | None = None,
+    ) -> str:
+        """Ask turn ``turn_id`` to stop (see :meth:`InboxRecorder.request_cancel`).
+
+        With ``owner``, only for a caller of that tenant: on a thread or a queued turn
+        of another tenant it answers ``"not-found"`` and writes nothing, and the
+        request stops only a turn of the caller's tenant."""
         inbox = await self._inbox(thread_id)
-        return await inbox.request_cancel(thread_id, check_id("turn_id", turn_id), reason, utcnow())
+        check_id("turn_id", turn_id)
+        if owner is not None and owner.tenant_id is not None:
+            check_id("tenant_id", owner.tenant_id)
+        if owner is None:  # a recorder written before ``owner`` existed still serves
+            return await inbox.request_cancel(thread_id, turn_id, reason, utcnow())
+        return await inbox.request_cancel(thread_id, turn_id, reason, utcnow(), owner)
 
     async def thread_version(self, thread_id: str) -> int:
         """The thread's committed version (0 before its first committed turn)."""
@@ -503,11 +530,12 @@ class RecordedDurability:
         await (await self._inbox(thread_id)).request_interrupt(thread_id, base_version, utcnow())
 
     async def read_cancel(
-        self, thread_id: str, turn_id: str, base_version: int
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
-        """Whether the turn was asked to stop (see :meth:`InboxRecorder.read_cancel`)."""
+        """Whether the turn of ``tenant_id`` was asked to stop
+        (see :meth:`InboxRecorder.read_cancel`)."""
         inbox = await self._inbox(thread_id)
-        return await inbox.read_cancel(thread_id, turn_id, base_version)
+        return await inbox.read_cancel(thread_id, turn_id, base_version, tenant_id)
 
     # -- turn streams ------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
+from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope, owns
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
 from intention_kernel.turns import EventDraft, OutboxEvent
@@ -94,8 +95,8 @@ class _State:
     # Each thread's inbox, in acceptance order, and the last number given to an entry.
     inbox: dict[str, list[InboxEntry]] = field(default_factory=dict)
     inbox_seq: int = 0
-    # The stop requests (``Kernel.cancel``), by (thread, turn): the reason given.
-    cancels: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    # The stop requests (``Kernel.cancel``), by (thread, turn, scope): the reason given.
+    cancels: dict[tuple[str, str, str], str | None] = field(default_factory=dict)
     interrupts: set[tuple[str, int]] = field(default_factory=set)  # (thread, base version)
     # The timers, by (thread, key).
     timers: dict[tuple[str, str], Timer] = field(default_factory=dict)
@@ -208,7 +209,8 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
         if (entry.thread_id, entry.turn_id) in state.turns:
             return None
         entries = state.inbox.setdefault(entry.thread_id, [])
-        for position, queued in enumerate(entries, 1):
+        waiting = [e for e in entries if e.taken_by is None]
+        for queued in entries:
             if queued.turn_id == entry.turn_id:
                 if (
                     entry.request_digest is not None
@@ -216,13 +218,29 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
                     and entry.request_digest != queued.request_digest
                 ):
                     raise inbox_conflict(entry)
-                return position
+                return sum(1 for e in waiting if e.seq <= queued.seq)
         state.inbox_seq += 1
         entries.append(replace(entry, seq=state.inbox_seq))
-        return len(entries)
+        return len(waiting) + 1
 
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
-        return list(self._state.inbox.get(thread_id, ()))
+        return [e for e in self._state.inbox.get(thread_id, ()) if e.taken_by is None]
+
+    async def taker(self, thread_id: str, turn_id: str) -> str | None:
+        for entry in self._state.inbox.get(thread_id, ()):
+            if entry.turn_id == turn_id:
+                return entry.taken_by
+        return None
+
+    async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
+        entries = self._state.inbox.get(thread_id, [])
+        entries[:] = [
+            replace(e, taken_by=turn_id)
+            if e.steer and e.taken_by is None and e.turn_id != turn_id
+            else e
+            for e in entries
+        ]
+        return [e for e in entries if e.taken_by == turn_id]
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         entries = self._state.inbox.get(thread_id, [])
@@ -234,12 +252,27 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
         return len(kept) != len(entries)
 
     async def request_cancel(
-        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+        self,
+        thread_id: str,
+        turn_id: str,
+        reason: str | None,
+        at: datetime,
+        owner: ThreadOwner | None = None,
     ) -> str:
         state = self._state
+        if owner is not None:
+            thread = state.threads.get(thread_id)
+            found = ThreadOwner(thread.tenant_id) if thread and thread.version else None
+            if not owns(found or self._claim(thread_id), owner.tenant_id):
+                return "not-found"
         if (thread_id, turn_id) in state.turns:
             return "committed"
-        state.cancels.setdefault((thread_id, turn_id), reason)
+        if owner is not None:
+            for queued in state.inbox.get(thread_id, ()):
+                if queued.turn_id == turn_id and queued.tenant_id != owner.tenant_id:
+                    return "not-found"
+        scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
+        state.cancels.setdefault((thread_id, turn_id, scope), reason)
         return "dequeued" if await self.remove_inbox(thread_id, turn_id) else "requested"
 
     async def thread_version(self, thread_id: str) -> int:
@@ -250,11 +283,12 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
         self._state.interrupts.add((thread_id, base_version))
 
     async def read_cancel(
-        self, thread_id: str, turn_id: str, base_version: int
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         state = self._state
-        if (thread_id, turn_id) in state.cancels:
-            return "cancel", state.cancels[(thread_id, turn_id)]
+        for scope in (ANY_TENANT, cancel_scope(tenant_id)):
+            if (thread_id, turn_id, scope) in state.cancels:
+                return "cancel", state.cancels[(thread_id, turn_id, scope)]
         if (thread_id, base_version) in state.interrupts:
             return "interrupt", None
         return None, None
@@ -556,6 +590,16 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
         for key in keys:
             state.turns[key] = StoredTurn(state.turns[key].request_digest, "", expired=True)
             state.streams.pop(key, None)  # a pruned turn's stream goes with its result
+        # A pruned turn's stop requests go with it, and so do its thread's interrupts on
+        # a base the thread has moved past (kept without a time here: none is needed).
+        pruned = set(keys)
+        state.cancels = {k: v for k, v in state.cancels.items() if k[:2] not in pruned}
+        threads = {k[0] for k in keys}
+        state.interrupts = {
+            (thread, base)
+            for thread, base in state.interrupts
+            if thread not in threads or base >= state.threads[thread].version
+        }
         return len(keys), (keys[-1] if len(keys) == limit else None)
 
     async def stale_journals(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from intention_kernel.durability.records import StoredThread, ThreadOwner
 
-__all__ = ["owner_of", "owns"]
+__all__ = ["ANY_TENANT", "cancel_scope", "owner_of", "owns"]
 
 
 def owner_of(thread: StoredThread | None, claimed_by: ThreadOwner | None) -> ThreadOwner | None:
@@ -49,3 +49,13 @@ def owns(owner: ThreadOwner | None, tenant_id: str | None) -> bool:
     for any tenant's first durable write; it has no checkpoint and no receipt, so a read
     of it shows nothing whoever asks."""
     return owner is None or owner.tenant_id == tenant_id
+
+
+#: The scope of a stop request from a caller not bound to a tenant: it stops any turn.
+ANY_TENANT = "*"
+
+
+def cancel_scope(tenant_id: str | None) -> str:
+    """The scope a stop request of a caller of ``tenant_id`` is stored under, and the
+    one a turn of that tenant reads besides :data:`ANY_TENANT`. ``""``: no tenant."""
+    return "" if tenant_id is None else "=" + tenant_id

@@ -249,6 +249,12 @@ class InboxEntry:
     ``request_digest`` is its digest.
     ``seq`` orders a store's entries by acceptance.
     It is 0 until the store numbers it.
+
+    ``steer``: the message is for the running turn (``on_busy="steer"``).
+    It is handed to that turn at its next round boundary.
+    ``taken_by`` is the turn that took it there.
+    The entry's turn ID then replays that turn's result.
+    Untaken, it runs as its own turn, as a queued one does.
     """
 
     thread_id: str
@@ -258,6 +264,8 @@ class InboxEntry:
     request: str
     created_at: datetime
     seq: int = 0
+    steer: bool = False
+    taken_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

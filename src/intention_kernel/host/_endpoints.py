@@ -17,12 +17,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from intention_kernel._ids import check_id
-from intention_kernel._inbox import Queued
+from intention_kernel._inbox import InboxStore, Queued, decode_entry
 from intention_kernel.checkpoint import check_compatible
 from intention_kernel.durability.contract import InteractionQueue
 from intention_kernel.durability.records import PendingInteraction, ThreadOwner
 from intention_kernel.effects import ReceiptStatus
-from intention_kernel.errors import CheckpointCompatibilityError, KernelError
+from intention_kernel.errors import CheckpointCompatibilityError, KernelError, TenantMismatchError
 from intention_kernel.host import _turnstreams as turnstreams
 from intention_kernel.host._access import Access, Principal
 from intention_kernel.host._problems import (
@@ -35,6 +35,7 @@ from intention_kernel.host._stream import accepts_event_stream, event_stream_res
 from intention_kernel.host._wire import (
     Health,
     InteractionList,
+    QueuedView,
     ReceiptList,
     ResolveBody,
     ThreadView,
@@ -134,9 +135,9 @@ class Endpoints:
                 self.kernel, thread_id, turn_id, body, principal, REPLAYED_HEADER
             )
         try:
-            # Kernel.turn for an agent without an inbox. A "queue" or "interrupt" agent
-            # answers at once when the thread is busy: an HTTP client should not hold a
-            # connection open while the turns before its message run.
+            # Kernel.turn for an agent without an inbox. An agent with one ("queue",
+            # "steer", "interrupt") answers at once when the thread is busy: an HTTP
+            # client should not hold a connection open while the turns before it run.
             result = await self.kernel.submit(
                 thread_id,
                 turn_id,
@@ -190,8 +191,11 @@ class Endpoints:
         # Another tenant's thread answers as an unknown one, with no stop recorded.
         if not await self.access.may_act(principal, thread_id):
             raise thread_not_found(thread_id, turn_id)
+        owner = ThreadOwner(principal.tenant_id) if self.access.enabled else None
         try:
-            cancellation = await self.kernel.cancel(thread_id, turn_id, reason=reason)
+            cancellation = await self.kernel.cancel(thread_id, turn_id, reason=reason, owner=owner)
+        except TenantMismatchError as error:  # judged again in the store's transaction
+            raise thread_not_found(thread_id, turn_id) from error
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
         return JSONResponse(dump(cancellation))
@@ -226,6 +230,27 @@ class Endpoints:
         view = ThreadView.of(
             thread_id, checkpoint, compatible=compatible, input_schemas=self._input_schemas
         )
+        store = self.kernel.durability
+        if isinstance(store, InboxStore) and getattr(store, "has_inbox", True) is not False:
+            # Only what the caller's tenant queued: another's would never run here.
+            waiting = [
+                entry
+                for entry in await store.read_inbox(thread_id)
+                if not self.access.enabled or entry.tenant_id == principal.tenant_id
+            ]
+            view = dataclasses.replace(
+                view,
+                inbox=tuple(
+                    QueuedView(
+                        entry.turn_id,
+                        position,
+                        decode_entry(entry)[1].message,
+                        entry.steer,
+                        entry.created_at,
+                    )
+                    for position, entry in enumerate(waiting, 1)
+                ),
+            )
         return JSONResponse(dump(view))
 
     async def list_receipts(self, request: Request) -> Response:

@@ -25,6 +25,7 @@ from intention_kernel.errors import (
     KernelError,
     ReceiptNotFoundError,
     ReceiptStateError,
+    ShuttingDownError,
     StoreError,
     TenantMismatchError,
     ThreadBusyError,
@@ -211,6 +212,15 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         retry_after=1,
     ),
     ProblemType(
+        "shutting-down",
+        503,
+        "Shutting down",
+        "This process drains for shutdown: the turn was not taken, or stopped at a safe "
+        "point before its commit. Nothing was committed. Retry with the same turn ID after "
+        "Retry-After: another process goes on from the rounds it ran.",
+        retry_after=1,
+    ),
+    ProblemType(
         "store-unavailable",
         503,
         "Store unavailable",
@@ -235,6 +245,7 @@ _BY_ERROR: Mapping[type[KernelError], str] = {
     ThreadLockTimeoutError: "lock-timeout",
     FencedCommitError: "turn-fenced",
     StoreError: "store-unavailable",
+    ShuttingDownError: "shutting-down",
 }
 
 

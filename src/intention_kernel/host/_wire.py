@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
 import pydantic
@@ -34,6 +35,7 @@ __all__ = [
     "Health",
     "InteractionList",
     "InteractionView",
+    "QueuedView",
     "ReceiptList",
     "ResolveBody",
     "ThreadView",
@@ -236,11 +238,24 @@ class InteractionView(Interaction):
 
 
 @dataclass(frozen=True, slots=True)
+class QueuedView:
+    """A message waiting in the thread's inbox: its turn ID, 1-based place, text, and
+    whether it is a steer (``on_busy="steer"``) or runs as a turn of its own."""
+
+    turn_id: str
+    position: int
+    message: str | None
+    steer: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadView:
     """A thread's latest checkpoint, as an operator reads it.
 
     ``compatible`` says whether this host's agent may continue the thread
-    (its fingerprint is this agent's or one it declares compatible).
+    (its fingerprint is this agent's or one it declares compatible). ``inbox`` holds
+    the messages waiting to run on it, in order (empty for a store without one).
     """
 
     thread_id: str
@@ -251,6 +266,7 @@ class ThreadView:
     facts: tuple[FactRecord, ...]
     interaction: InteractionView | None
     agenda: tuple[AgendaItem, ...]
+    inbox: tuple[QueuedView, ...] = ()
 
     @classmethod
     def of(

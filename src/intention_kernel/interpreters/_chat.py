@@ -294,6 +294,8 @@ def round_messages(rounds: Sequence[Round]) -> list[dict[str, Any]]:
                     "content": json.dumps(outcome, default=str, ensure_ascii=False),
                 }
             )
+        # What the person said while the round ran, after its outcomes (steering).
+        messages.extend({"role": "user", "content": text} for text in earlier.steered)
     return messages
 
 

@@ -35,7 +35,7 @@ async def run_turn(
     # Read under the thread's lock (``with_turn`` calls the operation holding it), so
     # no other turn or sweep decides this thread's deadlines meanwhile.
     base = tx.checkpoint.version if tx.checkpoint is not None else 0
-    if request.queued and request.stop is not None and await request.stop(base) is not None:
+    if request.queued and request.stop is not None and await request.stop(base, True) is not None:
         # A queued turn cancelled after a drain read it: nothing runs or commits.
         raise TurnCancelledError(
             f"turn {tx.scope.turn_id!r} of thread {tx.scope.thread_id!r} was cancelled "
@@ -52,6 +52,13 @@ async def run_turn(
     # A turn in rounds records each round before its steps run (``journal``); a
     # one-round turn asks once and records nothing, at exactly its former cost.
     interpretation = await (interpret_recorded(state) if in_rounds else interpret(state))
+    if (
+        _accepts(state, interpretation)
+        and (stop := await stopped(state, interpretation, at_once=True)) is not None
+    ):
+        # A safe point before the accept runs its write: a cancel recorded before
+        # the turn came stops it there, and the confirmation stays open.
+        return stop
     answer_step, proceed = await _answer(state, interpretation)
     if proceed:
         for intent in interpretation.intents:
@@ -61,6 +68,16 @@ async def run_turn(
     if in_rounds and proceed:
         return await continue_rounds(state, interpretation, answer_step)
     return finish(state, interpretation)
+
+
+def _accepts(state: TurnState, interpretation: Interpretation) -> bool:
+    """Whether the turn accepts the thread's open confirmation (and may run its write)."""
+    if state.interaction is None or state.request.stop is None:
+        return False
+    answer = state.request.answer or interpretation.answer
+    if answer is None:
+        return False
+    return (answer.decision if isinstance(answer, Answer) else answer) == "accept"
 
 
 async def _answer(

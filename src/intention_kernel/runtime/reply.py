@@ -107,14 +107,17 @@ def finish(
     )
 
 
-async def stopped(state: TurnState, interpretation: Interpretation) -> TurnCommit | None:
+async def stopped(
+    state: TurnState, interpretation: Interpretation, *, at_once: bool = False
+) -> TurnCommit | None:
     """At a safe point: the commit of a turn asked to stop, or ``None`` to go on.
 
     What the turn did so far commits: its steps, facts and events, and any
     confirmation it opened, which stays open for the person to answer. The steps
     not yet run are dropped, and the reply ends with the stop's line."""
     check = state.request.stop
-    line = None if check is None else await check(state.previous.version if state.previous else 0)
+    base = state.previous.version if state.previous else 0
+    line = None if check is None else await check(base, at_once)
     if line is None:
         return None
     lines = [interpretation.reply] if interpretation.reply else []

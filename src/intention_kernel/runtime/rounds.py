@@ -15,6 +15,8 @@ is told why.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from intention_kernel.interpretation import Interpretation, Round
 from intention_kernel.runtime.journal import interpret_recorded
 from intention_kernel.runtime.plan import plan_intent
@@ -52,6 +54,8 @@ async def continue_rounds(
             return finish(state, current, reply=stopped_reply(state, current, len(rounds)))
         if (stop := await stopped(state, current)) is not None:
             return stop
+        if state.request.steers is not None:
+            rounds[-1] = await take_steers(state, rounds[-1], len(rounds))
         current = await interpret_recorded(state, tuple(rounds))
         start = len(state.steps)
         state.round = len(rounds) + 1
@@ -70,6 +74,33 @@ async def continue_rounds(
     if len(rounds) == 1:
         return finish(state, current)
     return finish(state, current, reply=_final_reply(state, current))
+
+
+#: The journal key of the steers handed over after round N (from 1).
+STEER_KEY = "kernel.steer.{}"
+
+
+async def take_steers(state: TurnState, last: Round, number: int) -> Round:
+    """``last`` with the messages that steer the turn after it, as this turn ID's
+    journal records them under ``STEER_KEY``: a redelivery hands over the same ones,
+    at the same boundary. The entries are taken in the store (``taken_by``) before
+    the journal entry is written, so none runs as a turn of its own meanwhile."""
+    steers = state.request.steers
+    assert steers is not None
+    handed = state.steered
+
+    async def take() -> list[dict[str, str]]:
+        return [s for s in await steers() if s["turn_id"] not in handed]
+
+    value = await state.tx.recorded(STEER_KEY.format(number), take)
+    messages = []
+    for steer in value:
+        handed.add(steer["turn_id"])
+        messages.append(steer["message"])
+        state.emit("turn.steered", {"turn_id": steer["turn_id"], "round": number + 1})
+        if state.sink is not None:
+            state.sink.steered(steer["turn_id"], number + 1)
+    return replace(last, steered=tuple(messages)) if messages else last
 
 
 def _final_reply(state: TurnState, last: Interpretation) -> str | None:

@@ -42,21 +42,27 @@ class TurnRequest:
 
     ``sink`` receives the turn's events as they happen when the turn is streamed
     (:meth:`~intention_kernel.Kernel.stream_turn`); ``None`` otherwise. ``principal``
-    is who sent the turn (``None``: the caller named no one). ``stop(base_version)``
-    is asked at each safe point (before each step, before each later round), with
-    the version of the checkpoint the turn started from: ``None`` goes on, a line of
-    text stops the turn, which commits with that line in its reply.
-    ``queued``: the turn comes from its thread's inbox. ``timer``: the turn is a
-    timer's, which no person sent (``message`` and ``answer`` are then ``None``).
+    is who sent the turn (``None``: the caller named no one). ``stop(base_version,
+    at_once)`` is asked at each safe point (before each step, before each later
+    round, before an accept runs), with the version of the checkpoint the turn
+    started from: ``None`` goes on, a line of text stops the turn, which commits
+    with that line in its reply. ``at_once``: read the store now, however young
+    the turn is (an accept is about to run a write).
+    ``queued``: the turn comes from its thread's inbox. ``steers()`` takes the
+    messages sent to steer this turn (``on_busy="steer"``) that wait in its inbox,
+    as ``{"turn_id", "message"}`` dicts: asked at each round boundary.
+    ``timer``: the turn is a timer's, which no person sent (``message`` and
+    ``answer`` are then ``None``).
     """
 
     message: str | None
     answer: Answer | None
     sink: TurnSink | None = None
     principal: Principal | None = None
-    stop: Callable[[int], Awaitable[str | None]] | None = None
+    stop: Callable[[int, bool], Awaitable[str | None]] | None = None
     queued: bool = False
     timer: FiredTimer | None = None
+    steers: Callable[[], Awaitable[list[dict[str, str]]]] | None = None
 
 
 class TurnState:
@@ -104,6 +110,8 @@ class TurnState:
         self.steps: list[StepResult] = []
         #: The round whose steps run now (set by ``continue_rounds``); steps carry it.
         self.round = 1
+        #: The turn IDs of the steers handed to this turn so far (``rounds.take_steers``).
+        self.steered: set[str] = set()
         #: ``(step ID, actor)`` of the interaction an answer resolved in this turn: that
         #: step, when it is recorded, names who answered (see :meth:`close_interaction`).
         self.answered: tuple[str, str] | None = None

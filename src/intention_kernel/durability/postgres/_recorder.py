@@ -63,6 +63,7 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
+from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope
 from intention_kernel.durability.postgres._commit import commit_parts, commit_statement
 from intention_kernel.durability.postgres._leases import PostgresLeases
 from intention_kernel.durability.postgres._schema import BEGIN_TURN, turn_start
@@ -91,7 +92,9 @@ from intention_kernel.durability.postgres._statements import (
     MARK_FAILED,
     MARK_PUBLISHED,
     PENDING_THREADS,
+    PRUNE_CANCELS,
     PRUNE_EVENTS,
+    PRUNE_INTERRUPTS,
     PRUNE_JOURNAL,
     PRUNE_TIMERS,
     PRUNE_TURNS,
@@ -99,9 +102,11 @@ from intention_kernel.durability.postgres._statements import (
     SCAN_THREADS,
     SELECT_BACKLOG,
     SELECT_CANCEL,
+    SELECT_CANCEL_OWNER,
     SELECT_FAILING,
     SELECT_INBOX,
     SELECT_INBOX_ENTRY,
+    SELECT_INBOX_TENANT,
     SELECT_INTERACTIONS,
     SELECT_JOURNAL,
     SELECT_JOURNAL_ENTRY,
@@ -109,6 +114,8 @@ from intention_kernel.durability.postgres._statements import (
     SELECT_RECEIPT,
     SELECT_STREAM,
     SELECT_STREAM_TURN,
+    SELECT_TAKEN,
+    SELECT_TAKER,
     SELECT_THREAD,
     SELECT_TIMER,
     SELECT_TIMERS,
@@ -118,6 +125,7 @@ from intention_kernel.durability.postgres._statements import (
     SEQUENCE_OUTBOX,
     SETTLE_RECEIPT,
     STALE_JOURNALS,
+    TAKE_STEERS,
     UPDATE_RECEIPT,
     UPSERT_TIMER,
     receipts_query,
@@ -366,6 +374,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
             entry.request_digest,
             entry.request,
             entry.created_at,
+            entry.steer,
         )
         key = (entry.thread_id, entry.turn_id)
 
@@ -398,12 +407,28 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
         async def read(conn: Connection) -> list[InboxEntry]:
             cur = await execute(conn, self._q(SELECT_INBOX), (thread_id,))
-            return [
-                InboxEntry(thread_id, turn_id, tenant_id, digest, request, _utc(at), seq)
-                for turn_id, tenant_id, digest, request, at, seq in await cur.fetchall()
-            ]
+            return _entries(thread_id, await cur.fetchall())
 
         return await self._run(read)
+
+    async def taker(self, thread_id: str, turn_id: str) -> str | None:
+        async def read(conn: Connection) -> str | None:
+            cur = await execute(conn, self._q(SELECT_TAKER), (thread_id, turn_id))
+            row = await cur.fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._run(read)
+
+    async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
+        async def take(conn: Connection) -> list[InboxEntry]:
+            # One transaction: a repeat after a lost acknowledgement reads the same.
+            async with conn.transaction():
+                params = {"thread": thread_id, "turn": turn_id}
+                await execute(conn, self._q(TAKE_STEERS), params)
+                cur = await execute(conn, self._q(SELECT_TAKEN), (thread_id, turn_id))
+                return _entries(thread_id, await cur.fetchall())
+
+        return await self._run(take)
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         async def write(conn: Connection) -> bool:
@@ -413,16 +438,33 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
         return await self._run(write)
 
     async def request_cancel(
-        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+        self,
+        thread_id: str,
+        turn_id: str,
+        reason: str | None,
+        at: datetime,
+        owner: ThreadOwner | None = None,
     ) -> str:
         key = (thread_id, turn_id)
+        scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
 
         async def write(conn: Connection) -> str:
-            # One transaction: the committed-turn check, the request and the dequeue.
+            # One transaction: the owner and committed-turn checks, the request and the
+            # dequeue.
             async with conn.transaction():
+                if owner is not None:
+                    found = await fetch_value(conn, self._q(SELECT_CANCEL_OWNER), {"t": thread_id})
+                    if found is not None and found[0] != owner.tenant_id:
+                        return "not-found"
                 if await (await execute(conn, self._q(SELECT_TURN_EXISTS), key)).fetchone():
                     return "committed"
-                await execute(conn, self._q(INSERT_CANCEL), (thread_id, turn_id, reason, at))
+                if owner is not None:
+                    cur = await execute(conn, self._q(SELECT_INBOX_TENANT), key)
+                    queued = await cur.fetchone()
+                    if queued is not None and queued[0] != owner.tenant_id:
+                        return "not-found"
+                row = (thread_id, turn_id, reason, at, scope)
+                await execute(conn, self._q(INSERT_CANCEL), row)
                 removed = (await execute(conn, self._q(DELETE_INBOX), key)).rowcount
                 return "dequeued" if removed else "requested"
 
@@ -442,10 +484,10 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
         await self._run(write)
 
     async def read_cancel(
-        self, thread_id: str, turn_id: str, base_version: int
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         async def read(conn: Connection) -> tuple[str | None, str | None]:
-            params = (thread_id, turn_id, thread_id, base_version)
+            params = (thread_id, turn_id, cancel_scope(tenant_id), thread_id, base_version)
             row = await (await execute(conn, self._q(SELECT_CANCEL), params)).fetchone()
             if row is None:
                 return None, None
@@ -791,8 +833,16 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
         start = after or ("", "")
 
         async def prune(conn: Connection) -> tuple[int, tuple[str, str] | None]:
-            cur = await conn.execute(self._q(PRUNE_TURNS), (*start, before, limit))
-            keys = [(row[0], row[1]) for row in await cur.fetchall()]
+            # One transaction: a pruned turn's stop requests, and its thread's spent
+            # interrupts, go with its result.
+            async with conn.transaction():
+                cur = await conn.execute(self._q(PRUNE_TURNS), (*start, before, limit))
+                keys = [(row[0], row[1]) for row in await cur.fetchall()]
+                async with conn.cursor() as many:
+                    if keys:
+                        await many.executemany(self._q(PRUNE_CANCELS), keys)
+                        threads = [{"thread": t, "before": before} for t in {k[0] for k in keys}]
+                        await many.executemany(self._q(PRUNE_INTERRUPTS), threads)
             return len(keys), (max(keys) if len(keys) == limit else None)
 
         return await self._run(prune)
@@ -867,3 +917,11 @@ def _delivery(row: Sequence[Any]) -> OutboxDelivery:
 def _utc(value: datetime) -> datetime:
     # timestamptz comes back in the session's time zone; normalize as utcnow() does.
     return value.astimezone(UTC)
+
+
+def _entries(thread_id: str, rows: list[Any]) -> list[InboxEntry]:
+    """Inbox rows (``SELECT_INBOX``'s columns) as entries."""
+    return [
+        InboxEntry(thread_id, turn, tenant, digest, request, _utc(at), seq, steer, taken_by)
+        for turn, tenant, digest, request, at, seq, steer, taken_by in rows
+    ]

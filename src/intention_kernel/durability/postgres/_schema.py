@@ -468,6 +468,23 @@ MIGRATIONS: tuple[str, ...] = (
     # Same signature and answers: a worker of the previous library, still running, goes
     # on calling it.
     ASYNC_LEASE_TAKE,
+    # 18: each stop request records its caller's scope, as in SQLite's migration 15:
+    # ``'*'`` for any tenant, else the tenant it stops; a turn reads only its own
+    # tenant's and those for any. Requests stored before were made for any tenant.
+    # The key gains the scope: one tenant's request never keeps another's out.
+    """
+    ALTER TABLE ik_cancels ADD COLUMN IF NOT EXISTS scope text NOT NULL DEFAULT '*';
+    ALTER TABLE ik_cancels ALTER COLUMN scope DROP DEFAULT;
+    ALTER TABLE ik_cancels DROP CONSTRAINT ik_cancels_pkey;
+    ALTER TABLE ik_cancels
+        ADD CONSTRAINT ik_cancels_pkey PRIMARY KEY (thread_id, turn_id, scope);
+    """,
+    # 19: steering, as in SQLite's migration 16: ``steer`` marks a message for the
+    # running turn, ``taken_by`` names the turn whose round boundary took it.
+    """
+    ALTER TABLE ik_inbox ADD COLUMN IF NOT EXISTS steer boolean NOT NULL DEFAULT false;
+    ALTER TABLE ik_inbox ADD COLUMN IF NOT EXISTS taken_by text;
+    """,
 )
 
 

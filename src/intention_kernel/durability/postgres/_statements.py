@@ -316,6 +316,14 @@ PRUNE_TURNS = """
     SELECT thread_id, turn_id FROM pruned
 """
 
+# The stop requests of a pruned turn go with its result: it can never run again.
+PRUNE_CANCELS = "DELETE FROM ik_cancels WHERE thread_id = %s AND turn_id = %s"
+# An interrupt older than the cutoff on a base the thread has moved past stops nothing.
+PRUNE_INTERRUPTS = """
+    DELETE FROM ik_interrupts i USING ik_threads th
+    WHERE i.thread_id = %(thread)s AND th.thread_id = i.thread_id
+    AND i.created_at < %(before)s AND i.base_version < th.version
+"""
 # A turn's journal is pruned whole (see ``operations.prune``): the turns whose newest
 # entry is older than the cutoff, in key order (``ik_journal_pkey``'s), after the cursor.
 STALE_JOURNALS = """
@@ -361,24 +369,55 @@ SELECT_TURN_EXISTS = "SELECT 1 FROM ik_turns WHERE thread_id = %s AND turn_id = 
 # An entry already there keeps its seq: the statement inserts nothing and the caller
 # reads the entry's own seq and digest, to compare them (a conflict is an error).
 INSERT_INBOX = """
-    INSERT INTO ik_inbox (thread_id, turn_id, tenant_id, request_digest, request, created_at)
-    VALUES (%s, %s, %s, %s, %s, %s)
+    INSERT INTO ik_inbox
+        (thread_id, turn_id, tenant_id, request_digest, request, created_at, steer)
+    VALUES (%s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT ON CONSTRAINT ik_inbox_turn DO NOTHING RETURNING seq
 """
 SELECT_INBOX_ENTRY = (
     "SELECT seq, request_digest FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
 )
-INBOX_POSITION = "SELECT COUNT(*) FROM ik_inbox WHERE thread_id = %s AND seq <= %s"
+INBOX_POSITION = """
+    SELECT COUNT(*) FROM ik_inbox WHERE thread_id = %s AND seq <= %s AND taken_by IS NULL
+"""
 SELECT_INBOX = """
-    SELECT turn_id, tenant_id, request_digest, request, created_at, seq FROM ik_inbox
-    WHERE thread_id = %s ORDER BY seq
+    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
+    FROM ik_inbox WHERE thread_id = %s AND taken_by IS NULL ORDER BY seq
+"""
+# The turn that took a steer: its turn ID replays that turn's result.
+SELECT_TAKER = """
+    SELECT taken_by FROM ik_inbox
+    WHERE thread_id = %s AND turn_id = %s AND taken_by IS NOT NULL
+"""
+# A round boundary of a turn takes the steers nobody took, and reads all it took.
+TAKE_STEERS = """
+    UPDATE ik_inbox SET taken_by = %(turn)s
+    WHERE thread_id = %(thread)s AND steer AND taken_by IS NULL AND turn_id <> %(turn)s
+"""
+SELECT_TAKEN = """
+    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
+    FROM ik_inbox WHERE thread_id = %s AND taken_by = %s ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
-# A request already there keeps its first reason: asking again changes nothing.
+# A request already there keeps its first reason: asking again changes nothing. Each
+# request is stored under its caller's scope (``ownership.cancel_scope``).
 INSERT_CANCEL = """
-    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at) VALUES (%s, %s, %s, %s)
+    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at, scope)
+    VALUES (%s, %s, %s, %s, %s)
     ON CONFLICT ON CONSTRAINT ik_cancels_pkey DO NOTHING
 """
+# The owner of a thread, for a scoped stop request: the tenant of its committed turns,
+# else of its first receipt, else of its first journal entry (a one-element array).
+SELECT_CANCEL_OWNER = """
+    SELECT COALESCE(
+        (SELECT ARRAY[th.tenant_id] FROM ik_threads th
+         WHERE th.thread_id = %(t)s AND th.version > 0),
+        (SELECT ARRAY[r.tenant_id] FROM ik_receipts r
+         WHERE r.thread_id = %(t)s ORDER BY r.ordinal LIMIT 1),
+        (SELECT ARRAY[j.tenant_id] FROM ik_journal j
+         WHERE j.thread_id = %(t)s ORDER BY j.ordinal LIMIT 1))
+"""
+SELECT_INBOX_TENANT = "SELECT tenant_id FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
 # Interrupting the same turn twice asks one thing: the second request changes nothing.
 INSERT_INTERRUPT = """
     INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (%s, %s, %s)
@@ -387,7 +426,8 @@ INSERT_INTERRUPT = """
 SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = %s"
 # A cancel (kind 0) sorts before an interrupt (kind 1).
 SELECT_CANCEL = """
-    SELECT 0 AS kind, reason FROM ik_cancels WHERE thread_id = %s AND turn_id = %s
+    SELECT 0 AS kind, reason FROM ik_cancels
+    WHERE thread_id = %s AND turn_id = %s AND scope IN ('*', %s)
     UNION ALL
     SELECT 1, NULL FROM ik_interrupts WHERE thread_id = %s AND base_version = %s
     ORDER BY kind LIMIT 1

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from intention_kernel import _faults
+from intention_kernel.durability.records import ThreadOwner
 from intention_kernel.durability.sqlite._statements import (
     BUMP_THREAD_SEQ,
     CLAIM_TIMERS,
@@ -53,12 +54,17 @@ from intention_kernel.durability.sqlite._statements import (
     MARK_ANNOUNCED,
     MARK_FAILED,
     MARK_PUBLISHED,
+    PRUNE_CANCELS,
     PRUNE_EVENTS,
+    PRUNE_INTERRUPTS,
     PRUNE_JOURNAL,
     PRUNE_TIMERS,
     PRUNE_TURNS,
     REWRITE_THREAD,
+    SELECT_CLAIM,
+    SELECT_COMMITTED_TENANT,
     SELECT_INBOX_ENTRY,
+    SELECT_INBOX_TENANT,
     SELECT_TURN_EXISTS,
     SETTLE_RECEIPT,
     TRIM_INDEX,
@@ -257,12 +263,24 @@ def remove_inbox(conn: sqlite3.Connection, thread_id: str, turn_id: str) -> int:
     return conn.execute(DELETE_INBOX, (thread_id, turn_id)).rowcount
 
 
-def request_cancel(conn: sqlite3.Connection, row: tuple[Any, ...]) -> str:
-    """A stop request, atomic: ``"committed"`` (nothing written), ``"dequeued"`` or
-    ``"requested"`` (see ``InboxRecorder.request_cancel``)."""
+def request_cancel(
+    conn: sqlite3.Connection, row: tuple[Any, ...], owner: ThreadOwner | None
+) -> str:
+    """A stop request, atomic: ``"committed"`` (nothing written), ``"dequeued"``,
+    ``"requested"`` or ``"not-found"`` (see ``InboxRecorder.request_cancel``)."""
     thread_id, turn_id = row[:2]
+    if owner is not None:
+        found = conn.execute(SELECT_COMMITTED_TENANT, (thread_id,)).fetchone()
+        if found is None:
+            found = conn.execute(SELECT_CLAIM, (thread_id,)).fetchone()
+        if found is not None and found[0] != owner.tenant_id:
+            return "not-found"
     if conn.execute(SELECT_TURN_EXISTS, (thread_id, turn_id)).fetchone() is not None:
         return "committed"
+    if owner is not None:
+        queued = conn.execute(SELECT_INBOX_TENANT, (thread_id, turn_id)).fetchone()
+        if queued is not None and queued[0] != owner.tenant_id:
+            return "not-found"
     conn.execute(INSERT_CANCEL, row)
     removed = conn.execute(DELETE_INBOX, (thread_id, turn_id)).rowcount
     return "dequeued" if removed else "requested"
@@ -357,4 +375,9 @@ def prune_turns(
     rows = conn.execute(PRUNE_TURNS, args).fetchall()
     keys = [(row[0], row[1]) for row in rows]
     conn.executemany(DELETE_STREAM, keys)
+    # In the same transaction: a pruned turn's stop requests, and its thread's spent
+    # interrupts, go with it.
+    conn.executemany(PRUNE_CANCELS, keys)
+    cutoff = args[3]
+    conn.executemany(PRUNE_INTERRUPTS, [(thread, cutoff) for thread in {k[0] for k in keys}])
     return len(keys), (max(keys) if len(keys) == limit else None)

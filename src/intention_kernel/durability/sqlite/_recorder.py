@@ -63,6 +63,7 @@ from intention_kernel.durability.abc import (
     TurnStart,
 )
 from intention_kernel.durability.contract import replay_or_lock_and_begin
+from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope
 from intention_kernel.durability.sqlite import _bodies as bodies
 from intention_kernel.durability.sqlite._bodies import Refusal
 from intention_kernel.durability.sqlite._connection import SQLiteConnections
@@ -82,6 +83,8 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_MESSAGES,
     SELECT_RECEIPT,
     SELECT_STREAM,
+    SELECT_TAKEN,
+    SELECT_TAKER,
     SELECT_THREAD,
     SELECT_THREAD_UNLESS_KNOWN,
     SELECT_TIMER,
@@ -90,6 +93,7 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_UNPUBLISHED,
     SELECT_VERSION,
     STALE_JOURNALS,
+    TAKE_STEERS,
 )
 from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
@@ -303,6 +307,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
             entry.request_digest,
             entry.request,
             _stamp(entry.created_at),
+            1 if entry.steer else 0,
         )
         try:
             # Atomic: the committed-turn check, the insert and the count see one state.
@@ -315,23 +320,40 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
 
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
         def read(conn: sqlite3.Connection) -> list[InboxEntry]:
-            rows = conn.execute(SELECT_INBOX, (thread_id,)).fetchall()
-            return [
-                InboxEntry(thread_id, r[0], r[1], r[2], r[3], datetime.fromisoformat(r[4]), r[5])
-                for r in rows
-            ]
+            return _entries(thread_id, conn.execute(SELECT_INBOX, (thread_id,)).fetchall())
 
         return await self._read(read, thread_id)
+
+    async def taker(self, thread_id: str, turn_id: str) -> str | None:
+        def read(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(SELECT_TAKER, (thread_id, turn_id)).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._read(read, thread_id)
+
+    async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
+        def take(conn: sqlite3.Connection) -> list[InboxEntry]:
+            conn.execute(TAKE_STEERS, (thread_id, turn_id))
+            return _entries(thread_id, conn.execute(SELECT_TAKEN, (thread_id, turn_id)).fetchall())
+
+        taken: list[InboxEntry] = await self._write(take, (), thread_id, atomic=True)
+        return taken
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         removed: int = await self._write(bodies.remove_inbox, (thread_id, turn_id), thread_id)
         return removed == 1
 
     async def request_cancel(
-        self, thread_id: str, turn_id: str, reason: str | None, at: datetime
+        self,
+        thread_id: str,
+        turn_id: str,
+        reason: str | None,
+        at: datetime,
+        owner: ThreadOwner | None = None,
     ) -> str:
-        row = (thread_id, turn_id, reason, _stamp(at))
-        found: str = await self._write(bodies.request_cancel, (row,), thread_id, atomic=True)
+        scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
+        row = (thread_id, turn_id, reason, _stamp(at), scope)
+        found: str = await self._write(bodies.request_cancel, (row, owner), thread_id, atomic=True)
         return found
 
     async def thread_version(self, thread_id: str) -> int:
@@ -346,10 +368,10 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
         await self._write(bodies.request_interrupt, (row,), thread_id)
 
     async def read_cancel(
-        self, thread_id: str, turn_id: str, base_version: int
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         def read(conn: sqlite3.Connection) -> tuple[str | None, str | None]:
-            params = (thread_id, turn_id, thread_id, base_version)
+            params = (thread_id, turn_id, cancel_scope(tenant_id), thread_id, base_version)
             row = conn.execute(SELECT_CANCEL, params).fetchone()
             if row is None:
                 return None, None
@@ -627,3 +649,13 @@ def _event_rows(
     events: Sequence[EventDraft], thread_id: str, turn_id: str | None, now: str
 ) -> list[tuple[Any, ...]]:
     return [(e.id, thread_id, turn_id, e.type, dump_value(e.payload), now) for e in events]
+
+
+def _entries(thread_id: str, rows: list[Any]) -> list[InboxEntry]:
+    """Inbox rows (``SELECT_INBOX``'s columns) as entries."""
+    return [
+        InboxEntry(
+            thread_id, r[0], r[1], r[2], r[3], datetime.fromisoformat(r[4]), r[5], bool(r[6]), r[7]
+        )
+        for r in rows
+    ]

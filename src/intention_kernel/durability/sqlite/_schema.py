@@ -283,6 +283,35 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX ik_timers_due ON ik_timers (due_at) WHERE status = 'pending';
     """,
+    # 15: each stop request records its caller's scope (``ownership.cancel_scope``):
+    # ``'*'`` for any tenant, else the tenant it stops. A turn reads only the requests
+    # of its own tenant and those for any. Without it, another tenant's DELETE could
+    # stop the first turn of a thread nobody owned yet. Requests stored before were
+    # made for any tenant, and keep ``'*'``. The key gains the scope: a request of one
+    # tenant never keeps another's from being stored. SQLite cannot change a key in
+    # place, so the table is built again.
+    """
+    CREATE TABLE ik_cancels_scoped (
+        thread_id  TEXT NOT NULL,
+        turn_id    TEXT NOT NULL,
+        scope      TEXT NOT NULL,
+        reason     TEXT,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (thread_id, turn_id, scope)
+    ) WITHOUT ROWID;
+    INSERT INTO ik_cancels_scoped (thread_id, turn_id, scope, reason, created_at)
+    SELECT thread_id, turn_id, '*', reason, created_at FROM ik_cancels;
+    DROP TABLE ik_cancels;
+    ALTER TABLE ik_cancels_scoped RENAME TO ik_cancels;
+    """,
+    # 16: steering (``on_busy="steer"``). ``steer`` marks a message for the running
+    # turn; ``taken_by`` names the turn whose round boundary took it, written before
+    # that round's journal entry. A taken entry never runs as a turn of its own: its
+    # turn ID replays the taker's result once the taker committed.
+    """
+    ALTER TABLE ik_inbox ADD COLUMN steer INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE ik_inbox ADD COLUMN taken_by TEXT;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

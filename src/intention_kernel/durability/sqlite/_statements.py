@@ -168,20 +168,42 @@ DELETE_JOURNAL = "DELETE FROM ik_journal WHERE thread_id = ? AND turn_id = ?"
 SELECT_TURN_EXISTS = "SELECT 1 FROM ik_turns WHERE thread_id = ? AND turn_id = ?"
 SELECT_INBOX_ENTRY = "SELECT seq, request_digest FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
 INSERT_INBOX = """
-    INSERT INTO ik_inbox (thread_id, turn_id, tenant_id, request_digest, request, created_at)
-    VALUES (?, ?, ?, ?, ?, ?)
+    INSERT INTO ik_inbox
+        (thread_id, turn_id, tenant_id, request_digest, request, created_at, steer)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
 """
-INBOX_POSITION = "SELECT COUNT(*) FROM ik_inbox WHERE thread_id = ? AND seq <= ?"
+INBOX_POSITION = """
+    SELECT COUNT(*) FROM ik_inbox WHERE thread_id = ? AND seq <= ? AND taken_by IS NULL
+"""
 SELECT_INBOX = """
-    SELECT turn_id, tenant_id, request_digest, request, created_at, seq FROM ik_inbox
-    WHERE thread_id = ? ORDER BY seq
+    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
+    FROM ik_inbox WHERE thread_id = ? AND taken_by IS NULL ORDER BY seq
+"""
+# The turn that took a steer: its turn ID replays that turn's result.
+SELECT_TAKER = """
+    SELECT taken_by FROM ik_inbox
+    WHERE thread_id = ? AND turn_id = ? AND taken_by IS NOT NULL
+"""
+# A round boundary of turn ?2 takes the steers nobody took (and those it took before).
+TAKE_STEERS = """
+    UPDATE ik_inbox SET taken_by = ?2
+    WHERE thread_id = ?1 AND steer = 1 AND taken_by IS NULL AND turn_id <> ?2
+"""
+SELECT_TAKEN = """
+    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
+    FROM ik_inbox WHERE thread_id = ? AND taken_by = ? ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
-# A request already there keeps its first reason: asking again changes nothing.
+# A request already there keeps its first reason: asking again changes nothing. Each
+# request is stored under its caller's scope (``ownership.cancel_scope``).
 INSERT_CANCEL = """
-    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at) VALUES (?, ?, ?, ?)
-    ON CONFLICT (thread_id, turn_id) DO NOTHING
+    INSERT INTO ik_cancels (thread_id, turn_id, reason, created_at, scope)
+    VALUES (?, ?, ?, ?, ?)
+    ON CONFLICT (thread_id, turn_id, scope) DO NOTHING
 """
+# The tenant of a thread's committed turns, for a scoped stop request.
+SELECT_COMMITTED_TENANT = "SELECT tenant_id FROM ik_threads WHERE thread_id = ? AND version > 0"
+SELECT_INBOX_TENANT = "SELECT tenant_id FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
 # Interrupting the same turn twice asks one thing: the second request changes nothing.
 INSERT_INTERRUPT = """
     INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (?, ?, ?)
@@ -190,7 +212,8 @@ INSERT_INTERRUPT = """
 SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = ?"
 # A cancel (kind 0) sorts before an interrupt (kind 1).
 SELECT_CANCEL = """
-    SELECT 0, reason FROM ik_cancels WHERE thread_id = ? AND turn_id = ?
+    SELECT 0, reason FROM ik_cancels
+    WHERE thread_id = ? AND turn_id = ? AND scope IN ('*', ?)
     UNION ALL
     SELECT 1, NULL FROM ik_interrupts WHERE thread_id = ? AND base_version = ?
     ORDER BY 1 LIMIT 1
@@ -264,6 +287,13 @@ PRUNE_TURNS = """
         WHERE (thread_id, turn_id) > (?, ?) AND pruned_at IS NULL AND created_at < ?
         ORDER BY thread_id, turn_id LIMIT ?)
     RETURNING thread_id, turn_id
+"""
+# The stop requests of a pruned turn go with its result: it can never run again.
+PRUNE_CANCELS = "DELETE FROM ik_cancels WHERE thread_id = ? AND turn_id = ?"
+# An interrupt older than the cutoff on a base the thread has moved past stops nothing.
+PRUNE_INTERRUPTS = """
+    DELETE FROM ik_interrupts WHERE thread_id = ?1 AND created_at < ?2
+    AND base_version < (SELECT version FROM ik_threads WHERE thread_id = ?1)
 """
 # A turn's journal is pruned whole (see ``operations.prune``): the turns whose newest
 # entry is older than the cutoff, in key order (the primary key's), after the cursor.

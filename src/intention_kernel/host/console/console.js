@@ -116,6 +116,8 @@ async function postTurn(body) {
   const request = { ...body, turn_id: newTurnId() };
   for (let attempt = 1; ; attempt += 1) {
     state.live = { turnId: request.turn_id, message: body.message, text: "", steps: new Map() };
+    $("stop").hidden = false; // the turn runs: the operator may stop it
+    $("stop").disabled = false;
     renderConversation();
     try {
       const result = await streamTurn(request, onTurnEvent);
@@ -127,7 +129,45 @@ async function postTurn(body) {
       await sleep(500 * attempt);
     } finally {
       state.live = null;
+      $("stop").hidden = true;
     }
+  }
+}
+
+// The messages waiting in the thread's inbox, in order; each can be removed (DELETE of
+// its turn: it is dequeued and never runs).
+function renderInbox(waiting) {
+  $("inbox").hidden = waiting.length === 0;
+  $("inbox-list").replaceChildren(
+    ...waiting.map((queued) => {
+      const item = el("li", "queued");
+      item.dataset.turnId = queued.turn_id;
+      item.append(el("span", "who", `${queued.steer ? "steer" : "queued"} · ${queued.turn_id}`));
+      item.append(el("span", "text", queued.message || "(an answer)"));
+      const remove = el("button", "secondary remove", "Remove");
+      remove.type = "button";
+      remove.addEventListener("click", () =>
+        run(() => api(threadPath(`/turns/${encodeURIComponent(queued.turn_id)}`), { method: "DELETE" })),
+      );
+      item.append(remove);
+      return item;
+    }),
+  );
+}
+
+// Stop: ask the running turn to stop at its next safe point (DELETE, Kernel.cancel).
+// Its stream then ends with the committed reply, which says it was cancelled.
+async function stopTurn() {
+  const live = state.live;
+  if (!live) return;
+  $("stop").disabled = true;
+  const reason = encodeURIComponent("stopped from the console");
+  try {
+    await api(threadPath(`/turns/${encodeURIComponent(live.turnId)}?reason=${reason}`), {
+      method: "DELETE",
+    });
+  } catch (error) {
+    showBanner(describeError(error));
   }
 }
 
@@ -567,6 +607,7 @@ async function refresh() {
     state.messages = thread ? thread.messages : [];
     renderConversation();
     renderInteraction(thread ? thread.interaction : null);
+    renderInbox(thread ? thread.inbox || [] : []);
     renderFacts(thread ? thread.facts : []);
     renderReceipts(receipts);
     if (thread && !thread.compatible) {
@@ -808,6 +849,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("accept").addEventListener("click", () => answer("accept"));
   $("reject").addEventListener("click", () => reject());
   $("approve-edited").addEventListener("click", () => approveEdited());
+  $("stop").addEventListener("click", () => stopTurn());
   setInterval(renderTimeLeft, 1000);
   $("send-form").addEventListener("submit", (event) => {
     event.preventDefault();
