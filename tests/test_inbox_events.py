@@ -43,7 +43,8 @@ async def test_a_streamed_turn_that_waits_in_the_inbox_says_queued_then_streams_
     await asyncio.wait_for(provider.entered.wait(), HELD)
     events = kernel.stream_turn("t", "3", "balance")
     first = await asyncio.wait_for(anext(events), HELD)  # at once: the thread is busy
-    assert first == TurnEvent("queued", Queued("t", "3", 1).to_dict())
+    assert (first.type, first.data) == ("queued", Queued("t", "3", 1).to_dict())
+    assert first.id is not None  # a recorded stream's events each have an ID
     provider.released.set()
     await asyncio.wait_for(running, HELD)
     rest = await asyncio.wait_for(collect(events), HELD)
