@@ -110,9 +110,7 @@ class FakeModel(Model):
         self.requests.append(items)
         return ModelResponse(output=self.script(items), usage=Usage(), response_id=None)
 
-    def stream_response(
-        self, *args: Any, **kwargs: Any
-    ) -> Any:
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the fake model is not streamed")
 
 
