@@ -28,7 +28,6 @@ demo: $(DEMO_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples docs/_hooks
 	$(BIN)/ruff format --check src tests examples docs/_hooks
-	$(BIN)/mypy examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

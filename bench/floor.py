@@ -82,7 +82,7 @@ def _turn_documents(
         }
     )
     del state.receipts[:-MAX_RECEIPTS]
-    result = {
+    result: dict[str, Any] = {
         "thread_id": thread,
         "turn_id": turn,
         "replayed": False,

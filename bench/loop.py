@@ -201,13 +201,14 @@ def _react_state() -> type:
         "messages": Annotated[Sequence[Any], _bounded_messages],
         "remaining_steps": RemainingSteps,
     }
-    state: type = TypedDict("LoopState", fields)  # type: ignore[operator]
+    state: type = TypedDict("LoopState", fields)  # type: ignore[misc]  # mypy reads only a literal dict
     return state
 
 
 def _fake_chat_model(calls: LoopCalls) -> Any:
+    from langchain_core.callbacks import CallbackManagerForLLMRun
     from langchain_core.language_models.chat_models import BaseChatModel
-    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
     from langchain_core.outputs import ChatGeneration, ChatResult
 
     class FakeChatModel(BaseChatModel):
@@ -220,7 +221,13 @@ def _fake_chat_model(calls: LoopCalls) -> Any:
         def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
             return self
 
-        def _generate(self, messages: list[Any], stop: Any = None, **kwargs: Any) -> ChatResult:
+        def _generate(
+            self,
+            messages: list[BaseMessage],
+            stop: list[str] | None = None,
+            run_manager: CallbackManagerForLLMRun | None = None,
+            **kwargs: Any,
+        ) -> ChatResult:
             last = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
             results = [m for m in messages[last + 1 :] if isinstance(m, ToolMessage)]
             round_ = len(results)

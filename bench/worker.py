@@ -16,7 +16,7 @@ import sqlite3
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
 from bench.run import UVLOOP_SUFFIX, plain
 from bench.workload import THREADS, FakeProvider, agent, message
@@ -387,7 +387,9 @@ def main() -> None:
         from bench.sync import SyncKernelRow
         from bench.sync import serve as serve_blocking
 
-        setting = "NORMAL" if plain(args.row).endswith("-normal") else "FULL"
+        setting: Literal["FULL", "NORMAL"] = (
+            "NORMAL" if plain(args.row).endswith("-normal") else "FULL"
+        )
         path = os.path.join(args.dir, f"{args.row}.db")
         serve_blocking(SyncKernelRow(path, setting), args.ident, out)
     elif UVLOOP_SUFFIX in args.row:

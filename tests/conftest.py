@@ -9,7 +9,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -106,7 +106,7 @@ def nats_url() -> str:
 # CI run is reproducible, and keeps no example database. "dev" explores new examples on
 # every run and remembers failing ones in .hypothesis/ (git-ignored). "thorough" is for a
 # long local run: pytest tests/test_model_check.py --hypothesis-profile=thorough
-_BOUNDED = {
+_BOUNDED: dict[str, Any] = {
     "max_examples": 40,
     "stateful_step_count": 25,
     "deadline": None,

@@ -105,14 +105,12 @@ class FakeModel(Model):
         items: list[dict[str, Any]] = (
             [{"role": "user", "content": input}]
             if isinstance(input, str)
-            else [dict(item) for item in input]  # type: ignore[call-overload]
+            else [dict(item) for item in input]
         )
         self.requests.append(items)
         return ModelResponse(output=self.script(items), usage=Usage(), response_id=None)
 
-    def stream_response(  # type: ignore[override]
-        self, *args: Any, **kwargs: Any
-    ) -> Any:
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the fake model is not streamed")
 
 

@@ -99,7 +99,8 @@ class LedgerProvider(FakeProvider):
     sync: bool = True
 
     async def charge(self, payment_intent_id: str, amount: int, authority: EffectAuthority) -> Any:
-        mode = self.behaviour.get(payment_intent_id, "ok")
+        # A str: the schedule adds not_applied_once, a mode FakeProvider lacks.
+        mode: str = self.behaviour.get(payment_intent_id, "ok")
         self.authorities.append(authority)
         if mode == "not_applied" or (mode == "not_applied_once" and authority.attempt == 1):
             raise EffectNotAppliedError(f"card declined for {payment_intent_id}")

@@ -132,7 +132,8 @@ def watch_connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def owned(*args: Any, **kwargs: Any) -> sqlite3.Connection:
         if kwargs.get("check_same_thread", True) or "factory" in kwargs:
-            return connect(*args, **kwargs)  # the test's own connections
+            own: sqlite3.Connection = connect(*args, **kwargs)  # the test's own connections
+            return own
         conn = connect(*args, factory=Owned, **kwargs)
         assert isinstance(conn, Owned)
         conn.problems = problems

@@ -99,7 +99,9 @@ def build_agent(config: dict[str, Any]) -> Agent:
     marker: str | None = config.get("marker")
     provider_delay: float = config.get("provider_delay", 0.0)
 
-    def create_charge(request: ChargeInput, idempotency_key: str, receipt_id: str) -> dict:
+    def create_charge(
+        request: ChargeInput, idempotency_key: str, receipt_id: str
+    ) -> dict[str, Any]:
         """The fake payment provider: each call is one durable ledger line."""
         if provider_delay:
             time.sleep(provider_delay)

@@ -119,8 +119,8 @@ async def test_an_accept_without_an_actor_does_not_count(store: Durability) -> N
     kernel = Kernel(billing_agent(provider, approvals=2), store)
     proposed = await kernel.turn("t", "1", CHARGE)
     # An interpreter's "yes" names no one; nor does a bare structured accept.
-    for turn_id, kwargs in (("2", {"message": "yes"}), ("3", {"answer": "accept"})):
-        refused = await kernel.turn("t", turn_id, **kwargs)
+    for turn_id, message, answer in (("2", "yes", None), ("3", None, "accept")):
+        refused = await kernel.turn("t", turn_id, message, answer)
         [step] = refused.steps
         assert step.status == "awaiting_confirmation"
         assert step.error is not None and "names no actor" in step.error
@@ -249,7 +249,7 @@ def test_a_bad_approvals_is_refused_at_compilation(approvals: Any) -> None:
         return None
 
     with pytest.raises(CompilationError, match="approvals must be a positive int"):
-        Kernel(Agent("a", "1", [write], ScriptedInterpreter([])), InMemoryDurability())
+        Kernel(Agent("a", "1", [write], ScriptedInterpreter({})), InMemoryDurability())
 
 
 @pytest.mark.parametrize("confirmation", ["capability", "none"])
@@ -259,4 +259,4 @@ def test_a_quorum_needs_a_held_operation(confirmation: Any) -> None:
         return None
 
     with pytest.raises(CompilationError, match="approvals=2 needs confirmation='required'"):
-        Kernel(Agent("a", "1", [read], ScriptedInterpreter([])), InMemoryDurability())
+        Kernel(Agent("a", "1", [read], ScriptedInterpreter({})), InMemoryDurability())

@@ -366,7 +366,7 @@ async def test_a_request_a_resumed_operation_asks_next_is_still_its_proposers(
         )
 
     scripted = ScriptedInterpreter(interpret)
-    scripted.multi_round = True  # type: ignore[attr-defined]
+    scripted.multi_round = True
     base = billing_agent(provider, self_approval=False)
     agent = Agent(
         name="billing",

@@ -19,7 +19,7 @@ import json
 import random
 import sqlite3
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,7 +209,7 @@ async def test_a_corrupted_row_is_a_typed_error_and_nothing_is_written(
     async with store.durability() as reopened:  # an adapter that never saw the good rows
         kernel = Kernel(billing_agent(provider), reopened)
         if corruption.probe == "turn":
-            meet = kernel.turn("t", "5", "yes")
+            meet: Awaitable[object] = kernel.turn("t", "5", "yes")
         elif corruption.probe == "replay":
             meet = kernel.turn("t", "3", "balance 7")
         else:
@@ -425,7 +425,7 @@ def incompressible(n: int, seed: int) -> str:
     return "".join(chr(rng.randrange(0x10000, 0x10FFFF)) for _ in range(n))
 
 
-BAD_REQUESTS = {
+BAD_REQUESTS: dict[str, dict[str, Any]] = {
     "thread-lone-surrogate": {"thread_id": f"t{LONE_SURROGATE}"},
     "turn-lone-surrogate": {"turn_id": f"1{LONE_SURROGATE}"},
     "tenant-lone-surrogate": {"tenant_id": f"acme{LONE_SURROGATE}"},

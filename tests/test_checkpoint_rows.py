@@ -15,6 +15,7 @@ from intention_kernel import (
     Agent,
     CapabilityContext,
     CapabilityResult,
+    EffectAuthority,
     Fact,
     Intent,
     Interpretation,
@@ -41,7 +42,12 @@ def _agent(calls: list[str]) -> Agent:
     async def pay(input: dict[str, Any], ctx: CapabilityContext) -> CapabilityResult:
         """Pay one order: a new fact per turn, and one fact replaced every turn."""
         n = input["n"]
-        effect = await ctx.run_effect(f"pay:{n}", lambda a: calls.append(a.key) or {"n": n})
+
+        def charge(authority: EffectAuthority) -> dict[str, Any]:
+            calls.append(authority.key)
+            return {"n": n}
+
+        effect = await ctx.run_effect(f"pay:{n}", charge)
         return CapabilityResult(
             value=effect.value, facts=[Fact(f"paid.{n}", effect.value), Fact("last", n)]
         )
@@ -59,7 +65,7 @@ def _agent(calls: list[str]) -> Agent:
 async def test_a_long_thread_loads_a_bounded_exact_checkpoint_on_a_cache_miss(
     tmp_path: Path,
 ) -> None:
-    path, calls, turns = tmp_path / "k.db", [], 10_000
+    path, calls, turns = tmp_path / "k.db", list[str](), 10_000
     async with SQLiteDurability(path, synchronous="NORMAL") as store:
         kernel = Kernel(_agent(calls), store)
         for n in range(1, turns + 1):
@@ -158,7 +164,7 @@ async def test_a_receipt_index_stored_in_its_core_moves_into_rows_on_the_next_co
     """Before migration 8 a core held its thread's receipt index. Such a core reads as
     it was, and the thread's next commit writes the index as rows and a core without it;
     every row is written anew, as after any base that is not stored exactly."""
-    path, calls = tmp_path / "k.db", []
+    path, calls = tmp_path / "k.db", list[str]()
     async with SQLiteDurability(path) as store:
         kernel = Kernel(_agent(calls), store)
         for n in range(1, 31):

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -445,7 +446,7 @@ def test_prune_prints_the_journal_entries_of_uncommitted_turns_it_removed(db: st
 
             async def operation(tx: TurnTransaction) -> TurnCommit:
                 for key in ("app.first", "app.second"):
-                    await tx.recorded(key, lambda key=key: asyncio.sleep(0, {"seen": key}))
+                    await tx.recorded(key, partial(asyncio.sleep, 0, {"seen": key}))
                 raise RuntimeError("the process died before its commit")
 
             with pytest.raises(RuntimeError):

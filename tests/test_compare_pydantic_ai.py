@@ -20,7 +20,13 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent as PydanticAgent
-from pydantic_ai import DeferredToolRequests, DeferredToolResults, RunContext, ToolApproved
+from pydantic_ai import (
+    AgentRunResult,
+    DeferredToolRequests,
+    DeferredToolResults,
+    RunContext,
+    ToolApproved,
+)
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -184,7 +190,9 @@ async def test_arguments_rewritten_after_approval_run_alone_and_are_refused_insi
 ) -> None:
     refunds: list[int] = []
     agent = refund_agent(refunds)
-    asked = await agent.run("refund", output_type=[str, DeferredToolRequests])
+    asked: AgentRunResult[str | DeferredToolRequests] = await agent.run(
+        "refund", output_type=[str, DeferredToolRequests]
+    )
     assert isinstance(asked.output, DeferredToolRequests)
     assert asked.output.approvals[0].args_as_dict() == {"order_id": "42", "cents": 1250}
     await agent.run(
@@ -216,7 +224,9 @@ async def test_an_approval_carrying_other_arguments_runs_them_alone_and_nothing_
     or an edit, inside."""
     other = {"order_id": "42", "cents": 99999}
     alone = Desk(tmp_path / "alone.ledger")
-    asked = await alone.agent.run("refund 42", output_type=[str, DeferredToolRequests])
+    asked: AgentRunResult[str | DeferredToolRequests] = await alone.agent.run(
+        "refund 42", output_type=[str, DeferredToolRequests]
+    )
     assert isinstance(asked.output, DeferredToolRequests)
     shown = asked.output.approvals[0]
     assert shown.args_as_dict() == {"order_id": "42", "cents": 1250}

@@ -53,8 +53,8 @@ def test_duplicate_and_malformed_ids_are_all_reported() -> None:
 
 
 def test_capability_records_only_and_compilation_reports_a_sync_handler() -> None:
-    @capability("things.sync")
-    def sync(input: dict[str, Any], ctx: CapabilityContext) -> None:  # type: ignore[arg-type]
+    @capability("things.sync")  # type: ignore[arg-type]
+    def sync(input: dict[str, Any], ctx: CapabilityContext) -> None:
         return None
 
     with pytest.raises(CompilationError, match="must be an async function"):

@@ -103,7 +103,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         from playwright.sync_api import sync_playwright
     except ImportError as exc:
         service_unavailable("Playwright", f"the playwright package is not installed: {exc}")
-    env = dict(os.environ)
+    env: dict[str, str | float | bool] = dict(os.environ)
     if DEJAVU.is_dir():  # the same fonts on every machine, whatever else is installed
         env["FONTCONFIG_FILE"] = str(pinned_fontconfig(tmp_path_factory.mktemp("fonts")))
     with sync_playwright() as playwright:

@@ -50,11 +50,11 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 import pytest
@@ -85,6 +85,14 @@ KEY = charge_key("pi_1")
 CHARGED = {"charge_id": "ch_pi_1_1", "amount": 500}
 
 
+class TurnRequest(TypedDict):
+    """The arguments of one ``Kernel.turn`` call, as the worker receives them too."""
+
+    thread_id: str
+    turn_id: str
+    message: str
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A delivery that dies, on a thread the turns ``before`` prepared."""
@@ -97,7 +105,7 @@ class Scenario:
     pending: dict[str, Any] | None  # the confirmation the turn answers
     again: tuple[tuple[str, str], ...]  # later turns asking for the same writes again
 
-    def request(self) -> dict[str, str]:
+    def request(self) -> TurnRequest:
         return {"thread_id": self.thread, "turn_id": self.turn[0], "message": self.turn[1]}
 
     @property
@@ -224,11 +232,11 @@ CASES = [
 CASE_IDS = [case.id for case in CASES]
 
 
-def propose() -> dict[str, str]:
+def propose() -> TurnRequest:
     return {"thread_id": THREAD, "turn_id": "propose", "message": "charge pi_1 500"}
 
 
-def accept() -> dict[str, str]:
+def accept() -> TurnRequest:
     return CHARGE_ON_ACCEPTANCE.request()
 
 
@@ -251,7 +259,7 @@ class Processes:
     running: list[asyncio.subprocess.Process]
 
     async def spawn(
-        self, turns: list[dict[str, str]], store: Store | None = None, **config: Any
+        self, turns: Sequence[Mapping[str, object]], store: Store | None = None, **config: Any
     ) -> asyncio.subprocess.Process:
         config.update(store=(store or self.store).config(), ledger=str(self.ledger), turns=turns)
         process = await asyncio.create_subprocess_exec(
@@ -491,7 +499,7 @@ def stalling(store: Store, name: str, *, server_notices: bool = True) -> Store:
 
 
 async def die_inside_the_postgres_commit(
-    store: Store, processes: Processes, request: dict[str, str], *, server_notices: bool
+    store: Store, processes: Processes, request: TurnRequest, *, server_notices: bool
 ) -> None:
     """Kill a worker while the server holds its commit transaction open, every row of
     the turn written and ``COMMIT`` not yet done (see :func:`stalled_commits`).
@@ -519,7 +527,7 @@ async def die_inside_the_postgres_commit(
 
 
 async def lose_the_session_inside_the_postgres_commit(
-    store: Store, kernel: Kernel, request: dict[str, str], name: str
+    store: Store, kernel: Kernel, request: TurnRequest, name: str
 ) -> None:
     """In process: the adapter's session is terminated by the server while it holds the
     commit transaction open (see :func:`stalled_commits`), as a crashed host's would be.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -32,10 +33,13 @@ async def client(kernel: Kernel) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-async def turn(client: httpx.AsyncClient, thread: str, turn_id: str, **body: object) -> dict:
+async def turn(
+    client: httpx.AsyncClient, thread: str, turn_id: str, **body: object
+) -> dict[str, Any]:
     response = await client.post(f"/v1/threads/{thread}/turns", json={"turn_id": turn_id, **body})
     assert response.status_code == 200, response.text
-    return response.json()
+    result: dict[str, Any] = response.json()
+    return result
 
 
 # -- turns -----------------------------------------------------------------------------------
@@ -138,7 +142,7 @@ async def test_a_turn_id_reused_for_another_request_is_409(client: httpx.AsyncCl
     ],
 )
 async def test_a_request_the_schema_or_the_kernel_refuses_is_422(
-    client: httpx.AsyncClient, body: dict, field: str | None
+    client: httpx.AsyncClient, body: dict[str, Any], field: str | None
 ) -> None:
     response = await client.post("/v1/threads/t1/turns", json=body)
     assert response.status_code == 422, response.text
@@ -312,7 +316,7 @@ RESOLUTIONS_REFUSED = {
 
 @pytest.mark.parametrize("extra", list(RESOLUTIONS_REFUSED.values()), ids=list(RESOLUTIONS_REFUSED))
 async def test_a_resolution_without_a_note_or_an_applied_one_without_a_value_is_422(
-    client: httpx.AsyncClient, provider: FakeProvider, extra: tuple[dict, list, str]
+    client: httpx.AsyncClient, provider: FakeProvider, extra: tuple[dict[str, Any], list[str], str]
 ) -> None:
     fields, loc, message = extra
     key = await uncertain_charge(client, provider, "t1")

@@ -93,6 +93,13 @@ def finished(events: list[Any]) -> RunFinishedEvent:
     return last
 
 
+def result_of(events: list[Any]) -> dict[str, Any]:
+    """The turn's result, which the run's RUN_FINISHED event carries."""
+    result = finished(events).result
+    assert isinstance(result, dict)
+    return result
+
+
 @pytest.fixture
 def provider() -> FakeProvider:
     return FakeProvider()
@@ -122,7 +129,7 @@ async def test_a_run_is_a_turn_whose_events_are_valid_agui(
     assert (started.thread_id, started.run_id, started.protocol_version) == ("acct-1", "r1", "1.0")
     assert (read.tool_call_id, read.tool_call_name) == ("r1#1", "billing.balance")
     assert json.loads(read_result.content)["status"] == "completed"
-    result = finished(events).result
+    result = result_of(events)
     assert events[5].delta == result["reply"]
     confirm, args = events[7], events[8]
     interaction = result["interaction"]
@@ -171,7 +178,7 @@ async def test_a_resumed_interrupt_runs_the_write_once_and_names_the_tokens_prin
     assert step["actor"] == "ana@acme.example"
     done = finished(answered)
     assert done.outcome is not None and done.outcome.type == "success"
-    assert done.result["interaction"] is None
+    assert result_of(answered)["interaction"] is None
     assert "charge.pi_1" in answered[-2].snapshot["facts"]
 
     # The client retries the answering run (its connection dropped): a replay.
@@ -180,7 +187,7 @@ async def test_a_resumed_interrupt_runs_the_write_once_and_names_the_tokens_prin
     )
     assert response.headers["idempotency-replayed"] == "true"
     again = parse(response.text)
-    assert finished(again).result == {**done.result, "replayed": True}
+    assert result_of(again) == {**result_of(answered), "replayed": True}
     assert step_of(again) == step
     assert provider.calls() == 1
 
@@ -196,7 +203,7 @@ async def test_concurrent_runs_answering_one_interrupt_charge_once(
     runs = await asyncio.gather(*(run(client, body) for body in [same] * 4 + others))
 
     assert provider.calls() == 1
-    results = [finished(events).result for events in runs]
+    results = [result_of(events) for events in runs]
     # The same run ID four times: one ran, three replayed what it committed.
     assert sorted(r["replayed"] for r in results[:4]) == [False, True, True, True]
     assert {json.dumps({**r, "replayed": None}, sort_keys=True) for r in results[:4]} == {
@@ -210,7 +217,7 @@ async def test_a_tool_result_answers_the_confirmation_tool_call(
     client: httpx.AsyncClient, provider: FakeProvider
 ) -> None:
     opened = await run(client, run_input("r1", user("charge pi_1 7")))
-    call_id = finished(opened).result["interaction"]["id"]
+    call_id = result_of(opened)["interaction"]["id"]
     assistant = {
         "id": "a1",
         "role": "assistant",
@@ -228,7 +235,7 @@ async def test_a_tool_result_answers_the_confirmation_tool_call(
     assert provider.calls() == 0
     # A bare word is an answer too; the rejected interaction is gone, so a new one is asked.
     reopened = await run(client, run_input("r3", user("charge pi_1 7", id="u2")))
-    call_id = finished(reopened).result["interaction"]["id"]
+    call_id = result_of(reopened)["interaction"]["id"]
     tool = {"id": "t2", "role": "tool", "toolCallId": call_id, "content": "accept"}
     await run(client, run_input("r4", tool))
     assert provider.calls() == 1
@@ -244,7 +251,7 @@ async def test_a_tool_result_for_another_call_answers_nothing_and_the_interrupt_
     answered = await run(client, run_input("r2", other))
 
     assert provider.calls() == 0
-    assert "earlier question" in finished(answered).result["reply"]
+    assert "earlier question" in result_of(answered)["reply"]
     outcome = finished(answered).outcome
     assert outcome is not None and outcome.type == "interrupt"
     assert [i.id for i in outcome.interrupts] == [interrupt.id]
@@ -276,8 +283,8 @@ async def test_an_answer_to_an_interrupt_no_longer_pending_runs_nothing(
 
     # As on the turn API: the kernel says there is nothing to answer, and runs nothing.
     assert not any(e.type == EventType.TOOL_CALL_START for e in late)
-    assert finished(late).result["steps"] == []
-    assert "nothing waiting" in finished(late).result["reply"]
+    assert result_of(late)["steps"] == []
+    assert "nothing waiting" in result_of(late)["reply"]
     assert provider.calls() == 0
 
 
@@ -426,7 +433,7 @@ async def test_model_text_streams_as_it_comes_and_the_reply_follows(
     events = await run(streaming, run_input("r1", user("what do I owe?")))
 
     content = [e.delta for e in events if e.type == EventType.TEXT_MESSAGE_CONTENT]
-    reply = finished(events).result["reply"]
+    reply = result_of(events)["reply"]
     assert content[:2] == ["You owe ", "7."]
     # The kernel's own line for the step follows the model's text: nothing shown twice.
     assert reply == "You owe 7.\n" + content[2]
@@ -473,7 +480,7 @@ async def test_each_rounds_text_is_a_message_and_the_reply_is_not_shown_twice(
         "STATE_SNAPSHOT",
         "RUN_FINISHED",
     ]
-    assert finished(events).result["reply"] == "You owe 7."
+    assert result_of(events)["reply"] == "You owe 7."
     texts = [e.delta for e in events if e.type == EventType.TEXT_MESSAGE_CONTENT]
     assert texts == ["Let me look.", "You owe ", "7."]
 
@@ -502,11 +509,10 @@ def test_a_client_that_aborts_the_run_does_not_abort_the_turn() -> None:
                     break  # the client goes away mid-run (HttpAgent.abortRun)
         interpreter.go.set()
         retried = httpx.post(f"{base}{URL}", json=body, timeout=30)
-    done = parse(retried.text)[-1]
-    assert isinstance(done, RunFinishedEvent)
+    done = result_of(parse(retried.text))
     # The turn ran on to its commit without its reader: the retry is its replay.
-    assert done.result["replayed"] is True
-    assert done.result["facts"][0]["key"] == "balance"
+    assert done["replayed"] is True
+    assert done["facts"][0]["key"] == "balance"
 
 
 async def test_the_validators_transport_finds_the_endpoint_conformant_over_http(

@@ -37,7 +37,7 @@ from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 from proving_support import damage_sqlite_table
 
-TOKENS = {
+TOKENS: dict[str, Principal | str | None] = {
     "tok-acme": Principal("alice@acme.example", "acme", "operator"),
     "tok-globex": Principal("gina@globex.example", "globex", "operator"),
     "tok-ops": Principal("oscar@example.com", None, "operator"),
@@ -52,7 +52,9 @@ class FailingDurability(InMemoryDurability):
         super().__init__()
         self.error = error
 
-    async def with_turn(self, scope: TurnScope, operation: TurnOperation) -> TurnResult:
+    async def with_turn(
+        self, scope: TurnScope, operation: TurnOperation, *, wait: bool = True
+    ) -> TurnResult:
         raise self.error
 
 

@@ -3,6 +3,8 @@ which the console's queue shows beside the receipts to reconcile."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 
@@ -34,10 +36,11 @@ async def seeded() -> Kernel:
     return kernel
 
 
-async def listed(client: httpx.AsyncClient, query: str = "") -> dict:
+async def listed(client: httpx.AsyncClient, query: str = "") -> dict[str, Any]:
     response = await client.get(f"/v1/interactions{query}")
     assert response.status_code == 200, response.text
-    return response.json()
+    result: dict[str, Any] = response.json()
+    return result
 
 
 async def test_each_token_sees_the_pending_confirmations_of_its_own_tenant_only() -> None:

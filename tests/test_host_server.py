@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import sqlite3
 import subprocess
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -179,7 +181,7 @@ def test_a_factory_that_takes_db_url_is_given_the_store(
         "    seen.append(db_url)\n"
         "    return host_support.billing_agent()\n"
     )
-    import url_agents
+    url_agents = importlib.import_module("url_agents")  # written above, at run time
 
     assert isinstance(load_agent("url_agents:factory", db_url="sqlite:///app.db"), Agent)
     assert isinstance(load_agent("url_agents:factory"), Agent)
@@ -306,8 +308,11 @@ FUZZ_SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 
+# A case of the OpenAPI document's operations; this test reads only their path.
+FuzzCase = schemathesis.Case[schemathesis.APIOperation[Any, Any, Any, Any]]
 
-def keeps_its_promises(target: FuzzTarget, case: schemathesis.Case) -> None:
+
+def keeps_its_promises(target: FuzzTarget, case: FuzzCase) -> None:
     """No 5xx, every response as documented, schema-invalid requests refused and
     schema-valid ones accepted."""
     positive = bool(case.meta and case.meta.generation.mode.is_positive)
@@ -328,7 +333,7 @@ def keeps_its_promises(target: FuzzTarget, case: schemathesis.Case) -> None:
 @seed(20261129)
 @FUZZ_SETTINGS
 def test_the_open_app_keeps_every_promise_of_its_openapi_document(
-    case: schemathesis.Case,
+    case: FuzzCase,
 ) -> None:
     keeps_its_promises(OPEN, case)
 
@@ -337,7 +342,7 @@ def test_the_open_app_keeps_every_promise_of_its_openapi_document(
 @seed(20261130)
 @FUZZ_SETTINGS
 def test_the_app_with_tokens_keeps_every_promise_of_its_openapi_document(
-    case: schemathesis.Case,
+    case: FuzzCase,
 ) -> None:
     keeps_its_promises(WITH_TOKENS, case)
 
@@ -359,7 +364,7 @@ def test_the_fuzzing_reached_the_resolve_success_path(
         assert turns[200] > turns[409], turns
 
 
-def own_turn_id(case: schemathesis.Case, turn_id: str) -> None:
+def own_turn_id(case: FuzzCase, turn_id: str) -> None:
     """Apply the one rule of a turn that OpenAPI cannot state: the turn ID comes from the
     body or the Idempotency-Key header, and not two different ones (otherwise 400/422).
     Every positive case gets a turn ID of its own: a reused one would be a 409 conflict."""

@@ -135,7 +135,7 @@ def first_write_agent(gate: Gate, provider_calls: list[str]) -> Agent:
 async def test_a_tenantless_token_cannot_resolve_a_receipt_of_a_first_turn_in_flight(
     store: RecordedDurability, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate, provider_calls = Gate(), []
+    gate, provider_calls = Gate(), list[str]()
     kernel = Kernel(first_write_agent(gate, provider_calls), store)
     reached = asyncio.Event()
     resolve = store.resolve_receipt
@@ -174,7 +174,7 @@ async def test_a_tenantless_token_cannot_resolve_a_receipt_of_a_first_turn_in_fl
 async def test_a_tenantless_token_cannot_read_a_first_turn_committed_while_it_looked(
     store: RecordedDurability, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate, provider_calls = Gate(), []
+    gate, provider_calls = Gate(), list[str]()
     kernel = Kernel(first_write_agent(gate, provider_calls), store)
     recorder = await store.recorder()
     read_thread = recorder.read_thread

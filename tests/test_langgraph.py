@@ -16,13 +16,15 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGenerationChunk
 from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
@@ -169,10 +171,13 @@ class StreamingChatModel(ScriptedChatModel):
     streaming: bool = False
     streamed: list[int] = []  # noqa: RUF012  (one list per test's instance, set there)
 
-    async def _astream(self, messages: list[BaseMessage], stop: Any = None, **kw: Any) -> Any:
-        from langchain_core.messages import AIMessageChunk
-        from langchain_core.outputs import ChatGenerationChunk
-
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kw: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
         self.streamed.append(len(messages))
         message = self.script(messages)
         if message.tool_calls:
@@ -1121,7 +1126,7 @@ async def test_two_processes_on_one_thread_take_turns_and_lose_nothing(
     asks = tmp_path / "asks.jsonl"
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    both = {
+    both: dict[str, Any] = {
         "asks": str(asks),
         "delay": 0.3,
         "barrier": {"dir": str(barrier), "count": 2},

@@ -4,7 +4,7 @@ decision, on every store and in both of the middleware's interrupt modes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from langchain.agents import create_agent
@@ -18,13 +18,14 @@ from intention_kernel.integrations.langgraph import KernelAgent
 from intention_kernel.turns import TurnResult
 from langgraph_support import ScriptedChatModel
 
-MODES = ["batched", "per_call"]
+Mode = Literal["batched", "per_call"]
+MODES: list[Mode] = ["batched", "per_call"]
 
 
 class Mail:
     """An agent that asks to email Alice once, then says what the tool answered."""
 
-    def __init__(self, mode: str, allowed: list[str] | None = None) -> None:
+    def __init__(self, mode: Mode, allowed: list[str] | None = None) -> None:
         self.sent: list[tuple[str, str]] = []
         self.model = ScriptedChatModel(script=self.script)
 
@@ -72,7 +73,7 @@ def _answer(asked: TurnResult, **fields: Any) -> Answer:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_an_accept_approves_the_shown_call_which_runs_once(
-    store: Durability, mode: str
+    store: Durability, mode: Mode
 ) -> None:
     mail = Mail(mode)
     kernel, asked = await mail.ask(store)
@@ -85,7 +86,7 @@ async def test_an_accept_approves_the_shown_call_which_runs_once(
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_an_accept_with_args_edits_the_call(store: Durability, mode: str) -> None:
+async def test_an_accept_with_args_edits_the_call(store: Durability, mode: Mode) -> None:
     mail = Mail(mode)
     kernel, asked = await mail.ask(store)
     edited = {"args": {"to": "bob", "body": "hello"}}
@@ -98,7 +99,7 @@ async def test_an_accept_with_args_edits_the_call(store: Durability, mode: str) 
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_rejects_reason_reaches_the_model_and_nothing_runs(
-    store: Durability, mode: str
+    store: Durability, mode: Mode
 ) -> None:
     mail = Mail(mode)
     kernel, asked = await mail.ask(store)
@@ -111,7 +112,7 @@ async def test_a_rejects_reason_reaches_the_model_and_nothing_runs(
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_response_is_the_tools_result_and_the_tool_never_runs(
-    store: Durability, mode: str
+    store: Durability, mode: Mode
 ) -> None:
     mail = Mail(mode)
     kernel, asked = await mail.ask(store)
@@ -127,7 +128,7 @@ async def test_a_response_is_the_tools_result_and_the_tool_never_runs(
     [{"args": {"to": "bob", "body": "x"}}, {"respond": "no"}, {"what": 1}, "yes", {"args": 3}],
 )
 async def test_an_answer_the_review_does_not_allow_fails_the_step_and_runs_nothing(
-    store: Durability, value: Any, mode: str
+    store: Durability, value: Any, mode: Mode
 ) -> None:
     mail = Mail(mode, allowed=["approve", "reject"])
     kernel, asked = await mail.ask(store)

@@ -298,7 +298,12 @@ async def test_a_config_without_a_thread_is_refused_with_nothing_stored(
     store_url: StoreURL,
 ) -> None:
     async with KernelSaver(store_url()) as saver:
-        for config in ({"configurable": {}}, {}, {"configurable": {"thread_id": ""}}):
+        configs: list[RunnableConfig] = [
+            {"configurable": {}},
+            {},
+            {"configurable": {"thread_id": ""}},
+        ]
+        for config in configs:
             with pytest.raises(InvalidRequestError, match="thread_id"):
                 await saver.aput(config, generate_checkpoint(), generate_metadata(), {})
             with pytest.raises(InvalidRequestError, match="thread_id"):
@@ -457,7 +462,7 @@ def _two_writers(url: str, thread_id: str, folder: Path) -> list[dict[str, Any]]
     import sys
 
     worker = Path(__file__).with_name("langgraph_saver_worker.py")
-    barrier = {"dir": str(folder / f"barrier-{thread_id}"), "count": 2}
+    barrier: dict[str, Any] = {"dir": str(folder / f"barrier-{thread_id}"), "count": 2}
     Path(barrier["dir"]).mkdir()
     procs = [
         subprocess.Popen(
@@ -540,7 +545,8 @@ def test_two_processes_driving_one_thread_one_wins_the_other_is_refused(
                 "two",
                 "three",
             ]
-            lineage, cursor = [], latest
+            lineage: list[object] = []
+            cursor: CheckpointTuple | None = latest
             while cursor is not None:
                 lineage.append(cursor.metadata.get("writer"))
                 parent = cursor.parent_config
@@ -608,7 +614,8 @@ def test_a_run_killed_between_steps_goes_on_from_its_last_checkpoint_in_another_
             latest = saver.get_tuple(config)
             assert latest is not None
             assert latest.checkpoint["channel_values"]["seen"] == ["first", "one", "two", "three"]
-            lineage, cursor = [], latest
+            lineage: list[str] = []
+            cursor: CheckpointTuple | None = latest
             while cursor is not None:
                 lineage.append(cursor.checkpoint["id"])
                 parent = cursor.parent_config

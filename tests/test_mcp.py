@@ -124,7 +124,8 @@ async def tickets_server(transport: str, dir: Path) -> AsyncIterator[Tickets]:
 
     holder = asyncio.create_task(hold())
     try:
-        await asyncio.wait([ready, holder], return_when=asyncio.FIRST_COMPLETED)
+        either: list[asyncio.Future[Any]] = [ready, holder]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if not ready.done():
             await holder  # it failed before the client was connected: raise why
         yield ready.result()

@@ -81,7 +81,8 @@ class TestRecorderThatDeclaresNothing(DurabilityConformance):
 
     @pytest.fixture
     def make_durability(self) -> Callable[[], Durability]:
-        recorder = _UndeclaredRecorder()
+        # The loop above sets its methods at run time, where mypy cannot see them.
+        recorder = _UndeclaredRecorder()  # type: ignore[abstract]
         assert recorder.options == RecorderOptions()
         assert not recorder.options.finishes_writes_when_cancelled
         assert not recorder.options.attempts_outlive_lock

@@ -458,7 +458,9 @@ async def test_inbox_entries_stored_before_migration_19_are_queued_messages(
 async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:
     """``schema`` and ``lock_timeout`` in the URL reach the adapter; every other query
     parameter reaches libpq as it was written; the CLI opens the same store."""
-    assert open_durability(store.dsn).schema == "intention_kernel"  # the default
+    default = open_durability(store.dsn)
+    assert isinstance(default, PostgresDurability)
+    assert default.schema == "intention_kernel"  # the default
     app_name = f"url {store.schema}"
     url = with_query(
         store.dsn, f"schema={store.schema}&lock_timeout=0.3&application_name=url%20{store.schema}"
@@ -603,8 +605,9 @@ async def test_a_zero_lock_timeout_bounds_only_the_wait_for_a_busy_thread(store:
 def test_a_wait_that_never_ends_or_is_negative_is_refused(
     option: str, value: float, postgres_dsn: str
 ) -> None:
+    options: dict[str, Any] = {option: value}
     with pytest.raises(ValueError, match=option):
-        PostgresDurability(postgres_dsn, **{option: value})
+        PostgresDurability(postgres_dsn, **options)
     if option == "lock_timeout":
         with pytest.raises(ValueError, match=option):
             open_durability(with_query(postgres_dsn, f"lock_timeout={value}"))

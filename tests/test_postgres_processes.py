@@ -433,5 +433,5 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
     # Every lease was let go of, but those of the victims, which lapse on their own.
     live = "SELECT owner FROM ik_leases WHERE expires_at > clock_timestamp()"
     owners = [owner for (owner,) in cluster.query(cluster.schema, live)]
-    victim_pids = {str(workers[v].pid) for v in victims}
-    assert all(owner.split(":")[1] in victim_pids for owner in owners), owners
+    victim_owners = {str(workers[v].pid) for v in victims}
+    assert all(owner.split(":")[1] in victim_owners for owner in owners), owners

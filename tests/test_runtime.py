@@ -72,9 +72,9 @@ async def test_an_interpreter_that_raises_commits_nothing_and_can_be_retried() -
         "accept",
         {"intents": []},
         Interpretation(intents="billing.balance"),  # type: ignore[arg-type]
-        Interpretation(intents=[{"capability_id": "x"}]),
-        Interpretation(answer="maybe"),
-    ],  # type: ignore[list-item, arg-type]
+        Interpretation(intents=[{"capability_id": "x"}]),  # type: ignore[list-item]
+        Interpretation(answer="maybe"),  # type: ignore[arg-type]
+    ],
 )
 async def test_an_interpreter_returning_garbage_is_a_typed_error(garbage: Any) -> None:
     kernel, durability = _kernel(script=lambda request: garbage)

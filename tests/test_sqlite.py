@@ -410,8 +410,9 @@ def test_a_wait_that_never_ends_or_is_negative_is_refused(
     option: str, value: float, tmp_path: Path
 ) -> None:
     """NaN compares false with every deadline, so it would wait forever, as infinity does."""
+    options: dict[str, Any] = {option: value}
     with pytest.raises(ValueError, match=option):
-        SQLiteDurability(tmp_path / "k.db", **{option: value})
+        SQLiteDurability(tmp_path / "k.db", **options)
     assert list(tmp_path.iterdir()) == []
 
 

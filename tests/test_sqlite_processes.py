@@ -41,7 +41,7 @@ from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.effects import ReceiptStatus
 from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.testing.conformance import commit_for
-from intention_kernel.turns import TurnCommit, TurnScope
+from intention_kernel.turns import OutboxEvent, TurnCommit, TurnScope
 
 WORKER = Path(__file__).with_name("sqlite_worker.py")
 CRASH_STATUS = 137  # what the worker exits with when it simulates a crash
@@ -175,8 +175,10 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 async def assert_outbox_holds_only_committed_turns(cluster: Cluster) -> None:
     """Events exist only for committed turns: one ``turn.committed`` each, and the
     per-thread ``seq`` runs 1, 2, 3... without gaps in commit order."""
-    versions = {(t, u): v for t, u, v in cluster.committed_turns()}
-    events = []
+    versions: dict[tuple[str, str | None], int] = {
+        (t, u): v for t, u, v in cluster.committed_turns()
+    }
+    events: list[OutboxEvent] = []
     async with SQLiteDurability(cluster.db) as durability:
         while batch := await durability.read_outbox(
             after=events[-1].position if events else None, limit=100

@@ -19,7 +19,6 @@ import pytest
 
 from intention_kernel import Kernel
 from intention_kernel.checkpoint import (
-    FactRecord,
     Message,
     ReceiptRef,
     assemble_checkpoint,
@@ -30,6 +29,7 @@ from intention_kernel.checkpoint import (
     encode_receipt_ref,
 )
 from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.facts import FactRecord
 from intention_kernel.turns import decode_result, encode_result, request_digest
 from stored_bytes_support import TURNS, agent
 
@@ -80,7 +80,10 @@ def test_every_stored_checkpoint_core_is_encoded_again_to_the_same_bytes(stored:
         messages = [
             b for (b,) in rows(stored, f"SELECT body FROM ik_messages {where} ORDER BY seq")
         ]
-        facts = rows(stored, f"SELECT key, body FROM ik_facts {where} ORDER BY rowid")
+        facts = [
+            (key, body)
+            for key, body in rows(stored, f"SELECT key, body FROM ik_facts {where} ORDER BY rowid")
+        ]
         index = [
             b for (b,) in rows(stored, f"SELECT body FROM ik_receipt_index {where} ORDER BY seq")
         ]
