@@ -17,13 +17,16 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 from bench.counting import install_sqlite_trace
 
-POLICIES = ("wait", "queue", "steer", "interrupt")
+OnBusy = Literal["wait", "reject", "queue", "steer", "interrupt"]
+
+POLICIES: tuple[OnBusy, ...] = ("wait", "queue", "steer", "interrupt")
 
 
-async def one_round(policy: str, root: Path, turns: int) -> tuple[float, float]:
+async def one_round(policy: OnBusy, root: Path, turns: int) -> tuple[float, float]:
     """Seconds per turn and statements per turn for ``turns`` turns under ``policy``."""
     from intention_kernel import Kernel
     from intention_kernel.durability.sqlite import SQLiteDurability

@@ -111,7 +111,7 @@ async def measure(store: Durability, args: argparse.Namespace) -> dict[str, Any]
     lost = sorted(set(due) - set(started))
     latencies = sorted(started[k] - due[k].timestamp() for k in due if k in started)
     fired = await kernel.timers(status="fired", limit=len(due) + 1)
-    turns = await store.read_outbox(limit=10 * len(due) + 10)  # type: ignore[attr-defined]
+    turns = await store.read_outbox(limit=10 * len(due) + 10)
     committed = [e for e in turns if e.type == "turn.committed"]
     return {
         "pending": args.pending,

@@ -5,8 +5,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from typing import Any
 
-from intention_kernel import Agent, Intent, Interpretation, InterpretationRequest, Kernel
+from intention_kernel import (
+    Agent,
+    Intent,
+    Interpretation,
+    InterpretationRequest,
+    Interpreter,
+    Kernel,
+)
 from intention_kernel.durability import Durability
 from intention_kernel.testing.agents import FakeProvider, billing_agent
 
@@ -44,9 +52,9 @@ class StreamingRounds:
         return Interpretation(reply="r3a r3b ")
 
 
-def streams_kernel(store: Durability, interpreter: object, **options: object) -> Kernel:
+def streams_kernel(store: Durability, interpreter: Interpreter, **options: Any) -> Kernel:
     agent = dataclasses.replace(billing_agent(FakeProvider()), interpreter=interpreter)
-    return Kernel(agent, store, **options)  # type: ignore[arg-type]
+    return Kernel(agent, store, **options)
 
 
 #: The seconds round 2 of :func:`host_agent`'s model sleeps first.

@@ -657,11 +657,13 @@ async def test_a_turn_validates_the_stored_history_once_however_long_it_is(
     """The history is read once a turn, by the run that needs it: the interpreter
     reads only the calls held for approval. Validating every message twice a turn
     made each turn cost more, the longer its thread."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
     from intention_kernel.integrations.pydantic_ai import _held
     from intention_kernel.testing import InMemoryDurability
 
     validated: list[int] = []
-    real = _held.ModelMessagesTypeAdapter
+    real = ModelMessagesTypeAdapter
 
     class Counting:
         def validate_python(self, value: Any) -> Any:

@@ -171,7 +171,7 @@ async def test_a_redelivered_turn_hands_over_the_same_steers_at_the_same_round(
 
 
 def test_a_chat_model_reads_the_steers_after_the_rounds_outcomes() -> None:
-    response = {"role": "assistant", "content": None, "tool_calls": []}
+    response: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": []}
     [assistant, person] = round_messages(
         [Round(Interpretation(response=response), steered=("make it blue",))]
     )

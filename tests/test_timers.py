@@ -106,7 +106,7 @@ def make_kernel(store: Durability, clock: Clock) -> tuple[Kernel, Interpreter]:
 
 
 async def events_of(store: Durability, type: str) -> list[Any]:
-    return [e for e in await store.read_outbox(limit=1000) if e.type == type]  # type: ignore[attr-defined]
+    return [e for e in await store.read_outbox(limit=1000) if e.type == type]
 
 
 async def test_a_timer_set_in_a_turn_fires_once_as_a_turn_when_due(store: Durability) -> None:
@@ -260,7 +260,7 @@ async def test_bad_timer_input_is_refused_and_changes_nothing(
     with pytest.raises(InvalidRequestError, match=problem):
         await kernel.schedule("t", "k", **when)
     assert await kernel.timers() == []
-    assert await store.read_outbox() == []  # type: ignore[attr-defined]
+    assert await store.read_outbox() == []
 
 
 @pytest.mark.parametrize("key", ["", "x" * 300, "a\x00b", 7])

@@ -20,7 +20,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -169,6 +169,7 @@ async def test_a_redelivery_streams_recorded_rounds_with_their_ids(store: Durabi
     watcher = kernel.watch_turn(THREAD, "t1", poll=0.01)
     watched = [await anext(watcher) for _ in range(5)]
     assert watched == [e for e in first if position(e)[0] <= 2]
+    assert isinstance(watcher, AsyncGenerator)  # watch_turn is an async generator
     await watcher.aclose()
     consumer.cancel()
     for task in list(kernel._streaming):
@@ -309,6 +310,7 @@ async def test_a_stream_killed_mid_turn_is_resumed_by_another_process(sql_store:
             # While the first process is stuck in round 3, another watches it.
             watcher = streams_kernel(store, StreamingRounds()).watch_turn(THREAD, "t1", poll=0.02)
             recorded = [await anext(watcher) for _ in range(5)]
+            assert isinstance(watcher, AsyncGenerator)  # watch_turn is an async generator
             await watcher.aclose()
         os.kill(worker.pid, signal.SIGKILL)
         assert worker.wait(timeout=30) == -signal.SIGKILL
