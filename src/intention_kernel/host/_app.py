@@ -116,6 +116,13 @@ def create_app(
             _not_allowed("POST"),
             methods=["GET", "PUT", "PATCH", "DELETE"],
         ),
+        # As for ".../turns": "x/timers" is thread x's timers, not a thread of that ID.
+        Route("/v1/threads/{thread_id:path}/timers", guarded(api.get_timers), methods=["GET"]),
+        Route(
+            "/v1/threads/{thread_id:path}/timers",
+            _not_allowed("GET"),
+            methods=["POST", "PUT", "PATCH", "DELETE"],
+        ),
         Route("/v1/threads/{thread_id:path}", guarded(api.get_thread), methods=["GET"]),
         Route("/v1/receipts", guarded(api.list_receipts), methods=["GET"]),
         Route("/v1/interactions", guarded(api.list_interactions), methods=["GET"]),
