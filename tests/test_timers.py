@@ -176,6 +176,43 @@ async def test_a_cancelled_timer_never_fires(store: Durability) -> None:
     assert len(await events_of(store, "timer.cancelled")) == 2
 
 
+async def test_cancelling_a_key_with_no_timer_emits_nothing(store: Durability) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    result = await kernel.turn("t", "1", "cancel nothing")
+    assert result.steps[0].status == "completed"
+    assert await events_of(store, "timer.cancelled") == []
+    await kernel.turn("t", "2", "remind r1")
+    await kernel.turn("t", "3", "cancel r1")
+    await kernel.turn("t", "4", "cancel r1")  # cancelled already: nothing to announce
+    clock.move(hours=1)
+    await kernel.schedule("t", "r2", at=START)
+    (fired,) = await kernel.fire_due_timers()
+    await kernel.turn("t", "5", "cancel r2")  # fired: no pending timer to cancel
+    assert [e.turn_id for e in await events_of(store, "timer.cancelled")] == ["3"]
+
+
+async def test_a_key_set_and_cancelled_in_one_turn_announces_both(store: Durability) -> None:
+    @capability("notes.flip", effect="read", description="Set a reminder, then cancel it")
+    async def flip(input: dict[str, Any], ctx: CapabilityContext) -> str:
+        ctx.cancel_timer("k")  # nothing yet: no event
+        ctx.schedule("k", after=timedelta(minutes=1))
+        ctx.cancel_timer("k")
+        ctx.cancel_timer("k")  # cancelled already: no event
+        return "flipped"
+
+    class Flipper:
+        async def interpret(self, request: InterpretationRequest) -> Interpretation:
+            return Interpretation([Intent("notes.flip", {})])
+
+    agent = Agent(name="f", version="1", capabilities=[flip], interpreter=Flipper())
+    kernel = Kernel(agent, store)
+    await kernel.turn("t", "1", "go")
+    events = [e.type for e in await store.read_outbox(limit=100) if e.type.startswith("timer.")]
+    assert events == ["timer.set", "timer.cancelled"]
+    assert await kernel.timers("t") == []
+
+
 async def test_kernel_schedule_sets_a_timer_from_application_code(store: Durability) -> None:
     clock = Clock()
     kernel, _ = make_kernel(store, clock)

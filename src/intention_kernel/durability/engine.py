@@ -34,7 +34,13 @@ from intention_kernel.durability._resolution import (
     suggest_keys,
 )
 from intention_kernel.durability._transaction import Transaction
-from intention_kernel.durability.contract import InboxRecorder, Recorder, StreamRecorder
+from intention_kernel._timers import cancelled_keys, founded_cancels
+from intention_kernel.durability.contract import (
+    InboxRecorder,
+    Recorder,
+    StreamRecorder,
+    TimerRecorder,
+)
 from intention_kernel.durability.ownership import owner_of, owns
 from intention_kernel.durability.records import (
     InboxEntry,
@@ -77,6 +83,22 @@ from intention_kernel.turns import (
 )
 
 __all__ = ["RecordedDurability"]
+
+
+async def _founded_cancels(recorder: Recorder, thread_id: str, commit: TurnCommit) -> TurnCommit:
+    """``commit`` without a ``timer.cancelled`` of a key that had no pending timer: a
+    cancel of nothing announces nothing. Read under the thread's lock, which every
+    write of a thread's timers holds, so the answer stands until the commit."""
+    keys = cancelled_keys(commit.events) if isinstance(commit, TurnCommit) else set()
+    if not keys or not isinstance(recorder, TimerRecorder):
+        return commit
+    pending: set[str] = set()
+    for key in sorted(keys):
+        timer = await recorder.read_timer(thread_id, key)
+        if timer is not None and timer.status == "pending":
+            pending.add(key)
+    events = founded_cancels(commit.events, pending)
+    return commit if len(events) == len(commit.events) else replace(commit, events=events)
 
 
 class RecordedDurability:
@@ -209,6 +231,7 @@ class RecordedDurability:
                 await tx.settle(cancel=True)
                 raise
             await tx.settle(cancel=False)
+            commit = await _founded_cancels(recorder, scope.thread_id, commit)
             if tx.refused is not None:
                 raise TenantMismatchError(
                     f"turn {scope.turn_id!r} met a receipt of another tenant on thread "
