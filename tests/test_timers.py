@@ -24,6 +24,7 @@ from intention_kernel import (
     ReservedTurnIdError,
     capability,
 )
+from intention_kernel._timer_runner import _fire
 from intention_kernel.durability import Durability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.operations import expire_interactions, prune
@@ -523,11 +524,33 @@ async def test_the_sweep_and_the_expiry_timer_expire_a_confirmation_once(
     clock.move(minutes=31)
     report = await expire_interactions(store, clock=clock)  # type: ignore[arg-type]
     assert report.expired == 1
-    outcomes = sorted(f.outcome for f in await kernel.fire_due_timers())
-    # The reminder is late and void; the expiry's turn was the sweep's: replayed.
-    assert outcomes == ["replayed", "void"]
-    assert len(await events_of(store, "interaction.expired")) == 1
+    # The sweep's commit took the expiry and reminder timers with it.
+    assert await kernel.timers("t") == []
     assert await kernel.fire_due_timers() == []
+    assert len(await events_of(store, "interaction.expired")) == 1
+
+
+async def test_an_expiry_timer_claimed_before_the_sweep_replays_its_turn(
+    store: Durability,
+) -> None:
+    clock = Clock()
+    kernel = approval_kernel(store, clock)
+    opened = await kernel.turn("t", "1", "ship o1")
+    assert opened.interaction is not None
+    clock.move(minutes=31)
+    recorder = await store.recorder()  # type: ignore[attr-defined]
+    now = clock()
+    claimed = await recorder.claim_timers(now, now + timedelta(seconds=60), 10)
+    assert len(claimed) == 2  # a worker claimed both, then the sweep ran first
+    await expire_interactions(store, clock=clock)  # type: ignore[arg-type]
+    assert await kernel.timers("t") == []
+    # The worker goes on with what it claimed: the expiry replays the sweep's turn,
+    # the reminder finds its row gone; neither commits anything.
+    outcomes = {t.key.split(":")[1]: (await _fire(kernel, recorder, t)).outcome for t in claimed}
+    assert outcomes == {"expire": "replayed", "remind": "stale"}
+    assert await kernel.timers("t") == []
+    assert len(await events_of(store, "interaction.expired")) == 1
+    assert len(await events_of(store, "turn.committed")) == 2
 
 
 async def test_a_kernel_timer_key_is_refused_to_applications(store: Durability) -> None:
