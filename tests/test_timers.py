@@ -5,6 +5,7 @@ fired once as a turn under a turn ID made of its key and due time. On every stor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,6 +22,7 @@ from intention_kernel import (
     InterpretationRequest,
     InvalidRequestError,
     Kernel,
+    Queued,
     ReservedTurnIdError,
     capability,
 )
@@ -390,6 +392,35 @@ async def test_a_timer_on_a_busy_thread_waits_for_the_running_turn(store: Durabi
     assert outcomes == {("t", "fired"), ("other", "fired")}
     checkpoint = await kernel.checkpoint("t")
     assert checkpoint is not None and checkpoint.version == 2
+
+
+async def test_a_timer_on_a_busy_inbox_thread_waits_for_the_lock_not_in_the_inbox(
+    store: Durability,
+) -> None:
+    held = Held()
+    agent = dataclasses.replace(held.agent(), on_busy="queue")
+    kernel = Kernel(agent, store)
+    await kernel.schedule("t", "soon", after=timedelta(0))
+    running = asyncio.create_task(kernel.turn("t", "1", "go"))
+    await asyncio.wait_for(held.entered.wait(), 10)
+    for turn_id in ("2", "3"):
+        assert isinstance(await kernel.submit("t", turn_id, "more"), Queued)
+    firing = asyncio.create_task(kernel.fire_due_timers())
+    await asyncio.sleep(0.05)
+    assert not firing.done()  # it waits for the thread's lock
+    assert [e.turn_id for e in await store.read_inbox("t")] == ["2", "3"]  # type: ignore[attr-defined]
+    held.release.set()
+    await running
+    (fired,) = await asyncio.wait_for(firing, 10)
+    assert fired.outcome == "fired"
+    await asyncio.wait_for(kernel.drain("t"), 10)
+    # Every turn ran once, one at a time; the queued ones in their order. Where the
+    # timer's turn fell among them is the order the lock was granted in.
+    committed = [e.turn_id for e in await events_of(store, "turn.committed")]
+    assert sorted(committed) == sorted(["1", "2", "3", fired.turn_id])
+    assert committed.index("2") < committed.index("3")
+    checkpoint = await kernel.checkpoint("t")
+    assert checkpoint is not None and checkpoint.version == 4
 
 
 async def test_a_timer_firing_waits_for_a_turn_running_on_its_thread(store: Durability) -> None:
