@@ -731,7 +731,9 @@ def test_a_threads_pending_timers_are_shown_earliest_first(host: Host, page: Any
     expect(timers.nth(1)).to_contain_text("follow-up · due ")
     expect(timers.nth(1)).to_contain_text("ask whether 42 was paid")
     due = datetime.fromisoformat(
-        httpx.get(f"{host.url}/v1/threads/{THREAD}/timers", timeout=30).json()["timers"][0]["due_at"]
+        httpx.get(f"{host.url}/v1/threads/{THREAD}/timers", timeout=30).json()["timers"][0][
+            "due_at"
+        ]
     )
     shown = page.evaluate("(iso) => new Date(iso).toLocaleString()", due.isoformat())
     expect(timers.nth(1)).to_contain_text(shown)  # the due time, as the browser writes it

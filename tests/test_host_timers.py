@@ -84,7 +84,11 @@ async def test_a_threads_timers_are_listed_to_its_tenant_only(store: Durability)
         ]
         later, weekly = body["timers"]
         assert datetime.fromisoformat(later["due_at"]) == LATER
-        assert (later["message"], later["data"], later["every_seconds"]) == ("remind", {"n": 1}, None)
+        assert (later["message"], later["data"], later["every_seconds"]) == (
+            "remind",
+            {"n": 1},
+            None,
+        )
         assert weekly["every_seconds"] == 7 * 24 * 3600
         fired = await web.get("/v1/threads/t/timers", params={"status": "fired"})
         assert (fired.status_code, fired.json()["timers"]) == (200, [])
@@ -96,9 +100,9 @@ async def test_a_threads_timers_are_listed_to_its_tenant_only(store: Durability)
             assert refused.status_code == 404, refused.text
             assert refused.json()["type"] == "/problems/not-found"
         # A thread with timers and no turn yet: its timers' tenant reads them, no other.
-        assert [t["key"] for t in (await globex.get("/v1/threads/free/timers")).json()["timers"]] == [
-            "nudge"
-        ]
+        assert [
+            t["key"] for t in (await globex.get("/v1/threads/free/timers")).json()["timers"]
+        ] == ["nudge"]
         assert (await web.get("/v1/threads/free/timers")).status_code == 404
         async with asgi_client(app, "acme-ops") as ops:  # an operator reads it as a user does
             assert len((await ops.get("/v1/threads/t/timers")).json()["timers"]) == 2

@@ -154,6 +154,7 @@ async def test_a_timers_turn_records_a_turn_span_naming_the_timer(
         (fired,) = await kernel.fire_due_timers()
         await kernel.schedule("t1", "nudge", at=fired.due_at, tenant_id="acme")
         (again,) = await kernel.fire_due_timers()  # the same occurrence: a replay
+        assert again.outcome == "replayed"
     turns = [s for s in exporter.get_finished_spans() if s.name == "intention_kernel.turn"]
     assert len(turns) == 2
     first, second = (dict(s.attributes or {}) for s in turns)
@@ -170,8 +171,9 @@ async def test_a_timers_turn_records_a_turn_span_naming_the_timer(
     assert (second[P + "timer_outcome"], second[P + "replayed"]) == ("replayed", True)
     # The timer's interpretation and commit are children of its turn span.
     children = {
-        s.name for s in exporter.get_finished_spans() if s.parent is not None
-        and s.parent.span_id == turns[0].context.span_id
+        s.name
+        for s in exporter.get_finished_spans()
+        if s.parent is not None and s.parent.span_id == turns[0].context.span_id
     }
     assert {"intention_kernel.interpret", "intention_kernel.commit"} <= children
 

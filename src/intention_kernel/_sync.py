@@ -29,8 +29,8 @@ import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
-from types import TracebackType
 from datetime import datetime, timedelta
+from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from intention_kernel._inbox import Cancellation, Queued

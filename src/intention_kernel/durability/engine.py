@@ -21,6 +21,7 @@ from intention_kernel import _faults, _tracing
 from intention_kernel._calls import is_async_callable
 from intention_kernel._ids import check_id
 from intention_kernel._json import describe_error, normalize
+from intention_kernel._timers import cancelled_keys, founded_cancels
 from intention_kernel.checkpoint import KernelCheckpoint, delta_between
 from intention_kernel.durability import TurnOperation
 from intention_kernel.durability._checkpoints import CheckpointCache, decode
@@ -34,7 +35,6 @@ from intention_kernel.durability._resolution import (
     suggest_keys,
 )
 from intention_kernel.durability._transaction import Transaction
-from intention_kernel._timers import cancelled_keys, founded_cancels
 from intention_kernel.durability.contract import (
     InboxRecorder,
     Recorder,
