@@ -107,7 +107,7 @@ def create_app(
         Route(
             "/v1/threads/{thread_id:path}/turns/{turn_id}",
             _not_allowed("GET", "DELETE"),
-            methods=["POST", "PUT", "PATCH"],
+            methods=["POST", "PUT", "PATCH", "OPTIONS"],
         ),
         # Any other method on a turns path: without this route, a GET would match the
         # thread route below with "x/turns" as the thread ID and answer 404.
