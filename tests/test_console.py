@@ -759,6 +759,10 @@ def test_a_deadline_shows_the_time_left_and_then_that_it_passed(
     page.get_by_role("button", name="Send").click()
     expires = page.locator("#confirmation-expires")
     expect(expires).to_contain_text("14 min 0 s left")
+    timers = page.locator("#timers-list .timer")
+    expect(timers).to_have_count(1)  # the kernel's own: the confirmation's expiry
+    expect(timers.nth(0)).to_contain_text("kernel:expire:")
+    expect(timers.nth(0)).to_contain_text("expires the pending confirmation")
     page.clock.set_fixed_time(NOW + timedelta(minutes=15, seconds=1))
     expect(expires).to_contain_text("overdue: an accept now runs nothing")
 

@@ -155,6 +155,13 @@ function renderInbox(waiting) {
   );
 }
 
+// What the kernel's own timers do; an application's timer shows its message.
+function kernelTimerNote(key) {
+  if (key.startsWith("kernel:expire:")) return "expires the pending confirmation";
+  if (key.startsWith("kernel:remind:")) return "reminds of the pending confirmation";
+  return "";
+}
+
 // The thread's pending timers: turns the kernel runs later, earliest first. A key
 // beginning with "kernel:" is the kernel's own (a confirmation's expiry or reminder).
 function renderTimers(timers) {
@@ -169,7 +176,7 @@ function renderTimers(timers) {
       if (timer.cron) every = ` · cron ${timer.cron}`;
       else if (timer.every_seconds) every = ` · every ${duration(timer.every_seconds)}`;
       item.append(el("span", "who", `${timer.key} · due ${due}${every}`));
-      item.append(el("span", "text", timer.message || ""));
+      item.append(el("span", "text", timer.message || kernelTimerNote(timer.key)));
       return item;
     }),
   );
