@@ -193,6 +193,9 @@ async def test_cancelling_a_key_with_no_timer_emits_nothing(store: Durability) -
     assert len(await kernel.fire_due_timers()) == 1
     await kernel.turn("t", "5", "cancel r2")  # fired: no pending timer to cancel
     assert [e.turn_id for e in await events_of(store, "timer.cancelled")] == ["3"]
+    # The fired timer's row stays, as Kernel.cancel_timer leaves it.
+    assert [(t.key, t.status) for t in await kernel.timers("t")] == [("r2", "fired")]
+    assert await kernel.cancel_timer("t", "r2") is False
 
 
 async def test_a_key_set_and_cancelled_in_one_turn_announces_both(store: Durability) -> None:

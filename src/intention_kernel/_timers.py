@@ -45,6 +45,7 @@ __all__ = [
     "next_due",
     "plan_timer",
     "set_event",
+    "set_keys",
     "settled",
     "timer_digest",
     "timer_turn_id",
@@ -317,6 +318,11 @@ def cancelled_event(key: str, reason: str = "cancelled") -> EventDraft:
 def cancelled_keys(events: Iterable[EventDraft]) -> set[str]:
     """The keys whose ``timer.cancelled`` ``events`` announce."""
     return {str(e.payload["key"]) for e in events if e.type == "timer.cancelled"}
+
+
+def set_keys(events: Iterable[EventDraft]) -> set[str]:
+    """The keys whose ``timer.set`` ``events`` announce."""
+    return {str(e.payload["key"]) for e in events if e.type == "timer.set"}
 
 
 def founded_cancels(events: Iterable[EventDraft], pending: set[str]) -> tuple[EventDraft, ...]:

@@ -322,8 +322,8 @@ class CapabilityContext:
 
     def cancel_timer(self, key: str) -> None:
         """Cancel timer ``key`` of this thread, with this turn's commit. A key with no
-        pending timer is no error, and no event. Otherwise ``timer.cancelled`` is
-        emitted with the turn."""
+        pending timer is no error, and changes nothing: a fired timer's row stays.
+        Otherwise ``timer.cancelled`` is emitted with the turn."""
         from intention_kernel._timers import cancelled_event, check_key
         from intention_kernel.durability.records import TimerWrite
 
