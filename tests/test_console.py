@@ -711,6 +711,43 @@ def test_a_threads_inbox_is_shown_and_a_message_can_be_removed_from_it(
         assert [m["turn_id"] for m in thread["messages"] if m["role"] == "user"] == ["0", "1", "3"]
 
 
+def schedule(host: Host, key: str, **when: Any) -> None:
+    """Set a timer on the host's kernel (its store is one of this process)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(lambda: asyncio.run(host.kernel.schedule(THREAD, key, **when))).result()
+
+
+def test_a_threads_pending_timers_are_shown_earliest_first(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "what do I owe on invoice 42?")
+    schedule(host, "follow-up", after=timedelta(days=2), message="ask whether 42 was paid")
+    schedule(host, "summary", after=timedelta(days=1), every=timedelta(days=7))
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    timers = page.locator("#timers-list .timer")
+    expect(timers).to_have_count(2)
+    expect(timers.nth(0)).to_contain_text("summary · due ")
+    expect(timers.nth(0)).to_contain_text("every 168 h 0 min")
+    expect(timers.nth(1)).to_contain_text("follow-up · due ")
+    expect(timers.nth(1)).to_contain_text("ask whether 42 was paid")
+    due = datetime.fromisoformat(
+        httpx.get(f"{host.url}/v1/threads/{THREAD}/timers", timeout=30).json()["timers"][0][
+            "due_at"
+        ]
+    )
+    shown = page.evaluate("(iso) => new Date(iso).toLocaleString()", due.isoformat())
+    expect(timers.nth(1)).to_contain_text(shown)  # the due time, as the browser writes it
+
+
+def test_a_thread_without_timers_shows_no_timers_section(host: Host, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    host.turn("d1", "what do I owe on invoice 42?")
+    page.goto(f"{host.url}/console?thread={THREAD}")
+    expect(page.locator("#messages .message")).to_have_count(2)
+    expect(page.locator("#timers")).to_be_hidden()
+
+
 def test_a_deadline_shows_the_time_left_and_then_that_it_passed(
     rounds_host: RoundsHost, page: Any
 ) -> None:
@@ -722,6 +759,10 @@ def test_a_deadline_shows_the_time_left_and_then_that_it_passed(
     page.get_by_role("button", name="Send").click()
     expires = page.locator("#confirmation-expires")
     expect(expires).to_contain_text("14 min 0 s left")
+    timers = page.locator("#timers-list .timer")
+    expect(timers).to_have_count(1)  # the kernel's own: the confirmation's expiry
+    expect(timers.nth(0)).to_contain_text("kernel:expire:")
+    expect(timers.nth(0)).to_contain_text("expires the pending confirmation")
     page.clock.set_fixed_time(NOW + timedelta(minutes=15, seconds=1))
     expect(expires).to_contain_text("overdue: an accept now runs nothing")
 

@@ -575,6 +575,29 @@ def test_drain_on_an_agent_that_does_not_queue_runs_its_detached_turns(
         assert [e.type for e in events][-1] == "result"
 
 
+def test_timers_are_set_listed_fired_and_cancelled_from_plain_code(
+    store_url: Callable[[], str],
+) -> None:
+    now = [datetime.datetime(2026, 12, 5, 9, 0, tzinfo=datetime.UTC)]
+    with SyncKernel(billing_agent(FakeProvider()), store_url(), clock=lambda: now[0]) as sync:
+        minute = datetime.timedelta(minutes=1)
+        timer = sync.schedule("t1", "nudge", after=minute, message="any news?", data={"n": 1})
+        assert timer.due_at == now[0] + minute
+        sync.schedule("t1", "dropped", after=minute)
+        assert sync.cancel_timer("t1", "dropped") is True
+        assert sync.cancel_timer("t1", "dropped") is False
+        assert [t.key for t in sync.timers("t1", status="pending")] == ["nudge"]
+        assert sync.fire_due_timers() == []  # not due yet
+        now[0] += minute
+        (fired,) = sync.fire_due_timers()
+        assert fired.outcome == "fired" and fired.turn_id.startswith("timer:nudge@")
+        assert [t.status for t in sync.timers("t1")] == ["fired"]
+        assert sync.fire_due_timers() == []  # once
+        with pytest.raises(InvalidRequestError):
+            sync.schedule("t1", "bad", after=datetime.timedelta(seconds=-1))
+        assert [t.key for t in sync.timers()] == ["nudge"]
+
+
 # -- the twin's surface ------------------------------------------------------------------------
 
 
@@ -593,6 +616,10 @@ def test_drain_on_an_agent_that_does_not_queue_runs_its_detached_turns(
         (SyncKernel.watch_turn, Kernel.watch_turn),
         (SyncKernel.turn_status, Kernel.turn_status),
         (SyncKernel.detach_turn, Kernel.detach_turn),
+        (SyncKernel.schedule, Kernel.schedule),
+        (SyncKernel.cancel_timer, Kernel.cancel_timer),
+        (SyncKernel.timers, Kernel.timers),
+        (SyncKernel.fire_due_timers, Kernel.fire_due_timers),
     ],
 )
 def test_each_sync_method_takes_the_arguments_of_its_async_twin(

@@ -5,6 +5,7 @@ fired once as a turn under a turn ID made of its key and due time. On every stor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,9 +22,11 @@ from intention_kernel import (
     InterpretationRequest,
     InvalidRequestError,
     Kernel,
+    Queued,
     ReservedTurnIdError,
     capability,
 )
+from intention_kernel._timer_runner import _fire
 from intention_kernel.durability import Durability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.operations import expire_interactions, prune
@@ -174,6 +177,46 @@ async def test_a_cancelled_timer_never_fires(store: Durability) -> None:
     clock.move(hours=1)
     assert await kernel.fire_due_timers() == []
     assert len(await events_of(store, "timer.cancelled")) == 2
+
+
+async def test_cancelling_a_key_with_no_timer_emits_nothing(store: Durability) -> None:
+    clock = Clock()
+    kernel, _ = make_kernel(store, clock)
+    result = await kernel.turn("t", "1", "cancel nothing")
+    assert result.steps[0].status == "completed"
+    assert await events_of(store, "timer.cancelled") == []
+    await kernel.turn("t", "2", "remind r1")
+    await kernel.turn("t", "3", "cancel r1")
+    await kernel.turn("t", "4", "cancel r1")  # cancelled already: nothing to announce
+    clock.move(hours=1)
+    await kernel.schedule("t", "r2", at=START)
+    assert len(await kernel.fire_due_timers()) == 1
+    await kernel.turn("t", "5", "cancel r2")  # fired: no pending timer to cancel
+    assert [e.turn_id for e in await events_of(store, "timer.cancelled")] == ["3"]
+    # The fired timer's row stays, as Kernel.cancel_timer leaves it.
+    assert [(t.key, t.status) for t in await kernel.timers("t")] == [("r2", "fired")]
+    assert await kernel.cancel_timer("t", "r2") is False
+
+
+async def test_a_key_set_and_cancelled_in_one_turn_announces_both(store: Durability) -> None:
+    @capability("notes.flip", effect="read", description="Set a reminder, then cancel it")
+    async def flip(input: dict[str, Any], ctx: CapabilityContext) -> str:
+        ctx.cancel_timer("k")  # nothing yet: no event
+        ctx.schedule("k", after=timedelta(minutes=1))
+        ctx.cancel_timer("k")
+        ctx.cancel_timer("k")  # cancelled already: no event
+        return "flipped"
+
+    class Flipper:
+        async def interpret(self, request: InterpretationRequest) -> Interpretation:
+            return Interpretation([Intent("notes.flip", {})])
+
+    agent = Agent(name="f", version="1", capabilities=[flip], interpreter=Flipper())
+    kernel = Kernel(agent, store)
+    await kernel.turn("t", "1", "go")
+    events = [e.type for e in await store.read_outbox(limit=100) if e.type.startswith("timer.")]
+    assert events == ["timer.set", "timer.cancelled"]
+    assert await kernel.timers("t") == []
 
 
 async def test_kernel_schedule_sets_a_timer_from_application_code(store: Durability) -> None:
@@ -354,6 +397,35 @@ async def test_a_timer_on_a_busy_thread_waits_for_the_running_turn(store: Durabi
     assert checkpoint is not None and checkpoint.version == 2
 
 
+async def test_a_timer_on_a_busy_inbox_thread_waits_for_the_lock_not_in_the_inbox(
+    store: Durability,
+) -> None:
+    held = Held()
+    agent = dataclasses.replace(held.agent(), on_busy="queue")
+    kernel = Kernel(agent, store)
+    await kernel.schedule("t", "soon", after=timedelta(0))
+    running = asyncio.create_task(kernel.turn("t", "1", "go"))
+    await asyncio.wait_for(held.entered.wait(), 10)
+    for turn_id in ("2", "3"):
+        assert isinstance(await kernel.submit("t", turn_id, "more"), Queued)
+    firing = asyncio.create_task(kernel.fire_due_timers())
+    await asyncio.sleep(0.05)
+    assert not firing.done()  # it waits for the thread's lock
+    assert [e.turn_id for e in await store.read_inbox("t")] == ["2", "3"]  # type: ignore[attr-defined]
+    held.release.set()
+    await running
+    (fired,) = await asyncio.wait_for(firing, 10)
+    assert fired.outcome == "fired"
+    await asyncio.wait_for(kernel.drain("t"), 10)
+    # Every turn ran once, one at a time; the queued ones in their order. Where the
+    # timer's turn fell among them is the order the lock was granted in.
+    committed = [e.turn_id for e in await events_of(store, "turn.committed")]
+    assert sorted(committed) == sorted(["1", "2", "3", fired.turn_id])
+    assert committed.index("2") < committed.index("3")
+    checkpoint = await kernel.checkpoint("t")
+    assert checkpoint is not None and checkpoint.version == 4
+
+
 async def test_a_timer_firing_waits_for_a_turn_running_on_its_thread(store: Durability) -> None:
     held = Held()
     kernel = Kernel(held.agent(), store)
@@ -486,11 +558,33 @@ async def test_the_sweep_and_the_expiry_timer_expire_a_confirmation_once(
     clock.move(minutes=31)
     report = await expire_interactions(store, clock=clock)  # type: ignore[arg-type]
     assert report.expired == 1
-    outcomes = sorted(f.outcome for f in await kernel.fire_due_timers())
-    # The reminder is late and void; the expiry's turn was the sweep's: replayed.
-    assert outcomes == ["replayed", "void"]
-    assert len(await events_of(store, "interaction.expired")) == 1
+    # The sweep's commit took the expiry and reminder timers with it.
+    assert await kernel.timers("t") == []
     assert await kernel.fire_due_timers() == []
+    assert len(await events_of(store, "interaction.expired")) == 1
+
+
+async def test_an_expiry_timer_claimed_before_the_sweep_replays_its_turn(
+    store: Durability,
+) -> None:
+    clock = Clock()
+    kernel = approval_kernel(store, clock)
+    opened = await kernel.turn("t", "1", "ship o1")
+    assert opened.interaction is not None
+    clock.move(minutes=31)
+    recorder = await store.recorder()  # type: ignore[attr-defined]
+    now = clock()
+    claimed = await recorder.claim_timers(now, now + timedelta(seconds=60), 10)
+    assert len(claimed) == 2  # a worker claimed both, then the sweep ran first
+    await expire_interactions(store, clock=clock)  # type: ignore[arg-type]
+    assert await kernel.timers("t") == []
+    # The worker goes on with what it claimed: the expiry replays the sweep's turn,
+    # the reminder finds its row gone; neither commits anything.
+    outcomes = {t.key.split(":")[1]: (await _fire(kernel, recorder, t)).outcome for t in claimed}
+    assert outcomes == {"expire": "replayed", "remind": "stale"}
+    assert await kernel.timers("t") == []
+    assert len(await events_of(store, "interaction.expired")) == 1
+    assert len(await events_of(store, "turn.committed")) == 2
 
 
 async def test_a_kernel_timer_key_is_refused_to_applications(store: Durability) -> None:

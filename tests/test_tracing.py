@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from opentelemetry import trace
@@ -141,6 +142,40 @@ async def test_interpret_and_commit_spans_name_the_thread_and_turn_and_the_commi
         P + "events": len(committed),
     }
     assert result.checkpoint_version == 2 and len(committed) >= 2  # turn.committed and more
+
+
+async def test_a_timers_turn_records_a_turn_span_naming_the_timer(
+    exporter: InMemorySpanExporter,
+) -> None:
+    async with InMemoryDurability() as durability:
+        kernel = Kernel(billing_agent(FakeProvider()), durability)
+        await kernel.schedule("t1", "nudge", after=timedelta(0), tenant_id="acme")
+        exporter.clear()
+        (fired,) = await kernel.fire_due_timers()
+        await kernel.schedule("t1", "nudge", at=fired.due_at, tenant_id="acme")
+        (again,) = await kernel.fire_due_timers()  # the same occurrence: a replay
+        assert again.outcome == "replayed"
+    turns = [s for s in exporter.get_finished_spans() if s.name == "intention_kernel.turn"]
+    assert len(turns) == 2
+    first, second = (dict(s.attributes or {}) for s in turns)
+    assert first == {
+        P + "thread_id": "t1",
+        P + "tenant_id": "acme",
+        P + "turn_id": fired.turn_id,
+        P + "timer_key": "nudge",
+        P + "timer_due_at": fired.due_at.isoformat(),
+        P + "timer_outcome": "fired",
+        P + "replayed": False,
+        P + "checkpoint_version": 1,
+    }
+    assert (second[P + "timer_outcome"], second[P + "replayed"]) == ("replayed", True)
+    # The timer's interpretation and commit are children of its turn span.
+    children = {
+        s.name
+        for s in exporter.get_finished_spans()
+        if s.parent is not None and s.parent.span_id == turns[0].context.span_id
+    }
+    assert {"intention_kernel.interpret", "intention_kernel.commit"} <= children
 
 
 async def test_the_relay_records_one_publish_span_per_event_and_logs_a_failure_with_its_fields(

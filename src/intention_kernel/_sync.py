@@ -29,11 +29,13 @@ import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from intention_kernel._inbox import Cancellation, Queued
 from intention_kernel._loopthread import LoopThread
+from intention_kernel._timer_runner import TimerOutcome
 from intention_kernel._turnstream import TurnStatus
 from intention_kernel.agent import Agent
 from intention_kernel.authority import Principal
@@ -41,7 +43,7 @@ from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, open_durability
 from intention_kernel.durability._options import check_seconds
-from intention_kernel.durability.records import ThreadOwner
+from intention_kernel.durability.records import ThreadOwner, Timer
 from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.errors import (
     EventLoopRunningError,
@@ -455,6 +457,55 @@ class SyncKernel:
     ) -> list[OutboxEvent]:
         """Committed events in ``position`` order, after the given position."""
         return self._engine.call(lambda k: k.durability.read_outbox(thread_id, after, limit))
+
+    # -- timers ------------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        at: datetime | None = None,
+        after: timedelta | None = None,
+        message: str | None = None,
+        data: Any = None,
+        unless_version_after: int | None = None,
+        every: timedelta | None = None,
+        cron: str | None = None,
+        tenant_id: str | None = None,
+    ) -> Timer:
+        """Set timer ``key`` of the thread: :meth:`Kernel.schedule
+        <intention_kernel.Kernel.schedule>`."""
+        return self._engine.call(
+            lambda k: k.schedule(
+                thread_id,
+                key,
+                at=at,
+                after=after,
+                message=message,
+                data=data,
+                unless_version_after=unless_version_after,
+                every=every,
+                cron=cron,
+                tenant_id=tenant_id,
+            )
+        )
+
+    def cancel_timer(self, thread_id: str, key: str) -> bool:
+        """Cancel the thread's pending timer ``key``; whether there was one."""
+        return self._engine.call(lambda k: k.cancel_timer(thread_id, key))
+
+    def timers(
+        self, thread_id: str | None = None, *, status: str | None = None, limit: int = 100
+    ) -> list[Timer]:
+        """Up to ``limit`` timers (of one thread, of one status if given), by thread and key."""
+        return self._engine.call(lambda k: k.timers(thread_id, status=status, limit=limit))
+
+    def fire_due_timers(self, *, limit: int = 100, claim_for: float = 60.0) -> list[TimerOutcome]:
+        """Claim up to ``limit`` due timers and run each as its turn, once:
+        :meth:`Kernel.fire_due_timers <intention_kernel.Kernel.fire_due_timers>`. A
+        long-running worker is :meth:`Kernel.run_timers`, on an event loop of its own."""
+        return self._engine.call(lambda k: k.fire_due_timers(limit=limit, claim_for=claim_for))
 
     def run(self, fn: Callable[[Kernel], Coroutine[Any, Any, T]]) -> T:
         """Await ``fn(kernel)`` on this object's event loop and return its result: for

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from intention_kernel import _tracing
 from intention_kernel._ids import check_id
 from intention_kernel._timers import (
     EXPIRY_TIMER_PREFIX,
@@ -323,6 +324,31 @@ def _kernel_turn(kernel: Kernel, timer: Timer) -> tuple[TurnScope, _Make]:
 
 
 async def _fire(kernel: Kernel, recorder: _Recorder, timer: Timer) -> TimerOutcome:
+    """Run the occurrence ``timer`` as its turn, in an ``intention_kernel.turn`` span as
+    :meth:`Kernel.turn` has, naming the timer and what became of it."""
+    if not _tracing.enabled():
+        return await _fire_once(kernel, recorder, timer)
+    with _tracing.span(
+        "intention_kernel.turn",
+        thread_id=timer.thread_id,
+        tenant_id=timer.tenant_id,
+        timer_key=timer.key,
+        timer_due_at=timer.due_at.isoformat(),
+    ) as span:
+        done = await _fire_once(kernel, recorder, timer)
+        result = done.result
+        _tracing.annotate(
+            span,
+            turn_id=done.turn_id,
+            timer_outcome=done.outcome,
+            replayed=result.replayed if result is not None else None,
+            checkpoint_version=result.checkpoint_version if result is not None else None,
+            error=done.error,
+        )
+    return done
+
+
+async def _fire_once(kernel: Kernel, recorder: _Recorder, timer: Timer) -> TimerOutcome:
     """Run the occurrence ``timer`` as its turn, settled in that turn's commit."""
     thread_id, key = timer.thread_id, timer.key
     own = key.startswith(KERNEL_TIMER_PREFIX)

@@ -35,14 +35,17 @@ __all__ = [
     "interaction_timers",
     "MAX_TIMER_MESSAGE",
     "cancelled_event",
+    "cancelled_keys",
     "check_key",
     "fired_event",
     "fired_timer",
+    "founded_cancels",
     "merge_writes",
     "next_cron",
     "next_due",
     "plan_timer",
     "set_event",
+    "set_keys",
     "settled",
     "timer_digest",
     "timer_turn_id",
@@ -310,6 +313,35 @@ def set_event(timer: Timer) -> EventDraft:
 def cancelled_event(key: str, reason: str = "cancelled") -> EventDraft:
     """The ``timer.cancelled`` event: cancelled, or void because the thread moved on."""
     return EventDraft("timer.cancelled", {"key": key, "reason": reason})
+
+
+def cancelled_keys(events: Iterable[EventDraft]) -> set[str]:
+    """The keys whose ``timer.cancelled`` ``events`` announce."""
+    return {str(e.payload["key"]) for e in events if e.type == "timer.cancelled"}
+
+
+def set_keys(events: Iterable[EventDraft]) -> set[str]:
+    """The keys whose ``timer.set`` ``events`` announce."""
+    return {str(e.payload["key"]) for e in events if e.type == "timer.set"}
+
+
+def founded_cancels(events: Iterable[EventDraft], pending: set[str]) -> tuple[EventDraft, ...]:
+    """A turn's ``events`` without the ``timer.cancelled`` of a key with no timer then.
+
+    ``pending``: the keys pending before the turn. A ``timer.set`` of the turn sets
+    its key; a ``timer.cancelled`` is kept only if its key has a timer at that point."""
+    exists = set(pending)
+    kept: list[EventDraft] = []
+    for event in events:
+        if event.type == "timer.set":
+            exists.add(str(event.payload["key"]))
+        elif event.type == "timer.cancelled":
+            key = str(event.payload["key"])
+            if key not in exists:
+                continue  # nothing to cancel: the cancel is no event
+            exists.discard(key)
+        kept.append(event)
+    return tuple(kept)
 
 
 def fired_event(timer: Timer, turn_id: str) -> EventDraft:

@@ -15,7 +15,10 @@ Spans of a turn, parent first::
     │   └── intention_kernel.effect   thread, turn, step, capability, key; receipt, status
     └── intention_kernel.commit       thread, turn, version, events
 
-and ``intention_kernel.outbox.publish`` per event the relay publishes. Attribute names
+A timer's turn (:meth:`Kernel.fire_due_timers`) has the same spans. Its
+``intention_kernel.turn`` also names the timer (``timer_key``, ``timer_due_at``) and
+what became of it (``timer_outcome``: fired, replayed, void, stale or failed), and
+``intention_kernel.outbox.publish`` is recorded per event the relay publishes. Attribute names
 are ``intention_kernel.<name>`` (:data:`ATTRIBUTE_PREFIX`).
 """
 

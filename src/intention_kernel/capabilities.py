@@ -321,8 +321,9 @@ class CapabilityContext:
         return timer
 
     def cancel_timer(self, key: str) -> None:
-        """Cancel timer ``key`` of this thread, with this turn's commit (a key with no
-        timer is no error); ``timer.cancelled`` is emitted with the turn."""
+        """Cancel timer ``key`` of this thread, with this turn's commit. A key with no
+        pending timer is no error, and changes nothing: a fired timer's row stays.
+        Otherwise ``timer.cancelled`` is emitted with the turn."""
         from intention_kernel._timers import cancelled_event, check_key
         from intention_kernel.durability.records import TimerWrite
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from intention_kernel._timers import interaction_timers
 from intention_kernel.agent import Agent, compile_agent
 from intention_kernel.checkpoint import (
     CheckpointDelta,
@@ -482,7 +483,8 @@ def expiry_commit(
     active = checkpoint.interaction if checkpoint is not None else None
     if checkpoint is None or active is None or active.id != interaction_id:
         return None
-    if not overdue(active, read_clock(clock)):
+    now = read_clock(clock)
+    if not overdue(active, now):
         return None  # the clock went back, or a test moved it
     version = checkpoint.version + 1
     step = expired_step(active)
@@ -502,8 +504,12 @@ def expiry_commit(
         checkpoint_version=version,
     )
     events = (expired_event(active), committed_event(version, (step,)))
+    # The interaction's expiry and reminder timers go with it: nothing is left to fire.
+    timers = interaction_timers(tx.scope.thread_id, None, active, None, None, now)
     # Only the core changes: no message, fact or receipt index row is written.
-    return TurnCommit(result, following, events, delta=CheckpointDelta(checkpoint.version))
+    return TurnCommit(
+        result, following, events, delta=CheckpointDelta(checkpoint.version), timers=tuple(timers)
+    )
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from intention_kernel import _faults, _tracing
 from intention_kernel._calls import is_async_callable
 from intention_kernel._ids import check_id
 from intention_kernel._json import describe_error, normalize
+from intention_kernel._timers import cancelled_keys, founded_cancels, set_keys
 from intention_kernel.checkpoint import KernelCheckpoint, delta_between
 from intention_kernel.durability import TurnOperation
 from intention_kernel.durability._checkpoints import CheckpointCache, decode
@@ -34,7 +35,12 @@ from intention_kernel.durability._resolution import (
     suggest_keys,
 )
 from intention_kernel.durability._transaction import Transaction
-from intention_kernel.durability.contract import InboxRecorder, Recorder, StreamRecorder
+from intention_kernel.durability.contract import (
+    InboxRecorder,
+    Recorder,
+    StreamRecorder,
+    TimerRecorder,
+)
 from intention_kernel.durability.ownership import owner_of, owns
 from intention_kernel.durability.records import (
     InboxEntry,
@@ -77,6 +83,28 @@ from intention_kernel.turns import (
 )
 
 __all__ = ["RecordedDurability"]
+
+
+async def _founded_cancels(recorder: Recorder, thread_id: str, commit: TurnCommit) -> TurnCommit:
+    """``commit`` without a ``timer.cancelled`` of a key that had no pending timer: a
+    cancel of nothing announces nothing, and leaves a fired timer's row alone. Read
+    under the thread's lock, which every write of a thread's timers holds, so the
+    answer stands until the commit."""
+    keys = cancelled_keys(commit.events) if isinstance(commit, TurnCommit) else set()
+    if not keys or not isinstance(recorder, TimerRecorder):
+        return commit
+    pending: set[str] = set()
+    for key in sorted(keys):
+        timer = await recorder.read_timer(thread_id, key)
+        if timer is not None and timer.status == "pending":
+            pending.add(key)
+    events = founded_cancels(commit.events, pending)
+    if len(events) == len(commit.events):
+        return commit
+    # A key the turn neither set nor found pending: its delete would only erase history.
+    idle = keys - pending - set_keys(commit.events)
+    timers = tuple(w for w in commit.timers if w.timer is not None or w.key not in idle)
+    return replace(commit, events=events, timers=timers)
 
 
 class RecordedDurability:
@@ -209,6 +237,7 @@ class RecordedDurability:
                 await tx.settle(cancel=True)
                 raise
             await tx.settle(cancel=False)
+            commit = await _founded_cancels(recorder, scope.thread_id, commit)
             if tx.refused is not None:
                 raise TenantMismatchError(
                     f"turn {scope.turn_id!r} met a receipt of another tenant on thread "

@@ -107,7 +107,7 @@ def create_app(
         Route(
             "/v1/threads/{thread_id:path}/turns/{turn_id}",
             _not_allowed("GET", "DELETE"),
-            methods=["POST", "PUT", "PATCH"],
+            methods=["POST", "PUT", "PATCH", "OPTIONS"],
         ),
         # Any other method on a turns path: without this route, a GET would match the
         # thread route below with "x/turns" as the thread ID and answer 404.
@@ -115,6 +115,13 @@ def create_app(
             "/v1/threads/{thread_id:path}/turns",
             _not_allowed("POST"),
             methods=["GET", "PUT", "PATCH", "DELETE"],
+        ),
+        # As for ".../turns": "x/timers" is thread x's timers, not a thread of that ID.
+        Route("/v1/threads/{thread_id:path}/timers", guarded(api.get_timers), methods=["GET"]),
+        Route(
+            "/v1/threads/{thread_id:path}/timers",
+            _not_allowed("GET"),
+            methods=["POST", "PUT", "PATCH", "DELETE"],
         ),
         Route("/v1/threads/{thread_id:path}", guarded(api.get_thread), methods=["GET"]),
         Route("/v1/receipts", guarded(api.list_receipts), methods=["GET"]),

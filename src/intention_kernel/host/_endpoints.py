@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from intention_kernel._ids import check_id
 from intention_kernel._inbox import InboxStore, Queued, decode_entry
+from intention_kernel._timer_runner import timer_store
 from intention_kernel.checkpoint import check_compatible
 from intention_kernel.durability.contract import InteractionQueue
 from intention_kernel.durability.records import PendingInteraction, ThreadOwner
@@ -39,6 +40,8 @@ from intention_kernel.host._wire import (
     ReceiptList,
     ResolveBody,
     ThreadView,
+    TimerList,
+    TimerView,
     TurnBody,
     dump,
     read_body,
@@ -59,6 +62,17 @@ _STATUSES = tuple(status.value for status in ReceiptStatus)
 
 #: How many pending interactions one ``GET /v1/interactions`` answers at most.
 MAX_INTERACTIONS = 500
+#: How many timers one ``GET /v1/threads/{thread_id}/timers`` answers at most.
+MAX_TIMERS = 500
+_TIMER_STATUSES = ("pending", "fired", "void")
+
+
+def _limit(request: Request, most: int) -> int:
+    """The ``limit`` query parameter (100 if absent), or a 422 problem."""
+    text = request.query_params.get("limit", "100")
+    if not text.isdigit() or not 1 <= int(text) <= most:
+        raise HostProblem("invalid-request", f"limit must be an integer from 1 to {most}")
+    return int(text)
 
 
 def guarded(endpoint: Endpoint) -> Endpoint:
@@ -253,6 +267,39 @@ class Endpoints:
             )
         return JSONResponse(dump(view))
 
+    async def get_timers(self, request: Request) -> Response:
+        """A thread's timers, read as the thread is: another tenant's thread is 404."""
+        principal = self.access.authenticate(request)
+        thread_id = check_id("thread_id", request.path_params["thread_id"])
+        status = request.query_params.get("status")
+        if status is not None and status not in _TIMER_STATUSES:
+            raise HostProblem(
+                "invalid-request",
+                f"status must be one of {', '.join(_TIMER_STATUSES)}",
+                thread_id=thread_id,
+            )
+        limit = _limit(request, MAX_TIMERS)
+        if not await self.access.may_act(principal, thread_id):
+            raise thread_not_found(thread_id)  # another tenant's: as an unknown thread
+        try:
+            recorder = await timer_store(self.kernel)
+        except KernelError:  # a store without timers: the thread has none
+            recorder = None
+        shown: list[TimerView] = []
+        after: tuple[str, str] | None = None
+        while recorder is not None and len(shown) < limit:
+            page = await recorder.read_timers(thread_id, status, after, limit)
+            for timer in page:
+                # Only the caller's tenant's: another's would never fire on this thread.
+                if not self.access.enabled or timer.tenant_id == principal.tenant_id:
+                    shown.append(TimerView.of(timer))
+            if len(page) < limit:
+                break
+            after = (thread_id, page[-1].key)
+        if not shown and await self.access.load_checkpoint(principal, thread_id) is None:
+            raise thread_not_found(thread_id)  # no turn and no timer: unknown
+        return JSONResponse(dump(TimerList(thread_id, tuple(shown[:limit]))))
+
     async def list_receipts(self, request: Request) -> Response:
         principal = self.access.authenticate(request)
         self.access.require_operator(principal, "listing receipts")
@@ -275,12 +322,7 @@ class Endpoints:
         principal = self.access.authenticate(request)
         # The queue across threads is an operator's view, as the receipts are.
         self.access.require_operator(principal, "listing interactions across threads")
-        text = request.query_params.get("limit", "100")
-        if not text.isdigit() or not 1 <= int(text) <= MAX_INTERACTIONS:
-            raise HostProblem(
-                "invalid-request", f"limit must be an integer from 1 to {MAX_INTERACTIONS}"
-            )
-        limit = int(text)
+        limit = _limit(request, MAX_INTERACTIONS)
         after = request.query_params.get("after")
         if after is not None:
             check_id("after", after)

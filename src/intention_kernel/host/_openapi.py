@@ -24,6 +24,7 @@ from intention_kernel.host._wire import (
     ReceiptList,
     ResolveBody,
     ThreadView,
+    TimerList,
     TurnBody,
 )
 from intention_kernel.interpretation import MAX_ANSWER_TEXT
@@ -37,6 +38,7 @@ _MODELS: tuple[tuple[str, Any, pydantic.json_schema.JsonSchemaMode], ...] = (
     ("ResolveBody", ResolveBody, "validation"),
     ("TurnResult", TurnResult, "serialization"),
     ("ThreadView", ThreadView, "serialization"),
+    ("TimerList", TimerList, "serialization"),
     ("ReceiptList", ReceiptList, "serialization"),
     ("InteractionList", InteractionList, "serialization"),
     ("Receipt", Receipt, "serialization"),
@@ -118,6 +120,7 @@ def openapi_document(
                 "delete": api.cancel_turn(),
             },
             "/v1/threads/{thread_id}/turns/{turn_id}/events": {"get": api.get_turn_events()},
+            "/v1/threads/{thread_id}/timers": {"get": api.get_timers()},
             "/v1/threads/{thread_id}": {"get": api.get_thread()},
             "/v1/receipts": {"get": api.list_receipts()},
             "/v1/interactions": {"get": api.list_interactions()},
@@ -410,6 +413,37 @@ class _Api:
             },
             _json("The thread's latest checkpoint", "ThreadView"),
             (404, 409, 422, 500, 503),
+        )
+
+    def get_timers(self) -> dict[str, Any]:
+        return self._op(
+            {
+                "operationId": "getTimers",
+                "summary": "A thread's timers: the turns the kernel will run later",
+                "description": (
+                    "In key order, at most `limit`, of one `status` if given. Read as the "
+                    "thread is: another tenant's thread is 404, as is a thread with no turn "
+                    "and no timer. Keys beginning with `kernel:` are the kernel's own "
+                    "(a confirmation's expiry and reminder)."
+                ),
+                "parameters": [
+                    _path_id(),
+                    {
+                        "name": "status",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": ["pending", "fired", "void"]},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 500},
+                    },
+                ],
+            },
+            _json("The thread's timers", "TimerList"),
+            (404, 422, 500, 503),
         )
 
     def list_receipts(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from intention_kernel._ids import MAX_ID_LENGTH
 from intention_kernel._inbox import Cancellation
 from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
-from intention_kernel.durability.records import PendingInteraction
+from intention_kernel.durability.records import PendingInteraction, Timer, TimerStatus
 from intention_kernel.effects import Receipt
 from intention_kernel.facts import FactRecord
 from intention_kernel.host._problems import HostProblem
@@ -39,6 +39,8 @@ __all__ = [
     "ReceiptList",
     "ResolveBody",
     "ThreadView",
+    "TimerList",
+    "TimerView",
     "TurnBody",
     "dump",
     "read_body",
@@ -315,6 +317,51 @@ class InteractionList:
 
 
 @dataclass(frozen=True, slots=True)
+class TimerView:
+    """One timer of a thread: a turn the kernel runs at ``due_at``.
+
+    ``status`` is ``pending`` until it fires (``fired``) or its guard voids it
+    (``void``). A recurring timer stays pending: ``due_at`` is its next occurrence.
+    ``turn_id`` is the turn of its last firing. Keys beginning with ``kernel:`` are
+    the kernel's own: a confirmation's expiry and its reminder.
+    """
+
+    key: str
+    status: TimerStatus
+    due_at: datetime
+    message: str | None
+    data: Any
+    every_seconds: float | None
+    cron: str | None
+    unless_version_after: int | None
+    turn_id: str | None
+
+    @classmethod
+    def of(cls, timer: Timer) -> TimerView:
+        """The view of a stored timer."""
+        every = timer.every.total_seconds() if timer.every is not None else None
+        return cls(
+            timer.key,
+            timer.status,
+            timer.due_at,
+            timer.message,
+            timer.data,
+            every,
+            timer.cron,
+            timer.unless_version_after,
+            timer.turn_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TimerList:
+    """A thread's timers, in key order."""
+
+    thread_id: str
+    timers: tuple[TimerView, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     status: Literal["ok"]
     agent: str
@@ -324,12 +371,12 @@ class Health:
 
 _DUMPERS: dict[type[Any], pydantic.TypeAdapter[Any]] = {
     cls: pydantic.TypeAdapter(cls)
-    for cls in (ThreadView, ReceiptList, Receipt, Health, InteractionList, Cancellation)
+    for cls in (ThreadView, ReceiptList, Receipt, Health, InteractionList, Cancellation, TimerList)
 }
 
 
 def dump(
-    value: ThreadView | ReceiptList | Receipt | Health | InteractionList | Cancellation,
+    value: ThreadView | ReceiptList | Receipt | Health | InteractionList | Cancellation | TimerList,
 ) -> Any:
     """The JSON-compatible form of a response view."""
     return _DUMPERS[type(value)].dump_python(value, mode="json")

@@ -155,6 +155,33 @@ function renderInbox(waiting) {
   );
 }
 
+// What the kernel's own timers do; an application's timer shows its message.
+function kernelTimerNote(key) {
+  if (key.startsWith("kernel:expire:")) return "expires the pending confirmation";
+  if (key.startsWith("kernel:remind:")) return "reminds of the pending confirmation";
+  return "";
+}
+
+// The thread's pending timers: turns the kernel runs later, earliest first. A key
+// beginning with "kernel:" is the kernel's own (a confirmation's expiry or reminder).
+function renderTimers(timers) {
+  const pending = [...timers].sort((a, b) => Date.parse(a.due_at) - Date.parse(b.due_at));
+  $("timers").hidden = pending.length === 0;
+  $("timers-list").replaceChildren(
+    ...pending.map((timer) => {
+      const item = el("li", "timer");
+      item.dataset.key = timer.key;
+      const due = new Date(timer.due_at).toLocaleString();
+      let every = "";
+      if (timer.cron) every = ` · cron ${timer.cron}`;
+      else if (timer.every_seconds) every = ` · every ${duration(timer.every_seconds)}`;
+      item.append(el("span", "who", `${timer.key} · due ${due}${every}`));
+      item.append(el("span", "text", timer.message || kernelTimerNote(timer.key)));
+      return item;
+    }),
+  );
+}
+
 // Stop: ask the running turn to stop at its next safe point (DELETE, Kernel.cancel).
 // Its stream then ends with the committed reply, which says it was cancelled.
 async function stopTurn() {
@@ -594,12 +621,16 @@ async function refresh() {
   $("main").hidden = !state.threadId;
   if (!state.threadId) return refreshQueue();
   try {
-    const [thread, receipts] = await Promise.all([
+    const [thread, receipts, timers] = await Promise.all([
       api(threadPath()).catch((error) => {
         if (error instanceof ProblemError && error.status === 404) return null;
         throw error;
       }),
       resolvableReceipts(state.threadId),
+      api(threadPath("/timers?status=pending&limit=500")).catch((error) => {
+        if (error instanceof ProblemError && error.status === 404) return { timers: [] };
+        throw error;
+      }),
     ]);
     $("empty-thread").hidden = Boolean(thread);
     $("empty-thread").textContent = "No turn on this thread yet: send the first message.";
@@ -608,6 +639,7 @@ async function refresh() {
     renderConversation();
     renderInteraction(thread ? thread.interaction : null);
     renderInbox(thread ? thread.inbox || [] : []);
+    renderTimers(timers.timers);
     renderFacts(thread ? thread.facts : []);
     renderReceipts(receipts);
     if (thread && !thread.compatible) {
