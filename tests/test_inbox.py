@@ -355,3 +355,28 @@ async def test_a_message_of_another_tenant_queued_on_a_thread_does_not_block_it(
     assert await inbox(store, "t") == []
     events = await read_all_events(store, thread_id="t")
     assert (committed(events, "3"), committed(events, "4")) == (0, 1)
+
+
+async def test_an_interrupt_finding_only_a_queued_entry_stops_neither_message(
+    store: Durability,
+) -> None:
+    """Nothing runs, but an entry waits: the new message's interrupt names its sender.
+    The queued turn it found starts anyway (a queued turn reads only cancels at its
+    start), and the new message is never stopped by its own request."""
+    from intention_kernel._inbox import encode_request
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+    from intention_kernel.runtime import TurnRequest
+
+    agent = dataclasses.replace(billing_agent(FakeProvider()), on_busy="interrupt")
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    assert isinstance(store, RecordedDurability)
+    request = encode_request(TurnRequest("balance", None))
+    await store.enqueue(InboxEntry("t", "2", None, None, request, utcnow()))
+    third = await kernel.turn("t", "3", "balance")
+    assert (third.replayed, third.checkpoint_version) == (False, 3)
+    assert await inbox(store, "t") == []
+    events = await read_all_events(store, thread_id="t")
+    assert (committed(events, "2"), committed(events, "3")) == (1, 1)
+    assert of_turn(events, "3", "turn.cancelled") == []

@@ -113,7 +113,9 @@ class InboxStore(Protocol):
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]: ...
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool: ...
     async def taker(self, thread_id: str, turn_id: str) -> str | None: ...
-    async def request_interrupt(self, thread_id: str, base_version: int) -> None: ...
+    async def request_interrupt(
+        self, thread_id: str, base_version: int, turn_id: str, tenant_id: str | None
+    ) -> None: ...
     async def thread_version(self, thread_id: str) -> int: ...
 
 
@@ -237,7 +239,7 @@ class Inbox:
         if base is not None:
             # Accepted first, then the stop: a crash between leaves a queued message.
             # A turn on that base that already committed is stopped by nothing.
-            await store.request_interrupt(thread_id, base)
+            await store.request_interrupt(thread_id, base, scope.turn_id, scope.tenant_id)
         # A redelivery waiting beside this call shares its future; the last one out
         # removes it.
         ran = self._waiting.setdefault(key, asyncio.get_running_loop().create_future())

@@ -269,9 +269,12 @@ class Kernel:
         own = cancel_scope(scope.tenant_id)
         steering = self._compiled.agent.on_busy == "steer"
         starting = request.queued and steering
+        # A queued turn reads only cancels at its start: an interrupt stops it later.
+        first = request.queued
 
         async def stop(base_version: int, at_once: bool) -> str | None:
-            nonlocal starting
+            nonlocal starting, first
+            at_start, first = first, False
             if self._shutting_down:
                 raise _shutting_down(scope, "stopped at a safe point, before its commit")
             if inbox is not None:
@@ -290,7 +293,7 @@ class Kernel:
                 return None
             found, reason = await store.read_cancel(*key, base_version, scope.tenant_id)  # type: ignore[attr-defined]
             if found == "interrupt":
-                return stopping("interrupted", replies.turn_interrupted())
+                return None if at_start else stopping("interrupted", replies.turn_interrupted())
             return stopping("cancelled", replies.turn_cancelled(reason)) if found else None
 
         def stopping(kind: Literal["interrupted", "cancelled"], line: str) -> str:

@@ -583,10 +583,17 @@ class InboxRecorder(Protocol):
         """The thread's committed version (0 for a thread with no committed turn)."""
         ...
 
-    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
-        """Ask the turn that commits on top of checkpoint ``base_version`` to stop: a
-        new message interrupts it (``on_busy="interrupt"``). A later turn's base is
-        newer, so the request never stops the message that made it."""
+    async def request_interrupt(
+        self, thread_id: str, base_version: int, at: datetime, turn_id: str, tenant_id: str | None
+    ) -> None:
+        """Ask the turn that commits on top of checkpoint ``base_version`` to stop: the
+        message of ``turn_id``, just queued, interrupts it (``on_busy="interrupt"``).
+
+        One row per sender, keyed by its turn ID and its tenant's scope
+        (:func:`~intention_kernel.durability.ownership.cancel_scope`). It keeps the
+        seq of the sender's inbox entry; with no entry (it ran already) nothing is
+        written. The request never stops the sender's own turn, nor a queued turn
+        accepted after it, nor a turn of another tenant."""
         ...
 
     async def read_cancel(
@@ -594,8 +601,9 @@ class InboxRecorder(Protocol):
     ) -> tuple[str | None, str | None]:
         """Whether the turn was asked to stop, in one read: ``("cancel", reason)`` for a
         request naming ``turn_id`` (stored for any tenant or for ``tenant_id``, the
-        turn's), ``("interrupt", None)`` for one naming its ``base_version``, else
-        ``(None, None)``. A cancel wins over an interrupt."""
+        turn's), ``("interrupt", None)`` for an interrupt on its ``base_version`` from
+        another sender of its tenant, accepted after the turn's own inbox entry (if
+        it has one), else ``(None, None)``. A cancel wins over an interrupt."""
         ...
 
 

@@ -477,9 +477,19 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
 
         return await self._run(read)
 
-    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
+    async def request_interrupt(
+        self, thread_id: str, base_version: int, at: datetime, turn_id: str, tenant_id: str | None
+    ) -> None:
+        params = {
+            "thread": thread_id,
+            "base": base_version,
+            "turn": turn_id,
+            "scope": cancel_scope(tenant_id),
+            "at": at,
+        }
+
         async def write(conn: Connection) -> None:
-            await execute(conn, self._q(INSERT_INTERRUPT), (thread_id, base_version, at))
+            await execute(conn, self._q(INSERT_INTERRUPT), params)
 
         await self._run(write)
 
@@ -487,7 +497,12 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
         self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         async def read(conn: Connection) -> tuple[str | None, str | None]:
-            params = (thread_id, turn_id, cancel_scope(tenant_id), thread_id, base_version)
+            params = {
+                "thread": thread_id,
+                "turn": turn_id,
+                "scope": cancel_scope(tenant_id),
+                "base": base_version,
+            }
             row = await (await execute(conn, self._q(SELECT_CANCEL), params)).fetchone()
             if row is None:
                 return None, None
