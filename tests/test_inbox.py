@@ -380,3 +380,28 @@ async def test_an_interrupt_finding_only_a_queued_entry_stops_neither_message(
     events = await read_all_events(store, thread_id="t")
     assert (committed(events, "2"), committed(events, "3")) == (1, 1)
     assert of_turn(events, "3", "turn.cancelled") == []
+
+
+async def test_another_tenants_interrupt_stops_no_turn_on_a_thread_nobody_owns(
+    store: Durability,
+) -> None:
+    """The thread's first turn runs: nobody owns it yet. Another tenant's message is
+    queued, and its interrupt stops only turns of its own tenant: none here."""
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="interrupt"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    running = asyncio.create_task(kernel.turn("t", "1", "look twice", tenant_id="acme"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    ack = await kernel.submit("t", "2", "balance", tenant_id="other")
+    assert ack == Queued("t", "2", 1)
+    interpreter.release.set()
+    first = await asyncio.wait_for(running, HELD)
+    assert len(first.steps) == 2  # not interrupted
+    assert not first.reply.endswith("Interrupted by a new message.")
+    await kernel.drained()
+    assert await inbox(store, "t") == []  # the foreign message can never run here
+    events = await read_all_events(store, thread_id="t")
+    assert of_turn(events, "1", "turn.cancelled") == []
+    assert committed(events, "2") == 0
