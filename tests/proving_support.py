@@ -605,16 +605,21 @@ async def interrupts_before_senders_stop_any_turn_on_their_base(
 ) -> None:
     """An interrupt stored before it named its sender keeps its meaning after the
     upgrade: it stops any turn of any tenant on its base. A new one names its sender:
-    it stops neither the sender's own turn nor another tenant's."""
+    it stops neither the sender's own turn nor another tenant's. An inbox entry
+    stored before reads as not started."""
     from intention_kernel.durability.records import InboxEntry
     from intention_kernel.effects import utcnow
 
-    async with open_durability():
-        pass
+    async with open_durability() as durability:
+        store: Any = durability
+        entry = InboxEntry("t", "q0", "acme", None, '{"message": "hi"}', utcnow())
+        assert await store.enqueue(entry) == 1
     before_senders()
     old_interrupt("t", 4)
     async with open_durability() as upgraded:
-        store: Any = upgraded
+        store = upgraded
+        # An entry stored before was not started: a cancel dequeues it.
+        assert await store.request_cancel("t", "q0", None) == "dequeued"
         assert await store.read_cancel("t", "x", 4, "acme") == ("interrupt", None)
         assert await store.read_cancel("t", "x", 3, "acme") == (None, None)
         entry = InboxEntry("t", "q1", "acme", None, '{"message": "hi"}', utcnow())

@@ -44,7 +44,8 @@ def undo_migration_14(conn: sqlite3.Connection) -> None:
 
 
 def undo_migration_17(conn: sqlite3.Connection) -> None:
-    """The file as a store before migration 17 held it: interrupts by base version only."""
+    """The file as a store before migration 17 held it: interrupts by base version only,
+    and no inbox entry marked started."""
     conn.executescript(
         """
         CREATE TABLE ik_interrupts_old (
@@ -55,6 +56,7 @@ def undo_migration_17(conn: sqlite3.Connection) -> None:
         SELECT thread_id, base_version, created_at FROM ik_interrupts;
         DROP TABLE ik_interrupts;
         ALTER TABLE ik_interrupts_old RENAME TO ik_interrupts;
+        ALTER TABLE ik_inbox DROP COLUMN started;
         DELETE FROM ik_schema WHERE version > 16;
         """
     )

@@ -405,3 +405,66 @@ async def test_another_tenants_interrupt_stops_no_turn_on_a_thread_nobody_owns(
     events = await read_all_events(store, thread_id="t")
     assert of_turn(events, "1", "turn.cancelled") == []
     assert committed(events, "2") == 0
+
+
+# -- a cancel of a turn that runs answers "requested" ---------------------------------------------
+
+
+@pytest.mark.parametrize("same_kernel", [True, False])
+async def test_a_cancel_of_a_queued_turn_running_from_the_inbox_is_requested(
+    store: Durability, same_kernel: bool
+) -> None:
+    """Its entry is removed only after its commit: the cancel must not answer
+    "dequeued", as the turn runs on and commits what it did as cancelled."""
+    from intention_kernel._inbox import encode_request
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+    from intention_kernel.runtime import TurnRequest
+
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="queue"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    assert isinstance(store, RecordedDurability)
+    request = encode_request(TurnRequest("look twice", None))
+    await store.enqueue(InboxEntry("t", "2", None, None, request, utcnow()))
+    draining = asyncio.create_task(kernel.drain("t"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    canceller = kernel if same_kernel else Kernel(agent, store)
+    answer = await canceller.cancel("t", "2", reason="pressed stop")
+    assert answer.status == "requested"
+    interpreter.release.set()
+    [result] = await asyncio.wait_for(draining, HELD)
+    assert "pressed stop" in result.reply
+    assert (result.steps, result.checkpoint_version) == ((), 2)
+    assert await inbox(store, "t") == []
+    events = await read_all_events(store, thread_id="t")
+    assert (committed(events, "2"), len(of_turn(events, "2", "turn.cancelled"))) == (1, 1)
+
+
+async def test_a_cancel_of_a_turn_whose_redelivery_is_queued_while_it_runs_is_requested(
+    store: Durability,
+) -> None:
+    """A delivery of turn 2 runs; its redelivery, finding the thread busy, is queued.
+    The cancel removes the queued copy, but the running delivery stops and commits."""
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="queue"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    running = asyncio.create_task(kernel.turn("t", "2", "look twice"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    assert await kernel.submit("t", "2", "look twice") == Queued("t", "2", 1)
+    answer = await kernel.cancel("t", "2", reason="pressed stop")
+    assert answer.status == "requested"
+    interpreter.release.set()
+    result = await asyncio.wait_for(running, HELD)
+    assert "pressed stop" in result.reply
+    assert (result.steps, result.checkpoint_version) == ((), 2)
+    await kernel.drained()
+    assert await inbox(store, "t") == []
+    events = await read_all_events(store, thread_id="t")
+    assert committed(events, "2") == 1

@@ -293,7 +293,8 @@ UNDO_MIGRATION_20 = (
     "ALTER TABLE ik_interrupts DROP CONSTRAINT ik_interrupts_pkey;"
     " ALTER TABLE ik_interrupts DROP COLUMN turn_id, DROP COLUMN scope, DROP COLUMN seq;"
     " ALTER TABLE ik_interrupts ADD CONSTRAINT ik_interrupts_pkey"
-    " PRIMARY KEY (thread_id, base_version)"
+    " PRIMARY KEY (thread_id, base_version);"
+    " ALTER TABLE ik_inbox DROP COLUMN started"
 )
 UNDO_MIGRATION_16 = "DROP TABLE ik_timers"
 UNDO_MIGRATION_15 = "DROP TABLE ik_streams"
@@ -470,9 +471,7 @@ async def test_interrupts_stored_before_migration_20_stop_any_turn_on_their_base
         store.execute("DELETE FROM ik_schema WHERE version > 19")
 
     def old_interrupt(thread_id: str, base_version: int) -> None:
-        store.execute(
-            "INSERT INTO ik_interrupts VALUES (%s, %s, now())", thread_id, base_version
-        )
+        store.execute("INSERT INTO ik_interrupts VALUES (%s, %s, now())", thread_id, base_version)
 
     await interrupts_before_senders_stop_any_turn_on_their_base(
         store.durability, back_to_version_19, old_interrupt

@@ -568,7 +568,8 @@ class InboxRecorder(Protocol):
         """Ask turn ``turn_id`` to stop, in one transaction; what was found:
 
         - ``"committed"``: the turn is committed, and nothing was written;
-        - ``"dequeued"``: its inbox entry was deleted, and the request recorded;
+        - ``"dequeued"``: its inbox entry, not started (:meth:`start_queued`), was
+          deleted, and the request recorded: it will not run;
         - ``"requested"``: the request is recorded, for the turn to read at its next
           safe point. A request already recorded keeps its first reason;
         - ``"not-found"`` (only with ``owner``): the thread's committed turns or the
@@ -594,6 +595,14 @@ class InboxRecorder(Protocol):
         seq of the sender's inbox entry; with no entry (it ran already) nothing is
         written. The request never stops the sender's own turn, nor a queued turn
         accepted after it, nor a turn of another tenant."""
+        ...
+
+    async def start_queued(
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
+    ) -> tuple[str | None, str | None]:
+        """A queued turn starts, under the thread's lock. In one transaction: mark its
+        inbox entry started, then answer as :meth:`read_cancel`. A cancel after this
+        keeps the entry and answers ``"requested"``: the turn runs and stops."""
         ...
 
     async def read_cancel(

@@ -533,6 +533,14 @@ class RecordedDurability:
         inbox = await self._inbox(thread_id)
         await inbox.request_interrupt(thread_id, base_version, utcnow(), turn_id, tenant_id)
 
+    async def start_queued(
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
+    ) -> tuple[str | None, str | None]:
+        """A queued turn starts: its entry is marked, and its stop read
+        (see :meth:`InboxRecorder.start_queued`)."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.start_queued(thread_id, turn_id, base_version, tenant_id)
+
     async def read_cancel(
         self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:

@@ -95,6 +95,7 @@ class _State:
     # Each thread's inbox, in acceptance order, and the last number given to an entry.
     inbox: dict[str, list[InboxEntry]] = field(default_factory=dict)
     inbox_seq: int = 0
+    started: set[tuple[str, str]] = field(default_factory=set)  # entries whose turn began
     # The stop requests (``Kernel.cancel``), by (thread, turn, scope): the reason given.
     cancels: dict[tuple[str, str, str], str | None] = field(default_factory=dict)
     # The interrupts, by (thread, base version, asker's turn, scope): the asker's entry seq.
@@ -250,6 +251,7 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
             self._state.inbox[thread_id] = kept
         else:
             self._state.inbox.pop(thread_id, None)
+        self._state.started.discard((thread_id, turn_id))
         return len(kept) != len(entries)
 
     async def request_cancel(
@@ -274,7 +276,16 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
                     return "not-found"
         scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
         state.cancels.setdefault((thread_id, turn_id, scope), reason)
+        if (thread_id, turn_id) in state.started:  # running from the inbox: it stops
+            return "requested"
         return "dequeued" if await self.remove_inbox(thread_id, turn_id) else "requested"
+
+    async def start_queued(
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
+    ) -> tuple[str | None, str | None]:
+        if any(e.turn_id == turn_id for e in self._state.inbox.get(thread_id, ())):
+            self._state.started.add((thread_id, turn_id))
+        return await self.read_cancel(thread_id, turn_id, base_version, tenant_id)
 
     async def thread_version(self, thread_id: str) -> int:
         thread = self._state.threads.get(thread_id)
@@ -305,9 +316,9 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
         mine = next((e.seq for e in state.inbox.get(thread_id, ()) if e.turn_id == turn_id), 0)
         scopes = (ANY_TENANT, cancel_scope(tenant_id))
         for (thread, base, asker, scope), seq in state.interrupts.items():
-            if (thread, base) == (thread_id, base_version) and asker != turn_id:
-                if scope in scopes and seq > mine:
-                    return "interrupt", None
+            here = (thread, base) == (thread_id, base_version)
+            if here and asker != turn_id and scope in scopes and seq > mine:
+                return "interrupt", None
         return None, None
 
     async def commit_turn(self, record: TurnRecord) -> None:

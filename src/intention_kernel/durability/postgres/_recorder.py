@@ -75,6 +75,7 @@ from intention_kernel.durability.postgres._statements import (
     DELETE_INBOX,
     DELETE_MESSAGES,
     DELETE_TIMER,
+    DEQUEUE_UNSTARTED,
     HAS_UNSEQUENCED,
     HOLD_LEASE,
     INBOX_POSITION,
@@ -125,6 +126,7 @@ from intention_kernel.durability.postgres._statements import (
     SEQUENCE_OUTBOX,
     SETTLE_RECEIPT,
     STALE_JOURNALS,
+    START_QUEUED,
     TAKE_STEERS,
     UPDATE_RECEIPT,
     UPSERT_TIMER,
@@ -465,7 +467,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
                         return "not-found"
                 row = (thread_id, turn_id, reason, at, scope)
                 await execute(conn, self._q(INSERT_CANCEL), row)
-                removed = (await execute(conn, self._q(DELETE_INBOX), key)).rowcount
+                removed = (await execute(conn, self._q(DEQUEUE_UNSTARTED), key)).rowcount
                 return "dequeued" if removed else "requested"
 
         return await self._run(write)
@@ -492,6 +494,26 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
             await execute(conn, self._q(INSERT_INTERRUPT), params)
 
         await self._run(write)
+
+    async def start_queued(
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
+    ) -> tuple[str | None, str | None]:
+        params = {
+            "thread": thread_id,
+            "turn": turn_id,
+            "scope": cancel_scope(tenant_id),
+            "base": base_version,
+        }
+
+        async def write(conn: Connection) -> tuple[str | None, str | None]:
+            async with conn.transaction():  # the mark, then the read: one transaction
+                await execute(conn, self._q(START_QUEUED), params)
+                row = await (await execute(conn, self._q(SELECT_CANCEL), params)).fetchone()
+            if row is None:
+                return None, None
+            return ("cancel", row[1]) if row[0] == 0 else ("interrupt", None)
+
+        return await self._run(write)
 
     async def read_cancel(
         self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None

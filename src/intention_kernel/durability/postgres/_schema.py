@@ -489,7 +489,10 @@ MIGRATIONS: tuple[str, ...] = (
     # sender's turn ID and tenant scope, with the seq of its inbox entry. Rows stored
     # before (and rows a worker of the previous library still writes) take the
     # defaults: any sender, any tenant, the largest seq, their meaning until now.
+    # ``ik_inbox.started`` marks an entry whose turn began: a cancel no longer
+    # dequeues it (it answers ``"requested"``), as the turn runs on.
     """
+    ALTER TABLE ik_inbox ADD COLUMN IF NOT EXISTS started boolean NOT NULL DEFAULT false;
     ALTER TABLE ik_interrupts ADD COLUMN IF NOT EXISTS turn_id text NOT NULL DEFAULT '';
     ALTER TABLE ik_interrupts ADD COLUMN IF NOT EXISTS scope text NOT NULL DEFAULT '*';
     ALTER TABLE ik_interrupts

@@ -399,6 +399,11 @@ SELECT_TAKEN = """
     FROM ik_inbox WHERE thread_id = %s AND taken_by = %s ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
+# A cancel dequeues only an entry whose turn has not started; a started one runs on.
+DEQUEUE_UNSTARTED = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s AND NOT started"
+START_QUEUED = (
+    "UPDATE ik_inbox SET started = true WHERE thread_id = %(thread)s AND turn_id = %(turn)s"
+)
 # A request already there keeps its first reason: asking again changes nothing. Each
 # request is stored under its caller's scope (``ownership.cancel_scope``).
 INSERT_CANCEL = """

@@ -319,7 +319,10 @@ MIGRATIONS: tuple[str, ...] = (
     # its own turn, and another tenant's message stopped a turn on an unowned thread.
     # Rows stored before keep their meaning: any sender (``''``), any tenant, the
     # largest seq. SQLite cannot change a key in place, so the table is built again.
+    # ``ik_inbox.started`` marks an entry whose turn began: a cancel no longer
+    # dequeues it (it answers ``"requested"``), as the turn runs on.
     """
+    ALTER TABLE ik_inbox ADD COLUMN started INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE ik_interrupts_by_sender (
         thread_id    TEXT NOT NULL,
         base_version INTEGER NOT NULL,
