@@ -79,7 +79,8 @@ class Cancellation:
     """What :meth:`Kernel.cancel <intention_kernel.Kernel.cancel>` found and did.
 
     ``status`` is ``"committed"`` (the turn had committed: nothing changed),
-    ``"dequeued"`` (it waited in the inbox and was removed: it will not run) or
+    ``"dequeued"`` (it waited in the inbox, not started, and was removed: it will
+    not run) or
     ``"requested"`` (it may be running: it stops at its next safe point and commits
     what it did, its reply saying it was cancelled).
     """

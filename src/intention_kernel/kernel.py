@@ -223,8 +223,9 @@ class Kernel:
         """Stop turn ``turn_id`` of the thread, in any process.
 
         A committed turn is left as it is (``status="committed"``). A turn waiting in
-        the inbox is removed from it (``"dequeued"``). Otherwise the request is
-        recorded (``"requested"``): the running turn stops at its next safe point,
+        the inbox, not started, is removed from it (``"dequeued"``): it will not run.
+        Otherwise the request is recorded (``"requested"``), also for a queued turn
+        already running: the running turn stops at its next safe point,
         before its next step or round. It commits what it did, and its reply says it
         was cancelled. An effect call already sent settles by its receipt, as always.
         A confirmation the turn opened stays open: stopping is not a refusal. A turn
