@@ -468,3 +468,28 @@ async def test_a_cancel_of_a_turn_whose_redelivery_is_queued_while_it_runs_is_re
     assert await inbox(store, "t") == []
     events = await read_all_events(store, thread_id="t")
     assert committed(events, "2") == 1
+
+
+async def test_a_queued_turn_cancelled_after_its_process_died_running_commits_cancelled(
+    store: Durability,
+) -> None:
+    """A process started the queued turn (its entry is marked), then died. The cancel
+    answers "requested", and the turn's next run commits what it did as cancelled."""
+    from intention_kernel._inbox import encode_request
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+    from intention_kernel.runtime import TurnRequest
+
+    agent = dataclasses.replace(billing_agent(FakeProvider()), on_busy="queue")
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    assert isinstance(store, RecordedDurability)
+    request = encode_request(TurnRequest("balance", None))
+    await store.enqueue(InboxEntry("t", "2", None, None, request, utcnow()))
+    assert await store.start_queued("t", "2", 1) == (None, None)  # the dead process's start
+    answer = await Kernel(agent, store).cancel("t", "2", reason="pressed stop")
+    assert answer.status == "requested"
+    [result] = await kernel.drain("t")
+    assert "pressed stop" in result.reply
+    assert (result.steps, result.checkpoint_version) == ((), 2)
+    assert await inbox(store, "t") == []

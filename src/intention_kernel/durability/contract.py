@@ -602,7 +602,10 @@ class InboxRecorder(Protocol):
     ) -> tuple[str | None, str | None]:
         """A queued turn starts, under the thread's lock. In one transaction: mark its
         inbox entry started, then answer as :meth:`read_cancel`. A cancel after this
-        keeps the entry and answers ``"requested"``: the turn runs and stops."""
+        keeps the entry and answers ``"requested"``: the turn runs and stops.
+
+        An entry started before (by a process that died) answers ``(None, None)``:
+        the turn runs again, reads its stop at its next safe point, and commits."""
         ...
 
     async def read_cancel(

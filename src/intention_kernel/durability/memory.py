@@ -283,8 +283,11 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
     async def start_queued(
         self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
+        key = (thread_id, turn_id)
+        if key in self._state.started:  # started before, by a process that died
+            return None, None
         if any(e.turn_id == turn_id for e in self._state.inbox.get(thread_id, ())):
-            self._state.started.add((thread_id, turn_id))
+            self._state.started.add(key)
         return await self.read_cancel(thread_id, turn_id, base_version, tenant_id)
 
     async def thread_version(self, thread_id: str) -> int:

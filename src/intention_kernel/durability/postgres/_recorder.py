@@ -113,6 +113,7 @@ from intention_kernel.durability.postgres._statements import (
     SELECT_JOURNAL_ENTRY,
     SELECT_OUTBOX,
     SELECT_RECEIPT,
+    SELECT_STARTED,
     SELECT_STREAM,
     SELECT_STREAM_TURN,
     SELECT_TAKEN,
@@ -507,6 +508,9 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
 
         async def write(conn: Connection) -> tuple[str | None, str | None]:
             async with conn.transaction():  # the mark, then the read: one transaction
+                started = await (await execute(conn, self._q(SELECT_STARTED), params)).fetchone()
+                if started is not None and started[0]:  # started before; its process died
+                    return None, None
                 await execute(conn, self._q(START_QUEUED), params)
                 row = await (await execute(conn, self._q(SELECT_CANCEL), params)).fetchone()
             if row is None:

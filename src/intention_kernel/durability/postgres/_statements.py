@@ -404,6 +404,7 @@ DEQUEUE_UNSTARTED = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s 
 START_QUEUED = (
     "UPDATE ik_inbox SET started = true WHERE thread_id = %(thread)s AND turn_id = %(turn)s"
 )
+SELECT_STARTED = "SELECT started FROM ik_inbox WHERE thread_id = %(thread)s AND turn_id = %(turn)s"
 # A request already there keeps its first reason: asking again changes nothing. Each
 # request is stored under its caller's scope (``ownership.cancel_scope``).
 INSERT_CANCEL = """

@@ -67,6 +67,7 @@ from intention_kernel.durability.sqlite._statements import (
     SELECT_COMMITTED_TENANT,
     SELECT_INBOX_ENTRY,
     SELECT_INBOX_TENANT,
+    SELECT_STARTED,
     SELECT_TURN_EXISTS,
     SETTLE_RECEIPT,
     START_QUEUED,
@@ -290,7 +291,11 @@ def request_cancel(
 
 
 def start_queued(conn: sqlite3.Connection, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """A queued turn starts, atomic: its entry marked, then its stop read."""
+    """A queued turn starts, atomic: its entry marked, then its stop read. An entry
+    started before (its process died): ``None``, its stop is read at a safe point."""
+    started = conn.execute(SELECT_STARTED, params[:2]).fetchone()
+    if started is not None and started[0]:
+        return None
     conn.execute(START_QUEUED, params[:2])
     row: tuple[Any, ...] | None = conn.execute(SELECT_CANCEL, params).fetchone()
     return row

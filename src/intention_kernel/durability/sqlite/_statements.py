@@ -197,6 +197,7 @@ DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
 # A cancel dequeues only an entry whose turn has not started; a started one runs on.
 DEQUEUE_UNSTARTED = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ? AND started = 0"
 START_QUEUED = "UPDATE ik_inbox SET started = 1 WHERE thread_id = ? AND turn_id = ?"
+SELECT_STARTED = "SELECT started FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
 # A request already there keeps its first reason: asking again changes nothing. Each
 # request is stored under its caller's scope (``ownership.cancel_scope``).
 INSERT_CANCEL = """
