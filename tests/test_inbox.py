@@ -493,3 +493,47 @@ async def test_a_queued_turn_cancelled_after_its_process_died_running_commits_ca
     assert "pressed stop" in result.reply
     assert (result.steps, result.checkpoint_version) == ((), 2)
     assert await inbox(store, "t") == []
+
+
+@pytest.mark.slow
+async def test_a_cancel_from_another_process_of_a_queued_turn_it_runs_is_requested(
+    sql_store: Store, tmp_path: Path
+) -> None:
+    """Another process runs turn 2 from the inbox and is held inside its provider call:
+    a cancel here answers "requested", not "dequeued". Once that process is killed,
+    the next drain runs turn 2 again, and it commits as cancelled."""
+    from intention_kernel._inbox import encode_request
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+    from intention_kernel.runtime import TurnRequest
+
+    ledger = str(tmp_path / "provider.ledger")
+    async with sql_store.durability() as durability:
+        agent = dataclasses.replace(proving_agent(LedgerProvider(path=ledger)), on_busy="queue")
+        kernel = Kernel(agent, durability)
+        await kernel.turn("t", "1", "charge pi_1 500")
+        assert isinstance(durability, RecordedDurability)
+        request = encode_request(TurnRequest("yes", None))
+        await durability.enqueue(InboxEntry("t", "2", None, None, request, utcnow()))
+        worker = await spawn(
+            {
+                "store": sql_store.config(),
+                "ledger": ledger,
+                "on_busy": "queue",
+                "turns": [{"thread_id": "t", "turn_id": "2", "message": "yes"}],
+                "fault": {"point": faults.IN_PROVIDER_AFTER_WRITE, "action": "hold"},
+            }
+        )
+        try:
+            assert await first_line(worker) == {"held": faults.IN_PROVIDER_AFTER_WRITE}
+            answer = await kernel.cancel("t", "2", reason="pressed stop")
+            assert answer.status == "requested"
+            assert await inbox(durability, "t") == ["2"]  # it runs on: its entry stays
+        finally:
+            worker.kill()
+            await worker.communicate()
+        [result] = await kernel.drain("t")
+        assert "pressed stop" in result.reply
+        assert await inbox(durability, "t") == []
+        events = await read_all_events(durability, thread_id="t")
+        assert (committed(events, "2"), len(of_turn(events, "2", "turn.cancelled"))) == (1, 1)

@@ -289,7 +289,7 @@ class Kernel:
                 taken_by = await store.taker(*key)  # type: ignore[attr-defined]
                 if taken_by is not None:
                     raise Steered(taken_by)
-            asked = self._cancels.get(key)
+            asked = None if at_start else self._cancels.get(key)  # started before? ask the store
             if asked is not None:
                 for mine in (ANY_TENANT, own):
                     if mine in asked:
