@@ -106,10 +106,10 @@ MUTANT_RUNS = (
         expect="other_interrupter",
         model="inbox.pml",
     ),
-    # The interrupt as the code does it at this writing (see models/inbox.pml).
+    # The interrupt of the code before its fix, a mutant (see models/inbox.pml).
     Run(
-        "interrupt-as-implemented",
-        ("-DINTERRUPT", "-DINTERRUPT_AS_IMPLEMENTED"),
+        "interrupt-by-base-at-start",
+        ("-DINTERRUPT", "-DINTERRUPT_BY_BASE_AT_START"),
         expect="other_interrupter",
         model="inbox.pml",
     ),

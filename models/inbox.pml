@@ -49,16 +49,17 @@
  *   (seen_round[i]==r)      a steer is seen by the same round on every delivery.
  *
  * Mutants: REMOVE_BEFORE_RUN, FRESH_TURN_ID, NO_INBOX_CHECK, NO_START_CHECK,
- * STOP_ABORTS, BASE_ONLY_INTERRUPT, INTERRUPT_AS_IMPLEMENTED, NO_STEER_JOURNAL,
+ * STOP_ABORTS, BASE_ONLY_INTERRUPT, INTERRUPT_BY_BASE_AT_START, NO_STEER_JOURNAL,
  * STEER_TAKES_COMMITTED, STEER_UNCHECKED_AT_BEGIN. Each must produce a counterexample (check_protocol.py).
  *
- * INTERRUPT_AS_IMPLEMENTED is the interrupt of the code at this writing: a request
- * keyed by the base version alone, which a queued turn reads at its start and at
- * each safe point. The message that asked for it is stopped by its own request when
- * its turn runs on that base (an entry queued before it, the holder's turn failed).
- * The default rule is the fix this model checks: the request names who asked (one
- * row per asker); a turn is stopped only by another message accepted after it, and
- * a queued turn reads only cancels at its start.
+ * INTERRUPT_BY_BASE_AT_START is the interrupt of the code before the fix (a mutant
+ * only): a request keyed by the base version alone, which a queued turn read at its
+ * start and at each safe point. The message that asked for it was stopped by its
+ * own request when its turn ran on that base (an entry queued before it, the
+ * holder's turn failed). The default rule is the code's: the request names who
+ * asked (one row per asker, with its entry's seq); a turn is stopped only by
+ * another message accepted after it, and a queued turn reads only cancels at its
+ * start.
  */
 
 #ifndef MAX_CRASH
@@ -128,7 +129,7 @@ bit other_interrupter;
 
 /* A stop for turn cur at a safe point (the store's read_cancel): a cancel naming it,
    or an interrupt on its base version. */
-#ifdef INTERRUPT_AS_IMPLEMENTED
+#ifdef INTERRUPT_BY_BASE_AT_START
 #define INTERRUPTED (intr[myv] != 0)
 #elif defined(BASE_ONLY_INTERRUPT)
 #define INTERRUPTED (intr[myv] != 0)
@@ -295,7 +296,7 @@ locked:
         :: else -> skip
         fi;
 #endif
-#ifdef INTERRUPT_AS_IMPLEMENTED
+#ifdef INTERRUPT_BY_BASE_AT_START
         if
         :: queued && intr[version] != 0 ->
             other_interrupter = ((intr[version] & ~BIT(msg)) != 0);

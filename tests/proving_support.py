@@ -596,3 +596,35 @@ async def inbox_before_steers_reads_as_queued(
         assert await store.taker("t", "q1") is None
         assert await store.take_steers("t", "x") == []  # a queued entry is no steer
         assert [e.turn_id for e in await store.read_inbox("t")] == ["q1"]
+
+
+async def interrupts_before_senders_stop_any_turn_on_their_base(
+    open_durability: Callable[[], Durability],
+    before_senders: Callable[[], None],
+    old_interrupt: Callable[[str, int], None],
+) -> None:
+    """An interrupt stored before it named its sender keeps its meaning after the
+    upgrade: it stops any turn of any tenant on its base. A new one names its sender:
+    it stops neither the sender's own turn nor another tenant's. An inbox entry
+    stored before reads as not started."""
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+
+    async with open_durability() as durability:
+        store: Any = durability
+        entry = InboxEntry("t", "q0", "acme", None, '{"message": "hi"}', utcnow())
+        assert await store.enqueue(entry) == 1
+    before_senders()
+    old_interrupt("t", 4)
+    async with open_durability() as upgraded:
+        store = upgraded
+        # An entry stored before was not started: a cancel dequeues it.
+        assert await store.request_cancel("t", "q0", None) == "dequeued"
+        assert await store.read_cancel("t", "x", 4, "acme") == ("interrupt", None)
+        assert await store.read_cancel("t", "x", 3, "acme") == (None, None)
+        entry = InboxEntry("t", "q1", "acme", None, '{"message": "hi"}', utcnow())
+        assert await store.enqueue(entry) == 1
+        await store.request_interrupt("t", 7, "q1", "acme")
+        assert await store.read_cancel("t", "x", 7, "acme") == ("interrupt", None)
+        assert await store.read_cancel("t", "q1", 7, "acme") == (None, None)
+        assert await store.read_cancel("t", "x", 7, "beta") == (None, None)

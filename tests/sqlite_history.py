@@ -14,6 +14,7 @@ __all__ = [
     "undo_migration_14",
     "undo_migration_15",
     "undo_migration_16",
+    "undo_migration_17",
 ]
 
 
@@ -42,8 +43,28 @@ def undo_migration_14(conn: sqlite3.Connection) -> None:
     conn.execute("DELETE FROM ik_schema WHERE version > 13")
 
 
+def undo_migration_17(conn: sqlite3.Connection) -> None:
+    """The file as a store before migration 17 held it: interrupts by base version only,
+    and no inbox entry marked started."""
+    conn.executescript(
+        """
+        CREATE TABLE ik_interrupts_old (
+            thread_id TEXT NOT NULL, base_version INTEGER NOT NULL,
+            created_at TEXT NOT NULL, PRIMARY KEY (thread_id, base_version)
+        ) WITHOUT ROWID;
+        INSERT OR IGNORE INTO ik_interrupts_old
+        SELECT thread_id, base_version, created_at FROM ik_interrupts;
+        DROP TABLE ik_interrupts;
+        ALTER TABLE ik_interrupts_old RENAME TO ik_interrupts;
+        ALTER TABLE ik_inbox DROP COLUMN started;
+        DELETE FROM ik_schema WHERE version > 16;
+        """
+    )
+
+
 def undo_migration_16(conn: sqlite3.Connection) -> None:
     """The file as a store before migration 16 held it: an inbox without steers."""
+    undo_migration_17(conn)
     conn.execute("ALTER TABLE ik_inbox DROP COLUMN steer")
     conn.execute("ALTER TABLE ik_inbox DROP COLUMN taken_by")
     conn.execute("DELETE FROM ik_schema WHERE version > 15")

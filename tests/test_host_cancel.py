@@ -262,3 +262,52 @@ def test_another_tenant_neither_dequeues_nor_stops_turns_on_a_thread_nobody_owns
         assert later.json()["checkpoint_version"] == 2
         # The owner's own DELETE of a queued turn still works.
         assert web.post("/v1/threads/u/turns", json={"turn_id": "d3", "message": "slow"}).is_success
+
+
+@pytest.fixture
+def served_interrupt(fresh_store: Durability) -> Iterator[tuple[str, HeldModel]]:
+    model = HeldModel()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=model, on_busy="interrupt"
+    )
+    app = create_app(Kernel(agent, fresh_store, cancel_check_after=0.0), tokens=TOKENS)
+    try:
+        with serving_in_thread(app) as base_url:
+            yield base_url, model
+    finally:
+        model.done.set()
+
+
+def test_another_tenants_message_interrupts_nothing_on_a_thread_nobody_owns_yet(
+    served_interrupt: tuple[str, HeldModel],
+) -> None:
+    """The first turn of ``u`` is held before anything durable: nobody owns ``u`` yet.
+    Another tenant's message to the ``"interrupt"`` agent is queued, and its interrupt
+    is recorded for its own tenant only: the running turn goes on to its end. Once
+    the thread is the first tenant's, the foreign message is 404."""
+    base_url, model = served_interrupt
+    with client(base_url, "acme-web") as web, client(base_url, "globex") as foreign:
+        answers: list[httpx.Response] = []
+        running = threading.Thread(
+            target=lambda: answers.append(
+                web.post("/v1/threads/u/turns", json={"turn_id": "d1", "message": "slow"})
+            )
+        )
+        running.start()
+        assert model.thinking.wait(30)
+        message = {"turn_id": "f1", "message": "hi"}
+        queued = foreign.post("/v1/threads/u/turns", json=message, timeout=10)
+        assert queued.status_code == 202, queued.text
+
+        model.done.set()
+        running.join(60)
+        [answer] = answers
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["steps"]) == 2  # the foreign message stopped nothing
+        for _ in range(3000):  # the server drops the foreign entry in the background
+            later = foreign.post("/v1/threads/u/turns", json=message)
+            if later.status_code != 202:
+                break
+            threading.Event().wait(0.01)
+        assert later.status_code == 404, later.text
+        assert web.get("/v1/threads/u").json()["version"] == 1

@@ -355,3 +355,185 @@ async def test_a_message_of_another_tenant_queued_on_a_thread_does_not_block_it(
     assert await inbox(store, "t") == []
     events = await read_all_events(store, thread_id="t")
     assert (committed(events, "3"), committed(events, "4")) == (0, 1)
+
+
+async def test_an_interrupt_finding_only_a_queued_entry_stops_neither_message(
+    store: Durability,
+) -> None:
+    """Nothing runs, but an entry waits: the new message's interrupt names its sender.
+    The queued turn it found starts anyway (a queued turn reads only cancels at its
+    start), and the new message is never stopped by its own request."""
+    from intention_kernel._inbox import encode_request
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+    from intention_kernel.runtime import TurnRequest
+
+    agent = dataclasses.replace(billing_agent(FakeProvider()), on_busy="interrupt")
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    assert isinstance(store, RecordedDurability)
+    request = encode_request(TurnRequest("balance", None))
+    await store.enqueue(InboxEntry("t", "2", None, None, request, utcnow()))
+    third = await kernel.turn("t", "3", "balance")
+    assert (third.replayed, third.checkpoint_version) == (False, 3)
+    assert await inbox(store, "t") == []
+    events = await read_all_events(store, thread_id="t")
+    assert (committed(events, "2"), committed(events, "3")) == (1, 1)
+    assert of_turn(events, "3", "turn.cancelled") == []
+
+
+async def test_another_tenants_interrupt_stops_no_turn_on_a_thread_nobody_owns(
+    store: Durability,
+) -> None:
+    """The thread's first turn runs: nobody owns it yet. Another tenant's message is
+    queued, and its interrupt stops only turns of its own tenant: none here."""
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="interrupt"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    running = asyncio.create_task(kernel.turn("t", "1", "look twice", tenant_id="acme"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    ack = await kernel.submit("t", "2", "balance", tenant_id="other")
+    assert ack == Queued("t", "2", 1)
+    interpreter.release.set()
+    first = await asyncio.wait_for(running, HELD)
+    assert len(first.steps) == 2  # not interrupted
+    assert not first.reply.endswith("Interrupted by a new message.")
+    await kernel.drained()
+    assert await inbox(store, "t") == []  # the foreign message can never run here
+    events = await read_all_events(store, thread_id="t")
+    assert of_turn(events, "1", "turn.cancelled") == []
+    assert committed(events, "2") == 0
+
+
+# -- a cancel of a turn that runs answers "requested" ---------------------------------------------
+
+
+@pytest.mark.parametrize("same_kernel", [True, False])
+async def test_a_cancel_of_a_queued_turn_running_from_the_inbox_is_requested(
+    store: Durability, same_kernel: bool
+) -> None:
+    """Its entry is removed only after its commit: the cancel must not answer
+    "dequeued", as the turn runs on and commits what it did as cancelled."""
+    from intention_kernel._inbox import encode_request
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+    from intention_kernel.runtime import TurnRequest
+
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="queue"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    assert isinstance(store, RecordedDurability)
+    request = encode_request(TurnRequest("look twice", None))
+    await store.enqueue(InboxEntry("t", "2", None, None, request, utcnow()))
+    draining = asyncio.create_task(kernel.drain("t"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    canceller = kernel if same_kernel else Kernel(agent, store)
+    answer = await canceller.cancel("t", "2", reason="pressed stop")
+    assert answer.status == "requested"
+    interpreter.release.set()
+    [result] = await asyncio.wait_for(draining, HELD)
+    assert "pressed stop" in result.reply
+    assert (result.steps, result.checkpoint_version) == ((), 2)
+    assert await inbox(store, "t") == []
+    events = await read_all_events(store, thread_id="t")
+    assert (committed(events, "2"), len(of_turn(events, "2", "turn.cancelled"))) == (1, 1)
+
+
+async def test_a_cancel_of_a_turn_whose_redelivery_is_queued_while_it_runs_is_requested(
+    store: Durability,
+) -> None:
+    """A delivery of turn 2 runs; its redelivery, finding the thread busy, is queued.
+    The cancel removes the queued copy, but the running delivery stops and commits."""
+    interpreter = HeldInterpreter()
+    agent = dataclasses.replace(
+        billing_agent(FakeProvider()), interpreter=interpreter, on_busy="queue"
+    )
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    running = asyncio.create_task(kernel.turn("t", "2", "look twice"))
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    assert await kernel.submit("t", "2", "look twice") == Queued("t", "2", 1)
+    answer = await kernel.cancel("t", "2", reason="pressed stop")
+    assert answer.status == "requested"
+    interpreter.release.set()
+    result = await asyncio.wait_for(running, HELD)
+    assert "pressed stop" in result.reply
+    assert (result.steps, result.checkpoint_version) == ((), 2)
+    await kernel.drained()
+    assert await inbox(store, "t") == []
+    events = await read_all_events(store, thread_id="t")
+    assert committed(events, "2") == 1
+
+
+async def test_a_queued_turn_cancelled_after_its_process_died_running_commits_cancelled(
+    store: Durability,
+) -> None:
+    """A process started the queued turn (its entry is marked), then died. The cancel
+    answers "requested", and the turn's next run commits what it did as cancelled."""
+    from intention_kernel._inbox import encode_request
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+    from intention_kernel.runtime import TurnRequest
+
+    agent = dataclasses.replace(billing_agent(FakeProvider()), on_busy="queue")
+    kernel = Kernel(agent, store, cancel_check_after=0.0)
+    await kernel.turn("t", "1", "balance")
+    assert isinstance(store, RecordedDurability)
+    request = encode_request(TurnRequest("balance", None))
+    await store.enqueue(InboxEntry("t", "2", None, None, request, utcnow()))
+    assert await store.start_queued("t", "2", 1) == (None, None)  # the dead process's start
+    answer = await Kernel(agent, store).cancel("t", "2", reason="pressed stop")
+    assert answer.status == "requested"
+    [result] = await kernel.drain("t")
+    assert "pressed stop" in result.reply
+    assert (result.steps, result.checkpoint_version) == ((), 2)
+    assert await inbox(store, "t") == []
+
+
+@pytest.mark.slow
+async def test_a_cancel_from_another_process_of_a_queued_turn_it_runs_is_requested(
+    sql_store: Store, tmp_path: Path
+) -> None:
+    """Another process runs turn 2 from the inbox and is held inside its provider call:
+    a cancel here answers "requested", not "dequeued". Once that process is killed,
+    the next drain runs turn 2 again, and it commits as cancelled."""
+    from intention_kernel._inbox import encode_request
+    from intention_kernel.durability.records import InboxEntry
+    from intention_kernel.effects import utcnow
+    from intention_kernel.runtime import TurnRequest
+
+    ledger = str(tmp_path / "provider.ledger")
+    async with sql_store.durability() as durability:
+        agent = dataclasses.replace(proving_agent(LedgerProvider(path=ledger)), on_busy="queue")
+        kernel = Kernel(agent, durability)
+        await kernel.turn("t", "1", "charge pi_1 500")
+        assert isinstance(durability, RecordedDurability)
+        request = encode_request(TurnRequest("yes", None))
+        await durability.enqueue(InboxEntry("t", "2", None, None, request, utcnow()))
+        worker = await spawn(
+            {
+                "store": sql_store.config(),
+                "ledger": ledger,
+                "on_busy": "queue",
+                "turns": [{"thread_id": "t", "turn_id": "2", "message": "yes"}],
+                "fault": {"point": faults.IN_PROVIDER_AFTER_WRITE, "action": "hold"},
+            }
+        )
+        try:
+            assert await first_line(worker) == {"held": faults.IN_PROVIDER_AFTER_WRITE}
+            answer = await kernel.cancel("t", "2", reason="pressed stop")
+            assert answer.status == "requested"
+            assert await inbox(durability, "t") == ["2"]  # it runs on: its entry stays
+        finally:
+            worker.kill()
+            await worker.communicate()
+        [result] = await kernel.drain("t")
+        assert "pressed stop" in result.reply
+        assert await inbox(durability, "t") == []
+        events = await read_all_events(durability, thread_id="t")
+        assert (committed(events, "2"), len(of_turn(events, "2", "turn.cancelled"))) == (1, 1)

@@ -66,6 +66,7 @@ from proving_support import (
     StoreInspector,
     cancels_before_scopes_stop_any_tenant,
     inbox_before_steers_reads_as_queued,
+    interrupts_before_senders_stop_any_turn_on_their_base,
     journal_before_tenants_gets_its_threads_owner,
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
@@ -288,6 +289,13 @@ UNDO_MIGRATION_5 = (
 UNDO_MIGRATION_7 = "ALTER TABLE ik_turns DROP COLUMN announced"
 UNDO_MIGRATION_8 = "DROP TABLE ik_journal"
 UNDO_MIGRATION_9 = "ALTER TABLE ik_receipts DROP COLUMN actor"
+UNDO_MIGRATION_20 = (
+    "ALTER TABLE ik_interrupts DROP CONSTRAINT ik_interrupts_pkey;"
+    " ALTER TABLE ik_interrupts DROP COLUMN turn_id, DROP COLUMN scope, DROP COLUMN seq;"
+    " ALTER TABLE ik_interrupts ADD CONSTRAINT ik_interrupts_pkey"
+    " PRIMARY KEY (thread_id, base_version);"
+    " ALTER TABLE ik_inbox DROP COLUMN started"
+)
 UNDO_MIGRATION_16 = "DROP TABLE ik_timers"
 UNDO_MIGRATION_15 = "DROP TABLE ik_streams"
 UNDO_MIGRATION_14 = "DROP TABLE ik_lg_checkpoints, ik_lg_writes, ik_lg_heads"
@@ -453,6 +461,21 @@ async def test_inbox_entries_stored_before_migration_19_are_queued_messages(
         store.execute("DELETE FROM ik_schema WHERE version > 18")
 
     await inbox_before_steers_reads_as_queued(store.durability, back_to_version_18)
+
+
+async def test_interrupts_stored_before_migration_20_stop_any_turn_on_their_base(
+    store: Store,
+) -> None:
+    def back_to_version_19() -> None:
+        store.execute(UNDO_MIGRATION_20)
+        store.execute("DELETE FROM ik_schema WHERE version > 19")
+
+    def old_interrupt(thread_id: str, base_version: int) -> None:
+        store.execute("INSERT INTO ik_interrupts VALUES (%s, %s, now())", thread_id, base_version)
+
+    await interrupts_before_senders_stop_any_turn_on_their_base(
+        store.durability, back_to_version_19, old_interrupt
+    )
 
 
 async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:

@@ -36,6 +36,7 @@ from proving_support import (
     cancels_before_scopes_stop_any_tenant,
     damage_sqlite_table,
     inbox_before_steers_reads_as_queued,
+    interrupts_before_senders_stop_any_turn_on_their_base,
     journal_before_tenants_gets_its_threads_owner,
     migration_4_gives_receipts_their_owner,
     receipts_before_actors_read_as_no_actor,
@@ -47,6 +48,7 @@ from sqlite_history import (
     undo_migration_11,
     undo_migration_15,
     undo_migration_16,
+    undo_migration_17,
 )
 from sqlite_owner import watch_connections
 
@@ -402,6 +404,27 @@ async def test_inbox_entries_stored_before_migration_16_are_queued_messages(
             undo_migration_16(conn)
 
     await inbox_before_steers_reads_as_queued(lambda: SQLiteDurability(path), back_to_version_15)
+
+
+async def test_interrupts_stored_before_migration_17_stop_any_turn_on_their_base(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "k.db"
+
+    def back_to_version_16() -> None:
+        with sqlite3.connect(path) as conn:
+            undo_migration_17(conn)
+
+    def old_interrupt(thread_id: str, base_version: int) -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                "INSERT INTO ik_interrupts VALUES (?, ?, '2026-01-01T00:00:00+00:00')",
+                (thread_id, base_version),
+            )
+
+    await interrupts_before_senders_stop_any_turn_on_their_base(
+        lambda: SQLiteDurability(path), back_to_version_16, old_interrupt
+    )
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0])

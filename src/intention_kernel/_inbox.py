@@ -79,7 +79,8 @@ class Cancellation:
     """What :meth:`Kernel.cancel <intention_kernel.Kernel.cancel>` found and did.
 
     ``status`` is ``"committed"`` (the turn had committed: nothing changed),
-    ``"dequeued"`` (it waited in the inbox and was removed: it will not run) or
+    ``"dequeued"`` (it waited in the inbox, not started, and was removed: it will
+    not run) or
     ``"requested"`` (it may be running: it stops at its next safe point and commits
     what it did, its reply saying it was cancelled).
     """
@@ -113,7 +114,9 @@ class InboxStore(Protocol):
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]: ...
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool: ...
     async def taker(self, thread_id: str, turn_id: str) -> str | None: ...
-    async def request_interrupt(self, thread_id: str, base_version: int) -> None: ...
+    async def request_interrupt(
+        self, thread_id: str, base_version: int, turn_id: str, tenant_id: str | None
+    ) -> None: ...
     async def thread_version(self, thread_id: str) -> int: ...
 
 
@@ -237,7 +240,7 @@ class Inbox:
         if base is not None:
             # Accepted first, then the stop: a crash between leaves a queued message.
             # A turn on that base that already committed is stopped by nothing.
-            await store.request_interrupt(thread_id, base)
+            await store.request_interrupt(thread_id, base, scope.turn_id, scope.tenant_id)
         # A redelivery waiting beside this call shares its future; the last one out
         # removes it.
         ran = self._waiting.setdefault(key, asyncio.get_running_loop().create_future())

@@ -96,6 +96,8 @@ class Kernel:
         # Cancels this kernel requested, by (thread, turn): its turns see them at once.
         # Each by its scope (``ownership.cancel_scope``): a turn sees its tenant's only.
         self._cancels: dict[tuple[str, str], dict[str, str | None]] = {}
+        # The deliveries this kernel runs or waits to run, by (thread, turn, queued).
+        self._delivering: dict[tuple[str, str, bool], int] = {}
         # Whether the store keeps stop requests (``Kernel.cancel``).
         self._stoppable = isinstance(durability, InboxStore) and (
             getattr(durability, "has_inbox", True) is not False
@@ -221,8 +223,9 @@ class Kernel:
         """Stop turn ``turn_id`` of the thread, in any process.
 
         A committed turn is left as it is (``status="committed"``). A turn waiting in
-        the inbox is removed from it (``"dequeued"``). Otherwise the request is
-        recorded (``"requested"``): the running turn stops at its next safe point,
+        the inbox, not started, is removed from it (``"dequeued"``): it will not run.
+        Otherwise the request is recorded (``"requested"``), also for a queued turn
+        already running: the running turn stops at its next safe point,
         before its next step or round. It commits what it did, and its reply says it
         was cancelled. An effect call already sent settles by its receipt, as always.
         A confirmation the turn opened stays open: stopping is not a refusal. A turn
@@ -251,6 +254,8 @@ class Kernel:
                 raise TenantMismatchError(
                     f"thread {thread_id!r} or its turn {turn_id!r} belongs to another tenant"
                 )
+        if status == "dequeued" and (thread_id, turn_id, False) in self._delivering:
+            status = "requested"  # a delivery of it runs here: only its queued copy went
         if status != "committed":
             scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
             self._cancels.setdefault((thread_id, turn_id), {}).setdefault(scope, reason)
@@ -269,9 +274,12 @@ class Kernel:
         own = cancel_scope(scope.tenant_id)
         steering = self._compiled.agent.on_busy == "steer"
         starting = request.queued and steering
+        # A queued turn reads only cancels at its start: an interrupt stops it later.
+        first = request.queued
 
         async def stop(base_version: int, at_once: bool) -> str | None:
-            nonlocal starting
+            nonlocal starting, first
+            at_start, first = first, False
             if self._shutting_down:
                 raise _shutting_down(scope, "stopped at a safe point, before its commit")
             if inbox is not None:
@@ -281,16 +289,18 @@ class Kernel:
                 taken_by = await store.taker(*key)  # type: ignore[attr-defined]
                 if taken_by is not None:
                     raise Steered(taken_by)
-            asked = self._cancels.get(key)
+            asked = None if at_start else self._cancels.get(key)  # started before? ask the store
             if asked is not None:
                 for mine in (ANY_TENANT, own):
                     if mine in asked:
                         return stopping("cancelled", replies.turn_cancelled(asked[mine]))
             if not at_once and time.monotonic() - started < after:
                 return None
-            found, reason = await store.read_cancel(*key, base_version, scope.tenant_id)  # type: ignore[attr-defined]
+            # A queued turn's start marks its entry: a cancel now answers "requested".
+            read = store.start_queued if at_start else store.read_cancel  # type: ignore[attr-defined]
+            found, reason = await read(*key, base_version, scope.tenant_id)
             if found == "interrupt":
-                return stopping("interrupted", replies.turn_interrupted())
+                return None if at_start else stopping("interrupted", replies.turn_interrupted())
             return stopping("cancelled", replies.turn_cancelled(reason)) if found else None
 
         def stopping(kind: Literal["interrupted", "cancelled"], line: str) -> str:
@@ -654,19 +664,27 @@ class Kernel:
                 return durability.with_turn(scope, operation, wait=False)
             return durability.with_turn(scope, operation)
 
-        if not _tracing.enabled():
-            result = await with_turn()
-        else:
-            with _tracing.span(
-                "intention_kernel.turn",
-                thread_id=thread_id,
-                turn_id=turn_id,
-                tenant_id=scope.tenant_id,
-            ) as span:
+        # While a delivery runs here, a cancel dequeuing a queued copy of it answers
+        # "requested". A queued one is marked in its entry as it starts instead.
+        delivering, key = self._delivering, (thread_id, turn_id, request.queued)
+        delivering[key] = delivering.get(key, 0) + 1
+        try:
+            if not _tracing.enabled():
                 result = await with_turn()
-                _tracing.annotate(
-                    span, replayed=result.replayed, checkpoint_version=result.checkpoint_version
-                )
+            else:
+                with _tracing.span(
+                    "intention_kernel.turn",
+                    thread_id=thread_id,
+                    turn_id=turn_id,
+                    tenant_id=scope.tenant_id,
+                ) as span:
+                    result = await with_turn()
+                    _tracing.annotate(
+                        span, replayed=result.replayed, checkpoint_version=result.checkpoint_version
+                    )
+        finally:
+            if left := delivering.pop(key) - 1:
+                delivering[key] = left
         if self._cancels:
             self._cancels.pop((thread_id, turn_id), None)  # committed: no stop is left to see
         if logger.isEnabledFor(logging.DEBUG):

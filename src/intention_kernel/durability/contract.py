@@ -568,7 +568,8 @@ class InboxRecorder(Protocol):
         """Ask turn ``turn_id`` to stop, in one transaction; what was found:
 
         - ``"committed"``: the turn is committed, and nothing was written;
-        - ``"dequeued"``: its inbox entry was deleted, and the request recorded;
+        - ``"dequeued"``: its inbox entry, not started (:meth:`start_queued`), was
+          deleted, and the request recorded: it will not run;
         - ``"requested"``: the request is recorded, for the turn to read at its next
           safe point. A request already recorded keeps its first reason;
         - ``"not-found"`` (only with ``owner``): the thread's committed turns or the
@@ -583,10 +584,28 @@ class InboxRecorder(Protocol):
         """The thread's committed version (0 for a thread with no committed turn)."""
         ...
 
-    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
-        """Ask the turn that commits on top of checkpoint ``base_version`` to stop: a
-        new message interrupts it (``on_busy="interrupt"``). A later turn's base is
-        newer, so the request never stops the message that made it."""
+    async def request_interrupt(
+        self, thread_id: str, base_version: int, at: datetime, turn_id: str, tenant_id: str | None
+    ) -> None:
+        """Ask the turn that commits on top of checkpoint ``base_version`` to stop: the
+        message of ``turn_id``, just queued, interrupts it (``on_busy="interrupt"``).
+
+        One row per sender, keyed by its turn ID and its tenant's scope
+        (:func:`~intention_kernel.durability.ownership.cancel_scope`). It keeps the
+        seq of the sender's inbox entry; with no entry (it ran already) nothing is
+        written. The request never stops the sender's own turn, nor a queued turn
+        accepted after it, nor a turn of another tenant."""
+        ...
+
+    async def start_queued(
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
+    ) -> tuple[str | None, str | None]:
+        """A queued turn starts, under the thread's lock. In one transaction: mark its
+        inbox entry started, then answer as :meth:`read_cancel`. A cancel after this
+        keeps the entry and answers ``"requested"``: the turn runs and stops.
+
+        An entry started before (by a process that died) answers ``(None, None)``:
+        the turn runs again, reads its stop at its next safe point, and commits."""
         ...
 
     async def read_cancel(
@@ -594,8 +613,9 @@ class InboxRecorder(Protocol):
     ) -> tuple[str | None, str | None]:
         """Whether the turn was asked to stop, in one read: ``("cancel", reason)`` for a
         request naming ``turn_id`` (stored for any tenant or for ``tenant_id``, the
-        turn's), ``("interrupt", None)`` for one naming its ``base_version``, else
-        ``(None, None)``. A cancel wins over an interrupt."""
+        turn's), ``("interrupt", None)`` for an interrupt on its ``base_version`` from
+        another sender of its tenant, accepted after the turn's own inbox entry (if
+        it has one), else ``(None, None)``. A cancel wins over an interrupt."""
         ...
 
 

@@ -553,10 +553,22 @@ class RecordedDurability:
         """The thread's committed version (0 before its first committed turn)."""
         return await (await self._inbox(thread_id)).thread_version(thread_id)
 
-    async def request_interrupt(self, thread_id: str, base_version: int) -> None:
-        """Ask the turn that commits on top of ``base_version`` to stop
+    async def request_interrupt(
+        self, thread_id: str, base_version: int, turn_id: str, tenant_id: str | None
+    ) -> None:
+        """Ask the turn that commits on top of ``base_version`` to stop, for the
+        queued message ``turn_id`` of ``tenant_id``
         (see :meth:`InboxRecorder.request_interrupt`)."""
-        await (await self._inbox(thread_id)).request_interrupt(thread_id, base_version, utcnow())
+        inbox = await self._inbox(thread_id)
+        await inbox.request_interrupt(thread_id, base_version, utcnow(), turn_id, tenant_id)
+
+    async def start_queued(
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
+    ) -> tuple[str | None, str | None]:
+        """A queued turn starts: its entry is marked, and its stop read
+        (see :meth:`InboxRecorder.start_queued`)."""
+        inbox = await self._inbox(thread_id)
+        return await inbox.start_queued(thread_id, turn_id, base_version, tenant_id)
 
     async def read_cancel(
         self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None

@@ -95,9 +95,11 @@ class _State:
     # Each thread's inbox, in acceptance order, and the last number given to an entry.
     inbox: dict[str, list[InboxEntry]] = field(default_factory=dict)
     inbox_seq: int = 0
+    started: set[tuple[str, str]] = field(default_factory=set)  # entries whose turn began
     # The stop requests (``Kernel.cancel``), by (thread, turn, scope): the reason given.
     cancels: dict[tuple[str, str, str], str | None] = field(default_factory=dict)
-    interrupts: set[tuple[str, int]] = field(default_factory=set)  # (thread, base version)
+    # The interrupts, by (thread, base version, asker's turn, scope): the asker's entry seq.
+    interrupts: dict[tuple[str, int, str, str], int] = field(default_factory=dict)
     # The timers, by (thread, key).
     timers: dict[tuple[str, str], Timer] = field(default_factory=dict)
 
@@ -249,6 +251,7 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
             self._state.inbox[thread_id] = kept
         else:
             self._state.inbox.pop(thread_id, None)
+        self._state.started.discard((thread_id, turn_id))
         return len(kept) != len(entries)
 
     async def request_cancel(
@@ -273,14 +276,37 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
                     return "not-found"
         scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
         state.cancels.setdefault((thread_id, turn_id, scope), reason)
+        if (thread_id, turn_id) in state.started:  # running from the inbox: it stops
+            return "requested"
         return "dequeued" if await self.remove_inbox(thread_id, turn_id) else "requested"
+
+    async def start_queued(
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
+    ) -> tuple[str | None, str | None]:
+        key = (thread_id, turn_id)
+        if key in self._state.started:  # started before, by a process that died
+            return None, None
+        if any(e.turn_id == turn_id for e in self._state.inbox.get(thread_id, ())):
+            self._state.started.add(key)
+        return await self.read_cancel(thread_id, turn_id, base_version, tenant_id)
 
     async def thread_version(self, thread_id: str) -> int:
         thread = self._state.threads.get(thread_id)
         return thread.version if thread is not None else 0
 
-    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
-        self._state.interrupts.add((thread_id, base_version))
+    async def request_interrupt(
+        self,
+        thread_id: str,
+        base_version: int,
+        at: datetime,
+        turn_id: str,
+        tenant_id: str | None,
+    ) -> None:
+        state = self._state
+        for entry in state.inbox.get(thread_id, ()):
+            if entry.turn_id == turn_id:  # no entry: the asker ran already, nothing to stop
+                key = (thread_id, base_version, turn_id, cancel_scope(tenant_id))
+                state.interrupts.setdefault(key, entry.seq)
 
     async def read_cancel(
         self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
@@ -289,8 +315,13 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
         for scope in (ANY_TENANT, cancel_scope(tenant_id)):
             if (thread_id, turn_id, scope) in state.cancels:
                 return "cancel", state.cancels[(thread_id, turn_id, scope)]
-        if (thread_id, base_version) in state.interrupts:
-            return "interrupt", None
+        # A turn is stopped by another sender's message, accepted after its own entry.
+        mine = next((e.seq for e in state.inbox.get(thread_id, ()) if e.turn_id == turn_id), 0)
+        scopes = (ANY_TENANT, cancel_scope(tenant_id))
+        for (thread, base, asker, scope), seq in state.interrupts.items():
+            here = (thread, base) == (thread_id, base_version)
+            if here and asker != turn_id and scope in scopes and seq > mine:
+                return "interrupt", None
         return None, None
 
     async def commit_turn(self, record: TurnRecord) -> None:
@@ -596,9 +627,9 @@ class _MemoryRecorder(Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
         state.cancels = {k: v for k, v in state.cancels.items() if k[:2] not in pruned}
         threads = {k[0] for k in keys}
         state.interrupts = {
-            (thread, base)
-            for thread, base in state.interrupts
-            if thread not in threads or base >= state.threads[thread].version
+            key: seq
+            for key, seq in state.interrupts.items()
+            if key[0] not in threads or key[1] >= state.threads[key[0]].version
         }
         return len(keys), (keys[-1] if len(keys) == limit else None)
 

@@ -75,6 +75,7 @@ from intention_kernel.durability.postgres._statements import (
     DELETE_INBOX,
     DELETE_MESSAGES,
     DELETE_TIMER,
+    DEQUEUE_UNSTARTED,
     HAS_UNSEQUENCED,
     HOLD_LEASE,
     INBOX_POSITION,
@@ -112,6 +113,7 @@ from intention_kernel.durability.postgres._statements import (
     SELECT_JOURNAL_ENTRY,
     SELECT_OUTBOX,
     SELECT_RECEIPT,
+    SELECT_STARTED,
     SELECT_STREAM,
     SELECT_STREAM_TURN,
     SELECT_TAKEN,
@@ -125,6 +127,7 @@ from intention_kernel.durability.postgres._statements import (
     SEQUENCE_OUTBOX,
     SETTLE_RECEIPT,
     STALE_JOURNALS,
+    START_QUEUED,
     TAKE_STEERS,
     UPDATE_RECEIPT,
     UPSERT_TIMER,
@@ -465,7 +468,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
                         return "not-found"
                 row = (thread_id, turn_id, reason, at, scope)
                 await execute(conn, self._q(INSERT_CANCEL), row)
-                removed = (await execute(conn, self._q(DELETE_INBOX), key)).rowcount
+                removed = (await execute(conn, self._q(DEQUEUE_UNSTARTED), key)).rowcount
                 return "dequeued" if removed else "requested"
 
         return await self._run(write)
@@ -477,17 +480,55 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
 
         return await self._run(read)
 
-    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
+    async def request_interrupt(
+        self, thread_id: str, base_version: int, at: datetime, turn_id: str, tenant_id: str | None
+    ) -> None:
+        params = {
+            "thread": thread_id,
+            "base": base_version,
+            "turn": turn_id,
+            "scope": cancel_scope(tenant_id),
+            "at": at,
+        }
+
         async def write(conn: Connection) -> None:
-            await execute(conn, self._q(INSERT_INTERRUPT), (thread_id, base_version, at))
+            await execute(conn, self._q(INSERT_INTERRUPT), params)
 
         await self._run(write)
+
+    async def start_queued(
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
+    ) -> tuple[str | None, str | None]:
+        params = {
+            "thread": thread_id,
+            "turn": turn_id,
+            "scope": cancel_scope(tenant_id),
+            "base": base_version,
+        }
+
+        async def write(conn: Connection) -> tuple[str | None, str | None]:
+            async with conn.transaction():  # the mark, then the read: one transaction
+                started = await (await execute(conn, self._q(SELECT_STARTED), params)).fetchone()
+                if started is not None and started[0]:  # started before; its process died
+                    return None, None
+                await execute(conn, self._q(START_QUEUED), params)
+                row = await (await execute(conn, self._q(SELECT_CANCEL), params)).fetchone()
+            if row is None:
+                return None, None
+            return ("cancel", row[1]) if row[0] == 0 else ("interrupt", None)
+
+        return await self._run(write)
 
     async def read_cancel(
         self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         async def read(conn: Connection) -> tuple[str | None, str | None]:
-            params = (thread_id, turn_id, cancel_scope(tenant_id), thread_id, base_version)
+            params = {
+                "thread": thread_id,
+                "turn": turn_id,
+                "scope": cancel_scope(tenant_id),
+                "base": base_version,
+            }
             row = await (await execute(conn, self._q(SELECT_CANCEL), params)).fetchone()
             if row is None:
                 return None, None

@@ -485,6 +485,22 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE ik_inbox ADD COLUMN IF NOT EXISTS steer boolean NOT NULL DEFAULT false;
     ALTER TABLE ik_inbox ADD COLUMN IF NOT EXISTS taken_by text;
     """,
+    # 20: an interrupt names its sender, as in SQLite's migration 17: one row per
+    # sender's turn ID and tenant scope, with the seq of its inbox entry. Rows stored
+    # before (and rows a worker of the previous library still writes) take the
+    # defaults: any sender, any tenant, the largest seq, their meaning until now.
+    # ``ik_inbox.started`` marks an entry whose turn began: a cancel no longer
+    # dequeues it (it answers ``"requested"``), as the turn runs on.
+    """
+    ALTER TABLE ik_inbox ADD COLUMN IF NOT EXISTS started boolean NOT NULL DEFAULT false;
+    ALTER TABLE ik_interrupts ADD COLUMN IF NOT EXISTS turn_id text NOT NULL DEFAULT '';
+    ALTER TABLE ik_interrupts ADD COLUMN IF NOT EXISTS scope text NOT NULL DEFAULT '*';
+    ALTER TABLE ik_interrupts
+        ADD COLUMN IF NOT EXISTS seq bigint NOT NULL DEFAULT 9223372036854775807;
+    ALTER TABLE ik_interrupts DROP CONSTRAINT ik_interrupts_pkey;
+    ALTER TABLE ik_interrupts ADD CONSTRAINT ik_interrupts_pkey
+        PRIMARY KEY (thread_id, base_version, turn_id, scope);
+    """,
 )
 
 

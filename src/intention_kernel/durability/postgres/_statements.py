@@ -399,6 +399,12 @@ SELECT_TAKEN = """
     FROM ik_inbox WHERE thread_id = %s AND taken_by = %s ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
+# A cancel dequeues only an entry whose turn has not started; a started one runs on.
+DEQUEUE_UNSTARTED = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s AND NOT started"
+START_QUEUED = (
+    "UPDATE ik_inbox SET started = true WHERE thread_id = %(thread)s AND turn_id = %(turn)s"
+)
+SELECT_STARTED = "SELECT started FROM ik_inbox WHERE thread_id = %(thread)s AND turn_id = %(turn)s"
 # A request already there keeps its first reason: asking again changes nothing. Each
 # request is stored under its caller's scope (``ownership.cancel_scope``).
 INSERT_CANCEL = """
@@ -418,18 +424,26 @@ SELECT_CANCEL_OWNER = """
          WHERE j.thread_id = %(t)s ORDER BY j.ordinal LIMIT 1))
 """
 SELECT_INBOX_TENANT = "SELECT tenant_id FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
-# Interrupting the same turn twice asks one thing: the second request changes nothing.
+# One row per sender, with the seq of its entry (none left: it ran, nothing to stop).
+# The same sender asking twice asks one thing: the second request changes nothing.
 INSERT_INTERRUPT = """
-    INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (%s, %s, %s)
+    INSERT INTO ik_interrupts (thread_id, base_version, turn_id, scope, seq, created_at)
+    SELECT thread_id, %(base)s, turn_id, %(scope)s, seq, %(at)s FROM ik_inbox
+    WHERE thread_id = %(thread)s AND turn_id = %(turn)s
     ON CONFLICT ON CONSTRAINT ik_interrupts_pkey DO NOTHING
 """
 SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = %s"
-# A cancel (kind 0) sorts before an interrupt (kind 1).
+# A cancel (kind 0) sorts before an interrupt (kind 1). An interrupt stops the turn
+# if another sender of its tenant asked it, accepted after the turn's own entry.
 SELECT_CANCEL = """
     SELECT 0 AS kind, reason FROM ik_cancels
-    WHERE thread_id = %s AND turn_id = %s AND scope IN ('*', %s)
+    WHERE thread_id = %(thread)s AND turn_id = %(turn)s AND scope IN ('*', %(scope)s)
     UNION ALL
-    SELECT 1, NULL FROM ik_interrupts WHERE thread_id = %s AND base_version = %s
+    SELECT 1, NULL FROM ik_interrupts
+    WHERE thread_id = %(thread)s AND base_version = %(base)s AND turn_id <> %(turn)s
+    AND scope IN ('*', %(scope)s)
+    AND seq > COALESCE(
+        (SELECT seq FROM ik_inbox WHERE thread_id = %(thread)s AND turn_id = %(turn)s), 0)
     ORDER BY kind LIMIT 1
 """
 

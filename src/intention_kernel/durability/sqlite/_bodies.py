@@ -38,6 +38,7 @@ from intention_kernel.durability.sqlite._statements import (
     DELETE_MESSAGES,
     DELETE_STREAM,
     DELETE_TIMER,
+    DEQUEUE_UNSTARTED,
     INBOX_POSITION,
     INSERT_CANCEL,
     INSERT_EVENT,
@@ -61,12 +62,15 @@ from intention_kernel.durability.sqlite._statements import (
     PRUNE_TIMERS,
     PRUNE_TURNS,
     REWRITE_THREAD,
+    SELECT_CANCEL,
     SELECT_CLAIM,
     SELECT_COMMITTED_TENANT,
     SELECT_INBOX_ENTRY,
     SELECT_INBOX_TENANT,
+    SELECT_STARTED,
     SELECT_TURN_EXISTS,
     SETTLE_RECEIPT,
+    START_QUEUED,
     TRIM_INDEX,
     TRIM_MESSAGES,
     UPDATE_RECEIPT,
@@ -282,8 +286,19 @@ def request_cancel(
         if queued is not None and queued[0] != owner.tenant_id:
             return "not-found"
     conn.execute(INSERT_CANCEL, row)
-    removed = conn.execute(DELETE_INBOX, (thread_id, turn_id)).rowcount
+    removed = conn.execute(DEQUEUE_UNSTARTED, (thread_id, turn_id)).rowcount
     return "dequeued" if removed else "requested"
+
+
+def start_queued(conn: sqlite3.Connection, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """A queued turn starts, atomic: its entry marked, then its stop read. An entry
+    started before (its process died): ``None``, its stop is read at a safe point."""
+    started = conn.execute(SELECT_STARTED, params[:2]).fetchone()
+    if started is not None and started[0]:
+        return None
+    conn.execute(START_QUEUED, params[:2])
+    row: tuple[Any, ...] | None = conn.execute(SELECT_CANCEL, params).fetchone()
+    return row
 
 
 def request_interrupt(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:

@@ -363,15 +363,26 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
 
         return await self._read(read, thread_id)
 
-    async def request_interrupt(self, thread_id: str, base_version: int, at: datetime) -> None:
-        row = (thread_id, base_version, _stamp(at))
+    async def request_interrupt(
+        self, thread_id: str, base_version: int, at: datetime, turn_id: str, tenant_id: str | None
+    ) -> None:
+        row = (thread_id, base_version, turn_id, cancel_scope(tenant_id), _stamp(at))
         await self._write(bodies.request_interrupt, (row,), thread_id)
+
+    async def start_queued(
+        self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
+    ) -> tuple[str | None, str | None]:
+        params = (thread_id, turn_id, cancel_scope(tenant_id), base_version)
+        row = await self._write(bodies.start_queued, (params,), thread_id, atomic=True)
+        if row is None:
+            return None, None
+        return ("cancel", row[1]) if row[0] == 0 else ("interrupt", None)
 
     async def read_cancel(
         self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
         def read(conn: sqlite3.Connection) -> tuple[str | None, str | None]:
-            params = (thread_id, turn_id, cancel_scope(tenant_id), thread_id, base_version)
+            params = (thread_id, turn_id, cancel_scope(tenant_id), base_version)
             row = conn.execute(SELECT_CANCEL, params).fetchone()
             if row is None:
                 return None, None

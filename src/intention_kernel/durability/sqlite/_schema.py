@@ -312,6 +312,31 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE ik_inbox ADD COLUMN steer INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE ik_inbox ADD COLUMN taken_by TEXT;
     """,
+    # 17: an interrupt names its sender: one row per sender's turn ID and tenant scope
+    # (``ownership.cancel_scope``), with the seq of its inbox entry. A turn is stopped
+    # only by another sender of its tenant, accepted after its own entry. Keyed by the
+    # base version alone, a message finding an entry queued and nothing running stopped
+    # its own turn, and another tenant's message stopped a turn on an unowned thread.
+    # Rows stored before keep their meaning: any sender (``''``), any tenant, the
+    # largest seq. SQLite cannot change a key in place, so the table is built again.
+    # ``ik_inbox.started`` marks an entry whose turn began: a cancel no longer
+    # dequeues it (it answers ``"requested"``), as the turn runs on.
+    """
+    ALTER TABLE ik_inbox ADD COLUMN started INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE ik_interrupts_by_sender (
+        thread_id    TEXT NOT NULL,
+        base_version INTEGER NOT NULL,
+        turn_id      TEXT NOT NULL DEFAULT '',
+        scope        TEXT NOT NULL DEFAULT '*',
+        seq          INTEGER NOT NULL DEFAULT 9223372036854775807,
+        created_at   TEXT NOT NULL,
+        PRIMARY KEY (thread_id, base_version, turn_id, scope)
+    ) WITHOUT ROWID;
+    INSERT INTO ik_interrupts_by_sender (thread_id, base_version, created_at)
+    SELECT thread_id, base_version, created_at FROM ik_interrupts;
+    DROP TABLE ik_interrupts;
+    ALTER TABLE ik_interrupts_by_sender RENAME TO ik_interrupts;
+    """,
 )
 
 CREATE_SCHEMA_TABLE = (

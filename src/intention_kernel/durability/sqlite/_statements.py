@@ -194,6 +194,10 @@ SELECT_TAKEN = """
     FROM ik_inbox WHERE thread_id = ? AND taken_by = ? ORDER BY seq
 """
 DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
+# A cancel dequeues only an entry whose turn has not started; a started one runs on.
+DEQUEUE_UNSTARTED = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ? AND started = 0"
+START_QUEUED = "UPDATE ik_inbox SET started = 1 WHERE thread_id = ? AND turn_id = ?"
+SELECT_STARTED = "SELECT started FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
 # A request already there keeps its first reason: asking again changes nothing. Each
 # request is stored under its caller's scope (``ownership.cancel_scope``).
 INSERT_CANCEL = """
@@ -204,18 +208,23 @@ INSERT_CANCEL = """
 # The tenant of a thread's committed turns, for a scoped stop request.
 SELECT_COMMITTED_TENANT = "SELECT tenant_id FROM ik_threads WHERE thread_id = ? AND version > 0"
 SELECT_INBOX_TENANT = "SELECT tenant_id FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
-# Interrupting the same turn twice asks one thing: the second request changes nothing.
+# One row per sender, with the seq of its entry (none left: it ran, nothing to stop).
+# The same sender asking twice asks one thing: the second request changes nothing.
 INSERT_INTERRUPT = """
-    INSERT INTO ik_interrupts (thread_id, base_version, created_at) VALUES (?, ?, ?)
-    ON CONFLICT (thread_id, base_version) DO NOTHING
+    INSERT INTO ik_interrupts (thread_id, base_version, turn_id, scope, seq, created_at)
+    SELECT ?1, ?2, ?3, ?4, seq, ?5 FROM ik_inbox WHERE thread_id = ?1 AND turn_id = ?3
+    ON CONFLICT (thread_id, base_version, turn_id, scope) DO NOTHING
 """
 SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = ?"
-# A cancel (kind 0) sorts before an interrupt (kind 1).
+# A cancel (kind 0) sorts before an interrupt (kind 1). An interrupt stops the turn
+# if another sender of its tenant asked it, accepted after the turn's own entry.
 SELECT_CANCEL = """
     SELECT 0, reason FROM ik_cancels
-    WHERE thread_id = ? AND turn_id = ? AND scope IN ('*', ?)
+    WHERE thread_id = ?1 AND turn_id = ?2 AND scope IN ('*', ?3)
     UNION ALL
-    SELECT 1, NULL FROM ik_interrupts WHERE thread_id = ? AND base_version = ?
+    SELECT 1, NULL FROM ik_interrupts
+    WHERE thread_id = ?1 AND base_version = ?4 AND turn_id <> ?2 AND scope IN ('*', ?3)
+    AND seq > COALESCE((SELECT seq FROM ik_inbox WHERE thread_id = ?1 AND turn_id = ?2), 0)
     ORDER BY 1 LIMIT 1
 """
 
