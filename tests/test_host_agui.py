@@ -119,19 +119,20 @@ async def test_a_run_is_a_turn_whose_events_are_valid_agui(
 
     assert types(events) == [
         "RUN_STARTED",
-        *("TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"),  # the balance read
+        *("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"),  # read
         *("TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"),  # the reply
         *("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"),  # the confirmation
         "STATE_SNAPSHOT",
         "RUN_FINISHED",
     ]
-    started, read, _, read_result = events[:4]
+    started, read, read_args, _, read_result = events[:5]
     assert (started.thread_id, started.run_id, started.protocol_version) == ("acct-1", "r1", "1.0")
     assert (read.tool_call_id, read.tool_call_name) == ("r1#1", "billing.balance")
-    assert json.loads(read_result.content)["status"] == "completed"
+    assert json.loads(read_args.delta) == {"due": 7}  # the input the read ran with
     result = result_of(events)
-    assert events[5].delta == result["reply"]
-    confirm, args = events[7], events[8]
+    assert json.loads(read_result.content) == result["steps"][0]  # the step as committed
+    assert events[6].delta == result["reply"]
+    confirm, args = events[8], events[9]
     interaction = result["interaction"]
     assert (confirm.tool_call_name, confirm.tool_call_id) == ("confirm", interaction["id"])
     shown = json.loads(args.delta)
@@ -168,12 +169,13 @@ async def test_a_resumed_interrupt_runs_the_write_once_and_names_the_tokens_prin
     assert answered[0].parent_run_id == "r1"  # echoed, as AG-UI's resumed runs show it
     assert types(answered) == [
         "RUN_STARTED",
-        *("TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"),
+        *("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"),
         *("TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"),
         "STATE_SNAPSHOT",
         "RUN_FINISHED",
     ]
-    step = json.loads(answered[3].content)
+    assert json.loads(answered[2].delta) == {"payment_intent_id": "pi_1", "amount": 7}
+    step = json.loads(answered[4].content)
     assert (step["capability_id"], step["status"]) == ("payments.charge", "completed")
     assert step["actor"] == "ana@acme.example"
     done = finished(answered)
@@ -474,7 +476,7 @@ async def test_each_rounds_text_is_a_message_and_the_reply_is_not_shown_twice(
     assert types(events) == [
         "RUN_STARTED",
         *("TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"),
-        *("TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"),
+        *("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"),
         *("TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT"),
         "TEXT_MESSAGE_END",
         "STATE_SNAPSHOT",

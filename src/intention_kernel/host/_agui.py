@@ -25,8 +25,9 @@ The kernel's events map onto AG-UI's:
 - model text (``delta``) streams as ``TEXT_MESSAGE_*``; the committed reply's lines
   that the stream did not show follow as one more text message;
 - each finished step is a tool call, ``TOOL_CALL_START``/``ARGS``/``END`` and
-  ``TOOL_CALL_RESULT`` (the step as the turn API reports it). A step's arguments
-  are known only where the kernel reports them (a confirmed operation's input);
+  ``TOOL_CALL_RESULT`` (the step as the turn API reports it). ``ARGS`` is the input
+  the step ran with, as its receipt records it (the ``step`` event's ``input``); a
+  step that ran nothing has the input its confirmation held, or no ``ARGS``;
 - a confirmation opened by the turn is a tool call without a result, named
   :data:`CONFIRM_TOOL`, and the run finishes with an ``interrupt`` outcome naming
   it: AG-UI's human-in-the-loop pattern;
@@ -299,7 +300,10 @@ class RunTranslator:
         if step["status"] == _AWAITING or step_id in self._shown:
             return []
         self._shown.add(step_id)
-        known = step.get("approved_input") or self._inputs.get(step_id)
+        step = dict(step)
+        known = step.pop("input", None)  # the result's content is the step as committed
+        if known is None:  # a replay's step, or one that ran nothing
+            known = step.get("approved_input") or self._inputs.get(step_id)
         return [
             *self._call(step_id, step["capability_id"], known),
             ToolCallResultEvent(
