@@ -54,14 +54,22 @@ def resume(interrupt_id: str, payload: Any = "accept", status: str = "resolved")
     return [{"interruptId": interrupt_id, "status": status, "payload": payload}]
 
 
+def frames(text: str) -> list[tuple[str, str | None]]:
+    """Each SSE frame's data and ``id`` (comments skipped)."""
+    found = []
+    for block in text.split("\n\n"):
+        lines = [line for line in block.splitlines() if line and not line.startswith(":")]
+        if lines:
+            assert lines[0].startswith("data: "), block
+            ids = [line.removeprefix("id: ") for line in lines[1:] if line.startswith("id: ")]
+            assert len(lines) == 1 + len(ids) <= 2, block
+            found.append((lines[0].removeprefix("data: "), ids[0] if ids else None))
+    return found
+
+
 def parse(text: str) -> list[Any]:
     """Every event of an AG-UI stream, parsed back into the package's types."""
-    events = []
-    for block in text.split("\n\n"):
-        if block.strip():
-            assert block.startswith("data: "), block
-            events.append(EVENTS.validate_json(block.removeprefix("data: ")))
-    return events
+    return [EVENTS.validate_json(data) for data, _ in frames(text)]
 
 
 async def run(client: httpx.AsyncClient, body: dict[str, Any]) -> list[Any]:
@@ -69,10 +77,7 @@ async def run(client: httpx.AsyncClient, body: dict[str, Any]) -> list[Any]:
     response = await client.post(URL, json=body, headers={"Accept": "text/event-stream"})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
-    assert_valid_agui(
-        [line.removeprefix("data: ") for line in response.text.split("\n\n") if line.strip()],
-        max_warnings=0,
-    )
+    assert_valid_agui([data for data, _ in frames(response.text)], max_warnings=0)
     return parse(response.text)
 
 

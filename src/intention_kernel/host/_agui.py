@@ -71,6 +71,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         name=exc.name,
     ) from exc
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -82,12 +84,14 @@ import pydantic
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from intention_kernel.errors import KernelError
+from intention_kernel._turnstream import After, TurnStatus, parse_after, stream_store
+from intention_kernel.errors import KernelError, ThreadBusyError
 from intention_kernel.host._access import Principal
 from intention_kernel.host._endpoints import REPLAYED_HEADER, Endpoints
 from intention_kernel.host._problems import HostProblem, problem_body, problem_for
 from intention_kernel.host._wire import AnswerBody, TurnBody, read_body
 from intention_kernel.interpretation import Answer
+from intention_kernel.kernel import Kernel
 from intention_kernel.streaming import TurnEvent
 
 __all__ = ["CONFIRM_TOOL", "AgUiEndpoint", "RunTranslator", "turn_input"]
@@ -233,6 +237,7 @@ class RunTranslator:
         self._open: str | None = None  # the text message being streamed
         self._last_message: str | None = None
         self._streamed = ""  # the text of the last streamed message
+        self._carry = False  # the next message goes on with the last one's text
         self._shown: set[str] = set()  # step IDs shown as tool calls
         self._inputs: dict[str, dict[str, Any]] = {}  # step ID → input, where reported
 
@@ -260,6 +265,13 @@ class RunTranslator:
             return []
         return self._finished(event.data)
 
+    def resumed(self) -> None:
+        """The events so far were shown on a lost connection. A text message open
+        there goes on here as a new one, with the same text so far."""
+        if self._open is not None:
+            self._open = None
+            self._carry = True
+
     def failed(self, problem: HostProblem) -> list[BaseEvent]:
         """The run's end when the turn failed: nothing was committed."""
         body = problem_body(problem)
@@ -277,7 +289,9 @@ class RunTranslator:
         events: list[BaseEvent] = []
         if self._open is None:
             self._open = self._last_message = self._id("m")
-            self._streamed = ""
+            if not self._carry:
+                self._streamed = ""
+            self._carry = False
             events.append(
                 TextMessageStartEvent(message_id=self._open, role="assistant", timestamp=_now())
             )
@@ -390,23 +404,24 @@ class AgUiEndpoint:
     def __init__(self, api: Endpoints) -> None:
         self.api = api
         self._input_schemas = {c.id: c.input_schema for c in api.kernel.agent.capabilities}
+        # The tasks that deliver a retried run's turn again: kept until they end.
+        self._drivers: set[asyncio.Task[BaseException | None]] = set()
 
     async def post(self, request: Request) -> Response:
         principal = self.api.access.authenticate(request)
         run = await read_body(request, RunAgentInput)
         message, answer = turn_input(run, principal)
         thread_id, turn_id = run.thread_id, run.run_id
-        events = self.api.kernel.stream_turn(
-            thread_id, turn_id, message, answer, principal=principal
-        )
+        after = request.headers.get("last-event-id") or None
+        translator = RunTranslator(thread_id, turn_id, self._input_schemas, run.parent_run_id)
         try:
             # As the turn API's stream: a turn refused before it ran anything answers
             # problem details with its status, not a run that only says so.
-            first = await anext(events)
+            first, events, replayed = await self._events(
+                translator, message, answer, principal, after
+            )
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
-        replayed = first.type == "result" and first.data.get("replayed") is True
-        translator = RunTranslator(thread_id, turn_id, self._input_schemas, run.parent_run_id)
         encoder = EventEncoder(accept=request.headers.get("accept", ""))
         return StreamingResponse(
             self._encoded(encoder, translator, first, events, principal),
@@ -417,6 +432,55 @@ class AgUiEndpoint:
                 "X-Accel-Buffering": "no",
             },
         )
+
+    async def _events(
+        self,
+        translator: RunTranslator,
+        message: str | None,
+        answer: Answer | None,
+        principal: Principal,
+        after: str | None,
+    ) -> tuple[TurnEvent, AsyncIterator[TurnEvent], bool]:
+        """The run's kernel events after ``after``: the first, the rest, and whether
+        the turn was committed before.
+
+        A new run runs its turn. A run whose turn is recorded already (a retry of a
+        run whose connection, or process, was lost) is read from the turn's stream:
+        nothing runs twice, and the events before ``after`` only prime ``translator``."""
+        kernel, thread_id, turn_id = self.api.kernel, translator.thread_id, translator.run_id
+        position = parse_after(after)  # a bad Last-Event-ID: 422 before anything runs
+        if position is not None and position.end:
+            position = None  # the client saw the whole run: it gets the whole run again
+        ran = kernel.stream_turn(thread_id, turn_id, message, answer, principal=principal)
+        status = await self._status(thread_id, turn_id, principal)
+        if status is None or status.status not in ("running", "committed"):
+            first = await anext(ran)  # a new run, or a store without turn streams
+            replayed = first.type == "result" and first.data.get("replayed") is True
+            if position is None:
+                return first, ran, replayed
+            return *await _primed(translator, position, _chained(first, ran)), replayed
+        if status.status == "committed":
+            await anext(ran)  # the conflict check: the same run ID, another input
+            await ran.aclose()
+            followed = _recorded(kernel, translator, principal)
+        else:
+            # Running here or in another process, or in one that died: this process
+            # delivers it again, which waits for a live holder's commit and replays
+            # it, or goes on from the recorded rounds. The stream follows the record.
+            driver = asyncio.create_task(_drained(ran))
+            self._drivers.add(driver)
+            driver.add_done_callback(self._drivers.discard)
+            followed = _follow(_recorded(kernel, translator, principal), driver)
+        committed = status.status == "committed"
+        return *await _primed(translator, position, followed), committed
+
+    async def _status(
+        self, thread_id: str, turn_id: str, principal: Principal
+    ) -> TurnStatus | None:
+        """The turn's status; ``None`` on a store that keeps no turn streams."""
+        if stream_store(self.api.kernel.durability) is None:
+            return None
+        return await self.api.kernel.turn_status(thread_id, turn_id, principal=principal)
 
     async def _encoded(
         self,
@@ -432,12 +496,16 @@ class AgUiEndpoint:
         try:
             current: TurnEvent | None = first
             while current is not None:
-                for out in translator.translate(current):
+                outs = translator.translate(current)
+                for index, out in enumerate(outs):
                     if isinstance(out, RunFinishedEvent):
                         for snapshot in await self._snapshot(principal, thread_id):
                             yield encoder.encode(snapshot)
                         out = out.model_copy(update={"timestamp": _now()})
-                    yield encoder.encode(out)
+                    # The last frame of a kernel event carries its ID: a client that
+                    # lost the stream resumes after it (``Last-Event-ID``).
+                    last = index == len(outs) - 1
+                    yield _with_id(encoder.encode(out), current.id if last else None)
                 current = await anext(rest, None)
         except KernelError as error:
             problem = problem_for(error, thread_id=thread_id, turn_id=turn_id)
@@ -464,3 +532,70 @@ class AgUiEndpoint:
         facts = {key: checkpoint.facts[key].value for key in sorted(checkpoint.facts)}
         snapshot = {"version": checkpoint.version, "facts": facts}
         return [StateSnapshotEvent(snapshot=snapshot, timestamp=_now())]
+
+
+def _with_id(frame: str, event_id: str | None) -> str:
+    """An encoded SSE frame with an ``id:`` line (an event ID is one line of letters,
+    digits and dots)."""
+    if event_id is None or not frame.endswith("\n\n"):
+        return frame
+    return f"{frame[:-1]}id: {event_id}\n\n"
+
+
+async def _chained(first: TurnEvent, rest: AsyncIterator[TurnEvent]) -> AsyncIterator[TurnEvent]:
+    yield first
+    async for event in rest:
+        yield event
+
+
+def _recorded(
+    kernel: Kernel, translator: RunTranslator, principal: Principal
+) -> AsyncIterator[TurnEvent]:
+    """The turn's recorded stream from its start, read from the store."""
+    thread_id, turn_id = translator.thread_id, translator.run_id
+    return kernel.watch_turn(thread_id, turn_id, principal=principal)
+
+
+async def _drained(events: AsyncIterator[TurnEvent]) -> BaseException | None:
+    """Read a delivery's stream to its end; its error, or ``None``."""
+    try:
+        async for _ in events:
+            pass
+    except Exception as error:
+        return error
+    return None
+
+
+async def _follow(
+    events: AsyncIterator[TurnEvent], driver: asyncio.Task[BaseException | None]
+) -> AsyncIterator[TurnEvent]:
+    """``events`` until the ``result``; the driver's error ends it, unless the thread
+    was busy (another process runs the turn: its commit will come)."""
+    while True:
+        step = asyncio.ensure_future(anext(events, None))
+        if not driver.done():
+            await asyncio.wait({step, driver}, return_when=asyncio.FIRST_COMPLETED)
+        if not step.done():
+            error = driver.result()
+            if error is not None and not isinstance(error, ThreadBusyError):
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await step
+                raise error
+        event = await step
+        if event is None:
+            return
+        yield event
+
+
+async def _primed(
+    translator: RunTranslator, position: After | None, events: AsyncIterator[TurnEvent]
+) -> tuple[TurnEvent, AsyncIterator[TurnEvent]]:
+    """The first event after ``position``, and the rest. The events up to it go
+    through ``translator`` unsent: it knows what the client was shown."""
+    async for event in events:
+        if position is None or position.before(event):
+            translator.resumed()
+            return event, events
+        translator.translate(event)
+    raise RuntimeError("a turn's stream ended without its result")  # pragma: no cover
