@@ -89,6 +89,7 @@ from intention_kernel.errors import KernelError, ThreadBusyError
 from intention_kernel.host._access import Principal
 from intention_kernel.host._endpoints import REPLAYED_HEADER, Endpoints
 from intention_kernel.host._problems import HostProblem, problem_body, problem_for
+from intention_kernel.host._turnstreams import keep_alive
 from intention_kernel.host._wire import AnswerBody, TurnBody, read_body
 from intention_kernel.interpretation import Answer
 from intention_kernel.kernel import Kernel
@@ -423,8 +424,9 @@ class AgUiEndpoint:
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
         encoder = EventEncoder(accept=request.headers.get("accept", ""))
+        every = self.api.keep_alive  # a waiting run pings: a proxy keeps it open
         return StreamingResponse(
-            self._encoded(encoder, translator, first, events, principal),
+            keep_alive(self._encoded(encoder, translator, first, events, principal), every),
             media_type=encoder.get_content_type(),
             headers={
                 REPLAYED_HEADER: "true" if replayed else "false",
