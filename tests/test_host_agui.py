@@ -196,6 +196,9 @@ async def test_a_resumed_interrupt_runs_the_write_once_and_names_the_tokens_prin
     again = parse(response.text)
     assert result_of(again) == {**result_of(answered), "replayed": True}
     assert step_of(again) == step
+    # The replay knows the write's input from its receipt: the same TOOL_CALL_ARGS.
+    args = [e.delta for e in again if e.type == EventType.TOOL_CALL_ARGS]
+    assert args == [answered[2].delta]
     assert provider.calls() == 1
 
 

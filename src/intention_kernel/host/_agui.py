@@ -241,6 +241,7 @@ class RunTranslator:
         self._carry = False  # the next message goes on with the last one's text
         self._shown: set[str] = set()  # step IDs shown as tool calls
         self._inputs: dict[str, dict[str, Any]] = {}  # step ID → input, where reported
+        self._ran: dict[str, Any] = {}  # step ID → the input its receipt records
 
     def started(self) -> list[BaseEvent]:
         return [
@@ -265,6 +266,19 @@ class RunTranslator:
             self._inputs[event.data["step_id"]] = event.data["input"]
             return []
         return self._finished(event.data)
+
+    def unknown_inputs(self, result: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+        """The result's steps still to show whose input no event gave: step ID → the
+        IDs of their receipts (a write's receipt records its input)."""
+        return {
+            step["step_id"]: tuple(step["receipt_ids"])
+            for step in result["steps"]
+            if step["step_id"] not in self._shown and step["receipt_ids"]
+        }
+
+    def receipt_input(self, step_id: str, input: Any) -> None:
+        """The input ``step_id`` ran with, as its receipt records it."""
+        self._ran[step_id] = input
 
     def resumed(self) -> None:
         """The events so far were shown on a lost connection. A text message open
@@ -318,6 +332,8 @@ class RunTranslator:
         step = dict(step)
         known = step.pop("input", None)  # the result's content is the step as committed
         if known is None:  # a replay's step, or one that ran nothing
+            known = self._ran.get(step_id)
+        if known is None:
             known = step.get("approved_input") or self._inputs.get(step_id)
         return [
             *self._call(step_id, step["capability_id"], known),
@@ -498,6 +514,8 @@ class AgUiEndpoint:
         try:
             current: TurnEvent | None = first
             while current is not None:
+                if current.type == "result":
+                    await self._receipt_inputs(translator, current.data)
                 outs = translator.translate(current)
                 for index, out in enumerate(outs):
                     if isinstance(out, RunFinishedEvent):
@@ -520,6 +538,25 @@ class AgUiEndpoint:
             problem = HostProblem("internal-error", detail, thread_id=thread_id, turn_id=turn_id)
             for out in translator.failed(problem):
                 yield encoder.encode(out)
+
+    async def _receipt_inputs(self, translator: RunTranslator, result: dict[str, Any]) -> None:
+        """Tell ``translator`` the inputs of the result's writes that no event gave
+        (a replay from the result alone), as their receipts record them."""
+        wanted = translator.unknown_inputs(result)
+        if not wanted:
+            return
+        try:
+            receipts = await self.api.kernel.durability.list_receipts(
+                thread_id=translator.thread_id
+            )
+        except KernelError as error:
+            log.warning("AG-UI run %r: no receipt inputs: %s", translator.run_id, error)
+            return
+        inputs = {r.id: r.input for r in receipts if r.input is not None}
+        for step_id, receipt_ids in wanted.items():
+            found = [inputs[id] for id in receipt_ids if id in inputs]
+            if found:
+                translator.receipt_input(step_id, found[0])
 
     async def _snapshot(self, principal: Principal, thread_id: str) -> list[BaseEvent]:
         """The thread's facts and version, read after the turn committed; none when the
