@@ -28,7 +28,12 @@ from ag_ui_validate.pytest_plugin import assert_valid_agui
 
 from agui_support import SLOW_ENV
 from host_support import asgi_client, served
-from intention_kernel import Kernel
+from intention_kernel import (
+    Interpretation,
+    InterpretationError,
+    InterpretationRequest,
+    Kernel,
+)
 from intention_kernel.durability import Durability
 from intention_kernel.host import create_app
 from streams_support import StreamingRounds, streams_kernel
@@ -253,3 +258,37 @@ def test_a_run_whose_process_was_killed_is_resumed_by_another_showing_text_once(
     assert texts(again) == "r2a r2b r3a r3b "  # the whole run, from its record
     assert again[-1]["result"] == {**finished["result"], "replayed": True}
     assert charges(provider) == 1
+
+
+class FailingRounds(StreamingRounds):
+    """:class:`StreamingRounds` whose round 3 fails while ``failing`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = True
+
+    async def interpret(self, request: InterpretationRequest) -> Interpretation:
+        if len(request.rounds) == 2 and self.failing:
+            raise RuntimeError("the model went away")
+        return await super().interpret(request)
+
+
+async def test_a_retried_run_whose_redelivery_fails_ends_in_run_error(store: Durability) -> None:
+    model = FailingRounds()
+    kernel = streams_kernel(store, model)
+    with pytest.raises(InterpretationError):
+        async for _ in kernel.stream_turn("acct-1", "r1", "what do I owe"):
+            pass
+    assert (await kernel.turn_status("acct-1", "r1")).status == "running"  # rounds recorded
+
+    async with asgi_client(create_app(kernel)) as client:
+        failed = checked((await asyncio.wait_for(post(client, "r1"), 20)).text)
+        assert failed[-1]["type"] == "RUN_ERROR"
+        assert failed[-1]["code"] == "interpretation-failed"
+        assert texts(failed) == "r1a r1b r2a r2b "  # the recorded rounds, once
+        model.failing = False
+        finished = checked((await asyncio.wait_for(post(client, "r1"), 20)).text)
+
+    assert texts(finished) == TEXT
+    assert finished[-1]["type"] == "RUN_FINISHED"
+    assert await store.load_checkpoint("acct-1") is not None

@@ -72,19 +72,26 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import pydantic
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from intention_kernel._turnstream import After, TurnStatus, parse_after, stream_store
+from intention_kernel._turnstream import (
+    After,
+    TurnStatus,
+    decode_segment,
+    parse_after,
+    stream_store,
+    watch_store,
+)
+from intention_kernel.durability.records import StoredStream
 from intention_kernel.errors import KernelError, ThreadBusyError
 from intention_kernel.host._access import Principal
 from intention_kernel.host._endpoints import REPLAYED_HEADER, Endpoints
@@ -485,10 +492,16 @@ class AgUiEndpoint:
             # Running here or in another process, or in one that died: this process
             # delivers it again, which waits for a live holder's commit and replays
             # it, or goes on from the recorded rounds. The stream follows the record.
-            driver = asyncio.create_task(_drained(ran))
+            await ran.aclose()  # never started: each attempt makes its own
+
+            def deliver() -> AsyncIterator[TurnEvent]:
+                return kernel.stream_turn(thread_id, turn_id, message, answer, principal=principal)
+
+            driver = asyncio.create_task(_drained(deliver))
             self._drivers.add(driver)
             driver.add_done_callback(self._drivers.discard)
-            followed = _follow(_recorded(kernel, translator, principal), driver)
+            store = stream_store(kernel.durability)
+            followed = _follow(store, translator, principal, driver)
         committed = status.status == "committed"
         return *await _primed(translator, position, followed), committed
 
@@ -595,36 +608,64 @@ def _recorded(
     return kernel.watch_turn(thread_id, turn_id, principal=principal)
 
 
-async def _drained(events: AsyncIterator[TurnEvent]) -> BaseException | None:
-    """Read a delivery's stream to its end; its error, or ``None``."""
-    try:
-        async for _ in events:
-            pass
-    except Exception as error:
-        return error
-    return None
+async def _segments(store: Any, thread_id: str, turn_id: str) -> list[TurnEvent]:
+    """Every event of the turn's recorded segments, in order."""
+    found: StoredStream = await store.read_stream(thread_id, turn_id)
+    return [event for _, text in found.segments for event in decode_segment(text)[1]]
+
+
+async def _drained(deliver: Callable[[], AsyncIterator[TurnEvent]]) -> BaseException | None:
+    """Deliver the turn and read its stream to the end; its error, or ``None``. A busy
+    thread is tried again: its holder commits the turn, or dies and lets go."""
+    while True:
+        try:
+            async for _ in deliver():
+                pass
+        except ThreadBusyError:
+            await asyncio.sleep(0.5)
+            continue
+        except Exception as error:
+            return error
+        return None
 
 
 async def _follow(
-    events: AsyncIterator[TurnEvent], driver: asyncio.Task[BaseException | None]
+    store: Any,
+    translator: RunTranslator,
+    principal: Principal,
+    driver: asyncio.Task[BaseException | None],
 ) -> AsyncIterator[TurnEvent]:
-    """``events`` until the ``result``; the driver's error ends it, unless the thread
-    was busy (another process runs the turn: its commit will come)."""
-    while True:
-        step = asyncio.ensure_future(anext(events, None))
-        if not driver.done():
-            await asyncio.wait({step, driver}, return_when=asyncio.FIRST_COMPLETED)
-        if not step.done():
-            error = driver.result()
-            if error is not None and not isinstance(error, ThreadBusyError):
-                step.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await step
-                raise error
-        event = await step
-        if event is None:
-            return
-        yield event
+    """The turn's recorded stream until its ``result``, as ``watch_turn`` reads it.
+    The driver's error ends it, after the rest of what the store recorded."""
+    thread_id, turn_id = translator.thread_id, translator.run_id
+    failure: list[BaseException] = []
+
+    def wake() -> asyncio.Event | None:
+        # Checked before each read of the store: no task is ever cancelled mid-read.
+        if driver.done() and (error := driver.result()) is not None:
+            failure.append(error)
+            raise _DriverFailed
+        return None
+
+    last: str | None = None
+    try:
+        async for event in watch_store(
+            store, thread_id, turn_id, None, tenant_id=principal.tenant_id, poll=0.1, wake=wake
+        ):
+            last = event.id
+            yield event
+        return
+    except _DriverFailed:
+        pass
+    position = parse_after(last)
+    for event in await _segments(store, thread_id, turn_id):
+        if position is None or position.before(event):
+            yield event
+    raise failure[0]
+
+
+class _DriverFailed(Exception):
+    """The delivery a followed run drives failed: no result will come."""
 
 
 async def _primed(
