@@ -54,14 +54,22 @@ def resume(interrupt_id: str, payload: Any = "accept", status: str = "resolved")
     return [{"interruptId": interrupt_id, "status": status, "payload": payload}]
 
 
+def frames(text: str) -> list[tuple[str, str | None]]:
+    """Each SSE frame's data and ``id`` (comments skipped)."""
+    found = []
+    for block in text.split("\n\n"):
+        lines = [line for line in block.splitlines() if line and not line.startswith(":")]
+        if lines:
+            assert lines[0].startswith("data: "), block
+            ids = [line.removeprefix("id: ") for line in lines[1:] if line.startswith("id: ")]
+            assert len(lines) == 1 + len(ids) <= 2, block
+            found.append((lines[0].removeprefix("data: "), ids[0] if ids else None))
+    return found
+
+
 def parse(text: str) -> list[Any]:
     """Every event of an AG-UI stream, parsed back into the package's types."""
-    events = []
-    for block in text.split("\n\n"):
-        if block.strip():
-            assert block.startswith("data: "), block
-            events.append(EVENTS.validate_json(block.removeprefix("data: ")))
-    return events
+    return [EVENTS.validate_json(data) for data, _ in frames(text)]
 
 
 async def run(client: httpx.AsyncClient, body: dict[str, Any]) -> list[Any]:
@@ -69,10 +77,7 @@ async def run(client: httpx.AsyncClient, body: dict[str, Any]) -> list[Any]:
     response = await client.post(URL, json=body, headers={"Accept": "text/event-stream"})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
-    assert_valid_agui(
-        [line.removeprefix("data: ") for line in response.text.split("\n\n") if line.strip()],
-        max_warnings=0,
-    )
+    assert_valid_agui([data for data, _ in frames(response.text)], max_warnings=0)
     return parse(response.text)
 
 
@@ -119,19 +124,20 @@ async def test_a_run_is_a_turn_whose_events_are_valid_agui(
 
     assert types(events) == [
         "RUN_STARTED",
-        *("TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"),  # the balance read
+        *("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"),  # read
         *("TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"),  # the reply
         *("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"),  # the confirmation
         "STATE_SNAPSHOT",
         "RUN_FINISHED",
     ]
-    started, read, _, read_result = events[:4]
+    started, read, read_args, _, read_result = events[:5]
     assert (started.thread_id, started.run_id, started.protocol_version) == ("acct-1", "r1", "1.0")
     assert (read.tool_call_id, read.tool_call_name) == ("r1#1", "billing.balance")
-    assert json.loads(read_result.content)["status"] == "completed"
+    assert json.loads(read_args.delta) == {"due": 7}  # the input the read ran with
     result = result_of(events)
-    assert events[5].delta == result["reply"]
-    confirm, args = events[7], events[8]
+    assert json.loads(read_result.content) == result["steps"][0]  # the step as committed
+    assert events[6].delta == result["reply"]
+    confirm, args = events[8], events[9]
     interaction = result["interaction"]
     assert (confirm.tool_call_name, confirm.tool_call_id) == ("confirm", interaction["id"])
     shown = json.loads(args.delta)
@@ -168,12 +174,13 @@ async def test_a_resumed_interrupt_runs_the_write_once_and_names_the_tokens_prin
     assert answered[0].parent_run_id == "r1"  # echoed, as AG-UI's resumed runs show it
     assert types(answered) == [
         "RUN_STARTED",
-        *("TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"),
+        *("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"),
         *("TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"),
         "STATE_SNAPSHOT",
         "RUN_FINISHED",
     ]
-    step = json.loads(answered[3].content)
+    assert json.loads(answered[2].delta) == {"payment_intent_id": "pi_1", "amount": 7}
+    step = json.loads(answered[4].content)
     assert (step["capability_id"], step["status"]) == ("payments.charge", "completed")
     assert step["actor"] == "ana@acme.example"
     done = finished(answered)
@@ -189,6 +196,9 @@ async def test_a_resumed_interrupt_runs_the_write_once_and_names_the_tokens_prin
     again = parse(response.text)
     assert result_of(again) == {**result_of(answered), "replayed": True}
     assert step_of(again) == step
+    # The replay knows the write's input from its receipt: the same TOOL_CALL_ARGS.
+    args = [e.delta for e in again if e.type == EventType.TOOL_CALL_ARGS]
+    assert args == [answered[2].delta]
     assert provider.calls() == 1
 
 
@@ -474,7 +484,7 @@ async def test_each_rounds_text_is_a_message_and_the_reply_is_not_shown_twice(
     assert types(events) == [
         "RUN_STARTED",
         *("TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"),
-        *("TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"),
+        *("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT"),
         *("TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT"),
         "TEXT_MESSAGE_END",
         "STATE_SNAPSHOT",

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from intention_kernel import (
+    Answer,
     Intent,
     Interpretation,
     InterpretationError,
@@ -93,8 +94,9 @@ async def test_steps_stream_in_the_order_they_ran_across_rounds(store: Durabilit
     assert types == ["step", "step", "interaction", "step", "result"]
     steps = [e.data for e in events if e.type == "step"]
     result = events[-1].data
-    # Each step event is that step as the committed result serializes it.
-    assert steps == result["steps"]
+    # Each step event is that step as the committed result serializes it, and its input.
+    assert [{k: v for k, v in s.items() if k != "input"} for s in steps] == result["steps"]
+    assert [s["input"] for s in steps] == [{"due": 7}, {"due": 14}, None]
     assert [(s["capability_id"], s["status"]) for s in steps] == [
         ("billing.balance", "completed"),
         ("billing.balance", "completed"),
@@ -122,8 +124,49 @@ async def test_a_request_superseded_later_in_the_turn_is_streamed_again_as_rejec
         ("d1#2", "awaiting_confirmation"),
     ]
     # The last report of each step is the committed one.
-    latest = {e.data["step_id"]: e.data for e in events if e.type == "step"}
+    latest = {e.data["step_id"]: without_input(e.data) for e in events if e.type == "step"}
     assert list(latest.values()) == events[-1].data["steps"]
+
+
+def without_input(step: dict[str, Any]) -> dict[str, Any]:
+    """A step event's data as the committed result holds the step (it has no input)."""
+    assert "input" in step
+    return {key: value for key, value in step.items() if key != "input"}
+
+
+def mask(input: dict[str, Any]) -> dict[str, Any]:
+    return {**input, "payment_intent_id": "pi_" + "*" * 4}
+
+
+async def test_a_step_event_carries_the_input_that_ran_as_its_receipt_records_it(
+    store: Durability,
+) -> None:
+    """A read's step carries its input; a held write's carries none; the accepted
+    write's carries the edited input, redacted as its receipt stores it; a step the
+    kernel refused before it ran carries none."""
+    agent = billing_agent(FakeProvider())
+    charge = next(c for c in agent.capabilities if c.id == "payments.charge")
+    others = [c for c in agent.capabilities if c.id != "payments.charge"]
+    agent = dataclasses.replace(
+        agent, capabilities=[*others, dataclasses.replace(charge, redact=mask)]
+    )
+    kernel = Kernel(dataclasses.replace(agent, interpreter=three_rounds()), store)
+    await collect(kernel.stream_turn(THREAD, "d1", "pay what I owe"))
+
+    edited = {"payment_intent_id": "pi_1", "amount": 9}
+    answer = Answer(decision="accept", input=edited, actor="ana")
+    events = await collect(kernel.stream_turn(THREAD, "d2", answer=answer))
+    [step] = [e.data for e in events if e.type == "step"]
+    [receipt] = await store.list_receipts(thread_id=THREAD)
+    assert (step["capability_id"], step["status"]) == ("payments.charge", "completed")
+    assert step["input"] == receipt.input == {"payment_intent_id": "pi_****", "amount": 9}
+    assert step["approved_input"] == edited  # the step's own field is not redacted
+
+    unknown = Interpretation(intents=[Intent("billing.nothing", {"x": 1})])
+    refused = kernel_for(store, ScriptedInterpreter({"nothing": unknown}))
+    events = await collect(refused.stream_turn("acct-2", "d1", "nothing"))
+    [step] = [e.data for e in events if e.type == "step"]
+    assert (step["status"], step["input"]) == ("failed", None)
 
 
 async def test_a_replayed_turn_streams_only_its_result(store: Durability) -> None:

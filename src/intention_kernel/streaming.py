@@ -38,9 +38,11 @@ class TurnEvent:
 
     - ``delta``: ``{"text": ...}``, a piece of the model's text as it arrives (only from
       an interpreter that streams, such as ``OpenAIInterpreter``).
-    - ``step``: a step's result as it finished, as in ``TurnResult.to_dict()["steps"]``.
-      A step may be reported again with a later status (a request superseded later in
-      the same turn is reported ``rejected``).
+    - ``step``: a step's result as it finished, as in ``TurnResult.to_dict()["steps"]``,
+      plus ``input``: the capability input that ran, as its receipt records it (after
+      edits and ``redact``). ``input`` is ``None`` for a step that ran nothing (refused,
+      held for a confirmation, rejected). A step may be reported again with a later
+      status (a request superseded later in the same turn is reported ``rejected``).
     - ``interaction``: an interaction opened by the turn, as in ``TurnResult.to_dict()``.
     - ``queued``: the turn's message waits in its thread's inbox (an agent with
       ``on_busy`` ``"queue"``, ``"steer"`` or ``"interrupt"``), as
@@ -95,8 +97,11 @@ class TurnSink:
         if text:
             self._put("delta", {"text": text})
 
-    def step(self, step: StepResult) -> None:
-        self._put("step", _STEP().dump_python(step, mode="json"))
+    def step(self, step: StepResult, input: Any = None) -> None:
+        """A finished step, and the input it ran with (``None``: it ran nothing)."""
+        data = _STEP().dump_python(step, mode="json")
+        data["input"] = input
+        self._put("step", data)
 
     def interaction(self, interaction: Interaction) -> None:
         self._put("interaction", _INTERACTION().dump_python(interaction, mode="json"))

@@ -25,8 +25,9 @@ The kernel's events map onto AG-UI's:
 - model text (``delta``) streams as ``TEXT_MESSAGE_*``; the committed reply's lines
   that the stream did not show follow as one more text message;
 - each finished step is a tool call, ``TOOL_CALL_START``/``ARGS``/``END`` and
-  ``TOOL_CALL_RESULT`` (the step as the turn API reports it). A step's arguments
-  are known only where the kernel reports them (a confirmed operation's input);
+  ``TOOL_CALL_RESULT`` (the step as the turn API reports it). ``ARGS`` is the input
+  the step ran with, as its receipt records it (the ``step`` event's ``input``); a
+  step that ran nothing has the input its confirmation held, or no ``ARGS``;
 - a confirmation opened by the turn is a tool call without a result, named
   :data:`CONFIRM_TOOL`, and the run finishes with an ``interrupt`` outcome naming
   it: AG-UI's human-in-the-loop pattern;
@@ -70,23 +71,35 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         name=exc.name,
     ) from exc
 
+import asyncio
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import pydantic
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from intention_kernel.errors import KernelError
+from intention_kernel._turnstream import (
+    After,
+    TurnStatus,
+    decode_segment,
+    parse_after,
+    stream_store,
+    watch_store,
+)
+from intention_kernel.durability.records import StoredStream
+from intention_kernel.errors import KernelError, ThreadBusyError
 from intention_kernel.host._access import Principal
 from intention_kernel.host._endpoints import REPLAYED_HEADER, Endpoints
 from intention_kernel.host._problems import HostProblem, problem_body, problem_for
+from intention_kernel.host._turnstreams import keep_alive
 from intention_kernel.host._wire import AnswerBody, TurnBody, read_body
 from intention_kernel.interpretation import Answer
+from intention_kernel.kernel import Kernel
 from intention_kernel.streaming import TurnEvent
 
 __all__ = ["CONFIRM_TOOL", "AgUiEndpoint", "RunTranslator", "turn_input"]
@@ -232,8 +245,10 @@ class RunTranslator:
         self._open: str | None = None  # the text message being streamed
         self._last_message: str | None = None
         self._streamed = ""  # the text of the last streamed message
+        self._carry = False  # the next message goes on with the last one's text
         self._shown: set[str] = set()  # step IDs shown as tool calls
         self._inputs: dict[str, dict[str, Any]] = {}  # step ID → input, where reported
+        self._ran: dict[str, Any] = {}  # step ID → the input its receipt records
 
     def started(self) -> list[BaseEvent]:
         return [
@@ -259,6 +274,26 @@ class RunTranslator:
             return []
         return self._finished(event.data)
 
+    def unknown_inputs(self, result: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+        """The result's steps still to show whose input no event gave: step ID → the
+        IDs of their receipts (a write's receipt records its input)."""
+        return {
+            step["step_id"]: tuple(step["receipt_ids"])
+            for step in result["steps"]
+            if step["step_id"] not in self._shown and step["receipt_ids"]
+        }
+
+    def receipt_input(self, step_id: str, input: Any) -> None:
+        """The input ``step_id`` ran with, as its receipt records it."""
+        self._ran[step_id] = input
+
+    def resumed(self) -> None:
+        """The events so far were shown on a lost connection. A text message open
+        there goes on here as a new one, with the same text so far."""
+        if self._open is not None:
+            self._open = None
+            self._carry = True
+
     def failed(self, problem: HostProblem) -> list[BaseEvent]:
         """The run's end when the turn failed: nothing was committed."""
         body = problem_body(problem)
@@ -276,7 +311,9 @@ class RunTranslator:
         events: list[BaseEvent] = []
         if self._open is None:
             self._open = self._last_message = self._id("m")
-            self._streamed = ""
+            if not self._carry:
+                self._streamed = ""
+            self._carry = False
             events.append(
                 TextMessageStartEvent(message_id=self._open, role="assistant", timestamp=_now())
             )
@@ -299,7 +336,12 @@ class RunTranslator:
         if step["status"] == _AWAITING or step_id in self._shown:
             return []
         self._shown.add(step_id)
-        known = step.get("approved_input") or self._inputs.get(step_id)
+        step = dict(step)
+        known = step.pop("input", None)  # the result's content is the step as committed
+        if known is None:  # a replay's step, or one that ran nothing
+            known = self._ran.get(step_id)
+        if known is None:
+            known = step.get("approved_input") or self._inputs.get(step_id)
         return [
             *self._call(step_id, step["capability_id"], known),
             ToolCallResultEvent(
@@ -386,26 +428,28 @@ class AgUiEndpoint:
     def __init__(self, api: Endpoints) -> None:
         self.api = api
         self._input_schemas = {c.id: c.input_schema for c in api.kernel.agent.capabilities}
+        # The tasks that deliver a retried run's turn again: kept until they end.
+        self._drivers: set[asyncio.Task[BaseException | None]] = set()
 
     async def post(self, request: Request) -> Response:
         principal = self.api.access.authenticate(request)
         run = await read_body(request, RunAgentInput)
         message, answer = turn_input(run, principal)
         thread_id, turn_id = run.thread_id, run.run_id
-        events = self.api.kernel.stream_turn(
-            thread_id, turn_id, message, answer, principal=principal
-        )
+        after = request.headers.get("last-event-id") or None
+        translator = RunTranslator(thread_id, turn_id, self._input_schemas, run.parent_run_id)
         try:
             # As the turn API's stream: a turn refused before it ran anything answers
             # problem details with its status, not a run that only says so.
-            first = await anext(events)
+            first, events, replayed = await self._events(
+                translator, message, answer, principal, after
+            )
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
-        replayed = first.type == "result" and first.data.get("replayed") is True
-        translator = RunTranslator(thread_id, turn_id, self._input_schemas, run.parent_run_id)
         encoder = EventEncoder(accept=request.headers.get("accept", ""))
+        every = self.api.keep_alive  # a waiting run pings: a proxy keeps it open
         return StreamingResponse(
-            self._encoded(encoder, translator, first, events, principal),
+            keep_alive(self._encoded(encoder, translator, first, events, principal), every),
             media_type=encoder.get_content_type(),
             headers={
                 REPLAYED_HEADER: "true" if replayed else "false",
@@ -413,6 +457,61 @@ class AgUiEndpoint:
                 "X-Accel-Buffering": "no",
             },
         )
+
+    async def _events(
+        self,
+        translator: RunTranslator,
+        message: str | None,
+        answer: Answer | None,
+        principal: Principal,
+        after: str | None,
+    ) -> tuple[TurnEvent, AsyncIterator[TurnEvent], bool]:
+        """The run's kernel events after ``after``: the first, the rest, and whether
+        the turn was committed before.
+
+        A new run runs its turn. A run whose turn is recorded already (a retry of a
+        run whose connection, or process, was lost) is read from the turn's stream:
+        nothing runs twice, and the events before ``after`` only prime ``translator``."""
+        kernel, thread_id, turn_id = self.api.kernel, translator.thread_id, translator.run_id
+        position = parse_after(after)  # a bad Last-Event-ID: 422 before anything runs
+        if position is not None and position.end:
+            position = None  # the client saw the whole run: it gets the whole run again
+        ran = kernel.stream_turn(thread_id, turn_id, message, answer, principal=principal)
+        status = await self._status(thread_id, turn_id, principal)
+        if status is None or status.status not in ("running", "committed"):
+            first = await anext(ran)  # a new run, or a store without turn streams
+            replayed = first.type == "result" and first.data.get("replayed") is True
+            if position is None:
+                return first, ran, replayed
+            return *await _primed(translator, position, _chained(first, ran)), replayed
+        if status.status == "committed":
+            await anext(ran)  # the conflict check: the same run ID, another input
+            await ran.aclose()
+            followed = _recorded(kernel, translator, principal)
+        else:
+            # Running here or in another process, or in one that died: this process
+            # delivers it again, which waits for a live holder's commit and replays
+            # it, or goes on from the recorded rounds. The stream follows the record.
+            await ran.aclose()  # never started: each attempt makes its own
+
+            def deliver() -> AsyncIterator[TurnEvent]:
+                return kernel.stream_turn(thread_id, turn_id, message, answer, principal=principal)
+
+            driver = asyncio.create_task(_drained(deliver))
+            self._drivers.add(driver)
+            driver.add_done_callback(self._drivers.discard)
+            store = stream_store(kernel.durability)
+            followed = _follow(store, translator, principal, driver)
+        committed = status.status == "committed"
+        return *await _primed(translator, position, followed), committed
+
+    async def _status(
+        self, thread_id: str, turn_id: str, principal: Principal
+    ) -> TurnStatus | None:
+        """The turn's status; ``None`` on a store that keeps no turn streams."""
+        if stream_store(self.api.kernel.durability) is None:
+            return None
+        return await self.api.kernel.turn_status(thread_id, turn_id, principal=principal)
 
     async def _encoded(
         self,
@@ -428,12 +527,18 @@ class AgUiEndpoint:
         try:
             current: TurnEvent | None = first
             while current is not None:
-                for out in translator.translate(current):
+                if current.type == "result":
+                    await self._receipt_inputs(translator, current.data)
+                outs = translator.translate(current)
+                for index, out in enumerate(outs):
                     if isinstance(out, RunFinishedEvent):
                         for snapshot in await self._snapshot(principal, thread_id):
                             yield encoder.encode(snapshot)
                         out = out.model_copy(update={"timestamp": _now()})
-                    yield encoder.encode(out)
+                    # The last frame of a kernel event carries its ID: a client that
+                    # lost the stream resumes after it (``Last-Event-ID``).
+                    last = index == len(outs) - 1
+                    yield _with_id(encoder.encode(out), current.id if last else None)
                 current = await anext(rest, None)
         except KernelError as error:
             problem = problem_for(error, thread_id=thread_id, turn_id=turn_id)
@@ -446,6 +551,25 @@ class AgUiEndpoint:
             problem = HostProblem("internal-error", detail, thread_id=thread_id, turn_id=turn_id)
             for out in translator.failed(problem):
                 yield encoder.encode(out)
+
+    async def _receipt_inputs(self, translator: RunTranslator, result: dict[str, Any]) -> None:
+        """Tell ``translator`` the inputs of the result's writes that no event gave
+        (a replay from the result alone), as their receipts record them."""
+        wanted = translator.unknown_inputs(result)
+        if not wanted:
+            return
+        try:
+            receipts = await self.api.kernel.durability.list_receipts(
+                thread_id=translator.thread_id
+            )
+        except KernelError as error:
+            log.warning("AG-UI run %r: no receipt inputs: %s", translator.run_id, error)
+            return
+        inputs = {r.id: r.input for r in receipts if r.input is not None}
+        for step_id, receipt_ids in wanted.items():
+            found = [inputs[id] for id in receipt_ids if id in inputs]
+            if found:
+                translator.receipt_input(step_id, found[0])
 
     async def _snapshot(self, principal: Principal, thread_id: str) -> list[BaseEvent]:
         """The thread's facts and version, read after the turn committed; none when the
@@ -460,3 +584,98 @@ class AgUiEndpoint:
         facts = {key: checkpoint.facts[key].value for key in sorted(checkpoint.facts)}
         snapshot = {"version": checkpoint.version, "facts": facts}
         return [StateSnapshotEvent(snapshot=snapshot, timestamp=_now())]
+
+
+def _with_id(frame: str, event_id: str | None) -> str:
+    """An encoded SSE frame with an ``id:`` line (an event ID is one line of letters,
+    digits and dots)."""
+    if event_id is None or not frame.endswith("\n\n"):
+        return frame
+    return f"{frame[:-1]}id: {event_id}\n\n"
+
+
+async def _chained(first: TurnEvent, rest: AsyncIterator[TurnEvent]) -> AsyncIterator[TurnEvent]:
+    yield first
+    async for event in rest:
+        yield event
+
+
+def _recorded(
+    kernel: Kernel, translator: RunTranslator, principal: Principal
+) -> AsyncIterator[TurnEvent]:
+    """The turn's recorded stream from its start, read from the store."""
+    thread_id, turn_id = translator.thread_id, translator.run_id
+    return kernel.watch_turn(thread_id, turn_id, principal=principal)
+
+
+async def _segments(store: Any, thread_id: str, turn_id: str) -> list[TurnEvent]:
+    """Every event of the turn's recorded segments, in order."""
+    found: StoredStream = await store.read_stream(thread_id, turn_id)
+    return [event for _, text in found.segments for event in decode_segment(text)[1]]
+
+
+async def _drained(deliver: Callable[[], AsyncIterator[TurnEvent]]) -> BaseException | None:
+    """Deliver the turn and read its stream to the end; its error, or ``None``. A busy
+    thread is tried again: its holder commits the turn, or dies and lets go."""
+    while True:
+        try:
+            async for _ in deliver():
+                pass
+        except ThreadBusyError:
+            await asyncio.sleep(0.5)
+            continue
+        except Exception as error:
+            return error
+        return None
+
+
+async def _follow(
+    store: Any,
+    translator: RunTranslator,
+    principal: Principal,
+    driver: asyncio.Task[BaseException | None],
+) -> AsyncIterator[TurnEvent]:
+    """The turn's recorded stream until its ``result``, as ``watch_turn`` reads it.
+    The driver's error ends it, after the rest of what the store recorded."""
+    thread_id, turn_id = translator.thread_id, translator.run_id
+    failure: list[BaseException] = []
+
+    def wake() -> asyncio.Event | None:
+        # Checked before each read of the store: no task is ever cancelled mid-read.
+        if driver.done() and (error := driver.result()) is not None:
+            failure.append(error)
+            raise _DriverFailed
+        return None
+
+    last: str | None = None
+    try:
+        async for event in watch_store(
+            store, thread_id, turn_id, None, tenant_id=principal.tenant_id, poll=0.1, wake=wake
+        ):
+            last = event.id
+            yield event
+        return
+    except _DriverFailed:
+        pass
+    position = parse_after(last)
+    for event in await _segments(store, thread_id, turn_id):
+        if position is None or position.before(event):
+            yield event
+    raise failure[0]
+
+
+class _DriverFailed(Exception):
+    """The delivery a followed run drives failed: no result will come."""
+
+
+async def _primed(
+    translator: RunTranslator, position: After | None, events: AsyncIterator[TurnEvent]
+) -> tuple[TurnEvent, AsyncIterator[TurnEvent]]:
+    """The first event after ``position``, and the rest. The events up to it go
+    through ``translator`` unsent: it knows what the client was shown."""
+    async for event in events:
+        if position is None or position.before(event):
+            translator.resumed()
+            return event, events
+        translator.translate(event)
+    raise RuntimeError("a turn's stream ended without its result")  # pragma: no cover

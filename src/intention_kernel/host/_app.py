@@ -23,6 +23,7 @@ from intention_kernel.host._problems import (
     ProblemType,
     problem_response,
 )
+from intention_kernel.host._turnstreams import check_keep_alive
 from intention_kernel.kernel import Kernel
 
 __all__ = ["create_app"]
@@ -42,6 +43,7 @@ def create_app(
     allowed_hosts: Sequence[str] = (),
     timers: bool = True,
     timer_poll: float = 0.25,
+    keep_alive: float = 15.0,
 ) -> Starlette:
     """An ASGI app serving ``kernel``: the turn API, inspection, reconciliation,
     ``/openapi.json`` and the operator console at ``/console``.
@@ -63,12 +65,16 @@ def create_app(
     With ``timers`` (the default), the app's lifespan fires the store's due timers in
     the background (:meth:`Kernel.run_timers`, every ``timer_poll`` seconds while
     idle), if its store keeps timers. Any number of hosts may do so at once.
+
+    A turn's ``/events`` stream and an AG-UI run send an SSE comment (``: ping``)
+    every ``keep_alive`` seconds while they wait: a proxy does not close them idle.
     """
     from intention_kernel import __version__
 
     hosts = check_host_patterns(allowed_hosts)
     access = Access(tokens, kernel.durability)
     api = Endpoints(kernel, access)
+    api.keep_alive = check_keep_alive(keep_alive)
     document = openapi_document(
         version=__version__,
         agent=kernel.agent.name,

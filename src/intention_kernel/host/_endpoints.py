@@ -117,6 +117,8 @@ class Endpoints:
     def __init__(self, kernel: Kernel, access: Access) -> None:
         self.kernel = kernel
         self.access = access
+        #: Seconds between the pings of a waiting event stream (``create_app``).
+        self.keep_alive = turnstreams.KEEP_ALIVE
         # Computed once: a capability's schema is fixed when the kernel compiles it.
         self._input_schemas = {c.id: c.input_schema for c in kernel.agent.capabilities}
         self._capabilities = {c.id: c for c in kernel.agent.capabilities}
@@ -224,7 +226,7 @@ class Endpoints:
         """A turn's events as server-sent events, resumable (``Last-Event-ID``)."""
         principal = self.access.authenticate(request)
         await turnstreams.check_access(self.access, principal, request.path_params["thread_id"])
-        return await turnstreams.turn_events(self.kernel, request, principal)
+        return await turnstreams.turn_events(self.kernel, request, principal, self.keep_alive)
 
     async def get_thread(self, request: Request) -> Response:
         principal = self.access.authenticate(request)

@@ -216,7 +216,8 @@ def _streamable(response: dict[str, Any]) -> dict[str, Any]:
             "type": "string",
             "description": (
                 'Server-sent events: `event: delta` (`{"text": ...}`), `step` (a '
-                "StepResult), `interaction` (an Interaction), `error` (problem details), "
+                "StepResult and the `input` it ran with), `interaction` (an Interaction), "
+                "`error` (problem details), "
                 "and last `result` (the TurnResult)"
             ),
         }

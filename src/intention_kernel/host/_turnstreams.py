@@ -8,10 +8,16 @@
 - ``GET .../turns/{turn_id}/events`` streams its events as server-sent events, from any
   process: each with its ``id:``, resumed after the ``Last-Event-ID`` header (or the
   ``after`` query parameter) (:meth:`~intention_kernel.Kernel.watch_turn`).
+
+While a stream waits, it sends a comment (``: ping``) every ``keep_alive`` seconds
+(:func:`keep_alive`): a proxy then does not close an idle watch.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import math
 from collections.abc import AsyncIterator
 from urllib.parse import quote
 
@@ -28,13 +34,61 @@ from intention_kernel.kernel import Kernel
 from intention_kernel.streaming import TurnEvent
 
 __all__ = [
+    "KEEP_ALIVE",
     "check_access",
+    "check_keep_alive",
     "detach_turn",
+    "keep_alive",
     "prefers_async",
     "turn_events",
     "turn_status",
     "turn_url",
 ]
+
+
+#: The seconds a waiting stream goes without a byte before it sends ``: ping``.
+KEEP_ALIVE = 15.0
+
+#: The comment a waiting stream sends: clients ignore it, proxies see traffic.
+PING = ": ping\n\n"
+
+
+def check_keep_alive(seconds: float) -> float:
+    """``seconds`` as a keep-alive interval; ``ValueError`` unless positive and finite."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"keep_alive must be a number of seconds, got {seconds!r}")
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"keep_alive must be positive and finite, got {seconds!r}")
+    return float(seconds)
+
+
+async def keep_alive(chunks: AsyncIterator[str], every: float) -> AsyncIterator[str]:
+    """``chunks``, and :data:`PING` whenever ``every`` seconds pass without one.
+
+    The next chunk is awaited in a task of its own, so a ping never cancels it."""
+    pending: asyncio.Task[str] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(chunks))
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield PING
+                continue
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield chunk
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
+        closing = getattr(chunks, "aclose", None)
+        if closing is not None:
+            await closing()
 
 
 def prefers_async(prefer: str) -> bool:
@@ -95,8 +149,11 @@ async def turn_status(kernel: Kernel, request: Request, principal: Principal) ->
     return JSONResponse(status.to_dict())
 
 
-async def turn_events(kernel: Kernel, request: Request, principal: Principal) -> Response:
-    """The turn's stream, after ``Last-Event-ID`` (or ``?after=``)."""
+async def turn_events(
+    kernel: Kernel, request: Request, principal: Principal, every: float = KEEP_ALIVE
+) -> Response:
+    """The turn's stream, after ``Last-Event-ID`` (or ``?after=``); a ping every
+    ``every`` seconds while it waits."""
     thread_id, turn_id = _ids(request)
     after = request.headers.get("last-event-id") or request.query_params.get("after")
     try:
@@ -111,7 +168,7 @@ async def turn_events(kernel: Kernel, request: Request, principal: Principal) ->
     if after == "result":  # resumed after the last event: nothing is left
         return Response(status_code=204)  # an EventSource stops reconnecting on 204
     return StreamingResponse(
-        _watched(events, thread_id=thread_id, turn_id=turn_id),
+        keep_alive(_watched(events, thread_id=thread_id, turn_id=turn_id), every),
         media_type=EVENT_STREAM,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

@@ -301,6 +301,14 @@ class _Step:
         self._effect_origin = origin
         return origin
 
+    def ran_input(self) -> Any:
+        """The input the step ran with, as its receipt records it (after ``redact``);
+        ``None`` when ``redact`` fails on it (the step failed)."""
+        try:
+            return self._origin().input
+        except CapabilityError:
+            return None
+
     async def _run_effect(self, key: str, fn: EffectFn) -> EffectResult[Any]:
         cap, state = self.cap, self.state
         if cap.effect != "write":
@@ -513,7 +521,7 @@ class _Step:
             approved_input=self.item.input if self.proposed is not None else None,
         )
         state = self.state
-        state.add_step(step)
+        state.add_step(step, self.ran_input() if state.sink is not None else None)
         if self.effect_events:
             self.flush_effect_events()
         replies = state.agent.agent.replies

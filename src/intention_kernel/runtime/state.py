@@ -136,16 +136,16 @@ class TurnState:
         self.traced = _tracing.enabled()  # decided once per turn: spans cost nothing untraced
         self._step_count = 0
 
-    def add_step(self, step: StepResult) -> None:
+    def add_step(self, step: StepResult, input: Any = None) -> None:
         """Record a step of this turn, in the current round, and report it when the turn
-        is streamed."""
+        is streamed, with the ``input`` it ran with (``None``: it ran nothing)."""
         if self.round != 1:  # a one-round turn's steps already say round 1: no copy
             step = replace(step, round=self.round)
         if self.answered is not None and step.step_id == self.answered[0]:
             step = replace(step, actor=self.answered[1])
         self.steps.append(step)
         if self.sink is not None:
-            self.sink.step(step)
+            self.sink.step(step, input)
 
     def next_step_id(self) -> str:
         """A step ID unique in the thread: the turn ID and the step's number in it."""
