@@ -24,10 +24,12 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
+import pytest
 import uvicorn
 from starlette.applications import Starlette
 
@@ -180,3 +182,23 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
+
+
+def store_url_for(
+    request: pytest.FixtureRequest, tmp_path: Path, prefix: str, query: str = ""
+) -> Iterator[str]:
+    """The store a served process opens: a SQLite file, or a PostgreSQL schema of
+    its own (``request.param`` names which), dropped at the end."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'host.db'}"
+        return
+    import psycopg
+    from psycopg import sql
+
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}{query}"
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import httpx
 import pytest
 
 from agui_support import DIE_AT_ENV
-from host_support import served
+from host_support import served, store_url_for
 from intention_kernel.testing import faults
 
 pytestmark = pytest.mark.slow
@@ -30,19 +29,7 @@ AGENT = "agui_support:dying_billing_agent"
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'host.db'}"
-        return
-    import psycopg
-    from psycopg import sql
-
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = f"ik_agui_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    yield from store_url_for(request, tmp_path, "ik_agui")
 
 
 def post_run(base_url: str, body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -17,7 +17,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import pytest
 from ag_ui_validate.pytest_plugin import assert_valid_agui
 
 from agui_support import SLOW_ENV
-from host_support import asgi_client, served
+from host_support import asgi_client, served, store_url_for
 from intention_kernel import (
     Interpretation,
     InterpretationError,
@@ -173,19 +172,7 @@ AGENT = "agui_support:charging_agent"
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'host.db'}"
-        return
-    import psycopg
-    from psycopg import sql
-
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = f"ik_aguir_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    yield from store_url_for(request, tmp_path, "ik_aguir")
 
 
 def charges(provider: Path) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from host_support import LOST_RESPONSES_ENV, served
+from host_support import LOST_RESPONSES_ENV, served, store_url_for
 from intention_kernel import TurnScope
 from intention_kernel.durability import open_durability
 
@@ -34,19 +34,7 @@ CHARGE_43 = "payments.charge:charge:pi_demo_43"
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'host.db'}"
-        return
-    import psycopg
-    from psycopg import sql
-
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = f"ik_test_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    yield from store_url_for(request, tmp_path, "ik_test")
 
 
 @pytest.fixture

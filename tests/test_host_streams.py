@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from host_support import asgi_client, free_port
+from host_support import asgi_client, free_port, store_url_for
 from intention_kernel.host import create_app
 from intention_kernel.testing import InMemoryDurability
 from streams_support import SLOW_ENV, StreamingRounds, streams_kernel
@@ -117,19 +116,7 @@ async def test_respond_async_answers_202_and_the_turn_runs_to_its_commit() -> No
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'host.db'}"
-        return
-    import psycopg
-    from psycopg import sql
-
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = f"ik_test_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}&lease_expiry=2"
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    yield from store_url_for(request, tmp_path, "ik_test", "&lease_expiry=2")
 
 
 @contextlib.contextmanager
