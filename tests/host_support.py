@@ -192,13 +192,11 @@ def store_url_for(
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'host.db'}"
         return
-    import psycopg
-    from psycopg import sql
+    from proving_support import drop_schema
 
     dsn: str = request.getfixturevalue("postgres_dsn")
     schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     try:
         yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}{query}"
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        drop_schema(dsn, schema)

@@ -501,6 +501,31 @@ def drop_schema(dsn: str, schema: str) -> None:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
+def fresh_store_urls(
+    request: pytest.FixtureRequest, tmp_path: Path, prefix: str
+) -> Iterator[Callable[[], str]]:
+    """A factory of URLs of fresh, empty stores of the kind ``request.param`` names:
+    memory, SQLite files, PostgreSQL schemas of their own (dropped afterwards)."""
+    if request.param == "memory":
+        yield lambda: "memory://"
+        return
+    if request.param == "sqlite":
+        yield lambda: f"sqlite:///{tmp_path / uuid.uuid4().hex}.db"
+        return
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schemas: list[str] = []
+
+    def fresh() -> str:
+        schemas.append(f"{prefix}_{uuid.uuid4().hex[:12]}")
+        return f"{dsn}?schema={schemas[-1]}"
+
+    try:
+        yield fresh
+    finally:
+        for schema in schemas:
+            drop_schema(dsn, schema)
+
+
 async def read_all_events(
     durability: Durability, after: int | None = None, thread_id: str | None = None
 ) -> list[OutboxEvent]:

@@ -21,7 +21,7 @@ from intention_kernel import (
 )
 from intention_kernel.testing import ScriptedInterpreter
 
-__all__ = ["CrowdProbe", "ThreadGate", "crowd_agent", "drop_schema", "gate_agent"]
+__all__ = ["CrowdProbe", "ThreadGate", "crowd_agent", "gate_agent"]
 
 
 def _writes(capability_id: str) -> ScriptedInterpreter:
@@ -107,11 +107,3 @@ def gate_agent(gate: ThreadGate) -> Agent:
         return CapabilityResult(value=effect.value, reply="written")
 
     return Agent(name="desk", version="1", capabilities=[write], interpreter=_writes("desk.write"))
-
-
-def drop_schema(dsn: str, schema: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -36,6 +36,7 @@ from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.errors import InvalidRequestError
 from intention_kernel.integrations.langgraph import CheckpointConflictError, KernelSaver
 from intention_kernel.testing import InMemoryDurability
+from proving_support import fresh_store_urls
 
 StoreURL = Callable[[], str]
 
@@ -44,30 +45,7 @@ StoreURL = Callable[[], str]
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreURL]:
     """A function giving the URL of a fresh store of each kind (a new SQLite file, a
     new PostgreSQL schema, dropped afterwards) at every call."""
-    if request.param == "memory":
-        yield lambda: "memory://"
-        return
-    if request.param == "sqlite":
-        yield lambda: f"sqlite:///{tmp_path / uuid.uuid4().hex}.db"
-        return
-    import psycopg
-    from psycopg import sql
-
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schemas: list[str] = []
-
-    def url() -> str:
-        schemas.append("ik_saver_" + uuid.uuid4().hex[:12])
-        return f"{dsn}?schema={schemas[-1]}"
-
-    try:
-        yield url
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for schema in schemas:
-                conn.execute(
-                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
-                )
+    yield from fresh_store_urls(request, tmp_path, "ik_saver")
 
 
 class SyncMethods(BaseCheckpointSaver[int]):

@@ -19,7 +19,6 @@ import gc
 import inspect
 import re
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,8 @@ from intention_kernel import (
 from intention_kernel.durability import Durability, open_durability
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from sync_support import CrowdProbe, ThreadGate, crowd_agent, drop_schema, gate_agent
+from proving_support import fresh_store_urls
+from sync_support import CrowdProbe, ThreadGate, crowd_agent, gate_agent
 
 # -- stores, by URL ----------------------------------------------------------------------------
 
@@ -57,24 +57,7 @@ from sync_support import CrowdProbe, ThreadGate, crowd_agent, drop_schema, gate_
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], str]]:
     """A factory of URLs of fresh, empty stores of one kind: memory, SQLite files,
     PostgreSQL schemas of their own (dropped afterwards)."""
-    if request.param == "memory":
-        yield lambda: "memory://"
-        return
-    if request.param == "sqlite":
-        yield lambda: f"sqlite:///{tmp_path / uuid.uuid4().hex}.db"
-        return
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schemas: list[str] = []
-
-    def fresh() -> str:
-        schemas.append("ik_sync_" + uuid.uuid4().hex[:12])
-        return f"{dsn}?schema={schemas[-1]}"
-
-    try:
-        yield fresh
-    finally:
-        for schema in schemas:
-            drop_schema(dsn, schema)
+    yield from fresh_store_urls(request, tmp_path, "ik_sync")
 
 
 # -- the same script, both ways ----------------------------------------------------------------

@@ -35,7 +35,7 @@ import pytest
 
 from intention_kernel import SyncKernel
 from intention_kernel.testing.agents import FakeProvider, billing_agent
-from sync_support import drop_schema
+from proving_support import drop_schema
 
 HERE = Path(__file__).parent
 WORKER = HERE / "sync_fork_worker.py"
