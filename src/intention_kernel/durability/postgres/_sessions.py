@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import uuid
 import weakref
@@ -275,9 +276,11 @@ class PostgresSessions:
             probe = {
                 "thread_id": f"probe-{uuid.uuid4().hex}",
                 "lease_kind": "probe",
-                "lease_owner": "probe",
+                # Named like a lease's owner, so a row left by a killed opener is its own.
+                "lease_owner": f"probe:{os.getpid()}",
                 "lease_epoch": 1,
             }
+            # A process killed during the probe leaves its row: it lapses in a minute.
             await holder.execute(self._q(LEASE_PROBE_ROW), probe)
             try:
                 async with holder.transaction(force_rollback=True):

@@ -65,7 +65,7 @@ TAKE_LEASE = """
 LEASE_PROBE_ROW = """
     INSERT INTO ik_leases (thread_id, kind, owner, epoch, expires_at)
     VALUES (%(thread_id)s, %(lease_kind)s, %(lease_owner)s, %(lease_epoch)s,
-            clock_timestamp() + interval '1 hour')
+            clock_timestamp() + interval '1 minute')
 """
 TRY_LEASE_UPDATE = """
     UPDATE ik_leases SET epoch = epoch + 1
