@@ -45,7 +45,7 @@ from typing import Any
 
 from intention_kernel import Kernel, ThreadBusyError, TurnConflictError, TurnResult
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.errors import LeaseLostError
+from intention_kernel.errors import FencedCommitError
 from intention_kernel.interpretation import Interpretation, InterpretationRequest
 from intention_kernel.testing import faults
 from intention_kernel.testing.agents import billing_agent, billing_interpreter
@@ -120,10 +120,13 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
                     return await kernel.turn(thread_id, turn, message)
                 except ThreadBusyError:
                     await asyncio.sleep(rng.uniform(0, 0.01))
-                except LeaseLostError:
+                except FencedCommitError as refused:
                     # Paused past its lease (the test's SIGSTOP), this process was
                     # refused a write: delivered again, as a host retries a failed turn.
-                    emit({"t": thread_id, "u": turn, "lease_lost": True})
+                    # A receipt the taker settled meanwhile refuses it too: it moved.
+                    # The audit checks that only a paused worker is ever refused.
+                    kind = type(refused).__name__
+                    emit({"t": thread_id, "u": turn, "lease_lost": True, "refused_by": kind})
 
         async def answer(thread_id: str, turn: str, message: str) -> None:
             result = await deliver(thread_id, turn, message)
