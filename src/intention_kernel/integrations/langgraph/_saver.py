@@ -196,6 +196,37 @@ class KernelSaver(BaseCheckpointSaver[int]):
             ],
         )
 
+    def _put_call(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
+    ) -> tuple[Callable[[CheckpointRows], Coroutine[Any, Any, None]], RunnableConfig]:
+        """What ``put`` and ``aput`` ask of the rows, and the config they answer."""
+        row = self._row(config, checkpoint, metadata)
+        fork = metadata.get("source") in FORK_SOURCES
+        stored: RunnableConfig = {
+            "configurable": {
+                "thread_id": row.thread_id,
+                "checkpoint_ns": row.checkpoint_ns,
+                "checkpoint_id": row.checkpoint_id,
+            }
+        }
+        return (lambda rows: rows.put(row, fork=fork)), stored
+
+    def _put_writes_call(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> Callable[[CheckpointRows], Coroutine[Any, Any, None]]:
+        """What ``put_writes`` and ``aput_writes`` ask of the rows."""
+        thread_id, ns = _place(config)
+        checkpoint_id = get_checkpoint_id(config)
+        if checkpoint_id is None:
+            raise InvalidRequestError("put_writes needs a config with a checkpoint_id")
+        rows_of = self._writes(writes, task_id, task_path)
+        replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
+        return lambda rows: rows.put_writes(thread_id, ns, checkpoint_id, rows_of, replace=replace)
+
     def _matches(self, tup: CheckpointTuple, wanted: dict[str, Any] | None) -> bool:
         return not wanted or all(tup.metadata.get(k) == v for k, v in wanted.items())
 
@@ -258,16 +289,9 @@ class KernelSaver(BaseCheckpointSaver[int]):
         Raises :class:`CheckpointConflictError` (nothing stored) when that parent is no
         longer its thread's latest checkpoint, unless the metadata marks a fork.
         """
-        row = self._row(config, checkpoint, metadata)
-        fork = metadata.get("source") in FORK_SOURCES
-        await self._on_home(lambda rows: rows.put(row, fork=fork))
-        return {
-            "configurable": {
-                "thread_id": row.thread_id,
-                "checkpoint_ns": row.checkpoint_ns,
-                "checkpoint_id": row.checkpoint_id,
-            }
-        }
+        call, stored = self._put_call(config, checkpoint, metadata)
+        await self._on_home(call)
+        return stored
 
     async def aput_writes(
         self,
@@ -277,15 +301,7 @@ class KernelSaver(BaseCheckpointSaver[int]):
         task_path: str = "",
     ) -> None:
         """Store a task's pending writes on the checkpoint ``config`` names."""
-        thread_id, ns = _place(config)
-        checkpoint_id = get_checkpoint_id(config)
-        if checkpoint_id is None:
-            raise InvalidRequestError("put_writes needs a config with a checkpoint_id")
-        rows_of = self._writes(writes, task_id, task_path)
-        replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
-        await self._on_home(
-            lambda rows: rows.put_writes(thread_id, ns, checkpoint_id, rows_of, replace=replace)
-        )
+        await self._on_home(self._put_writes_call(config, writes, task_id, task_path))
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of ``thread_id``."""
@@ -350,16 +366,9 @@ class KernelSaver(BaseCheckpointSaver[int]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """The sync twin of :meth:`aput`."""
-        row = self._row(config, checkpoint, metadata)
-        fork = metadata.get("source") in FORK_SOURCES
-        self._block(lambda rows: rows.put(row, fork=fork))
-        return {
-            "configurable": {
-                "thread_id": row.thread_id,
-                "checkpoint_ns": row.checkpoint_ns,
-                "checkpoint_id": row.checkpoint_id,
-            }
-        }
+        call, stored = self._put_call(config, checkpoint, metadata)
+        self._block(call)
+        return stored
 
     def put_writes(
         self,
@@ -369,15 +378,7 @@ class KernelSaver(BaseCheckpointSaver[int]):
         task_path: str = "",
     ) -> None:
         """The sync twin of :meth:`aput_writes`."""
-        thread_id, ns = _place(config)
-        checkpoint_id = get_checkpoint_id(config)
-        if checkpoint_id is None:
-            raise InvalidRequestError("put_writes needs a config with a checkpoint_id")
-        rows_of = self._writes(writes, task_id, task_path)
-        replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
-        self._block(
-            lambda rows: rows.put_writes(thread_id, ns, checkpoint_id, rows_of, replace=replace)
-        )
+        self._block(self._put_writes_call(config, writes, task_id, task_path))
 
     def delete_thread(self, thread_id: str) -> None:
         """The sync twin of :meth:`adelete_thread`."""
