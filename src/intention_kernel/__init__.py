@@ -1,9 +1,9 @@
 """intention-kernel: durable turns for conversational agents that act on the world.
 
-Every turn is one durable transaction: it cannot commit twice, external writes go
-through effect receipts so a retry never repeats them, writes wait for a human
-confirmation that survives restarts, and the result, the next checkpoint and the
-outbox events commit together.
+Every turn is one durable transaction: it cannot commit twice.
+External writes go through effect receipts, so a retry never repeats them.
+Writes wait for a human confirmation that survives restarts.
+The result, the next checkpoint and the outbox events commit together.
 """
 
 from __future__ import annotations

@@ -394,10 +394,10 @@ class Kernel:
 
         A replayed turn yields only its ``result``. Every event before ``result`` is
         provisional: if the turn fails, the iterator raises what :meth:`turn` would
-        raise, nothing is committed, and the same delivery can be retried. The turn
-        runs in a task of its own that the iterator only watches: a consumer that
-        stops iterating (or is cancelled) does not abort it, it runs to its commit,
-        and a retry with the same turn ID gets the committed result.
+        raise, nothing is committed, and the same delivery can be retried.
+        The turn runs in a task of its own that the iterator only watches.
+        A consumer that stops iterating (or is cancelled) does not abort it.
+        The turn runs to its commit; a retry with its turn ID gets the result.
         """
         scope, request = self._request(thread_id, turn_id, message, answer, tenant_id, principal)
         position = streams.parse_after(after) if after is not None else None
