@@ -38,8 +38,14 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
+# The unit suite on PYTEST_WORKERS processes (pytest-xdist, --dist=loadgroup from
+# pyproject.toml). It mostly waits on fsync, child processes and PostgreSQL, so it runs
+# more workers than the machine has cores. PYTEST_WORKERS=0 runs it in one process.
+# Tests marked ``serial`` run after it, in one process (the OpenAPI fuzz file).
+PYTEST_WORKERS ?= 6
 unit: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m 'not serial'
+	$(BIN)/pytest -n 0 -m serial
 
 # The turn protocol, model-checked with SPIN (models/turn_protocol.pml): the exhaustive
 # verification and every mutant, pan built in build/model-check/ (needs spin and cc).

@@ -30,7 +30,7 @@ async def one_round(policy: OnBusy, root: Path, turns: int) -> tuple[float, floa
     """Seconds per turn and statements per turn for ``turns`` turns under ``policy``."""
     from intention_kernel import Kernel
     from intention_kernel.durability.sqlite import SQLiteDurability
-    from intention_kernel.testing.agents import FakeProvider, billing_agent
+    from intention_kernel.testing._agents import FakeProvider, billing_agent
 
     agent = dataclasses.replace(billing_agent(FakeProvider()), on_busy=policy)
     path = root / f"{policy}-{time.monotonic_ns()}.db"

@@ -259,6 +259,8 @@ def latency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
         rows = [r for r in rows if "sqlite" in r]
     if args.no_peers:
         rows = [r for r in rows if "-ik-" in r]
+    named = [r for r in rows if r in (getattr(args, "rows", None) or "").split(",")]
+    rows = named or rows  # ``--rows`` may name latency rows too
     out: dict[str, Any] = {"rows": {}, "levels": mode["lat_levels"], "turns": mode["lat_turns"]}
     for row in rows:
         if row.endswith("pgbouncer") and not _answers(PGBOUNCER_DSN):

@@ -21,9 +21,13 @@ Phases, each comparing rows only within this run:
 6. Concurrency (``bench.concurrency``): n overlapping turns over one kernel.
 7. Latency (``bench.latency``): n conversations at once whose model calls take a
    second or more, over one kernel and a pool of 10, directly and through PgBouncer.
+   Then the hand-off (``bench.handoff``): a thread freed by one process, taken by
+   turns waiting in others; and what a ``NOTIFY`` in each commit would cost.
 8. The sync facade (``bench.sync``): ``SyncKernel`` against ``Kernel`` on SQLite, the
    turn called from a thread without an event loop, interleaved in blocks as in 1.
-9. The cost meter (``bench.cost``, ``--only cost`` only): CPU, Python calls and
+9. Timers (``bench.timers``): from a timer's due time to its turn's start, with
+   10,000 timers pending (full mode), on SQLite and PostgreSQL, in a process of its own.
+10. The cost meter (``bench.cost``, ``--only cost`` only): CPU, Python calls and
    instructions per turn, per path, and the package's import time.
 
 The report ends with the issue's targets, each judged on this run's figures (``targets``).
@@ -52,6 +56,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.lines import LineProcess
 
 DSN = os.environ.get("INTENTION_KERNEL_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 SQLITE_ROWS = [
@@ -129,6 +135,14 @@ MODES: dict[str, dict[str, Any]] = {
         "lat_levels": [(50, 1.0), (200, 1.0)],
         "lat_turns": 2,
         "lat_ceiling_turns": 2,
+        # The hand-off group (bench/handoff.py): rounds with one waiting turn, with 10
+        # and 50 (a hot thread), and the holder's hold in seconds.
+        "handoff_rounds": 200,
+        "handoff_hot_rounds": 15,
+        "handoff_hold": (0.08, 0.16),
+        # The timers group (bench/timers.py): timers pending, and timers due.
+        "timers_pending": 1000,
+        "timers_due": 50,
         "cost_warmup": 64,
         "cost_blocks": 3,
         "cost_block": 128,
@@ -161,6 +175,11 @@ MODES: dict[str, dict[str, Any]] = {
         "lat_levels": [(100, 1.0), (500, 1.0), (2000, 1.0), (100, 5.0), (500, 5.0), (2000, 5.0)],
         "lat_turns": 3,
         "lat_ceiling_turns": 8,
+        "handoff_rounds": 500,
+        "handoff_hot_rounds": 50,
+        "handoff_hold": (0.08, 0.16),
+        "timers_pending": 10_000,
+        "timers_due": 200,
         # Calls per turn are deterministic: one batch is enough. CPU per turn is not.
         "cost_warmup": 128,
         "cost_blocks": 9,
@@ -171,7 +190,7 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
-class Proc:
+class Proc(LineProcess):
     """A worker process running one row."""
 
     def __init__(
@@ -208,22 +227,8 @@ class Proc:
             env=env,
         )
 
-    def send(self, op: str, **args: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
-        self.proc.stdin.flush()
-
-    def receive(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker {self.row} died (exit {self.proc.wait()})")
-        answer: dict[str, Any] = json.loads(line)
-        return answer
-
-    def call(self, op: str, **args: Any) -> dict[str, Any]:
-        self.send(op, **args)
-        return self.receive()
+    def died(self) -> str:
+        return f"worker {self.row} died (exit {self.proc.wait()})"
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
@@ -668,6 +673,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         from bench.sync import targets as sync_targets
 
         checks += sync_targets(results["sync"])
+    if results.get("timers"):
+        from bench.timers import targets as timer_targets
+
+        checks += timer_targets(results["timers"])
     if results.get("cost"):
         from bench.cost import targets as cost_targets
 
@@ -806,6 +815,14 @@ def report(results: dict[str, Any]) -> str:
         from bench.sync import report as sync_report
 
         lines += sync_report(results["sync"])
+    if results.get("handoff"):
+        from bench.handoff import report as handoff_report
+
+        lines += handoff_report(results["handoff"])
+    if results.get("timers"):
+        from bench.timers import report as timers_report
+
+        lines += timers_report(results["timers"])
     if results.get("cost"):
         from bench.cost import report as cost_report
 
@@ -889,10 +906,21 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument(
         "--only",
-        choices=["throughput", "growth", "scale", "loop", "concurrency", "latency", "sync", "cost"],
+        choices=[
+            "throughput",
+            "growth",
+            "scale",
+            "loop",
+            "concurrency",
+            "latency",
+            "handoff",
+            "sync",
+            "timers",
+            "cost",
+        ],
         action="append",
     )
-    parser.add_argument("--rows", help="comma-separated throughput rows (default: all)")
+    parser.add_argument("--rows", help="comma-separated throughput or latency rows (default: all)")
     parser.add_argument(
         "--cost-rows", help="comma-separated worker rows of the cost meter (default: all)"
     )
@@ -927,7 +955,18 @@ def main() -> None:
         ]
     # The cost meter (``bench.cost``) runs only when asked for: it adds minutes to a run.
     phases = set(
-        args.only or ["throughput", "growth", "scale", "loop", "concurrency", "latency", "sync"]
+        args.only
+        or [
+            "throughput",
+            "growth",
+            "scale",
+            "loop",
+            "concurrency",
+            "latency",
+            "handoff",
+            "sync",
+            "timers",
+        ]
     )
     args.base_ref = args.base
     if args.base:
@@ -956,7 +995,9 @@ def main() -> None:
         "loop": {},
         "concurrency": {},
         "latency": {},
+        "handoff": {},
         "sync": {},
+        "timers": {},
         "cost": {},
     }
     started = time.perf_counter()
@@ -996,11 +1037,21 @@ def main() -> None:
 
             print("latency", file=sys.stderr, flush=True)
             results["latency"] = latency(args, mode)
+        if "handoff" in phases and not args.no_postgres:
+            from bench.handoff import handoff_group
+
+            print("hand-off", file=sys.stderr, flush=True)
+            results["handoff"] = handoff_group(args, mode)
         if "sync" in phases:
             from bench.sync import sync_group
 
             print("sync facade", file=sys.stderr, flush=True)
             results["sync"] = sync_group(args, mode)
+        if "timers" in phases:
+            from bench.timers import timers_group
+
+            print("timers", file=sys.stderr, flush=True)
+            results["timers"] = timers_group(args, mode)
         if "cost" in phases:
             from bench.cost import cost
 

@@ -28,7 +28,7 @@ from intention_kernel import (
     Interpretation,
     capability,
 )
-from intention_kernel.interpretation import InterpretationRequest
+from intention_kernel._interpretation import InterpretationRequest
 
 MAX_MESSAGES = 50
 THREADS = 10

@@ -26,6 +26,8 @@
  *   STEER       message 1 runs in two rounds, journaled, delivered twice, and once
  *               more after every client ended (its client redelivers it until it
  *               commits); message 2 steers it.
+ *   STEER_ORPHAN  (with STEER) message 1's client never comes back: the last
+ *               delivery after every client ended is the steer's, not message 1's.
  *
  * Steer, as issue 36 specifies it: at each round boundary of message 1's turn, the
  * steer entries waiting in the inbox are handed over, recorded in that round's
@@ -46,11 +48,36 @@
  *                           message: the new message is never stopped by its own;
  *   (unsettled==0)          at the end, every turn that saw a stop (and did not
  *                           crash) committed what it did, once;
- *   (seen_round[i]==r)      a steer is seen by the same round on every delivery.
+ *   (seen_round[i]==r)      a steer is seen by the same round on every delivery;
+ *   answered                (STEER_ORPHAN) the steer's last delivery answers with a
+ *                           committed result, or with SteerOrphanedError only when
+ *                           its taker recorded it and has no inbox entry.
  *
  * Mutants: REMOVE_BEFORE_RUN, FRESH_TURN_ID, NO_INBOX_CHECK, NO_START_CHECK,
  * STOP_ABORTS, BASE_ONLY_INTERRUPT, INTERRUPT_BY_BASE_AT_START, NO_STEER_JOURNAL,
- * STEER_TAKES_COMMITTED, STEER_UNCHECKED_AT_BEGIN. Each must produce a counterexample (check_protocol.py).
+ * STEER_TAKES_COMMITTED, STEER_UNCHECKED_AT_BEGIN, NO_START_MARK, START_MARK_APART,
+ * RELEASE_RECORDED, NO_HOLDER_CHECK, NO_TAKER_DRAIN.
+ * Each must produce a counterexample (check_protocol.py).
+ *
+ * The start mark (ik_inbox.started): a queued turn's start reads its stop and marks
+ * its entry in one transaction (start_queued). A cancel of a started entry keeps it
+ * and answers "requested". NO_START_MARK writes no mark; START_MARK_APART writes it
+ * in a transaction of its own, after the read. Either lets a cancel answer
+ * "dequeued" for a queued turn that runs on and commits its steps. NO_HOLDER_CHECK
+ * dequeues the copy of a turn whose other delivery holds the lock: it runs on.
+ *
+ * A steer's taker may die between the take (take_steers) and its journal entry: a
+ * crash point. Its redelivery takes it again. The steer's own delivery, holding the
+ * lock, puts back a steer whose taker did not commit and did not record it: it then
+ * runs as its own turn, or a later boundary takes it. RELEASE_RECORDED puts back a
+ * recorded one too: the taker's redelivery then commits it a second time.
+ *
+ * A recorded steer stays with its taker. A delivery of a steer a turn took goes to
+ * Inbox._steered at once. Holding the lock, with the taker not committed, it drains
+ * the inbox when the taker has an entry there (a queued taker), then answers with
+ * the taker's result. With no entry (a direct taker) it raises SteerOrphanedError.
+ * NO_TAKER_DRAIN raises it for a queued taker too: the code before the rule, whose
+ * steer waited for a taker that nobody delivers.
  *
  * INTERRUPT_BY_BASE_AT_START is the interrupt of the code before the fix (a mutant
  * only): a request keyed by the base version alone, which a queued turn read at its
@@ -86,6 +113,7 @@ bit esteer[NS];              /* the entry steers the running turn (on_busy="stee
 byte aseq[NS];               /* the seq its message was accepted with (kept) */
 byte nseq;                   /* the inbox's sequence */
 bit cancel_req[NS];          /* ik_cancels */
+bit estarted[NS];            /* ik_inbox.started: a queued turn began under the lock */
 byte intr[6];                /* ik_interrupts, per base version: who asked (bits) */
 bit jround[3];               /* ik_journal of message 1's turn: round r is recorded */
 byte jsteer[3];              /* the steers handed over with round r (bits) */
@@ -105,11 +133,13 @@ byte done;                   /* messages committed, or cancelled out of the inbo
 bit dequeued[NS];
 bit stop_seen[NS];           /* a live turn of the ID saw a stop: it must commit */
 byte seen_round[NM + 1];     /* the round a steer was first seen in (0: not yet) */
-byte inrun[NS];              /* deliveries of the turn ID that hold the lock */
+byte inrun[NS];              /* deliveries run at once (not queued) that hold the lock */
 byte lost;
 byte late;
 byte unsettled;
 bit other_interrupter;
+bit orphaned;                /* the steer's delivery raised SteerOrphanedError */
+bit answered;
 
 #define NCLIENTS 4
 #ifdef STEER
@@ -156,10 +186,34 @@ bit other_interrupter;
 #else
 #define NOT_HANDED(x) (handed[x] == 0)
 #endif
-#ifdef STEER_TAKES_COMMITTED
-#define TAKES(x) (eseq[x] != 0 && esteer[x] && NOT_HANDED(x))
+/* The steer is recorded in message 1's journal, with a round. */
+#define RECORDED(x) \
+    ((jround[1] && (BIT(x) & jsteer[1])) || (jround[2] && (BIT(x) & jsteer[2])))
+/* Taken by message 1 (the only taker), not recorded: a crash came between the take
+   and the journal entry. Its taker's redelivery takes it again. */
+#ifdef NO_STEER_JOURNAL
+#define RETAKEN(x) 0
 #else
-#define TAKES(x) (eseq[x] != 0 && esteer[x] && NOT_HANDED(x) && !turn_row[x])
+#define RETAKEN(x) (handed[x] != 0 && !RECORDED(x))
+#endif
+#ifdef STEER_TAKES_COMMITTED
+#define TAKES(x) (eseq[x] != 0 && esteer[x] && (NOT_HANDED(x) || RETAKEN(x)))
+#else
+#define TAKES(x) (eseq[x] != 0 && esteer[x] && (NOT_HANDED(x) || RETAKEN(x)) && !turn_row[x])
+#endif
+/* A recorded steer whose taker is not committed: SteerOrphanedError, unless the
+   taker has an inbox entry (NO_TAKER_DRAIN: always). */
+#ifdef NO_TAKER_DRAIN
+#define ORPHANS 1
+#else
+#define ORPHANS (eseq[1] == 0)
+#endif
+/* The steer's own delivery, holding the lock, puts back a steer whose taker is not
+   committed: only one the taker did not record (RELEASE_RECORDED: any). */
+#ifdef RELEASE_RECORDED
+#define RELEASABLE(x) 1
+#else
+#define RELEASABLE(x) (!RECORDED(x))
 #endif
 
 proctype client(byte m; bit wait; byte slot; bit steer; byte final)
@@ -174,6 +228,7 @@ proctype client(byte m; bit wait; byte slot; bit steer; byte final)
     byte rounds;
     byte mysteer;            /* steers this delivery saw (bits) */
     byte take;
+    bit tojournal;           /* the steers were taken: the journal entry comes next */
     byte head;
     byte hs;
     byte i;
@@ -183,7 +238,9 @@ proctype client(byte m; bit wait; byte slot; bit steer; byte final)
     bit stopped;
     bit deferred;            /* the head is a steer handed over: the drain waits */
     bit nothing;             /* it stopped before its first round's steps */
-    bit begun;               /* this delivery holds the lock: it counts in inrun[cur] */
+    bit begun;               /* this delivery runs at once, holding the lock: in inrun */
+    bit again;               /* the steer's taker is queued: drain up to it */
+    bit raised;              /* this delivery raised SteerOrphanedError */
 
     if
     :: final == 1 -> finished == NCLIENTS                 /* a last redelivery */
@@ -200,6 +257,13 @@ proctype client(byte m; bit wait; byte slot; bit steer; byte final)
         :: else -> skip
         fi
     };
+#ifdef STEER
+    /* Inbox.submit: a steer a turn took goes to Inbox._steered at once. */
+    if
+    :: steer && handed[m] != 0 -> goto steered
+    :: else -> skip
+    fi;
+#endif
 #ifdef INTERRUPT
     /* Read before the attempt at the lock (Inbox.submit). */
     if :: m != 1 -> base = version :: else -> skip fi;
@@ -228,7 +292,7 @@ accept:
         :: eseq[slot] != 0 -> skip
         :: else ->
             nseq++; eseq[slot] = nseq; emsg[slot] = m; esteer[slot] = steer;
-            aseq[slot] = nseq
+            aseq[slot] = nseq; estarted[slot] = 0
         fi;
         acked = acked | BIT(m)
     };
@@ -273,6 +337,33 @@ ran_head:
             atomic { eseq[cur] = 0 }
         fi
     od;
+#ifdef STEER
+steered:
+    if
+    :: steer ->
+        /* The steer's own delivery again (Inbox._steered), holding the lock: its
+           taker is not running. Not committed, and without the steer in its journal,
+           the taker lets it go: it waits in the inbox again, untaken. Recorded, it
+           stays: a queued taker is drained, else the delivery raises. */
+        atomic { !held -> held = 1; holding = 1 };
+        CRASH;
+        atomic {
+            if
+            :: handed[m] != 0 && !turn_row[1] && RELEASABLE(m) -> handed[m] = 0
+            :: handed[m] != 0 && !turn_row[1] && !RELEASABLE(m) && ORPHANS -> orphaned = 1; raised = 1
+            :: handed[m] != 0 && !turn_row[1] && !RELEASABLE(m) && !ORPHANS -> again = 1
+            :: else -> skip
+            fi;
+            held = 0; holding = 0
+        };
+        if
+        :: again -> again = 0; goto drain
+        :: raised -> goto finish                         /* no replay */
+        :: else -> skip
+        fi
+    :: else -> skip
+    fi;
+#endif
     if
     :: wait -> cur = slot; msg = m; queued = 1; myseq = 0; ret = 3; goto lock_wait
     :: else -> goto finish
@@ -280,7 +371,7 @@ ran_head:
 
     /* -- one turn: with_turn, under the lock -------------------------------------------- */
 lock_wait:
-    atomic { !held -> held = 1; holding = 1; inrun[cur]++; begun = 1 };
+    atomic { !held -> held = 1; holding = 1 };
 locked:
     CRASH;
     atomic {
@@ -290,9 +381,18 @@ locked:
         :: else -> skip
         fi;
 #ifndef NO_START_CHECK
-        /* A queued turn reads its stop first: cancelled, it raises, nothing commits. */
+        /* A queued turn reads its stop first (start_queued): cancelled, it raises,
+           nothing commits. An entry started before (its process died) reads none:
+           the turn stops at its first safe point instead, and commits. */
         if
-        :: queued && cancel_req[cur] -> done = done | BIT(msg); goto unlock
+        :: queued && cancel_req[cur] && !estarted[cur] -> done = done | BIT(msg); goto unlock
+        :: else -> skip
+        fi;
+#endif
+#if !defined(NO_START_MARK) && !defined(START_MARK_APART)
+        /* The same transaction marks the entry started: a cancel now keeps it. */
+        if
+        :: queued && eseq[cur] != 0 -> estarted[cur] = 1
         :: else -> skip
         fi;
 #endif
@@ -316,6 +416,14 @@ locked:
         myv = version;
         rounds = ROUNDS_OF(cur)
     };
+#ifdef START_MARK_APART
+    atomic {
+        if
+        :: queued && eseq[cur] != 0 -> estarted[cur] = 1
+        :: else -> skip
+        fi
+    };
+#endif
     r = 0;
     do
     :: r < rounds ->
@@ -338,8 +446,9 @@ locked:
 #ifdef STEER
             if
             :: cur == 1 ->
-                /* The round's journal entry: read, else written with the steers
-                   waiting in the inbox (fenced by the lock, like every journal write). */
+                /* The round's journal entry: read, else the steers waiting in the
+                   inbox are taken (take_steers), and then recorded (fenced by the
+                   lock, like every journal write). */
 #ifdef NO_STEER_JOURNAL
                 take = 0;
 #else
@@ -355,11 +464,24 @@ locked:
                         :: else -> skip
                         fi
                     };
-                    jround[r] = 1; jsteer[r] = take
+                    tojournal = 1
 #ifndef NO_STEER_JOURNAL
                 fi
 #endif
-                ;
+            :: else -> skip
+            fi
+#endif
+        };
+#ifdef STEER
+        if
+        :: tojournal ->
+            CRASH;                                       /* taken, not recorded */
+            atomic { jround[r] = 1; jsteer[r] = take; tojournal = 0 }
+        :: else -> skip
+        fi;
+        atomic {
+            if
+            :: cur == 1 ->
                 mysteer = mysteer | take;
                 for (i : 2 .. NM) {
                     if
@@ -373,8 +495,8 @@ locked:
                 }
             :: else -> skip
             fi
-#endif
         }
+#endif
     :: else -> break
     od;
     CRASH;
@@ -393,7 +515,8 @@ commit:
         late = (before[msg] & ~done);
         assert(late == 0);
         turn_row[cur] = 1; runs[msg]++; assert(runs[msg] <= 1);
-        done = done | BIT(msg); version++; stop_seen[cur] = 0; inrun[cur]--; begun = 0;
+        done = done | BIT(msg); version++; stop_seen[cur] = 0;
+        if :: begun -> inrun[cur]--; begun = 0 :: else -> skip fi;
         if :: !queued -> acked = acked | BIT(msg) :: else -> skip fi;
 #ifdef STEER
         /* The steers it saw: their turn IDs replay this result; their entries go. */
@@ -430,13 +553,23 @@ crashed:
     };
     goto end;
 finish:
+#ifdef STEER_ORPHAN
+    /* The steer's last delivery (it never crashes): its answer. */
+    if
+    :: steer && final == 1 ->
+        answered = (turn_row[m] || (raised && RECORDED(m) && eseq[1] == 0));
+        assert(answered)
+    :: else -> skip
+    fi;
+#endif
     if :: final == 2 -> goto check :: else -> finished++; goto end fi;
 check:
     /* The end: nothing accepted is lost; every stopped turn committed. */
     atomic {
         for (i : 1 .. NM) {
             if
-            :: (BIT(i) & acked) && runs[i] == 0 && !cancel_req[i] -> lost++
+            :: (BIT(i) & acked) && runs[i] == 0 && !cancel_req[i] && !(orphaned && i == 2) ->
+                lost++
             :: else -> skip
             fi;
             if
@@ -466,10 +599,16 @@ proctype canceller()
         :: else ->
             cancel_req[t] = 1;
             if
-            :: eseq[t] != 0 ->                           /* "dequeued" */
-                /* It will not run, unless a delivery of the same turn ID runs
-                   now (a redelivery queued beside it): that one may commit. */
-                eseq[t] = 0; dequeued[t] = (inrun[t] == 0); done = done | BIT(t)
+#ifdef NO_HOLDER_CHECK
+            :: eseq[t] != 0 && !estarted[t] ->           /* "dequeued" */
+#else
+            :: eseq[t] != 0 && !estarted[t] && inrun[t] == 0 -> /* "dequeued" */
+#endif
+                /* It will not run. A delivery of the same turn ID that holds the
+                   lock now (its redelivery queued beside it) is marked by every
+                   store (the lease row's turn_id, a lock-file byte, a count): the
+                   copy then stays. A queued one marked its entry. */
+                eseq[t] = 0; dequeued[t] = 1; done = done | BIT(t)
             :: else -> skip                              /* "requested" */
             fi
         fi
@@ -500,7 +639,10 @@ init
         run canceller();
         finished++;                                      /* three clients here */
 #endif
-        #ifdef STEER
+#ifdef STEER_ORPHAN
+        /* Message 1's client never comes back; the steer's delivers it once more. */
+        run client(2, 1, 2, 1, 1);
+#elif defined(STEER)
         /* Message 1's client delivers it until it commits: once more, last. */
         run client(1, 1, 1, 0, 1);
 #endif

@@ -3,17 +3,17 @@
  *
  * One thread, one effect key K, three workers and an operator:
  *   - workers 1 and 2 deliver the same turn ID (T1), worker 3 another one (T2);
- *   - every worker runs RecordedDurability.with_turn (durability/engine.py): the
+ *   - every worker runs RecordedDurability.with_turn (durability/_engine/recorded.py): the
  *     thread lock, the read of the turn row and the thread, the operation, the
  *     fenced commit; its operation asks the model one round, recorded in the
  *     turn's journal before any step runs (tx.recorded), and calls run_effect(K) (_run_effect, and the
- *     receipt rules of effects.py: plan_effect, settle);
+ *     receipt rules of _effects.py: plan_effect, settle);
  *   - the operator resolves K's receipt through the host (resolve_receipt in
  *     host/_endpoints.py, then RecordedDurability.resolve_receipt under the lock).
  *
  * The init process picks one of two scenarios (both are explored):
  *   CONFIRM     the thread is at version 1, owned by tenant A, with a pending
- *               confirmation; every delivery is the person's "yes" (runtime/answer.py):
+ *               confirmation; every delivery is the person's "yes" (_runtime/answer.py):
  *               a turn that loads the pending confirmation closes it and runs the
  *               stored operation (K); one that finds none commits a turn that ran nothing;
  *   FIRST_TURN  the thread has no committed turn and no receipt (nobody owns it);
@@ -330,7 +330,7 @@ after_lock: POINT;
         ran = (scenario == CONFIRM && pending)
     }
 after_checkpoint_load: POINT;
-    /* The model round of a turn in rounds (runtime/journal.py): the journal is read on
+    /* The model round of a turn in rounds (_runtime/journal.py): the journal is read on
        the lock's session; a round found there is not asked again; else the model is
        asked (outside any statement: it takes long) and its answer recorded
        (write_journal: one insert on the lock's session, a key already there refused,

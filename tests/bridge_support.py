@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from intention_kernel import Answer
-from intention_kernel.effects import EffectAuthority
+from intention_kernel._effects import EffectAuthority
 from intention_kernel.testing import faults
 from proving_support import Store, read_ledger
 

@@ -132,7 +132,12 @@ SOAK_CI_TURNS = 2400
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A longer soak (``--soak-turns``) gets a timeout in proportion."""
+    """The slow and soak tests run first; a longer soak (``--soak-turns``) gets a timeout
+    in proportion."""
+    # pytest-xdist hands tests out in this order: a slow test left to the end runs alone.
+    items.sort(
+        key=lambda item: not any(item.iter_markers("slow")) and not any(item.iter_markers("soak"))
+    )
     turns = config.getoption("--soak-turns")
     if turns and turns > SOAK_CI_TURNS:
         timeout = SOAK_TIMEOUT * turns // SOAK_CI_TURNS
@@ -208,8 +213,15 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         async with PostgresDurability(dsn, schema=schema) as pg_store:
             yield pg_store
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+        def drop() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                drop_it = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
+                conn.execute(drop_it.format(sql.Identifier(schema)))
+
+        # Off the event loop: a task the test left running may hold the schema's locks.
+        # It needs the loop to finish and free them; a blocking drop here would wait forever.
+        await asyncio.to_thread(drop)
 
 
 # -- a chat-completions server and a model behind it ---------------------------------------------

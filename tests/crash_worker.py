@@ -8,6 +8,7 @@ Run as ``python tests/crash_worker.py '<json config>'``:
   an ``"answer"`` instead of (or beside) its message: ``Answer(**answer)``.
 - ``approvals``: optional, how many distinct actors must accept a charge (default 1).
 - ``hold``: optional; when true, the process waits after its last turn, to be killed.
+- ``lease_expiry``: optional, the PostgreSQL adapter's (ignored for SQLite).
 - ``cancel``: optional ``{"thread_id", "turn_id", "reason"}``: the process asks that
   turn to stop (``Kernel.cancel``) before any turn, and prints ``{"cancelled": status}``.
 - ``on_busy``: optional, the agent's policy (``"queue"``: turns go through
@@ -57,7 +58,10 @@ def hold(point: str) -> None:
 
 async def main(config: dict[str, Any]) -> None:
     provider = LedgerProvider(path=config["ledger"])
-    async with open_store(config["store"]) as durability:
+    options = {}
+    if config["store"]["kind"] == "postgres" and "lease_expiry" in config:
+        options["lease_expiry"] = config["lease_expiry"]
+    async with open_store(config["store"], **options) as durability:
         agent = proving_agent(provider, approvals=config.get("approvals", 1))
         if "on_busy" in config:
             agent = dataclasses.replace(agent, on_busy=config["on_busy"])

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from intention_kernel import Agent, Intent, Interpretation, InterpretationRequest
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import append_line
 
 

@@ -34,7 +34,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from intention_kernel import Agent
-from intention_kernel.demo import FakePaymentProvider, build_agent
+from intention_kernel._demo import FakePaymentProvider, build_agent
 
 TESTS_DIR = Path(__file__).resolve().parent
 PROVIDER_ENV = "HOST_TEST_PROVIDER_DB"

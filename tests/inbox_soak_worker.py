@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel, Queued
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import append_line, open_store
 
 

@@ -9,9 +9,11 @@ test that kills the server mid-call; the server's PID is in ``DIR/pid``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,10 @@ from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, ToolAnnotations
 DIR = Path(sys.argv[-1])
 server = MCPServer("tickets")
 TICKETS: dict[str, str] = {}
+# Numbers are never reused: a closed ticket's number is not given to a call finishing late.
+NUMBERS = itertools.count(1)
+# Sync tools run on worker threads, so a lost call and its retry may number at once.
+NUMBERING = threading.Lock()
 
 
 def log_call(tool: str, arguments: dict[str, Any], ctx: Context) -> None:
@@ -46,8 +52,9 @@ def create_ticket(title: str, priority: int, ctx: Context) -> dict[str, str]:
     log_call("create_ticket", {"title": title, "priority": priority}, ctx)
     while (DIR / "hang").exists():
         time.sleep(0.05)
-    ticket_id = f"T-{len(TICKETS) + 1}"
-    TICKETS[ticket_id] = title
+    with NUMBERING:
+        ticket_id = f"T-{next(NUMBERS)}"
+        TICKETS[ticket_id] = title
     return {"ticket_id": ticket_id}
 
 

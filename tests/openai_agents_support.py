@@ -34,7 +34,7 @@ from openai.types.responses.response_prompt_param import ResponsePromptParam
 
 from bridge_support import ORDERS, record_write
 from intention_kernel import Answer
-from intention_kernel.authority import Approvers
+from intention_kernel._authority import Approvers
 from intention_kernel.integrations.openai_agents import KernelAgent, effect_authority
 
 # No trace export: the tests have no API key, and the SDK would say so on every run.

@@ -14,7 +14,9 @@ Run as ``python tests/postgres_worker.py '<json config>'``. Config:
     once per thread), then commits one event per effect and ``turn.committed``.
     Every ``read_every`` turns it also reads the outbox (numbering events, as a
     relay would). Prints one JSON line per turn: ``{"turn", "replayed"}`` or
-    ``{"turn", "error"}``.
+    ``{"turn", "error"}``. With ``pause_at`` (a turn's index) and ``paused`` (a
+    path), the first provider call from that turn on is logged, creates ``paused``
+    and stops the process there, to be killed mid-turn.
   - ``"hold"``: start a turn on ``thread``, create the ``ready`` file while
     holding the thread's lease, and wait forever (to be killed).
   - ``"open"``: open the store (creating the schema) once the ``barrier`` file
@@ -43,12 +45,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from intention_kernel._effects import EffectAuthority
+from intention_kernel._turns import EventDraft, TurnCommit, TurnResult, TurnScope
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.postgres import PostgresDurability
-from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import EffectUncertainError, KernelError
 from intention_kernel.testing.conformance import commit_for
-from intention_kernel.turns import EventDraft, TurnCommit, TurnResult, TurnScope
 
 
 def exists(path: str) -> bool:
@@ -68,11 +70,19 @@ async def wait_for_file(path: str) -> None:
 
 
 class Provider:
-    """The fake payment provider: one committed row per call, then a slow answer."""
+    """The fake payment provider: one committed row per call, then a slow answer. With
+    ``pause``, the call stops the process once logged, after creating that file."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], thread_id: str, ledger: str) -> None:
+    def __init__(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        thread_id: str,
+        ledger: str,
+        pause: str | None = None,
+    ) -> None:
         self.conn = conn
         self.thread_id = thread_id
+        self.pause = pause
         # Named in full: behind a transaction pooler no session's search_path holds.
         insert = sql.SQL("INSERT INTO {}.calls (thread_id, key, pid) VALUES (%s, %s, %s)")
         self.insert = insert.format(sql.Identifier(ledger))
@@ -80,6 +90,9 @@ class Provider:
     async def __call__(self, authority: EffectAuthority) -> dict[str, Any]:
         await asyncio.sleep(random.uniform(0, 0.003))
         await self.conn.execute(self.insert, (self.thread_id, authority.key, os.getpid()))
+        if self.pause is not None:
+            touch(self.pause)
+            await asyncio.Event().wait()  # until the test's SIGKILL
         # The answer is on its way: a window in which a kill leaves the write applied and
         # its receipt prepared (the test kills victims as soon as their call is logged).
         await asyncio.sleep(random.uniform(0.002, 0.008))
@@ -100,8 +113,10 @@ async def run_turns(config: dict[str, Any], durability: PostgresDurability) -> N
     ledger = await psycopg.AsyncConnection.connect(
         config.get("ledger_dsn", config["dsn"]), autocommit=True, prepare_threshold=None
     )
+    pause_at = config.get("pause_at")
     for i, (thread_id, turn_id) in enumerate(config["turns"]):
-        provider = Provider(ledger, thread_id, config["ledger"])
+        pause = config["paused"] if pause_at is not None and i >= pause_at else None
+        provider = Provider(ledger, thread_id, config["ledger"], pause)
 
         async def operation(tx: TurnTransaction, provider: Provider = provider) -> TurnCommit:
             turn_id = tx.scope.turn_id

@@ -46,16 +46,16 @@ from intention_kernel import (
     Kernel,
     capability,
 )
+from intention_kernel._effects import EffectAuthority
+from intention_kernel._interpretation import InterpretationRequest
+from intention_kernel._turns import OutboxEvent, TurnCommit, TurnScope
 from intention_kernel.durability import Durability, TurnTransaction
-from intention_kernel.durability.records import ThreadOwner
+from intention_kernel.durability._contract.records import ThreadOwner
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import EffectNotAppliedError, TenantMismatchError
-from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.testing import faults
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from intention_kernel.testing.conformance import commit_for
-from intention_kernel.turns import OutboxEvent, TurnCommit, TurnScope
 
 CHARGE = "payments.charge:charge:"
 PAY = "payments.pay:charge:"
@@ -606,8 +606,8 @@ async def inbox_before_steers_reads_as_queued(
 ) -> None:
     """An entry queued before steering existed is a queued message after the upgrade:
     not a steer, taken by no turn, still waiting in its place."""
-    from intention_kernel.durability.records import InboxEntry
-    from intention_kernel.effects import utcnow
+    from intention_kernel._effects import utcnow
+    from intention_kernel.durability._contract.records import InboxEntry
 
     async with open_durability() as durability:
         store: Any = durability
@@ -632,8 +632,8 @@ async def interrupts_before_senders_stop_any_turn_on_their_base(
     upgrade: it stops any turn of any tenant on its base. A new one names its sender:
     it stops neither the sender's own turn nor another tenant's. An inbox entry
     stored before reads as not started."""
-    from intention_kernel.durability.records import InboxEntry
-    from intention_kernel.effects import utcnow
+    from intention_kernel._effects import utcnow
+    from intention_kernel.durability._contract.records import InboxEntry
 
     async with open_durability() as durability:
         store: Any = durability

@@ -37,7 +37,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from bridge_support import ORDERS, record_write
 from intention_kernel import Answer
-from intention_kernel.authority import Approvers
+from intention_kernel._authority import Approvers
 from intention_kernel.integrations.pydantic_ai import KernelAgent, effect_authority
 
 

@@ -23,9 +23,9 @@ import sys
 import time
 from typing import Any
 
+from intention_kernel._turns import OutboxEvent
 from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.outbox import OutboxRelay
-from intention_kernel.turns import OutboxEvent
 from proving_support import append_line, open_store
 
 POLL_INTERVAL = 0.05

@@ -26,8 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from intention_kernel import checkpoint, operations
-from intention_kernel.checkpoint import CHECKPOINT_MIGRATIONS
+from intention_kernel import _checkpoint as checkpoint
+from intention_kernel import operations
+from intention_kernel._checkpoint import CHECKPOINT_MIGRATIONS
 
 TAG = " [v2]"
 _migrated = 0
@@ -56,8 +57,8 @@ REVISION = len(MIGRATIONS) + 1
 
 def install(patch: Callable[[object, str, Any], None] = setattr) -> None:
     """Register the migration, and update the copies this library takes at import."""
-    from intention_kernel.durability import _checkpoints
-    from intention_kernel.runtime import reply
+    import intention_kernel.durability._engine.checkpoints as _checkpoints
+    from intention_kernel._runtime import reply
 
     patch(checkpoint, "CHECKPOINT_MIGRATIONS", MIGRATIONS)
     patch(checkpoint, "SCHEMA_REVISION", REVISION)
@@ -87,7 +88,7 @@ async def commit_turns(config: dict[str, Any]) -> None:
     stdout: ``{"thread_id", "turn_id", "version"}``."""
     from intention_kernel import Kernel
     from intention_kernel.durability import open_durability
-    from intention_kernel.testing.agents import FakeProvider, billing_agent
+    from intention_kernel.testing._agents import FakeProvider, billing_agent
 
     threads: list[str] = config["threads"]
     async with open_durability(config["url"]) as store:

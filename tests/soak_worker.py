@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from intention_kernel import Kernel, ThreadBusyError, TurnConflictError, TurnResult
+from intention_kernel._interpretation import Interpretation, InterpretationRequest
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.errors import FencedCommitError
-from intention_kernel.interpretation import Interpretation, InterpretationRequest
+from intention_kernel.errors import LeaseLostError
 from intention_kernel.testing import faults
-from intention_kernel.testing.agents import billing_agent, billing_interpreter
+from intention_kernel.testing._agents import billing_agent, billing_interpreter
 from intention_kernel.testing.sqlite import GroupAction, GroupPoint, WriterProbe
 from proving_support import LedgerProvider, open_store
 
@@ -120,13 +120,12 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
                     return await kernel.turn(thread_id, turn, message)
                 except ThreadBusyError:
                     await asyncio.sleep(rng.uniform(0, 0.01))
-                except FencedCommitError as refused:
+                except LeaseLostError:
                     # Paused past its lease (the test's SIGSTOP), this process was
                     # refused a write: delivered again, as a host retries a failed turn.
-                    # A receipt the taker settled meanwhile refuses it too: it moved.
-                    # The audit checks that only a paused worker is ever refused.
-                    kind = type(refused).__name__
-                    emit({"t": thread_id, "u": turn, "lease_lost": True, "refused_by": kind})
+                    # Any other refusal ends the worker, and the audit fails; so does a
+                    # lost lease in a worker that was never stopped.
+                    emit({"t": thread_id, "u": turn, "lease_lost": True})
 
         async def answer(thread_id: str, turn: str, message: str) -> None:
             result = await deliver(thread_id, turn, message)

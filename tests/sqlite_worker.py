@@ -52,8 +52,8 @@ from intention_kernel import (
     KernelError,
     capability,
 )
+from intention_kernel._interpretation import InterpretationRequest
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.testing import ScriptedInterpreter
 
 CRASH_STATUS = 137

@@ -10,7 +10,11 @@ Run as ``python tests/steer_worker.py '<json config>'``:
 - ``die``: optional, where the process exits at once (``os._exit``, no cleanup):
   ``"taken"`` (the round boundary took the steers: ``taken_by`` is durable, the
   journal entry is not written) or ``"asked_round_2"`` (the steers are journaled and
-  the model is asked round 2 with them).
+  the model is asked round 2 with them);
+- ``queued``: optional; the turn comes while another holds the thread. So it is
+  queued in the inbox, and this process's drain runs it;
+- ``submit``: optional; only submit this turn (a steer), print its answer and exit
+  at once, as a client's process that goes away. Its drain does not run.
 
 Round 1 of ``paint it`` looks up a balance; round 2 replies with the steers it got.
 The process prints one JSON line with the result.
@@ -19,6 +23,7 @@ The process prints one JSON line with the result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,9 +31,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel
+from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel, TurnScope
 from intention_kernel.testing import faults
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import append_line, open_store
 
 
@@ -73,11 +78,41 @@ async def main(config: dict[str, Any]) -> None:
                 return taken
 
             durability.take_steers = take_then_die  # type: ignore[attr-defined]
-        turn = config["turn"]
-        result = await Kernel(agent, durability).turn(
-            turn["thread_id"], turn["turn_id"], turn["message"]
-        )
+        turn, kernel = config["turn"], Kernel(agent, durability)
+        if config.get("submit"):
+            answer = await kernel.submit(turn["thread_id"], turn["turn_id"], turn["message"])
+            print(json.dumps(answer.to_dict()), flush=True)
+            os._exit(0)  # its background drain goes with it
+        if config.get("queued"):
+            result = await queued_behind(durability, kernel, turn)
+        else:
+            result = await kernel.turn(turn["thread_id"], turn["turn_id"], turn["message"])
         print(json.dumps(result.to_dict()), flush=True)
+
+
+class Held(Exception):
+    """Ends the hold of the thread's lock without a commit."""
+
+
+async def queued_behind(durability: Any, kernel: Kernel, turn: dict[str, str]) -> Any:
+    """Deliver the turn while another holds its thread: it is queued, then drained."""
+    locked, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(tx: Any) -> Any:
+        locked.set()
+        await release.wait()
+        raise Held
+
+    scope = TurnScope(turn["thread_id"], "holder", None, None)
+    holding = asyncio.create_task(durability.with_turn(scope, hold))
+    await locked.wait()
+    running = asyncio.create_task(kernel.turn(turn["thread_id"], turn["turn_id"], turn["message"]))
+    while not await durability.read_inbox(turn["thread_id"]):  # noqa: ASYNC110
+        await asyncio.sleep(0.01)  # queued, its drain waiting for the lock
+    release.set()
+    with contextlib.suppress(Held):
+        await holding
+    return await running
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ from intention_kernel import (
     Kernel,
     capability,
 )
+from intention_kernel._interpretation import InterpretationRequest
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.interpretation import InterpretationRequest
 
 #: Values JSON encoders disagree on: non-ASCII, escapes, floats, big ints, key order.
 TRICKY: dict[str, Any] = {

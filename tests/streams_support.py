@@ -16,7 +16,7 @@ from intention_kernel import (
     Kernel,
 )
 from intention_kernel.durability import Durability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 
 class StreamingRounds:

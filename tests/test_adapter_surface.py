@@ -11,28 +11,35 @@ import pytest
 
 import intention_kernel
 import intention_kernel.durability as durability
+import intention_kernel.durability._contract.ownership as ownership
+import intention_kernel.durability._contract.recorders as contract
+import intention_kernel.durability._contract.records as records
+import intention_kernel.durability._engine.recorded as engine
+import intention_kernel.durability._layout as layout
 import intention_kernel.durability.abc as abc
-import intention_kernel.durability.contract as contract
-import intention_kernel.durability.engine as engine
-import intention_kernel.durability.ownership as ownership
-import intention_kernel.durability.records as records
 from host_support import asgi_client
-from intention_kernel import Kernel, OutboxEvent, _ids
-from intention_kernel.checkpoint import KernelCheckpoint
+from intention_kernel import (
+    Kernel,
+    KernelCheckpoint,
+    OutboxEvent,
+    Receipt,
+    ReceiptStatus,
+    TurnResult,
+    TurnScope,
+    _checkpoint,
+    _ids,
+)
 from intention_kernel.durability import Durability, TurnOperation
 from intention_kernel.durability.abc import PendingInteraction, ThreadOwner
-from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.host import Principal, create_app
 from intention_kernel.operations import check_checkpoints, migrate_checkpoints, prune
 from intention_kernel.outbox import OutboxRelay
-from intention_kernel.testing import InMemoryDurability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing import FakeProvider, InMemoryDurability, billing_agent
 from intention_kernel.testing.conformance import DurabilityConformance
-from intention_kernel.turns import TurnResult, TurnScope
 
 
 def test_the_adapter_surface_exports_the_storage_contract_as_defined() -> None:
-    homes = (records, contract, engine, ownership, _ids, durability)
+    homes = (records, contract, engine, layout, ownership, _ids, durability, _checkpoint)
     for name in abc.__all__:
         defined = next(getattr(m, name) for m in homes if hasattr(m, name))
         assert getattr(abc, name) is defined, name

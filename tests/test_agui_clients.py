@@ -33,7 +33,10 @@ from conftest import service_unavailable
 from host_support import serving_in_thread
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel
 from intention_kernel.testing import InMemoryDurability
-from intention_kernel.testing.agents import FakeProvider, billing_agent, billing_interpreter
+from intention_kernel.testing._agents import FakeProvider, billing_agent, billing_interpreter
+
+# One xdist worker runs this module, so its browser (a module fixture) starts once.
+pytestmark = pytest.mark.xdist_group("agui-clients")
 
 CHROMIUM = Path("/usr/bin/chromium")
 CLIENT = Path(__file__).parent / "agui_client"

@@ -19,7 +19,7 @@ import pytest
 
 from intention_kernel import Kernel
 from intention_kernel.testing import faults
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import Store, make_sql_store
 
 

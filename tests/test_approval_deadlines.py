@@ -31,14 +31,14 @@ from intention_kernel import (
     TurnResult,
     capability,
 )
-from intention_kernel.checkpoint import decode_checkpoint, encode_checkpoint
+from intention_kernel._checkpoint import decode_checkpoint, encode_checkpoint
+from intention_kernel._interpretation import Intent, Interpretation
+from intention_kernel._replies import Replies
 from intention_kernel.durability import Durability, open_durability
 from intention_kernel.durability.abc import RecordedDurability
-from intention_kernel.interpretation import Intent, Interpretation
 from intention_kernel.operations import expire_interactions
-from intention_kernel.replies import Replies
 from intention_kernel.testing import ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import new_database, process_env, read_all_events
 
 START = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)

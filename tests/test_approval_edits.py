@@ -7,9 +7,9 @@ import dataclasses
 from typing import Any
 
 from intention_kernel import Answer, Kernel, TurnResult
+from intention_kernel._replies import Replies
 from intention_kernel.durability import Durability
-from intention_kernel.replies import Replies
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import read_all_events
 
 PROPOSED = {"payment_intent_id": "pi_1", "amount": 500}
@@ -93,7 +93,7 @@ async def test_an_invalid_edit_runs_nothing_and_leaves_the_question_open(
 async def test_an_edit_is_bound_to_the_digest_of_the_proposed_operation(
     store: Durability,
 ) -> None:
-    from intention_kernel.checkpoint import operation_digest
+    from intention_kernel._checkpoint import operation_digest
 
     provider = FakeProvider()
     kernel = Kernel(billing_agent(provider), store)

@@ -19,11 +19,11 @@ from intention_kernel import (
     TurnResult,
     capability,
 )
-from intention_kernel.checkpoint import decode_checkpoint, encode_checkpoint
+from intention_kernel._checkpoint import decode_checkpoint, encode_checkpoint
+from intention_kernel._replies import Replies
 from intention_kernel.durability import Durability
-from intention_kernel.replies import Replies
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import read_all_events
 
 CHARGE = "charge pi_1 500"

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from intention_kernel import Answer, Interaction, InvalidRequestError, Kernel
+from intention_kernel._turns import request_digest
 from intention_kernel.durability import Durability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
-from intention_kernel.turns import request_digest
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 
 def test_an_answer_without_the_new_fields_digests_as_it_did_before_they_existed() -> None:
@@ -58,7 +58,7 @@ async def test_an_answer_with_a_bad_new_field_is_refused_and_changes_nothing(
 
 
 def test_a_checkpoint_stored_before_interactions_had_a_digest_loads_with_it() -> None:
-    from intention_kernel.checkpoint import (
+    from intention_kernel._checkpoint import (
         KernelCheckpoint,
         decode_checkpoint,
         encode_checkpoint,
@@ -79,7 +79,7 @@ def test_a_checkpoint_stored_before_interactions_had_a_digest_loads_with_it() ->
 
 
 def test_an_operation_digest_is_the_sha256_of_its_canonical_json() -> None:
-    from intention_kernel.checkpoint import operation_digest
+    from intention_kernel._checkpoint import operation_digest
 
     canonical = '{"capability_id":"payments.charge","input":{"a":1,"b":"é"},"kind":"confirmation"}'
     assert operation_digest("confirmation", "payments.charge", {"b": "é", "a": 1}) == (

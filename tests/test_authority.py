@@ -16,10 +16,10 @@ from intention_kernel import (
     Principal,
     StepStatus,
 )
-from intention_kernel.checkpoint import Interaction
+from intention_kernel._checkpoint import Interaction
+from intention_kernel._replies import Replies
 from intention_kernel.durability import Durability
-from intention_kernel.replies import Replies
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import read_all_events
 
 CHARGE = "charge pi_1 500"

@@ -45,9 +45,9 @@ from intention_kernel import (
     TurnResult,
     capability,
 )
-from intention_kernel.interpretation import InterpretationRequest
+from intention_kernel._interpretation import InterpretationRequest
 from intention_kernel.testing import ScriptedInterpreter
-from intention_kernel.testing.agents import billing_agent
+from intention_kernel.testing._agents import billing_agent
 from proving_support import (
     LedgerProvider,
     Store,

@@ -22,7 +22,7 @@ from intention_kernel import Agent, CompilationError, Kernel, ThreadBusyError, T
 from intention_kernel.durability import Durability
 from intention_kernel.host import Principal, create_app
 from intention_kernel.testing import InMemoryDurability, faults
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import LedgerProvider, Store, make_sql_store, proving_agent, read_all_events
 from test_host_streaming import parse_sse
 
@@ -233,7 +233,7 @@ def test_on_busy_is_wait_or_reject() -> None:
 async def test_a_released_lock_promised_to_a_queued_turn_is_still_busy() -> None:
     """Between a release and the wake-up of the turn queued behind it, the lock is
     free but promised: a turn that will not wait is refused rather than queued."""
-    from intention_kernel.durability._looplocks import LoopLocks
+    from intention_kernel.durability._engine.looplocks import LoopLocks
 
     locks = LoopLocks()
     queued_in = asyncio.Event()

@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,10 @@ from intention_kernel import (
     TurnCancelledError,
     TurnResult,
 )
+from intention_kernel._effects import utcnow
 from intention_kernel.durability import Durability
-from intention_kernel.durability.records import ThreadOwner
-from intention_kernel.effects import utcnow
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.durability._contract.records import ThreadOwner
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import Store, make_sql_store, read_all_events
 
 WORKER = Path(__file__).with_name("crash_worker.py")
@@ -91,6 +91,30 @@ async def test_a_cancelled_turn_stops_before_its_next_step_and_says_so(
     again = await kernel.turn("t", "1", "look twice")
     assert (again.replayed, again.reply) == (True, result.reply)
     assert (await kernel.turn("t", "2", "balance")).steps[0].value == {"due": 7}
+
+
+async def test_many_turns_at_a_safe_point_at_once_each_read_their_own_cancel(
+    store: Durability,
+) -> None:
+    """Twenty turns reach their first safe point together, past ``cancel_check_after``.
+    Another kernel cancelled every other one, each with its own reason. PostgreSQL reads
+    such checks together, in one statement: each turn still gets its own answer."""
+    interpreter = HeldInterpreter()
+    kernel = kernel_for(store, interpreter)
+    other = kernel_for(store, HeldInterpreter())  # only the store carries its cancels
+    turns = [asyncio.create_task(kernel.turn(f"t{n}", "1", "look twice")) for n in range(20)]
+    await asyncio.wait_for(interpreter.entered.wait(), HELD)
+    for n in range(1, 20, 2):
+        assert (await other.cancel(f"t{n}", "1", reason=f"stop {n}")).status == "requested"
+    await asyncio.sleep(0.1)  # every turn is past ``cancel_check_after``
+    interpreter.release.set()
+    results = await asyncio.wait_for(asyncio.gather(*turns), HELD)
+    for n, result in enumerate(results):
+        if n % 2:
+            assert result.steps == (), n  # stopped before its first step
+            assert result.reply.endswith(f"Cancelled before it finished: stop {n}"), n
+        else:
+            assert [step.status for step in result.steps] == ["completed"] * 2, n
 
 
 async def test_a_cancel_of_a_committed_turn_changes_nothing(store: Durability) -> None:
@@ -253,6 +277,18 @@ async def test_a_caller_waiting_on_a_queued_turn_is_told_at_once_when_it_is_dequ
             break
         await asyncio.sleep(0.01)
     assert await canceller.cancel("t", "3") == Cancellation("t", "3", "dequeued")
+    await told_while_held(store, kernel, provider, running, waiting)
+
+
+async def told_while_held(
+    store: Durability,
+    kernel: Kernel,
+    provider: FakeProvider,
+    running: asyncio.Task[TurnResult],
+    waiting: Awaitable[TurnResult],
+) -> None:
+    """``waiting``, turn 3, raises ``TurnCancelledError`` while ``running`` is held.
+    Then ``running`` completes once let go, and turn 3 never commits."""
     try:
         with pytest.raises(TurnCancelledError) as cancelled:
             await asyncio.wait_for(waiting, AT_ONCE)
@@ -264,6 +300,33 @@ async def test_a_caller_waiting_on_a_queued_turn_is_told_at_once_when_it_is_dequ
     await kernel.drained()
     events = await read_all_events(store, thread_id="t")
     assert of_turn(events, "3", "turn.committed") == []
+
+
+async def test_a_caller_is_told_when_the_cancel_lands_before_its_drain_reads(
+    store: Durability, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel comes between the enqueue and the drain's first read of the inbox.
+
+    That drain finds nothing to run and returns at once. The caller must still be
+    told now, not after the lock the running turn holds."""
+    provider = FakeProvider()
+    queueing = dataclasses.replace(billing_agent(provider), on_busy="queue")
+    kernel = Kernel(queueing, store)
+    await kernel.turn("t", "1", "charge pi_1 500")
+    provider.behaviour["pi_1"] = "block"
+    running = asyncio.create_task(kernel.turn("t", "2", "yes"))
+    await asyncio.wait_for(provider.entered.wait(), HELD)
+    enqueue = store.enqueue  # type: ignore[attr-defined]
+    told: list[Cancellation] = []
+
+    async def enqueue_then_cancel(entry: Any) -> Any:
+        position = await enqueue(entry)
+        told.append(await kernel.cancel("t", entry.turn_id))  # before submit reads on
+        return position
+
+    monkeypatch.setattr(store, "enqueue", enqueue_then_cancel)
+    await told_while_held(store, kernel, provider, running, kernel.turn("t", "3", "balance"))
+    assert told == [Cancellation("t", "3", "dequeued")]
 
 
 @pytest.mark.parametrize("answer", ["structured", "in the message"])

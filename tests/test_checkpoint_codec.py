@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from intention_kernel.checkpoint import (
+from intention_kernel._checkpoint import (
     SCHEMA_REVISION,
     KernelCheckpoint,
     check_compatible,
     decode_checkpoint,
     encode_checkpoint,
 )
+from intention_kernel._facts import Evidence, FactRecord
 from intention_kernel.errors import CheckpointCompatibilityError, CorruptRecordError
-from intention_kernel.facts import Evidence, FactRecord
 
 
 def _checkpoint() -> KernelCheckpoint:

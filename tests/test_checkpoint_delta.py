@@ -23,27 +23,29 @@ from intention_kernel import (
     KernelError,
     capability,
 )
-from intention_kernel.checkpoint import (
+from intention_kernel._checkpoint import (
     CheckpointDelta,
     KernelCheckpoint,
     Message,
     decode_checkpoint,
     delta_between,
-    encode_bare_core,
     encode_checkpoint,
+)
+from intention_kernel._facts import Evidence, FactRecord
+from intention_kernel._interpretation import InterpretationRequest
+from intention_kernel._turns import TurnCommit, TurnResult, TurnScope
+from intention_kernel.durability import TurnTransaction
+from intention_kernel.durability._contract.records import TurnRecord
+from intention_kernel.durability._engine.recorded import RecordedDurability
+from intention_kernel.durability._layout.codec import (
+    encode_bare_core,
     encode_checkpoint_core,
     encode_fact,
     encode_message,
     encode_receipt_ref,
 )
-from intention_kernel.durability import TurnTransaction
-from intention_kernel.durability.engine import RecordedDurability
-from intention_kernel.durability.memory import InMemoryDurability
-from intention_kernel.durability.records import TurnRecord
+from intention_kernel.durability._memory import InMemoryDurability
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.facts import Evidence, FactRecord
-from intention_kernel.interpretation import InterpretationRequest
-from intention_kernel.turns import TurnCommit, TurnResult, TurnScope
 
 MAX_MESSAGES = 6
 
@@ -117,34 +119,34 @@ async def test_each_turn_writes_what_it_said_recorded_and_its_core(
         previous: KernelCheckpoint | None = None
         for n in range(1, 61):
             result = await kernel.turn("t", f"k{n}", f"pay {n}")
-            record = records[-1]
+            rows = records[-1].rows
             checkpoint = await store.load_checkpoint("t")
             assert checkpoint is not None
             said = [m for m in checkpoint.messages if m.turn_id == f"k{n}"]
             before = len(previous.messages) if previous else 0
             if index_rows:
-                assert record.checkpoint == encode_bare_core(checkpoint)
-                gone = set(record.moved_index_keys)
-                index = [e for e in index if e[0] not in gone] + list(record.receipt_index)
-                index = index[record.trim_index :]
+                assert rows.core == encode_bare_core(checkpoint)
+                gone = set(rows.moved_index_keys)
+                index = [e for e in index if e[0] not in gone] + list(rows.receipt_index)
+                index = index[rows.trim_index :]
                 assert index == [(r.key, encode_receipt_ref(r)) for r in checkpoint.receipts]
-                assert len(record.receipt_index) <= 2  # what the turn used, not the index
+                assert len(rows.receipt_index) <= 2  # what the turn used, not the index
                 moved += bool(gone)
-                trimmed += record.trim_index
+                trimmed += rows.trim_index
             else:
-                assert record.checkpoint == encode_checkpoint_core(checkpoint)
-                assert (tuple(record.receipt_index), tuple(record.moved_index_keys)) == ((), ())
-                assert record.trim_index == 0
-            assert list(record.messages) == [encode_message(m) for m in said] and len(said) == 2
-            assert (record.keep_messages, record.trim_messages) == (
+                assert rows.core == encode_checkpoint_core(checkpoint)
+                assert (tuple(rows.receipt_index), tuple(rows.moved_index_keys)) == ((), ())
+                assert rows.trim_index == 0
+            assert list(rows.messages) == [encode_message(m) for m in said] and len(said) == 2
+            assert (rows.keep_messages, rows.trim_messages) == (
                 len(checkpoint.messages),
                 before + 2 - len(checkpoint.messages),
             )
             recorded: dict[str, FactRecord] = {}
             for fact in result.facts:
                 recorded[fact.key] = fact
-            assert list(record.facts) == [(k, encode_fact(r)) for k, r in recorded.items()]
-            assert (tuple(record.removed_facts), record.rewrite) == ((), False)
+            assert list(rows.facts) == [(k, encode_fact(r)) for k, r in recorded.items()]
+            assert (tuple(rows.removed_facts), rows.rewrite) == ((), False)
             previous = checkpoint
     assert (moved > 0 and trimmed > 0) is index_rows  # the run moved keys and trimmed
 

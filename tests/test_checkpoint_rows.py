@@ -22,10 +22,10 @@ from intention_kernel import (
     Kernel,
     capability,
 )
-from intention_kernel.checkpoint import KernelCheckpoint, encode_checkpoint
+from intention_kernel._checkpoint import KernelCheckpoint, encode_checkpoint
+from intention_kernel._interpretation import InterpretationRequest
 from intention_kernel.durability.sqlite import MIGRATIONS, SQLiteDurability
-from intention_kernel.interpretation import InterpretationRequest
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from sqlite_history import undo_migration_8
 
 MAX_MESSAGES = 6

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from intention_kernel import Answer, Kernel
 from intention_kernel.cli._app import app
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import damage_sqlite_table
 
 KEY = "payments.charge:charge:pi_lost"

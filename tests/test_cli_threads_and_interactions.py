@@ -15,7 +15,7 @@ import pytest
 
 from intention_kernel import Kernel
 from intention_kernel.durability import open_durability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import new_database, process_env
 
 NOW = datetime.now(UTC).replace(microsecond=0)

@@ -77,6 +77,36 @@ def test_timers_list_and_run_once_fire_what_is_due(store_url: str) -> None:
     assert again.returncode == 0 and again.stdout == ""
 
 
+def test_prune_removes_fired_timers_and_keeps_pending_ones(store_url: str) -> None:
+    seed(store_url, due=datetime.now(UTC) - timedelta(seconds=1))
+    done = cli("timers", "run", "--db", store_url, "--agent", AGENT, "--once")
+    assert done.returncode == 0, done.stderr
+    kept = cli("prune", "--db", store_url, "--older-than", "30d")
+    assert kept.returncode == 0 and "0 settled timer(s)" in kept.stdout, kept.stderr
+    pruned = cli("prune", "--db", store_url, "--older-than", "0s")
+    assert pruned.returncode == 0 and "1 settled timer(s)" in pruned.stdout, pruned.stderr
+    assert [(t["key"], t["status"]) for t in listed(store_url)] == [("later", "pending")]
+
+
+def test_timers_run_once_reports_a_cancelled_timer_turn_and_exits_zero(store_url: str) -> None:
+    """A stopped timer turn is no failure: the line names it, the exit code is 0."""
+    due = datetime.now(UTC) - timedelta(seconds=1)
+
+    async def cancel_ahead() -> str:
+        async with open_durability(store_url) as store:
+            kernel = Kernel(jobs_agent(), store)
+            await kernel.schedule("a", "now", at=due)
+            turn_id = f"timer:now@{due.strftime('%Y%m%dT%H%M%S.%fZ')}"  # as documented
+            assert (await kernel.cancel("a", turn_id)).status == "requested"
+            return turn_id
+
+    turn_id = asyncio.run(cancel_ahead())
+    done = cli("timers", "run", "--db", store_url, "--agent", AGENT, "--once")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"cancelled: a now {turn_id}\n"
+    assert [t["key"] for t in listed(store_url, "--status", "void")] == ["now"]
+
+
 def test_timers_run_fires_until_sigterm_then_exits_cleanly(store_url: str) -> None:
     seed(store_url, due=datetime.now(UTC) + timedelta(seconds=1))
     worker = subprocess.Popen(

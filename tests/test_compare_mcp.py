@@ -30,7 +30,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from intention_kernel import Agent, Answer, Intent, Interpretation, Kernel
-from intention_kernel.checkpoint import operation_digest
+from intention_kernel._checkpoint import operation_digest
 from intention_kernel.durability import Durability
 from intention_kernel.integrations.mcp import mcp_capabilities
 from intention_kernel.testing import ScriptedInterpreter, faults

@@ -35,7 +35,7 @@ from pydantic_ai.tools import ToolDefinition
 from bridge_support import read_ledger
 from bridge_support import run_worker as run
 from intention_kernel import Answer, Kernel
-from intention_kernel.checkpoint import operation_digest
+from intention_kernel._checkpoint import operation_digest
 from intention_kernel.durability import Durability
 from intention_kernel.integrations.pydantic_ai import KernelAgent
 from proving_support import Store, make_sql_store

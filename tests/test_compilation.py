@@ -18,7 +18,7 @@ from intention_kernel import (
     capability,
 )
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 
 def _agent(*caps: Any, version: str = "1") -> Agent:

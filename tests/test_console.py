@@ -33,14 +33,18 @@ import pytest
 from conftest import service_unavailable
 from host_support import opened_provider, serving_in_thread
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel
-from intention_kernel.demo import FakePaymentProvider, build_agent
-from intention_kernel.facts import Evidence, FactRecord
+from intention_kernel._demo import FakePaymentProvider, build_agent
+from intention_kernel._facts import Evidence, FactRecord
+from intention_kernel._turns import TurnScope
 from intention_kernel.host import Principal, create_app
-from intention_kernel.testing import InMemoryDurability, agents, faults
-from intention_kernel.testing.agents import FakeProvider
+from intention_kernel.testing import InMemoryDurability, faults
+from intention_kernel.testing import _agents as agents
+from intention_kernel.testing._agents import FakeProvider
 from intention_kernel.testing.conformance import commit_for
-from intention_kernel.turns import TurnScope
 from visual_support import DEJAVU, compare, pinned_fontconfig, save_baseline
+
+# One xdist worker runs this module, so its browser (a module fixture) starts once.
+pytestmark = pytest.mark.xdist_group("console")
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -666,13 +670,30 @@ def test_the_stop_button_stops_the_running_turn_at_its_next_safe_point(
     thread = httpx.get(f"{rounds_host.url}/v1/threads/{THREAD}", timeout=30).json()
     assert thread["version"] == 1  # it committed what it did: no step
     assert thread["messages"][-1]["content"].endswith("stopped from the console")
+    # The stream's cancelled event stays beside the turn's steps.
+    note = page.locator("#messages .turn-steps .inbox-event.cancelled")
+    expect(note).to_have_count(1)
+    expect(note).to_contain_text("Cancelled before it finished: stopped from the console")
 
 
-def test_a_threads_inbox_is_shown_and_a_message_can_be_removed_from_it(
-    tmp_path: Path, page: Any
-) -> None:
-    from playwright.sync_api import expect
+@dataclass
+class BusyHost:
+    """A host whose agent queues (``on_busy="queue"``), its thread busy: turn ``1``
+    ("look twice, slowly") waits at the model's gate until :meth:`release`."""
 
+    url: str
+    turns: str
+    model: RoundsModel
+    held: threading.Thread
+
+    def release(self) -> None:
+        """Open the gate: the held turn goes on to its commit, then the inbox drains."""
+        self.model.gate.set()
+        self.held.join(60)
+
+
+@pytest.fixture
+def busy_host() -> Iterator[BusyHost]:
     model = RoundsModel()
     agent = replace(agents.billing_agent(FakeProvider()), interpreter=model, on_busy="queue")
     kernel = Kernel(agent, InMemoryDurability(), clock=lambda: NOW)
@@ -685,30 +706,60 @@ def test_a_threads_inbox_is_shown_and_a_message_can_be_removed_from_it(
             )
         )
         held.start()
+        busy = BusyHost(url, turns, model, held)
         try:
             assert model.slow.wait(30)
-            for turn_id, text in (("2", "and the blue one"), ("3", "and the big one")):
-                queued = httpx.post(turns, json={"turn_id": turn_id, "message": text}, timeout=30)
-                assert queued.status_code == 202, queued.text
-            page.goto(f"{url}/console?thread={THREAD}")
-            inbox = page.locator("#inbox-list .queued")
-            expect(inbox).to_have_count(2)
-            expect(inbox.nth(0)).to_contain_text("queued · 2")
-            expect(inbox.nth(0)).to_contain_text("and the blue one")
-            expect(inbox.nth(1)).to_contain_text("and the big one")
-            inbox.nth(0).get_by_role("button", name="Remove").click()
-            expect(inbox).to_have_count(1)
-            expect(inbox.nth(0)).to_contain_text("queued · 3")
+            yield busy
         finally:
-            model.gate.set()
-            held.join(60)
-        for _ in range(300):  # the host drains the rest in the background
-            thread = httpx.get(f"{url}/v1/threads/{THREAD}", timeout=30).json()
-            if not thread["inbox"]:
-                break
-            threading.Event().wait(0.05)
-        assert thread["version"] == 3  # 0, 1 and 3: the removed message never ran
-        assert [m["turn_id"] for m in thread["messages"] if m["role"] == "user"] == ["0", "1", "3"]
+            busy.release()  # a test that failed midway leaves no turn waiting
+
+
+def test_a_message_sent_while_the_thread_is_busy_shows_it_waits_in_the_inbox(
+    busy_host: BusyHost, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{busy_host.url}/console?thread={THREAD}")
+    page.get_by_label("Message").fill("and the blue one")
+    page.get_by_role("button", name="Send").click()
+    live = page.locator("#messages .turn-steps.live .inbox-event.queued")
+    expect(live).to_have_count(1)
+    expect(live).to_contain_text("waits in the inbox, place 1")
+    busy_host.release()
+    expect(page.locator("#messages .turn-steps.live")).to_have_count(0)
+    thread = httpx.get(f"{busy_host.url}/v1/threads/{THREAD}", timeout=30).json()
+    assert thread["version"] == 3 and not thread["inbox"]
+    # Once it ran, its note stays beside its steps.
+    kept = page.locator("#messages .turn-steps .inbox-event.queued")
+    expect(kept).to_have_count(1)
+    expect(kept).to_contain_text("waits in the inbox, place 1")
+
+
+def test_a_threads_inbox_is_shown_and_a_message_can_be_removed_from_it(
+    busy_host: BusyHost, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    for turn_id, text in (("2", "and the blue one"), ("3", "and the big one")):
+        queued = httpx.post(busy_host.turns, json={"turn_id": turn_id, "message": text}, timeout=30)
+        assert queued.status_code == 202, queued.text
+    page.goto(f"{busy_host.url}/console?thread={THREAD}")
+    inbox = page.locator("#inbox-list .queued")
+    expect(inbox).to_have_count(2)
+    expect(inbox.nth(0)).to_contain_text("queued · 2")
+    expect(inbox.nth(0)).to_contain_text("and the blue one")
+    expect(inbox.nth(1)).to_contain_text("and the big one")
+    inbox.nth(0).get_by_role("button", name="Remove").click()
+    expect(inbox).to_have_count(1)
+    expect(inbox.nth(0)).to_contain_text("queued · 3")
+    busy_host.release()
+    for _ in range(300):  # the host drains the rest in the background
+        thread = httpx.get(f"{busy_host.url}/v1/threads/{THREAD}", timeout=30).json()
+        if not thread["inbox"]:
+            break
+        threading.Event().wait(0.05)
+    assert thread["version"] == 3  # 0, 1 and 3: the removed message never ran
+    assert [m["turn_id"] for m in thread["messages"] if m["role"] == "user"] == ["0", "1", "3"]
 
 
 def schedule(host: Host, key: str, **when: Any) -> None:

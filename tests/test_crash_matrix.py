@@ -63,7 +63,7 @@ from psycopg.conninfo import make_conninfo
 from intention_kernel import Kernel, StoreError
 from intention_kernel.durability import Durability
 from intention_kernel.testing import InMemoryDurability, faults
-from intention_kernel.testing.agents import billing_agent
+from intention_kernel.testing._agents import billing_agent
 from proving_support import (
     LedgerProvider,
     Store,

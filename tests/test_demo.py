@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from intention_kernel import InterpretationRequest, Kernel
-from intention_kernel.cli._common import DEFAULT_DB_URL, resolve_db_url, sqlite_path
-from intention_kernel.demo import (
+from intention_kernel._demo import (
     ACTOR,
     INVOICES,
     THREAD_ID,
@@ -28,7 +27,11 @@ from intention_kernel.demo import (
     build_interpreter,
     run_demo,
 )
+from intention_kernel.cli._common import DEFAULT_DB_URL, resolve_db_url, sqlite_path
 from intention_kernel.durability.sqlite import SQLiteDurability
+
+# One xdist worker runs this module, so the demo (a module fixture) runs once.
+pytestmark = pytest.mark.xdist_group("demo")
 
 PI_42 = INVOICES["42"].payment_intent_id
 PI_43 = INVOICES["43"].payment_intent_id
@@ -429,12 +432,12 @@ def test_sqlite_urls_and_paths_name_the_same_file() -> None:
 async def test_the_serve_factory_builds_a_working_agent_without_setup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from intention_kernel._demo.serve import PROVIDER_DB_ENV_VAR
     from intention_kernel.cli._common import load_agent
-    from intention_kernel.demo.serve import PROVIDER_DB_ENV_VAR
 
     ledger = tmp_path / "provider.db"
     monkeypatch.setenv(PROVIDER_DB_ENV_VAR, str(ledger))
-    agent = load_agent("intention_kernel.demo:serve_agent")
+    agent = load_agent("intention_kernel._demo:serve_agent")
     async with SQLiteDurability(tmp_path / "app.db") as store:
         kernel = Kernel(agent, store)
         await kernel.turn("acct", "1", "pay invoice 42")
@@ -445,7 +448,7 @@ async def test_the_serve_factory_builds_a_working_agent_without_setup(
 
 
 def test_the_serve_factory_puts_its_provider_beside_a_sqlite_store() -> None:
-    from intention_kernel.demo.serve import PROVIDER_DB_ENV_VAR, provider_path
+    from intention_kernel._demo.serve import PROVIDER_DB_ENV_VAR, provider_path
 
     assert provider_path("sqlite:////srv/app/app.db", {}) == Path("/srv/app/app.demo-provider.db")
     assert provider_path("sqlite:///data/app.db", {}) == Path("data/app.demo-provider.db")

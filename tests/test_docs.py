@@ -2,7 +2,7 @@
 API reference documents every public name.
 
 The rules for code blocks (what runs, what is compared, how a block is skipped) are in
-``docs_support``'s docstring. ``mkdocs build --strict`` (``make docs-check``, part of
+``docs_support``'s docstring. ``mkdocs build --strict`` (``make docs``, part of
 ``make test``) checks links, anchors and the rendering of every docstring.
 """
 

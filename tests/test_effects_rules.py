@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from intention_kernel.effects import (
+from intention_kernel._effects import (
     Receipt,
     ReceiptStatus,
     Resolution,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from intention_kernel.facts import DerivedFacts, Evidence, FactRecord
+from intention_kernel._facts import DerivedFacts, Evidence, FactRecord
 
 KEYS = st.sampled_from([f"k{i}" for i in range(8)])
 

@@ -30,7 +30,7 @@ from intention_kernel import Intent, Interpretation, InterpretationRequest, Kern
 from intention_kernel.durability import Durability
 from intention_kernel.host import Principal, create_app
 from intention_kernel.testing import InMemoryDurability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import process_env
 
 URL = "/v1/agui"
@@ -546,7 +546,7 @@ import asyncio, httpx
 from intention_kernel import Kernel
 from intention_kernel.host import create_app
 from intention_kernel.testing import InMemoryDurability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 try:
     import intention_kernel.host._agui
 except ImportError as exc:

@@ -11,7 +11,7 @@ from host_support import asgi_client
 from intention_kernel import Kernel
 from intention_kernel.host import create_app
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 PROBLEM = "application/problem+json"
 

@@ -10,7 +10,7 @@ from host_support import asgi_client
 from intention_kernel import Kernel
 from intention_kernel.durability import Durability
 from intention_kernel.host import Principal, create_app
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 TOKENS = {"tok-ana": Principal("ana@acme.example", "acme")}
 AUTH = {"authorization": "Bearer tok-ana"}

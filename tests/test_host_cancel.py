@@ -17,12 +17,12 @@ import pytest
 
 from host_support import serving_in_thread
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel
+from intention_kernel._interpretation import MAX_ANSWER_TEXT
 from intention_kernel.durability import Durability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.host import Principal, create_app
-from intention_kernel.interpretation import MAX_ANSWER_TEXT
 from intention_kernel.testing import InMemoryDurability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 TOKENS = {
     "acme-web": Principal("web", "acme", "user"),

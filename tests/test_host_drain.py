@@ -22,7 +22,7 @@ from host_support import TESTS_DIR, asgi_client, free_port
 from intention_kernel import Kernel, ShuttingDownError
 from intention_kernel.durability import Durability
 from intention_kernel.host import create_app
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 
 def start(db: Path, root: Path, grace: int) -> tuple[subprocess.Popen[bytes], str]:

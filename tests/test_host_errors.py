@@ -20,6 +20,7 @@ from intention_kernel import (
     Kernel,
     KernelError,
     ShuttingDownError,
+    SteerOrphanedError,
     StoreError,
     TenantMismatchError,
     ThreadBusyError,
@@ -34,7 +35,7 @@ from intention_kernel.durability import TurnOperation
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.host import PROBLEM_TYPES, Principal, create_app
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import damage_sqlite_table
 
 TOKENS: dict[str, Principal | str | None] = {
@@ -70,6 +71,7 @@ class FailingDurability(InMemoryDurability):
         (CorruptRecordError("garbled"), 500, "corrupt-record"),
         (InterpretationError("model down"), 502, "interpretation-failed"),
         (ThreadBusyError("busy"), 409, "thread-busy"),
+        (SteerOrphanedError("orphaned", taken_by="d0"), 409, "steer-orphaned"),
         (ThreadLockTimeoutError("waited"), 503, "lock-timeout"),
         (FencedCommitError("moved"), 503, "turn-fenced"),
         (StoreError("disk gone"), 503, "store-unavailable"),
@@ -93,6 +95,10 @@ async def test_every_error_is_a_problem_with_a_stable_type(
     assert problem["thread_id"] == "t1"
     if isinstance(error, KernelError):
         assert problem["turn_id"] == "d1"
+    if isinstance(error, SteerOrphanedError):  # the turn ID to deliver again
+        assert problem["taken_by"] == "d0"
+    else:
+        assert "taken_by" not in problem
     assert "secret internals" not in response.text
     if status == 503:
         assert int(response.headers["retry-after"]) >= 1

@@ -22,7 +22,7 @@ from host_support import asgi_client, free_port, served
 from intention_kernel import Kernel
 from intention_kernel.host import create_app
 from intention_kernel.testing import InMemoryDurability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 PROBLEM = "application/problem+json"
 TURNS = "/v1/threads/t1/turns"

@@ -200,7 +200,7 @@ def test_the_demo_agent_keeps_its_provider_beside_a_sqlite_store(tmp_path: Path)
         served(
             store,
             provider=tmp_path / "unused.db",
-            agent="intention_kernel.demo:serve_agent",
+            agent="intention_kernel._demo:serve_agent",
             cwd=elsewhere,
         ) as url,
         client(url) as http,

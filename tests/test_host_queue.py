@@ -12,7 +12,7 @@ from host_support import asgi_client
 from intention_kernel import Kernel
 from intention_kernel.host import Principal, create_app
 from intention_kernel.testing import InMemoryDurability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 # The queue is an operator's view: each token is an operator of its tenant.
 TOKENS = {

@@ -27,10 +27,10 @@ from schemathesis.schemas import BaseSchema
 from host_support import TESTS_DIR, served
 from intention_kernel import Agent, Kernel
 from intention_kernel.cli._common import load_agent
-from intention_kernel.cli.serve import parse_tokens
+from intention_kernel.cli._serve import parse_tokens
 from intention_kernel.host import Principal, create_app
 from intention_kernel.testing import InMemoryDurability, faults
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 # -- a real process on loopback --------------------------------------------------------------
 
@@ -297,6 +297,11 @@ def fuzz_target(tokens: dict[str, Principal | str | None] | None) -> FuzzTarget:
 
 
 # Module level, as schemathesis parametrizes at collection time: one test per operation.
+# The fuzz tests run in one process, in file order, after the parallel suite. Under
+# pytest-xdist schemathesis runs each schema as one test of subtests. That fuzzed the
+# first operation only, and the coverage check below ran in another worker.
+pytestmark = pytest.mark.serial
+
 OPEN = fuzz_target(None)
 WITH_TOKENS = fuzz_target(
     {FUZZ_TOKEN: Principal("fuzzer", FUZZ_TENANT, "operator"), "fuzz-token-b": "tenant-b"}

@@ -22,7 +22,7 @@ from intention_kernel import Intent, Interpretation, InterpretationRequest, Kern
 from intention_kernel.durability import Durability
 from intention_kernel.host import create_app
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from loop_support import GatedRounds
 
 SSE = {"Accept": "text/event-stream"}

@@ -22,13 +22,13 @@ from intention_kernel import (
     TurnScope,
     capability,
 )
+from intention_kernel._kernel import Kernel
+from intention_kernel._turns import TurnCommit
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.abc import RecordedDurability, StoredThread
 from intention_kernel.host import Principal, create_app
-from intention_kernel.kernel import Kernel
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
-from intention_kernel.turns import TurnCommit
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 TOKENS = {
     "tok-acme": Principal("alice@acme.example", "acme", "operator"),

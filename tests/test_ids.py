@@ -9,9 +9,9 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
+from intention_kernel._effects import new_receipt_id
 from intention_kernel._ids import TimeOrderedIds, new_id
-from intention_kernel.effects import new_receipt_id
-from intention_kernel.turns import EventDraft
+from intention_kernel._turns import EventDraft
 
 MS = 1_000_000  # nanoseconds
 

@@ -60,8 +60,9 @@ def test_importing_the_package_loads_no_optional_extra() -> None:
 def test_a_serializer_stand_in_gives_way_to_the_serializer_at_its_first_call() -> None:
     import types
 
-    from intention_kernel import checkpoint
+    from intention_kernel import _checkpoint as checkpoint
     from intention_kernel._adapters import LazyAdapter, first_use_serializer
+    from intention_kernel.durability._layout import codec as _layout_codec
 
     namespace: dict[str, object] = {}
     adapter = LazyAdapter(checkpoint.Message)
@@ -73,4 +74,69 @@ def test_a_serializer_stand_in_gives_way_to_the_serializer_at_its_first_call() -
     assert not isinstance(namespace["encode"], types.FunctionType)
     assert namespace["encode"](message) == first
     assert first == '{"role":"user","content":"Zoë ✓","turn_id":"t1"}'.encode()
-    assert checkpoint.encode_message(message) == first.decode()
+    assert _layout_codec.encode_message(message) == first.decode()
+
+
+#: Modules that only some paths need: the sync facade and its loop thread (sync
+#: callers), the operations (a confirmation's timer, deploy checks, retention),
+#: ``uuid`` (an interaction's ID), ``urllib.parse`` (a store's URL) and pydantic
+#: (the first adapter, at a process's first turn).
+RARE = (
+    "intention_kernel._sync",
+    "intention_kernel._loopthread",
+    "intention_kernel.operations",
+    "uuid",
+    "urllib.parse",
+    "pydantic",
+)
+
+RARE_PROBE = (
+    "import sys\n"
+    "import intention_kernel\n"
+    f"print(' '.join(m for m in {RARE!r} if m in sys.modules) or '-')\n"
+    "from intention_kernel import SyncKernel, TurnStream\n"
+    "print(SyncKernel.__module__, TurnStream.__module__, 'SyncKernel' in dir(intention_kernel))\n"
+)
+
+
+def test_importing_the_package_loads_what_rare_paths_need_only_on_use() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", RARE_PROBE], capture_output=True, text=True, check=True
+    )
+    loaded, names = done.stdout.splitlines()
+    assert loaded == "-"
+    assert names == "intention_kernel._sync intention_kernel._sync True"
+
+
+MODEL_PROBE = """
+import intention_kernel
+from intention_kernel import InvalidInputError, capability
+import pydantic
+
+class Charge(pydantic.BaseModel):
+    amount: int
+
+@capability("pay", description="Pay")
+async def pay(input: Charge, ctx):
+    return {"paid": input.amount}
+
+print(pay.input_model is Charge)
+print(pay.parse_input({"amount": 3})[1])
+try:
+    pay.parse_input({"amount": "three"})
+except InvalidInputError as exc:
+    print(type(exc).__name__, exc.errors[0]["loc"])
+"""
+
+
+def test_a_pydantic_model_input_works_when_pydantic_loads_after_the_package() -> None:
+    """The package no longer loads pydantic: a model defined after the import is
+    still taken as the input's model, and its validation errors still translated."""
+    done = subprocess.run(
+        [sys.executable, "-c", MODEL_PROBE], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines() == [
+        "True",
+        "{'amount': 3}",
+        "InvalidInputError ('amount',)",
+    ]

@@ -28,9 +28,9 @@ from intention_kernel import (
     TurnResult,
 )
 from intention_kernel.durability import Durability
-from intention_kernel.durability.engine import RecordedDurability
+from intention_kernel.durability._engine.recorded import RecordedDurability
 from intention_kernel.testing import faults
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import LedgerProvider, Store, make_sql_store, proving_agent, read_all_events
 
 WORKER = Path(__file__).with_name("crash_worker.py")
@@ -363,10 +363,10 @@ async def test_an_interrupt_finding_only_a_queued_entry_stops_neither_message(
     """Nothing runs, but an entry waits: the new message's interrupt names its sender.
     The queued turn it found starts anyway (a queued turn reads only cancels at its
     start), and the new message is never stopped by its own request."""
+    from intention_kernel._effects import utcnow
     from intention_kernel._inbox import encode_request
-    from intention_kernel.durability.records import InboxEntry
-    from intention_kernel.effects import utcnow
-    from intention_kernel.runtime import TurnRequest
+    from intention_kernel._runtime import TurnRequest
+    from intention_kernel.durability._contract.records import InboxEntry
 
     agent = dataclasses.replace(billing_agent(FakeProvider()), on_busy="interrupt")
     kernel = Kernel(agent, store, cancel_check_after=0.0)
@@ -416,10 +416,10 @@ async def test_a_cancel_of_a_queued_turn_running_from_the_inbox_is_requested(
 ) -> None:
     """Its entry is removed only after its commit: the cancel must not answer
     "dequeued", as the turn runs on and commits what it did as cancelled."""
+    from intention_kernel._effects import utcnow
     from intention_kernel._inbox import encode_request
-    from intention_kernel.durability.records import InboxEntry
-    from intention_kernel.effects import utcnow
-    from intention_kernel.runtime import TurnRequest
+    from intention_kernel._runtime import TurnRequest
+    from intention_kernel.durability._contract.records import InboxEntry
 
     interpreter = HeldInterpreter()
     agent = dataclasses.replace(
@@ -444,11 +444,13 @@ async def test_a_cancel_of_a_queued_turn_running_from_the_inbox_is_requested(
     assert (committed(events, "2"), len(of_turn(events, "2", "turn.cancelled"))) == (1, 1)
 
 
+@pytest.mark.parametrize("same_kernel", [True, False])
 async def test_a_cancel_of_a_turn_whose_redelivery_is_queued_while_it_runs_is_requested(
-    store: Durability,
+    store: Durability, same_kernel: bool
 ) -> None:
     """A delivery of turn 2 runs; its redelivery, finding the thread busy, is queued.
-    The cancel removes the queued copy, but the running delivery stops and commits."""
+    A cancel answers "requested", through the running kernel or another one on the
+    same store: the running delivery stops and commits."""
     interpreter = HeldInterpreter()
     agent = dataclasses.replace(
         billing_agent(FakeProvider()), interpreter=interpreter, on_busy="queue"
@@ -458,7 +460,8 @@ async def test_a_cancel_of_a_turn_whose_redelivery_is_queued_while_it_runs_is_re
     running = asyncio.create_task(kernel.turn("t", "2", "look twice"))
     await asyncio.wait_for(interpreter.entered.wait(), HELD)
     assert await kernel.submit("t", "2", "look twice") == Queued("t", "2", 1)
-    answer = await kernel.cancel("t", "2", reason="pressed stop")
+    canceller = kernel if same_kernel else Kernel(agent, store)
+    answer = await canceller.cancel("t", "2", reason="pressed stop")
     assert answer.status == "requested"
     interpreter.release.set()
     result = await asyncio.wait_for(running, HELD)
@@ -475,10 +478,10 @@ async def test_a_queued_turn_cancelled_after_its_process_died_running_commits_ca
 ) -> None:
     """A process started the queued turn (its entry is marked), then died. The cancel
     answers "requested", and the turn's next run commits what it did as cancelled."""
+    from intention_kernel._effects import utcnow
     from intention_kernel._inbox import encode_request
-    from intention_kernel.durability.records import InboxEntry
-    from intention_kernel.effects import utcnow
-    from intention_kernel.runtime import TurnRequest
+    from intention_kernel._runtime import TurnRequest
+    from intention_kernel.durability._contract.records import InboxEntry
 
     agent = dataclasses.replace(billing_agent(FakeProvider()), on_busy="queue")
     kernel = Kernel(agent, store, cancel_check_after=0.0)
@@ -496,16 +499,62 @@ async def test_a_queued_turn_cancelled_after_its_process_died_running_commits_ca
 
 
 @pytest.mark.slow
+async def test_a_cancel_of_a_turn_another_process_runs_while_its_redelivery_waits_is_requested(
+    sql_store: Store, tmp_path: Path
+) -> None:
+    """Process A runs turn 2, delivered to it directly, held inside its provider call.
+    Its redelivery here finds the thread busy and is queued. Process C, which runs
+    neither, cancels turn 2: it answers "requested", not "dequeued", and the queued
+    copy stays. Once A is killed, the copy reads the stop as it starts: turn 2 ends
+    cancelled, and nothing of it commits."""
+    ledger = str(tmp_path / "provider.ledger")
+    async with sql_store.durability() as durability:
+        agent = dataclasses.replace(proving_agent(LedgerProvider(path=ledger)), on_busy="queue")
+        kernel = Kernel(agent, durability)
+        await kernel.turn("t", "1", "charge pi_1 500")
+        runner = await spawn(
+            {
+                "store": sql_store.config(),
+                "ledger": ledger,
+                "on_busy": "queue",
+                "turns": [{"thread_id": "t", "turn_id": "2", "message": "yes"}],
+                "fault": {"point": faults.IN_PROVIDER_AFTER_WRITE, "action": "hold"},
+                # The hold stops A's loop, and its lease's renewal with it: a lease
+                # that outlives starting process C, even on a starved CI machine.
+                "lease_expiry": 30.0,
+            }
+        )
+        try:
+            assert await first_line(runner) == {"held": faults.IN_PROVIDER_AFTER_WRITE}
+            assert await kernel.submit("t", "2", "yes") == Queued("t", "2", 1)
+            cancel = {"thread_id": "t", "turn_id": "2", "reason": "pressed stop"}
+            canceller = await spawn(
+                {"store": sql_store.config(), "ledger": ledger, "cancel": cancel}
+            )
+            assert await first_line(canceller) == {"cancelled": "requested"}
+            assert (await canceller.wait()) == 0
+            assert await inbox(durability, "t") == ["2"]  # it runs on: its copy stays
+        finally:
+            runner.kill()
+            await runner.communicate()
+        # This kernel drains its queued copy once A's lease lapses.
+        await asyncio.wait_for(kernel.drained(), 120)
+        assert await inbox(durability, "t") == []
+        events = await read_all_events(durability, thread_id="t")
+        assert committed(events, "2") == 0
+
+
+@pytest.mark.slow
 async def test_a_cancel_from_another_process_of_a_queued_turn_it_runs_is_requested(
     sql_store: Store, tmp_path: Path
 ) -> None:
     """Another process runs turn 2 from the inbox and is held inside its provider call:
     a cancel here answers "requested", not "dequeued". Once that process is killed,
     the next drain runs turn 2 again, and it commits as cancelled."""
+    from intention_kernel._effects import utcnow
     from intention_kernel._inbox import encode_request
-    from intention_kernel.durability.records import InboxEntry
-    from intention_kernel.effects import utcnow
-    from intention_kernel.runtime import TurnRequest
+    from intention_kernel._runtime import TurnRequest
+    from intention_kernel.durability._contract.records import InboxEntry
 
     ledger = str(tmp_path / "provider.ledger")
     async with sql_store.durability() as durability:

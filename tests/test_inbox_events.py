@@ -16,7 +16,7 @@ from host_support import asgi_client
 from intention_kernel import Kernel, Queued, TurnEvent
 from intention_kernel.durability import Durability
 from intention_kernel.host import Principal, create_app
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from test_host_streaming import parse_sse
 from test_inbox import HeldInterpreter
 from test_steer import SteeredRounds, until_queued
@@ -100,6 +100,14 @@ async def test_a_streamed_turn_says_it_was_interrupted_as_it_stops(store: Durabi
     events = await asyncio.wait_for(streamed, HELD)
     assert kinds(events) == ["interrupted", "result"]
     assert events[0].data == {"reply": "Interrupted by a new message."}
+    # Turn 3 runs from the inbox in the background: the store closes after it.
+    # Closed under a drain, a PostgreSQL session could keep the schema locked.
+    for _ in range(500):
+        if (await kernel.turn_status("t", "3")).status == "committed":
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("turn 3 never ran from the inbox")
 
 
 async def test_the_host_sends_queued_then_the_run_as_server_sent_events(

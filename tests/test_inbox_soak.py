@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from intention_kernel import Kernel
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import Store, make_sql_store, read_all_events
 
 WORKER = Path(__file__).with_name("inbox_soak_worker.py")

@@ -39,10 +39,10 @@ from intention_kernel import (
     Kernel,
     ReceiptStatus,
 )
-from intention_kernel.checkpoint import operation_digest
+from intention_kernel._checkpoint import operation_digest
+from intention_kernel._effects import utcnow
 from intention_kernel.durability import Durability
 from intention_kernel.durability.abc import JournalEntry, RecordedDurability
-from intention_kernel.effects import utcnow
 from intention_kernel.integrations.langgraph import KernelAgent
 from intention_kernel.testing import InMemoryDurability, faults
 from langgraph_support import Desk, ScriptedChatModel, react_agent, tool_results
@@ -752,7 +752,7 @@ async def test_an_accept_runs_nothing_when_the_saved_graph_waits_on_another_call
     the kernel did not write) must not resume: nobody approved refund 43."""
     import dataclasses
 
-    from intention_kernel.checkpoint import encode_checkpoint
+    from intention_kernel._checkpoint import encode_checkpoint
 
     desk = Desk(tmp_path / "ledger")
     async with InMemoryDurability() as store:

@@ -13,9 +13,9 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import tool
 
 from intention_kernel import Answer, Kernel
+from intention_kernel._turns import TurnResult
 from intention_kernel.durability import Durability
 from intention_kernel.integrations.langgraph import KernelAgent
-from intention_kernel.turns import TurnResult
 from langgraph_support import ScriptedChatModel
 
 Mode = Literal["batched", "per_call"]

@@ -364,8 +364,8 @@ async def test_an_async_graph_time_travels_from_an_older_checkpoint(store_url: S
 
 
 async def _a_kernel_turn(durability: Any) -> Any:
-    from intention_kernel.kernel import Kernel
-    from intention_kernel.testing.agents import FakeProvider, billing_agent
+    from intention_kernel._kernel import Kernel
+    from intention_kernel.testing._agents import FakeProvider, billing_agent
 
     await Kernel(billing_agent(FakeProvider()), durability).turn("k", "1", "balance 500")
     return await durability.load_checkpoint("k")

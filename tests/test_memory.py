@@ -10,13 +10,13 @@ from dataclasses import replace
 
 import pytest
 
+from intention_kernel._turns import TurnCommit, TurnScope
 from intention_kernel.durability import Durability, TurnTransaction
+from intention_kernel.durability._memory import _MemoryRecorder
 from intention_kernel.durability.abc import RecordedDurability, Recorder, RecorderOptions, TurnStart
-from intention_kernel.durability.memory import _MemoryRecorder
 from intention_kernel.errors import TenantMismatchError, ThreadBusyError
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper, commit_for
-from intention_kernel.turns import TurnCommit, TurnScope
 
 
 class _MemoryTamper:

@@ -62,10 +62,10 @@ from intention_kernel import (
     TurnConflictError,
     TurnResult,
 )
+from intention_kernel._turns import OutboxEvent
 from intention_kernel.durability import Durability
 from intention_kernel.testing import InMemoryDurability, faults
-from intention_kernel.testing.agents import billing_agent
-from intention_kernel.turns import OutboxEvent
+from intention_kernel.testing._agents import billing_agent
 from proving_support import LedgerProvider, Store, charge_key, drop_schema, new_schema
 
 T = TypeVar("T")

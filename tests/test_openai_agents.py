@@ -26,7 +26,7 @@ from agents import function_tool
 
 from bridge_support import MovingClock, Workers, read_ledger, words
 from intention_kernel import Answer, EffectNotAppliedError, Kernel, ReceiptStatus
-from intention_kernel.checkpoint import operation_digest
+from intention_kernel._checkpoint import operation_digest
 from intention_kernel.durability import Durability
 from intention_kernel.integrations.openai_agents import KernelAgent
 from intention_kernel.testing import faults

@@ -36,10 +36,10 @@ from intention_kernel import (
     StepStatus,
     capability,
 )
-from intention_kernel.demo.billing import BalanceInput, ChargeInput, build_agent
-from intention_kernel.demo.provider import FakePaymentProvider
-from intention_kernel.facts import Evidence, FactRecord
-from intention_kernel.interpretation import CapabilitySpec, InterpretationRequest
+from intention_kernel._demo.billing import BalanceInput, ChargeInput, build_agent
+from intention_kernel._demo.provider import FakePaymentProvider
+from intention_kernel._facts import Evidence, FactRecord
+from intention_kernel._interpretation import CapabilitySpec, InterpretationRequest
 from intention_kernel.interpreters._chat import MAX_ARGUMENTS_DEPTH, chat_messages, toolset
 from intention_kernel.interpreters.openai import OpenAIInterpreter, function_name
 from intention_kernel.testing import InMemoryDurability

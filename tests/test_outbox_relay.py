@@ -1,5 +1,5 @@
 """The outbox relay on PostgreSQL's pooled sessions. The relay's behaviour on every
-adapter is the conformance suite's (``intention_kernel.testing.conformance.outbox``),
+adapter is the conformance suite's (``intention_kernel.testing.conformance._outbox``),
 which tests/test_memory.py, test_sqlite.py and test_postgres.py run."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from intention_kernel import Kernel, OutboxEvent
 from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.outbox import OutboxRelay
-from intention_kernel.testing.agents import FakeProvider, billing_agent
-from intention_kernel.testing.conformance.outbox import RelaySink, converse
+from intention_kernel.testing._agents import FakeProvider, billing_agent
+from intention_kernel.testing.conformance._outbox import RelaySink, converse
 from proving_support import drop_schema, new_schema, read_all_events
 
 # -- PostgreSQL sessions -----------------------------------------------------------------------

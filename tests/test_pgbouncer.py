@@ -18,7 +18,10 @@ schema's tables, or run another client's statement under its own statement's nam
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import random
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,7 +32,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from intention_kernel.durability import Durability
 from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability
@@ -62,11 +65,31 @@ __all__ = ["processes"]  # a fixture of test_postgres_leases, used here
 FOREIGN_SESSIONS = 8
 
 
+@contextlib.contextmanager
+def holding_sessions(pooled: str) -> Iterator[None]:
+    """Let one process at a time hold several server sessions at once.
+
+    Each helper holds its sessions until it has them all. Three xdist workers doing so
+    at once want 24 of the pool's 20: each waits for the others, and PgBouncer fails
+    them all after ``query_wait_timeout``. A lock file per PgBouncer serializes them.
+    """
+    port = conninfo_to_dict(pooled).get("port", "6432")
+    path = Path(tempfile.gettempdir()) / f"intention-kernel-pgbouncer-{port}.lock"
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def foreign_state(pooled: str) -> None:
     """Leave ``FOREIGN_SESSIONS`` of PgBouncer's server sessions as another client would:
     ``search_path`` on a schema of its own and ``_pg3_0``.. ``_pg3_3`` prepared. Each
     client holds a transaction open until all have one, so each is on a session of its
     own; PgBouncer hands out the sessions released last first, so a test gets these."""
+    with holding_sessions(pooled):
+        _foreign_state(pooled)
+
+
+def _foreign_state(pooled: str) -> None:
     clients = [
         psycopg.connect(pooled, autocommit=True, prepare_threshold=None, connect_timeout=5)
         for _ in range(FOREIGN_SESSIONS)
@@ -123,18 +146,20 @@ def test_a_session_lock_taken_through_pgbouncer_goes_with_the_session_to_another
         assert row is not None
         return int(row[0])
 
-    with connect() as first:
-        first.execute("SELECT pg_advisory_lock(%s)", (key,))
-        session = backend(first)
+    with holding_sessions(pgbouncer_dsn), connect() as first:
+        # One statement: the next one may already run on another server session.
+        row = first.execute("SELECT pg_backend_pid() FROM pg_advisory_lock(%s)", (key,))
+        locked = row.fetchone()
+        assert locked is not None
+        session = int(locked[0])
         others: list[psycopg.Connection[Any]] = []
         try:
             # Other clients open transactions until one is on the first client's session:
-            # PgBouncer lends out every idle server session, that one included.
-            for _ in range(FOREIGN_SESSIONS * 2):
-                other = connect()
-                others.append(other)
-                other.execute("BEGIN")
-                if backend(other) == session:
+            # PgBouncer lends out every idle server session, that one included. Another
+            # test's client may hold it for a moment: then all let go and try again.
+            for _ in range(5):
+                other = on_session(connect, backend, session, others)
+                if other is not None:
                     break
             else:
                 pytest.fail("no other client got the session: is PgBouncer in session mode?")
@@ -151,6 +176,28 @@ def test_a_session_lock_taken_through_pgbouncer_goes_with_the_session_to_another
         finally:
             for other in others:
                 other.close()
+
+
+def on_session(
+    connect: Callable[[], psycopg.Connection[Any]],
+    backend: Callable[[psycopg.Connection[Any]], int],
+    session: int,
+    others: list[psycopg.Connection[Any]],
+) -> psycopg.Connection[Any] | None:
+    """Open transactions until one runs on ``session``; ``None`` after a pool's worth.
+
+    Clients that missed are closed before a miss returns, so their sessions go back."""
+    opened: list[psycopg.Connection[Any]] = []
+    for _ in range(FOREIGN_SESSIONS * 2):
+        other = connect()
+        opened.append(other)
+        other.execute("BEGIN")
+        if backend(other) == session:
+            others.extend(opened)
+            return other
+    for other in opened:
+        other.close()
+    return None
 
 
 # Every test of the suite failed through PgBouncer before thread leases: an adapter
@@ -321,6 +368,11 @@ def warm_up(pooled: str, schema: str) -> None:
     """Leave ``FOREIGN_SESSIONS`` of PgBouncer's server sessions as a busy one would be:
     each has looked for ``schema`` (and cached that it has none) and has run the
     migration's first statements on another schema, in a transaction of its own."""
+    with holding_sessions(pooled):
+        _warm_up(pooled, schema)
+
+
+def _warm_up(pooled: str, schema: str) -> None:
     clients = [
         psycopg.connect(pooled, autocommit=True, prepare_threshold=None, connect_timeout=5)
         for _ in range(FOREIGN_SESSIONS)

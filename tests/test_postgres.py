@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -33,7 +33,12 @@ from intention_kernel import (
     Interpretation,
     capability,
 )
-from intention_kernel.checkpoint import encode_checkpoint
+from intention_kernel._checkpoint import encode_checkpoint
+from intention_kernel._effects import EffectAuthority, Receipt, ReceiptStatus
+from intention_kernel._facts import Evidence, FactRecord
+from intention_kernel._interpretation import InterpretationRequest
+from intention_kernel._kernel import Kernel
+from intention_kernel._turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
 from intention_kernel.cli._app import app as cli_app
 from intention_kernel.durability import (
     Durability,
@@ -41,9 +46,12 @@ from intention_kernel.durability import (
     _take_url_options,
     open_durability,
 )
-from intention_kernel.durability.contract import lock_and_begin
+from intention_kernel.durability._contract.recorders import lock_and_begin
+from intention_kernel.durability._layout.rows import receipt_params
 from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability
-from intention_kernel.effects import EffectAuthority, ReceiptStatus
+from intention_kernel.durability.postgres._schema import ASYNC_LEASE_TAKE
+from intention_kernel.durability.postgres._sessions import TextArray
+from intention_kernel.durability.postgres._statements import TAKE_LEASE
 from intention_kernel.errors import (
     CorruptRecordError,
     EffectUncertainError,
@@ -54,13 +62,9 @@ from intention_kernel.errors import (
     ThreadBusyError,
     ThreadLockTimeoutError,
 )
-from intention_kernel.facts import Evidence, FactRecord
-from intention_kernel.interpretation import InterpretationRequest
-from intention_kernel.kernel import Kernel
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from intention_kernel.testing.conformance import DurabilityConformance, Inspector, Tamper
 from intention_kernel.testing.conformance import commit_for as minimal_commit
-from intention_kernel.turns import EventDraft, OutboxEvent, TurnCommit, TurnResult, TurnScope
 from proving_support import Store as SQLStore
 from proving_support import (
     StoreInspector,
@@ -296,6 +300,16 @@ UNDO_MIGRATION_20 = (
     " PRIMARY KEY (thread_id, base_version);"
     " ALTER TABLE ik_inbox DROP COLUMN started"
 )
+UNDO_MIGRATION_21 = (
+    "DROP FUNCTION ik_prepare_receipt(text, text, bigint, text, text, text, text, text, text,"
+    " integer, text, text, timestamptz, timestamptz, text, boolean, text, text, text, text, text)"
+)
+UNDO_MIGRATION_22 = (
+    "DROP FUNCTION ik_commit_turn(boolean, text, bigint, text, text, text, text, bigint, bigint,"
+    " text, text, integer, text, timestamptz, text[], text[], text[], text[], text[], bigint,"
+    " bigint, boolean, text[], text[], text[], text[], boolean, jsonb, text[])"
+)
+UNDO_MIGRATION_23 = "ALTER TABLE ik_leases DROP COLUMN turn_id;" + ASYNC_LEASE_TAKE
 UNDO_MIGRATION_16 = "DROP TABLE ik_timers"
 UNDO_MIGRATION_15 = "DROP TABLE ik_streams"
 UNDO_MIGRATION_14 = "DROP TABLE ik_lg_checkpoints, ik_lg_writes, ik_lg_heads"
@@ -476,6 +490,95 @@ async def test_interrupts_stored_before_migration_20_stop_any_turn_on_their_base
     await interrupts_before_senders_stop_any_turn_on_their_base(
         store.durability, back_to_version_19, old_interrupt
     )
+
+
+async def test_a_version_20_schema_gains_the_turn_functions_and_old_workers_go_on(
+    store: Store,
+) -> None:
+    """Migrations 21 and 22 add ``ik_prepare_receipt`` and ``ik_commit_turn``, and change
+    no table. A worker of the previous library, sharing the upgraded schema, still
+    prepares with its fenced CTE (``INSERT_RECEIPT_IF_NEW``): refused without the
+    lease, written with it."""
+    from intention_kernel.durability import postgres
+
+    async def charge(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect(tx.scope.turn_id, lambda a: {"id": a.key}, step_id="s")
+        return commit_for(tx)
+
+    async with store.durability() as durability:
+        await durability.with_turn(TurnScope("t", "1"), charge)
+    store.execute(UNDO_MIGRATION_22)
+    store.execute(UNDO_MIGRATION_21)
+    store.execute("DELETE FROM ik_schema WHERE version > 20")
+    functions = (
+        "SELECT count(*) FROM pg_proc WHERE proname IN ('ik_prepare_receipt', 'ik_commit_turn')"
+        " AND pronamespace = to_regnamespace(%s)"
+    )
+    assert store.execute(functions, store.schema) == [(0,)]
+
+    async with store.durability() as upgraded:
+        assert (await upgraded.with_turn(TurnScope("t", "2"), charge)).checkpoint_version == 2
+    assert store.execute(functions, store.schema) == [(2,)]
+    assert store.execute("SELECT max(version) FROM ik_schema") == [(len(MIGRATIONS),)]
+
+    # The previous library's prepare, on the upgraded schema, with and without a lease.
+    receipt = Receipt(uuid.uuid4().hex, "t", "old:k", ReceiptStatus.PREPARED, "old", "s", 1)
+    params = {
+        **receipt_params(receipt, lambda moment: moment),
+        "lease_kind": "turn",
+        "lease_owner": "old-worker",
+        "lease_epoch": 7,
+    }
+
+    def old_prepare() -> list[tuple[Any, ...]]:
+        with psycopg.connect(store.dsn) as conn:
+            path = sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(store.schema))
+            conn.execute(path)
+            return conn.execute(postgres.INSERT_RECEIPT_IF_NEW, params).fetchall()
+
+    assert old_prepare() == [(0, 0)]  # no lease of its own: refused
+    store.execute(
+        "UPDATE ik_leases SET epoch = 7, owner = 'old-worker',"
+        " expires_at = clock_timestamp() + interval '1 minute'"
+        " WHERE thread_id = 't' AND kind = 'turn'"
+    )
+    assert old_prepare() == [(1, 1)]
+    keys = store.execute("SELECT key, status FROM ik_receipts ORDER BY ordinal")
+    assert keys == [("1", "completed"), ("2", "completed"), ("old:k", "prepared")]
+
+
+async def test_a_version_22_schema_gains_the_leases_turn_and_old_takes_go_on(
+    store: Store,
+) -> None:
+    """Migration 23 adds ``ik_leases.turn_id``, written by ``ik_start_turn_leased`` as
+    it takes the lease. Rows of before read as no turn. A worker of the previous
+    library takes leases with the same function, and with its ``lock``'s statement."""
+
+    async def plain(tx: TurnTransaction) -> TurnCommit:
+        return commit_for(tx)
+
+    async with store.durability() as durability:
+        await durability.with_turn(TurnScope("t", "1"), plain)
+    store.execute(UNDO_MIGRATION_23)
+    store.execute("DELETE FROM ik_schema WHERE version > 22")
+    assert store.execute("SELECT count(*) FROM ik_leases WHERE thread_id = 't'") == [(1,)]
+
+    async def names_its_turn(tx: TurnTransaction) -> TurnCommit:
+        held = store.execute("SELECT turn_id FROM ik_leases WHERE thread_id = 't'")
+        assert held == [(tx.scope.turn_id,)]
+        return commit_for(tx)
+
+    async with store.durability() as upgraded:
+        assert store.execute("SELECT turn_id FROM ik_leases WHERE thread_id = 't'") == [(None,)]
+        await upgraded.with_turn(TurnScope("t", "2"), names_its_turn)
+    assert store.execute("SELECT max(version) FROM ik_schema") == [(len(MIGRATIONS),)]
+    # The previous library's ``lock`` statement, on the upgraded schema.
+    old_take = TAKE_LEASE.replace(" turn_id = NULL,", "")
+    assert old_take != TAKE_LEASE
+    params = {"thread_id": "t", "lease_kind": "turn", "lease_owner": "old", "expiry": "1 min"}
+    with psycopg.connect(store.dsn) as conn:
+        conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(store.schema)))
+        assert conn.execute(old_take, params).fetchall() == [(3,)]
 
 
 async def test_open_durability_builds_postgres_from_a_url(store: Store) -> None:
@@ -703,6 +806,44 @@ async def test_no_statement_relies_on_a_sessions_settings(store: Store) -> None:
         assert path == ("pg_catalog",)  # the setting was there all along
 
 
+async def test_a_text_array_reaches_the_server_as_psycopgs_list_would(store: Store) -> None:
+    """The commit's arrays go through the adapter's own binary dumper. Each one
+    must reach the server as psycopg's list dumper sends it: same elements, same
+    order, any character the ``text`` type takes. A NUL is refused by the server,
+    as it is in psycopg's list, and the session goes on."""
+    values = [
+        "",
+        "plain",
+        'a "quoted" {brace}, comma',
+        "back\\slash\\",
+        "NULL",
+        " spaced ",
+        "é ü ß 日本語 🎉",
+        '{"json": [1, "two", null]}',
+        "x" * 100_000,
+    ]
+    async with store.durability() as durability:
+        await durability.recorder()
+        async with durability.session() as conn:
+            for case in ([values[0]], values, values[::-1], ["only"]):
+                sent = await (
+                    await conn.execute(
+                        "SELECT %b::text[], %b::text[] = %b::text[], cardinality(%b::text[])",
+                        (TextArray(case), TextArray(case), case, TextArray(case)),
+                    )
+                ).fetchone()
+                assert sent == (case, True, len(case))
+            empty = await (await conn.execute("SELECT %b::text[]", (TextArray(),))).fetchone()
+            assert empty == ([],)
+            refused = []
+            for array in (["a\x00b"], TextArray(["a\x00b"])):
+                with pytest.raises(psycopg.DataError, match="0x00") as info:
+                    await conn.execute("SELECT %b::text[]", (array,))
+                refused.append(type(info.value))
+            assert refused[0] is refused[1]
+            assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
+
+
 async def _one() -> int:
     return 1
 
@@ -752,6 +893,133 @@ async def test_no_session_is_held_while_the_model_or_a_capability_runs(store: St
     assert "the interpretation" in seen
 
 
+async def test_turns_waiting_for_the_only_session_each_get_it_in_turn(store: Store) -> None:
+    """The adapter keeps an idle session at hand for the next statement, but never
+    while a borrower waits in the pool for one. With one session, eight turns on
+    eight threads all commit; none waits out ``pool_timeout``."""
+    async with store.durability(min_pool_size=1, max_pool_size=1, pool_timeout=3) as durability:
+        results = await asyncio.gather(
+            *(durability.with_turn(TurnScope(f"t{n}", "1"), plain) for n in range(8))
+        )
+    assert [r.checkpoint_version for r in results] == [1] * 8
+
+
+async def _queue_order(
+    store: Store, *, pool_timeout: float, between: float, a_reads: bool
+) -> list[str]:
+    """Who gets the only session, in order, once a block frees it.
+
+    While the block holds it, turn ``a``, back from its model, queues to write; then,
+    ``between`` seconds later, turn ``b`` queues to commit; then three turns queue
+    to start. With ``a_reads``, ``a`` reads first and commits after, a second
+    statement. A starting turn's name is written once it started and again, with
+    ``+``, once it committed; ``a`` and ``b``'s once they committed."""
+    order: list[str] = []
+    models = {"a": asyncio.Event(), "b": asyncio.Event()}
+    async with store.durability(
+        min_pool_size=1, max_pool_size=1, pool_timeout=pool_timeout
+    ) as durability:
+
+        async def held(tx: TurnTransaction) -> TurnCommit:
+            name = tx.scope.thread_id
+            await models[name].wait()  # its model: it holds no session meanwhile
+            if name == "a" and a_reads:
+                await durability.load_checkpoint("a")
+            return await plain(tx)
+
+        async def started(tx: TurnTransaction) -> TurnCommit:
+            order.append(tx.scope.thread_id)  # its lease and read are done
+            return await plain(tx)
+
+        async def run(name: str, fn: Callable[[TurnTransaction], Awaitable[TurnCommit]]) -> None:
+            await durability.with_turn(TurnScope(name, "1"), fn)
+            order.append(name if fn is held else f"+{name}")
+
+        turns = [asyncio.create_task(run(name, held)) for name in models]
+        while len(store.execute("SELECT 1 FROM ik_leases")) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        async with durability.session():
+            models["a"].set()
+            await asyncio.sleep(between)  # a queues
+            models["b"].set()
+            await asyncio.sleep(0.2)  # b queues to commit
+            turns += [asyncio.create_task(run(f"new{n}", started)) for n in range(3)]
+            await asyncio.sleep(0.2)  # three turns queue to start, last
+        await asyncio.wait_for(asyncio.gather(*turns), 20)
+    return order
+
+
+NEW = ["new0", "new1", "new2"]
+
+
+async def test_a_freed_session_goes_to_a_start_then_to_the_turn_that_waited_first(
+    store: Store,
+) -> None:
+    """Borrowers wait for a session in the adapter's queue, not first come. Turns
+    that wait to start go first: one statement, and their model runs with no
+    session. A started turn keeps the place of its first wait for all its writes.
+
+    Here a's read, b's commit, then a's commit run after the starts. Then the
+    started turns commit. First come would serve a's commit after theirs. A burst's
+    turns would then all finish near its end, and start their next model together."""
+    order = await _queue_order(store, pool_timeout=10, between=0.2, a_reads=True)
+    assert sorted(order[:3]) == NEW, order
+    assert order[3:5] == ["b", "a"], order  # b took the session between a's statements
+    assert sorted(order[5:]) == [f"+{name}" for name in NEW], order
+
+
+async def test_a_start_jumps_ahead_of_a_waiting_turn_for_a_bounded_time(store: Store) -> None:
+    """A start goes ahead of a started turn only if that turn first waited less than
+    the head start before it: at most 5 s, or half of ``pool_timeout``. So starts
+    that keep coming cannot hold a started turn's commit for ever."""
+    # A head start of 3 s. Turn a waits 3.5 s before the starts queue, b 0.2 s:
+    # a margin of half a second and more either way.
+    order = await _queue_order(store, pool_timeout=6, between=3.5, a_reads=False)
+    assert order[0] == "a", order
+    assert sorted(order[1:4]) == NEW, order
+    assert order[4] == "b", order
+
+
+async def test_a_turn_that_waits_pool_timeout_for_a_session_fails_and_writes_nothing(
+    store: Store,
+) -> None:
+    """A borrower that waits ``pool_timeout`` in the queue gets ``StoreError``, not a
+    session later. Its turn took nothing: the thread stays free, and nothing is
+    written. One that waits less gets the session once it is free."""
+    async with store.durability(min_pool_size=1, max_pool_size=1, pool_timeout=0.5) as durability:
+        async with durability.session():
+            began = time.monotonic()
+            with pytest.raises(StoreError, match=r"couldn't get a connection after 0\.50 sec"):
+                await durability.with_turn(TurnScope("t", "1"), plain)
+            waited = time.monotonic() - began
+            later = asyncio.create_task(durability.with_turn(TurnScope("t", "2"), plain))
+            await asyncio.sleep(0.2)
+        assert (await asyncio.wait_for(later, 5)).checkpoint_version == 1
+        assert store.execute("SELECT turn_id FROM ik_turns") == [("2",)]
+        assert store.live_leases() == 0
+    assert 0.5 <= waited < 2.0, waited  # the timeout, and a sweep's period at most
+
+
+async def test_a_transaction_a_session_block_leaves_open_never_holds_a_turn(
+    store: Store,
+) -> None:
+    """A session block that leaves a transaction open gives its session back to the
+    pool, which rolls it back. The next statement runs on a session that is idle, so
+    the turn that follows commits, and what the block did is gone."""
+    async with store.durability(min_pool_size=1, max_pool_size=1) as durability:
+        await durability.recorder()
+        async with durability.session() as conn:
+            await conn.execute("BEGIN")
+            await conn.execute(
+                sql.SQL("CREATE TABLE {}.left_open (n int)").format(sql.Identifier(store.schema))
+            )
+        result = await durability.with_turn(TurnScope("t", "1"), plain)
+        assert result.checkpoint_version == 1
+        # Seen from a session of another program, before the adapter closes.
+        assert store.execute("SELECT count(*) FROM ik_turns") == [(1,)]
+        assert store.execute("SELECT to_regclass('left_open') IS NULL") == [(True,)]
+
+
 # -- fencing ---------------------------------------------------------------------------------
 
 
@@ -785,21 +1053,29 @@ async def test_a_stale_commit_is_fenced(
         assert [e.turn_id for e in events] == [t for t, _ in turns]
 
 
+@pytest.mark.parametrize("on_the_loop", [False, True], ids=["sync-provider", "async-provider"])
 async def test_an_outcome_write_held_up_on_the_server_survives_the_turns_cancellation(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, monkeypatch: pytest.MonkeyPatch, on_the_loop: bool
 ) -> None:
     """Unlike SQLite's hops, a PostgreSQL statement does not outlive a cancellation of
-    its caller (psycopg cancels it on the server), so the adapter writes a receipt's
-    outcome in a task of its own. Here the write waits for a row lock another session
-    holds while the turn is cancelled: it still lands once the lock goes."""
+    its caller (psycopg cancels it on the server). So the adapter writes a receipt's
+    outcome again, in a task of its own, when a cancellation cut the write short.
+    Here the write waits for a row lock another session holds while the turn is
+    cancelled: it still lands once the lock goes. A sync provider's cancellation
+    lands as its thread returns; an async one's, in the write itself."""
     loop = asyncio.get_running_loop()
     running: list[asyncio.Task[TurnResult]] = []
     unlocking: list[asyncio.Task[Any]] = []  # held, so that no task is collected mid-way
     blocker = await psycopg.AsyncConnection.connect(store.dsn, autocommit=True)
 
-    def provider(authority: EffectAuthority) -> dict[str, str]:
+    def charge(authority: EffectAuthority) -> dict[str, str]:
         loop.call_soon(running[0].cancel)  # lands while the outcome write waits
         return {"charged": authority.key}
+
+    async def charge_on_the_loop(authority: EffectAuthority) -> dict[str, str]:
+        return charge(authority)
+
+    provider = charge_on_the_loop if on_the_loop else charge
 
     try:
         async with store.durability() as durability:
@@ -1129,7 +1405,7 @@ async def test_a_lost_commit_acknowledgement_is_resolved_by_replay(store: Store)
         store.durability(via=proxy, min_pool_size=2) as durability,
     ):
         await durability.with_turn(TurnScope("t", "1"), charge)
-        proxy.lose_reply_to(b"ik_turns (thread_id, turn_id, request_digest")
+        proxy.lose_reply_to(b"ik_commit_turn(")
         with pytest.raises(StoreError):
             await durability.with_turn(TurnScope("t", "2"), charge)
         assert proxy.lost_replies == 1
@@ -1241,12 +1517,10 @@ def test_hot_path_statements_fit_psycopgs_query_cache() -> None:
 
     from intention_kernel.durability import postgres
 
-    every_part = frozenset(postgres.COMMIT_PARTS)  # the longest commit statements
     hot = {
         "BEGIN_TURN": postgres.BEGIN_TURN,
-        "commit of a first turn": postgres.commit_statement(True, every_part),
-        "commit of a later turn": postgres.commit_statement(False, every_part),
-        "INSERT_RECEIPT_IF_NEW": postgres.INSERT_RECEIPT_IF_NEW,
+        "COMMIT_TURN": postgres.COMMIT_TURN,
+        "PREPARE_RECEIPT": postgres.PREPARE_RECEIPT,
         "UPDATE_RECEIPT": postgres.UPDATE_RECEIPT,
     }
     too_long = {
@@ -1266,11 +1540,12 @@ def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
 async def test_a_commits_generic_plan_probes_receipts_and_facts_by_key_not_by_thread(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The commit statement runs on a generic plan once prepared. Each key it touches
-    (a receipt it announces, a fact it removes) must be one primary-key probe, never a
-    walk over the thread's rows with the key as a filter: that cost grew with the
-    thread (300 receipts read per commit at turn 300). Checked on the plan PostgreSQL
-    really executes, with ``plan_cache_mode = force_generic_plan``."""
+    """The commit function's statements run on generic plans once cached. Each key it
+    touches (a receipt it announces, a fact it removes) must be one primary-key probe,
+    never a walk over the thread's rows with the key as a filter: that cost grew with
+    the thread (300 receipts read per commit at turn 300). Checked on the plans
+    PostgreSQL really executes inside the function (``auto_explain``), with
+    ``plan_cache_mode = force_generic_plan``."""
 
     async with store.durability() as durability:
         for n in range(40):  # a thread with 40 receipts and facts
@@ -1280,19 +1555,32 @@ async def test_a_commits_generic_plan_probes_receipts_and_facts_by_key_not_by_th
         )
     # The captured commit announces a write (turn 0's receipt, reused) and removes a fact.
     assert captured["announced"] == ["k0"] and captured["removed_facts"] == ["fact.7"]
-    # ... so its statement has the parts that do both (a usual commit leaves them out).
-    assert " removed_facts AS (" in statement and " announced AS (" in statement
+
+    plans: list[dict[str, Any]] = []
+
+    def keep_plan(notice: psycopg.errors.Diagnostic) -> None:
+        text = notice.message_primary or ""
+        if "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
 
     with psycopg.connect(store.dsn, autocommit=True) as conn:
+        conn.add_notice_handler(keep_plan)
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
         conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("LOAD 'auto_explain'")
+        for setting in (
+            "auto_explain.log_min_duration = 0",
+            "auto_explain.log_analyze = on",
+            "auto_explain.log_nested_statements = on",
+            "auto_explain.log_format = json",
+            "client_min_messages = log",
+        ):
+            conn.execute(f"SET {setting}")
         with conn.transaction(force_rollback=True):
             revive_lease(conn, captured)
-            cur = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, captured)
-            row = cur.fetchone()
-    assert row is not None
-    (document,) = row
-    nodes = list(_plan_nodes(document[0]["Plan"]))
+            row = conn.execute(statement, captured).fetchone()
+    assert row is not None and row[0] is not None  # it committed (then rolled back)
+    nodes = [node for plan in plans for node in _plan_nodes(plan)]
     probes = [n for n in nodes if n.get("Relation Name") in ("ik_receipts", "ik_facts")]
     assert {n["Relation Name"] for n in probes} == {"ik_receipts", "ik_facts"}
     walked = {
@@ -1306,10 +1594,10 @@ async def test_a_commits_generic_plan_probes_receipts_and_facts_by_key_not_by_th
 async def test_every_combination_of_commit_parts_runs_and_writes_what_its_parts_name(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The commit statement leaves out the parts a turn has nothing for, so a turn runs one
-    of many statements. Each of them, on a real commit's parameters (a message appended,
-    a fact recorded, one removed, a receipt to mark announced, a rewrite, a trim), must be
-    valid SQL that writes exactly what its parts name: rolled back afterwards."""
+    """The commit function skips the parts a turn has nothing for. Every combination of
+    parts, on a real commit's parameters (a message appended, a fact recorded, one
+    removed, a receipt to mark announced, a rewrite, a trim), must write exactly what
+    its parts name. Each call is rolled back afterwards."""
     from itertools import combinations
 
     from intention_kernel.durability import postgres
@@ -1322,11 +1610,27 @@ async def test_every_combination_of_commit_parts_runs_and_writes_what_its_parts_
         )
     assert captured["removed_facts"] == ["fact.1"] and captured["fact_keys"] == ["fact.0"]
     # Every part with something to do: a message appended, the oldest one trimmed (one
-    # kept), and turn 0's receipt marked announced (as if turn 0 had never committed).
+    # kept), turn 0's receipt marked announced (as if turn 0 had never committed), a
+    # rewrite, and the turn's journal deleted.
     captured.update(
-        messages=["m"], appended=1, keep_messages=1, trim_messages=1, mark_announced=["k0"]
+        messages=["m"],
+        keep_messages=1,
+        trim_messages=1,
+        mark_announced=["k0"],
+        rewrite=True,
+        journaled=True,
     )
-    names = list(postgres.COMMIT_PARTS)
+    # What a commit sends for a part with nothing to do (see ``commit_turn``).
+    nothing: dict[str, dict[str, Any]] = {
+        "trim": {"trim_messages": 0},
+        "rewrite": {"rewrite": False},
+        "messages": {"messages": None},
+        "removed_facts": {"removed_facts": None},
+        "facts": {"fact_keys": None, "fact_bodies": None},
+        "mark_announced": {"mark_announced": None},
+        "journal": {"journaled": False},
+    }
+    names = list(nothing)
     counted = (
         "SELECT (SELECT count(*) FROM ik_messages), (SELECT count(*) FROM ik_facts),"
         " (SELECT count(*) FROM ik_facts WHERE key = 'fact.1'),"
@@ -1340,27 +1644,35 @@ async def test_every_combination_of_commit_parts_runs_and_writes_what_its_parts_
         for size in range(len(names) + 1):
             for chosen in combinations(names, size):
                 parts = frozenset(chosen)
-                statement = postgres.commit_statement(False, parts)
+                params = dict(captured, first=False)
+                for name in set(names) - parts:
+                    params.update(nothing[name])
                 with conn.transaction(force_rollback=True):
-                    revive_lease(conn, captured)
-                    row = conn.execute(statement, captured).fetchone()
+                    revive_lease(conn, params)
+                    row = conn.execute(postgres.COMMIT_TURN, params).fetchone()
                     assert row is not None and row[0] is not None, parts  # committed
                     messages, facts, removed_left, announced = _one_row(conn, counted)
                 if "rewrite" in parts:
                     expected_messages = int("messages" in parts)
                 else:
-                    expected_messages = before[0] + ("messages" in parts) - ("trim" in parts)
+                    # The trim's range ends below the newest message: with one appended
+                    # and one kept, it is the old row at seq 0.
+                    trimmed = {"trim", "messages"} <= parts
+                    expected_messages = before[0] + ("messages" in parts) - trimmed
                 assert messages == expected_messages, parts
-                # A rewrite keeps only the turn's own fact (fact.0, stored already).
-                expected_facts = 1 if "rewrite" in parts else before[1] - ("removed_facts" in parts)
+                # A rewrite keeps only the turn's own facts: fact.0, stored already.
+                if "rewrite" in parts:
+                    expected_facts = int("facts" in parts)
+                else:
+                    expected_facts = before[1] - ("removed_facts" in parts)
                 assert facts == expected_facts, parts
                 assert removed_left == int(not {"removed_facts", "rewrite"} & parts)
                 assert announced == before[3] + ("mark_announced" in parts), parts
                 with conn.transaction(force_rollback=True):  # a first turn's, refused
-                    revive_lease(conn, captured)
-                    first = postgres.commit_statement(True, parts)
-                    refused = conn.execute(first, captured).fetchone()
-                    assert refused == (None, 1), parts  # the lease held, the version moved
+                    revive_lease(conn, params)
+                    refused = conn.execute(postgres.COMMIT_TURN, {**params, "first": True})
+                    # The lease held, the version moved.
+                    assert refused.fetchone() == (None, True), parts
         assert _one_row(conn, counted) == before  # every statement was rolled back
 
 
@@ -1376,7 +1688,7 @@ async def _captured_commit(
     execute = psycopg.AsyncCursor.execute
 
     async def capture(cursor: Any, query: Any, params: Any = None, **options: Any) -> Any:
-        if isinstance(query, str) and query.startswith("WITH lease AS ( UPDATE"):
+        if isinstance(query, str) and "ik_commit_turn(" in query:
             captured.append((query, dict(params)))
             raise RuntimeError("captured")
         return await execute(cursor, query, params, **options)

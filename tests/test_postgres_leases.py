@@ -28,10 +28,11 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from intention_kernel import effects
+from intention_kernel import _effects as effects
+from intention_kernel._effects import EffectAuthority
+from intention_kernel._turns import EventDraft, TurnCommit, TurnScope
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.postgres import PostgresDurability
-from intention_kernel.effects import EffectAuthority
 from intention_kernel.errors import (
     EffectUncertainError,
     FencedCommitError,
@@ -39,7 +40,6 @@ from intention_kernel.errors import (
     ThreadBusyError,
 )
 from intention_kernel.testing.conformance import commit_for
-from intention_kernel.turns import EventDraft, TurnCommit, TurnScope
 
 pytestmark = pytest.mark.postgres
 
@@ -201,25 +201,102 @@ async def test_a_paused_holders_late_outcome_never_overwrites_the_next_holders_j
         return await plain(tx)
 
     async with schema.durability(lease_expiry=1.0) as holder:
-        with pytest.raises(FencedCommitError):
+        with pytest.raises(LeaseLostError) as refused:
             await holder.with_turn(TurnScope("t", "paused"), paused)
         [receipt] = await holder.list_receipts()
+    assert (refused.value.thread_id, refused.value.key) == ("t", receipt.key)
     assert other == {"uncertain": True, "result": other["result"]}
     assert receipt.status == "uncertain"
     assert calls == ["charge"]
     assert schema.query("SELECT turn_id FROM ik_turns") == [("other",)]
 
 
-async def test_a_renewed_lease_keeps_the_thread_through_a_call_longer_than_its_expiry(
+async def test_a_settle_refused_under_a_live_lease_is_a_conflict_not_a_lost_lease(
     schema: Schema,
+) -> None:
+    """The receipt is moved behind the holder's back while its provider call runs, and
+    its lease stays alive. The outcome's write is refused as a conflict
+    (``FencedCommitError``), never as a lost lease: only a holder whose lease is gone
+    may be told it lost it. Nothing of the turn is committed."""
+
+    def provider(authority: EffectAuthority) -> str:
+        # Written straight to the table, as no holder of the thread could.
+        moved = "UPDATE ik_receipts SET status = 'uncertain' WHERE id = %s"
+        schema.query(moved, authority.receipt_id)
+        return "paid"
+
+    async def moved(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("charge", provider, step_id="s")
+        return await plain(tx)
+
+    async with schema.durability() as holder:
+        with pytest.raises(FencedCommitError) as refused:
+            await holder.with_turn(TurnScope("t", "moved"), moved)
+        assert type(refused.value) is FencedCommitError
+        [receipt] = await holder.list_receipts()
+    assert receipt.status == "uncertain"
+    assert schema.query("SELECT count(*) FROM ik_turns") == [(0,)]
+
+
+async def test_a_turn_whose_lease_lapsed_never_writes_under_the_next_turn_of_its_adapter(
+    schema: Schema,
+) -> None:
+    """Two turns of one adapter on one thread: the first one's lease lapses while it
+    runs, and the second takes the thread. The first turn's writes name its own
+    grant, not the adapter's newest one on the thread: its prepare and its commit are
+    refused. The second turn commits."""
+    b_started, a_done = asyncio.Event(), asyncio.Event()
+    outcome: dict[str, Any] = {}
+
+    async def second(tx: TurnTransaction) -> TurnCommit:
+        b_started.set()
+        await a_done.wait()
+        return await plain(tx)
+
+    async with schema.durability(lock_timeout=20) as store:
+
+        async def first(tx: TurnTransaction) -> TurnCommit:
+            # The lease lapses, as after renewals that failed for the whole expiry.
+            await asyncio.to_thread(
+                schema.query,
+                "UPDATE ik_leases SET expires_at = clock_timestamp() WHERE thread_id = 't'",
+            )
+            outcome["b"] = asyncio.create_task(store.with_turn(TurnScope("t", "b"), second))
+            await b_started.wait()
+            try:
+                await tx.run_effect("charge", lambda a: "paid", step_id="s")
+            except LeaseLostError as refused:
+                outcome["prepare"] = refused
+            return await plain(tx)
+
+        try:
+            with pytest.raises(LeaseLostError):
+                await store.with_turn(TurnScope("t", "a"), first)
+        finally:
+            a_done.set()
+        taken = await outcome["b"]
+        receipts = await store.list_receipts()
+    assert isinstance(outcome["prepare"], LeaseLostError)
+    assert receipts == []
+    assert taken.checkpoint_version == 1
+    assert schema.query("SELECT turn_id FROM ik_turns") == [("b",)]
+
+
+@pytest.mark.parametrize("quiet_first", [False, True], ids=["first-lease", "after-a-quiet-spell"])
+async def test_a_renewed_lease_keeps_the_thread_through_a_call_longer_than_its_expiry(
+    schema: Schema, quiet_first: bool
 ) -> None:
     """A provider call three times as long as the lease: the holder renews it while it
     runs, so another worker is kept off the thread the whole time, and the turn
-    commits."""
+    commits. One timer renews every lease of the adapter, and stops when none is
+    held: a lease taken after a quiet spell is renewed too."""
     async with (
         schema.durability(lease_expiry=0.5) as holder,
         schema.durability(lock_timeout=0.1) as other,
     ):
+        if quiet_first:  # a lease held and let go, then a spell of many renewal ticks
+            await holder.with_turn(TurnScope("before", "1"), plain)
+            await asyncio.sleep(0.5)
         refusals: list[type[BaseException]] = []
 
         async def provider(authority: EffectAuthority) -> str:
@@ -238,7 +315,7 @@ async def test_a_renewed_lease_keeps_the_thread_through_a_call_longer_than_its_e
         result = await holder.with_turn(TurnScope("t", "long"), long_call)
     assert result.checkpoint_version == 1
     assert len(refusals) == 6
-    assert schema.query("SELECT turn_id FROM ik_turns") == [("long",)]
+    assert schema.query("SELECT turn_id FROM ik_turns WHERE thread_id = 't'") == [("long",)]
 
 
 async def test_expiry_is_judged_by_the_servers_clock_not_the_workers(
@@ -361,7 +438,8 @@ async def test_a_worker_stopped_past_its_lease_is_refused_every_write_after_it_w
     stdout, stderr = await asyncio.wait_for(worker.communicate(), 60)
     assert worker.returncode == 0, stderr.decode()
     [outcome] = [json.loads(line) for line in stdout.decode().splitlines()]
-    assert outcome["error"] in {"LeaseLostError", "FencedCommitError"}, outcome
+    # Every refusal says why: the lease was lost (its outcome's write included).
+    assert outcome["error"] == "LeaseLostError", outcome
 
     async with schema.durability() as store:
         receipts = await store.list_receipts()
@@ -369,7 +447,6 @@ async def test_a_worker_stopped_past_its_lease_is_refused_every_write_after_it_w
     calls = schema.query("SELECT key, pid FROM calls", schema=schema.ledger)
     if where == "before_effect":
         # Its prepare was refused: it never called the provider; the other one did.
-        assert outcome["error"] == "LeaseLostError"
         assert calls == [] and calls_by_other == ["charge"]
         assert [r.status for r in receipts] == ["completed"]
     else:
@@ -438,3 +515,52 @@ async def test_taking_a_lease_waits_for_no_flush_and_a_write_under_it_does(
 
         assert (await store.with_turn(TurnScope("t", "1"), work)).checkpoint_version == 1
         assert [r.status for r in await store.list_receipts()] == ["completed"]
+
+
+async def test_waiting_turns_of_one_adapter_poll_a_busy_thread_as_one(schema: Schema) -> None:
+    """Ten turns of one adapter wait for a thread another adapter holds. One of them
+    polls the server; the others sleep until it takes the thread or a turn of their
+    adapter lets go. So the statements a busy thread costs do not grow with its
+    waiters. Each waiter still takes the thread in turn, and commits."""
+    waiters, held_for = 10, 2.0
+    # The server counts calls of the schema's functions for the waiters' sessions only.
+    counted = make_conninfo(schema.dsn, options="-c track_functions=pl")
+    released = asyncio.Event()
+
+    async def holding(tx: TurnTransaction) -> TurnCommit:
+        await released.wait()
+        return await plain(tx)
+
+    async with schema.durability() as holder:
+        held = asyncio.create_task(holder.with_turn(TurnScope("t", "held"), holding))
+        while not schema.query("SELECT 1 FROM ik_leases WHERE thread_id = 't'"):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        async with PostgresDurability(counted, schema=schema.name, max_pool_size=3) as store:
+            turns = [
+                asyncio.create_task(store.with_turn(TurnScope("t", f"w{n}"), plain))
+                for n in range(waiters)
+            ]
+            await asyncio.sleep(held_for)
+            released.set()
+            await held
+            done = await asyncio.gather(*turns)
+    assert sorted(r.checkpoint_version for r in done) == list(range(2, waiters + 2))
+
+    def calls() -> int:
+        rows = schema.query(
+            "SELECT calls FROM pg_stat_user_functions"
+            " WHERE schemaname = %s AND funcname = 'ik_start_turn_leased'",
+            schema.name,
+        )
+        return int(rows[0][0]) if rows else 0
+
+    # Sessions report their counts as they end; the pool's close ends them. So the
+    # count is read until it stops moving.
+    deadline, seen = time.monotonic() + 30, -1
+    while (seen < waiters or calls() != seen) and time.monotonic() < deadline:
+        seen = calls()
+        await asyncio.sleep(0.5)
+    # One poller: at most one call per 12.5 ms (half the longest backoff) while held.
+    # Each take wakes the other waiters once, and so does each release: 2 * 10 * 10
+    # calls at most. Ten pollers would have made about 800 calls in these two seconds.
+    assert waiters <= seen <= held_for / 0.0125 + 2 * waiters * waiters, seen

@@ -24,11 +24,11 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from intention_kernel.checkpoint import SCHEMA_REVISION, KernelCheckpoint
+from intention_kernel._checkpoint import SCHEMA_REVISION, KernelCheckpoint
+from intention_kernel._turns import OutboxEvent, TurnCommit, TurnResult, TurnScope
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability
 from intention_kernel.errors import ThreadBusyError
-from intention_kernel.turns import OutboxEvent, TurnCommit, TurnResult, TurnScope
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -204,14 +204,6 @@ class Worker:
         assert self.process.stderr is not None
         self.stderr = await self.process.stderr.read()
 
-    async def reported(self, count: int) -> None:
-        """Wait until the worker reported ``count`` turns (it is then running the next)."""
-        deadline = time.monotonic() + PROCESS_TIMEOUT
-        while len(self.outcomes) < count:
-            assert self.process.returncode is None, f"worker {self.pid} ended early"
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.001)
-
     async def finished(self) -> list[dict[str, Any]]:
         await asyncio.wait_for(self.process.wait(), PROCESS_TIMEOUT)
         await self._reading
@@ -261,7 +253,8 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
 ) -> None:
     """8 workers share 6 threads, each with part of the schedule (half of the turns
     delivered by two workers at once). Four are SIGKILLed at spread-out points, each the
-    moment its provider call is logged, so mid-turn; two are respawned with what they
+    moment its provider call is logged, so mid-turn (it stops there itself: a slow test
+    cannot kill it late); two are respawned with what they
     had not reported (a host redelivering), two are not, and a final recovery delivers
     every turn once more. Then: every turn committed exactly once, versions gapless,
     each effect key called at most once, and each turn's events exactly what its
@@ -272,40 +265,39 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
     respawned, finals = victims[:2], victims[2:]
     schedules, alone = deal(pairs, n_workers, set(victims), rng)
 
-    barrier = cluster.path("go")
-    workers: list[Worker] = []
-    for i, schedule in enumerate(schedules):
-        process = await cluster.spawn(
-            mode="turns",
-            turns=schedule,
-            read_every=7,
-            arrived=cluster.path(f"arrived-{i}"),
-            barrier=barrier,
-        )
-        workers.append(Worker(process, schedule))
-    for i, worker in enumerate(workers):
-        await cluster.wait_for_file(cluster.path(f"arrived-{i}"), worker.process)
-
     # Where each victim dies: after reporting this many turns, at its next provider
     # call. Spread over the run, and early enough that three turns only it delivers (so
     # three fresh calls) are still ahead: the kill comes at the first of them at the
-    # latest, or a call or two later if the poll below is slow, and a final victim still
-    # leaves at least one to the recovery.
+    # latest, and a final victim still leaves at least one to the recovery.
     def kill_point(worker: int, low: float, high: float) -> int:
         size = len(schedules[worker])
         return max(1, min(rng.randint(int(size * low), int(size * high)), alone[worker][-3]))
 
     fractions = [(0.1, 0.3), (0.3, 0.5), (0.3, 0.5), (0.5, 0.8)]
     kill_at = {v: kill_point(v, *fractions[i]) for i, v in enumerate(victims)}
+
+    barrier = cluster.path("go")
+    workers: list[Worker] = []
+    for i, schedule in enumerate(schedules):
+        # A victim stops at that call, once it is logged, and waits there for its kill.
+        pause = (
+            {"pause_at": kill_at[i], "paused": cluster.path(f"paused-{i}")} if i in kill_at else {}
+        )
+        process = await cluster.spawn(
+            mode="turns",
+            turns=schedule,
+            read_every=7,
+            arrived=cluster.path(f"arrived-{i}"),
+            barrier=barrier,
+            **pause,
+        )
+        workers.append(Worker(process, schedule))
+    for i, worker in enumerate(workers):
+        await cluster.wait_for_file(cluster.path(f"arrived-{i}"), worker.process)
     left_behind: dict[int, list[list[str]]] = {}
     respawns: list[Worker] = []
 
-    async with (
-        cluster.durability() as relay,
-        await psycopg.AsyncConnection.connect(
-            cluster.dsn, autocommit=True, prepare_threshold=None
-        ) as ledger,
-    ):
+    async with cluster.durability() as relay:
         seen: list[OutboxEvent] = []
         stop = asyncio.Event()
 
@@ -314,17 +306,14 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
                 seen.extend(await read_all(relay, seen[-1].position if seen else None))
                 await asyncio.sleep(0.002)
 
-        async def calls_by(pid: int) -> int:
-            count = sql.SQL("SELECT count(*) FROM {}.calls WHERE pid = %s")
-            cur = await ledger.execute(count.format(sql.Identifier(cluster.ledger)), (pid,))
-            return int((await cur.fetchone() or (0,))[0])
-
         async def kill_mid_turn(victim: int) -> None:
             worker = workers[victim]
-            await worker.reported(kill_at[victim])
-            before = await calls_by(worker.pid)
-            while await calls_by(worker.pid) == before:
+            paused = cluster.path(f"paused-{victim}")
+            deadline = time.monotonic() + PROCESS_TIMEOUT
+            while not exists(paused):
                 assert worker.process.returncode is None, f"victim {victim} ended unkilled"
+                assert time.monotonic() < deadline, f"victim {victim} never got there"
+                await asyncio.sleep(0.001)
             left_behind[victim] = await worker.killed()
             if victim in respawned:  # redelivered by a new process, from where it stopped
                 process = await cluster.spawn(mode="turns", turns=left_behind[victim])

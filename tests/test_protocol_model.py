@@ -21,6 +21,9 @@ import pytest
 from conftest import service_unavailable
 from intention_kernel import _faults
 
+# One xdist worker runs these SPIN checks, one at a time: each keeps a core busy.
+pytestmark = pytest.mark.xdist_group("spin")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -88,11 +91,13 @@ def _model_run(name: str) -> Any:
         pytest.param("inbox-interrupt", marks=pytest.mark.slow),
         "inbox-steer",
         "timers",
+        pytest.param("timers-inbox", marks=pytest.mark.slow),
     ],
 )
 def test_the_inbox_and_the_timers_have_no_counterexample(name: str, build: Path) -> None:
     """Queue, cancel, interrupt and steer (models/inbox.pml); timers claimed with a
-    lease and fired once (models/timers.pml): crashes at every durable point."""
+    lease and fired once, queued in an inbox and cancelled (models/timers.pml):
+    crashes at every durable point."""
     result = checker.verify(_model_run(name), build)
     print(result.summary())
     assert result.violation is None, result.trail
@@ -102,8 +107,8 @@ def test_the_inbox_and_the_timers_have_no_counterexample(name: str, build: Path)
 
 def test_runs_are_chosen_by_name_or_pattern() -> None:
     models, mutants = checker.selected(["timer*"])
-    assert [run.name for run in models] == ["timers"]
-    assert len(mutants) == 5 and {run.model for run in mutants} == {"timers.pml"}
+    assert [run.name for run in models] == ["timers", "timers-inbox"]
+    assert len(mutants) == 6 and {run.model for run in mutants} == {"timers.pml"}
     assert checker.selected([]) == (checker.MODEL_RUNS, checker.MUTANT_RUNS)
     with pytest.raises(ValueError, match="no run is named 'nothing-such'"):
         checker.selected(["nothing-such"])

@@ -25,10 +25,10 @@ import pytest
 
 from bridge_support import MovingClock, Workers, read_ledger, words
 from intention_kernel import Answer, CorruptRecordError, Kernel, ReceiptStatus
-from intention_kernel.checkpoint import operation_digest
+from intention_kernel._checkpoint import operation_digest
+from intention_kernel._effects import utcnow
 from intention_kernel.durability import Durability
 from intention_kernel.durability.abc import JournalEntry, RecordedDurability
-from intention_kernel.effects import utcnow
 from intention_kernel.integrations.pydantic_ai import KernelAgent
 from intention_kernel.testing import faults
 from proving_support import Store, make_sql_store, open_store

@@ -21,7 +21,7 @@ from intention_kernel import (
 )
 from intention_kernel.durability import Durability
 from intention_kernel.testing import ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 CHARGE = "charge pi_1 500"
 OPS = Principal("ops", "acme", "operator")

@@ -29,13 +29,13 @@ from intention_kernel import (
     TurnResult,
     TurnScope,
 )
-from intention_kernel.checkpoint import CheckpointDelta
-from intention_kernel.deadlines import expiry_turn_id
+from intention_kernel._checkpoint import CheckpointDelta
+from intention_kernel._deadlines import expiry_turn_id
+from intention_kernel._turns import RESERVED_TURN_PREFIXES, committed_event, request_digest
 from intention_kernel.durability import Durability, TurnTransaction, open_durability
 from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.operations import expire_interactions
-from intention_kernel.testing.agents import FakeProvider, billing_agent
-from intention_kernel.turns import RESERVED_TURN_PREFIXES, committed_event, request_digest
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import new_database, process_env, read_all_events
 
 START = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)

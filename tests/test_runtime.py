@@ -34,11 +34,11 @@ from intention_kernel import (
     StepStatus,
     capability,
 )
-from intention_kernel.capabilities import Capability
-from intention_kernel.interpretation import InterpretationRequest
+from intention_kernel._capabilities import Capability
+from intention_kernel._interpretation import InterpretationRequest
+from intention_kernel._turns import request_digest
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent, billing_interpreter
-from intention_kernel.turns import request_digest
+from intention_kernel.testing._agents import FakeProvider, billing_agent, billing_interpreter
 
 
 def _kernel(*caps: Any, script: Any) -> tuple[Kernel, InMemoryDurability]:
@@ -750,3 +750,37 @@ async def test_the_default_confirmation_prompt_is_a_question_without_python_repr
     assert asked.reply == "Refund an order in full (order_id: o_1, lines: [1,2])? Reply yes or no."
     bare = await kernel.turn("t", "2", "bare")
     assert bare.reply == "Refund an order in full? Reply yes or no."
+
+
+def test_a_step_moved_to_a_later_round_keeps_every_other_field() -> None:
+    """``in_round`` builds the step field by field (each step of a later round makes
+    one, where ``dataclasses.replace`` costs a dozen calls): a field added to the step
+    and forgotten there would be dropped from every later round's steps."""
+    from intention_kernel._runtime.state import in_round
+    from intention_kernel._turns import StepResult
+
+    values = {f.name: object() for f in dataclasses.fields(StepResult)}
+    step = StepResult(**values)  # type: ignore[arg-type]
+    moved = in_round(step, 3)
+    assert {n: getattr(moved, n) for n in values} == {**values, "round": 3}
+
+
+def test_a_request_given_its_stop_keeps_every_other_field() -> None:
+    """``TurnRequest.with_stop`` builds the request field by field (it runs every
+    turn, where ``dataclasses.replace`` costs a dozen calls): a field added to the
+    request and forgotten there would be dropped from every turn."""
+    from intention_kernel._runtime.state import TurnRequest
+
+    values = {f.name: object() for f in dataclasses.fields(TurnRequest)}
+    request = TurnRequest(**values)  # type: ignore[arg-type]
+
+    async def stop(base: int, at_once: bool) -> str | None:
+        return None
+
+    async def steers() -> list[dict[str, str]]:
+        return []
+
+    kept = request.with_stop(stop)
+    assert {n: getattr(kept, n) for n in values} == {**values, "stop": stop}
+    both = request.with_stop(stop, steers)
+    assert {n: getattr(both, n) for n in values} == {**values, "stop": stop, "steers": steers}

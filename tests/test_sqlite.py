@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import json
 import math
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from intention_kernel._turns import TurnCommit, TurnScope
 from intention_kernel.durability import Durability, TurnTransaction, open_durability
 from intention_kernel.durability.sqlite import MIGRATIONS, SQLiteDurability
 from intention_kernel.errors import (
@@ -29,7 +34,6 @@ from intention_kernel.testing.conformance import (
     Tamper,
     commit_for,
 )
-from intention_kernel.turns import TurnCommit, TurnScope
 from proving_support import (
     Store,
     StoreInspector,
@@ -318,6 +322,51 @@ async def test_every_path_to_one_database_shares_its_thread_locks(
     assert sorted(r.checkpoint_version for r in results) == [1, 2, 3]
     locks = [f for _, _, files in os.walk(tmp_path) for f in files if f.endswith(".locks")]
     assert locks == ["kernel.db.locks"]
+
+
+#: Runs one turn and prints the lock file's ``lockf`` calls during it, read by an audit hook.
+_LOCKF_OF_A_TURN = """
+import asyncio, json, sys
+from intention_kernel._turns import TurnScope
+from intention_kernel.durability.sqlite import SQLiteDurability
+from intention_kernel.testing.conformance import commit_for
+
+calls = []
+
+async def operation(tx):
+    return commit_for(tx)
+
+async def main():
+    async with SQLiteDurability(sys.argv[1]) as store:
+        await store.with_turn(TurnScope("t", "1"), operation)
+        sys.addaudithook(lambda event, args: event == "fcntl.lockf" and calls.append(args[1:4:2]))
+        await store.with_turn(TurnScope("t", "2"), operation)
+    print(json.dumps(calls))
+
+asyncio.run(main())
+"""
+
+
+def test_a_turn_lets_go_of_its_delivery_mark_before_its_threads_lock(tmp_path: Path) -> None:
+    """A turn holds two bytes of the lock file: the thread's, then its own mark.
+
+    It lets go of the mark first. In the other order a moment opens between the
+    two calls. The turn's next delivery, in another process, could take the
+    thread's byte then, and find the mark still taken. It would run unmarked, and a
+    cancel would dequeue its queued copy. An audit hook in a child process records
+    the calls (a hook cannot be removed, so not in this one)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOCKF_OF_A_TURN, str(tmp_path / "k.db")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    calls = [tuple(call) for call in json.loads(done.stdout)]
+    taken = [offset for cmd, offset in calls if cmd != fcntl.LOCK_UN]
+    released = [offset for cmd, offset in calls if cmd == fcntl.LOCK_UN]
+    assert len(taken) == 2, calls  # the thread's byte, then the turn's mark
+    assert released == taken[::-1]
 
 
 async def test_migration_4_gives_existing_receipts_their_threads_owner(tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 import pytest
 
+from intention_kernel._effects import ReceiptStatus, plan_effect, settle, utcnow
 from intention_kernel.durability.abc import JournalEntry
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.effects import ReceiptStatus, plan_effect, settle, utcnow
 from intention_kernel.errors import FencedCommitError, StoreError
 from intention_kernel.testing.sqlite import WriterProbe
 

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from intention_kernel._effects import utcnow
+from intention_kernel._turns import EventDraft, TurnCommit, TurnResult, TurnScope
 from intention_kernel.durability import Durability, TurnTransaction
 from intention_kernel.durability.abc import OutboxBacklog, TurnRecord
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.effects import utcnow
 from intention_kernel.errors import FencedCommitError, KernelError, StoreError
 from intention_kernel.testing.conformance import commit_for
 from intention_kernel.testing.sqlite import (
@@ -23,7 +24,6 @@ from intention_kernel.testing.sqlite import (
     WriterProbe,
     grouping_durability,
 )
-from intention_kernel.turns import EventDraft, TurnCommit, TurnResult, TurnScope
 from sqlite_owner import watch_connections
 from test_sqlite import SQLiteConformance
 

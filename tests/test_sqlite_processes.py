@@ -36,12 +36,12 @@ from intention_kernel import (
     Kernel,
     capability,
 )
+from intention_kernel._effects import ReceiptStatus
+from intention_kernel._interpretation import InterpretationRequest
+from intention_kernel._turns import OutboxEvent, TurnCommit, TurnScope
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.effects import ReceiptStatus
-from intention_kernel.interpretation import InterpretationRequest
 from intention_kernel.testing.conformance import commit_for
-from intention_kernel.turns import OutboxEvent, TurnCommit, TurnScope
 
 WORKER = Path(__file__).with_name("sqlite_worker.py")
 CRASH_STATUS = 137  # what the worker exits with when it simulates a crash
@@ -488,6 +488,11 @@ async def no_lock(thread_id: str, *, wait: bool = True) -> AsyncIterator[object]
     yield thread_id
 
 
+@asynccontextmanager
+async def no_turn_lock(thread_id: str, turn_id: str, wait: bool) -> AsyncIterator[object]:
+    yield thread_id
+
+
 @pytest.mark.parametrize(
     ("prior_turns", "winner_turn_id"),
     [(0, "winner"), (1, "winner"), (1, "stale")],
@@ -505,6 +510,8 @@ async def test_stale_commit_is_fenced(
     ):
         # The rogue adapter skips the thread lock, as if the lock file had been deleted.
         monkeypatch.setattr(await rogue.recorder(), "lock", no_lock)
+        # A turn takes the lock through ``turn_lock``, which marks it too.
+        monkeypatch.setattr(await rogue.recorder(), "turn_lock", no_turn_lock)
         honest_kernel, rogue_kernel = Kernel(agent, honest), Kernel(agent, rogue)
         for i in range(prior_turns):
             await honest_kernel.turn("th-fence", f"prior-{i}", "balance?")
@@ -695,7 +702,7 @@ def test_serve_on_a_read_only_file_system_is_refused_with_one_message(
         "import asyncio, os, sys\n"
         "from intention_kernel.durability.sqlite import SQLiteDurability\n"
         "from intention_kernel.testing.conformance import commit_for\n"
-        "from intention_kernel.turns import TurnScope\n"
+        "from intention_kernel._turns import TurnScope\n"
         "async def first(tx):\n"
         "    return commit_for(tx)\n"
         "async def main():\n"

@@ -18,19 +18,17 @@ import pydantic
 import pytest
 
 from intention_kernel import Kernel
-from intention_kernel.checkpoint import (
-    Message,
-    ReceiptRef,
+from intention_kernel._checkpoint import Message, ReceiptRef, decode_checkpoint
+from intention_kernel._facts import FactRecord
+from intention_kernel._turns import decode_result, encode_result, request_digest
+from intention_kernel.durability._layout.codec import (
     assemble_checkpoint,
-    decode_checkpoint,
     encode_bare_core,
     encode_fact,
     encode_message,
     encode_receipt_ref,
 )
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.facts import FactRecord
-from intention_kernel.turns import decode_result, encode_result, request_digest
 from stored_bytes_support import TURNS, agent
 
 FIXTURE = Path(__file__).parent / "fixtures" / "stores" / "main-4409db6.sql"

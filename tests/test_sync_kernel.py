@@ -19,6 +19,7 @@ import gc
 import inspect
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from intention_kernel import (
 )
 from intention_kernel.durability import Durability, open_durability
 from intention_kernel.testing import InMemoryDurability, ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import fresh_store_urls
 from sync_support import CrowdProbe, ThreadGate, crowd_agent, gate_agent
 
@@ -721,6 +722,14 @@ def test_a_call_while_another_runs_joins_it_and_the_loop_returns_to_its_callers(
         holder.join(30)
         joiner.join(30)
         assert [r.checkpoint_version for r in first + other] == [1, 1]
+        # The loop's own thread may still wind down after both callers returned: it
+        # lets the loop go once nothing is left to run. Until then a call hops to it.
+        loop = kernel._engine.loop
+        assert loop is not None
+        deadline = time.monotonic() + 30
+        while loop._driver is not None:
+            assert time.monotonic() < deadline, "the loop's thread never let the loop go"
+            threading.Event().wait(0.005)
         seen.clear()
         assert kernel.turn("c", "1", "go").checkpoint_version == 1
         assert seen == [threading.get_ident()]  # this caller drives the loop again

@@ -34,7 +34,7 @@ import httpx
 import pytest
 
 from intention_kernel import SyncKernel
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from proving_support import drop_schema
 
 HERE = Path(__file__).parent

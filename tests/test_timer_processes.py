@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from intention_kernel import Kernel
-from intention_kernel.durability.records import Timer, TimerWrite
+from intention_kernel.durability._contract.records import Timer, TimerWrite
 from intention_kernel.testing import faults
 from proving_support import Store, make_sql_store
 from timer_worker import timer_agent

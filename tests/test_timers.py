@@ -5,17 +5,24 @@ fired once as a turn under a turn ID made of its key and due time. On every stor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
+import logging
+import re
 import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from intention_kernel import (
     Agent,
     CapabilityContext,
+    CompilationError,
     FiredTimer,
     Intent,
     Interpretation,
@@ -24,28 +31,16 @@ from intention_kernel import (
     Kernel,
     Queued,
     ReservedTurnIdError,
+    ThreadBusyError,
     capability,
 )
 from intention_kernel._timer_runner import _fire
 from intention_kernel.durability import Durability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.operations import expire_interactions, prune
+from intention_kernel.testing import InMemoryDurability
 from sqlite_history import undo_migration_14
-
-START = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
-
-
-class Clock:
-    """A clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def move(self, **delta: float) -> None:
-        self.now += timedelta(**delta)
+from timers_support import START, Clock, approval_agent, commit_order, events_of, lapsed_claim
 
 
 class Interpreter:
@@ -106,10 +101,6 @@ def make_kernel(store: Durability, clock: Clock) -> tuple[Kernel, Interpreter]:
         interpreter=interpreter,
     )
     return Kernel(agent, store, clock=clock), interpreter
-
-
-async def events_of(store: Durability, type: str) -> list[Any]:
-    return [e for e in await store.read_outbox(limit=1000) if e.type == type]
 
 
 async def test_a_timer_set_in_a_turn_fires_once_as_a_turn_when_due(store: Durability) -> None:
@@ -397,33 +388,40 @@ async def test_a_timer_on_a_busy_thread_waits_for_the_running_turn(store: Durabi
     assert checkpoint is not None and checkpoint.version == 2
 
 
-async def test_a_timer_on_a_busy_inbox_thread_waits_for_the_lock_not_in_the_inbox(
-    store: Durability,
+@pytest.mark.parametrize("on_busy", ["queue", "steer", "interrupt"])
+async def test_a_timer_on_a_busy_inbox_thread_queues_behind_earlier_messages(
+    store: Durability, on_busy: Literal["queue", "steer", "interrupt"]
 ) -> None:
     held = Held()
-    agent = dataclasses.replace(held.agent(), on_busy="queue")
+    agent = dataclasses.replace(held.agent(), on_busy=on_busy)
     kernel = Kernel(agent, store)
     await kernel.schedule("t", "soon", after=timedelta(0))
     running = asyncio.create_task(kernel.turn("t", "1", "go"))
     await asyncio.wait_for(held.entered.wait(), 10)
     for turn_id in ("2", "3"):
         assert isinstance(await kernel.submit("t", turn_id, "more"), Queued)
-    firing = asyncio.create_task(kernel.fire_due_timers())
-    await asyncio.sleep(0.05)
-    assert not firing.done()  # it waits for the thread's lock
-    assert [e.turn_id for e in await store.read_inbox("t")] == ["2", "3"]  # type: ignore[attr-defined]
+    # The timer's turn enters the inbox at once, behind the messages accepted before it.
+    (fired,) = await asyncio.wait_for(kernel.fire_due_timers(), 10)
+    assert fired.outcome == "queued"
+    inbox = [e.turn_id for e in await store.read_inbox("t")]  # type: ignore[attr-defined]
+    assert inbox == ["2", "3", fired.turn_id]
+    assert isinstance(await kernel.submit("t", "4", "more"), Queued)  # behind the timer
     held.release.set()
     await running
-    (fired,) = await asyncio.wait_for(firing, 10)
-    assert fired.outcome == "fired"
     await asyncio.wait_for(kernel.drain("t"), 10)
-    # Every turn ran once, one at a time; the queued ones in their order. Where the
-    # timer's turn fell among them is the order the lock was granted in.
-    committed = [e.turn_id for e in await events_of(store, "turn.committed")]
-    assert sorted(committed) == sorted(["1", "2", "3", fired.turn_id])
-    assert committed.index("2") < committed.index("3")
+    await kernel.drained()
+    order = ["1", "2", "3", fired.turn_id, "4"]
+    assert await commit_order(kernel, order) == order  # each once, in this order
     checkpoint = await kernel.checkpoint("t")
-    assert checkpoint is not None and checkpoint.version == 4
+    assert checkpoint is not None and checkpoint.version == 5  # no other turn
+    (timer,) = await kernel.timers("t")
+    assert (timer.status, timer.turn_id) == ("fired", fired.turn_id)
+    # A second claim of the same occurrence (its row set again) replays, runs nothing.
+    await kernel.schedule("t", "soon", at=fired.due_at)
+    (again,) = await kernel.fire_due_timers()
+    assert (again.outcome, again.turn_id) == ("replayed", fired.turn_id)
+    checkpoint = await kernel.checkpoint("t")
+    assert checkpoint is not None and checkpoint.version == 5  # nothing ran again
 
 
 async def test_a_timer_firing_waits_for_a_turn_running_on_its_thread(store: Durability) -> None:
@@ -448,18 +446,7 @@ async def test_a_claim_that_lapses_while_its_turn_runs_is_replayed_not_run_twice
     held = Held()
     first, second = Kernel(held.agent(), store), Kernel(held.agent(), store)
     await first.schedule("t", "once", after=timedelta(0))
-    firing = asyncio.create_task(first.fire_due_timers(claim_for=0.01))
-    await asyncio.wait_for(held.entered.wait(), 10)
-    (claimed,) = await first.timers("t")
-    await asyncio.sleep(0.02)  # the first claim is over while its turn still runs
-    again = asyncio.create_task(second.fire_due_timers())
-    for _ in range(1000):  # until the second worker claimed it too
-        (now,) = await first.timers("t")
-        if now.claimed_until != claimed.claimed_until:
-            break
-        await asyncio.sleep(0.01)
-    assert now.claimed_until is not None and claimed.claimed_until is not None
-    assert now.claimed_until > claimed.claimed_until
+    firing, again = await lapsed_claim(first, second, held.entered)
     held.release.set()
     (one,), (two,) = await firing, await again
     assert (one.outcome, two.outcome) == ("fired", "replayed")
@@ -489,25 +476,7 @@ async def test_prune_removes_settled_timers_and_keeps_pending_ones(store: Durabi
 
 
 def approval_kernel(store: Durability, clock: Clock) -> Kernel:
-    @capability(
-        "orders.ship",
-        effect="write",
-        description="Ship an order",
-        prompt="Ship order {order}?",
-        confirm_within=timedelta(minutes=30),
-        remind_before=timedelta(minutes=10),
-    )
-    async def ship(input: dict[str, Any], ctx: CapabilityContext) -> str:
-        return "shipped"
-
-    class Orders:
-        async def interpret(self, request: InterpretationRequest) -> Interpretation:
-            if request.message.startswith("ship"):
-                return Interpretation([Intent("orders.ship", {"order": request.message[5:]})])
-            return Interpretation(reply="ok")
-
-    agent = Agent(name="orders", version="1", capabilities=[ship], interpreter=Orders())
-    return Kernel(agent, store, clock=clock)
+    return Kernel(approval_agent(remind_before=timedelta(minutes=10)), store, clock=clock)
 
 
 async def test_a_confirmation_expires_on_time_by_itself_after_a_reminder(
@@ -653,3 +622,194 @@ async def test_a_bad_cron_timer_is_refused(
     with pytest.raises(InvalidRequestError, match=problem):
         await kernel.schedule("t", "k", **when)
     assert await kernel.timers() == []
+
+
+# -- the loop, busy threads and bad arguments ------------------------------------------------
+
+
+async def test_run_timers_fires_what_is_due_without_pausing_between_full_passes(
+    store: Durability,
+) -> None:
+    """Three timers due, one claimed a pass: a full pass is followed by the next at
+    once, not after the poll interval (a minute here). The loop ends when told."""
+    kernel, _ = make_kernel(store, Clock())
+    for key in ("a", "b", "c"):
+        await kernel.schedule("t", key, after=timedelta(0))
+    stop = asyncio.Event()
+    loop = asyncio.create_task(kernel.run_timers(poll_interval=60, limit=1, stop=stop))
+    deadline = asyncio.get_running_loop().time() + 20
+    while {t.status for t in await kernel.timers("t")} != {"fired"}:
+        assert asyncio.get_running_loop().time() < deadline, "the loop paused between passes"
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(loop, 10)  # the poll's wait ends with the stop
+    assert len(await events_of(store, "timer.fired")) == 3
+
+
+def let_go(holder: Any) -> None:
+    """End the holding connection's transaction, and close it."""
+    holder.rollback()
+    holder.close()
+
+
+@contextlib.asynccontextmanager
+async def store_that_waits_little(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Durability, Callable[[], Callable[[], None]]]]:
+    """A store whose statements give up soon on a lock, and ``hold``: it takes, from
+    another connection, the lock that a timer's claim needs, and returns its release.
+
+    SQLite: the database's write lock (``BEGIN EXCLUSIVE``); the claim answers busy.
+    PostgreSQL: ``ik_timers`` in ``EXCLUSIVE`` mode, which reads pass but the claim's
+    update does not; its session's ``lock_timeout`` ends the wait."""
+    if kind == "sqlite":
+        path = tmp_path / "store.db"
+
+        def hold_sqlite() -> Callable[[], None]:
+            holder = sqlite3.connect(path, isolation_level=None)
+            holder.execute("BEGIN EXCLUSIVE")
+            return functools.partial(let_go, holder)
+
+        async with SQLiteDurability(path, busy_timeout=0.05) as sqlite_store:
+            yield sqlite_store, hold_sqlite
+        return
+    import psycopg
+    from psycopg import sql
+
+    from intention_kernel.durability.postgres import PostgresDurability
+
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = "ik_store_" + uuid.uuid4().hex[:12]
+
+    def hold_postgres() -> Callable[[], None]:
+        holder = psycopg.connect(dsn)
+        holder.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        holder.execute("LOCK TABLE ik_timers IN EXCLUSIVE MODE")
+        return functools.partial(let_go, holder)
+
+    waits_little = dsn + ("&" if "?" in dsn else "?") + "options=-c%20lock_timeout%3D100"
+    try:
+        async with PostgresDurability(waits_little, schema=schema) as pg_store:
+            yield pg_store, hold_postgres
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_failed_pass_is_logged_and_the_loop_fires_the_timer_once_the_store_is_back(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another connection holds the lock that a timer's claim needs, so each pass
+    fails. The loop logs each failure and goes on. Once the lock is let go, the timer
+    fires, once."""
+    caplog.set_level(logging.WARNING, logger="intention_kernel.timers")
+
+    def failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "intention_kernel.timers"]
+
+    async with store_that_waits_little(kind, request, tmp_path) as (store, hold):
+        kernel, _ = make_kernel(store, Clock())
+        await kernel.schedule("t", "a", after=timedelta(0))
+        release = hold()
+        stop = asyncio.Event()
+        loop = asyncio.create_task(kernel.run_timers(poll_interval=0.02, stop=stop))
+        try:
+            deadline = asyncio.get_running_loop().time() + 20
+            while len(failures()) < 3:  # three passes failed, and the loop goes on
+                assert not loop.done(), loop.exception()
+                assert asyncio.get_running_loop().time() < deadline, "no pass failed"
+                await asyncio.sleep(0.02)
+            assert [t.status for t in await kernel.timers("t")] == ["pending"]
+        finally:
+            release()
+        deadline = asyncio.get_running_loop().time() + 20
+        while [t.status for t in await kernel.timers("t")] != ["fired"]:
+            assert not loop.done(), loop.exception()
+            assert asyncio.get_running_loop().time() < deadline, "the loop fired nothing"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # a few more passes: none fires it again
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+        assert len(await events_of(store, "timer.fired")) == 1
+        assert len(await events_of(store, "turn.committed")) == 1
+    records = failures()
+    assert {r.levelno for r in records} == {logging.WARNING}
+    assert all(r.getMessage().startswith("firing timers failed: ") for r in records)
+    assert "StoreError" in records[0].getMessage()
+
+
+async def test_a_timer_on_a_busy_thread_of_a_rejecting_agent_waits_for_the_lock(
+    store: Durability,
+) -> None:
+    """``on_busy="reject"`` refuses a person's message while a turn runs, never a
+    timer: its turn waits for the thread's lock, then fires."""
+    held = Held()
+    kernel = Kernel(dataclasses.replace(held.agent(), on_busy="reject"), store)
+    await kernel.schedule("t", "soon", after=timedelta(0))
+    running = asyncio.create_task(kernel.turn("t", "1", "go"))
+    await asyncio.wait_for(held.entered.wait(), 10)
+    firing = asyncio.create_task(kernel.fire_due_timers())
+    with pytest.raises(ThreadBusyError):
+        await kernel.turn("t", "2", "more")  # a person is refused at once
+    await asyncio.sleep(0.05)
+    assert not firing.done()  # the timer waits
+    held.release.set()
+    await running
+    (fired,) = await asyncio.wait_for(firing, 10)
+    assert fired.outcome == "fired" and fired.result is not None
+    assert fired.result.checkpoint_version == 2
+
+
+@pytest.mark.parametrize(
+    ("call", "problem"),
+    [
+        (lambda k: k.fire_due_timers(limit=0), "limit must be a positive integer"),
+        (lambda k: k.fire_due_timers(claim_for=0), "claim_for must be a positive number"),
+        (lambda k: k.run_timers(poll_interval=0), "poll_interval must be positive"),
+        (lambda k: k.timers(limit=0), "limit must be a positive integer"),
+        (lambda k: k.timers(status="due"), "status must be pending, fired or void"),
+    ],
+)
+async def test_bad_arguments_to_fire_or_list_timers_are_refused(
+    store: Durability, call: Any, problem: str
+) -> None:
+    kernel, _ = make_kernel(store, Clock())
+    await kernel.schedule("t", "k", after=timedelta(0))
+    with pytest.raises(InvalidRequestError, match=problem):
+        await call(kernel)
+    (timer,) = await kernel.timers("t")
+    assert (timer.status, timer.claimed_until) == ("pending", None)  # nothing claimed
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"remind_before": timedelta(0)}, "remind_before must be positive"),
+        ({"remind_before": 600}, "remind_before must be a datetime.timedelta"),
+        (
+            {"remind_before": timedelta(minutes=30)},
+            "remind_before=0:30:00 must be shorter than confirm_within=0:30:00",
+        ),
+        (
+            {"remind_before": timedelta(minutes=5), "confirmation": "none", "effect": "read"},
+            "remind_before needs a confirmation to remind of",
+        ),
+    ],
+)
+def test_a_reminder_that_could_never_be_sent_is_refused_at_compilation(
+    options: dict[str, Any], problem: str
+) -> None:
+    within = None if options.get("confirmation") == "none" else timedelta(minutes=30)
+
+    @capability(
+        "orders.ship",
+        **{"effect": "write", "confirm_within": within, **options},
+        description="Ship an order",
+    )
+    async def ship(input: dict[str, Any], ctx: CapabilityContext) -> str:
+        return "shipped"
+
+    agent = Agent(name="o", version="1", capabilities=[ship], interpreter=Interpreter())
+    with pytest.raises(CompilationError, match=re.escape(problem)):
+        Kernel(agent, InMemoryDurability())

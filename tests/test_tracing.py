@@ -19,7 +19,7 @@ from opentelemetry.trace import StatusCode
 from intention_kernel import Kernel, OutboxEvent, _tracing
 from intention_kernel.outbox import OutboxRelay
 from intention_kernel.testing import InMemoryDurability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 P = _tracing.ATTRIBUTE_PREFIX
 

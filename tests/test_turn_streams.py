@@ -36,8 +36,8 @@ from intention_kernel import (
     TurnEvent,
     TurnExpiredError,
 )
+from intention_kernel._effects import utcnow
 from intention_kernel.durability import Durability
-from intention_kernel.effects import utcnow
 from intention_kernel.operations import prune
 from intention_kernel.testing import InMemoryDurability
 from proving_support import Store, make_sql_store

@@ -27,7 +27,7 @@ from intention_kernel import (
 from intention_kernel.durability import Durability
 from intention_kernel.interpreters.openai import OpenAIInterpreter
 from intention_kernel.testing import ScriptedInterpreter
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 from openai_stub import OpenAIStub, completion
 
 THREAD = "acct-1"

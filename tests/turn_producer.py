@@ -16,7 +16,7 @@ from typing import Any
 
 from intention_kernel import Kernel
 from intention_kernel.durability import open_durability
-from intention_kernel.testing.agents import FakeProvider, billing_agent
+from intention_kernel.testing._agents import FakeProvider, billing_agent
 
 
 async def produce(config: dict[str, Any]) -> int:

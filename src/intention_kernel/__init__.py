@@ -8,30 +8,60 @@ The result, the next checkpoint and the outbox events commit together.
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import TYPE_CHECKING, Any
 
-from intention_kernel._inbox import Cancellation, Queued
-from intention_kernel._sync import SyncKernel, TurnStream
-from intention_kernel._timer_runner import TimerOutcome
-from intention_kernel._turnstream import TurnStatus
-from intention_kernel.agent import Agent
-from intention_kernel.authority import Principal
-from intention_kernel.capabilities import (
+from intention_kernel._agent import Agent
+from intention_kernel._authority import Principal
+from intention_kernel._capabilities import (
     CancellationSignal,
     Capability,
     CapabilityContext,
     CapabilityResult,
     capability,
 )
-from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
-from intention_kernel.durability.records import Timer
-from intention_kernel.effects import (
+from intention_kernel._checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
+from intention_kernel._effects import (
     EffectAuthority,
     EffectResult,
     Receipt,
     ReceiptStatus,
     Resolution,
 )
+from intention_kernel._facts import Evidence, Fact, FactRecord, FactRef
+from intention_kernel._inbox import Cancellation, Queued
+from intention_kernel._interpretation import (
+    Answer,
+    CapabilitySpec,
+    FiredTimer,
+    Intent,
+    Interpretation,
+    InterpretationRequest,
+    Interpreter,
+    Round,
+    Rule,
+    RuleInterpreter,
+)
+from intention_kernel._kernel import Kernel
+from intention_kernel._replies import Replies
+from intention_kernel._streaming import TurnEvent
+
+if TYPE_CHECKING:  # loaded at first use: see ``__getattr__``
+    from intention_kernel._sync import SyncKernel, TurnStream
+
+from intention_kernel._timer_runner import TimerOutcome
+from intention_kernel._turns import (
+    RESERVED_TURN_PREFIXES,
+    OutboxEvent,
+    StepResult,
+    StepStatus,
+    TurnCommit,
+    TurnResult,
+    TurnScope,
+)
+from intention_kernel._turnstream import TurnStatus
+from intention_kernel.durability._contract.records import Timer
 from intention_kernel.errors import (
     CapabilityError,
     CheckpointCompatibilityError,
@@ -59,6 +89,7 @@ from intention_kernel.errors import (
     ReceiptStateError,
     ReservedTurnIdError,
     ShuttingDownError,
+    SteerOrphanedError,
     StoreError,
     SyncKernelError,
     TenantMismatchError,
@@ -69,37 +100,32 @@ from intention_kernel.errors import (
     TurnExpiredError,
     UnknownCapabilityError,
 )
-from intention_kernel.facts import Evidence, Fact, FactRecord, FactRef
-from intention_kernel.interpretation import (
-    Answer,
-    CapabilitySpec,
-    FiredTimer,
-    Intent,
-    Interpretation,
-    InterpretationRequest,
-    Interpreter,
-    Round,
-    Rule,
-    RuleInterpreter,
-)
-from intention_kernel.kernel import Kernel
-from intention_kernel.replies import Replies
-from intention_kernel.streaming import TurnEvent
-from intention_kernel.turns import (
-    OutboxEvent,
-    StepResult,
-    StepStatus,
-    TurnCommit,
-    TurnResult,
-    TurnScope,
-)
+
+#: Public names loaded at their first use: only sync callers need them. Their
+#: modules (the sync facade and its loop thread) are a few ms of every import.
+_LAZY = {"SyncKernel": "intention_kernel._sync", "TurnStream": "intention_kernel._sync"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later reads find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 #: The version of the installed library.
 __version__ = "0.1.0"
 
-# A library never prints on its own: without this, Python's last-resort handler writes
-# every WARNING (an uncertain write, say) raw on stderr of an application that did not
-# configure logging. Applications that do configure it see the records as before.
+# A library never prints on its own. Take an application that did not configure
+# logging. Without this, Python's last-resort handler writes every WARNING raw on its
+# stderr, such as an uncertain write's. Applications that do configure logging see the
+# records as before.
 logging.getLogger("intention_kernel").addHandler(logging.NullHandler())
 
 __all__ = [
@@ -155,6 +181,7 @@ __all__ = [
     "ReceiptError",
     "ReceiptNotFoundError",
     "ReceiptStateError",
+    "RESERVED_TURN_PREFIXES",
     "ReservedTurnIdError",
     "ReceiptStatus",
     "Replies",
@@ -175,6 +202,7 @@ __all__ = [
     "TurnCommit",
     "TurnCancelledError",
     "ShuttingDownError",
+    "SteerOrphanedError",
     "TurnConflictError",
     "TurnEvent",
     "TurnStatus",

@@ -6,11 +6,11 @@ module flag ``armed``::
     if _faults.armed:
         _faults.reach(_faults.BEFORE_COMMIT)
 
-so that, unless a test armed a fault, the whole mechanism costs one attribute
-read per point (a few per turn, tens of nanoseconds against a turn's hundreds of
-microseconds). Tests arm points through :mod:`intention_kernel.testing.faults`;
-nothing here reads the environment or any configuration: a worker process arms
-its faults explicitly.
+Unless a test armed a fault, the whole mechanism costs one attribute read per
+point. That is a few per turn: tens of nanoseconds against a turn's hundreds of
+microseconds. Tests arm points through :mod:`intention_kernel.testing.faults`.
+Nothing here reads the environment or any configuration. A worker process arms its
+faults explicitly.
 
 The points, in the order a turn with one external write reaches them:
 
@@ -23,10 +23,10 @@ The points, in the order a turn with one external write reaches them:
 - ``after_receipt_completed``: ``completed`` and its value are durable.
 - ``before_commit``: the commit record is built; nothing of it is written.
 - ``during_commit``: inside the adapter's commit. On SQLite, within the commit
-  transaction after its statements and before ``COMMIT``. On PostgreSQL, whose
-  commit is a single statement (one implicit transaction), as the statement is
-  sent; a test makes the server hold that transaction open before its ``COMMIT``
-  (see ``tests/test_crash_matrix.py``) to die inside it.
+  transaction after its statements and before ``COMMIT``. On PostgreSQL, as the
+  statement is sent: the commit is a single statement (one implicit transaction). A
+  test makes the server hold that transaction open before its ``COMMIT``, to die
+  inside it (see ``tests/test_crash_matrix.py``).
 - ``after_commit``: the turn is committed; its result was not returned yet.
 """
 

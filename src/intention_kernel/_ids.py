@@ -1,12 +1,15 @@
 """The rules for thread, turn and tenant IDs, in one place.
 
-Every entry that takes an ID from outside checks it here once: ``with_turn`` and the
-inspection methods of :class:`~intention_kernel.durability.engine.RecordedDurability`
-for the IDs of a turn or a query, the host for the IDs of a request path. The limits
-also shape the HTTP host's schema (``maxLength``).
+Every entry that takes an ID from outside checks it here, once.
+``with_turn`` checks the IDs of a turn.
+The inspection methods of :class:`~intention_kernel.durability._engine.recorded.RecordedDurability`
+check the IDs of a query.
+The host checks the IDs of a request path.
+The limits also shape the HTTP host's schema (``maxLength``).
 
-The IDs the kernel makes itself (receipts ``rcpt_``, outbox events ``evt_``) come from
-:func:`new_id`: a prefix and 32 hex digits, 128 bits, time-ordered.
+The kernel makes some IDs itself: receipts (``rcpt_``) and outbox events (``evt_``).
+They come from :func:`new_id`: a prefix and 32 hex digits.
+That is 128 bits, ordered by time.
 """
 
 from __future__ import annotations
@@ -23,14 +26,19 @@ __all__ = ["MAX_ID_BYTES", "MAX_ID_LENGTH", "TimeOrderedIds", "check_id", "new_i
 
 #: The longest ID a thread, turn or key may have, in characters.
 MAX_ID_LENGTH = 512
-#: IDs are keys of unique indexes; PostgreSQL refuses a btree entry over 2,704 bytes,
-#: and ``(thread_id, turn_id)`` of two 512-character IDs could reach 4,096.
+#: The longest ID in bytes of UTF-8; IDs are keys of unique indexes.
+#: PostgreSQL refuses a btree entry over 2,704 bytes.
+#: Two 512-character IDs in ``(thread_id, turn_id)`` could reach 4,096.
 MAX_ID_BYTES = 1024
 
 
 def check_id(name: str, value: object) -> str:
-    """Thread, turn and tenant IDs: non-empty strings without NUL, at most 512 characters
-    and 1,024 bytes of UTF-8 (so no lone surrogate, which UTF-8 cannot encode)."""
+    """Check a thread, turn or tenant ID, and return it.
+
+    An ID is a non-empty string without NUL.
+    It has at most 512 characters and 1,024 bytes of UTF-8.
+    So it holds no lone surrogate, which UTF-8 cannot encode.
+    """
     if not isinstance(value, str) or not value:
         raise InvalidRequestError(f"{name} must be a non-empty string, got {value!r}")
     if len(value) > MAX_ID_LENGTH:
@@ -54,18 +62,24 @@ def check_id(name: str, value: object) -> str:
 
 
 class TimeOrderedIds:
-    """Makes 128-bit IDs that sort by the time they were made, like a UUIDv7: the
-    Unix time in milliseconds (48 bits), then 80 random bits, as 32 hex digits.
+    """Makes 128-bit IDs that sort by the time they were made, like a UUIDv7.
 
-    Why time-ordered: receipt and event IDs are keys of unique indexes (``ik_receipts.id``,
-    ``ik_outbox.id``, PostgreSQL's too). A random key lands on a random page of its
-    index, so each commit dirties (and writes to the WAL) an old page; a time-ordered
-    one lands on the index's last page, which the previous commit dirtied already.
+    An ID is the Unix time in milliseconds (48 bits), then 80 random bits.
+    It is written as 32 hex digits.
 
-    Within one generator the IDs strictly increase, so they never repeat: an ID made
-    in the millisecond of the one before (or after the clock stepped back) is that
-    one plus one. Across processes they are unique by their random bits, as UUIDs are:
-    80 fresh random bits start each millisecond.
+    Why ordered by time?
+    Receipt and event IDs are keys of unique indexes.
+    These are ``ik_receipts.id`` and ``ik_outbox.id``, in PostgreSQL too.
+    A random key lands on a random page of its index.
+    So each commit dirties an old page, and writes it to the WAL.
+    A time-ordered key lands on the index's last page.
+    The previous commit dirtied that page already.
+
+    Within one generator the IDs strictly increase, so they never repeat.
+    An ID made in the millisecond of the one before is that one plus one.
+    So is an ID made after the clock stepped back.
+    Across processes they are unique by their random bits, as UUIDs are.
+    Each millisecond starts with 80 fresh random bits.
     """
 
     __slots__ = ("__weakref__", "_clock", "_last", "_lock", "_pool", "_used")
@@ -73,41 +87,54 @@ class TimeOrderedIds:
     def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
         self._clock = clock  # nanoseconds since the Unix epoch
         self._last = 0
-        # Turns of one process may run on several threads (an event loop each, the
-        # SQLite worker). Without the lock, two threads could read the same ``_last``
-        # and hand out the same ID in one millisecond, or the same random bits.
+        # Turns of one process may run on several threads.
+        # Each event loop has one, and so does the SQLite worker.
+        # Without the lock, two threads could read the same ``_last``.
+        # They would hand out the same ID, or the same random bits.
         self._lock = threading.Lock()
-        # Random bytes drawn ahead, 10 an ID, and how many are used. One ``urandom``
-        # call per pool, not per ID: each call releases the GIL, and with turns in
-        # flight the thread then waits for the SQLite worker to hand it back.
-        self._pool = b""
-        self._used = 0
+        # Random bits drawn ahead, 80 an ID, and how many IDs used them.
+        # One ``urandom`` call fills a pool, instead of one call per ID.
+        # Each call releases the GIL.
+        # With turns in flight, the thread then waits for the SQLite worker to return it.
+        # The pool holds each ID's bits as an int: no conversion per ID.
+        # An empty pool counts as used up.
+        self._pool: list[int] = []
+        self._used = _POOL_IDS
         _generators.add(self)
 
     def __call__(self, prefix: str) -> str:
         millis = self._clock() // 1_000_000
         with self._lock:
-            used, pool = self._used, self._pool
-            if used == len(pool):
-                pool = self._pool = os.urandom(_POOL_BYTES)
+            used = self._used
+            if used == _POOL_IDS:
+                self._pool = _draw()
                 used = 0
-            self._used = used + 10
-            value = millis << 80 | int.from_bytes(pool[used : used + 10])
+            self._used = used + 1
+            value = millis << 80 | self._pool[used]
             if value <= self._last:
                 value = self._last + 1
             self._last = value
         return f"{prefix}{value:032x}"
 
     def _forget_pool(self) -> None:
-        self._pool = b""
-        self._used = 0
+        self._pool = []
+        self._used = _POOL_IDS
 
 
-#: The random bytes one ``urandom`` call draws: the random bits of 64 IDs.
-_POOL_BYTES = 640
+#: The IDs whose random bits one ``urandom`` call draws.
+_POOL_IDS = 64
+_RANDOM_MASK = (1 << 80) - 1
 
-#: Every generator, so that a forked child drops the bytes drawn ahead: the parent uses
-#: them too, and the two would make IDs with the same random bits in one millisecond.
+
+def _draw() -> list[int]:
+    """The random bits of :data:`_POOL_IDS` IDs, 80 each, from one ``urandom`` call."""
+    bits = int.from_bytes(os.urandom(_POOL_IDS * 10))
+    return [bits >> shift & _RANDOM_MASK for shift in range(0, _POOL_IDS * 80, 80)]
+
+
+#: Every generator, so that a forked child drops the bytes drawn ahead.
+#: The parent uses those bytes too.
+#: The two would make IDs with the same random bits in one millisecond.
 _generators: weakref.WeakSet[TimeOrderedIds] = weakref.WeakSet()
 
 

@@ -1,14 +1,15 @@
 """A thread's inbox: messages that arrive while a turn runs on the thread.
 
-With ``Agent(on_busy="queue")`` a message that finds its thread busy is committed to
-the thread's durable inbox under its own turn ID, and runs later as its own turn, in
-the order of acceptance. :meth:`Kernel.submit <intention_kernel.Kernel.submit>` answers
-at once, with the turn's result when it could run or a :class:`Queued` naming its
-position; :meth:`Kernel.turn <intention_kernel.Kernel.turn>` waits for the result.
+With ``Agent(on_busy="queue")`` a message that finds its thread busy is queued. It is
+committed to the thread's durable inbox under its own turn ID. It runs later as its
+own turn, in the order of acceptance. :meth:`Kernel.submit
+<intention_kernel.Kernel.submit>` answers at once. It answers with the turn's result
+when it could run, else with a :class:`Queued` naming its position.
+:meth:`Kernel.turn <intention_kernel.Kernel.turn>` waits for the result.
 
 Nothing here decides what runs twice. A queued turn runs through ``with_turn`` under
-its own turn ID, whose commit is unique: an entry whose turn committed is replayed and
-then removed, never run again. The inbox only keeps and orders the messages.
+its own turn ID, whose commit is unique. So an entry whose turn committed is replayed
+and then removed, never run again. The inbox only keeps and orders the messages.
 """
 
 from __future__ import annotations
@@ -18,22 +19,25 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from intention_kernel._authority import Principal
+from intention_kernel._effects import utcnow
+from intention_kernel._interpretation import Answer, FiredTimer
 from intention_kernel._json import dump_value, load_value
-from intention_kernel.authority import Principal
-from intention_kernel.durability.records import InboxEntry
-from intention_kernel.effects import utcnow
+from intention_kernel._runtime import TurnRequest
+from intention_kernel._runtime.rounds import STEER_KEY
+from intention_kernel._streaming import TurnSink
+from intention_kernel._turns import TurnResult, TurnScope
+from intention_kernel.durability._contract.records import InboxEntry
 from intention_kernel.errors import (
+    SteerOrphanedError,
     TenantMismatchError,
     ThreadBusyError,
     TurnCancelledError,
     TurnConflictError,
 )
-from intention_kernel.interpretation import Answer
-from intention_kernel.runtime import TurnRequest
-from intention_kernel.streaming import TurnSink
-from intention_kernel.turns import TurnResult, TurnScope
 
 __all__ = ["Cancellation", "Queued"]
 
@@ -43,6 +47,8 @@ logger = logging.getLogger("intention_kernel._inbox")
 RETRY_SECONDS = 0.1
 #: How often a caller waiting for a queued turn asks the store whether it was dequeued.
 DEQUEUE_POLL_SECONDS = 0.25
+#: The journal keys of the steers a turn took at its round boundaries.
+STEER_PREFIX = STEER_KEY.split("{", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +84,13 @@ class Queued:
 class Cancellation:
     """What :meth:`Kernel.cancel <intention_kernel.Kernel.cancel>` found and did.
 
-    ``status`` is ``"committed"`` (the turn had committed: nothing changed),
-    ``"dequeued"`` (it waited in the inbox, not started, and was removed: it will
-    not run) or
-    ``"requested"`` (it may be running: it stops at its next safe point and commits
-    what it did, its reply saying it was cancelled).
+    ``status`` is one of:
+
+    - ``"committed"``: the turn had committed, and nothing changed;
+    - ``"dequeued"``: it waited in the inbox, not started, and was removed. It will
+      not run;
+    - ``"requested"``: it may be running. It stops at its next safe point and commits
+      what it did. Its reply says it was cancelled.
     """
 
     thread_id: str
@@ -93,13 +101,18 @@ class Cancellation:
 
 #: Runs one turn: ``(scope, request, wait)``; ``wait=False`` raises ThreadBusyError at once.
 RunTurn = Callable[[TurnScope, TurnRequest, bool], Awaitable[TurnResult]]
-#: A committed turn's result (replayed), or ``None`` while it is not committed.
-Committed = Callable[[TurnScope, bool], Awaitable[TurnResult | None]]
+#: A committed turn's result (replayed), or ``None`` while it is not committed. The
+#: callable, if any, runs under the thread's lock when the turn is not committed.
+Committed = Callable[
+    [TurnScope, bool, Callable[[], Awaitable[None]] | None], Awaitable[TurnResult | None]
+]
 
 
 class Steered(Exception):
-    """Raised under the thread's lock as a queued turn starts: a running turn took its
-    message at a round boundary (``taken_by``), so it does not run on its own."""
+    """Raised under the thread's lock as a queued turn starts.
+
+    A running turn took its message at a round boundary (``taken_by``). So it does not
+    run on its own."""
 
     def __init__(self, taken_by: str) -> None:
         super().__init__(taken_by)
@@ -123,21 +136,28 @@ class InboxStore(Protocol):
 def encode_request(request: TurnRequest) -> str:
     """What a queued turn will run, as the JSON text its inbox entry keeps."""
     principal = request.principal
-    return dump_value(
-        {
-            "message": request.message,
-            "answer": request.answer.to_dict() if request.answer is not None else None,
-            "principal": (
-                None
-                if principal is None
-                else {
-                    "name": principal.name,
-                    "tenant_id": principal.tenant_id,
-                    "role": principal.role,
-                }
-            ),
+    data: dict[str, Any] = {
+        "message": request.message,
+        "answer": request.answer.to_dict() if request.answer is not None else None,
+        "principal": (
+            None
+            if principal is None
+            else {
+                "name": principal.name,
+                "tenant_id": principal.tenant_id,
+                "role": principal.role,
+            }
+        ),
+    }
+    timer = request.timer
+    if timer is not None:  # a due timer queued behind a busy thread's turns
+        data["timer"] = {
+            "key": timer.key,
+            "due_at": timer.due_at.isoformat(),
+            "message": timer.message,
+            "data": timer.data,
         }
-    )
+    return dump_value(data)
 
 
 def decode_entry(entry: InboxEntry) -> tuple[TurnScope, TurnRequest]:
@@ -146,16 +166,23 @@ def decode_entry(entry: InboxEntry) -> tuple[TurnScope, TurnRequest]:
     answer = Answer(**data["answer"]) if data["answer"] is not None else None
     principal = Principal(**data["principal"]) if data["principal"] is not None else None
     scope = TurnScope(entry.thread_id, entry.turn_id, entry.tenant_id, entry.request_digest)
-    return scope, TurnRequest(data["message"], answer, principal=principal, queued=True)
+    kept = data.get("timer")
+    timer = None
+    if kept is not None:
+        due_at = datetime.fromisoformat(kept["due_at"])
+        timer = FiredTimer(kept["key"], due_at, kept["message"], kept["data"])
+    return scope, TurnRequest(
+        data["message"], answer, principal=principal, queued=True, timer=timer
+    )
 
 
 class Inbox:
     """The kernel's side of the inbox: accept, then drain in order of acceptance.
 
-    The rule that keeps a message from waiting forever: the process that queued it
-    waits for the thread's lock in the background, and drains the inbox once it has
-    it. The holder need not read the inbox after its commit, which would cost every
-    turn a statement. A message is never left for the holder to notice: the holder
+    One rule keeps a message from waiting forever. The process that queued it waits
+    for the thread's lock in the background. It drains the inbox once it has the lock.
+    The holder need not read the inbox after its commit, which would cost every turn
+    a statement. A message is never left for the holder to notice: the holder
     may have read the inbox just before the message arrived. A process that queued a
     message and then crashed drains nothing. The next turn on the thread, in any
     process, then drains first (as does :meth:`drain`, called explicitly).
@@ -178,8 +205,8 @@ class Inbox:
         # The background drain of each thread, and threads to drain once more after it.
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
-        # The turns a caller of this kernel waits for, by (thread, turn): a drain of
-        # this kernel that runs one hands its result over, which is not a replay.
+        # The turns a caller of this kernel waits for, by (thread, turn). A drain of
+        # this kernel that runs one hands its result over; that is not a replay.
         self._waiting: dict[tuple[str, str], asyncio.Future[TurnResult]] = {}
         self._waiters: dict[tuple[str, str], int] = {}
         # The queued turns this kernel started (under the thread's lock), by (thread, turn).
@@ -203,9 +230,9 @@ class Inbox:
         if self._committed is not None:
             taken_by = await store.taker(thread_id, scope.turn_id)
             if taken_by is not None:  # handed to a turn: its result is this one's
-                return await self._steered(scope, taken_by, wait)
+                return await self._steered(scope, request, taken_by, wait)
         base = None
-        if self._interrupt:
+        if self._interrupt and request.timer is None:  # a timer interrupts no one
             # Read before the attempt at the lock: a turn running at the attempt started
             # from this version or a later one. Read after a refusal, it could already
             # be the base of the turn that runs next, this message's own.
@@ -266,78 +293,144 @@ class Inbox:
         if self._committed is not None and entry.steer:
             taken_by = await store.taker(thread_id, scope.turn_id)
             if taken_by is not None:
-                return await self._steered(scope, taken_by, wait)
+                return await self._steered(scope, request, taken_by, wait)
         if wait:  # another worker ran it (its stored result), or it was cancelled
             try:
                 return await self._run(scope, replace(request, queued=True), True)
             except Steered as steered:  # taken just before it could start
-                return await self._steered(scope, steered.taken_by, True)
+                return await self._steered(scope, request, steered.taken_by, True)
         return Queued(thread_id, scope.turn_id, position)
 
-    async def _steered(self, scope: TurnScope, taken_by: str, wait: bool) -> TurnResult | Queued:
+    async def _steered(
+        self, scope: TurnScope, request: TurnRequest, taken_by: str, wait: bool
+    ) -> TurnResult | Queued:
         """The answer for a message that turn ``taken_by`` took at a round boundary:
         that turn's result once committed. Until then, :class:`Queued` with its taker
-        (``wait=False``), or ``ThreadBusyError`` after waiting for the thread's lock:
-        the taker failed before its commit, and its redelivery commits both."""
+        (``wait=False``) while the taker holds the thread.
+
+        Once this call holds the thread's lock, an uncommitted taker is not running.
+        It failed or died, and maybe nobody delivers it again. If its journal did not
+        record the message, its model never saw it. The message then goes back to the
+        inbox, in its place, and runs as its own turn. A recorded one stays with the
+        taker: its later rounds may have acted on it, and only the taker going on
+        from its journal is exact. A queued taker's inbox entry keeps its request:
+        this call drains the inbox up to it, then answers with its result. A direct
+        taker's request is its client's alone: ``SteerOrphanedError`` names it."""
         assert self._committed is not None
-        taker = TurnScope(scope.thread_id, taken_by, scope.tenant_id, None)
-        result = await self._committed(taker, wait)
+        thread_id = scope.thread_id
+        release = getattr(self._store, "release_steer", None)
+        released = dead = False
+
+        async def free() -> None:  # under the thread's lock: the taker is not running
+            nonlocal released, dead
+            dead = True
+            if release is not None and not await self._recorded(scope, taken_by):
+                released = await release(thread_id, scope.turn_id, taken_by)
+
+        taker = TurnScope(thread_id, taken_by, scope.tenant_id, None)
+        result = await self._committed(taker, wait, free)
         if result is not None:
             return result
+        if released:
+            return await self.submit(scope, request, wait=wait)
+        if dead:
+            queued = await self._store.read_inbox(thread_id)
+            if all(entry.turn_id != taken_by for entry in queued):
+                raise SteerOrphanedError(
+                    f"turn {scope.turn_id!r} was handed to turn {taken_by!r} of thread "
+                    f"{thread_id!r}, which recorded it and then stopped uncommitted; "
+                    f"deliver {taken_by!r} again (this message is part of it)",
+                    thread_id=thread_id,
+                    turn_id=scope.turn_id,
+                    taken_by=taken_by,
+                )
+            # Queued: run it from its journal, as the next turn on the thread would.
+            # Its rounds replay, and its receipts keep each write to one call.
+            await self._drain(thread_id, wait=wait, until=taken_by)
+            result = await self._committed(taker, wait, None)
+            if result is not None:
+                return result
+            if not wait:  # another worker holds the thread now: drain after it
+                self.watch(thread_id)
         if not wait:
-            return Queued(scope.thread_id, scope.turn_id, 0, taken_by)
+            return Queued(thread_id, scope.turn_id, 0, taken_by)
         raise ThreadBusyError(
             f"turn {scope.turn_id!r} was handed to turn {taken_by!r} of thread "
-            f"{scope.thread_id!r}, which has not committed; deliver {taken_by!r} again",
-            thread_id=scope.thread_id,
+            f"{thread_id!r}, which still holds the thread; retry once it commits",
+            thread_id=thread_id,
             turn_id=scope.turn_id,
         )
+
+    async def _recorded(self, scope: TurnScope, taken_by: str) -> bool:
+        """Whether turn ``taken_by``'s journal records the steer of ``scope``, read
+        under the thread's lock. A store whose journal this cannot read answers yes:
+        the steer then stays with its taker."""
+        recorder = getattr(self._store, "recorder", None)
+        if recorder is None:
+            return True
+        entries = await (await recorder()).read_journal(scope.thread_id, taken_by)
+        for entry in entries:
+            if entry.key.startswith(STEER_PREFIX):
+                steers = load_value(entry.value)
+                if any(steer["turn_id"] == scope.turn_id for steer in steers):
+                    return True
+        return False
 
     async def _drain_or_dequeued(self, scope: TurnScope) -> dict[str, TurnResult]:
         """Drain up to the caller's queued turn, or raise ``TurnCancelledError`` as soon
         as a cancel removed it from the inbox before it started.
 
-        The drain may be waiting for the lock behind a long turn: the caller is told
-        at once, and the drain runs on in the background. A cancel through this kernel
+        The drain may be waiting for the lock behind a long turn. The caller is told at
+        once, and the drain runs on in the background. A cancel through this kernel
         is seen at once; one from another process within ``DEQUEUE_POLL_SECONDS``."""
         thread_id, turn_id = scope.thread_id, scope.turn_id
         drain = asyncio.ensure_future(self._drain(thread_id, wait=True, until=turn_id))
-        watch = asyncio.ensure_future(self._until_dequeued(thread_id, turn_id, scope.tenant_id))
+        watch = asyncio.ensure_future(self._until_dequeued(scope))
         try:
             await asyncio.wait({drain, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
         if drain.done() or not watch.done() or watch.cancelled():
-            return await drain
-        self._left.add(drain)
-        drain.add_done_callback(self._drain_left)
+            results = await drain
+            # A drain that found the turn gone returns at once. Without this check
+            # the caller would wait for the lock behind the turn that runs.
+            if turn_id in results or not await self._was_dequeued(scope):
+                return results
+        else:
+            self._left.add(drain)
+            drain.add_done_callback(self._drain_left)
         raise TurnCancelledError(
             f"turn {turn_id!r} of thread {thread_id!r} was cancelled before it ran",
             thread_id=thread_id,
             turn_id=turn_id,
         )
 
-    async def _until_dequeued(self, thread_id: str, turn_id: str, tenant_id: str | None) -> None:
+    async def _until_dequeued(self, scope: TurnScope) -> None:
         """Return once the turn was cancelled out of the inbox, not yet run here."""
-        key = (thread_id, turn_id)
-        event = self._dequeued.setdefault(key, asyncio.Event())
-        read_cancel = getattr(self._store, "read_cancel", None)
+        event = self._dequeued.setdefault((scope.thread_id, scope.turn_id), asyncio.Event())
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), DEQUEUE_POLL_SECONDS)
             event.clear()
-            if key in self._running or read_cancel is None:
-                continue  # running here: its own stop check ends it
-            found, _ = await read_cancel(thread_id, turn_id, -1, tenant_id)
-            if found != "cancel":
-                continue
-            queued = await self._store.read_inbox(thread_id)
-            if all(e.turn_id != turn_id for e in queued) and key not in self._running:
+            if await self._was_dequeued(scope):
                 return
 
+    async def _was_dequeued(self, scope: TurnScope) -> bool:
+        """Whether a cancel removed the turn from the inbox before it ran here."""
+        key = (scope.thread_id, scope.turn_id)
+        read_cancel = getattr(self._store, "read_cancel", None)
+        if key in self._running or read_cancel is None:
+            return False  # running here: its own stop check ends it
+        found, _ = await read_cancel(scope.thread_id, scope.turn_id, -1, scope.tenant_id)
+        if found != "cancel":
+            return False
+        queued = await self._store.read_inbox(scope.thread_id)
+        return all(e.turn_id != scope.turn_id for e in queued) and key not in self._running
+
     def started(self, thread_id: str, turn_id: str) -> None:
-        """A queued turn of this kernel holds the lock and starts: a cancel now stops it
-        at its safe points, and its caller waits for what it commits."""
+        """A queued turn of this kernel holds the lock and starts.
+
+        A cancel now stops it at its safe points. Its caller waits for what it commits."""
         self._running.add((thread_id, turn_id))
 
     def dequeued(self, thread_id: str, turn_id: str) -> None:
@@ -400,9 +493,10 @@ class Inbox:
     async def _drain(
         self, thread_id: str, *, wait: bool, until: str | None
     ) -> dict[str, TurnResult]:
-        """Run the thread's queued turns in order, each removed once committed; stop
-        when the inbox is empty, after ``until`` ran, or (without ``wait``) when
-        another worker holds the lock: that worker drains after its release."""
+        """Run the thread's queued turns in order, each removed once committed.
+
+        Stop when the inbox is empty, or after ``until`` ran. Without ``wait``, also
+        stop when another worker holds the lock: that worker drains after its release."""
         store = self._store
         results: dict[str, TurnResult] = {}
         while True:
@@ -431,8 +525,8 @@ class Inbox:
                 continue
             finally:
                 self._running.discard(key)
-            # Removed only after the commit: a crash before this line leaves the entry,
-            # and the next drain replays the committed turn instead of running it.
+            # Removed only after the commit. A crash before this line leaves the entry.
+            # The next drain then replays the committed turn instead of running it.
             await store.remove_inbox(thread_id, head.turn_id)
             results[head.turn_id] = result
             waiting = self._waiting.get((thread_id, head.turn_id))

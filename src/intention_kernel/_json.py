@@ -1,15 +1,16 @@
 """Strict JSON for values the kernel stores: provider values, facts, payloads.
 
-Stored values must survive a round trip unchanged, so everything the kernel
-keeps is normalized through the same encoder that stores it: a tuple becomes a
-list on first use, not only after a replay, and a value that JSON cannot hold
-(a set, an object, NaN, a string with a lone surrogate, which UTF-8 cannot
-encode) or that no reader can parse back (an integer of more than
-:data:`MAX_INT_DIGITS` digits) is refused where it enters.
+Stored values must survive a round trip unchanged. So everything the kernel keeps
+is normalized through the same encoder that stores it. A tuple becomes a list on
+first use, not only after a replay. A value is refused where it enters when:
 
-Keys and names that a store keeps in a text column of their own (effect keys, fact
-keys, event types) have a rule of their own, :func:`text_problem`: PostgreSQL text
-cannot hold NUL, which JSON escapes inside values but a bare column cannot.
+- JSON cannot hold it: a set, an object, NaN, or a string with a lone surrogate
+  (which UTF-8 cannot encode);
+- no reader can parse it back: an integer of more than :data:`MAX_INT_DIGITS` digits.
+
+Some keys and names are kept in a text column of their own: effect keys, fact keys,
+event types. They have a rule of their own, :func:`text_problem`. PostgreSQL text
+cannot hold NUL. JSON escapes NUL inside values, but a bare column cannot.
 """
 
 from __future__ import annotations
@@ -34,22 +35,22 @@ __all__ = [
 ]
 
 #: Values nested deeper than this (objects and arrays) are refused where they enter.
-#: Real inputs are a few levels deep; far deeper ones exhaust the recursion of the
-#: JSON encoders that store them (a ``RecursionError``, not a clear refusal).
+#: Real inputs are a few levels deep. Far deeper ones exhaust the recursion of the
+#: JSON encoders that store them. That gives a ``RecursionError``, not a clear refusal.
 MAX_NESTING = 64
 
 #: Integers of more digits than this are refused where they enter. Python parses no
-#: longer integer from JSON by default (``sys.int_info.default_max_str_digits``), nor
-#: does pydantic's parser, which reads checkpoints and results: a longer one would be
-#: written and then fail every later read of its thread. A fixed number, not the
+#: longer integer from JSON by default (``sys.int_info.default_max_str_digits``).
+#: Nor does pydantic's parser, which reads checkpoints and results. A longer one would
+#: be written and then fail every later read of its thread. A fixed number, not the
 #: process's ``sys.get_int_max_str_digits()``: a writer that raised its own limit
 #: must not store what another process cannot read.
 MAX_INT_DIGITS = 4300
 _INT_BOUND = 10**MAX_INT_DIGITS
 
 
-# One strict compact encoder for every stored value, built once: ``json.dumps`` with
-# options builds an encoder per call, which costs more than encoding a small value.
+# One strict compact encoder for every stored value, built once. ``json.dumps`` with
+# options builds an encoder per call. That costs more than encoding a small value.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 _DEFAULT = _ENCODER.default  # the TypeError for what JSON cannot hold
 
@@ -61,8 +62,8 @@ def dump_value(value: Any) -> str:
         text = _ENCODER.encode(value)
     else:
         # What ``_ENCODER.encode`` runs, without its two layers of Python: the C encoder
-        # with ``_ENCODER``'s options. Made per call, as ``encode`` makes it: its
-        # ``markers`` dict detects a circular value (a ``ValueError``), and one left
+        # with ``_ENCODER``'s options. Made per call, as ``encode`` makes it. Its
+        # ``markers`` dict detects a circular value (a ``ValueError``). One left
         # half-filled by a refused value must not be met by the next.
         encode = c_make_encoder(
             {}, _DEFAULT, encode_basestring, None, ":", ",", False, False, False
@@ -136,10 +137,12 @@ def storable_text(text: str) -> str:
 
 
 def storable_copy(value: Any) -> Any:
-    """``value`` with what no store can hold spelled out: NaN and infinities as the
-    strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, lone surrogates escaped as
-    ``\\udXXX``, tuples as lists. Other values are kept, so :func:`normalize` may still
-    refuse the copy (a set, an object). Lossy: only for what is shown, never run."""
+    """``value`` with what no store can hold spelled out.
+
+    NaN and infinities become the strings ``"NaN"``, ``"Infinity"`` and
+    ``"-Infinity"``. Lone surrogates are escaped as ``\\udXXX``. Tuples become lists.
+    Other values are kept, so :func:`normalize` may still refuse the copy (a set, an
+    object). Lossy: only for what is shown, never run."""
     if isinstance(value, str):
         return value if value.isascii() or _storable(value) else storable_text(value)
     if isinstance(value, float) and not math.isfinite(value):
@@ -152,8 +155,9 @@ def storable_copy(value: Any) -> Any:
 
 
 def describe_error(exc: BaseException) -> str:
-    """An exception as a receipt or a refusal stores it: its class name and its message,
-    the message escaped like :func:`storable_text` (the same on every store)."""
+    """An exception as a receipt or a refusal stores it: its class name and its message.
+
+    The message is escaped like :func:`storable_text`, the same on every store."""
     text = storable_text(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -186,8 +190,8 @@ def _refusal(value: Any) -> str | None:
     """Why no store can keep ``value``, if it nests more than :data:`MAX_NESTING` deep
     or holds an integer of more than :data:`MAX_INT_DIGITS` digits; else ``None``.
 
-    One iterative walk for both rules, as :func:`too_deep` walks for one: a value that
-    reaches this slow path is often large (a conversation, say), and a walk per rule
+    One iterative walk serves both rules, as :func:`too_deep` walks for one. A value
+    that reaches this slow path is often large (a conversation, say). A walk per rule
     cost a turn of such values twice the calls. Exact types are tested first, the ABC
     ``isinstance`` only for what is left. The depth rule wins when both are broken,
     as it did when it was checked first.
@@ -219,13 +223,14 @@ def _refusal(value: Any) -> str | None:
 
 
 def _plain(value: Any, depth: int) -> Any:
-    """A copy of the dict or list ``value`` if it is made only of dicts with ``str`` keys,
-    lists and exact ``str``/``int``/``bool``/``None`` (which JSON round-trips unchanged),
-    nested at most ``depth`` deep, else ``_NOT_PLAIN``: the common small values skip an
-    encode and a decode. Each item is checked inline, not by a call per item: most
-    values are a handful of scalars. The dict's loop and the list's are spelled out
-    apart on purpose: one loop over a dict's values, zipped back with its keys, made
-    the check slower than the rest of it."""
+    """A copy of the dict or list ``value`` if it is plain, else ``_NOT_PLAIN``.
+
+    Plain means made only of dicts with ``str`` keys, lists and exact
+    ``str``/``int``/``bool``/``None``, nested at most ``depth`` deep. JSON round-trips
+    those unchanged, so the common small values skip an encode and a decode. Each item
+    is checked inline, not by a call per item: most values are a handful of scalars.
+    The dict's loop and the list's are spelled out apart on purpose. One loop over a
+    dict's values, zipped back with its keys, made the check slower than the rest."""
     if type(value) is dict:
         out = {}
         for key, item in value.items():

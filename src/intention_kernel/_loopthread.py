@@ -1,7 +1,7 @@
 """An event loop on a daemon thread of its own, for callers that run none.
 
 :class:`LoopThread` is the engine room of :class:`~intention_kernel.SyncKernel`. Plain
-threads hand it coroutine functions; each call runs as a task on the one loop, and the
+threads hand it coroutine functions. Each call runs as a task on the one loop. The
 calling thread blocks until the task ends. Everything bound to the loop (a store's
 connections, its asyncio locks, a pool's workers) is made, used and closed there.
 
@@ -15,12 +15,12 @@ while a cancelled turn still settles its receipts.
 
 The caller drives the loop itself when nothing else runs on it. Handing each call to
 the loop's thread costs two thread switches and a wake-up through the loop's
-self-pipe: 45 to 80 µs of CPU a call, up to a fifth of a SQLite turn. So one loop has
-one driver at a time, under a lock: the calling thread when the loop was idle, else
-the loop's own thread. A caller that finds the loop idle runs it in its own thread,
-until its task ends. Work left then (another caller's task, a timer, a turn that
-runs on behind a closed stream) goes to the loop's thread, which runs it until the
-loop is idle again. Anything scheduled from another thread meanwhile
+self-pipe. That is 45 to 80 µs of CPU a call, up to a fifth of a SQLite turn. So one
+loop has one driver at a time, under a lock. The driver is the calling thread when
+the loop was idle, else the loop's own thread. A caller that finds the loop idle runs
+it in its own thread, until its task ends. Work may be left then: another caller's
+task, a timer, a turn that runs on behind a closed stream. It goes to the loop's
+thread, which runs it until the loop is idle again. Anything scheduled from another thread meanwhile
 (``call_soon_threadsafe``) wakes the loop's thread if no one drives.
 """
 
@@ -49,8 +49,8 @@ class _Call(Generic[T]):
     __slots__ = ("done", "error", "result", "task")
 
     def __init__(self) -> None:
-        # Released by the loop thread when the task ended: a bare lock is the cheapest
-        # thing a thread can block on, and a signal interrupts the wait in the main thread.
+        # Released by the loop thread when the task ended. A bare lock is the cheapest
+        # thing a thread can block on. A signal interrupts the wait in the main thread.
         self.done = threading.Lock()
         self.done.acquire()
         self.task: asyncio.Task[T] | None = None
@@ -93,8 +93,10 @@ class _Loop(asyncio.SelectorEventLoop):
 
 
 def _can_drive_in_caller() -> bool:
-    """Whether the loop may be driven by its callers: the default policy's loop is the
-    selector loop this module extends (not on Windows, not under uvloop's policy)."""
+    """Whether the loop may be driven by its callers.
+
+    The default policy's loop must be the selector loop this module extends. It is not
+    on Windows, nor under uvloop's policy."""
     return sys.platform != "win32" and type(asyncio.get_event_loop_policy()) is (
         asyncio.DefaultEventLoopPolicy
     )
@@ -186,8 +188,9 @@ class LoopThread:
             self._stop_when_idle()
 
     def _stop_when_idle(self) -> None:
-        """On the loop's thread: stop the loop once nothing is left to run, checked
-        again when the last task ends or the next timer is due."""
+        """On the loop's thread: stop the loop once nothing is left to run.
+
+        This is checked again when the last task ends or the next timer is due."""
         loop: Any = self.loop
         if self._idle_check is not None:
             self._idle_check.cancel()
@@ -288,8 +291,8 @@ class LoopThread:
         try:
             task = loop.create_task(fn(*args))
             try:
-                # One pass of the loop first: a turn that never waits (SQLite, one
-                # caller) ends within it, and nothing is left to run after it.
+                # One pass of the loop first. A turn that never waits (SQLite, one
+                # caller) ends within it. Nothing is left to run after it.
                 loop.stop()
                 loop.run_forever()
                 if not task.done():
@@ -330,9 +333,11 @@ class LoopThread:
             self._thread.join()
 
     def stop_soon(self, last: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """:meth:`stop` without waiting, from the thread that runs the loop (a finalizer
-        that the garbage collector ran there): waiting would block the loop that must
-        do it. The loop's own thread stops the loop once ``last`` ran."""
+        """:meth:`stop` without waiting, from the thread that runs the loop.
+
+        A finalizer that the garbage collector ran there calls it. Waiting would block
+        the loop that must do the stopping. The loop's own thread stops the loop once
+        ``last`` ran."""
 
         async def rites_then_stop() -> None:
             try:
@@ -383,8 +388,10 @@ async def _ended(task: asyncio.Task[Any]) -> None:
 
 
 async def _last_rites(last: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run ``last``, then close the loop's async generators and its default executor
-    (the threads of sync effect functions, which a cancelled turn may have left)."""
+    """Run ``last``, then close the loop's async generators and its default executor.
+
+    The executor holds the threads of sync effect functions. A cancelled turn may have
+    left some."""
     await last()
     loop = asyncio.get_running_loop()
     await loop.shutdown_asyncgens()

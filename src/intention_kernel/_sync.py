@@ -9,12 +9,12 @@ traceback, a type hint or an import would then not say which one it meant.
 One engine, a thin facade. A ``SyncKernel`` holds an ordinary ``Kernel`` and one event
 loop with a daemon thread of its own (:mod:`intention_kernel._loopthread`). Each call
 runs the async method on that loop, as a task, and returns when the task ended. A
-lone caller runs the loop in its own thread; while a call runs, others hand theirs to
-it, and the loop's thread takes over what is left when it ends. The store's
-connections, locks and pools are made, used and closed on that loop. So a Django view,
-a Flask handler or a Celery task calls ``turn`` with no event loop of its own. Many
-threads may share one instance: their turns run concurrently on the loop, and the
-store's per-thread lock still serializes the turns of each conversation thread.
+lone caller runs the loop in its own thread. While a call runs, others hand theirs to
+it. The loop's thread takes over what is left when it ends. The store's connections,
+locks and pools are made, used and closed on that loop. So a Django view, a Flask
+handler or a Celery task calls ``turn`` with no event loop of its own. Many threads
+may share one instance: their turns run concurrently on the loop. The store's
+per-thread lock still serializes the turns of each conversation thread.
 
 Forks: a child process inherits the parent's objects but not its threads. A kernel
 that never ran in the parent starts its loop in the child. One that ran there and was
@@ -33,27 +33,27 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from intention_kernel._agent import Agent
+from intention_kernel._authority import Principal
+from intention_kernel._checkpoint import KernelCheckpoint
+from intention_kernel._deadlines import Clock, system_clock
+from intention_kernel._effects import Receipt, ReceiptStatus
 from intention_kernel._inbox import Cancellation, Queued
+from intention_kernel._interpretation import Answer
+from intention_kernel._kernel import Kernel
 from intention_kernel._loopthread import LoopThread
+from intention_kernel._streaming import TurnEvent
 from intention_kernel._timer_runner import TimerOutcome
+from intention_kernel._turns import OutboxEvent, TurnResult
 from intention_kernel._turnstream import TurnStatus
-from intention_kernel.agent import Agent
-from intention_kernel.authority import Principal
-from intention_kernel.checkpoint import KernelCheckpoint
-from intention_kernel.deadlines import Clock, system_clock
 from intention_kernel.durability import Durability, open_durability
-from intention_kernel.durability._options import check_seconds
-from intention_kernel.durability.records import ThreadOwner, Timer
-from intention_kernel.effects import Receipt, ReceiptStatus
+from intention_kernel.durability._contract.options import check_seconds
+from intention_kernel.durability._contract.records import ThreadOwner, Timer
 from intention_kernel.errors import (
     EventLoopRunningError,
     ForkedKernelError,
     KernelClosedError,
 )
-from intention_kernel.interpretation import Answer
-from intention_kernel.kernel import Kernel
-from intention_kernel.streaming import TurnEvent
-from intention_kernel.turns import OutboxEvent, TurnResult
 
 __all__ = ["SyncKernel", "TurnStream"]
 
@@ -61,14 +61,15 @@ T = TypeVar("T")
 
 #: What forked children inherited from a parent that had used it: the parent's loop,
 #: kernel and store. Kept referenced forever, so that no finalizer in the child closes
-#: a connection or a file that the parent still uses (a PostgreSQL connection closed
-#: in the child would send the server the parent's goodbye).
+#: a connection or a file that the parent still uses. A PostgreSQL connection closed
+#: in the child would send the server the parent's goodbye.
 _INHERITED: list[object] = []
 
 
 class _Engine:
-    """A ``SyncKernel``'s state, apart from the object, so that its finalizer can close
-    it: the kernel, its loop thread, and the calls in flight."""
+    """A ``SyncKernel``'s state, apart from the object, so that its finalizer can close it.
+
+    The state is the kernel, its loop thread, and the calls in flight."""
 
     def __init__(self, kernel: Kernel, url: str | None, timeout: float | None) -> None:
         self.kernel = kernel
@@ -159,8 +160,8 @@ class _Engine:
         loop.stop_soon(last)
 
     def reset_after_fork(self) -> None:
-        # A parent thread may have held the lock at the fork, and it does not exist in
-        # the child: the child would wait on it forever. Its calls are gone too, and a
+        # A parent thread may have held the lock at the fork. That thread does not exist
+        # in the child, so the child would wait on the lock forever. Its calls are gone too, and a
         # close() the parent had begun will not finish here.
         self.state = threading.Condition()
         self.active = 0
@@ -169,14 +170,15 @@ class _Engine:
             self.stopped.set()
 
     def close(self) -> None:
-        """Refuse new calls, wait for those in flight, then stop the loop: streamed
-        turns whose readers left run to their end, and the store is closed last."""
+        """Refuse new calls, wait for those in flight, then stop the loop.
+
+        Streamed turns whose readers left run to their end. The store is closed last."""
         with self.state:
             closing = not self.closed
             self.closed = True
             loop = self.loop
         if loop is not None and loop.in_loop_thread():
-            # The garbage collector ran the finalizer on the loop's own thread: waiting
+            # The garbage collector ran the finalizer on the loop's own thread. Waiting
             # there for the calls in flight, or for the loop, would wait forever.
             if closing:
                 self._close_from_the_loop(loop)
@@ -248,7 +250,7 @@ class SyncKernel:
         kernel = Kernel(agent, store, max_message_chars=max_message_chars, clock=clock)
         self._engine = _Engine(kernel, url, timeout)
         _engines.add(self._engine)
-        # Closes a kernel dropped unclosed, at collection or at exit: it holds nothing
+        # Closes a kernel dropped unclosed, at collection or at exit. It holds nothing
         # but the engine, so the kernel object itself can be collected.
         self._finalizer = weakref.finalize(self, self._engine.close)
 
@@ -508,17 +510,19 @@ class SyncKernel:
         return self._engine.call(lambda k: k.fire_due_timers(limit=limit, claim_for=claim_for))
 
     def run(self, fn: Callable[[Kernel], Coroutine[Any, Any, T]]) -> T:
-        """Await ``fn(kernel)`` on this object's event loop and return its result: for
-        what the facade does not wrap, as in
+        """Await ``fn(kernel)`` on this object's event loop and return its result.
+
+        It is for what the facade does not wrap, as in
         ``sync.run(lambda k: k.durability.pending_interactions())``."""
         return self._engine.call(fn)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Refuse new calls, wait for the calls in flight, let streamed turns whose
-        readers left reach their commit, then close the store and stop the loop.
-        Calling it again does nothing."""
+        """Refuse new calls, and wait for the calls in flight.
+
+        Streamed turns whose readers left reach their commit. Then the store is closed
+        and the loop stopped. Calling it again does nothing."""
         if asyncio._get_running_loop() is not None:
             raise EventLoopRunningError(
                 "SyncKernel.close() was called on a thread that runs an event loop"

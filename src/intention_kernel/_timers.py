@@ -1,12 +1,12 @@
 """Timers: the rules of a turn the kernel runs later, pure and shared by every store.
 
-A timer is a future turn of its thread. ``ctx.schedule`` stages one in a running turn
-(committed with that turn, or not at all); ``Kernel.schedule`` sets one from
+A timer is a future turn of its thread. ``ctx.schedule`` stages one in a running
+turn; it commits with that turn, or not at all. ``Kernel.schedule`` sets one from
 application code, under the thread's lock. The key is the timer's identity in its
 thread: setting the key again moves it. When due, a worker runs it as a turn
-(:mod:`intention_kernel._timer_runner`) under the turn ID :func:`timer_turn_id`, made
-of the key and the due time. That ID is what keeps an occurrence from running twice:
-a turn commits once per ``(thread_id, turn_id)``.
+(:mod:`intention_kernel._timer_runner`). Its turn ID is :func:`timer_turn_id`, made of
+the key and the due time. That ID keeps an occurrence from running twice: a turn
+commits once per ``(thread_id, turn_id)``.
 
 Everything here decides; nothing reads or writes a store.
 """
@@ -19,13 +19,13 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from intention_kernel._checkpoint import Interaction
 from intention_kernel._ids import check_id
+from intention_kernel._interpretation import FiredTimer
 from intention_kernel._json import normalize, text_problem
-from intention_kernel.checkpoint import Interaction
-from intention_kernel.durability.records import Timer, TimerWrite
+from intention_kernel._turns import TIMER_TURN_PREFIX, EventDraft, request_digest
+from intention_kernel.durability._contract.records import Timer, TimerWrite
 from intention_kernel.errors import InvalidRequestError
-from intention_kernel.interpretation import FiredTimer
-from intention_kernel.turns import TIMER_TURN_PREFIX, EventDraft, request_digest
 
 __all__ = [
     "EXPIRY_TIMER_PREFIX",
@@ -47,6 +47,7 @@ __all__ = [
     "set_event",
     "set_keys",
     "settled",
+    "skipped",
     "timer_digest",
     "timer_turn_id",
 ]
@@ -90,10 +91,11 @@ def interaction_timers(
     remind_before: timedelta | None,
     now: datetime,
 ) -> list[TimerWrite]:
-    """The kernel's timers a turn sets or deletes as its active interaction changes
-    from ``before`` to ``after``: one that expires an interaction with a deadline on
-    time, and one that reminds the person ``remind_before`` ahead of it. An
-    interaction closed or replaced takes its timers with it."""
+    """The kernel's timers a turn sets or deletes as its active interaction changes.
+
+    The interaction changes from ``before`` to ``after``. One timer expires an
+    interaction with a deadline on time. Another reminds the person ``remind_before``
+    ahead of it. An interaction closed or replaced takes its timers with it."""
     writes: list[TimerWrite] = []
     if before is not None and before.expires_at is not None:
         if after is not None and after.id == before.id:
@@ -140,10 +142,14 @@ def plan_timer(
 ) -> Timer:
     """The timer that ``schedule`` sets, or ``InvalidRequestError`` naming what is wrong.
 
-    Exactly one of ``at`` (a timezone-aware ``datetime``) and ``after`` (a ``timedelta``
-    of zero or more, from ``now``) says when, or ``cron`` alone (a cron expression, in
-    UTC: the first occurrence is its next time after ``now``). A time already past
-    fires at once."""
+    Exactly one of ``at`` and ``after`` says when, or ``cron`` alone.
+
+    - ``at``: a timezone-aware ``datetime``;
+    - ``after``: a ``timedelta`` of zero or more, from ``now``;
+    - ``cron``: a cron expression, in UTC. The first occurrence is its next time after
+      ``now``.
+
+    A time already past fires at once."""
     check_id("thread_id", thread_id)
     key = check_key(key)
     if cron is not None:
@@ -223,8 +229,10 @@ def next_cron(expression: object, after: datetime) -> datetime:
 
 
 def timer_turn_id(key: str, due_at: datetime) -> str:
-    """The turn ID of the occurrence of timer ``key`` due at ``due_at``: the same in
-    every worker, so that a second claim of it replays the first one's turn."""
+    """The turn ID of the occurrence of timer ``key`` due at ``due_at``.
+
+    It is the same in every worker. So a second claim of it replays the first one's
+    turn."""
     stamp = due_at.astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     return f"{TIMER_TURN_PREFIX}{key}@{stamp}"
 
@@ -255,8 +263,8 @@ def same_occurrence(stored: Timer | None, claimed: Timer) -> bool:
 
 def next_due(timer: Timer, now: datetime) -> datetime | None:
     """When a recurring timer fires next after its occurrence at ``due_at``, or ``None``
-    for a one-shot timer. Missed occurrences are not caught up one by one: the one
-    firing stands for all of them, and the next is the first due after ``now``."""
+    for a one-shot timer. Missed occurrences are not caught up one by one. The one
+    firing stands for all of them. The next is the first due after ``now``."""
     if timer.cron is not None:
         return next_cron(timer.cron, max(now, timer.due_at))
     if timer.every is None:
@@ -269,8 +277,9 @@ def next_due(timer: Timer, now: datetime) -> datetime | None:
 
 
 def settled(timer: Timer, turn_id: str, now: datetime, *, void: bool = False) -> TimerWrite:
-    """The write that settles the occurrence ``timer`` whose turn is ``turn_id``: the
-    row becomes fired (or void), or a recurring timer's next occurrence."""
+    """The write that settles the occurrence ``timer`` whose turn is ``turn_id``.
+
+    The row becomes fired (or void), or a recurring timer's next occurrence."""
     following = None if void else next_due(timer, now)
     if following is not None:
         row = replace(timer, due_at=following, claimed_until=None, turn_id=turn_id, set_at=now)
@@ -285,9 +294,24 @@ def settled(timer: Timer, turn_id: str, now: datetime, *, void: bool = False) ->
     return TimerWrite(timer.thread_id, timer.key, row)
 
 
+def skipped(timer: Timer, turn_id: str, now: datetime) -> tuple[TimerWrite, EventDraft]:
+    """The write and event that settle an occurrence whose turn was cancelled before
+    it started. A one-shot timer becomes void, with ``timer.cancelled``. A recurring
+    timer moves to its next occurrence, with ``timer.set``: one cancelled turn does
+    not end its schedule."""
+    following = next_due(timer, now)
+    if following is None:
+        write = settled(timer, turn_id, now, void=True)
+        return write, cancelled_event(timer.key, "its turn was cancelled")
+    write = settled(timer, turn_id, now)
+    assert write.timer is not None
+    return write, set_event(write.timer)
+
+
 def merge_writes(writes: Iterable[TimerWrite]) -> tuple[TimerWrite, ...]:
-    """One write per key, the last one made, in the order keys were first written: a
-    store then never writes one row twice in a commit."""
+    """One write per key, the last one made, in the order keys were first written.
+
+    A store then never writes one row twice in a commit."""
     merged: dict[str, TimerWrite] = {}
     for write in writes:
         merged[write.key] = write

@@ -1,10 +1,10 @@
 """OpenTelemetry spans, when the application installed an SDK; nothing otherwise.
 
 The kernel depends on ``opentelemetry-api`` only through the ``otel`` extra, imported
-lazily on the first span. Without it, or while no SDK tracer provider is installed
-(the API's default proxy), :func:`span` returns one shared no-op context manager:
-a turn then pays a few attribute lookups per span, nothing is allocated by
-OpenTelemetry and no context is switched. Once an application calls
+lazily on the first span. Without it, :func:`span` returns one shared no-op context
+manager. So it does while no SDK tracer provider is installed (the API's default
+proxy). A turn then pays a few attribute lookups per span. Nothing is allocated by
+OpenTelemetry, and no context is switched. Once an application calls
 ``trace.set_tracer_provider(...)``, spans are recorded from the next turn on.
 
 Spans of a turn, parent first::
@@ -16,8 +16,8 @@ Spans of a turn, parent first::
     └── intention_kernel.commit       thread, turn, version, events
 
 A timer's turn (:meth:`Kernel.fire_due_timers`) has the same spans. Its
-``intention_kernel.turn`` also names the timer (``timer_key``, ``timer_due_at``) and
-what became of it (``timer_outcome``: fired, replayed, void, stale or failed), and
+``intention_kernel.turn`` also names the timer (``timer_key``, ``timer_due_at``). It
+says what became of it (``timer_outcome``: fired, replayed, void, stale or failed).
 ``intention_kernel.outbox.publish`` is recorded per event the relay publishes. Attribute names
 are ``intention_kernel.<name>`` (:data:`ATTRIBUTE_PREFIX`).
 """
@@ -55,9 +55,10 @@ def _trace() -> Any:
             _api = trace
             # get_tracer_provider() looks the environment up on every call (a microsecond
             # or two, five times a turn) while nothing is installed. The module global it
-            # returns is read directly instead, unless an environment variable names a
-            # provider to load lazily (then the public function does it) or a future API
-            # lacks the global (then the public function is always used).
+            # returns is read directly instead. There are two exceptions. An environment
+            # variable may name a provider to load lazily; the public function does it
+            # then. A future API may lack the global; the public function is then always
+            # used.
             _fast = hasattr(trace, "_TRACER_PROVIDER") and (
                 "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
             )
@@ -90,12 +91,19 @@ def _active_tracer() -> Any:
 
 def enabled() -> bool:
     """Whether spans are recorded (an SDK provider is installed)."""
+    # Three calls a turn: while nothing is installed, the answer is read here, without
+    # the frame of ``_active_tracer``.
+    api = _api
+    if api is False or (_fast and api._TRACER_PROVIDER is None):
+        return False
     return _active_tracer() is not None
 
 
 def span(name: str, **attributes: Any) -> AbstractContextManager[Any]:
-    """A span named ``name``, current for the block, with ``attributes`` (``None`` values
-    left out, names prefixed); the shared no-op context manager when nothing records.
+    """A span named ``name``, current for the block, with ``attributes``.
+
+    ``None`` values are left out, and names are prefixed. When nothing records, this is
+    the shared no-op context manager.
     The block receives the span (``None`` when nothing records): see :func:`annotate`."""
     tracer = _active_tracer()
     if tracer is None:

@@ -11,9 +11,9 @@ the turn that produced it. The last event, ``result``, has the ID ``"result"``.
 What happens after the last recorded round is recorded by the commit alone: the
 ``result`` holds its text and steps. A watcher so sees the recorded segments, then
 ``result``. A redelivery after a crash streams the recorded segments as they were
-recorded, with their IDs, and does not stream the steps it runs again for them.
-The text of a round its delivery never recorded was provisional: a resume from one of
-its IDs gets that segment again from its start, as the next delivery recorded it.
+recorded, with their IDs. It does not stream the steps it runs again for them. The
+text of a round its delivery never recorded was provisional. A resume from one of its
+IDs gets that segment again from its start, as the next delivery recorded it.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from intention_kernel.durability.ownership import owns
-from intention_kernel.durability.records import StoredStream, StoredTurn
+from intention_kernel._streaming import TurnEvent, TurnEventType, TurnSink
+from intention_kernel._turns import TurnResult, decode_result
+from intention_kernel.durability._contract.ownership import owns
+from intention_kernel.durability._contract.records import StoredStream, StoredTurn
 from intention_kernel.errors import InvalidRequestError, TenantMismatchError, TurnExpiredError
-from intention_kernel.streaming import TurnEvent, TurnEventType, TurnSink
-from intention_kernel.turns import TurnResult, decode_result
 
 __all__ = ["After", "Recording", "TurnStatus", "decode_segment", "parse_after", "watch"]
 
@@ -41,8 +41,8 @@ Loader = Callable[[], Awaitable[dict[int, tuple[str, list[TurnEvent]]]]]
 class Recording:
     """One delivery's side of a turn's stream: IDs, the current segment, its events.
 
-    ``load`` reads the segments stored so far; it is called once, at the first round
-    taken from the journal (a redelivery), never by a first delivery.
+    ``load`` reads the segments stored so far. It is called once, at the first round
+    taken from the journal (a redelivery). A first delivery never calls it.
     """
 
     __slots__ = ("_load", "_pending", "_seq", "_stored", "segment", "token")
@@ -57,8 +57,10 @@ class Recording:
         self._stored: dict[int, tuple[str, list[TurnEvent]]] | None = None
 
     def stamp(self, type: TurnEventType, data: Any) -> TurnEvent | None:
-        """The event with its ID, kept for the record; ``None`` for an event of a
-        segment already stored (a redelivery's step that ran again)."""
+        """The event with its ID, kept for the record.
+
+        It is ``None`` for an event of a segment already stored: a redelivery's step
+        that ran again."""
         stored = self._stored
         if stored is not None and self.segment in stored:
             return None
@@ -190,10 +192,13 @@ async def watch(
 class TurnStatus:
     """Where a turn is (:meth:`Kernel.turn_status <intention_kernel.Kernel.turn_status>`).
 
-    ``status`` is ``"queued"`` (accepted, waiting in its thread's inbox), ``"running"``
-    (a round of it is recorded, or this process runs it), ``"committed"`` (``result``
-    holds its result) or ``"unknown"`` (this store knows nothing of it yet: a turn of
-    one round that runs in another process is not seen before its commit).
+    ``status`` is one of:
+
+    - ``"queued"``: accepted, waiting in its thread's inbox;
+    - ``"running"``: a round of it is recorded, or this process runs it;
+    - ``"committed"``: ``result`` holds its result;
+    - ``"unknown"``: this store knows nothing of it yet. A turn of one round that runs
+      in another process is not seen before its commit.
     """
 
     thread_id: str

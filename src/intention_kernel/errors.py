@@ -1,8 +1,8 @@
 """The exception tree of intention-kernel.
 
-Every error the library raises derives from :class:`KernelError` and carries
-structured fields (``thread_id``, ``turn_id``, ``key``, ``receipt``) beside its
-message, so that hosts can react without parsing text::
+Every error the library raises derives from :class:`KernelError`.
+Beside its message, it carries structured fields: ``thread_id``, ``turn_id``, ``key``, ``receipt``.
+So hosts can react without parsing text::
 
     KernelError
     ├── CompilationError              Kernel(...) refused the agent definition
@@ -30,8 +30,10 @@ message, so that hosts can react without parsing text::
     ├── ShuttingDownError             the kernel drains for shutdown: nothing committed (HTTP 503)
     ├── ThreadBusyError               another turn holds the thread: refused at once
     │   │                             (``Agent(on_busy="reject")``, HTTP 409)
-    │   └── ThreadLockTimeoutError    the thread's lock was not obtained within the
-    │                                 store's lock timeout (HTTP 503)
+    │   ├── ThreadLockTimeoutError    the thread's lock was not obtained within the
+    │   │                             store's lock timeout (HTTP 503)
+    │   └── SteerOrphanedError        a steer's taker died uncommitted and only a direct
+    │                                 delivery of the taker can finish it (HTTP 409)
     ├── FencedCommitError             the thread moved on while the turn ran; nothing committed
     │   └── LeaseLostError            the turn's thread lease lapsed or was taken over
     ├── TenantMismatchError           the thread belongs to another tenant
@@ -44,9 +46,9 @@ message, so that hosts can react without parsing text::
     │   └── ReceiptStateError         the receipt is not in a state the operation accepts
     └── StoreError                    the storage driver failed (translated at the adapter edge)
 
-Only :class:`EffectNotAppliedError` is meant to be raised by application code
-(from inside an effect callback); the rest are raised by the kernel and its
-adapters.
+Only :class:`EffectNotAppliedError` is meant to be raised by application code.
+It is raised from inside an effect callback.
+The kernel and its adapters raise the rest.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from intention_kernel.effects import Receipt
+    from intention_kernel._effects import Receipt
 
 __all__ = [
     "CapabilityError",
@@ -89,6 +91,7 @@ __all__ = [
     "ThreadLockTimeoutError",
     "TurnCancelledError",
     "ShuttingDownError",
+    "SteerOrphanedError",
     "TurnConflictError",
     "TurnExpiredError",
     "UnknownCapabilityError",
@@ -174,17 +177,17 @@ class EffectError(KernelError):
 class EffectUncertainError(EffectError):
     """The effect may have been applied; the receipt is ``uncertain``.
 
-    The adapter fails closed: later calls with the same key raise this error
-    too, without calling the provider, until an operator resolves the receipt
-    (``resolve_receipt``).
+    The adapter fails closed.
+    Later calls with the same key raise this error too, without calling the provider.
+    That lasts until an operator resolves the receipt (``resolve_receipt``).
     """
 
 
 class EffectNotAppliedError(EffectError):
     """Raised by host code when it can prove that no write occurred.
 
-    The receipt is recorded as ``failed`` and a later call with the same key
-    may retry the write.
+    The receipt is recorded as ``failed``.
+    A later call with the same key may retry the write.
     """
 
     def __init__(self, message: str = "the effect was not applied") -> None:
@@ -194,15 +197,19 @@ class EffectNotAppliedError(EffectError):
 class EffectValueError(EffectUncertainError):
     """The provider returned a value that cannot be stored as JSON.
 
-    The write may have happened, so the receipt is ``uncertain`` and the step too: this
-    is an ``EffectUncertainError``, and later calls with the same key raise that.
+    The write may have happened, so the receipt is ``uncertain``, and the step too.
+    This is an ``EffectUncertainError``.
+    Later calls with the same key raise that.
     """
 
 
 class EffectUsageError(EffectError):
-    """``run_effect`` or ``emit`` was called where it is not allowed: ``run_effect`` by a
-    read capability or with an empty key, ``emit`` with an event type in one of the
-    kernel's namespaces (``turn.``, ``interaction.``, ``fact.``, ``effect.``, ``receipt.``)."""
+    """``run_effect`` or ``emit`` was called where it is not allowed.
+
+    - ``run_effect`` by a read capability, or with an empty key;
+    - ``emit`` with an event type in one of the kernel's namespaces.
+      Those are ``turn.``, ``interaction.``, ``fact.``, ``effect.`` and ``receipt.``.
+    """
 
 
 class CheckpointError(KernelError):
@@ -212,8 +219,8 @@ class CheckpointError(KernelError):
 class CheckpointCompatibilityError(CheckpointError):
     """The stored checkpoint cannot be used by this agent.
 
-    Either its schema revision is newer than this library understands, or it was
-    written by an agent whose fingerprint this agent does not declare compatible.
+    Its schema revision may be newer than this library understands.
+    Or an agent wrote it whose fingerprint this agent does not declare compatible.
     """
 
     def __init__(
@@ -237,9 +244,13 @@ class CorruptRecordError(CheckpointError):
 
 
 class CorruptStoreError(CorruptRecordError):
-    """The store itself cannot be read: SQLite found a damaged page, a truncated file, or
-    a file that is not a database. Nothing was written; restore the store from a backup
-    (``sqlite3 app.db ".recover"`` may save what is left)."""
+    """The store itself cannot be read.
+
+    SQLite found a damaged page, a truncated file, or a file that is not a database.
+    Nothing was written.
+    Restore the store from a backup.
+    ``sqlite3 app.db ".recover"`` may save what is left.
+    """
 
 
 class InterpretationError(KernelError):
@@ -250,90 +261,142 @@ class InterpretationError(KernelError):
 
 
 class InvalidRequestError(KernelError, ValueError):
-    """A request is malformed: a turn with an empty or oversized ID, no message and no
-    answer, or an answer of the wrong type; ``list_receipts`` with an unknown status;
-    ``resolve_receipt`` with a value that is not JSON (NaN, infinity); a document
-    ``TurnResult.from_dict`` cannot read. Nothing was read or written."""
+    """A request is malformed; nothing was read or written.
+
+    - A turn has an empty or oversized ID.
+    - A turn has no message and no answer, or an answer of the wrong type.
+    - ``list_receipts`` gets an unknown status.
+    - ``resolve_receipt`` gets a value that is not JSON, such as NaN or infinity.
+    - ``TurnResult.from_dict`` gets a document it cannot read.
+    """
 
 
 class ReservedTurnIdError(InvalidRequestError):
     """A client's turn ID begins with a prefix the kernel keeps for its own turns.
 
-    The expiry sweep closes an interaction in turn ``expire:<interaction id>``. A
-    client turn under that ID would commit first, and the sweep's turn would then
-    conflict on every run. ``turn_id`` names the refused ID; nothing was read or written.
+    The expiry sweep closes an interaction in turn ``expire:<interaction id>``.
+    A client turn under that ID would commit first.
+    The sweep's turn would then conflict on every run.
+    ``turn_id`` names the refused ID.
+    Nothing was read or written.
     """
 
 
 class JournalError(KernelError, ValueError):
-    """``tx.recorded`` was given a key or a value the journal cannot store: a key that
-    is empty or not storable text, a value that is not JSON. Nothing was recorded."""
+    """``tx.recorded`` was given a key or a value the journal cannot store.
+
+    The key was empty or not storable text, or the value was not JSON.
+    Nothing was recorded.
+    """
 
 
 class TurnConflictError(KernelError):
-    """A turn ID was delivered again with a different request: one already committed,
-    or one whose earlier delivery recorded model responses (the journal) for another
-    request.
+    """A turn ID was delivered again with a different request.
 
-    The stored result (or the recorded responses) belongs to another request, so it is
-    neither returned nor is the new request run under the same turn ID.
+    The turn ID may be committed already.
+    Or an earlier delivery recorded model responses for another request, in the journal.
+    The stored result, or the recorded responses, belong to another request.
+    So they are not returned.
+    Nor is the new request run under the same turn ID.
     """
 
 
 class TurnExpiredError(KernelError):
     """A committed turn ID was delivered again after retention (``prune``) dropped its result.
 
-    The turn stays committed, so it is never run again; its result can no longer be
-    returned. A very late transport retry gets this error instead of a second run.
+    The turn stays committed, so it is never run again.
+    Its result can no longer be returned.
+    A very late transport retry gets this error instead of a second run.
     """
 
 
 class TurnCancelledError(KernelError):
-    """A queued turn was cancelled (``Kernel.cancel``) before it ran: nothing of it was
-    committed, and it will not run from the inbox."""
+    """A queued turn was cancelled (``Kernel.cancel``) before it ran.
+
+    Nothing of it was committed, and it will not run from the inbox.
+    """
 
 
 class ShuttingDownError(KernelError):
-    """The kernel drains for shutdown (:meth:`Kernel.begin_shutdown
-    <intention_kernel.Kernel.begin_shutdown>`). A new turn is refused before it reads
-    anything; a running one stopped at a safe point before its commit. Nothing of it
-    was committed: its journal keeps the rounds it ran, and its receipts settle its
-    writes. Deliver the same turn ID again, to another process: it goes on from
-    there. The HTTP host answers 503 ``shutting-down`` with ``Retry-After``."""
+    """The kernel drains for shutdown.
+
+    :meth:`Kernel.begin_shutdown <intention_kernel.Kernel.begin_shutdown>` starts it.
+    A new turn is refused before it reads anything.
+    A running one stopped at a safe point before its commit.
+    Nothing of it was committed.
+    Its journal keeps the rounds it ran, and its receipts settle its writes.
+    Deliver the same turn ID again, to another process, and it goes on from there.
+    The HTTP host answers 503 ``shutting-down`` with ``Retry-After``.
+    """
 
 
 class ThreadBusyError(KernelError):
-    """Another turn holds the thread's lock: a turn that does not wait
-    (``Agent(on_busy="reject")``, ``with_turn(..., wait=False)``) is refused at once.
-    ``thread_id`` names the thread; nothing was read or written, and the same delivery
-    may be retried. The HTTP host answers 409 ``thread-busy``.
+    """Another turn holds the thread's lock, so a turn that does not wait is refused.
 
-    A turn that waited and gave up is the subclass :class:`ThreadLockTimeoutError`, so
-    ``except ThreadBusyError`` catches both."""
+    Such a turn comes from ``Agent(on_busy="reject")`` or ``with_turn(..., wait=False)``.
+    It is refused at once.
+    ``thread_id`` names the thread.
+    Nothing was read or written, and the same delivery may be retried.
+    The HTTP host answers 409 ``thread-busy``.
+
+    A turn that waited and gave up raises the subclass :class:`ThreadLockTimeoutError`.
+    So ``except ThreadBusyError`` catches both.
+    """
 
 
 class ThreadLockTimeoutError(ThreadBusyError):
-    """A turn waited for the thread's lock for the store's whole lock timeout and did
-    not get it. Nothing was read or written; the same delivery may be retried. The HTTP
-    host answers 503 ``lock-timeout`` with ``Retry-After``: the store, not the person,
-    is what is slow."""
+    """A turn waited the store's whole lock timeout for the thread's lock, in vain.
+
+    Nothing was read or written, and the same delivery may be retried.
+    The HTTP host answers 503 ``lock-timeout`` with ``Retry-After``.
+    The store, not the person, is what is slow.
+    """
+
+
+class SteerOrphanedError(ThreadBusyError):
+    """A steer's taker died before its commit, and no inbox entry can finish it.
+
+    A message sent with ``Agent(on_busy="steer")`` was handed to a running turn.
+    That turn's journal recorded it, so the taker's model saw it.
+    The taker then failed or died, and it was a direct delivery, not a queued one.
+    Only the taker's own client can deliver it again: the kernel keeps no copy.
+    ``turn_id`` names the steer, ``taken_by`` the taker.
+    Deliver turn ``taken_by`` again, with its own request; the steer is part of it.
+    The steer's turn ID then answers with the taker's result.
+    Nothing was written. The HTTP host answers 409 ``steer-orphaned``.
+    It is a :class:`ThreadBusyError`: the steer waits for another turn to commit.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        thread_id: str | None = None,
+        turn_id: str | None = None,
+        taken_by: str,
+    ) -> None:
+        super().__init__(message, thread_id=thread_id, turn_id=turn_id)
+        self.taken_by = taken_by
 
 
 class FencedCommitError(KernelError):
     """The thread's version moved while the turn ran, so the commit was refused.
 
-    This only happens when the turn lost its claim on the thread; nothing was
-    committed and the turn may be retried with the same turn ID.
+    This only happens when the turn lost its claim on the thread.
+    Nothing was committed.
+    The turn may be retried with the same turn ID.
     """
 
 
 class LeaseLostError(FencedCommitError):
     """The turn's lease on its thread lapsed or was taken over, so a write was refused.
 
-    PostgreSQL serializes a thread's turns with leases that expire. A worker paused
-    past its lease (a long GC pause, a frozen VM, a partition) finds every later write
-    refused: its receipt prepare, its journal entry, its commit. Nothing it did after
-    the lease was lost is stored or announced. The same delivery may be retried.
+    PostgreSQL serializes a thread's turns with leases that expire.
+    A worker may pause past its lease: a long GC pause, a frozen VM, a partition.
+    It then finds every later write refused.
+    That covers its receipt prepare, its journal entry and its commit.
+    Nothing it did after the lease was lost is stored or announced.
+    The same delivery may be retried.
     """
 
 
@@ -344,15 +407,19 @@ class TenantMismatchError(KernelError):
 class SyncKernelError(KernelError, RuntimeError):
     """:class:`~intention_kernel.SyncKernel` cannot serve this call; nothing ran.
 
-    A misuse of the synchronous facade, not a failure of the turn: the call never
-    reached the store, so the same delivery may be made again the right way."""
+    It is a misuse of the synchronous facade, not a failure of the turn.
+    The call never reached the store.
+    So the same delivery may be made again the right way.
+    """
 
 
 class EventLoopRunningError(SyncKernelError):
     """A ``SyncKernel`` method was called on a thread that runs an event loop.
 
-    Blocking there would stall every task of that loop, or deadlock on the kernel's own
-    loop. Async code awaits :class:`~intention_kernel.Kernel` over the same store."""
+    Blocking there would stall every task of that loop.
+    Or it would deadlock on the kernel's own loop.
+    Async code awaits :class:`~intention_kernel.Kernel` over the same store.
+    """
 
 
 class KernelClosedError(SyncKernelError):
@@ -362,10 +429,12 @@ class KernelClosedError(SyncKernelError):
 class ForkedKernelError(SyncKernelError):
     """A ``SyncKernel`` ran in a parent process, which then forked; the child called it.
 
-    Its store object holds the parent's connections and files, which a child must not
-    use. A kernel built from a URL opens the store anew in the child instead. Otherwise,
-    build the kernel in the child (Celery's ``worker_process_init``, gunicorn's
-    ``post_fork``), or before the parent first uses it."""
+    Its store object holds the parent's connections and files.
+    A child must not use them.
+    A kernel built from a URL opens the store anew in the child instead.
+    Otherwise, build the kernel in the child, or before the parent first uses it.
+    Celery's ``worker_process_init`` and gunicorn's ``post_fork`` run in the child.
+    """
 
 
 class ReceiptError(KernelError):
@@ -375,8 +444,10 @@ class ReceiptError(KernelError):
 class ReceiptNotFoundError(ReceiptError):
     """No receipt exists for that thread and key.
 
-    ``suggestions``: stored keys of the thread that the caller may have meant (the key
-    given without its capability prefix), already named in the message."""
+    ``suggestions`` holds stored keys of the thread that the caller may have meant.
+    The caller may have given the key without its capability prefix.
+    The message names them already.
+    """
 
     def __init__(
         self,

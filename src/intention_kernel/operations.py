@@ -1,51 +1,47 @@
 """Operations on a store: the deploy check, checkpoint migrations and retention.
 
-Each works below the ``Durability`` contract, on a durability that hands out its
-recorder (:class:`~intention_kernel.durability.contract.Recorded`; every bundled
-adapter does), in batches of short transactions, so that it runs safely beside live
-turns:
+Each works below the ``Durability`` contract. It needs a durability that hands out
+its recorder (:class:`~intention_kernel.durability.abc.Recorded`); every bundled
+adapter does. Each works in batches of short transactions. So it runs safely beside
+live turns:
 
-- :func:`check_checkpoints` reads every stored checkpoint and says which threads an
-  agent would refuse (a newer schema revision, a fingerprint it does not declare
-  compatible, a record that does not decode): run it before a deploy.
-- :func:`migrate_checkpoints` rewrites checkpoints of older schema revisions in place,
-  one thread at a time under that thread's lock (held for one read and one short
-  write), fenced on the thread's version. It is resumable: a thread is selected by its
-  stored revision, so a second run continues where the first stopped.
-- :func:`prune` deletes published outbox events and drops old turn results, keeping
-  each committed ``(thread_id, turn_id)``: a very late delivery of a pruned turn is
+- :func:`check_checkpoints` reads every stored checkpoint. It says which threads an
+  agent would refuse: a newer schema revision, a fingerprint it does not declare
+  compatible, a record that does not decode. Run it before a deploy.
+- :func:`migrate_checkpoints` rewrites checkpoints of older schema revisions in place.
+  It takes one thread at a time, under that thread's lock, fenced on the thread's
+  version. The lock is held for one read and one short write. It is resumable: a
+  thread is selected by its stored revision, so a second run continues where the
+  first stopped.
+- :func:`prune` deletes published outbox events and drops old turn results. It keeps
+  each committed ``(thread_id, turn_id)``. So a very late delivery of a pruned turn is
   refused with :class:`~intention_kernel.errors.TurnExpiredError`, never run again.
   Receipts are never pruned: they are what keeps a write from running twice.
 - :func:`expire_interactions` closes every overdue interaction (a confirmation not
   answered by its ``expires_at``), each in a turn of its own: see the function.
 
 The decisions (what a stored checkpoint means for an agent) are the same pure
-functions the turns use (:mod:`intention_kernel.checkpoint`).
+functions the turns use.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from intention_kernel._timers import interaction_timers
-from intention_kernel.agent import Agent, compile_agent
-from intention_kernel.checkpoint import (
+from intention_kernel._agent import Agent, compile_agent
+from intention_kernel._checkpoint import (
     CheckpointDelta,
     Interaction,
-    KernelCheckpoint,
     Migration,
-    assemble_checkpoint,
     check_compatible,
     current_revision,
-    decode_checkpoint,
 )
-from intention_kernel.deadlines import (
+from intention_kernel._deadlines import (
     Clock,
     expired_event,
     expired_step,
@@ -54,9 +50,19 @@ from intention_kernel.deadlines import (
     read_clock,
     system_clock,
 )
+from intention_kernel._effects import utcnow
+from intention_kernel._replies import Replies
+from intention_kernel._timers import interaction_timers
+from intention_kernel._turns import (
+    EventDraft,
+    TurnCommit,
+    TurnResult,
+    TurnScope,
+    committed_event,
+    request_digest,
+)
 from intention_kernel.durability import TurnTransaction
-from intention_kernel.durability._diff import all_rows
-from intention_kernel.durability.contract import (
+from intention_kernel.durability._contract.recorders import (
     Expirable,
     MaintenanceRecorder,
     Migratable,
@@ -64,8 +70,8 @@ from intention_kernel.durability.contract import (
     Recorded,
     TimerRecorder,
 )
-from intention_kernel.durability.records import CheckpointRewrite, StoredThread
-from intention_kernel.effects import utcnow
+from intention_kernel.durability._layout import rewrite_of
+from intention_kernel.durability._layout.codec import read_checkpoint, stamp
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
     CheckpointError,
@@ -75,15 +81,6 @@ from intention_kernel.errors import (
     ThreadBusyError,
     TurnConflictError,
     TurnExpiredError,
-)
-from intention_kernel.replies import Replies
-from intention_kernel.turns import (
-    EventDraft,
-    TurnCommit,
-    TurnResult,
-    TurnScope,
-    committed_event,
-    request_digest,
 )
 
 __all__ = [
@@ -141,9 +138,13 @@ class MigrationReport:
 
 @dataclass(frozen=True, slots=True)
 class PruneReport:
-    """What :func:`prune` removed: events deleted, turn results dropped, journal
-    entries (recorded model responses) of turns that never committed deleted, and
-    timers fired (or void) before the cutoff deleted."""
+    """What :func:`prune` removed.
+
+    - events deleted;
+    - turn results dropped;
+    - journal entries (recorded model responses) of turns that never committed, deleted;
+    - timers fired (or void) before the cutoff, deleted.
+    """
 
     cutoff: datetime
     events: int = 0
@@ -175,11 +176,11 @@ async def check_checkpoints(
     while True:
         rows = await recorder.scan_threads(after, batch, None)
         for thread_id, thread in rows:
-            revision, fingerprint = _stamp(thread)
+            revision, fingerprint = stamp(thread)
             revisions[revision] += 1
             fingerprints[fingerprint] += 1
             try:
-                checkpoint = _decode(thread_id, thread, migrations)
+                checkpoint = read_checkpoint(thread_id, thread, migrations)
                 check_compatible(
                     checkpoint,
                     fingerprint=compiled.fingerprint,
@@ -213,17 +214,17 @@ async def migrate_checkpoints(
 ) -> MigrationReport:
     """Rewrite every checkpoint of an older schema revision as the current revision.
 
-    Threads are taken ``batch`` at a time; each is migrated under its own lock, held
-    for one read and one short write, so live turns wait at most that long. A thread
-    that moved on (a turn committed meanwhile), stayed busy, or cannot be decoded is
-    reported in ``failed`` and left as it was; run it again to retry those.
+    Threads are taken ``batch`` at a time. Each is migrated under its own lock, held
+    for one read and one short write. So live turns wait at most that long. Some
+    threads are reported in ``failed`` and left as they were. Such a thread moved on
+    (a turn committed meanwhile), stayed busy, or cannot be decoded. Run the
+    migration again to retry those.
     Run it once every worker runs the library that knows the new revision.
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
     current = current_revision() if migrations is None else len(migrations) + 1
     recorder = await store.recorder()
-    index_rows = recorder.options.receipt_index_rows
     migrated, failed = 0, []
     after: str | None = None
     while True:
@@ -234,11 +235,11 @@ async def migrate_checkpoints(
                     thread = await recorder.read_thread(thread_id)
                     if thread is None or thread.checkpoint is None:
                         continue
-                    revision, _ = _stamp(thread)
+                    revision, _ = stamp(thread)
                     if revision is not None and revision >= current:
                         continue  # migrated meanwhile, by another run or a turn
-                    checkpoint = _decode(thread_id, thread, migrations)
-                    rewrite = _rewrite(thread_id, checkpoint, index_rows)
+                    checkpoint = read_checkpoint(thread_id, thread, migrations)
+                    rewrite = rewrite_of(thread_id, checkpoint, recorder.options)
                     await recorder.rewrite_checkpoint(rewrite)
                     store.forget_checkpoint(thread_id)
                     migrated += 1
@@ -270,13 +271,13 @@ async def prune(
     Unpublished events are kept whatever their age (the relay still owes them). A
     pruned turn keeps its ``(thread_id, turn_id)`` and request digest: delivering it
     again raises ``TurnExpiredError`` (or ``TurnConflictError`` for another request).
-    The journal of a turn that never committed (a commit deletes its own) is deleted
-    too once all of its entries are older than the cutoff: a delivery of that turn
-    after this asks the model again for every round, from the first.
+    A commit deletes its own turn's journal. The journal of a turn that never committed
+    is deleted once all of its entries are older than the cutoff. A delivery of that
+    turn after this asks the model again for every round, from the first.
 
     A turn's journal goes as a whole, under its thread's lock, or not at all. Entries
-    pruned one by one by age would leave a turn's later rounds without its first ones,
-    and a redelivery would go on from a transcript no delivery produced. Without the
+    pruned one by one by age could leave a turn's later rounds without its first ones.
+    A redelivery would then go on from a transcript no delivery produced. Without the
     lock, a redelivery running meanwhile could record a round after the older ones
     were deleted. A thread busy with a turn is skipped; a later run prunes it.
     Timers that fired (or were void) before the cutoff are deleted; pending ones stay.
@@ -337,8 +338,10 @@ class ExpiryReport:
 
 
 class _NotOverdue(Exception):
-    """Raised inside a sweep's turn to commit nothing: under the lock, the interaction
-    seen in the scan was answered, replaced or expired by a turn meanwhile."""
+    """Raised inside a sweep's turn to commit nothing.
+
+    Under the lock, the interaction seen in the scan turned out to have changed. A turn
+    answered, replaced or expired it meanwhile."""
 
 
 async def expire_interactions(
@@ -349,25 +352,37 @@ async def expire_interactions(
     replies: Replies | None = None,
 ) -> ExpiryReport:
     """Close every interaction whose ``expires_at`` has passed, as the next turn on its
-    thread would (:mod:`intention_kernel.deadlines`): for operators and cron, so that
-    an abandoned confirmation does not stay open, and its ``interaction.expired`` event
-    is not delayed, until someone writes to the thread again.
+    thread would.
 
-    Each overdue interaction is closed by a turn of its own through ``with_turn``, under
-    the thread's lock, with turn ID :func:`~intention_kernel.deadlines.expiry_turn_id`:
-    the next checkpoint (one version up, without the interaction and its held
-    operation, messages and facts untouched), ``interaction.expired`` and
-    ``turn.committed`` commit together, or not at all. A sweep run again, or two at
-    once, closes each interaction once (the second delivery of its turn ID is a replay).
+    This is for operators and cron. Without it, an abandoned confirmation stays open
+    until someone writes to the thread again. Its ``interaction.expired`` event is
+    delayed until then too.
+
+    Each overdue interaction is closed by a turn of its own through ``with_turn``. That
+    turn holds the thread's lock and has turn ID ``expire:<interaction id>``. Three
+    things commit together, or not at all:
+
+    - the next checkpoint: one version up, without the interaction and its held
+      operation, messages and facts untouched;
+    - ``interaction.expired``;
+    - ``turn.committed``.
+
+    A sweep run again, or two at once, closes each interaction once. The second
+    delivery of its turn ID is a replay.
     Under the lock the decision is made again, at the clock's time then: an interaction
     answered meanwhile is left alone. No agent code runs: the checkpoint keeps the
     fingerprint it was written under, so the sweep needs no ``--agent``. ``replies``
     words the stored turns' reply (``Replies()``, the default wording, unless given).
 
-    A thread the sweep cannot close is reported in ``failed``, left as it was, and the
-    sweep goes on to the next: one busy past the lock timeout, one whose checkpoint
-    cannot be read, or one whose expiry turn ID a client's turn took before the kernel
-    reserved the prefix (``conflict``; the thread's next turn expires it). Any other
+    A thread the sweep cannot close is reported in ``failed`` and left as it was. The
+    sweep goes on to the next. Such a thread is one of these:
+
+    - busy past the lock timeout;
+    - its checkpoint cannot be read;
+    - a client's turn took its expiry turn ID before the kernel reserved the prefix
+      (``conflict``; the thread's next turn expires it).
+
+    Any other
     refusal of the store is reported as ``failed``. Run the sweep again to retry them.
     """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -381,7 +396,7 @@ async def expire_interactions(
         rows = await recorder.read_interactions(after, batch, None)
         for thread_id, thread in rows:
             try:
-                checkpoint = _decode(thread_id, thread, None)
+                checkpoint = read_checkpoint(thread_id, thread, None)
             except CheckpointError as exc:
                 failed.append(RefusedThread(thread_id, _sweep_reason(exc), str(exc)))
                 continue
@@ -413,8 +428,10 @@ async def _expire(
     clock: Clock,
     replies: Replies,
 ) -> TurnResult:
-    """Close ``seen`` on ``thread_id`` in a turn of its own, if it is still the active
-    interaction and overdue when the turn holds the lock; ``_NotOverdue`` otherwise."""
+    """Close ``seen`` on ``thread_id`` in a turn of its own.
+
+    It closes only if ``seen`` is still the active interaction and overdue when the
+    turn holds the lock. Otherwise it raises ``_NotOverdue``."""
     scope = expiry_scope(thread_id, tenant_id, seen.id)
 
     async def operation(tx: TurnTransaction) -> TurnCommit:
@@ -526,50 +543,3 @@ def _sweep_reason(error: KernelError) -> RefusalReason:
     if isinstance(error, TurnConflictError | TurnExpiredError):
         return "conflict"
     return "failed"
-
-
-def _stamp(thread: StoredThread) -> tuple[int | None, str | None]:
-    """The schema revision and agent fingerprint the stored core names, if readable."""
-    try:
-        document = json.loads(thread.checkpoint or "")
-    except ValueError:
-        return None, None
-    if not isinstance(document, dict):
-        return None, None
-    revision, fingerprint = document.get("schema_revision"), document.get("agent_fingerprint")
-    return (
-        revision if isinstance(revision, int) and not isinstance(revision, bool) else None,
-        fingerprint if isinstance(fingerprint, str) else None,
-    )
-
-
-def _decode(
-    thread_id: str, thread: StoredThread, migrations: Sequence[Migration] | None
-) -> KernelCheckpoint:
-    assert thread.checkpoint is not None
-    text, _ = assemble_checkpoint(
-        thread.checkpoint, thread.messages, thread.facts, thread.receipt_index
-    )
-    checkpoint = decode_checkpoint(text, thread_id=thread_id, migrations=migrations)
-    if checkpoint.version != thread.version:
-        raise CorruptRecordError(
-            f"thread {thread_id!r} is at version {thread.version} but its checkpoint says "
-            f"{checkpoint.version}",
-            thread_id=thread_id,
-        )
-    return checkpoint
-
-
-def _rewrite(thread_id: str, checkpoint: KernelCheckpoint, index_rows: bool) -> CheckpointRewrite:
-    """``checkpoint`` written anew; its receipt index in rows when ``index_rows``."""
-    rows = all_rows(checkpoint, index_rows=index_rows)
-    return CheckpointRewrite(
-        thread_id=thread_id,
-        version=checkpoint.version,
-        checkpoint=rows.core,
-        schema_revision=checkpoint.schema_revision,
-        fingerprint=checkpoint.agent_fingerprint,
-        messages=rows.messages,
-        facts=rows.facts,
-        receipt_index=rows.receipt_index,
-    )

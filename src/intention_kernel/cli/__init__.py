@@ -11,9 +11,9 @@ Layout, so that command groups can be added without touching the others:
   Those are ``--db URL``, refusals and exit codes.
   ``--db`` defaults to ``$INTENTION_KERNEL_DB``, then ``sqlite:///intention-kernel.db``.
   Only :func:`~._common.resolve_db_url` resolves it;
-- one module per command or group (``demo.py``, ``serve.py``, ``receipts.py``,
-  ``outbox.py``, ``deploy.py`` for ``check`` and ``migrate``, ``prune.py``), each
-  exposing ``register(app)``.
+- one private module per command or group (``_demo.py``, ``_serve.py``,
+  ``_receipts.py``, ``_outbox.py``, ``_deploy.py`` for ``check`` and ``migrate``,
+  ``_prune.py``), each exposing ``register(app)``.
 
 Exit status 0 means success.
 1 means a command ran and found a problem.

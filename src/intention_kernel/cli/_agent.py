@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from intention_kernel.agent import Agent
+    from intention_kernel._agent import Agent
 
 __all__ = ["entered_agent", "load_agent"]
 
@@ -96,7 +96,7 @@ async def _exiting(manager: Any) -> AsyncIterator[None]:
 
 def _build(spec: str, db_url: str | None) -> object:
     """The attribute ``spec`` names, called if it is a factory (not yet awaited)."""
-    from intention_kernel.agent import Agent
+    from intention_kernel._agent import Agent
 
     target = _target(spec)
     if isinstance(target, Agent) or _is_async_manager(target):
@@ -148,7 +148,7 @@ def _is_async_manager(value: object) -> bool:
 
 
 def _agent_or_refusal(spec: str, built: object, how: str = "returned") -> Agent:
-    from intention_kernel.agent import Agent
+    from intention_kernel._agent import Agent
 
     if not isinstance(built, Agent):
         raise ValueError(f"{spec} {how} a {type(built).__name__}, not an Agent")

@@ -12,17 +12,15 @@ from typing import Annotated
 import typer
 
 from intention_kernel import __version__
-from intention_kernel.cli import (
-    demo,
-    deploy,
-    interactions,
-    outbox,
-    prune,
-    receipts,
-    serve,
-    threads,
-    timers,
-)
+from intention_kernel.cli import _demo as demo
+from intention_kernel.cli import _deploy as deploy
+from intention_kernel.cli import _interactions as interactions
+from intention_kernel.cli import _outbox as outbox
+from intention_kernel.cli import _prune as prune
+from intention_kernel.cli import _receipts as receipts
+from intention_kernel.cli import _serve as serve
+from intention_kernel.cli import _threads as threads
+from intention_kernel.cli import _timers as timers
 from intention_kernel.cli._help import Group
 
 __all__ = ["GROUPS", "app"]

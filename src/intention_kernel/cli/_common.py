@@ -26,7 +26,7 @@ from intention_kernel.cli._render import console
 
 if TYPE_CHECKING:
     from intention_kernel.durability import Durability
-    from intention_kernel.durability.contract import Operable
+    from intention_kernel.durability._contract.recorders import Operable
 
 __all__ = [
     "DB_ENV_VAR",
@@ -186,7 +186,7 @@ def existing_store(url: str) -> Operable:
     Nothing is created either way.
     The adapter's own ``exists()`` asks, without opening it.
     """
-    from intention_kernel.durability.contract import Operable
+    from intention_kernel.durability._contract.recorders import Operable
     from intention_kernel.errors import KernelError
 
     store = open_store(url)

@@ -4,10 +4,11 @@ A **durability adapter** is the transaction boundary of a turn. The kernel calls
 ``await durability.with_turn(scope, operation)``; for one ``thread_id`` the
 adapter must:
 
-1. serialize concurrent turns (across processes and hosts where the store is shared);
-   ``with_turn(..., wait=False)`` makes one attempt at the thread's lock and raises
-   ``ThreadBusyError`` at once when another turn holds it (``Agent(on_busy="reject")``),
-   where ``wait=True`` (the default) queues behind it up to the adapter's lock timeout;
+1. serialize concurrent turns (across processes and hosts where the store is shared).
+   ``with_turn(..., wait=False)`` makes one attempt at the thread's lock
+   (``Agent(on_busy="reject")``). It raises ``ThreadBusyError`` at once when another
+   turn holds the lock. ``wait=True`` (the default) queues behind that turn, up to the
+   adapter's lock timeout;
 2. load the latest checkpoint;
 3. return the stored result with ``replayed=True`` when the same ``turn_id`` was
    already committed, without calling ``operation`` and without loading the
@@ -16,28 +17,31 @@ adapter must:
 4. expose durable effect coordination to the operation (``tx.run_effect``);
 5. atomically commit the result, the next checkpoint and the outbox events, with a
    unique ``(thread_id, turn_id)`` and a fenced (compare-and-set) thread version;
-6. keep the turn's journal (``tx.recorded(key, compute)``): the first call of a key
-   in a turn ID computes the value and records it durably, in its own short write
-   under the thread's lock, before returning it; every later call of that key in the
-   same turn ID, in this delivery or in a delivery after a crash, returns the recorded
-   value without computing it. Values are JSON; a recorded value comes back as the
-   store reads it. A turn ID whose journal was recorded for another request raises
-   ``TurnConflictError``. The journal of a turn is deleted by its commit; a committed
-   turn replays without reading it. The runtime records each model round's response
-   there before any step of the round runs (a framework bridge may record its own
-   model requests the same way, under keys of its own: the runtime's start with
-   ``kernel.``). A turn that never calls it costs nothing.
+6. keep the turn's journal (``tx.recorded(key, compute)``). The first call of a key
+   in a turn ID computes the value. It records the value durably before returning
+   it, in its own short write under the thread's lock. Every later call of that key
+   in the same turn ID returns the recorded value without computing it. That holds
+   in this delivery and in a delivery after a crash. Values are JSON; a recorded
+   value comes back as the store reads it. A turn ID whose journal was recorded for
+   another request raises ``TurnConflictError``. The journal of a turn is deleted by
+   its commit; a committed turn replays without reading it. The runtime records each
+   model round's response there before any step of the round runs. A framework
+   bridge may record its own model requests the same way, under keys of its own.
+   The runtime's keys start with ``kernel.``. A turn that never calls it costs
+   nothing.
 
 ``with_turn`` is where a turn's IDs are checked (the kernel does not check them
 again): a thread, turn or tenant ID that breaks the rules of
 :func:`~intention_kernel._ids.check_id` is refused with
 ``InvalidRequestError`` before anything is read.
 
-Effects (``tx.run_effect(key, fn, step_id=...)``), per ``(thread_id, key)``: a
-completed receipt returns the stored value without calling ``fn``; an uncertain
-receipt, or a prepared one left by an attempt that did not finish, raises
-``EffectUncertainError`` without calling ``fn``; otherwise ``prepared`` is persisted
-before ``fn`` runs and ``completed`` / ``failed`` / ``uncertain`` right after it.
+Effects (``tx.run_effect(key, fn, step_id=...)``) go per ``(thread_id, key)``:
+
+- a completed receipt returns the stored value without calling ``fn``;
+- an uncertain receipt raises ``EffectUncertainError`` without calling ``fn``;
+- so does a prepared one left by an attempt that did not finish;
+- otherwise ``prepared`` is persisted before ``fn`` runs, and ``completed`` /
+  ``failed`` / ``uncertain`` right after it.
 
 Tenants: a thread belongs to the tenant of its first durable write (its first
 committed turn or, before that, its first effect receipt); a turn of another tenant
@@ -45,25 +49,25 @@ is refused with ``TenantMismatchError`` and is never shown that tenant's receipt
 The inspection and operations methods (``load_checkpoint``, ``list_receipts``,
 ``resolve_receipt``, ``read_outbox``) are operator-level: they see every tenant
 unless filtered (``list_receipts(tenant_id=...)``). ``RecordedDurability`` also takes
-``owner=ThreadOwner(tenant_id)`` on ``load_checkpoint`` and ``resolve_receipt``: a
-thread of another owner then reads as missing, decided on the snapshot read or under
-the thread's lock, so that a host acting for a tenant is never shown another tenant's
-first turn while it runs.
+``owner=ThreadOwner(tenant_id)`` on ``load_checkpoint`` and ``resolve_receipt``. A
+thread of another owner then reads as missing. That is decided on the snapshot read
+or under the thread's lock. So a host acting for a tenant is never shown another
+tenant's first turn while it runs.
 
 There are two ways to write an adapter:
 
 - implement :class:`Durability` directly (the protocol below), or
-- implement the small I/O-only :class:`~intention_kernel.durability.contract.Recorder`
-  and subclass :class:`~intention_kernel.durability.engine.RecordedDurability`, which
+- implement the small I/O-only :class:`~intention_kernel.durability.abc.Recorder`
+  and subclass :class:`~intention_kernel.durability.abc.RecordedDurability`, which
   applies every rule above in shared, tested code. The bundled adapters do this. A
-  recorder has four parts, each a Protocol in :mod:`~intention_kernel.durability.contract`:
+  recorder has four parts, each a Protocol in :mod:`~intention_kernel.durability.abc`:
   ``TurnRecorder`` (lock, begin, commit, read), ``EffectRecorder`` (claim, settle, list,
   resolve), ``OutboxRecorder`` (read, claim, mark published) and ``MaintenanceRecorder``
   (scan, rewrite, prune). It declares its options in ``options``, a
-  :class:`~intention_kernel.durability.contract.RecorderOptions`.
+  :class:`~intention_kernel.durability.abc.RecorderOptions`.
 
 The outbox relay, the operations, the HTTP host and the CLI each take a Protocol of
-:mod:`~intention_kernel.durability.contract` naming what they use (``Recorded``,
+:mod:`~intention_kernel.durability.abc` naming what they use (``Recorded``,
 ``Migratable``, ``TenantStore``, ``InteractionQueue``, ``Operable``), not a class: a
 durability that offers those methods works with them. Either way, run the conformance
 suite in :mod:`intention_kernel.testing.conformance`. The names an adapter author needs
@@ -81,10 +85,10 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-from intention_kernel.checkpoint import KernelCheckpoint
-from intention_kernel.durability._options import check_seconds, take_url_options
-from intention_kernel.effects import EffectFn, EffectOrigin, EffectResult, Receipt, ReceiptStatus
-from intention_kernel.turns import OutboxEvent, TurnCommit, TurnResult, TurnScope
+from intention_kernel._checkpoint import KernelCheckpoint
+from intention_kernel._effects import EffectFn, EffectOrigin, EffectResult, Receipt, ReceiptStatus
+from intention_kernel._turns import OutboxEvent, TurnCommit, TurnResult, TurnScope
+from intention_kernel.durability._contract.options import check_seconds, take_url_options
 
 __all__ = ["Durability", "TurnOperation", "TurnTransaction", "open_durability"]
 
@@ -204,10 +208,10 @@ def open_durability(
 
     - ``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` → ``SQLiteDurability``
     - ``postgresql://user@host:5432/db`` (or ``postgres://``) → ``PostgresDurability``.
-      Three query parameters are the adapter's, not libpq's, and are removed before
-      the rest reaches libpq: ``schema`` (the PostgreSQL schema holding the tables),
-      ``lock_timeout`` (seconds to wait for a busy thread) and ``lease_expiry``
-      (seconds a thread lease lasts unless renewed), as in
+      Three query parameters are the adapter's, not libpq's. They are removed before
+      the rest reaches libpq. ``schema`` is the PostgreSQL schema holding the tables.
+      ``lock_timeout`` is the seconds to wait for a busy thread. ``lease_expiry`` is the
+      seconds a thread lease lasts unless renewed. A URL with two of them:
       ``postgresql://app@db/app?schema=billing&lock_timeout=5&sslmode=require``.
     - ``memory://`` → ``InMemoryDurability`` (tests and examples only)
 
@@ -257,7 +261,7 @@ def open_durability(
             ),
         )
     if scheme == "memory":
-        from intention_kernel.durability.memory import InMemoryDurability
+        from intention_kernel.durability._memory import InMemoryDurability
 
         if lock_timeout is None:
             return InMemoryDurability()

@@ -1,13 +1,12 @@
 """The storage contract for adapter authors, beside the application facade.
 
-An application imports from :mod:`intention_kernel`; an adapter author imports from
-here: the contracts (:class:`Durability`, :class:`Recorder`), the shared engine that
-applies the rules over a recorder (:class:`RecordedDurability`), the options a
-recorder declares (:class:`RecorderOptions`), the records a recorder reads and writes,
-and the ID rules. Each name is documented where it is defined:
-:mod:`intention_kernel.durability` (``Durability``), :mod:`~intention_kernel.durability.contract`
-(the recorder), :mod:`~intention_kernel.durability.records`,
-:mod:`~intention_kernel.durability.ownership` and :mod:`~intention_kernel.durability.engine`.
+An application imports from :mod:`intention_kernel`; an adapter author imports from here.
+Here are the contracts (:class:`Durability`, :class:`Recorder`) and the ID rules.
+Here is the shared engine that applies the rules over a recorder (:class:`RecordedDurability`).
+Here are the options a recorder declares (:class:`RecorderOptions`).
+Here are the records a recorder reads and writes, and a commit's :class:`CheckpointDelta`.
+This module is their public home; the modules that define them are private.
+``Durability`` is documented in :mod:`intention_kernel.durability` too.
 
 A new adapter subclasses :class:`RecordedDurability` over a recorder that subclasses
 :class:`Recorder`, and runs :class:`~intention_kernel.testing.conformance.DurabilityConformance`.
@@ -15,9 +14,11 @@ A new adapter subclasses :class:`RecordedDurability` over a recorder that subcla
 
 from __future__ import annotations
 
+from intention_kernel._checkpoint import CheckpointDelta
 from intention_kernel._ids import MAX_ID_BYTES, MAX_ID_LENGTH, check_id
 from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
-from intention_kernel.durability.contract import (
+from intention_kernel.durability._contract.ownership import owner_of, owns
+from intention_kernel.durability._contract.recorders import (
     EffectRecorder,
     Expirable,
     InboxRecorder,
@@ -38,9 +39,7 @@ from intention_kernel.durability.contract import (
     TimerRecorder,
     TurnRecorder,
 )
-from intention_kernel.durability.engine import RecordedDurability
-from intention_kernel.durability.ownership import owner_of, owns
-from intention_kernel.durability.records import (
+from intention_kernel.durability._contract.records import (
     INTERACTION_MARKER,
     CheckpointRewrite,
     InboxEntry,
@@ -57,12 +56,16 @@ from intention_kernel.durability.records import (
     TurnRecord,
     TurnStart,
 )
+from intention_kernel.durability._engine.recorded import RecordedDurability
+from intention_kernel.durability._layout import CheckpointRows
 
 __all__ = [
     "INTERACTION_MARKER",
     "MAX_ID_BYTES",
     "MAX_ID_LENGTH",
+    "CheckpointDelta",
     "CheckpointRewrite",
+    "CheckpointRows",
     "Durability",
     "EffectRecorder",
     "InboxEntry",

@@ -1,29 +1,32 @@
 """Who is calling, what their role lets them do, and which threads they may see.
 
-With ``tokens`` (bearer token → :class:`Principal`), every API request must carry
-``Authorization: Bearer <token>``. A principal has a name, a tenant and a role:
+``tokens`` maps each bearer token to a :class:`Principal`.
+With it, every API request must carry ``Authorization: Bearer <token>``.
+A principal has a name, a tenant and a role:
 
-- ``user`` (a chat front end, say) posts turns, which run under its tenant, and
-  reads that tenant's threads;
-- ``operator`` (a person) may also list and resolve that tenant's receipts, and is
-  recorded by name as the resolution's actor.
+- ``user`` (a chat front end, say) posts turns, which run under its tenant.
+  It reads that tenant's threads.
+- ``operator`` (a person) may also list and resolve that tenant's receipts.
+  It is recorded by name as the resolution's actor.
 
-Anything else a role may not do is answered 403 ``forbidden``. A token mapped to a
-bare tenant ID (or ``None``, no tenant) is a ``user`` of it named after it. A
-principal without a tenant sees the threads created without one. Without
-``tokens`` there is no authentication and every caller is ``anonymous``, an
-operator without a tenant.
+Anything else a role may not do is answered 403 ``forbidden``.
+A token may map to a bare tenant ID, or to ``None`` for no tenant.
+It is then a ``user`` of that tenant, named after it.
+A principal without a tenant sees the threads created without one.
+Without ``tokens`` there is no authentication.
+Every caller is then ``anonymous``, an operator without a tenant.
 
-A thread belongs to the tenant of its first durable write: its first committed
-turn or, before that, the first effect receipt a turn prepared on it (see
-``ThreadOwner``). A tenant's receipts are listed by the store's own filter, on the
-tenant each receipt records.
+A thread belongs to the tenant of its first durable write (see ``ThreadOwner``).
+That is its first committed turn.
+Before that, it is the first effect receipt a turn prepared on it.
+The store's own filter lists a tenant's receipts, by the tenant each receipt records.
 
-Reading a thread and resolving a receipt go through :meth:`Access.load_checkpoint`
-and :meth:`Access.resolve_receipt`, which hand the caller's tenant to the store: the
-store decides on the snapshot it reads, or under the thread's lock. Asked first and
-acted on later, the answer could be stale: while another tenant's first turn runs,
-its thread has no owner yet.
+Reading a thread goes through :meth:`Access.load_checkpoint`.
+Resolving a receipt goes through :meth:`Access.resolve_receipt`.
+Both hand the caller's tenant to the store.
+The store decides on the snapshot it reads, or under the thread's lock.
+Asked first and acted on later, the answer could be stale.
+While another tenant's first turn runs, its thread has no owner yet.
 """
 
 from __future__ import annotations
@@ -34,14 +37,14 @@ from typing import Any
 
 from starlette.requests import Request
 
+from intention_kernel._authority import ROLES, Principal, Role
+from intention_kernel._checkpoint import KernelCheckpoint
+from intention_kernel._effects import Receipt
 from intention_kernel._ids import check_id
-from intention_kernel.authority import ROLES, Principal, Role
-from intention_kernel.checkpoint import KernelCheckpoint
 from intention_kernel.durability import Durability
-from intention_kernel.durability.contract import TenantStore
-from intention_kernel.durability.ownership import owns
-from intention_kernel.durability.records import ThreadOwner
-from intention_kernel.effects import Receipt
+from intention_kernel.durability._contract.ownership import owns
+from intention_kernel.durability._contract.recorders import TenantStore
+from intention_kernel.durability._contract.records import ThreadOwner
 from intention_kernel.host._problems import HostProblem
 
 __all__ = ["ROLES", "Access", "Principal", "Role"]
@@ -108,8 +111,10 @@ class Access:
     ) -> bool:
         """Whether ``principal`` may see the receipts of ``thread_id`` in a listing.
 
-        Asked after the receipts were read: a listed receipt claimed its thread, whose
-        owner then never changes, so the answer cannot be stale for it."""
+        It is asked after the receipts were read.
+        A listed receipt claimed its thread, whose owner then never changes.
+        So the answer cannot be stale for it.
+        """
         if cache is not None and thread_id in cache:
             return cache[thread_id]
         if self._owners is None:
@@ -123,8 +128,10 @@ class Access:
     async def may_act(self, principal: Principal, thread_id: str) -> bool:
         """Whether ``principal`` may act on ``thread_id`` as posting a turn there would.
 
-        A thread nobody owns yet is free, as for a first turn. Once owned, its owner
-        never changes, so a later act cannot find another owner."""
+        A thread nobody owns yet is free, as for a first turn.
+        Once owned, its owner never changes.
+        So a later act cannot find another owner.
+        """
         if self._owners is None or not self.enabled:
             return True
         return owns(await self._owners.thread_owner(thread_id), principal.tenant_id)
@@ -147,8 +154,11 @@ class Access:
         value: Any,
         note: str | None,
     ) -> Receipt:
-        """Resolve a receipt of a thread ``principal`` may act on, recording it as the
-        actor; any other raises ``ReceiptNotFoundError`` like a missing one."""
+        """Resolve a receipt of a thread ``principal`` may act on.
+
+        The principal is recorded as the actor.
+        Any other receipt raises ``ReceiptNotFoundError``, as a missing one does.
+        """
         if self._owners is None or not self.enabled:
             return await self._durability.resolve_receipt(
                 thread_id, key, applied=applied, value=value, note=note, actor=principal.actor

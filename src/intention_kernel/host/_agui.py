@@ -1,42 +1,52 @@
 """The AG-UI protocol: ``POST /v1/agui`` runs a turn as an AG-UI run.
 
-`AG-UI <https://docs.ag-ui.com>`_ is the event protocol most agent front ends
-speak. The body is AG-UI's ``RunAgentInput``; the answer is its event stream,
-built from the ``ag-ui-protocol`` package's own event types and ``EventEncoder``.
+`AG-UI <https://docs.ag-ui.com>`_ is the event protocol most agent front ends speak.
+The body is AG-UI's ``RunAgentInput``.
+The answer is its event stream.
+It is built from the ``ag-ui-protocol`` package's own event types and ``EventEncoder``.
 
-A run is one turn. ``threadId`` is the thread and ``runId`` the turn ID: a client
-that retries a run with the same ``runId`` gets the committed turn again, and no
-write runs twice. What the turn says comes from the end of the input:
+A run is one turn.
+``threadId`` is the thread, and ``runId`` the turn ID.
+A client may retry a run with the same ``runId``.
+It then gets the committed turn again, and no write runs twice.
+What the turn says comes from the end of the input:
 
-- a ``resume`` entry answers the interrupt a previous run ended on (its
-  ``interruptId`` is the interaction's ID); ``messages`` are then ignored;
-- otherwise the last message decides: a ``user`` message is the turn's message, a
-  ``tool`` message whose ``toolCallId`` names the confirmation's tool call is the
-  answer.
+- A ``resume`` entry answers the interrupt a previous run ended on.
+  Its ``interruptId`` is the interaction's ID.
+  ``messages`` are then ignored.
+- Otherwise the last message decides.
+  A ``user`` message is the turn's message.
+  A ``tool`` message is the answer when its ``toolCallId`` names the confirmation's tool call.
 
-An answer's ``payload`` (or the tool message's content, JSON or a bare word) is
-``"accept"``, ``"reject"`` or an object as the turn API's ``answer`` takes it. Its
-actor is the token's principal, as on every turn. A ``cancelled`` resume entry
-rejects the operation. ``state``, ``tools``, ``context`` and ``forwardedProps`` are
-accepted and ignored: the kernel's state is its facts, written by capabilities only.
+An answer's ``payload`` is ``"accept"``, ``"reject"`` or an object.
+The object is as the turn API's ``answer`` takes it.
+A tool message's content serves as the payload, as JSON or a bare word.
+The answer's actor is the token's principal, as on every turn.
+A ``cancelled`` resume entry rejects the operation.
+``state``, ``tools``, ``context`` and ``forwardedProps`` are accepted and ignored.
+The kernel's state is its facts, and only capabilities write them.
 
 The kernel's events map onto AG-UI's:
 
-- model text (``delta``) streams as ``TEXT_MESSAGE_*``; the committed reply's lines
-  that the stream did not show follow as one more text message;
-- each finished step is a tool call, ``TOOL_CALL_START``/``ARGS``/``END`` and
-  ``TOOL_CALL_RESULT`` (the step as the turn API reports it). ``ARGS`` is the input
-  the step ran with, as its receipt records it (the ``step`` event's ``input``); a
-  step that ran nothing has the input its confirmation held, or no ``ARGS``;
-- a confirmation opened by the turn is a tool call without a result, named
-  :data:`CONFIRM_TOOL`, and the run finishes with an ``interrupt`` outcome naming
-  it: AG-UI's human-in-the-loop pattern;
-- ``STATE_SNAPSHOT`` carries the thread's facts and version after the run;
+- Model text (``delta``) streams as ``TEXT_MESSAGE_*``.
+  The committed reply's lines that the stream did not show follow as one more text message.
+- Each finished step is a tool call.
+  It sends ``TOOL_CALL_START``, ``ARGS``, ``END`` and ``TOOL_CALL_RESULT``.
+  The result is the step as the turn API reports it.
+  ``ARGS`` is the input the step ran with, as its receipt records it.
+  That is the ``step`` event's ``input``.
+  A step that ran nothing has the input its confirmation held, or no ``ARGS``.
+- A confirmation opened by the turn is a tool call without a result.
+  It is named :data:`CONFIRM_TOOL`.
+  The run finishes with an ``interrupt`` outcome naming it.
+  That is AG-UI's human-in-the-loop pattern.
+- ``STATE_SNAPSHOT`` carries the thread's facts and version after the run.
 - ``RUN_FINISHED`` carries the ``TurnResult`` JSON as its ``result``.
 
-Refusals before the turn ran anything answer problem details with their status, as
-the turn API does. A failure after the stream started is ``RUN_ERROR``, its
-``code`` the problem type's slug and its ``rawEvent`` the problem details.
+A turn may be refused before it ran anything.
+That answers problem details with their status, as the turn API does.
+A failure after the stream started is ``RUN_ERROR``.
+Its ``code`` is the problem type's slug, and its ``rawEvent`` the problem details.
 """
 
 from __future__ import annotations
@@ -83,6 +93,10 @@ import pydantic
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from intention_kernel._interpretation import Answer
+from intention_kernel._kernel import Kernel
+from intention_kernel._streaming import TurnEvent
+from intention_kernel._turns import check_client_turn_id
 from intention_kernel._turnstream import (
     After,
     TurnStatus,
@@ -91,16 +105,13 @@ from intention_kernel._turnstream import (
     stream_store,
     watch_store,
 )
-from intention_kernel.durability.records import StoredStream
-from intention_kernel.errors import KernelError, ThreadBusyError
+from intention_kernel.durability._contract.records import StoredStream
+from intention_kernel.errors import KernelError, SteerOrphanedError, ThreadBusyError
 from intention_kernel.host._access import Principal
 from intention_kernel.host._endpoints import REPLAYED_HEADER, Endpoints
 from intention_kernel.host._problems import HostProblem, problem_body, problem_for
 from intention_kernel.host._turnstreams import keep_alive
 from intention_kernel.host._wire import AnswerBody, TurnBody, read_body
-from intention_kernel.interpretation import Answer
-from intention_kernel.kernel import Kernel
-from intention_kernel.streaming import TurnEvent
 
 __all__ = ["CONFIRM_TOOL", "AgUiEndpoint", "RunTranslator", "turn_input"]
 
@@ -227,8 +238,13 @@ def _now() -> int:
 class RunTranslator:
     """Turns the kernel's events of one turn into the AG-UI events of one run.
 
-    It keeps what the run has shown: the open text message, the text streamed last,
-    the steps already shown as tool calls, the inputs the kernel reported."""
+    It keeps what the run has shown:
+
+    - the open text message;
+    - the text streamed last;
+    - the steps already shown as tool calls;
+    - the inputs the kernel reported.
+    """
 
     def __init__(
         self,
@@ -268,15 +284,18 @@ class RunTranslator:
         if event.type == "step":
             return [*self._close(), *self._step(event.data)]
         if event.type == "interaction":
-            # Shown at the end, if it is still the pending one: a later step of the
-            # same turn may supersede it.
+            # Shown at the end, if it is still the pending one.
+            # A later step of the same turn may supersede it.
             self._inputs[event.data["step_id"]] = event.data["input"]
             return []
         return self._finished(event.data)
 
     def unknown_inputs(self, result: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-        """The result's steps still to show whose input no event gave: step ID → the
-        IDs of their receipts (a write's receipt records its input)."""
+        """The result's steps still to show whose input no event gave.
+
+        It maps each step ID to the IDs of its receipts.
+        A write's receipt records its input.
+        """
         return {
             step["step_id"]: tuple(step["receipt_ids"])
             for step in result["steps"]
@@ -288,8 +307,10 @@ class RunTranslator:
         self._ran[step_id] = input
 
     def resumed(self) -> None:
-        """The events so far were shown on a lost connection. A text message open
-        there goes on here as a new one, with the same text so far."""
+        """The events so far were shown on a lost connection.
+
+        A text message open there goes on here as a new one, with the same text so far.
+        """
         if self._open is not None:
             self._open = None
             self._carry = True
@@ -400,8 +421,11 @@ class RunTranslator:
         ]
 
     def _confirmation(self, interaction: dict[str, Any]) -> dict[str, Any]:
-        """The confirmation tool call's arguments: the interaction as the thread view
-        shows it, with the schema of the input an accept may edit."""
+        """The confirmation tool call's arguments.
+
+        They are the interaction as the thread view shows it.
+        They include the schema of the input an accept may edit.
+        """
         schema = None
         if interaction["kind"] == "confirmation":
             schema = self._input_schemas.get(interaction["capability_id"])
@@ -439,8 +463,8 @@ class AgUiEndpoint:
         after = request.headers.get("last-event-id") or None
         translator = RunTranslator(thread_id, turn_id, self._input_schemas, run.parent_run_id)
         try:
-            # As the turn API's stream: a turn refused before it ran anything answers
-            # problem details with its status, not a run that only says so.
+            # As in the turn API's stream, a turn refused before it ran anything
+            # answers problem details with its status, not a run that only says so.
             first, events, replayed = await self._events(
                 translator, message, answer, principal, after
             )
@@ -466,13 +490,19 @@ class AgUiEndpoint:
         principal: Principal,
         after: str | None,
     ) -> tuple[TurnEvent, AsyncIterator[TurnEvent], bool]:
-        """The run's kernel events after ``after``: the first, the rest, and whether
-        the turn was committed before.
+        """The run's kernel events after ``after``.
 
-        A new run runs its turn. A run whose turn is recorded already (a retry of a
-        run whose connection, or process, was lost) is read from the turn's stream:
-        nothing runs twice, and the events before ``after`` only prime ``translator``."""
+        It returns the first, the rest, and whether the turn was committed before.
+        A new run runs its turn.
+        A run's turn may be recorded already.
+        That is a retry of a run whose connection, or process, was lost.
+        Such a run is read from the turn's stream, so nothing runs twice.
+        The events before ``after`` only prime ``translator``.
+        """
         kernel, thread_id, turn_id = self.api.kernel, translator.thread_id, translator.run_id
+        # A run delivers a turn: a reserved ID is refused before its status is read,
+        # which a timer's or an expiry's turn ID passes (readable, not deliverable).
+        check_client_turn_id(turn_id)
         position = parse_after(after)  # a bad Last-Event-ID: 422 before anything runs
         if position is not None and position.end:
             position = None  # the client saw the whole run: it gets the whole run again
@@ -489,9 +519,11 @@ class AgUiEndpoint:
             await ran.aclose()
             followed = _recorded(kernel, translator, principal)
         else:
-            # Running here or in another process, or in one that died: this process
-            # delivers it again, which waits for a live holder's commit and replays
-            # it, or goes on from the recorded rounds. The stream follows the record.
+            # Running here, in another process, or in one that died.
+            # This process delivers it again.
+            # That waits for a live holder's commit and replays it.
+            # Or it goes on from the recorded rounds.
+            # The stream follows the record.
             await ran.aclose()  # never started: each attempt makes its own
 
             def deliver() -> AsyncIterator[TurnEvent]:
@@ -535,8 +567,8 @@ class AgUiEndpoint:
                         for snapshot in await self._snapshot(principal, thread_id):
                             yield encoder.encode(snapshot)
                         out = out.model_copy(update={"timestamp": _now()})
-                    # The last frame of a kernel event carries its ID: a client that
-                    # lost the stream resumes after it (``Last-Event-ID``).
+                    # The last frame of a kernel event carries its ID.
+                    # A client that lost the stream resumes after it (``Last-Event-ID``).
                     last = index == len(outs) - 1
                     yield _with_id(encoder.encode(out), current.id if last else None)
                 current = await anext(rest, None)
@@ -553,8 +585,11 @@ class AgUiEndpoint:
                 yield encoder.encode(out)
 
     async def _receipt_inputs(self, translator: RunTranslator, result: dict[str, Any]) -> None:
-        """Tell ``translator`` the inputs of the result's writes that no event gave
-        (a replay from the result alone), as their receipts record them."""
+        """Tell ``translator`` the inputs of the result's writes that no event gave.
+
+        That happens on a replay from the result alone.
+        The inputs are as their receipts record them.
+        """
         wanted = translator.unknown_inputs(result)
         if not wanted:
             return
@@ -572,8 +607,11 @@ class AgUiEndpoint:
                 translator.receipt_input(step_id, found[0])
 
     async def _snapshot(self, principal: Principal, thread_id: str) -> list[BaseEvent]:
-        """The thread's facts and version, read after the turn committed; none when the
-        read fails: the turn is committed, and the run must not say it failed."""
+        """The thread's facts and version, read after the turn committed.
+
+        It gives none when the read fails.
+        The turn is committed, and the run must not say it failed.
+        """
         try:
             checkpoint = await self.api.access.load_checkpoint(principal, thread_id)
         except KernelError as error:
@@ -587,8 +625,10 @@ class AgUiEndpoint:
 
 
 def _with_id(frame: str, event_id: str | None) -> str:
-    """An encoded SSE frame with an ``id:`` line (an event ID is one line of letters,
-    digits and dots)."""
+    """An encoded SSE frame with an ``id:`` line.
+
+    An event ID is one line of letters, digits and dots.
+    """
     if event_id is None or not frame.endswith("\n\n"):
         return frame
     return f"{frame[:-1]}id: {event_id}\n\n"
@@ -615,12 +655,18 @@ async def _segments(store: Any, thread_id: str, turn_id: str) -> list[TurnEvent]
 
 
 async def _drained(deliver: Callable[[], AsyncIterator[TurnEvent]]) -> BaseException | None:
-    """Deliver the turn and read its stream to the end; its error, or ``None``. A busy
-    thread is tried again: its holder commits the turn, or dies and lets go."""
+    """Deliver the turn and read its stream to the end, and return its error or ``None``.
+
+    A busy thread is tried again.
+    Its holder commits the turn, or dies and lets go.
+    An orphaned steer is not: only its taker's redelivery ends it.
+    """
     while True:
         try:
             async for _ in deliver():
                 pass
+        except SteerOrphanedError as error:
+            return error
         except ThreadBusyError:
             await asyncio.sleep(0.5)
             continue
@@ -636,7 +682,9 @@ async def _follow(
     driver: asyncio.Task[BaseException | None],
 ) -> AsyncIterator[TurnEvent]:
     """The turn's recorded stream until its ``result``, as ``watch_turn`` reads it.
-    The driver's error ends it, after the rest of what the store recorded."""
+
+    The driver's error ends it, after the rest of what the store recorded.
+    """
     thread_id, turn_id = translator.thread_id, translator.run_id
     failure: list[BaseException] = []
 
@@ -671,8 +719,11 @@ class _DriverFailed(Exception):
 async def _primed(
     translator: RunTranslator, position: After | None, events: AsyncIterator[TurnEvent]
 ) -> tuple[TurnEvent, AsyncIterator[TurnEvent]]:
-    """The first event after ``position``, and the rest. The events up to it go
-    through ``translator`` unsent: it knows what the client was shown."""
+    """The first event after ``position``, and the rest.
+
+    The events up to it go through ``translator`` unsent.
+    So it knows what the client was shown.
+    """
     async for event in events:
         if position is None or position.before(event):
             translator.resumed()

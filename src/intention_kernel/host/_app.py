@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from intention_kernel._kernel import Kernel
 from intention_kernel._timer_runner import background_timers
 from intention_kernel.host._access import Access, Principal
 from intention_kernel.host._endpoints import Endpoints, guarded
@@ -24,7 +25,6 @@ from intention_kernel.host._problems import (
     problem_response,
 )
 from intention_kernel.host._turnstreams import check_keep_alive
-from intention_kernel.kernel import Kernel
 
 __all__ = ["create_app"]
 
@@ -45,29 +45,35 @@ def create_app(
     timer_poll: float = 0.25,
     keep_alive: float = 15.0,
 ) -> Starlette:
-    """An ASGI app serving ``kernel``: the turn API, inspection, reconciliation,
-    ``/openapi.json`` and the operator console at ``/console``.
+    """An ASGI app serving ``kernel``.
 
-    ``tokens`` maps bearer tokens to a :class:`Principal` (name, tenant, role), or
-    to a bare tenant ID (``None``: no tenant) for a ``user`` of that tenant: it
-    posts turns and reads the tenant's threads; listing and resolving receipts
-    needs an ``operator``. Without ``tokens`` the API is unauthenticated and
-    tenant-less, every caller an operator: put it behind your own gateway. The app
-    does not open or close the kernel's store; the caller owns it (adapters open
-    lazily on first use).
+    It serves the turn API, inspection, reconciliation and ``/openapi.json``.
+    It serves the operator console at ``/console``.
 
-    The app answers only requests whose ``Host`` is a loopback name or one of
-    ``allowed_hosts`` (``ops.example.com``, ``*.example.com``, or ``*`` for any),
-    and refuses browser requests from another origin that carry no bearer token
-    (see :mod:`intention_kernel.host._guard`). Request bodies must be
-    ``application/json``.
+    ``tokens`` maps bearer tokens to a :class:`Principal`: name, tenant, role.
+    A token may map to a bare tenant ID instead, or ``None`` for no tenant.
+    That token is a ``user`` of that tenant.
+    A user posts turns and reads the tenant's threads.
+    Listing and resolving receipts needs an ``operator``.
+    Without ``tokens`` the API is unauthenticated and has no tenants.
+    Every caller is then an operator, so put it behind your own gateway.
+    The app does not open or close the kernel's store; the caller owns it.
+    Adapters open lazily on first use.
 
-    With ``timers`` (the default), the app's lifespan fires the store's due timers in
-    the background (:meth:`Kernel.run_timers`, every ``timer_poll`` seconds while
-    idle), if its store keeps timers. Any number of hosts may do so at once.
+    The app answers only requests whose ``Host`` is a loopback name or in ``allowed_hosts``.
+    Patterns are ``ops.example.com``, ``*.example.com``, or ``*`` for any.
+    It refuses browser requests from another origin that carry no bearer token.
+    :mod:`intention_kernel.host._guard` says why.
+    Request bodies must be ``application/json``.
 
-    A turn's ``/events`` stream and an AG-UI run send an SSE comment (``: ping``)
-    every ``keep_alive`` seconds while they wait: a proxy does not close them idle.
+    With ``timers`` (the default), the app's lifespan fires the store's due timers.
+    It calls :meth:`Kernel.run_timers` in the background, if the store keeps timers.
+    While idle, it polls every ``timer_poll`` seconds.
+    Any number of hosts may do so at once.
+
+    A turn's ``/events`` stream and an AG-UI run send an SSE comment while they wait.
+    The comment is ``: ping``, every ``keep_alive`` seconds.
+    So a proxy does not close them as idle.
     """
     from intention_kernel import __version__
 
@@ -86,8 +92,8 @@ def create_app(
         return JSONResponse(document)
 
     routes = [
-        # The turn route comes first: for a path both match, a wrong method then
-        # answers 405 with this route's Allow header.
+        # The turn route comes first.
+        # For a path both match, a wrong method then answers 405 with this route's Allow.
         Route("/v1/threads/{thread_id:path}/turns", guarded(api.post_turn), methods=["POST"]),
         Route(
             "/v1/threads/{thread_id:path}/turns/{turn_id}/events",
@@ -115,14 +121,15 @@ def create_app(
             _not_allowed("GET", "DELETE"),
             methods=["POST", "PUT", "PATCH", "OPTIONS"],
         ),
-        # Any other method on a turns path: without this route, a GET would match the
-        # thread route below with "x/turns" as the thread ID and answer 404.
+        # Any other method on a turns path.
+        # Without this route, a GET would match the thread route below.
+        # Its thread ID would be "x/turns", and it would answer 404.
         Route(
             "/v1/threads/{thread_id:path}/turns",
             _not_allowed("POST"),
             methods=["GET", "PUT", "PATCH", "DELETE"],
         ),
-        # As for ".../turns": "x/timers" is thread x's timers, not a thread of that ID.
+        # As for ".../turns": "x/timers" is thread x's timers, not a thread "x/timers".
         Route("/v1/threads/{thread_id:path}/timers", guarded(api.get_timers), methods=["GET"]),
         Route(
             "/v1/threads/{thread_id:path}/timers",
@@ -154,8 +161,10 @@ def create_app(
 
 
 def _agui(api: Endpoints) -> Callable[[Request], Awaitable[Response]]:
-    """``POST /v1/agui`` (:mod:`._agui`), imported at its first request: the
-    ``ag-ui-protocol`` package is an extra, and its import is not free."""
+    """``POST /v1/agui`` (:mod:`._agui`), imported at its first request.
+
+    The ``ag-ui-protocol`` package is an extra, and its import is not free.
+    """
     handler: Callable[[Request], Awaitable[Response]] | None = None
 
     async def run(request: Request) -> Response:
@@ -172,8 +181,10 @@ def _agui(api: Endpoints) -> Callable[[Request], Awaitable[Response]]:
 
 
 def _not_allowed(*methods: str) -> Callable[[Request], Awaitable[Response]]:
-    """An endpoint answering 405 with ``Allow: methods``, for paths a route of other
-    methods would otherwise take."""
+    """An endpoint answering 405 with ``Allow: methods``.
+
+    It serves paths a route of other methods would otherwise take.
+    """
     allow = ", ".join(methods)
 
     async def refuse(request: Request) -> Response:
@@ -209,8 +220,8 @@ def _console_asset(name: str) -> Callable[[Request], Awaitable[Response]]:
     headers = {
         "Cache-Control": "no-cache",
         "X-Content-Type-Options": "nosniff",
-        # The console renders conversation text; it only ever inserts it as text, and
-        # this policy forbids inline and foreign scripts besides.
+        # The console renders conversation text, and only ever inserts it as text.
+        # This policy forbids inline and foreign scripts besides.
         "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
     }
 

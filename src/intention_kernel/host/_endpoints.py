@@ -1,9 +1,10 @@
 """The API endpoints: turns, threads, receipts, health.
 
-Each endpoint authenticates first, then validates, then calls the kernel or the
-store. Errors leave as :class:`HostProblem`; :func:`guarded` turns them (and any
-kernel error, mapped by class) into problem responses, so no endpoint answers
-with a bare 500.
+Each endpoint authenticates first, then validates, then calls the kernel or the store.
+Errors leave as :class:`HostProblem`.
+:func:`guarded` turns them into problem responses.
+It maps any kernel error by class too.
+So no endpoint answers with a bare 500.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from intention_kernel._checkpoint import check_compatible
+from intention_kernel._effects import ReceiptStatus
 from intention_kernel._ids import check_id
 from intention_kernel._inbox import InboxStore, Queued, decode_entry
+from intention_kernel._kernel import Kernel
 from intention_kernel._timer_runner import timer_store
-from intention_kernel.checkpoint import check_compatible
-from intention_kernel.durability.contract import InteractionQueue
-from intention_kernel.durability.records import PendingInteraction, ThreadOwner
-from intention_kernel.effects import ReceiptStatus
+from intention_kernel.durability._contract.recorders import InteractionQueue
+from intention_kernel.durability._contract.records import PendingInteraction, ThreadOwner
 from intention_kernel.errors import CheckpointCompatibilityError, KernelError, TenantMismatchError
 from intention_kernel.host import _turnstreams as turnstreams
 from intention_kernel.host._access import Access, Principal
@@ -46,12 +48,11 @@ from intention_kernel.host._wire import (
     dump,
     read_body,
 )
-from intention_kernel.kernel import Kernel
 
 __all__ = ["REPLAYED_HEADER", "Endpoints", "guarded"]
 
-#: Set on every turn response: ``true`` when the stored result of a committed turn
-#: was returned and nothing ran.
+#: Set on every turn response.
+#: It is ``true`` when the stored result of a committed turn was returned and nothing ran.
 REPLAYED_HEADER = "Idempotency-Replayed"
 
 log = logging.getLogger("intention_kernel.host")
@@ -102,9 +103,10 @@ def guarded(endpoint: Endpoint) -> Endpoint:
 def _log(request: Request, problem: HostProblem) -> None:
     status = problem.type.status
     if status in (502, 503):
-        # Handled failures: busy threads and store hiccups are expected under load, and a
-        # failing interpreter is its own service's fault; clients retry. One line each:
-        # a traceback would only show the host's own mapping code.
+        # Handled failures: busy threads and store hiccups are expected under load.
+        # A failing interpreter is its own service's fault.
+        # Clients retry.
+        # One line each, since a traceback would only show the host's own mapping code.
         log.warning("%s %s: %s", request.method, request.url.path, problem.detail)
     elif status >= 500:
         cause = problem.__cause__ or problem
@@ -151,9 +153,9 @@ class Endpoints:
                 self.kernel, thread_id, turn_id, body, principal, REPLAYED_HEADER
             )
         try:
-            # Kernel.turn for an agent without an inbox. An agent with one ("queue",
-            # "steer", "interrupt") answers at once when the thread is busy: an HTTP
-            # client should not hold a connection open while the turns before it run.
+            # Kernel.turn for an agent without an inbox.
+            # An agent with one ("queue", "steer", "interrupt") answers at once when busy.
+            # An HTTP client should not hold a connection open while earlier turns run.
             result = await self.kernel.submit(
                 thread_id,
                 turn_id,
@@ -164,8 +166,9 @@ class Endpoints:
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
         if isinstance(result, Queued):
-            # Accepted, durably: the same turn ID sent again answers its place while it
-            # waits, and its result once it ran.
+            # Accepted, durably.
+            # The same turn ID sent again answers its place while it waits.
+            # Once it ran, it answers its result.
             return JSONResponse(result.to_dict(), status_code=202)
         return JSONResponse(
             result.to_dict(), headers={REPLAYED_HEADER: "true" if result.replayed else "false"}
@@ -184,8 +187,9 @@ class Endpoints:
             after=request.headers.get("last-event-id") or None,
         )
         try:
-            # Wait for the first event: a turn refused before it ran anything answers
-            # problem details with its status, not a stream that only says so.
+            # Wait for the first event.
+            # A turn refused before it ran anything answers problem details with its status.
+            # It does not open a stream that only says so.
             first = await anext(events)
         except KernelError as error:
             raise problem_for(error, thread_id=thread_id, turn_id=turn_id) from error
@@ -270,7 +274,7 @@ class Endpoints:
         return JSONResponse(dump(view))
 
     async def get_timers(self, request: Request) -> Response:
-        """A thread's timers, read as the thread is: another tenant's thread is 404."""
+        """A thread's timers, read as the thread is; another tenant's thread is 404."""
         principal = self.access.authenticate(request)
         thread_id = check_id("thread_id", request.path_params["thread_id"])
         status = request.query_params.get("status")
@@ -341,8 +345,11 @@ class Endpoints:
         return JSONResponse(dump(InteractionList(tuple(map(self._current, found)), following)))
 
     def _current(self, pending: PendingInteraction) -> PendingInteraction:
-        """``pending`` saying who may answer it under this kernel's policy: the one its
-        answers meet, which a redeploy may have changed since the interaction opened."""
+        """``pending``, saying who may answer it under this kernel's policy.
+
+        That is the policy its answers meet.
+        A redeploy may have changed it since the interaction opened.
+        """
         cap = self._capabilities.get(pending.interaction.capability_id)
         if cap is None or pending.interaction.who_may_answer == cap.who_may_answer:
             return pending

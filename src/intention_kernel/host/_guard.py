@@ -1,27 +1,34 @@
-"""What every request must pass before it reaches an endpoint: its ``Host``, and
-whether a browser sent it from another site.
+"""What every request must pass before it reaches an endpoint.
 
-Two attacks work on a host that answers any browser, and most of all on one
-without tokens, which trusts every caller it can be reached by:
+The guard checks its ``Host``, and whether a browser sent it from another site.
 
-- **DNS rebinding.** A page on ``attacker.example`` re-resolves its own name to
-  ``127.0.0.1`` and then reads the host's threads and receipts as same-origin
-  responses. Its requests carry ``Host: attacker.example``, so the host answers
-  only the names it was told it serves (:class:`RequestGuard`, ``allowed_hosts``):
-  the loopback names, and those the operator adds.
-- **Cross-site requests.** Any page the operator visits can make the browser post
-  to ``http://127.0.0.1:8000`` (a ``no-cors`` form-like request, which needs no
-  preflight): it cannot read the answer, but the turn runs, and an ``accept``
-  charges the card. Such a request carries an ``Origin`` that is not the host's own,
-  or ``Sec-Fetch-Site: cross-site`` / ``same-site``; without a bearer token it is
-  refused. A request with an ``Authorization`` header cannot be sent cross-origin
-  without a CORS preflight, which this host never grants. A top-level navigation
-  (``GET`` with ``Sec-Fetch-Mode: navigate``, a link to the console in an alert)
-  is let through: its answer goes to the operator's window, not to the page.
+Two attacks work on a host that answers any browser.
+They work best on one without tokens, which trusts every caller that reaches it.
 
-Starlette's ``TrustedHostMiddleware`` checks the same patterns but answers a
-``text/plain`` 400 (and may redirect to ``www.``); this middleware answers problem
-details, as every other error of the host.
+- **DNS rebinding.**
+  A page on ``attacker.example`` re-resolves its own name to ``127.0.0.1``.
+  It then reads the host's threads and receipts as same-origin responses.
+  Its requests carry ``Host: attacker.example``.
+  So the host answers only the names it was told it serves.
+  Those are :class:`RequestGuard`'s ``allowed_hosts``.
+  They are the loopback names, and those the operator adds.
+- **Cross-site requests.**
+  Any page the operator visits can make the browser post to ``http://127.0.0.1:8000``.
+  It sends a ``no-cors`` form-like request, which needs no preflight.
+  The page cannot read the answer, but the turn runs.
+  An ``accept`` then charges the card.
+  Such a request carries an ``Origin`` that is not the host's own.
+  Or it carries ``Sec-Fetch-Site: cross-site`` or ``same-site``.
+  Without a bearer token it is refused.
+- A request with an ``Authorization`` header needs a CORS preflight to go cross-origin.
+  This host never grants one.
+- A top-level navigation is let through.
+  That is a ``GET`` with ``Sec-Fetch-Mode: navigate``, such as a console link in an alert.
+  Its answer goes to the operator's window, not to the page.
+
+Starlette's ``TrustedHostMiddleware`` checks the same patterns.
+But it answers a ``text/plain`` 400, and may redirect to ``www.``.
+This middleware answers problem details, as every other error of the host.
 """
 
 from __future__ import annotations
@@ -45,9 +52,13 @@ _SAFE_METHODS = frozenset({"GET", "HEAD"})
 
 
 def check_host_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
-    """The allowed host patterns, normalized: a name or an IP address without scheme or
-    port (``ops.example.com``, ``10.0.0.5``, ``::1``), ``*.example.com`` for its
-    subdomains, or ``*`` for any name. Raises ``ValueError`` for anything else."""
+    """The allowed host patterns, normalized.
+
+    A pattern is a name or an IP address without scheme or port.
+    Examples are ``ops.example.com``, ``10.0.0.5`` and ``::1``.
+    ``*.example.com`` stands for its subdomains, and ``*`` for any name.
+    Raises ``ValueError`` for anything else.
+    """
     checked: list[str] = []
     for raw in patterns:
         if not isinstance(raw, str):
@@ -84,8 +95,10 @@ def is_loopback(host: str) -> bool:
 
 
 def _host_name(header: str) -> str | None:
-    """The name part of a ``Host`` header (``[v6]`` kept bracketed), or ``None`` if it is
-    not one."""
+    """The name part of a ``Host`` header, or ``None`` if it is not one.
+
+    An IPv6 name (``[v6]``) keeps its brackets.
+    """
     value = header.strip().lower()
     if value.startswith("["):
         end = value.find("]")
@@ -106,9 +119,12 @@ def _is_port(text: str) -> bool:
 
 
 class RequestGuard:
-    """ASGI middleware: answers 400 ``host-not-allowed`` for a ``Host`` outside
-    ``allowed_hosts`` (added to :data:`LOOPBACK_HOSTS`), and 403 ``cross-origin``
-    for a browser request from another origin that carries no bearer token."""
+    """ASGI middleware that checks each request's host and origin.
+
+    A ``Host`` outside ``allowed_hosts`` gets 400 ``host-not-allowed``.
+    Those are added to :data:`LOOPBACK_HOSTS`.
+    A browser request from another origin without a bearer token gets 403 ``cross-origin``.
+    """
 
     def __init__(self, app: ASGIApp, allowed_hosts: Sequence[str] = ()) -> None:
         self.app = app
@@ -163,10 +179,13 @@ class RequestGuard:
 
 
 def _same_authority(origin: str, host: str) -> bool:
-    """Whether ``origin`` names the host the request was sent to. Only the authority is
-    compared, not the scheme: behind a proxy that ends TLS the page's origin is
-    ``https://`` while the host is asked over plain HTTP. (A browser sends the port in
-    both only when it is not the scheme's default.) ``null`` (a sandboxed or local
-    page) names no host."""
+    """Whether ``origin`` names the host the request was sent to.
+
+    Only the authority is compared, not the scheme.
+    Behind a proxy that ends TLS, the page's origin is ``https://``.
+    The host is asked over plain HTTP all the same.
+    A browser sends the port in both only when it is not the scheme's default.
+    ``null`` names no host; a sandboxed or local page sends it.
+    """
     scheme, sep, authority = origin.strip().lower().partition("://")
     return bool(sep) and scheme in ("http", "https") and authority == host.strip().lower()

@@ -1,8 +1,9 @@
 """The host's OpenAPI 3.1 document, served at ``/openapi.json``.
 
-Request and response schemas are generated from the very models the host
-validates with and the kernel types it serializes (:mod:`._wire`,
-``TurnResult``), so the document cannot promise what the host does not do.
+Request and response schemas are generated from the very models the host uses.
+Those are the models it validates with, and the kernel types it serializes.
+They live in :mod:`._wire` and ``TurnResult``.
+So the document cannot promise what the host does not do.
 Paths, parameters and problem responses are declared here, next to each other.
 """
 
@@ -13,10 +14,12 @@ from typing import Any
 
 import pydantic
 
+from intention_kernel._effects import Receipt, ReceiptStatus
 from intention_kernel._ids import MAX_ID_LENGTH
 from intention_kernel._inbox import Cancellation, Queued
+from intention_kernel._interpretation import MAX_ANSWER_TEXT
+from intention_kernel._turns import TurnResult
 from intention_kernel._turnstream import TurnStatus
-from intention_kernel.effects import Receipt, ReceiptStatus
 from intention_kernel.host._problems import PROBLEM_MEDIA_TYPE, PROBLEM_TYPES
 from intention_kernel.host._wire import (
     Health,
@@ -27,8 +30,6 @@ from intention_kernel.host._wire import (
     TimerList,
     TurnBody,
 )
-from intention_kernel.interpretation import MAX_ANSWER_TEXT
-from intention_kernel.turns import TurnResult
 
 __all__ = ["openapi_document"]
 
@@ -62,6 +63,10 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         "thread_id": {"type": "string"},
         "turn_id": {"type": "string"},
         "key": {"type": "string"},
+        "taken_by": {
+            "type": "string",
+            "description": "steer-orphaned: the turn ID to deliver again.",
+        },
         "errors": {
             "type": "array",
             "description": "Validation errors, one per problem in the request.",
@@ -78,8 +83,9 @@ PROBLEM_SCHEMA: dict[str, Any] = {
     },
 }
 
-#: What the request guard answers on any path: a Host the app does not serve (400), a
-#: browser request from another origin without a token (403).
+#: What the request guard answers on any path.
+#: A Host the app does not serve gets 400.
+#: A browser request from another origin without a token gets 403.
 GUARD_STATUSES = (400, 403)
 
 PROBLEM_TYPE_SCHEMA: dict[str, Any] = {
@@ -97,7 +103,7 @@ PROBLEM_TYPE_SCHEMA: dict[str, Any] = {
 def openapi_document(
     *, version: str, agent: str, max_message_chars: int, auth: bool
 ) -> dict[str, Any]:
-    """The document for one app: ``auth`` adds the bearer scheme and 401 responses."""
+    """The document for one app; ``auth`` adds the bearer scheme and 401 responses."""
     schemas = _component_schemas(max_message_chars)
     schemas["Problem"] = PROBLEM_SCHEMA
     schemas["ProblemType"] = PROBLEM_TYPE_SCHEMA
@@ -176,8 +182,10 @@ def _json(description: str, schema: str, headers: dict[str, Any] | None = None) 
 
 
 def _problems(statuses: Iterable[int], exclude: Iterable[str] = ()) -> dict[str, Any]:
-    """The problem responses of ``statuses``, each with every problem type of its status
-    but those named in ``exclude``."""
+    """The problem responses of ``statuses``.
+
+    Each has every problem type of its status, except those named in ``exclude``.
+    """
     responses: dict[str, Any] = {}
     excluded = set(exclude)
     for status in sorted(set(statuses)):
@@ -240,9 +248,13 @@ class _Api:
         operator: bool = False,
         forbids: bool = False,
     ) -> dict[str, Any]:
-        """``operator``: a token of another role is refused with 403 ``forbidden``;
-        ``forbids``: the operation answers ``forbidden`` for another reason, with or
-        without tokens (the guard's 403 ``cross-origin`` is every operation's)."""
+        """An operation's 403 responses.
+
+        With ``operator``, a token of another role is refused with 403 ``forbidden``.
+        With ``forbids``, the operation answers ``forbidden`` for another reason.
+        That holds with or without tokens.
+        The guard's 403 ``cross-origin`` belongs to every operation.
+        """
         problems = set(statuses) | set(GUARD_STATUSES) | ({401} if self.auth else set())
         role = () if forbids or (self.auth and operator) else ("forbidden",)
         op["responses"] = {"200": ok, **_problems(problems, role)}
@@ -328,7 +340,9 @@ class _Api:
                 "summary": "A turn's status, and its result once committed",
                 "description": (
                     "`queued`, `running` or `committed` (with `result`). A queued turn "
-                    "whose accepting process died is drained by the process answering."
+                    "whose accepting process died is drained by the process answering. "
+                    "A timer's turn (`timer:<key>@<due time>`) is read here too, and an "
+                    "expiry's (`expire:<interaction id>`)."
                 ),
                 "parameters": [
                     _path_id(),
@@ -347,7 +361,9 @@ class _Api:
                 "description": (
                     "Each event has an `id:`. The stream resumes after the `Last-Event-ID` "
                     "header (or the `after` query parameter), from any process on the "
-                    "store. Rounds are recorded as they end; `result` comes last."
+                    "store. Rounds are recorded as they end; `result` comes last. "
+                    "A timer's turn (`timer:<key>@<due time>`) is watched here too, and an "
+                    "expiry's (`expire:<interaction id>`)."
                 ),
                 "parameters": [
                     _path_id(),

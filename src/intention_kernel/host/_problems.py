@@ -1,10 +1,10 @@
 """Problem details (RFC 9457): the host's only error format.
 
-Every error response is ``application/problem+json`` with a stable ``type`` URI
-from :data:`PROBLEM_TYPES` (served at ``/problems/<slug>``), its ``title`` and
-``status``, a ``detail`` for people, and ``thread_id`` / ``turn_id`` / ``key``
-where known. Kernel errors are mapped by class (:func:`problem_for`), never by
-their message text.
+Every error response is ``application/problem+json``.
+It has a stable ``type`` URI from :data:`PROBLEM_TYPES`, served at ``/problems/<slug>``.
+It has its ``title`` and ``status``, and a ``detail`` for people.
+It has ``thread_id``, ``turn_id`` and ``key`` where known.
+Kernel errors are mapped by class (:func:`problem_for`), never by their message text.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from intention_kernel.durability._resolution import missing_receipt_message
+from intention_kernel.durability._engine.resolution import missing_receipt_message
 from intention_kernel.errors import (
     CheckpointCompatibilityError,
     CorruptRecordError,
@@ -26,6 +26,7 @@ from intention_kernel.errors import (
     ReceiptNotFoundError,
     ReceiptStateError,
     ShuttingDownError,
+    SteerOrphanedError,
     StoreError,
     TenantMismatchError,
     ThreadBusyError,
@@ -154,6 +155,16 @@ PROBLEM_TYPES: Mapping[str, ProblemType] = _types(
         retry_after=1,
     ),
     ProblemType(
+        "steer-orphaned",
+        409,
+        "Steer waits for its taker",
+        'The message (on_busy="steer") was handed to a running turn, named in taken_by. '
+        "That turn recorded it, then stopped before its commit, and it was not queued: "
+        "only its client can deliver it again. Deliver the taker's turn ID again with its "
+        "own request; the message is part of it, and this turn ID then answers with its "
+        "result. Nothing was written.",
+    ),
+    ProblemType(
         "receipt-state",
         409,
         "Receipt cannot be resolved",
@@ -243,6 +254,7 @@ _BY_ERROR: Mapping[type[KernelError], str] = {
     InterpretationError: "interpretation-failed",
     ThreadBusyError: "thread-busy",
     ThreadLockTimeoutError: "lock-timeout",
+    SteerOrphanedError: "steer-orphaned",
     FencedCommitError: "turn-fenced",
     StoreError: "store-unavailable",
     ShuttingDownError: "shutting-down",
@@ -275,8 +287,10 @@ def thread_not_found(thread_id: str, turn_id: str | None = None) -> HostProblem:
 
 
 def receipt_not_found(thread_id: str, key: str, suggestions: Sequence[str] = ()) -> HostProblem:
-    """The one answer for an unknown receipt and for a receipt of another tenant's thread
-    (whose keys the store never suggests)."""
+    """The one answer for an unknown receipt and for another tenant's receipt.
+
+    The store never suggests the keys of another tenant's thread.
+    """
     return HostProblem(
         "not-found",
         missing_receipt_message(thread_id, key, suggestions),
@@ -290,11 +304,12 @@ def problem_for(error: KernelError, **known: str | None) -> HostProblem:
     slug = next(
         (_BY_ERROR[cls] for cls in type(error).__mro__ if cls in _BY_ERROR), "internal-error"
     )
-    fields = {name: getattr(error, name, None) for name in ("thread_id", "turn_id", "key")}
+    names = ("thread_id", "turn_id", "key", "taken_by")
+    fields = {name: getattr(error, name, None) for name in names}
     for name, value in known.items():
         fields[name] = fields.get(name) or value
-    # Word these exactly as the host words an unknown thread or receipt, so that another
-    # tenant learns nothing from the text either.
+    # Word these exactly as the host words an unknown thread or receipt.
+    # So another tenant learns nothing from the text either.
     if isinstance(error, TenantMismatchError):
         return thread_not_found(fields["thread_id"] or "", fields["turn_id"])
     if isinstance(error, ReceiptNotFoundError):

@@ -1,17 +1,23 @@
-"""A streamed turn as server-sent events: ``POST /v1/threads/{id}/turns`` with
-``Accept: text/event-stream``.
+"""A streamed turn as server-sent events.
 
-Each :class:`~intention_kernel.TurnEvent` is one event, ``event: <type>``, ``data:
-<JSON>`` and ``id: <event ID>``; the last is ``result``, the same document the JSON answer
-carries. A retry that sends ``Last-Event-ID`` resumes after that event. The
-response starts only once the turn's first event is there, so a turn refused before it
-ran anything (a conflict, a busy thread, a failing model) answers problem details with
-its status, as without streaming. A failure after that arrives as an ``error`` event
-carrying problem details, and ends the stream: nothing was committed, and the client
-retries with the same turn ID.
+The client sends ``POST /v1/threads/{id}/turns`` with ``Accept: text/event-stream``.
 
-A client that disconnects does not abort the turn: the response stops reading it, and
-the turn runs on to its commit (see :meth:`~intention_kernel.Kernel.stream_turn`).
+Each :class:`~intention_kernel.TurnEvent` is one event.
+It has ``event: <type>``, ``data: <JSON>`` and ``id: <event ID>``.
+The last is ``result``, the same document the JSON answer carries.
+A retry that sends ``Last-Event-ID`` resumes after that event.
+
+The response starts only once the turn's first event is there.
+So a turn refused before it ran anything answers problem details with its status.
+A conflict, a busy thread or a failing model is such a refusal.
+This is the same as without streaming.
+A failure after that arrives as an ``error`` event carrying problem details.
+It ends the stream.
+Nothing was committed, and the client retries with the same turn ID.
+
+A client that disconnects does not abort the turn.
+The response stops reading it, and the turn runs on to its commit.
+:meth:`~intention_kernel.Kernel.stream_turn` says more.
 """
 
 from __future__ import annotations
@@ -23,9 +29,9 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
+from intention_kernel._streaming import TurnEvent
 from intention_kernel.errors import KernelError
 from intention_kernel.host._problems import HostProblem, problem_body, problem_for
-from intention_kernel.streaming import TurnEvent
 
 __all__ = ["EVENT_STREAM", "accepts_event_stream", "event_stream_response", "stream_events"]
 
@@ -93,6 +99,6 @@ async def stream_events(
 
 def _event(type: str, data: Any, id: str | None = None) -> str:
     # ``json.dumps`` escapes every newline, so the data is always one ``data:`` line.
-    # An event ID holds digits, dots and letters only (``_turnstream``): one line too.
+    # An event ID holds only digits, dots and letters (``_turnstream``), so it is one line.
     event = f"event: {type}\ndata: {json.dumps(data, ensure_ascii=False)}\n"
     return f"{event}id: {id}\n\n" if id is not None else event + "\n"

@@ -1,16 +1,18 @@
 """Detached turns and resumable streams on the host.
 
-- ``POST /v1/threads/{id}/turns`` with ``Prefer: respond-async`` (RFC 7240) accepts the
-  turn into its thread's inbox and answers ``202`` at once, with the turn's URL in
-  ``Location`` and ``Preference-Applied: respond-async``. The turn runs to its commit
-  whether or not anybody watches it (:meth:`~intention_kernel.Kernel.detach_turn`).
+- ``POST /v1/threads/{id}/turns`` may send ``Prefer: respond-async`` (RFC 7240).
+  The host then accepts the turn into its thread's inbox and answers ``202`` at once.
+  The answer has the turn's URL in ``Location``, and ``Preference-Applied: respond-async``.
+  The turn runs to its commit whether or not anybody watches it.
+  :meth:`~intention_kernel.Kernel.detach_turn` does this.
 - ``GET .../turns/{turn_id}`` answers its :class:`~intention_kernel.TurnStatus`.
-- ``GET .../turns/{turn_id}/events`` streams its events as server-sent events, from any
-  process: each with its ``id:``, resumed after the ``Last-Event-ID`` header (or the
-  ``after`` query parameter) (:meth:`~intention_kernel.Kernel.watch_turn`).
+- ``GET .../turns/{turn_id}/events`` streams its events as server-sent events.
+  It works from any process (:meth:`~intention_kernel.Kernel.watch_turn`).
+  Each event has its ``id:``.
+  The stream resumes after the ``Last-Event-ID`` header, or the ``after`` query parameter.
 
-While a stream waits, it sends a comment (``: ping``) every ``keep_alive`` seconds
-(:func:`keep_alive`): a proxy then does not close an idle watch.
+While a stream waits, it sends a comment (``: ping``) every ``keep_alive`` seconds.
+:func:`keep_alive` does that, so a proxy does not close an idle watch.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from intention_kernel._ids import check_id
+from intention_kernel._kernel import Kernel
+from intention_kernel._streaming import TurnEvent
 from intention_kernel.errors import KernelError
 from intention_kernel.host._access import Principal
 from intention_kernel.host._problems import HostProblem, problem_for, thread_not_found
 from intention_kernel.host._stream import EVENT_STREAM, stream_events
 from intention_kernel.host._wire import TurnBody
-from intention_kernel.kernel import Kernel
-from intention_kernel.streaming import TurnEvent
 
 __all__ = [
     "KEEP_ALIVE",
@@ -113,8 +115,10 @@ async def detach_turn(
     principal: Principal,
     replayed_header: str,
 ) -> Response:
-    """``202`` and the turn's URL once the turn is accepted; a committed turn ID answers
-    its stored result (``200``), as without the preference."""
+    """``202`` and the turn's URL once the turn is accepted.
+
+    A committed turn ID answers its stored result (``200``), as without the preference.
+    """
     try:
         status = await kernel.detach_turn(
             thread_id,
@@ -152,8 +156,10 @@ async def turn_status(kernel: Kernel, request: Request, principal: Principal) ->
 async def turn_events(
     kernel: Kernel, request: Request, principal: Principal, every: float = KEEP_ALIVE
 ) -> Response:
-    """The turn's stream, after ``Last-Event-ID`` (or ``?after=``); a ping every
-    ``every`` seconds while it waits."""
+    """The turn's stream, after ``Last-Event-ID`` or ``?after=``.
+
+    It sends a ping every ``every`` seconds while it waits.
+    """
     thread_id, turn_id = _ids(request)
     after = request.headers.get("last-event-id") or request.query_params.get("after")
     try:
@@ -177,7 +183,7 @@ async def turn_events(
 async def _watched(
     events: AsyncIterator[TurnEvent], *, thread_id: str, turn_id: str
 ) -> AsyncIterator[str]:
-    # A comment first: the response starts at once, even if the turn is still queued.
+    # A comment first, so the response starts at once, even for a queued turn.
     yield ": watching\n\n"
     first = await anext(events)
     async for chunk in stream_events(first, events, thread_id=thread_id, turn_id=turn_id):

@@ -1,9 +1,9 @@
 """The wire format: request bodies the host accepts and the views it answers with.
 
-Request bodies are strict pydantic models (no coercion, no unknown fields), and
-the OpenAPI document is generated from these same models, so what the schema
-promises and what the host accepts cannot drift apart. Responses reuse the
-kernel's own types (``TurnResult``, ``Receipt``, the checkpoint's records).
+Request bodies are strict pydantic models: no coercion, no unknown fields.
+The OpenAPI document is generated from these same models.
+So what the schema promises and what the host accepts cannot drift apart.
+Responses reuse the kernel's own types: ``TurnResult``, ``Receipt``, the checkpoint's records.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import pydantic
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from starlette.requests import Request
 
+from intention_kernel._checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
+from intention_kernel._effects import Receipt
+from intention_kernel._facts import FactRecord
 from intention_kernel._ids import MAX_ID_LENGTH
 from intention_kernel._inbox import Cancellation
-from intention_kernel.checkpoint import AgendaItem, Interaction, KernelCheckpoint, Message
-from intention_kernel.durability.records import PendingInteraction, Timer, TimerStatus
-from intention_kernel.effects import Receipt
-from intention_kernel.facts import FactRecord
+from intention_kernel._interpretation import MAX_ANSWER_TEXT, Answer
+from intention_kernel.durability._contract.records import PendingInteraction, Timer, TimerStatus
 from intention_kernel.host._problems import HostProblem
-from intention_kernel.interpretation import MAX_ANSWER_TEXT, Answer
 
 __all__ = [
     "JSON_MEDIA_TYPE",
@@ -58,8 +58,11 @@ Id = Annotated[
 
 
 def _finite(value: Any) -> Any:
-    """Refuse the numbers JSON cannot hold: the parser reads ``NaN``, ``Infinity`` and
-    overflowing literals (``1e999``) as non-finite floats, which no store can write."""
+    """Refuse the numbers JSON cannot hold.
+
+    The parser reads ``NaN``, ``Infinity`` and overflowing literals (``1e999``).
+    It makes them non-finite floats, which no store can write.
+    """
     pending = [value]
     while pending:  # iterative: the parser already bounds the depth, this adds no limit
         item = pending.pop()
@@ -92,14 +95,18 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class AnswerBody(_Body):
-    """An answer to a pending interaction (``interaction_id`` omitted: the active one).
+    """An answer to a pending interaction.
 
-    ``reason`` explains a reject; ``digest`` binds the answer to the operation shown
-    (the interaction's ``digest``). ``input`` edits the held input of the operation an
-    accept approves (validated by the kernel against the capability's input schema).
-    ``actor`` is the token's principal: the host sets it, and refuses one sent that
-    names anyone else. An ``input`` goes with an accept: the schema says so (``if``
-    the decision is ``reject``, ``then`` no input), and the body is refused otherwise."""
+    Without ``interaction_id``, it answers the active one.
+    ``reason`` explains a reject.
+    ``digest`` binds the answer to the operation shown (the interaction's ``digest``).
+    ``input`` edits the held input of the operation an accept approves.
+    The kernel validates it against the capability's input schema.
+    ``actor`` is the token's principal, and the host sets it.
+    The host refuses an ``actor`` sent that names anyone else.
+    An ``input`` goes with an accept, and the body is refused otherwise.
+    The schema says so: ``if`` the decision is ``reject``, ``then`` no input.
+    """
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -139,8 +146,11 @@ class AnswerBody(_Body):
 
 
 class TurnBody(_Body):
-    """One turn: a message, an answer, or both. The turn ID may come from the
-    ``Idempotency-Key`` header instead; keep it the same when retrying a delivery."""
+    """One turn: a message, an answer, or both.
+
+    The turn ID may come from the ``Idempotency-Key`` header instead.
+    Keep it the same when retrying a delivery.
+    """
 
     # "A message, an answer, or both", said in the schema too.
     model_config = ConfigDict(
@@ -157,8 +167,10 @@ class TurnBody(_Body):
     answer: Literal["accept", "reject"] | AnswerBody | None = None
 
     def resolved_answer(self, actor: str) -> Answer | None:
-        """The answer, its actor ``actor`` (the token's principal); ``HostProblem``
-        403 ``forbidden`` when the body names another actor."""
+        """The answer, with ``actor`` (the token's principal) as its actor.
+
+        It raises ``HostProblem`` 403 ``forbidden`` when the body names another actor.
+        """
         if self.answer is None:
             return None
         if isinstance(self.answer, str):
@@ -172,9 +184,10 @@ class TurnBody(_Body):
         return self.answer.to_answer(actor)
 
 
-#: A note must hold more than white space. Checked with Python's regular expressions,
-#: which the schema's generators and validators use too, so that the host and its
-#: document agree on what white space is.
+#: A note must hold more than white space.
+#: This is checked with Python's regular expressions.
+#: The schema's generators and validators use them too.
+#: So the host and its document agree on what white space is.
 _NOT_BLANK = re.compile(r"\S")
 
 
@@ -184,8 +197,9 @@ def _says_something(note: str) -> str:
     return note
 
 
-#: What the schema says of a resolution's value, beside what the fields say: applied,
-#: it must be given (``null`` included); not applied, it may only be ``null``.
+#: What the schema says of a resolution's value, beside what the fields say.
+#: Applied, it must be given, ``null`` included.
+#: Not applied, it may only be ``null``.
 _RESOLUTION_VALUE: dict[str, pydantic.JsonValue] = {
     "anyOf": [
         {"properties": {"applied": {"const": True}}, "required": ["value"]},
@@ -197,10 +211,13 @@ _RESOLUTION_VALUE: dict[str, pydantic.JsonValue] = {
 class ResolveBody(_Body):
     """An operator's reconciliation of an uncertain receipt.
 
-    ``applied: true`` needs ``value``, the provider's result, which every later use
-    of the receipt gets in place of a call (``null`` if it returned nothing): left
-    out, later uses would get ``null`` for good. ``note`` says why, for whoever looks
-    at the receipt next; it must hold more than white space."""
+    ``applied: true`` needs ``value``, the provider's result.
+    Every later use of the receipt gets it in place of a call.
+    It is ``null`` if the provider returned nothing.
+    Left out, later uses would get ``null`` for good.
+    ``note`` says why, for whoever looks at the receipt next.
+    It must hold more than white space.
+    """
 
     model_config = ConfigDict(json_schema_extra=_RESOLUTION_VALUE)
 
@@ -229,20 +246,28 @@ class ResolveBody(_Body):
 
 @dataclass(frozen=True, slots=True)
 class InteractionView(Interaction):
-    """The active interaction as the thread view shows it: the checkpoint's record and
-    ``input_schema``, the JSON schema of the capability's input, for a
-    ``"confirmation"`` whose held input an accept may edit (``answer.input``); ``None``
-    for a ``"capability"`` interaction (its input is not edited) or a capability this
-    agent no longer has. The console validates an edit against it before sending; the
-    kernel validates it again against the input model."""
+    """The active interaction as the thread view shows it.
+
+    It holds the checkpoint's record and ``input_schema``.
+    That is the JSON schema of the capability's input.
+    It is set for a ``"confirmation"``, whose held input an accept may edit (``answer.input``).
+    It is ``None`` for a ``"capability"`` interaction, whose input is not edited.
+    It is ``None`` too for a capability this agent no longer has.
+    The console validates an edit against it before sending.
+    The kernel validates it again against the input model.
+    """
 
     input_schema: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class QueuedView:
-    """A message waiting in the thread's inbox: its turn ID, 1-based place, text, and
-    whether it is a steer (``on_busy="steer"``) or runs as a turn of its own."""
+    """A message waiting in the thread's inbox.
+
+    It shows its turn ID, its 1-based place and its text.
+    It says whether it steers a running turn (``on_busy="steer"``).
+    Otherwise it runs as a turn of its own.
+    """
 
     turn_id: str
     position: int
@@ -255,9 +280,10 @@ class QueuedView:
 class ThreadView:
     """A thread's latest checkpoint, as an operator reads it.
 
-    ``compatible`` says whether this host's agent may continue the thread
-    (its fingerprint is this agent's or one it declares compatible). ``inbox`` holds
-    the messages waiting to run on it, in order (empty for a store without one).
+    ``compatible`` says whether this host's agent may continue the thread.
+    That is so when its fingerprint is this agent's, or one it declares compatible.
+    ``inbox`` holds the messages waiting to run on it, in order.
+    It is empty for a store without an inbox.
     """
 
     thread_id: str
@@ -309,8 +335,11 @@ class ReceiptList:
 
 @dataclass(frozen=True, slots=True)
 class InteractionList:
-    """Pending interactions of the caller's threads, in thread ID order. ``next_after``:
-    pass it as ``after`` to read on (``None``: there are no more)."""
+    """Pending interactions of the caller's threads, in thread ID order.
+
+    Pass ``next_after`` as ``after`` to read on.
+    It is ``None`` when there are no more.
+    """
 
     interactions: tuple[PendingInteraction, ...]
     next_after: str | None
@@ -320,10 +349,11 @@ class InteractionList:
 class TimerView:
     """One timer of a thread: a turn the kernel runs at ``due_at``.
 
-    ``status`` is ``pending`` until it fires (``fired``) or its guard voids it
-    (``void``). A recurring timer stays pending: ``due_at`` is its next occurrence.
-    ``turn_id`` is the turn of its last firing. Keys beginning with ``kernel:`` are
-    the kernel's own: a confirmation's expiry and its reminder.
+    ``status`` is ``pending`` until it fires (``fired``) or its guard voids it (``void``).
+    A recurring timer stays pending, and ``due_at`` is its next occurrence.
+    ``turn_id`` is the turn of its last firing.
+    Keys beginning with ``kernel:`` are the kernel's own.
+    They are a confirmation's expiry and its reminder.
     """
 
     key: str
@@ -383,12 +413,17 @@ def dump(
 
 
 async def read_body(request: Request, model: type[M]) -> M:
-    """Read and validate a JSON body: 415 when not sent as ``application/json``, 413
-    when too large, 400 when not JSON, 422 when it does not match ``model``.
+    """Read and validate a JSON body.
 
-    The media type is checked because the parser would read JSON from any body: a
-    browser sends ``text/plain`` (or a form) from any page without a preflight, and
-    ``application/json`` only after one."""
+    - 415 when not sent as ``application/json``;
+    - 413 when too large;
+    - 400 when not JSON;
+    - 422 when it does not match ``model``.
+
+    The media type is checked because the parser would read JSON from any body.
+    A browser sends ``text/plain``, or a form, from any page without a preflight.
+    It sends ``application/json`` only after one.
+    """
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type != JSON_MEDIA_TYPE:
         raise HostProblem(

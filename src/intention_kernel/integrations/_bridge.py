@@ -1,12 +1,22 @@
 """What the Pydantic AI and the OpenAI Agents SDK bridges share.
 
-Each bridge runs its framework's agent loop inside one kernel capability,
-``<name>.agent``, in rounds: the run, the approval it asks for, the reply. The
-frameworks differ in how a run starts, pauses and resumes, in what a held call looks
-like, and in what the ``<name>.conversation`` fact holds; each bridge keeps that. The
-rest is the same logic and lives here: the rounds interpreter, the capability's input,
-the results a run ends in, and the write tools' receipts. Nothing here imports either
-framework.
+Each bridge runs its framework's agent loop inside one kernel capability, ``<name>.agent``.
+It runs in rounds: the run, the approval it asks for, the reply.
+
+The frameworks differ in three ways, and each bridge keeps its own:
+
+- how a run starts, pauses and resumes;
+- what a held call looks like;
+- what the ``<name>.conversation`` fact holds.
+
+The rest is the same logic, and it lives here:
+
+- the rounds interpreter;
+- the capability's input;
+- the results a run ends in;
+- the write tools' receipts.
+
+Nothing here imports either framework.
 """
 
 from __future__ import annotations
@@ -20,28 +30,28 @@ from typing import Any, Protocol, TypeVar
 import pydantic
 from pydantic_core import to_jsonable_python
 
-from intention_kernel._json import dump_value
-from intention_kernel.agent import Agent
-from intention_kernel.authority import Approvers
-from intention_kernel.capabilities import (
+from intention_kernel._agent import Agent
+from intention_kernel._authority import Approvers
+from intention_kernel._capabilities import (
     Capability,
     CapabilityContext,
     CapabilityResult,
     Handler,
     capability,
 )
-from intention_kernel.effects import EffectAuthority
-from intention_kernel.errors import CapabilityError
-from intention_kernel.facts import Fact
-from intention_kernel.interpretation import (
+from intention_kernel._effects import EffectAuthority
+from intention_kernel._facts import Fact
+from intention_kernel._interpretation import (
     Answer,
     Decision,
     Intent,
     Interpretation,
     InterpretationRequest,
 )
-from intention_kernel.replies import Replies
-from intention_kernel.turns import StepStatus
+from intention_kernel._json import dump_value
+from intention_kernel._replies import Replies
+from intention_kernel._turns import StepStatus
+from intention_kernel.errors import CapabilityError
 
 __all__ = [
     "CLOSED_UNANSWERED",
@@ -59,12 +69,13 @@ __all__ = [
     "unlisted_tool",
 ]
 
-#: Derives a write tool's business operation ID from the call's arguments (as the
-#: framework validated or parsed them).
+#: Derives a write tool's business operation ID from the call's arguments.
+#: The arguments are as the framework validated or parsed them.
 KeyFunction = Callable[[dict[str, Any]], str]
 
-#: What the model reads when an approval closed without an answer (it expired, or an
-#: operator resolved the interaction), before the next message.
+#: What the model reads when an approval closed without an answer.
+#: It expired, or an operator resolved the interaction.
+#: The model reads it before the next message.
 CLOSED_UNANSWERED = "The approval request closed unanswered."
 #: What the model reads for a reject without a reason.
 REJECTED = "The person rejected the tool call."
@@ -75,8 +86,10 @@ E = TypeVar("E", bound=BaseException)
 
 
 def tool_names(what: str, names: Collection[str] | None) -> frozenset[str]:
-    """``names`` (a bridge's ``reads``) as a set; a bare string would be read letter by
-    letter, so it is refused (``TypeError``)."""
+    """``names``, a bridge's ``reads``, as a set.
+
+    A bare string would be read letter by letter, so it is refused (``TypeError``).
+    """
     if names is None:
         return frozenset()
     if isinstance(names, str) or not all(isinstance(n, str) for n in names):
@@ -98,8 +111,10 @@ def listing_problems(
 ) -> list[str]:
     """Why ``tools`` are not each in exactly one of ``writes`` and ``reads``.
 
-    The bridges fail closed: run as a read, an unlisted write would run again on every
-    redelivery, with no receipt to stop it."""
+    The bridges fail closed.
+    Run as a read, an unlisted write would run again on every redelivery.
+    No receipt would stop it.
+    """
     problems = [
         f"tool {name!r} is in both writes and reads: a tool is one or the other"
         for name in sorted(reads & set(writes))
@@ -113,10 +128,11 @@ def listing_problems(
 
 
 def effect_authority() -> EffectAuthority:
-    """The receipt's authority for the write tool running now: pass its
-    ``idempotency_key`` to the provider, so that it too deduplicates.
+    """The receipt's authority for the write tool running now.
 
-    Raises ``LookupError`` outside a write tool run by the kernel."""
+    Pass its ``idempotency_key`` to the provider, so that it too deduplicates.
+    Raises ``LookupError`` outside a write tool run by the kernel.
+    """
     authority = _AUTHORITY.get()
     if authority is None:
         raise LookupError("effect_authority() is only set inside a write tool run by the kernel")
@@ -130,11 +146,13 @@ async def run_write(
     key_of: KeyFunction,
     call: Callable[[], Awaitable[Any]],
 ) -> Any:
-    """Run a write tool's body (``call``) through the receipt
-    ``"<tool_name>:<key_of(args)>"`` of step ``ctx``; the stored value is returned.
+    """Run a write tool's body (``call``) through a receipt of step ``ctx``.
 
-    A key function that fails or gives no non-empty string fails the step before
-    anything is held."""
+    The receipt's key is ``"<tool_name>:<key_of(args)>"``.
+    The stored value is returned.
+    The key function may fail, or give no non-empty string.
+    Then the step fails before anything is held.
+    """
     try:
         operation = key_of(args)
     except Exception as exc:
@@ -156,8 +174,8 @@ async def run_write(
             value = await call()
         finally:
             _AUTHORITY.reset(token)
-        # What the model reads back is the stored JSON, on the first call and on
-        # every replay alike: the two never differ.
+        # The model reads back the stored JSON, on the first call and every replay.
+        # So the two never differ.
         return to_jsonable_python(value)
 
     effect = await ctx.run_effect(f"{tool_name}:{operation}", apply)
@@ -186,8 +204,11 @@ def default_prompt(tool_name: str, args: dict[str, Any]) -> str:
 
 
 class BridgeInput(pydantic.BaseModel):
-    """The base of a bridge's capability input: exactly one of a message for the agent
-    and the calls to approve. Each bridge narrows ``approvals`` to its own call model."""
+    """The base of a bridge's capability input.
+
+    It holds exactly one of a message for the agent and the calls to approve.
+    Each bridge narrows ``approvals`` to its own call model.
+    """
 
     prompt: str | None = None
     approvals: Sequence[pydantic.BaseModel] | None = None
@@ -212,10 +233,13 @@ class Held(Protocol):
 
 
 class BridgeInterpreter:
-    """Routes each message to the agent's capability, in rounds: the run; the approval
-    it asked for, if any; then nothing more (the run's output is the reply).
+    """Routes each message to the agent's capability, in rounds.
 
-    ``load`` reads the conversation fact's value (``None``: no fact yet)."""
+    The first round is the run.
+    The second is the approval it asked for, if any.
+    Then nothing more: the run's output is the reply.
+    ``load`` reads the conversation fact's value, or ``None`` when there is no fact yet.
+    """
 
     multi_round = True
 
@@ -237,15 +261,15 @@ class BridgeInterpreter:
             if active is not None and active.capability_id == self._capability_id:
                 answer = self._read_answer(request.message) if self._read_answer else None
                 if answer is not None:
-                    # The person's own words answer the question they were shown; the
-                    # kernel calls the capability again, which resumes the run.
+                    # The person's own words answer the question they were shown.
+                    # The kernel calls the capability again, which resumes the run.
                     return Interpretation(answer=answer)
                 return Interpretation(reply=f"Answer this first: {active.prompt}")
             raw = request.facts.get(self._fact_key)
             conversation = self._load(raw.value if raw is not None else None)
             if conversation.pending and not conversation.asked:
-                # A resumed run paused on another approval, in a turn with no rounds
-                # left to ask it: it is asked now, before the agent reads anything new.
+                # A resumed run paused on another approval, with no rounds left to ask it.
+                # It is asked now, before the agent reads anything new.
                 return Interpretation(
                     intents=[self._approval(dump(conversation.pending))],
                     reply="Before anything else, the agent needs an approval.",
@@ -254,7 +278,7 @@ class BridgeInterpreter:
                 intents=[Intent(self._capability_id, {"prompt": request.message})]
             )
         last = request.rounds[-1]
-        # After the person's answer resumed the run, its step is the round's answer step.
+        # After the answer resumed the run, its step is the round's answer step.
         step = last.steps[-1] if last.steps else last.answer_step
         if step is None:
             return Interpretation()
@@ -270,9 +294,11 @@ class BridgeInterpreter:
 
 
 class BridgeAgent:
-    """The kernel side of a bridge's ``KernelAgent``: its capability, its interpreter,
-    :meth:`as_agent`, and the results a run ends in. The bridge calls
-    :meth:`_setup_bridge` once, with its capability's handler."""
+    """The kernel side of a bridge's ``KernelAgent``.
+
+    It holds the capability, the interpreter, :meth:`as_agent`, and a run's results.
+    The bridge calls :meth:`_setup_bridge` once, with its capability's handler.
+    """
 
     capability_id: str
     fact_key: str
@@ -319,10 +345,12 @@ class BridgeAgent:
         compatible_fingerprints: Sequence[str] = (),
         replies: Replies | None = None,
     ) -> Agent:
-        """The intention-kernel :class:`~intention_kernel.Agent` that runs this agent:
-        its one capability and its interpreter, in at most three rounds a turn (the
-        run, the approval it asks for, the reply). The other parameters are
-        ``Agent``'s."""
+        """The intention-kernel :class:`~intention_kernel.Agent` that runs this agent.
+
+        It has one capability and its interpreter.
+        It makes at most three rounds a turn: the run, its approval, the reply.
+        The other parameters are ``Agent``'s.
+        """
         return Agent(
             name=self._kernel_name,
             version=version,
@@ -337,8 +365,9 @@ class BridgeAgent:
 
     def _require_key(self, tool_name: str) -> None:
         if tool_name not in self._writes:
-            # Without a key the approved call would have no receipt, and a
-            # redelivered accepting turn would run it again: refused before asking.
+            # Without a key the approved call would have no receipt.
+            # A redelivered accepting turn would run it again.
+            # So it is refused before asking.
             raise CapabilityError(
                 f"{self.capability_id}: tool {tool_name!r} needs approval but has no key "
                 "in writes; an approved call runs once only through its receipt",
@@ -351,8 +380,10 @@ class BridgeAgent:
         shown: Iterable[tuple[str, dict[str, Any]]],
         asked: dict[str, Any],
     ) -> CapabilityResult:
-        """The question for ``calls`` (``shown``: each one's tool name and arguments),
-        with ``asked`` as the conversation fact."""
+        """The question for ``calls``, with ``asked`` as the conversation fact.
+
+        ``shown`` holds each call's tool name and arguments.
+        """
         return CapabilityResult.needs_confirmation(
             "\n".join(self._prompt(name, args) for name, args in shown),
             details=dump(calls),

@@ -100,15 +100,15 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from intention_kernel.authority import Approvers, approvers_problem, frozen_roles
-from intention_kernel.capabilities import (
+from intention_kernel._authority import Approvers, approvers_problem, frozen_roles
+from intention_kernel._capabilities import (
     Capability,
     CapabilityContext,
     CapabilityResult,
     Redactor,
 )
-from intention_kernel.checkpoint import operation_digest
-from intention_kernel.effects import EffectAuthority
+from intention_kernel._checkpoint import operation_digest
+from intention_kernel._effects import EffectAuthority
 from intention_kernel.errors import CapabilityError, CompilationError, EffectNotAppliedError
 
 __all__ = [
@@ -243,7 +243,7 @@ async def mcp_capabilities(
       A write whose answer does not come in time is ``uncertain``.
     - ``approvers``, ``self_approval``, ``redact``: every write tool's approver policy.
       They also set its receipt redaction.
-      They work as for ``@capability`` (:mod:`intention_kernel.authority`).
+      They work as for ``@capability``.
 
     Raises :class:`~intention_kernel.CompilationError` in four cases.
     The namespace is not an ID, or a policy names an unknown tool.

@@ -2,24 +2,33 @@
 
 Three translations, each a plain function over dicts as they travel on the wire:
 
-- :func:`toolset`: the capability catalog → ``tools`` (one function per capability,
-  plus ``answer_accept`` / ``answer_reject`` while an interaction is active), with
-  the table that maps function names back to capability IDs;
-- :func:`chat_messages`: the request → ``messages`` (a system message carrying the
-  instructions, the facts and the pending question; the recent conversation; the
-  new user message; then, in a later round, each earlier round's assistant message
-  and one ``role: "tool"`` message per tool call with that step's outcome as JSON);
+- :func:`toolset`: the capability catalog → ``tools``.
+  There is one function per capability.
+  ``answer_accept`` and ``answer_reject`` join them while an interaction is active.
+  It also gives the table that maps function names back to capability IDs.
+- :func:`chat_messages`: the request → ``messages``.
+  First comes a system message with the instructions, facts and pending question.
+  Then come the recent conversation and the new user message.
+  A later round then adds each earlier round's assistant message.
+  After each comes one ``role: "tool"`` message per tool call.
+  That message holds the step's outcome as JSON.
 - :func:`interpretation_from_completion`: a ``chat.completion`` body →
-  :class:`~intention_kernel.Interpretation`, whose ``response`` keeps the assistant
-  message (with its tool-call IDs) for the next round.
+  :class:`~intention_kernel.Interpretation`.
+  Its ``response`` keeps the assistant message, with its tool-call IDs, for the next round.
 
-The last one never raises for what the model *said*: an unknown function becomes
-an intent for that (unknown) capability, and a tool call that names no function or
-whose arguments cannot be read (not JSON, not an object, nested deeper than
-:data:`MAX_ARGUMENTS_DEPTH`) becomes an intent carrying the reason, so the kernel
-records a ``failed`` step with a clear error. An answer tool whose arguments cannot
-be read, or hold what no store can (NaN, a lone surrogate), answers nothing. It raises
-only when the body is not a chat completion at all.
+The last one never raises for what the model *said*.
+An unknown function becomes an intent for that unknown capability.
+Some tool calls become an intent carrying the reason:
+
+- a tool call that names no function;
+- arguments that are not JSON or not an object;
+- arguments nested deeper than :data:`MAX_ARGUMENTS_DEPTH`.
+
+The kernel then records a ``failed`` step with a clear error.
+An answer tool may have arguments that cannot be read.
+Or they hold what no store can, such as NaN or a lone surrogate.
+Such an answer answers nothing.
+It raises only when the body is not a chat completion at all.
 """
 
 from __future__ import annotations
@@ -32,11 +41,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from intention_kernel._json import MAX_NESTING, normalize, too_deep
-from intention_kernel.checkpoint import Interaction
-from intention_kernel.errors import InterpretationError
-from intention_kernel.facts import FactRecord
-from intention_kernel.interpretation import (
+from intention_kernel._checkpoint import Interaction
+from intention_kernel._facts import FactRecord
+from intention_kernel._interpretation import (
     MAX_ANSWER_TEXT,
     Answer,
     CapabilitySpec,
@@ -46,7 +53,9 @@ from intention_kernel.interpretation import (
     InterpretationRequest,
     Round,
 )
-from intention_kernel.turns import StepResult, StepStatus
+from intention_kernel._json import MAX_NESTING, normalize, too_deep
+from intention_kernel._turns import StepResult, StepStatus
+from intention_kernel.errors import InterpretationError
 
 __all__ = [
     "ANSWER_TOOLS",
@@ -63,27 +72,29 @@ __all__ = [
 
 log = logging.getLogger("intention_kernel.interpreters")
 
-# Capability IDs always contain a dot, so their function names always contain "__"
-# (or end in a digest): these two names can never collide with a capability.
+# Capability IDs always contain a dot.
+# So their function names always contain "__", or end in a digest.
+# These two names can never collide with a capability.
 ANSWER_TOOLS: Mapping[str, Decision] = {"answer_accept": "accept", "answer_reject": "reject"}
 
 #: OpenAI function names match ``^[a-zA-Z0-9_-]{1,64}$``.
 MAX_NAME = 64
 
-#: How much of the thread's facts goes into the system message (characters of JSON).
+#: How much of the thread's facts goes into the system message, in characters of JSON.
 MAX_FACTS_CHARS = 8_000
 
 #: How much of a pending request's details goes into the system message.
 MAX_DETAILS_CHARS = 2_000
 
-#: Tool-call arguments nested deeper than this (objects and arrays) are refused as a
-#: failed step. Real input schemas are a few levels deep; far deeper values exhaust
-#: the decoder's recursion (a RecursionError, formerly a 502) or could not be stored
-#: with the checkpoint.
+#: Tool-call arguments nested deeper than this are refused as a failed step.
+#: Objects and arrays both count.
+#: Real input schemas are a few levels deep.
+#: Far deeper values exhaust the decoder's recursion (a RecursionError, formerly a 502).
+#: Or they could not be stored with the checkpoint.
 MAX_ARGUMENTS_DEPTH = MAX_NESTING
 
-#: The longest reason for a reject taken from the model (the kernel's bound on
-#: ``Answer.reason``); a longer one is cut.
+#: The longest reason for a reject taken from the model; a longer one is cut.
+#: It is the kernel's bound on ``Answer.reason``.
 MAX_REASON_CHARS = MAX_ANSWER_TEXT
 
 #: The system message the interpreter sends when it is given none.
@@ -127,8 +138,8 @@ class Toolset:
 def toolset(catalog: Sequence[CapabilitySpec], interaction: Interaction | None) -> Toolset:
     """One function per capability; the answer tools only while ``interaction`` is active."""
     names = {spec.id: function_name(spec.id) for spec in catalog}
-    # "a.b__c" and "a.b.c" both map to "a__b__c": keep the mapping reversible by
-    # giving every colliding name a digest of its capability ID.
+    # "a.b__c" and "a.b.c" both map to "a__b__c".
+    # Each colliding name gets a digest of its capability ID, so the mapping reverses.
     counts = Counter(names.values())
     for capability_id, name in names.items():
         if counts[name] > 1:
@@ -146,15 +157,21 @@ def toolset(catalog: Sequence[CapabilitySpec], interaction: Interaction | None) 
 def _answer_tools(
     interaction: Interaction, input_schema: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
-    """``answer_accept`` and ``answer_reject``. A capability that asked on its own
-    (``kind="capability"``) validates the answer itself and may want data with it
-    (which quote is accepted, say): for it both take an optional ``value``, passed on
-    as ``Answer.value``. A kernel-held confirmation has no use for one.
+    """``answer_accept`` and ``answer_reject``.
 
-    A kernel-held confirmation of one approver lets ``answer_accept`` carry an edited
-    ``input`` (``input_schema``, the held capability's): the user accepts with a change
-    ("yes, but 300"). The kernel validates it, and the step records what was proposed
-    beside what ran. A quorum refuses edits, so its accept takes none."""
+    A capability may ask on its own (``kind="capability"``).
+    It validates the answer itself, and may want data with it.
+    Which quote is accepted is such data.
+    For it, both tools take an optional ``value``, passed on as ``Answer.value``.
+    A kernel-held confirmation has no use for one.
+
+    A kernel-held confirmation of one approver lets ``answer_accept`` carry an edited ``input``.
+    Its schema is the held capability's ``input_schema``.
+    The user accepts with a change: "yes, but 300".
+    The kernel validates it.
+    The step records what was proposed beside what ran.
+    A quorum refuses edits, so its accept takes none.
+    """
     parameters: dict[str, Any] = {
         "type": "object",
         "properties": {},
@@ -245,7 +262,7 @@ def chat_messages(request: InterpretationRequest, system_prompt: str) -> list[di
                 details = details[:MAX_DETAILS_CHARS] + " ... (truncated)"
             pending += f"Its details (JSON): {details}\n"
         if request.rounds:
-            # Only the person answers: the answer tools are not offered after round one.
+            # Only the person answers, so the answer tools leave after round one.
             pending += (
                 "It waits for the user's own answer to this reply; do not answer it for them. "
                 "Tell them what it will do if they accept."
@@ -271,9 +288,12 @@ HELD_NOTE = (
 
 
 def round_messages(rounds: Sequence[Round]) -> list[dict[str, Any]]:
-    """Each earlier round as the chat-completions protocol carries it: the assistant
-    message as the model sent it, then one ``tool`` message per tool call, in order,
-    with that call's ``tool_call_id`` and its step's outcome as JSON."""
+    """Each earlier round as the chat-completions protocol carries it.
+
+    First comes the assistant message as the model sent it.
+    Then comes one ``tool`` message per tool call, in order.
+    Each holds that call's ``tool_call_id`` and its step's outcome as JSON.
+    """
     messages: list[dict[str, Any]] = []
     for earlier in rounds:
         sent = earlier.interpretation.response
@@ -331,7 +351,7 @@ def _answer_outcome(earlier: Round) -> dict[str, Any]:
 
 
 def _facts(facts: Mapping[str, FactRecord]) -> str:
-    """The facts as JSON lines, the most recently recorded first, within a budget."""
+    """The facts as JSON lines, newest first, within a budget."""
     lines: list[str] = []
     size = 0
     for key in reversed(list(facts)):
@@ -375,7 +395,8 @@ def interpretation_from_completion(
             decision = ANSWER_TOOLS[call.name]
             edited = arguments.get("input") if decision == "accept" else None
             if edited is not None and not isinstance(edited, dict):
-                # An edit that is not an object cannot be what the user approved: ask again.
+                # An edit that is not an object cannot be what the user approved.
+                # So the question is asked again.
                 log.warning("the model's %s call has an input that is not an object", call.name)
                 unreadable_answer = True
                 continue
@@ -405,8 +426,8 @@ def interpretation_from_completion(
     if len(distinct) == 1 and not unreadable_answer:
         answer = answers[0]
     elif answers or unreadable_answer:
-        # Both answer tools at once, two different values, or arguments that cannot be
-        # read: never guess "accept" for a write.
+        # Both answer tools at once, two different values, or unreadable arguments.
+        # Never guess "accept" for a write.
         log.warning("the model's answer to the pending request is ambiguous; ignoring it")
         prompt = active.prompt if active is not None else ""
         reply = "\n".join(
@@ -437,7 +458,10 @@ class _Call:
 
 
 def _calls(message: Mapping[str, Any]) -> list[_Call]:
-    """Every tool call, in order; one that names no function is kept with the reason."""
+    """Every tool call, in order.
+
+    One that names no function is kept with the reason.
+    """
     calls: list[_Call] = []
     raw_calls = message.get("tool_calls")
     for index, call in enumerate(raw_calls if isinstance(raw_calls, list) else ()):
@@ -473,8 +497,10 @@ def _calls(message: Mapping[str, Any]) -> list[_Call]:
 
 
 def _arguments(arguments: Any) -> tuple[dict[str, Any], str | None]:
-    """A tool call's raw arguments as an object, or why they cannot be one. Most
-    servers send a JSON string; some send the object itself."""
+    """A tool call's raw arguments as an object, or why they cannot be one.
+
+    Most servers send a JSON string; some send the object itself.
+    """
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
         return {}, None
     if isinstance(arguments, str):
@@ -496,8 +522,12 @@ def _arguments(arguments: Any) -> tuple[dict[str, Any], str | None]:
 
 
 def _unstorable(arguments: dict[str, Any]) -> str | None:
-    """Why no store can hold an answer's arguments (NaN, a lone surrogate), if so. An
-    answer is recorded as it is before it applies; such an answer is unreadable."""
+    """Why no store can hold an answer's arguments, if so.
+
+    NaN and a lone surrogate are such arguments.
+    An answer is recorded as it is before it applies.
+    So such an answer is unreadable.
+    """
     try:
         normalize(arguments)
     except (TypeError, ValueError) as exc:

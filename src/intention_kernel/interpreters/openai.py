@@ -11,34 +11,49 @@
     OpenAIInterpreter("llama3.1", base_url="http://127.0.0.1:11434/v1",  # any compatible
                       api_key="unused")                                  # server
 
-The model works in rounds (``multi_round=True``, the default): after the tools it
-called have run, it is asked again with its assistant message and one ``role: "tool"``
-message per call carrying that step's outcome (status, value, error) as JSON, until
-it answers in plain text or the agent's ``max_rounds`` is reached. Unknown tools, bad
-arguments and failed steps reach it as tool results, so it can correct itself; a write
-held for confirmation reaches it as waiting for the user, and it writes the reply.
+The model works in rounds (``multi_round=True``, the default).
+After the tools it called have run, it is asked again.
+The request carries its assistant message and one ``role: "tool"`` message per call.
+Each tool message holds that step's outcome as JSON: status, value, error.
+This goes on until it answers in plain text, or the agent's ``max_rounds`` is reached.
+Unknown tools, bad arguments and failed steps reach it as tool results.
+So the model can correct itself.
+A write held for confirmation reaches it as waiting for the user.
+The model then writes the reply.
 ``multi_round=False`` makes each turn exactly one request.
 
-Every round is one ``chat.completions`` request. Every capability is offered as a
-function tool (``payments.charge`` ↔ ``payments__charge``: dots are not allowed
-in function names) whose parameters are its input JSON schema; while an
-interaction is active, ``answer_accept`` and ``answer_reject`` are offered too and
-the pending question is in the system message, with the thread's facts. For a
-capability that asks on its own (``confirmation="capability"``) the question's
-details are in the system message as well, and both answer tools take an
-optional ``value`` that becomes ``Answer.value``. The reply maps back: tool calls
-→ intents in order, an answer tool → the answer to the active interaction,
-assistant text → the reply. Arguments may arrive as a JSON string (OpenAI) or as
-an object (some compatible servers).
+Every round is one ``chat.completions`` request.
 
-What the model says never crashes a turn: an unknown function, a tool call that
-names no function, arguments that are not JSON, not an object or nested more
-than 64 deep become ``failed`` steps with a clear error, and the turn commits;
-an answer whose arguments cannot be read answers nothing (the question is asked
-again). What the *server* does may: an API or transport error (a 500, a
-timeout, a refused connection) is raised after the SDK's own retries, the kernel
-turns it into ``InterpretationError``, nothing is committed, and the same
-delivery can be retried.
+- Every capability is offered as a function tool.
+  Its parameters are the capability's input JSON schema.
+  Function names allow no dots, so ``payments.charge`` becomes ``payments__charge``.
+- While an interaction is active, ``answer_accept`` and ``answer_reject`` are offered too.
+  The pending question is then in the system message, with the thread's facts.
+- A capability may ask on its own (``confirmation="capability"``).
+  Then the question's details are in the system message as well.
+  Both answer tools then take an optional ``value`` that becomes ``Answer.value``.
+
+The reply maps back:
+
+- tool calls become intents, in order;
+- an answer tool becomes the answer to the active interaction;
+- assistant text becomes the reply.
+
+Arguments may arrive as a JSON string (OpenAI) or as an object (some compatible servers).
+
+What the model says never crashes a turn.
+Some tool calls become ``failed`` steps with a clear error, and the turn commits:
+
+- an unknown function;
+- a tool call that names no function;
+- arguments that are not JSON, not an object, or nested more than 64 deep.
+
+An answer whose arguments cannot be read answers nothing, and the question is asked again.
+What the *server* does may fail a turn.
+An API or transport error is raised after the SDK's own retries.
+A 500, a timeout or a refused connection is such an error.
+The kernel turns it into ``InterpretationError``, and nothing is committed.
+The same delivery can then be retried.
 
 Needs the ``openai`` extra: ``pip install 'intention-kernel[openai]'``.
 """
@@ -63,7 +78,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
         "OpenAIInterpreter needs the official openai SDK: pip install 'intention-kernel[openai]'"
     ) from exc
 
-from intention_kernel.interpretation import Interpretation, InterpretationRequest
+from intention_kernel._interpretation import Interpretation, InterpretationRequest
 from intention_kernel.interpreters._chat import (
     DEFAULT_SYSTEM_PROMPT,
     chat_messages,
@@ -79,17 +94,19 @@ class OpenAIInterpreter:
     """Interprets messages with a model served by any OpenAI-compatible API.
 
     - ``model``: the model name the server knows (``gpt-4o-mini``, ``llama3.1``...).
-    - ``client``: an ``openai.AsyncOpenAI`` to use (and not close); otherwise one is
-      built from ``base_url`` and ``api_key``, which the SDK falls back to
-      ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` for. A server that needs no key
-      accepts any ``api_key``.
-    - ``system_prompt``: the instructions; the facts and the pending question are
-      always appended to them.
-    - ``temperature``: sampling temperature (0: as repeatable as the server allows).
-    - ``timeout`` (seconds, per request) and ``max_retries`` (the SDK's retries of
-      connection errors, 408, 409, 429 and 5xx): applied to the given client too.
-    - ``multi_round``: ask the model again after its tools ran (see the module
-      docstring); ``False`` for one request per turn.
+    - ``client``: an ``openai.AsyncOpenAI`` to use, and not close.
+      Without one, a client is built from ``base_url`` and ``api_key``.
+      For those, the SDK falls back to ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``.
+      A server that needs no key accepts any ``api_key``.
+    - ``system_prompt``: the instructions.
+      The facts and the pending question are always appended to them.
+    - ``temperature``: the sampling temperature.
+      With 0, answers are as repeatable as the server allows.
+    - ``timeout``: seconds per request.
+    - ``max_retries``: the SDK's retries of connection errors, 408, 409, 429 and 5xx.
+      It and ``timeout`` apply to a given client too.
+    - ``multi_round``: ask the model again after its tools ran (see the module docstring).
+      ``False`` makes one request per turn.
 
     An async context manager: ``aclose()`` closes the client it built.
     """
@@ -143,7 +160,7 @@ class OpenAIInterpreter:
             completion = await self._client.chat.completions.create(
                 model=self.model, messages=messages, temperature=self.temperature, tools=offer
             )
-            # The SDK hands back whatever JSON a lenient server sent when it is no completion.
+            # A lenient server may send JSON that is no completion; the SDK hands it back.
             body = (
                 completion.to_dict(mode="json", warnings=False)
                 if isinstance(completion, ChatCompletion)
@@ -162,11 +179,14 @@ class OpenAIInterpreter:
         tools: Iterable[ChatCompletionToolUnionParam] | openai.Omit,
         emit: Callable[[str], None],
     ) -> object:
-        """The completion, asked for with ``stream=True``: each piece of text goes to
-        ``emit`` as it arrives, and the chunks are put back together (tool calls by
-        their ``index``) into the body a request without streaming answers."""
-        # The SDK's own accumulator; given no tools, it parses no arguments (the kernel
-        # reads them, leniently, in interpretation_from_completion).
+        """The completion, asked for with ``stream=True``.
+
+        Each piece of text goes to ``emit`` as it arrives.
+        The chunks are put back together into the body a plain request answers.
+        Tool calls are joined by their ``index``.
+        """
+        # The SDK's own accumulator; given no tools, it parses no arguments.
+        # The kernel reads them, leniently, in interpretation_from_completion.
         state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
         received = False
         stream = await self._client.chat.completions.create(

@@ -19,7 +19,7 @@ See :mod:`intention_kernel.outbox._webhook` for verifying webhook signatures.
 
 from __future__ import annotations
 
-from intention_kernel.durability.records import OutboxBacklog, OutboxDelivery
+from intention_kernel.durability._contract.records import OutboxBacklog, OutboxDelivery
 from intention_kernel.outbox._nats import NatsError, NatsSink, subject_for
 from intention_kernel.outbox._relay import OutboxRelay, RelayReport
 from intention_kernel.outbox._sinks import CallableSink, Sink, event_body, event_document

@@ -30,8 +30,8 @@ import logging
 import re
 from typing import Any
 
+from intention_kernel._turns import OutboxEvent
 from intention_kernel.outbox._sinks import event_body
-from intention_kernel.turns import OutboxEvent
 
 __all__ = ["NatsError", "NatsSink", "subject_for"]
 

@@ -38,14 +38,14 @@ from types import TracebackType
 from typing import Any, Self
 
 from intention_kernel import _tracing
+from intention_kernel._effects import utcnow
 from intention_kernel._json import storable_text
-from intention_kernel.durability._effect_calls import shielded
-from intention_kernel.durability.contract import OutboxRecorder, Recorded
-from intention_kernel.durability.records import OutboxBacklog
-from intention_kernel.effects import utcnow
+from intention_kernel._turns import OutboxEvent
+from intention_kernel.durability._contract.recorders import OutboxRecorder, Recorded
+from intention_kernel.durability._contract.records import OutboxBacklog
+from intention_kernel.durability._engine.effect_calls import shielded
 from intention_kernel.errors import StoreError
 from intention_kernel.outbox._sinks import CallableSink, Sink
-from intention_kernel.turns import OutboxEvent
 
 __all__ = ["OutboxRelay", "RelayReport"]
 
@@ -73,7 +73,7 @@ class OutboxRelay:
     """Publishes a store's committed outbox events to ``sink``.
 
     - ``store``: any durability that hands out an
-      :class:`~intention_kernel.durability.contract.OutboxRecorder` (every bundled adapter).
+      :class:`~intention_kernel.durability.abc.OutboxRecorder` (every bundled adapter).
     - ``sink``: a :class:`~intention_kernel.outbox.Sink` (``NatsSink``, ``WebhookSink``)
       or a function of the event, sync or async.
     - ``batch_size``: events of one thread read and published per claim.

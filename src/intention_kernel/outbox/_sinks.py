@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from intention_kernel._calls import is_async_callable
 from intention_kernel._json import dump_value
-from intention_kernel.turns import OutboxEvent
+from intention_kernel._turns import OutboxEvent
 
 __all__ = ["CallableSink", "Sink", "event_body", "event_document"]
 

@@ -40,8 +40,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
+from intention_kernel._turns import OutboxEvent
 from intention_kernel.outbox._sinks import event_body
-from intention_kernel.turns import OutboxEvent
 
 __all__ = [
     "EVENT_ID_HEADER",

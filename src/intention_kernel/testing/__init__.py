@@ -1,4 +1,8 @@
-"""Testing kit: the in-memory adapter, a scripted interpreter, and three modules.
+"""Testing kit: the in-memory adapter, a scripted interpreter, a billing agent, and
+three modules.
+
+``FakeProvider`` and ``billing_agent`` are the small billing agent the guides use.
+The provider records every call that reached it, so a test can count the writes.
 
 - :mod:`intention_kernel.testing.conformance` is the adapter conformance suite.
 - :mod:`intention_kernel.testing.faults` arms fault points.
@@ -7,7 +11,14 @@
 
 from __future__ import annotations
 
-from intention_kernel.durability.memory import InMemoryDurability, MemoryTamper
-from intention_kernel.testing.scripted import ScriptedInterpreter
+from intention_kernel.durability._memory import InMemoryDurability, MemoryTamper
+from intention_kernel.testing._agents import FakeProvider, billing_agent
+from intention_kernel.testing._scripted import ScriptedInterpreter
 
-__all__ = ["InMemoryDurability", "MemoryTamper", "ScriptedInterpreter"]
+__all__ = [
+    "FakeProvider",
+    "InMemoryDurability",
+    "MemoryTamper",
+    "ScriptedInterpreter",
+    "billing_agent",
+]

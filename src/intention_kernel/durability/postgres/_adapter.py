@@ -9,7 +9,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
-from intention_kernel.durability._options import check_seconds, take_url_options
+from intention_kernel.durability._contract.options import check_seconds, take_url_options
 from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.durability.postgres._recorder import PostgresRecorder
 from intention_kernel.errors import StoreError
@@ -43,26 +43,28 @@ class PostgresDurability(RecordedDurability):
     - ``lock_timeout``: how long a turn waits for a busy thread before
       ``ThreadBusyError``.
     - ``lease_expiry``: how long a thread lease lasts unless its holder renews it
-      (every third of it, while the turn runs). A worker that died, or was paused
-      longer than this, loses its threads: another worker takes them, and every
-      later write of the paused one is refused (``LeaseLostError``).
+      (at least every third of it, while the turn runs). A worker that died, or
+      was paused longer than this, loses its threads. Another worker takes them.
+      Every later write of the paused one is refused (``LeaseLostError``).
     - ``min_pool_size`` / ``max_pool_size``: the connection pool. A turn borrows a
-      session for one statement at a time and holds none while its model or a
-      provider call runs, so the pool bounds statements in flight, not turns.
-    - ``pool_timeout``: how long to wait for a free session (and, unless
-      ``connect_timeout`` is given, to connect); a turn's wait for a session is bounded
-      by this, not by ``lock_timeout``, so a turn on an idle thread never fails because
+      session for one statement at a time. It holds none while its model or a
+      provider call runs. So the pool bounds statements in flight, not turns. Up
+      to ``min_pool_size`` idle sessions stay at hand for the next statement, of
+      any turn. They go back to the pool whenever a borrower waits there.
+    - ``pool_timeout``: how long to wait for a free session. It also bounds connecting,
+      unless ``connect_timeout`` is given. A turn's wait for a session is bounded by
+      this, not by ``lock_timeout``. So a turn on an idle thread never fails because
       the pool was busy for less.
-    - ``connect_timeout``: how long opening the adapter waits to reach the server, and
-      libpq's bound on each connection attempt (whole seconds, at least 2); the CLI
-      passes a short one, so that an unreachable server is reported at once.
+    - ``connect_timeout``: how long opening the adapter waits to reach the server. It
+      is also libpq's bound on each connection attempt (whole seconds, at least 2).
+      The CLI passes a short one, so that an unreachable server is reported at once.
 
     Each is finite, non-negative seconds (``pool_timeout``, ``connect_timeout`` and
     ``lease_expiry`` more than 0); NaN, infinity and negative values are refused
     with ``ValueError``.
 
-    No session carries state between transactions, so a transaction pooler
-    (PgBouncer in transaction mode, Supabase's, Neon's) works in front of the server.
+    No session carries state between transactions. So a transaction pooler works in
+    front of the server: PgBouncer in transaction mode, Supabase's, Neon's.
     """
 
     def __init__(
@@ -105,10 +107,11 @@ class PostgresDurability(RecordedDurability):
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[psycopg.AsyncConnection[TupleRow]]:
-        """One of the adapter's pooled sessions, held for the block, in autocommit mode;
-        opens the adapter if it is not open yet. Like every session of the adapter it
-        carries no settings: name the adapter's tables in ``schema`` (or set
-        ``search_path`` in the block).
+        """One of the adapter's pooled sessions, held for the block, in autocommit mode.
+
+        It opens the adapter if it is not open yet. Like every session of the adapter,
+        it carries no settings. Name the adapter's tables in ``schema``, or set
+        ``search_path`` in the block.
 
         For the application's own statements beside the adapter's: its own tables, a
         diagnostic, an ``EXPLAIN`` of a query of the adapter's. A held session is one
@@ -126,8 +129,10 @@ class PostgresDurability(RecordedDurability):
 
 
 def _check_dsn(dsn: str) -> None:
-    """Refuse a connection string libpq cannot parse, at once: the pool would otherwise
-    retry it until ``pool_timeout`` and then report a server it could not reach."""
+    """Refuse a connection string libpq cannot parse, at once.
+
+    The pool would otherwise retry it until ``pool_timeout``. It would then report a
+    server it could not reach."""
     if "://" in dsn:
         try:
             _, ours = take_url_options(dsn, URL_OPTIONS)

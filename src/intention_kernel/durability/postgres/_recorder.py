@@ -1,20 +1,26 @@
 """The PostgreSQL recorder: the storage contract's reads and writes, as statements.
 
-Transactions per turn: one to take the lease and read, one statement per effect
-state change, and one commit for result + checkpoint + events (which also releases
-the lease); a turn that records model rounds adds one read of its journal and one
-statement per round recorded. A turn longer than a third of the lease's expiry adds
-a renewal per third. Each borrows a pooled session for one statement: no session is
-held while the model or a provider call runs.
+Transactions per turn:
 
-Every write a turn makes under its lease is fenced by it (``FENCE``), but one: the
-outcome of a provider call, which is fenced by the attempt that prepared it
-(``SETTLE_RECEIPT``), so that it is recorded even after the lease was lost.
+- one to take the lease and read;
+- one statement per effect state change;
+- one commit for result + checkpoint + events, which also releases the lease.
+
+A turn that records model rounds adds one read of its journal. It adds one statement
+per round recorded. A turn longer than a third of the lease's expiry adds a renewal
+per third. Each borrows a pooled session for one statement. No session is held while
+the model or a provider call runs.
+
+Every write a turn makes under its lease is fenced by it (``FENCE``), but one. The
+outcome of a provider call is fenced by the attempt that prepared it
+(``SETTLE_RECEIPT``). So it is recorded even after the lease was lost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import operator
+from collections.abc import Coroutine, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any
@@ -22,10 +28,15 @@ from typing import Any
 from psycopg.errors import UniqueViolation
 
 from intention_kernel import _faults
+from intention_kernel._effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel._json import dump_value
-from intention_kernel.durability._rows import (
+from intention_kernel._turns import EventDraft, OutboxEvent
+from intention_kernel.durability._contract.ownership import ANY_TENANT, cancel_scope
+from intention_kernel.durability._engine.effect_calls import shielded
+from intention_kernel.durability._layout.rows import (
     decode_delivery_row,
     decode_event_row,
+    decode_inbox_rows,
     decode_receipt_row,
     fenced,
     inbox_conflict,
@@ -35,9 +46,10 @@ from intention_kernel.durability._rows import (
     receipt_write,
     stored_thread,
 )
-from intention_kernel.durability._timer_rows import (
+from intention_kernel.durability._layout.timer_rows import (
     decode_timer,
     split_writes,
+    timer_filters,
     timer_json,
 )
 from intention_kernel.durability.abc import (
@@ -63,11 +75,20 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
-from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope
-from intention_kernel.durability.postgres._commit import commit_parts, commit_statement
-from intention_kernel.durability.postgres._leases import PostgresLeases
-from intention_kernel.durability.postgres._schema import BEGIN_TURN, turn_start
-from intention_kernel.durability.postgres._sessions import Connection, execute, fetch_value, present
+from intention_kernel.durability.postgres._leases import AHEAD, NO_LEASE, PostgresLeases
+from intention_kernel.durability.postgres._schema import (
+    BEGIN_TURN,
+    COMMIT_TURN,
+    PREPARE_RECEIPT,
+    turn_start,
+)
+from intention_kernel.durability.postgres._sessions import (
+    Connection,
+    TextArray,
+    execute,
+    fetch_value,
+    present,
+)
 from intention_kernel.durability.postgres._statements import (
     BUMP_THREAD_SEQ,
     CLAIM_TIMERS,
@@ -88,7 +109,7 @@ from intention_kernel.durability.postgres._statements import (
     INSERT_JOURNAL_STREAMED,
     INSERT_MESSAGES,
     INSERT_RECEIPT,
-    INSERT_RECEIPT_IF_NEW,
+    LEASE_HELD,
     LOCK_OUTBOX_HEAD,
     MARK_FAILED,
     MARK_PUBLISHED,
@@ -99,11 +120,12 @@ from intention_kernel.durability.postgres._statements import (
     PRUNE_JOURNAL,
     PRUNE_TIMERS,
     PRUNE_TURNS,
+    RELEASE_STEER,
     REWRITE_THREAD,
     SCAN_THREADS,
     SELECT_BACKLOG,
-    SELECT_CANCEL,
     SELECT_CANCEL_OWNER,
+    SELECT_CANCELS,
     SELECT_FAILING,
     SELECT_INBOX,
     SELECT_INBOX_ENTRY,
@@ -133,19 +155,33 @@ from intention_kernel.durability.postgres._statements import (
     UPSERT_TIMER,
     receipts_query,
 )
-from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError, LeaseLostError
-from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = ["PostgresRecorder"]
 
 
+#: A ``TurnRecord``'s field names, and a getter of their values in that order: the
+#: commit's parameters start from them. Walking ``fields(record)`` at each commit cost
+#: about fifty calls a turn (a generator step and a ``getattr`` per field).
+_RECORD_FIELDS = tuple(f.name for f in fields(TurnRecord))
+_record_values = operator.attrgetter(*_RECORD_FIELDS)
+
+
+#: A stop check: thread, turn, the asker's cancel scope, the turn's base version.
+_CancelAsk = tuple[str, str, str, int]
+#: What it finds: ``("cancel", reason)``, ``("interrupt", None)`` or ``(None, None)``.
+_CancelAnswer = asyncio.Future[tuple[str | None, str | None]]
+
+
 class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, TimerRecorder):
-    # A lease can be lost (it lapsed while its worker was paused, or the worker lost
-    # the server) while its worker's provider call still runs: a ``prepared`` receipt
-    # under a lease may be a live attempt's. A write awaits the pool and the server,
-    # so a cancellation can interrupt it.
-    options = RecorderOptions(finishes_writes_when_cancelled=False, attempts_outlive_lock=True)
+    # A lease can be lost while its worker's provider call still runs. It lapsed while
+    # its worker was paused, or the worker lost the server. So a ``prepared`` receipt
+    # under a lease may be a live attempt's. ``write_receipt`` finishes its write when
+    # cancelled: it writes again, in a task of its own (see there).
+    options = RecorderOptions(finishes_writes_when_cancelled=True, attempts_outlive_lock=True)
+    # Stop checks that came while one was read, to read together next (``None``: no
+    # read in flight). See ``read_cancel``.
+    _cancel_reads: list[tuple[_CancelAsk, _CancelAnswer]] | None = None
 
     # -- turns ---------------------------------------------------------------------------------
 
@@ -168,30 +204,41 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
 
         return await self._run(read)
 
-    async def commit_turn(self, record: TurnRecord) -> None:
-        params = {f.name: getattr(record, f.name) for f in fields(record)}
+    def commit_turn(self, record: TurnRecord) -> Coroutine[Any, Any, None]:
+        # Not a coroutine function: it returns ``_run``'s coroutine. Its caller awaits
+        # it at once, and no frame of ours is resumed when the statement's answer comes.
+        rows = record.rows
+        # Every part's input, an empty array as NULL (see COMMIT_TURN).
+        params = dict(zip(_RECORD_FIELDS, _record_values(record), strict=True))
         params.update(
-            events=len(record.events),
-            event_ids=[e.id for e in record.events],
-            event_types=[e.type for e in record.events],
-            event_payloads=[dump_value(e.payload) for e in record.events],
-            appended=len(record.messages),
-            messages=list(record.messages),
-            fact_keys=[key for key, _ in record.facts],
-            fact_bodies=[body for _, body in record.facts],
-            removed_facts=list(record.removed_facts),
-            announced=list(record.announced) or None,
-            mark_announced=list(record.mark_announced),
+            first=record.expected_version == 0,
+            checkpoint=rows.core,
+            keep_messages=rows.keep_messages,
+            trim_messages=rows.trim_messages,
+            rewrite=rows.rewrite,
+            event_ids=TextArray([e.id for e in record.events]) or None,
+            event_types=TextArray([e.type for e in record.events]) or None,
+            event_payloads=TextArray([dump_value(e.payload) for e in record.events]) or None,
+            messages=TextArray(rows.messages) or None,
+            fact_keys=TextArray([key for key, _ in rows.facts]) or None,
+            fact_bodies=TextArray([body for _, body in rows.facts]) or None,
+            removed_facts=TextArray(rows.removed_facts) or None,
+            announced=TextArray(record.announced) or None,
+            mark_announced=TextArray(record.mark_announced) or None,
+            timer_rows=(
+                timer_json(record.timers)
+                if any(w.timer is not None for w in record.timers)
+                else None
+            ),
+            timer_deletes=[w.key for w in record.timers if w.timer is None] or None,
         )
-        del params["facts"], params["timers"]
-        if record.timers:
-            params.update(
-                timer_rows=timer_json(record.timers),
-                timer_deletes=[w.key for w in record.timers if w.timer is None],
-            )
-        statement = self._q(commit_statement(record.expected_version == 0, commit_parts(record)))
-        lease = self._leases.get(record.thread_id)
-        params.update(self.lease_params(record.thread_id))
+        del params["rows"], params["events"], params["timers"]
+        statement = self._sql[COMMIT_TURN]
+        lease = self.turn_lease(record.thread_id)
+        # ``lease_params``, from the lease just read.
+        params.update(
+            lease.params if lease is not None else {"thread_id": record.thread_id, **NO_LEASE}
+        )
 
         async def commit(conn: Connection) -> None:
             if _faults.armed:  # as the one-statement commit transaction is sent
@@ -213,7 +260,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
         # Not repeated on another session if this one breaks: the commit may have
         # landed, and the turn then raises StoreError. Its redelivery finds the turn
         # row and replays it, or runs the turn again if nothing landed.
-        await self._run(commit, repeat=False)
+        return self._run(commit, repeat=False)
 
     # -- timers --------------------------------------------------------------------------------
 
@@ -225,8 +272,8 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
 
         async def write(conn: Connection) -> None:
             async with conn.transaction():
-                # The lease first, its row locked to the end of the transaction: a
-                # caller whose lease lapsed writes nothing (a turn may hold the thread).
+                # The lease first, its row locked to the end of the transaction. A
+                # caller whose lease lapsed writes nothing: a turn may hold the thread.
                 if not await fetch_value(conn, self._q(HOLD_LEASE), lease):
                     raise LeaseLostError(
                         f"the timers of thread {thread_id!r} were not written: the "
@@ -256,13 +303,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
     async def read_timers(
         self, thread_id: str | None, status: str | None, after: tuple[str, str] | None, limit: int
     ) -> list[Timer]:
-        params = {
-            "thread_id": thread_id,
-            "status": status,
-            "after_thread": after[0] if after else None,
-            "after_key": after[1] if after else None,
-            "limit": limit,
-        }
+        params = timer_filters(thread_id, status, after, limit)
 
         async def read(conn: Connection) -> list[Timer]:
             rows = await (await conn.execute(self._q(SELECT_TIMERS), params)).fetchall()
@@ -277,8 +318,8 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
             rows = await (await conn.execute(self._q(CLAIM_TIMERS), params)).fetchall()
             return [decode_timer(row, _same) for row in rows]
 
-        # Not repeated on another session: a claim that landed is not claimed again
-        # until it ends, so a repeat would return nothing for those rows.
+        # Not repeated on another session. A claim that landed is not claimed again
+        # until it ends. So a repeat would return nothing for those rows.
         return await self._run(claim, repeat=False)
 
     async def prune_timers(self, before: datetime, limit: int) -> int:
@@ -366,7 +407,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
 
     # -- the inbox -----------------------------------------------------------------------------
 
-    # Pooled sessions, one statement or transaction at a time: a message is accepted
+    # Pooled sessions, one statement or transaction at a time. A message is accepted
     # while another turn, maybe of this process, holds the thread's lease.
 
     async def enqueue(self, entry: InboxEntry) -> int | None:
@@ -410,7 +451,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
         async def read(conn: Connection) -> list[InboxEntry]:
             cur = await execute(conn, self._q(SELECT_INBOX), (thread_id,))
-            return _entries(thread_id, await cur.fetchall())
+            return decode_inbox_rows(thread_id, await cur.fetchall(), _utc)
 
         return await self._run(read)
 
@@ -429,9 +470,19 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
                 params = {"thread": thread_id, "turn": turn_id}
                 await execute(conn, self._q(TAKE_STEERS), params)
                 cur = await execute(conn, self._q(SELECT_TAKEN), (thread_id, turn_id))
-                return _entries(thread_id, await cur.fetchall())
+                return decode_inbox_rows(thread_id, await cur.fetchall(), _utc)
 
         return await self._run(take)
+
+    async def release_steer(self, thread_id: str, turn_id: str, taken_by: str) -> bool:
+        params = {"thread": thread_id, "turn": turn_id, "taker": taken_by}
+        params.update(self.lease_params(thread_id))
+
+        async def write(conn: Connection) -> bool:
+            cur = await execute(conn, self._q(RELEASE_STEER), params)
+            return cur.rowcount == 1
+
+        return await self._run(write)
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         async def write(conn: Connection) -> bool:
@@ -468,7 +519,8 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
                         return "not-found"
                 row = (thread_id, turn_id, reason, at, scope)
                 await execute(conn, self._q(INSERT_CANCEL), row)
-                removed = (await execute(conn, self._q(DEQUEUE_UNSTARTED), key)).rowcount
+                params = {"thread": thread_id, "turn": turn_id}
+                removed = (await execute(conn, self._q(DEQUEUE_UNSTARTED), params)).rowcount
                 return "dequeued" if removed else "requested"
 
         return await self._run(write)
@@ -499,12 +551,8 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
     async def start_queued(
         self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
-        params = {
-            "thread": thread_id,
-            "turn": turn_id,
-            "scope": cancel_scope(tenant_id),
-            "base": base_version,
-        }
+        params = {"thread": thread_id, "turn": turn_id}
+        ask = (thread_id, turn_id, cancel_scope(tenant_id), base_version)
 
         async def write(conn: Connection) -> tuple[str | None, str | None]:
             async with conn.transaction():  # the mark, then the read: one transaction
@@ -512,36 +560,92 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
                 if started is not None and started[0]:  # started before; its process died
                     return None, None
                 await execute(conn, self._q(START_QUEUED), params)
-                row = await (await execute(conn, self._q(SELECT_CANCEL), params)).fetchone()
-            if row is None:
-                return None, None
-            return ("cancel", row[1]) if row[0] == 0 else ("interrupt", None)
+                return (await self._found_cancels(conn, [ask]))[0]
 
         return await self._run(write)
 
     async def read_cancel(
         self, thread_id: str, turn_id: str, base_version: int, tenant_id: str | None = None
     ) -> tuple[str | None, str | None]:
-        async def read(conn: Connection) -> tuple[str | None, str | None]:
-            params = {
-                "thread": thread_id,
-                "turn": turn_id,
-                "scope": cancel_scope(tenant_id),
-                "base": base_version,
-            }
-            row = await (await execute(conn, self._q(SELECT_CANCEL), params)).fetchone()
-            if row is None:
-                return None, None
-            return ("cancel", row[1]) if row[0] == 0 else ("interrupt", None)
+        """Each safe point of a turn past ``cancel_check_after`` asks this.
+
+        Asks that come while a read is in flight go out together, in one statement,
+        once it ends. A batch is sent after each of its asks came, so it sees every
+        cancel recorded before. With many turns in flight this spares the pool most
+        of these statements: two of a turn's six, with a model of a second."""
+        ask = (thread_id, turn_id, cancel_scope(tenant_id), base_version)
+        if self._cancel_reads is None:  # no read in flight: this one, alone
+            self._cancel_reads = []
+            try:
+                return (await self._read_cancels([ask]))[0]
+            finally:
+                self._next_cancel_reads()
+        answer: _CancelAnswer = asyncio.get_running_loop().create_future()
+        self._cancel_reads.append((ask, answer))
+        return await answer
+
+    def _next_cancel_reads(self) -> None:
+        """The read in flight ended: send the asks that came meanwhile, in one."""
+        waiting, self._cancel_reads = self._cancel_reads or [], None
+        waiting = [(ask, answer) for ask, answer in waiting if not answer.done()]
+        if waiting:
+            self._cancel_reads = []
+            self._in_background(self._answer_cancel_reads(waiting))
+
+    async def _answer_cancel_reads(self, waiting: list[tuple[_CancelAsk, _CancelAnswer]]) -> None:
+        AHEAD.set(True)  # one short read that lets many turns go on: ahead, as a start
+        try:
+            found = await self._read_cancels([ask for ask, _ in waiting])
+        except BaseException as exc:
+            for _, answer in waiting:
+                if answer.done():
+                    continue
+                if isinstance(exc, Exception):
+                    answer.set_exception(exc)
+                else:  # cancelled: the adapter closes; the askers are cancelled too
+                    answer.cancel()
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            for (_, answer), one in zip(waiting, found, strict=True):
+                if not answer.done():
+                    answer.set_result(one)
+        finally:
+            self._next_cancel_reads()
+
+    async def _read_cancels(self, asks: list[_CancelAsk]) -> list[tuple[str | None, str | None]]:
+        async def read(conn: Connection) -> list[tuple[str | None, str | None]]:
+            return await self._found_cancels(conn, asks)
 
         return await self._run(read)
 
+    async def _found_cancels(
+        self, conn: Connection, asks: list[_CancelAsk]
+    ) -> list[tuple[str | None, str | None]]:
+        """What each ask's turn should stop for, in one statement: a cancel and its
+        reason, an interrupt, or nothing."""
+        threads, turns, scopes, bases = zip(*asks, strict=True)
+        params = {
+            "threads": TextArray(threads),
+            "turns": TextArray(turns),
+            "scopes": TextArray(scopes),
+            "bases": list(bases),
+        }
+        rows = await (await execute(conn, self._q(SELECT_CANCELS), params)).fetchall()
+        found: list[tuple[str | None, str | None]] = [(None, None)] * len(asks)
+        for i, kind, reason in rows:
+            found[i - 1] = ("cancel", reason) if kind == 0 else ("interrupt", None)
+        return found
+
     # -- effects -------------------------------------------------------------------------------
 
-    async def claim_effect(self, thread_id: str, key: str, plan: PlanFn) -> EffectPlan:
+    def claim_effect(
+        self, thread_id: str, key: str, plan: PlanFn
+    ) -> Coroutine[Any, Any, EffectPlan]:
+        # Returns ``_run``'s coroutine, as ``commit_turn`` does.
         lease = self.lease_params(thread_id)
-        # Planned once, outside the hop: a hop repeated after its session broke then
-        # recognizes its own receipt (same ID) instead of taking it for another's.
+        # Planned once, outside the hop. A hop repeated after its session broke then
+        # recognizes its own receipt (same ID). It does not take it for another's.
         first = plan(None)
         tries = 0
 
@@ -552,15 +656,15 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
             # receipt was there already.
             if first.write is not None:
                 params = {**_receipt_params(first.write), **lease}
-                row = await (await execute(conn, self._q(INSERT_RECEIPT_IF_NEW), params)).fetchone()
+                row = await (await execute(conn, self._sql[PREPARE_RECEIPT], params)).fetchone()
                 leased, written = present(row)
                 if not leased:
                     raise receipt_lease_lost(thread_id, key)
                 if written:
                     return first
-            # No wrapping transaction: the write is one statement whose primary key
+            # No wrapping transaction: the write is one statement. Its primary key
             # (insert) or compare-and-set (update) refuses it if anyone wrote the
-            # receipt since the read, which under the lease nobody should.
+            # receipt since the read. Under the lease nobody should.
             cur = await execute(conn, self._q(SELECT_RECEIPT), (thread_id, key))
             existing = _receipt(await cur.fetchone())
             own = first.write
@@ -592,7 +696,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
                 raise receipt_lease_lost(thread_id, key)
             return decided
 
-        return await self._run(claim)
+        return self._run(claim)
 
     async def _fenced_update(
         self, conn: Connection, new: Receipt, expected: Receipt, lease: dict[str, Any]
@@ -630,27 +734,45 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
             async def rewrite(conn: Connection) -> None:
                 await self._fenced_update(conn, receipt, expected, lease)
 
-            await self._run(rewrite, repeat=False)
+            # Not repeatable: a task of its own, which a cancellation does not stop.
+            await shielded(self._run(rewrite, repeat=False))
             return
+        # The lease this turn holds now: a refusal is judged against it, not a later one.
+        lease = self.lease_params(receipt.thread_id)
         tries = 0
 
         async def settle(conn: Connection) -> None:
             # The outcome of this attempt, fenced by the attempt and not by the lease
-            # (see SETTLE_RECEIPT): a provider call that returns after the lease was
-            # lost is still recorded, unless the next holder made the receipt
-            # uncertain first. Then the write is refused and the receipt stays as the
-            # next holder left it; the turn cannot commit, its lease being gone.
+            # (see SETTLE_RECEIPT). A provider call that returns after the lease was
+            # lost is still recorded. The exception: the next holder made the receipt
+            # uncertain first. Then the write is refused, and the receipt stays as the
+            # next holder left it. The turn cannot commit, its lease being gone.
             nonlocal tries
             tries += 1
             try:
-                write.check((await execute(conn, self._q(SETTLE_RECEIPT), write.params)).rowcount)
-            except FencedCommitError:
+                write.check((await execute(conn, self._sql[SETTLE_RECEIPT], write.params)).rowcount)
+            except FencedCommitError as refused:
                 # A repeat of a write whose acknowledgement was lost with its session
                 # finds it applied: not a conflict.
-                if tries == 1 or not await self._stored(conn, receipt):
-                    raise
+                if tries > 1 and await self._stored(conn, receipt):
+                    return
+                # Only a holder that lost its lease can find its receipt moved. The
+                # next holder (or an operator) took the thread first. Under a live
+                # lease the refusal is a real conflict, and stays one.
+                if not await fetch_value(conn, self._q(LEASE_HELD), lease):
+                    raise settle_lease_lost(receipt) from refused
+                raise
 
-        await self._run(settle)
+        # In the caller's task: a task of its own for every outcome cost a turn about
+        # fifty calls. psycopg cancels a statement whose caller is cancelled, so the
+        # write may or may not have landed then. It is written again in a task of its
+        # own, which a cancellation does not stop. A repeat finds its own write applied
+        # (``tries``). Then the cancellation goes on.
+        try:
+            await self._run(settle)
+        except asyncio.CancelledError:
+            await shielded(self._run(settle))
+            raise
 
     async def read_receipts(
         self, thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None = None
@@ -799,9 +921,10 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
         return await self._run(read)
 
     async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
-        thread_id, messages = rewrite.thread_id, list(rewrite.messages)
+        thread_id, rows = rewrite.thread_id, rewrite.rows
+        messages = list(rows.messages)
 
-        lease = self._leases.get(thread_id)
+        lease = self.turn_lease(thread_id)
 
         async def write(conn: Connection) -> None:
             async with conn.transaction():
@@ -816,7 +939,7 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
                 cur = await conn.execute(
                     self._q(REWRITE_THREAD),
                     (
-                        rewrite.checkpoint,
+                        rows.core,
                         rewrite.schema_revision,
                         rewrite.fingerprint,
                         len(messages),
@@ -834,8 +957,8 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
                 first = returned[0] - len(messages) + 1
                 await conn.execute(self._q(INSERT_MESSAGES), (thread_id, first, messages))
                 await conn.execute(self._q(DELETE_FACTS), (thread_id,))
-                keys = [key for key, _ in rewrite.facts]
-                bodies = [body for _, body in rewrite.facts]
+                keys = [key for key, _ in rows.facts]
+                bodies = [body for _, body in rows.facts]
                 await conn.execute(self._q(INSERT_FACTS), (thread_id, keys, bodies))
 
         await self._run(write)
@@ -934,6 +1057,16 @@ def receipt_lease_lost(thread_id: str, key: str) -> LeaseLostError:
     )
 
 
+def settle_lease_lost(receipt: Receipt) -> LeaseLostError:
+    return LeaseLostError(
+        f"the outcome of receipt {receipt.key!r} on thread {receipt.thread_id!r} was not "
+        "recorded: the turn's lease was lost, and the receipt was settled by the thread's "
+        "next holder first",
+        thread_id=receipt.thread_id,
+        key=receipt.key,
+    )
+
+
 def lease_lost(record: TurnRecord) -> LeaseLostError:
     return LeaseLostError(
         f"turn {record.turn_id!r} of thread {record.thread_id!r} was not committed: its "
@@ -958,11 +1091,3 @@ def _delivery(row: Sequence[Any]) -> OutboxDelivery:
 def _utc(value: datetime) -> datetime:
     # timestamptz comes back in the session's time zone; normalize as utcnow() does.
     return value.astimezone(UTC)
-
-
-def _entries(thread_id: str, rows: list[Any]) -> list[InboxEntry]:
-    """Inbox rows (``SELECT_INBOX``'s columns) as entries."""
-    return [
-        InboxEntry(thread_id, turn, tenant, digest, request, _utc(at), seq, steer, taken_by)
-        for turn, tenant, digest, request, at, seq, steer, taken_by in rows
-    ]

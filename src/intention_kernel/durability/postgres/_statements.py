@@ -1,42 +1,52 @@
-"""The PostgreSQL adapter's statements, as named constants (the schema and the
-turn-start function are in ``_schema``, the commit statement in ``_commit``)."""
+"""The PostgreSQL adapter's statements, as named constants.
+
+The schema is in ``_schema``. So are the functions that start a turn, prepare a
+receipt and commit a turn. A statement SQLite sends alike is written once, in
+:mod:`intention_kernel.durability._layout.sql`. It is rendered here with psycopg's
+placeholders (``postgres``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from intention_kernel.durability._rows import OUTBOX_COLUMNS, RECEIPT_COLUMNS, select_receipts
-from intention_kernel.durability._timer_rows import TIMER_COLUMNS
+from intention_kernel._effects import ReceiptStatus
+from intention_kernel.durability._layout import sql as _sql
+from intention_kernel.durability._layout.rows import (
+    OUTBOX_COLUMNS,
+    RECEIPT_COLUMNS,
+)
+from intention_kernel.durability._layout.sql import postgres
+from intention_kernel.durability._layout.timer_rows import TIMER_COLUMNS
 from intention_kernel.durability.postgres._schema import CHECKPOINT_ROWS
-from intention_kernel.effects import ReceiptStatus
 
 LOCK_XACT = "SELECT pg_advisory_xact_lock(%s)"
-# After waiting for LOCK_XACT, the catalog changes its previous holder committed are
-# not yet in this session's caches. PostgreSQL takes them in at a transaction's start,
-# or when the session locks a relation it had not locked in this transaction; an
-# advisory lock does neither. A session warm from earlier work (as a pooler's server
-# sessions are) then answers ``CREATE SCHEMA IF NOT EXISTS`` from its cache ("no such
-# schema"), and its insert of the schema meets the committed one: UniqueViolation.
-# Locking a catalog that nothing before it in the transaction touches (security
-# labels) takes the changes in; anyone may read it, and the lock blocks nothing.
+# After waiting for LOCK_XACT, this session's caches lack the catalog changes that
+# the lock's previous holder committed. PostgreSQL takes them in at a transaction's
+# start. It also does when the session locks a relation it had not locked in this
+# transaction. An advisory lock does neither. Take a session warm from earlier work,
+# as a pooler's server sessions are. It answers ``CREATE SCHEMA IF NOT EXISTS`` from
+# its cache ("no such schema"). Its insert of the schema then meets the committed
+# one: UniqueViolation. Locking a catalog takes the changes in, if nothing before it
+# in the transaction touched it. The security labels catalog is such a one. Anyone
+# may read it, and the lock blocks nothing.
 ABSORB_CATALOG_CHANGES = "LOCK TABLE pg_catalog.pg_seclabel IN ACCESS SHARE MODE"
 
 # -- leases (see LEASES in ``_schema``) --
-# The fence every write of a lease holder carries, in the same statement: the row of
-# its lease, still at its epoch and alive on the server's clock, locked FOR SHARE
-# until the statement's transaction ends. Taking the lease over updates that row, so
-# the two conflict: either the write locked it first, and the taker waits for the
-# write's commit (the write then happened before the takeover, which reads it), or
-# the taker did, and the write waits, re-reads the row (READ COMMITTED) and finds
-# another epoch: it writes nothing. A write can therefore never land after another
-# holder took the thread. MATERIALIZED keeps the planner from folding it away.
+# The fence every write of a lease holder carries, in the same statement. It is the
+# row of its lease, still at its epoch and alive on the server's clock. The row is
+# locked FOR SHARE until the statement's transaction ends. Taking the lease over
+# updates that row, so the two conflict. Either the write locked it first: the taker
+# waits for the write's commit. The write then happened before the takeover, which
+# reads it. Or the taker locked it first: the write waits and re-reads the row (READ
+# COMMITTED). It finds another epoch and writes nothing. A write can therefore never
+# land after another holder took the thread. MATERIALIZED keeps the planner from folding it away.
 FENCE = """lease AS MATERIALIZED (
         SELECT epoch FROM ik_leases
         WHERE thread_id = %(thread_id)s AND kind = %(lease_kind)s AND epoch = %(lease_epoch)s
           AND owner = %(lease_owner)s AND expires_at > clock_timestamp()
         FOR SHARE)"""
-# A lease still alive is extended from now, by the server's clock; one that lapsed or
-# moved on is not (no row: the holder lost it).
+# A lease still alive is extended from now, by the server's clock. One that lapsed or
+# moved on is not: no row comes back, and the holder lost it.
 RENEW_LEASE = """
     UPDATE ik_leases SET expires_at = clock_timestamp() + %(expiry)s
     WHERE thread_id = %(thread_id)s AND kind = %(lease_kind)s AND epoch = %(lease_epoch)s
@@ -51,12 +61,13 @@ RELEASE_LEASE = """
     WHERE thread_id = %(thread_id)s AND kind = %(lease_kind)s AND owner = %(lease_owner)s
       AND expires_at > clock_timestamp()
 """
-# A lease taken without a turn (``lock``: operator actions, relay claims).
+# A lease taken without a turn (``lock``: operator actions, relay claims). It names
+# no turn (migration 23).
 TAKE_LEASE = """
     INSERT INTO ik_leases AS l (thread_id, kind, owner, epoch, expires_at)
     VALUES (%(thread_id)s, %(lease_kind)s, %(lease_owner)s, 1, clock_timestamp() + %(expiry)s)
     ON CONFLICT (thread_id, kind) DO UPDATE
-        SET owner = excluded.owner, epoch = l.epoch + 1,
+        SET owner = excluded.owner, epoch = l.epoch + 1, turn_id = NULL,
             expires_at = clock_timestamp() + %(expiry)s
         WHERE l.expires_at <= clock_timestamp()
     RETURNING l.epoch
@@ -73,6 +84,14 @@ TRY_LEASE_UPDATE = """
 """
 # Inside a transaction: the fence alone, its row lock held to the transaction's end.
 HOLD_LEASE = "WITH " + FENCE + " SELECT count(*) FROM lease"
+# Whether a lease is still held, read without a lock: asked after a refused settle
+# (see ``write_receipt``). A lease once lost never comes back, so the answer holds.
+LEASE_HELD = """
+    SELECT EXISTS (
+        SELECT 1 FROM ik_leases
+        WHERE thread_id = %(thread_id)s AND kind = %(lease_kind)s AND epoch = %(lease_epoch)s
+          AND owner = %(lease_owner)s AND expires_at > clock_timestamp())
+"""
 
 SELECT_THREAD = (
     "SELECT version, tenant_id, checkpoint,"
@@ -81,8 +100,8 @@ SELECT_THREAD = (
 )
 
 
-READ_RECEIPTS = select_receipts(RECEIPT_COLUMNS)
-SELECT_RECEIPT = f"{READ_RECEIPTS} WHERE r.thread_id = %s AND r.key = %s"
+READ_RECEIPTS = postgres(_sql.READ_RECEIPTS)
+SELECT_RECEIPT = postgres(_sql.SELECT_RECEIPT)
 _RECEIPT_VALUES = """%(id)s, %(thread_id)s, %(key)s, %(status)s, %(turn_id)s, %(step_id)s,
             %(attempt)s, %(value)s, %(error)s, %(created_at)s, %(updated_at)s, %(resolution)s,
             %(announced)s, %(tenant_id)s, %(actor)s, %(capability_id)s, %(input)s,
@@ -96,6 +115,9 @@ INSERT_RECEIPT = f"""
         RETURNING 1)
     SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM written)
 """
+# The previous library's prepare (schema versions up to 20): the adapter now calls
+# ``ik_prepare_receipt``, which does the same. Kept to test that a worker of that
+# library still prepares on an upgraded schema.
 # The first call of an effect key, in one round trip: insert the planned receipt
 # unless one exists. Not a conflict hidden: no row inserted means the caller reads the
 # existing receipt and plans from it (``claim_effect``).
@@ -123,37 +145,25 @@ UPDATE_RECEIPT = f"""
         RETURNING 1)
     SELECT (SELECT count(*) FROM lease), (SELECT count(*) FROM written)
 """
-# The outcome of an attempt (see ``is_settlement``): a compare-and-set on the attempt
-# that prepared it, writing (and sending) only what an outcome changes. Not fenced by
-# the lease: the outcome is a fact about that one attempt, and ``prepared`` with its
-# attempt number names it exactly (a later attempt has another number). So an outcome
-# known after the lease was lost is still recorded, unless the next holder already made
-# the receipt uncertain (or an operator resolved it), which this write never undoes.
-SETTLE_RECEIPT = """
-    UPDATE ik_receipts
-    SET status = %(status)s, value = %(value)s, error = %(error)s, updated_at = %(updated_at)s
-    WHERE thread_id = %(thread_id)s AND key = %(key)s
-      AND status = %(expected_status)s AND attempt = %(expected_attempt)s
-"""
+# The outcome of an attempt (see ``is_settlement``). It is a compare-and-set on the
+# attempt that prepared it. It writes (and sends) only what an outcome changes. It is
+# not fenced by the lease: the outcome is a fact about that one attempt. ``prepared``
+# with its attempt number names that attempt exactly. (A later attempt has another
+# number.) So an outcome known after the lease was lost is still recorded. The
+# exception: the next holder already made the receipt uncertain, or an operator
+# resolved it. This write never undoes either.
+SETTLE_RECEIPT = postgres(_sql.SETTLE_RECEIPT)
 
 
-# Operator events on a thread that may have no committed turn yet.
-BUMP_THREAD_SEQ = """
-    INSERT INTO ik_threads (thread_id, version, next_seq, updated_at) VALUES (%s, 0, 2, %s)
-    ON CONFLICT (thread_id) DO UPDATE SET next_seq = ik_threads.next_seq + 1
-    RETURNING next_seq
-"""
+BUMP_THREAD_SEQ = postgres(_sql.BUMP_THREAD_SEQ)
 # Events are born without a position; see SEQUENCE_OUTBOX.
-INSERT_EVENT = """
-    INSERT INTO ik_outbox (id, thread_id, turn_id, seq, type, payload, created_at)
-    VALUES (%s, %s, %s, %s, %s, %s, %s)
-"""
+INSERT_EVENT = postgres(_sql.INSERT_EVENT)
 HAS_UNSEQUENCED = "SELECT EXISTS (SELECT 1 FROM ik_outbox WHERE position IS NULL)"
 # The row lock on the counter makes numbering one transaction at a time. Each
-# later statement of a READ COMMITTED transaction takes a fresh snapshot, so it
-# sees every event committed before the previous numbering committed: positions
-# are handed out in blocks, each block after all earlier ones, and a reader's
-# snapshot always sees a prefix of the blocks. (REPEATABLE READ would break this:
+# later statement of a READ COMMITTED transaction takes a fresh snapshot. So it
+# sees every event committed before the previous numbering committed. Positions
+# are handed out in blocks, each block after all earlier ones. A reader's snapshot
+# therefore always sees a prefix of the blocks. (REPEATABLE READ would break this:
 # its snapshot predates the wait for the lock.) Within a block, ``ord`` (insert
 # order) keeps each thread's events in ``seq`` order, since a thread's turns
 # commit one after another.
@@ -208,20 +218,17 @@ SELECT_STREAM_TURN = """
     SELECT request_digest, result, pruned_at IS NOT NULL FROM ik_turns
     WHERE thread_id = %s AND turn_id = %s
 """
-SELECT_STREAM = """
-    SELECT segment, events FROM ik_streams WHERE thread_id = %s AND turn_id = %s
-    ORDER BY segment
-"""
+SELECT_STREAM = postgres(_sql.SELECT_STREAM)
 SELECT_JOURNAL_ENTRY = """
     SELECT request_digest, value, created_at, tenant_id FROM ik_journal
     WHERE thread_id = %s AND turn_id = %s AND key = %s
 """
 
 # -- the relay (see ``Recorder.claim_outbox``) --
-# The relay publishes numbered events only (it numbers what is committed first): a
-# thread's numbered events are a prefix of its events by ``seq``, since numbering
-# follows ``ord`` and a thread's turns commit one after another. So every published
-# event has a position, and a consumer reading ``read_outbox`` sees it.
+# The relay publishes numbered events only; it numbers what is committed first. A
+# thread's numbered events are a prefix of its events by ``seq``. That is because
+# numbering follows ``ord``, and a thread's turns commit one after another. So every
+# published event has a position, and a consumer reading ``read_outbox`` sees it.
 PENDING_THREADS = """
     SELECT o.thread_id FROM ik_outbox o
     JOIN (SELECT thread_id, min(seq) AS seq FROM ik_outbox
@@ -235,8 +242,8 @@ SELECT_UNPUBLISHED = f"""
     WHERE thread_id = %s AND published_at IS NULL AND position IS NOT NULL
     ORDER BY seq LIMIT %s
 """
-# Marks of a relay that claimed the thread, fenced by its claim (a lease of kind
-# 'relay'), so that a relay whose claim lapsed never marks what another relay owns.
+# Marks of a relay that claimed the thread. They are fenced by its claim, a lease of
+# kind 'relay'. So a relay whose claim lapsed never marks what another relay owns.
 MARK_PUBLISHED = f"""
     WITH {FENCE}
     UPDATE ik_outbox SET published_at = %(at)s FROM lease
@@ -249,7 +256,7 @@ MARK_FAILED = f"""
     FROM lease
     WHERE thread_id = %(thread_id)s AND seq = %(seq)s AND published_at IS NULL
 """
-SELECT_BACKLOG = "SELECT count(*), min(created_at) FROM ik_outbox WHERE published_at IS NULL"
+SELECT_BACKLOG = postgres(_sql.SELECT_BACKLOG)
 SELECT_FAILING = f"""
     SELECT {OUTBOX_COLUMNS}, attempts, last_error, retry_at FROM ik_outbox
     WHERE published_at IS NULL AND attempts > 0 ORDER BY ord LIMIT %s
@@ -264,9 +271,10 @@ SCAN_THREADS = (
       AND (%(below)s::integer IS NULL OR schema_revision < %(below)s::integer)
     ORDER BY th.thread_id LIMIT %(limit)s"""
 )
-# Candidates for the threads with an active interaction (see INTERACTION_MARKER): a
-# text search of each core, no JSON parsed (a ``::json`` cast would parse every core,
-# and one corrupt core would fail the whole query without naming its thread).
+# Candidates for the threads with an active interaction (see INTERACTION_MARKER). It
+# is a text search of each core, with no JSON parsed. A ``::json`` cast would parse
+# every core. One corrupt core would then fail the whole query without naming its
+# thread.
 SELECT_INTERACTIONS = """
     SELECT thread_id, version, tenant_id, checkpoint FROM ik_threads
     WHERE thread_id > %(after)s AND version > 0 AND strpos(checkpoint, %(marker)s) > 0
@@ -280,12 +288,12 @@ REWRITE_THREAD = """
     WHERE thread_id = %s AND version = %s
     RETURNING message_seq
 """
-DELETE_MESSAGES = "DELETE FROM ik_messages WHERE thread_id = %s"
+DELETE_MESSAGES = postgres(_sql.DELETE_MESSAGES)
 INSERT_MESSAGES = """
     INSERT INTO ik_messages (thread_id, seq, body)
     SELECT %s, %s + m.n - 1, m.body FROM unnest(%s::text[]) WITH ORDINALITY AS m(body, n)
 """
-DELETE_FACTS = "DELETE FROM ik_facts WHERE thread_id = %s"
+DELETE_FACTS = postgres(_sql.DELETE_FACTS)
 INSERT_FACTS = """
     INSERT INTO ik_facts (thread_id, key, body)
     SELECT %s, f.key, f.body FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS f(key, body, n)
@@ -298,10 +306,10 @@ PRUNE_EVENTS = """
         ORDER BY ord LIMIT %s)
 """
 # The turn row stays, so that a late delivery is refused (TurnExpiredError), not re-run.
-# Only turns that still hold a result are selected, after the cursor: a run never reads
-# (nor ships) the keys of turns pruned before. (An index on the unpruned turns would
-# spare the server its walk of the key index too, at the price of one more index write
-# per committed turn; retention runs from cron, turns all day.) ``t.pruned_at IS NULL``
+# Only turns that still hold a result are selected, after the cursor. So a run never
+# reads (nor ships) the keys of turns pruned before. An index on the unpruned turns
+# would spare the server its walk of the key index too. Its price is one more index
+# write per committed turn. Retention runs from cron; turns run all day. ``t.pruned_at IS NULL``
 # again in the UPDATE: a concurrent prune that took the row first is not counted twice.
 PRUNE_TURNS = """
     WITH pruned AS (
@@ -316,25 +324,17 @@ PRUNE_TURNS = """
     SELECT thread_id, turn_id FROM pruned
 """
 
-# The stop requests of a pruned turn go with its result: it can never run again.
-PRUNE_CANCELS = "DELETE FROM ik_cancels WHERE thread_id = %s AND turn_id = %s"
+PRUNE_CANCELS = postgres(_sql.PRUNE_CANCELS)
 # An interrupt older than the cutoff on a base the thread has moved past stops nothing.
 PRUNE_INTERRUPTS = """
     DELETE FROM ik_interrupts i USING ik_threads th
     WHERE i.thread_id = %(thread)s AND th.thread_id = i.thread_id
     AND i.created_at < %(before)s AND i.base_version < th.version
 """
-# A turn's journal is pruned whole (see ``operations.prune``): the turns whose newest
-# entry is older than the cutoff, in key order (``ik_journal_pkey``'s), after the cursor.
-STALE_JOURNALS = """
-    SELECT thread_id, turn_id FROM ik_journal
-    WHERE (thread_id, turn_id) > (%s, %s)
-    GROUP BY thread_id, turn_id HAVING max(created_at) < %s
-    ORDER BY thread_id, turn_id LIMIT %s
-"""
-# Then each turn's entries, all or none, under its thread's lease: an entry written
-# since the scan (a redelivery that ran meanwhile) keeps them all. Fenced, so a
-# pruner whose lease lapsed deletes nothing.
+STALE_JOURNALS = postgres(_sql.STALE_JOURNALS)
+# Then each turn's entries go, all or none, under its thread's lease. An entry written
+# since the scan keeps them all: a redelivery ran meanwhile. Fenced, so a pruner
+# whose lease lapsed deletes nothing.
 PRUNE_JOURNAL = f"""
     WITH {FENCE}, gone AS (
         DELETE FROM ik_journal USING lease
@@ -352,9 +352,10 @@ PRUNE_JOURNAL = f"""
 def receipts_query(
     thread_id: str | None, status: ReceiptStatus | None, tenant_id: str | None
 ) -> tuple[str, dict[str, Any]]:
-    """The query of ``read_receipts`` and its parameters. The status goes in as a
-    literal (one of the four), so that the generic plan can use the partial index of
-    unsettled receipts for what operators list most."""
+    """The query of ``read_receipts`` and its parameters.
+
+    The status goes in as a literal, one of the four. So the generic plan can use the
+    partial index of unsettled receipts. That is what operators list most."""
     filters = {"thread_id": thread_id, "tenant_id": tenant_id}
     conditions = [f"r.{k} = %({k})s" for k, v in filters.items() if v is not None]
     if status is not None:
@@ -365,42 +366,50 @@ def receipts_query(
 
 
 # -- the inbox (see ``InboxRecorder``) --
-SELECT_TURN_EXISTS = "SELECT 1 FROM ik_turns WHERE thread_id = %s AND turn_id = %s"
-# An entry already there keeps its seq: the statement inserts nothing and the caller
-# reads the entry's own seq and digest, to compare them (a conflict is an error).
+SELECT_TURN_EXISTS = postgres(_sql.SELECT_TURN_EXISTS)
+# An entry already there keeps its seq: the statement inserts nothing. The caller
+# reads the entry's own seq and digest, to compare them. A conflict is an error.
 INSERT_INBOX = """
     INSERT INTO ik_inbox
         (thread_id, turn_id, tenant_id, request_digest, request, created_at, steer)
     VALUES (%s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT ON CONSTRAINT ik_inbox_turn DO NOTHING RETURNING seq
 """
-SELECT_INBOX_ENTRY = (
-    "SELECT seq, request_digest FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
-)
-INBOX_POSITION = """
-    SELECT COUNT(*) FROM ik_inbox WHERE thread_id = %s AND seq <= %s AND taken_by IS NULL
-"""
-SELECT_INBOX = """
-    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
-    FROM ik_inbox WHERE thread_id = %s AND taken_by IS NULL ORDER BY seq
-"""
-# The turn that took a steer: its turn ID replays that turn's result.
-SELECT_TAKER = """
-    SELECT taken_by FROM ik_inbox
-    WHERE thread_id = %s AND turn_id = %s AND taken_by IS NOT NULL
-"""
+SELECT_INBOX_ENTRY = postgres(_sql.SELECT_INBOX_ENTRY)
+INBOX_POSITION = postgres(_sql.INBOX_POSITION)
+SELECT_INBOX = postgres(_sql.SELECT_INBOX)
+SELECT_TAKER = postgres(_sql.SELECT_TAKER)
 # A round boundary of a turn takes the steers nobody took, and reads all it took.
 TAKE_STEERS = """
     UPDATE ik_inbox SET taken_by = %(turn)s
     WHERE thread_id = %(thread)s AND steer AND taken_by IS NULL AND turn_id <> %(turn)s
 """
-SELECT_TAKEN = """
-    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
-    FROM ik_inbox WHERE thread_id = %s AND taken_by = %s ORDER BY seq
+# The steer back in the inbox, unless its taker committed. It is fenced by the lease.
+# The lease row stays shared-locked to the end, so a takeover waits for it.
+RELEASE_STEER = (
+    "WITH "
+    + FENCE
+    + """
+    UPDATE ik_inbox i SET taken_by = NULL
+    WHERE i.thread_id = %(thread)s AND i.turn_id = %(turn)s AND i.taken_by = %(taker)s
+      AND EXISTS (SELECT 1 FROM lease)
+      AND NOT EXISTS (
+          SELECT 1 FROM ik_turns t WHERE t.thread_id = i.thread_id AND t.turn_id = i.taken_by)
 """
-DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
+)
+SELECT_TAKEN = postgres(_sql.SELECT_TAKEN)
+DELETE_INBOX = postgres(_sql.DELETE_INBOX)
 # A cancel dequeues only an entry whose turn has not started; a started one runs on.
-DEQUEUE_UNSTARTED = "DELETE FROM ik_inbox WHERE thread_id = %s AND turn_id = %s AND NOT started"
+# A queued copy of a turn that holds the thread's lease stays: the turn runs, in any
+# process, and stops at its next safe point. The copy then replays its commit. Without
+# the lease check, the cancel answered "dequeued" for a turn that still ran.
+DEQUEUE_UNSTARTED = """
+    DELETE FROM ik_inbox WHERE thread_id = %(thread)s AND turn_id = %(turn)s AND NOT started
+    AND NOT EXISTS (
+        SELECT 1 FROM ik_leases
+        WHERE thread_id = %(thread)s AND kind = 'turn' AND turn_id = %(turn)s
+          AND expires_at > clock_timestamp())
+"""
 START_QUEUED = (
     "UPDATE ik_inbox SET started = true WHERE thread_id = %(thread)s AND turn_id = %(turn)s"
 )
@@ -412,8 +421,9 @@ INSERT_CANCEL = """
     VALUES (%s, %s, %s, %s, %s)
     ON CONFLICT ON CONSTRAINT ik_cancels_pkey DO NOTHING
 """
-# The owner of a thread, for a scoped stop request: the tenant of its committed turns,
-# else of its first receipt, else of its first journal entry (a one-element array).
+# The owner of a thread, for a scoped stop request, as a one-element array. It is the
+# tenant of its committed turns. Else it is that of its first receipt. Else it is
+# that of its first journal entry.
 SELECT_CANCEL_OWNER = """
     SELECT COALESCE(
         (SELECT ARRAY[th.tenant_id] FROM ik_threads th
@@ -423,7 +433,7 @@ SELECT_CANCEL_OWNER = """
         (SELECT ARRAY[j.tenant_id] FROM ik_journal j
          WHERE j.thread_id = %(t)s ORDER BY j.ordinal LIMIT 1))
 """
-SELECT_INBOX_TENANT = "SELECT tenant_id FROM ik_inbox WHERE thread_id = %s AND turn_id = %s"
+SELECT_INBOX_TENANT = postgres(_sql.SELECT_INBOX_TENANT)
 # One row per sender, with the seq of its entry (none left: it ran, nothing to stop).
 # The same sender asking twice asks one thing: the second request changes nothing.
 INSERT_INTERRUPT = """
@@ -432,19 +442,25 @@ INSERT_INTERRUPT = """
     WHERE thread_id = %(thread)s AND turn_id = %(turn)s
     ON CONFLICT ON CONSTRAINT ik_interrupts_pkey DO NOTHING
 """
-SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = %s"
-# A cancel (kind 0) sorts before an interrupt (kind 1). An interrupt stops the turn
-# if another sender of its tenant asked it, accepted after the turn's own entry.
-SELECT_CANCEL = """
-    SELECT 0 AS kind, reason FROM ik_cancels
-    WHERE thread_id = %(thread)s AND turn_id = %(turn)s AND scope IN ('*', %(scope)s)
-    UNION ALL
-    SELECT 1, NULL FROM ik_interrupts
-    WHERE thread_id = %(thread)s AND base_version = %(base)s AND turn_id <> %(turn)s
-    AND scope IN ('*', %(scope)s)
-    AND seq > COALESCE(
-        (SELECT seq FROM ik_inbox WHERE thread_id = %(thread)s AND turn_id = %(turn)s), 0)
-    ORDER BY kind LIMIT 1
+SELECT_VERSION = postgres(_sql.SELECT_VERSION)
+# What each turn should stop for, one turn or many at once: the i-th answer by
+# ``i``. A cancel (kind 0) sorts before an interrupt (kind 1). An interrupt stops the
+# turn if another sender of its tenant asked it, accepted after the turn's own entry.
+SELECT_CANCELS = """
+    SELECT k.i, c.kind, c.reason
+    FROM unnest(%(threads)s::text[], %(turns)s::text[], %(scopes)s::text[], %(bases)s::bigint[])
+        WITH ORDINALITY AS k(thread, turn, scope, base, i)
+    CROSS JOIN LATERAL (
+        SELECT 0 AS kind, reason FROM ik_cancels
+        WHERE thread_id = k.thread AND turn_id = k.turn AND scope IN ('*', k.scope)
+        UNION ALL
+        SELECT 1, NULL FROM ik_interrupts
+        WHERE thread_id = k.thread AND base_version = k.base AND turn_id <> k.turn
+        AND scope IN ('*', k.scope)
+        AND seq > COALESCE(
+            (SELECT seq FROM ik_inbox WHERE thread_id = k.thread AND turn_id = k.turn), 0)
+        ORDER BY kind LIMIT 1
+    ) AS c
 """
 
 
@@ -459,8 +475,8 @@ UPSERT_TIMER = f"""
     INSERT INTO ik_timers ({TIMER_COLUMNS}) VALUES ({_TIMER_VALUES})
     ON CONFLICT (thread_id, key) DO UPDATE SET {_TIMER_UPDATE}
 """
-DELETE_TIMER = "DELETE FROM ik_timers WHERE thread_id = %s AND key = %s"
-SELECT_TIMER = f"SELECT {TIMER_COLUMNS} FROM ik_timers WHERE thread_id = %s AND key = %s"
+DELETE_TIMER = postgres(_sql.DELETE_TIMER)
+SELECT_TIMER = postgres(_sql.SELECT_TIMER)
 SELECT_TIMERS = f"""
     SELECT {TIMER_COLUMNS} FROM ik_timers
     WHERE (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s)
@@ -469,8 +485,8 @@ SELECT_TIMERS = f"""
            OR (thread_id, key) > (%(after_thread)s, %(after_key)s))
     ORDER BY thread_id, key LIMIT %(limit)s
 """
-# SKIP LOCKED: a worker claiming at the same time takes other rows instead of waiting,
-# and a row it locked is claimed by one of them only (the update re-checks the claim).
+# SKIP LOCKED: a worker claiming at the same time takes other rows instead of waiting.
+# A row it locked is claimed by one of them only: the update re-checks the claim.
 CLAIM_TIMERS = f"""
     UPDATE ik_timers t SET claimed_until = %(until)s
     FROM (SELECT thread_id, key FROM ik_timers
@@ -480,8 +496,4 @@ CLAIM_TIMERS = f"""
     WHERE t.thread_id = c.thread_id AND t.key = c.key
     RETURNING {", ".join("t." + c for c in TIMER_COLUMNS.replace(" ", "").split(","))}
 """
-PRUNE_TIMERS = """
-    DELETE FROM ik_timers WHERE (thread_id, key) IN (
-        SELECT thread_id, key FROM ik_timers
-        WHERE status <> 'pending' AND settled_at < %s LIMIT %s)
-"""
+PRUNE_TIMERS = postgres(_sql.PRUNE_TIMERS)

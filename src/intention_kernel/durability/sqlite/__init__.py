@@ -8,12 +8,12 @@ Design, and why:
 - **Per-thread serialization with an OS lock**, writes on a worker thread when
   turns overlap, reads inline: the reasons are in :mod:`._connection`.
 - **Fenced commit.** The turn commit compares-and-sets the thread version and its
-  owner, and inserts the ``(thread_id, turn_id)`` primary key; a turn that lost its
-  claim (it cannot, short of the lock file being deleted or another program writing
-  the file) fails instead of overwriting.
-- **Checkpoints in pieces.** The thread row holds the checkpoint's core; messages
+  owner. It inserts the ``(thread_id, turn_id)`` primary key. A turn that lost its
+  claim fails instead of overwriting. It cannot lose it, short of the lock file
+  being deleted or another program writing the file.
+- **Checkpoints in pieces.** The thread row holds the checkpoint's core. Messages
   and facts have rows of their own, written only when a turn appends or changes
-  them, so a turn costs the same on the 10,000th turn of a thread as on the 10th.
+  them. So a turn costs the same on the 10,000th turn of a thread as on the 10th.
 
 Modules: ``_schema`` (migrations), ``_statements`` (SQL), ``_connection``
 (connections, worker thread, file locks), ``_recorder`` (the storage contract),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from intention_kernel.durability._options import check_seconds
+from intention_kernel.durability._contract.options import check_seconds
 from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.durability.sqlite._connection import StatementTrace, WriterSeam
 from intention_kernel.durability.sqlite._recorder import SQLiteRecorder
@@ -23,33 +23,32 @@ class SQLiteDurability(RecordedDurability):
     - ``busy_timeout``: how long a statement waits for SQLite's write lock.
       Both are finite, non-negative seconds; NaN, infinity and negative values are
       refused with ``ValueError``.
-    - ``offload_writes``: where write transactions run. ``None`` (default): on the
-      event loop while the adapter runs one turn at a time, on the adapter's worker
-      thread as soon as turns overlap, so that a disk flush or another process's
-      write lock never stalls the other turns. ``True``: always on the worker thread
-      (the event loop never waits on a write). ``False``: on the event loop (a
-      turn with one write saves six thread switches; for programs that run one
-      turn at a time), except a write that another process's write lock keeps
-      busy: it waits for the lock on the worker thread, and the writes that come
-      meanwhile follow it there. Reads always run inline.
-      On the worker thread, writes commit in groups: the writes of overlapping
-      turns queued while a commit flushes share the next transaction (one disk
-      flush), each in a savepoint of its own so that a failing one fails alone,
-      and each is acknowledged only after that transaction's ``COMMIT``. A write
-      that finds the worker idle runs alone at once, in its own transaction, so
-      group commit needs no option: it only ever joins writes that would
-      otherwise have waited in line.
+    - ``offload_writes``: where write transactions run. Reads always run inline.
+      ``None`` (default): on the event loop while the adapter runs one turn at a time.
+      It moves to the adapter's worker thread as soon as turns overlap. So a disk flush
+      or another process's write lock never stalls the other turns. ``True``: always on
+      the worker thread (the event loop never waits on a write). ``False``: on the event
+      loop, for programs that run one turn at a time. A turn with one write saves six
+      thread switches. The exception is a write that another process's write lock keeps
+      busy. It waits for the lock on the worker thread. The writes that come meanwhile
+      follow it there.
+      On the worker thread, writes commit in groups. The writes of overlapping turns
+      queued while a commit flushes share the next transaction (one disk flush). Each
+      runs in a savepoint of its own, so that a failing one fails alone. Each is
+      acknowledged only after that transaction's ``COMMIT``. A write that finds the
+      worker idle runs alone at once, in its own transaction. So group commit needs no
+      option: it only ever joins writes that would otherwise have waited in line.
     - ``trace``: called with ``"writer"`` or ``"reader"`` and the text of every statement
-      that connection runs, from its opening on, in the thread that runs it (the worker
-      thread is named ``ik-sqlite``). For logging, counting statements per turn, or
-      seeing where writes run. It runs inside the statement: it must be quick and must
-      not raise.
+      that connection runs, from its opening on. It is called in the thread that runs
+      the statement; the worker thread is named ``ik-sqlite``. It serves logging,
+      counting statements per turn, or seeing where writes run. It runs inside the
+      statement: it must be quick and must not raise.
     - ``seam``: a testing seam into the worker thread, for tests of group commit.
       It is :class:`intention_kernel.testing.sqlite.WriterProbe`; production passes none.
 
-    The lock file ``<path>.locks`` sits beside the database's real file (symlinks
-    resolved, so every path to one database shares one lock file); keep them on a local
-    file system (POSIX record locks are unreliable on network mounts).
+    The lock file ``<path>.locks`` sits beside the database's real file. Symlinks are
+    resolved, so every path to one database shares one lock file. Keep them on a local
+    file system: POSIX record locks are unreliable on network mounts.
     """
 
     def __init__(

@@ -1,17 +1,17 @@
 """The SQLite recorder's writes, as data: one module-level body per kind of write.
 
-A body is ``body(conn, *args)``: its arguments are plain values (text, numbers,
-``None``, tuples, lists, dicts of those), built by the recorder before the write is
-queued, so the same body runs alike inline on the event loop and on the worker thread,
-and no write closes over a record or runs a callback. A body never begins, commits or
-rolls back: it runs in the transaction its runner opened (see :mod:`._group`). A body
-that is not atomic writes with one statement, or with statements that may commit one
-by one.
+A body is ``body(conn, *args)``. Its arguments are plain values: text, numbers,
+``None``, and tuples, lists and dicts of those. The recorder builds them before the
+write is queued. So the same body runs alike inline on the event loop and on the
+worker thread. No write closes over a record or runs a callback. A body never begins,
+commits or rolls back. It runs in the transaction its runner opened (see
+:mod:`._group`). A body that is not atomic writes with one statement, or with
+statements that may commit one by one.
 
-A body's refusal (a fenced turn commit, a journal conflict, a receipt whose
-compare-and-set missed) is :class:`Refusal`; the recorder turns it into its typed
-error, where the record it names is known (``fenced(record, reason)``,
-``journal_conflict(entry)``...): each caller knows which body it ran, so the refusal
+A body's refusal is :class:`Refusal`. Examples are a fenced turn commit, a journal
+conflict, or a receipt whose compare-and-set missed. The recorder turns it into its
+typed error, where the record it names is known (``fenced(record, reason)``,
+``journal_conflict(entry)``...). Each caller knows which body it ran, so the refusal
 needs no kind.
 
 The turn protocol's fault point inside a commit (``DURING_COMMIT``) is reached where
@@ -21,11 +21,11 @@ the body runs, in the thread that runs it.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from intention_kernel import _faults
-from intention_kernel.durability.records import ThreadOwner
+from intention_kernel.durability._contract.records import ThreadOwner
 from intention_kernel.durability.sqlite._statements import (
     BUMP_THREAD_SEQ,
     CLAIM_TIMERS,
@@ -105,11 +105,17 @@ def commit_turn(
     index: tuple[Sequence[tuple[str, str]], Sequence[str], int] | None,
     timers: TimerRows | None = None,
 ) -> None:
-    """A turn's commit: its row, the thread's row (a compare-and-set of its version),
-    its checkpoint's rows and its events. ``turn``: the ``ik_turns`` row; ``trim``:
-    ``(trim_messages, keep_messages)``; ``events``: rows without their ``seq``;
-    ``index``: ``(receipt_index, moved_index_keys, trim_index)``, ``None`` when the
-    turn left the receipt index as it was. ``timers``: the timer rows the turn writes."""
+    """A turn's commit: its row, the thread's row, its checkpoint's rows and its events.
+
+    The thread's row is a compare-and-set of its version.
+
+    - ``turn``: the ``ik_turns`` row;
+    - ``trim``: ``(trim_messages, keep_messages)``;
+    - ``events``: rows without their ``seq``;
+    - ``index``: ``(receipt_index, moved_index_keys, trim_index)``, ``None`` when the
+      turn left the receipt index as it was;
+    - ``timers``: the timer rows the turn writes.
+    """
     thread_id, turn_id = turn[0], turn[1]
     try:
         conn.execute(INSERT_TURN, turn)
@@ -180,8 +186,9 @@ def write_timers(
     now: str,
     events: Sequence[tuple[Any, ...]],
 ) -> None:
-    """Timer writes outside a turn (under the thread's lock) and their events, each at
-    the thread's next sequence number (``events``: rows without it)."""
+    """Timer writes outside a turn (under the thread's lock) and their events.
+
+    Each event takes the thread's next sequence number. ``events`` are rows without it."""
     write_timer_rows(conn, timers)
     for event in events:
         seq = conn.execute(BUMP_THREAD_SEQ, (thread_id, now)).fetchone()[0] - 1
@@ -207,8 +214,10 @@ def write_index(
     moved: Sequence[str] = (),
     trim: int = 0,
 ) -> None:
-    """The receipt index's rows: the ``moved`` keys' rows deleted, ``appended`` numbered
-    up to ``receipt_seq`` (the thread's number after this write), the ``trim`` oldest
+    """The receipt index's rows.
+
+    The ``moved`` keys' rows are deleted. ``appended`` are numbered up to
+    ``receipt_seq``, the thread's number after this write. The ``trim`` oldest are
     deleted. The order is the delta's: trimming after appending may drop new rows too."""
     if moved:
         conn.executemany(DELETE_INDEX_KEY, [(thread_id, key) for key in moved])
@@ -268,10 +277,16 @@ def remove_inbox(conn: sqlite3.Connection, thread_id: str, turn_id: str) -> int:
 
 
 def request_cancel(
-    conn: sqlite3.Connection, row: tuple[Any, ...], owner: ThreadOwner | None
+    conn: sqlite3.Connection,
+    row: tuple[Any, ...],
+    owner: ThreadOwner | None,
+    running: Callable[[], bool],
 ) -> str:
     """A stop request, atomic: ``"committed"`` (nothing written), ``"dequeued"``,
-    ``"requested"`` or ``"not-found"`` (see ``InboxRecorder.request_cancel``)."""
+    ``"requested"`` or ``"not-found"`` (see ``InboxRecorder.request_cancel``).
+
+    ``running``: whether a delivery of the turn runs in any process. Its queued copy
+    then stays: the turn answers ``"requested"``, and the copy replays its commit."""
     thread_id, turn_id = row[:2]
     if owner is not None:
         found = conn.execute(SELECT_COMMITTED_TENANT, (thread_id,)).fetchone()
@@ -286,6 +301,8 @@ def request_cancel(
         if queued is not None and queued[0] != owner.tenant_id:
             return "not-found"
     conn.execute(INSERT_CANCEL, row)
+    if running():
+        return "requested"
     removed = conn.execute(DEQUEUE_UNSTARTED, (thread_id, turn_id)).rowcount
     return "dequeued" if removed else "requested"
 
@@ -331,8 +348,9 @@ def resolve_receipt(
     now: str,
     event: tuple[Any, ...],
 ) -> None:
-    """An operator's resolution: the receipt's compare-and-set and the event that
-    says so, at the thread's next sequence number (``event``: a row without it)."""
+    """An operator's resolution: the receipt's compare-and-set and the event that says so.
+
+    The event takes the thread's next sequence number. ``event`` is a row without it."""
     update_receipt(conn, settles, params)
     seq = conn.execute(BUMP_THREAD_SEQ, (thread_id, now)).fetchone()[0] - 1
     conn.execute(INSERT_EVENT, (event[0], event[1], event[2], seq, event[3], event[4], event[5]))

@@ -1,55 +1,76 @@
-"""The SQLite adapter's worker thread, which commits the writes queued together in one
-transaction (group commit).
+"""The SQLite adapter's worker thread, which commits queued writes together.
 
-- **Groups form by themselves, with no timer.** The thread takes every write queued
-  while it was busy (the previous group's ``COMMIT`` is what it was usually waiting
-  on) and runs them as one group: ``BEGIN IMMEDIATE``, each write, one ``COMMIT``, so
-  that overlapping turns share one disk flush instead of paying one each. A write that
-  finds the thread idle runs alone at once, so a lone write never waits for company.
-- **A savepoint per atomic write.** Inside a group, a write whose statements must
-  commit together (``atomic``: a turn's commit) runs between ``SAVEPOINT`` and
-  ``RELEASE``; if it fails (a fenced turn) it rolls back to its savepoint, so only its
-  own caller sees the error and its group-mates commit. A write that is not atomic (a
-  receipt's claim or outcome, a journal entry) needs none: alone, each of its
-  statements autocommits when it ends, so a failure there keeps the statements before
-  it too; in a group those stay in the transaction and commit with it, the same
-  outcome. The statement that fails is undone by SQLite itself (a statement rollback),
-  which leaves the transaction open and the group-mates' rows in it. A write alone in
-  its group needs no savepoint: it runs in its own transaction (or as autocommitted
-  statements), exactly as before group commit.
-- **Acknowledged only after ``COMMIT``.** No caller's future is settled before the
-  group's ``COMMIT`` has returned: until then nothing of the group is on disk. If
-  ``COMMIT`` fails, or SQLite rolls the whole transaction back under a write (a full
-  disk, an I/O error), every write already run in the group fails with that error and
-  none is acknowledged; the fence and the turn-ID key make the caller's retry safe.
-- **Other calls run alone, in order.** Opening and closing the connection, and a
-  read that had to hop, are not writes: each one ends the group being collected and
-  runs by itself after it, outside any transaction.
-- **Nothing that holds a statement leaves the thread.** A cursor of the writer's
-  connection resets its statement when it is freed, on whatever thread frees it. A
-  cursor (``executemany`` keeps its statement) freed on the event loop while this
-  thread runs the same cached statement again breaks that statement: SQLite answers
-  ``bad parameter or other API misuse``, and the write fails. So a cursor handed back
-  is closed here first, and an error's traceback frames (whose locals may hold
-  cursors) are cleared here before the error is handed over.
-- **Every call is counted until the thread is done with it** (:attr:`GroupWriter.idle`):
-  the count drops only when the thread has settled the call, after its ``COMMIT``,
-  so the event loop may use the connection itself (an inline write or read) only
-  when nothing is queued or running here. The count does not drop when a caller
-  stops waiting: the thread still runs the call to its end.
-- **The thread never dies of a write.** Whatever a group's own statements raise
-  (``BEGIN``, a savepoint, ``COMMIT``), the transaction is rolled back and every
-  write of the group fails with the error; without that, one failed statement would
-  stop the thread and leave every later write waiting for ever.
-- **A call's future cannot be cancelled by its caller** (:class:`_CallFuture`): a task
-  cancelled while it awaits one sees its ``CancelledError`` only once the thread has
-  settled the call, so a caller never goes on (and releases its thread lock) while
-  its write may still run. Without a shield around each call, which would cost a
-  second future and a callback per hop.
-- **Handed off with a queue put and one ``call_soon_threadsafe`` back per group.**
-  Not ``loop.run_in_executor`` over a one-thread pool: that wraps every call in a
-  ``concurrent.futures.Future`` and then in an asyncio future chained to it, about
-  twice the cost of this hand-off, and a turn makes a hop per commit.
+The writes queued together share one transaction: a group commit.
+
+- **Groups form by themselves, with no timer.**
+  The thread takes every write queued while it was busy.
+  It was usually busy waiting on the previous group's ``COMMIT``.
+  It runs them as one group: ``BEGIN IMMEDIATE``, each write, one ``COMMIT``.
+  So overlapping turns share one disk flush instead of paying one each.
+  A write that finds the thread idle runs alone at once.
+  So a lone write never waits for company.
+- **A savepoint per atomic write.**
+  An ``atomic`` write has statements that must commit together, as a turn's commit does.
+  Inside a group it runs between ``SAVEPOINT`` and ``RELEASE``.
+  If it fails (a fenced turn), it rolls back to its savepoint.
+  So only its own caller sees the error, and its group-mates commit.
+- A write that is not atomic needs no savepoint.
+  A receipt's claim or outcome, or a journal entry, is such a write.
+  Alone, each of its statements autocommits when it ends.
+  So a failure there keeps the statements before it too.
+  In a group those statements stay in the transaction and commit with it.
+  The outcome is the same.
+- SQLite itself undoes the statement that fails (a statement rollback).
+  That leaves the transaction open, with the group-mates' rows in it.
+- A write alone in its group needs no savepoint.
+  It runs in its own transaction, or as autocommitted statements.
+  That is exactly how it ran before group commit.
+- **Acknowledged only after ``COMMIT``.**
+  No caller's future is settled before the group's ``COMMIT`` has returned.
+  Until then, nothing of the group is on disk.
+  ``COMMIT`` may fail, or SQLite may roll the transaction back under a write.
+  A full disk or an I/O error does that.
+  Then every write already run in the group fails with that error.
+  None is acknowledged.
+  The fence and the turn-ID key make the caller's retry safe.
+- **Other calls run alone, in order.**
+  Opening and closing the connection are not writes.
+  Nor is a read that had to hop.
+  Each such call ends the group being collected.
+  It then runs by itself after that group, outside any transaction.
+- **Nothing that holds a statement leaves the thread.**
+  A cursor of the writer's connection resets its statement when it is freed.
+  That happens on whatever thread frees it.
+  ``executemany`` leaves a cursor that keeps its statement.
+  The event loop might free one while this thread reruns the same cached statement.
+  That breaks the statement: SQLite answers ``bad parameter or other API misuse``.
+  The write then fails.
+  So a cursor handed back is closed here first.
+  An error's traceback frames may hold cursors in their locals.
+  They are cleared here before the error is handed over.
+- **Every call is counted until the thread is done with it** (:attr:`GroupWriter.idle`).
+  The count drops only when the thread has settled the call, after its ``COMMIT``.
+  The event loop may use the connection itself only when nothing is queued or running here.
+  That covers an inline write or read.
+  The count does not drop when a caller stops waiting.
+  The thread still runs the call to its end.
+- **The thread never dies of a write.**
+  A group's own statements may raise: ``BEGIN``, a savepoint, ``COMMIT``.
+  Then the transaction is rolled back, and every write of the group fails with the error.
+  Without that, one failed statement would stop the thread.
+  Every later write would then wait for ever.
+- **A call's future cannot be cancelled by its caller** (:class:`_CallFuture`).
+  A task may be cancelled while it awaits one.
+  It sees its ``CancelledError`` only once the thread has settled the call.
+  So a caller never goes on while its write may still run.
+  In particular, it keeps its thread lock until then.
+  This needs no shield around each call.
+  A shield would cost a second future and a callback per hop.
+- **Handed off with a queue put, and one ``call_soon_threadsafe`` back per group.**
+  ``loop.run_in_executor`` over a one-thread pool would cost twice as much.
+  It wraps every call in a ``concurrent.futures.Future``.
+  Then it wraps that in an asyncio future chained to it.
+  A turn makes a hop per commit, so the cost counts.
 """
 
 from __future__ import annotations
@@ -81,9 +102,14 @@ GroupPoints = Callable[[GroupPoint, int], None]
 
 
 class WriteJob:
-    """One write: ``run(conn)`` inside a transaction that the writer opens (in a group)
-    or that ``solo(conn)`` opens itself (alone); ``error`` translates what it raised.
-    ``atomic``: its statements must commit together, so in a group it gets a savepoint."""
+    """One write, and how to run it in a group or alone.
+
+    In a group, ``run(conn)`` runs inside a transaction that the writer opens.
+    Alone, ``solo(conn)`` runs and opens its own transaction.
+    ``error`` translates what the write raised.
+    With ``atomic``, its statements must commit together.
+    So in a group it gets a savepoint.
+    """
 
     __slots__ = ("atomic", "error", "future", "loop", "run", "solo")
 
@@ -107,10 +133,12 @@ class WriteJob:
 class _CallFuture(asyncio.Future[Any]):
     """A call's future, settled only by the worker thread: it refuses ``cancel()``.
 
-    ``Task.cancel()`` first tries to cancel the future its task awaits; when that
-    refuses, asyncio marks the task and throws ``CancelledError`` into it as soon as
-    the future is settled, instead of its result. A future that a cancel did settle
-    would let the task go on while the thread still runs its call.
+    ``Task.cancel()`` first tries to cancel the future its task awaits.
+    When that refuses, asyncio marks the task instead.
+    It throws ``CancelledError`` into the task once the future is settled.
+    The task gets that instead of the result.
+    A future that a cancel did settle would let the task go on too early.
+    The thread would still be running its call.
     """
 
     __slots__ = ()
@@ -153,31 +181,40 @@ class GroupWriter:
         self._prepare: Callable[[sqlite3.Connection], None] = lambda _: None
         self._group_alone = group_alone
         self._points = points
-        self._pending = 0  # calls submitted and not yet settled (on the event loop's side)
+        self._pending = 0  # calls submitted and not yet settled (event loop's side)
         self.groups = 0  # groups committed (or failed), for tests and the benchmark
         self.grouped = 0  # writes run in groups of more than one
-        # A daemon: an adapter that is never closed must not keep the process alive.
+        # A daemon thread: an adapter that is never closed must not keep the process alive.
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
     def attach(
         self, conn: sqlite3.Connection, prepare: Callable[[sqlite3.Connection], None]
     ) -> None:
-        """The connection that writes run on, set once it is open and before any write;
-        ``prepare(conn)`` runs on the thread before each group."""
+        """Set the connection that writes run on.
+
+        It is set once the connection is open, before any write.
+        ``prepare(conn)`` runs on the thread before each group.
+        """
         self._conn = conn
         self._prepare = prepare
 
     @property
     def queued(self) -> int:
-        """Calls submitted and not yet settled (queued, running, or committed and not
-        yet handed back). Read on the event loop."""
+        """Calls submitted and not yet settled.
+
+        They are queued, running, or committed and not yet handed back.
+        Read it on the event loop.
+        """
         return self._pending
 
     @property
     def idle(self) -> bool:
-        """Whether no call is queued or running: only then may the event loop use the
-        connection itself. Read on the event loop."""
+        """Whether no call is queued or running.
+
+        Only then may the event loop use the connection itself.
+        Read it on the event loop.
+        """
         return not self._pending
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
@@ -196,9 +233,12 @@ class GroupWriter:
         *,
         atomic: bool = True,
     ) -> asyncio.Future[T]:
-        """Queue a write; its future is settled after the ``COMMIT`` that made it durable.
-        ``atomic=False``: ``run`` is one statement, or statements that may commit one by
-        one (see the module docstring), and runs in a group without a savepoint."""
+        """Queue a write, whose future is settled after the ``COMMIT`` that made it durable.
+
+        With ``atomic=False``, ``run`` is one statement.
+        Or it is statements that may commit one by one (see the module docstring).
+        It then runs in a group without a savepoint.
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = _CallFuture(loop=loop)
         self._pending += 1
@@ -215,7 +255,7 @@ class GroupWriter:
         jobs = self._jobs
         while True:
             first = jobs.get()
-            # Everything queued meanwhile (mostly: while the last COMMIT flushed) joins.
+            # Everything queued meanwhile joins, mostly while the last COMMIT flushed.
             queued = [first]
             with contextlib.suppress(Empty):
                 while True:
@@ -263,8 +303,11 @@ class GroupWriter:
             group = self._commit_group(conn, group)
 
     def _commit_group(self, conn: sqlite3.Connection, group: list[WriteJob]) -> list[WriteJob]:
-        """Run ``group`` in one transaction and settle it; answer the writes not run
-        yet when SQLite lost the transaction under one of them (a new group's)."""
+        """Run ``group`` in one transaction and settle it.
+
+        SQLite may lose the transaction under one of the writes.
+        Then it answers the writes not run yet, to form a new group.
+        """
         self.groups += 1
         if len(group) > 1:
             self.grouped += len(group)
@@ -280,13 +323,13 @@ class GroupWriter:
                     result = job.run(conn)
                 except BaseException as exc:
                     if not conn.in_transaction:
-                        # SQLite rolled the whole transaction back (a full disk, an I/O
-                        # error): what the writes before this one wrote is gone too.
+                        # SQLite rolled the whole transaction back (a full disk, an I/O error).
+                        # What the writes before this one wrote is gone too.
                         lost = exc
                         break
                     if atomic:
-                        # Without this rollback, the failed write's rows would commit
-                        # with the group (a fenced turn's rows among them).
+                        # Without this rollback, the failed write's rows would commit.
+                        # A fenced turn's rows would commit with the group.
                         conn.execute("ROLLBACK TO ik_write")
                         conn.execute("RELEASE ik_write")
                     done.append((job, None, exc))
@@ -299,8 +342,9 @@ class GroupWriter:
                     self._points("before_commit", len(group))
                 conn.execute("COMMIT")
         except BaseException as exc:
-            # BEGIN, a savepoint statement or COMMIT failed: nothing of the group is on
-            # disk, so every write fails, also those that ran (with their own error).
+            # BEGIN, a savepoint statement or COMMIT failed.
+            # Nothing of the group is on disk, so every write fails.
+            # A write that ran and failed keeps its own error.
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.rollback()
@@ -322,8 +366,11 @@ class GroupWriter:
         return []
 
     def _settle(self, outcomes: list[_Outcome]) -> None:
-        """Hand ``outcomes`` to their event loops, with one wake-up of each; on this
-        thread, first close the cursors among them and clear their errors' frames."""
+        """Hand ``outcomes`` to their event loops, with one wake-up of each.
+
+        First, on this thread, it closes the cursors among them.
+        It also clears their errors' frames.
+        """
         by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
         for future, loop, result, exc in outcomes:
             if isinstance(result, sqlite3.Cursor):
@@ -353,9 +400,12 @@ def _failed(job: WriteJob, exc: BaseException) -> _Outcome:
 
 
 def clear_frames(exc: BaseException) -> None:
-    """Clear the locals of the finished frames in the tracebacks of ``exc`` and of the
-    errors it was raised from, so that no cursor in them is freed on another thread.
-    The tracebacks keep their lines."""
+    """Clear the locals of the finished frames in the tracebacks of ``exc``.
+
+    The errors it was raised from are cleared too.
+    So no cursor in them is freed on another thread.
+    The tracebacks keep their lines.
+    """
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:

@@ -1,34 +1,44 @@
 """The SQLite recorder: the storage contract's reads and writes, as statements.
 
-Transactions per turn: one read, one commit per effect state change (``prepared``,
-then the outcome), and one commit for result + checkpoint + events; when turns
-overlap, the writes of different turns share transactions (see :mod:`._group`). A
-turn that records model rounds adds one read of its journal and one write per round
-recorded.
+Transactions per turn:
 
-Each write is a body of :mod:`._bodies` and its arguments, plain values: the body
-never begins, commits or rolls back (it runs in the transaction its runner opened),
-and its refusals are a plain ``Refusal`` that this module turns into the typed error
-naming the record. The callbacks of a write (``claim_effect``'s plan,
-``resolve_receipt``'s resolution) run here, never inside a body: the body is the
-fast path (a new key's first receipt), or the compare-and-set the callback decided
-on after a read. Under the thread lock nobody else writes the thread's receipts, so
-the read and the write need not share a transaction.
+- one read;
+- one commit per effect state change: ``prepared``, then the outcome;
+- one commit for result + checkpoint + events.
+
+When turns overlap, the writes of different turns share transactions (see
+:mod:`._group`). A turn that records model rounds adds one read of its journal. It
+adds one write per round recorded.
+
+Each write is a body of :mod:`._bodies` and its arguments, plain values. The body
+never begins, commits or rolls back: it runs in the transaction its runner opened.
+Its refusals are a plain ``Refusal``. This module turns them into the typed error
+naming the record. The callbacks of a write run here, never inside a body. They are
+``claim_effect``'s plan and ``resolve_receipt``'s resolution. The body is the fast
+path (a new key's first receipt), or the compare-and-set the callback decided on
+after a read. Under the thread lock nobody else writes the thread's receipts. So the
+read and the write need not share a transaction.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any
 
+from intention_kernel._effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel._json import dump_value
-from intention_kernel.durability._rows import (
+from intention_kernel._turns import EventDraft, OutboxEvent
+from intention_kernel.durability._contract.ownership import ANY_TENANT, cancel_scope
+from intention_kernel.durability._contract.recorders import replay_or_lock_and_begin
+from intention_kernel.durability._layout.rows import (
     OUTBOX_COLUMNS,
     decode_delivery_row,
     decode_event_row,
+    decode_inbox_rows,
     decode_receipt_row,
     fenced,
     inbox_conflict,
@@ -38,7 +48,7 @@ from intention_kernel.durability._rows import (
     receipt_write,
     stored_thread,
 )
-from intention_kernel.durability._timer_rows import decode_timer, split_writes
+from intention_kernel.durability._layout.timer_rows import decode_timer, split_writes, timer_filters
 from intention_kernel.durability.abc import (
     INTERACTION_MARKER,
     CheckpointRewrite,
@@ -62,14 +72,13 @@ from intention_kernel.durability.abc import (
     TurnRecord,
     TurnStart,
 )
-from intention_kernel.durability.contract import replay_or_lock_and_begin
-from intention_kernel.durability.ownership import ANY_TENANT, cancel_scope
 from intention_kernel.durability.sqlite import _bodies as bodies
 from intention_kernel.durability.sqlite._bodies import Refusal
 from intention_kernel.durability.sqlite._connection import SQLiteConnections
 from intention_kernel.durability.sqlite._statements import (
     PENDING_THREADS,
     READ_RECEIPTS,
+    RELEASE_STEER,
     SCAN_THREADS,
     SELECT_BACKLOG,
     SELECT_CANCEL,
@@ -95,9 +104,7 @@ from intention_kernel.durability.sqlite._statements import (
     STALE_JOURNALS,
     TAKE_STEERS,
 )
-from intention_kernel.effects import EffectPlan, Receipt, ReceiptStatus, utcnow
 from intention_kernel.errors import FencedCommitError
-from intention_kernel.turns import EventDraft, OutboxEvent
 
 __all__ = ["SQLiteRecorder"]
 
@@ -122,7 +129,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
             return await self._read(lambda conn: _committed(conn, thread_id, turn_id), thread_id)
 
         return replay_or_lock_and_begin(
-            self, committed, thread_id, turn_id, known_version, wait=wait
+            self, committed, thread_id, turn_id, known_version, wait=wait, lock=self.turn_lock
         )
 
     async def begin_turn(
@@ -157,7 +164,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
         return await self._read(read, thread_id)
 
     async def commit_turn(self, record: TurnRecord) -> None:
-        now = record.created_at.isoformat()
+        now, rows = record.created_at.isoformat(), record.rows
         params = {
             "thread_id": record.thread_id,
             "tenant_id": record.tenant_id,
@@ -165,10 +172,10 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
             "expected": record.expected_version,
             "schema_revision": record.schema_revision,
             "fingerprint": record.fingerprint,
-            "checkpoint": record.checkpoint,
+            "checkpoint": rows.core,
             "events": len(record.events),
-            "messages": len(record.messages),
-            "index": len(record.receipt_index),
+            "messages": len(rows.messages),
+            "index": len(rows.receipt_index),
             "now": now,
         }
         turn = (
@@ -180,22 +187,22 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
             now,
             dump_value(list(record.announced)) if record.announced else None,
         )
-        trim = (record.trim_messages, record.keep_messages) if record.trim_messages else None
+        trim = (rows.trim_messages, rows.keep_messages) if rows.trim_messages else None
         index = (
-            (record.receipt_index, record.moved_index_keys, record.trim_index)
-            if record.receipt_index or record.moved_index_keys or record.trim_index
+            (rows.receipt_index, rows.moved_index_keys, rows.trim_index)
+            if rows.receipt_index or rows.moved_index_keys or rows.trim_index
             else None
         )
         args = (
             turn,
             params,
-            record.messages,
+            rows.messages,
             trim,
-            record.facts,
-            record.removed_facts,
+            rows.facts,
+            rows.removed_facts,
             record.mark_announced,
             bool(record.journaled),
-            bool(record.rewrite),
+            bool(rows.rewrite),
             _event_rows(record.events, record.thread_id, record.turn_id, now),
             index,
             split_writes(record.timers, _stamp) if record.timers else None,
@@ -225,13 +232,7 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
     async def read_timers(
         self, thread_id: str | None, status: str | None, after: tuple[str, str] | None, limit: int
     ) -> list[Timer]:
-        params = {
-            "thread_id": thread_id,
-            "status": status,
-            "after_thread": after[0] if after else None,
-            "after_key": after[1] if after else None,
-            "limit": limit,
-        }
+        params = timer_filters(thread_id, status, after, limit)
 
         def read(conn: sqlite3.Connection) -> list[Timer]:
             rows = conn.execute(SELECT_TIMERS, params).fetchall()
@@ -320,7 +321,8 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
 
     async def read_inbox(self, thread_id: str) -> list[InboxEntry]:
         def read(conn: sqlite3.Connection) -> list[InboxEntry]:
-            return _entries(thread_id, conn.execute(SELECT_INBOX, (thread_id,)).fetchall())
+            rows = conn.execute(SELECT_INBOX, (thread_id,)).fetchall()
+            return decode_inbox_rows(thread_id, rows, datetime.fromisoformat)
 
         return await self._read(read, thread_id)
 
@@ -334,10 +336,18 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
     async def take_steers(self, thread_id: str, turn_id: str) -> list[InboxEntry]:
         def take(conn: sqlite3.Connection) -> list[InboxEntry]:
             conn.execute(TAKE_STEERS, (thread_id, turn_id))
-            return _entries(thread_id, conn.execute(SELECT_TAKEN, (thread_id, turn_id)).fetchall())
+            rows = conn.execute(SELECT_TAKEN, (thread_id, turn_id)).fetchall()
+            return decode_inbox_rows(thread_id, rows, datetime.fromisoformat)
 
         taken: list[InboxEntry] = await self._write(take, (), thread_id, atomic=True)
         return taken
+
+    async def release_steer(self, thread_id: str, turn_id: str, taken_by: str) -> bool:
+        def release(conn: sqlite3.Connection) -> int:
+            return conn.execute(RELEASE_STEER, (thread_id, turn_id, taken_by)).rowcount
+
+        released: int = await self._write(release, (), thread_id)
+        return released == 1
 
     async def remove_inbox(self, thread_id: str, turn_id: str) -> bool:
         removed: int = await self._write(bodies.remove_inbox, (thread_id, turn_id), thread_id)
@@ -353,7 +363,10 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
     ) -> str:
         scope = ANY_TENANT if owner is None else cancel_scope(owner.tenant_id)
         row = (thread_id, turn_id, reason, _stamp(at), scope)
-        found: str = await self._write(bodies.request_cancel, (row, owner), thread_id, atomic=True)
+        running = functools.partial(self.running, thread_id, turn_id)
+        found: str = await self._write(
+            bodies.request_cancel, (row, owner, running), thread_id, atomic=True
+        )
         return found
 
     async def thread_version(self, thread_id: str) -> int:
@@ -547,17 +560,17 @@ class SQLiteRecorder(SQLiteConnections, Recorder, InboxRecorder, StreamRecorder,
         return await self._read(read)
 
     async def rewrite_checkpoint(self, rewrite: CheckpointRewrite) -> None:
-        thread_id = rewrite.thread_id
+        thread_id, rows = rewrite.thread_id, rewrite.rows
         thread = (
-            rewrite.checkpoint,
+            rows.core,
             rewrite.schema_revision,
             rewrite.fingerprint,
-            len(rewrite.messages),
-            len(rewrite.receipt_index),
+            len(rows.messages),
+            len(rows.receipt_index),
             thread_id,
             rewrite.version,
         )
-        args = (thread, rewrite.messages, rewrite.facts, rewrite.receipt_index)
+        args = (thread, rows.messages, rows.facts, rows.receipt_index)
         try:
             await self._write(bodies.rewrite_checkpoint, args, thread_id, atomic=True)
         except Refusal as refused:
@@ -660,13 +673,3 @@ def _event_rows(
     events: Sequence[EventDraft], thread_id: str, turn_id: str | None, now: str
 ) -> list[tuple[Any, ...]]:
     return [(e.id, thread_id, turn_id, e.type, dump_value(e.payload), now) for e in events]
-
-
-def _entries(thread_id: str, rows: list[Any]) -> list[InboxEntry]:
-    """Inbox rows (``SELECT_INBOX``'s columns) as entries."""
-    return [
-        InboxEntry(
-            thread_id, r[0], r[1], r[2], r[3], datetime.fromisoformat(r[4]), r[5], bool(r[6]), r[7]
-        )
-        for r in rows
-    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from intention_kernel.effects import utcnow
+from intention_kernel._effects import utcnow
 from intention_kernel.errors import StoreError
 
 __all__ = ["HAS_SCHEMA_TABLE", "MIGRATIONS", "migrate"]
@@ -61,9 +61,9 @@ MIGRATIONS: tuple[str, ...] = (
         UNIQUE (thread_id, seq)
     );
     """,
-    # 2: checkpoints in pieces. ``ik_threads.checkpoint`` becomes the core document;
-    # a thread's checkpoint still stored whole (by version 1) is read as it is and
-    # split on its next commit. ``message_seq`` numbers the thread's messages. Facts
+    # 2: checkpoints in pieces. ``ik_threads.checkpoint`` becomes the core document. A
+    # thread's checkpoint still stored whole (by version 1) is read as it is. Its next
+    # commit splits it. ``message_seq`` numbers the thread's messages. Facts
     # keep their rowid when replaced, so ``ORDER BY rowid`` is recording order.
     """
     ALTER TABLE ik_threads ADD COLUMN message_seq INTEGER NOT NULL DEFAULT 0;
@@ -80,11 +80,13 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (thread_id, key)
     );
     """,
-    # 3: operations. Publication state of each outbox event for the relay (the partial
-    # index holds only what is left to publish, so it stays small while the relay keeps
-    # up); whether a completed receipt's write was announced, set for existing ones
-    # whose turn committed or that an operator resolved (the rule they were announced
-    # by); and retention: a turn whose result was pruned keeps its row, marked.
+    # 3: operations.
+    # - Publication state of each outbox event for the relay. The partial index holds
+    #   only what is left to publish, so it stays small while the relay keeps up.
+    # - Whether a completed receipt's write was announced. It is set for existing ones
+    #   whose turn committed or that an operator resolved: the rule they were
+    #   announced by.
+    # - Retention: a turn whose result was pruned keeps its row, marked.
     """
     ALTER TABLE ik_outbox ADD COLUMN published_at TEXT;
     ALTER TABLE ik_outbox ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
@@ -99,29 +101,31 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE t.thread_id = ik_receipts.thread_id AND t.turn_id = ik_receipts.turn_id));
     ALTER TABLE ik_turns ADD COLUMN pruned_at TEXT;
     """,
-    # 4: each receipt records its tenant, the tenant of the turn that first prepared it
-    # (see ``ThreadOwner``: a thread with no committed turn belongs to the tenant of its
-    # first receipt). Existing receipts of a committed thread take its owner, the only
-    # tenant whose turns could write them; those of a thread with no committed turn
-    # keep NULL (no tenant), which refuses any tenant's turn there: unknown fails closed.
+    # 4: each receipt records its tenant, the tenant of the turn that first prepared it.
+    # See ``ThreadOwner``: a thread with no committed turn belongs to the tenant of its
+    # first receipt. Existing receipts of a committed thread take its owner. That is
+    # the only tenant whose turns could write them. Those of a thread with no committed
+    # turn keep NULL (no tenant). NULL refuses any tenant's turn there: unknown fails
+    # closed.
     """
     ALTER TABLE ik_receipts ADD COLUMN tenant_id TEXT;
     UPDATE ik_receipts SET tenant_id = (
         SELECT th.tenant_id FROM ik_threads th
         WHERE th.thread_id = ik_receipts.thread_id AND th.version > 0);
     """,
-    # 5: a turn row lists the receipts its effect.completed events announced (a JSON
-    # array of keys, NULL for none): a receipt that the turn named by its ``turn_id``
-    # completed and announced needs no mark of its own (see ``TurnRecord``), which
-    # saves a statement and a page per effect in every commit. Existing receipts keep
-    # their marks.
+    # 5: a turn row lists the receipts its effect.completed events announced. It is a
+    # JSON array of keys, NULL for none. Take a receipt that the turn named by its
+    # ``turn_id`` completed and announced. It needs no mark of its own (see
+    # ``TurnRecord``). That saves a statement and a page per effect in every commit.
+    # Existing receipts keep their marks.
     """
     ALTER TABLE ik_turns ADD COLUMN announced TEXT;
     """,
-    # 6: the journal (``JournalRecorder``): what a turn recorded before its commit, one
-    # row per (thread, turn, key), read back in rowid (write) order. It holds only the
-    # turns in flight and those that never committed (a commit deletes its own rows), so
-    # retention's scan by ``created_at`` needs no index, which every write would pay for.
+    # 6: the journal (``JournalRecorder``): what a turn recorded before its commit. It
+    # has one row per (thread, turn, key), read back in rowid (write) order. It holds
+    # only the turns in flight and those that never committed. (A commit deletes its
+    # own rows.) So retention's scan by ``created_at`` needs no index. Every write
+    # would pay for one.
     """
     CREATE TABLE ik_journal (
         thread_id      TEXT NOT NULL,
@@ -138,9 +142,9 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE ik_receipts ADD COLUMN actor TEXT;
     """,
-    # 8: the checkpoint's receipt index in rows of its own, numbered by ``receipt_seq``,
-    # so that the thread row stays under one page. A core stored before holds its index:
-    # it is read as it is, and its thread's next commit moves the index into rows.
+    # 8: the checkpoint's receipt index in rows of its own, numbered by ``receipt_seq``.
+    # So the thread row stays under one page. A core stored before holds its index. It
+    # is read as it is, and its thread's next commit moves the index into rows.
     """
     ALTER TABLE ik_threads ADD COLUMN receipt_seq INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE ik_receipt_index (
@@ -189,12 +193,12 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     """,
     # 11: each journal entry records its tenant, the tenant of the turn that wrote it. An
-    # entry claims a thread with no committed turn, as a receipt does (``ThreadOwner``),
-    # and only its tenant's turn may read it. Without it, another tenant delivering the
+    # entry claims a thread with no committed turn, as a receipt does (``ThreadOwner``).
+    # Only its tenant's turn may read it. Without it, another tenant delivering the
     # same thread and turn IDs went on from the first tenant's model responses. Existing
-    # entries on a committed thread take its owner, the only tenant whose turns could
-    # write them; the others keep NULL (no tenant), as migration 4 left receipts:
-    # unknown fails closed, until retention prunes them.
+    # entries on a committed thread take its owner. That is the only tenant whose turns
+    # could write them. The others keep NULL (no tenant), as migration 4 left receipts.
+    # Unknown fails closed, until retention prunes them.
     """
     ALTER TABLE ik_journal ADD COLUMN tenant_id TEXT;
     UPDATE ik_journal SET tenant_id = (
@@ -202,9 +206,9 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE th.thread_id = ik_journal.thread_id AND th.version > 0);
     """,
     # 12: LangGraph's checkpoints, for ``KernelSaver`` (a graph driven by its own
-    # application). A checkpoint row holds the serialized checkpoint and its metadata;
-    # a write row one pending write of a task (``run_id``: the metadata's, for
-    # ``delete_for_runs``). ``ik_lg_heads`` names each namespace's
+    # application). A checkpoint row holds the serialized checkpoint and its metadata.
+    # A write row holds one pending write of a task. Its ``run_id`` is the metadata's,
+    # for ``delete_for_runs``. ``ik_lg_heads`` names each namespace's
     # latest checkpoint: a put moves it only from the parent it names (compare-and-set).
     """
     CREATE TABLE ik_lg_checkpoints (
@@ -239,10 +243,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (thread_id, checkpoint_ns)
     ) WITHOUT ROWID;
     """,
-    # 13: a streamed turn's events, by segment (``StreamRecorder``): written with the
-    # journal entry of each round, kept after the commit deletes the entry, read by
-    # the turn's watchers in any process. The entry carries its segment, and a trigger
-    # copies it: one autocommitted statement per round, as before.
+    # 13: a streamed turn's events, by segment (``StreamRecorder``). They are written
+    # with the journal entry of each round. They are kept after the commit deletes the
+    # entry. The turn's watchers read them in any process. The entry carries its
+    # segment, and a trigger copies it: one autocommitted statement per round, as before.
     """
     CREATE TABLE IF NOT EXISTS ik_streams (
         thread_id  TEXT NOT NULL,
@@ -305,22 +309,23 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE ik_cancels_scoped RENAME TO ik_cancels;
     """,
     # 16: steering (``on_busy="steer"``). ``steer`` marks a message for the running
-    # turn; ``taken_by`` names the turn whose round boundary took it, written before
-    # that round's journal entry. A taken entry never runs as a turn of its own: its
-    # turn ID replays the taker's result once the taker committed.
+    # turn. ``taken_by`` names the turn whose round boundary took it. It is written
+    # before that round's journal entry. A taken entry never runs as a turn of its own.
+    # Its turn ID replays the taker's result once the taker committed.
     """
     ALTER TABLE ik_inbox ADD COLUMN steer INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE ik_inbox ADD COLUMN taken_by TEXT;
     """,
-    # 17: an interrupt names its sender: one row per sender's turn ID and tenant scope
-    # (``ownership.cancel_scope``), with the seq of its inbox entry. A turn is stopped
-    # only by another sender of its tenant, accepted after its own entry. Keyed by the
-    # base version alone, a message finding an entry queued and nothing running stopped
-    # its own turn, and another tenant's message stopped a turn on an unowned thread.
+    # 17: an interrupt names its sender. There is one row per sender's turn ID and
+    # tenant scope (``ownership.cancel_scope``), with the seq of its inbox entry. A turn is stopped
+    # only by another sender of its tenant, accepted after its own entry. Before, rows
+    # were keyed by the base version alone. A message finding an entry queued and
+    # nothing running then stopped its own turn. Another tenant's message stopped a
+    # turn on an unowned thread.
     # Rows stored before keep their meaning: any sender (``''``), any tenant, the
     # largest seq. SQLite cannot change a key in place, so the table is built again.
-    # ``ik_inbox.started`` marks an entry whose turn began: a cancel no longer
-    # dequeues it (it answers ``"requested"``), as the turn runs on.
+    # ``ik_inbox.started`` marks an entry whose turn began. A cancel no longer
+    # dequeues it, as the turn runs on; it answers ``"requested"``.
     """
     ALTER TABLE ik_inbox ADD COLUMN started INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE ik_interrupts_by_sender (
@@ -365,7 +370,7 @@ def migrate(conn: sqlite3.Connection) -> None:
     current = conn.execute(SELECT_SCHEMA_VERSION).fetchone()[0]
     if current == len(MIGRATIONS):
         return
-    # BEGIN IMMEDIATE takes the write lock, so only one process migrates; the others
+    # BEGIN IMMEDIATE takes the write lock, so only one process migrates. The others
     # wait (busy_timeout), then see the new version and apply nothing.
     conn.execute("BEGIN IMMEDIATE")
     try:

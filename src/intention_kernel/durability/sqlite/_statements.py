@@ -1,9 +1,17 @@
-"""The SQLite adapter's statements, as named constants (the schema is in ``_schema``)."""
+"""The SQLite adapter's statements, as named constants (the schema is in ``_schema``).
+
+A statement PostgreSQL sends alike is written once, in
+:mod:`intention_kernel.durability._layout.sql`, and named here.
+"""
 
 from __future__ import annotations
 
-from intention_kernel.durability._rows import OUTBOX_COLUMNS, RECEIPT_COLUMNS, select_receipts
-from intention_kernel.durability._timer_rows import TIMER_COLUMNS
+from intention_kernel.durability._layout import sql as _sql
+from intention_kernel.durability._layout.rows import (
+    OUTBOX_COLUMNS,
+    RECEIPT_COLUMNS,
+)
+from intention_kernel.durability._layout.timer_rows import TIMER_COLUMNS
 
 SELECT_TURN = """
     SELECT t.request_digest, t.result, th.tenant_id, t.pruned_at
@@ -20,8 +28,8 @@ SELECT_THREAD_UNLESS_KNOWN = """
     FROM ik_threads WHERE thread_id = ?
 """
 
-READ_RECEIPTS = select_receipts(RECEIPT_COLUMNS)
-SELECT_RECEIPT = f"{READ_RECEIPTS} WHERE r.thread_id = ? AND r.key = ?"
+READ_RECEIPTS = _sql.READ_RECEIPTS
+SELECT_RECEIPT = _sql.SELECT_RECEIPT
 # Named parameters: the values are ``receipt_params``, shared with PostgreSQL.
 INSERT_RECEIPT = f"""
     INSERT INTO ik_receipts ({RECEIPT_COLUMNS})
@@ -29,8 +37,8 @@ INSERT_RECEIPT = f"""
             :created_at, :updated_at, :resolution, :announced, :tenant_id, :actor,
             :capability_id, :input, :approved_by)
 """
-# The tenant that claimed a thread with no committed turn: its first receipt's or, with
-# no receipt, its first journal entry's (a turn that recorded rounds and never
+# The tenant that claimed a thread with no committed turn: its first receipt's. With no
+# receipt, it is its first journal entry's (a turn that recorded rounds and never
 # committed). Each probe walks its table's primary key on ``thread_id``.
 SELECT_CLAIM = """
     SELECT tenant_id FROM (
@@ -55,14 +63,7 @@ UPDATE_RECEIPT = """
     WHERE thread_id = :thread_id AND key = :key
       AND status = :expected_status AND attempt = :expected_attempt
 """
-# The outcome of an attempt (see ``is_settlement``): the same compare-and-set, writing
-# only what an outcome changes.
-SETTLE_RECEIPT = """
-    UPDATE ik_receipts
-    SET status = :status, value = :value, error = :error, updated_at = :updated_at
-    WHERE thread_id = :thread_id AND key = :key
-      AND status = :expected_status AND attempt = :expected_attempt
-"""
+SETTLE_RECEIPT = _sql.SETTLE_RECEIPT
 # In the turn's commit: the effect.completed events it carries announce these receipts,
 # completed under another turn ID (see ``TurnRecord.mark_announced``).
 MARK_ANNOUNCED = """
@@ -76,7 +77,7 @@ INSERT_TURN = """
     VALUES (?, ?, ?, ?, ?, ?, ?)
 """
 # First commit of a thread. A row may already exist at version 0 (operator events
-# only); anything above 0 means another turn committed first, so the WHERE refuses.
+# only). Anything above 0 means another turn committed first, so the WHERE refuses.
 INSERT_THREAD = """
     INSERT INTO ik_threads (thread_id, tenant_id, version, schema_revision, fingerprint,
                             checkpoint, next_seq, updated_at, message_seq, receipt_seq)
@@ -93,8 +94,9 @@ INSERT_THREAD = """
 """
 # Later commits: fenced on the version and the owner this turn loaded, as PostgreSQL's
 # commit is. ``IS`` matches NULL (no tenant) too. The thread lock keeps other turns
-# out, but not another program writing the file: without the owner in the fence, a
-# turn that started as one tenant would commit over a thread another tenant now owns.
+# out, but not another program writing the file. Say the fence lacked the owner. A
+# turn that started as one tenant would then commit over a thread another tenant now
+# owns.
 UPDATE_THREAD = """
     UPDATE ik_threads
     SET version = :version, schema_revision = :schema_revision, fingerprint = :fingerprint,
@@ -106,16 +108,16 @@ UPDATE_THREAD = """
 # The checkpoint's rows (see ``TurnRecord``): messages numbered on from message_seq.
 INSERT_MESSAGE = "INSERT INTO ik_messages (thread_id, seq, body) VALUES (?, ?, ?)"
 TRIM_MESSAGES = "DELETE FROM ik_messages WHERE thread_id = ? AND seq > ? AND seq <= ?"
-DELETE_MESSAGES = "DELETE FROM ik_messages WHERE thread_id = ?"
+DELETE_MESSAGES = _sql.DELETE_MESSAGES
 # A replaced fact keeps its row (and rowid, hence its place in the order).
 UPSERT_FACT = """
     INSERT INTO ik_facts (thread_id, key, body) VALUES (?, ?, ?)
     ON CONFLICT (thread_id, key) DO UPDATE SET body = excluded.body
 """
 DELETE_FACT = "DELETE FROM ik_facts WHERE thread_id = ? AND key = ?"
-DELETE_FACTS = "DELETE FROM ik_facts WHERE thread_id = ?"
-# The receipt index's rows, numbered on from receipt_seq; a moved key's row is found
-# among the thread's few rows (at most ``Agent.max_receipts`` of them).
+DELETE_FACTS = _sql.DELETE_FACTS
+# The receipt index's rows, numbered on from receipt_seq. A moved key's row is found
+# among the thread's few rows: at most ``Agent.max_receipts`` of them.
 INSERT_INDEX = "INSERT INTO ik_receipt_index (thread_id, seq, key, body) VALUES (?, ?, ?, ?)"
 DELETE_INDEX_KEY = "DELETE FROM ik_receipt_index WHERE thread_id = ? AND key = ?"
 TRIM_INDEX = """
@@ -124,16 +126,8 @@ TRIM_INDEX = """
     )
 """
 DELETE_INDEX = "DELETE FROM ik_receipt_index WHERE thread_id = ?"
-# Operator events on a thread that may have no committed turn yet.
-BUMP_THREAD_SEQ = """
-    INSERT INTO ik_threads (thread_id, version, next_seq, updated_at) VALUES (?, 0, 2, ?)
-    ON CONFLICT (thread_id) DO UPDATE SET next_seq = ik_threads.next_seq + 1
-    RETURNING next_seq
-"""
-INSERT_EVENT = """
-    INSERT INTO ik_outbox (id, thread_id, turn_id, seq, type, payload, created_at)
-    VALUES (?, ?, ?, ?, ?, ?, ?)
-"""
+BUMP_THREAD_SEQ = _sql.BUMP_THREAD_SEQ
+INSERT_EVENT = _sql.INSERT_EVENT
 
 # -- the journal (see ``JournalRecorder``) --
 SELECT_JOURNAL = """
@@ -154,48 +148,39 @@ INSERT_JOURNAL_STREAMED = """
                             tenant_id, segment, events)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
-# Retention: a turn's stream goes with its result, or with its journal if it never
-# committed (a redelivery then records its segments again).
+# Retention: a turn's stream goes with its result. If the turn never committed, it
+# goes with its journal; a redelivery then records its segments again.
 DELETE_STREAM = "DELETE FROM ik_streams WHERE thread_id = ? AND turn_id = ?"
-SELECT_STREAM = """
-    SELECT segment, events FROM ik_streams WHERE thread_id = ? AND turn_id = ?
-    ORDER BY segment
-"""
+SELECT_STREAM = _sql.SELECT_STREAM
 # In the turn's commit, when the turn used the journal (``TurnRecord.journaled``).
 DELETE_JOURNAL = "DELETE FROM ik_journal WHERE thread_id = ? AND turn_id = ?"
 
 # -- the inbox (see ``InboxRecorder``) --
-SELECT_TURN_EXISTS = "SELECT 1 FROM ik_turns WHERE thread_id = ? AND turn_id = ?"
-SELECT_INBOX_ENTRY = "SELECT seq, request_digest FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
+SELECT_TURN_EXISTS = _sql.SELECT_TURN_EXISTS
+SELECT_INBOX_ENTRY = _sql.SELECT_INBOX_ENTRY
 INSERT_INBOX = """
     INSERT INTO ik_inbox
         (thread_id, turn_id, tenant_id, request_digest, request, created_at, steer)
     VALUES (?, ?, ?, ?, ?, ?, ?)
 """
-INBOX_POSITION = """
-    SELECT COUNT(*) FROM ik_inbox WHERE thread_id = ? AND seq <= ? AND taken_by IS NULL
-"""
-SELECT_INBOX = """
-    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
-    FROM ik_inbox WHERE thread_id = ? AND taken_by IS NULL ORDER BY seq
-"""
-# The turn that took a steer: its turn ID replays that turn's result.
-SELECT_TAKER = """
-    SELECT taken_by FROM ik_inbox
-    WHERE thread_id = ? AND turn_id = ? AND taken_by IS NOT NULL
-"""
+INBOX_POSITION = _sql.INBOX_POSITION
+SELECT_INBOX = _sql.SELECT_INBOX
+SELECT_TAKER = _sql.SELECT_TAKER
 # A round boundary of turn ?2 takes the steers nobody took (and those it took before).
 TAKE_STEERS = """
     UPDATE ik_inbox SET taken_by = ?2
     WHERE thread_id = ?1 AND steer = 1 AND taken_by IS NULL AND turn_id <> ?2
 """
-SELECT_TAKEN = """
-    SELECT turn_id, tenant_id, request_digest, request, created_at, seq, steer, taken_by
-    FROM ik_inbox WHERE thread_id = ? AND taken_by = ? ORDER BY seq
+# The steer ?2 back in the inbox, unless its taker ?3 committed. The caller holds the
+# lock and read ?3's journal: ?3 did not record it.
+RELEASE_STEER = """
+    UPDATE ik_inbox SET taken_by = NULL
+    WHERE thread_id = ?1 AND turn_id = ?2 AND taken_by = ?3
+      AND NOT EXISTS (SELECT 1 FROM ik_turns t WHERE t.thread_id = ?1 AND t.turn_id = ?3)
 """
-DELETE_INBOX = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
-# A cancel dequeues only an entry whose turn has not started; a started one runs on.
-DEQUEUE_UNSTARTED = "DELETE FROM ik_inbox WHERE thread_id = ? AND turn_id = ? AND started = 0"
+SELECT_TAKEN = _sql.SELECT_TAKEN
+DELETE_INBOX = _sql.DELETE_INBOX
+DEQUEUE_UNSTARTED = _sql.DEQUEUE_UNSTARTED
 START_QUEUED = "UPDATE ik_inbox SET started = 1 WHERE thread_id = ? AND turn_id = ?"
 SELECT_STARTED = "SELECT started FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
 # A request already there keeps its first reason: asking again changes nothing. Each
@@ -207,7 +192,7 @@ INSERT_CANCEL = """
 """
 # The tenant of a thread's committed turns, for a scoped stop request.
 SELECT_COMMITTED_TENANT = "SELECT tenant_id FROM ik_threads WHERE thread_id = ? AND version > 0"
-SELECT_INBOX_TENANT = "SELECT tenant_id FROM ik_inbox WHERE thread_id = ? AND turn_id = ?"
+SELECT_INBOX_TENANT = _sql.SELECT_INBOX_TENANT
 # One row per sender, with the seq of its entry (none left: it ran, nothing to stop).
 # The same sender asking twice asks one thing: the second request changes nothing.
 INSERT_INTERRUPT = """
@@ -215,7 +200,7 @@ INSERT_INTERRUPT = """
     SELECT ?1, ?2, ?3, ?4, seq, ?5 FROM ik_inbox WHERE thread_id = ?1 AND turn_id = ?3
     ON CONFLICT (thread_id, base_version, turn_id, scope) DO NOTHING
 """
-SELECT_VERSION = "SELECT version FROM ik_threads WHERE thread_id = ?"
+SELECT_VERSION = _sql.SELECT_VERSION
 # A cancel (kind 0) sorts before an interrupt (kind 1). An interrupt stops the turn
 # if another sender of its tenant asked it, accepted after the turn's own entry.
 SELECT_CANCEL = """
@@ -251,7 +236,7 @@ MARK_FAILED = """
     UPDATE ik_outbox SET attempts = ?, last_error = ?, retry_at = ?
     WHERE thread_id = ? AND seq = ? AND published_at IS NULL
 """
-SELECT_BACKLOG = "SELECT count(*), min(created_at) FROM ik_outbox WHERE published_at IS NULL"
+SELECT_BACKLOG = _sql.SELECT_BACKLOG
 SELECT_FAILING = f"""
     SELECT {OUTBOX_COLUMNS}, attempts, last_error, retry_at FROM ik_outbox
     WHERE published_at IS NULL AND attempts > 0 ORDER BY position LIMIT ?
@@ -286,8 +271,8 @@ PRUNE_EVENTS = """
         WHERE published_at IS NOT NULL AND created_at < ? ORDER BY position LIMIT ?)
 """
 # The turn row stays, so that a late delivery is refused (TurnExpiredError), not re-run.
-# Only turns that still hold a result are selected, after the cursor: a run never reads
-# the keys of turns pruned before. No index on the unpruned turns: it would cost one
+# Only turns that still hold a result are selected, after the cursor. So a run never
+# reads the keys of turns pruned before. No index on the unpruned turns: it would cost one
 # more index write per committed turn, and retention runs rarely.
 PRUNE_TURNS = """
     UPDATE ik_turns SET result = '', pruned_at = ?
@@ -297,23 +282,15 @@ PRUNE_TURNS = """
         ORDER BY thread_id, turn_id LIMIT ?)
     RETURNING thread_id, turn_id
 """
-# The stop requests of a pruned turn go with its result: it can never run again.
-PRUNE_CANCELS = "DELETE FROM ik_cancels WHERE thread_id = ? AND turn_id = ?"
+PRUNE_CANCELS = _sql.PRUNE_CANCELS
 # An interrupt older than the cutoff on a base the thread has moved past stops nothing.
 PRUNE_INTERRUPTS = """
     DELETE FROM ik_interrupts WHERE thread_id = ?1 AND created_at < ?2
     AND base_version < (SELECT version FROM ik_threads WHERE thread_id = ?1)
 """
-# A turn's journal is pruned whole (see ``operations.prune``): the turns whose newest
-# entry is older than the cutoff, in key order (the primary key's), after the cursor.
-STALE_JOURNALS = """
-    SELECT thread_id, turn_id FROM ik_journal
-    WHERE (thread_id, turn_id) > (?, ?)
-    GROUP BY thread_id, turn_id HAVING max(created_at) < ?
-    ORDER BY thread_id, turn_id LIMIT ?
-"""
-# Then each turn's entries, all or none, under its thread's lock: an entry written
-# since the scan (a redelivery that ran meanwhile) keeps them all.
+STALE_JOURNALS = _sql.STALE_JOURNALS
+# Then each turn's entries go, all or none, under its thread's lock. An entry written
+# since the scan keeps them all: a redelivery ran meanwhile.
 PRUNE_JOURNAL = """
     DELETE FROM ik_journal WHERE thread_id = ?1 AND turn_id = ?2 AND NOT EXISTS (
         SELECT 1 FROM ik_journal WHERE thread_id = ?1 AND turn_id = ?2 AND created_at >= ?3)
@@ -326,8 +303,8 @@ UPSERT_TIMER = f"""
     INSERT OR REPLACE INTO ik_timers ({TIMER_COLUMNS})
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
-DELETE_TIMER = "DELETE FROM ik_timers WHERE thread_id = ? AND key = ?"
-SELECT_TIMER = f"SELECT {TIMER_COLUMNS} FROM ik_timers WHERE thread_id = ? AND key = ?"
+DELETE_TIMER = _sql.DELETE_TIMER
+SELECT_TIMER = _sql.SELECT_TIMER
 # Keyset pages in (thread_id, key) order; each filter off when its parameter is NULL.
 SELECT_TIMERS = f"""
     SELECT {TIMER_COLUMNS} FROM ik_timers
@@ -346,8 +323,4 @@ CLAIM_TIMERS = f"""
         ORDER BY due_at LIMIT :limit)
     RETURNING {TIMER_COLUMNS}
 """
-PRUNE_TIMERS = """
-    DELETE FROM ik_timers WHERE (thread_id, key) IN (
-        SELECT thread_id, key FROM ik_timers
-        WHERE status != 'pending' AND settled_at < ? LIMIT ?)
-"""
+PRUNE_TIMERS = _sql.PRUNE_TIMERS

@@ -115,13 +115,19 @@ async function streamTurn(request, onEvent) {
 async function postTurn(body) {
   const request = { ...body, turn_id: newTurnId() };
   for (let attempt = 1; ; attempt += 1) {
-    state.live = { turnId: request.turn_id, message: body.message, text: "", steps: new Map() };
+    state.live = {
+      turnId: request.turn_id,
+      message: body.message,
+      text: "",
+      steps: new Map(),
+      notes: [],
+    };
     $("stop").hidden = false; // the turn runs: the operator may stop it
     $("stop").disabled = false;
     renderConversation();
     try {
       const result = await streamTurn(request, onTurnEvent);
-      rememberTurn(result);
+      rememberTurn(result, state.live.notes);
       return result;
     } catch (error) {
       const retryable = !(error instanceof ProblemError) || error.status === 503;
@@ -205,7 +211,20 @@ function onTurnEvent(event) {
   // A step reported again (superseded later in the turn) replaces its earlier status.
   else if (event.type === "step") live.steps.set(event.data.step_id, event.data);
   else if (event.type === "interaction") renderInteraction(event.data);
+  else if (INBOX_EVENTS.has(event.type)) live.notes.push(inboxNote(event));
   renderConversation();
+}
+
+// What the thread's inbox did to the turn as it streamed: one line per event.
+const INBOX_EVENTS = new Set(["queued", "steered", "interrupted", "cancelled"]);
+
+function inboxNote({ type, data }) {
+  let text;
+  if (type === "queued" && data.taken_by) text = `handed to turn ${data.taken_by}`;
+  else if (type === "queued") text = `waits in the inbox, place ${data.position}`;
+  else if (type === "steered") text = `took ${data.turn_id}'s message before round ${data.round}`;
+  else text = data.reply;
+  return { type, text };
 }
 
 function showBanner(message, kind = "error") {
@@ -254,10 +273,10 @@ function keptTurns() {
   }
 }
 
-function rememberTurn(result) {
+function rememberTurn(result, notes = []) {
   const turns = keptTurns();
   delete turns[result.turn_id]; // re-inserted last: the oldest are dropped first
-  turns[result.turn_id] = { steps: result.steps, replayed: result.replayed };
+  turns[result.turn_id] = { steps: result.steps, replayed: result.replayed, notes };
   const ids = Object.keys(turns);
   for (const id of ids.slice(0, Math.max(0, ids.length - KEPT_TURNS))) delete turns[id];
   sessionStorage.setItem(turnsKey(), JSON.stringify(turns));
@@ -292,10 +311,15 @@ function stepItem(step) {
 }
 
 // A turn's steps grouped by the round that ran them (one step list when it had one round).
-function stepsItem(turnId, steps, { replayed = false, live = false } = {}) {
+function stepsItem(turnId, steps, { replayed = false, live = false, notes = [] } = {}) {
   const item = el("li", live ? "turn-steps live" : "turn-steps");
   item.dataset.turn = turnId;
   if (replayed) item.append(el("span", "badge replayed", "replayed: nothing ran again"));
+  for (const note of notes) {
+    const line = el("div", `inbox-event ${note.type}`);
+    line.append(el("span", `badge ${note.type}`, note.type), el("span", "muted", note.text));
+    item.append(line);
+  }
   const rounds = new Map();
   for (const step of steps) {
     const round = step.round || 1;
@@ -325,7 +349,7 @@ function renderConversation() {
     const turn = turns[turnId];
     if (!turn || shown.has(turnId)) return;
     shown.add(turnId);
-    items.push(stepsItem(turnId, turn.steps, { replayed: turn.replayed }));
+    items.push(stepsItem(turnId, turn.steps, { replayed: turn.replayed, notes: turn.notes }));
   };
   for (const message of state.messages) {
     if (message.role !== "user") steps(message.turn_id);
@@ -335,7 +359,7 @@ function renderConversation() {
   if (live) {
     $("empty-thread").hidden = true;
     if (live.message !== undefined) items.push(messageItem("user", live.turnId, live.message));
-    items.push(stepsItem(live.turnId, [...live.steps.values()], { live: true }));
+    items.push(stepsItem(live.turnId, [...live.steps.values()], { live: true, notes: live.notes }));
     if (live.text) {
       const reply = messageItem("assistant", live.turnId, live.text);
       reply.classList.add("streaming");

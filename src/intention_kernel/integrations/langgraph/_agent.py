@@ -13,8 +13,9 @@ from langgraph.pregel import Pregel
 from langgraph.types import Command
 from pydantic_core import to_jsonable_python
 
-from intention_kernel.authority import Approvers
-from intention_kernel.capabilities import CapabilityContext, CapabilityResult
+from intention_kernel._authority import Approvers
+from intention_kernel._capabilities import CapabilityContext, CapabilityResult
+from intention_kernel._interpretation import Answer, Decision
 from intention_kernel.errors import CapabilityError, CorruptRecordError, EffectUncertainError
 from intention_kernel.integrations._bridge import (
     CLOSED_UNANSWERED,
@@ -33,7 +34,6 @@ from intention_kernel.integrations.langgraph._hitl import is_review, review_deci
 from intention_kernel.integrations.langgraph._model import JournalGuard, install_journal_cache
 from intention_kernel.integrations.langgraph._step import STEP, KernelStep
 from intention_kernel.integrations.langgraph._tools import ToolSeam
-from intention_kernel.interpretation import Answer, Decision
 
 __all__ = ["KernelAgent"]
 
@@ -57,20 +57,26 @@ def default_output(state: Any) -> Any:
 class KernelAgent(BridgeAgent):
     """A compiled LangGraph graph whose runs are turns of an intention-kernel thread.
 
-    ``name`` names the kernel capability (``<name>.agent``) and the agent
-    (:meth:`as_agent`). ``writes`` maps each write tool's name to the function that
-    derives its business operation ID from the call's arguments; ``reads`` names the
-    tools that only read. Every tool of every ``ToolNode`` must be in one of the two.
-    ``approve`` names the write tools the person must accept, call by call, before
-    they run. ``prompt`` renders an approval's question from the tool's name and
-    arguments. ``read_answer`` reads a message sent while an approval is pending as the
-    person's answer, or ``None`` when it is not one. ``approve_within`` is how long an
-    approval stays open (``None``: until answered); the run then reads it as rejected.
-    ``approvers`` and ``self_approval`` say who may answer its approvals, as for
-    ``@capability`` (:mod:`intention_kernel.authority`).
-    ``to_input`` makes the graph's input from a message, ``to_reply`` the reply from
-    its final state. ``context`` is LangGraph's run context; ``config`` is merged into
-    every run's config (``recursion_limit``, tags).
+    ``name`` names the kernel capability (``<name>.agent``).
+    It also names the agent (:meth:`as_agent`).
+    ``writes`` maps each write tool's name to a key function.
+    That function derives the business operation ID from the call's arguments.
+    ``reads`` names the tools that only read.
+    Every tool of every ``ToolNode`` must be in one of the two.
+    ``approve`` names the write tools the person must accept before they run.
+    The person accepts them call by call.
+    ``prompt`` renders an approval's question from the tool's name and arguments.
+    ``read_answer`` reads a message sent while an approval is pending.
+    It returns the person's answer, or ``None`` when the message is not one.
+    ``approve_within`` is how long an approval stays open.
+    With ``None``, it stays open until answered.
+    When it closes, the run reads it as rejected.
+    ``approvers`` and ``self_approval`` say who may answer its approvals.
+    They work as for ``@capability`` (see the guide *Who may approve*).
+    ``to_input`` makes the graph's input from a message.
+    ``to_reply`` makes the reply from the graph's final state.
+    ``context`` is LangGraph's run context.
+    ``config`` is merged into every run's config (``recursion_limit``, tags).
 
     Raises :class:`~intention_kernel.CompilationError` when a tool is not listed, or
     a listed write or approval names no tool of a ``ToolNode``.
@@ -140,8 +146,8 @@ class KernelAgent(BridgeAgent):
             return await self._resume(ctx, conversation, calls, ctx.answer)
         run = await _Run.start(self, ctx, conversation)
         if conversation.pending:
-            # The approval closed without an answer (it expired, or an operator
-            # resolved it): the graph reads it as rejected before the new message.
+            # The approval closed without an answer: it expired, or an operator resolved it.
+            # The graph reads it as rejected before the new message.
             closed = {
                 "decision": "reject",
                 "reason": CLOSED_UNANSWERED,
@@ -161,8 +167,8 @@ class KernelAgent(BridgeAgent):
         answer: Answer,
     ) -> CapabilityResult:
         run = await _Run.start(self, ctx, conversation)
-        # What resumes is the saved state's interrupts: they must be the answered ones,
-        # to the value, or nothing runs.
+        # What resumes is the saved state's interrupts.
+        # They must be the answered ones, to the value, or nothing runs.
         if await run.held() != [(c.interrupt_id, c.value) for c in calls]:
             raise CapabilityError(
                 f"{self.capability_id}: the saved graph no longer waits on the answered "
@@ -184,9 +190,12 @@ class KernelAgent(BridgeAgent):
 
 
 def _resume_command(agent: KernelAgent, calls: list[Call], answer: dict[str, Any]) -> Command[Any]:
-    """The ``Command`` that answers ``calls``: ``answer`` itself, or the decisions of
-    LangChain's human-in-the-loop middleware for its review requests (see ``_hitl``).
-    An answer a review request does not allow fails the step before anything runs."""
+    """The ``Command`` that answers ``calls``.
+
+    It carries ``answer`` itself for plain interrupts.
+    For review requests it carries the decisions of LangChain's middleware (see ``_hitl``).
+    An answer a review request does not allow fails the step before anything runs.
+    """
     resume: dict[str, Any] = {}
     for call in calls:
         if not is_review(call.value):
@@ -249,8 +258,8 @@ class _Run:
         try:
             await self.graph.ainvoke(input, self.config, context=self.agent._context)
         except Exception as exc:
-            # An uncertain write must stay uncertain, however the graph wrapped it: a
-            # failed step would let a later turn retry it.
+            # An uncertain write must stay uncertain, however the graph wrapped it.
+            # A failed step would let a later turn retry it.
             uncertain = find_cause(exc, EffectUncertainError)
             if uncertain is not None and uncertain is not exc:
                 raise uncertain from exc

@@ -1,5 +1,8 @@
-"""What a thread holds between turns: the graph's state (its LangGraph checkpoints) and
-the interrupts awaiting an answer, as the ``<name>.conversation`` fact's JSON."""
+"""What a thread holds between turns, as the ``<name>.conversation`` fact's JSON.
+
+It holds the graph's state, which is its LangGraph checkpoints.
+It holds the interrupts awaiting an answer.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ __all__ = ["AgentInput", "Call", "Conversation", "restore", "snapshot"]
 class Call(pydantic.BaseModel):
     """One interrupt awaiting an answer: what the person sees and the digest binds.
 
-    ``value`` is what the graph passed to ``interrupt()``. ``tool_name``,
-    ``tool_call_id`` and ``args`` name the tool call it pauses, when it pauses one.
+    ``value`` is what the graph passed to ``interrupt()``.
+    ``tool_name``, ``tool_call_id`` and ``args`` name the tool call it pauses.
+    They are set only when it pauses one.
     """
 
     interrupt_id: str
@@ -41,18 +45,20 @@ class AgentInput(BridgeInput):
 
 @dataclass(frozen=True)
 class Conversation:
-    """The ``<name>.conversation`` fact: the graph's saved state and the interrupts it
-    waits on (empty: none).
+    """The ``<name>.conversation`` fact: the graph's saved state and awaited interrupts.
 
-    ``state`` holds the latest LangGraph checkpoint of each namespace, with its
-    pending writes, as the saver's serializer writes them (base64 of its bytes).
+    An empty list of interrupts means the graph waits on none.
+    ``state`` holds the latest LangGraph checkpoint of each namespace.
+    Each comes with its pending writes.
+    They are as the saver's serializer writes them, in base64 of its bytes.
     """
 
     state: list[dict[str, str]] = field(default_factory=list)
     pending: list[Call] = field(default_factory=list)
     asked: bool = False
-    #: The arguments of each call accepted while the graph still waits on others, by
-    #: tool call ID: a resumed ``ToolNode`` task replays their answers.
+    #: The arguments of each call accepted while the graph still waits on others.
+    #: They are keyed by tool call ID.
+    #: A resumed ``ToolNode`` task replays their answers.
     approved: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
@@ -78,13 +84,16 @@ class Conversation:
 async def snapshot(
     saver: BaseCheckpointSaver[Any], thread_id: str, pending: set[str]
 ) -> list[dict[str, str]]:
-    """The latest checkpoint of each namespace of ``thread_id`` in ``saver`` that a
-    later run may read, with its pending writes (an interrupt is one), as JSON.
+    """The checkpoints of ``thread_id`` in ``saver`` that a later run may read, as JSON.
 
-    ``pending`` holds the IDs of the graph's unfinished tasks. A subgraph's namespace
-    names the task that ran it (``node:<task id>``): once that task finished, nothing
-    reads it again, and keeping it would grow the fact by one entry a run. A
-    namespace without a task ID (a subgraph with a history of its own) is kept.
+    It keeps the latest checkpoint of each such namespace.
+    Each comes with its pending writes, and an interrupt is one.
+    ``pending`` holds the IDs of the graph's unfinished tasks.
+    A subgraph's namespace names the task that ran it (``node:<task id>``).
+    Once that task finished, nothing reads the namespace again.
+    Keeping it would grow the fact by one entry a run.
+    A namespace without a task ID is kept.
+    That is a subgraph with a history of its own.
     """
     latest: dict[str, dict[str, str]] = {}
     async for saved in saver.alist({"configurable": {"thread_id": thread_id}}):

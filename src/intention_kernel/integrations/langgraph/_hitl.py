@@ -1,23 +1,27 @@
 """LangChain's ``HumanInTheLoopMiddleware`` answered through kernel interactions.
 
-The middleware pauses on ``interrupt()`` with a review request: a ``HITLRequest``
-(``interrupt_mode="batched"``: ``action_requests`` and ``review_configs``) or a
-``ToolApprovalRequest`` (``"per_call"``: ``type="tool_approval"``). It resumes on
-decisions: ``approve``, ``edit``, ``reject`` or ``respond``. The bridge holds such a
-pause as any other interrupt: a kernel interaction whose digest covers the request.
+The middleware pauses on ``interrupt()`` with a review request.
+With ``interrupt_mode="batched"`` the request is a ``HITLRequest``.
+It holds ``action_requests`` and ``review_configs``.
+With ``"per_call"`` it is a ``ToolApprovalRequest`` (``type="tool_approval"``).
+The middleware resumes on decisions: ``approve``, ``edit``, ``reject`` or ``respond``.
+The bridge holds such a pause as any other interrupt.
+It becomes a kernel interaction whose digest covers the request.
 The answer becomes the middleware's decisions:
 
 - accept, no value: ``approve``;
 - accept, ``value={"args": {...}}``: ``edit``, the same tool with those arguments;
 - accept, ``value={"respond": "text"}``: ``respond``, the text is the tool's result;
-- accept, ``value={"decisions": [...]}``: the middleware's decisions as given, one per
-  action (a batched request of several calls with different decisions);
+- accept, ``value={"decisions": [...]}``: the middleware's decisions as given.
+  They are one per action, for a batched request with different decisions;
 - reject: ``reject``, its reason as the message the model reads.
 
-A decision a batched request does not allow for its tool is refused before the
-graph resumes: the step fails, and nothing runs. A per-call request keeps its allowed
-decisions in the interrupt's response schema, which LangGraph checks on resume: a
-decision it does not allow fails the step there, before the tool runs.
+A batched request may not allow a decision for its tool.
+Such a decision is refused before the graph resumes.
+The step fails, and nothing runs.
+A per-call request keeps its allowed decisions in the interrupt's response schema.
+LangGraph checks that schema on resume.
+A decision it does not allow fails the step there, before the tool runs.
 """
 
 from __future__ import annotations
@@ -68,11 +72,11 @@ def _allowed(value: Mapping[str, Any], name: str) -> list[str] | None:
 
 
 def review_decisions(value: Any, answer: Mapping[str, Any]) -> Any:
-    """What resumes the middleware's interrupt ``value`` for the kernel's ``answer``
-    (``{"decision", "reason", "value", "actor"}``).
+    """What resumes the middleware's interrupt ``value`` for the kernel's ``answer``.
 
-    Raises ``ValueError`` naming what is wrong when the answer is not one the
-    request allows.
+    The answer is ``{"decision", "reason", "value", "actor"}``.
+    Raises ``ValueError`` when the request does not allow the answer.
+    The error names what is wrong.
     """
     actions = _actions(value)
     assert actions is not None and isinstance(value, Mapping)
@@ -105,8 +109,9 @@ def review_decisions(value: Any, answer: Mapping[str, Any]) -> Any:
         )
     for action, decision in zip(actions, decisions, strict=True):
         kind = decision.get("type") if isinstance(decision, Mapping) else None
-        # A per-call request keeps its allowed decisions in the interrupt's response
-        # schema, not in its value: LangGraph checks the decision against it on resume.
+        # A per-call request keeps its allowed decisions in the response schema.
+        # They are not in the interrupt's value.
+        # LangGraph checks the decision against that schema on resume.
         allowed = _allowed(value, str(action["name"]))
         if kind not in ("approve", "edit", "reject", "respond") or (
             allowed is not None and kind not in allowed

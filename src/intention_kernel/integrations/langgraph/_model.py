@@ -1,14 +1,17 @@
-"""The chat-model seam: every model call of a graph run is answered from, or recorded
-in, the turn's journal before the graph sees its response.
+"""The chat-model seam: every model call of a graph run goes through the journal.
 
-LangChain's chat models consult an LLM cache before they call their provider. They
-update it with the response before returning it. :class:`JournalCache` is that cache,
-installed process-wide once. Inside a kernel run it answers a call from the journal,
-or records the response the model gave. Outside, it defers to the cache installed
-before it. :class:`JournalGuard`, a callback handler on each kernel run, refuses a
-model response that did not pass through the journal. A model with its own cache,
-``cache=False`` or a direct ``astream`` would otherwise be asked again on every
-redelivery.
+The turn's journal answers the call, or records it, before the graph sees the response.
+
+LangChain's chat models consult an LLM cache before they call their provider.
+They update it with the response before returning it.
+:class:`JournalCache` is that cache, installed process-wide once.
+Inside a kernel run it answers a call from the journal.
+Or it records the response the model gave.
+Outside, it defers to the cache installed before it.
+:class:`JournalGuard` is a callback handler on each kernel run.
+It refuses a model response that did not pass through the journal.
+Some calls skip the cache: a model with its own cache, ``cache=False``, a direct ``astream``.
+Without the guard, such a model would be asked again on every redelivery.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from intention_kernel.integrations.langgraph._tools import IN_TOOL_NODE
 
 __all__ = ["JournalCache", "JournalGuard", "install_journal_cache"]
 
-# The kwargs of a serialized message that say what the model was asked. The message ID
-# is left out (LangChain strips it from cache keys too), and so is the usage, which a
-# cache hit rewrites (its cost becomes 0).
+# The kwargs of a serialized message that say what the model was asked.
+# The message ID is left out; LangChain strips it from cache keys too.
+# The usage is left out too, since a cache hit rewrites it to a cost of 0.
 _ASKED = ("content", "name", "tool_calls", "tool_call_id", "status", "additional_kwargs")
 
 
@@ -43,7 +46,7 @@ class _NotRecorded(Exception):
 
 
 def prompt_digest(prompt: str, llm_string: str) -> str:
-    """The digest of a model call: the messages it sends and the model's parameters."""
+    """The digest of a model call: its messages and the model's parameters."""
     try:
         messages = json.loads(prompt)
     except ValueError:
@@ -171,8 +174,10 @@ _INSTALL = threading.Lock()
 
 
 def install_journal_cache() -> None:
-    """Install :class:`JournalCache` as LangChain's global LLM cache, once; a cache the
-    application installed before it keeps serving every call outside kernel runs."""
+    """Install :class:`JournalCache` as LangChain's global LLM cache, once.
+
+    A cache the application installed before it keeps serving calls outside kernel runs.
+    """
     with _INSTALL:  # two agents built at once in two threads would wrap each other
         current = get_llm_cache()
         if not isinstance(current, JournalCache):
@@ -180,9 +185,12 @@ def install_journal_cache() -> None:
 
 
 class JournalGuard(BaseCallbackHandler):
-    """Refuses, before the graph reads it, a model response of a kernel run that did
-    not pass through the journal, and a tool that ran outside a ``ToolNode`` unless it
-    is a listed read."""
+    """Refuses what escaped the journal or the tool seam in a kernel run.
+
+    A model response that did not pass through the journal is refused.
+    The graph never reads it.
+    A tool that ran outside a ``ToolNode`` is refused, unless it is a listed read.
+    """
 
     raise_error = True  # a refusal must stop the node, not be logged
     run_inline = True  # checked before the model call returns, in its context

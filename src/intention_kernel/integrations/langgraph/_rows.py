@@ -1,14 +1,22 @@
-"""KernelSaver's rows: what each store keeps of a LangGraph checkpoint, and the rule
-that moves a namespace's latest checkpoint.
+"""KernelSaver's rows: what each store keeps of a LangGraph checkpoint.
 
-A store keeps three things per thread and namespace: checkpoint rows, pending-write
-rows, and a head (the ID of the latest checkpoint). Checkpoints and values arrive
-serialized: the rows hold the serializer's type name and bytes, never live objects.
+It also holds the rule that moves a namespace's latest checkpoint.
 
-The head moves by compare-and-set (see :func:`moves_head`), decided under the
-store's write lock: SQLite's write transaction, a PostgreSQL advisory lock of the
-transaction, or the memory store's lock. So two writers that started from the same
-checkpoint cannot both extend it: the second one is refused.
+A store keeps three things per thread and namespace:
+
+- checkpoint rows;
+- pending-write rows;
+- a head, the ID of the latest checkpoint.
+
+Checkpoints and values arrive serialized.
+The rows hold the serializer's type name and bytes, never live objects.
+
+The head moves by compare-and-set (see :func:`moves_head`).
+That is decided under the store's write lock.
+It is SQLite's write transaction, or a PostgreSQL transaction's advisory lock.
+In memory, it is the memory store's lock.
+So two writers that started from the same checkpoint cannot both extend it.
+The second one is refused.
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ FORK_SOURCES = frozenset({"fork", "update"})
 class CheckpointConflictError(FencedCommitError):
     """Another writer moved the thread since this one read it: the checkpoint was refused.
 
-    Raised by ``KernelSaver.put`` when its parent is no longer the latest checkpoint of
-    its thread and namespace. Nothing was stored. The run that got it lost the race:
-    load the thread again (``graph.get_state``) and run the step anew.
+    ``KernelSaver.put`` raises it when the parent is no longer the latest checkpoint.
+    That is the latest of its thread and namespace.
+    Nothing was stored.
+    The run that got it lost the race.
+    Load the thread again (``graph.get_state``) and run the step anew.
     """
 
 
@@ -109,8 +119,11 @@ class CheckpointRows(Protocol):
         ...
 
     async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Remove the checkpoints of these runs and their writes. A namespace whose head
-        was one of them gets its newest remaining checkpoint as head, or none."""
+        """Remove the checkpoints of these runs and their writes.
+
+        A namespace whose head was one of them gets a new head.
+        That is its newest remaining checkpoint, or none.
+        """
         ...
 
     async def copy_thread(self, source: str, target: str) -> None:
@@ -118,8 +131,10 @@ class CheckpointRows(Protocol):
         ...
 
     async def prune(self, thread_ids: Sequence[str], *, keep_latest: bool) -> None:
-        """Remove each thread's rows; with ``keep_latest``, all but each namespace's
-        head and its writes."""
+        """Remove each thread's rows.
+
+        With ``keep_latest``, each namespace's head and its writes stay.
+        """
         ...
 
 
@@ -133,16 +148,19 @@ def moves_head(
 ) -> bool:
     """Whether storing ``row`` makes it the head; raise when it must not be stored.
 
-    ``head``: the namespace's head, None for an empty namespace. ``stored_parent``:
-    the parent of a row already stored under ``row``'s ID, ``False`` for none.
-    ``parent_exists``: the parent ``row`` names is a stored checkpoint of the namespace.
+    ``head`` is the namespace's head, or None for an empty namespace.
+    ``stored_parent`` is the parent of a row already stored under ``row``'s ID.
+    It is ``False`` when no such row is stored.
+    ``parent_exists`` says whether ``row``'s parent is a stored checkpoint of the namespace.
 
     - The same checkpoint again, with the same parent: stored again, head unchanged.
     - An empty namespace: the first checkpoint becomes the head.
     - A parent that is the head: the new checkpoint becomes the head.
-    - A fork (time travel, ``update_state``) from any stored checkpoint: the head.
-    - No parent on a namespace that has a head: kept as a root of its own, not the
-      head; a later checkpoint naming it as parent is refused.
+    - A fork from any stored checkpoint becomes the head.
+      Time travel and ``update_state`` fork.
+    - No parent on a namespace that has a head: kept as a root of its own.
+      It is not the head.
+      A later checkpoint naming it as parent is refused.
     - Any other parent: refused with :class:`CheckpointConflictError`.
     """
     if stored_parent is not False:

@@ -1,19 +1,23 @@
 """KernelSaver: a LangGraph checkpointer on intention-kernel's stores.
 
-For applications that drive their graph themselves (``graph.invoke`` with a
-``thread_id``) and want its checkpoints in the store their kernel uses: memory,
-SQLite or PostgreSQL, opened from the same URLs as :func:`open_durability`.
+It serves applications that drive their graph themselves, with ``graph.invoke`` and a ``thread_id``.
+They want its checkpoints in the store their kernel uses.
+That is memory, SQLite or PostgreSQL, opened from the same URLs as :func:`open_durability`.
 
-One writer per thread: a checkpoint is stored only if its parent is still the latest
-checkpoint of its thread and namespace (a compare-and-set on the parent's ID, under
-the store's write lock). Two runs that started from the same checkpoint cannot both
-extend it: the later put raises :class:`CheckpointConflictError`, and that run stops
-there. Time travel and ``update_state`` branch on purpose (their metadata's
-``source`` is ``"fork"`` or ``"update"``): they may start from any stored checkpoint.
+Each thread has one writer at a time:
 
-The store's connections live on one event loop: the loop of the first async call,
-or else a loop thread of the saver's own, started by the first sync call. Calls
-from other threads or loops are handed to it.
+- A checkpoint is stored only if its parent is still the latest checkpoint.
+  That is the latest of its thread and namespace.
+- It is a compare-and-set on the parent's ID, under the store's write lock.
+- Two runs that started from the same checkpoint cannot both extend it.
+  The later put raises :class:`CheckpointConflictError`, and that run stops there.
+- Time travel and ``update_state`` branch on purpose, from any stored checkpoint.
+  Their metadata's ``source`` is ``"fork"`` or ``"update"``.
+
+The store's connections live on one event loop.
+That is the loop of the first async call.
+Failing that, the first sync call starts a loop thread of the saver's own.
+Calls from other threads or loops are handed to that loop.
 """
 
 from __future__ import annotations
@@ -56,18 +60,20 @@ T = TypeVar("T")
 class KernelSaver(BaseCheckpointSaver[int]):
     """A LangGraph checkpointer whose checkpoints live in an intention-kernel store.
 
-    ``store``: a URL for :func:`open_durability` (``sqlite:///app.db``,
-    ``postgresql://...``, ``memory://``), which the saver opens and closes; or an
-    adapter object (``SQLiteDurability``, ``PostgresDurability``,
-    ``InMemoryDurability``), which the application closes. An adapter object is used
-    on the saver's loop (see the module docstring): from sync code alone, that is the
-    saver's own loop thread, which ``close`` stops, so pass a URL there. ``serde``:
-    LangGraph's serializer (its default when None).
+    ``store`` is a URL for :func:`open_durability`, or an adapter object.
+    A URL is ``sqlite:///app.db``, ``memory://`` or a ``postgresql://`` URL.
+    The saver opens and closes the store of a URL.
+    An adapter is a ``SQLiteDurability``, ``PostgresDurability`` or ``InMemoryDurability``.
+    The application closes an adapter object itself.
+    An adapter object is used on the saver's loop (see the module docstring).
+    From sync code alone, that is the saver's own loop thread.
+    ``close`` stops that thread, so pass a URL there.
+    ``serde`` is LangGraph's serializer, or its default when None.
 
-    Use it as LangGraph's own savers: ``graph.compile(checkpointer=saver)``, then
-    ``graph.invoke(..., {"configurable": {"thread_id": ...}})`` or ``ainvoke``. A
-    put whose parent is no longer its thread's latest checkpoint raises
-    :class:`CheckpointConflictError`: another run wrote the thread meanwhile.
+    Use it as LangGraph's own savers: ``graph.compile(checkpointer=saver)``.
+    Then call ``graph.invoke(..., {"configurable": {"thread_id": ...}})`` or ``ainvoke``.
+    A put whose parent is no longer its thread's latest checkpoint is refused.
+    It raises :class:`CheckpointConflictError`: another run wrote the thread meanwhile.
     """
 
     def __init__(self, store: str | Durability, *, serde: SerializerProtocol | None = None) -> None:
@@ -265,8 +271,11 @@ class KernelSaver(BaseCheckpointSaver[int]):
         filter: dict[str, Any] | None,
         limit: int | None,
     ) -> list[CheckpointTuple]:
-        """The matching checkpoints; without a metadata filter, the store applies the
-        limit (a filter reads the metadata, which only this side decodes)."""
+        """The matching checkpoints, newest first, up to ``limit``.
+
+        Without a metadata filter, the store applies the limit.
+        A filter reads the metadata, which only this side decodes.
+        """
         wanted = (config or {}).get("configurable", {})
         found = await rows.search(
             _text(wanted, "thread_id"),
@@ -286,8 +295,9 @@ class KernelSaver(BaseCheckpointSaver[int]):
     ) -> RunnableConfig:
         """Store ``checkpoint`` as the child of the one ``config`` names.
 
-        Raises :class:`CheckpointConflictError` (nothing stored) when that parent is no
-        longer its thread's latest checkpoint, unless the metadata marks a fork.
+        That parent may no longer be its thread's latest checkpoint.
+        Then it raises :class:`CheckpointConflictError`, and nothing is stored.
+        Metadata that marks a fork is the exception.
         """
         call, stored = self._put_call(config, checkpoint, metadata)
         await self._on_home(call)
@@ -308,9 +318,11 @@ class KernelSaver(BaseCheckpointSaver[int]):
         await self._on_home(lambda rows: rows.delete_thread(str(thread_id)))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints whose metadata names one of ``run_ids``, with their
-        writes. A namespace whose latest checkpoint went has its newest remaining one
-        as latest."""
+        """Delete the checkpoints whose metadata names one of ``run_ids``, with their writes.
+
+        A namespace may lose its latest checkpoint.
+        Its newest remaining one then becomes the latest.
+        """
         wanted = [str(run_id) for run_id in run_ids]
         if wanted:
             await self._on_home(lambda rows: rows.delete_for_runs(wanted))
@@ -321,11 +333,14 @@ class KernelSaver(BaseCheckpointSaver[int]):
         await self._on_home(lambda rows: rows.copy_thread(source, target))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """``"keep_latest"``: keep only each namespace's latest checkpoint and its writes;
-        ``"delete"``: delete the threads. Another strategy is refused.
+        """Prune the threads' checkpoints by ``strategy``.
 
-        A graph with a ``DeltaChannel`` rebuilds it from older checkpoints: do not
-        keep only the latest of its threads (see LangGraph's ``prune``)."""
+        ``"keep_latest"`` keeps only each namespace's latest checkpoint and its writes.
+        ``"delete"`` deletes the threads; another strategy is refused.
+
+        A graph with a ``DeltaChannel`` rebuilds it from older checkpoints.
+        So do not keep only the latest of its threads (see LangGraph's ``prune``).
+        """
         keep_latest = _strategy(strategy)
         threads = [str(thread_id) for thread_id in thread_ids]
         if threads:
@@ -405,7 +420,7 @@ class KernelSaver(BaseCheckpointSaver[int]):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Close the store if the saver opened it (from a URL); then refuse every call."""
+        """Close the store if the saver opened it from a URL, then refuse every call."""
         with self._state:
             if self._closed:
                 return
@@ -489,8 +504,8 @@ def _text(configurable: dict[str, Any], key: str) -> str | None:
 
 async def _rows_of(durability: Durability) -> CheckpointRows:
     """The rows of the store behind ``durability``, which this opens."""
-    from intention_kernel.durability.engine import RecordedDurability
-    from intention_kernel.durability.memory import InMemoryDurability
+    from intention_kernel.durability._engine.recorded import RecordedDurability
+    from intention_kernel.durability._memory import InMemoryDurability
 
     if isinstance(durability, InMemoryDurability):
         from intention_kernel.integrations.langgraph._memory_rows import memory_rows

@@ -1,12 +1,17 @@
-"""KernelSaver's rows in SQLite and PostgreSQL, in the tables of the stores' migrations
-(SQLite 12, PostgreSQL 14).
+"""KernelSaver's rows in SQLite and PostgreSQL.
 
-SQLite: each put is one write transaction of the adapter (its worker thread or
-inline, as the adapter's own writes), so puts of every process on the file are
-serialized by SQLite's write lock. PostgreSQL: each put is one transaction holding a
-transaction-level advisory lock on its thread and namespace, so the head is read and
-moved by one writer at a time, through a transaction pooler too. Reads take one
-snapshot (a read transaction) for a checkpoint and its writes.
+They live in the tables of the stores' migrations: SQLite 12, PostgreSQL 14.
+
+In SQLite, each put is one write transaction of the adapter.
+It runs on the worker thread or inline, as the adapter's own writes do.
+So SQLite's write lock serializes the puts of every process on the file.
+
+In PostgreSQL, each put is one transaction.
+It holds a transaction-level advisory lock on its thread and namespace.
+So one writer at a time reads and moves the head.
+That holds through a transaction pooler too.
+
+Reads take one snapshot, a read transaction, for a checkpoint and its writes.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ _COLUMNS = (
     "thread_id, checkpoint_ns, checkpoint_id, parent_id, type, checkpoint, metadata_type, "
     "metadata, run_id"
 )
-#: The same columns, with the thread ID a placeholder (a copy to another thread).
+#: The same columns, with the thread ID a placeholder, to copy to another thread.
 _COPIED = (
     "?, checkpoint_ns, checkpoint_id, parent_id, type, checkpoint, metadata_type, metadata, run_id"
 )
@@ -242,7 +247,7 @@ _RUN_WRITES = (
 _RUN_CHECKPOINTS = (
     "DELETE FROM ik_lg_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND run_id = ?"
 )
-# A head whose checkpoint is gone gives way to the newest remaining one, if any.
+# A head whose checkpoint is gone moves to the newest remaining one, if any.
 _LOST_HEAD = (
     "DELETE FROM ik_lg_heads WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id "
     "NOT IN (SELECT checkpoint_id FROM ik_lg_checkpoints "
@@ -279,8 +284,11 @@ _HEADLESS = tuple(
 
 
 class _Maintenance:
-    """``delete_for_runs``, ``copy_thread`` and ``prune`` as statement lists, run by
-    each store in one transaction: ``execute(statement, params)`` returns the rows."""
+    """``delete_for_runs``, ``copy_thread`` and ``prune`` as statement lists.
+
+    Each store runs a list in one transaction.
+    ``execute(statement, params)`` returns the rows.
+    """
 
     @staticmethod
     def places(rows: Sequence[Sequence[Any]]) -> list[tuple[str, str]]:
@@ -478,7 +486,7 @@ class PostgresRows:
         return self._db._q(statement.replace("?", "%s"))
 
     async def _lock(self, conn: Connection, places: list[tuple[str, str]]) -> None:
-        """Lock each place as a put does, in order (two maintainers never deadlock)."""
+        """Lock each place as a put does, in order, so two maintainers never deadlock."""
         from intention_kernel.durability.postgres._sessions import advisory_key
         from intention_kernel.durability.postgres._statements import LOCK_XACT
 

@@ -9,7 +9,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from intention_kernel.capabilities import CapabilityContext
+from intention_kernel._capabilities import CapabilityContext
 from intention_kernel.errors import CapabilityError, EffectUncertainError
 
 __all__ = ["STEP", "KernelStep", "TaskGate"]
@@ -21,11 +21,13 @@ T = TypeVar("T")
 class TaskGate:
     """The tool calls of one ``ToolNode`` task, run one at a time.
 
-    A ``ToolNode`` runs a response's calls at once (``asyncio.gather``) and ends its
-    task at the first exception, an interrupt included, without cancelling the
-    others. Calls asking for approval together would each pause, and the answer to
-    one could resume another. So: one call at a time, in the response's order, and
-    none once a call paused (it runs when the task is resumed).
+    A ``ToolNode`` runs a response's calls at once (``asyncio.gather``).
+    It ends its task at the first exception, an interrupt included.
+    It does not cancel the others.
+    Calls asking for approval together would each pause.
+    The answer to one could then resume another.
+    So calls run one at a time, in the response's order.
+    None runs once a call paused; it runs when the task is resumed.
     """
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -34,7 +36,7 @@ class TaskGate:
 
 @dataclass
 class KernelStep:
-    """One kernel step running a graph: what its model calls and tool calls share."""
+    """One kernel step running a graph, shared by its model calls and tool calls."""
 
     ctx: CapabilityContext
     loop: asyncio.AbstractEventLoop
@@ -56,14 +58,15 @@ class KernelStep:
     def next_key(self, digest: str) -> str:
         """The journal key of the next model call with this prompt digest.
 
-        A call is keyed by what it asks, not by its position: graph branches that
-        call the model at once would otherwise take each other's answers.
+        A call is keyed by what it asks, not by its position.
+        Graph branches may call the model at once.
+        Keyed by position, they would take each other's answers.
         """
         self.asked[digest] += 1
         return f"langgraph.model.{digest}.{self.asked[digest]}"
 
     def call(self, make: Callable[[], Awaitable[T]]) -> T:
-        """Run ``make()`` on the step's event loop from a worker thread (a sync node)."""
+        """Run ``make()`` on the step's event loop, from a sync node's worker thread."""
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -78,6 +81,8 @@ class KernelStep:
         return asyncio.run_coroutine_threadsafe(make(), self.loop).result()  # type: ignore[arg-type]
 
 
-# Set by the capability for the graph run it makes, read by the model and tool seams:
-# without it a model call could not reach its turn's journal, nor a write its receipts.
+# Set by the capability for the graph run it makes.
+# The model and tool seams read it.
+# Without it a model call could not reach its turn's journal.
+# Nor could a write reach its receipts.
 STEP: ContextVar[KernelStep | None] = ContextVar("ik_langgraph_step", default=None)

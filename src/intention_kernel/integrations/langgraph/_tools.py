@@ -1,10 +1,14 @@
-"""The tool seam: each ``ToolNode`` of the graph runs its write tools through the
-turn's receipts and asks the person before the tools named in ``approve``.
+"""The tool seam between each ``ToolNode`` of the graph and the turn.
 
-A ``ToolNode`` takes an async wrapper around each tool call (``awrap_tool_call``,
-LangGraph's own interception point, the one its human-in-the-loop middleware uses).
-The bridge sets one on every ``ToolNode`` of the graph, inside any wrapper the
-application set: what it sees is the call that runs.
+Write tools run through the turn's receipts.
+The tools named in ``approve`` ask the person first.
+
+A ``ToolNode`` takes an async wrapper around each tool call (``awrap_tool_call``).
+That is LangGraph's own interception point.
+Its human-in-the-loop middleware uses the same one.
+The bridge sets one on every ``ToolNode`` of the graph.
+It goes inside any wrapper the application set.
+So what it sees is the call that runs.
 """
 
 from __future__ import annotations
@@ -30,15 +34,18 @@ __all__ = ["IN_TOOL_NODE", "ToolSeam", "tool_nodes"]
 #: The attribute that marks a ``ToolNode`` wrapper as a seam's (its ``ToolSeam``).
 SEAM = "_intention_kernel_seam"
 
-#: The tool a ``ToolNode`` of a kernel run is calling now (read by the guard).
+#: The tool a ``ToolNode`` of a kernel run is calling now.
+#: The guard reads it.
 IN_TOOL_NODE: ContextVar[str | None] = ContextVar("ik_langgraph_tool", default=None)
 
 
 class _Skipped(GraphInterrupt):
     """A tool call not run because a call before it paused its task.
 
-    An interrupt to LangGraph and the ``ToolNode`` (which never handles one), with no
-    interrupt of its own: the task's first exception, the real pause, is the one seen.
+    LangGraph and the ``ToolNode`` see it as an interrupt.
+    A ``ToolNode`` never handles one.
+    It carries no interrupt of its own.
+    So the task's first exception, the real pause, is the one seen.
     """
 
     def __init__(self, name: str) -> None:
@@ -75,8 +82,10 @@ class ToolSeam:
         self.approve = approve
 
     def install(self, graph: Pregel[Any, Any, Any, Any]) -> None:
-        """Set the wrapper on every ``ToolNode`` of ``graph``, once its tools are all
-        listed; raises ``CompilationError`` otherwise (nothing is changed)."""
+        """Set the wrapper on every ``ToolNode`` of ``graph``, once its tools are all listed.
+
+        Otherwise it raises ``CompilationError``, and nothing is changed.
+        """
         nodes = list(tool_nodes(graph))
         names = {name for node in nodes for name in node.tools_by_name}
         problems = [
@@ -104,8 +113,8 @@ class ToolSeam:
                     "it an async awrap_tool_call too, which the kernel runs inside"
                 )
             if getattr(node._awrap_tool_call, SEAM, None) not in (None, self):
-                # Two seams on one node would hold two receipts for one write, the
-                # inner one prepared inside the outer one's provider call.
+                # Two seams on one node would hold two receipts for one write.
+                # The inner one would be prepared inside the outer one's provider call.
                 problems.append(
                     f"{self.capability_id}: a ToolNode of the graph is run by another "
                     "KernelAgent already; compile the graph once for each"
@@ -144,8 +153,8 @@ class ToolSeam:
         gate = step.gates.setdefault(str(configurable.get("checkpoint_ns", "")), TaskGate())
         async with gate.lock:
             if gate.stopped:
-                # A call before this one paused the task: this one runs when the task
-                # is resumed.
+                # A call before this one paused the task.
+                # This one runs when the task is resumed.
                 raise _Skipped(name)
             token = IN_TOOL_NODE.set(name)
             try:
@@ -171,8 +180,11 @@ class ToolSeam:
     def _ask(
         self, step: KernelStep, name: str, call_id: str, args: dict[str, Any]
     ) -> ToolMessage | None:
-        """Pause on the call until the person answers; a reject's reason (or
-        :data:`REJECTED`) is the tool's result, which the model reads."""
+        """Pause on the call until the person answers.
+
+        A reject's reason, or :data:`REJECTED`, is the tool's result.
+        The model reads it.
+        """
         shown = {"tool_name": name, "tool_call_id": call_id, "args": args}
         answer = interrupt(shown)  # raises until the answer is given, before any receipt
         decision = answer.get("decision") if isinstance(answer, Mapping) else None
@@ -182,8 +194,9 @@ class ToolSeam:
                 content=reason or REJECTED, name=name, tool_call_id=call_id, status="error"
             )
         if step.approved.get(call_id) != args:
-            # The person accepted what they were shown: a call whose arguments differ
-            # (a wrapper rewrote them, another call took its ID) is not that call.
+            # The person accepted what they were shown.
+            # A call whose arguments differ is not that call.
+            # A wrapper may have rewritten them, or another call taken its ID.
             raise CapabilityError(
                 f"{self.capability_id}: the approved {name} call {call_id!r} would run with "
                 f"{args!r}, not the approved {step.approved.get(call_id)!r}; nothing ran",
@@ -205,8 +218,9 @@ class ToolSeam:
             try:
                 schema.model_validate(args)
             except pydantic.ValidationError:
-                # Arguments the tool refuses: it will not run, so no receipt is held;
-                # the ToolNode answers the model with the error, as it does alone.
+                # The tool refuses these arguments, so it will not run.
+                # So no receipt is held.
+                # The ToolNode answers the model with the error, as it does alone.
                 result = await execute(request)
                 assert isinstance(result, ToolMessage)
                 return result
@@ -220,8 +234,9 @@ class ToolSeam:
                     capability_id=self.capability_id,
                 )
             if result.status == "error":
-                # The ToolNode turned the tool's exception into a message: whether the
-                # write happened before it is unknown, so it must not run again.
+                # The ToolNode turned the tool's exception into a message.
+                # Whether the write happened before it is unknown.
+                # So it must not run again.
                 raise CapabilityError(
                     f"{self.capability_id}: write tool {name!r} failed: {result.content}",
                     capability_id=self.capability_id,
@@ -234,12 +249,12 @@ class ToolSeam:
         try:
             value = await run_write(step.ctx, name, args, self.writes[name], run)
         except EffectUncertainError as exc:
-            # Kept on the step: a ToolNode that handles tool errors would otherwise turn
-            # it into a message, and the step would end completed.
+            # Kept on the step, for a ToolNode that handles tool errors.
+            # It would turn the error into a message, and the step would end completed.
             step.uncertain = step.uncertain or exc
             raise
-        # What the model reads back is the stored JSON, on the first call and on every
-        # replay alike: the two never differ.
+        # The model reads back the stored JSON, on the first call and every replay.
+        # So the two never differ.
         return ToolMessage(
             content=value["content"],
             name=name,

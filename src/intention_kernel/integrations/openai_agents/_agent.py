@@ -17,8 +17,9 @@ from agents.run_context import RunContextWrapper
 from agents.tool import FunctionTool
 from pydantic_core import to_jsonable_python
 
-from intention_kernel.authority import Approvers
-from intention_kernel.capabilities import CapabilityContext, CapabilityResult
+from intention_kernel._authority import Approvers
+from intention_kernel._capabilities import CapabilityContext, CapabilityResult
+from intention_kernel._interpretation import Answer, Decision
 from intention_kernel.errors import CapabilityError, CompilationError, KernelError
 from intention_kernel.integrations._bridge import (
     CLOSED_UNANSWERED,
@@ -32,7 +33,6 @@ from intention_kernel.integrations._bridge import (
 from intention_kernel.integrations.openai_agents._held import AgentInput, Call, Conversation, load
 from intention_kernel.integrations.openai_agents._model import RUN, KernelModel, StepRun
 from intention_kernel.integrations.openai_agents._tools import kernel_tool
-from intention_kernel.interpretation import Answer, Decision
 
 __all__ = ["KernelAgent"]
 
@@ -63,7 +63,7 @@ class KernelAgent(BridgeAgent, Generic[TContext]):
     After that, the run reads the call as rejected, before the next message.
     ``run_config`` and ``max_turns`` are ``Runner.run``'s.
     ``approvers`` and ``self_approval`` say who may answer its approvals.
-    They work as for ``@capability`` (:mod:`intention_kernel.authority`).
+    They work as for ``@capability`` (see the guide *Who may approve*).
     """
 
     def __init__(

@@ -23,7 +23,7 @@ from openai.types.responses import ResponseOutputItem
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 from pydantic_core import to_jsonable_python
 
-from intention_kernel.capabilities import CapabilityContext
+from intention_kernel._capabilities import CapabilityContext
 from intention_kernel.errors import CapabilityError, CorruptRecordError
 
 if TYPE_CHECKING:

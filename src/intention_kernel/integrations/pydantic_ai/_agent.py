@@ -15,8 +15,9 @@ from pydantic_ai.tools import AgentDepsT
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 from pydantic_core import to_jsonable_python
 
-from intention_kernel.authority import Approvers
-from intention_kernel.capabilities import CapabilityContext, CapabilityResult
+from intention_kernel._authority import Approvers
+from intention_kernel._capabilities import CapabilityContext, CapabilityResult
+from intention_kernel._interpretation import Answer, Decision
 from intention_kernel.errors import CapabilityError, CompilationError, EffectUncertainError
 from intention_kernel.integrations._bridge import (
     CLOSED_UNANSWERED,
@@ -41,7 +42,6 @@ from intention_kernel.integrations.pydantic_ai._tools import (
     KernelStep,
     KernelToolset,
 )
-from intention_kernel.interpretation import Answer, Decision
 
 __all__ = ["KernelAgent"]
 
@@ -49,22 +49,31 @@ __all__ = ["KernelAgent"]
 class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT]):
     """A Pydantic AI agent whose runs are turns of an intention-kernel thread.
 
-    ``name`` names the kernel capability (``<name>.agent``) and the agent
-    (:meth:`as_agent`). ``writes`` maps each write tool's name to the function that
-    derives its business operation ID from the call's arguments; ``reads`` names the
-    tools that only read (run as they are, no receipt). Every tool must be in one of
-    the two: the bridge fails closed. One the agent's function toolsets hold is refused
-    here (``CompilationError``); one a toolset lists only at run time (a prefixed or
-    dynamic toolset, an MCP server) fails the step before the model is asked. ``deps``
-    is passed to every run. ``prompt`` renders an approval's question from the tool's
-    name and arguments. ``read_answer`` reads a message sent while an approval is
-    pending as the person's answer (``"accept"``, ``"reject"`` or an
-    :class:`~intention_kernel.Answer`, a reject's ``reason`` included), or ``None``
-    when it is not one; without it, only ``Kernel.turn(answer=...)`` answers.
-    ``approve_within`` is how long an approval stays open (``None``: until answered);
-    the run then reads the call as denied, before the next message.
-    ``approvers`` and ``self_approval`` say who may answer its approvals, as for
-    ``@capability`` (:mod:`intention_kernel.authority`).
+    ``name`` names the kernel capability (``<name>.agent``).
+    It also names the agent (:meth:`as_agent`).
+    ``writes`` maps each write tool's name to a key function.
+    That function derives the business operation ID from the call's arguments.
+    ``reads`` names the tools that only read.
+    They run as they are, with no receipt.
+
+    Every tool must be in one of the two: the bridge fails closed.
+    An unlisted tool of the agent's function toolsets is refused here (``CompilationError``).
+    Some toolsets list their tools only at run time.
+    A prefixed or dynamic toolset, or an MCP server, does so.
+    An unlisted tool of one fails the step before the model is asked.
+
+    ``deps`` is passed to every run.
+    ``prompt`` renders an approval's question from the tool's name and arguments.
+    ``read_answer`` reads a message sent while an approval is pending.
+    It returns the person's answer, or ``None`` when the message is not one.
+    An answer is ``"accept"``, ``"reject"`` or an :class:`~intention_kernel.Answer`.
+    An ``Answer`` may carry a reject's ``reason``.
+    Without ``read_answer``, only ``Kernel.turn(answer=...)`` answers.
+    ``approve_within`` is how long an approval stays open.
+    With ``None``, it stays open until answered.
+    When it closes, the run reads the call as denied, before the next message.
+    ``approvers`` and ``self_approval`` say who may answer its approvals.
+    They work as for ``@capability`` (see the guide *Who may approve*).
     """
 
     def __init__(
@@ -111,9 +120,9 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
 
     @contextmanager
     def _kernel_overrides(self) -> Iterator[None]:
-        # As the DBOS and Temporal agents do: the run sees the wrapped model and the
-        # wrapped toolsets only; ``tools=[]`` keeps the agent's own function tools from
-        # being offered twice (they are in the wrapped function toolset already).
+        # The run sees only the wrapped model and toolsets, as in the DBOS and Temporal agents.
+        # ``tools=[]`` keeps the agent's own function tools from being offered twice.
+        # They are in the wrapped function toolset already.
         with self.wrapped.override(model=self._model, toolsets=self._toolsets, tools=[]):
             yield
 
@@ -135,8 +144,8 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
                     output_type=[self.wrapped.output_type, DeferredToolRequests],
                 )
         except Exception as exc:
-            # An uncertain write must stay uncertain, however Pydantic AI wrapped it:
-            # a failed step would let a later turn retry it.
+            # An uncertain write must stay uncertain, however Pydantic AI wrapped it.
+            # A failed step would let a later turn retry it.
             uncertain = find_cause(exc, EffectUncertainError)
             if uncertain is not None and uncertain is not exc:
                 raise uncertain from exc
@@ -163,8 +172,8 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
             return self._outcome(await self._resume(step, conversation, calls))
         history = conversation.messages
         if conversation.pending:
-            # The approval closed without an answer (it expired, or an operator
-            # resolved it): the model is told so before it reads the new message.
+            # The approval closed without an answer: it expired, or an operator resolved it.
+            # The model is told so before it reads the new message.
             closed = await self._run(
                 step, None, history, denied(conversation.pending, CLOSED_UNANSWERED)
             )
@@ -175,8 +184,8 @@ class KernelAgent(BridgeAgent, WrapperAgent[AgentDepsT, Any], Generic[AgentDepsT
     async def _resume(
         self, step: KernelStep, conversation: Conversation, calls: list[Call]
     ) -> AgentRunResult[Any]:
-        # What runs is the history's held calls: they must be the approved ones, to the
-        # argument, or nothing runs.
+        # What runs is the history's held calls.
+        # They must be the approved ones, to the argument, or nothing runs.
         if conversation.pending != calls:
             raise CapabilityError(
                 f"{self.capability_id}: the approved calls are no longer the ones held; "
@@ -229,8 +238,10 @@ def _check_listed(
     agent: AbstractAgent[Any, Any], writes: Mapping[str, KeyFunction], reads: frozenset[str]
 ) -> None:
     """Refuse a function tool in neither ``writes`` nor ``reads``, or a tool in both.
-    Only function toolsets name their tools before a run; the others are checked when
-    a run lists them (``KernelToolset.get_tools``)."""
+
+    Only function toolsets name their tools before a run.
+    The others are checked when a run lists them (``KernelToolset.get_tools``).
+    """
     tools = [
         name
         for toolset in agent.toolsets

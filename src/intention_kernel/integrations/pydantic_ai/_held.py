@@ -1,5 +1,8 @@
-"""What a paused run holds: the calls awaiting approval, the capability's input, and
-the ``<name>.conversation`` fact (the run's message history) as JSON."""
+"""What a paused run holds, as JSON.
+
+It holds the calls awaiting approval and the capability's input.
+It holds the ``<name>.conversation`` fact, the run's message history.
+"""
 
 from __future__ import annotations
 
@@ -32,8 +35,10 @@ class AgentInput(BridgeInput):
 
 @dataclass(frozen=True)
 class Conversation:
-    """The ``<name>.conversation`` fact: the run's history and the calls it holds for
-    approval (empty: none)."""
+    """The ``<name>.conversation`` fact: the run's history and its held calls.
+
+    The held calls await approval; an empty list means none.
+    """
 
     messages: list[ModelMessage]
     pending: list[Call] = field(default_factory=list)
@@ -59,9 +64,12 @@ class Conversation:
 
 @dataclass(frozen=True)
 class HeldCalls:
-    """What the bridge's interpreter reads of the conversation fact: the calls held
-    for approval, and whether they were asked. Not the run's history: validating all
-    its messages at every turn made each turn cost more the longer its thread."""
+    """What the bridge's interpreter reads of the conversation fact.
+
+    It reads the calls held for approval, and whether they were asked.
+    It skips the run's history.
+    Validating all its messages at every turn made long threads cost more a turn.
+    """
 
     pending: list[Call]
     asked: bool = False

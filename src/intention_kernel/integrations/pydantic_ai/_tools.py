@@ -1,5 +1,8 @@
-"""What routes a Pydantic AI run through its turn: the model wrapper (model responses
-recorded in the turn's journal) and the toolset wrapper (write tools through receipts)."""
+"""What routes a Pydantic AI run through its turn.
+
+The model wrapper records model responses in the turn's journal.
+The toolset wrapper runs write tools through receipts.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_core import to_jsonable_python
 
-from intention_kernel.capabilities import CapabilityContext
+from intention_kernel._capabilities import CapabilityContext
 from intention_kernel.errors import CapabilityError, CorruptRecordError
 from intention_kernel.integrations._bridge import KeyFunction, run_write, unlisted_tool
 
@@ -41,36 +44,41 @@ class KernelStep:
 
     ctx: CapabilityContext
     requests: int = 0
-    #: The arguments of each call the person accepted, by tool call ID: the only ones
-    #: that call may run with.
+    #: The arguments of each call the person accepted, by tool call ID.
+    #: That call may run with these arguments only.
     approved: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def next_key(self) -> str:
         """The journal key of the step's next model request: its position, from 1.
 
-        Positions count across the step's runs (a step that first closes an unanswered
-        approval makes two). A redelivery makes the same requests in the same order,
-        since each one follows from the recorded response before it.
+        Positions count across the step's runs.
+        A step that first closes an unanswered approval makes two runs.
+        A redelivery makes the same requests in the same order.
+        Each one follows from the recorded response before it.
         """
         self.requests += 1
         return f"pydantic_ai.model.{self.requests}"
 
 
-# The step a kernel run belongs to. Set by the capability for the runs it makes, read by
-# the model and toolset wrappers: without it a model request could not reach its turn's
-# journal, nor a write tool its receipts.
+# The step a kernel run belongs to.
+# The capability sets it for the runs it makes.
+# The model and toolset wrappers read it.
+# Without it a model request could not reach its turn's journal.
+# Nor could a write tool reach its receipts.
 STEP: ContextVar[KernelStep | None] = ContextVar("ik_pydantic_ai_step", default=None)
 
 
 class KernelModel(WrapperModel):
     """The wrapped agent's model, as a kernel run calls it.
 
-    Every model request of a run made inside a turn goes through :meth:`request` or
-    :meth:`request_stream`. Its response is recorded in the turn's journal
-    (``ctx.recorded``, keyed by the step and the request's position) before Pydantic AI
-    runs the tools it asks for. A delivery of the same turn after a crash gets the
-    recorded response and does not ask the model again. The response is stored as
-    Pydantic AI's own ``ModelMessagesTypeAdapter`` dumps it.
+    Every model request of a run inside a turn goes through :meth:`request`.
+    A streamed one goes through :meth:`request_stream`.
+    Its response is recorded in the turn's journal with ``ctx.recorded``.
+    The key is the step and the request's position.
+    It is recorded before Pydantic AI runs the tools the response asks for.
+    A delivery of the same turn after a crash gets the recorded response.
+    It does not ask the model again.
+    The response is stored as Pydantic AI's own ``ModelMessagesTypeAdapter`` dumps it.
     """
 
     async def request(
@@ -107,8 +115,9 @@ class KernelModel(WrapperModel):
             ) as live:
                 yield live
             return
-        # The stream is read to its end before the run sees it: a response is recorded
-        # whole or not at all, so the run reads its events after the model finished.
+        # The stream is read to its end before the run sees it.
+        # A response is recorded whole or not at all.
+        # So the run reads its events after the model finished.
         events: list[ModelResponseStreamEvent] | None = None
 
         async def ask() -> Any:
@@ -126,7 +135,7 @@ class KernelModel(WrapperModel):
         yield CompletedStreamedResponse(
             response,
             model_request_parameters=model_request_parameters,
-            # Recorded in an earlier delivery: the events are made again from the parts.
+            # Recorded in an earlier delivery, so the events are made from the parts.
             replay_events=events if events is not None else True,
         )
 
@@ -156,8 +165,10 @@ def _corrupt(ctx: CapabilityContext, key: str, why: str) -> CorruptRecordError:
 
 @dataclass
 class KernelToolset(WrapperToolset[AgentDepsT]):
-    """A toolset whose write tools run through the turn's receipts, and which refuses,
-    in a kernel run, any tool in neither ``writes`` nor ``reads``."""
+    """A toolset whose write tools run through the turn's receipts.
+
+    In a kernel run, it refuses any tool in neither ``writes`` nor ``reads``.
+    """
 
     writes: Mapping[str, KeyFunction] = field(default_factory=dict)
     reads: frozenset[str] = frozenset()
@@ -169,8 +180,9 @@ class KernelToolset(WrapperToolset[AgentDepsT]):
             return tools  # outside a kernel run the toolset is the application's, as it was
         unlisted = [n for n in sorted(tools) if n not in self.writes and n not in self.reads]
         if unlisted:
-            # Listed before each model request: refused here, the model is never offered
-            # the tool, and nothing the run would do after it has run.
+            # Tools are listed before each model request.
+            # Refused here, the tool is never offered to the model.
+            # So nothing the run would do after the refusal has run yet.
             step = current.ctx
             raise CapabilityError(
                 f"{step.capability_id}: " + "; ".join(unlisted_tool(n) for n in unlisted),
@@ -212,9 +224,12 @@ def _check_approved(
     tool_args: dict[str, Any],
     tool: ToolsetTool[Any],
 ) -> None:
-    """Refuse an approved call whose validated arguments are not the approved ones,
-    validated alike: the person accepted what they were shown, and a hook that rewrote
-    the arguments after validation would run a call nobody approved."""
+    """Refuse an approved call whose validated arguments are not the approved ones.
+
+    Both sets of arguments are validated alike.
+    The person accepted what they were shown.
+    A hook that rewrote the arguments after validation would run a call nobody approved.
+    """
     ran = to_jsonable_python(tool_args)
     try:
         expected = to_jsonable_python(tool.args_validator.validate_python(approved))

@@ -1,24 +1,24 @@
 """The adapter conformance suite: one test per rule of "Durability and effects".
 
-Every durability adapter, bundled or third-party, proves itself by running this
-suite. The suite comes in one test case per part of the storage contract:
+Every durability adapter, bundled or third-party, proves itself by running this suite.
+The suite comes in one test case per part of the storage contract:
 
-- :class:`TurnConformance`: one turn at a time per thread, begin, atomic commit,
-  replay, conflicts, checkpoints, IDs and tenants;
-- :class:`EffectConformance`: receipts claimed and settled around the provider call,
-  and (with :class:`ReceiptConformance`) listed and resolved;
-- :class:`ConfirmationConformance`: confirmations and pending interactions, quorums,
-  actors (on the events and the receipt) and digests;
-- :class:`ApprovalConformance`: deadlines, the expiry sweep, edits, reasons, busy
-  threads, and confirmations stored before these existed;
-- :class:`JournalConformance`: the journal (``tx.recorded``), and the model rounds the
-  runtime records in it;
-- :class:`OutboxConformance`: reading the outbox, and the relay on it;
+- :class:`TurnConformance`: one turn at a time per thread, begin, atomic commit.
+  It also covers replay, conflicts, checkpoints, IDs and tenants.
+- :class:`EffectConformance`: receipts claimed and settled around the provider call.
+  With :class:`ReceiptConformance`, receipts are also listed and resolved.
+- :class:`ConfirmationConformance`: confirmations, pending interactions and quorums.
+  It also covers actors (on the events and the receipt) and digests.
+- :class:`ApprovalConformance`: deadlines, the expiry sweep, edits, reasons, busy threads.
+  It also covers confirmations stored before these existed.
+- :class:`JournalConformance`: the journal (``tx.recorded``), and the model rounds in it.
+  The runtime records each round of an interpreter that works in rounds.
+- :class:`OutboxConformance`: reading the outbox, and the relay on it.
 - :class:`MaintenanceConformance`: the deploy check, migrations and pruning.
 
-:class:`DurabilityConformance` is all of them. Subclass it, or a part, in a pytest
-module and provide the ``make_durability`` fixture (a factory returning a *new,
-unopened* adapter on the same store each time it is called)::
+:class:`DurabilityConformance` is all of them.
+Subclass it, or a part, in a pytest module, and provide the ``make_durability`` fixture.
+It is a factory that returns a *new, unopened* adapter on the same store at each call::
 
     from intention_kernel.testing.conformance import DurabilityConformance
 
@@ -27,40 +27,45 @@ unopened* adapter on the same store each time it is called)::
         def make_durability(self, tmp_path):
             return lambda: MyAdapter(tmp_path / "store")
 
-Optionally provide ``tamper`` (see :class:`Tamper`) so the bad-row tests can
-write raw bytes into the store, ``inspector`` (see :class:`Inspector`) so the
-maintenance tests can check the rows they wrote, and ``make_durability_with_lock_timeout``
-so the migration test can meet a busy thread without waiting long. Set
-``persistent = False`` for adapters whose state does not outlive the instance (the
-restart tests then skip). :meth:`InMemoryDurability.tamper
-<intention_kernel.durability.memory.InMemoryDurability.tamper>` is the in-memory store's
+Three fixtures are optional:
+
+- ``tamper`` (see :class:`Tamper`) lets the bad-row tests write raw bytes into the store.
+- ``inspector`` (see :class:`Inspector`) lets the maintenance tests check the rows they wrote.
+- ``make_durability_with_lock_timeout`` lets the migration test meet a busy thread quickly.
+
+Set ``persistent = False`` for adapters whose state does not outlive the instance.
+The restart tests then skip, since there is nothing to restart from.
+:meth:`InMemoryDurability.tamper
+<intention_kernel.testing.InMemoryDurability.tamper>` is the in-memory store's
 ``tamper``.
 
-What an adapter offers beyond ``Durability`` is declared by fixtures of
-:class:`ConformanceCase`, each defaulting to what every ``RecordedDurability`` offers
-and to a skip for any other class: ``fault_points`` (it reaches the points of
-:mod:`intention_kernel.testing.faults`), ``tenant_store`` (it is a ``TenantStore``),
-``interaction_queue`` (an ``InteractionQueue``) and ``operable`` (every instance is an
-``Operable``: the relay, the operations and the journal's tests drive its recorder).
+Fixtures of :class:`ConformanceCase` declare what an adapter offers beyond ``Durability``.
+Each defaults to what every ``RecordedDurability`` offers, and to a skip for other classes:
+
+- ``fault_points``: it reaches the points of :mod:`intention_kernel.testing.faults`;
+- ``tenant_store`` and ``interaction_queue``: it is a ``TenantStore`` or an ``InteractionQueue``;
+- ``operable``: every instance is an ``Operable``.
+  The relay, the operations and the journal's tests drive its recorder.
+
 The suite needs pytest-asyncio with ``asyncio_mode = "auto"``.
 """
 
 from __future__ import annotations
 
+from intention_kernel.testing.conformance._approvals import ApprovalConformance
+from intention_kernel.testing.conformance._confirmations import ConfirmationConformance
+from intention_kernel.testing.conformance._effects import EffectConformance
+from intention_kernel.testing.conformance._journal import JournalConformance
+from intention_kernel.testing.conformance._maintenance import MaintenanceConformance
+from intention_kernel.testing.conformance._outbox import OutboxConformance
+from intention_kernel.testing.conformance._receipts import ReceiptConformance
 from intention_kernel.testing.conformance._support import (
     ConformanceCase,
     Inspector,
     Tamper,
     commit_for,
 )
-from intention_kernel.testing.conformance.approvals import ApprovalConformance
-from intention_kernel.testing.conformance.confirmations import ConfirmationConformance
-from intention_kernel.testing.conformance.effects import EffectConformance
-from intention_kernel.testing.conformance.journal import JournalConformance
-from intention_kernel.testing.conformance.maintenance import MaintenanceConformance
-from intention_kernel.testing.conformance.outbox import OutboxConformance
-from intention_kernel.testing.conformance.receipts import ReceiptConformance
-from intention_kernel.testing.conformance.turns import TurnConformance
+from intention_kernel.testing.conformance._turns import TurnConformance
 
 __all__ = [
     "ApprovalConformance",

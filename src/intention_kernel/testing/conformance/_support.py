@@ -1,6 +1,9 @@
-"""What every part of the conformance suite shares: the fixtures a subclass provides
-(:class:`ConformanceCase`), raw access to a store (:class:`Tamper`, :class:`Inspector`),
-:func:`commit_for`, and the helpers of the tests."""
+"""What every part of the conformance suite shares.
+
+- :class:`ConformanceCase`: the fixtures a subclass provides;
+- :class:`Tamper` and :class:`Inspector`: raw access to a store;
+- :func:`commit_for`, and the helpers of the tests.
+"""
 
 from __future__ import annotations
 
@@ -9,27 +12,27 @@ from typing import Any, ClassVar, Protocol
 
 import pytest
 
-from intention_kernel.agent import Agent
-from intention_kernel.checkpoint import (
+from intention_kernel._agent import Agent
+from intention_kernel._checkpoint import (
     SCHEMA_REVISION,
     KernelCheckpoint,
 )
-from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
-from intention_kernel.durability.contract import InteractionQueue, Operable, TenantStore
-from intention_kernel.durability.engine import RecordedDurability
-from intention_kernel.effects import EffectAuthority
-from intention_kernel.facts import FactRecord
-from intention_kernel.interpretation import Intent, Interpretation
-from intention_kernel.kernel import Kernel
-from intention_kernel.testing.agents import FakeProvider, billing_agent
-from intention_kernel.testing.scripted import ScriptedInterpreter
-from intention_kernel.turns import (
+from intention_kernel._effects import EffectAuthority
+from intention_kernel._facts import FactRecord
+from intention_kernel._interpretation import Intent, Interpretation
+from intention_kernel._kernel import Kernel
+from intention_kernel._turns import (
     EventDraft,
     OutboxEvent,
     TurnCommit,
     TurnResult,
     TurnScope,
 )
+from intention_kernel.durability import Durability, TurnOperation, TurnTransaction
+from intention_kernel.durability._contract.recorders import InteractionQueue, Operable, TenantStore
+from intention_kernel.durability._engine.recorded import RecordedDurability
+from intention_kernel.testing._agents import FakeProvider, billing_agent
+from intention_kernel.testing._scripted import ScriptedInterpreter
 
 
 class Tamper(Protocol):
@@ -38,11 +41,11 @@ class Tamper(Protocol):
     async def write_checkpoint_text(self, thread_id: str, text: str) -> None:
         """Overwrite the stored checkpoint document of an existing thread.
 
-        The suite then reads it through a new adapter from ``make_durability``: an
-        adapter may trust the checkpoint it committed itself while the stored version
-        is unchanged, so a same-version rewrite behind its back is seen on reopening.
-        (An adapter whose ``make_durability`` returns one shared instance must forget
-        such cached state here.)
+        The suite then reads it through a new adapter from ``make_durability``.
+        An adapter may trust the checkpoint it committed while the stored version is unchanged.
+        So a same-version rewrite behind its back is seen on reopening.
+        ``make_durability`` may return one shared instance.
+        That adapter must forget such cached state here.
         """
         ...
 
@@ -86,41 +89,52 @@ class ConformanceCase:
 
     @pytest.fixture
     def make_durability_with_lock_timeout(self) -> Callable[[float], Durability] | None:
-        """A factory like ``make_durability`` whose adapter waits at most the given
-        seconds for a busy thread; ``None`` skips the tests that need a short wait."""
+        """A factory like ``make_durability`` for an adapter with a short lock wait.
+
+        The adapter waits at most the given seconds for a busy thread.
+        ``None`` skips the tests that need a short wait.
+        """
         return None
 
     # -- what the adapter declares it offers (a subclass overrides to declare more) ----------
 
     @pytest.fixture
     def fault_points(self, durability: Durability) -> bool:
-        """Whether the adapter reaches the points of :mod:`intention_kernel.testing.faults`
-        at the moments they name (``faults.reach``): every ``RecordedDurability`` does.
-        Another adapter that does declares it by returning ``True``; ``False`` skips the
-        tests of a turn that dies at such a point."""
+        """Whether the adapter reaches the points of :mod:`intention_kernel.testing.faults`.
+
+        It must reach them at the moments they name (``faults.reach``).
+        Every ``RecordedDurability`` does.
+        Another adapter that does declares it by returning ``True``.
+        ``False`` skips the tests of a turn that dies at such a point.
+        """
         return isinstance(durability, RecordedDurability)
 
     @pytest.fixture
     def tenant_store(self, durability: Durability) -> TenantStore | None:
-        """The adapter as a :class:`~intention_kernel.durability.contract.TenantStore`
-        (``thread_owner``, and ``owner=`` on ``load_checkpoint`` and ``resolve_receipt``):
-        every ``RecordedDurability`` is one. Another adapter that is one returns
-        ``durability``; ``None`` skips the tests of ``owner=``."""
+        """The adapter as a :class:`~intention_kernel.durability._contract.recorders.TenantStore`.
+
+        A tenant store has ``thread_owner``, and takes ``owner=`` on two methods.
+        Those are ``load_checkpoint`` and ``resolve_receipt``.
+        Every ``RecordedDurability`` is one; another adapter that is one returns ``durability``.
+        ``None`` skips the tests of ``owner=``.
+        """
         return durability if isinstance(durability, RecordedDurability) else None
 
     @pytest.fixture
     def operable(self, durability: Durability) -> bool:
-        """Whether every adapter ``make_durability`` builds is an
-        :class:`~intention_kernel.durability.contract.Operable` (it hands out its opened
-        recorder, forgets a checkpoint, says whether its store exists): what the outbox
-        relay, the operations and the journal's tests drive. Every ``RecordedDurability``
-        is one; another adapter that is declares it by returning ``True``; ``False``
-        skips those tests."""
+        """Whether every adapter ``make_durability`` builds is operable.
+
+        That is an :class:`~intention_kernel.durability._contract.recorders.Operable`.
+        It hands out its opened recorder, forgets a checkpoint, and says whether its store exists.
+        The outbox relay, the operations and the journal's tests drive it.
+        Every ``RecordedDurability`` is one.
+        Another adapter that is one declares it by returning ``True``; ``False`` skips those tests.
+        """
         return isinstance(durability, RecordedDurability)
 
     @pytest.fixture
     def interaction_queue(self, durability: Durability) -> InteractionQueue | None:
-        """The adapter as an :class:`~intention_kernel.durability.contract.InteractionQueue`
+        """The adapter as an :class:`~intention_kernel.durability.abc.InteractionQueue`
         (``pending_interactions``), as for ``tenant_store``."""
         return durability if isinstance(durability, RecordedDurability) else None
 
@@ -156,8 +170,10 @@ async def payloads(durability: Durability, thread_id: str, type: str) -> list[An
 
 
 def edges_kernel(durability: Durability, *capabilities: Any) -> Kernel:
-    """A kernel whose interpreter runs the capability a message names (with no input),
-    and nothing for any other message."""
+    """A kernel whose interpreter runs the capability a message names, with no input.
+
+    Any other message runs nothing.
+    """
     ids = {c.id for c in capabilities}
 
     def interpret(request: Any) -> Interpretation:
@@ -183,8 +199,10 @@ class ProcessDied(BaseException):
 
 
 async def die_in_the_provider_call(durability: Durability, scope: TurnScope) -> None:
-    """A turn whose process dies inside the provider call of effect ``k``: it leaves
-    that receipt ``prepared`` and commits nothing."""
+    """A turn whose process dies inside the provider call of effect ``k``.
+
+    It leaves that receipt ``prepared`` and commits nothing.
+    """
 
     def dies(authority: EffectAuthority) -> Any:
         raise ProcessDied
@@ -224,9 +242,12 @@ def commit_for(
     facts: Mapping[str, FactRecord] | None = None,
     announced: Sequence[str] = (),
 ) -> TurnCommit:
-    """A minimal valid commit for raw ``with_turn`` operations: the next version of the
-    thread, with ``events``, ``facts`` (none by default) and ``announced`` keys. For
-    adapter authors' own tests, beside the suite."""
+    """A minimal valid commit for raw ``with_turn`` operations.
+
+    It is the next version of the thread.
+    It has ``events``, ``facts`` (none by default) and ``announced`` keys.
+    Adapter authors may use it in their own tests, beside the suite.
+    """
     previous = tx.checkpoint
     version = (previous.version if previous else 0) + 1
     checkpoint = KernelCheckpoint(

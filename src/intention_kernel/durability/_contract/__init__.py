@@ -1,0 +1,1 @@
+"""The storage contract: what a recorder provides, and the records it keeps."""

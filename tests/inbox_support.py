@@ -1,0 +1,58 @@
+"""What the inbox's process tests share (``tests/test_inbox_kills.py``,
+``tests/test_steer.py``): a worker process that is never left running, and a wait
+for the file by which it says where it is.
+
+- :func:`run_worker`: start ``python <worker> '<json config>'``, its output piped;
+- :func:`worker_process`: the same for a block, killed if still running at its end;
+- :func:`wait_for_file`: wait until a worker created a file, or fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+#: The steer worker (``tests/steer_worker.py``) and the interrupt worker.
+STEER_WORKER = Path(__file__).with_name("steer_worker.py")
+INTERRUPT_WORKER = Path(__file__).with_name("interrupt_worker.py")
+
+
+async def run_worker(worker: Path, config: dict[str, Any]) -> asyncio.subprocess.Process:
+    """Start the worker script with its JSON config; stdout and stderr piped."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(worker),
+        json.dumps(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+@contextlib.asynccontextmanager
+async def worker_process(
+    worker: Path, config: dict[str, Any]
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """The worker, running for the block: killed at its end if it did not exit.
+
+    A failed assertion inside the block then leaves no process behind."""
+    process = await run_worker(worker, config)
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.communicate()
+
+
+async def wait_for_file(path: str, seconds: float = 30.0) -> None:
+    """Return once ``path`` exists; fail after ``seconds``."""
+    for _ in range(int(seconds / 0.01)):
+        if Path(path).exists():  # noqa: ASYNC240
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
