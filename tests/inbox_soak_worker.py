@@ -3,9 +3,11 @@ a ``"queue"`` agent, and is killed (SIGKILL) and started again at random.
 
 Run as ``python tests/inbox_soak_worker.py '<json config>'``: ``store``
 (:meth:`proving_support.Store.config`), ``thread_id``, ``turns`` (the turn IDs it
-delivers, in order) and ``acks`` (a file: one fsynced JSON line per delivery the kernel
-acknowledged, ``{"turn_id", "ack"}``, ``ack`` being ``queued`` or ``ran``). Each turn's
-model takes a few milliseconds, so that deliveries meet a busy thread.
+delivers, in order), ``barrier`` (a directory where it says it is ready, the number of
+parties, and whether to wait for them) and ``acks`` (a file: one fsynced JSON line per
+delivery the kernel acknowledged, ``{"turn_id", "ack"}``, ``ack`` being ``queued`` or
+``ran``). Each turn's model takes a few milliseconds, so that deliveries meet a busy
+thread.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import dataclasses
 import json
 import random
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from intention_kernel import Intent, Interpretation, InterpretationRequest, Kernel, Queued
@@ -28,12 +32,24 @@ class SlowModel:
         return Interpretation(intents=[Intent("billing.balance", {"due": 1})])
 
 
+def meet(barrier: dict[str, Any]) -> None:
+    """Say this worker is ready; on a first start, wait until every worker is.
+
+    It blocks the loop on purpose: nothing else runs before the deliveries.
+    """
+    ready = Path(barrier["dir"])
+    (ready / barrier["name"]).touch()
+    while barrier["wait"] and len(list(ready.iterdir())) < barrier["parties"]:
+        time.sleep(0.01)
+
+
 async def main(config: dict[str, Any]) -> None:
     agent = dataclasses.replace(
         billing_agent(FakeProvider()), interpreter=SlowModel(), on_busy="queue"
     )
     async with open_store(config["store"]) as durability:
         kernel = Kernel(agent, durability)
+        meet(config["barrier"])
         for turn_id in config["turns"]:
             answer = await kernel.submit(config["thread_id"], turn_id, f"message {turn_id}")
             ack = "queued" if isinstance(answer, Queued) else "ran"

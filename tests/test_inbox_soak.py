@@ -46,13 +46,20 @@ async def test_queued_messages_are_never_lost_or_run_twice_when_processes_are_ki
     async with sql_store.durability():  # the schema, before any worker
         pass
     acks = tmp_path / "acks.jsonl"
+    ready = tmp_path / "ready"  # the start barrier: one file per worker that is ready
+    ready.mkdir()
     owed = {w: [f"w{w}-{n:02d}" for n in range(TURNS)] for w in range(PROCESSES)}
 
-    async def start(worker: int) -> asyncio.subprocess.Process:
+    async def start(worker: int, *, first: bool = False) -> asyncio.subprocess.Process:
         done = {a["turn_id"] for a in acked(acks)}
         # A restarted process delivers again what it had not seen acknowledged.
         turns = [t for t in owed[worker] if t not in done]
         config = {"store": sql_store.config(), "thread_id": "t", "turns": turns, "acks": str(acks)}
+        # First starts wait for each other, so that their deliveries meet a busy thread.
+        # A slow start on a loaded machine would otherwise let each run alone.
+        # A restart only says it is ready: a worker killed early must not hold the rest.
+        config["barrier"] = {"dir": str(ready), "name": str(worker), "parties": PROCESSES}
+        config["barrier"]["wait"] = first
         return await asyncio.create_subprocess_exec(
             sys.executable,
             str(WORKER),
@@ -61,7 +68,7 @@ async def test_queued_messages_are_never_lost_or_run_twice_when_processes_are_ki
             stderr=asyncio.subprocess.PIPE,
         )
 
-    running = {w: await start(w) for w in range(PROCESSES)}
+    running = {w: await start(w, first=True) for w in range(PROCESSES)}
     kills = 0
     while kills < KILLS and any(p.returncode is None for p in running.values()):
         await asyncio.sleep(random.uniform(0.2, 0.6))
