@@ -26,9 +26,9 @@ from intention_kernel import (
     Fact,
     Intent,
     Interpretation,
+    InterpretationRequest,
     capability,
 )
-from intention_kernel._interpretation import InterpretationRequest
 
 MAX_MESSAGES = 50
 THREADS = 10

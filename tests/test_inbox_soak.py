@@ -58,8 +58,8 @@ async def test_queued_messages_are_never_lost_or_run_twice_when_processes_are_ki
         # First starts wait for each other, so that their deliveries meet a busy thread.
         # A slow start on a loaded machine would otherwise let each run alone.
         # A restart only says it is ready: a worker killed early must not hold the rest.
-        config["barrier"] = {"dir": str(ready), "name": str(worker), "parties": PROCESSES}
-        config["barrier"]["wait"] = first
+        barrier = {"dir": str(ready), "name": str(worker), "parties": PROCESSES, "wait": first}
+        config["barrier"] = barrier
         return await asyncio.create_subprocess_exec(
             sys.executable,
             str(WORKER),
