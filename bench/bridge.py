@@ -11,6 +11,7 @@ the write, the conversation fact and the turn's commit. The cost meter
 
 from __future__ import annotations
 
+from inspect import signature
 from typing import Any
 
 #: Model requests a turn makes (read, write, final text).
@@ -83,11 +84,13 @@ def bridge_agent(calls: BridgeCalls) -> Any:
         calls.calls += 1
         return {"invoice_id": invoice_id, "paid": DUE}
 
+    # A tree from before the bridge named its reads (an older ``--base``) has no
+    # ``reads``: it takes every tool not in ``writes`` as a read, so the agent is the same.
+    reads: dict[str, Any] = {}
+    if "reads" in signature(KernelAgent).parameters:
+        reads["reads"] = ["invoice_due"]
     bridge = KernelAgent(
-        agent,
-        name="payer",
-        writes={"pay_invoice": lambda args: args["invoice_id"]},
-        reads=["invoice_due"],
+        agent, name="payer", writes={"pay_invoice": lambda args: args["invoice_id"]}, **reads
     )
     return bridge.as_agent(version="1")
 
