@@ -17,6 +17,7 @@ from intention_kernel.durability.abc import RecordedDurability, Recorder, Record
 from intention_kernel.errors import TenantMismatchError, ThreadBusyError
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing.conformance import DurabilityConformance, Tamper, commit_for
+from intention_kernel.testing.conformance._support import HeldTurn
 
 
 class _MemoryTamper:
@@ -135,22 +136,16 @@ async def test_a_busy_thread_is_waited_for_then_refused_after_the_lock_timeout()
     """An uncontended lock is taken at once; a contended one is waited for, up to
     ``lock_timeout`` (``ThreadBusyError``), and taken as soon as it is free."""
     durability = InMemoryDurability(lock_timeout=0.2)
-    entered, release = asyncio.Event(), asyncio.Event()
-
-    async def held(tx: TurnTransaction) -> TurnCommit:
-        entered.set()
-        await release.wait()
-        return commit_for(tx)
-
+    held = HeldTurn()
     first = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
-    await asyncio.wait_for(entered.wait(), 5)
+    await asyncio.wait_for(held.entered.wait(), 5)
     with pytest.raises(ThreadBusyError) as busy:
         await durability.with_turn(TurnScope("t", "2"), commit_for_turn)
     assert busy.value.thread_id == "t"
     assert (await durability.with_turn(TurnScope("u", "1"), commit_for_turn)).turn_id == "1"
     waiting = asyncio.create_task(durability.with_turn(TurnScope("t", "2"), commit_for_turn))
     await asyncio.sleep(0.05)
-    release.set()
+    held.release.set()
     assert (await first).checkpoint_version == 1
     assert (await waiting).checkpoint_version == 2
 

@@ -36,6 +36,7 @@ from intention_kernel.testing._scripted import ScriptedInterpreter
 from intention_kernel.testing.conformance._support import (
     ConformanceCase,
     Crash,
+    HeldTurn,
     as_operable,
     commit_for,
 )
@@ -295,21 +296,16 @@ class JournalConformance(ConformanceCase):
         maintained = journal_of(durability, operable)
         scope = TurnScope("t", "abandoned")
         await record_then_die(durability, scope, "k", Computations("old"))
-        entered, release = asyncio.Event(), asyncio.Event()
-
-        async def held(tx: TurnTransaction) -> TurnCommit:
-            entered.set()
-            await release.wait()
-            return commit_for(tx)
+        held = HeldTurn()
 
         running = asyncio.create_task(durability.with_turn(TurnScope("t", "holder"), held))
         later = utcnow() + timedelta(hours=1)
         try:
-            await asyncio.wait_for(entered.wait(), 10)
+            await asyncio.wait_for(held.entered.wait(), 10)
             report = await prune(maintained, older_than=timedelta(0), now=later)
             assert report.journal == 0
         finally:
-            release.set()
+            held.release.set()
             await running
         assert await _peek(durability, scope, "k") == "old"
         report = await prune(maintained, older_than=timedelta(0), now=later)

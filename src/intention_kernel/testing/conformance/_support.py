@@ -2,11 +2,12 @@
 
 - :class:`ConformanceCase`: the fixtures a subclass provides;
 - :class:`Tamper` and :class:`Inspector`: raw access to a store;
-- :func:`commit_for`, and the helpers of the tests.
+- :func:`commit_for`, :class:`HeldTurn`, and the helpers of the tests.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -260,6 +261,25 @@ def commit_for(
         tx.scope.thread_id, tx.scope.turn_id, False, "ok", checkpoint_version=version
     )
     return TurnCommit(result, checkpoint, tuple(events), tuple(announced))
+
+
+class HeldTurn:
+    """A ``with_turn`` operation that holds its thread until released.
+
+    ``entered`` is set once it runs under the thread's lock.
+    It commits (:func:`commit_for`) once ``release`` is set.
+    ``ran`` lists the turn IDs it ran for.
+    """
+
+    def __init__(self) -> None:
+        self.entered, self.release = asyncio.Event(), asyncio.Event()
+        self.ran: list[str] = []
+
+    async def __call__(self, tx: TurnTransaction) -> TurnCommit:
+        self.ran.append(tx.scope.turn_id)
+        self.entered.set()
+        await self.release.wait()
+        return commit_for(tx)
 
 
 async def read_all_events(durability: Durability) -> list[OutboxEvent]:

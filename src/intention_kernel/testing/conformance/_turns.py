@@ -44,6 +44,7 @@ from intention_kernel.testing.conformance._support import (
     Capturing,
     ConformanceCase,
     Crash,
+    HeldTurn,
     Tamper,
     commit_for,
     die_in_the_provider_call,
@@ -86,13 +87,8 @@ class TurnConformance(ConformanceCase):
         ``Agent(on_busy="reject")`` uses it for turns that must not wait.
         While another turn holds the lock, it raises ``ThreadBusyError`` and nothing changes.
         """
-        entered, release = asyncio.Event(), asyncio.Event()
+        held = HeldTurn()
         refused_ran: list[str] = []
-
-        async def held(tx: TurnTransaction) -> TurnCommit:
-            entered.set()
-            await release.wait()
-            return commit_for(tx)
 
         async def refused(tx: TurnTransaction) -> TurnCommit:
             refused_ran.append(tx.scope.turn_id)
@@ -100,7 +96,7 @@ class TurnConformance(ConformanceCase):
 
         running = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
         try:
-            await asyncio.wait_for(entered.wait(), 10)
+            await asyncio.wait_for(held.entered.wait(), 10)
             with pytest.raises(ThreadBusyError) as busy:
                 # Well below any lock timeout: a refusal after a wait would miss it.
                 await asyncio.wait_for(
@@ -112,7 +108,7 @@ class TurnConformance(ConformanceCase):
             other = await durability.with_turn(TurnScope("u", "1"), refused, wait=False)
             assert other.checkpoint_version == 1
         finally:
-            release.set()
+            held.release.set()
             first = await running
         assert first.checkpoint_version == 1
         # Free again: the refused delivery committed nothing and now runs.
@@ -131,16 +127,11 @@ class TurnConformance(ConformanceCase):
         """
         scope = TurnScope("t", "1", request_digest="d1")
         first = await durability.with_turn(scope, _commits)
-        entered, release = asyncio.Event(), asyncio.Event()
-
-        async def held(tx: TurnTransaction) -> TurnCommit:
-            entered.set()
-            await release.wait()
-            return commit_for(tx)
+        held = HeldTurn()
 
         running = asyncio.create_task(durability.with_turn(TurnScope("t", "2"), held))
         try:
-            await asyncio.wait_for(entered.wait(), 10)
+            await asyncio.wait_for(held.entered.wait(), 10)
             for wait in (False, True):
                 # Well below any lock timeout: a replay after a wait would miss it.
                 again = await asyncio.wait_for(
@@ -159,7 +150,7 @@ class TurnConformance(ConformanceCase):
             assert not isinstance(busy.value, ThreadLockTimeoutError)
             assert not running.done()
         finally:
-            release.set()
+            held.release.set()
             second = await running
         assert (second.replayed, second.checkpoint_version) == (False, 2)
 
@@ -171,25 +162,18 @@ class TurnConformance(ConformanceCase):
         Once the first commits, the second finds the committed turn under the lock.
         It replays it, so the operation runs once.
         """
-        entered, release = asyncio.Event(), asyncio.Event()
-        ran: list[str] = []
-
-        async def held(tx: TurnTransaction) -> TurnCommit:
-            ran.append(tx.scope.turn_id)
-            entered.set()
-            await release.wait()
-            return commit_for(tx)
+        held = HeldTurn()
 
         running = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
-        await asyncio.wait_for(entered.wait(), 10)
+        await asyncio.wait_for(held.entered.wait(), 10)
         waiting = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
         for _ in range(20):  # let it find no committed turn and start waiting
             await asyncio.sleep(0.005)
         assert not waiting.done()
-        release.set()
+        held.release.set()
         first, second = await asyncio.wait_for(asyncio.gather(running, waiting), 10)
         assert (first.replayed, second.replayed) == (False, True)
-        assert second == replace(first, replayed=True) and ran == ["1"]
+        assert second == replace(first, replayed=True) and held.ran == ["1"]
 
     async def test_a_turn_that_waits_past_the_lock_timeout_is_refused_as_a_lock_timeout(
         self, make_durability_with_lock_timeout: Callable[[float], Durability] | None
@@ -202,13 +186,8 @@ class TurnConformance(ConformanceCase):
         """
         if make_durability_with_lock_timeout is None:
             pytest.skip("this adapter provides no make_durability_with_lock_timeout fixture")
-        entered, release = asyncio.Event(), asyncio.Event()
+        held = HeldTurn()
         waited_ran: list[str] = []
-
-        async def held(tx: TurnTransaction) -> TurnCommit:
-            entered.set()
-            await release.wait()
-            return commit_for(tx)
 
         async def waited(tx: TurnTransaction) -> TurnCommit:
             waited_ran.append(tx.scope.turn_id)
@@ -217,7 +196,7 @@ class TurnConformance(ConformanceCase):
         async with make_durability_with_lock_timeout(0.2) as durability:
             running = asyncio.create_task(durability.with_turn(TurnScope("t", "1"), held))
             try:
-                await asyncio.wait_for(entered.wait(), 10)
+                await asyncio.wait_for(held.entered.wait(), 10)
                 loop = asyncio.get_running_loop()
                 started = loop.time()
                 with pytest.raises(ThreadLockTimeoutError) as timed_out:
@@ -226,7 +205,7 @@ class TurnConformance(ConformanceCase):
                 assert timed_out.value.thread_id == "t" and waited_ran == []
                 assert not running.done()
             finally:
-                release.set()
+                held.release.set()
                 first = await running
             assert first.checkpoint_version == 1
             again = await durability.with_turn(TurnScope("t", "2"), waited)
