@@ -12,19 +12,19 @@ on a system database pool of 10.
 
 What each level reports:
 
-- turns/s: turns that committed, over the level's wall time;
+- turns/s: turns that committed, over the level's wall time.
 - its ratio to the ideal, ``min(n / latency, the row's zero-latency turns/s at 64 in
   flight)``: no conversation can go faster than its model, and the store is taken to go
   no faster than it does with nothing to wait for (measured in the same process just
   before, after a warm-up). That is the issue's ideal, not a bound: with hundreds of
-  turns in flight SQLite groups more commits than at 64, and can exceed it;
+  turns in flight SQLite groups more commits than at 64, and can exceed it.
 - the store wait: from the turn's start to the model's call, which is the wait for the
   thread's lock (or lease) and the checkpoint's read; p50 and p99 over the turns that
-  reached their model;
+  reached their model.
 - sessions: the most server sessions the row had open, and in use (running a statement,
   inside a transaction, or holding an advisory lock), sampled from ``pg_stat_activity``
   every 0.2 s by the row's ``application_name``; through PgBouncer, its own view too
-  (``SHOW POOLS``: server sessions lent to clients, clients waiting for one);
+  (``SHOW POOLS``: server sessions lent to clients, clients waiting for one).
 - errors, by type: turns that raised (a pool timeout, a busy thread, a driver error).
 
 The targets (issue 32): on PostgreSQL with a pool of 10, at least 0.7 of the ideal at

@@ -2,8 +2,8 @@
 ``tests/test_steer.py``): a worker process that is never left running, and a wait
 for the file by which it says where it is.
 
-- :func:`run_worker`: start ``python <worker> '<json config>'``, its output piped;
-- :func:`worker_process`: the same for a block, killed if still running at its end;
+- :func:`run_worker`: start ``python <worker> '<json config>'``, its output piped.
+- :func:`worker_process`: the same for a block, killed if still running at its end.
 - :func:`wait_for_file`: wait until a worker created a file, or fail.
 """
 

@@ -2,10 +2,10 @@
 
 Run as ``python tests/interrupt_worker.py '<json config>'``:
 
-- ``store``: :meth:`proving_support.Store.config`;
+- ``store``: :meth:`proving_support.Store.config`.
 - ``files``: ``{"entered", "release"}``: a file created once the model is asked,
-  and the file whose creation lets the model answer;
-- ``turn``: ``{"thread_id", "turn_id", "message"}``;
+  and the file whose creation lets the model answer.
+- ``turn``: ``{"thread_id", "turn_id", "message"}``.
 - ``fault``: optional, a commit's fault point where the process exits at once
   (``os._exit``, no cleanup), armed for one pass.
 

@@ -2,17 +2,17 @@
 
 Run as ``python tests/steer_worker.py '<json config>'``:
 
-- ``store``: :meth:`proving_support.Store.config`;
+- ``store``: :meth:`proving_support.Store.config`.
 - ``files``: ``{"asks", "entered", "release"}``: each ask of the model (one JSON line
   per round, with the steers its request carries), a file created once round 1 is
-  held, and the file whose creation releases it;
-- ``turn``: ``{"thread_id", "turn_id", "message"}``;
+  held, and the file whose creation releases it.
+- ``turn``: ``{"thread_id", "turn_id", "message"}``.
 - ``die``: optional, where the process exits at once (``os._exit``, no cleanup):
   ``"taken"`` (the round boundary took the steers: ``taken_by`` is durable, the
   journal entry is not written) or ``"asked_round_2"`` (the steers are journaled and
-  the model is asked round 2 with them);
+  the model is asked round 2 with them).
 - ``queued``: optional; the turn comes while another holds the thread. So it is
-  queued in the inbox, and this process's drain runs it;
+  queued in the inbox, and this process's drain runs it.
 - ``submit``: optional; only submit this turn (a steer), print its answer and exit
   at once, as a client's process that goes away. Its drain does not run.
 

@@ -11,15 +11,15 @@ cleanup of any kind); a new process then retries the same delivery. At each poin
 outcome of each write is fixed:
 
 - ``after_lock``, ``after_checkpoint_load``: nothing was written; the retry runs
-  the turn again and the provider is called once;
+  the turn again and the provider is called once.
 - ``after_receipt_prepared``: a ``prepared`` receipt, the provider not called; the
-  retry fails closed (``uncertain``, no call);
+  retry fails closed (``uncertain``, no call).
 - ``in_provider_after_write``: the provider was called, its answer lost, the
-  receipt ``prepared``; the retry fails closed (``uncertain``, no second call);
+  receipt ``prepared``; the retry fails closed (``uncertain``, no second call).
 - ``after_receipt_completed``, ``before_commit``, ``during_commit``: a ``completed``
   receipt and no turn; the retry runs again and the effect is deduplicated (its
-  stored value, no call);
-- ``after_commit``: the turn committed; the retry replays the stored result;
+  stored value, no call).
+- ``after_commit``: the turn committed; the retry replays the stored result.
 
 and, for the two writes, a death after the first completed leaves the second to the
 retry (which runs it once), while a death inside the second's provider window fails

@@ -12,11 +12,11 @@ every step the store must agree with it, field by field:
 
 - each result: its steps (capability, status, value), reply, recorded facts
   (key, value, version), checkpoint version and pending confirmation; a turn that
-  died after its commit is checked when its redelivery replays it;
+  died after its commit is checked when its redelivery replays it.
 - the checkpoint: version, pending confirmation and agenda, facts, the bounded
   messages (both sides of every committed turn, the last ``MAX_MESSAGES``), and the
   receipt index (keys, statuses and turns, in recency order, the last
-  ``MAX_RECEIPTS``), all exactly;
+  ``MAX_RECEIPTS``), all exactly.
 - the receipts (status, attempt, value, announced), the provider's ledger, and the
   whole outbox of each thread: every event's type, turn and the payload fields a
   consumer relies on (``fact.recorded`` key and version, ``effect.*`` key, attempt,

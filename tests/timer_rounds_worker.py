@@ -3,13 +3,13 @@ run in model rounds, or hold until released, in an OS process of its own.
 
 Run as ``python tests/timer_rounds_worker.py '<json config>'``:
 
-- ``store``: :meth:`proving_support.Store.config`;
+- ``store``: :meth:`proving_support.Store.config`.
 - ``agent``: ``"rounds"`` (the three rounds of ``rounds_worker.py``: balance, pay,
   final text) or ``"held"`` (two steps; the first writes a line to ``files["entered"]``
-  and waits until ``files["release"]`` exists);
-- ``files``: ``{"asks", "tools", "ledger"}`` (and ``"entered"``, ``"release"``);
-- ``die``: as in ``rounds_worker.py`` (``"asked_round_3"``, ``"in_pay"``);
-- ``claim_for``: seconds a claim keeps other workers off a timer;
+  and waits until ``files["release"]`` exists).
+- ``files``: ``{"asks", "tools", "ledger"}`` (and ``"entered"``, ``"release"``).
+- ``die``: as in ``rounds_worker.py`` (``"asked_round_3"``, ``"in_pay"``).
+- ``claim_for``: seconds a claim keeps other workers off a timer.
 - ``cancel``: ``{"thread_id", "turn_id", "reason"}``: fire nothing, only cancel that
   turn, print ``{"cancelled": <status>}`` and exit 0.
 

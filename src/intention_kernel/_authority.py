@@ -9,8 +9,8 @@ A capability's approver policy says who may answer its confirmations::
     @capability("refunds.issue", effect="write", approvers="operator",
                 self_approval=False, approvals=2)
 
-- ``approvers=None``: anyone who may post to the thread (the default);
-- a role, or a set of roles: a principal with one of them;
+- ``approvers=None``: anyone who may post to the thread (the default).
+- a role, or a set of roles: a principal with one of them.
 - a callable ``(principal, interaction) -> bool``: the application decides.
 
 ``self_approval=False`` refuses an accept from the principal whose turn proposed the

@@ -2,11 +2,11 @@
 
 A checkpoint stores only what the kernel needs to continue a conversation:
 
-- bounded messages;
-- versioned facts with evidence;
-- pending agenda items;
-- the active interaction;
-- an index of the thread's effect receipts;
+- bounded messages.
+- versioned facts with evidence.
+- pending agenda items.
+- the active interaction.
+- an index of the thread's effect receipts.
 - the agent fingerprint and schema revision it was written under.
 
 Everything here is pure: encoding, decoding, migrating older schema revisions

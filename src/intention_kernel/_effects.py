@@ -96,9 +96,9 @@ class Receipt:
     ``capability_id``, ``input`` and ``approved_by`` say what the write of the latest
     attempt was:
 
-    - ``capability_id``: the capability that ran it;
+    - ``capability_id``: the capability that ran it.
     - ``input``: the input that ran, after approval and edits, mapped by the
-      capability's ``redact``;
+      capability's ``redact``.
     - ``approved_by``: the names of everyone who approved it (empty when it needed no
       confirmation).
 
@@ -129,8 +129,8 @@ class Receipt:
 class EffectOrigin:
     """What a write is for, recorded on its receipt with the prepare.
 
-    - ``capability_id``: the capability;
-    - ``input``: the input that runs, already redacted;
+    - ``capability_id``: the capability.
+    - ``input``: the input that runs, already redacted.
     - ``approved_by``: the names of its approvers, empty without a confirmation.
     """
 
@@ -177,10 +177,10 @@ class EffectPlan:
     ``write`` is the receipt to persist (in the same transaction that read
     ``existing``) before acting on ``outcome``:
 
-    - ``replay``: a completed receipt exists; return it, do not call ``fn``;
+    - ``replay``: a completed receipt exists; return it, do not call ``fn``.
     - ``fail_closed``: the effect may have been applied; raise
       ``EffectUncertainError`` without calling ``fn`` (``write`` turns an
-      abandoned ``prepared`` receipt into ``uncertain``);
+      abandoned ``prepared`` receipt into ``uncertain``).
     - ``execute``: ``write`` is the new ``prepared`` receipt; call ``fn``.
     """
 

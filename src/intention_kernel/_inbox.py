@@ -86,9 +86,9 @@ class Cancellation:
 
     ``status`` is one of:
 
-    - ``"committed"``: the turn had committed, and nothing changed;
+    - ``"committed"``: the turn had committed, and nothing changed.
     - ``"dequeued"``: it waited in the inbox, not started, and was removed. It will
-      not run;
+      not run.
     - ``"requested"``: it may be running. It stops at its next safe point and commits
       what it did. Its reply says it was cancelled.
     """

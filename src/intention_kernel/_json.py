@@ -5,7 +5,7 @@ is normalized through the same encoder that stores it. A tuple becomes a list on
 first use, not only after a replay. A value is refused where it enters when:
 
 - JSON cannot hold it: a set, an object, NaN, or a string with a lone surrogate
-  (which UTF-8 cannot encode);
+  (which UTF-8 cannot encode).
 - no reader can parse it back: an integer of more than :data:`MAX_INT_DIGITS` digits.
 
 Some keys and names are kept in a text column of their own: effect keys, fact keys,

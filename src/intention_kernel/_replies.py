@@ -2,12 +2,12 @@
 
 The kernel writes a reply line of its own in a few situations:
 
-- there is nothing to do;
-- an answer comes with nothing pending, or answers another question;
-- an approval is counted toward a quorum, or not counted;
-- a request is cancelled, superseded or expired;
-- a step completed without a reply of its own;
-- a step failed, or may or may not have taken effect;
+- there is nothing to do.
+- an answer comes with nothing pending, or answers another question.
+- an approval is counted toward a quorum, or not counted.
+- a request is cancelled, superseded or expired.
+- a step completed without a reply of its own.
+- a step failed, or may or may not have taken effect.
 - a turn reached its agent's ``max_rounds``.
 
 Each situation is one method of :class:`Replies`.

@@ -144,8 +144,8 @@ def plan_timer(
 
     Exactly one of ``at`` and ``after`` says when, or ``cron`` alone.
 
-    - ``at``: a timezone-aware ``datetime``;
-    - ``after``: a ``timedelta`` of zero or more, from ``now``;
+    - ``at``: a timezone-aware ``datetime``.
+    - ``after``: a ``timedelta`` of zero or more, from ``now``.
     - ``cron``: a cron expression, in UTC. The first occurrence is its next time after
       ``now``.
 

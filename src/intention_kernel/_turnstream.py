@@ -194,9 +194,9 @@ class TurnStatus:
 
     ``status`` is one of:
 
-    - ``"queued"``: accepted, waiting in its thread's inbox;
-    - ``"running"``: a round of it is recorded, or this process runs it;
-    - ``"committed"``: ``result`` holds its result;
+    - ``"queued"``: accepted, waiting in its thread's inbox.
+    - ``"running"``: a round of it is recorded, or this process runs it.
+    - ``"committed"``: ``result`` holds its result.
     - ``"unknown"``: this store knows nothing of it yet. A turn of one round that runs
       in another process is not seen before its commit.
     """

@@ -206,7 +206,7 @@ class EffectValueError(EffectUncertainError):
 class EffectUsageError(EffectError):
     """``run_effect`` or ``emit`` was called where it is not allowed.
 
-    - ``run_effect`` by a read capability, or with an empty key;
+    - ``run_effect`` by a read capability, or with an empty key.
     - ``emit`` with an event type in one of the kernel's namespaces.
       Those are ``turn.``, ``interaction.``, ``fact.``, ``effect.`` and ``receipt.``.
     """

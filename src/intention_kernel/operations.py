@@ -140,9 +140,9 @@ class MigrationReport:
 class PruneReport:
     """What :func:`prune` removed.
 
-    - events deleted;
-    - turn results dropped;
-    - journal entries (recorded model responses) of turns that never committed, deleted;
+    - events deleted.
+    - turn results dropped.
+    - journal entries (recorded model responses) of turns that never committed, deleted.
     - timers fired (or void) before the cutoff, deleted.
     """
 
@@ -363,8 +363,8 @@ async def expire_interactions(
     things commit together, or not at all:
 
     - the next checkpoint: one version up, without the interaction and its held
-      operation, messages and facts untouched;
-    - ``interaction.expired``;
+      operation, messages and facts untouched.
+    - ``interaction.expired``.
     - ``turn.committed``.
 
     A sweep run again, or two at once, closes each interaction once. The second
@@ -377,8 +377,8 @@ async def expire_interactions(
     A thread the sweep cannot close is reported in ``failed`` and left as it was. The
     sweep goes on to the next. Such a thread is one of these:
 
-    - busy past the lock timeout;
-    - its checkpoint cannot be read;
+    - busy past the lock timeout.
+    - its checkpoint cannot be read.
     - a client's turn took its expiry turn ID before the kernel reserved the prefix
       (``conflict``; the thread's next turn expires it).
 

@@ -6,12 +6,12 @@ Run it with ``intention-kernel demo``. Programmatically::
     assert run.ok, [c for c in run.checks if not c.passed]
 
 - :mod:`~intention_kernel._demo.billing`: the agent, built on the public API only
-  (read it as an example of a write capability);
+  (read it as an example of a write capability).
 - :mod:`~intention_kernel._demo.provider`: a fake payment provider that records
-  every call in the same SQLite file;
-- :mod:`~intention_kernel._demo.scenes`: the scenes, played against a SQLite file;
-- :mod:`~intention_kernel._demo.transcript`: what a run returns, as data;
-- :mod:`~intention_kernel._demo.checks`: the guarantees verified from that data;
+  every call in the same SQLite file.
+- :mod:`~intention_kernel._demo.scenes`: the scenes, played against a SQLite file.
+- :mod:`~intention_kernel._demo.transcript`: what a run returns, as data.
+- :mod:`~intention_kernel._demo.checks`: the guarantees verified from that data.
 - :func:`serve_agent`: the agent ready to serve (``intention-kernel serve --agent
   intention_kernel._demo:serve_agent``).
 """

@@ -18,19 +18,19 @@ from N distinct actors are recorded, in one turn or several:
 
 - each accept before the last is a committed turn of its own that runs nothing. The
   actor joins ``Interaction.approved_by``. ``interaction.approved`` is emitted with
-  the actor and the approvers so far;
+  the actor and the approvers so far.
 - the final accept resolves the interaction as today and runs the operation once.
-  ``interaction.resolved`` names every approver;
+  ``interaction.resolved`` names every approver.
 - an accept from an actor already in ``approved_by`` counts once. It is refused, and
   the interaction stays as it was. Names are compared as principals, so ``"ana"`` and
-  ``"Ana "`` are one approver;
-- each approver must be allowed by the capability's approver policy (below);
+  ``"Ana "`` are one approver.
+- each approver must be allowed by the capability's approver policy (below).
 - an accept without an actor is refused. An anonymous accept cannot be told apart
   from another, so it cannot be one of N distinct ones. The host always sets the
-  actor;
-- one reject, from anyone, closes the interaction and nothing runs;
+  actor.
+- one reject, from anyone, closes the interaction and nothing runs.
 - an edit (``Answer(input=...)``) is refused: every approver must approve the same
-  operation, so a change is a reject and a new request;
+  operation, so a change is a reject and a new request.
 - the digest binding and the deadline hold for every accept, the partial ones too.
 
 Who may answer is the capability's policy (``approvers``, ``self_approval``; see

@@ -3,7 +3,7 @@
 A step's failure never aborts the turn. What the handler raised decides the
 step's status:
 
-- ``EffectUncertainError`` → ``uncertain``;
+- ``EffectUncertainError`` → ``uncertain``.
 - ``EffectNotAppliedError``, or anything else → ``failed``.
 
 Effect events are kept either way, because the receipts they describe are real.

@@ -242,9 +242,9 @@ class TurnState:
         The event's payload holds:
 
         - ``actor`` and ``reason`` (the answer's), when given. ``actor`` is on the
-          interaction's step too, when this turn records it;
+          interaction's step too, when this turn records it.
         - ``proposed_input`` and ``approved_input``, when the approver edited the held
-          input into ``approved_input``;
+          input into ``approved_input``.
         - ``approved_by``, when a quorum's approvers were recorded. All of them are on
           its final accept, those so far on a reject."""
         active = self.interaction

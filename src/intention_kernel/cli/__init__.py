@@ -6,11 +6,11 @@ failing with a traceback.
 
 Layout, so that command groups can be added without touching the others:
 
-- :mod:`._app` assembles the typer application from the groups it lists;
+- :mod:`._app` assembles the typer application from the groups it lists.
 - :mod:`._common` holds the conventions every command shares.
   Those are ``--db URL``, refusals and exit codes.
   ``--db`` defaults to ``$INTENTION_KERNEL_DB``, then ``sqlite:///intention-kernel.db``.
-  Only :func:`~._common.resolve_db_url` resolves it;
+  Only :func:`~._common.resolve_db_url` resolves it.
 - one private module per command or group (``_demo.py``, ``_serve.py``,
   ``_receipts.py``, ``_outbox.py``, ``_deploy.py`` for ``check`` and ``migrate``,
   ``_prune.py``), each exposing ``register(app)``.

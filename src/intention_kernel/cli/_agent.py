@@ -2,11 +2,11 @@
 
 The attribute may be:
 
-- an ``Agent``;
+- an ``Agent``.
 - a factory returning one, called without arguments.
   If it takes a parameter named ``db_url``, it gets the store the command uses.
-  A factory that keeps files of its own can then put them beside the store;
-- an async factory (``async def``) returning one, awaited;
+  A factory that keeps files of its own can then put them beside the store.
+- an async factory (``async def``) returning one, awaited.
 - an async context manager yielding one.
   That is an ``@asynccontextmanager`` function, a factory returning such a manager,
   or the manager itself.

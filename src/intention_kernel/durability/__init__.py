@@ -8,15 +8,15 @@ adapter must:
    ``with_turn(..., wait=False)`` makes one attempt at the thread's lock
    (``Agent(on_busy="reject")``). It raises ``ThreadBusyError`` at once when another
    turn holds the lock. ``wait=True`` (the default) queues behind that turn, up to the
-   adapter's lock timeout;
-2. load the latest checkpoint;
+   adapter's lock timeout.
+2. load the latest checkpoint.
 3. return the stored result with ``replayed=True`` when the same ``turn_id`` was
    already committed, without calling ``operation`` and without loading the
    checkpoint; a different request under a committed ``turn_id`` raises
-   ``TurnConflictError``;
-4. expose durable effect coordination to the operation (``tx.run_effect``);
+   ``TurnConflictError``.
+4. expose durable effect coordination to the operation (``tx.run_effect``).
 5. atomically commit the result, the next checkpoint and the outbox events, with a
-   unique ``(thread_id, turn_id)`` and a fenced (compare-and-set) thread version;
+   unique ``(thread_id, turn_id)`` and a fenced (compare-and-set) thread version.
 6. keep the turn's journal (``tx.recorded(key, compute)``). The first call of a key
    in a turn ID computes the value. It records the value durably before returning
    it, in its own short write under the thread's lock. Every later call of that key
@@ -37,9 +37,9 @@ again): a thread, turn or tenant ID that breaks the rules of
 
 Effects (``tx.run_effect(key, fn, step_id=...)``) go per ``(thread_id, key)``:
 
-- a completed receipt returns the stored value without calling ``fn``;
-- an uncertain receipt raises ``EffectUncertainError`` without calling ``fn``;
-- so does a prepared one left by an attempt that did not finish;
+- a completed receipt returns the stored value without calling ``fn``.
+- an uncertain receipt raises ``EffectUncertainError`` without calling ``fn``.
+- so does a prepared one left by an attempt that did not finish.
 - otherwise ``prepared`` is persisted before ``fn`` runs, and ``completed`` /
   ``failed`` / ``uncertain`` right after it.
 

@@ -33,16 +33,16 @@ Endpoints (described by the app's own ``/openapi.json``):
 Errors are ``application/problem+json`` (RFC 9457) with stable ``type`` URIs.
 They are mapped from the :class:`~intention_kernel.KernelError` tree by class:
 
-- ``invalid-request`` 422, ``malformed-request`` 400 and ``interpretation-failed`` 502;
-- ``unauthorized`` 401, ``forbidden`` 403 and ``method-not-allowed`` 405;
-- ``not-found`` 404, also for another tenant's thread;
-- ``unsupported-media-type`` 415, for a body that is not ``application/json``;
-- ``turn-conflict`` 409 and ``receipt-state`` 409;
-- ``incompatible-checkpoint`` 409: the thread needs a compatible agent, so retrying cannot help;
-- ``turn-cancelled`` 409: a queued turn was cancelled before it ran;
-- ``thread-busy`` 409: another turn runs, and the agent has ``on_busy="reject"``;
-- ``steer-orphaned`` 409: a steer's taker stopped uncommitted; deliver ``taken_by`` again;
-- ``lock-timeout`` 503: a turn waited for the thread's whole lock timeout;
+- ``invalid-request`` 422, ``malformed-request`` 400 and ``interpretation-failed`` 502.
+- ``unauthorized`` 401, ``forbidden`` 403 and ``method-not-allowed`` 405.
+- ``not-found`` 404, also for another tenant's thread.
+- ``unsupported-media-type`` 415, for a body that is not ``application/json``.
+- ``turn-conflict`` 409 and ``receipt-state`` 409.
+- ``incompatible-checkpoint`` 409: the thread needs a compatible agent, so retrying cannot help.
+- ``turn-cancelled`` 409: a queued turn was cancelled before it ran.
+- ``thread-busy`` 409: another turn runs, and the agent has ``on_busy="reject"``.
+- ``steer-orphaned`` 409: a steer's taker stopped uncommitted; deliver ``taken_by`` again.
+- ``lock-timeout`` 503: a turn waited for the thread's whole lock timeout.
 - ``turn-fenced`` 503 and ``store-unavailable`` 503.
 
 Every 503 comes with a ``Retry-After`` header.

@@ -240,9 +240,9 @@ class RunTranslator:
 
     It keeps what the run has shown:
 
-    - the open text message;
-    - the text streamed last;
-    - the steps already shown as tool calls;
+    - the open text message.
+    - the text streamed last.
+    - the steps already shown as tool calls.
     - the inputs the kernel reported.
     """
 

@@ -415,9 +415,9 @@ def dump(
 async def read_body(request: Request, model: type[M]) -> M:
     """Read and validate a JSON body.
 
-    - 415 when not sent as ``application/json``;
-    - 413 when too large;
-    - 400 when not JSON;
+    - 415 when not sent as ``application/json``.
+    - 413 when too large.
+    - 400 when not JSON.
     - 422 when it does not match ``model``.
 
     The media type is checked because the parser would read JSON from any body.

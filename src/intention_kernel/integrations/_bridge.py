@@ -5,15 +5,15 @@ It runs in rounds: the run, the approval it asks for, the reply.
 
 The frameworks differ in three ways, and each bridge keeps its own:
 
-- how a run starts, pauses and resumes;
-- what a held call looks like;
+- how a run starts, pauses and resumes.
+- what a held call looks like.
 - what the ``<name>.conversation`` fact holds.
 
 The rest is the same logic, and it lives here:
 
-- the rounds interpreter;
-- the capability's input;
-- the results a run ends in;
+- the rounds interpreter.
+- the capability's input.
+- the results a run ends in.
 - the write tools' receipts.
 
 Nothing here imports either framework.

@@ -41,17 +41,17 @@ The receipt's idempotency key travels in the request's ``_meta``.
 It is under :data:`IDEMPOTENCY_KEY_META`, for a server that deduplicates as well.
 What the server answers decides the receipt:
 
-- a result: ``completed``, the step's value is the result (see :func:`result_value`);
+- a result: ``completed``, the step's value is the result (see :func:`result_value`).
 - a result with ``isError: true``: ``failed`` (``EffectNotAppliedError``).
   The failed step's error holds the tool's text.
   A model that works in rounds sees it.
   The kernel takes the server at its word.
   An error result is the server saying the tool did not do its work.
-  So a later call with the same arguments may run it again;
+  So a later call with the same arguments may run it again.
 - a JSON-RPC error whose code refuses the request before it runs: ``failed``.
   Those codes are parse error, invalid request, method not found and invalid params.
   MCP adds header mismatch and unsupported protocol version.
-  It also adds missing client capability and URL elicitation required;
+  It also adds missing client capability and URL elicitation required.
 - anything else: ``uncertain``.
   That is no answer: the connection closed, the process died, the timeout passed.
   It is also an internal error, a result the client cannot read, or cancellation.

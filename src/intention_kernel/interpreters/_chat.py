@@ -20,8 +20,8 @@ The last one never raises for what the model *said*.
 An unknown function becomes an intent for that unknown capability.
 Some tool calls become an intent carrying the reason:
 
-- a tool call that names no function;
-- arguments that are not JSON or not an object;
+- a tool call that names no function.
+- arguments that are not JSON or not an object.
 - arguments nested deeper than :data:`MAX_ARGUMENTS_DEPTH`.
 
 The kernel then records a ``failed`` step with a clear error.

@@ -35,8 +35,8 @@ Every round is one ``chat.completions`` request.
 
 The reply maps back:
 
-- tool calls become intents, in order;
-- an answer tool becomes the answer to the active interaction;
+- tool calls become intents, in order.
+- an answer tool becomes the answer to the active interaction.
 - assistant text becomes the reply.
 
 Arguments may arrive as a JSON string (OpenAI) or as an object (some compatible servers).
@@ -44,8 +44,8 @@ Arguments may arrive as a JSON string (OpenAI) or as an object (some compatible 
 What the model says never crashes a turn.
 Some tool calls become ``failed`` steps with a clear error, and the turn commits:
 
-- an unknown function;
-- a tool call that names no function;
+- an unknown function.
+- a tool call that names no function.
 - arguments that are not JSON, not an object, or nested more than 64 deep.
 
 An answer whose arguments cannot be read answers nothing, and the question is asked again.

@@ -2,7 +2,7 @@
 
 Each event is one ``POST`` of :func:`~intention_kernel.outbox.event_body` (JSON) with:
 
-- ``Intention-Kernel-Event-Id``: the event ID (dedupe on it: delivery is at least once);
+- ``Intention-Kernel-Event-Id``: the event ID (dedupe on it: delivery is at least once).
 - ``Intention-Kernel-Event-Type``: the event type, percent-encoded as UTF-8
   (:func:`encode_event_type`).
   Every character outside visible ASCII (``!`` to ``~``) becomes ``%XX`` per byte.
@@ -11,7 +11,7 @@ Each event is one ``POST`` of :func:`~intention_kernel.outbox.event_body` (JSON)
   The kernel's own types are sent unchanged.
   So are any made of letters, digits and ``._-:/``.
   ``urllib.parse.unquote`` gives the type back.
-  The body's ``type`` field is the type as it is, for receivers that read only the body;
+  The body's ``type`` field is the type as it is, for receivers that read only the body.
 - ``Intention-Kernel-Signature: t=<unix seconds>,v1=<hex>``.
   ``v1`` is HMAC-SHA256 with the shared secret over ``"<t>." + body``.
   The body is the exact bytes sent.

@@ -3,8 +3,8 @@
 A thread belongs to the tenant of its first durable write
 (a :class:`~intention_kernel.durability._contract.records.ThreadOwner`). That write is one of:
 
-- its first committed turn;
-- before that, the first effect receipt a turn prepared on it;
+- its first committed turn.
+- before that, the first effect receipt a turn prepared on it.
 - or else the first journal entry a turn recorded on it.
 
 ``with_turn`` refuses a turn of any other tenant with ``TenantMismatchError``. Hosts

@@ -3,20 +3,20 @@
 A **recorder** is the I/O an adapter provides to the engine
 (:class:`~intention_kernel.durability._engine.recorded.RecordedDurability`), in five parts:
 
-- :class:`TurnRecorder`: open the store, lock a thread, read a turn's start, commit it;
-- :class:`EffectRecorder`: claim an effect, settle its receipt, list and resolve receipts;
+- :class:`TurnRecorder`: open the store, lock a thread, read a turn's start, commit it.
+- :class:`EffectRecorder`: claim an effect, settle its receipt, list and resolve receipts.
 - :class:`JournalRecorder`: the journal, what a turn recorded before its commit (each
-  model round's response), read and written under the thread's lock;
-- :class:`OutboxRecorder`: read the outbox, claim a thread for a relay, mark events;
+  model round's response), read and written under the thread's lock.
+- :class:`OutboxRecorder`: read the outbox, claim a thread for a relay, mark events.
 - :class:`MaintenanceRecorder`: scan and rewrite checkpoints, prune old rows.
 
 :class:`Recorder` is all five, and what the engine takes. Every method is one short
 transaction (or none). Conflicts are errors: ``write_receipt``, ``commit_turn`` and
 ``rewrite_checkpoint`` compare-and-set and raise rather than silently skip. A turn costs:
 
-- one read: the prior result and the thread row;
+- one read: the prior result and the thread row.
 - one write per effect state change: ``prepared`` before the provider call, the
-  outcome after it;
+  outcome after it.
 - one commit: result, checkpoint and events.
 
 A turn that records values adds one read of its journal. It adds one write per value
@@ -519,7 +519,7 @@ class Recorder(
     Two members have defaults, inherited by a recorder that subclasses this Protocol
     (``class MyRecorder(Recorder): ...``), and declared by one that does not:
 
-    - ``options``, a :class:`RecorderOptions` (the default declares nothing);
+    - ``options``, a :class:`RecorderOptions` (the default declares nothing).
     - ``start_turn``, documented on :class:`TurnRecorder`.
     """
 
@@ -586,13 +586,13 @@ class InboxRecorder(Protocol):
     ) -> str:
         """Ask turn ``turn_id`` to stop, in one transaction; what was found:
 
-        - ``"committed"``: the turn is committed, and nothing was written;
+        - ``"committed"``: the turn is committed, and nothing was written.
         - ``"dequeued"``: its inbox entry, not started (:meth:`start_queued`), was
           deleted, and the request recorded: it will not run. Never while another
           delivery of the turn holds the thread, in any process: its entry then
-          stays, and the answer is ``"requested"`` (``_deliveries``);
+          stays, and the answer is ``"requested"`` (``_deliveries``).
         - ``"requested"``: the request is recorded, for the turn to read at its next
-          safe point. A request already recorded keeps its first reason;
+          safe point. A request already recorded keeps its first reason.
         - ``"not-found"`` (only with ``owner``): the thread's committed turns or the
           turn's inbox entry are another tenant's, and nothing was written.
 
@@ -708,8 +708,8 @@ class TimerRecorder(Protocol):
 class MigrationRecorder(TurnRecorder, MaintenanceRecorder, Protocol):
     """What a checkpoint migration uses.
 
-    - the turns' lock and ``read_thread``;
-    - maintenance's scan and rewrite;
+    - the turns' lock and ``read_thread``.
+    - maintenance's scan and rewrite.
     - ``options``: whether the receipt index is rows.
     """
 

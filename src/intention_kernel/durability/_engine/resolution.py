@@ -1,7 +1,7 @@
 """Resolving a receipt.
 
-- what an operator's request may hold, checked before anything is read or written;
-- what the resolution writes;
+- what an operator's request may hold, checked before anything is read or written.
+- what the resolution writes.
 - how a missing receipt is reported.
 """
 

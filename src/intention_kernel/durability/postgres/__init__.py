@@ -31,11 +31,11 @@ Design, and why:
 Modules:
 
 - ``_schema``: migrations, and the functions that start a turn, prepare a receipt
-  and commit a turn;
-- ``_statements``: SQL;
-- ``_sessions``: the pool, its retry, the cursor cache, the portability probe;
-- ``_leases``: thread leases and relay claims;
-- ``_recorder``: the storage contract;
+  and commit a turn.
+- ``_statements``: SQL.
+- ``_sessions``: the pool, its retry, the cursor cache, the portability probe.
+- ``_leases``: thread leases and relay claims.
+- ``_recorder``: the storage contract.
 - ``_adapter``: ``PostgresDurability``.
 """
 

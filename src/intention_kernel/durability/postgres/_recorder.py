@@ -2,8 +2,8 @@
 
 Transactions per turn:
 
-- one to take the lease and read;
-- one statement per effect state change;
+- one to take the lease and read.
+- one statement per effect state change.
 - one commit for result + checkpoint + events, which also releases the lease.
 
 A turn that records model rounds adds one read of its journal. It adds one statement

@@ -109,11 +109,11 @@ def commit_turn(
 
     The thread's row is a compare-and-set of its version.
 
-    - ``turn``: the ``ik_turns`` row;
-    - ``trim``: ``(trim_messages, keep_messages)``;
-    - ``events``: rows without their ``seq``;
+    - ``turn``: the ``ik_turns`` row.
+    - ``trim``: ``(trim_messages, keep_messages)``.
+    - ``events``: rows without their ``seq``.
     - ``index``: ``(receipt_index, moved_index_keys, trim_index)``, ``None`` when the
-      turn left the receipt index as it was;
+      turn left the receipt index as it was.
     - ``timers``: the timer rows the turn writes.
     """
     thread_id, turn_id = turn[0], turn[1]

@@ -2,8 +2,8 @@
 
 Transactions per turn:
 
-- one read;
-- one commit per effect state change: ``prepared``, then the outcome;
+- one read.
+- one commit per effect state change: ``prepared``, then the outcome.
 - one commit for result + checkpoint + events.
 
 When turns overlap, the writes of different turns share transactions (see

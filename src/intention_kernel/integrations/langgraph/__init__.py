@@ -97,9 +97,9 @@ LangChain's ``HumanInTheLoopMiddleware`` (``create_agent``) pauses on a review r
 The request is held as any interrupt is.
 The answer becomes the middleware's decision (see ``_hitl``):
 
-- an accept is ``approve``;
-- ``value={"args": ...}`` is ``edit``;
-- ``value={"respond": text}`` is ``respond``;
+- an accept is ``approve``.
+- ``value={"args": ...}`` is ``edit``.
+- ``value={"respond": text}`` is ``respond``.
 - a reject is ``reject``, with its reason.
 
 :class:`KernelSaver` is a LangGraph checkpointer on the same stores.

@@ -9,11 +9,11 @@ The bridge holds such a pause as any other interrupt.
 It becomes a kernel interaction whose digest covers the request.
 The answer becomes the middleware's decisions:
 
-- accept, no value: ``approve``;
-- accept, ``value={"args": {...}}``: ``edit``, the same tool with those arguments;
-- accept, ``value={"respond": "text"}``: ``respond``, the text is the tool's result;
+- accept, no value: ``approve``.
+- accept, ``value={"args": {...}}``: ``edit``, the same tool with those arguments.
+- accept, ``value={"respond": "text"}``: ``respond``, the text is the tool's result.
 - accept, ``value={"decisions": [...]}``: the middleware's decisions as given.
-  They are one per action, for a batched request with different decisions;
+  They are one per action, for a batched request with different decisions.
 - reject: ``reject``, its reason as the message the model reads.
 
 A batched request may not allow a decision for its tool.

@@ -4,8 +4,8 @@ It also holds the rule that moves a namespace's latest checkpoint.
 
 A store keeps three things per thread and namespace:
 
-- checkpoint rows;
-- pending-write rows;
+- checkpoint rows.
+- pending-write rows.
 - a head, the ID of the latest checkpoint.
 
 Checkpoints and values arrive serialized.

@@ -42,8 +42,8 @@ The restart tests then skip, since there is nothing to restart from.
 Fixtures of :class:`ConformanceCase` declare what an adapter offers beyond ``Durability``.
 Each defaults to what every ``RecordedDurability`` offers, and to a skip for other classes:
 
-- ``fault_points``: it reaches the points of :mod:`intention_kernel.testing.faults`;
-- ``tenant_store`` and ``interaction_queue``: it is a ``TenantStore`` or an ``InteractionQueue``;
+- ``fault_points``: it reaches the points of :mod:`intention_kernel.testing.faults`.
+- ``tenant_store`` and ``interaction_queue``: it is a ``TenantStore`` or an ``InteractionQueue``.
 - ``operable``: every instance is an ``Operable``.
   The relay, the operations and the journal's tests drive its recorder.
 

@@ -3,10 +3,10 @@
 Events are read back in the order they were committed.
 The relay that publishes them behaves as follows:
 
-- each thread's events are published in order;
-- an event is acknowledged before it is marked;
-- events are published at least once across restarts;
-- a failing event blocks only its own thread;
+- each thread's events are published in order.
+- an event is acknowledged before it is marked.
+- events are published at least once across restarts.
+- a failing event blocks only its own thread.
 - several relays share one store without interleaving a thread.
 """
 

@@ -1,7 +1,7 @@
 """What every part of the conformance suite shares.
 
-- :class:`ConformanceCase`: the fixtures a subclass provides;
-- :class:`Tamper` and :class:`Inspector`: raw access to a store;
+- :class:`ConformanceCase`: the fixtures a subclass provides.
+- :class:`Tamper` and :class:`Inspector`: raw access to a store.
 - :func:`commit_for`, :class:`HeldTurn`, and the helpers of the tests.
 """
 
