@@ -1,9 +1,9 @@
 """The Pydantic AI bridge row: a Pydantic AI agent run as a kernel turn (``bridge-ik-*``).
 
-A turn asks "pay invoice N". A ``FunctionModel`` with no latency answers request 1
-with a call to ``invoice_due`` (a read tool), request 2 with a call to ``pay_invoice``
-(a write tool, keyed by the invoice, so it runs through ``run_effect``) and request 3
-with the final text. ``KernelAgent`` runs the agent inside the kernel's capability,
+A turn asks "pay invoice N". A ``FunctionModel`` with no latency answers it.
+Request 1 gets a call to ``invoice_due``, a read tool. Request 2 gets a call to
+``pay_invoice``, a write tool keyed by the invoice: it runs through ``run_effect``.
+Request 3 gets the final text. ``KernelAgent`` runs the agent inside the kernel's capability,
 so a turn is the bridge's whole path: its model and toolset wrappers, the receipt of
 the write, the conversation fact and the turn's commit. The cost meter
 (``bench.cost``) reports it per turn and per model request.
@@ -16,11 +16,12 @@ from typing import Any
 
 #: Model requests a turn makes (read, write, final text).
 REQUESTS = 3
-#: Turns of the benchmark's sequence per conversation. The bridge keeps a
-#: conversation's whole history and Pydantic AI walks it at each request, so a turn
-#: costs more the longer its thread; a new conversation every ``SPAN`` turns of the
-#: sequence (about ten turns each, over ten threads round-robin) keeps a turn's cost
-#: the same from the first block to the last.
+#: Turns of the benchmark's sequence per conversation.
+#: The bridge keeps a conversation's whole history.
+#: Pydantic AI walks it at each request, so a turn costs more as its thread grows.
+#: A new conversation every ``SPAN`` turns of the sequence bounds that growth.
+#: That is about ten turns each, over ten threads round-robin.
+#: A turn then costs the same from the first block to the last.
 SPAN = 100
 DUE = 4200
 

@@ -1,30 +1,31 @@
 """The latency group: N conversations at once, each turn's model call awaiting a latency.
 
-Each level runs ``n`` conversations at once in one process, each on a thread of its
-own, each delivering ``turns`` turns in a row; every turn's model call awaits
-``latency`` seconds, as a real model would (``asyncio.sleep``, so that the process is
-free meanwhile). One kernel per row, and one store: SQLite (``FULL``), PostgreSQL with
+Each level runs ``n`` conversations at once in one process. Each is on a thread of
+its own and delivers ``turns`` turns in a row. Every turn's model call awaits
+``latency`` seconds, as a real model would. It is an ``asyncio.sleep``, so the process
+is free meanwhile. One kernel per row, and one store: SQLite (``FULL``), PostgreSQL with
 a pool of 10 sessions, and the same PostgreSQL adapter through PgBouncer in transaction
-mode (``scripts/pgbouncer.sh``). The peers do the same work with the same latency:
-LangGraph's ``AsyncPostgresSaver`` under a two-node graph (the model node awaits the
-latency; ``durability="sync"``) on a pool of 10, and a DBOS workflow of two async steps
-on a system database pool of 10.
+mode (``scripts/pgbouncer.sh``). The peers do the same work with the same latency.
+LangGraph's ``AsyncPostgresSaver`` runs a two-node graph on a pool of 10. Its model
+node awaits the latency, with ``durability="sync"``. DBOS runs a workflow of two async
+steps on a system database pool of 10.
 
 What each level reports:
 
 - turns/s: turns that committed, over the level's wall time.
 - its ratio to the ideal, ``min(n / latency, the row's zero-latency turns/s at 64 in
-  flight)``: no conversation can go faster than its model, and the store is taken to go
-  no faster than it does with nothing to wait for (measured in the same process just
-  before, after a warm-up). That is the issue's ideal, not a bound: with hundreds of
+  flight)``. No conversation can go faster than its model. The store is taken to go
+  no faster than it does with nothing to wait for. That rate is measured in the same
+  process just before, after a warm-up. That is the issue's ideal, not a bound: with hundreds of
   turns in flight SQLite groups more commits than at 64, and can exceed it.
 - the store wait: from the turn's start to the model's call, which is the wait for the
   thread's lock (or lease) and the checkpoint's read; p50 and p99 over the turns that
   reached their model.
-- sessions: the most server sessions the row had open, and in use (running a statement,
-  inside a transaction, or holding an advisory lock), sampled from ``pg_stat_activity``
-  every 0.2 s by the row's ``application_name``; through PgBouncer, its own view too
-  (``SHOW POOLS``: server sessions lent to clients, clients waiting for one).
+- sessions: the most server sessions the row had open, and in use. In use means
+  running a statement, inside a transaction, or holding an advisory lock. They are
+  sampled from ``pg_stat_activity`` every 0.2 s by the row's ``application_name``.
+  Through PgBouncer, its own view is sampled too (``SHOW POOLS``). It shows server
+  sessions lent to clients, and clients waiting for one.
 - errors, by type: turns that raised (a pool timeout, a busy thread, a driver error).
 
 The targets (issue 32): on PostgreSQL with a pool of 10, at least 0.7 of the ideal at

@@ -11,22 +11,22 @@ person's last message).
   (``multi_round = True``), on ``SQLiteDurability`` / ``PostgresDurability``.
   ``loop-ik-*-stream``: the same turn through ``Kernel.stream_turn``, every event read
   (with ``--base``: today's stream beside this tree's resumable one).
-- ``loop-langgraph-*``: LangGraph's prebuilt ReAct agent (``create_react_agent``) on the
-  same two tools as ``@tool`` functions and a fake ``BaseChatModel`` that answers the
-  same rounds, on ``SqliteSaver`` / ``PostgresSaver``, invoked with ``durability="sync"``
-  (each step's checkpoint is written before the next step starts), messages bounded to
-  the same 50 as the kernel's conversation.
+- ``loop-langgraph-*``: LangGraph's prebuilt ReAct agent (``create_react_agent``).
+  It has the same two tools as ``@tool`` functions, and a fake ``BaseChatModel`` that
+  answers the same rounds. It runs on ``SqliteSaver`` / ``PostgresSaver``, invoked
+  with ``durability="sync"``: each step's checkpoint is written before the next step
+  starts. Its messages are bounded to the same 50 as the kernel's conversation.
 
-``crash`` measures a turn that dies mid-loop: a child process (``python -m bench.loop``)
-delivers a turn and is killed with SIGKILL inside the model's third call, after rounds 1
-and 2 were answered and their tools ran; then the worker delivers the same turn again
-and counts the model rounds it asked and the tools it ran. Nothing here assumes what the
-framework does: whichever rounds the redelivery asks for are the figure (once the kernel
-records model responses, the rounds it no longer asks for disappear from it by
-themselves). LangGraph has no turn ID, so it is measured twice: the same input invoked
-again (what a redelivered message does) and ``invoke(None)``, which resumes the thread's
-interrupted run from its last checkpoint (what a caller does that knows the run died and
-does not send the message again).
+``crash`` measures a turn that dies mid-loop. A child process (``python -m bench.loop``)
+delivers a turn. It is killed with SIGKILL inside the model's third call, after rounds
+1 and 2 were answered and their tools ran. Then the worker delivers the same turn again.
+It counts the model rounds the redelivery asked and the tools it ran. Nothing here
+assumes what the framework does: whichever rounds the redelivery asks for are the
+figure. Once the kernel records model responses, the rounds it no longer asks for
+disappear from it by themselves. LangGraph has no turn ID, so it is measured twice.
+First, the same input is invoked again, as a redelivered message would be. Second,
+``invoke(None)`` resumes the thread's interrupted run from its last checkpoint. That is
+what a caller does that knows the run died and does not send the message again.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ Phases, each comparing rows only within this run:
    with the checkpoint's stored size; the worker's peak RSS after the run.
 4. PostgreSQL scale-out: 1, 2, 4 and 8 worker processes on distinct threads against
    as many floor processes, run alternately.
-5. The agent loop (``bench.loop``): turns of three model rounds against a fake model,
-   intention-kernel beside LangGraph's prebuilt ReAct agent, interleaved in blocks as
-   in 1; commits per turn, counted; what a resubmitted turn re-ran; and what a turn
-   killed mid-loop asks the model again when it is delivered again.
+5. The agent loop (``bench.loop``): turns of three model rounds against a fake model.
+   intention-kernel runs beside LangGraph's prebuilt ReAct agent, in blocks as in 1.
+   It counts commits per turn, and what a resubmitted turn re-ran. It also counts what
+   a turn killed mid-loop asks the model again when it is delivered again.
 6. Concurrency (``bench.concurrency``): n overlapping turns over one kernel.
 7. Latency (``bench.latency``): n conversations at once whose model calls take a
    second or more, over one kernel and a pool of 10, directly and through PgBouncer.
@@ -605,12 +605,12 @@ LOOP_TARGET = 3.0
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Each target this run measured: what it asks, the figure, and whether it held.
 
-    The PostgreSQL floor a row is judged against is the one written with the driver the
-    kernel runs on, psycopg's asyncio connection, on the same event loop: the ratio is
-    then the framework's overhead, which is what the floor is for. The ratio to the
-    floor on psycopg's synchronous driver is listed after each, ``held`` ``None``: a
-    reference, not a target, since it also counts the asyncio driver's own cost per
-    statement (``python -m bench.driver``), which an async API pays with any framework.
+    A PostgreSQL row is judged against the floor written with the kernel's own driver.
+    That is psycopg's asyncio connection, on the same event loop. The ratio is then the
+    framework's overhead, which is what the floor is for. The ratio to the floor on
+    psycopg's synchronous driver is listed after each, with ``held`` ``None``. It is a
+    reference, not a target. It also counts the asyncio driver's own cost per statement
+    (``python -m bench.driver``), which an async API pays with any framework.
     """
     # (target, measured, held, unit): ratios ("x") with three decimals, so that a 0.796
     # that misses 0.8 does not print as 0.80; held None: a reference, not judged

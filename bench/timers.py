@@ -6,10 +6,10 @@
     .venv/bin/python -m bench.timers --no-postgres --due 100
     .venv/bin/python -m bench.timers --soak 60       # a soak: keep timers coming for 60 s
 
-Each store gets ``--pending`` timers due in a year (over 100 threads, written in one
-transaction per thread), and ``--due`` timers due every ``--spacing`` seconds from a
-few seconds after the start, each on a thread of its own, set before the worker
-starts (a soak sets them a second ahead as it goes). One worker runs
+Each store gets ``--pending`` timers due in a year, over 100 threads. They are written
+in one transaction per thread. It also gets ``--due`` timers, due every ``--spacing``
+seconds from a few seconds after the start. Each is on a thread of its own, set before
+the worker starts. A soak sets them a second ahead as it goes. One worker runs
 ``Kernel.run_timers()`` with its default poll (0.25 s). The latency of a timer is the
 time its interpreter is first called minus its ``due_at``, on the system clock. The
 target (issue 37) is p99 at most 1 s with the default poll. ``--soak`` keeps adding

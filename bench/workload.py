@@ -1,9 +1,9 @@
 """The work unit, shared by every row: one read, one write through an effect, one fact.
 
-A turn reads a balance (a read capability), charges a payment through an
-in-process fake provider (a write capability whose effect goes through
-``run_effect``), records the charge as a fact (a new key each turn, so facts grow
-with the thread) and appends the user message and the reply to the bounded
+A turn reads a balance with a read capability. It charges a payment through an
+in-process fake provider: a write capability whose effect goes through
+``run_effect``. It records the charge as a fact, a new key each turn, so facts grow
+with the thread. It appends the user message and the reply to the bounded
 conversation.
 
 The provider is an async client, as most provider SDKs offer one: the kernel awaits it
