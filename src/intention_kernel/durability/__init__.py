@@ -213,12 +213,12 @@ def open_durability(
       ``lock_timeout`` is the seconds to wait for a busy thread. ``lease_expiry`` is the
       seconds a thread lease lasts unless renewed. A URL with two of them:
       ``postgresql://app@db/app?schema=billing&lock_timeout=5&sslmode=require``.
-    - ``memory://`` → ``InMemoryDurability`` (tests and examples only)
+    - ``memory://`` → ``InMemoryDurability``, for tests and examples only.
 
-    Options, ``None`` for the adapter's default: ``lock_timeout`` (seconds a turn waits
-    for a busy thread; a URL may not give ``lock_timeout=`` too) and ``connect_timeout``
-    (PostgreSQL only: seconds opening waits to reach the server; see
-    ``PostgresDurability``). A bad URL or option is a ``ValueError``.
+    Options are ``None`` for the adapter's default. ``lock_timeout`` is the seconds a
+    turn waits for a busy thread; a URL may not give ``lock_timeout=`` too.
+    ``connect_timeout`` is the seconds opening waits to reach the server (PostgreSQL
+    only; see ``PostgresDurability``). A bad URL or option is a ``ValueError``.
     """
     scheme, sep, rest = url.partition("://")
     if not sep:
