@@ -15,10 +15,10 @@ Run as ``python tests/crash_worker.py '<json config>'``:
   ``Kernel.submit``, and a queued one prints ``{"turn_id", "queued": position}``).
 - ``fault``: optional ``{"point", "action", "skip"}`` armed (for one pass, after
   ``skip`` passes through the point, default 0) before the first turn. ``action`` is
-  ``"exit"`` (``os._exit(137)`` at the point), or ``"exit_when"`` with ``"file"``: at
-  the point, start a thread that exits the process as soon as ``file`` exists, and
-  carry on (so that the process dies while the statement it just sent is held open by
-  the server).
+  ``"exit"`` or ``"exit_when"``. With ``"exit"``, the process calls ``os._exit(137)``
+  at the point. ``"exit_when"`` comes with ``"file"``. At the point, it starts a thread
+  that exits the process as soon as ``file`` exists, and carries on. So the process
+  dies while the server holds open the statement it just sent.
 
 Each finished turn prints one JSON line: ``{"turn_id", "result"}`` with
 ``TurnResult.to_dict()``, or ``{"turn_id", "error", "message"}`` for a ``KernelError``.

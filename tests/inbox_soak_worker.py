@@ -1,12 +1,13 @@
 """One process of tests/test_inbox_soak.py: it delivers its messages to one thread of
 a ``"queue"`` agent, and is killed (SIGKILL) and started again at random.
 
-Run as ``python tests/inbox_soak_worker.py '<json config>'``: ``store``
-(:meth:`proving_support.Store.config`), ``thread_id``, ``turns`` (the turn IDs it
-delivers, in order), ``barrier`` (a directory where it says it is ready, the number of
-parties, and whether to wait for them) and ``acks`` (a file: one fsynced JSON line per
-delivery the kernel acknowledged, ``{"turn_id", "ack"}``, ``ack`` being ``queued`` or
-``ran``). Each turn's model takes a few milliseconds, so that deliveries meet a busy
+Run as ``python tests/inbox_soak_worker.py '<json config>'``. The config holds
+``store`` (:meth:`proving_support.Store.config`), ``thread_id``, ``turns``, ``barrier``
+and ``acks``. ``turns`` are the turn IDs it delivers, in order. ``barrier`` holds a
+directory where it says it is ready, the number of parties, and whether to wait for
+them. ``acks`` is a file with one fsynced JSON line per delivery the kernel
+acknowledged. Each line is ``{"turn_id", "ack"}``, ``ack`` being ``queued`` or
+``ran``. Each turn's model takes a few milliseconds, so that deliveries meet a busy
 thread.
 """
 

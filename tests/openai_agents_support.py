@@ -1,8 +1,8 @@
 """A help-desk OpenAI Agents SDK agent for the bridge's tests, driven by a fake ``Model``.
 
-The model is a pure function of the input items it is sent, so a redelivered turn, or
-a new process, would ask for the same calls; it counts its requests (``requests``), so
-a test sees when a recorded response saved one. Tools: ``order_status`` (a read),
+The model is a pure function of the input items it is sent. So a redelivered turn, or
+a new process, would ask for the same calls. It counts its requests (``requests``).
+So a test sees when a recorded response saved one. Tools: ``order_status`` (a read),
 ``cancel_order`` (a write, keyed by the order) and ``issue_refund`` (a write keyed by
 the order that needs approval). Each write appends one line to the ledger file, the
 provider's own record, which outlives any process that dies.

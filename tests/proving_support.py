@@ -1,13 +1,14 @@
 """Shared kit of the proving-ground tests (crash matrix, model check, soak, bad input).
 
 - :class:`LedgerProvider`: the conformance suite's fake payment provider, made
-  durable: every call that reaches it appends one line to a ledger file *before* it
-  answers, so a test counts real provider calls by key even when the calling
+  durable. Every call that reaches it appends one line to a ledger file *before* it
+  answers. So a test counts real provider calls by key, even when the calling
   process dies right after the call. It marks ``IN_PROVIDER_AFTER_WRITE`` there.
-- :class:`Store`: one SQLite file or one PostgreSQL schema under test, with what
-  the tests need around the adapter: a configuration that worker processes open
-  (:func:`open_store`), raw reads of every table (:meth:`Store.snapshot`, to prove
-  that a refused turn wrote nothing), and the committed turns.
+- :class:`Store`: one SQLite file or one PostgreSQL schema under test. It holds what
+  the tests need around the adapter. That is a configuration that worker processes
+  open (:func:`open_store`), and raw reads of every table (:meth:`Store.snapshot`).
+  Those reads prove that a refused turn wrote nothing. It also holds the committed
+  turns.
 - :func:`read_ledger`, :func:`read_all_events`: the provider's calls and the outbox.
 - :func:`proving_agent`: the billing agent plus ``payments.pay``, a write that pays at
   once (``"capability"`` mode), so that a thread's first turn writes and one turn can
@@ -386,9 +387,9 @@ async def migration_4_gives_receipts_their_owner(
 async def journal_before_tenants_gets_its_threads_owner(
     open_durability: Callable[[], Durability], before_tenants: Callable[[], None]
 ) -> None:
-    """Journal entries written before they carried a tenant: those on a committed
-    thread take its owner, so that its tenant's redelivery still goes on from them;
-    those on a thread with no committed turn cannot tell whose they are, and refuse
+    """Journal entries written before they carried a tenant. Those on a committed
+    thread take its owner. So its tenant's redelivery still goes on from them.
+    Those on a thread with no committed turn cannot tell whose they are. They refuse
     every tenant's turn there (unknown fails closed). ``before_tenants`` makes the
     store look as the schema before ``JournalEntry.tenant_id`` wrote it."""
 

@@ -2,9 +2,10 @@
 
 The model is a pure function of the messages it is sent, so a redelivered turn, or
 a new process, asks for the same calls. With ``asks``, each request the model is sent
-is also a line of that file (its process and how many messages it carried), which
-outlives a process that dies; with ``die_at_request=N`` the process sends itself SIGKILL
-as its model is about to be sent its N-th request (that request is not logged).
+is also a line of that file. The line holds its process and how many messages it
+carried. The file outlives a process that dies. With ``die_at_request=N``, the process
+sends itself SIGKILL as its model is about to be sent its N-th request. That request
+is not logged.
 
 Tools: ``order_status`` (a read), ``cancel_order`` (a write, keyed by the order) and
 ``issue_refund`` (a write keyed by the order that needs approval). Each write appends

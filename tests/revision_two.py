@@ -6,11 +6,12 @@ how the ``migrate`` command is tested on real stores.
 - :func:`install` puts the revision in place, in a test through
   ``monkeypatch.setattr`` (undone afterwards), in a worker process for good.
 - ``python tests/revision_two.py cli ARGS...`` runs ``intention-kernel ARGS...`` with the
-  revision installed. In its environment, ``IK_MIGRATE_DELAY`` (seconds) slows each
-  migrated thread down, ``IK_MIGRATE_KILL_AT=N`` makes the process kill itself
-  (SIGKILL) as it migrates its N-th thread, ``IK_MIGRATE_READY=PATH`` creates that file
-  as it starts its first migration, and ``IK_MIGRATE_WAIT_FOR=PATH`` holds the first
-  migration until that file exists.
+  revision installed. Its environment can set four variables.
+  ``IK_MIGRATE_DELAY`` (seconds) slows each migrated thread down.
+  ``IK_MIGRATE_KILL_AT=N`` makes the process kill itself (SIGKILL) as it migrates its
+  N-th thread. ``IK_MIGRATE_READY=PATH`` creates that file as it starts its first
+  migration. ``IK_MIGRATE_WAIT_FOR=PATH`` holds the first migration until that file
+  exists.
 - ``python tests/revision_two.py turns '<json>'`` commits turns with the revision
   installed, printing one JSON line per committed turn (see :func:`commit_turns`).
 """
@@ -81,10 +82,10 @@ def install(patch: Callable[[object, str, Any], None] = setattr) -> None:
 
 
 async def commit_turns(config: dict[str, Any]) -> None:
-    """Commit ``balance N`` turns on ``threads`` (from the command line: once
-    ``wait_for`` exists), round after round, ``pause`` seconds apart: the first round
-    in reverse thread order, creating ``started`` after its first turn; the rounds go
-    on until ``stop`` exists, then one more. Each committed turn is one JSON line on
+    """Commit ``balance N`` turns on ``threads``, round after round, ``pause`` seconds
+    apart. From the command line, it starts once ``wait_for`` exists. The first round
+    goes in reverse thread order, creating ``started`` after its first turn. The rounds
+    go on until ``stop`` exists, then one more. Each committed turn is one JSON line on
     stdout: ``{"thread_id", "turn_id", "version"}``."""
     from intention_kernel import Kernel
     from intention_kernel.durability import open_durability

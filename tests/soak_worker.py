@@ -21,13 +21,13 @@ Run as ``python tests/soak_worker.py '<json config>'``:
   than at its first, as a host restarted after a crash retries what was in flight.
 
 Every thread is walked in order, each turn delivered until it returns, so that a
-thread's turns commit in schedule order whichever process commits them. One
-JSON line per delivery: ``{"t", "u", "replayed", "digest", "steps"}`` (the digest of
-the result without its ``replayed`` flag; each step's capability and status),
-``{"t", "u", "refused"}`` for a refused
-conflicting request, ``{"t", "u", "lease_lost"}`` for a delivery refused a write
-because its lease lapsed while the process was stopped (it is delivered again), or
-``{"t", "u", "error"}`` for anything unexpected. A walk that
+thread's turns commit in schedule order whichever process commits them. Each
+delivery writes one JSON line, of one of four kinds. The first is
+``{"t", "u", "replayed", "digest", "steps"}``. It holds the digest of the result without
+its ``replayed`` flag, and each step's capability and status. A refused conflicting
+request writes ``{"t", "u", "refused"}``. ``{"t", "u", "lease_lost"}`` is for a
+delivery refused a write, because its lease lapsed while the process was stopped. That
+delivery is delivered again. ``{"t", "u", "error"}`` is for anything unexpected. A walk that
 ends on SQLite writes ``{"writer": {"groups", "grouped"}}`` last: the transactions its
 writer thread ran, and how many writes shared one with others.
 """

@@ -7,10 +7,11 @@ Run as ``python tests/steer_worker.py '<json config>'``:
   per round, with the steers its request carries), a file created once round 1 is
   held, and the file whose creation releases it.
 - ``turn``: ``{"thread_id", "turn_id", "message"}``.
-- ``die``: optional, where the process exits at once (``os._exit``, no cleanup):
-  ``"taken"`` (the round boundary took the steers: ``taken_by`` is durable, the
-  journal entry is not written) or ``"asked_round_2"`` (the steers are journaled and
-  the model is asked round 2 with them).
+- ``die``: optional, where the process exits at once (``os._exit``, no cleanup).
+  It is ``"taken"`` or ``"asked_round_2"``. At ``"taken"``, the round boundary took
+  the steers. ``taken_by`` is durable, and the journal entry is not written. At
+  ``"asked_round_2"``, the steers are journaled and the model is asked round 2 with
+  them.
 - ``queued``: optional; the turn comes while another holds the thread. So it is
   queued in the inbox, and this process's drain runs it.
 - ``submit``: optional; only submit this turn (a steer), print its answer and exit

@@ -184,10 +184,10 @@ async def test_a_third_party_durability_works_with_the_relay_operations_and_host
 
 
 class TestAThirdPartyDurabilityDeclaringWhatItOffers(DurabilityConformance):
-    """The shipped cases on a durability that is no ``RecordedDurability``: what it
-    declares (fault points, reached by the engine it forwards to; ``owner=``; the
-    interaction queue; its recorder, for the relay, the operations and the journal)
-    runs on it, so none of those tests skips for its class."""
+    """The shipped cases on a durability that is no ``RecordedDurability``. What it
+    declares runs on it. That is fault points, reached by the engine it forwards to;
+    ``owner=``; the interaction queue; and its recorder, for the relay, the operations
+    and the journal. So none of those tests skips for its class."""
 
     persistent = False
 

@@ -1,11 +1,12 @@
 """The agent loop: an interpreter that works in rounds is asked again within one turn.
 
-The rounds protocol runs against a local chat-completions server (``openai_stub``)
-answering with completions built here, through ``OpenAIInterpreter`` and real turns on
-every store: what each round's request carries (round one's tool call and a ``tool``
-message with its step's outcome), that a proposed write is held and the model's text
-is the reply, that ``max_rounds`` stops a model that always wants one more tool, and
-that answers come from the person only. A one-round interpreter is asked once.
+The rounds protocol runs against a local chat-completions server (``openai_stub``).
+The server answers with completions built here. The tests go through
+``OpenAIInterpreter`` and real turns on every store. They check what each round's
+request carries. That is round one's tool call, and a ``tool`` message with its step's
+outcome. They check that a proposed write is held and the model's text is the reply.
+They check that ``max_rounds`` stops a model that always wants one more tool. And
+they check that answers come from the person only. A one-round interpreter is asked once.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 The rule itself (each applied write announced exactly once, by the first committed turn
 that uses its completed receipt) is in the conformance suite and the crash matrix. This
-is where it is written: a turn that completed the receipt under its own turn ID lists
-the key in its turn row and leaves the receipt row alone (one statement and one page
-fewer per effect); a turn that announces a receipt completed under another turn ID, one
-that never committed, marks the receipt row itself.
+is where it is written. A turn may have completed the receipt under its own turn ID.
+That turn lists the key in its turn row and leaves the receipt row alone. This saves
+one statement and one page per effect. A turn may announce a receipt completed under
+another turn ID, one that never committed. That turn marks the receipt row itself.
 """
 
 from __future__ import annotations

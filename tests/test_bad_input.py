@@ -5,11 +5,11 @@ is read before and after (:meth:`proving_support.Store.snapshot`) and compared.
 
 What the conformance suite (run by every adapter) and ``tests/test_runtime.py``
 already prove is not repeated here; see ``docs/guarantees.md`` for the map. This
-module adds: rows corrupted in every table that holds a turn's state (truncated
-JSON included), capability input that fails validation (whose turn commits a failed
-step, and nothing but that commit is written), interpreters that raise or return
-garbage on the real stores, a reply that no store can hold, enormous messages,
-and IDs with odd characters and lengths. Provider values and errors that no store
+module adds several cases. Rows are corrupted in every table that holds a turn's state
+(truncated JSON included). Capability input fails validation. Its turn commits a
+failed step, and nothing but that commit is written. Interpreters raise or return
+garbage on the real stores. A reply comes that no store can hold. Messages are
+enormous, and IDs have odd characters and lengths. Provider values and errors that no store
 can hold are the conformance suite's (``ReceiptConformance``).
 """
 
@@ -277,10 +277,10 @@ INVALID_INPUT = {
 async def test_capability_input_that_fails_validation_is_a_failed_step_and_writes_no_effect(
     store: Store, provider: LedgerProvider, case: str
 ) -> None:
-    """The turn commits (a failed step does not abort it), and that commit is all that is
-    written: its result, the thread's next version and its two messages, one
-    ``turn.committed``; no receipt, no fact, no provider call, the pending confirmation
-    untouched."""
+    """The turn commits (a failed step does not abort it). That commit is all that is
+    written. It writes its result, the thread's next version and its two messages, and
+    one ``turn.committed``. There is no receipt, no fact, and no provider call. The
+    pending confirmation is untouched."""
     message, fields = INVALID_INPUT[case]
     async with store.durability() as durability:
         kernel = Kernel(billing_agent(provider), durability)

@@ -1,7 +1,7 @@
-"""What a commit writes is the checkpoint delta the turn states, never a guess from
-object identity: each runtime turn hands its recorder exactly the messages it said,
-the facts it recorded and the new core; a delta that does not make the checkpoint is
-refused; and a commit built by hand is diffed by value."""
+"""What a commit writes is the checkpoint delta the turn states. It is never a guess
+from object identity. Each runtime turn hands its recorder exactly the messages it
+said, the facts it recorded and the new core. A delta that does not make the checkpoint
+is refused. A commit built by hand is diffed by value."""
 
 from __future__ import annotations
 

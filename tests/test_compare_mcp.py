@@ -3,10 +3,10 @@ table in docs/guides/frameworks-compared.md.
 
 Both columns call the same server (``tests/mcp_tickets_server.py``, a real process over
 stdio, which logs every call it receives before it acts). Alone, a plain ``mcp`` client
-calls ``create_ticket`` and, not knowing whether a call whose response it lost ran,
-calls it again (``tests/mcp_alone_worker.py`` in its own process, or in this one);
-inside, ``mcp_capabilities`` makes the tools capabilities of a kernel agent
-(``tests/mcp_desk_worker.py`` in its own process, or in this one). Processes are real
+calls ``create_ticket``. It does not know whether a call whose response it lost ran.
+So it calls it again. This is ``tests/mcp_alone_worker.py``, in its own process or in
+this one. Inside, ``mcp_capabilities`` makes the tools capabilities of a kernel agent.
+This is ``tests/mcp_desk_worker.py``, in its own process or in this one. Processes are real
 and killed with SIGKILL. Each test asserts the numbers its table cells show.
 """
 

@@ -1089,10 +1089,10 @@ def provider_charges(provider: FakePaymentProvider) -> list[dict[str, Any]]:
 
 
 def test_the_pages_schema_check_agrees_with_the_input_model(host: Host, page: Any) -> None:
-    """The edit form's check, run in the page on a pydantic schema with what a capability's
-    input model may hold (a nested model by ``$ref``, a literal, a list, an optional
-    field, bounds): it refuses exactly what the model refuses, on inputs where pydantic's
-    coercion does not come in."""
+    """The edit form's check runs in the page on a pydantic schema. The schema has what a
+    capability's input model may hold. That is a nested model by ``$ref``, a literal, a
+    list, an optional field, and bounds. The check refuses exactly what the model
+    refuses. This holds on inputs where pydantic's coercion does not come in."""
     from typing import Literal
 
     import pydantic

@@ -2,10 +2,11 @@
 the same delivery, retried by a new process, gets exactly what the source document
 requires at that point.
 
-Three turns die (see :data:`SCENARIOS`): the acceptance of a confirmed charge (the
-thread's second turn, one external write), a thread's very first turn paying at once
-(a ``"capability"``-mode write: the first-commit path, which creates the thread), and a
-turn with two external writes, dying between them. A real worker process
+Three turns die (see :data:`SCENARIOS`). The first is the acceptance of a confirmed
+charge: the thread's second turn, one external write. The second is a thread's very
+first turn paying at once. It is a ``"capability"``-mode write, on the first-commit
+path, which creates the thread. The third is a turn with two external writes, dying
+between them. A real worker process
 (``tests/crash_worker.py``) runs the turn and dies at the fault point (``os._exit``: no
 cleanup of any kind); a new process then retries the same delivery. At each point the
 outcome of each write is fixed:
@@ -29,10 +30,11 @@ operator's reconciliation of an uncertain receipt lets the business go on withou
 second charge.
 
 ``during_commit`` dies inside the commit transaction, every row written and nothing
-committed: on SQLite the point is inside the open transaction; on PostgreSQL, whose
-commit is one statement, the server is made to hold that statement's transaction
-open (a deferred trigger waits for a lock the test holds) while the worker dies, or,
-in process, while the test terminates the adapter's session.
+committed. On SQLite the point is inside the open transaction. On PostgreSQL, the
+commit is one statement. There the server is made to hold that statement's transaction
+open, while the worker dies. A deferred trigger holds it, waiting for a lock the test
+holds. In process, it is held open while the test terminates the adapter's
+session.
 
 The same matrix runs in process with ``"raise"`` faults on every adapter
 (including the in-memory one), which also proves that an adapter instance that

@@ -33,8 +33,8 @@ def test_every_version_reads_as_built_whatever_was_read_before(
         changes = {key: record(key, number) for key in sorted(keys)}
         versions.append(DerivedFacts(versions[-1], changes))
         expected.append({**expected[-1], **changes})
-    # Reading an older version moves the shared dict to it (one key of a version next
-    # to the holder is read through its changes instead); a later read of another
+    # Reading an older version moves the shared dict to it. One key of a version next
+    # to the holder is read through its changes instead. A later read of another
     # version must still see that version's own facts, its size included.
     for index, how in reads:
         index %= len(versions)

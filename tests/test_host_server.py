@@ -232,13 +232,13 @@ def test_a_token_whose_role_or_principal_is_unclear_is_refused(spec: str, messag
 
 
 # -- schemathesis against the app's own document -----------------------------------------
-# Two apps, each fuzzed against its own /openapi.json: one without authentication and
-# one with a bearer token bound to a tenant (sent with every case; schemathesis's
-# ignored_auth check then also proves that a missing or wrong token is refused with
-# 401). Each app's store is seeded with receipts an operator can resolve (uncertain,
-# and prepared by an attempt that died), and positive resolve cases are pointed at
-# them in turn, so that the success path (200) and the resolved-again refusal (409)
-# are exercised, not only 404. Positive turns get a turn ID of their own, so they run
+# Two apps are each fuzzed against their own /openapi.json. One has no authentication.
+# The other has a bearer token bound to a tenant, sent with every case.
+# Schemathesis's ignored_auth check then also proves that a missing or wrong token is
+# refused with 401. Each app's store is seeded with receipts an operator can resolve.
+# They are uncertain, or prepared by an attempt that died. Positive resolve cases are
+# pointed at them in turn. So the success path (200) and the resolved-again refusal
+# (409) are exercised, not only 404. Positive turns get a turn ID of their own, so they run
 # instead of colliding as 409s. Bounded (max_examples) and seeded; the CI profile
 # derandomizes besides (tests/conftest.py).
 
