@@ -77,10 +77,10 @@ def test_a_serializer_stand_in_gives_way_to_the_serializer_at_its_first_call() -
     assert _layout_codec.encode_message(message) == first.decode()
 
 
-#: Modules that only some paths need: the sync facade and its loop thread (sync
-#: callers), the operations (a confirmation's timer, deploy checks, retention),
-#: ``uuid`` (an interaction's ID), ``urllib.parse`` (a store's URL) and pydantic
-#: (the first adapter, at a process's first turn).
+#: Modules that only some paths need. The sync facade and its loop thread serve
+#: sync callers. The operations serve a confirmation's timer, deploy checks and
+#: retention. ``uuid`` serves an interaction's ID, and ``urllib.parse`` a store's
+#: URL. Last, pydantic serves the first adapter, at a process's first turn.
 RARE = (
     "intention_kernel._sync",
     "intention_kernel._loopthread",

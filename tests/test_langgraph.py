@@ -1,12 +1,13 @@
 """The LangGraph bridge: a compiled graph's loop inside durable turns.
 
-Reads reach the model; a write tool is called once however often its turn is
-delivered, also when a real process dies after the provider call; a tool in
-``approve`` pauses on an interrupt held as a kernel interaction bound to that exact
-call, survives a restart, and an accept runs exactly that call once while a reject's
-reason reaches the model. Each model call is recorded in the turn's journal before its
-tools run: a redelivered turn asks the model only what it had not answered. The graph
-is LangGraph's prebuilt ReAct agent or a hand-built ``StateGraph`` with a ``ToolNode``.
+Reads reach the model. A write tool is called once however often its turn is
+delivered. That holds also when a real process dies after the provider call. A tool
+in ``approve`` pauses on an interrupt. The interrupt is held as a kernel interaction
+bound to that exact call, and it survives a restart. An accept runs exactly that call
+once, while a reject's reason reaches the model. Each model call is recorded in the
+turn's journal before its tools run: a redelivered turn asks the model only what it
+had not answered. The graph is LangGraph's prebuilt ReAct agent or a hand-built
+``StateGraph`` with a ``ToolNode``.
 No API key: the model is scripted (``tests/langgraph_support.py``).
 """
 

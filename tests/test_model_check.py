@@ -1,12 +1,12 @@
 """A model check: random conversations against a reference model, on every adapter.
 
 Hypothesis drives a :class:`~hypothesis.stateful.RuleBasedStateMachine` through
-random sequences of turns on two threads: proposals of a confirmed charge,
-acceptances whose provider call succeeds, is declined (not applied) or loses its
-response, rejections, questions, redeliveries of old turn IDs (with the same
-request, and with another one), operator reconciliations (valid and refused),
-turns that crash at a fault point (``"raise"`` faults) and their later
-redelivery, and adapter restarts. A small reference model, written from the
+random sequences of turns on two threads. The turns propose a confirmed charge. They
+accept one, and its provider call succeeds, is declined (not applied) or loses its
+response. They reject, and they ask questions. They redeliver old turn IDs, with the
+same request and with another one. They run operator reconciliations, valid and
+refused. Some crash at a fault point (``"raise"`` faults) and are redelivered later.
+Adapters restart as well. A small reference model, written from the
 source document's rules and nothing else, predicts each turn's result, and after
 every step the store must agree with it, field by field:
 
@@ -22,12 +22,12 @@ every step the store must agree with it, field by field:
   consumer relies on (``fact.recorded`` key and version, ``effect.*`` key, attempt,
   status, ``turn.committed`` version and steps, ...).
 
-Rules are weighted towards the paths a uniform walk seldom takes (a crash inside
-the provider window of a charge that would call the provider, an acceptance that
-meets a dead attempt's ``prepared`` receipt, a crash right after committing a
-charge), and the run records which (fault point, path) combinations it met: the
-test fails if one of :func:`required_paths` never occurred, so a budget or a rule
-change cannot quietly stop exploring them.
+Rules are weighted towards the paths a uniform walk seldom takes. One is a crash
+inside the provider window of a charge that would call the provider. Another is an
+acceptance that meets a dead attempt's ``prepared`` receipt. A third is a crash right
+after committing a charge. The run records which (fault point, path) combinations it
+met. The test fails if one of :func:`required_paths` never occurred. So a budget or a
+rule change cannot quietly stop exploring them.
 
 The run is bounded for CI by the hypothesis profile (``tests/conftest.py``):
 deterministic in CI, fresh examples on every local run; ``--hypothesis-profile=
@@ -214,9 +214,11 @@ class Harness:
 
 
 def required_paths(store: Store | None) -> set[tuple[str, str]]:
-    """What every run must have met at least once: a death at every fault point of an
-    acceptance that calls the provider (the in-memory commit has no "during"), every state
-    an acceptance can meet, a replay of a turn that died after its commit, and both
+    """What every run must have met at least once.
+
+    It must meet a death at every fault point of an acceptance that calls the provider.
+    The in-memory commit has no "during". It must meet every state an acceptance can
+    meet. It must replay a turn that died after its commit. It must meet both
     reconciliations."""
     crashes = [p for p in faults.POINTS if store is not None or p != faults.DURING_COMMIT]
     return {
@@ -661,20 +663,21 @@ class ConversationMachine(RuleBasedStateMachine):
         ]
 
     # -- scenarios: short conversations that take the paths a uniform walk seldom takes -----
-    # Each is a rule of its own with no choice of fault point (hypothesis draws a rule's
-    # arguments far less evenly than it seems), on a charge whose acceptance reaches the
-    # provider. The test also plays each once before the walk (see TOUR).
+    # Each is a rule of its own with no choice of fault point. Hypothesis draws a rule's
+    # arguments far less evenly than it seems. Each runs on a charge whose acceptance
+    # reaches the provider. The test also plays each once before the walk (see TOUR).
 
     def draw_a_fresh_charge(self, data: st.DataObject) -> tuple[str, str, int]:
         name, pi = data.draw(st.sampled_from(self.fresh_charges()))
         return name, pi, data.draw(st.sampled_from([100, 250]))
 
     def charge_that_dies(self, name: str, pi: str, amount: int, point: str, then: str) -> None:
-        """Propose a charge, let its acceptance die at ``point``, then go on as a host or
-        a person would: the host retries the same delivery; after a death with
-        ``prepared`` or ``completed`` durable, the person's answer arrives again under a
-        new delivery ID (the provider would now behave as ``then``), and must fail
-        closed, or reuse the completed receipt."""
+        """Propose a charge, let its acceptance die at ``point``, then go on.
+
+        It goes on as a host or a person would. The host retries the same delivery.
+        After a death with ``prepared`` or ``completed`` durable, the person's answer
+        arrives again under a new delivery ID. The provider would now behave as
+        ``then``. The answer must fail closed, or reuse the completed receipt."""
         self.propose(name, pi, amount)
         self.crash_while_accepting(name, point)
         if point == faults.AFTER_COMMIT:

@@ -1,12 +1,12 @@
 """The OpenAI Agents SDK bridge: a ``Runner`` loop inside durable turns.
 
-Reads reach the model; a write tool is called once however often its turn is
-delivered, also when a real process is killed (SIGKILL) after the provider call; the
-model is not asked again for a response the turn recorded; a ``needs_approval`` tool
-is held as a kernel interaction bound to that exact call, its paused ``RunState`` in
-the thread's checkpoint, so an approval in a new process resumes exactly that run and
-runs the call once, while a reject's reason reaches the model. No API key: the model
-is a fake ``Model`` (``tests/openai_agents_support.py``).
+Reads reach the model. A write tool is called once however often its turn is
+delivered. That holds also when a real process is killed (SIGKILL) after the provider
+call. The model is not asked again for a response the turn recorded. A
+``needs_approval`` tool is held as a kernel interaction bound to that exact call. Its
+paused ``RunState`` is kept in the thread's checkpoint. So an approval in a new process
+resumes exactly that run and runs the call once. A reject's reason reaches the
+model. No API key: the model is a fake ``Model`` (``tests/openai_agents_support.py``).
 """
 
 from __future__ import annotations

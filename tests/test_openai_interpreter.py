@@ -1,9 +1,9 @@
 """OpenAIInterpreter against a local OpenAI-compatible server replaying recorded responses.
 
 Each test queues recordings (``tests/fixtures/openai/*.json``) on a stub server on
-loopback, runs real turns of the demo billing agent through a ``Kernel`` on
-``InMemoryDurability``, and asserts on what the stub received and on what the
-turn did: what was offered to the model, what ran, what was committed.
+loopback. It runs real turns of the demo billing agent through a ``Kernel`` on
+``InMemoryDurability``. It asserts on what the stub received and on what the turn
+did: what was offered to the model, what ran, what was committed.
 
 These tests hold the interpreter to one request per turn (``multi_round=False``): each
 turn's one recording is the whole conversation with the model. The rounds protocol

@@ -23,9 +23,9 @@ from proving_support import drop_schema, new_schema, read_all_events
 async def test_a_relay_with_more_claims_than_pooled_sessions_completes_on_postgres(
     postgres_dsn: str, pool: int, concurrency: int
 ) -> None:
-    """Each claim holds a session; its reads and marks run on that session, and claims
-    beyond the pool queue for one, so no concurrency can exhaust the pool (a claim
-    borrowing a second session for its reads deadlocked at concurrency >= pool / 2)."""
+    """Each claim holds a session, and its reads and marks run on that session. Claims
+    beyond the pool queue for one, so no concurrency can exhaust the pool. A claim
+    borrowing a second session for its reads deadlocked at concurrency >= pool / 2."""
     schema = new_schema()
     threads = tuple(f"t-{n}" for n in range(12))
     try:

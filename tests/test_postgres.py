@@ -1541,9 +1541,9 @@ async def test_a_commits_generic_plan_probes_receipts_and_facts_by_key_not_by_th
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The commit function's statements run on generic plans once cached. Each key it
-    touches (a receipt it announces, a fact it removes) must be one primary-key probe,
-    never a walk over the thread's rows with the key as a filter: that cost grew with
-    the thread (300 receipts read per commit at turn 300). Checked on the plans
+    touches (a receipt it announces, a fact it removes) must be one primary-key probe.
+    It must never be a walk over the thread's rows with the key as a filter. That cost
+    grew with the thread (300 receipts read per commit at turn 300). Checked on the plans
     PostgreSQL really executes inside the function (``auto_explain``), with
     ``plan_cache_mode = force_generic_plan``."""
 

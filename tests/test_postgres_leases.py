@@ -1,9 +1,10 @@
 """Thread leases on PostgreSQL: a paused holder, renewal, expiry on the server's clock,
 and real worker processes stopped (SIGSTOP) past their lease while another takes over.
 
-A paused worker is made two ways: in this process, by blocking the event loop inside
-a provider call (nothing runs, the lease renewal included, as in a long GC pause);
-and as a real process frozen with SIGSTOP and woken with SIGCONT. Every test works
+A paused worker is made two ways. In this process, it is made by blocking the event
+loop inside a provider call. Then nothing runs, the lease renewal included, as in a
+long GC pause. It is also made as a real process frozen with SIGSTOP and woken with
+SIGCONT. Every test works
 in a schema of its own.
 """
 

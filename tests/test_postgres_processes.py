@@ -252,11 +252,11 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
     cluster: Cluster, rng: random.Random
 ) -> None:
     """8 workers share 6 threads, each with part of the schedule (half of the turns
-    delivered by two workers at once). Four are SIGKILLed at spread-out points, each the
-    moment its provider call is logged, so mid-turn (it stops there itself: a slow test
-    cannot kill it late); two are respawned with what they
-    had not reported (a host redelivering), two are not, and a final recovery delivers
-    every turn once more. Then: every turn committed exactly once, versions gapless,
+    delivered by two workers at once). Four are SIGKILLed at spread-out points. Each dies
+    the moment its provider call is logged, so mid-turn. It stops there itself, so a
+    slow test cannot kill it late. Two are respawned with what they had not reported,
+    like a host redelivering. Two are not. A final recovery delivers every turn once
+    more. Then: every turn committed exactly once, versions gapless,
     each effect key called at most once, and each turn's events exactly what its
     receipts say."""
     threads, per_thread, n_workers = 6, 20, 8
@@ -266,9 +266,10 @@ async def test_racing_workers_killed_at_random_never_duplicate_anything(
     schedules, alone = deal(pairs, n_workers, set(victims), rng)
 
     # Where each victim dies: after reporting this many turns, at its next provider
-    # call. Spread over the run, and early enough that three turns only it delivers (so
-    # three fresh calls) are still ahead: the kill comes at the first of them at the
-    # latest, and a final victim still leaves at least one to the recovery.
+    # call. The points are spread over the run. Each is early enough that three turns
+    # only it delivers (so three fresh calls) are still ahead. The kill comes at the
+    # first of them at the latest. A final victim still leaves at least one to the
+    # recovery.
     def kill_point(worker: int, low: float, high: float) -> int:
         size = len(schedules[worker])
         return max(1, min(rng.randint(int(size * low), int(size * high)), alone[worker][-3]))

@@ -1,13 +1,13 @@
 """The Pydantic AI bridge: an agent's loop inside durable turns.
 
-Reads reach the model; a write tool is called once however often its turn is
-delivered, also when a real process dies after the provider call; a
+Reads reach the model. A write tool is called once however often its turn is
+delivered. That holds also when a real process dies after the provider call. A
 ``requires_approval=True`` tool is held as a kernel interaction bound to that exact
-call, survives a restart, and an accept runs exactly that call once while a reject's
-reason reaches the model as the denial. Each model response is recorded in the turn's
-journal before its tools run: a redelivered turn asks the model only for the requests
-it had not answered, streamed ones too. No API key: the model is a ``FunctionModel``
-(``tests/pydantic_ai_support.py``).
+call, and it survives a restart. An accept runs exactly that call once, while a
+reject's reason reaches the model as the denial. Each model response is recorded in
+the turn's journal before its tools run: a redelivered turn asks the model only for
+the requests it had not answered, streamed ones too. No API key: the model is a
+``FunctionModel`` (``tests/pydantic_ai_support.py``).
 """
 
 from __future__ import annotations

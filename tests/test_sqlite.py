@@ -201,9 +201,10 @@ async def test_a_refused_or_timed_out_thread_lock_leaves_lone_writes_inline(
 async def test_reads_use_the_writers_connection_only_while_no_write_can_be_on_the_worker(
     tmp_path: Path,
 ) -> None:
-    """A turn's start reads on the writer's connection (its page cache is current) while
-    writes run inline; while a write hop is inside its transaction on the worker thread,
-    a read goes to the read-only connection and sees only what is committed."""
+    """A turn's start reads on the writer's connection while writes run inline. That
+    connection's page cache is current. While a write hop is inside its transaction on
+    the worker thread, a read goes to the read-only connection. It sees only what is
+    committed."""
     from intention_kernel.testing import faults
 
     on_writer: list[str] = []

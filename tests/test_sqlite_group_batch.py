@@ -1,5 +1,6 @@
-"""Less work per write in a SQLite group, and still a failing write fails alone: a write
-that is not atomic runs in its group without a savepoint of its own, and what it
+"""Less work per write in a SQLite group, and still a failing write fails alone.
+
+A write that is not atomic runs in its group without a savepoint of its own. What it
 leaves behind when it fails is exactly what it leaves when it runs alone."""
 
 from __future__ import annotations
@@ -227,9 +228,9 @@ async def test_only_atomic_writes_take_a_savepoint_in_a_group(tmp_path: Path) ->
 
 
 async def test_a_cancelled_caller_goes_on_only_after_its_write_committed(tmp_path: Path) -> None:
-    """A task cancelled while its write waits for the worker thread does not go on (and
-    drop its thread lock) while the write may still run: it sees the cancellation once
-    the write's group committed, and the write is on disk."""
+    """Take a task cancelled while its write waits for the worker thread. It does not go
+    on (and drop its thread lock) while the write may still run. It sees the
+    cancellation once the write's group committed, and the write is on disk."""
     path = tmp_path / "k.db"
     async with _scratch_store(path) as probe:
         gate = await probe.hold()

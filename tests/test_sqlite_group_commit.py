@@ -193,8 +193,8 @@ async def test_a_failed_commit_fails_the_whole_group(tmp_path: Path) -> None:
 
 async def test_a_transaction_lost_under_a_write_fails_every_write_it_held(tmp_path: Path) -> None:
     """A full disk (a tiny ``max_page_count``) makes SQLite roll the whole transaction
-    back under one write: the writes before it in the group lost their rows too, so
-    they fail as well; the writes after it run in a new transaction."""
+    back under one write. The writes before it in the group lost their rows too. So
+    they fail as well. The writes after it run in a new transaction."""
     path = tmp_path / "k.db"
 
     async def big(tx: TurnTransaction) -> TurnCommit:
@@ -241,10 +241,10 @@ async def test_outbox_marks_on_the_worker_hand_no_cursor_to_the_event_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A relay's marks, on the worker thread and in groups, leave no cursor for the
-    event loop to free: freed there, an ``executemany`` cursor resets its statement
-    while the worker may be running the same statement for the next mark, and SQLite
-    answers ``bad parameter or other API misuse`` (a relay then publishes the batch
-    again: the soak's duplicates). Which thread frees the cursor last is a race that
+    event loop to free. Freed there, an ``executemany`` cursor resets its statement.
+    The worker may be running the same statement for the next mark meanwhile. SQLite
+    then answers ``bad parameter or other API misuse``. A relay then publishes the
+    batch again: the soak's duplicates. Which thread frees the cursor last is a race that
     a loaded machine loses; the next test holds what a write returns, to be sure."""
     problems = watch_connections(monkeypatch)
     path = tmp_path / "k.db"
@@ -265,8 +265,8 @@ async def test_what_a_write_hands_back_holds_no_statement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whatever a body on the worker returns or raises reaches the event loop without a
-    live statement: a cursor it returns is closed, and the frames of an error it
-    raises (a partly read cursor in a local, say) are cleared on the worker."""
+    live statement. A cursor it returns is closed. The frames of an error it raises
+    are cleared on the worker; they may hold a partly read cursor in a local, say."""
     problems = watch_connections(monkeypatch)
     probe = WriterProbe(group_alone=True)
     async with grouping_durability(tmp_path / "k.db", probe=probe):
@@ -292,10 +292,10 @@ async def test_what_a_write_hands_back_holds_no_statement(
 async def test_with_offload_writes_false_no_write_runs_inline_beside_a_busy_hop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``offload_writes=False`` hands a write the database keeps busy to the worker,
-    which waits for the lock; until it is done, the other turns' reads and writes stay
-    off the writer's connection (they hop too, or read on the reader), instead of
-    running statements on it from the event loop while the worker is inside one."""
+    """``offload_writes=False`` hands a write the database keeps busy to the worker.
+    The worker waits for the lock. Until it is done, the other turns' reads and writes
+    stay off the writer's connection. They hop too, or read on the reader. They do not
+    run statements on it from the event loop while the worker is inside one."""
     problems = watch_connections(monkeypatch)
     path = tmp_path / "k.db"
     probe = WriterProbe()
@@ -347,9 +347,9 @@ async def test_a_read_never_rolls_back_a_transaction_it_did_not_begin(tmp_path: 
 async def test_a_write_that_breaks_its_savepoint_fails_its_group_and_the_worker_goes_on(
     tmp_path: Path,
 ) -> None:
-    """A write whose savepoint is gone when it fails (a body that released it, against
-    the rules) makes ``ROLLBACK TO`` fail: the whole group is rolled back and fails,
-    nothing of it is on disk, and the worker thread runs the next writes. Without
+    """A write whose savepoint is gone when it fails makes ``ROLLBACK TO`` fail. A body
+    may have released it, against the rules. Then the whole group is rolled back and
+    fails, and nothing of it is on disk. The worker thread runs the next writes. Without
     that, the error would end the worker thread, and every write after it would wait
     for ever."""
     path = tmp_path / "k.db"

@@ -1,10 +1,10 @@
 """The SQLite adapter's guarantees, proven with real OS processes and real crashes.
 
-Each multi-process test starts workers (``tests/sqlite_worker.py``: a billing agent
-whose fake payment provider appends one fsync'd line per call to a ledger file) on
-one database file, kills some of them, and then checks what a user would see:
-turn results, receipts, the checkpoint, the outbox, and how often the provider
-was really called. After every test, the outbox may only hold events of turns
+Each multi-process test starts workers (``tests/sqlite_worker.py``) on one database
+file. A worker is a billing agent whose fake payment provider appends one fsync'd line
+per call to a ledger file. The test kills some of them. Then it checks what a user
+would see: turn results, receipts, the checkpoint, the outbox, and how often the
+provider was really called. After every test, the outbox may only hold events of turns
 that committed.
 """
 

@@ -4,9 +4,10 @@
 wrote (``tests/stored_bytes_support.py``): non-ASCII text, escapes, floats, integers
 past 64 bits, nested objects in their own key order. Every stored JSON text (turn
 results, messages, facts, the checkpoint's core and receipt index) must come out of
-this tree's encoders byte for byte, and every request digest must be recomputed
-equal: a change of encoder (a faster JSON library, a lazily built adapter) that moved
-one byte would fail here, and a store would then hold two encodings of one value.
+this tree's encoders byte for byte. Every request digest must be recomputed equal.
+Take a change of encoder, such as a faster JSON library or a lazily built adapter. If
+it moved one byte, it would fail here. A store would then hold two encodings of one
+value.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Streamed turns: ``Kernel.stream_turn`` yields a turn's events as they happen, and the
 last one is the committed result.
 
-On every store: the stream ends with ``result``, equal to what a redelivery of the same
-turn returns (the committed result); steps arrive in the order they ran across rounds;
-a replay streams only its result; a consumer that leaves after the first event leaves a
-committed turn behind; a turn's error raises from the iterator as ``kernel.turn`` raises
-it. ``OpenAIInterpreter`` streams the model's text through the chat-completions stub.
+On every store, the stream ends with ``result``. That equals what a redelivery of the
+same turn returns (the committed result). Steps arrive in the order they ran across
+rounds. A replay streams only its result. A consumer that leaves after the first event
+leaves a committed turn behind. A turn's error raises from the iterator as
+``kernel.turn`` raises it. ``OpenAIInterpreter`` streams the model's text through the
+chat-completions stub.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """``SyncKernel``: the async kernel's turns, streams and operations from plain threads.
 
-On memory, SQLite and PostgreSQL (each opened from its URL, as an application would):
-the same script of turns gives what ``Kernel`` gives; 32 threads on 8 conversation
-threads share one instance, every turn commits once and each thread's turns serialize;
-the stream is a plain iterator of the async stream's events; errors keep their types;
-a call on a thread that runs an event loop is refused; ``close()`` waits for turns in
-flight; a timeout or ``KeyboardInterrupt`` cancels the turn as ``asyncio`` would.
+Each test runs on memory, SQLite and PostgreSQL, each opened from its URL, as an
+application would. The same script of turns gives what ``Kernel`` gives. 32 threads on
+8 conversation threads share one instance. Every turn commits once and each thread's
+turns serialize. The stream is a plain iterator of the async stream's events. Errors
+keep their types. A call on a thread that runs an event loop is refused. ``close()``
+waits for turns in flight. A timeout or ``KeyboardInterrupt`` cancels the turn as
+``asyncio`` would.
 Forks and a real WSGI server are in ``test_sync_processes.py``.
 """
 

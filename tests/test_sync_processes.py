@@ -1,9 +1,9 @@
 """``SyncKernel`` across real processes: forks, SIGINT, and a WSGI server.
 
 - A forked child (Celery's prefork pool, gunicorn's workers) never calls into the
-  parent's loop thread, which does not exist there: a kernel built from a URL opens the
-  store anew, one built over a store object the parent used is refused with
-  ``ForkedKernelError``, one the parent never used just starts. The parent's own
+  parent's loop thread, which does not exist there. A kernel built from a URL opens the
+  store anew. One built over a store object the parent used is refused with
+  ``ForkedKernelError``. One the parent never used just starts. The parent's own
   connections still work after the child exits (a child that closed them would end
   the parent's PostgreSQL sessions).
 - SIGINT in a thread waiting for a turn cancels the turn before ``KeyboardInterrupt``

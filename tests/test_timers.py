@@ -1,6 +1,8 @@
-"""Timers and scheduled turns (issue 37): a timer is a future turn of its thread, set in
-a turn (``ctx.schedule``, committed with it) or by the application (``Kernel.schedule``),
-fired once as a turn under a turn ID made of its key and due time. On every store."""
+"""Timers and scheduled turns (issue 37): a timer is a future turn of its thread.
+
+It is set in a turn (``ctx.schedule``, committed with it) or by the application
+(``Kernel.schedule``). It fires once as a turn under a turn ID made of its key and due
+time. On every store."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Resumable turn streams: every event has an ID, any process resumes after any of them.
 
-On every store: the IDs are ordered and unique; a watcher resumed after any event ID of
-a recorded turn gets exactly the suffix; a watcher sees only recorded rounds, never a
-provisional one; a retried delivery after a failure streams the recorded rounds as
-recorded (same IDs, same data) and runs the rest; fifty watchers of one turn see the
-same events; a reader that falls behind does not hold the turn back; a detached turn
-runs to its commit with nobody watching. With real processes: a delivery killed
+On every store, the IDs are ordered and unique. A watcher resumed after any event ID of
+a recorded turn gets exactly the suffix. A watcher sees only recorded rounds, never a
+provisional one. A retried delivery after a failure streams the recorded rounds as
+recorded (same IDs, same data). Then it runs the rest. Fifty watchers of one turn see
+the same events. A reader that falls behind does not hold the turn back. A detached
+turn runs to its commit with nobody watching. With real processes: a delivery killed
 (SIGKILL) mid-stream is resumed by another process on the same store.
 """
 

@@ -2,9 +2,10 @@
 
 NaN, infinity and a lone surrogate decode from a model's JSON arguments, but no store
 holds them. In a one-round turn such a tool call is a failed step. A turn in rounds
-records each round in its journal before its steps run: it must record what it can
-(the call, marked with why its arguments were not kept), so that the call is a failed
-step there too, the model hears so, and a redelivery makes the same decisions.
+records each round in its journal before its steps run. It must record what it can:
+the call, marked with why its arguments were not kept. That makes the call a failed
+step there too, and the model hears so. It also makes a redelivery take the same
+decisions.
 """
 
 from __future__ import annotations
