@@ -42,7 +42,8 @@ class BridgeCalls:
         self.model = 0
 
 
-def bridge_agent(calls: BridgeCalls) -> Any:
+def pydantic_agent(calls: BridgeCalls) -> Any:
+    """The Pydantic AI agent of the row: its ``FunctionModel`` and its two tools."""
     from pydantic_ai import Agent as PydanticAgent
     from pydantic_ai.messages import (
         ModelMessage,
@@ -54,8 +55,6 @@ def bridge_agent(calls: BridgeCalls) -> Any:
         UserPromptPart,
     )
     from pydantic_ai.models.function import AgentInfo, FunctionModel
-
-    from intention_kernel.integrations.pydantic_ai import KernelAgent
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         calls.model += 1
@@ -85,6 +84,14 @@ def bridge_agent(calls: BridgeCalls) -> Any:
         calls.calls += 1
         return {"invoice_id": invoice_id, "paid": DUE}
 
+    return agent
+
+
+def bridge_agent(calls: BridgeCalls) -> Any:
+    """The same agent as a kernel agent, through ``KernelAgent``."""
+    from intention_kernel.integrations.pydantic_ai import KernelAgent
+
+    agent = pydantic_agent(calls)
     # A tree from before the bridge named its reads (an older ``--base``) has no
     # ``reads``: it takes every tool not in ``writes`` as a read, so the agent is the same.
     reads: dict[str, Any] = {}
@@ -127,3 +134,31 @@ class BridgeKernelRow:
     async def replay(self, thread: str, n: int) -> None:
         result = await self.kernel.turn(f"{thread}-{n // SPAN}", str(n), question(n))
         assert result.replayed, result
+
+
+class BridgeAloneRow:
+    """The same Pydantic AI agent run alone: no kernel, no store (``bridge-alone``).
+
+    Each conversation's history stays in memory, as a process without durability keeps
+    it. A turn is one ``Agent.run`` with that history, its three model requests and
+    two tools. The cost meter reports the bridge row against this one: what is left
+    between them is the kernel's share of a round (its receipt, fact and commit)."""
+
+    def __init__(self) -> None:
+        self.provider = BridgeCalls()
+        self.history: dict[str, list[Any]] = {}
+
+    async def setup(self) -> None:
+        self.agent = pydantic_agent(self.provider)
+
+    async def close(self) -> None:
+        self.history.clear()
+
+    async def turn(self, thread: str, n: int) -> None:
+        conversation = f"{thread}-{n // SPAN}"
+        result = await self.agent.run(question(n), message_history=self.history.get(conversation))
+        assert result.output == final_text(str(n)), result.output
+        self.history[conversation] = result.all_messages()
+
+    async def replay(self, thread: str, n: int) -> None:
+        raise NotImplementedError("the agent alone keeps no turn to replay")

@@ -58,6 +58,7 @@ PATHS: list[tuple[str, str, int, int]] = [
     ("agent loop streamed, SQLite, 3 rounds", "loop-ik-sqlite-stream", 1, 3),
     ("agent loop, PostgreSQL, 3 rounds", "loop-ik-postgres", 1, 3),
     ("Pydantic AI bridge, SQLite, 3 requests", "bridge-ik-sqlite", 1, 3),
+    ("Pydantic AI alone, in memory, 3 requests", "bridge-alone", 1, 3),
 ]
 #: Each kernel path's floor, for the "x floor" column: (row, in flight) of each.
 FLOORS = {
@@ -65,7 +66,10 @@ FLOORS = {
     ("ik-sqlite-full-overlap", 64): ("floor-sqlite-full", 64),
     ("ik-postgres", 1): ("floor-postgres-async", 1),
     ("ik-postgres-full-overlap", 64): ("floor-postgres-async", 1),
+    ("bridge-ik-sqlite", 1): ("bridge-alone", 1),
 }
+#: Rows that run no kernel: no ``@base`` twin for them.
+PEERS = ("floor", "bridge-alone")
 #: The issue's target for a cold import, milliseconds.
 IMPORT_TARGET_MS = 150.0
 IMPORT_RUNS = 7
@@ -92,12 +96,21 @@ async def measure(worker: Any, what: str, n: int, count: int) -> dict[str, Any]:
         turns = await batch()
         return {"turns": turns, "cpu_us": 1e6 * (time.process_time() - cpu) / turns}
     if what == "calls":
-        profiler = cProfile.Profile()
+        # The CPU clock, so that the driver's C methods are timed as the CPU they use.
+        profiler = cProfile.Profile(time.process_time)
         profiler.enable()
         turns = await batch()
         profiler.disable()
-        total = pstats.Stats(profiler).total_calls  # type: ignore[attr-defined]
-        return {"turns": turns, "calls": total / turns}
+        stats = pstats.Stats(profiler)
+        # The sqlite3 module's methods: ``execute``, ``executemany``, ``fetchone``...
+        # A C function's own time barely carries the profiler's cost, unlike Python's.
+        driver = sum(
+            own
+            for (file, _, name), (_, _, own, _, _) in stats.stats.items()  # type: ignore[attr-defined]
+            if file == "~" and "sqlite3." in name
+        )
+        total = stats.total_calls  # type: ignore[attr-defined]
+        return {"turns": turns, "calls": total / turns, "driver_us": 1e6 * driver / turns}
     if what == "instructions":
         perf = await asyncio.create_subprocess_exec(
             *("perf", "stat", "-x,", "-e", "instructions:u", "-p", str(os.getpid())),
@@ -244,18 +257,20 @@ def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
     try:
         import pydantic_ai  # noqa: F401
     except ImportError:
-        missing["bridge-ik-sqlite"] = "pydantic-ai not installed (the pydantic-ai extra)"
+        for row in ("bridge-ik-sqlite", "bridge-alone"):
+            missing[row] = "pydantic-ai not installed (the pydantic-ai extra)"
     entries = [(name, row, n, rounds) for name, row, n, rounds in paths if row not in missing]
     if args.base:  # each kernel path against the base tree, in the same blocks
         entries += [
             (f"{name} @base", row + BASE_SUFFIX, n, rounds)
             for name, row, n, rounds in entries
-            if not row.startswith("floor")
+            if not row.startswith(PEERS)
         ]
     perf_ok, perf_reason = perf_available()
     procs = {name: Proc(row, args, ident=f"cost{k}") for k, (name, row, _, _) in enumerate(entries)}
     blocks: dict[str, list[float]] = {name: [] for name, *_ in entries}
     calls: dict[str, float] = {}
+    driver: dict[str, float] = {}  # CPU µs a turn inside the SQLite driver
     instructions: dict[str, float | None] = {}
     reasons: dict[str, str] = {}
     count = mode["cost_block"]
@@ -271,10 +286,13 @@ def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
                     procs[name].call("cost", what="cpu", n=n, count=count)["cpu_us"]
                 )
             print(f"  cost block {b + 1}/{mode['cost_blocks']}", file=sys.stderr, flush=True)
-        for name, _, n, _ in entries:
-            calls[name] = procs[name].call("cost", what="calls", n=n, count=mode["cost_calls"])[
-                "calls"
-            ]
+        for name, row, n, _ in entries:
+            got = procs[name].call("cost", what="calls", n=n, count=mode["cost_calls"])
+            calls[name] = got["calls"]
+            # One client on SQLite runs its statements on the profiled thread. With more
+            # in flight the adapter's writer thread runs them, which cProfile does not see.
+            if n == 1 and ("sqlite" in row or row.startswith("bridge-alone")):
+                driver[name] = got["driver_us"]
             if perf_ok:
                 got = procs[name].call("cost", what="instructions", n=n, count=count)
                 instructions[name] = got["instructions"]
@@ -294,6 +312,7 @@ def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
             "cpu_us": statistics.median(blocks[name]),
             "cpu_us_blocks": blocks[name],
             "calls": calls[name],
+            "driver_us": driver.get(name),
             "instructions": instructions.get(name),
         }
         plain_row = row.removesuffix(BASE_SUFFIX)
@@ -304,6 +323,9 @@ def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
                 a / f for a, f in zip(blocks[name], blocks[floor], strict=True)
             )
             row_out["calls_ratio"] = calls[name] / calls[floor]
+            if name in driver and floor in driver:  # the CPU outside SQLite, against the floor's
+                floor_own = statistics.median(blocks[floor]) - driver[floor]
+                row_out["own_ratio"] = (row_out["cpu_us"] - driver[name]) / floor_own
         if row.endswith(BASE_SUFFIX):
             current = name.removesuffix(" @base")
             rows[[r["path"] for r in rows].index(current)]["base"] = {
@@ -342,8 +364,11 @@ def report(result: dict[str, Any]) -> list[str]:
         f"calls over {result['calls_batch']} turns; load average at the end {load}):",
         "",
     ]
-    head = "| path | CPU µs/turn (x floor) | Python calls/turn (x floor) | instructions/turn |"
-    rule = "|---|---|---|---|"
+    head = (
+        "| path | CPU µs/turn (x floor) | of it in SQLite; outside it (x floor's) "
+        "| Python calls/turn (x floor) | instructions/turn |"
+    )
+    rule = "|---|---|---|---|---|"
     if base:
         head += f" `{base}`: CPU µs, calls | this / `{base}`: CPU, calls |"
         rule += "---|---|"
@@ -361,7 +386,11 @@ def report(result: dict[str, Any]) -> list[str]:
             instr = "not available: " + instructions["per_row"].get(
                 r["path"], instructions["reason"]
             )
-        line = f"| {r['path']} | {cpu} | {calls} | {instr} |"
+        split = "-"
+        if r.get("driver_us") is not None:
+            split = f"{r['driver_us']:.0f}; {r['cpu_us'] - r['driver_us']:.0f}"
+            split += f" ({r['own_ratio']:.2f})" if "own_ratio" in r else ""
+        line = f"| {r['path']} | {cpu} | {split} | {calls} | {instr} |"
         if base:
             b = r.get("base")
             if b is None:
@@ -373,7 +402,7 @@ def report(result: dict[str, Any]) -> list[str]:
                 )
         lines.append(line)
     for row, why in result["missing"].items():
-        lines.append(f"| {row} | not available: {why} | | |" + (" | |" if base else ""))
+        lines.append(f"| {row} | not available: {why} | | | |" + (" | |" if base else ""))
     lines += [
         "",
         f"Import of intention_kernel (medians of {next(iter(result['imports'].values()))['runs']}"

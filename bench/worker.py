@@ -126,8 +126,10 @@ def make_row(name: str, directory: str, dsn: str, schema: str) -> Any:
 
         return make_latency_row(name, path, dsn, schema)
     if kind == "bridge":  # bridge-ik-sqlite: the Pydantic AI bridge (bench/bridge.py)
-        from bench.bridge import BridgeKernelRow
+        from bench.bridge import BridgeAloneRow, BridgeKernelRow
 
+        if store == "alone":  # bridge-alone: the same agent without the kernel
+            return BridgeAloneRow()
         return BridgeKernelRow(sync, path, dsn, schema + "_bridge")
     if kind == "ik":
         offload = True if "offload" in options else False if "inline" in options else None

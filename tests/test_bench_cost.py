@@ -43,10 +43,11 @@ def test_the_meter_reports_every_sqlite_path_and_its_base_twin(tmp_path: Path) -
         "agent loop, SQLite, 3 rounds",
         "agent loop streamed, SQLite, 3 rounds",
         "Pydantic AI bridge, SQLite, 3 requests",
+        "Pydantic AI alone, in memory, 3 requests",
     }
     for p in paths.values():
         assert p["cpu_us"] > 0 and p["calls"] > 0, p
-        if p["row"].startswith("floor"):
+        if p["row"].startswith(("floor", "bridge-alone")):
             assert "base" not in p
         else:  # each kernel path ran against the base tree too, in the same blocks
             assert p["base"]["calls"] > 0 and p["base"]["cpu_vs_base"] > 0, p
@@ -56,6 +57,21 @@ def test_the_meter_reports_every_sqlite_path_and_its_base_twin(tmp_path: Path) -
         assert kernel["floor"] == f"floor, SQLite FULL, {n}"
         assert kernel["calls"] > paths[kernel["floor"]]["calls"]
         assert kernel["calls_ratio"] > 1
+    # One client on SQLite: the CPU inside the driver is split out, for kernel and floor.
+    # The kernel's statements are the floor's, give or take, so neither side is near 0.
+    # At 64 in flight the writer thread runs them, out of cProfile's sight: no split.
+    kernel, floor = paths["kernel, SQLite FULL, 1 client"], paths["floor, SQLite FULL, 1 client"]
+    for p in (kernel, floor):
+        assert 0 < p["driver_us"] < p["cpu_us"] * 2, p
+    assert kernel["own_ratio"] == pytest.approx(
+        (kernel["cpu_us"] - kernel["driver_us"]) / (floor["cpu_us"] - floor["driver_us"])
+    )
+    assert paths["kernel, SQLite FULL, 64 in flight"]["driver_us"] is None
+    # The bridge's peer is the same Pydantic AI agent alone: it touches no store.
+    bridge = paths["Pydantic AI bridge, SQLite, 3 requests"]
+    alone = paths["Pydantic AI alone, in memory, 3 requests"]
+    assert bridge["floor"] == alone["path"] and alone["driver_us"] == 0
+    assert bridge["driver_us"] > 0 and bridge["calls"] > alone["calls"]
     # Three model rounds cost more Python than the one-round turn.
     assert (
         paths["agent loop, SQLite, 3 rounds"]["calls"]
