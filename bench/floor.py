@@ -7,6 +7,10 @@ receipt index as rows, one appended and the oldest trimmed), with the same
 per-thread lock (an OS record lock for SQLite, an advisory lock for PostgreSQL),
 written the way one would by hand: synchronous, JSON built with ``json.dumps``,
 thread state kept in memory. No framework: the kernel's overhead is its ratio to this.
+
+The rows hold what the kernel's hold, column for column: a receipt's capability and
+input, a turn's announced keys, each step's approval fields, the indexes the relay
+reads. ``tests/test_bench_floor.py`` compares the SQLite rows' bytes, table by table.
 """
 
 from __future__ import annotations
@@ -24,15 +28,18 @@ from bench.workload import MAX_MESSAGES, FakeProvider, message, payment
 
 SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS threads (thread_id TEXT PRIMARY KEY, tenant_id TEXT,
-    version INTEGER NOT NULL, checkpoint TEXT, next_seq INTEGER NOT NULL,
-    message_seq INTEGER NOT NULL, updated_at TEXT NOT NULL, receipt_seq INTEGER NOT NULL);
+    version INTEGER NOT NULL, schema_revision INTEGER, fingerprint TEXT, checkpoint TEXT,
+    next_seq INTEGER NOT NULL, message_seq INTEGER NOT NULL, updated_at TEXT NOT NULL,
+    receipt_seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS turns (thread_id TEXT NOT NULL, turn_id TEXT NOT NULL,
     request_digest TEXT, version INTEGER NOT NULL, result TEXT NOT NULL,
-    created_at TEXT NOT NULL, PRIMARY KEY (thread_id, turn_id));
+    created_at TEXT NOT NULL, announced TEXT, PRIMARY KEY (thread_id, turn_id));
 CREATE TABLE IF NOT EXISTS receipts (thread_id TEXT NOT NULL, key TEXT NOT NULL,
     id TEXT NOT NULL UNIQUE, status TEXT NOT NULL, turn_id TEXT NOT NULL,
     step_id TEXT NOT NULL, attempt INTEGER NOT NULL, value TEXT, error TEXT,
-    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY (thread_id, key));
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, announced INTEGER NOT NULL,
+    tenant_id TEXT, actor TEXT, capability_id TEXT, input TEXT, approved_by TEXT,
+    PRIMARY KEY (thread_id, key));
 CREATE INDEX IF NOT EXISTS receipts_status ON receipts (status);
 CREATE TABLE IF NOT EXISTS messages (thread_id TEXT NOT NULL, seq INTEGER NOT NULL,
     body TEXT NOT NULL, PRIMARY KEY (thread_id, seq)) WITHOUT ROWID;
@@ -42,10 +49,17 @@ CREATE TABLE IF NOT EXISTS receipt_index (thread_id TEXT NOT NULL, seq INTEGER N
     key TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (thread_id, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS outbox (position INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE, thread_id TEXT NOT NULL, turn_id TEXT, seq INTEGER NOT NULL,
-    type TEXT NOT NULL, payload TEXT, created_at TEXT NOT NULL, UNIQUE (thread_id, seq));
+    type TEXT NOT NULL, payload TEXT, created_at TEXT NOT NULL, published_at TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0, UNIQUE (thread_id, seq));
+CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (thread_id, seq)
+    WHERE published_at IS NULL;
 """
 #: Entries a checkpoint's receipt index keeps (the agent's ``max_receipts``).
 MAX_RECEIPTS = 100
+#: The agent's fingerprint, as the kernel's rows spell one.
+FINGERPRINT = "sha256:" + "0" * 32
+#: What the kernel's result records of each step besides its outcome.
+STEP_TAIL = {"proposed_input": None, "approved_input": None, "round": 1, "actor": None}
 
 
 class _Thread:
@@ -96,6 +110,7 @@ def _turn_documents(
                 "value": {"due": 4200},
                 "error": None,
                 "receipt_ids": [],
+                **STEP_TAIL,
             },
             {
                 "step_id": step,
@@ -104,6 +119,7 @@ def _turn_documents(
                 "value": value,
                 "error": None,
                 "receipt_ids": [receipt_id],
+                **STEP_TAIL,
             },
         ],
         "facts": [fact],
@@ -111,7 +127,7 @@ def _turn_documents(
     }
     core = {
         "schema_revision": 1,
-        "agent_fingerprint": "0" * 64,
+        "agent_fingerprint": FINGERPRINT,
         "version": state.version,
         "agenda": [],
         "interaction": None,
@@ -145,6 +161,8 @@ def _turn_documents(
     bare = {k: v for k, v in core.items() if k != "receipts"}
     return {
         "result": json.dumps(result, separators=(",", ":")),
+        # The turn row's list of the receipts its effect.completed events announced.
+        "announced": json.dumps([entry["key"]], separators=(",", ":")),
         "core": json.dumps(core, separators=(",", ":")),
         # SQLite's rows: the core without its receipt index, and the index's new entry.
         "bare_core": json.dumps(bare, separators=(",", ":")),
@@ -158,6 +176,11 @@ def _turn_documents(
             ("evt_" + uuid.uuid4().hex, t, json.dumps(p, separators=(",", ":"))) for t, p in events
         ],
     }
+
+
+def _input(n: int) -> str:
+    """The input a receipt records: the charge capability's, as JSON."""
+    return json.dumps({"payment_id": payment(n), "amount": 100}, separators=(",", ":"))
 
 
 def _digest(n: int) -> str:
@@ -203,34 +226,37 @@ class SQLiteFloor:
                 " FROM threads WHERE thread_id = ?",
                 (state.version, thread),
             ).fetchone()
-            key, rid = f"payments.charge:charge:{payment(n)}", "rct_" + uuid.uuid4().hex
+            key, rid = f"payments.charge:charge:{payment(n)}", "rcpt_" + uuid.uuid4().hex
             now = datetime.now(UTC).isoformat()
             inserted = conn.execute(
-                "INSERT INTO receipts VALUES (?, ?, ?, 'prepared', ?, ?, 1, NULL, NULL, ?, ?)"
+                "INSERT INTO receipts (thread_id, key, id, status, turn_id, step_id, attempt,"
+                " created_at, updated_at, announced, capability_id, input)"
+                " VALUES (?, ?, ?, 'prepared', ?, ?, 1, ?, ?, 0, 'payments.charge', ?)"
                 " ON CONFLICT (thread_id, key) DO NOTHING",
-                (thread, key, rid, turn, f"{n}#2", now, now),
+                (thread, key, rid, turn, f"{n}#2", now, now, _input(n)),
             )
             assert inserted.rowcount == 1
             value = self.provider.charge(payment(n), 100, key)
             conn.execute(
                 "UPDATE receipts SET status = 'completed', value = ?, updated_at = ?"
                 " WHERE thread_id = ? AND key = ? AND status = 'prepared' AND attempt = 1",
-                (json.dumps(value), now, thread, key),
+                (json.dumps(value, separators=(",", ":")), now, thread, key),
             )
             state.version += 1
             docs = _turn_documents(thread, n, state, value, rid, now)
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(
-                "INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?)",
-                (thread, turn, _digest(n), state.version, docs["result"], now),
+                "INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (thread, turn, _digest(n), state.version, docs["result"], now, docs["announced"]),
             )
             next_seq, message_seq, receipt_seq = conn.execute(
-                "INSERT INTO threads VALUES (?, NULL, ?, ?, ?, ?, ?, 1) ON CONFLICT (thread_id)"
-                " DO UPDATE SET version = excluded.version, checkpoint = excluded.checkpoint,"
-                " next_seq = next_seq + ?, message_seq = message_seq + 2,"
-                " updated_at = excluded.updated_at, receipt_seq = receipt_seq + 1"
-                " RETURNING next_seq, message_seq, receipt_seq",
-                (thread, state.version, docs["bare_core"], 4, 2, now, 3),
+                "INSERT INTO threads VALUES (?, NULL, ?, 1, ?, ?, ?, ?, ?, 1)"
+                " ON CONFLICT (thread_id) DO UPDATE SET version = excluded.version,"
+                " schema_revision = 1, fingerprint = excluded.fingerprint,"
+                " checkpoint = excluded.checkpoint, next_seq = next_seq + ?,"
+                " message_seq = message_seq + 2, updated_at = excluded.updated_at,"
+                " receipt_seq = receipt_seq + 1 RETURNING next_seq, message_seq, receipt_seq",
+                (thread, state.version, FINGERPRINT, docs["bare_core"], 4, 2, now, 3),
             ).fetchone()
             conn.execute(
                 "INSERT INTO receipt_index VALUES (?, ?, ?, ?)",
@@ -283,17 +309,19 @@ class SQLiteFloor:
 
 PG_SCHEMA = """
 CREATE TABLE IF NOT EXISTS threads (thread_id text PRIMARY KEY, tenant_id text,
-    version bigint NOT NULL, checkpoint text, next_seq bigint NOT NULL,
-    message_seq bigint NOT NULL, updated_at timestamptz NOT NULL);
+    version bigint NOT NULL, schema_revision integer, fingerprint text, checkpoint text,
+    next_seq bigint NOT NULL, message_seq bigint NOT NULL, updated_at timestamptz NOT NULL);
 CREATE TABLE IF NOT EXISTS turns (thread_id text NOT NULL, turn_id text NOT NULL,
     request_digest text, version bigint NOT NULL, result text NOT NULL,
-    created_at timestamptz NOT NULL, PRIMARY KEY (thread_id, turn_id));
+    created_at timestamptz NOT NULL, announced text[], PRIMARY KEY (thread_id, turn_id));
 CREATE TABLE IF NOT EXISTS receipts (thread_id text NOT NULL, key text NOT NULL,
     id text NOT NULL UNIQUE, status text NOT NULL, turn_id text NOT NULL,
     step_id text NOT NULL, attempt integer NOT NULL, value text, error text,
     created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL,
-    PRIMARY KEY (thread_id, key));
-CREATE INDEX IF NOT EXISTS receipts_status ON receipts (status);
+    announced boolean NOT NULL, tenant_id text, actor text, capability_id text,
+    input text, approved_by text, PRIMARY KEY (thread_id, key));
+CREATE INDEX IF NOT EXISTS receipts_unsettled ON receipts (status)
+    WHERE status IN ('prepared', 'uncertain');
 CREATE TABLE IF NOT EXISTS messages (thread_id text NOT NULL, seq bigint NOT NULL,
     body text NOT NULL, PRIMARY KEY (thread_id, seq));
 CREATE TABLE IF NOT EXISTS facts (thread_id text NOT NULL, key text NOT NULL,
@@ -302,21 +330,25 @@ CREATE TABLE IF NOT EXISTS facts (thread_id text NOT NULL, key text NOT NULL,
 CREATE TABLE IF NOT EXISTS outbox (ord bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     position bigint UNIQUE, id text NOT NULL UNIQUE, thread_id text NOT NULL, turn_id text,
     seq bigint NOT NULL, type text NOT NULL, payload text, created_at timestamptz NOT NULL,
-    UNIQUE (thread_id, seq));
+    published_at timestamptz, attempts integer NOT NULL DEFAULT 0, UNIQUE (thread_id, seq));
+CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (thread_id, seq)
+    WHERE published_at IS NULL;
 """
 
 # The commit as one statement, like the adapter's (one round trip, one transaction).
 PG_COMMIT = """
 WITH thread AS (
-    INSERT INTO threads VALUES (%(thread)s, NULL, %(version)s, %(core)s, 4, 2, %(now)s)
+    INSERT INTO threads
+    VALUES (%(thread)s, NULL, %(version)s, 1, %(fingerprint)s, %(core)s, 4, 2, %(now)s)
     ON CONFLICT (thread_id) DO UPDATE SET version = excluded.version,
+        schema_revision = 1, fingerprint = excluded.fingerprint,
         checkpoint = excluded.checkpoint, next_seq = threads.next_seq + 3,
         message_seq = threads.message_seq + 2, updated_at = excluded.updated_at
     WHERE threads.version = %(version)s - 1
     RETURNING next_seq, message_seq
 ), turn AS (
-    INSERT INTO turns SELECT %(thread)s, %(turn)s, %(digest)s, %(version)s, %(result)s, %(now)s
-    FROM thread
+    INSERT INTO turns SELECT %(thread)s, %(turn)s, %(digest)s, %(version)s, %(result)s, %(now)s,
+        %(announced)s FROM thread
 ), events AS (
     INSERT INTO outbox (id, thread_id, turn_id, seq, type, payload, created_at)
     SELECT e.id, %(thread)s, %(turn)s, thread.next_seq - 4 + e.n, e.type, e.payload, %(now)s
@@ -404,19 +436,21 @@ class PostgresFloor:
             {"t": thread, "n": turn, "v": state.version},
         )
         assert row is not None and row[1] is None
-        key, rid = f"payments.charge:charge:{payment(n)}", "rct_" + uuid.uuid4().hex
+        key, rid = f"payments.charge:charge:{payment(n)}", "rcpt_" + uuid.uuid4().hex
         now = datetime.now(UTC)
         inserted, _ = yield (
-            "INSERT INTO receipts VALUES (%s, %s, %s, 'prepared', %s, %s, 1, NULL, NULL,"
-            " %s, %s) ON CONFLICT (thread_id, key) DO NOTHING",
-            (thread, key, rid, turn, f"{n}#2", now, now),
+            "INSERT INTO receipts (thread_id, key, id, status, turn_id, step_id, attempt,"
+            " created_at, updated_at, announced, capability_id, input)"
+            " VALUES (%s, %s, %s, 'prepared', %s, %s, 1, %s, %s, false, 'payments.charge', %s)"
+            " ON CONFLICT (thread_id, key) DO NOTHING",
+            (thread, key, rid, turn, f"{n}#2", now, now, _input(n)),
         )
         assert inserted == 1
         value = self.provider.charge(payment(n), 100, key)
         yield (
             "UPDATE receipts SET status = 'completed', value = %s, updated_at = %s"
             " WHERE thread_id = %s AND key = %s AND status = 'prepared' AND attempt = 1",
-            (json.dumps(value), now, thread, key),
+            (json.dumps(value, separators=(",", ":")), now, thread, key),
         )
         state.version += 1
         docs = _turn_documents(thread, n, state, value, rid, now.isoformat())
@@ -428,9 +462,11 @@ class PostgresFloor:
                 "turn": turn,
                 "version": state.version,
                 "core": docs["core"],
+                "fingerprint": FINGERPRINT,
                 "now": now,
                 "digest": _digest(n),
                 "result": docs["result"],
+                "announced": [key],
                 "ids": [e[0] for e in events],
                 "types": [e[1] for e in events],
                 "payloads": [e[2] for e in events],
