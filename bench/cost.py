@@ -1,6 +1,6 @@
 """The cost meter: what a turn costs the process, per path (``python -m bench --only cost``).
 
-Three figures per path, each in the row's worker process (``bench.worker``):
+Four figures per path, each in the row's worker process (``bench.worker``):
 
 - **CPU µs/turn**: the process's CPU time (all its threads) per turn, median over
   blocks run in an order rotated block by block. It leaves out the time other jobs
@@ -13,11 +13,16 @@ Three figures per path, each in the row's worker process (``bench.worker``):
 - **instructions/turn**: ``perf stat -e instructions:u`` attached to the worker over
   one batch, all its threads, user space only; where the machine exposes no hardware
   counters (most VMs), or ``perf`` is missing, the row says why instead.
+- **In SQLite; outside it**: for one client on SQLite, the CPU µs a turn spent in the
+  ``sqlite3`` module's methods (cProfile's own time for them, on the CPU clock, in the
+  calls batch), and the CPU per turn less that. The outside part is also given as a
+  ratio to the floor's. At 64 in flight the writer thread runs the statements, unseen.
 
 The paths: the kernel and the hand-written floor (``bench.floor``) with one client and
 64 turns in flight (``bench.concurrency``'s rows) on SQLite ``FULL`` and PostgreSQL,
 the agent loop (``bench.loop``, three model rounds) and the Pydantic AI bridge
 (``bench.bridge``, three model requests); the last two are also reported per round.
+The bridge's peer is the same Pydantic AI agent alone (``bridge-alone``): no kernel.
 The PostgreSQL floor runs one turn at a time (its asyncio connection is one session),
 so only its one-client row exists. With ``--base REF`` each kernel path gets a twin
 run on that git ref's ``src/`` tree, in the same blocks: before and after in one run.
