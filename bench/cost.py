@@ -9,7 +9,9 @@ Four figures per path, each in the row's worker process (``bench.worker``):
   the event loop's thread, over one batch of turns run after the blocks. It does not
   depend on the machine's load: run twice, the same tree gives the same count, up to
   a turn that meets a WAL checkpoint or a pooled ID refill. The SQLite adapter's
-  writer thread is not profiled (it runs SQLite's C code, and little Python).
+  writer thread is not profiled (it runs SQLite's C code, and little Python). The
+  count is read from the profiler's entries, not from ``pstats``' table, which keeps
+  one of the functions that share a file, line and name (``profiled_calls``).
 - **instructions/turn**: ``perf stat -e instructions:u`` attached to the worker over
   one batch, all its threads, user space only; where the machine exposes no hardware
   counters (most VMs), or ``perf`` is missing, the row says why instead.
@@ -40,7 +42,6 @@ import argparse
 import asyncio
 import cProfile
 import os
-import pstats
 import signal
 import statistics
 import subprocess
@@ -49,6 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.counting import profiled_calls, sqlite_driver_seconds
 
 #: (path name, worker row, turns in flight, model rounds a turn).
 PATHS: list[tuple[str, str, int, int]] = [
@@ -106,16 +109,11 @@ async def measure(worker: Any, what: str, n: int, count: int) -> dict[str, Any]:
         profiler.enable()
         turns = await batch()
         profiler.disable()
-        stats = pstats.Stats(profiler)
-        # The sqlite3 module's methods: ``execute``, ``executemany``, ``fetchone``...
-        # A C function's own time barely carries the profiler's cost, unlike Python's.
-        driver = sum(
-            own
-            for (file, _, name), (_, _, own, _, _) in stats.stats.items()  # type: ignore[attr-defined]
-            if file == "~" and "sqlite3." in name
-        )
-        total = stats.total_calls  # type: ignore[attr-defined]
-        return {"turns": turns, "calls": total / turns, "driver_us": 1e6 * driver / turns}
+        return {
+            "turns": turns,
+            "calls": profiled_calls(profiler) / turns,
+            "driver_us": 1e6 * sqlite_driver_seconds(profiler) / turns,
+        }
     if what == "instructions":
         perf = await asyncio.create_subprocess_exec(
             *("perf", "stat", "-x,", "-e", "instructions:u", "-p", str(os.getpid())),
@@ -231,12 +229,12 @@ def _importtime(stderr: str) -> tuple[float, list[tuple[float, str]]]:
 
 
 IMPORT_CALLS = (
-    "import cProfile, pstats\n"
+    "import cProfile\n"
     "p = cProfile.Profile()\n"
     "p.enable()\n"
     "import intention_kernel\n"
     "p.disable()\n"
-    "print(pstats.Stats(p).total_calls)\n"
+    "print(sum(entry.callcount for entry in p.getstats()))\n"
 )
 
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from bench.counting import install_sqlite_trace
+from bench.counting import install_sqlite_trace, profiled_calls
 from bench.worker import KernelRow, Worker, _writer_cpu, _writer_worker
 
 
@@ -96,8 +96,8 @@ async def level(n: int, turns: int, statements: bool, profile: bool) -> dict[str
             loop_prof.disable()
             await writer.submit(writer_prof.disable)
             count = done["turns"]
-            out["loop_calls_per_turn"] = _calls(loop_prof) / count
-            out["writer_calls_per_turn"] = _calls(writer_prof) / count
+            out["loop_calls_per_turn"] = profiled_calls(loop_prof) / count
+            out["writer_calls_per_turn"] = profiled_calls(writer_prof) / count
             out["statements_per_turn"] = (counter.statements - sent) / count
             if statements:
                 out["statements"] = await _by_kind(worker, writer, n, turns)
@@ -106,11 +106,6 @@ async def level(n: int, turns: int, statements: bool, profile: bool) -> dict[str
         finally:
             await row.close()
     return out
-
-
-def _calls(profile: cProfile.Profile) -> int:
-    stats: Any = pstats.Stats(profile)
-    return sum(entry[1] for entry in stats.stats.values())
 
 
 async def _by_kind(worker: Worker, writer: Any, n: int, turns: int) -> dict[str, Any]:

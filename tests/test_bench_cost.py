@@ -6,12 +6,17 @@ sizes; nothing here asserts a time."""
 from __future__ import annotations
 
 import argparse
+import cProfile
+import dataclasses
+import pstats
+import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from bench.cost import cost, parse_perf
+from bench.counting import profiled_calls, sqlite_driver_seconds
 from bench.run import Proc, base_tree, drop_schemas
 
 TINY = {
@@ -126,3 +131,42 @@ def test_perf_output_is_read_as_a_count_or_as_the_reason_there_is_none() -> None
     assert count is None and "not supported" in reason
     count, reason = parse_perf("perf: command not found\n")
     assert count is None and reason == "perf: perf: command not found"
+
+
+@dataclasses.dataclass
+class _One:
+    x: int
+
+
+@dataclasses.dataclass
+class _Two:
+    x: int
+
+
+def test_calls_are_counted_from_the_profilers_entries_not_pstats_table() -> None:
+    # Both generated ``__init__``s are ``<string>:2(__init__)`` to pstats: one drops out.
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for n in range(10):
+        _One(n)
+        _Two(n)
+    profiler.disable()
+    table: int = pstats.Stats(profiler).total_calls  # type: ignore[attr-defined]
+    counted = profiled_calls(profiler)
+    assert counted - table >= 10  # the other class's ten calls, which pstats lost
+    inits = [e for e in profiler.getstats() if getattr(e.code, "co_name", "") == "__init__"]
+    assert sum(e.callcount for e in inits) >= 20
+
+
+def test_the_sqlite_drivers_own_time_is_its_methods_alone() -> None:
+    conn = sqlite3.connect(":memory:")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    conn.execute("CREATE TABLE t (x)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(n,) for n in range(20_000)])
+    profiler.disable()
+    driver = sqlite_driver_seconds(profiler)
+    everything = sum(e.inlinetime for e in profiler.getstats())
+    assert 0 < driver <= everything
+    # Most of this run's time is in the driver; a sum that missed it would be near 0.
+    assert driver > everything / 2
