@@ -21,19 +21,19 @@ Four figures per path, each in the row's worker process (``bench.worker``):
   ratio to the floor's. At 64 in flight the writer thread runs the statements, unseen.
 
 The paths: the kernel and the hand-written floor (``bench.floor``) with one client and
-64 turns in flight (``bench.concurrency``'s rows) on SQLite ``FULL`` and PostgreSQL,
-the agent loop (``bench.loop``, three model rounds) and the Pydantic AI bridge
-(``bench.bridge``, three model requests); the last two are also reported per round.
+64 turns in flight (``bench.concurrency``'s rows) on SQLite ``FULL`` and PostgreSQL.
+Then the agent loop (``bench.loop``, three model rounds) and the Pydantic AI bridge
+(``bench.bridge``, three model requests), each also reported per round.
 The bridge's peer is the same Pydantic AI agent alone (``bridge-alone``): no kernel.
 The PostgreSQL floor runs one turn at a time (its asyncio connection is one session),
 so only its one-client row exists. With ``--base REF`` each kernel path gets a twin
 run on that git ref's ``src/`` tree, in the same blocks: before and after in one run.
 
-The group also measures the import time of ``intention_kernel``, in each tree: ``-X
-importtime``'s cumulative figure for the package, and the wall time of a fresh
-``python -c "import intention_kernel"`` against a bare ``python -c pass``, medians of
-several runs alternating between trees (bytecode caches warm, so "cold" means a new
-process, not a cold disk).
+The group also measures the import time of ``intention_kernel``, in each tree. It
+reads ``-X importtime``'s cumulative figure for the package. It times a fresh ``python
+-c "import intention_kernel"`` against a bare ``python -c pass``: medians of several
+runs, alternating between trees. Bytecode caches are warm, so "cold" means a new
+process, not a cold disk.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The floor: the statements of one turn issued by hand with the raw driver.
 
-The same rows, the same statements and the same commits as the kernel's adapters
-(one read, ``prepared`` and ``completed`` receipt writes, one commit of result +
-checkpoint core + the appended messages + the changed fact + events; on SQLite the
-receipt index as rows, one appended and the oldest trimmed), with the same
-per-thread lock (an OS record lock for SQLite, an advisory lock for PostgreSQL),
-written the way one would by hand: synchronous, JSON built with ``json.dumps``,
-thread state kept in memory. No framework: the kernel's overhead is its ratio to this.
+The same rows, the same statements and the same commits as the kernel's adapters.
+A turn is one read, the ``prepared`` and ``completed`` receipt writes, and one commit.
+The commit holds the result, the checkpoint core, the appended messages, the changed
+fact and the events. On SQLite the receipt index is rows: one appended, the oldest
+trimmed. The per-thread lock is the kernel's: an OS record lock for SQLite, an
+advisory lock for PostgreSQL. It is written the way one would by hand: synchronous,
+JSON built with ``json.dumps``, thread state kept in memory. No framework: the
+kernel's overhead is its ratio to this.
 
 The rows hold what the kernel's hold, column for column: a receipt's capability and
 input, a turn's announced keys, each step's approval fields, the indexes the relay
