@@ -125,13 +125,22 @@ def _target(spec: str) -> object:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"--agent must look like module:attribute, got {spec!r}")
+    return imported(spec, "--agent")
+
+
+def imported(spec: str, option: str) -> object:
+    """The object ``module:attribute`` names, the attribute dotted or not.
+
+    The caller checked the spec's shape. ``option`` names the flag in the
+    ``ValueError`` a person reads when the module or an attribute is missing."""
+    module_name, _, attribute = spec.partition(":")
     # The current directory is importable, as with ``python -m``.
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         target: object = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r} for --agent {spec}: {exc}") from exc
+        raise ValueError(f"cannot import {module_name!r} for {option} {spec}: {exc}") from exc
     for name in attribute.split("."):
         try:
             target = getattr(target, name)

@@ -31,11 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
-import os
 import signal
-import sys
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
@@ -44,6 +41,7 @@ import typer
 from rich.text import Text
 
 from intention_kernel._effects import utcnow
+from intention_kernel.cli._agent import imported
 from intention_kernel.cli._common import (
     EXIT_FAILED,
     DbOption,
@@ -101,17 +99,7 @@ def load_sink(
         raise ValueError(
             f"--to must be nats://host:port, http(s)://url or module:callable, got {target!r}"
         )
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        found: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r} for --to {target}: {exc}") from exc
-    for name in attribute.split("."):
-        try:
-            found = getattr(found, name)
-        except AttributeError:
-            raise ValueError(f"{target}: {name!r} not found") from None
+    found = imported(target, "--to")
     if isinstance(found, Sink):
         return found
     if not callable(found):
