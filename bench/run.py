@@ -105,6 +105,19 @@ FLOOR = {
 }
 #: A row name ending so runs that row against the source tree given with ``--base``
 #: (its ``src`` imported first), interleaved with the current one: before/after in one run.
+#: The groups a run without ``--only`` runs, in order. The cost meter (``bench.cost``)
+#: is left out: it runs only when asked for, as it adds minutes to a run.
+PHASES = (
+    "throughput",
+    "growth",
+    "scale",
+    "loop",
+    "concurrency",
+    "latency",
+    "handoff",
+    "sync",
+    "timers",
+)
 BASE_SUFFIX = "@base"
 #: A row name ending so runs that row's worker on uvloop's event loop instead of asyncio's.
 UVLOOP_SUFFIX = "@uvloop"
@@ -906,18 +919,7 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument(
         "--only",
-        choices=[
-            "throughput",
-            "growth",
-            "scale",
-            "loop",
-            "concurrency",
-            "latency",
-            "handoff",
-            "sync",
-            "timers",
-            "cost",
-        ],
+        choices=[*PHASES, "cost"],
         action="append",
     )
     parser.add_argument("--rows", help="comma-separated throughput or latency rows (default: all)")
@@ -953,21 +955,7 @@ def main() -> None:
             (int(n), float(seconds))
             for n, seconds in (level.split("x") for level in args.latency_levels.split(","))
         ]
-    # The cost meter (``bench.cost``) runs only when asked for: it adds minutes to a run.
-    phases = set(
-        args.only
-        or [
-            "throughput",
-            "growth",
-            "scale",
-            "loop",
-            "concurrency",
-            "latency",
-            "handoff",
-            "sync",
-            "timers",
-        ]
-    )
+    phases = set(args.only or PHASES)
     args.base_ref = args.base
     if args.base:
         args.base = base_tree(args.base)
