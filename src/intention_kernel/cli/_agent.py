@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from intention_kernel._agent import Agent
 
-__all__ = ["entered_agent", "load_agent"]
+__all__ = ["entered_agent", "imported", "load_agent"]
 
 _BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
 import typer
 from rich.text import Text
 
-from intention_kernel.cli._agent import load_agent
+from intention_kernel.cli._agent import entered_agent, load_agent
 from intention_kernel.cli._render import console
 
 if TYPE_CHECKING:
+    from intention_kernel._agent import Agent
     from intention_kernel.durability import Durability
     from intention_kernel.durability._contract.recorders import Operable
 
@@ -36,6 +37,7 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "AgentOption",
     "DbOption",
+    "enter_agent",
     "existing_store",
     "fail",
     "load_agent",
@@ -161,6 +163,16 @@ def refuse(message: str, code: int = EXIT_REFUSED) -> NoReturn:
     # Not wrapped at the terminal's width: a refusal is one line for logs and for grep.
     stderr.print(Text.assemble(("refused:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
+
+
+async def enter_agent(stack: contextlib.AsyncExitStack, spec: str, *, db_url: str | None) -> Agent:
+    """The agent ``spec`` names, entered on ``stack`` and exited with it.
+
+    Any problem building or entering it is a refusal, as for a bad argument."""
+    try:
+        return await stack.enter_async_context(entered_agent(spec, db_url=db_url))
+    except ValueError as exc:
+        refuse(str(exc))
 
 
 def fail(error: Exception) -> NoReturn:

@@ -33,15 +33,14 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from intention_kernel.cli._agent import entered_agent
 from intention_kernel.cli._common import (
     EXIT_FAILED,
     AgentOption,
     DbOption,
     ThreadBatchOption,
+    enter_agent,
     existing_store,
     fail,
-    refuse,
     resolve_db_url,
     stderr,
 )
@@ -86,10 +85,7 @@ def check(
         # So an agent that needs async set-up is checked too.
         # An MCP client listing its tools is one.
         async with contextlib.AsyncExitStack() as stack:
-            try:
-                loaded = await stack.enter_async_context(entered_agent(agent, db_url=url))
-            except ValueError as exc:
-                refuse(str(exc))
+            loaded = await enter_agent(stack, agent, db_url=url)
             return await check_checkpoints(store, loaded)
 
     report: CheckReport = run_operation(url, checked)

@@ -73,10 +73,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from intention_kernel.cli._agent import entered_agent
 from intention_kernel.cli._common import (
     AgentOption,
     DbOption,
+    enter_agent,
     log_warnings_to_stderr,
     open_store,
     refuse,
@@ -317,10 +317,7 @@ async def _serve(
     async with contextlib.AsyncExitStack() as stack:
         # On the serving loop: a client the agent opens (an MCP session) belongs to it.
         # Entered first, so exited last: after the server stopped and the store closed.
-        try:
-            agent = await stack.enter_async_context(entered_agent(spec, db_url=url))
-        except ValueError as exc:
-            refuse(str(exc))
+        agent = await enter_agent(stack, spec, db_url=url)
         await _serve_agent(agent, url, host, port, tokens, lock_timeout, hosts, timers, grace)
 
 

@@ -28,11 +28,11 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from intention_kernel.cli._agent import entered_agent
 from intention_kernel.cli._common import (
     EXIT_FAILED,
     AgentOption,
     DbOption,
+    enter_agent,
     log_warnings_to_stderr,
     refuse,
     resolve_db_url,
@@ -156,10 +156,7 @@ def run(
 
     async def work(store: Any) -> int:
         async with contextlib.AsyncExitStack() as stack:
-            try:
-                loaded = await stack.enter_async_context(entered_agent(agent, db_url=url))
-            except ValueError as exc:
-                refuse(str(exc))
+            loaded = await enter_agent(stack, agent, db_url=url)
             kernel = Kernel(loaded, store)
             if once:
                 fired = await kernel.fire_due_timers(claim_for=claim_for)
