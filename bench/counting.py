@@ -127,9 +127,9 @@ NEXT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
 class WALMeter:
     """WAL frames appended to a SQLite file's WAL while the block runs.
 
-    It holds a read transaction open on a connection of its own meanwhile, on a
-    snapshot that has a frame in the WAL (it writes one first: ``PRAGMA user_version``):
-    no checkpoint can then copy the frames after it into the database, so no writer
+    It holds a read transaction open on a connection of its own meanwhile. Its
+    snapshot has a frame in the WAL (it writes one first: ``PRAGMA user_version``).
+    No checkpoint can then copy the frames after it into the database. So no writer
     starts the WAL over, and every frame written is appended. (A reader of the database
     file alone, a snapshot taken when every frame was copied, would not stop that.) The
     frames are counted in the ``-wal`` file: those of its current generation, whose

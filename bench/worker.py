@@ -226,10 +226,11 @@ class Worker:
         return answer
 
     async def growth(self, points: list[int], pairs: int = 10) -> dict[str, Any]:
-        """Turn latency around the given turn numbers of one long thread, each against
-        turns 6-15 of fresh threads run alternately at the same moment (the machine's
-        speed drifts too much to compare measurements minutes apart): ``pairs`` turns
-        of each, in alternating order, a new fresh thread every ten turns."""
+        """Turn latency around the given turn numbers of one long thread.
+
+        Each point is compared with turns 6-15 of fresh threads, run alternately at
+        the same moment: the machine's speed drifts too much over minutes. It takes
+        ``pairs`` turns of each, in alternating order, a new fresh thread every ten."""
         long, done, out = f"{self.ident}-long", 0, []
         for point in points:
             while done < point - 5:

@@ -1,7 +1,8 @@
-"""The cost meter (``python -m bench --only cost``) measures what it says, in worker
-processes as ``python -m bench`` runs them: every path's CPU and Python calls per turn,
-the kernel above its floor, a base tree's twin row, and the import's figures. Small
-sizes; nothing here asserts a time."""
+"""The cost meter (``python -m bench --only cost``) measures what it says.
+
+It runs in worker processes, as ``python -m bench`` runs them. It reports every path's
+CPU and Python calls per turn, the kernel above its floor, a base tree's twin row, and
+the import's figures. Small sizes; nothing here asserts a time."""
 
 from __future__ import annotations
 
