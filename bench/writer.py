@@ -114,8 +114,8 @@ async def _by_kind(worker: Worker, writer: Any, n: int, turns: int) -> dict[str,
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     original = _group.GroupWriter._commit_group
 
-    def timed(self: Any, conn: sqlite3.Connection, group: Any) -> Any:
-        return original(self, cast(sqlite3.Connection, _Timed(conn, kinds)), group)
+    def timed(self: Any, conn: sqlite3.Connection, group: Any, careful: bool) -> Any:
+        return original(self, cast(sqlite3.Connection, _Timed(conn, kinds)), group, careful)
 
     _group.GroupWriter._commit_group = timed  # type: ignore[method-assign]
     try:

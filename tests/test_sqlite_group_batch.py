@@ -192,19 +192,24 @@ async def test_a_receipt_outcome_that_finds_its_receipt_moved_fails_alone(
     assert (receipts["b"].status, receipts["b"].value) == (ReceiptStatus.COMPLETED, 2)
 
 
-async def test_only_atomic_writes_take_a_savepoint_in_a_group(tmp_path: Path) -> None:
-    """The statements a group sends: one ``BEGIN IMMEDIATE``, a savepoint around the
-    atomic write only, one ``COMMIT``."""
+def _traced_writer(statements: list[str]) -> Callable[[str, str], None]:
+    def trace(role: str, sql: str) -> None:
+        if role == "writer" and not sql.startswith("PRAGMA"):
+            statements.append(" ".join(sql.split()))
+
+    return trace
+
+
+async def test_a_group_with_no_failure_takes_no_savepoint(tmp_path: Path) -> None:
+    """The statements a group sends when no write fails: one ``BEGIN IMMEDIATE``, the
+    writes, one ``COMMIT``. No savepoint, not even around the atomic write."""
     path = tmp_path / "k.db"
     _scratch(path)
     statements: list[str] = []
-
-    def trace(role: str, sql: str) -> None:
-        if role == "writer":
-            statements.append(" ".join(sql.split()))
-
     probe = WriterProbe()
-    async with SQLiteDurability(path, offload_writes=True, trace=trace, seam=probe):
+    async with SQLiteDurability(
+        path, offload_writes=True, trace=_traced_writer(statements), seam=probe
+    ):
         statements.clear()
         await _in_one_group(
             probe,
@@ -212,16 +217,79 @@ async def test_only_atomic_writes_take_a_savepoint_in_a_group(tmp_path: Path) ->
             probe.write(_insert("two"), atomic=True),
             probe.write(_insert("three")),
         )
-    sent = [s for s in statements if not s.startswith("PRAGMA")]
-    assert sent == [
+    assert statements == [
         "BEGIN IMMEDIATE",
         "INSERT INTO scratch VALUES ('one')",
-        "SAVEPOINT ik_write",
         "INSERT INTO scratch VALUES ('two')",
-        "RELEASE ik_write",
         "INSERT INTO scratch VALUES ('three')",
         "COMMIT",
     ]
+    assert _rows(path) == {"one", "two", "three"}
+
+
+async def test_a_failed_atomic_write_runs_its_group_mates_again_with_savepoints(
+    tmp_path: Path,
+) -> None:
+    """An atomic write fails after one of its rows was written. With no savepoint, the
+    whole transaction is rolled back, and its caller gets its error. Its group-mates,
+    the one before it included, run again in a new transaction, a savepoint around each
+    atomic one. Each commits once: the rows are theirs, and no row of the failed one."""
+    path = tmp_path / "k.db"
+    _scratch(path)
+    statements: list[str] = []
+    probe = WriterProbe()
+    async with SQLiteDurability(
+        path, offload_writes=True, trace=_traced_writer(statements), seam=probe
+    ):
+        statements.clear()
+        groups = probe.groups
+        done = await _in_one_group(
+            probe,
+            probe.write(_insert("one")),
+            probe.write(_then_fail, atomic=True),
+            probe.write(_insert("three"), atomic=True),
+        )
+        assert done[0] is None and done[2] is None, done
+        assert isinstance(done[1], StoreError) and "UNIQUE" in str(done[1])
+        assert probe.groups - groups == 2  # the first transaction, and the second
+    assert statements == [
+        "BEGIN IMMEDIATE",
+        "INSERT INTO scratch VALUES ('one')",
+        "INSERT INTO scratch VALUES ('first of two')",
+        "INSERT INTO scratch VALUES ('dup'), ('dup')",
+        "ROLLBACK",
+        "BEGIN IMMEDIATE",
+        "INSERT INTO scratch VALUES ('one')",
+        "SAVEPOINT ik_write",
+        "INSERT INTO scratch VALUES ('three')",
+        "RELEASE ik_write",
+        "COMMIT",
+    ]
+    assert _rows(path) == {"one", "three"}
+
+
+async def test_a_second_failure_in_the_careful_run_fails_alone(tmp_path: Path) -> None:
+    """Two atomic writes fail in one group. The first fails the first transaction. The
+    second fails again in the careful run, where its savepoint takes back its row. The
+    writes around them commit."""
+    path = tmp_path / "k.db"
+    async with _scratch_store(path) as probe:
+        done = await _in_one_group(
+            probe,
+            probe.write(_insert("before"), atomic=True),
+            probe.write(_then_fail, atomic=True),
+            probe.write(_insert("middle")),
+            probe.write(_then_fail, atomic=True),
+            probe.write(_insert("after"), atomic=True),
+        )
+        assert [type(d) for d in done] == [
+            type(None),
+            StoreError,
+            type(None),
+            StoreError,
+            type(None),
+        ], done
+    assert _rows(path) == {"before", "middle", "after"}
 
 
 # -- a cancelled caller waits for its write --------------------------------------------------

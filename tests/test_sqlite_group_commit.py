@@ -351,17 +351,25 @@ async def test_a_write_that_breaks_its_savepoint_fails_its_group_and_the_worker_
     may have released it, against the rules. Then the whole group is rolled back and
     fails, and nothing of it is on disk. The worker thread runs the next writes. Without
     that, the error would end the worker thread, and every write after it would wait
-    for ever."""
+    for ever. Savepoints come only in a group's careful run, after an atomic write
+    failed: the breaking body runs there the second time, before the failed one."""
     path = tmp_path / "k.db"
     with sqlite3.connect(path) as setup:
         setup.execute("CREATE TABLE scratch (x)")
     probe = WriterProbe(group_alone=True)
     async with grouping_durability(path, probe=probe):
+        runs = 0
 
         def breaks(conn: sqlite3.Connection) -> None:
+            nonlocal runs
+            runs += 1
             conn.execute("INSERT INTO scratch VALUES ('broken')")
-            conn.execute("RELEASE ik_write")
-            raise LookupError("a body that broke the rules")
+            if runs == 2:  # the careful run, inside its savepoint
+                conn.execute("RELEASE ik_write")
+                raise LookupError("a body that broke the rules")
+
+        def fails(conn: sqlite3.Connection) -> None:
+            raise KeyError("an atomic write that fails")
 
         def insert(value: str) -> Callable[[sqlite3.Connection], None]:
             def run(conn: sqlite3.Connection) -> None:
@@ -373,13 +381,17 @@ async def test_a_write_that_breaks_its_savepoint_fails_its_group_and_the_worker_
         writes = [
             asyncio.ensure_future(probe.write(insert("before"))),
             asyncio.ensure_future(probe.write(breaks, atomic=True)),
+            asyncio.ensure_future(probe.write(fails, atomic=True)),
             asyncio.ensure_future(probe.write(insert("after"))),
         ]
         await gate.wait_for_queued(len(writes))
         await gate.release()
         done = await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 10)
-        assert all(isinstance(r, StoreError) for r in done), done
-        assert all("no such savepoint" in str(r) for r in done[1:])
+        assert isinstance(done[2], KeyError), done
+        rest = [*done[:2], done[3]]
+        assert all(isinstance(r, StoreError) for r in rest), done
+        assert all("no such savepoint" in str(r) for r in rest)
+        assert runs == 2
         await asyncio.wait_for(probe.write(insert("next")), 10)  # the worker goes on
     with sqlite3.connect(path) as check:
         assert check.execute("SELECT x FROM scratch").fetchall() == [("next",)]
@@ -388,22 +400,38 @@ async def test_a_write_that_breaks_its_savepoint_fails_its_group_and_the_worker_
 # -- the seam (intention_kernel.testing.sqlite) -----------------------------------------------
 
 
-async def test_a_grouping_durability_runs_even_a_lone_write_in_a_savepoint(tmp_path: Path) -> None:
-    """What the conformance class above relies on: with the switch, a turn alone commits
-    inside a savepoint of the writer's transaction; without it, it does not."""
+async def test_a_grouping_durability_runs_even_a_lone_write_in_the_writers_transaction(
+    tmp_path: Path,
+) -> None:
+    """What the conformance class above relies on: with the switch, a lone write that is
+    not atomic runs inside a transaction the writer opens; without it, it autocommits."""
     seen: dict[str, list[str]] = {"grouping": [], "plain": []}
 
     def traced(name: str) -> Callable[[str, str], None]:
-        return lambda role, sql: seen[name].append(sql) if role == "writer" else None
+        def trace(role: str, sql: str) -> None:
+            if role == "writer" and not sql.startswith("PRAGMA"):
+                seen[name].append(sql)
 
-    async with grouping_durability(tmp_path / "g.db", trace=traced("grouping")) as store:
-        await store.with_turn(TurnScope("a", "1"), _slow)
+        return trace
+
+    def insert(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO scratch VALUES (1)")
+
+    for name in seen:
+        with sqlite3.connect(tmp_path / f"{name}.db") as setup:
+            setup.execute("CREATE TABLE scratch (x)")
+    probe = WriterProbe(group_alone=True)
+    async with grouping_durability(tmp_path / "grouping.db", trace=traced("grouping"), probe=probe):
+        seen["grouping"].clear()
+        await probe.write(insert)
+    plain = WriterProbe()
     async with SQLiteDurability(
-        tmp_path / "p.db", offload_writes=True, trace=traced("plain")
-    ) as store:
-        await store.with_turn(TurnScope("a", "1"), _slow)
-    assert "SAVEPOINT ik_write" in seen["grouping"]
-    assert "SAVEPOINT ik_write" not in seen["plain"]
+        tmp_path / "plain.db", offload_writes=True, trace=traced("plain"), seam=plain
+    ):
+        seen["plain"].clear()
+        await plain.write(insert)
+    assert seen["grouping"] == ["BEGIN IMMEDIATE", "INSERT INTO scratch VALUES (1)", "COMMIT"]
+    assert seen["plain"] == ["INSERT INTO scratch VALUES (1)"]
 
 
 async def test_the_probe_hands_out_the_writers_connection_only_while_the_writer_is_idle(

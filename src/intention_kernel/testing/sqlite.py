@@ -1,7 +1,7 @@
 """A testing seam into the SQLite adapter's writer thread (its group commit).
 
 The adapter's writer thread commits the writes queued together in one transaction.
-Each write gets a savepoint in it.
+A failing write fails alone.
 Each is acknowledged after the transaction's ``COMMIT``
 (see :class:`~intention_kernel.durability.sqlite.SQLiteDurability`).
 Tests of that need to hold the thread while writes queue.
@@ -33,7 +33,7 @@ This module gives them that as an option of the adapter's constructor, ``seam=``
   ``WriterProbe(points=...)`` arms one from the start, for a worker process.
 - ``WriterProbe(group_alone=True)`` makes every write run the group way, even alone.
   Such a write runs on the writer thread, in a transaction the writer opens.
-  It runs in a savepoint and is acknowledged after ``COMMIT``.
+  It fails as a write of a group fails, and is acknowledged after ``COMMIT``.
   :func:`grouping_durability` builds such an adapter.
   The conformance suite runs on it to prove that a write means the same in a group.
 
@@ -95,7 +95,7 @@ def grouping_durability(
     """A new, unopened adapter whose every write runs as a member of a group, even alone.
 
     Each write runs on the writer thread (``offload_writes=True``).
-    It runs in a transaction the writer opens, within a savepoint.
+    It runs in a transaction the writer opens.
     It is acknowledged after ``COMMIT``.
     Without this, a lone write runs in a transaction of its own.
     A test would then meet the group way only when writes happen to overlap.

@@ -33,8 +33,8 @@ class SQLiteDurability(RecordedDurability):
       busy. It waits for the lock on the worker thread. The writes that come meanwhile
       follow it there.
       On the worker thread, writes commit in groups. The writes of overlapping turns
-      queued while a commit flushes share the next transaction (one disk flush). Each
-      runs in a savepoint of its own, so that a failing one fails alone. Each is
+      queued while a commit flushes share the next transaction (one disk flush). A
+      failing one fails alone, and its group-mates commit. Each is
       acknowledged only after that transaction's ``COMMIT``. A write that finds the
       worker idle runs alone at once, in its own transaction. So group commit needs no
       option: it only ever joins writes that would otherwise have waited in line.

@@ -41,7 +41,7 @@
   Freeing a cursor resets its statement on the thread that frees it.
 - **On the worker thread, writes commit in groups** (:mod:`._group`).
   The writes queued while a ``COMMIT`` flushes share the next transaction.
-  Each gets a savepoint, and each is acknowledged after that ``COMMIT``.
+  A failing write fails alone, and each is acknowledged after that ``COMMIT``.
 - So each write is a *body* that runs inside a transaction someone else opens.
   That is the group's transaction, or the write's own when it runs alone and inline.
   ``_run`` opens that one when the write is ``atomic``.
@@ -93,7 +93,7 @@ class WriterSeam(Protocol):
     def group_alone(self) -> bool:
         """Whether even a lone write on the worker thread runs the group way.
 
-        It then gets a transaction and a savepoint of its own.
+        It then runs in a transaction the writer opens.
         The adapter reads it when it opens.
         """
         ...
@@ -185,7 +185,7 @@ class SQLiteConnections:
         Otherwise ``fn`` is one statement, or statements that may commit one by one.
         Alone, it then autocommits.
         In a group it runs within the group's transaction either way.
-        It gets a savepoint of its own only if it is atomic (see :mod:`._group`).
+        If it is atomic, a failure rolls back all its rows (see :mod:`._group`).
         ``write=False`` marks a read that must hop.
         Its ``fn`` never joins a group, as it may begin a transaction of its own.
 

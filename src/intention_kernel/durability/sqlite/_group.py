@@ -9,11 +9,20 @@ The writes queued together share one transaction: a group commit.
   So overlapping turns share one disk flush instead of paying one each.
   A write that finds the thread idle runs alone at once.
   So a lone write never waits for company.
-- **A savepoint per atomic write.**
+- **A savepoint only for a group that has a failed atomic write.**
   An ``atomic`` write has statements that must commit together, as a turn's commit does.
-  Inside a group it runs between ``SAVEPOINT`` and ``RELEASE``.
-  If it fails (a fenced turn), it rolls back to its savepoint.
+  A group runs first with no savepoint at all.
+  A savepoint is not free in SQLite: it copies each page a write then changes.
+  With many turns a group, those copies cost more than the turns' statements.
+  If an atomic write fails (a fenced turn), the whole transaction is rolled back.
+  That write is settled with its error: nothing of it is on disk.
+  Its group-mates then run again, with a savepoint per atomic write.
+  Each runs between ``SAVEPOINT`` and ``RELEASE``.
+  One that fails then rolls back to its savepoint.
   So only its own caller sees the error, and its group-mates commit.
+  A body with side effects outside the database would cause them twice.
+  No body has any: each is statements over plain values (:mod:`._bodies`).
+  Only the fault points that tests arm would run twice.
 - A write that is not atomic needs no savepoint.
   A receipt's claim or outcome, or a journal entry, is such a write.
   Alone, each of its statements autocommits when it ends.
@@ -26,8 +35,9 @@ The writes queued together share one transaction: a group commit.
   It runs in its own transaction, or as autocommitted statements.
   That is exactly how it ran before group commit.
 - **Acknowledged only after ``COMMIT``.**
-  No caller's future is settled before the group's ``COMMIT`` has returned.
+  No caller's future is settled with a result before the group's ``COMMIT`` has returned.
   Until then, nothing of the group is on disk.
+  A failed atomic write's error may come sooner: none of its rows will commit.
   ``COMMIT`` may fail, or SQLite may roll the transaction back under a write.
   A full disk or an I/O error does that.
   Then every write already run in the group fails with that error.
@@ -80,7 +90,7 @@ import contextlib
 import sqlite3
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from queue import Empty, SimpleQueue
 from typing import Any, Literal, TypeVar
 
@@ -108,7 +118,7 @@ class WriteJob:
     Alone, ``solo(conn)`` runs and opens its own transaction.
     ``error`` translates what the write raised.
     With ``atomic``, its statements must commit together.
-    So in a group it gets a savepoint.
+    So in a group its failure rolls back all its rows (see the module docstring).
     """
 
     __slots__ = ("atomic", "error", "future", "loop", "run", "solo")
@@ -168,7 +178,7 @@ class GroupWriter:
 
     A submitted call always runs to its end, and its future cannot be cancelled.
     ``group_alone`` makes even a lone write run inside a group's transaction.
-    That write also gets a savepoint, as in a group.
+    It fails as a failed write of a group does.
     The conformance suite uses it to run every write the group way.
     ``points`` is called at each group's :data:`GroupPoints`.
     """
@@ -182,8 +192,8 @@ class GroupWriter:
         self._group_alone = group_alone
         self._points = points
         self._pending = 0  # calls submitted and not yet settled (event loop's side)
-        self.groups = 0  # groups committed (or failed), for tests and the benchmark
-        self.grouped = 0  # writes run in groups of more than one
+        self.groups = 0  # transactions committed (or failed), for tests and the benchmark
+        self.grouped = 0  # writes run in groups of more than one, each counted once
         # A daemon thread: an adapter that is never closed must not keep the process alive.
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
@@ -299,25 +309,34 @@ class GroupWriter:
             self.groups += 1
             self._settle([outcome])
             return
+        careful = False
         while group:
-            group = self._commit_group(conn, group)
+            group, careful = self._commit_group(conn, group, careful)
 
-    def _commit_group(self, conn: sqlite3.Connection, group: list[WriteJob]) -> list[WriteJob]:
+    def _commit_group(
+        self, conn: sqlite3.Connection, group: list[WriteJob], careful: bool
+    ) -> tuple[list[WriteJob], bool]:
         """Run ``group`` in one transaction and settle it.
 
-        SQLite may lose the transaction under one of the writes.
+        It answers the writes left to run, and whether they run carefully.
+        At first no write gets a savepoint (see the module docstring).
+        An atomic write that fails then rolls the whole transaction back.
+        It is settled with its error, and the others run again, carefully.
+        ``careful`` gives each atomic write a savepoint.
+        SQLite may also lose the transaction under one of the writes.
         Then it answers the writes not run yet, to form a new group.
         """
         self.groups += 1
-        if len(group) > 1:
+        if len(group) > 1 and not careful:  # a careful run's writes were counted
             self.grouped += len(group)
         done: list[tuple[WriteJob, Any, BaseException | None]] = []
         lost: BaseException | None = None
+        undone: WriteJob | None = None
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in group:
                 atomic = job.atomic
-                if atomic:
+                if atomic and careful:
                     conn.execute("SAVEPOINT ik_write")
                 try:
                     result = job.run(conn)
@@ -327,6 +346,13 @@ class GroupWriter:
                         # What the writes before this one wrote is gone too.
                         lost = exc
                         break
+                    if atomic and not careful:
+                        # Its rows before the failure are in the transaction.
+                        # With no savepoint, only a rollback of all takes them back.
+                        done.append((job, None, exc))
+                        undone = job
+                        conn.rollback()
+                        break
                     if atomic:
                         # Without this rollback, the failed write's rows would commit.
                         # A fenced turn's rows would commit with the group.
@@ -334,7 +360,7 @@ class GroupWriter:
                         conn.execute("RELEASE ik_write")
                     done.append((job, None, exc))
                 else:
-                    if atomic:
+                    if atomic and careful:
                         conn.execute("RELEASE ik_write")
                     done.append((job, result, None))
             else:
@@ -342,7 +368,7 @@ class GroupWriter:
                     self._points("before_commit", len(group))
                 conn.execute("COMMIT")
         except BaseException as exc:
-            # BEGIN, a savepoint statement or COMMIT failed.
+            # BEGIN, a savepoint statement, a rollback or COMMIT failed.
             # Nothing of the group is on disk, so every write fails.
             # A write that ran and failed keeps its own error.
             if conn.in_transaction:
@@ -350,11 +376,20 @@ class GroupWriter:
                     conn.rollback()
             ran = {id(j): failed for j, _, failed in done}
             self._settle([_failed(j, ran.get(id(j)) or exc) for j in group])
-            return []
+            return [], False
+        if undone is not None:
+            # Nothing of the group is on disk: the failed write alone is settled.
+            # The others ran before it, or not yet; they all run again.
+            # No caller has seen an outcome of theirs, so the second run is the only one.
+            _discard(result for j, result, _ in done if j is not undone)
+            failure = done[-1][2]
+            assert failure is not None
+            self._settle([_failed(undone, failure)])
+            return [j for j in group if j is not undone], True
         if lost is not None:
             failing = len(done) + 1
             self._settle([_failed(j, lost) for j in group[:failing]])
-            return group[failing:]
+            return group[failing:], False
         if self._points is not None:
             self._points("after_commit", len(group))
         self._settle(
@@ -363,7 +398,7 @@ class GroupWriter:
                 for j, result, failed in done
             ]
         )
-        return []
+        return [], False
 
     def _settle(self, outcomes: list[_Outcome]) -> None:
         """Hand ``outcomes`` to their event loops, with one wake-up of each.
@@ -397,6 +432,14 @@ class GroupWriter:
 
 def _failed(job: WriteJob, exc: BaseException) -> _Outcome:
     return (job.future, job.loop, None, job.error(exc))
+
+
+def _discard(results: Iterable[Any]) -> None:
+    """Close the cursors among results no caller will get, on this thread."""
+    for result in results:
+        if isinstance(result, sqlite3.Cursor):
+            with contextlib.suppress(sqlite3.Error):
+                result.close()
 
 
 def clear_frames(exc: BaseException) -> None:
