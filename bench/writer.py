@@ -112,12 +112,14 @@ async def _by_kind(worker: Worker, writer: Any, n: int, turns: int) -> dict[str,
     from intention_kernel.durability.sqlite import _group
 
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    original = _group.GroupWriter._commit_group
+    original: Any = _group.GroupWriter._commit_group
 
-    def timed(self: Any, conn: sqlite3.Connection, group: Any, careful: bool) -> Any:
-        return original(self, cast(sqlite3.Connection, _Timed(conn, kinds)), group, careful)
+    # ``rest``: what the tree's ``_commit_group`` takes after the group, if anything.
+    # Trees before ``careful`` take nothing more.
+    def timed(self: Any, conn: sqlite3.Connection, group: Any, *rest: Any) -> Any:
+        return original(self, cast(sqlite3.Connection, _Timed(conn, kinds)), group, *rest)
 
-    _group.GroupWriter._commit_group = timed  # type: ignore[method-assign]
+    _group.GroupWriter._commit_group = timed  # type: ignore[method-assign,assignment]
     try:
         done = await worker.overlap(n, turns)
     finally:
