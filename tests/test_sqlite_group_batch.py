@@ -192,31 +192,35 @@ async def test_a_receipt_outcome_that_finds_its_receipt_moved_fails_alone(
     assert (receipts["b"].status, receipts["b"].value) == (ReceiptStatus.COMPLETED, 2)
 
 
-def _traced_writer(statements: list[str]) -> Callable[[str, str], None]:
+async def _traced_group(
+    path: Path, *writes: tuple[Callable[[sqlite3.Connection], None], bool]
+) -> tuple[list[Any], list[str], int]:
+    """Run ``writes`` (each a body and whether it is atomic) as one group on a scratch file.
+
+    It answers their outcomes, the statements the writer sent, and its transactions."""
+    _scratch(path)
+    statements: list[str] = []
+
     def trace(role: str, sql: str) -> None:
         if role == "writer" and not sql.startswith("PRAGMA"):
             statements.append(" ".join(sql.split()))
 
-    return trace
+    probe = WriterProbe()
+    async with SQLiteDurability(path, offload_writes=True, trace=trace, seam=probe):
+        statements.clear()
+        groups = probe.groups
+        done = await _in_one_group(probe, *(probe.write(fn, atomic=a) for fn, a in writes))
+        return done, statements, probe.groups - groups
 
 
 async def test_a_group_with_no_failure_takes_no_savepoint(tmp_path: Path) -> None:
     """The statements a group sends when no write fails: one ``BEGIN IMMEDIATE``, the
     writes, one ``COMMIT``. No savepoint, not even around the atomic write."""
     path = tmp_path / "k.db"
-    _scratch(path)
-    statements: list[str] = []
-    probe = WriterProbe()
-    async with SQLiteDurability(
-        path, offload_writes=True, trace=_traced_writer(statements), seam=probe
-    ):
-        statements.clear()
-        await _in_one_group(
-            probe,
-            probe.write(_insert("one")),
-            probe.write(_insert("two"), atomic=True),
-            probe.write(_insert("three")),
-        )
+    done, statements, transactions = await _traced_group(
+        path, (_insert("one"), False), (_insert("two"), True), (_insert("three"), False)
+    )
+    assert done == [None, None, None] and transactions == 1
     assert statements == [
         "BEGIN IMMEDIATE",
         "INSERT INTO scratch VALUES ('one')",
@@ -235,23 +239,12 @@ async def test_a_failed_atomic_write_runs_its_group_mates_again_with_savepoints(
     the one before it included, run again in a new transaction, a savepoint around each
     atomic one. Each commits once: the rows are theirs, and no row of the failed one."""
     path = tmp_path / "k.db"
-    _scratch(path)
-    statements: list[str] = []
-    probe = WriterProbe()
-    async with SQLiteDurability(
-        path, offload_writes=True, trace=_traced_writer(statements), seam=probe
-    ):
-        statements.clear()
-        groups = probe.groups
-        done = await _in_one_group(
-            probe,
-            probe.write(_insert("one")),
-            probe.write(_then_fail, atomic=True),
-            probe.write(_insert("three"), atomic=True),
-        )
-        assert done[0] is None and done[2] is None, done
-        assert isinstance(done[1], StoreError) and "UNIQUE" in str(done[1])
-        assert probe.groups - groups == 2  # the first transaction, and the second
+    done, statements, transactions = await _traced_group(
+        path, (_insert("one"), False), (_then_fail, True), (_insert("three"), True)
+    )
+    assert done[0] is None and done[2] is None, done
+    assert isinstance(done[1], StoreError) and "UNIQUE" in str(done[1])
+    assert transactions == 2  # the first transaction, and the second
     assert statements == [
         "BEGIN IMMEDIATE",
         "INSERT INTO scratch VALUES ('one')",
@@ -270,25 +263,27 @@ async def test_a_failed_atomic_write_runs_its_group_mates_again_with_savepoints(
 
 async def test_a_second_failure_in_the_careful_run_fails_alone(tmp_path: Path) -> None:
     """Two atomic writes fail in one group. The first fails the first transaction. The
-    second fails again in the careful run, where its savepoint takes back its row. The
-    writes around them commit."""
+    second fails in the careful run, where its savepoint takes back its row. The writes
+    around them commit, in that second transaction."""
     path = tmp_path / "k.db"
-    async with _scratch_store(path) as probe:
-        done = await _in_one_group(
-            probe,
-            probe.write(_insert("before"), atomic=True),
-            probe.write(_then_fail, atomic=True),
-            probe.write(_insert("middle")),
-            probe.write(_then_fail, atomic=True),
-            probe.write(_insert("after"), atomic=True),
-        )
-        assert [type(d) for d in done] == [
-            type(None),
-            StoreError,
-            type(None),
-            StoreError,
-            type(None),
-        ], done
+    done, statements, transactions = await _traced_group(
+        path,
+        (_insert("before"), True),
+        (_then_fail, True),
+        (_insert("middle"), False),
+        (_then_fail, True),
+        (_insert("after"), True),
+    )
+    assert [type(d) for d in done] == [
+        type(None),
+        StoreError,
+        type(None),
+        StoreError,
+        type(None),
+    ], done
+    assert transactions == 2
+    assert statements.count("ROLLBACK") == 1
+    assert statements.count("ROLLBACK TO ik_write") == 1
     assert _rows(path) == {"before", "middle", "after"}
 
 
