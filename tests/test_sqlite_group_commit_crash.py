@@ -105,3 +105,51 @@ async def test_a_process_killed_with_a_group_in_flight_loses_no_acknowledged_tur
     assert set(calls) <= {pay_key(f"pi_c{k}_{i}") for k in range(CLIENTS) for i in range(TURNS)}
     rows = _query(db, "SELECT thread_id, turn_id FROM ik_turns")
     assert len(rows) == len(set(rows)) == CLIENTS * TURNS
+
+
+@pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+async def test_a_process_killed_in_a_groups_careful_run_loses_no_acknowledged_turn(
+    tmp_path: Path, point: str
+) -> None:
+    """A fenced turn's commit fails a group's first transaction, which rolls back; the
+    group's other writes run again, carefully. The process dies in that second
+    transaction, before or after its ``COMMIT``. Afterwards, as for any group: what was
+    acknowledged is on disk, the fenced turn's rows are not, every call has its receipt,
+    and delivering every turn again charges no key twice."""
+    db, ledger, acks = tmp_path / "k.db", tmp_path / "ledger", tmp_path / "acks"
+    config = {
+        "db": str(db),
+        "ledger": str(ledger),
+        "acks": str(acks),
+        "clients": CLIENTS,
+        "turns": TURNS,
+        "doomed": True,
+        "kill": {"point": point, "group": 1, "careful": True},
+    }
+    assert await _run_worker(config) == faults.EXIT_STATUS  # killed in a careful run
+
+    acknowledged = (
+        {(a["thread_id"], a["turn_id"]) for a in map(json.loads, acks.read_text().splitlines())}
+        if acks.exists()
+        else set()
+    )
+    committed = set(_query(db, "SELECT thread_id, turn_id FROM ik_turns"))
+    assert acknowledged <= committed
+    assert not {t for t in committed if t[0] == "doomed"}  # its rows rolled back each time
+    assert not _query(db, "SELECT 1 FROM ik_messages WHERE thread_id = 'doomed'")
+    receipts = {key for (key,) in _query(db, "SELECT key FROM ik_receipts")}
+    called = ledger_keys(ledger)
+    assert set(called) <= receipts
+    assert all(n == 1 for n in Counter(called).values())
+
+    provider = LedgerProvider(path=str(ledger))
+    async with SQLiteDurability(db) as store:
+        kernel = Kernel(proving_agent(provider), store)
+        for k in range(CLIENTS):
+            for i in range(TURNS):
+                result = await kernel.turn(f"c{k}", str(i), f"pay pi_c{k}_{i} 100")
+                assert result.replayed == ((f"c{k}", str(i)) in committed)
+    calls = Counter(ledger_keys(ledger))
+    assert all(n == 1 for n in calls.values()), calls
+    rows = _query(db, "SELECT thread_id, turn_id FROM ik_turns")
+    assert len(rows) == len(set(rows)) == CLIENTS * TURNS
