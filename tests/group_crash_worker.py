@@ -9,9 +9,9 @@ Run as ``python tests/group_crash_worker.py '<json config>'``:
   (``c<k>``), ``turns`` turns each, one after the other (turn ``<i>`` pays ``pi_c<k>_<i>``
   at once: a ``prepared`` receipt, the provider, ``completed``, the turn commit).
 - ``kill``: ``{"point", "group"}``: the process dies (``os._exit(137)``, no cleanup) on
-  the worker thread when the ``group``-th group of two or more writes reaches
-  ``point``: ``"before_commit"`` (every write of the group ran, ``COMMIT`` not sent)
-  or ``"after_commit"`` (``COMMIT`` returned, no caller told yet). With ``"careful":
+  the worker thread. It dies when the ``group``-th group of two or more writes reaches
+  ``point``. At ``"before_commit"`` every write of the group ran, and ``COMMIT`` is not
+  sent. At ``"after_commit"`` ``COMMIT`` returned, and no caller is told yet. With ``"careful":
   true`` it counts only a group's careful run, of any size: the transaction after an
   atomic write failed and rolled back the group's first one.
 - ``doomed``: a client on thread ``doomed`` too, whose every commit writes its rows and

@@ -9,9 +9,10 @@ SQLite adapter is killed with a group commit in flight, and afterwards
   provider call for any key, and without committing any turn twice.
 
 The worker (``tests/group_crash_worker.py``) dies with ``os._exit`` on the adapter's
-worker thread, at a group's ``before_commit`` point (every write of the group ran,
-``COMMIT`` not sent: the group's writes are lost) or ``after_commit`` (``COMMIT``
-returned, no caller told: on disk, acknowledged to nobody).
+worker thread. It dies at a group's ``before_commit`` point: every write of the group
+ran, ``COMMIT`` was not sent, and the group's writes are lost. Or it dies at
+``after_commit``: ``COMMIT`` returned and no caller was told, so the writes are on
+disk and acknowledged to nobody.
 """
 
 from __future__ import annotations
