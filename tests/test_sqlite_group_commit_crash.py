@@ -58,11 +58,12 @@ def _query(db: Path, sql: str) -> list[tuple[Any, ...]]:
         return conn.execute(sql).fetchall()
 
 
-@pytest.mark.parametrize("group", [1, 4])
-@pytest.mark.parametrize("point", ["before_commit", "after_commit"])
-async def test_a_process_killed_with_a_group_in_flight_loses_no_acknowledged_turn(
-    tmp_path: Path, point: str, group: int
-) -> None:
+async def _killed(tmp_path: Path, **options: Any) -> set[tuple[str, str]]:
+    """Run the worker with ``options`` until it is killed; the turns it committed.
+
+    What it acknowledged is among them, and each call it made has its receipt:
+    ``prepared`` was durable, in some group, before the effect ran.
+    """
     db, ledger, acks = tmp_path / "k.db", tmp_path / "ledger", tmp_path / "acks"
     config = {
         "db": str(db),
@@ -70,10 +71,9 @@ async def test_a_process_killed_with_a_group_in_flight_loses_no_acknowledged_tur
         "acks": str(acks),
         "clients": CLIENTS,
         "turns": TURNS,
-        "kill": {"point": point, "group": group},
+        **options,
     }
     assert await _run_worker(config) == faults.EXIT_STATUS  # killed inside a group
-
     acknowledged = (
         {(a["thread_id"], a["turn_id"]) for a in map(json.loads, acks.read_text().splitlines())}
         if acks.exists()
@@ -81,16 +81,23 @@ async def test_a_process_killed_with_a_group_in_flight_loses_no_acknowledged_tur
     )
     committed = set(_query(db, "SELECT thread_id, turn_id FROM ik_turns"))
     assert acknowledged <= committed  # no acknowledged turn lost
-    assert len(committed) < CLIENTS * TURNS  # the kill came before the end
-    # Each call the provider saw has its receipt on disk: prepared was durable first.
     receipts = {key for (key,) in _query(db, "SELECT key FROM ik_receipts")}
     called = ledger_keys(ledger)
     assert set(called) <= receipts
     assert all(n == 1 for n in Counter(called).values())
+    return committed
 
-    # Every delivery again, in a new adapter: each turn finishes once, no key is
-    # charged twice; a turn whose provider call lost its completed receipt fails
-    # closed (uncertain), by the effect rules, instead of charging again.
+
+async def _deliver_again(
+    tmp_path: Path, committed: set[tuple[str, str]], charged: frozenset[str] = frozenset()
+) -> None:
+    """Deliver every client's turn again, in a new adapter.
+
+    Each turn finishes once, and no key is charged twice. A turn whose provider call
+    lost its completed receipt fails closed (uncertain), by the effect rules, instead
+    of charging again. ``charged`` are keys charged outside the clients' turns.
+    """
+    db, ledger = tmp_path / "k.db", tmp_path / "ledger"
     provider = LedgerProvider(path=str(ledger))
     async with SQLiteDurability(db) as store:
         kernel = Kernel(proving_agent(provider), store)
@@ -103,9 +110,20 @@ async def test_a_process_killed_with_a_group_in_flight_loses_no_acknowledged_tur
                 assert result.replayed == ((f"c{k}", str(i)) in committed)
     calls = Counter(ledger_keys(ledger))
     assert all(n == 1 for n in calls.values()), calls
-    assert set(calls) <= {pay_key(f"pi_c{k}_{i}") for k in range(CLIENTS) for i in range(TURNS)}
+    keys = {pay_key(f"pi_c{k}_{i}") for k in range(CLIENTS) for i in range(TURNS)}
+    assert set(calls) <= keys | charged
     rows = _query(db, "SELECT thread_id, turn_id FROM ik_turns")
     assert len(rows) == len(set(rows)) == CLIENTS * TURNS
+
+
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+async def test_a_process_killed_with_a_group_in_flight_loses_no_acknowledged_turn(
+    tmp_path: Path, point: str, group: int
+) -> None:
+    committed = await _killed(tmp_path, kill={"point": point, "group": group})
+    assert len(committed) < CLIENTS * TURNS  # the kill came before the end
+    await _deliver_again(tmp_path, committed)
 
 
 @pytest.mark.parametrize("point", ["before_commit", "after_commit"])
@@ -117,40 +135,9 @@ async def test_a_process_killed_in_a_groups_careful_run_loses_no_acknowledged_tu
     transaction, before or after its ``COMMIT``. Afterwards, as for any group: what was
     acknowledged is on disk, the fenced turn's rows are not, every call has its receipt,
     and delivering every turn again charges no key twice."""
-    db, ledger, acks = tmp_path / "k.db", tmp_path / "ledger", tmp_path / "acks"
-    config = {
-        "db": str(db),
-        "ledger": str(ledger),
-        "acks": str(acks),
-        "clients": CLIENTS,
-        "turns": TURNS,
-        "doomed": True,
-        "kill": {"point": point, "group": 1, "careful": True},
-    }
-    assert await _run_worker(config) == faults.EXIT_STATUS  # killed in a careful run
-
-    acknowledged = (
-        {(a["thread_id"], a["turn_id"]) for a in map(json.loads, acks.read_text().splitlines())}
-        if acks.exists()
-        else set()
-    )
-    committed = set(_query(db, "SELECT thread_id, turn_id FROM ik_turns"))
-    assert acknowledged <= committed
+    kill = {"point": point, "group": 1, "careful": True}
+    committed = await _killed(tmp_path, doomed=True, kill=kill)
     assert not {t for t in committed if t[0] == "doomed"}  # its rows rolled back each time
-    assert not _query(db, "SELECT 1 FROM ik_messages WHERE thread_id = 'doomed'")
-    receipts = {key for (key,) in _query(db, "SELECT key FROM ik_receipts")}
-    called = ledger_keys(ledger)
-    assert set(called) <= receipts
-    assert all(n == 1 for n in Counter(called).values())
-
-    provider = LedgerProvider(path=str(ledger))
-    async with SQLiteDurability(db) as store:
-        kernel = Kernel(proving_agent(provider), store)
-        for k in range(CLIENTS):
-            for i in range(TURNS):
-                result = await kernel.turn(f"c{k}", str(i), f"pay pi_c{k}_{i} 100")
-                assert result.replayed == ((f"c{k}", str(i)) in committed)
-    calls = Counter(ledger_keys(ledger))
-    assert all(n == 1 for n in calls.values()), calls
-    rows = _query(db, "SELECT thread_id, turn_id FROM ik_turns")
-    assert len(rows) == len(set(rows)) == CLIENTS * TURNS
+    assert not _query(tmp_path / "k.db", "SELECT 1 FROM ik_messages WHERE thread_id = 'doomed'")
+    doomed = frozenset(pay_key(f"pi_doomed_{i}") for i in range(3 * TURNS))
+    await _deliver_again(tmp_path, committed, doomed)
