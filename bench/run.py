@@ -103,8 +103,6 @@ FLOOR = {
     "langgraph-postgres": "floor-postgres",
     "dbos-postgres": "floor-postgres",
 }
-#: A row name ending so runs that row against the source tree given with ``--base``
-#: (its ``src`` imported first), interleaved with the current one: before/after in one run.
 #: The groups a run without ``--only`` runs, in order. The cost meter (``bench.cost``)
 #: is left out: it runs only when asked for, as it adds minutes to a run.
 PHASES = (
@@ -118,6 +116,8 @@ PHASES = (
     "sync",
     "timers",
 )
+#: A row name ending so runs that row against the source tree given with ``--base``
+#: (its ``src`` imported first), interleaved with the current one: before/after in one run.
 BASE_SUFFIX = "@base"
 #: A row name ending so runs that row's worker on uvloop's event loop instead of asyncio's.
 UVLOOP_SUFFIX = "@uvloop"
