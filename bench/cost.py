@@ -228,6 +228,8 @@ def _importtime(stderr: str) -> tuple[float, list[tuple[float, str]]]:
     return total, sorted(((ms, top) for top, ms in packages.items()), reverse=True)[:5]
 
 
+# ``profiled_calls``' sum, spelled out: importing ``bench.counting`` first would load
+# modules the package imports too, and their calls would drop out of the count.
 IMPORT_CALLS = (
     "import cProfile\n"
     "p = cProfile.Profile()\n"
