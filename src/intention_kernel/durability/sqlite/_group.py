@@ -90,7 +90,7 @@ import contextlib
 import sqlite3
 import threading
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import Any, Literal, TypeVar
 
@@ -331,7 +331,7 @@ class GroupWriter:
             self.grouped += len(group)
         done: list[tuple[WriteJob, Any, BaseException | None]] = []
         lost: BaseException | None = None
-        undone: WriteJob | None = None
+        undone: tuple[WriteJob, BaseException] | None = None  # a first run's failed atomic write
         try:
             conn.execute("BEGIN IMMEDIATE")
             for job in group:
@@ -350,7 +350,7 @@ class GroupWriter:
                         # Its rows before the failure are in the transaction.
                         # With no savepoint, only a rollback of all takes them back.
                         done.append((job, None, exc))
-                        undone = job
+                        undone = (job, exc)
                         conn.rollback()
                         break
                     if atomic:
@@ -381,11 +381,11 @@ class GroupWriter:
             # Nothing of the group is on disk: the failed write alone is settled.
             # The others ran before it, or not yet; they all run again.
             # No caller has seen an outcome of theirs, so the second run is the only one.
-            _discard(result for j, result, _ in done if j is not undone)
-            failure = done[-1][2]
-            assert failure is not None
-            self._settle([_failed(undone, failure)])
-            return [j for j in group if j is not undone], True
+            failed, failure = undone
+            for _, result, _ in done:
+                _close_cursor(result)  # a result no caller will get
+            self._settle([_failed(failed, failure)])
+            return [j for j in group if j is not failed], True
         if lost is not None:
             failing = len(done) + 1
             self._settle([_failed(j, lost) for j in group[:failing]])
@@ -408,9 +408,7 @@ class GroupWriter:
         """
         by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
         for future, loop, result, exc in outcomes:
-            if isinstance(result, sqlite3.Cursor):
-                with contextlib.suppress(sqlite3.Error):  # a closed connection's cursor
-                    result.close()
+            _close_cursor(result)
             if exc is not None:
                 clear_frames(exc)
             by_loop.setdefault(loop, []).append((future, loop, result, exc))
@@ -434,12 +432,11 @@ def _failed(job: WriteJob, exc: BaseException) -> _Outcome:
     return (job.future, job.loop, None, job.error(exc))
 
 
-def _discard(results: Iterable[Any]) -> None:
-    """Close the cursors among results no caller will get, on this thread."""
-    for result in results:
-        if isinstance(result, sqlite3.Cursor):
-            with contextlib.suppress(sqlite3.Error):
-                result.close()
+def _close_cursor(result: Any) -> None:
+    """Close ``result`` if it is a cursor, on this thread, the one that owns it."""
+    if isinstance(result, sqlite3.Cursor):
+        with contextlib.suppress(sqlite3.Error):  # a closed connection's cursor
+            result.close()
 
 
 def clear_frames(exc: BaseException) -> None:
