@@ -16,9 +16,10 @@ Four figures per path, each in the row's worker process (``bench.worker``):
   one batch, all its threads, user space only; where the machine exposes no hardware
   counters (most VMs), or ``perf`` is missing, the row says why instead.
 - **In SQLite; outside it**: for one client on SQLite, the CPU µs a turn spent in the
-  ``sqlite3`` module's methods (cProfile's own time for them, on the CPU clock, in the
-  calls batch), and the CPU per turn less that. The outside part is also given as a
-  ratio to the floor's. At 64 in flight the writer thread runs the statements, unseen.
+  ``sqlite3`` module's methods, and the CPU per turn less that. The first is
+  cProfile's own time for those methods, on the CPU clock, in the calls batch. The
+  outside part is also given as a ratio to the floor's. At 64 in flight the writer
+  thread runs the statements, unseen.
 
 The paths: the kernel and the hand-written floor (``bench.floor``) with one client and
 64 turns in flight (``bench.concurrency``'s rows) on SQLite ``FULL`` and PostgreSQL.

@@ -130,11 +130,11 @@ class WALMeter:
     It holds a read transaction open on a connection of its own meanwhile. Its
     snapshot has a frame in the WAL (it writes one first: ``PRAGMA user_version``).
     No checkpoint can then copy the frames after it into the database. So no writer
-    starts the WAL over, and every frame written is appended. (A reader of the database
-    file alone, a snapshot taken when every frame was copied, would not stop that.) The
-    frames are counted in the ``-wal`` file: those of its current generation, whose
-    salts are the file header's; the file's size would not do, as a WAL that started
-    over is written again from its start. The salts are checked again at the end.
+    starts the WAL over, and every frame written is appended. A reader of the database
+    file alone would not stop that: its snapshot is taken when every frame was copied.
+    The frames are counted in the ``-wal`` file, those of its current generation. Their
+    salts are the file header's. The file's size would not do: a WAL that started over
+    is written again from its start. The salts are checked again at the end.
     """
 
     def __init__(self, path: str) -> None:

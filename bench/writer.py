@@ -1,23 +1,23 @@
 """Where the SQLite writer thread's time goes: ``python -m bench.writer [--n 16 64]``.
 
-Runs the concurrency group's row (``ik-sqlite-full-overlap``: n clients at once over
-one kernel and one ``SQLiteDurability(synchronous="FULL")``) in-process and prints,
-per level, each a block of its own after a warm-up:
+It runs the concurrency group's row in-process: ``ik-sqlite-full-overlap``, n clients
+at once over one kernel and one ``SQLiteDurability(synchronous="FULL")``. Each level
+is a block of its own after a warm-up. Per level it prints:
 
-- CPU per turn: the process's, and the adapter's worker thread's (its thread clock);
-- Python calls per turn on the event loop's thread and on the worker (cProfile's
-  counts, a deterministic figure where CPU time is noisy), statements per turn on
-  every connection, writer transactions per turn;
-- ``--statements``: the worker's CPU per statement kind (thread time around each
-  call; the wrapper's own cost lands in the figures too);
-- ``--profile``: cProfile of the worker thread, by own time;
-- ``--batch``: what one ``executemany`` per statement kind per group would save over
-  one per kind per write, for the commit's row statements (messages, fact, events) on
-  the adapter's schema, groups of ten writes of each way alternating.
+- CPU per turn: the process's, and the adapter's worker thread's (its thread clock).
+- Python calls per turn on the event loop's thread and on the worker. They are
+  cProfile's counts, a deterministic figure where CPU time is noisy.
+- Statements per turn on every connection, and writer transactions per turn.
+- With ``--statements``, the worker's CPU per statement kind. It is thread time
+  around each call, so the wrapper's own cost lands in the figures too.
+- With ``--profile``, cProfile of the worker thread, by own time.
+- With ``--batch``, what one ``executemany`` per statement kind per group would save.
+  It compares that with one per kind per write, for the commit's row statements
+  (messages, fact, events). Groups of ten writes run each way, alternating.
 
-The block with the counters runs apart from the block timed, so that neither the
-trace callback nor the profiler weighs on the CPU figures. ``--out`` writes the
-figures as JSON.
+The block with the counters runs apart from the block timed. So neither the trace
+callback nor the profiler weighs on the CPU figures. ``--out`` writes the figures as
+JSON.
 """
 
 from __future__ import annotations

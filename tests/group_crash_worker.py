@@ -11,9 +11,9 @@ Run as ``python tests/group_crash_worker.py '<json config>'``:
 - ``kill``: ``{"point", "group"}``: the process dies (``os._exit(137)``, no cleanup) on
   the worker thread. It dies when the ``group``-th group of two or more writes reaches
   ``point``. At ``"before_commit"`` every write of the group ran, and ``COMMIT`` is not
-  sent. At ``"after_commit"`` ``COMMIT`` returned, and no caller is told yet. With ``"careful":
-  true`` it counts only a group's careful run, of any size: the transaction after an
-  atomic write failed and rolled back the group's first one.
+  sent. At ``"after_commit"`` ``COMMIT`` returned, and no caller is told yet. With
+  ``"careful": true`` it counts only a group's careful run, of any size. That is the
+  transaction after an atomic write failed and rolled back the group's first one.
 - ``doomed``: a client on thread ``doomed`` too, whose every commit writes its rows and
   then is refused as fenced, ``3 * turns`` turns of it. A group it lands in rolls back
   and runs its other writes again, carefully.

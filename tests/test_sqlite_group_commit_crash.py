@@ -1,12 +1,13 @@
-"""The crash matrix's concurrent mode: a real process with many turns in flight over one
-SQLite adapter is killed with a group commit in flight, and afterwards
+"""The crash matrix's concurrent mode, with many turns in flight over one SQLite adapter.
 
-- every turn it acknowledged is on disk (a group is acknowledged only after its
-  ``COMMIT``), and it acknowledged nothing that is not;
-- every provider call it made has its receipt on disk (``prepared`` was durable,
-  in some group, before the effect ran);
-- a new process delivering every turn again finishes them all without a second
-  provider call for any key, and without committing any turn twice.
+A real process is killed with a group commit in flight. Afterwards:
+
+- Every turn it acknowledged is on disk: a group is acknowledged only after its
+  ``COMMIT``. It acknowledged nothing that is not.
+- Every provider call it made has its receipt on disk. ``prepared`` was durable, in
+  some group, before the effect ran.
+- A new process delivers every turn again and finishes them all. It makes no second
+  provider call for any key, and commits no turn twice.
 
 The worker (``tests/group_crash_worker.py``) dies with ``os._exit`` on the adapter's
 worker thread. It dies at a group's ``before_commit`` point: every write of the group

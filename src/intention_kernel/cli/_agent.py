@@ -40,8 +40,10 @@ _BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWOR
 
 
 def load_agent(spec: str, *, db_url: str | None = None) -> Agent:
-    """The agent named by ``spec``, built now. Raises ``ValueError`` with a message for a
-    person on any problem, an async factory or context manager included."""
+    """The agent named by ``spec``, built now.
+
+    Any problem raises ``ValueError`` with a message for a person.
+    An async factory or context manager is such a problem here."""
     built = _build(spec, db_url)
     if inspect.isawaitable(built) or _is_async_manager(built):
         if inspect.iscoroutine(built):
@@ -55,9 +57,11 @@ def load_agent(spec: str, *, db_url: str | None = None) -> Agent:
 
 @contextlib.asynccontextmanager
 async def entered_agent(spec: str, *, db_url: str | None = None) -> AsyncIterator[Agent]:
-    """The agent named by ``spec`` for the block: built, awaited or entered as its form
-    asks, and exited after the block. ``ValueError`` with a message for a person on any
-    problem, including an exception raised while it is built or entered."""
+    """The agent named by ``spec`` for the block, exited after it.
+
+    It is built, awaited or entered, as its form asks.
+    Any problem raises ``ValueError`` with a message for a person.
+    An exception raised while it is built or entered is such a problem."""
     built = _build(spec, db_url)
     try:
         if inspect.isawaitable(built):
