@@ -153,6 +153,14 @@ def logged(log: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
+def unpublished(path: str) -> int:
+    """Events the relay has not yet recorded as published."""
+    with closing(sqlite3.connect(path)) as conn:
+        query = "SELECT count(*) FROM ik_outbox WHERE published_at IS NULL"
+        (count,) = conn.execute(query).fetchone()
+    return int(count)
+
+
 @pytest.mark.slow
 def test_a_running_relay_survives_a_store_error_and_publishes_what_comes_after(
     db: str, tmp_path: Path
@@ -163,7 +171,13 @@ def test_a_running_relay_survives_a_store_error_and_publishes_what_comes_after(
     log, errors = tmp_path / "delivered.jsonl", tmp_path / "relay.err"
     relay = relay_process(db, log, errors)
     try:
-        wait_until(lambda: len(logged(log)) == before, relay, "the backlog was published")
+        # The sink logs an event before the relay records it as published.
+        # A store error in between would deliver that event again: wait for both.
+        wait_until(
+            lambda: len(logged(log)) == before and unpublished(path) == 0,
+            relay,
+            "the backlog was published and recorded",
+        )
         # The store fails under the relay: every pass now errors (no such table).
         with closing(sqlite3.connect(path, isolation_level=None)) as conn:
             conn.execute("ALTER TABLE ik_outbox RENAME TO ik_outbox_away")
@@ -179,7 +193,11 @@ def test_a_running_relay_survives_a_store_error_and_publishes_what_comes_after(
                 return len(await read_all_events(store))
 
         total = asyncio.run(later_turn())
-        wait_until(lambda: len(logged(log)) == total, relay, "the later turn was published")
+        wait_until(
+            lambda: len(logged(log)) == total and unpublished(path) == 0,
+            relay,
+            "the later turn was published and recorded",
+        )
     finally:
         relay.send_signal(signal.SIGTERM)
         out, _ = relay.communicate(timeout=20)
