@@ -53,12 +53,10 @@ def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any
         "single": Proc(SINGLE_ROW, args, ident="csingle"),
         "overlap": Proc(OVERLAP_ROW, args, ident="coverlap"),
     }
-    entries: list[tuple[str, int]] = [("floor", 1), ("single", 1)]
-    entries += [("overlap", n) for n in LEVELS]
+    entries = measured(postgres=not args.no_postgres, base=bool(args.base))
     if not args.no_postgres:
         procs["pgfloor"] = Proc(PG_FLOOR_ROW, args, ident="cpgfloor")
         procs["pgoverlap"] = Proc(PG_OVERLAP_ROW, args, ident="cpgoverlap")
-        entries += [("pgfloor", 1)] + [("pgoverlap", n) for n in LEVELS]
     names = {
         "floor": FLOOR_ROW,
         "single": SINGLE_ROW,
@@ -69,7 +67,6 @@ def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any
     if args.base:  # the same levels against another source tree, before/after in one run
         names["base"] = OVERLAP_ROW + BASE_SUFFIX
         procs["base"] = Proc(names["base"], args, ident="cbase")
-        entries += [("base", n) for n in LEVELS if n > 1]
     blocks: dict[tuple[str, int], list[dict[str, Any]]] = {e: [] for e in entries}
     try:
         for p in procs.values():
@@ -115,6 +112,21 @@ def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any
         elif level["row"] == OVERLAP_ROW:
             level.update(syncs[level["n"]])
     return {"levels": levels, "block": block, "blocks": mode["conc_blocks"]}
+
+
+def measured(*, postgres: bool, base: bool) -> list[tuple[str, int]]:
+    """The (process, turns in flight) pairs a run measures, in their first order.
+
+    The base tree runs every level the current tree runs, level 1 included.
+    A store's CPU per turn grows with the store.
+    A base that skipped a level wrote fewer turns, and read faster than it is.
+    """
+    entries = [("floor", 1), ("single", 1)] + [("overlap", n) for n in LEVELS]
+    if postgres:
+        entries += [("pgfloor", 1)] + [("pgoverlap", n) for n in LEVELS]
+    if base:
+        entries += [("base", n) for n in LEVELS]
+    return entries
 
 
 def _run(proc: Any, name: str, n: int, count: int) -> dict[str, Any]:
