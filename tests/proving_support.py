@@ -300,6 +300,27 @@ def new_database(dsn: str) -> Iterator[str]:
             )
 
 
+def unpublished(url: str) -> int:
+    """Events the relays still owe, read from the store itself (a URL of either store).
+
+    A sink logs an event before its relay records it as published.
+    So a delivery log alone does not say that the store knows.
+    """
+    query = "SELECT count(*) FROM ik_outbox WHERE published_at IS NULL"
+    if url.startswith("sqlite:///"):
+        uri = Path(url.removeprefix("sqlite:///")).absolute().as_uri() + "?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            count: int = conn.execute(query).fetchone()[0]
+            return count
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        conn.execute("SET search_path TO intention_kernel")
+        row = conn.execute(query).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
 def process_env(**extra: str) -> dict[str, str]:
     """The environment of a worker or CLI process: this library's source and the tests
     directory first on ``PYTHONPATH`` (so that the worktree under test is what runs,

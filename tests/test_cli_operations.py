@@ -37,7 +37,13 @@ from intention_kernel.durability.postgres import PostgresDurability
 from intention_kernel.durability.sqlite import SQLiteDurability
 from intention_kernel.testing import InMemoryDurability
 from intention_kernel.testing._agents import FakeProvider, billing_agent
-from proving_support import drop_schema, new_database, process_env, read_all_events
+from proving_support import (
+    drop_schema,
+    new_database,
+    process_env,
+    read_all_events,
+    unpublished,
+)
 
 OLD_AGENT = "test_cli_operations:old_agent"
 NEW_AGENT = "test_cli_operations:new_agent"
@@ -153,14 +159,6 @@ def logged(log: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def unpublished(path: str) -> int:
-    """Events the relay has not yet recorded as published."""
-    with closing(sqlite3.connect(path)) as conn:
-        query = "SELECT count(*) FROM ik_outbox WHERE published_at IS NULL"
-        (count,) = conn.execute(query).fetchone()
-    return int(count)
-
-
 @pytest.mark.slow
 def test_a_running_relay_survives_a_store_error_and_publishes_what_comes_after(
     db: str, tmp_path: Path
@@ -174,7 +172,7 @@ def test_a_running_relay_survives_a_store_error_and_publishes_what_comes_after(
         # The sink logs an event before the relay records it as published.
         # A store error in between would deliver that event again: wait for both.
         wait_until(
-            lambda: len(logged(log)) == before and unpublished(path) == 0,
+            lambda: len(logged(log)) == before and unpublished(db) == 0,
             relay,
             "the backlog was published and recorded",
         )
@@ -194,7 +192,7 @@ def test_a_running_relay_survives_a_store_error_and_publishes_what_comes_after(
 
         total = asyncio.run(later_turn())
         wait_until(
-            lambda: len(logged(log)) == total and unpublished(path) == 0,
+            lambda: len(logged(log)) == total and unpublished(db) == 0,
             relay,
             "the later turn was published and recorded",
         )

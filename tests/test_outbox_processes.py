@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ import pytest
 from intention_kernel import Kernel
 from intention_kernel.durability import open_durability
 from intention_kernel.testing._agents import FakeProvider, billing_agent
-from proving_support import new_database, process_env, read_all_events
+from proving_support import new_database, process_env, read_all_events, unpublished
 
 pytestmark = pytest.mark.slow
 
@@ -88,23 +87,6 @@ def read_log(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def unpublished(url: str) -> int:
-    """Events the relays still owe, read from the store itself."""
-    query = "SELECT count(*) FROM ik_outbox WHERE published_at IS NULL"
-    if url.startswith("sqlite:///"):
-        uri = Path(url.removeprefix("sqlite:///")).absolute().as_uri() + "?mode=ro"
-        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
-            count: int = conn.execute(query).fetchone()[0]
-            return count
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        conn.execute("SET search_path TO intention_kernel")
-        row = conn.execute(query).fetchone()
-        assert row is not None
-        return int(row[0])
 
 
 async def seed(url: str) -> None:
