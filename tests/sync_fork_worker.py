@@ -15,6 +15,7 @@ object on its last line of stdout.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -27,6 +28,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from intention_kernel import KernelError, SyncKernel
 from intention_kernel.durability import open_durability
 from sync_support import ThreadGate, gate_agent
+
+#: Well under the test's 60 s timeout for this process.
+HANG_SECONDS = 45
 
 
 def in_child(work: Any) -> dict[str, Any]:
@@ -106,6 +110,9 @@ def interrupt(url: str) -> dict[str, Any]:
 
 def main() -> None:
     scenario, url = sys.argv[1], sys.argv[2]
+    # A hang would otherwise end in the test's timeout with no trace of where.
+    # Before it, every thread's stack goes to stderr, which the test shows.
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
     if scenario == "interrupt":
         report = interrupt(url)
     else:
