@@ -80,6 +80,10 @@ def fork(url: str, *, by_url: bool, used: bool) -> dict[str, Any]:
 
 
 def interrupt(url: str) -> dict[str, Any]:
+    # A process started from a shell's background job inherits SIGINT ignored.
+    # Ctrl-C would then do nothing, and the turn would wait for ever.
+    # This scenario is a caller whose Ctrl-C raises: Python's own default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     gate = ThreadGate()
     kernel = SyncKernel(gate_agent(gate), url)
 
