@@ -1,27 +1,30 @@
-"""The concurrency group: N overlapping turns over one kernel and one SQLite file (FULL),
-and over one kernel and one PostgreSQL pool.
+"""The concurrency group: N overlapping turns over one kernel and one store.
 
-Each level runs ``n`` clients at once in one process, each on a thread of its own,
-over one ``Kernel`` and one ``SQLiteDurability(synchronous="FULL")``; every turn's
-interpretation awaits once (``asyncio.sleep(0)``), as a model call would, so that up
-to ``n`` turns are in flight (``bench.worker``'s ``overlap``). Blocks run the
-single-client floor (``floor-sqlite-full``, one turn at a time), the single-client
-kernel row (``ik-sqlite-full``) and each level once, in an order rotated block by
-block; a level's ratio is the median over blocks of its turns/s over the floor's in
-the same block, and likewise for CPU per turn. PostgreSQL's rows (``ik-postgres-full-overlap``)
-are measured the same way against the asyncio floor on PostgreSQL (``floor-postgres-async``,
-one turn at a time): the server group-commits by itself, so they show what the kernel
-adds there.
+The store is one SQLite file (``FULL``), or one PostgreSQL pool.
+
+Each level runs ``n`` clients at once in one process, each on a thread of its own.
+They share one ``Kernel`` and one ``SQLiteDurability(synchronous="FULL")``. Every
+turn's interpretation awaits once (``asyncio.sleep(0)``), as a model call would. So up
+to ``n`` turns are in flight (``bench.worker``'s ``overlap``).
+
+Each block runs every measured pair once, in an order rotated block by block. The
+pairs are the single-client floor (``floor-sqlite-full``, one turn at a time), the
+single-client kernel row (``ik-sqlite-full``) and each level. A level's ratio is the median over
+blocks of its turns/s over the floor's in the same block. CPU per turn is compared
+likewise. PostgreSQL's rows (``ik-postgres-full-overlap``) are measured the same way.
+Their floor is the asyncio floor on PostgreSQL (``floor-postgres-async``, one turn at a
+time). The server group-commits by itself, so they show what the kernel adds there.
 
 Flushes per turn are counted in a traced process of their own per level (the
-``bench.counting`` trace callback): a transaction that wrote is one WAL write and,
-with ``synchronous=FULL``, one ``fsync`` of the WAL at its ``COMMIT``. WAL checkpoints
-(two more syncs each, once per ~1,000 WAL pages) are not counted, for the floor either.
-Statements per turn are counted there too, on every connection of the process.
+``bench.counting`` trace callback). A transaction that wrote is one WAL write. With
+``synchronous=FULL`` it is also one ``fsync`` of the WAL at its ``COMMIT``. WAL
+checkpoints (two more syncs each, once per ~1,000 WAL pages) are not counted, for the
+floor either. Statements per turn are counted there too, on every connection of the
+process.
 
-The SQLite adapter's worker thread's CPU per turn (user and system time, from its
-thread clock) is a part of the row's CPU: the share that competes with the event loop
-for the interpreter whenever it runs Python rather than SQLite's own code.
+The SQLite adapter's worker thread's CPU per turn is a part of the row's CPU. It is
+user and system time, from its thread clock. It is the share that competes with the
+event loop for the interpreter, whenever it runs Python rather than SQLite's own code.
 """
 
 from __future__ import annotations
@@ -48,25 +51,19 @@ def concurrency(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any
     from bench.run import BASE_SUFFIX, Proc
 
     block = mode["conc_block"]
-    procs = {
-        "floor": Proc(FLOOR_ROW, args, ident="cfloor"),
-        "single": Proc(SINGLE_ROW, args, ident="csingle"),
-        "overlap": Proc(OVERLAP_ROW, args, ident="coverlap"),
-    }
     entries = measured(postgres=not args.no_postgres, base=bool(args.base))
-    if not args.no_postgres:
-        procs["pgfloor"] = Proc(PG_FLOOR_ROW, args, ident="cpgfloor")
-        procs["pgoverlap"] = Proc(PG_OVERLAP_ROW, args, ident="cpgoverlap")
     names = {
         "floor": FLOOR_ROW,
         "single": SINGLE_ROW,
         "overlap": OVERLAP_ROW,
         "pgfloor": PG_FLOOR_ROW,
         "pgoverlap": PG_OVERLAP_ROW,
+        # The same levels against another source tree, before/after in one run.
+        "base": OVERLAP_ROW + BASE_SUFFIX,
     }
-    if args.base:  # the same levels against another source tree, before/after in one run
-        names["base"] = OVERLAP_ROW + BASE_SUFFIX
-        procs["base"] = Proc(names["base"], args, ident="cbase")
+    # One worker process for each name that a measured pair uses, made once.
+    used = dict.fromkeys(name for name, _ in entries)
+    procs = {name: Proc(names[name], args, ident=f"c{name}") for name in used}
     blocks: dict[tuple[str, int], list[dict[str, Any]]] = {e: [] for e in entries}
     try:
         for p in procs.values():
