@@ -1,8 +1,9 @@
 """Stored values: ``normalize`` gives what the store will read back, by any path.
 
-``normalize`` copies the common plain values (dicts, lists, strings, ints, booleans,
-None) without a JSON round trip; whatever path it takes, the result must be exactly
-the round trip's, and a value the store cannot hold must be refused the same way.
+``normalize`` copies the common plain values (dicts, lists, strings, ints, finite
+floats, booleans, None) without a JSON round trip; whatever path it takes, the result
+must be exactly the round trip's, and a value the store cannot hold must be refused
+the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from intention_kernel._json import dump_value, load_value, normalize
@@ -40,11 +41,15 @@ def round_trip(value: Any) -> Any:
 
 
 @given(VALUES)
+@example({"usage": {"seconds": -0.0, "tokens": 3}, "scores": [-1.5, 1.0, 2]})
+@example([[{"at": 1e300, "under": -2.5e-300}]])
 def test_normalize_is_the_json_round_trip_and_a_copy(value: Any) -> None:
     expected = round_trip(value)
     normalized = normalize(value)
     assert normalized == expected
     assert type(normalized) is type(expected)  # a tuple comes back a list, 1.0 a float
+    # The same stored text, at every depth: -0.0 is not 0.0 there, nor 1.0 the integer 1.
+    assert dump_value(normalized) == dump_value(expected)
     assert load_value(dump_value(normalized)) == expected
     if isinstance(value, dict | list) and value:
         assert normalized is not value  # the stored copy does not follow later changes

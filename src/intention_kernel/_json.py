@@ -84,7 +84,7 @@ def normalize(value: Any) -> Any:
     # The common values first, by exact type: a subclass (an enum, say) takes the
     # generic path below, which decides as it always did.
     if kind is dict or kind is list:
-        plain = _plain(value, 4)
+        plain = _plain(value, MAX_NESTING)
         if plain is not _NOT_PLAIN:
             return plain
         return _checked_round_trip(value)
@@ -226,9 +226,12 @@ def _plain(value: Any, depth: int) -> Any:
     """A copy of the dict or list ``value`` if it is plain, else ``_NOT_PLAIN``.
 
     Plain means made only of dicts with ``str`` keys, lists and exact
-    ``str``/``int``/``bool``/``None``, nested at most ``depth`` deep. JSON round-trips
-    those unchanged, so the common small values skip an encode and a decode. Each item
-    is checked inline, not by a call per item: most values are a handful of scalars.
+    ``str``/``int``/``bool``/``None`` or finite ``float``, nested at most ``depth``
+    deep. JSON round-trips those unchanged, so they skip an encode and a decode. A
+    finite float reads back as itself: the encoder writes its shortest exact ``repr``.
+    For a large value (a conversation) the copy is cheaper than the round trip.
+    The round trip also walks the value first, for the rules the encoder does not check.
+    Each item is checked inline, not by a call per item: most values are a handful of scalars.
     The dict's loop and the list's are spelled out apart on purpose. One loop over a
     dict's values, zipped back with its keys, made the check slower than the rest."""
     if type(value) is dict:
@@ -243,6 +246,9 @@ def _plain(value: Any, depth: int) -> Any:
             elif kind is int:
                 if not -_INT_BOUND < item < _INT_BOUND:
                     return _NOT_PLAIN  # refused, with its reason, by the slow path
+            elif kind is float:
+                if item - item != 0.0:  # NaN or an infinity, refused by the slow path
+                    return _NOT_PLAIN
             elif kind is dict or kind is list:
                 if depth == 1:
                     return _NOT_PLAIN
@@ -261,6 +267,9 @@ def _plain(value: Any, depth: int) -> Any:
                 return _NOT_PLAIN
         elif kind is int:
             if not -_INT_BOUND < item < _INT_BOUND:
+                return _NOT_PLAIN
+        elif kind is float:
+            if item - item != 0.0:
                 return _NOT_PLAIN
         elif kind is dict or kind is list:
             if depth == 1:
