@@ -13,8 +13,9 @@ Four figures per path, each in the row's worker process (``bench.worker``):
   count is read from the profiler's entries, not from ``pstats``' table, which keeps
   one of the functions that share a file, line and name (``profiled_calls``).
 - **instructions/turn**: ``perf stat -e instructions:u`` attached to the worker over
-  one batch, all its threads, user space only; where the machine exposes no hardware
-  counters (most VMs), or ``perf`` is missing, the row says why instead.
+  one batch, all its threads, user space only. Where the machine exposes no hardware
+  counters (most VMs), valgrind's cachegrind counts them instead, for one client
+  (``bench.instructions``). Where neither can count, the row says why.
 - **In SQLite; outside it**: for one client on SQLite, the CPU µs a turn spent in the
   ``sqlite3`` module's methods, and the CPU per turn less that. The first is
   cProfile's own time for those methods, on the CPU clock, in the calls batch. The
@@ -254,7 +255,9 @@ def import_calls(env: dict[str, str]) -> int:
 
 
 def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
-    from bench.run import BASE_SUFFIX, Proc
+    from bench.instructions import count as valgrind_count
+    from bench.instructions import valgrind_available
+    from bench.run import BASE_SUFFIX, DSN, Proc
 
     paths = [p for p in PATHS if not (args.no_postgres and "postgres" in p[1])]
     if getattr(args, "cost_rows", None):  # ``--cost-rows``: these paths only
@@ -273,6 +276,11 @@ def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
             if not row.startswith(PEERS)
         ]
     perf_ok, perf_reason = perf_available()
+    # Without perf's counters, valgrind counts instead: one client only, and slower.
+    grind = not perf_ok and mode.get("cost_valgrind_turns", 0) > 0
+    if grind:
+        grind, grind_reason = valgrind_available()
+        perf_reason += f"; {grind_reason}" if grind_reason else ""
     procs = {name: Proc(row, args, ident=f"cost{k}") for k, (name, row, _, _) in enumerate(entries)}
     blocks: dict[str, list[float]] = {name: [] for name, *_ in entries}
     calls: dict[str, float] = {}
@@ -307,6 +315,21 @@ def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
     finally:
         for p in procs.values():
             p.stop()
+    for k, (name, row, n, _) in enumerate(entries if grind else []):
+        if n > 1:
+            reasons[name] = "valgrind counts one client only (it runs one thread at a time)"
+            continue
+        base = row.endswith(BASE_SUFFIX)
+        instructions[name], reasons[name] = valgrind_count(
+            row.removesuffix(BASE_SUFFIX),
+            tree=Path(args.base) if base else None,
+            directory=args.dir,
+            dsn=DSN,
+            schema=f"{args.schema}_vg{k}",
+            warm=mode["cost_valgrind_warm"],
+            turns=mode["cost_valgrind_turns"],
+        )
+        print(f"  valgrind {name}", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []
     by_row = {(row, n): name for name, row, n, _ in entries}
     for name, row, n, rounds in entries:
@@ -329,6 +352,9 @@ def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
                 a / f for a, f in zip(blocks[name], blocks[floor], strict=True)
             )
             row_out["calls_ratio"] = calls[name] / calls[floor]
+            mine, floors = instructions.get(name), instructions.get(floor)
+            if mine and floors:
+                row_out["instructions_ratio"] = mine / floors
             if name in driver and floor in driver:  # the CPU outside SQLite, against the floor's
                 floor_own = statistics.median(blocks[floor]) - driver[floor]
                 row_out["own_ratio"] = (row_out["cpu_us"] - driver[name]) / floor_own
@@ -351,7 +377,12 @@ def cost(args: argparse.Namespace, mode: dict[str, Any]) -> dict[str, Any]:
     return {
         "paths": rows,
         "missing": missing,
-        "instructions": {"available": perf_ok, "reason": perf_reason, "per_row": reasons},
+        "instructions": {
+            "available": perf_ok or grind,
+            "tool": "perf" if perf_ok else "valgrind" if grind else None,
+            "reason": perf_reason,
+            "per_row": {name: why for name, why in reasons.items() if why},
+        },
         "imports": imports,
         "block": count,
         "blocks": mode["cost_blocks"],
@@ -370,13 +401,14 @@ def report(result: dict[str, Any]) -> list[str]:
         f"calls over {result['calls_batch']} turns; load average at the end {load}):",
         "",
     ]
+    tool = result["instructions"].get("tool")
     head = (
         "| path | CPU µs/turn (x floor) | of it in SQLite; outside it (x floor's) "
-        "| Python calls/turn (x floor) | instructions/turn |"
+        f"| Python calls/turn (x floor) | instructions/turn{f' ({tool})' if tool else ''} |"
     )
     rule = "|---|---|---|---|---|"
     if base:
-        head += f" `{base}`: CPU µs, calls | this / `{base}`: CPU, calls |"
+        head += f" `{base}`: CPU µs, calls | this / `{base}`: CPU, calls, instructions |"
         rule += "---|---|"
     lines += [head, rule]
     for r in result["paths"]:
@@ -388,6 +420,8 @@ def report(result: dict[str, Any]) -> list[str]:
         instructions = result["instructions"]
         if r["instructions"] is not None:
             instr = f"{r['instructions']:,.0f}"
+            if "instructions_ratio" in r:
+                instr += f" ({r['instructions_ratio']:.2f})"
         else:
             instr = "not available: " + instructions["per_row"].get(
                 r["path"], instructions["reason"]
@@ -402,9 +436,12 @@ def report(result: dict[str, Any]) -> list[str]:
             if b is None:
                 line += " - | - |"
             else:
+                instr_vs = "-"
+                if r["instructions"] and b["instructions"]:
+                    instr_vs = f"{r['instructions'] / b['instructions']:.3f}"
                 line += (
                     f" {b['cpu_us']:.0f}, {b['calls']:.0f} "
-                    f"| {b['cpu_vs_base']:.2f}, {r['calls'] / b['calls']:.2f} |"
+                    f"| {b['cpu_vs_base']:.2f}, {r['calls'] / b['calls']:.2f}, {instr_vs} |"
                 )
         lines.append(line)
     for row, why in result["missing"].items():

@@ -160,6 +160,9 @@ MODES: dict[str, dict[str, Any]] = {
         "cost_blocks": 3,
         "cost_block": 128,
         "cost_calls": 128,
+        # Instructions under valgrind, where perf counts none (bench/instructions.py).
+        "cost_valgrind_warm": 16,
+        "cost_valgrind_turns": 32,
         "import_runs": 5,
     },
     "full": {
@@ -198,6 +201,9 @@ MODES: dict[str, dict[str, Any]] = {
         "cost_blocks": 9,
         "cost_block": 256,
         "cost_calls": 512,
+        # A valgrind count is deterministic too: one pair of processes a row.
+        "cost_valgrind_warm": 64,
+        "cost_valgrind_turns": 128,
         "import_runs": 9,
     },
 }

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench import instructions
 from bench.cost import cost, parse_perf
 from bench.counting import profiled_calls, sqlite_driver_seconds
 from bench.run import Proc, base_tree, drop_schemas
@@ -26,6 +27,7 @@ TINY = {
     "cost_blocks": 1,
     "cost_block": 64,
     "cost_calls": 64,
+    "cost_valgrind_turns": 0,  # valgrind's own test is below: too slow for every path
     "import_runs": 1,
 }
 
@@ -133,6 +135,54 @@ def test_perf_output_is_read_as_a_count_or_as_the_reason_there_is_none() -> None
     assert count is None and "not supported" in reason
     count, reason = parse_perf("perf: command not found\n")
     assert count is None and reason == "perf: perf: command not found"
+
+
+CACHEGRIND = """==8811== Cachegrind, a high-precision tracing profiler
+==8811== I   refs:      6,204,326,424
+"""
+
+
+def test_cachegrinds_summary_is_read_as_a_count_or_as_none() -> None:
+    assert instructions.parse_cachegrind(CACHEGRIND) == 6_204_326_424
+    assert instructions.parse_cachegrind("valgrind: command failed\n") is None
+
+
+def test_without_valgrind_the_meter_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no valgrind on it
+    assert instructions.valgrind_available() == (
+        False,
+        "valgrind not installed (Debian: valgrind)",
+    )
+
+
+@pytest.mark.slow
+def test_valgrind_counts_a_turn_alike_in_two_runs_and_the_kernel_above_its_floor(
+    tmp_path: Path,
+) -> None:
+    available, why = instructions.valgrind_available()
+    if not available:
+        pytest.skip(why)
+
+    def counted(row: str) -> float:
+        figure, reason = instructions.count(
+            row, tree=None, directory=str(tmp_path), dsn="", schema="", warm=4, turns=8
+        )
+        assert figure is not None, reason
+        return figure
+
+    floor, again = counted("floor-sqlite-full"), counted("floor-sqlite-full")
+    # Set-up and import cancel out: what is left is the turns, the same in both runs.
+    assert floor > 100_000
+    assert again == pytest.approx(floor, rel=0.005)
+    # The kernel does the floor's work and more.
+    assert counted("ik-sqlite-full") > floor
+    # A child that fails gives its reason, not a figure.
+    figure, reason = instructions.count(
+        "no-such-row", tree=None, directory=str(tmp_path), dsn="", schema="", warm=1, turns=1
+    )
+    assert figure is None and "unknown row no-such-row" in reason
 
 
 @dataclasses.dataclass
