@@ -33,9 +33,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-#: Cachegrind without its cache simulation: it counts instructions, about 20x slower.
+#: Cachegrind without its cache simulation: it only counts instructions.
 VALGRIND = ("valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null")
-#: A child that runs longer than this has hung (a bridge turn takes about a second).
+#: A child that runs longer than this has hung.
+#: Under valgrind a bridge turn takes well under a second.
 TIMEOUT_S = 900
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
