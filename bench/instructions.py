@@ -25,7 +25,6 @@ The child: ``python -m bench.instructions ROW DIR DSN SCHEMA WARM TURNS``.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
 import subprocess
@@ -68,14 +67,20 @@ def count(
 
     ``tree`` is a source tree with ``src/`` (a ``--base``), or ``None`` for this one.
     """
+    from bench.cost import _env
+
+    # Bytecode caches on, in a directory of their own: compiling every module again
+    # under valgrind costs a child more than its turns.
+    env = {**_env(tree), "PYTHONHASHSEED": "0"}
     totals: list[int] = []
-    for n in (0, turns):
+    # The first run, without valgrind and uncounted, writes those caches: it imports what
+    # the turns import. Both counted children then load them. Else only the first
+    # would pay for compiling.
+    for n in (None, 0, turns):
         with tempfile.TemporaryDirectory(dir=directory) as scratch:
-            env = {**os.environ, "PYTHONHASHSEED": "0"}
-            if tree is not None:
-                env["PYTHONPATH"] = str(tree / "src")
-            argv = [*VALGRIND, sys.executable, "-m", "bench.instructions", row, scratch]
-            argv += [dsn, f"{schema}_{n}", str(warm), str(n)]
+            argv = [*VALGRIND] if n is not None else []
+            argv += [sys.executable, "-m", "bench.instructions", row, scratch]
+            argv += [dsn, f"{schema}_{n or 0}", str(warm), str(n or 0)]
             try:
                 done = subprocess.run(
                     argv,
@@ -88,6 +93,8 @@ def count(
             except subprocess.TimeoutExpired:
                 return None, f"valgrind: {row} ran past {TIMEOUT_S} s"
         refs = parse_cachegrind(done.stderr)
+        if done.returncode == 0 and n is None:
+            continue
         if done.returncode != 0 or refs is None:
             # The child's own last line: valgrind's lines start with "==<pid>==".
             own = [line for line in done.stderr.splitlines() if line and line[:2] != "=="]

@@ -158,9 +158,7 @@ def test_without_valgrind_the_meter_says_why(
 
 
 @pytest.mark.slow
-def test_valgrind_counts_a_turn_alike_in_two_runs_and_the_kernel_above_its_floor(
-    tmp_path: Path,
-) -> None:
+def test_valgrind_counts_a_turn_alike_in_two_runs(tmp_path: Path) -> None:
     available, why = instructions.valgrind_available()
     if not available:
         pytest.skip(why)
@@ -174,10 +172,10 @@ def test_valgrind_counts_a_turn_alike_in_two_runs_and_the_kernel_above_its_floor
 
     floor, again = counted("floor-sqlite-full"), counted("floor-sqlite-full")
     # Set-up and import cancel out: what is left is the turns, the same in both runs.
+    # (Each child costs seconds under valgrind: the kernel's row is compared in the
+    # meter's own runs, bench/README.md "Round 12".)
     assert floor > 100_000
     assert again == pytest.approx(floor, rel=0.005)
-    # The kernel does the floor's work and more.
-    assert counted("ik-sqlite-full") > floor
     # A child that fails gives its reason, not a figure.
     figure, reason = instructions.count(
         "no-such-row", tree=None, directory=str(tmp_path), dsn="", schema="", warm=1, turns=1
