@@ -1,9 +1,9 @@
 """Stored values: ``normalize`` gives what the store will read back, by any path.
 
-``normalize`` copies the common plain values (dicts, lists, strings, ints, finite
-floats, booleans, None) without a JSON round trip; whatever path it takes, the result
-must be exactly the round trip's, and a value the store cannot hold must be refused
-the same way.
+``normalize`` copies the common plain values without a JSON round trip. Those are
+dicts, lists, strings, ints, finite floats, booleans and None. Whatever path it takes,
+the result must be exactly the round trip's. A value the store cannot hold must be
+refused the same way.
 """
 
 from __future__ import annotations

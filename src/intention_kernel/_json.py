@@ -225,13 +225,14 @@ def _refusal(value: Any) -> str | None:
 def _plain(value: Any, depth: int) -> Any:
     """A copy of the dict or list ``value`` if it is plain, else ``_NOT_PLAIN``.
 
-    Plain means made only of dicts with ``str`` keys, lists and exact
-    ``str``/``int``/``bool``/``None`` or finite ``float``, nested at most ``depth``
+    Plain means made only of dicts with ``str`` keys and lists. Their leaves are exact
+    ``str``, ``int``, ``bool``, ``None`` or finite ``float``. They nest at most ``depth``
     deep. JSON round-trips those unchanged, so they skip an encode and a decode. A
     finite float reads back as itself: the encoder writes its shortest exact ``repr``.
     For a large value (a conversation) the copy is cheaper than the round trip.
     The round trip also walks the value first, for the rules the encoder does not check.
-    Each item is checked inline, not by a call per item: most values are a handful of scalars.
+    Each item is checked inline, not by a call per item.
+    Most values are a handful of scalars.
     The dict's loop and the list's are spelled out apart on purpose. One loop over a
     dict's values, zipped back with its keys, made the check slower than the rest."""
     if type(value) is dict:
