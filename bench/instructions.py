@@ -72,15 +72,12 @@ def count(
     # Bytecode caches on, in a directory of their own: compiling every module again
     # under valgrind costs a child more than its turns.
     env = {**_env(tree), "PYTHONHASHSEED": "0"}
-    totals: list[int] = []
-    # The first run, without valgrind and uncounted, writes those caches: it imports what
-    # the turns import. Both counted children then load them. Else only the first
-    # would pay for compiling.
-    for n in (None, 0, turns):
+
+    def run(prefix: tuple[str, ...], more: int) -> tuple[int | None, str]:
+        """One child: its ``I refs`` (under valgrind), or ``None`` and why it failed."""
         with tempfile.TemporaryDirectory(dir=directory) as scratch:
-            argv = [*VALGRIND] if n is not None else []
-            argv += [sys.executable, "-m", "bench.instructions", row, scratch]
-            argv += [dsn, f"{schema}_{n or 0}", str(warm), str(n or 0)]
+            argv = [*prefix, sys.executable, "-m", "bench.instructions", row, scratch]
+            argv += [dsn, f"{schema}_{more}", str(warm), str(more)]
             try:
                 done = subprocess.run(
                     argv,
@@ -93,15 +90,25 @@ def count(
             except subprocess.TimeoutExpired:
                 return None, f"valgrind: {row} ran past {TIMEOUT_S} s"
         refs = parse_cachegrind(done.stderr)
-        if done.returncode == 0 and n is None:
-            continue
-        if done.returncode != 0 or refs is None:
-            # The child's own last line: valgrind's lines start with "==<pid>==".
-            own = [line for line in done.stderr.splitlines() if line and line[:2] != "=="]
-            last = (own or ["no output"])[-1]
-            return None, f"valgrind: {row} exited {done.returncode}: {last}"
-        totals.append(refs)
-    return (totals[1] - totals[0]) / turns, ""
+        if done.returncode == 0 and (refs is not None or not prefix):
+            return refs, ""
+        # The child's own last line: valgrind's lines start with "==<pid>==".
+        own = [line for line in done.stderr.splitlines() if line and line[:2] != "=="]
+        return None, f"valgrind: {row} exited {done.returncode}: {(own or ['no output'])[-1]}"
+
+    # The first run, without valgrind and uncounted, writes those caches: it imports what
+    # the turns import. Both counted children then load them. Else only the first
+    # would pay for compiling.
+    _, why = run((), 0)
+    if why:
+        return None, why
+    before, why = run(VALGRIND, 0)
+    if before is None:
+        return None, why
+    after, why = run(VALGRIND, turns)
+    if after is None:
+        return None, why
+    return (after - before) / turns, ""
 
 
 async def _child(row: str, directory: str, dsn: str, schema: str, warm: int, turns: int) -> None:
