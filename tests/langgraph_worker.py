@@ -49,12 +49,7 @@ async def main(config: dict[str, Any]) -> None:
         die_at_request=config.get("die_at_request"),
         delay=config.get("delay", 0.0),
     )
-    # A worker that is not killed may keep its lease longer than the crash tests' 2 s:
-    # a loaded machine can stall a LangGraph turn's loop past that, and lose the lease.
-    options = {}
-    if "lease_expiry" in config and config["store"]["kind"] == "postgres":
-        options["lease_expiry"] = config["lease_expiry"]
-    async with open_store(config["store"], **options) as durability:
+    async with open_store(config["store"]) as durability:
         kernel = Kernel(desk.bridge.as_agent(version="1"), durability)
         fault = config.get("fault")
         if fault is not None:

@@ -265,14 +265,16 @@ class StoreInspector:
         return self._store.snapshot()
 
 
-def open_store(config: dict[str, str], **options: Any) -> Durability:
-    """A new adapter on the store a :meth:`Store.config` describes."""
+def open_store(config: dict[str, Any], **options: Any) -> Durability:
+    """A new adapter on the store a :meth:`Store.config` describes.
+
+    On PostgreSQL, ``config`` may name the adapter's ``lease_expiry``."""
     if config["kind"] == "sqlite":
         return SQLiteDurability(config["location"], **options)
     from intention_kernel.durability.postgres import PostgresDurability
 
     # A worker killed mid-turn keeps its thread until its lease lapses: 2 s here.
-    options.setdefault("lease_expiry", 2.0)
+    options.setdefault("lease_expiry", float(config.get("lease_expiry", 2.0)))
     return PostgresDurability(config["location"], schema=config["schema"], **options)
 
 

@@ -1131,7 +1131,6 @@ async def test_two_processes_on_one_thread_take_turns_and_lose_nothing(
         "asks": str(asks),
         "delay": 0.3,
         "barrier": {"dir": str(barrier), "count": 2},
-        "lease_expiry": 30.0,  # nobody dies here: the waiter waits for the commit
     }
     first, second = await asyncio.gather(
         workers.run([{"thread_id": "t1", "turn_id": "a", "message": "status of 42"}], **both),
