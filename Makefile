@@ -49,10 +49,11 @@ unit: $(STAMP)
 
 # The turn protocol, model-checked with SPIN (models/turn_protocol.pml): the exhaustive
 # verification and every mutant, pan built in build/model-check/ (needs spin and cc).
+# `make test` runs the same runs once, inside the unit suite (tests/test_protocol_model.py).
 model-check:
 	$(PYTHON) models/check_protocol.py
 
-test: lint typecheck docs model-check unit
+test: lint typecheck docs unit
 
 # Benchmarks against the hand-written floor, LangGraph and DBOS (needs PostgreSQL at
 # $$INTENTION_KERNEL_POSTGRES_DSN, default postgresql://postgres@127.0.0.1:5432/test).

@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     missing = tools_missing()
     if missing:
-        # One line: ``make test`` runs this first, and a fresh machine has no SPIN.
+        # One line: a fresh machine has no SPIN.
         packages = " ".join(PACKAGES[tool] for tool in missing)
         print(
             f"model-check needs {' and '.join(missing)} on the PATH: "
