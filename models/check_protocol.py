@@ -239,7 +239,10 @@ def verify(run: Run, build: Path = BUILD) -> Result:
         stale.unlink()
     defines = list(run.defines)
     subprocess.run(["spin", *defines, "-a", model.name], cwd=work, check=True, capture_output=True)
-    flags = ["-O2", f"-DMEMLIM={MEMORY_LIMIT_MB}", "-DCOLLAPSE", *defines]
+    # A mutant's pan stops at its first counterexample: -O1 compiles in half the
+    # time of -O2 and runs nearly as fast (all mutants: 83 s against 113, idle).
+    optimize = "-O1" if run.expect else "-O2"
+    flags = [optimize, f"-DMEMLIM={MEMORY_LIMIT_MB}", "-DCOLLAPSE", *defines]
     flags += ["-DNFAIR=3"] if run.ltl else ["-DSAFETY", "-DNOCLAIM"]
     subprocess.run(["cc", *flags, "-o", "pan", "pan.c"], cwd=work, check=True, capture_output=True)
     options = [f"-m{MAX_DEPTH}"] + (["-a", "-f"] if run.ltl else [])

@@ -21,9 +21,6 @@ import pytest
 from conftest import service_unavailable
 from intention_kernel import _faults
 
-# One xdist worker runs these SPIN checks, one at a time: each keeps a core busy.
-pytestmark = pytest.mark.xdist_group("spin")
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -63,7 +60,11 @@ def test_a_crash_label_missing_from_the_model_is_noticed() -> None:
     assert checker.fault_labels(without) == set(_faults.POINTS) - {_faults.DURING_COMMIT}
 
 
+# One xdist worker runs the exhaustive runs, one at a time: each keeps a core busy
+# for up to a minute, and the largest holds 2 GB. The mutants stop at their first
+# counterexample within seconds: they go to any worker.
 @pytest.mark.slow
+@pytest.mark.xdist_group("spin")
 @pytest.mark.parametrize("run", checker.MODEL_RUNS, ids=lambda run: run.name)
 def test_each_model_has_no_counterexample_under_any_interleaving(run: Any, build: Path) -> None:
     """Every run of ``make model-check``, exhaustive: the turn protocol (and its LTL
