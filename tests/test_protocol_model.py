@@ -69,10 +69,10 @@ def test_a_crash_label_missing_from_the_model_is_noticed() -> None:
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("run", checker.MODEL_RUNS, ids=lambda run: run.name)
 def test_each_model_has_no_counterexample_under_any_interleaving(run: Any, build: Path) -> None:
-    """Every run of ``make model-check``, exhaustive: the turn protocol (and its LTL
-    claim), PostgreSQL's leases (workers paused past their lease, takeovers, fenced
-    writes), the inbox's queue, cancel, interrupt and steer, and the timers. Crashes
-    come at every durable point. ``make test`` runs them here, once each."""
+    """Every exhaustive run of ``make model-check``. The turn protocol is checked with
+    and without its LTL claim. PostgreSQL's leases: workers paused past their lease,
+    takeovers, fenced writes. Then the inbox (queue, cancel, interrupt, steer) and the
+    timers. Crashes come at every durable point. ``make test`` runs each here, once."""
     result = checker.verify(run, build)
     print(result.summary())
     assert result.violation is None, result.trail
