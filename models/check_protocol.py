@@ -223,6 +223,11 @@ def tools_missing() -> list[str]:
     return [tool for tool in ("spin", "cc") if shutil.which(tool) is None]
 
 
+def install_command(missing: list[str]) -> str:
+    """The Debian command that installs the ``missing`` tools."""
+    return "apt-get install " + " ".join(PACKAGES[tool] for tool in missing)
+
+
 def fault_labels(text: str | None = None) -> set[str]:
     """The model's crash labels: each label placed on a POINT or COMMIT_POINT."""
     source = MODEL.read_text() if text is None else text
@@ -324,10 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     missing = tools_missing()
     if missing:
         # One line: a fresh machine has no SPIN.
-        packages = " ".join(PACKAGES[tool] for tool in missing)
         print(
             f"model-check needs {' and '.join(missing)} on the PATH: "
-            f"install it with `apt-get install {packages}` (Debian, Ubuntu)",
+            f"install it with `{install_command(missing)}` (Debian, Ubuntu)",
             file=sys.stderr,
         )
         return 2

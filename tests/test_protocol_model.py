@@ -42,10 +42,8 @@ checker = _load_checker()
 def build(tmp_path: Path) -> Path:
     missing = checker.tools_missing()
     if missing:
-        packages = " ".join(checker.PACKAGES[tool] for tool in missing)
-        service_unavailable(
-            "SPIN", f"{' and '.join(missing)} not on the PATH: `apt-get install {packages}`"
-        )
+        why = f"{' and '.join(missing)} not on the PATH: `{checker.install_command(missing)}`"
+        service_unavailable("SPIN", why)
     return tmp_path
 
 
@@ -106,8 +104,8 @@ def test_each_mutant_of_the_protocol_has_a_counterexample_for_the_property_it_br
 def test_a_machine_without_spin_is_told_in_one_line_which_package_to_install(
     tmp_path: Path, tools: list[str], package: str
 ) -> None:
-    """``make test`` runs the model check first: on a fresh machine without SPIN its one
-    line of output must say what to install, not leave the person to search."""
+    """On a fresh machine without SPIN, ``make model-check`` prints one line. It must
+    say what to install, not leave the person to search."""
     import shutil
     import subprocess
 
