@@ -140,7 +140,7 @@ def storable_copy(value: Any) -> Any:
     """``value`` with what no store can hold spelled out.
 
     NaN and infinities become the strings ``"NaN"``, ``"Infinity"`` and
-    ``"-Infinity"``. Lone surrogates are escaped as ``\\udXXX``. Tuples become lists.
+    ``"-Infinity"``. Lone surrogates become ``\\udXXX`` escapes. Tuples become lists.
     Other values are kept, so :func:`normalize` may still refuse the copy (a set, an
     object). Lossy: only for what is shown, never run."""
     if isinstance(value, str):
@@ -225,14 +225,14 @@ def _refusal(value: Any) -> str | None:
 def _plain(value: Any, depth: int) -> Any:
     """A copy of the dict or list ``value`` if it is plain, else ``_NOT_PLAIN``.
 
-    Plain means made only of dicts with ``str`` keys and lists. Their leaves are exact
-    ``str``, ``int``, ``bool``, ``None`` or finite ``float``. They nest at most ``depth``
-    deep. JSON round-trips those unchanged, so they skip an encode and a decode. A
-    finite float reads back as itself: the encoder writes its shortest exact ``repr``.
-    For a large value (a conversation) the copy is cheaper than the round trip.
-    The round trip also walks the value first, for the rules the encoder does not check.
-    Each item is checked inline, not by a call per item.
-    Most values are a handful of scalars.
+    Plain means made only of dicts with ``str`` keys and lists. Their leaves are
+    exact ``str``, ``int``, ``bool`` and ``None`` values or finite floats. They nest at
+    most ``depth`` levels deep. JSON round-trips those unchanged, so they skip an
+    encode and a decode. A finite float reads back as itself: the encoder writes the
+    shortest exact ``repr`` of it. For a large value (a conversation) the copy is
+    cheaper than the round trip. The round trip also walks the value first, for the
+    rules the encoder does not check. Each item is checked inline, not by a call per
+    item. Most values are a handful of scalars.
     The dict's loop and the list's are spelled out apart on purpose. One loop over a
     dict's values, zipped back with its keys, made the check slower than the rest."""
     if type(value) is dict:
