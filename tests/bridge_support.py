@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import prefork
 from intention_kernel import Answer
 from intention_kernel._effects import EffectAuthority
 from intention_kernel.testing import faults
@@ -96,13 +96,7 @@ async def run_worker(script: Path, config: dict[str, Any], status: int = 0) -> l
     store = config.get("store")
     if status == 0 and isinstance(store, dict) and store.get("kind") == "postgres":
         config = {**config, "store": {"lease_expiry": LIVE_LEASE_EXPIRY, **store}}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(script),
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await prefork.spawn(script, json.dumps(config))
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
     finally:
