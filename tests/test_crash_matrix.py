@@ -47,7 +47,6 @@ import ast
 import asyncio
 import json
 import signal
-import sys
 import threading
 import time
 import zlib
@@ -62,6 +61,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+import prefork
 from intention_kernel import Kernel, StoreError
 from intention_kernel.durability import Durability
 from intention_kernel.testing import InMemoryDurability, faults
@@ -258,24 +258,18 @@ class Processes:
 
     store: Store
     ledger: Path
-    running: list[asyncio.subprocess.Process]
+    running: list[prefork.Forked]
 
     async def spawn(
         self, turns: Sequence[Mapping[str, object]], store: Store | None = None, **config: Any
-    ) -> asyncio.subprocess.Process:
+    ) -> prefork.Forked:
         config.update(store=(store or self.store).config(), ledger=str(self.ledger), turns=turns)
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(WORKER),
-            json.dumps(config),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        process = await prefork.spawn(WORKER, json.dumps(config))
         self.running.append(process)
         return process
 
 
-async def finish(process: asyncio.subprocess.Process, status: int = 0) -> list[dict[str, Any]]:
+async def finish(process: prefork.Forked, status: int = 0) -> list[dict[str, Any]]:
     stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
     assert process.returncode == status, (
         f"worker exited with {process.returncode}, expected {status}:\n{stderr.decode()}"
@@ -562,7 +556,7 @@ def touch(path: str) -> None:
     Path(path).touch()
 
 
-async def until(condition: Any, process: asyncio.subprocess.Process | None) -> None:
+async def until(condition: Any, process: prefork.Forked | None) -> None:
     deadline = time.monotonic() + 30
     while not condition():
         if process is not None and process.returncode is not None:
@@ -778,9 +772,8 @@ def accepted_by(actor: str, turn_id: str) -> dict[str, Any]:
     return {"thread_id": THREAD, "turn_id": turn_id, "answer": {"actor": actor}}
 
 
-async def killed(process: asyncio.subprocess.Process) -> list[dict[str, Any]]:
+async def killed(process: prefork.Forked) -> list[dict[str, Any]]:
     """The first line a held worker prints, once it printed it; then ``SIGKILL``."""
-    assert process.stdout is not None
     line = await asyncio.wait_for(process.stdout.readline(), PROCESS_TIMEOUT)
     assert line, "the worker ended before it was held"
     process.kill()  # SIGKILL: no cleanup, no rollback by the process itself

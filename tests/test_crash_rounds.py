@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 
+import prefork
 from intention_kernel.testing import faults
 from proving_support import Store, make_sql_store
 from rounds_worker import REFUSED
@@ -103,13 +103,7 @@ async def deliver(
     turn: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     config = {"store": store.config(), "files": files, "turn": turn or TURN, "die": die}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(WORKER),
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await prefork.spawn(WORKER, json.dumps(config))
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
     finally:

@@ -56,7 +56,6 @@ import os
 import random
 import signal
 import sqlite3
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -69,6 +68,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+import prefork
 from intention_kernel.durability import Durability
 from intention_kernel.durability.abc import RecordedDurability
 from intention_kernel.outbox import OutboxRelay
@@ -150,7 +150,7 @@ def turn_id(index: int) -> str:
 
 @dataclass
 class Worker:
-    process: asyncio.subprocess.Process
+    process: prefork.Forked
     fault: dict[str, Any] | None
     relay: bool = False
     killed_at: float | None = None  # share of the turns committed when the test killed it
@@ -159,7 +159,6 @@ class Worker:
     reader: asyncio.Task[None] | None = None
 
     async def read(self) -> None:
-        assert self.process.stdout is not None
         async for line in self.process.stdout:
             self.lines.append(json.loads(line))
 
@@ -174,7 +173,7 @@ class Worker:
         return next((line["writer"] for line in self.lines if "writer" in line), None)
 
     async def wait(self) -> int:
-        stderr = await asyncio.wait_for(self.process.stderr.read(), 300)  # type: ignore[union-attr]
+        stderr = await asyncio.wait_for(self.process.stderr.read(), 300)
         status = await self.process.wait()
         if self.reader is not None:
             await self.reader
@@ -213,15 +212,8 @@ class Soak:
     def sink(self) -> Path:
         return self.root / "relay.sink"
 
-    async def start(self, script: Path, config: dict[str, Any]) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(script),
-            json.dumps(config),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            limit=1 << 20,
-        )
+    async def start(self, script: Path, config: dict[str, Any]) -> prefork.Forked:
+        return await prefork.spawn(script, json.dumps(config), limit=1 << 20)
 
     async def spawn(
         self,

@@ -9,7 +9,6 @@ import asyncio
 import json
 import random
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import prefork
 from intention_kernel import Kernel
 from intention_kernel.durability._contract.records import Timer, TimerWrite
 from intention_kernel.testing import faults
@@ -49,15 +49,9 @@ async def set_timers(store: Store) -> set[tuple[str, str]]:
     return keys
 
 
-async def spawn(store: Store, **options: Any) -> asyncio.subprocess.Process:
+async def spawn(store: Store, **options: Any) -> prefork.Forked:
     config = {"store": store.config(), "claim_for": 1.5, "limit": 8, "hold": 0.01, **options}
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(WORKER),
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    return await prefork.spawn(WORKER, json.dumps(config))
 
 
 def fired_count(store: Store) -> int:
@@ -81,7 +75,7 @@ async def check_exactly_once(store: Store, keys: set[tuple[str, str]]) -> None:
     assert sum(v for _, v in versions) == TIMERS  # no thread committed a turn twice
 
 
-async def finish(processes: list[asyncio.subprocess.Process]) -> list[str]:
+async def finish(processes: list[prefork.Forked]) -> list[str]:
     lines = []
     for process in processes:
         out, err = await asyncio.wait_for(process.communicate(), DEADLINE)
