@@ -12,31 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import prefork
 
 #: The steer worker (``tests/steer_worker.py``) and the interrupt worker.
 STEER_WORKER = Path(__file__).with_name("steer_worker.py")
 INTERRUPT_WORKER = Path(__file__).with_name("interrupt_worker.py")
 
 
-async def run_worker(worker: Path, config: dict[str, Any]) -> asyncio.subprocess.Process:
+async def run_worker(worker: Path, config: dict[str, Any]) -> prefork.Forked:
     """Start the worker script with its JSON config; stdout and stderr piped."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(worker),
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    return await prefork.spawn(worker, json.dumps(config))
 
 
 @contextlib.asynccontextmanager
-async def worker_process(
-    worker: Path, config: dict[str, Any]
-) -> AsyncIterator[asyncio.subprocess.Process]:
+async def worker_process(worker: Path, config: dict[str, Any]) -> AsyncIterator[prefork.Forked]:
     """The worker, running for the block: killed at its end if it did not exit.
 
     A failed assertion inside the block then leaves no process behind."""

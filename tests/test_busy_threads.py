@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import prefork
 from host_support import asgi_client
 from intention_kernel import Agent, CompilationError, Kernel, ThreadBusyError, TurnResult
 from intention_kernel.durability import Durability
@@ -203,13 +203,7 @@ async def test_reject_refuses_a_turn_while_another_process_runs_one(
             "turns": [{"thread_id": "t", "turn_id": "2", "message": "yes"}],
             "fault": {"point": faults.IN_PROVIDER_AFTER_WRITE, "action": "hold"},
         }
-        worker = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(WORKER),
-            json.dumps(config),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        worker = await prefork.spawn(WORKER, json.dumps(config))
         try:
             assert worker.stdout is not None
             line = await asyncio.wait_for(worker.stdout.readline(), 60)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import sys
 from collections.abc import Awaitable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import prefork
 from intention_kernel import (
     Cancellation,
     Intent,
@@ -234,9 +234,8 @@ async def test_a_cancel_from_another_process_stops_the_running_turn(
         kernel = kernel_for(durability, interpreter, cancel_check_after=0.0)
         running = asyncio.create_task(kernel.turn("t", "1", "look twice"))
         await asyncio.wait_for(interpreter.entered.wait(), HELD)
-        worker = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(WORKER),
+        worker = await prefork.spawn(
+            WORKER,
             json.dumps(
                 {
                     "store": sql_store.config(),
@@ -244,8 +243,6 @@ async def test_a_cancel_from_another_process_stops_the_running_turn(
                     "cancel": {"thread_id": "t", "turn_id": "1", "reason": "stop"},
                 }
             ),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(worker.communicate(), 60)
         assert json.loads(out) == {"cancelled": "requested"}, err.decode()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import prefork
 from intention_kernel import (
     Intent,
     Interpretation,
@@ -187,17 +187,11 @@ def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]
     yield from make_sql_store(request.param, request, tmp_path)
 
 
-async def spawn(config: dict[str, Any]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(WORKER),
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+async def spawn(config: dict[str, Any]) -> prefork.Forked:
+    return await prefork.spawn(WORKER, json.dumps(config))
 
 
-async def first_line(worker: asyncio.subprocess.Process) -> Any:
+async def first_line(worker: prefork.Forked) -> Any:
     assert worker.stdout is not None
     line = await asyncio.wait_for(worker.stdout.readline(), 60)
     assert line, (await worker.communicate())[1].decode()

@@ -34,6 +34,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+import prefork
 from intention_kernel.durability import Durability
 from intention_kernel.durability.postgres import MIGRATIONS, PostgresDurability
 from intention_kernel.durability.postgres._schema import CREATE_SCHEMA_TABLE, INSERT_SCHEMA_VERSION
@@ -311,7 +312,7 @@ def pooled_schema(postgres_dsn: str, pgbouncer_dsn: str) -> Iterator[Schema]:
 async def test_a_worker_stopped_past_its_lease_is_refused_every_write_after_it_wakes(
     pooled_schema: Schema,
     tmp_path: Path,
-    processes: list[asyncio.subprocess.Process],
+    processes: list[prefork.Forked],
     where: str,
 ) -> None:
     await _stopped(pooled_schema, tmp_path, processes, where)

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+import prefork
 from intention_kernel import _effects as effects
 from intention_kernel._effects import EffectAuthority
 from intention_kernel._turns import EventDraft, TurnCommit, TurnScope
@@ -354,20 +354,14 @@ async def test_expiry_is_judged_by_the_servers_clock_not_the_workers(
 # -- real processes, SIGSTOP -----------------------------------------------------------------
 
 
-async def spawn(schema: Schema, **config: Any) -> asyncio.subprocess.Process:
+async def spawn(schema: Schema, **config: Any) -> prefork.Forked:
     config = {"dsn": schema.dsn, "schema": schema.name, "ledger": schema.ledger, **config}
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(WORKER),
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    return await prefork.spawn(WORKER, json.dumps(config))
 
 
 @pytest.fixture
-async def processes() -> AsyncIterator[list[asyncio.subprocess.Process]]:
-    started: list[asyncio.subprocess.Process] = []
+async def processes() -> AsyncIterator[list[prefork.Forked]]:
+    started: list[prefork.Forked] = []
     yield started
     for process in started:  # never leave a process behind, stopped or not
         if process.returncode is None:
@@ -380,7 +374,7 @@ def exists(path: Path) -> bool:
     return path.exists()
 
 
-async def wait_for(path: Path, process: asyncio.subprocess.Process) -> None:
+async def wait_for(path: Path, process: prefork.Forked) -> None:
     deadline = time.monotonic() + 30
     while not exists(path):
         if process.returncode is not None:
@@ -395,7 +389,7 @@ async def wait_for(path: Path, process: asyncio.subprocess.Process) -> None:
 async def test_a_worker_stopped_past_its_lease_is_refused_every_write_after_it_wakes(
     schema: Schema,
     tmp_path: Path,
-    processes: list[asyncio.subprocess.Process],
+    processes: list[prefork.Forked],
     where: str,
 ) -> None:
     """A real worker process is SIGSTOPped mid-turn (before its effect, or inside its

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import sys
 import time
 import uuid
 from collections import Counter
@@ -24,6 +23,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+import prefork
 from intention_kernel._checkpoint import SCHEMA_REVISION, KernelCheckpoint
 from intention_kernel._turns import OutboxEvent, TurnCommit, TurnResult, TurnScope
 from intention_kernel.durability import TurnTransaction
@@ -43,7 +43,7 @@ class Cluster:
         suffix = uuid.uuid4().hex[:12]
         self.schema, self.ledger = f"ik_test_{suffix}", f"ik_ledger_{suffix}"
         self.dsn, self.root = make_conninfo(dsn, application_name=self.schema), root
-        self.processes: list[asyncio.subprocess.Process] = []
+        self.processes: list[prefork.Forked] = []
 
     def path(self, name: str) -> str:
         return str(self.root / name)
@@ -57,7 +57,7 @@ class Cluster:
             cur = conn.execute(text.encode(), args or None)
             return cur.fetchall() if cur.description else []
 
-    async def spawn(self, **config: Any) -> asyncio.subprocess.Process:
+    async def spawn(self, **config: Any) -> prefork.Forked:
         # A killed worker's threads are free once its leases lapse: 3 s here, not 30.
         config = {
             "dsn": self.dsn,
@@ -66,17 +66,11 @@ class Cluster:
             "lease_expiry": 3.0,
             **config,
         }
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(WORKER),
-            json.dumps(config),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        process = await prefork.spawn(WORKER, json.dumps(config))
         self.processes.append(process)
         return process
 
-    async def wait_for_file(self, path: str, process: asyncio.subprocess.Process) -> None:
+    async def wait_for_file(self, path: str, process: prefork.Forked) -> None:
         deadline = time.monotonic() + 30
         while not exists(path):
             if process.returncode is not None:
@@ -94,7 +88,7 @@ def touch(path: str) -> None:
     Path(path).touch()
 
 
-async def finish(process: asyncio.subprocess.Process) -> list[dict[str, Any]]:
+async def finish(process: prefork.Forked) -> list[dict[str, Any]]:
     stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
     assert process.returncode == 0, stderr.decode()
     return [json.loads(line) for line in stdout.decode().splitlines()]
@@ -189,7 +183,7 @@ async def test_a_killed_lease_holder_frees_its_thread_when_its_lease_expires(
 class Worker:
     """A ``turns`` worker whose report lines are read as they come."""
 
-    def __init__(self, process: asyncio.subprocess.Process, schedule: list[list[str]]) -> None:
+    def __init__(self, process: prefork.Forked, schedule: list[list[str]]) -> None:
         self.process, self.schedule, self.pid = process, schedule, process.pid
         self.outcomes: list[dict[str, Any]] = []
         self.stderr = b""

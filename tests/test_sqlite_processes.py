@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+import prefork
 from intention_kernel import (
     Agent,
     CapabilityContext,
@@ -68,7 +69,7 @@ def turn(thread_id: str, turn_id: str, payment_intent_id: str, amount: int) -> d
 class Worker:
     """One worker process and what it printed."""
 
-    def __init__(self, name: str, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, name: str, process: prefork.Forked) -> None:
         self.name = name
         self.process = process
 
@@ -102,13 +103,7 @@ class Cluster:
 
     async def spawn(self, turns: Sequence[dict[str, str]], **options: Any) -> Worker:
         config = {"db": str(self.db), "ledger": str(self.ledger), "turns": list(turns), **options}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(WORKER),
-            json.dumps(config),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        process = await prefork.spawn(WORKER, json.dumps(config))
         worker = Worker(f"#{len(self.workers)}", process)
         self.workers.append(worker)
         return worker

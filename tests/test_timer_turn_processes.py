@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import prefork
 from intention_kernel import Kernel
 from intention_kernel._timers import timer_turn_id
 from intention_kernel.durability._engine.recorded import RecordedDurability
@@ -48,13 +48,7 @@ def lines(path: str) -> list[dict[str, Any]]:
 
 async def run_worker(store: Store, files: dict[str, str], **options: Any) -> tuple[int, list[Any]]:
     config = {"store": store.config(), "files": files, "claim_for": 1.0, **options}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(WORKER),
-        json.dumps(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await prefork.spawn(WORKER, json.dumps(config))
     out, err = await asyncio.wait_for(process.communicate(), DEADLINE)
     assert process.returncode in (0, faults.EXIT_STATUS), err.decode()[-2000:]
     return process.returncode, [json.loads(line) for line in out.decode().splitlines()]
