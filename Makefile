@@ -42,7 +42,11 @@ docs: $(STAMP)
 # pyproject.toml). It mostly waits on fsync, child processes and PostgreSQL, so it runs
 # more workers than the machine has cores. PYTEST_WORKERS=0 runs it in one process.
 # Tests marked ``serial`` run after it, in one process (the OpenAPI fuzz file).
+# The suite writes bytecode caches even where PYTHONDONTWRITEBYTECODE is set. Without
+# them, each pytest worker rewrote every test module's asserts, and each child process
+# compiled the library and the test helpers from source.
 PYTEST_WORKERS ?= 6
+unit: export PYTHONDONTWRITEBYTECODE =
 unit: $(STAMP)
 	$(BIN)/pytest -n $(PYTEST_WORKERS) -m 'not serial'
 	$(BIN)/pytest -n 0 -m serial

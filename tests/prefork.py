@@ -7,8 +7,9 @@ fork of that server, which runs the script as ``__main__``.
 
 A worker stays a real process: its own pid, its own stdio pipes, and signals sent to
 it by pid. SIGKILL kills it, and SIGSTOP pauses it. Its exit status reaches the test
-as asyncio's would: the code, or minus the signal's number. Only its parent differs:
-the server waits on it and sends the test its status.
+as asyncio's would: the code, or minus the signal's number. Its parent differs: the
+server waits on it and sends the test its status. And the workers of one server
+share its hash seed, as they share everything it imported.
 
 Run as ``python tests/prefork.py SCRIPT SOCKET``, the server reads requests on
 ``SOCKET``. Each holds the worker's argv, environment and directory, and three file
