@@ -10,6 +10,7 @@ import dataclasses
 import json
 import random
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,13 @@ async def test_queued_messages_are_never_lost_or_run_twice_when_processes_are_ki
         )
 
     running = {w: await start(w, first=True) for w in range(PROCESSES)}
+    # No kill before every first start is past the barrier. On a loaded machine the
+    # kills could otherwise land during the imports, and the restarts run apart.
+    # Then no delivery met a busy thread, and the inbox went untested.
+    deadline = time.monotonic() + 120
+    while len(list(ready.iterdir())) < PROCESSES:
+        assert time.monotonic() < deadline, "the workers never got past their imports"
+        await asyncio.sleep(0.01)
     kills = 0
     while kills < KILLS and any(p.returncode is None for p in running.values()):
         await asyncio.sleep(random.uniform(0.2, 0.6))
