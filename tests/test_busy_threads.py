@@ -205,7 +205,6 @@ async def test_reject_refuses_a_turn_while_another_process_runs_one(
         }
         worker = await prefork.spawn(WORKER, json.dumps(config))
         try:
-            assert worker.stdout is not None
             line = await asyncio.wait_for(worker.stdout.readline(), 60)
             assert json.loads(line) == {"held": faults.IN_PROVIDER_AFTER_WRITE}
             with pytest.raises(ThreadBusyError):

@@ -192,7 +192,6 @@ async def spawn(config: dict[str, Any]) -> prefork.Forked:
 
 
 async def first_line(worker: prefork.Forked) -> Any:
-    assert worker.stdout is not None
     line = await asyncio.wait_for(worker.stdout.readline(), 60)
     assert line, (await worker.communicate())[1].decode()
     return json.loads(line)

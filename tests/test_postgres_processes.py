@@ -190,12 +190,10 @@ class Worker:
         self._reading = asyncio.gather(self._read_stdout(), self._read_stderr())
 
     async def _read_stdout(self) -> None:
-        assert self.process.stdout is not None
         while line := await self.process.stdout.readline():
             self.outcomes.append(json.loads(line))
 
     async def _read_stderr(self) -> None:
-        assert self.process.stderr is not None
         self.stderr = await self.process.stderr.read()
 
     async def finished(self) -> list[dict[str, Any]]:
