@@ -382,7 +382,10 @@ class SteerOrphanedError(ThreadBusyError):
 class FencedCommitError(KernelError):
     """The thread's version moved while the turn ran, so the commit was refused.
 
-    This only happens when the turn lost its claim on the thread.
+    It happens when the turn lost its claim on the thread.
+    On PostgreSQL it has one more cause: a receipt moved under the turn's lease.
+    A worker stopped past its lease wakes and settles its own attempt.
+    That write is not fenced, and it may land while this turn replaces the receipt.
     Nothing was committed.
     The turn may be retried with the same turn ID.
     """
