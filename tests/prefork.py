@@ -27,6 +27,7 @@ import json
 import os
 import runpy
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -98,8 +99,7 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = request["argv"]
-    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+    sys.argv = request["argv"]  # sys.path[0] is the script's directory already
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 
@@ -178,12 +178,12 @@ class Forked:
         )
         return stdout, stderr
 
-    def send_signal(self, signal: int) -> None:
+    def send_signal(self, signum: int) -> None:
         if self.returncode is None:
-            os.kill(self.pid, signal)
+            os.kill(self.pid, signum)
 
     def kill(self) -> None:
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
 
 async def _reader(fd: int, limit: int) -> asyncio.StreamReader:
