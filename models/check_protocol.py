@@ -38,11 +38,13 @@ MAX_DEPTH = 200_000
 
 @dataclass(frozen=True)
 class Run:
-    """One verification: ``defines`` for spin and cc; ``ltl`` checks the LTL claim
-    (acceptance cycles under weak fairness) instead of the assertions alone;
-    ``expect`` is the property a mutant must break (``None``: none may break);
-    ``model`` is the file in models/; ``hash_bits`` sizes pan's hash table
-    (``-w``: 2 to that power slots, 8 bytes each)."""
+    """One verification, with its ``defines`` for spin and cc.
+
+    With ``ltl`` it checks the LTL claim instead of the assertions alone. That is a
+    search for acceptance cycles under weak fairness. A mutant's ``expect`` is the
+    property it must break; ``None`` means that none may break. The model is the
+    file ``model`` in models/. The hash table of pan has 2 to the power
+    ``hash_bits`` slots, of 8 bytes each (its ``-w`` option)."""
 
     name: str
     defines: tuple[str, ...] = ()

@@ -12,9 +12,9 @@ A turn of three rounds (read, pay 100, final text) dies:
   the write done.
 
 In each case the redelivery never asks the model for a round it answered before the
-death, the write is applied once in all (run by the redelivery, or settled by its
-completed receipt), the read runs again (reads are not recorded), and the committed turn
-leaves no journal rows behind.
+death. The write is applied once in all: run by the redelivery, or settled by its
+completed receipt. The read runs again, as reads are not recorded. And the committed
+turn leaves no journal rows behind.
 """
 
 from __future__ import annotations

@@ -10,24 +10,24 @@ deliveries of one turn race across processes; they also send duplicates and
 conflicting requests on purpose. Meanwhile the library's own outbox relay
 (:class:`~intention_kernel.outbox.OutboxRelay`, in ``tests/relay_worker.py``)
 publishes to a file. The test SIGKILLs a random worker (now and then the relay) at
-moments spread over the whole run, by the share of turns committed so far, and
-starts a replacement, some armed to die at a durable fault point; a replacement takes
-each thread up at its last committed turn, delivered again. On PostgreSQL some of
+moments spread over the whole run, by the share of turns committed so far. It starts
+a replacement, some armed to die at a durable fault point. A replacement takes each
+thread up at its last committed turn, delivered again. On PostgreSQL some of
 those moments SIGSTOP a worker past its lease instead, then SIGCONT it: the others
 take its threads, and each write it tries on waking is refused (it delivers that
 turn again, and gets the committed result). The ``pgbouncer`` store runs every
 client of the soak through PgBouncer in transaction mode. Finally one worker
-delivers everything once more (the retries a host does after a crash), operators
-reconcile every uncertain receipt, the relay drains, and the audit checks, and
-prints:
+delivers everything once more (the retries a host does after a crash). Operators
+reconcile every uncertain receipt, and the relay drains. Then the audit checks, and
+prints, these:
 
 - every scheduled turn committed once, in schedule order (version = position);
 - every redelivery answered with the committed result, every conflicting request
   refused, nothing else failed;
-- each turn's outcome as its schedule allows: an accepted charge completed, or
-  uncertain (a lost response, or a death in the provider window), or declined; the
-  same payment intent deduplicated or failing closed later on; a rejected or
-  pending charge never run;
+- each turn's outcome as its schedule allows. An accepted charge completed, or went
+  uncertain (a lost response, or a death in the provider window), or was declined.
+  The same payment intent was deduplicated, or failed closed later on. A rejected
+  or pending charge never ran;
 - each provider key called at most once, every call accounted for by a receipt;
 - every committed event delivered by the relay at least once (again only after a
   relay died), each thread's events in ``seq`` order; one ``turn.committed`` per
@@ -36,12 +36,12 @@ prints:
 - a write refused for a lost lease only in a worker the test stopped past its lease.
 
 The concurrent mode (SQLite; issue 22) runs the same schedule and audit with one
-worker process at a time, every thread at once on it (a task each, each turn's
-interpreter awaiting as a model call does), so that the turns' writes share group
-commits, and each duplicate delivered while the first copy is still in flight. Each
-round's process is SIGKILLed with groups in flight (or dies at a fault point, a
-group commit's ``before_commit``/``after_commit`` among them) and taken up by the
-next; between rounds nothing writes turns, so the audit also checks, at each death,
+worker process at a time. It runs every thread at once, a task each, each turn's
+interpreter awaiting as a model call does. So the turns' writes share group commits,
+and each duplicate comes while the first copy is still in flight. Each round's
+process is SIGKILLed with groups in flight, or dies at a fault point (a group
+commit's ``before_commit`` and ``after_commit`` among them). The next round takes it
+up. Between rounds nothing writes turns. So the audit also checks, at each death,
 that every turn the dead process acknowledged is on disk.
 
 Size: ``pytest tests/test_soak.py --soak-turns 20000`` for a longer run (default
@@ -328,8 +328,8 @@ async def test_concurrent_soak_killed_with_groups_in_flight_loses_and_duplicates
     soak: Soak, store: Store, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The concurrent mode (issue 22): one worker process at a time runs every thread at
-    once over one SQLite adapter, each turn awaiting a model, so that their writes
-    share group commits; duplicates come while the first copy is in flight. Each
+    once over one SQLite adapter. Each turn awaits a model, so their writes share
+    group commits. Duplicates come while the first copy is in flight. Each
     round's process is SIGKILLed (or dies at a fault point, a group's among them) with
     groups in flight, and before the next round starts, every turn it acknowledged is
     on disk. The audit is the soak's."""
@@ -469,10 +469,10 @@ async def kill_through_the_run(soak: Soak, total: int) -> None:
 
 
 async def kill_in_rounds(soak: Soak, total: int) -> list[int]:
-    """The concurrent mode's walk: one worker process at a time, SIGKILLed at moments
-    spread over the run by progress (as :func:`kill_through_the_run` does), each
-    replaced by a worker that takes every thread up again, some armed to die at a
-    fault point (a group commit's too). Between two rounds no process writes turns:
+    """The concurrent mode's walk: one worker process at a time. Each is SIGKILLed at a
+    moment spread over the run by progress, as :func:`kill_through_the_run` does. A
+    worker that takes every thread up again replaces it. Some are armed to die at a
+    fault point, a group commit's among them. Between two rounds no process writes turns:
     every turn the dead one acknowledged must be on disk then, before the next round
     could commit it again. Answers how many acknowledgements each death had."""
     kills = min(max(6, round(total * KILLS_PER_TURN)), MAX_KILLS)  # as kill_through_the_run

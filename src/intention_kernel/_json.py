@@ -2,11 +2,12 @@
 
 Stored values must survive a round trip unchanged. So everything the kernel keeps
 is normalized through the same encoder that stores it. A tuple becomes a list on
-first use, not only after a replay. A value is refused where it enters when:
+first use, not only after a replay. A value is refused where it enters in two cases:
 
-- JSON cannot hold it: a set, an object, NaN, or a string with a lone surrogate
-  (which UTF-8 cannot encode).
-- no reader can parse it back: an integer of more than :data:`MAX_INT_DIGITS` digits.
+- JSON cannot hold it. That is a set, an object, NaN, or a string with a lone
+  surrogate, which UTF-8 cannot encode.
+- No reader can parse it back. That is an integer of more than
+  :data:`MAX_INT_DIGITS` digits.
 
 Some keys and names are kept in a text column of their own: effect keys, fact keys,
 event types. They have a rule of their own, :func:`text_problem`. PostgreSQL text
