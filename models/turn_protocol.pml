@@ -362,7 +362,10 @@ after_checkpoint_load: POINT;
     PAUSE;
     /* run_effect(K), if the operation calls it. claim_effect: read K's receipt, plan
        it (plan_effect), persist the plan's write, in one transaction on the turn's
-       session. */
+       session. On PostgreSQL the read and the write are two statements. A
+       compare-and-set that finds the receipt moved (a late SETTLE) reads and plans
+       again. So the claim takes effect at its last read or at its write: this
+       atomic step. */
     atomic {
         if
         :: !runs_k -> goto settled

@@ -34,7 +34,9 @@ from intention_kernel._effects import EffectAuthority
 from intention_kernel._turns import EventDraft, TurnCommit, TurnScope
 from intention_kernel.durability import TurnTransaction
 from intention_kernel.durability.postgres import PostgresDurability
+from intention_kernel.durability.postgres._recorder import CLAIM_MOVES
 from intention_kernel.errors import (
+    EffectNotAppliedError,
     EffectUncertainError,
     FencedCommitError,
     LeaseLostError,
@@ -237,6 +239,118 @@ async def test_a_settle_refused_under_a_live_lease_is_a_conflict_not_a_lost_leas
         [receipt] = await holder.list_receipts()
     assert receipt.status == "uncertain"
     assert schema.query("SELECT count(*) FROM ik_turns") == [(0,)]
+
+
+async def test_a_claim_whose_receipt_a_woken_holder_settled_replays_the_settled_value(
+    schema: Schema,
+) -> None:
+    """A holder stops past its lease inside its provider call. The next holder reads
+    the receipt as prepared by that live attempt. Just then the stopped holder wakes
+    and settles its attempt: the outcome is a fact, so that write has no lease fence.
+    The next holder's compare-and-set finds the receipt moved. It reads it again and
+    replays the settled value: the provider ran once, and the next holder's turn
+    commits instead of failing. The woken holder's commit is refused."""
+    calls: list[str] = []
+    resume = threading.Event()
+    other: dict[str, Any] = {}
+
+    async def settled() -> None:
+        query = "SELECT status FROM ik_receipts"
+        for _ in range(600):
+            if await asyncio.to_thread(schema.query, query) != [("prepared",)]:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the woken holder never settled its attempt")
+
+    async def next_holder() -> None:
+        async with schema.durability(lock_timeout=20) as store:
+            recorder = store._sessions
+            update = recorder._fenced_update
+
+            async def woken_first(conn: Any, new: Any, expected: Any, lease: Any) -> None:
+                # Between this claim's read and its write, the stopped holder wakes.
+                if not resume.is_set():
+                    resume.set()
+                    await settled()
+                await update(conn, new, expected, lease)
+
+            recorder._fenced_update = woken_first  # type: ignore[method-assign]
+
+            async def operation(tx: TurnTransaction) -> TurnCommit:
+                other["effect"] = await tx.run_effect(
+                    "charge", lambda a: other.setdefault("called", a.key), step_id="s"
+                )
+                return await plain(tx)
+
+            other["result"] = await store.with_turn(TurnScope("t", "other"), operation)
+
+    worker = threading.Thread(target=asyncio.run, args=(next_holder(),))
+
+    async def provider(authority: EffectAuthority) -> str:
+        calls.append(authority.key)
+        worker.start()
+        # This event loop blocks: the holder stops, its lease renewal too.
+        assert resume.wait(60)
+        return "paid"
+
+    async def stopped(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("charge", provider, step_id="s")
+        return await plain(tx)
+
+    async with schema.durability(lease_expiry=1.0) as holder:
+        with pytest.raises(LeaseLostError):
+            await holder.with_turn(TurnScope("t", "stopped"), stopped)
+        await asyncio.to_thread(worker.join, 60)
+        [receipt] = await holder.list_receipts()
+    assert not worker.is_alive()
+    assert calls == ["charge"] and "called" not in other
+    effect = other["effect"]
+    assert (effect.value, effect.replayed) == ("paid", True)
+    assert (receipt.status, receipt.value, receipt.turn_id) == ("completed", "paid", "stopped")
+    assert other["result"].checkpoint_version == 1
+    assert schema.query("SELECT turn_id FROM ik_turns") == [("other",)]
+
+
+async def test_a_claim_whose_receipt_keeps_moving_gives_up_after_a_few_reads(
+    schema: Schema,
+) -> None:
+    """A receipt that moves again before every write of a claim (as no holder of the
+    thread could move it) is read and planned at most ``CLAIM_MOVES`` more times. Then
+    the claim raises ``FencedCommitError``: it never spins, and nothing is committed."""
+
+    def not_applied(authority: EffectAuthority) -> str:
+        raise EffectNotAppliedError()
+
+    async def fails(tx: TurnTransaction) -> TurnCommit:
+        with contextlib.suppress(EffectNotAppliedError):
+            await tx.run_effect("charge", not_applied, step_id="s")
+        return await plain(tx)
+
+    writes: list[int] = []
+
+    async def retries(tx: TurnTransaction) -> TurnCommit:
+        await tx.run_effect("charge", lambda a: "paid", step_id="s")
+        return await plain(tx)
+
+    async with schema.durability() as store:
+        await store.with_turn(TurnScope("t", "failed"), fails)
+        recorder = store._sessions
+        update = recorder._fenced_update
+
+        async def moved_first(conn: Any, new: Any, expected: Any, lease: Any) -> None:
+            writes.append(expected.attempt)
+            bump = "UPDATE ik_receipts SET attempt = attempt + 1 WHERE id = %s"
+            await asyncio.to_thread(schema.query, bump, expected.id)
+            await update(conn, new, expected, lease)
+
+        recorder._fenced_update = moved_first  # type: ignore[method-assign]
+        with pytest.raises(FencedCommitError) as refused:
+            await store.with_turn(TurnScope("t", "retried"), retries)
+        [receipt] = await store.list_receipts()
+    assert type(refused.value) is FencedCommitError
+    assert writes == list(range(1, CLAIM_MOVES + 2))  # each read saw the last move
+    assert (receipt.status, receipt.attempt) == ("failed", CLAIM_MOVES + 2)
+    assert schema.query("SELECT turn_id FROM ik_turns") == [("failed",)]
 
 
 async def test_a_turn_whose_lease_lapsed_never_writes_under_the_next_turn_of_its_adapter(

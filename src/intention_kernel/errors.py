@@ -383,9 +383,11 @@ class FencedCommitError(KernelError):
     """The thread's version moved while the turn ran, so the commit was refused.
 
     It happens when the turn lost its claim on the thread.
-    On PostgreSQL it has one more cause: a receipt moved under the turn's lease.
+    On PostgreSQL a receipt may also move under the turn's lease.
     A worker stopped past its lease wakes and settles its own attempt.
     That write is not fenced, and it may land while this turn replaces the receipt.
+    The turn then reads the receipt again and goes on from the settled outcome.
+    Only a receipt that keeps moving, as no worker would move it, raises this.
     Nothing was committed.
     The turn may be retried with the same turn ID.
     """

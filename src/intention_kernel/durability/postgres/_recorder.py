@@ -165,6 +165,9 @@ __all__ = ["PostgresRecorder"]
 #: about fifty calls a turn (a generator step and a ``getattr`` per field).
 _RECORD_FIELDS = tuple(f.name for f in fields(TurnRecord))
 _record_values = operator.attrgetter(*_RECORD_FIELDS)
+#: How often one claim reads and plans again after its receipt moved.
+#: Under a held lease only a late settlement moves it, once per stopped attempt.
+CLAIM_MOVES = 3
 
 
 #: A stop check: thread, turn, the asker's cancel scope, the turn's base version.
@@ -664,39 +667,57 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
                     return first
             # No wrapping transaction: the write is one statement. Its primary key
             # (insert) or compare-and-set (update) refuses it if anyone wrote the
-            # receipt since the read. Under the lease nobody should.
-            cur = await execute(conn, self._q(SELECT_RECEIPT), (thread_id, key))
-            existing = _receipt(await cur.fetchone())
-            own = first.write
-            if tries > 1 and own is not None and existing is not None and existing.id == own.id:
-                return first  # this hop's own insert, applied before its session broke
-            decided = plan(existing)
-            if decided.write is None:
-                return decided
-            if existing is not None:
+            # receipt since the read. Under the lease, one writer still may: a worker
+            # stopped past its lease wakes and settles its own attempt (unfenced).
+            # Its outcome is a fact, so the claim reads it and plans again.
+            # The claim then takes effect at its last read or at its write.
+            moves = 0
+            while True:
+                cur = await execute(conn, self._q(SELECT_RECEIPT), (thread_id, key))
+                existing = _receipt(await cur.fetchone())
+                own = first.write
+                if tries > 1 and own is not None and existing is not None and existing.id == own.id:
+                    return first  # this hop's own insert, applied before its session broke
+                decided = plan(existing)
+                if decided.write is None:
+                    return decided
                 try:
-                    await self._fenced_update(conn, decided.write, existing, lease)
+                    await self._write_planned(conn, decided.write, existing, lease)
                 except LeaseLostError:
                     raise
                 except FencedCommitError:
-                    if tries == 1 or not await self._stored(conn, decided.write):
+                    # A repeated hop may find its own write applied: not a move.
+                    if tries > 1 and await self._stored(conn, decided.write):
+                        return decided
+                    moves += 1
+                    if moves > CLAIM_MOVES:
                         raise
+                    continue
                 return decided
-            try:
-                row = await (
-                    await execute(
-                        conn, self._q(INSERT_RECEIPT), {**_receipt_params(decided.write), **lease}
-                    )
-                ).fetchone()
-            except UniqueViolation as exc:
-                if exc.diag.constraint_name == "ik_receipts_pkey":
-                    raise receipt_moved(decided.write) from exc
-                raise
-            if not present(row)[0]:
-                raise receipt_lease_lost(thread_id, key)
-            return decided
 
         return self._run(claim)
+
+    async def _write_planned(
+        self, conn: Connection, new: Receipt, existing: Receipt | None, lease: dict[str, Any]
+    ) -> None:
+        """Write a claim's planned receipt over ``existing``, or as a new row.
+
+        Both are fenced by ``lease``.
+        Both raise ``FencedCommitError`` if the receipt moved since it was read.
+        """
+        if existing is not None:
+            await self._fenced_update(conn, new, existing, lease)
+            return
+        try:
+            row = await (
+                await execute(conn, self._q(INSERT_RECEIPT), {**_receipt_params(new), **lease})
+            ).fetchone()
+        except UniqueViolation as exc:
+            if exc.diag.constraint_name == "ik_receipts_pkey":
+                raise receipt_moved(new) from exc
+            raise
+        if not present(row)[0]:
+            raise receipt_lease_lost(new.thread_id, new.key)
 
     async def _fenced_update(
         self, conn: Connection, new: Receipt, expected: Receipt, lease: dict[str, Any]
@@ -717,14 +738,15 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
             raise receipt_moved(new)
 
     async def _stored(self, conn: Connection, receipt: Receipt) -> bool:
-        """Whether the stored receipt is ``receipt`` (its status, attempt and time)."""
+        """Whether the stored receipt is ``receipt`` (its ID, status, attempt and time)."""
         cur = await execute(conn, self._q(SELECT_RECEIPT), (receipt.thread_id, receipt.key))
         stored = _receipt(await cur.fetchone())
-        return stored is not None and (stored.status, stored.attempt, stored.updated_at) == (
-            receipt.status,
-            receipt.attempt,
-            receipt.updated_at,
-        )
+        return stored is not None and (
+            stored.id,
+            stored.status,
+            stored.attempt,
+            stored.updated_at,
+        ) == (receipt.id, receipt.status, receipt.attempt, receipt.updated_at)
 
     async def write_receipt(self, receipt: Receipt, expected: Receipt) -> None:
         write = receipt_write(receipt, expected, _same)
