@@ -22,16 +22,14 @@ Run as ``python tests/soak_worker.py '<json config>'``:
 
 Every thread is walked in order, each turn delivered until it returns, so that a
 thread's turns commit in schedule order whichever process commits them. Each
-delivery writes one JSON line, of one of five kinds. The first is
+delivery writes one JSON line, of one of four kinds. The first is
 ``{"t", "u", "replayed", "digest", "steps"}``. It holds the digest of the result without
 its ``replayed`` flag, and each step's capability and status. A refused conflicting
 request writes ``{"t", "u", "refused"}``. ``{"t", "u", "lease_lost"}`` is for a
 delivery refused a write, because its lease lapsed while the process was stopped. That
-delivery is delivered again. So is one whose receipt a woken worker settled between
-its read and its write, ``{"t", "u", "fenced"}``. ``{"t", "u", "error"}`` is for
-anything unexpected. A walk that
-ends on SQLite writes ``{"writer": {"groups", "grouped"}}`` last: the transactions its
-writer thread ran, and how many writes shared one with others.
+delivery is delivered again. ``{"t", "u", "error"}`` is for anything unexpected. A walk
+that ends on SQLite writes ``{"writer": {"groups", "grouped"}}`` last: the transactions
+its writer thread ran, and how many writes shared one with others.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ from typing import Any
 from intention_kernel import Kernel, ThreadBusyError, TurnConflictError, TurnResult
 from intention_kernel._interpretation import Interpretation, InterpretationRequest
 from intention_kernel.durability.sqlite import SQLiteDurability
-from intention_kernel.errors import FencedCommitError, LeaseLostError
+from intention_kernel.errors import LeaseLostError
 from intention_kernel.testing import faults
 from intention_kernel.testing._agents import billing_agent, billing_interpreter
 from intention_kernel.testing.sqlite import GroupAction, GroupPoint, WriterProbe
@@ -128,12 +126,6 @@ async def main(config: dict[str, Any], schedule: dict[str, Any]) -> None:
                     # Any other refusal ends the worker, and the audit fails; so does a
                     # lost lease in a worker that was never stopped.
                     emit({"t": thread_id, "u": turn, "lease_lost": True})
-                except FencedCommitError:
-                    # A receipt moved under this worker's lease. A worker stopped past
-                    # its lease woke and settled its attempt; that write is unfenced.
-                    # It landed between this turn's read and its write of the receipt.
-                    # The error says to deliver again, and a host would.
-                    emit({"t": thread_id, "u": turn, "fenced": True})
 
         async def answer(thread_id: str, turn: str, message: str) -> None:
             result = await deliver(thread_id, turn, message)
