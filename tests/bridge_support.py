@@ -6,8 +6,8 @@
   outlives a process that dies right after the call.
 - :func:`words`: a ``read_answer`` that reads ``"yes"`` and ``"no, <reason>"``.
 - :class:`MovingClock`: a clock that stands still until the test moves it.
-- :func:`run_worker`: one worker process, its JSON lines, never left running;
-  :class:`Workers`: turns of a thread in such processes.
+- :func:`run_worker`: one worker process, its JSON lines, never left running (the
+  crash rounds' workers too); :class:`Workers`: turns of a thread in such processes.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ turn leaves no journal rows behind.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,13 +27,12 @@ from typing import Any
 
 import pytest
 
-import prefork
+from bridge_support import run_worker
 from intention_kernel.testing import faults
 from proving_support import Store, make_sql_store
 from rounds_worker import REFUSED
 
 WORKER = Path(__file__).with_name("rounds_worker.py")
-PROCESS_TIMEOUT = 60.0
 TURN = {"thread_id": "th-rounds", "turn_id": "turn-1", "message": "pay what I owe"}
 
 
@@ -103,15 +101,7 @@ async def deliver(
     turn: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     config = {"store": store.config(), "files": files, "turn": turn or TURN, "die": die}
-    process = await prefork.spawn(WORKER, json.dumps(config))
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.communicate()
-    assert process.returncode == status, stderr.decode()
-    return [json.loads(line) for line in stdout.decode().splitlines()]
+    return await run_worker(WORKER, config, status)
 
 
 @pytest.mark.slow
