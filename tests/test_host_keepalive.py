@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
-from host_support import serving_in_thread
+from host_support import served, serving_in_thread
 from intention_kernel.host import create_app
 from intention_kernel.testing import InMemoryDurability
 from streams_support import StreamingRounds, streams_kernel
@@ -103,3 +106,48 @@ async def test_keep_alive_never_cancels_the_chunk_it_waits_for() -> None:
 
     got = [chunk async for chunk in keep_alive(slow(), 0.01)]
     assert [c for c in got if c != PING] == ["a", "b"] and PING in got
+
+
+def test_serve_sends_pings_at_the_interval_its_keep_alive_option_gives(tmp_path: Path) -> None:
+    """``intention-kernel serve --keep-alive 0.1``: a real process, a turn held in its
+    first round, and its ``/events`` stream read over a real connection. Pings arrive
+    while the turn waits; the stream ends with the turn's result once it goes on."""
+    root = tmp_path / "drain"
+    root.mkdir()
+    args = ["--keep-alive", "0.1"]
+    env = {"DRAIN_DIR": str(root)}
+    store = tmp_path / "app.db"
+    with (
+        served(store, agent="drain_agent:agent", args=args, env=env) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        body = {"turn_id": "t1", "message": "paint it"}
+        accepted = client.post(
+            "/v1/threads/acct-1/turns", json=body, headers={"Prefer": "respond-async"}
+        )
+        assert accepted.status_code == 202, accepted.text
+        lines: list[str] = []
+        with client.stream("GET", accepted.json()["events"]) as response:
+            for line in response.iter_lines():
+                lines.append(line)
+                # Three pings while round 1 is held, then the turn may go on.
+                if lines.count(": ping") == 3:
+                    (root / "release").touch()
+    assert (root / "entered").exists()
+    events = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    assert events[-1] == "result"
+    assert lines.count(": ping") >= 3
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf"])
+def test_serve_refuses_a_keep_alive_that_is_not_a_positive_number(bad: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "intention_kernel", "serve", "--agent", "x:y", "--keep-alive", bad],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--keep-alive must be positive and finite" in done.stderr
+    assert not (tmp_path / "intention-kernel.db").exists()  # nothing opened or created

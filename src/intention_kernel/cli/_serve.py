@@ -20,6 +20,10 @@ Running turns stop at their next safe point, committing nothing.
 ``--grace SECONDS`` (default 30) is how long uvicorn then waits for them.
 What still runs after that is cancelled, and fails closed as well.
 
+``--keep-alive SECONDS`` (default 15) paces the ``: ping`` comments of a waiting stream.
+A turn's ``/events`` and an AG-UI run send one whenever that long passes without an event.
+A proxy that closes idle connections then keeps them open.
+
 Tokens (repeatable) turn authentication on.
 Each stands for a principal with a name, a tenant and a role
 (see :class:`intention_kernel.host.Principal`)::
@@ -200,6 +204,15 @@ def serve(
             "stop at their next safe point; after this long, what still runs is cancelled",
         ),
     ] = 30,
+    keep_alive: Annotated[
+        float,
+        typer.Option(
+            "--keep-alive",
+            metavar="SECONDS",
+            help="A waiting event stream (a turn's /events, an AG-UI run) sends ': ping' "
+            "this often, so a proxy does not close it as idle",
+        ),
+    ] = 15.0,
 ) -> None:
     """Serve the agent over HTTP: turns, threads, receipts, /openapi.json and /console."""
     run = loop_runner(loop)
@@ -210,7 +223,13 @@ def serve(
             f"serve needs the http extra ({exc.name} is missing): pip install "
             "'intention-kernel[http]'"
         )
+    from intention_kernel.host._turnstreams import check_keep_alive
+
     url = resolve_db_url(db)
+    try:
+        check_keep_alive(keep_alive)
+    except ValueError as exc:
+        refuse(str(exc).replace("keep_alive", "--keep-alive", 1))
     try:
         pairs = list(token or [])
         pairs += [p for p in os.environ.get(TOKENS_ENV_VAR, "").split(",") if p.strip()]
@@ -227,7 +246,20 @@ def serve(
             f"${TOKENS_ENV_VAR}), or --insecure if a gateway in front authenticates callers."
         )
     with log_warnings_to_stderr():
-        run(_serve(agent, url, host, port, tokens, lock_timeout, hosts, not no_timers, grace))
+        run(
+            _serve(
+                agent,
+                url,
+                host,
+                port,
+                tokens,
+                lock_timeout,
+                hosts,
+                not no_timers,
+                grace,
+                keep_alive,
+            )
+        )
 
 
 def allowed_hosts(bound: str, given: list[str]) -> list[str]:
@@ -313,12 +345,15 @@ async def _serve(
     hosts: list[str],
     timers: bool = True,
     grace: int = 30,
+    keep_alive: float = 15.0,
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         # On the serving loop: a client the agent opens (an MCP session) belongs to it.
         # Entered first, so exited last: after the server stopped and the store closed.
         agent = await enter_agent(stack, spec, db_url=url)
-        await _serve_agent(agent, url, host, port, tokens, lock_timeout, hosts, timers, grace)
+        await _serve_agent(
+            agent, url, host, port, tokens, lock_timeout, hosts, timers, grace, keep_alive
+        )
 
 
 async def _serve_agent(
@@ -331,6 +366,7 @@ async def _serve_agent(
     hosts: list[str],
     timers: bool = True,
     grace: int = 30,
+    keep_alive: float = 15.0,
 ) -> None:
     import uvicorn
 
@@ -351,7 +387,9 @@ async def _serve_agent(
     try:
         try:
             kernel = Kernel(agent, durability)
-            app = create_app(kernel, tokens=tokens, allowed_hosts=hosts, timers=timers)
+            app = create_app(
+                kernel, tokens=tokens, allowed_hosts=hosts, timers=timers, keep_alive=keep_alive
+            )
         except (KernelError, TypeError, ValueError) as exc:
             refuse(str(exc))
         if tokens:
