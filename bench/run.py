@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import importlib
 import importlib.metadata
 import json
 import os
@@ -920,6 +921,20 @@ def base_tree(base: str) -> str:
     return target
 
 
+#: The groups each in a module of their own, imported when they run: (phase, module,
+#: function, what the run prints as it starts it). They run in this order.
+GROUPS = (
+    ("concurrency", "bench.concurrency", "concurrency", "concurrency"),
+    ("latency", "bench.latency", "latency", "latency"),
+    ("handoff", "bench.handoff", "handoff_group", "hand-off"),
+    ("sync", "bench.sync", "sync_group", "sync facade"),
+    ("timers", "bench.timers", "timers_group", "timers"),
+    ("cost", "bench.cost", "cost", "cost"),
+)
+#: Groups that measure PostgreSQL alone: ``--no-postgres`` skips them.
+POSTGRES_ONLY = ("handoff",)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 1-2 minute run")
@@ -1036,36 +1051,11 @@ def main() -> None:
                 if args.no_peers:
                     looped = [r for r in looped if "langgraph" not in r]
                 results["loop"] = loop(looped, args, mode)
-            if "concurrency" in phases:
-                from bench.concurrency import concurrency
-
-                print("concurrency", file=sys.stderr, flush=True)
-                results["concurrency"] = concurrency(args, mode)
-            if "latency" in phases:
-                from bench.latency import latency
-
-                print("latency", file=sys.stderr, flush=True)
-                results["latency"] = latency(args, mode)
-            if "handoff" in phases and not args.no_postgres:
-                from bench.handoff import handoff_group
-
-                print("hand-off", file=sys.stderr, flush=True)
-                results["handoff"] = handoff_group(args, mode)
-            if "sync" in phases:
-                from bench.sync import sync_group
-
-                print("sync facade", file=sys.stderr, flush=True)
-                results["sync"] = sync_group(args, mode)
-            if "timers" in phases:
-                from bench.timers import timers_group
-
-                print("timers", file=sys.stderr, flush=True)
-                results["timers"] = timers_group(args, mode)
-            if "cost" in phases:
-                from bench.cost import cost
-
-                print("cost", file=sys.stderr, flush=True)
-                results["cost"] = cost(args, mode)
+            for phase, module, function, what in GROUPS:
+                if phase in phases and not (phase in POSTGRES_ONLY and args.no_postgres):
+                    print(what, file=sys.stderr, flush=True)
+                    group = getattr(importlib.import_module(module), function)
+                    results[phase] = group(args, mode)
         finally:
             shutil.rmtree(args.dir, ignore_errors=True)
             if args.base and args.base != args.base_ref:
