@@ -216,3 +216,36 @@ def test_the_latency_group_is_judged_at_500_and_2000_conversations_directly_and_
         "1 errors"
     )
     assert checked["latency-ik-pgbouncer: the row ran"]["figure"] == "0 levels run"
+
+
+def test_the_cost_meter_judges_issue_35s_targets_on_its_own_figures() -> None:
+    """A full meter run (round 12's, stored): CPU against the floor on both stores,
+    the SQLite turn's calls against the issue's 666, and the import. A round is judged
+    only against the issue's start given as ``--base``; a ratio at a bound holds, one
+    just past it misses."""
+    from bench.cost import targets as cost_targets
+
+    stored = Path(STORED.parent, "20261206T110334Z-full-s48-full.json")
+    cost = json.loads(stored.read_text())["cost"]
+    judged = {what: (round(measured, 3), held) for what, measured, held, _ in cost_targets(cost)}
+    assert judged == {
+        "kernel, SQLite FULL, 1 client: CPU ≤ 1.15x the floor's": (1.106, True),
+        "kernel, PostgreSQL, 1 client: CPU ≤ 1.2x the floor's": (0.828, True),
+        "kernel, PostgreSQL, 64 in flight: CPU ≤ 1.2x the floor's": (0.761, True),
+        "kernel, SQLite FULL, 1 client: Python calls ≤ 466 (30% below 666)": (462.27, True),
+        'a fresh `python -c "import intention_kernel"` < 150 ms': (147.862, True),
+    }
+    # Against 4409db6 the rounds are judged too: 0.75 holds, 0.751 misses.
+    against = copy.deepcopy(cost)
+    against["base"] = "4409db6"
+    paths = {row["path"]: row for row in against["paths"]}
+    paths["agent loop, SQLite, 3 rounds"]["base"] = {"cpu_vs_base": 0.75}
+    paths["Pydantic AI bridge, SQLite, 3 requests"]["base"] = {"cpu_vs_base": 0.751}
+    rounds = {what: held for what, _, held, _ in cost_targets(against) if "a round" in what}
+    assert rounds == {
+        "agent loop, SQLite, 3 rounds: CPU a round ≤ 0.75x 4409db6's": True,
+        "Pydantic AI bridge, SQLite, 3 requests: CPU a round ≤ 0.75x 4409db6's": False,
+    }
+    # Another base is no reference for the issue's rounds.
+    against["base"] = "main"
+    assert not [what for what, *_ in cost_targets(against) if "a round" in what]
