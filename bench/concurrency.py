@@ -43,6 +43,8 @@ FLOORS |= {"pgfloor": "pgfloor", "pgoverlap": "pgfloor"}
 #: The issue's target for 64 overlapping turns (ratio to the single-client floor, and
 #: WAL syncs per turn).
 TARGET_RATIO, TARGET_SYNCS = 2.5, 0.2
+#: Issue 35's target for one client on SQLite ``FULL``: this much of the floor's turns/s.
+ONE_CLIENT_RATIO = 0.8
 #: PostgreSQL at 64 concurrent turns, to its asyncio floor.
 PG_TARGET_RATIO = 2.0
 
@@ -212,6 +214,16 @@ def targets(result: dict[str, Any]) -> list[tuple[str, float, bool, str]]:
                 f"{PG_OVERLAP_ROW}, 64 turns in flight ≥ {PG_TARGET_RATIO}x the asyncio floor",
                 pg["ratio"],
                 pg["ratio"] >= PG_TARGET_RATIO,
+                "x",
+            )
+        )
+    one = next((lv for lv in result["levels"] if lv["row"] == SINGLE_ROW and lv["n"] == 1), None)
+    if one is not None:
+        out.append(
+            (
+                f"{SINGLE_ROW}, one client ≥ {ONE_CLIENT_RATIO}x the floor",
+                one["ratio"],
+                one["ratio"] >= ONE_CLIENT_RATIO,
                 "x",
             )
         )
