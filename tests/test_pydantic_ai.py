@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.capabilities import ProcessHistory
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from bridge_support import MovingClock, Workers, read_ledger, words
 from intention_kernel import Answer, CorruptRecordError, Kernel, ReceiptStatus
@@ -68,6 +72,73 @@ async def test_a_read_tools_result_reaches_the_model(store: Durability, tmp_path
     ]
     assert [p.content for p in prompts] == ["status of 42", "status of 43"]
     assert read_ledger(desk.ledger) == []
+
+
+def _run_starts(messages: list[Any]) -> list[int]:
+    """Where runs start: each request holding the person's prompt."""
+    return [
+        i
+        for i, m in enumerate(messages)
+        if m.kind == "request" and any(p.part_kind == "user-prompt" for p in m.parts)
+    ]
+
+
+async def test_a_history_processor_bounds_the_conversation_fact_and_keeps_tool_pairs(
+    store: Durability,
+) -> None:
+    """The bridge stores what the run returns, so Pydantic AI's ``ProcessHistory`` bounds
+    the fact too. Each turn reads a tool (four messages a run). The processor keeps the
+    last six messages from a run's start. Every request the model gets shows at most six,
+    starting at a run and with each tool return beside its call. The stored history stays
+    at most seven messages, and without the processor it keeps all forty."""
+    last = 6
+
+    def recent_runs(messages: list[ModelMessage]) -> list[ModelMessage]:
+        starts = _run_starts(messages)
+        kept = [i for i in starts if i >= len(messages) - last] or starts[-1:] or [0]
+        return messages[kept[0] :]
+
+    async def stored_after_ten_turns(processors: list[Any], thread: str) -> list[Any]:
+        seen: list[list[ModelMessage]] = []
+
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            seen.append(list(messages))
+            if messages[-1].parts[-1].part_kind == "user-prompt":
+                return ModelResponse(parts=[ToolCallPart("order_status", {"order_id": "42"})])
+            return ModelResponse(parts=[TextPart("delivered")])
+
+        agent = PydanticAgent(FunctionModel(model), capabilities=processors)
+
+        @agent.tool_plain
+        def order_status(order_id: str) -> str:
+            return "delivered"
+
+        bridge = KernelAgent(agent, name="desk", writes={}, reads=["order_status"])
+        kernel = Kernel(bridge.as_agent(version="1"), store)
+        for n in range(10):
+            result = await kernel.turn(thread, f"turn-{n}", f"status of 42, again ({n})")
+            assert result.reply == "delivered", result.steps
+        if processors:
+            for messages in seen:
+                assert len(messages) <= last and _run_starts(messages)[0] == 0
+                called = {
+                    p.tool_call_id for m in messages for p in m.parts if p.part_kind == "tool-call"
+                }
+                returned = {
+                    p.tool_call_id
+                    for m in messages
+                    for p in m.parts
+                    if p.part_kind == "tool-return"
+                }
+                assert returned <= called
+        checkpoint = await kernel.checkpoint(thread)
+        assert checkpoint is not None
+        stored: list[Any] = checkpoint.facts["desk.conversation"].value["messages"]
+        return stored
+
+    bounded = await stored_after_ten_turns([ProcessHistory(recent_runs)], "bounded")
+    assert 1 < len(bounded) <= last + 1
+    assert len(await stored_after_ten_turns([], "whole")) == 40
 
 
 async def test_a_write_tool_is_called_once_when_its_turn_is_redelivered(
@@ -162,9 +233,8 @@ async def test_a_streamed_model_request_is_recorded_and_its_events_replayed(
     from pydantic_ai import Agent as PydanticAgent
     from pydantic_ai import RunContext
     from pydantic_ai.capabilities import ProcessEventStream
-    from pydantic_ai.messages import ModelMessage, PartDeltaEvent, PartStartEvent
+    from pydantic_ai.messages import PartDeltaEvent, PartStartEvent
     from pydantic_ai.models.function import (
-        AgentInfo,
         DeltaToolCall,
         DeltaToolCalls,
         FunctionModel,
@@ -529,8 +599,8 @@ async def test_approvals_asked_together_are_held_and_answered_together(
     """Pydantic AI resumes a run only with a result for every call it deferred: one
     interaction holds them all, and its digest binds each."""
     from pydantic_ai import Agent as PydanticAgent
-    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
-    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
 
     refunded: list[str] = []
 
@@ -583,8 +653,8 @@ async def test_a_write_tool_that_did_nothing_fails_its_step_and_may_run_again(
     store: Durability, tmp_path: Path
 ) -> None:
     from pydantic_ai import Agent as PydanticAgent
-    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
-    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
 
     from intention_kernel import EffectNotAppliedError
 
@@ -623,8 +693,8 @@ async def test_an_approved_call_whose_arguments_its_schema_coerced_runs(
     """The binding compares the arguments as the tool's schema validates them: a number
     the model sent as text is the number the person was shown."""
     from pydantic_ai import Agent as PydanticAgent
-    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
-    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
 
     refunds: list[int] = []
 

@@ -116,9 +116,10 @@ Limits:
 - A run that ends asking for several approvals holds them in one interaction.
   One answer covers them all.
 - External (``CallDeferred``) tools are not supported: the step fails and says so.
-- The history fact keeps every message of the thread's runs.
+- The history fact keeps what each run returns: every message of the thread's runs,
+  unless the agent's history processors trim it (Pydantic AI's ``ProcessHistory``).
+  The guide's "A bounded history" shows one that cuts where a run starts.
   ``Agent(max_messages=...)`` bounds the kernel's own transcript, not this fact.
-  The fact is not trimmed yet.
 
 Needs the ``pydantic-ai`` extra: ``pip install 'intention-kernel[pydantic-ai]'``.
 """
