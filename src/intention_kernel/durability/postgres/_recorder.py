@@ -678,7 +678,8 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
                 own = first.write
                 if tries > 1 and own is not None and existing is not None and existing.id == own.id:
                     return first  # this hop's own insert, applied before its session broke
-                decided = plan(existing)
+                # A new receipt keeps ``first``'s ID, so a repeated hop knows its insert.
+                decided = first if existing is None else plan(existing)
                 if decided.write is None:
                     return decided
                 try:
