@@ -203,44 +203,34 @@ def _figure(value: float | None) -> str:
 
 
 def targets(result: dict[str, Any]) -> list[tuple[str, float, bool, str]]:
-    top = next((lv for lv in result["levels"] if lv["row"] == OVERLAP_ROW and lv["n"] == 64), None)
-    pg = next(
-        (lv for lv in result["levels"] if lv["row"] == PG_OVERLAP_ROW and lv["n"] == 64), None
+    def level(row: str, n: int) -> dict[str, Any] | None:
+        return next((lv for lv in result["levels"] if lv["row"] == row and lv["n"] == n), None)
+
+    # (row, turns in flight, what the target asks, the least ratio to its floor)
+    ratios = (
+        (
+            PG_OVERLAP_ROW,
+            64,
+            f"64 turns in flight ≥ {PG_TARGET_RATIO}x the asyncio floor",
+            PG_TARGET_RATIO,
+        ),
+        (SINGLE_ROW, 1, f"one client ≥ {ONE_CLIENT_RATIO}x the floor", ONE_CLIENT_RATIO),
+        (
+            OVERLAP_ROW,
+            64,
+            f"64 turns in flight ≥ {TARGET_RATIO}x the single-client floor",
+            TARGET_RATIO,
+        ),
     )
     out = []
-    if pg is not None:
-        out.append(
-            (
-                f"{PG_OVERLAP_ROW}, 64 turns in flight ≥ {PG_TARGET_RATIO}x the asyncio floor",
-                pg["ratio"],
-                pg["ratio"] >= PG_TARGET_RATIO,
-                "x",
-            )
-        )
-    one = next((lv for lv in result["levels"] if lv["row"] == SINGLE_ROW and lv["n"] == 1), None)
-    if one is not None:
-        out.append(
-            (
-                f"{SINGLE_ROW}, one client ≥ {ONE_CLIENT_RATIO}x the floor",
-                one["ratio"],
-                one["ratio"] >= ONE_CLIENT_RATIO,
-                "x",
-            )
-        )
-    if top is None:
-        return out
-    return [
-        *out,
-        (
-            f"{OVERLAP_ROW}, 64 turns in flight ≥ {TARGET_RATIO}x the single-client floor",
-            top["ratio"],
-            top["ratio"] >= TARGET_RATIO,
-            "x",
-        ),
-        (
-            f"{OVERLAP_ROW}, 64 turns in flight ≤ {TARGET_SYNCS} WAL syncs per turn",
-            top["syncs_per_turn"],
-            top["syncs_per_turn"] <= TARGET_SYNCS,
-            " syncs/turn",
-        ),
-    ]
+    for row, n, what, least in ratios:
+        measured = level(row, n)
+        if measured is not None:
+            ratio = measured["ratio"]
+            out.append((f"{row}, {what}", ratio, ratio >= least, "x"))
+    top = level(OVERLAP_ROW, 64)
+    if top is not None:
+        syncs = top["syncs_per_turn"]
+        what = f"{OVERLAP_ROW}, 64 turns in flight ≤ {TARGET_SYNCS} WAL syncs per turn"
+        out.append((what, syncs, syncs <= TARGET_SYNCS, " syncs/turn"))
+    return out
