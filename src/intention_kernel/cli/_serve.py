@@ -227,9 +227,9 @@ def serve(
 
     url = resolve_db_url(db)
     try:
-        check_keep_alive(keep_alive)
+        check_keep_alive(keep_alive, "--keep-alive")
     except ValueError as exc:
-        refuse(str(exc).replace("keep_alive", "--keep-alive", 1))
+        refuse(str(exc))
     try:
         pairs = list(token or [])
         pairs += [p for p in os.environ.get(TOKENS_ENV_VAR, "").split(",") if p.strip()]

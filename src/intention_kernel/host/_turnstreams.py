@@ -55,12 +55,15 @@ KEEP_ALIVE = 15.0
 PING = ": ping\n\n"
 
 
-def check_keep_alive(seconds: float) -> float:
-    """``seconds`` as a keep-alive interval; ``ValueError`` unless positive and finite."""
+def check_keep_alive(seconds: float, name: str = "keep_alive") -> float:
+    """``seconds`` as a keep-alive interval; ``ValueError`` unless positive and finite.
+
+    ``name`` is what the caller calls it in the message: the CLI says ``--keep-alive``.
+    """
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise ValueError(f"keep_alive must be a number of seconds, got {seconds!r}")
+        raise ValueError(f"{name} must be a number of seconds, got {seconds!r}")
     if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(f"keep_alive must be positive and finite, got {seconds!r}")
+        raise ValueError(f"{name} must be positive and finite, got {seconds!r}")
     return float(seconds)
 
 
