@@ -17,11 +17,17 @@ from collections.abc import Iterator
 SPIN = "while True: pass"
 
 
+def checked(count: int) -> int:
+    """``count`` as a number of burners; ``ValueError`` if it is negative."""
+    if count < 0:
+        raise ValueError(f"--burner takes a count of cores, not {count}")
+    return count
+
+
 @contextlib.contextmanager
 def burners(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Keep ``count`` cores busy while the block runs; none are left after it."""
-    if count < 0:
-        raise ValueError(f"--burner takes a count of cores, not {count}")
+    checked(count)
     spinning: list[subprocess.Popen[bytes]] = []
     try:
         for _ in range(count):

@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.burner import burners, header
+from bench.burner import burners, checked, header
 from bench.lines import LineProcess
 
 DSN = os.environ.get("INTENTION_KERNEL_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -977,8 +977,10 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
-    if args.burner < 0:
-        parser.error(f"--burner takes a count of cores, not {args.burner}")
+    try:
+        checked(args.burner)
+    except ValueError as exc:
+        parser.error(str(exc))
     mode_name = "quick" if args.quick else "full"
     mode = dict(MODES[mode_name])
     if args.block:
