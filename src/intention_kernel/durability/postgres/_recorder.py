@@ -671,11 +671,10 @@ class PostgresRecorder(PostgresLeases, Recorder, InboxRecorder, StreamRecorder, 
             # stopped past its lease wakes and settles its own attempt (unfenced).
             # Its outcome is a fact, so the claim reads it and plans again.
             # The claim then takes effect at its last read or at its write.
-            moves = 0
+            moves, own = 0, first.write
             while True:
                 cur = await execute(conn, self._q(SELECT_RECEIPT), (thread_id, key))
                 existing = _receipt(await cur.fetchone())
-                own = first.write
                 if tries > 1 and own is not None and existing is not None and existing.id == own.id:
                     return first  # this hop's own insert, applied before its session broke
                 # A new receipt keeps ``first``'s ID, so a repeated hop knows its insert.
