@@ -1,26 +1,29 @@
 """The cost meter: what a turn costs the process, per path (``python -m bench --only cost``).
 
-Four figures per path, each in the row's worker process (``bench.worker``):
+Four figures per path, each in the row's worker process (``bench.worker``).
 
-- **CPU µs/turn**: the process's CPU time (all its threads) per turn, median over
-  blocks run in an order rotated block by block. It leaves out the time other jobs
-  hold the cores, but not the caches they evict: it still moves with the load.
-- **Python calls/turn**: cProfile's count of function calls (Python and built-in) on
-  the event loop's thread, over one batch of turns run after the blocks. It does not
-  depend on the machine's load: run twice, the same tree gives the same count, up to
-  a turn that meets a WAL checkpoint or a pooled ID refill. The SQLite adapter's
-  writer thread is not profiled (it runs SQLite's C code, and little Python). The
-  count is read from the profiler's entries, not from ``pstats``' table, which keeps
-  one of the functions that share a file, line and name (``profiled_calls``).
-- **instructions/turn**: ``perf stat -e instructions:u`` attached to the worker over
-  one batch, all its threads, user space only. Where the machine exposes no hardware
-  counters (most VMs), valgrind's cachegrind counts them instead, for one client
-  (``bench.instructions``). Where neither can count, the row says why.
-- **In SQLite; outside it**: for one client on SQLite, the CPU µs a turn spent in the
-  ``sqlite3`` module's methods, and the CPU per turn less that. The first is
-  cProfile's own time for those methods, on the CPU clock, in the calls batch. The
-  outside part is also given as a ratio to the floor's. At 64 in flight the writer
-  thread runs the statements, unseen.
+**CPU µs/turn** is the process's CPU time per turn, all its threads together. It is
+the median over blocks run in an order rotated block by block. It leaves out the time
+other jobs hold the cores. It keeps the caches they evict, so it still moves with load.
+
+**Python calls/turn** is cProfile's count of function calls, Python and built-in, on
+the event loop's thread. It counts one batch of turns run after the blocks. It does
+not depend on the machine's load. Run twice, the same tree gives the same count. A
+turn that meets a WAL checkpoint or a pooled ID refill is the exception. The SQLite
+adapter's writer thread is not profiled: it runs SQLite's C code, and little Python.
+The count is read from the profiler's entries (``profiled_calls``). The table of
+``pstats`` keeps only one of the functions that share a file, line and name.
+
+**instructions/turn** come from ``perf stat -e instructions:u``, attached to the
+worker over one batch: all its threads, user space only. Most VMs expose no hardware
+counters. There valgrind's cachegrind counts instead, for one client
+(``bench.instructions``). Where neither can count, the row says why.
+
+**In SQLite; outside it** is for one client on SQLite. The first is the CPU a turn
+spent in the ``sqlite3`` module's methods: cProfile's own time for them, on the CPU
+clock, in the calls batch. The second is the CPU per turn less that. It is also given
+as a ratio to the floor's. At 64 in flight the writer thread runs the statements,
+unseen.
 
 The paths: the kernel and the hand-written floor (``bench.floor``) with one client and
 64 turns in flight (``bench.concurrency``'s rows) on SQLite ``FULL`` and PostgreSQL.

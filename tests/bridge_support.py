@@ -1,13 +1,15 @@
-"""What the framework bridges' tests share (``tests/pydantic_ai_support.py``,
-``tests/openai_agents_support.py`` and the tests and workers that use them).
+"""What the framework bridges' tests share.
 
-- :data:`ORDERS` and :func:`record_write`: the help desk's orders and its provider,
-  one line of a ledger file per write, written before the tool answers, so that it
-  outlives a process that dies right after the call.
-- :func:`words`: a ``read_answer`` that reads ``"yes"`` and ``"no, <reason>"``.
-- :class:`MovingClock`: a clock that stands still until the test moves it.
-- :func:`run_worker`: one worker process, its JSON lines, never left running (the
-  crash rounds' workers too); :class:`Workers`: turns of a thread in such processes.
+``tests/pydantic_ai_support.py`` and ``tests/openai_agents_support.py`` use it, and
+so do the tests and workers that use those.
+
+:data:`ORDERS` are the help desk's orders, and :func:`record_write` is its provider.
+It writes one line of a ledger file per write, before the tool answers. So the line
+outlives a process that dies right after the call. :func:`words` is a
+``read_answer`` that reads ``"yes"`` and ``"no, <reason>"``. :class:`MovingClock` is
+a clock that stands still until the test moves it. :func:`run_worker` runs one worker
+process and returns its JSON lines; it never leaves it running. The crash rounds'
+workers run through it too. :class:`Workers` runs turns of a thread in such processes.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""What the inbox's process tests share (``tests/test_inbox_kills.py``,
-``tests/test_steer.py``): a worker process that is never left running, and a wait
-for the file by which it says where it is.
+"""What the inbox's process tests share: ``tests/test_inbox_kills.py`` and
+``tests/test_steer.py`` use it.
 
-- :func:`run_worker`: start ``python <worker> '<json config>'``, its output piped.
-- :func:`worker_process`: the same for a block, killed if still running at its end.
-- :func:`wait_for_file`: wait until a worker created a file, or fail.
+It gives a worker process that is never left running. :func:`run_worker` starts
+``python <worker> '<json config>'`` with its output piped. :func:`worker_process`
+does the same for a block, and kills the worker if it still runs at the block's end.
+:func:`wait_for_file` waits until a worker created a file, or fails.
 """
 
 from __future__ import annotations

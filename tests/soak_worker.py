@@ -1,24 +1,27 @@
 """A soak worker: walks every conversation of the schedule, for tests/test_soak.py.
 
-Run as ``python tests/soak_worker.py '<json config>'``:
+Run as ``python tests/soak_worker.py '<json config>'``. Its keys follow.
 
-- ``store``, ``ledger``: as in ``crash_worker.py``; ``schedule``: a JSON file
-  ``{"threads": {thread_id: [message, ...]}, "behaviour": {payment_intent: mode}}``.
-- ``seed``: this worker's own randomness (the order it takes threads in, its
-  duplicate and conflicting deliveries). ``tasks``: concurrent conversations.
-- ``duplicates`` / ``conflicts``: the chance that a delivery is sent again at once
-  with the same request (must replay) or with another one (must be refused).
-- ``fault``: optional ``{"point", "skip"}``: die (``os._exit(137)``) the
-  ``skip + 1``-th time a turn of this process reaches ``point``; a ``point`` of
-  :mod:`intention_kernel.testing.sqlite` (``"before_commit"``, ``"after_commit"``)
-  is a group commit's, reached on the SQLite writer thread by groups of two or more.
-- ``model_await``: seconds each turn's interpreter awaits once, as a model call
-  would (default 0), so that the turns of the ``tasks`` conversations overlap and
-  their writes share group commits.
-- ``together``: a duplicate is delivered at the same moment as the first copy, both
-  in flight at once (its commit may be in a group then), not after it returned.
-- ``resume``: start each thread at its last committed turn (delivered again) rather
-  than at its first, as a host restarted after a crash retries what was in flight.
+``store`` and ``ledger`` are as in ``crash_worker.py``. ``schedule`` names a JSON
+file: ``{"threads": {thread_id: [message, ...]}, "behaviour": {payment_intent: mode}}``.
+``seed`` is this worker's own randomness. It sets the order it takes threads in, and
+its duplicate and conflicting deliveries. ``tasks`` is the number of concurrent
+conversations. ``duplicates`` is the chance that a delivery is sent again at once
+with the same request, which must replay. ``conflicts`` is the chance of one with
+another request, which must be refused.
+
+``fault`` is optional, an object ``{"point", "skip"}`` that kills the worker at a
+point. It dies (``os._exit(137)``) the ``skip + 1``-th time a turn of this process
+reaches that point. A point of :mod:`intention_kernel.testing.sqlite` belongs to a
+group commit, and the SQLite writer thread reaches it in groups of two or more. Those
+points are ``"before_commit"`` and ``"after_commit"``.
+
+``model_await`` is how long each turn's interpreter awaits once, as a model call
+would (seconds, default 0). The turns of the ``tasks`` conversations then overlap,
+and their writes share group commits. With ``together``, a duplicate is delivered at
+the same moment as the first copy. Both are then in flight, and its commit may be in
+a group. With ``resume``, each thread starts at its last committed turn, delivered
+again, rather than at its first. A host restarted after a crash retries so.
 
 Every thread is walked in order, each turn delivered until it returns, so that a
 thread's turns commit in schedule order whichever process commits them. Each

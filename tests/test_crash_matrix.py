@@ -9,25 +9,24 @@ path, which creates the thread. The third is a turn with two external writes, dy
 between them. A real worker process
 (``tests/crash_worker.py``) runs the turn and dies at the fault point (``os._exit``: no
 cleanup of any kind); a new process then retries the same delivery. At each point the
-outcome of each write is fixed:
+outcome of each write is fixed.
 
-- ``after_lock``, ``after_checkpoint_load``: nothing was written; the retry runs
-  the turn again and the provider is called once.
-- ``after_receipt_prepared``: a ``prepared`` receipt, the provider not called; the
-  retry fails closed (``uncertain``, no call).
-- ``in_provider_after_write``: the provider was called, its answer lost, the
-  receipt ``prepared``; the retry fails closed (``uncertain``, no second call).
-- ``after_receipt_completed``, ``before_commit``, ``during_commit``: a ``completed``
-  receipt and no turn; the retry runs again and the effect is deduplicated (its
-  stored value, no call).
-- ``after_commit``: the turn committed; the retry replays the stored result.
+At ``after_lock`` and ``after_checkpoint_load`` nothing was written. The retry runs
+the turn again, and the provider is called once. At ``after_receipt_prepared`` the
+receipt is prepared and the provider was not called. The retry fails closed:
+uncertain, no call. At ``in_provider_after_write`` the provider was called and its
+answer lost, with the receipt still prepared. The retry fails closed: uncertain, no
+second call. At ``after_receipt_completed``, ``before_commit`` and ``during_commit``
+the receipt is completed and there is no turn. The retry runs again, and the effect
+is deduplicated: its stored value, no call. At ``after_commit`` the turn committed,
+and the retry replays the stored result.
 
-and, for the two writes, a death after the first completed leaves the second to the
-retry (which runs it once), while a death inside the second's provider window fails
-the second closed and deduplicates the first. In every case the provider's ledger
-holds each key at most once, the outbox holds events of committed turns only, and an
-operator's reconciliation of an uncertain receipt lets the business go on without a
-second charge.
+With two writes, a death after the first completed leaves the second to the retry,
+which runs it once. A death inside the second's provider window fails the second
+closed and deduplicates the first. In every case the provider's ledger holds each key
+at most once. The outbox holds events of committed turns only. An operator's
+reconciliation of an uncertain receipt lets the business go on without a second
+charge.
 
 ``during_commit`` dies inside the commit transaction, every row written and nothing
 committed. On SQLite the point is inside the open transaction. On PostgreSQL, the

@@ -3,13 +3,11 @@ process (``tests/rounds_worker.py``) dies (``os._exit``, no cleanup) after a rec
 model response, and a new process delivers the same turn again. The model writes down
 every request it is sent, the tools every call, the provider every applied write.
 
-A turn of three rounds (read, pay 100, final text) dies:
-
-- ``in_balance``: round 1 is recorded and its first step starts;
-- ``in_pay``: round 2 is recorded (round 1's read ran) and its first step, the write,
-  starts before its receipt is prepared;
-- ``asked_round_3``: the model is asked round 3, rounds 1 and 2 recorded, the read and
-  the write done.
+A turn of three rounds (read, pay 100, final text) dies at one of three places.
+At ``in_balance``, round 1 is recorded and its first step starts. At ``in_pay``,
+round 2 is recorded, round 1's read ran, and the write starts before its receipt is
+prepared. At ``asked_round_3``, the model is asked round 3: rounds 1 and 2 are
+recorded, the read and the write done.
 
 In each case the redelivery never asks the model for a round it answered before the
 death. The write is applied once in all: run by the redelivery, or settled by its

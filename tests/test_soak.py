@@ -19,21 +19,22 @@ turn again, and gets the committed result). The ``pgbouncer`` store runs every
 client of the soak through PgBouncer in transaction mode. Finally one worker
 delivers everything once more (the retries a host does after a crash). Operators
 reconcile every uncertain receipt, and the relay drains. Then the audit checks, and
-prints, these:
+prints, what follows.
 
-- every scheduled turn committed once, in schedule order (version = position);
-- every redelivery answered with the committed result, every conflicting request
-  refused, nothing else failed;
-- each turn's outcome as its schedule allows. An accepted charge completed, or went
-  uncertain (a lost response, or a death in the provider window), or was declined.
-  The same payment intent was deduplicated, or failed closed later on. A rejected
-  or pending charge never ran;
-- each provider key called at most once, every call accounted for by a receipt;
-- every committed event delivered by the relay at least once (again only after a
-  relay died), each thread's events in ``seq`` order; one ``turn.committed`` per
-  turn; one ``effect.completed`` per applied write; the outbox in commit order;
-- every checkpoint at its thread's last turn; no lock left behind, on either store;
-- a write refused for a lost lease only in a worker the test stopped past its lease.
+Every scheduled turn committed once, in schedule order (version = position). Every
+redelivery was answered with the committed result, and every conflicting request was
+refused. Nothing else failed. Each turn's outcome is one its schedule allows. An
+accepted charge completed, or went uncertain (a lost response, or a death in the
+provider window), or was declined. The same payment intent was deduplicated, or
+failed closed later on. A rejected or pending charge never ran.
+
+Each provider key was called at most once, and a receipt accounts for every call.
+The relay delivered every committed event at least once, and again only after a relay
+died. Each thread's events came in ``seq`` order. There is one ``turn.committed`` per
+turn and one ``effect.completed`` per applied write, and the outbox is in commit order.
+Every checkpoint is at its thread's last turn, and no lock is left behind, on either
+store. A write was refused for a lost lease only in a worker the test stopped past
+its lease.
 
 The concurrent mode (SQLite; issue 22) runs the same schedule and audit with one
 worker process at a time. It runs every thread at once, a task each, each turn's

@@ -2,12 +2,10 @@
 
 Stored values must survive a round trip unchanged. So everything the kernel keeps
 is normalized through the same encoder that stores it. A tuple becomes a list on
-first use, not only after a replay. A value is refused where it enters in two cases:
-
-- JSON cannot hold it. That is a set, an object, NaN, or a string with a lone
-  surrogate, which UTF-8 cannot encode.
-- No reader can parse it back. That is an integer of more than
-  :data:`MAX_INT_DIGITS` digits.
+first use, not only after a replay. A value is refused where it enters if JSON
+cannot hold it. That is a set, an object, NaN, or a string with a lone surrogate,
+which UTF-8 cannot encode. It is refused too if no reader can parse it back. That is
+an integer of more than :data:`MAX_INT_DIGITS` digits.
 
 Some keys and names are kept in a text column of their own: effect keys, fact keys,
 event types. They have a rule of their own, :func:`text_problem`. PostgreSQL text
@@ -40,12 +38,12 @@ __all__ = [
 #: JSON encoders that store them. That gives a ``RecursionError``, not a clear refusal.
 MAX_NESTING = 64
 
-#: Integers of more digits than this are refused where they enter. Python parses no
-#: longer integer from JSON by default (``sys.int_info.default_max_str_digits``).
+#: Integers of more digits than this are refused where they enter. By default Python
+#: parses no longer integer from JSON: see ``sys.int_info.default_max_str_digits``.
 #: Nor does pydantic's parser, which reads checkpoints and results. A longer one would
-#: be written and then fail every later read of its thread. A fixed number, not the
-#: process's ``sys.get_int_max_str_digits()``: a writer that raised its own limit
-#: must not store what another process cannot read.
+#: be written and then fail every later read of its thread. The number is fixed, not
+#: read from ``sys.get_int_max_str_digits()`` in this process. A writer that raised its
+#: own limit must not store what another process cannot read.
 MAX_INT_DIGITS = 4300
 _INT_BOUND = 10**MAX_INT_DIGITS
 

@@ -24,7 +24,7 @@ Its Temporal, DBOS and Prefect integrations use the same one.
 :class:`KernelAgent` is a ``WrapperAgent``.
 It wraps the agent's model in a ``WrapperModel``.
 It wraps each of the agent's toolsets in a ``WrapperToolset``.
-The wrapped agent runs inside one kernel capability, ``<name>.agent``.
+One kernel capability, ``<name>.agent``, runs the wrapped agent.
 That capability is a write whose consent is its own (``confirmation="capability"``).
 
 Messages:
@@ -109,17 +109,16 @@ So a redelivered accepting turn does not run it again.
 An approval tool missing from ``writes`` is refused before the person is asked.
 The step fails, and nothing runs.
 
-Limits:
-
-- While an approval is pending, a new message gets the pending question back.
-  The run is paused on it, so answer it first.
-- A run that ends asking for several approvals holds them in one interaction.
-  One answer covers them all.
-- External (``CallDeferred``) tools are not supported: the step fails and says so.
-- The history fact keeps what each run returns: every message of the thread's runs,
-  unless the agent's history processors trim it (Pydantic AI's ``ProcessHistory``).
-  The guide's "A bounded history" shows one that cuts where a run starts.
-  ``Agent(max_messages=...)`` bounds the kernel's own transcript, not this fact.
+Limits follow.
+While an approval is pending, a new message gets the pending question back.
+The run is paused on it, so answer it first.
+A run that ends asking for several approvals holds them in one interaction.
+One answer covers them all.
+External (``CallDeferred``) tools are not supported: the step fails and says so.
+The history fact keeps what each run returns: every message of the thread's runs.
+The agent's history processors may trim it (Pydantic AI's ``ProcessHistory``).
+The guide's "A bounded history" shows one that cuts where a run starts.
+``Agent(max_messages=...)`` bounds the kernel's own transcript, not this fact.
 
 Needs the ``pydantic-ai`` extra: ``pip install 'intention-kernel[pydantic-ai]'``.
 """
